@@ -1,0 +1,96 @@
+"""A small DDP training run for halo-sched's examples: synthetic regression, a few steps, then
+checks that the world formed as the job file says (one all_reduce over every rank).
+
+Runs on CPU with gloo (default) or on GPUs with NCCL (``--device cuda``). Started by torchrun, so
+RANK/WORLD_SIZE/LOCAL_RANK/GROUP_RANK (the node rank) come from the environment.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--report-dir", default=None, help="write one JSON report per rank here")
+    ap.add_argument("--echo-env", action="append", default=[], help="record this variable's exact bytes in the report")
+    ap.add_argument("--fail-rank", type=int, default=None, help="this rank exits 3 after the first step (tests)")
+    args = ap.parse_args()
+
+    cuda = args.device == "cuda"
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    node_rank = int(os.environ["GROUP_RANK"])
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+
+    torch.manual_seed(0)  # the same initial weights everywhere (DDP also broadcasts them)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to(device)
+    ddp = DDP(model, device_ids=[local_rank] if cuda else None)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    w_true = torch.arange(16, dtype=torch.float32, device=device) / 16
+
+    gen = torch.Generator(device="cpu").manual_seed(1000 + rank)  # each rank its own data shard
+    for step in range(args.steps):
+        x = torch.randn(args.batch, 16, generator=gen).to(device)
+        y = (x @ w_true).unsqueeze(1) + 0.01 * torch.randn(args.batch, 1, generator=gen).to(device)
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if rank == 0 and (step % 5 == 0 or step == args.steps - 1):
+            print(f"step {step:4d} loss {loss.item():.5f}", flush=True)
+        if args.fail_rank == rank:
+            print(f"rank {rank}: failing on purpose (--fail-rank)", file=sys.stderr, flush=True)
+            sys.exit(3)
+
+    # The world check: every rank contributes its rank; the sum is fixed by the world size.
+    t = torch.tensor([float(rank)], device=device)
+    dist.all_reduce(t)
+    expected = world * (world - 1) / 2
+    # DDP keeps replicas identical: the spread of a parameter checksum across ranks must be 0.
+    checksum = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1)
+    lo, hi = checksum.clone(), checksum.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    pair = torch.tensor([rank, node_rank], device=device)
+    gathered = [torch.zeros_like(pair) for _ in range(world)]
+    dist.all_gather(gathered, pair)
+    members = [{"rank": int(g[0]), "node_rank": int(g[1])} for g in gathered]
+    ok = t.item() == expected and (hi - lo).abs().item() < 1e-9
+    if rank == 0:
+        nodes = sorted({m["node_rank"] for m in members})
+        print(
+            f"world: {world} ranks on {len(nodes)} nodes (node ranks {nodes}); "
+            f"all_reduce sum {t.item():g} (expected {expected:g}); replicas in sync: {(hi - lo).abs().item() < 1e-9}; "
+            f"final loss {loss.item():.5f}; {'OK' if ok else 'MISMATCH'}",
+            flush=True,
+        )
+    if args.report_dir:
+        os.makedirs(args.report_dir, exist_ok=True)
+        report = {
+            "rank": rank, "world_size": world, "node_rank": node_rank, "local_rank": local_rank,
+            "members": members, "all_reduce": t.item(), "ok": ok,
+            "env_hex": {name: os.environb.get(name.encode(), b"").hex() for name in args.echo_env},
+        }
+        with open(os.path.join(args.report_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(report, f)
+    # Leave together: a rank that tears down gloo while a peer still talks to it aborts that peer.
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

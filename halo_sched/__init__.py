@@ -1,0 +1,52 @@
+"""halo-sched: one multi-node torchrun job description, rendered for SLURM, Nomad or local processes.
+
+    spec = halo_sched.load("job.yaml")
+    print(halo_sched.render(spec, "slurm"))
+    job = halo_sched.submit(spec, "local")
+    job.wait()
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .backends.base import Job
+    from .spec import JobSpec
+
+__all__ = ["load", "loads", "render", "submit", "job", "__version__"]
+
+
+def load(path) -> "JobSpec":
+    """Read and validate a job file; raises SpecError naming every bad field."""
+    from .spec import load as _load
+
+    return _load(path)
+
+
+def loads(text: str) -> "JobSpec":
+    from .spec import loads as _loads
+
+    return _loads(text)
+
+
+def render(spec: "JobSpec", backend: str = "local", **opts) -> str:
+    """The exact text ``backend`` would submit (sbatch script, HCL or JSON, local plan)."""
+    from . import backends
+
+    return backends.get(backend).render(spec, **opts)
+
+
+def submit(spec: "JobSpec", backend: str = "local", **opts) -> "Job":
+    """Submit and return a handle with ``.id``, ``.status()``, ``.wait()``, ``.cancel()``, ``.logs()``."""
+    from . import backends
+
+    return backends.get(backend).submit(spec, **opts)
+
+
+def job(job_id: str, backend: str = "local") -> "Job":
+    """A handle on an already submitted job."""
+    from . import backends
+
+    return backends.Job(backends.get(backend), job_id)

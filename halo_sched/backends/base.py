@@ -1,0 +1,190 @@
+"""The one interface every backend implements, and the job handle users hold.
+
+Flow: ``dryrun(spec)`` renders what would be submitted (pure, inspectable); ``schedule(dryrun)``
+submits it (the only I/O); ``describe(ids)`` answers for many jobs with one scheduler query.
+"""
+from __future__ import annotations
+
+import abc
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+
+class JobStatus(str, enum.Enum):
+    """The small documented set every backend maps its states onto."""
+
+    PENDING = "PENDING"
+    PARTIAL = "PARTIAL"  # Nomad: k of N node allocations placed/running; never a final state
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    UNKNOWN = "UNKNOWN"
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+    def __str__(self) -> str:  # pragma: no cover - str(enum) readability
+        return self.value
+
+
+_TERMINAL = {
+    JobStatus.COMPLETED,
+    JobStatus.FAILED,
+    JobStatus.CANCELLED,
+    JobStatus.TIMEOUT,
+    JobStatus.NODE_FAIL,
+    JobStatus.PREEMPTED,
+    JobStatus.OUT_OF_MEMORY,
+}
+
+
+@dataclass
+class JobState:
+    """One job's state as a backend reports it; ``raw_state`` keeps the scheduler's own word."""
+
+    id: str
+    status: JobStatus
+    raw_state: str = ""
+    exit_code: int | None = None
+    nodes_total: int | None = None
+    nodes_running: int | None = None
+    reason: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        parts = [self.status.value]
+        if self.nodes_total is not None and self.nodes_running is not None and not self.status.terminal:
+            parts.append(f"{self.nodes_running}/{self.nodes_total} nodes running")
+        if self.raw_state and self.raw_state != self.status.value:
+            parts.append(f"raw={self.raw_state}")
+        if self.exit_code is not None:
+            parts.append(f"exit={self.exit_code}")
+        if self.reason:
+            parts.append(f"reason={self.reason}")
+        return " ".join(parts)
+
+
+@dataclass
+class DryRun:
+    """What ``schedule`` would submit: ``text`` is printed by ``--dry-run``; ``payload`` is sent."""
+
+    backend: str
+    spec: Any
+    text: str
+    payload: Any = None
+
+
+class Scheduler(abc.ABC):
+    """A backend. Subclasses are the only place that knows their scheduler."""
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def render(self, spec, **opts) -> str:
+        """The rendered job as text (pure)."""
+
+    def dryrun(self, spec, **opts) -> DryRun:
+        return DryRun(self.name, spec, self.render(spec, **opts))
+
+    @abc.abstractmethod
+    def schedule(self, dryrun: DryRun) -> str:
+        """Submit; return the job id."""
+
+    def submit(self, spec, **opts) -> "Job":
+        return Job(self, self.schedule(self.dryrun(spec, **opts)))
+
+    @abc.abstractmethod
+    def describe(self, ids: Sequence[str]) -> dict[str, JobState]:
+        """States of many jobs, with as few scheduler queries as possible."""
+
+    @abc.abstractmethod
+    def cancel(self, ids: Sequence[str], **opts) -> None:
+        """Cancel jobs."""
+
+    @abc.abstractmethod
+    def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
+        """Lines of the job's output, each prefixed with its node where the backend splits them."""
+
+    def watch(self, spec, job_id: str, on_progress: Callable[[JobState], None] | None = None) -> JobState:
+        """A backend's own guard right after submit (Nomad: the placement watchdog).
+
+        Returns the job's state; ``--wait`` then polls until it is terminal.
+        """
+        return self.describe([job_id])[job_id]
+
+    def progress(self, state: JobState) -> str:
+        """A one-line human summary for ``--wait``."""
+        return state.describe()
+
+
+class Job:
+    """A handle on a submitted job: ``status()``, ``wait()``, ``cancel()``, ``logs()``."""
+
+    def __init__(self, scheduler: Scheduler, job_id: str):
+        self.scheduler = scheduler
+        self.id = job_id
+
+    def __repr__(self) -> str:
+        return f"Job({self.scheduler.name!r}, {self.id!r})"
+
+    def status(self) -> JobState:
+        return self.scheduler.describe([self.id])[self.id]
+
+    def wait(
+        self,
+        timeout: float | None = None,
+        poll: float = 1.0,
+        max_poll: float = 30.0,
+        on_change: Callable[[JobState], None] | None = None,
+    ) -> JobState:
+        """Poll with exponential backoff until the job is terminal (or ``timeout`` seconds pass)."""
+        return wait_for(self.scheduler, self.id, timeout=timeout, poll=poll, max_poll=max_poll, on_change=on_change)
+
+    def cancel(self, **opts) -> None:
+        self.scheduler.cancel([self.id], **opts)
+
+    def logs(self, follow: bool = False) -> Iterator[str]:
+        return self.scheduler.logs(self.id, follow=follow)
+
+
+def wait_for(
+    scheduler: Scheduler,
+    job_id: str,
+    timeout: float | None = None,
+    poll: float = 1.0,
+    max_poll: float = 30.0,
+    on_change: Callable[[JobState], None] | None = None,
+    on_tick: Callable[[JobState], None] | None = None,
+) -> JobState:
+    """Backoff polling shared by every backend: the interval doubles while nothing changes."""
+    start = time.monotonic()
+    interval = poll
+    last: tuple | None = None
+    while True:
+        state = scheduler.describe([job_id])[job_id]
+        key = (state.status, state.nodes_running, state.raw_state)
+        if key != last:
+            last = key
+            interval = poll
+            if on_change:
+                on_change(state)
+        else:
+            interval = min(interval * 2, max_poll)
+        if on_tick:
+            on_tick(state)
+        if state.status.terminal:
+            return state
+        if timeout is not None and time.monotonic() - start + interval > timeout:
+            remaining = timeout - (time.monotonic() - start)
+            if remaining <= 0:
+                return state
+            interval = remaining
+        time.sleep(interval)

@@ -1,0 +1,301 @@
+"""The local backend: N "nodes" as processes on this machine, each the shared entry script.
+
+``submit`` writes a job directory and starts a detached supervisor (``python -m
+halo_sched.backends.local <dir>``) that runs node 0..N-1 with ``HALO_NODE_RANK`` and
+``HALO_MASTER_ADDR=127.0.0.1``, prefixes every output line with its node, stops the other nodes
+when one fails (like ``srun --kill-on-bad-exit``), and records the job's state and exit code.
+The job outlives the submitting command; ``status``/``logs``/``cancel`` read that directory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from ..errors import SchedulerError, UsageError
+from ..launch import MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, NODE_RANK_VAR, entry_script
+from ..spec import JobSpec
+from ..templating import render_template
+from .base import DryRun, JobState, JobStatus, Scheduler
+
+LOCAL_MASTER = "127.0.0.1"
+GRACE_S = 10.0
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def state_root() -> Path:
+    env = os.environ.get("HALO_SCHED_HOME")
+    if env:
+        return Path(env) / "local"
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "halo-sched" / "local"
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((LOCAL_MASTER, port))
+        except OSError:
+            return True
+    return False
+
+
+class LocalScheduler(Scheduler):
+    name = "local"
+    streams_logs = True  # `submit --wait` follows the node-prefixed log live
+
+    def __init__(self, root: Path | None = None):
+        self.root = Path(root) if root else state_root()
+
+    # ---- public API -------------------------------------------------------------------------
+
+    def render(self, spec: JobSpec, **opts) -> str:
+        return render_template("local/run.txt.j2", spec=spec, entry=entry_script(spec), master=LOCAL_MASTER)
+
+    def dryrun(self, spec: JobSpec, **opts) -> DryRun:
+        return DryRun(self.name, spec, self.render(spec), payload=entry_script(spec))
+
+    def schedule(self, dryrun: DryRun) -> str:
+        spec: JobSpec = dryrun.spec
+        if spec.image:
+            print(f"halo-sched: local backend ignores image {spec.image!r}; nodes run on this machine", file=sys.stderr)
+        if _port_in_use(spec.rendezvous.port):
+            raise SchedulerError(
+                f"rendezvous.port {spec.rendezvous.port} is in use on {LOCAL_MASTER} (another job?); "
+                "choose another rendezvous.port"
+            )
+        self.root.mkdir(parents=True, exist_ok=True)
+        job_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        d = self.root / job_id
+        d.mkdir()
+        (d / "entry.sh").write_text(dryrun.payload)
+        (d / "entry.sh").chmod(0o755)
+        _write_json(d / "job.json", {"name": spec.name, "nodes": spec.nodes, "cwd": os.getcwd()})
+        _write_json(d / "state.json", {"state": "PENDING", "submitted": time.time()})
+        (d / "job.log").touch()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "halo_sched.backends.local", str(d)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(d / "supervisor.err", "wb"),
+            start_new_session=True, cwd=os.getcwd(),
+        )
+        (d / "supervisor.pid").write_text(str(proc.pid))
+        return job_id
+
+    def describe(self, ids: Sequence[str]) -> dict[str, JobState]:
+        return {i: self._state(i) for i in ids}
+
+    def cancel(self, ids: Sequence[str], **opts) -> None:
+        for job_id in ids:
+            d = self._dir(job_id)
+            pid = self._supervisor_pid(d)
+            if pid is None or self._state(job_id).status.terminal:
+                continue
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
+        d = self._dir(job_id)
+        with open(d / "job.log", "rb") as f:
+            while True:
+                line = f.readline()
+                if line:
+                    if not line.endswith(b"\n") and follow and not self._state(job_id).status.terminal:
+                        # A partial line: wait for the rest of it.
+                        f.seek(-len(line), os.SEEK_CUR)
+                        time.sleep(0.1)
+                        continue
+                    yield line.decode("utf-8", "replace")
+                    continue
+                if not follow or self._state(job_id).status.terminal:
+                    rest = f.read()
+                    if rest:
+                        yield rest.decode("utf-8", "replace")
+                    return
+                time.sleep(0.2)
+
+    # ---- implementation ---------------------------------------------------------------------
+
+    def _dir(self, job_id: str) -> Path:
+        if not _ID_RE.match(job_id) or job_id in (".", ".."):
+            raise UsageError(f"{job_id!r} is not a local job id")
+        d = self.root / job_id
+        if not (d / "state.json").is_file():
+            raise UsageError(f"no local job {job_id!r} under {self.root}")
+        return d
+
+    @staticmethod
+    def _supervisor_pid(d: Path) -> int | None:
+        try:
+            return int((d / "supervisor.pid").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _state(self, job_id: str) -> JobState:
+        try:
+            d = self._dir(job_id)
+        except UsageError as err:
+            return JobState(job_id, JobStatus.UNKNOWN, reason=str(err))
+        data = json.loads((d / "state.json").read_text())
+        meta = json.loads((d / "job.json").read_text())
+        status = JobStatus(data["state"])
+        st = JobState(
+            job_id, status, raw_state=data["state"], exit_code=data.get("exit_code"),
+            nodes_total=meta["nodes"], nodes_running=data.get("nodes_running", 0), reason=data.get("reason", ""),
+        )
+        if not status.terminal:
+            pid = self._supervisor_pid(d)
+            if pid is None or not _alive(pid):
+                # Re-read: the supervisor may have finished between the two reads.
+                data = json.loads((d / "state.json").read_text())
+                if not JobStatus(data["state"]).terminal:
+                    st.status, st.reason = JobStatus.FAILED, "the local supervisor process died"
+                else:
+                    return self._state(job_id)
+        return st
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is not alive (the submitter may not have reaped it yet).
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+# ---- the supervisor (runs detached) ---------------------------------------------------------
+
+
+class _Supervisor:
+    def __init__(self, d: Path):
+        self.d = d
+        self.meta = json.loads((d / "job.json").read_text())
+        self.n = self.meta["nodes"]
+        self.procs: list[subprocess.Popen] = []
+        self.lock = threading.Lock()
+        self.cancelled = False
+        self.stopping = False
+        self.log = open(d / "job.log", "ab", buffering=0)
+        self.state = json.loads((d / "state.json").read_text())
+
+    def _save(self, **kw) -> None:
+        self.state.update(kw)
+        _write_json(self.d / "state.json", self.state)
+
+    def _pump(self, rank: int, stream) -> None:
+        prefix = f"[node {rank}] ".encode()
+        for line in iter(stream.readline, b""):
+            if not line.endswith(b"\n"):
+                line += b"\n"
+            with self.lock:
+                self.log.write(prefix + line)
+
+    def _terminate_all(self) -> None:
+        self.stopping = True
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + GRACE_S
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+    def _on_signal(self, signum, frame) -> None:
+        self.cancelled = True
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        env = dict(os.environ)
+        env.pop(MASTER_ADDR_FILE_VAR, None)
+        env[MASTER_ADDR_VAR] = LOCAL_MASTER
+        # Nodes run with the submitting Python's environment: its torchrun first on PATH.
+        env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+        pumps = []
+        for rank in range(self.n):
+            p = subprocess.Popen(
+                ["bash", str(self.d / "entry.sh")],
+                env={**env, NODE_RANK_VAR: str(rank)}, cwd=self.meta["cwd"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            self.procs.append(p)
+            t = threading.Thread(target=self._pump, args=(rank, p.stdout), daemon=True)
+            t.start()
+            pumps.append(t)
+        self._save(state="RUNNING", started=time.time(), nodes_running=self.n, pids=[p.pid for p in self.procs])
+
+        exit_code, failed_rank = 0, None
+        while True:
+            if self.cancelled:
+                self._terminate_all()
+                break
+            codes = [p.poll() for p in self.procs]
+            # A node killed by signal N reports 128+N, as a shell would.
+            codes = [c if c is None or c >= 0 else 128 - c for c in codes]
+            bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if bad and failed_rank is None:
+                failed_rank, exit_code = bad[0]
+                with self.lock:
+                    self.log.write(f"[halo-sched] node {failed_rank} exited with {exit_code}; stopping the other nodes\n".encode())
+                self._terminate_all()
+                break
+            running = sum(c is None for c in codes)
+            if running == 0:
+                break
+            if running != self.state.get("nodes_running"):
+                self._save(nodes_running=running)
+            time.sleep(0.2)
+        for t in pumps:
+            t.join(timeout=5)
+        if self.cancelled:
+            self._save(state="CANCELLED", nodes_running=0, ended=time.time(), reason="cancelled by user")
+        elif failed_rank is not None:
+            self._save(state="FAILED", nodes_running=0, ended=time.time(), exit_code=exit_code,
+                       reason=f"node {failed_rank} exited with {exit_code}")
+        else:
+            self._save(state="COMPLETED", nodes_running=0, ended=time.time(), exit_code=0)
+        return 0
+
+
+def main(argv: list[str]) -> int:
+    return _Supervisor(Path(argv[0])).run()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

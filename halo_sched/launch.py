@@ -1,0 +1,69 @@
+"""The launch contract: what every node runs, whatever the scheduler.
+
+One torchrun per node with static rendezvous at node 0. Every node gets the same command and
+environment; the only per-node input is ``HALO_NODE_RANK``. Backends supply it (SLURM from
+``$SLURM_NODEID`` inside the task, Nomad per group, local per process) together with rank 0's
+address: ``HALO_MASTER_ADDR``, or ``HALO_MASTER_ADDR_FILE`` — a file that becomes non-empty once
+rank 0 is known, polled until ``rendezvous.timeout_s`` runs out.
+
+This module knows no scheduler; it renders ``templates/entry.sh.j2``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .spec import JobSpec
+from .templating import render_template
+
+#: Variables a backend sets for the entry script (its whole per-node interface).
+NODE_RANK_VAR = "HALO_NODE_RANK"
+MASTER_ADDR_VAR = "HALO_MASTER_ADDR"
+MASTER_ADDR_FILE_VAR = "HALO_MASTER_ADDR_FILE"
+
+
+@dataclass(frozen=True)
+class LaunchContract:
+    spec: JobSpec
+
+    def environment(self) -> dict[str, str]:
+        """Environment every rank gets: the spec's DIST_*/NCCL_* first, then the user's (literal)."""
+        env = dict(self.spec.derived_env())
+        env.update(self.spec.env)
+        return env
+
+    def torchrun_args(self) -> list[str]:
+        """torchrun's options that are the same on every node (rank and address come at run time)."""
+        s = self.spec
+        return [
+            f"--nnodes={s.nodes}",
+            f"--nproc_per_node={s.nproc_per_node}",
+            # --node_rank and --master_addr follow, from the node's environment
+            f"--master_port={s.rendezvous.port}",
+            # A fixed-size world: a restarted node could never rejoin a static rendezvous.
+            "--max_restarts=0",
+            # Static rendezvous store timeout: bounds how long a node waits for the others.
+            f"--rdzv_conf=timeout={s.rendezvous.timeout_s}",
+        ]
+
+    def trainer_argv(self) -> list[str]:
+        t = self.spec.trainer
+        head = ["-m", t.module] if t.module else [t.script]
+        return head + list(t.args)
+
+    def entry_script(self) -> str:
+        """The per-node entry script, byte-identical for every node and every backend."""
+        s = self.spec
+        return render_template(
+            "entry.sh.j2",
+            spec=s,
+            env=self.environment(),
+            torchrun_args=self.torchrun_args(),
+            trainer_argv=self.trainer_argv(),
+            node_rank_var=NODE_RANK_VAR,
+            master_addr_var=MASTER_ADDR_VAR,
+            master_addr_file_var=MASTER_ADDR_FILE_VAR,
+        )
+
+
+def entry_script(spec: JobSpec) -> str:
+    return LaunchContract(spec).entry_script()

@@ -1,0 +1,519 @@
+"""The job file: one backend-agnostic description of a multi-node torchrun job.
+
+``load(path)`` parses YAML into a validated :class:`JobSpec`; every problem is reported with its
+field path (and line, when it came from a file) as a :class:`~halo_sched.errors.SpecError`.
+Validation is strict on purpose: a value that reaches a generated script must not be able to
+change its meaning, so names and scheduler options are held to safe character sets here, and
+free text (env values, args, setup) is quoted by the renderers.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import SpecError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+# SLURM option values that land on "#SBATCH" lines: no spaces, quotes or comment characters.
+SLURM_WORD_RE = re.compile(r"^[A-Za-z0-9_.,:@+%/=-]+$")
+SLURM_TIME_RE = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}|UNLIMITED|INFINITE)$")
+SBATCH_ARG_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[^\s'\"\\#`$]+)?$")
+GO_DURATION_RE = re.compile(r"^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$")
+SIZE_RE = re.compile(r"^(\d+)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB|k|m|g)?$", re.IGNORECASE)
+IFACE_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
+
+# Variables torchrun or halo-sched itself set on every rank: a user value would be silently
+# overwritten (or would break the launch), so it is an error to set them in `env`.
+RESERVED_ENV = {
+    "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+    "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK", "TORCHELASTIC_RUN_ID",
+}
+RESERVED_ENV_PREFIXES = ("HALO_", "TORCHELASTIC_", "SLURM_", "NOMAD_")
+
+
+def _no_nul(value: str, what: str) -> str:
+    if "\x00" in value:
+        raise ValueError(f"{what} contains a NUL byte, which no process argument or environment can carry")
+    return value
+
+
+def parse_size(value: int | str) -> int:
+    """'16GiB' -> bytes. Bare integers are bytes."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 8GiB or a number of bytes")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("size must not be negative")
+        return value
+    m = SIZE_RE.match(str(value).strip())
+    if not m:
+        raise ValueError(f"{value!r} is not a size; use e.g. 512MiB, 16GiB or a number of bytes")
+    unit = (m.group(2) or "B").lower()
+    mult = {
+        "b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+        "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4, "k": 1024, "m": 1024**2, "g": 1024**3,
+    }[unit]
+    return int(m.group(1)) * mult
+
+
+def parse_go_duration(value: str) -> int:
+    """A Go duration ('2h', '90m', '1h30m') in nanoseconds."""
+    if not GO_DURATION_RE.match(value):
+        raise ValueError(f"{value!r} is not a duration; use Go syntax such as 30m, 2h or 1h30m")
+    scale = {"ns": 1, "us": 10**3, "µs": 10**3, "ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
+    total = 0.0
+    for num, _, unit in re.findall(r"(\d+(\.\d+)?)(ns|us|µs|ms|s|m|h)", value):
+        total += float(num) * scale[unit]
+    if total <= 0:
+        raise ValueError("duration must be positive")
+    return int(total)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+
+
+class Trainer(_Model):
+    """What torchrun starts on every node: a script or a module, with its arguments."""
+
+    script: str | None = Field(None, description="Path of the training script (a .py file), as seen on the nodes.")
+    module: str | None = Field(None, description="A Python module to run with `python -m` semantics (torchrun -m).")
+    args: list[str] = Field(default_factory=list, description="Arguments passed to the script, each verbatim.")
+
+    @field_validator("script")
+    @classmethod
+    def _script(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        _no_nul(v, "script")
+        if not v.strip() or not v.endswith(".py"):
+            raise ValueError("must be the path of a .py file (use trainer.module for a module)")
+        if v.startswith("-"):
+            raise ValueError("must not start with '-' (it would be read as a torchrun option)")
+        return v
+
+    @field_validator("module")
+    @classmethod
+    def _module(cls, v: str | None) -> str | None:
+        if v is not None and not MODULE_RE.match(v):
+            raise ValueError("must be a dotted Python module name such as pkg.train")
+        return v
+
+    @field_validator("args")
+    @classmethod
+    def _args(cls, v: list[str]) -> list[str]:
+        for a in v:
+            _no_nul(a, "an argument")
+        return v
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "Trainer":
+        if (self.script is None) == (self.module is None):
+            raise ValueError("set exactly one of trainer.script or trainer.module")
+        return self
+
+
+class Rendezvous(_Model):
+    """Static torchrun rendezvous at rank 0 (node 0)."""
+
+    port: int = Field(29500, ge=1024, le=65535, description="Master port on node 0; must be reachable node to node.")
+    timeout_s: int = Field(
+        900, ge=1, le=7 * 86400,
+        description="Bound on waiting for rank 0 and the other nodes (torchrun store timeout; Nomad workers' wait for the leader).",
+    )
+
+
+class Storage(_Model):
+    """Checkpoint and input storage -> the DIST_* environment every rank gets (identical on all)."""
+
+    shared: bool = Field(True, description="Nodes share a filesystem (NFS/Lustre): rank 0 downloads and writes.")
+    input_shared: bool | None = Field(None, description="Read side; set false on a flaky NFS/EFS mount.")
+    output_shared: bool | None = Field(None, description="Write side (checkpoints).")
+    store_timeout_hours: float = Field(4, gt=0, description="DIST_STORE_TIMEOUT_HOURS: bound on one rank going first.")
+    nccl_timeout_minutes: int | None = Field(None, ge=1, description="DIST_NCCL_TIMEOUT_MINUTES, the same on every rank.")
+
+
+class Network(_Model):
+    """The compute fabric: which NIC carries rendezvous and NCCL, and fabric-specific NCCL settings."""
+
+    interface: str | None = Field(
+        None, description="Fabric NIC (e.g. ib0, eth0 on an overlay): NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME, and rank 0's address on SLURM.",
+    )
+    fabric: Literal["default", "infiniband", "roce", "efa"] = Field(
+        "default", description="efa adds NCCL_NET_PLUGIN=ofi NCCL_NET=Libfabric; InfiniBand/RoCE use NCCL defaults.",
+    )
+    cross_node_expert_parallel: bool = Field(False, description="EFA only: NCCL_GIN_TYPE=2 (and /dev/gdrdrv) for cross-node EP.")
+    nccl_proto_simple: bool = Field(False, description="NCCL_PROTO=simple on every rank.")
+    nccl_debug: Literal["", "WARN", "INFO", "TRACE"] = Field("", description="NCCL_DEBUG on every rank.")
+
+    @field_validator("interface")
+    @classmethod
+    def _iface(cls, v: str | None) -> str | None:
+        if v is not None and not IFACE_RE.match(v):
+            raise ValueError("must be a network interface name such as ib0 or eth0")
+        return v
+
+    @model_validator(mode="after")
+    def _ep(self) -> "Network":
+        if self.cross_node_expert_parallel and self.fabric != "efa":
+            raise ValueError("cross_node_expert_parallel applies to fabric: efa only (other fabrics use NCCL defaults)")
+        return self
+
+
+class Slurm(_Model):
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = Field(None, description="Time limit in a SLURM format: minutes, HH:MM:SS, D-HH:MM:SS.")
+    constraint: str | None = None
+    exclusive: bool = False
+    cpus_per_task: int | None = Field(None, ge=1, description="CPUs for each node's torchrun (one task per node).")
+    mem: str | None = Field(None, description="Memory per node, e.g. 64G (sbatch --mem).")
+    signal: str | None = Field(
+        None, description="Preemption warning signal, e.g. USR2@120 (sbatch --signal). USR1 is refused: NCCL uses it.",
+    )
+    requeue: bool | None = Field(None, description="true -> --requeue, false -> --no-requeue.")
+    container_mounts: list[str] = Field(default_factory=list, description="pyxis --container-mounts entries (src:dst[:flags]).")
+    extra_args: list[str] = Field(default_factory=list, description="More sbatch options, each '--name' or '--name=value'.")
+
+    @field_validator("partition", "account", "qos", "constraint", "mem")
+    @classmethod
+    def _word(cls, v: str | None) -> str | None:
+        if v is not None and not SLURM_WORD_RE.match(v):
+            raise ValueError("may contain only letters, digits and _ . , : @ + % / = -")
+        return v
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, v: str | None) -> str | None:
+        if v is not None and not SLURM_TIME_RE.match(v):
+            raise ValueError("not a SLURM time: use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS")
+        return v
+
+    @field_validator("signal")
+    @classmethod
+    def _signal(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        m = re.match(r"^(?:([BR]+):)?(?:SIG)?([A-Z0-9]+)(?:@(\d+))?$", v)
+        if not m:
+            raise ValueError("use [B:]SIGNAL[@seconds], e.g. USR2@120")
+        if m.group(2) in ("USR1", "10"):
+            raise ValueError("USR1 is used by NCCL; choose USR2 or HUP for the preemption warning")
+        return v
+
+    @field_validator("container_mounts")
+    @classmethod
+    def _mounts(cls, v: list[str]) -> list[str]:
+        for m in v:
+            if not SLURM_WORD_RE.match(m) or ":" not in m:
+                raise ValueError(f"{m!r}: each mount is SRC:DST[:FLAGS] without spaces or quotes")
+        return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra(cls, v: list[str]) -> list[str]:
+        managed = ("--nodes", "--ntasks", "--ntasks-per-node", "--job-name", "--output", "--error", "--export", "--gpus-per-node")
+        for a in v:
+            if not SBATCH_ARG_RE.match(a):
+                raise ValueError(f"{a!r}: each extra arg is --name or --name=value, without spaces, quotes, '#', '$' or '`'")
+            if a.split("=", 1)[0] in managed:
+                raise ValueError(f"{a!r}: halo-sched sets {a.split('=', 1)[0]} itself (from nodes/gpus_per_node/name)")
+        return v
+
+
+class Nomad(_Model):
+    datacenters: list[str] = Field(default_factory=lambda: ["*"], description="Datacenters to place in ('*' = all).")
+    namespace: str | None = None
+    region: str | None = None
+    driver: Literal["docker", "exec", "raw_exec"] = Field(
+        "docker", description="docker needs `image`; exec/raw_exec run on hosts without docker.",
+    )
+    max_run_duration: str | None = Field(
+        None, description="Group max_run_duration (Nomad 2.0.2+), a Go duration such as 12h: caps a half-placed or hung job.",
+    )
+    placement_timeout_s: int | None = Field(
+        None, ge=1, description="`submit --wait` stops the job if not all nodes are running within this many seconds.",
+    )
+    cpu: int = Field(1000, ge=1, description="CPU per node in MHz.")
+    memory: int = Field(4096, ge=16, description="Memory per node in MB (a hard cap for docker, shm included).")
+    shm_size: int | str | None = Field(None, description="Docker /dev/shm size, e.g. 8GiB; counts against memory.")
+    volumes: list[str] = Field(default_factory=list, description="Docker bind mounts host:container[:ro].")
+    priority: int | None = Field(None, ge=1, le=100)
+
+    @field_validator("datacenters")
+    @classmethod
+    def _dcs(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("needs at least one datacenter ('*' for all)")
+        for dc in v:
+            if not re.match(r"^[A-Za-z0-9_.*-]+$", dc):
+                raise ValueError(f"{dc!r} is not a datacenter name")
+        return v
+
+    @field_validator("namespace", "region")
+    @classmethod
+    def _ident(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[A-Za-z0-9_-]{1,128}$", v):
+            raise ValueError("may contain only letters, digits, _ and -")
+        return v
+
+    @field_validator("max_run_duration")
+    @classmethod
+    def _dur(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_go_duration(v)
+        return v
+
+    @field_validator("shm_size")
+    @classmethod
+    def _shm(cls, v: int | str | None) -> int | str | None:
+        if v is not None:
+            parse_size(v)
+        return v
+
+    @field_validator("volumes")
+    @classmethod
+    def _vols(cls, v: list[str]) -> list[str]:
+        for vol in v:
+            _no_nul(vol, "a volume")
+            parts = vol.split(":")
+            if len(parts) not in (2, 3) or not all(parts[:2]) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+                raise ValueError(f"{vol!r}: use host_path:container_path[:ro|rw]")
+        return v
+
+    @property
+    def shm_bytes(self) -> int | None:
+        return None if self.shm_size is None else parse_size(self.shm_size)
+
+    @property
+    def max_run_duration_ns(self) -> int | None:
+        return None if self.max_run_duration is None else parse_go_duration(self.max_run_duration)
+
+    @model_validator(mode="after")
+    def _shm_fits(self) -> "Nomad":
+        if self.shm_bytes is not None and self.shm_bytes >= self.memory * 1024 * 1024:
+            raise ValueError(
+                f"shm_size ({self.shm_size}) must be smaller than memory ({self.memory} MB): "
+                "docker counts /dev/shm against the task's hard memory limit"
+            )
+        return self
+
+
+class JobSpec(_Model):
+    """One multi-node torchrun job: the same on every backend."""
+
+    name: str = Field(description="Job name (letters, digits, _ . -; at most 63).")
+    nodes: int = Field(ge=1, le=4096, description="Number of nodes: one torchrun per node.")
+    nproc_per_node: int = Field(ge=1, le=1024, description="Processes (ranks) torchrun starts on each node.")
+    gpus_per_node: int = Field(0, ge=0, le=64, description="GPUs per node; 0 means CPU with gloo.")
+    trainer: Trainer
+    env: dict[str, str] = Field(default_factory=dict, description="Environment for every rank; values are literal bytes.")
+    setup: list[str] = Field(default_factory=list, description="Shell lines run on each node before torchrun.")
+    image: str | None = Field(None, description="Container image (Nomad docker driver; pyxis on SLURM).")
+    rendezvous: Rendezvous = Field(default_factory=Rendezvous)
+    storage: Storage = Field(default_factory=Storage)
+    network: Network = Field(default_factory=Network)
+    slurm: Slurm = Field(default_factory=Slurm)
+    nomad: Nomad = Field(default_factory=Nomad)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError("must be 1-63 characters: letters, digits, '_', '.', '-', starting with a letter or digit")
+        return v
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_types(cls, v: Any) -> Any:
+        # YAML turns `on`, `1.0`, `0755` into bool/float/int silently; require the user to quote,
+        # so the value that reaches the ranks is exactly the text in the file.
+        if isinstance(v, dict):
+            for k, val in v.items():
+                if not isinstance(val, str):
+                    raise ValueError(f"{k}: value must be a string (quote it: {k}: \"{val}\"), got {type(val).__name__}")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, val in v.items():
+            if not ENV_NAME_RE.match(k):
+                raise ValueError(f"{k!r} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+            if k in RESERVED_ENV or k.startswith(RESERVED_ENV_PREFIXES):
+                raise ValueError(f"{k} is set by torchrun, the scheduler or halo-sched on every rank; it cannot be set here")
+            _no_nul(val, f"{k}'s value")
+        return v
+
+    @field_validator("setup", mode="before")
+    @classmethod
+    def _setup_lines(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return v.splitlines()
+        return v
+
+    @field_validator("setup")
+    @classmethod
+    def _setup(cls, v: list[str]) -> list[str]:
+        for line in v:
+            _no_nul(line, "a setup line")
+        return v
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+#-]*$", v):
+            raise ValueError("not a container image reference (registry/name:tag or name@sha256:...)")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "JobSpec":
+        if self.gpus_per_node and self.nproc_per_node > self.gpus_per_node:
+            raise ValueError(
+                f"nproc_per_node ({self.nproc_per_node}) exceeds gpus_per_node ({self.gpus_per_node}): each rank needs its own GPU"
+            )
+        derived = set(self.derived_env())
+        clash = sorted(derived & set(self.env))
+        if clash:
+            raise ValueError(
+                f"env sets {', '.join(clash)}, which halo-sched derives from storage/network; set those sections instead"
+            )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.nproc_per_node
+
+    def derived_env(self) -> dict[str, str]:
+        """The DIST_* and NCCL_* variables this spec implies, identical on every rank."""
+        st, net = self.storage, self.network
+        env: dict[str, str] = {"DIST_SHARED_FILESYSTEM": "1" if st.shared else "0"}
+        if st.input_shared is not None:
+            env["DIST_INPUT_SHARED_FILESYSTEM"] = "1" if st.input_shared else "0"
+        if st.output_shared is not None:
+            env["DIST_OUTPUT_SHARED_FILESYSTEM"] = "1" if st.output_shared else "0"
+        env["DIST_STORE_TIMEOUT_HOURS"] = f"{st.store_timeout_hours:g}"
+        if st.nccl_timeout_minutes is not None:
+            env["DIST_NCCL_TIMEOUT_MINUTES"] = str(st.nccl_timeout_minutes)
+        if net.interface:
+            env["NCCL_SOCKET_IFNAME"] = net.interface
+            env["GLOO_SOCKET_IFNAME"] = net.interface
+        if net.fabric == "efa":
+            env["NCCL_NET_PLUGIN"] = "ofi"
+            env["NCCL_NET"] = "Libfabric"
+            if net.cross_node_expert_parallel:
+                env["NCCL_GIN_TYPE"] = "2"
+        if net.nccl_proto_simple:
+            env["NCCL_PROTO"] = "simple"
+        if net.nccl_debug:
+            env["NCCL_DEBUG"] = net.nccl_debug
+        return env
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+
+
+def _line_index(text: str) -> dict[tuple, int]:
+    """Map each YAML key path to its 1-based line, so errors can point into the file."""
+    import yaml
+
+    lines: dict[tuple, int] = {}
+
+    def walk(node, path):
+        if isinstance(node, yaml.MappingNode):
+            for k, val in node.value:
+                key = k.value
+                lines[path + (key,)] = k.start_mark.line + 1
+                walk(val, path + (key,))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                lines[path + (i,)] = item.start_mark.line + 1
+                walk(item, path + (i,))
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return lines
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+def problems_from(err: ValidationError) -> list[tuple[tuple, str]]:
+    out = []
+    for e in err.errors(include_url=False):
+        loc = tuple(x for x in e["loc"] if x not in ("function-after", "function-before"))
+        msg = e["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (see `halo-sched schema` for the fields this section accepts)"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        out.append((loc, msg))
+    return out
+
+
+def _fmt_loc(loc: tuple) -> str:
+    s = ""
+    for part in loc:
+        if isinstance(part, int):
+            s += f"[{part}]"
+        else:
+            s += ("." if s else "") + str(part)
+    return s
+
+
+def from_dict(data: Any, source: str | None = None, text: str | None = None) -> JobSpec:
+    if not isinstance(data, dict):
+        raise SpecError([("", "the job file must be a mapping of keys (name, nodes, trainer, ...)")], source)
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as err:
+        lines = _line_index(text) if text else {}
+        problems = []
+        for loc, msg in problems_from(err):
+            where = _fmt_loc(loc)
+            line = None
+            for n in range(len(loc), 0, -1):
+                line = lines.get(loc[:n])
+                if line:
+                    break
+            problems.append((f"{where} (line {line})" if line else where, msg))
+        raise SpecError(problems, source) from None
+
+
+def loads(text: str, source: str | None = None) -> JobSpec:
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
+        problem = getattr(err, "problem", None) or str(err)
+        raise SpecError([(where, f"YAML syntax error: {problem}")], source) from None
+    return from_dict(data, source, text)
+
+
+def load(path: str | Path) -> JobSpec:
+    """Read and validate a job file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError([("", f"no such file: {p}")], str(p)) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise SpecError([("", f"cannot read: {err}")], str(p)) from None
+    return loads(text, str(p))
+
+
+def json_schema() -> dict:
+    return JobSpec.model_json_schema()

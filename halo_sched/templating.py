@@ -1,0 +1,105 @@
+"""The one Jinja2 environment every renderer uses, and the quoting filters its templates need.
+
+Templates live in the repository's top-level ``templates/`` (shipped in the wheel as
+``halo_sched/templates``). Every user string reaches a template through one of these filters;
+the templates never interpolate raw user text.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import re
+from pathlib import Path
+
+import jinja2
+
+_PKG = Path(__file__).resolve().parent
+
+
+def template_dir() -> Path:
+    shipped = _PKG / "templates"
+    return shipped if shipped.is_dir() else _PKG.parent / "templates"
+
+
+def sh_quote(value: str) -> str:
+    """A POSIX shell word that expands to exactly ``value`` (single quotes; ' as '\\'')."""
+    if value and re.fullmatch(r"[A-Za-z0-9_@%+=:,./-]+", value):
+        return value
+    return "'" + value.replace("'", "'\\''") + "'"
+
+
+def hcl_escape(value: str) -> str:
+    """Body of an HCL2 quoted string whose value is exactly ``value``.
+
+    HCL2 interpolates ``${`` and runs directives at ``%{``; the literal forms are ``$${`` and ``%%{``.
+    """
+    out = []
+    for ch in value:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == '"':
+            out.append('\\"')
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    s = "".join(out)
+    return s.replace("${", "$${").replace("%{", "%%{")
+
+
+def hcl_string(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    return '"' + hcl_escape(str(value)) + '"'
+
+
+def hcl_heredoc(value: str, indent: str = "") -> str:
+    """An HCL heredoc (``<<TAG ... TAG``) for a multi-line literal, with a tag absent from it."""
+    body = value.replace("${", "$${").replace("%{", "%%{")
+    tag, n = "EOT", 0
+    lines = body.split("\n")
+    while any(line.strip() == tag for line in lines):
+        n += 1
+        tag = f"EOT{n}"
+    if not body.endswith("\n"):
+        body += "\n"
+    return f"<<{tag}\n{body}{tag}"
+
+
+def heredoc_tag(body: str, base: str) -> str:
+    """A shell heredoc delimiter that does not occur as a line of ``body``."""
+    lines = set(body.split("\n"))
+    tag, n = base, 0
+    while tag in lines:
+        n += 1
+        tag = f"{base}_{n}"
+    return tag
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["sh"] = sh_quote
+    env.filters["hcl"] = hcl_string
+    env.filters["hcl_heredoc"] = hcl_heredoc
+    env.filters["json"] = lambda v: json.dumps(v, ensure_ascii=False)
+    return env
+
+
+def render_template(name: str, **context) -> str:
+    return environment().get_template(name).render(**context)
