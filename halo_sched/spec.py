@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -161,7 +161,7 @@ class Network(_Model):
     @model_validator(mode="after")
     def _ep(self) -> "Network":
         if self.cross_node_expert_parallel and self.fabric != "efa":
-            raise ValueError("cross_node_expert_parallel applies to fabric: efa only (other fabrics use NCCL defaults)")
+            raise ValueError("cross_node_expert_parallel: applies to fabric: efa only (other fabrics use NCCL defaults)")
         return self
 
 
@@ -299,7 +299,7 @@ class Nomad(_Model):
     def _shm_fits(self) -> "Nomad":
         if self.shm_bytes is not None and self.shm_bytes >= self.memory * 1024 * 1024:
             raise ValueError(
-                f"shm_size ({self.shm_size}) must be smaller than memory ({self.memory} MB): "
+                f"shm_size: {self.shm_size} must be smaller than memory ({self.memory} MB): "
                 "docker counts /dev/shm against the task's hard memory limit"
             )
         return self
@@ -376,13 +376,13 @@ class JobSpec(_Model):
     def _cross_checks(self) -> "JobSpec":
         if self.gpus_per_node and self.nproc_per_node > self.gpus_per_node:
             raise ValueError(
-                f"nproc_per_node ({self.nproc_per_node}) exceeds gpus_per_node ({self.gpus_per_node}): each rank needs its own GPU"
+                f"nproc_per_node: {self.nproc_per_node} exceeds gpus_per_node ({self.gpus_per_node}); each rank needs its own GPU"
             )
         derived = set(self.derived_env())
         clash = sorted(derived & set(self.env))
         if clash:
             raise ValueError(
-                f"env sets {', '.join(clash)}, which halo-sched derives from storage/network; set those sections instead"
+                f"env: sets {', '.join(clash)}, which halo-sched derives from storage/network; set those sections instead"
             )
         return self
 
@@ -453,12 +453,26 @@ def problems_from(err: ValidationError) -> list[tuple[tuple, str]]:
         msg = e["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
+            # Checks across fields (model validators) name their field as "field: message".
+            m = re.match(r"^([a-z_]+): (.*)$", msg, re.S)
+            if m and e["type"] == "value_error" and m.group(1) in _fields_at(loc):
+                loc, msg = loc + (m.group(1),), m.group(2)
         if e["type"] == "extra_forbidden":
             msg = "unknown key (see `halo-sched schema` for the fields this section accepts)"
         elif e["type"] == "missing":
             msg = "required field is missing"
         out.append((loc, msg))
     return out
+
+
+def _fields_at(loc: tuple) -> set[str]:
+    model: Any = JobSpec
+    for part in loc:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return set()
+        model = field.annotation
+    return set(getattr(model, "model_fields", {}))
 
 
 def _fmt_loc(loc: tuple) -> str:

@@ -31,7 +31,7 @@ def sh_quote(value: str) -> str:
 def hcl_escape(value: str) -> str:
     """Body of an HCL2 quoted string whose value is exactly ``value``.
 
-    HCL2 interpolates ``${`` and runs directives at ``%{``; the literal forms are ``$${`` and ``%%{``.
+    HCL2 interpolates ``${`` and runs directives at ``%{``; neither may reach it unescaped.
     """
     out = []
     for ch in value:
@@ -50,7 +50,11 @@ def hcl_escape(value: str) -> str:
         else:
             out.append(ch)
     s = "".join(out)
-    return s.replace("${", "$${").replace("%{", "%%{")
+    # `${NAME}` (a reference Nomad interpolates at run time) stays readable as `$${NAME}`. Any
+    # other `${`, and every `%{`, becomes a \u escape: just as literal in HCL, and unlike a bare
+    # `$${`/`%%{` also parsed by python-hcl2, which the tests read the output with.
+    s = re.sub(r"\$\{(?=([A-Za-z0-9_.-]*)\})|\$\{", lambda m: "$${" if m.group(1) is not None else "$\\u007b", s)
+    return s.replace("%{", "\\u0025{")
 
 
 def hcl_string(value) -> str:

@@ -1,0 +1,82 @@
+"""The SLURM backend: render (``render.py``), talk to SLURM through a transport
+(``transport.py``: sbatch/squeue/sacct/scontrol/scancel by default; slurmrestd or pyslurm on
+request), parse what it says (``status.py``). This class only joins them.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from ...errors import SchedulerError
+from ...spec import JobSpec
+from ..base import DryRun, JobState, Scheduler
+from .render import render_sbatch
+
+
+class SlurmScheduler(Scheduler):
+    name = "slurm"
+
+    def __init__(self, transport=None, transport_name: str | None = None):
+        self._transport = transport
+        self._transport_name = transport_name or os.environ.get("HALO_SLURM_TRANSPORT", "cli")
+
+    @property
+    def transport(self):
+        if self._transport is None:
+            from .transport import get_transport
+
+            self._transport = get_transport(self._transport_name)
+        return self._transport
+
+    def render(self, spec: JobSpec, **opts) -> str:
+        return render_sbatch(spec)
+
+    def schedule(self, dryrun: DryRun) -> str:
+        return self.transport.submit(dryrun.text)
+
+    def describe(self, ids: Sequence[str]) -> dict[str, JobState]:
+        return self.transport.query(list(ids))
+
+    def cancel(self, ids: Sequence[str], **opts) -> None:
+        self.transport.cancel(list(ids))
+
+    def progress(self, state: JobState) -> str:
+        if state.status.value == "RUNNING" and state.nodes_total:
+            return f"RUNNING on {state.nodes_total} node{'s' if state.nodes_total != 1 else ''}" + (
+                f" ({state.extra.get('nodelist')})" if state.extra.get("nodelist") else "")
+        return state.describe()
+
+    def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
+        """The job's output file (srun --label prefixes each line with its node rank)."""
+        info = self.transport.job_info(job_id)
+        paths = [p for p in dict.fromkeys([info.get("StdOut"), info.get("StdErr")]) if p]
+        if not paths:
+            raise SchedulerError(f"SLURM does not report an output file for job {job_id} (is it too old?)")
+        for path in paths:
+            yield from _read(Path(path), follow, lambda: self.describe([job_id])[job_id].status.terminal)
+
+
+def _read(path: Path, follow: bool, finished) -> Iterator[str]:
+    deadline = time.monotonic() + 30
+    while not path.exists():
+        if not follow or finished() or time.monotonic() > deadline:
+            raise SchedulerError(f"output file {path} does not exist (yet); logs are read on the submitting host's filesystem")
+        time.sleep(0.5)
+    with open(path, "rb") as f:
+        while True:
+            line = f.readline()
+            if line.endswith(b"\n") or (line and not follow):
+                yield line.decode("utf-8", "replace")
+                continue
+            if line:  # a partial line while following: wait for its end
+                f.seek(-len(line), os.SEEK_CUR)
+            if not follow:
+                return
+            if finished():
+                rest = f.read()
+                if rest:
+                    yield rest.decode("utf-8", "replace")
+                return
+            time.sleep(0.5)

@@ -1,0 +1,21 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+try:  # TODO(lead): remove guard once tests/cluster/fixtures.py lands
+    from cluster.fixtures import slurm_cluster  # noqa: E402,F401  (session fixture: the real local cluster)
+except ImportError:
+    pass
+
+
+@pytest.fixture(autouse=True)
+def _isolated_state(tmp_path, monkeypatch):
+    # Local jobs write their state under HALO_SCHED_HOME; keep each test's apart.
+    monkeypatch.setenv("HALO_SCHED_HOME", str(tmp_path / "halo-home"))
+    for k in list(os.environ):
+        if k.startswith(("NOMAD_", "SLURM_JOB")):
+            monkeypatch.delenv(k, raising=False)

@@ -1,0 +1,115 @@
+"""Shared test helpers: fake torchrun/srun/scontrol that record what a node would really run."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+HOSTILE = 'it\'s "q" $(cmd) ${HOME} %{x} {{ x }} \\ ü'
+# Everything the layers between a job file and a rank could interpret: shell quoting and
+# expansion, HCL interpolation, Go-template and Nomad runtime syntax, heredoc terminators.
+HOSTILE_MORE = HOSTILE + "\n`date` $$ $HOME ${{x}} %%{y} \"\\\"\t\r\nHALO_ENTRY_EOF\nEOT\n[[halo-\n'"
+
+FAKE_TORCHRUN = r'''#!{python}
+import json, os, sys
+out = os.environ["FAKE_TORCHRUN_DIR"]
+args = sys.argv[1:]
+rank = [a.split("=", 1)[1] for a in args if a.startswith("--node_rank=")][0]
+names = os.environ.get("FAKE_TORCHRUN_ENV", "").split(",")
+env = {{n: os.environb[n.encode()].hex() for n in names if n and n.encode() in os.environb}}
+with open(os.path.join(out, "node%s.json" % rank), "w") as f:
+    json.dump({{"argv": args, "env_hex": env, "cwd": os.getcwd()}}, f)
+'''
+
+# srun as SLURM runs it for us: one copy of the command per node, SLURM_NODEID in each task.
+FAKE_SRUN = r'''#!{python}
+import os, subprocess, sys
+args = sys.argv[1:]
+nodes = 1
+while args and args[0].startswith("-"):
+    a = args.pop(0)
+    if a.startswith("--nodes="):
+        nodes = int(a.split("=", 1)[1])
+procs = [subprocess.Popen(args, env={{**os.environ, "SLURM_NODEID": str(i), "SLURM_PROCID": str(i)}}) for i in range(nodes)]
+sys.exit(max(p.wait() for p in procs))
+'''
+
+FAKE_SCONTROL = r'''#!{python}
+import os, sys
+nodes = os.environ["FAKE_SLURM_NODES"].split(",")
+addrs = os.environ.get("FAKE_SLURM_ADDRS", ",".join(["127.0.0.1"] * len(nodes))).split(",")
+a = sys.argv[1:]
+if a[:2] == ["show", "hostnames"]:
+    print("\n".join(nodes))
+elif a[:3] == ["-o", "show", "node"]:
+    for n, ad in zip(nodes, addrs):
+        print(f"NodeName={{n}} Arch=x86_64 CoresPerSocket=1 CPUAlloc=1 NodeAddr={{ad}} NodeHostName={{n}} Version=22.05.8 OS=Linux State=ALLOCATED")
+else:
+    sys.exit("fake scontrol: unsupported " + " ".join(a))
+'''
+
+
+def write_tool(bindir: Path, name: str, body: str) -> Path:
+    p = bindir / name
+    p.write_text(body.format(python=sys.executable))
+    p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    return p
+
+
+def fake_bin(tmp: Path) -> Path:
+    b = tmp / "bin"
+    b.mkdir(exist_ok=True)
+    write_tool(b, "torchrun", FAKE_TORCHRUN)
+    write_tool(b, "srun", FAKE_SRUN)
+    write_tool(b, "scontrol", FAKE_SCONTROL)
+    return b
+
+
+def base_env(bindir: Path, outdir: Path, env_names=()) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HALO_", "SLURM_", "NOMAD_"))}
+    env["PATH"] = f"{bindir}:{env['PATH']}"
+    env["FAKE_TORCHRUN_DIR"] = str(outdir)
+    env["FAKE_TORCHRUN_ENV"] = ",".join(env_names)
+    return env
+
+
+def run_entry(entry: str, tmp: Path, node_env: dict, env: dict) -> subprocess.CompletedProcess:
+    script = tmp / "entry.sh"
+    script.write_text(entry)
+    return subprocess.run(["bash", str(script)], env={**env, **node_env}, capture_output=True, text=True, timeout=60)
+
+
+def records(outdir: Path) -> dict[int, dict]:
+    return {int(p.stem[4:]): json.loads(p.read_text()) for p in sorted(outdir.glob("node*.json"))}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cli(*args, cwd=REPO, env=None, timeout=300) -> subprocess.CompletedProcess:
+    """Run the installed CLI as a user would (python -m keeps it on this interpreter)."""
+    return subprocess.run([sys.executable, "-m", "halo_sched.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def example_job(tmp: Path, port: int, **overrides) -> Path:
+    """examples/ddp-cpu.yaml with a free rendezvous port and test overrides, written to tmp."""
+    import yaml
+
+    data = yaml.safe_load((REPO / "examples" / "ddp-cpu.yaml").read_text())
+    data["rendezvous"]["port"] = port
+    for key, value in overrides.items():
+        data[key] = value
+    path = tmp / "job.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True))
+    return path

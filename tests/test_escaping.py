@@ -1,0 +1,140 @@
+"""Property tests: nothing a user writes can change the meaning of a generated script or job."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import hcl2
+from hcl2.utils import SerializationOptions
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import halo_sched
+from halo_sched.backends.nomad.render import _delimiters, job_payload, render_hcl
+from halo_sched.backends.slurm.render import render_sbatch
+from halo_sched.launch import entry_script
+from halo_sched.templating import hcl_escape, hcl_heredoc, heredoc_tag, sh_quote
+from helpers import base_env, fake_bin, records, run_entry
+
+# Any text a process can carry: no NUL, no lone surrogates. Bias towards the dangerous bits.
+DANGER = st.sampled_from(["'", '"', "\\", "$", "${", "$(", "`", "%{", "{{", "}}", "\n", "\r", "\t", " ", "ü", "EOF",
+                          "HALO_ENTRY_EOF", "EOT", "[[halo-", "#", ";", "&", "|", "*", "?", "~", "!", "-"])
+TEXT = st.lists(st.one_of(DANGER, st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=5)),
+                max_size=12).map("".join)
+HCL_OPTS = SerializationOptions(strip_string_quotes=True, preserve_heredocs=False, explicit_blocks=False, with_comments=False)
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def _hcl_literal(raw: str) -> str:
+    # python-hcl2 decodes backslash escapes but leaves HCL's template escapes; apply them.
+    return raw.replace("$${", "${").replace("%%{", "%{")
+
+
+@FAST
+@given(TEXT)
+def test_sh_quote_is_one_literal_word(value):
+    r = subprocess.run(["bash", "-c", f"printf '%s' {sh_quote(value)}"], capture_output=True)
+    assert r.returncode == 0
+    assert r.stdout == value.encode()
+
+
+@FAST
+@given(TEXT)
+def test_hcl_string_round_trips(value):
+    parsed = hcl2.loads(f'x = "{hcl_escape(value)}"\n', serialization_options=HCL_OPTS)
+    assert _hcl_literal(parsed["x"]) == value
+    assert "${" not in hcl_escape(value).replace("$${", "")
+
+
+@FAST
+@given(TEXT)
+def test_hcl_heredoc_round_trips(value):
+    body = value + "\nline\n"
+    parsed = hcl2.loads(f"x = {hcl_heredoc(body)}\n", serialization_options=HCL_OPTS)
+    # python-hcl2 drops the heredoc's final newline; HCL keeps it.
+    assert _hcl_literal(parsed["x"]) + "\n" == body
+
+
+@FAST
+@given(TEXT)
+def test_shell_heredoc_tag_never_a_line_of_the_body(value):
+    tag = heredoc_tag(value, "HALO_ENTRY_EOF")
+    assert tag not in value.split("\n")
+
+
+@FAST
+@given(TEXT)
+def test_go_template_delimiters_absent(value):
+    left, right = _delimiters(value)
+    assert left not in value and right not in value
+
+
+def _spec(value: str, arg: str, setup: str):
+    return halo_sched.spec.JobSpec.model_validate({
+        "name": "prop", "nodes": 2, "nproc_per_node": 1,
+        "trainer": {"script": "t.py", "args": [arg]},
+        "env": {"V": value}, "setup": [f"export S={sh_quote(setup)}"],
+        "nomad": {"driver": "raw_exec"},
+    })
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=TEXT, arg=TEXT, setup=TEXT)
+def test_values_reach_torchrun_byte_exact(tmp_path_factory, value, arg, setup):
+    tmp = tmp_path_factory.mktemp("p")
+    spec = _spec(value, arg, setup)
+    bindir, out = fake_bin(tmp), tmp / "out"
+    out.mkdir()
+    r = run_entry(entry_script(spec), tmp, {"HALO_NODE_RANK": "1", "HALO_MASTER_ADDR": "127.0.0.1"},
+                  base_env(bindir, out, ["V", "S"]))
+    assert r.returncode == 0, r.stderr
+    rec = records(out)[1]
+    assert rec["argv"][-1] == arg
+    assert bytes.fromhex(rec["env_hex"]["V"]) == value.encode()
+    assert bytes.fromhex(rec["env_hex"]["S"]) == setup.encode()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=TEXT, arg=TEXT)
+def test_values_survive_the_sbatch_script(tmp_path_factory, value, arg):
+    tmp = tmp_path_factory.mktemp("s")
+    spec = _spec(value, arg, "x")
+    bindir, out = fake_bin(tmp), tmp / "out"
+    out.mkdir()
+    script = tmp / "job.sbatch"
+    script.write_text(render_sbatch(spec))
+    env = base_env(bindir, out, ["V"])
+    env.update(FAKE_SLURM_NODES="a,b", SLURM_JOB_NODELIST="a,b", SLURM_JOB_ID="1")
+    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    recs = records(out)
+    assert sorted(recs) == [0, 1]
+    for rec in recs.values():
+        assert rec["argv"][-1] == arg
+        assert bytes.fromhex(rec["env_hex"]["V"]) == value.encode()
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=TEXT, arg=TEXT)
+def test_nomad_job_carries_user_text_only_in_the_entry_template(value, arg):
+    spec = _spec(value, arg, "x")
+    job = job_payload(spec)["Job"]
+    entry = entry_script(spec)
+    for g in job["TaskGroups"]:
+        t = g["Tasks"][0]
+        # Env and args hold only names Nomad defines; no user text is runtime-interpolated.
+        assert all(v in ("0", "1", "${NOMAD_IP_rdzv}", "${NOMAD_TASK_DIR}/halo-master-addr") for v in t["Env"].values())
+        assert t["Config"]["args"] == ["${NOMAD_TASK_DIR}/halo-entry.sh"]
+        assert t["Templates"][0]["EmbeddedTmpl"] == entry
+    # The HCL says the same: parse it and compare the entry template and env.
+    parsed = hcl2.loads(render_hcl(spec), serialization_options=HCL_OPTS)
+    groups = parsed["job"][0]["prop"]["group"]
+    for g in groups:
+        (name, body), = g.items()
+        task = body["task"][0]["torchrun"]
+        data = _hcl_literal(task["template"][0]["data"])
+        assert data + "\n" == entry
+        env = {k: _hcl_literal(v) for k, v in task["env"][0].items()}
+        jg = next(x for x in job["TaskGroups"] if x["Name"] == name)
+        assert env == jg["Tasks"][0]["Env"]
+    json.dumps(job)  # serialisable as the API payload

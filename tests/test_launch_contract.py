@@ -1,0 +1,177 @@
+"""One launch contract: every backend runs the same entry; only --node_rank differs per node.
+
+Each backend's rendered output is executed the way its scheduler would run it, with a fake
+torchrun that records its argv and environment: SLURM's sbatch script with srun/scontrol
+stand-ins (srun starts one task per node with SLURM_NODEID set), Nomad's entry template with
+each group's env, and the local backend's entry with its node rank.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+import halo_sched
+from halo_sched.backends.nomad.render import job_payload
+from halo_sched.backends.slurm.render import render_sbatch
+from halo_sched.launch import entry_script
+from helpers import HOSTILE_MORE, base_env, fake_bin, records, run_entry
+
+SPEC = f"""
+name: contract
+nodes: 4
+nproc_per_node: 3
+trainer:
+  script: train.py
+  args: ["--lr", "0.1", {json.dumps(HOSTILE_MORE)}]
+env:
+  HOSTILE: {json.dumps(HOSTILE_MORE)}
+  PLAIN: "1"
+setup:
+  - export FROM_SETUP=yes
+rendezvous: {{port: 29511, timeout_s: 30}}
+storage: {{shared: false, nccl_timeout_minutes: 20}}
+nomad: {{driver: raw_exec}}
+"""
+ENV_NAMES = ["HOSTILE", "PLAIN", "FROM_SETUP", "DIST_SHARED_FILESYSTEM", "DIST_NCCL_TIMEOUT_MINUTES", "DIST_STORE_TIMEOUT_HOURS"]
+
+
+@pytest.fixture
+def spec():
+    return halo_sched.loads(SPEC)
+
+
+def _run_local(spec, tmp_path):
+    bindir, out = fake_bin(tmp_path), tmp_path / "local"
+    out.mkdir()
+    env = base_env(bindir, out, ENV_NAMES)
+    for rank in range(spec.nodes):
+        r = run_entry(entry_script(spec), tmp_path, {"HALO_NODE_RANK": str(rank), "HALO_MASTER_ADDR": "127.0.0.1"}, env)
+        assert r.returncode == 0, r.stderr
+    return records(out)
+
+
+def _run_slurm(spec, tmp_path):
+    bindir, out = fake_bin(tmp_path), tmp_path / "slurm"
+    out.mkdir()
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(spec))
+    env = base_env(bindir, out, ENV_NAMES)
+    env.update(FAKE_SLURM_NODES="gpu-a,gpu-b,gpu-c,gpu-d", SLURM_JOB_NODELIST="gpu-[a-d]", SLURM_JOB_ID="7")
+    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return records(out)
+
+
+def _run_nomad(spec, tmp_path):
+    bindir, out = fake_bin(tmp_path), tmp_path / "nomad"
+    out.mkdir()
+    env = base_env(bindir, out, ENV_NAMES)
+    groups = job_payload(spec)["Job"]["TaskGroups"]
+    for g in groups:
+        task = g["Tasks"][0]
+        tpl = task["Templates"][0]
+        # The delimiters never occur in the script, so Go templating copies it unchanged.
+        assert tpl["LeftDelim"] not in tpl["EmbeddedTmpl"] and tpl["RightDelim"] not in tpl["EmbeddedTmpl"]
+        node_env = {k: v.replace("${NOMAD_IP_rdzv}", "127.0.0.1") for k, v in task["Env"].items()}
+        if "HALO_MASTER_ADDR_FILE" in node_env:
+            addr = tmp_path / f"{g['Name']}-master"
+            addr.write_text("127.0.0.1\n")  # what the nomadService template renders once rank 0 is up
+            node_env["HALO_MASTER_ADDR_FILE"] = str(addr)
+        r = run_entry(tpl["EmbeddedTmpl"], tmp_path, node_env, env)
+        assert r.returncode == 0, r.stderr
+    return records(out)
+
+
+def test_entry_is_the_same_text_in_every_backend(spec):
+    entry = entry_script(spec)
+    assert entry.rstrip("\n") in render_sbatch(spec)
+    for g in job_payload(spec)["Job"]["TaskGroups"]:
+        assert g["Tasks"][0]["Templates"][0]["EmbeddedTmpl"] == entry
+    assert entry in halo_sched.render(spec, "local")
+
+
+def test_only_node_rank_differs_across_nodes_and_backends(spec, tmp_path):
+    runs = {
+        "local": _run_local(spec, tmp_path),
+        "slurm": _run_slurm(spec, tmp_path),
+        "nomad": _run_nomad(spec, tmp_path),
+    }
+    reference = None
+    for backend, recs in runs.items():
+        assert sorted(recs) == [0, 1, 2, 3], backend
+        for rank, rec in recs.items():
+            argv = rec["argv"]
+            assert argv.count(f"--node_rank={rank}") == 1
+            masked = [a if not a.startswith("--node_rank=") else "--node_rank=*" for a in argv]
+            if reference is None:
+                reference = (masked, rec["env_hex"])
+            assert (masked, rec["env_hex"]) == reference, (backend, rank)
+    argv, env_hex = reference
+    assert argv == [
+        "--nnodes=4", "--nproc_per_node=3", "--node_rank=*", "--master_addr=127.0.0.1", "--master_port=29511",
+        "--max_restarts=0", "--rdzv_conf=timeout=30", "train.py", "--lr", "0.1", HOSTILE_MORE,
+    ]
+    assert bytes.fromhex(env_hex["HOSTILE"]) == HOSTILE_MORE.encode()
+    assert bytes.fromhex(env_hex["FROM_SETUP"]) == b"yes"
+    assert bytes.fromhex(env_hex["DIST_SHARED_FILESYSTEM"]) == b"0"
+    assert bytes.fromhex(env_hex["DIST_NCCL_TIMEOUT_MINUTES"]) == b"20"
+
+
+def test_slurm_refuses_loopback_master_across_hosts(spec, tmp_path):
+    bindir, out = fake_bin(tmp_path), tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(spec))
+    env = base_env(bindir, out, ENV_NAMES)
+    env.update(FAKE_SLURM_NODES="a,b,c,d", FAKE_SLURM_ADDRS="127.0.1.1,10.0.0.2,10.0.0.3,10.0.0.4",
+               SLURM_JOB_NODELIST="a,b,c,d", SLURM_JOB_ID="8")
+    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert "different hosts" in r.stderr
+    assert records(out) == {}  # nothing started
+
+
+def test_slurm_master_is_first_hosts_nodeaddr_not_its_name(spec, tmp_path):
+    bindir, out = fake_bin(tmp_path), tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(spec))
+    env = base_env(bindir, out, ENV_NAMES)
+    # Node names that resolve nowhere; SLURM reaches them by NodeAddr.
+    env.update(FAKE_SLURM_NODES="n-x,n-y,n-z,n-w", FAKE_SLURM_ADDRS="127.0.0.9,127.0.0.9,127.0.0.9,127.0.0.9",
+               SLURM_JOB_NODELIST="n-[w-z]", SLURM_JOB_ID="9")
+    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert all("--master_addr=127.0.0.9" in rec["argv"] for rec in records(out).values())
+
+
+def test_slurm_fails_loudly_without_scontrol(spec, tmp_path):
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(spec))
+    r = subprocess.run(["/bin/bash", str(script)], env={"PATH": "/nonexistent", "SLURM_JOB_NODELIST": "a", "SLURM_JOB_ID": "1"},
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "scontrol is not on PATH" in r.stderr
+
+
+def test_worker_waits_for_published_master_then_gives_up(tmp_path):
+    spec = halo_sched.loads(SPEC.replace("timeout_s: 30", "timeout_s: 2"))
+    bindir, out = fake_bin(tmp_path), tmp_path / "out"
+    out.mkdir()
+    empty = tmp_path / "master"
+    empty.write_text("")  # nomadService renders an empty file while rank 0 is absent
+    r = run_entry(entry_script(spec), tmp_path, {"HALO_NODE_RANK": "1", "HALO_MASTER_ADDR_FILE": str(empty)},
+                  base_env(bindir, out))
+    assert r.returncode == 1
+    assert "rendezvous.timeout_s=2s" in r.stderr
+    assert records(out) == {}
+
+
+def test_entry_rejects_bad_node_rank(spec, tmp_path):
+    bindir, out = fake_bin(tmp_path), tmp_path / "out"
+    out.mkdir()
+    for bad in ("", "x", "4", "-1"):
+        r = run_entry(entry_script(spec), tmp_path, {"HALO_NODE_RANK": bad, "HALO_MASTER_ADDR": "127.0.0.1"}, base_env(bindir, out))
+        assert r.returncode == 1, bad
+        assert "HALO_NODE_RANK" in r.stderr

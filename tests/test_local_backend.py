@@ -1,0 +1,89 @@
+"""The local backend end to end: real torchrun processes with gloo on the CPU."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+import halo_sched
+from halo_sched.backends.base import JobStatus
+from helpers import HOSTILE, cli, example_job, free_port
+
+pytestmark = pytest.mark.torch
+
+
+def test_example_forms_one_world_and_hostile_env_arrives_exact(tmp_path):
+    reports = tmp_path / "reports"
+    job = example_job(
+        tmp_path, free_port(),
+        env={"OMP_NUM_THREADS": "1", "HOSTILE": HOSTILE},
+        trainer={"script": "examples/train_ddp.py",
+                 "args": ["--steps", "5", "--report-dir", str(reports), "--echo-env", "HOSTILE"]},
+    )
+    r = cli("submit", str(job), "--backend", "local", "--wait")
+    assert r.returncode == 0, r.stderr[-3000:]
+    job_id = r.stdout.strip().splitlines()[-1]
+    assert job_id.startswith("ddp-cpu-")
+    assert "[node 0]" in r.stderr and "[node 1]" in r.stderr  # live logs, node-prefixed
+
+    ranks = [json.loads((reports / f"rank{i}.json").read_text()) for i in range(4)]
+    assert {r["world_size"] for r in ranks} == {4}
+    assert sorted((r["rank"], r["node_rank"]) for r in ranks) == [(0, 0), (1, 0), (2, 1), (3, 1)]
+    assert all(r["ok"] and r["all_reduce"] == 6 for r in ranks)
+    for rep in ranks:
+        assert bytes.fromhex(rep["env_hex"]["HOSTILE"]) == HOSTILE.encode()
+
+    st = cli("status", job_id, "--backend", "local", "--json")
+    assert json.loads(st.stdout)["status"] == "COMPLETED"
+    logs = cli("logs", job_id, "--backend", "local").stdout
+    assert "[node 0] world: 4 ranks on 2 nodes (node ranks [0, 1])" in logs and "OK" in logs
+
+
+def test_one_failing_rank_fails_the_job(tmp_path):
+    job = example_job(tmp_path, free_port(),
+                      trainer={"script": "examples/train_ddp.py", "args": ["--steps", "3", "--fail-rank", "3"]})
+    r = cli("submit", str(job), "--wait", "--quiet")
+    assert r.returncode == 1
+    job_id = r.stdout.strip().splitlines()[-1]
+    st = halo_sched.job(job_id, "local").status()
+    assert st.status is JobStatus.FAILED
+    assert st.exit_code not in (None, 0)
+    assert "node 1" in st.reason  # rank 3 lives on node 1
+
+
+def test_cancel_stops_every_node(tmp_path):
+    job = example_job(tmp_path, free_port(), setup=["echo started", "sleep 300"])
+    spec = halo_sched.load(job)
+    handle = halo_sched.submit(spec, "local")
+    deadline = time.monotonic() + 30
+    while handle.status().status is not JobStatus.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.2)
+    state = json.loads((handle.scheduler.root / handle.id / "state.json").read_text())
+    pids = state["pids"]
+    handle.cancel()
+    final = handle.wait(timeout=30, poll=0.2)
+    assert final.status is JobStatus.CANCELLED
+    for pid in pids:  # each node's whole process group is gone
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pid, 0)
+
+
+def test_busy_rendezvous_port_is_a_clear_error(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        job = example_job(tmp_path, s.getsockname()[1])
+        r = cli("submit", str(job))
+    assert r.returncode == 1
+    assert "rendezvous.port" in r.stderr and "in use" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_unknown_job_id():
+    r = cli("status", "nope-123", "--backend", "local")
+    assert r.returncode == 0 and "UNKNOWN" in r.stdout
+    r = cli("logs", "../etc", "--backend", "local")
+    assert r.returncode == 2 and "not a local job id" in r.stderr

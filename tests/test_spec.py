@@ -1,0 +1,165 @@
+"""Job-file validation: every bad field is named, unknown keys are errors, and the CLI exits 2."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import halo_sched
+from halo_sched.errors import SpecError
+from halo_sched.spec import JobSpec, parse_go_duration, parse_size
+
+MIN = """
+name: ok
+nodes: 2
+nproc_per_node: 2
+trainer: {script: train.py}
+"""
+
+
+def problems(text: str) -> dict[str, str]:
+    with pytest.raises(SpecError) as ei:
+        halo_sched.loads(text)
+    return {field.split(" (line")[0]: msg for field, msg in ei.value.problems}
+
+
+def test_minimal_defaults():
+    s = halo_sched.loads(MIN)
+    assert (s.nodes, s.nproc_per_node, s.gpus_per_node, s.world_size) == (2, 2, 0, 4)
+    assert s.rendezvous.port == 29500
+    assert s.derived_env() == {"DIST_SHARED_FILESYSTEM": "1", "DIST_STORE_TIMEOUT_HOURS": "4"}
+    assert s.nomad.driver == "docker"
+
+
+@pytest.mark.parametrize("text, field, words", [
+    (MIN + "bogus: 1\n", "bogus", "unknown key"),
+    (MIN + "slurm: {partitoin: gpu}\n", "slurm.partitoin", "unknown key"),
+    (MIN.replace("nodes: 2", "nodes: 0"), "nodes", "greater than or equal to 1"),
+    (MIN.replace("name: ok", "name: 'a b'"), "name", "letters, digits"),
+    (MIN.replace("name: ok", "name: '$(x)'"), "name", "letters, digits"),
+    (MIN + "env: {BAD-NAME: x}\n", "env", "not a valid environment variable name"),
+    (MIN + "env: {FOO: 1}\n", "env", "quote it"),
+    (MIN + "env: {FOO: on}\n", "env", "quote it"),
+    (MIN + "env: {MASTER_ADDR: x}\n", "env", "set by torchrun"),
+    (MIN + "env: {HALO_NODE_RANK: x}\n", "env", "set by torchrun"),
+    (MIN + "env: {DIST_SHARED_FILESYSTEM: '0'}\n", "env", "storage/network"),
+    (MIN + "gpus_per_node: 1\n", "nproc_per_node", "exceeds gpus_per_node"),
+    (MIN.replace("trainer: {script: train.py}", "trainer: {script: t.py, module: m}"), "trainer", "exactly one"),
+    (MIN.replace("trainer: {script: train.py}", "trainer: {script: train.sh}"), "trainer.script", ".py"),
+    (MIN.replace("trainer: {script: train.py}", "trainer: {module: 'a;b'}"), "trainer.module", "module name"),
+    (MIN + "rendezvous: {port: 80}\n", "rendezvous.port", "greater than or equal to 1024"),
+    (MIN + "slurm: {time: '1 hour'}\n", "slurm.time", "SLURM time"),
+    (MIN + "slurm: {partition: 'gpu; rm -rf /'}\n", "slurm.partition", "only letters"),
+    (MIN + "slurm: {signal: USR1@60}\n", "slurm.signal", "NCCL"),
+    (MIN + "slurm: {extra_args: ['--comment=a b']}\n", "slurm.extra_args", "without spaces"),
+    (MIN + "slurm: {extra_args: ['--nodes=3']}\n", "slurm.extra_args", "sets --nodes itself"),
+    (MIN + "nomad: {max_run_duration: 2 hours}\n", "nomad.max_run_duration", "Go syntax"),
+    (MIN + "nomad: {shm_size: 8GiB, memory: 4096}\n", "nomad.shm_size", "smaller than memory"),
+    (MIN + "nomad: {driver: podman}\n", "nomad.driver", "docker"),
+    (MIN + "nomad: {volumes: ['/a']}\n", "nomad.volumes", "host_path"),
+    (MIN + "network: {interface: 'eth0 x'}\n", "network.interface", "interface name"),
+    (MIN + "network: {cross_node_expert_parallel: true}\n", "network.cross_node_expert_parallel", "efa only"),
+    (MIN + "image: 'a b'\n", "image", "image reference"),
+])
+def test_bad_field_is_named(text, field, words):
+    found = problems(text)
+    assert field in found, found
+    assert words in found[field]
+
+
+def test_every_problem_is_reported_with_its_line():
+    with pytest.raises(SpecError) as ei:
+        halo_sched.loads("name: ok\nnodes: -1\nnproc_per_node: 0\ntrainer: {script: x.py}\nextra: 1\n")
+    fields = [f for f, _ in ei.value.problems]
+    assert fields == ["nodes (line 2)", "nproc_per_node (line 3)", "extra (line 5)"]
+
+
+def test_yaml_syntax_error_names_line():
+    found = problems("name: ok\nnodes: [1\n")
+    assert any("YAML syntax error" in m for m in found.values())
+    assert any(k.startswith("line ") for k in found)
+
+
+def test_not_a_mapping():
+    assert "mapping" in problems("- a\n- b\n")[""]
+
+
+def test_storage_and_fabric_env():
+    s = halo_sched.loads(MIN + """
+storage: {shared: true, input_shared: false, output_shared: true, store_timeout_hours: 8, nccl_timeout_minutes: 30}
+network: {interface: ib0, fabric: efa, cross_node_expert_parallel: true, nccl_proto_simple: true, nccl_debug: INFO}
+""")
+    assert s.derived_env() == {
+        "DIST_SHARED_FILESYSTEM": "1", "DIST_INPUT_SHARED_FILESYSTEM": "0", "DIST_OUTPUT_SHARED_FILESYSTEM": "1",
+        "DIST_STORE_TIMEOUT_HOURS": "8", "DIST_NCCL_TIMEOUT_MINUTES": "30",
+        "NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "ib0",
+        "NCCL_NET_PLUGIN": "ofi", "NCCL_NET": "Libfabric", "NCCL_GIN_TYPE": "2", "NCCL_PROTO": "simple", "NCCL_DEBUG": "INFO",
+    }
+
+
+def test_sizes_and_durations():
+    assert parse_size("8GiB") == 8 * 1024**3
+    assert parse_size(1024) == 1024
+    assert parse_go_duration("1h30m") == 5400 * 10**9
+    with pytest.raises(ValueError):
+        parse_size("lots")
+
+
+def test_setup_accepts_a_block_string():
+    s = halo_sched.loads(MIN + "setup: |\n  module load cuda\n  source env/bin/activate\n")
+    assert s.setup == ["module load cuda", "source env/bin/activate"]
+
+
+def test_schema_lists_fixed_keys():
+    props = JobSpec.model_json_schema()["properties"]
+    for key in ("name", "nodes", "nproc_per_node", "gpus_per_node", "trainer", "env", "setup", "image",
+                "rendezvous", "storage", "slurm", "nomad"):
+        assert key in props
+
+
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "halo_sched.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+
+
+def test_cli_validate_exit_codes(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text(MIN)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(MIN.replace("nodes: 2", "nodes: zero") + "slurm: {qos: 'a b'}\n")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: [unclosed\n")
+    r = cli("validate", str(good))
+    assert r.returncode == 0 and "ok" in r.stdout
+    for f, words in ((bad, ["nodes (line 3)", "slurm.qos"]), (broken, ["YAML syntax error"]),
+                     (tmp_path / "missing.yaml", ["no such file"])):
+        r = cli("validate", str(f))
+        assert r.returncode == 2, r
+        assert "Traceback" not in r.stderr
+        for w in words:
+            assert w in r.stderr
+
+
+def test_cli_render_bad_backend_and_format(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text(MIN)
+    r = cli("render", str(good), "--backend", "kubernetes")
+    assert r.returncode == 2 and "unknown backend" in r.stderr
+    r = cli("render", str(good), "--backend", "slurm", "--format", "json")
+    assert r.returncode == 2 and "--format applies to --backend nomad" in r.stderr
+    # The docker driver needs an image: a spec error naming the field, not a traceback.
+    r = cli("render", str(good), "--backend", "nomad")
+    assert r.returncode == 2 and "image" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_schema_is_json():
+    r = cli("schema")
+    assert r.returncode == 0
+    assert "trainer" in json.loads(r.stdout)["properties"]
+
+
+def test_cli_never_imports_torch():
+    code = "import sys, halo_sched.cli, halo_sched.backends.slurm.render, halo_sched.backends.nomad.render, halo_sched.backends.local; print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "False"
