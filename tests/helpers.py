@@ -113,3 +113,19 @@ def example_job(tmp: Path, port: int, **overrides) -> Path:
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(data, allow_unicode=True))
     return path
+
+
+def load_nomad_helper(name: str):
+    """Load tests/nomad/<name>.py. tests/nomad is not a package, and a top-level ``nomad`` is
+    python-nomad itself, so the helpers load by path under names that cannot collide."""
+    import importlib.util
+
+    mod_name = f"halo_tests_nomad_{name}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    path = REPO / "tests" / "nomad" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    spec.loader.exec_module(module)
+    return module

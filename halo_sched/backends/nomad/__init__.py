@@ -17,19 +17,33 @@ from .render import TASK, job_payload, render_hcl
 
 
 class NomadScheduler(Scheduler):
+    """Job ids are the job's ID, or ``NAMESPACE/ID`` when the job file names a namespace, so that
+    ``status``/``logs``/``cancel`` reach the right namespace from the id alone."""
+
     name = "nomad"
 
-    def __init__(self, client=None):
+    def __init__(self, client=None, client_factory: Callable[..., object] | None = None):
         self._client = client
+        self._factory = client_factory
+        self._scoped: dict[tuple, object] = {}
 
-    @property
-    def client(self):
+    def _client_for(self, namespace: str | None = None, region: str | None = None):
         # Built on first use: rendering needs no connection (nor requests' import time).
-        if self._client is None:
-            from .client import NomadClient
+        if self._client is not None:
+            return self._client
+        key = (namespace, region)
+        if key not in self._scoped:
+            if self._factory is not None:
+                self._scoped[key] = self._factory(namespace=namespace, region=region)
+            else:
+                from .client import NomadClient, NomadConfig
 
-            self._client = NomadClient()
-        return self._client
+                self._scoped[key] = NomadClient(NomadConfig.from_env(namespace=namespace, region=region))
+        return self._scoped[key]
+
+    def _split(self, job_id: str):
+        namespace, _, name = job_id.rpartition("/")
+        return self._client_for(namespace or None), name
 
     # ---- rendering ----------------------------------------------------------------------------
 
@@ -48,31 +62,37 @@ class NomadScheduler(Scheduler):
     # ---- scheduler calls ----------------------------------------------------------------------
 
     def schedule(self, dryrun: DryRun) -> str:
-        resp = self.client.register(dryrun.payload) or {}
+        nm = dryrun.spec.nomad
+        resp = self._client_for(nm.namespace, nm.region).register(dryrun.payload) or {}
         warnings = resp.get("Warnings") or ""
         for w in warnings.splitlines():
             if w.strip():
                 print(f"halo-sched: nomad warning: {w.strip()}", file=sys.stderr)
-        return dryrun.payload["Job"]["ID"]
+        job_id = dryrun.payload["Job"]["ID"]
+        return f"{nm.namespace}/{job_id}" if nm.namespace else job_id
 
     def plan(self, spec: JobSpec) -> tuple[bool, str]:
         from .status import format_plan, plan_summary
 
-        resp = self.client.plan(job_payload(spec))
+        resp = self._client_for(spec.nomad.namespace, spec.nomad.region).plan(job_payload(spec))
         groups = plan_summary(resp)
         return all(g.can_place for g in groups), format_plan(resp, spec.name)
 
     def describe(self, ids: Sequence[str]) -> dict[str, JobState]:
         from .status import job_state
 
-        c = self.client
-        return {i: job_state(c.job(i), c.allocations(i), c.evaluations(i), i) for i in ids}
+        out = {}
+        for i in ids:
+            c, name = self._split(i)
+            out[i] = job_state(c.job(name), c.allocations(name), c.evaluations(name), i)
+        return out
 
     def cancel(self, ids: Sequence[str], purge: bool = False, **opts) -> None:
         for job_id in ids:
-            if self.client.job(job_id) is None:
+            c, name = self._split(job_id)
+            if c.job(name) is None:
                 raise SchedulerError(f"no Nomad job {job_id!r}")
-            self.client.stop(job_id, purge=purge)
+            c.stop(name, purge=purge)
 
     def watch(self, spec: JobSpec, job_id: str, on_progress: Callable[[JobState], None] | None = None) -> JobState:
         timeout = spec.nomad.placement_timeout_s
@@ -80,26 +100,31 @@ class NomadScheduler(Scheduler):
             return super().watch(spec, job_id, on_progress)
         from .status import watch_placement
 
-        res = watch_placement(self.client, job_id, spec.nodes, timeout, on_progress=on_progress)
+        c, name = self._split(job_id)
+        res = watch_placement(c, name, spec.nodes, timeout, on_progress=on_progress)
         if not res.placed:
             print(f"halo-sched: {res.describe()}", file=sys.stderr)
-        return res.state if res.state is not None else self.describe([job_id])[job_id]
+        if res.state is None:
+            return self.describe([job_id])[job_id]
+        res.state.id = job_id
+        return res.state
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
         from .status import latest_allocations
 
-        allocs = latest_allocations(self.client.allocations(job_id))
+        c, name = self._split(job_id)
+        allocs = latest_allocations(c.allocations(name))
         if not allocs:
             raise SchedulerError(f"job {job_id!r} has no allocations (yet): nothing to show")
         if follow and len(allocs) > 1:
             # One stream per node, merged line by line as they arrive.
-            yield from self._follow_all(allocs)
+            yield from self._follow_all(c, allocs)
             return
         for group, alloc in allocs.items():
             for kind in ("stdout", "stderr"):
-                yield from _prefixed(f"[{group}] ", self.client.logs(alloc["ID"], TASK, type=kind, follow=follow))
+                yield from _prefixed(f"[{group}] ", c.logs(alloc["ID"], TASK, type=kind, follow=follow))
 
-    def _follow_all(self, allocs: dict) -> Iterator[str]:
+    def _follow_all(self, c, allocs: dict) -> Iterator[str]:
         import queue
         import threading
 
@@ -108,7 +133,7 @@ class NomadScheduler(Scheduler):
 
         def pump(group: str, alloc_id: str, kind: str) -> None:
             try:
-                for line in _prefixed(f"[{group}] ", self.client.logs(alloc_id, TASK, type=kind, follow=True)):
+                for line in _prefixed(f"[{group}] ", c.logs(alloc_id, TASK, type=kind, follow=True)):
                     q.put(line)
             except SchedulerError as err:
                 q.put(f"[{group}] halo-sched: log stream ended: {err}\n")

@@ -1,0 +1,428 @@
+"""A small Nomad HTTP API client for halo-sched, built on python-nomad.
+
+Why a wrapper and not python-nomad directly:
+
+* python-nomad turns TLS verification OFF unless ``verify`` is passed and never reads
+  ``NOMAD_CACERT``; here verification is on by default and the CA comes from the environment
+  the same way the ``nomad`` CLI reads it.
+* python-nomad has no retries. Here connection errors and HTTP 5xx are retried a bounded number
+  of times with exponential backoff; 4xx never is (a bad job or a missing token does not get
+  better by asking again), and neither are TLS failures.
+* python-nomad raises exceptions that print a raw response; here every failure becomes a
+  :class:`NomadAPIError` (a :class:`~halo_sched.errors.SchedulerError`) naming the request, the
+  address, the HTTP status and Nomad's own words, with a hint for the usual causes (403: token).
+* Its log call buffers the whole response, so ``follow`` could never stream; logs go through the
+  same ``requests`` session directly, with ``stream=True``.
+
+This module never imports torch.
+"""
+from __future__ import annotations
+
+import codecs
+import os
+import time
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Iterator
+from urllib.parse import urlsplit
+
+import nomad.api as nomad_api
+import nomad.api.exceptions as nomad_exc
+import requests
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
+
+from halo_sched.errors import SchedulerError, UsageError
+
+DEFAULT_ADDRESS = "http://127.0.0.1:4646"
+_BODY_LIMIT = 600  # characters of Nomad's response body quoted in an error message
+
+_TRUE = {"1", "t", "true", "yes", "y", "on"}
+_FALSE = {"", "0", "f", "false", "no", "n", "off"}
+
+
+def _parse_bool(name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise UsageError(f"{name}={value!r} is not a boolean (use true/false or 1/0)")
+
+
+def _normalize_address(address: str) -> str:
+    address = address.strip().rstrip("/")
+    if "://" not in address:
+        # The nomad CLI accepts "host:port"; requests needs a scheme.
+        address = "http://" + address
+    scheme = urlsplit(address).scheme.lower()
+    if scheme not in ("http", "https"):
+        raise UsageError(f"NOMAD_ADDR={address!r}: only http:// and https:// addresses are supported")
+    return address
+
+
+@dataclass(frozen=True)
+class NomadConfig:
+    """Where and how to reach Nomad. Build it with :meth:`from_env` to read ``NOMAD_*`` like the CLI."""
+
+    address: str = DEFAULT_ADDRESS
+    token: str | None = None
+    namespace: str | None = None
+    region: str | None = None
+    cacert: str | None = None
+    capath: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
+    skip_verify: bool = False
+    timeout_s: float = 10.0
+    # Retry policy for connection errors and HTTP 5xx: at most ``retry_attempts`` tries in all,
+    # backoff ``retry_base_s * 2**n`` capped at ``retry_max_wait_s``, and never past ``retry_total_s``.
+    retry_attempts: int = 4
+    retry_base_s: float = 0.25
+    retry_max_wait_s: float = 2.0
+    retry_total_s: float = 15.0
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> "NomadConfig":
+        """Read NOMAD_ADDR, NOMAD_TOKEN, NOMAD_NAMESPACE, NOMAD_REGION, NOMAD_CACERT, NOMAD_CAPATH,
+        NOMAD_CLIENT_CERT, NOMAD_CLIENT_KEY and NOMAD_SKIP_VERIFY, then apply ``overrides``.
+
+        An override whose value is None counts as "not given" (so CLI flags left unset do not wipe
+        what the environment says); pass an empty string to clear a value explicitly.
+        """
+        env = os.environ if env is None else env
+
+        def get(name: str) -> str | None:
+            value = env.get(name)
+            return value if value else None
+
+        values: dict[str, Any] = {
+            "address": get("NOMAD_ADDR") or DEFAULT_ADDRESS,
+            "token": get("NOMAD_TOKEN"),
+            "namespace": get("NOMAD_NAMESPACE"),
+            "region": get("NOMAD_REGION"),
+            "cacert": get("NOMAD_CACERT"),
+            "capath": get("NOMAD_CAPATH"),
+            "client_cert": get("NOMAD_CLIENT_CERT"),
+            "client_key": get("NOMAD_CLIENT_KEY"),
+            "skip_verify": _parse_bool("NOMAD_SKIP_VERIFY", env.get("NOMAD_SKIP_VERIFY", "")),
+        }
+        known = {f.name for f in fields(cls)}
+        for key, value in overrides.items():
+            if key not in known:
+                raise TypeError(f"NomadConfig has no field {key!r}")
+            if value is not None:
+                values[key] = value if value != "" else None
+        values["address"] = _normalize_address(values["address"] or DEFAULT_ADDRESS)
+        if values.get("skip_verify") is None:
+            values["skip_verify"] = False
+        return cls(**values)
+
+    @property
+    def verify(self) -> bool | str:
+        """What ``requests`` gets as ``verify``: False only when explicitly skipped, else the CA
+        bundle (file or directory) when one is configured, else True (system trust store)."""
+        if self.skip_verify:
+            return False
+        return self.cacert or self.capath or True
+
+    @property
+    def cert(self) -> tuple[str, str] | None:
+        if self.client_cert and self.client_key:
+            return (self.client_cert, self.client_key)
+        return None
+
+    def redacted(self) -> "NomadConfig":
+        """A copy safe to print or log."""
+        return replace(self, token="<redacted>" if self.token else None)
+
+
+class NomadAPIError(SchedulerError):
+    """A Nomad request failed. ``status`` is the HTTP status (None for connection/TLS errors)."""
+
+    def __init__(self, message: str, *, status: int | None = None, body: str = "", address: str = "", attempts: int = 1):
+        super().__init__(message)
+        self.status = status
+        self.body = body
+        self.address = address
+        self.attempts = attempts
+
+
+class _HTTPStatusError(Exception):
+    """Internal: a non-2xx answer on the raw-session path (logs), shaped like python-nomad's."""
+
+    def __init__(self, response: requests.Response):
+        super().__init__(f"HTTP {response.status_code}")
+        self.nomad_resp = response
+
+
+def _unwrap(exc: BaseException) -> tuple[requests.Response | None, BaseException | None]:
+    """(HTTP response, transport exception) behind a python-nomad or raw-session error."""
+    if isinstance(exc, (nomad_exc.BaseNomadException, _HTTPStatusError)):
+        inner = exc.nomad_resp
+        if isinstance(inner, requests.Response):
+            return inner, None
+        if isinstance(inner, BaseException):
+            return None, inner
+        return None, exc
+    if isinstance(exc, requests.RequestException):
+        return None, exc
+    return None, exc
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """Retry only what can heal by itself: HTTP 5xx and failures to connect or to get an answer.
+
+    TLS errors are ``requests.ConnectionError`` subclasses but a bad certificate does not heal, so
+    they are excluded. Read timeouts are not retried either: the request may have been applied.
+    """
+    response, transport = _unwrap(exc)
+    if response is not None:
+        return response.status_code >= 500
+    if isinstance(transport, requests.exceptions.SSLError):
+        return False
+    return isinstance(transport, requests.ConnectionError)
+
+
+class NomadClient:
+    """The Nomad calls halo-sched needs, each retried and mapped to :class:`NomadAPIError`.
+
+    ``session`` may be a prepared :class:`requests.Session` (tests, proxies); its ``verify`` and
+    ``cert`` are set from ``config`` either way, because python-nomad passes them per request.
+    """
+
+    def __init__(
+        self,
+        config: NomadConfig | None = None,
+        session: requests.Session | None = None,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        self.config = config or NomadConfig.from_env()
+        cfg = self.config
+        if bool(cfg.client_cert) != bool(cfg.client_key):
+            raise UsageError("NOMAD_CLIENT_CERT and NOMAD_CLIENT_KEY must be set together (mutual TLS)")
+        for name, path, check in (("NOMAD_CACERT", cfg.cacert, os.path.isfile), ("NOMAD_CAPATH", cfg.capath, os.path.isdir)):
+            if path and not cfg.skip_verify and not check(path):
+                raise UsageError(f"{name}={path!r} does not exist")
+        self._sleep = sleep
+        self.session = session or requests.Session()
+        self.session.verify = cfg.verify
+        if cfg.cert:
+            self.session.cert = cfg.cert
+        # The endpoint objects are built directly rather than through ``nomad.Nomad``: its
+        # constructor falls back to NOMAD_TOKEN/NOMAD_NAMESPACE/NOMAD_REGION/NOMAD_CLIENT_CERT from
+        # the process environment for anything left unset, so a config that deliberately has no
+        # token would still send one. The config is the single source of truth here.
+        settings = dict(
+            address=cfg.address,
+            namespace=cfg.namespace,
+            token=cfg.token,
+            region=cfg.region,
+            timeout=cfg.timeout_s,
+            verify=cfg.verify,  # python-nomad passes this on every request, overriding the session's
+            cert=cfg.cert or (),
+            session=self.session,
+        )
+        self._job_api = nomad_api.Job(**settings)
+        self._jobs_api = nomad_api.Jobs(**settings)
+
+    # ----------------------------------------------------------------------------- plumbing
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        cfg = self.config
+        retrying = Retrying(
+            stop=stop_after_attempt(max(1, cfg.retry_attempts)) | stop_after_delay(cfg.retry_total_s),
+            wait=wait_exponential(multiplier=cfg.retry_base_s, max=cfg.retry_max_wait_s),
+            retry=retry_if_exception(_is_transient),
+            sleep=self._sleep,
+            reraise=True,
+        )
+        try:
+            # reraise=True: once attempts run out tenacity raises the last error itself.
+            return retrying(fn, *args, **kwargs)
+        except (requests.exceptions.InvalidJSONError, ValueError) as exc:
+            # A 2xx whose body is not the JSON Nomad sends (a proxy's page, a wrong port, ...).
+            raise NomadAPIError(
+                f"Nomad at {cfg.address}: {what}: unexpected response ({exc}); is NOMAD_ADDR a Nomad agent?",
+                address=cfg.address,
+            ) from exc
+        except (nomad_exc.BaseNomadException, _HTTPStatusError, requests.RequestException) as exc:
+            raise self._error(what, exc, retrying) from exc
+
+    def _error(self, what: str, exc: BaseException, retrying: Retrying) -> NomadAPIError:
+        cfg = self.config
+        attempts = int(retrying.statistics.get("attempt_number", 1) or 1)
+        response, transport = _unwrap(exc)
+        if response is not None:
+            status = response.status_code
+            body = (response.text or "").strip()
+            shown = body if len(body) <= _BODY_LIMIT else body[:_BODY_LIMIT] + "..."
+            where = f"Nomad at {cfg.address}"
+            ns = self._namespace_hint()
+            if status == 403:
+                if cfg.token:
+                    hint = (f"the ACL token (NOMAD_TOKEN) lacks permission for this request{ns}, "
+                            "or it is not a valid token on this cluster")
+                else:
+                    hint = "no ACL token was sent: set NOMAD_TOKEN to a token allowed to submit jobs" + ns
+                msg = f"{where} refused to {what}: HTTP 403 {shown!r}: {hint}"
+            elif status == 404:
+                msg = f"{where}: {what}: not found (HTTP 404 {shown!r}){ns}"
+            elif status >= 500:
+                tries = f" after {attempts} attempt{'s' if attempts != 1 else ''}"
+                msg = f"{where} failed to {what}{tries}: HTTP {status} {shown!r}"
+            else:
+                msg = f"{where} rejected the request to {what}: HTTP {status} {shown!r}"
+            return NomadAPIError(msg, status=status, body=body, address=cfg.address, attempts=attempts)
+        if isinstance(transport, requests.exceptions.SSLError):
+            msg = (f"TLS verification of Nomad at {cfg.address} failed ({what}): {transport}. Set NOMAD_CACERT to "
+                   "the CA bundle that signed the server certificate (NOMAD_SKIP_VERIFY=true disables the check; "
+                   "insecure)")
+            return NomadAPIError(msg, address=cfg.address, attempts=attempts)
+        if isinstance(transport, requests.Timeout) and not isinstance(transport, requests.ConnectionError):
+            msg = f"Nomad at {cfg.address} did not answer within {cfg.timeout_s:g}s ({what}): {transport}"
+            return NomadAPIError(msg, address=cfg.address, attempts=attempts)
+        tries = f" after {attempts} attempt{'s' if attempts != 1 else ''}"
+        msg = (f"cannot reach Nomad at {cfg.address} to {what}{tries}: {transport}. "
+               "Check NOMAD_ADDR and that the agent is running")
+        return NomadAPIError(msg, address=cfg.address, attempts=attempts)
+
+    def _namespace_hint(self) -> str:
+        return f" (namespace {self.config.namespace!r})" if self.config.namespace else ""
+
+    def _with_scope(self, payload: dict) -> dict:
+        """Check ``{"Job": ...}`` and fill Namespace/Region from the config, without mutating it.
+
+        A job that names a namespace or region different from the configured one is an error:
+        Nomad would silently pick the job's, and every later status call (which uses the config's)
+        would then not find the job. ``Namespace: "default"`` counts as unset, as Nomad itself lets
+        the request's namespace override it.
+        """
+        if not isinstance(payload, dict) or not isinstance(payload.get("Job"), dict):
+            raise UsageError('a Nomad job payload must be {"Job": {...}} (the JSON API form)')
+        job = payload["Job"]
+        if not job.get("ID"):
+            raise UsageError("the Nomad job payload has no Job.ID")
+        out = dict(payload)
+        out["Job"] = job = dict(job)
+        for key, configured in (("Namespace", self.config.namespace), ("Region", self.config.region)):
+            given = job.get(key)
+            if key == "Namespace" and given == "default" and configured:
+                given = None
+            if given and configured and given != configured:
+                raise UsageError(
+                    f"the job says {key}={given!r} but the client is configured for {configured!r} "
+                    f"(NOMAD_{key.upper()}); make them agree"
+                )
+            if not given and configured:
+                job[key] = configured
+        return out
+
+    # ----------------------------------------------------------------------------- API
+
+    def register(self, payload: dict) -> dict:
+        """Register (submit) a job. Returns Nomad's answer: EvalID, JobModifyIndex, Warnings, ..."""
+        body = self._with_scope(payload)
+        return self._call(f"register job {body['Job']['ID']!r}", self._jobs_api.register_job, body)
+
+    def plan(self, payload: dict, diff: bool = True) -> dict:
+        """Dry-run the scheduler for a job: FailedTGAllocs, Annotations, Diff, Warnings."""
+        body = self._with_scope(payload)
+        job_id = body["Job"]["ID"]
+        return self._call(f"plan job {job_id!r}", self._job_api.plan_job, job_id, body, diff=diff)
+
+    def job(self, job_id: str) -> dict | None:
+        """The job, or None when Nomad does not know it (never registered, purged, or GC'd)."""
+        try:
+            return self._call(f"read job {job_id!r}", self._job_api.get_job, job_id)
+        except NomadAPIError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def allocations(self, job_id: str) -> list[dict]:
+        return self._call(f"list allocations of job {job_id!r}", self._job_api.get_allocations, job_id) or []
+
+    def evaluations(self, job_id: str) -> list[dict]:
+        return self._call(f"list evaluations of job {job_id!r}", self._job_api.get_evaluations, job_id) or []
+
+    def stop(self, job_id: str, purge: bool = False) -> dict:
+        """Stop (deregister) a job; ``purge`` also deletes it so it can no longer be queried."""
+        return self._call(
+            f"stop job {job_id!r}", self._job_api.deregister_job, job_id, purge=True if purge else None
+        )
+
+    def jobs(self, prefix: str | None = None) -> list[dict]:
+        """Job stubs whose ID starts with ``prefix`` (all jobs of the namespace when None)."""
+        return self._call("list jobs", self._jobs_api.get_jobs, prefix=prefix) or []
+
+    def logs(
+        self,
+        alloc_id: str,
+        task: str,
+        type: str = "stdout",  # noqa: A002 - Nomad's own parameter name
+        follow: bool = False,
+        origin: str = "start",
+        offset: int = 0,
+    ) -> Iterator[str]:
+        """Text chunks of a task's stdout or stderr (``plain=true``: no framing).
+
+        With ``follow`` the stream stays open while the task runs (Nomad closes it when the task
+        is dead). Only opening the stream is retried; a stream that breaks midway raises, because
+        resuming would repeat or lose output.
+        """
+        if type not in ("stdout", "stderr"):
+            raise UsageError(f"log type must be 'stdout' or 'stderr', not {type!r}")
+        cfg = self.config
+        url = f"{cfg.address}/v1/client/fs/logs/{alloc_id}"
+        params: dict[str, str] = {
+            "task": task,
+            "type": type,
+            "plain": "true",
+            "follow": "true" if follow else "false",
+            "origin": origin,
+            "offset": str(offset),
+        }
+        if cfg.namespace:
+            params["namespace"] = cfg.namespace
+        if cfg.region:
+            params["region"] = cfg.region
+        headers = {"X-Nomad-Token": cfg.token} if cfg.token else {}
+        # No read timeout while following: a quiet training job may print nothing for minutes.
+        timeout = (cfg.timeout_s, None) if follow else cfg.timeout_s
+
+        def open_stream() -> requests.Response:
+            response = self.session.get(
+                url, params=params, headers=headers, stream=True, timeout=timeout,
+                verify=cfg.verify, cert=cfg.cert, allow_redirects=False,
+            )
+            if not response.ok:
+                try:
+                    response.content  # read the error body before the connection is released
+                finally:
+                    response.close()
+                raise _HTTPStatusError(response)
+            return response
+
+        what = f"read {type} of task {task!r} in allocation {alloc_id!r}"
+        response = self._call(what, open_stream)
+        return self._iter_text(response, what)
+
+    def _iter_text(self, response: requests.Response, what: str) -> Iterator[str]:
+        # Decode incrementally: a multi-byte UTF-8 character can straddle two network chunks.
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        try:
+            for chunk in response.iter_content(chunk_size=None):
+                if chunk:
+                    text = decoder.decode(chunk)
+                    if text:
+                        yield text
+            tail = decoder.decode(b"", final=True)
+            if tail:
+                yield tail
+        except requests.RequestException as exc:
+            raise NomadAPIError(
+                f"log stream from Nomad at {self.config.address} broke ({what}): {exc}",
+                address=self.config.address,
+            ) from exc
+        finally:
+            response.close()

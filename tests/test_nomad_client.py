@@ -1,0 +1,775 @@
+"""The Nomad API client, the status mapping and the placement watch, against a fake Nomad API.
+
+No Nomad binary can run here; ``tests/nomad/fake_api.py`` answers the HTTP calls with Nomad's
+field names and shapes (see its docstring for what it models).
+"""
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import requests
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from halo_sched.backends.base import JobStatus
+from halo_sched.backends.nomad.client import NomadAPIError, NomadClient, NomadConfig
+from halo_sched.backends.nomad.status import (
+    describe_alloc_metric,
+    format_plan,
+    job_state,
+    plan_summary,
+    plan_warnings,
+    watch_placement,
+)
+from halo_sched.errors import SchedulerError, UsageError
+from helpers import load_nomad_helper
+
+
+fake_api = load_nomad_helper("fake_api")
+sample_job = load_nomad_helper("sample_job")
+FakeNomad, FakeNode = fake_api.FakeNomad, fake_api.FakeNode
+make_job = sample_job.make_job
+
+TOKEN = "s3cr3t-token"
+JOB = "halo-test"
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def client_for(fake, token: str | None = TOKEN, sleep=None, **overrides) -> NomadClient:
+    """A client for the fake with fast retries; the process environment is not consulted."""
+    cfg = NomadConfig.from_env(env={}, address=fake.address, token=token, retry_base_s=0.01,
+                               retry_max_wait_s=0.05, **overrides)
+    return NomadClient(cfg, sleep=sleep) if sleep else NomadClient(cfg)
+
+
+def state_of(client: NomadClient, job_id: str = JOB):
+    return job_state(client.job(job_id), client.allocations(job_id), client.evaluations(job_id), job_id)
+
+
+class FakeClock:
+    """``clock``/``sleep`` pair for watch_placement; hooks run after each sleep (time passes)."""
+
+    def __init__(self):
+        self.t = 0.0
+        self.sleeps: list[float] = []
+        self.hooks = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds > 0
+        self.sleeps.append(seconds)
+        self.t += seconds
+        for hook in self.hooks:
+            hook(self.t)
+
+
+@pytest.fixture
+def fake():
+    with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b")], token=TOKEN) as f:
+        yield f
+
+
+@pytest.fixture
+def one_node_fake():
+    """Room for one 8-GPU node group only: a 2-node job half-places."""
+    with FakeNomad([FakeNode("gpu-a")], token=TOKEN) as f:
+        yield f
+
+
+# ------------------------------------------------------------------------------------ auth, scope
+
+
+def test_token_namespace_and_region_go_on_every_request():
+    with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b")], token=TOKEN) as fake:
+        client = client_for(fake, namespace="ml", region="global")
+        payload = make_job(2, namespace=None)  # the client fills the configured namespace in
+        client.plan(payload)
+        client.register(payload)
+        assert client.job(JOB)["Namespace"] == "ml"
+        allocs = client.allocations(JOB)
+        client.evaluations(JOB)
+        client.jobs(prefix="halo")
+        fake.write_log(allocs[0]["ID"], "hi\n")
+        assert "".join(client.logs(allocs[0]["ID"], "torchrun")) == "hi\n"
+        client.stop(JOB)
+
+        assert fake.job_record(JOB, namespace="ml") is not None
+        assert fake.job_record(JOB) is None  # nothing leaked into "default"
+        assert len(fake.requests) == 8
+        for req in fake.requests:
+            assert req.headers.get("x-nomad-token") == TOKEN, req
+            assert req.query.get("namespace") == "ml", req
+            assert req.query.get("region") == "global", req
+
+
+def test_missing_token_gives_403_with_a_hint_and_no_retry(fake):
+    client = client_for(fake, token=None)
+    with pytest.raises(NomadAPIError) as info:
+        client.register(make_job(2))
+    err = info.value
+    assert isinstance(err, SchedulerError)
+    assert err.status == 403
+    msg = str(err)
+    assert "403" in msg and "Permission denied" in msg and "NOMAD_TOKEN" in msg and fake.address in msg
+    assert len(fake.requests) == 1
+
+
+def test_token_without_write_permission_is_told_apart(fake):
+    fake.acl_tokens["read-only"] = "read"
+    client = client_for(fake, token="read-only")
+    assert client.job(JOB) is None  # reads are allowed
+    with pytest.raises(NomadAPIError, match="lacks permission") as info:
+        client.register(make_job(2))
+    assert info.value.status == 403
+
+
+def test_environment_token_does_not_leak_past_the_config(monkeypatch):
+    # python-nomad's Nomad() would pick NOMAD_TOKEN up by itself; our config is the only source.
+    monkeypatch.setenv("NOMAD_TOKEN", "leaked")
+    with FakeNomad([FakeNode("gpu-a")]) as fake:  # no ACLs
+        client = client_for(fake, token=None)
+        assert client.job(JOB) is None
+        assert "x-nomad-token" not in fake.requests[-1].headers
+
+
+def test_payload_namespace_conflicting_with_config_is_refused(fake):
+    client = client_for(fake, namespace="ml")
+    with pytest.raises(UsageError, match="Namespace"):
+        client.register(make_job(2, namespace="research"))
+    client.plan(make_job(2, namespace="default"))  # "default" yields to the configured one, as in Nomad
+    assert fake.requests[-1].body["Job"]["Namespace"] == "ml"
+    with pytest.raises(UsageError, match='"Job"'):
+        client.register({"ID": JOB})
+    assert len(fake.requests) == 1
+
+
+# ------------------------------------------------------------------------------------ retries
+
+
+def test_5xx_is_retried_with_backoff_then_succeeds(fake):
+    sleeps: list[float] = []
+    client = client_for(fake, sleep=sleeps.append)
+    fake.fail_next(2, status=500, body="No cluster leader")
+    out = client.register(make_job(2))
+    assert out["EvalID"]
+    assert len(fake.requests_to("/v1/jobs", "POST")) == 3
+    assert len(sleeps) == 2 and sleeps[0] < sleeps[1]
+
+
+def test_5xx_retries_are_bounded(fake):
+    sleeps: list[float] = []
+    client = client_for(fake, sleep=sleeps.append)
+    fake.fail_next(10, status=503, body="rpc error: No cluster leader")
+    with pytest.raises(NomadAPIError) as info:
+        client.job(JOB)
+    err = info.value
+    assert err.status == 503 and err.attempts == 4
+    assert "after 4 attempts" in str(err) and "No cluster leader" in str(err)
+    assert len(fake.requests) == 4 and len(sleeps) == 3
+
+
+def test_dropped_connection_is_retried(fake):
+    client = client_for(fake)
+    fake.drop_next(2, path_contains="/v1/jobs")
+    client.register(make_job(2))
+    recorded = fake.requests_to("/v1/jobs", "POST")
+    assert [r.status for r in recorded] == [None, None, 200]
+    assert fake.job_record(JOB) is not None
+
+
+def test_unreachable_nomad_fails_after_bounded_attempts():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = NomadConfig.from_env(env={}, address=f"127.0.0.1:{port}", retry_base_s=0.01, retry_max_wait_s=0.05)
+    start = time.monotonic()
+    with pytest.raises(NomadAPIError) as info:
+        NomadClient(cfg).job(JOB)
+    assert time.monotonic() - start < 3
+    assert info.value.attempts == 4 and info.value.status is None
+    assert "cannot reach Nomad" in str(info.value) and f"http://127.0.0.1:{port}" in str(info.value)
+
+
+def test_400_and_404_are_not_retried(fake):
+    client = client_for(fake)
+    with pytest.raises(NomadAPIError, match="Missing job task groups") as info:
+        client.register({"Job": {"ID": "broken", "TaskGroups": []}})
+    assert info.value.status == 400
+    assert len(fake.requests) == 1
+
+    assert client.job("nope") is None  # 404 on a read means "no such job"
+    assert len(fake.requests) == 2
+    with pytest.raises(NomadAPIError, match="not found") as info:
+        client.stop("nope")
+    assert info.value.status == 404
+    assert len(fake.requests) == 3
+
+
+# ------------------------------------------------------------------------------------ TLS
+
+
+def test_tls_verification_is_on_by_default_and_reads_nomad_cacert(tmp_path, monkeypatch):
+    monkeypatch.setenv("NOMAD_CLIENT_CERT", "/env/cert.pem")  # must not reach python-nomad unasked
+    monkeypatch.setenv("NOMAD_CLIENT_KEY", "/env/key.pem")
+    cfg = NomadConfig.from_env(env={"NOMAD_ADDR": "https://nomad.example:4646"})
+    assert cfg.verify is True and cfg.cert is None
+    client = NomadClient(cfg)
+    assert client.session.verify is True
+    assert client._job_api.verify is True and client._jobs_api.verify is True
+    assert client._job_api.cert == ()  # no client certificate, whatever the process env says
+
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not checked until a request is made\n")
+    cfg = NomadConfig.from_env(env={"NOMAD_ADDR": "https://nomad.example:4646", "NOMAD_CACERT": str(ca)})
+    assert cfg.verify == str(ca)
+    client = NomadClient(cfg)
+    assert client.session.verify == str(ca) and client._job_api.verify == str(ca)
+
+    cfg = NomadConfig.from_env(env={"NOMAD_CACERT": str(ca), "NOMAD_CLIENT_CERT": "c.pem",
+                                    "NOMAD_CLIENT_KEY": "k.pem"})
+    assert cfg.cert == ("c.pem", "k.pem")
+    assert NomadClient(cfg)._job_api.cert == ("c.pem", "k.pem")
+
+    assert NomadConfig.from_env(env={"NOMAD_SKIP_VERIFY": "true", "NOMAD_CACERT": str(ca)}).verify is False
+    assert NomadConfig.from_env(env={"NOMAD_SKIP_VERIFY": "0"}).verify is True
+    with pytest.raises(UsageError, match="NOMAD_SKIP_VERIFY"):
+        NomadConfig.from_env(env={"NOMAD_SKIP_VERIFY": "maybe"})
+    with pytest.raises(UsageError, match="NOMAD_CACERT"):
+        NomadClient(NomadConfig.from_env(env={"NOMAD_CACERT": str(tmp_path / "missing.pem")}))
+    with pytest.raises(UsageError, match="together"):
+        NomadClient(NomadConfig.from_env(env={"NOMAD_CLIENT_CERT": "c.pem"}))
+
+
+def test_config_from_env_reads_everything_and_overrides_win():
+    env = {"NOMAD_ADDR": "nomad.internal:4646/", "NOMAD_TOKEN": "t", "NOMAD_NAMESPACE": "ml",
+           "NOMAD_REGION": "eu"}
+    cfg = NomadConfig.from_env(env=env)
+    assert (cfg.address, cfg.token, cfg.namespace, cfg.region) == ("http://nomad.internal:4646", "t", "ml", "eu")
+    cfg = NomadConfig.from_env(env=env, namespace="other", token=None, region="")
+    assert (cfg.namespace, cfg.token, cfg.region) == ("other", "t", None)  # None = not given, "" = clear
+    assert cfg.redacted().token == "<redacted>" and cfg.token == "t"
+    with pytest.raises(UsageError):
+        NomadConfig.from_env(env={"NOMAD_ADDR": "unix:///var/run/nomad.sock"})
+    with pytest.raises(TypeError):
+        NomadConfig.from_env(env={}, adress="typo")
+
+
+@pytest.fixture(scope="module")
+def self_signed(tmp_path_factory):
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is not installed")
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )
+    return str(cert), str(key)
+
+
+def test_https_server_is_verified_against_nomad_cacert(self_signed):
+    cert, key = self_signed
+    with FakeNomad([FakeNode("gpu-a")], tls=(cert, key)) as fake:
+        sleeps: list[float] = []
+        untrusted = NomadClient(NomadConfig.from_env(env={"NOMAD_ADDR": fake.address}), sleep=sleeps.append)
+        with pytest.raises(NomadAPIError, match="TLS verification") as info:
+            untrusted.job(JOB)
+        assert "NOMAD_CACERT" in str(info.value)
+        assert info.value.attempts == 1 and sleeps == []  # a bad certificate is not retried
+
+        trusted = NomadClient(NomadConfig.from_env(env={"NOMAD_ADDR": fake.address, "NOMAD_CACERT": cert}))
+        trusted.register(make_job(1))
+        assert trusted.job(JOB)["ID"] == JOB
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # urllib3's InsecureRequestWarning
+            skip = NomadClient(NomadConfig.from_env(env={"NOMAD_ADDR": fake.address, "NOMAD_SKIP_VERIFY": "1"}))
+            assert skip.job(JOB)["ID"] == JOB
+
+
+# ------------------------------------------------------------------------------------ status
+
+
+def test_fully_placed_job_is_running(fake):
+    client = client_for(fake)
+    out = client.register(make_job(2))
+    assert out["EvalID"] and out["JobModifyIndex"]
+    state = state_of(client)
+    assert state.status is JobStatus.RUNNING
+    assert (state.nodes_running, state.nodes_total) == (2, 2)
+    groups = state.extra["groups"]
+    assert {groups["node-0"]["node"], groups["node-1"]["node"]} == {"gpu-a", "gpu-b"}  # distinct hosts
+
+
+def test_half_placed_job_is_partial_and_says_why():
+    nodes = [FakeNode("gpu-a"), FakeNode("gpu-b", busy_gpus=4), FakeNode("gpu-c", gpus=4)]
+    with FakeNomad(nodes, token=TOKEN) as fake:
+        client = client_for(fake)
+        client.register(make_job(2, gpus=8))
+        state = state_of(client)
+        assert state.status is JobStatus.PARTIAL
+        assert (state.nodes_running, state.nodes_total) == (1, 2)
+        assert state.extra["blocked_eval"] is True
+        reason = state.extra["blocked"]["node-1"]
+        assert reason.startswith("node-1: 0/3 nodes eligible")
+        assert "distinct_hosts: 1" in reason  # gpu-a already holds node-0
+        assert "missing devices: 1" in reason  # gpu-c has only 4 GPUs
+        assert "exhausted 1 (devices: no devices match request: 1)" in reason  # gpu-b's are busy
+        assert state.reason.startswith("blocked: node-1")
+        assert "1/2 nodes running" in state.describe()
+
+
+def test_nothing_placed_is_pending_with_reasons():
+    with FakeNomad([FakeNode("small", gpus=4)], token=TOKEN) as fake:
+        client = client_for(fake)
+        client.register(make_job(2, gpus=8))
+        state = state_of(client)
+        assert state.status is JobStatus.PENDING
+        assert state.nodes_running == 0
+        assert set(state.extra["blocked"]) == {"node-0", "node-1"}
+        assert "missing devices" in state.reason
+        assert state.raw_state == "pending"
+
+
+def test_wrong_datacenter_is_explained(fake):
+    client = client_for(fake)
+    client.register(make_job(1, datacenters=["dc9"]))
+    state = state_of(client)
+    assert state.status is JobStatus.PENDING
+    assert "no nodes in the job's datacenters" in state.reason and "dc9: 0" in state.reason
+
+
+def test_completed_job(fake):
+    client = client_for(fake)
+    client.register(make_job(2))
+    fake.finish(JOB, "node-1", 0)
+    assert state_of(client).status is JobStatus.RUNNING  # rank 1 finished first, rank 0 still writing
+    fake.finish(JOB, "node-0", 0)
+    state = state_of(client)
+    assert state.status is JobStatus.COMPLETED and state.exit_code == 0
+    assert state.raw_state == "dead"
+
+
+def test_failed_job_keeps_the_exit_code(fake):
+    client = client_for(fake)
+    client.register(make_job(2))
+    fake.finish(JOB, "node-1", 3)
+    state = state_of(client)
+    assert state.status is JobStatus.FAILED and state.exit_code == 3
+    assert "node-1" in state.reason and "Exit Code: 3" in state.reason
+    assert "1 other node group still running" in state.reason  # rank 0 still holds its GPUs
+    fake.finish(JOB, "node-0", 0)
+    assert state_of(client).exit_code == 3
+
+
+def test_driver_failure_is_failed_without_exit_code(fake):
+    fake.auto_run = False
+    client = client_for(fake)
+    client.register(make_job(2))
+    fake.fail_driver(JOB, "node-0", "Failed to pull `halo/train:latest`: not found")
+    state = state_of(client)
+    assert state.status is JobStatus.FAILED and state.exit_code is None
+    assert "Failed to pull" in state.reason
+
+
+def test_stopped_job_is_cancelled(fake):
+    client = client_for(fake)
+    client.register(make_job(2))
+    client.stop(JOB)
+    state = state_of(client)
+    assert state.status is JobStatus.CANCELLED
+    assert state.raw_state == "dead" and state.reason == "job stopped"
+
+
+def test_stopped_half_placed_job_says_what_never_placed(one_node_fake):
+    client = client_for(one_node_fake)
+    client.register(make_job(2))
+    client.stop(JOB)
+    state = state_of(client)
+    assert state.status is JobStatus.CANCELLED
+    assert "not fully placed" in state.reason and "node-1: 0/1 nodes eligible" in state.reason
+    evals = client.evaluations(JOB)
+    assert all(e["Status"] != "blocked" for e in evals)  # the stop cancelled the blocked eval
+
+
+def test_failure_before_a_stop_stays_failed(fake):
+    client = client_for(fake)
+    client.register(make_job(2))
+    fake.finish(JOB, "node-1", 2)
+    client.stop(JOB)
+    state = state_of(client)
+    assert state.status is JobStatus.FAILED and state.exit_code == 2
+    assert "stopped" in state.reason
+
+
+def test_rank_crashing_because_of_the_stop_is_still_cancelled(fake):
+    # On stop, node-0 is killed; node-1's torchrun then dies with exit 1 (NCCL error) before its
+    # own kill arrives. That is the user's cancel, not a training failure.
+    fake.stop_collateral = {"node-1": 1}
+    client = client_for(fake)
+    client.register(make_job(2))
+    client.stop(JOB)
+    assert fake.alloc_for(JOB, "node-1")["ClientStatus"] == "failed"
+    assert state_of(client).status is JobStatus.CANCELLED
+
+
+@pytest.mark.parametrize("variant", ["client", "server", "event"])
+def test_max_run_duration_is_a_timeout_not_a_success(fake, variant):
+    client = client_for(fake)
+    client.register(make_job(2, max_run_duration_s=3600))
+    killed = fake.time_out(JOB, "node-0", variant=variant)
+    if variant == "client":
+        # What Nomad does: the killed allocation is "complete", like a successful one.
+        assert killed["ClientStatus"] == "complete"
+    state = state_of(client)
+    assert state.status is JobStatus.TIMEOUT
+    assert "node-0" in state.reason and "max_run_duration" in state.reason
+    fake.finish(JOB, "node-1", 0)  # every allocation is now "complete"
+    state = state_of(client)
+    assert state.status is JobStatus.TIMEOUT and state.raw_state == "dead"
+
+
+def test_timeout_wins_over_the_crash_it_causes(fake):
+    client = client_for(fake)
+    client.register(make_job(2, max_run_duration_s=60))
+    fake.time_out(JOB, "node-0")
+    fake.finish(JOB, "node-1", 1)
+    state = state_of(client)
+    assert state.status is JobStatus.TIMEOUT
+    assert "node-1 exited 1" in state.reason
+
+
+def test_purged_job_is_unknown(fake):
+    client = client_for(fake)
+    client.register(make_job(2))
+    client.stop(JOB, purge=True)
+    assert client.job(JOB) is None and client.allocations(JOB) == []
+    state = state_of(client)
+    assert state.status is JobStatus.UNKNOWN and "purge" in state.reason
+
+
+def test_resubmitted_job_uses_the_latest_allocation_of_each_group(fake):
+    client = client_for(fake)
+    client.register(make_job(2))
+    fake.finish(JOB, "node-1", 1)
+    assert state_of(client).status is JobStatus.FAILED
+    client.register(make_job(2))  # a new version replaces the old allocations
+    allocs = client.allocations(JOB)
+    assert len(allocs) == 4
+    state = state_of(client)
+    assert state.status is JobStatus.RUNNING and state.extra["job_version"] == 1
+
+
+def _alloc(group, status, create_index, desired="run", exit_code=None, **extra):
+    events = []
+    if exit_code is not None:
+        events.append({"Type": "Terminated", "ExitCode": exit_code, "Time": create_index * 10})
+    return {"ID": f"{group}-{create_index}", "TaskGroup": group, "ClientStatus": status, "DesiredStatus": desired,
+            "CreateIndex": create_index, "NodeName": f"host-{group}",
+            "TaskStates": {"torchrun": {"State": "dead" if exit_code is not None else "running",
+                                        "Failed": bool(exit_code), "Events": events}}, **extra}
+
+
+def test_job_state_pure_mapping_edge_cases():
+    job = {"ID": JOB, "Status": "running", "Stop": False, "Meta": {"halo_sched_nodes": "3"},
+           "TaskGroups": [{"Name": f"node-{i}"} for i in range(3)]}
+    # An old failed allocation of node-1 replaced by a running one: only the newest counts.
+    allocs = [_alloc("node-0", "running", 10), _alloc("node-1", "failed", 11, exit_code=1),
+              _alloc("node-1", "running", 20), _alloc("node-2", "running", 12)]
+    state = job_state(job, allocs, [], JOB)
+    assert state.status is JobStatus.RUNNING and (state.nodes_running, state.nodes_total) == (3, 3)
+
+    lost = allocs[:3] + [_alloc("node-2", "lost", 30, ClientDescription="alloc is lost since its node is down")]
+    assert job_state(job, lost, [], JOB).status is JobStatus.NODE_FAIL
+
+    evicted = allocs[:3] + [_alloc("node-2", "complete", 30, desired="evict",
+                                   DesiredDescription="Preempted by alloc ID abc")]
+    assert job_state(job, evicted, [], JOB).status is JobStatus.PREEMPTED
+
+    # N comes from the meta even if the job lists fewer groups (renderer's word wins).
+    meta_only = {"ID": JOB, "Status": "pending", "Meta": {"halo_sched_nodes": "4"}, "TaskGroups": []}
+    state = job_state(meta_only, [], [], JOB)
+    assert state.status is JobStatus.PENDING and state.nodes_total == 4
+
+    assert job_state(None, [], [], JOB).status is JobStatus.UNKNOWN
+
+
+_PHASES = ["unplaced", "pending", "running", "complete", "failed", "timeout"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(_PHASES), st.integers(1, 255)), min_size=1, max_size=6))
+def test_job_state_precedence_property(phases):
+    """TIMEOUT > FAILED > COMPLETED/RUNNING > PARTIAL > PENDING, and nodes_running is exact."""
+    n = len(phases)
+    job = {"ID": JOB, "Status": "running", "Stop": False, "Meta": {"halo_sched_nodes": str(n)},
+           "TaskGroups": [{"Name": f"node-{i}"} for i in range(n)]}
+    allocs = []
+    for i, (phase, code) in enumerate(phases):
+        group = f"node-{i}"
+        if phase == "pending":
+            allocs.append(_alloc(group, "pending", 10 + i))
+        elif phase == "running":
+            allocs.append(_alloc(group, "running", 10 + i))
+        elif phase == "complete":
+            allocs.append(_alloc(group, "complete", 10 + i, exit_code=0))
+        elif phase == "failed":
+            allocs.append(_alloc(group, "failed", 10 + i, exit_code=code))
+        elif phase == "timeout":
+            allocs.append(_alloc(group, "complete", 10 + i, ClientDescription="allocation exceeded max_run_duration"))
+    state = job_state(job, allocs, [], JOB)
+    names = [p for p, _ in phases]
+    running = names.count("running")
+    assert state.nodes_running == running and state.nodes_total == n
+    if "timeout" in names:
+        expected = JobStatus.TIMEOUT
+    elif "failed" in names:
+        expected = JobStatus.FAILED
+        assert state.exit_code == phases[names.index("failed")][1]
+    elif names.count("complete") == n:
+        expected = JobStatus.COMPLETED
+    elif running and running + names.count("complete") == n:
+        expected = JobStatus.RUNNING
+    elif running:
+        expected = JobStatus.PARTIAL
+    else:
+        expected = JobStatus.PENDING
+    assert state.status is expected
+
+
+# ------------------------------------------------------------------------------------ plan
+
+
+def test_plan_summary_for_a_job_that_cannot_place(one_node_fake):
+    one_node_fake.plan_warnings = '1 warning:\n\n* Group "node-0" has no update block; using defaults'
+    client = client_for(one_node_fake)
+    plan = client.plan(make_job(2), diff=True)
+    groups = plan_summary(plan)
+    assert [g.group for g in groups] == ["node-0", "node-1"]
+    assert groups[0].can_place and groups[0].place == 1
+    blocked = groups[1]
+    assert not blocked.can_place
+    assert (blocked.nodes_evaluated, blocked.nodes_filtered, blocked.nodes_exhausted) == (1, 1, 0)
+    assert blocked.constraint_filtered == {"distinct_hosts": 1}
+    assert blocked.reason == "node-1: 0/1 nodes eligible; filtered 1 (distinct_hosts: 1)"
+    assert plan_warnings(plan) == ['Group "node-0" has no update block; using defaults']
+    assert plan["Diff"]["Type"] == "Added"
+
+    text = format_plan(plan, JOB)
+    assert "1/2 node groups can be placed now" in text
+    assert "node-1: CANNOT place: 0/1 nodes eligible" in text
+    assert "no gang scheduling" in text and "has no update block" in text
+    assert one_node_fake.job_record(JOB) is None  # a plan registers nothing
+
+
+def test_plan_summary_all_placeable_and_metric_text(fake):
+    plan = client_for(fake).plan(make_job(2))
+    assert all(g.can_place for g in plan_summary(plan))
+    assert "CANNOT" not in format_plan(plan)
+    metric = {"NodesEvaluated": 5, "NodesFiltered": 1, "NodesExhausted": 3,
+              "ConstraintFiltered": {"${attr.kernel.name} = linux": 1},
+              "DimensionExhausted": {"memory": 2, "devices: no devices match request": 1},
+              "ClassExhausted": {"gpu-h100": 3}}
+    assert describe_alloc_metric("node-3", metric) == (
+        "node-3: 1/5 nodes eligible; filtered 1 (${attr.kernel.name} = linux: 1); "
+        "exhausted 3 (memory: 2, devices: no devices match request: 1, class gpu-h100: 3)"
+    )
+
+
+# ------------------------------------------------------------------------------------ logs
+
+
+def test_logs_plain_and_stderr(fake):
+    client = client_for(fake)
+    client.register(make_job(2))
+    alloc = fake.alloc_for(JOB, "node-0")
+    fake.write_log(alloc["ID"], "rank 0 ready\nstep 1 loss=2.3\n")
+    fake.write_log(alloc["ID"], "NCCL WARN ✓\n", type="stderr")
+    assert "".join(client.logs(alloc["ID"], "torchrun")) == "rank 0 ready\nstep 1 loss=2.3\n"
+    assert "".join(client.logs(alloc["ID"], "torchrun", type="stderr")) == "NCCL WARN ✓\n"
+    req = fake.requests_to("/v1/client/fs/logs/")[-1]
+    assert req.query["plain"] == "true" and req.query["type"] == "stderr" and req.query["follow"] == "false"
+    with pytest.raises(UsageError):
+        client.logs(alloc["ID"], "torchrun", type="stdlog")
+    with pytest.raises(NomadAPIError, match="404"):
+        client.logs("no-such-alloc", "torchrun")
+
+
+def test_logs_follow_streams_until_the_task_ends(fake):
+    client = client_for(fake)
+    client.register(make_job(2))
+    alloc = fake.alloc_for(JOB, "node-1")
+    fake.write_log(alloc["ID"], "first\n")
+    got_first = threading.Event()
+    streamed = []
+
+    def task_keeps_running():
+        # The task writes more only once the reader has seen the first chunk: if the client
+        # buffered the whole response instead of streaming, this would time out.
+        streamed.append(got_first.wait(5))
+        fake.write_log(alloc["ID"], "second\n")
+        time.sleep(0.05)
+        fake.finish(JOB, "node-1", 0)
+
+    writer = threading.Thread(target=task_keeps_running)
+    writer.start()
+    chunks = []
+    for chunk in client.logs(alloc["ID"], "torchrun", follow=True):
+        chunks.append(chunk)
+        got_first.set()
+    writer.join()
+    assert streamed == [True]
+    assert "".join(chunks) == "first\nsecond\n"  # and the stream ended when the task did
+
+
+# ------------------------------------------------------------------------------------ watch_placement
+
+
+def test_watch_stops_a_half_placed_job_at_its_placement_timeout(one_node_fake):
+    client = client_for(one_node_fake)
+    client.register(make_job(2))
+    clock = FakeClock()
+    seen = []
+    result = watch_placement(client, JOB, 2, 30, clock=clock, sleep=clock.sleep, on_progress=seen.append,
+                             poll_interval_s=7)
+    assert result.timed_out and result.stopped and not result.placed
+    assert clock.sleeps == [7, 7, 7, 7, 2]  # the last sleep is clipped to the deadline
+    assert clock.t == 30 and result.elapsed_s == 30
+    assert result.nodes_running == 1 and "node-1" in result.blocked
+    assert "1/2 node groups running" in result.reason and "distinct_hosts" in result.reason
+    assert one_node_fake.job_record(JOB)["Stop"] is True
+    assert [s.status for s in seen] == [JobStatus.PARTIAL]  # reported once, then unchanged
+    assert state_of(client).status is JobStatus.CANCELLED
+
+
+def test_watch_with_real_time_never_waits_past_the_timeout(one_node_fake):
+    client = client_for(one_node_fake)
+    client.register(make_job(2))
+    start = time.monotonic()
+    result = watch_placement(client, JOB, 2, 1.5, poll_interval_s=0.4)
+    elapsed = time.monotonic() - start
+    assert result.timed_out and result.stopped
+    assert 1.5 <= elapsed <= 1.5 + 0.5
+    assert one_node_fake.job_record(JOB)["Stop"] is True
+
+
+def test_watch_returns_at_once_when_everything_placed(fake):
+    client = client_for(fake)
+    client.register(make_job(2))
+    clock = FakeClock()
+    result = watch_placement(client, JOB, 2, 30, clock=clock, sleep=clock.sleep)
+    assert result.placed and not result.stopped and not result.timed_out
+    assert clock.sleeps == [] and result.nodes_running == 2
+    assert fake.job_record(JOB)["Stop"] is False
+
+
+def test_watch_succeeds_when_a_node_joins_later(one_node_fake):
+    client = client_for(one_node_fake)
+    client.register(make_job(2))
+    clock = FakeClock()
+    joined = []
+
+    def node_joins(t):
+        if t >= 10 and not joined:
+            joined.append(t)
+            one_node_fake.add_node(FakeNode("gpu-late"))
+
+    clock.hooks.append(node_joins)
+    seen = []
+    result = watch_placement(client, JOB, 2, 60, clock=clock, sleep=clock.sleep, on_progress=seen.append,
+                             poll_interval_s=4)
+    assert result.placed and not result.stopped
+    assert clock.t == 12  # the first poll after the node joined saw it
+    assert [s.status for s in seen] == [JobStatus.PARTIAL, JobStatus.RUNNING]
+    assert one_node_fake.alloc_for(JOB, "node-1")["NodeName"] == "gpu-late"
+    assert one_node_fake.job_record(JOB)["Stop"] is False
+
+
+def test_watch_returns_early_when_the_job_fails_meanwhile(one_node_fake):
+    client = client_for(one_node_fake)
+    client.register(make_job(2))
+    clock = FakeClock()
+
+    def rank0_crashes(t):
+        if t >= 6 and one_node_fake.alloc_for(JOB, "node-0")["ClientStatus"] == "running":
+            one_node_fake.finish(JOB, "node-0", 7)
+
+    clock.hooks.append(rank0_crashes)
+    result = watch_placement(client, JOB, 2, 60, clock=clock, sleep=clock.sleep, poll_interval_s=3)
+    assert not result.placed and not result.timed_out and not result.stopped
+    assert result.state.status is JobStatus.FAILED and result.state.exit_code == 7
+    assert clock.t == 6
+    assert "ended before all node groups were placed" in result.reason
+
+
+def test_watch_keeps_polling_through_transient_api_errors(fake):
+    client = client_for(fake)
+    client.register(make_job(2))
+    fake.fail_next(4, status=500, path_contains="/allocations")  # one whole poll fails, retries and all
+    clock = FakeClock()
+    result = watch_placement(client, JOB, 2, 30, clock=clock, sleep=clock.sleep, poll_interval_s=5)
+    assert result.placed and clock.sleeps == [5]
+
+
+def test_watch_reports_a_stop_that_fails(one_node_fake):
+    client = client_for(one_node_fake)
+    client.register(make_job(2))
+
+    class StopFails:
+        def __getattr__(self, name):
+            return getattr(client, name)
+
+        def stop(self, job_id, purge=False):
+            raise NomadAPIError("Nomad at x refused to stop job: HTTP 403", status=403)
+
+    clock = FakeClock()
+    with pytest.raises(SchedulerError, match=f"nomad job stop {JOB}"):
+        watch_placement(StopFails(), JOB, 2, 5, clock=clock, sleep=clock.sleep, poll_interval_s=2)
+    assert clock.t == 5
+
+
+def test_job_completed_before_a_stop_stays_completed(fake):
+    client = client_for(fake)
+    client.register(make_job(2))
+    fake.finish(JOB, "node-0", 0)
+    fake.finish(JOB, "node-1", 0)
+    client.stop(JOB)
+    state = state_of(client)
+    assert state.status is JobStatus.COMPLETED and state.exit_code == 0
+
+
+def test_jobs_lists_by_prefix_with_a_summary(fake):
+    client = client_for(fake)
+    client.register(make_job(1, job_id="halo-a", gpus=1))
+    client.register(make_job(1, job_id="other-b", gpus=1))
+    jobs = client.jobs(prefix="halo-")
+    assert [j["ID"] for j in jobs] == ["halo-a"]
+    assert jobs[0]["JobSummary"]["Summary"]["node-0"]["Running"] == 1
+    assert {j["ID"] for j in client.jobs()} == {"halo-a", "other-b"}
+
+
+def test_fake_frames_logs_when_plain_is_not_asked(fake):
+    client = client_for(fake)
+    client.register(make_job(1))
+    alloc = fake.alloc_for(JOB, "node-0")
+    fake.write_log(alloc["ID"], "framed\n")
+    resp = requests.get(f"{fake.address}/v1/client/fs/logs/{alloc['ID']}",
+                        params={"task": "torchrun", "type": "stdout"}, headers={"X-Nomad-Token": TOKEN}, timeout=5)
+    frame = json.loads(resp.text)
+    assert base64.b64decode(frame["Data"]).decode() == "framed\n"
+    assert frame["File"] == "alloc/logs/torchrun.stdout.0" and frame["Offset"] == 7
