@@ -160,7 +160,7 @@ def test_worker_waits_for_published_master_then_gives_up(tmp_path):
     bindir, out = fake_bin(tmp_path), tmp_path / "out"
     out.mkdir()
     empty = tmp_path / "master"
-    empty.write_text("")  # nomadService renders an empty file while rank 0 is absent
+    empty.write_text(" \n")  # blank while rank 0 is absent (whitespace must not pass for an address)
     r = run_entry(entry_script(spec), tmp_path, {"HALO_NODE_RANK": "1", "HALO_MASTER_ADDR_FILE": str(empty)},
                   base_env(bindir, out))
     assert r.returncode == 1

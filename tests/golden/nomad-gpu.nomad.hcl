@@ -85,8 +85,8 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-d0aff3ce"
-        right_delimiter = "halo-d0aff3ce]]"
+        left_delimiter  = "[[halo-01469b0f"
+        right_delimiter = "halo-01469b0f]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -112,14 +112,16 @@ export NCCL_NET=Libfabric
 export OMP_NUM_THREADS=8
 
 # Rank 0's address: given, or published later (a file that fills once rank 0 is known).
+# The file exists but is blank until then (Nomad's nomadService renders empty; it never blocks).
 if [ -n "$HALO_MASTER_ADDR_FILE" ]; then
-  until [ -s "$HALO_MASTER_ADDR_FILE" ]; do
+  while :; do
+    HALO_MASTER_ADDR=$(head -n 1 "$HALO_MASTER_ADDR_FILE" 2> /dev/null | tr -d '[:space:]')
+    [ -z "$HALO_MASTER_ADDR" ] || break
     if [ $((SECONDS - halo_started)) -ge 600 ]; then
       halo_fail "rank 0 was not published within rendezvous.timeout_s=600s (waited on $HALO_MASTER_ADDR_FILE); is node 0 placed and running?"
     fi
     sleep 1
   done
-  read -r HALO_MASTER_ADDR < "$HALO_MASTER_ADDR_FILE" || true
 fi
 [ -n "$HALO_MASTER_ADDR" ] || halo_fail "no master address: the backend set neither HALO_MASTER_ADDR nor HALO_MASTER_ADDR_FILE"
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
@@ -210,8 +212,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-d0aff3ce"
-        right_delimiter = "halo-d0aff3ce]]"
+        left_delimiter  = "[[halo-01469b0f"
+        right_delimiter = "halo-01469b0f]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -237,14 +239,16 @@ export NCCL_NET=Libfabric
 export OMP_NUM_THREADS=8
 
 # Rank 0's address: given, or published later (a file that fills once rank 0 is known).
+# The file exists but is blank until then (Nomad's nomadService renders empty; it never blocks).
 if [ -n "$HALO_MASTER_ADDR_FILE" ]; then
-  until [ -s "$HALO_MASTER_ADDR_FILE" ]; do
+  while :; do
+    HALO_MASTER_ADDR=$(head -n 1 "$HALO_MASTER_ADDR_FILE" 2> /dev/null | tr -d '[:space:]')
+    [ -z "$HALO_MASTER_ADDR" ] || break
     if [ $((SECONDS - halo_started)) -ge 600 ]; then
       halo_fail "rank 0 was not published within rendezvous.timeout_s=600s (waited on $HALO_MASTER_ADDR_FILE); is node 0 placed and running?"
     fi
     sleep 1
   done
-  read -r HALO_MASTER_ADDR < "$HALO_MASTER_ADDR_FILE" || true
 fi
 [ -n "$HALO_MASTER_ADDR" ] || halo_fail "no master address: the backend set neither HALO_MASTER_ADDR nor HALO_MASTER_ADDR_FILE"
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
@@ -269,7 +273,7 @@ EOT
       template {
         destination = "local/halo-master-addr"
         change_mode = "noop"
-        data        = "{{ with nomadService \"ddp-nomad-rdzv\" }}{{ with index . 0 }}{{ .Address }}{{ end }}{{ end }}\n"
+        data        = "{{ with nomadService \"ddp-nomad-rdzv\" }}{{ with index . 0 }}{{ .Address }}{{ end }}{{ end }}"
       }
 
       resources {

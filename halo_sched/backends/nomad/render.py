@@ -52,7 +52,7 @@ def master_template(spec: JobSpec) -> str:
     # Instance 0 explicitly: during a redeploy two registrations of the service can overlap.
     return (
         f'{{{{ with nomadService "{service_name(spec)}" }}}}'
-        "{{ with index . 0 }}{{ .Address }}{{ end }}{{ end }}\n"
+        "{{ with index . 0 }}{{ .Address }}{{ end }}{{ end }}"
     )
 
 
