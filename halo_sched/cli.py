@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("ids", nargs="+", metavar="ID")
     _backend_arg(p)
     p.add_argument("--purge", action="store_true", help="Nomad: also purge the job")
+    p.add_argument("--signal", default=None, help="SLURM: send this signal to the job's steps instead of ending it")
 
     sub.add_parser("schema", help="print the job file's JSON Schema")
     return ap
@@ -238,12 +239,19 @@ def cmd_logs(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    opts = {"purge": True} if args.purge else {}
-    if args.purge and args.backend != "nomad":
-        raise UsageError("--purge applies to --backend nomad only")
+    opts: dict = {}
+    if args.purge:
+        if args.backend != "nomad":
+            raise UsageError("--purge applies to --backend nomad only")
+        opts["purge"] = True
+    if args.signal:
+        if args.backend != "slurm":
+            raise UsageError("--signal applies to --backend slurm only")
+        opts["signal"] = args.signal
     _scheduler(args.backend).cancel(args.ids, **opts)
+    what = f"signal {args.signal}" if args.signal else "cancel"
     for job_id in args.ids:
-        _err(f"halo-sched: cancel requested for {job_id}")
+        _err(f"halo-sched: {what} requested for {job_id}")
     return 0
 
 

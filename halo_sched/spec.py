@@ -363,6 +363,9 @@ class JobSpec(_Model):
     def _setup(cls, v: list[str]) -> list[str]:
         for line in v:
             _no_nul(line, "a setup line")
+            if re.search(r"[\x00-\x08\x0a-\x1f\x7f]", line):
+                # sbatch refuses a script with a carriage return; other control bytes are typos.
+                raise ValueError(f"setup line {line!r} contains a control character (carriage return?)")
         return v
 
     @field_validator("image")

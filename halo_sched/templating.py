@@ -21,10 +21,22 @@ def template_dir() -> Path:
     return shipped if shipped.is_dir() else _PKG.parent / "templates"
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def sh_quote(value: str) -> str:
-    """A POSIX shell word that expands to exactly ``value`` (single quotes; ' as '\\'')."""
+    """A bash word that expands to exactly ``value``.
+
+    Plain text is single-quoted (' as '\\''). Text with control characters uses bash's $'...'
+    with escapes instead, so the script itself holds none: sbatch rejects any script containing
+    a carriage return, and a raw newline would make one value span script lines.
+    """
     if value and re.fullmatch(r"[A-Za-z0-9_@%+=:,./-]+", value):
         return value
+    if _CONTROL.search(value):
+        body = value.replace("\\", "\\\\").replace("'", "\\'")
+        body = _CONTROL.sub(lambda m: {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(m.group(), f"\\x{ord(m.group()):02x}"), body)
+        return "$'" + body + "'"
     return "'" + value.replace("'", "'\\''") + "'"
 
 

@@ -6,10 +6,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-try:  # TODO(lead): remove guard once tests/cluster/fixtures.py lands
-    from cluster.fixtures import slurm_cluster  # noqa: E402,F401  (session fixture: the real local cluster)
-except ImportError:
-    pass
+from cluster.fixtures import slurm_cluster  # noqa: E402,F401  (session fixture: the real local cluster)
 
 
 @pytest.fixture(autouse=True)

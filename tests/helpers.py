@@ -129,3 +129,18 @@ def load_nomad_helper(name: str):
     sys.modules[mod_name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """Processes of group ``pgid`` that are not zombies (PID 1 here may never reap orphans)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(d.name))
+    return out

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import hcl2
@@ -102,7 +103,10 @@ def test_values_survive_the_sbatch_script(tmp_path_factory, value, arg):
     bindir, out = fake_bin(tmp), tmp / "out"
     out.mkdir()
     script = tmp / "job.sbatch"
-    script.write_text(render_sbatch(spec))
+    text = render_sbatch(spec)
+    # sbatch refuses any script with a carriage return; user text brings no control bytes.
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", text)
+    script.write_text(text)
     env = base_env(bindir, out, ["V"])
     env.update(FAKE_SLURM_NODES="a,b", SLURM_JOB_NODELIST="a,b", SLURM_JOB_ID="1")
     r = subprocess.run(["bash", str(script)], env=env, capture_output=True, timeout=60)

@@ -62,6 +62,7 @@ def test_minimal_defaults():
     (MIN + "network: {interface: 'eth0 x'}\n", "network.interface", "interface name"),
     (MIN + "network: {cross_node_expert_parallel: true}\n", "network.cross_node_expert_parallel", "efa only"),
     (MIN + "image: 'a b'\n", "image", "image reference"),
+    (MIN + "setup: [\"echo a\\r\"]\n", "setup", "control character"),
 ])
 def test_bad_field_is_named(text, field, words):
     found = problems(text)

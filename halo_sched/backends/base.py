@@ -180,7 +180,9 @@ def wait_for(
             interval = min(interval * 2, max_poll)
         if on_tick:
             on_tick(state)
-        if state.status.terminal:
+        # UNKNOWN ends the wait too: the scheduler no longer knows the job (purged, or a
+        # cluster without accounting forgot it), so no later poll can say more.
+        if state.status.terminal or state.status is JobStatus.UNKNOWN:
             return state
         if timeout is not None and time.monotonic() - start + interval > timeout:
             remaining = timeout - (time.monotonic() - start)

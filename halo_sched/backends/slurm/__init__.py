@@ -39,8 +39,9 @@ class SlurmScheduler(Scheduler):
     def describe(self, ids: Sequence[str]) -> dict[str, JobState]:
         return self.transport.query(list(ids))
 
-    def cancel(self, ids: Sequence[str], **opts) -> None:
-        self.transport.cancel(list(ids))
+    def cancel(self, ids: Sequence[str], signal: str | None = None, **opts) -> None:
+        # With a signal, scancel delivers it to the job steps (torchrun under srun).
+        self.transport.cancel(list(ids), signal=signal)
 
     def progress(self, state: JobState) -> str:
         if state.status.value == "RUNNING" and state.nodes_total:

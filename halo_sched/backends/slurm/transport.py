@@ -194,6 +194,8 @@ class CliTransport(Transport):
         return self._accounting
 
     def query(self, ids: Sequence[str]) -> dict[str, JobState]:
+        """sacct (when there is accounting), else/then squeue, then scontrol for what a filtered
+        squeue missed: 1 call per poll normally, never more than 3 (chunks aside)."""
         ids = _unique(ids)
         if not ids:
             return {}
@@ -223,14 +225,15 @@ class CliTransport(Transport):
             found.update(st.select_states(missing, self._scontrol_all()))
             missing = [i for i in ids if i not in found]
 
-        why = (
-            "neither sacct nor slurmctld knows this job id"
-            if self._accounting
-            else "slurmctld does not know this job id (it ended more than MinJobAge ago, or never "
-            "existed) and this cluster has no accounting (sacct) to ask"
-        )
-        if sacct_note:
-            why += f"; sacct: {sacct_note}"
+        if self._accounting:
+            why = "neither sacct nor slurmctld knows this job id"
+        elif sacct_note:
+            why = f"slurmctld does not know this job id, and sacct failed: {sacct_note}"
+        else:
+            why = (
+                "slurmctld does not know this job id (it ended more than MinJobAge ago, or never "
+                "existed) and this cluster has no accounting (sacct) to ask"
+            )
         for job_id in missing:
             found[job_id] = st.unknown_state(job_id, why)
         return {i: found[i] for i in ids}
@@ -367,7 +370,11 @@ _REST_OPTIONS = {
     "wait-all-nodes": "wait_all_nodes",
     "kill-on-invalid-dep": "kill_on_invalid_dependency",
 }
-_REST_FLAGS = {"exclusive": ("exclusive", "exclusive"), "requeue": ("requeue", "yes"), "no-requeue": ("requeue", "no"), "hold": ("hold", True), "H": ("hold", True)}
+# Options without a value. --no-requeue is missing on purpose: slurmrestd 22.05 accepts
+# "requeue": false (or "no", 0) and ignores it (the job still shows Requeue=1), and a fixed-size
+# torchrun job silently requeued is the failure the option exists to prevent.
+_REST_FLAGS = {"exclusive": ("exclusive", "exclusive"), "requeue": ("requeue", "yes"), "hold": ("hold", True), "H": ("hold", True)}
+_REST_REFUSED = {"no-requeue": "slurmrestd 22.05 accepts requeue=false and ignores it"}
 # Short options that take a value (so "-N 2" and "-N2" both parse).
 _SHORT_WITH_VALUE = set("JNntpoeiDAqCadGc")
 
@@ -446,10 +453,11 @@ def rest_job_properties(
         elif value is not None and name in _REST_OPTIONS:
             job[_REST_OPTIONS[name]] = value
         else:
-            unsupported.append("--" + name if len(name) > 1 else "-" + name)
+            flag = "--" + name if len(name) > 1 else "-" + name
+            unsupported.append(f"{flag} ({_REST_REFUSED[name]})" if name in _REST_REFUSED else flag)
     if unsupported:
         raise SchedulerError(
-            "slurmrestd (v0.0.38) has no job property for "
+            "slurmrestd (v0.0.38) cannot take "
             + ", ".join(unsupported)
             + "; submit with the 'cli' transport (sbatch) instead"
         )
@@ -461,7 +469,7 @@ def rest_job_properties(
 class RestTransport(Transport):
     """slurmrestd, OpenAPI v0.0.38 (Slurm 22.05).
 
-    Endpoint: ``socket_path`` (unix socket) or ``url`` (``http://127.0.0.1:6820``); defaults
+    Endpoint: ``socket_path`` (unix socket) or ``url`` (e.g. ``http://127.0.0.1:6917``, the local test cluster); defaults
     from ``HALO_SLURMRESTD_SOCKET`` / ``HALO_SLURMRESTD_URL``. Auth: with ``token`` (default:
     ``$SLURM_JWT``, as ``scontrol token`` prints it) requests act as ``user`` (default: the
     current user); without one, rest_auth/local on a unix socket, where slurmrestd accepts
@@ -696,8 +704,8 @@ class PyslurmTransport(Transport):
     def submit(self, script: str, extra_args: Sequence[str] = ()) -> str:
         if extra_args:
             raise SchedulerError("the pyslurm transport takes options only as #SBATCH lines in the script")
-        desc = self.pyslurm.JobSubmitDescription(script=script)
-        # Reads the #SBATCH lines like sbatch does.
+        # sbatch's default --export=ALL; then the #SBATCH lines, as sbatch reads them.
+        desc = self.pyslurm.JobSubmitDescription(script=script, environment=dict(os.environ))
         desc.load_sbatch_options()
         return str(desc.submit())
 

@@ -1,0 +1,73 @@
+"""Python handle on tests/cluster/slurm-cluster.sh: start/stop the local SLURM cluster.
+
+    from cluster.cluster import ensure_up, down   # with tests/ on sys.path (pytest does that)
+    env = ensure_up()        # also exported into os.environ: SLURM_CONF, HALO_SLURMRESTD_*
+    ...
+    down()
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().with_name("slurm-cluster.sh")
+REPO_ROOT = SCRIPT.parents[2]
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not be started or stopped; the message carries the script's output."""
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("HALO_CLUSTER_DIR") or REPO_ROOT / ".cluster")
+
+
+def _run(command: str, timeout: float) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(
+            ["bash", str(SCRIPT), command], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired as e:
+        raise ClusterError(f"slurm-cluster.sh {command} did not finish in {timeout}s") from e
+
+
+def _parse_exports(text: str) -> dict[str, str]:
+    env = {}
+    for line in text.splitlines():
+        if line.startswith("export ") and "=" in line:
+            key, _, value = line[len("export ") :].partition("=")
+            env[key.strip()] = value.strip()
+    return env
+
+
+def cluster_env() -> dict[str, str]:
+    """SLURM_CONF etc. for this state dir (without starting anything)."""
+    return _parse_exports(_run("env", 30).stdout)
+
+
+def ensure_up(timeout: float = 600) -> dict[str, str]:
+    """Start the cluster if needed (installing packages the first time), wait for idle nodes,
+    export its environment into ``os.environ`` and return it. Raises ClusterError."""
+    proc = _run("up", timeout)
+    if proc.returncode != 0:
+        raise ClusterError(
+            f"tests/cluster/slurm-cluster.sh up failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
+    env = _parse_exports(proc.stdout)
+    if "SLURM_CONF" not in env:
+        raise ClusterError(f"slurm-cluster.sh up printed no SLURM_CONF:\n{proc.stdout}\n{proc.stderr}")
+    os.environ.update(env)
+    return env
+
+
+def down(timeout: float = 120) -> None:
+    proc = _run("down", timeout)
+    if proc.returncode != 0:
+        raise ClusterError(
+            f"tests/cluster/slurm-cluster.sh down failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
+
+
+def is_up() -> bool:
+    return _run("status", 30).returncode == 0

@@ -1,0 +1,189 @@
+"""The SLURM transports against the real local cluster (tests/cluster/slurm-cluster.sh).
+
+Plain batch scripts, no torch. The time-limit job is submitted when the module starts and
+checked last, so its ~60-90 s (SLURM enforces limits in whole minutes, checked every 30 s)
+overlap the other tests. The ``slurm_cluster`` fixture comes from tests/conftest.py
+(tests/cluster/fixtures.py).
+"""
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from halo_sched.backends.base import JobStatus
+from halo_sched.backends.slurm.transport import CliTransport, RestTransport, default_runner
+
+pytestmark = pytest.mark.slurm
+
+
+class CountingRunner:
+    def __init__(self):
+        self.inner = default_runner()
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv, input=None):
+        self.calls.append(list(argv))
+        return self.inner(argv, input)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("slurm-jobs")
+
+
+@pytest.fixture(scope="module")
+def cli(slurm_cluster, workdir):
+    t = CliTransport()
+    t.submitted = []
+    yield t
+    # Nothing of ours keeps running after the module.
+    if t.submitted:
+        t.cancel(t.submitted)
+
+
+def submit(t: CliTransport, workdir, body: str, *args: str) -> str:
+    job_id = t.submit("#!/bin/bash\n" + body, ["-D", str(workdir), "-o", f"{workdir}/%j.out", *args])
+    t.submitted.append(job_id)
+    return job_id
+
+
+def wait_for(t, job_id: str, statuses: set[JobStatus], timeout: float, interval: float = 0.3):
+    deadline = time.monotonic() + timeout
+    seen = []
+    while True:
+        state = t.query([job_id])[job_id]
+        if not seen or seen[-1] != state.status:
+            seen.append(state.status)
+        if state.status in statuses:
+            return state, seen
+        assert time.monotonic() < deadline, f"job {job_id} still {state.describe()} after {timeout}s (saw {seen})"
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def timeout_job(cli, workdir):
+    """Started first, checked last (test_time_limit_is_timeout)."""
+    job_id = submit(cli, workdir, "sleep 600\n", "--time=1", "-J", "halo-timeout")
+    return job_id, time.monotonic()
+
+
+def test_submit_running_then_completed(cli, workdir):
+    job_id = submit(
+        cli, workdir, "srun --ntasks-per-node=1 bash -c 'echo $SLURM_NODEID $(hostname)'\nsleep 3\n", "-N2", "--ntasks-per-node=1"
+    )
+    running, _ = wait_for(cli, job_id, {JobStatus.RUNNING, JobStatus.COMPLETED}, 60)
+    assert running.status is JobStatus.RUNNING, "the job finished before it was ever seen running"
+    assert running.nodes_total == 2 and running.nodes_running == 2 and running.exit_code is None
+    done, _ = wait_for(cli, job_id, {s for s in JobStatus if s.terminal}, 60)
+    assert done.status is JobStatus.COMPLETED and done.exit_code == 0, done
+    info = cli.job_info(job_id)
+    assert info["NumNodes"] == "2" and info["StdOut"] == f"{workdir}/{job_id}.out"
+    node_ids = sorted(line.split()[0] for line in open(info["StdOut"]).read().split("\n") if line.strip())
+    assert node_ids == ["0", "1"]
+
+
+def test_exit_3_is_failed_with_exit_code(cli, workdir):
+    job_id = submit(cli, workdir, "echo failing\nexit 3\n")
+    state, _ = wait_for(cli, job_id, {s for s in JobStatus if s.terminal}, 60)
+    assert state.status is JobStatus.FAILED and state.exit_code == 3, state
+    assert state.raw_state == "FAILED" and state.reason == "NonZeroExitCode"
+
+
+def test_cancel_running_job(cli, workdir):
+    job_id = submit(cli, workdir, "sleep 300\n")
+    wait_for(cli, job_id, {JobStatus.RUNNING}, 60)
+    cli.cancel([job_id])
+    state, _ = wait_for(cli, job_id, {s for s in JobStatus if s.terminal}, 30)
+    assert state.status is JobStatus.CANCELLED, state
+    cli.cancel([job_id])  # cancelling a finished job is harmless
+
+
+def test_query_many_ids_costs_at_most_3_calls(cli, workdir):
+    ids = [submit(cli, workdir, "true\n", "-J", "halo-tiny") for _ in range(40)]
+    ids += list(cli.submitted[:3]) + ["999999", "999998"]  # earlier jobs (some finished), unknown ids
+    counting = CountingRunner()
+    t = CliTransport(runner=counting)  # fresh: this first poll also probes for accounting
+    deadline = time.monotonic() + 120
+    polls = 0
+    while True:
+        counting.calls.clear()
+        states = t.query(ids)
+        polls += 1
+        assert set(states) == set(ids)
+        assert len(counting.calls) <= 3, counting.calls
+        tiny = [states[i] for i in ids[:40]]
+        if all(s.status is JobStatus.COMPLETED for s in tiny):
+            break
+        assert time.monotonic() < deadline, [s.describe() for s in tiny if s.status is not JobStatus.COMPLETED]
+        time.sleep(1)
+    assert states["999999"].status is JobStatus.UNKNOWN
+    assert t.accounting is False
+    # A lone unknown id (squeue refuses it outright) is still answered within the budget.
+    counting.calls.clear()
+    assert t.query(["999999"])["999999"].status is JobStatus.UNKNOWN
+    assert len(counting.calls) <= 3
+
+
+def test_job_info_of_unknown_job(cli):
+    from halo_sched.errors import SchedulerError
+
+    with pytest.raises(SchedulerError, match="not known"):
+        cli.job_info("999999")
+
+
+def _token(user: str = "root") -> str:
+    out = subprocess.run(
+        ["scontrol", "token", f"username={user}", "lifespan=600"], capture_output=True, text=True, check=True
+    ).stdout
+    return out.strip().split("=", 1)[1]
+
+
+def test_rest_transport_with_jwt(cli, workdir, slurm_cluster):
+    """slurmrestd 22.05 (v0.0.38) with a JWT acts as the token's user; #SBATCH lines are
+    translated into job properties because slurmrestd ignores them."""
+    rest = RestTransport(url=slurm_cluster["HALO_SLURMRESTD_URL"], token=_token(), user="root")
+    script = (
+        "#!/bin/bash\n"
+        "#SBATCH -J halo-rest\n"
+        "#SBATCH -N 2 --ntasks-per-node=1\n"
+        f"#SBATCH -D {workdir}\n"
+        f"#SBATCH -o {workdir}/rest-%j.out\n"
+        "srun bash -c 'echo $SLURM_NODEID'\n"
+        "exit 4\n"
+    )
+    job_id = rest.submit(script)
+    cli.submitted.append(job_id)
+    state, _ = wait_for(rest, job_id, {s for s in JobStatus if s.terminal}, 60)
+    assert state.status is JobStatus.FAILED and state.exit_code == 4 and state.nodes_total == 2
+    # The CLI sees the same job, owned by root (the token's user), with the script's options.
+    info = cli.job_info(job_id)
+    assert info["UserId"].startswith("root(") and info["JobName"] == "halo-rest"
+    assert info["StdOut"] == f"{workdir}/rest-{job_id}.out"
+    assert sorted(open(info["StdOut"]).read().split()) == ["0", "1"]
+
+    sleeper = rest.submit(f"#!/bin/bash\n#SBATCH -D {workdir}\n#SBATCH -o {workdir}/rest-%j.out\nsleep 300\n")
+    cli.submitted.append(sleeper)
+    wait_for(rest, sleeper, {JobStatus.RUNNING}, 60)
+    rest.cancel([sleeper])
+    state, _ = wait_for(cli, sleeper, {s for s in JobStatus if s.terminal}, 30)
+    assert state.status is JobStatus.CANCELLED
+    assert rest.query(["999999"])["999999"].status is JobStatus.UNKNOWN
+
+
+def test_rest_transport_local_auth_reads(cli, slurm_cluster):
+    """rest_auth/local over the unix socket: accepted for root, no token; it reads every job."""
+    rest = RestTransport(socket_path=slurm_cluster["HALO_SLURMRESTD_SOCKET"], token="")
+    ids = cli.submitted[:3]
+    from_rest = rest.query(ids)
+    from_cli = cli.query(ids)
+    assert {i: s.status for i, s in from_rest.items()} == {i: s.status for i, s in from_cli.items()}
+
+
+def test_time_limit_is_timeout(cli, timeout_job):
+    job_id, submitted = timeout_job
+    state, seen = wait_for(cli, job_id, {s for s in JobStatus if s.terminal}, 150, interval=1)
+    assert state.status is JobStatus.TIMEOUT, (state, seen)
+    assert state.reason == "TimeLimit"
+    print(f"time-limit job {job_id}: TIMEOUT {time.monotonic() - submitted:.0f}s after submission")
