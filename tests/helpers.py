@@ -144,3 +144,21 @@ def live_group_members(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] != "Z":
             out.append(int(d.name))
     return out
+
+
+def run_sbatch(script_text: str, tmp: Path, nodes: list[str], addrs: list[str] | None = None,
+               env_names=(), nodelist: str | None = None):
+    """Run a rendered sbatch script as the batch step would, with stand-in srun/scontrol
+    (one task per node, SLURM_NODEID set in each) and a recording torchrun.
+    Returns (the completed process, the records of the torchruns that started)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    bindir, out = fake_bin(tmp), tmp / "out"
+    out.mkdir(exist_ok=True)
+    script = tmp / "job.sbatch"
+    script.write_text(script_text)
+    env = base_env(bindir, out, env_names)
+    env.update(FAKE_SLURM_NODES=",".join(nodes), SLURM_JOB_NODELIST=nodelist or ",".join(nodes), SLURM_JOB_ID="7")
+    if addrs:
+        env["FAKE_SLURM_ADDRS"] = ",".join(addrs)
+    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, timeout=60)
+    return r, records(out)

@@ -15,7 +15,7 @@ from halo_sched.backends.nomad.render import _delimiters, job_payload, render_hc
 from halo_sched.backends.slurm.render import render_sbatch
 from halo_sched.launch import entry_script
 from halo_sched.templating import hcl_escape, hcl_heredoc, heredoc_tag, sh_quote
-from helpers import base_env, fake_bin, records, run_entry
+from helpers import base_env, fake_bin, records, run_entry, run_sbatch
 
 # Any text a process can carry: no NUL, no lone surrogates. Bias towards the dangerous bits.
 DANGER = st.sampled_from(["'", '"', "\\", "$", "${", "$(", "`", "%{", "{{", "}}", "\n", "\r", "\t", " ", "ü", "EOF",
@@ -98,20 +98,12 @@ def test_values_reach_torchrun_byte_exact(tmp_path_factory, value, arg, setup):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(value=TEXT, arg=TEXT)
 def test_values_survive_the_sbatch_script(tmp_path_factory, value, arg):
-    tmp = tmp_path_factory.mktemp("s")
     spec = _spec(value, arg, "x")
-    bindir, out = fake_bin(tmp), tmp / "out"
-    out.mkdir()
-    script = tmp / "job.sbatch"
     text = render_sbatch(spec)
     # sbatch refuses any script with a carriage return; user text brings no control bytes.
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", text)
-    script.write_text(text)
-    env = base_env(bindir, out, ["V"])
-    env.update(FAKE_SLURM_NODES="a,b", SLURM_JOB_NODELIST="a,b", SLURM_JOB_ID="1")
-    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, timeout=60)
+    r, recs = run_sbatch(text, tmp_path_factory.mktemp("s"), ["a", "b"], env_names=["V"])
     assert r.returncode == 0, r.stderr
-    recs = records(out)
     assert sorted(recs) == [0, 1]
     for rec in recs.values():
         assert rec["argv"][-1] == arg

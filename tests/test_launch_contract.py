@@ -16,7 +16,7 @@ import halo_sched
 from halo_sched.backends.nomad.render import job_payload
 from halo_sched.backends.slurm.render import render_sbatch
 from halo_sched.launch import entry_script
-from helpers import HOSTILE_MORE, base_env, fake_bin, records, run_entry
+from helpers import HOSTILE_MORE, base_env, fake_bin, records, run_entry, run_sbatch
 
 SPEC = f"""
 name: contract
@@ -53,15 +53,10 @@ def _run_local(spec, tmp_path):
 
 
 def _run_slurm(spec, tmp_path):
-    bindir, out = fake_bin(tmp_path), tmp_path / "slurm"
-    out.mkdir()
-    script = tmp_path / "job.sbatch"
-    script.write_text(render_sbatch(spec))
-    env = base_env(bindir, out, ENV_NAMES)
-    env.update(FAKE_SLURM_NODES="gpu-a,gpu-b,gpu-c,gpu-d", SLURM_JOB_NODELIST="gpu-[a-d]", SLURM_JOB_ID="7")
-    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    r, recs = run_sbatch(render_sbatch(spec), tmp_path / "slurm-run", ["gpu-a", "gpu-b", "gpu-c", "gpu-d"],
+                         env_names=ENV_NAMES, nodelist="gpu-[a-d]")
     assert r.returncode == 0, r.stderr
-    return records(out)
+    return recs
 
 
 def _run_nomad(spec, tmp_path):
@@ -120,31 +115,20 @@ def test_only_node_rank_differs_across_nodes_and_backends(spec, tmp_path):
 
 
 def test_slurm_refuses_loopback_master_across_hosts(spec, tmp_path):
-    bindir, out = fake_bin(tmp_path), tmp_path / "out"
-    out.mkdir()
-    script = tmp_path / "job.sbatch"
-    script.write_text(render_sbatch(spec))
-    env = base_env(bindir, out, ENV_NAMES)
-    env.update(FAKE_SLURM_NODES="a,b,c,d", FAKE_SLURM_ADDRS="127.0.1.1,10.0.0.2,10.0.0.3,10.0.0.4",
-               SLURM_JOB_NODELIST="a,b,c,d", SLURM_JOB_ID="8")
-    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    # Addresses from the documentation range: written by the stand-in scontrol, never contacted.
+    r, recs = run_sbatch(render_sbatch(spec), tmp_path, ["a", "b", "c", "d"],
+                         addrs=["127.0.1.1", "192.0.2.2", "192.0.2.3", "192.0.2.4"])
     assert r.returncode == 1
-    assert "different hosts" in r.stderr
-    assert records(out) == {}  # nothing started
+    assert b"different hosts" in r.stderr
+    assert recs == {}  # nothing started
 
 
 def test_slurm_master_is_first_hosts_nodeaddr_not_its_name(spec, tmp_path):
-    bindir, out = fake_bin(tmp_path), tmp_path / "out"
-    out.mkdir()
-    script = tmp_path / "job.sbatch"
-    script.write_text(render_sbatch(spec))
-    env = base_env(bindir, out, ENV_NAMES)
     # Node names that resolve nowhere; SLURM reaches them by NodeAddr.
-    env.update(FAKE_SLURM_NODES="n-x,n-y,n-z,n-w", FAKE_SLURM_ADDRS="127.0.0.9,127.0.0.9,127.0.0.9,127.0.0.9",
-               SLURM_JOB_NODELIST="n-[w-z]", SLURM_JOB_ID="9")
-    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    r, recs = run_sbatch(render_sbatch(spec), tmp_path, ["n-x", "n-y", "n-z", "n-w"],
+                         addrs=["127.0.0.9"] * 4, nodelist="n-[w-z]")
     assert r.returncode == 0, r.stderr
-    assert all("--master_addr=127.0.0.9" in rec["argv"] for rec in records(out).values())
+    assert len(recs) == 4 and all("--master_addr=127.0.0.9" in rec["argv"] for rec in recs.values())
 
 
 def test_slurm_fails_loudly_without_scontrol(spec, tmp_path):

@@ -85,3 +85,17 @@ def test_unknown_job_id():
     assert r.returncode == 0 and "UNKNOWN" in r.stdout
     r = cli("logs", "../etc", "--backend", "local")
     assert r.returncode == 2 and "not a local job id" in r.stderr
+
+
+def test_gpus_are_split_between_nodes(tmp_path, monkeypatch):
+    from halo_sched.backends.local import _gpu_sets
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+    assert _gpu_sets(2, 4) == ["0,1,2,3", "4,5,6,7"]
+    assert _gpu_sets(2, 0) is None
+    from halo_sched.errors import SchedulerError
+
+    with pytest.raises(SchedulerError, match="needs nodes x gpus_per_node = 16 GPUs"):
+        _gpu_sets(2, 8)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert _gpu_sets(2, 1) == ["3", "5"]

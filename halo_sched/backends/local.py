@@ -80,13 +80,14 @@ class LocalScheduler(Scheduler):
                 f"rendezvous.port {spec.rendezvous.port} is in use on {LOCAL_MASTER} (another job?); "
                 "choose another rendezvous.port"
             )
+        gpu_sets = _gpu_sets(spec.nodes, spec.gpus_per_node)
         self.root.mkdir(parents=True, exist_ok=True)
         job_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
         d = self.root / job_id
         d.mkdir()
         (d / "entry.sh").write_text(dryrun.payload)
         (d / "entry.sh").chmod(0o755)
-        _write_json(d / "job.json", {"name": spec.name, "nodes": spec.nodes, "cwd": os.getcwd()})
+        _write_json(d / "job.json", {"name": spec.name, "nodes": spec.nodes, "cwd": os.getcwd(), "gpus": gpu_sets})
         _write_json(d / "state.json", {"state": "PENDING", "submitted": time.time()})
         (d / "job.log").touch()
         proc = subprocess.Popen(
@@ -172,6 +173,39 @@ class LocalScheduler(Scheduler):
         return st
 
 
+def _visible_gpus() -> list[str] | None:
+    """This machine's GPUs as CUDA_VISIBLE_DEVICES entries (honouring one already set), or None
+    when it cannot tell (no nvidia-smi). torch is never imported for this."""
+    preset = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if preset is not None:
+        return [g for g in preset.split(",") if g.strip()]
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]
+
+
+def _gpu_sets(nodes: int, per_node: int) -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES for each local node: disjoint slices of this machine's GPUs."""
+    if per_node == 0:
+        return None
+    gpus = _visible_gpus()
+    if gpus is None:
+        raise SchedulerError(
+            f"gpus_per_node={per_node} but no GPUs can be found here (nvidia-smi missing and "
+            "CUDA_VISIBLE_DEVICES unset); the local backend gives each node its own GPUs"
+        )
+    if len(gpus) < nodes * per_node:
+        raise SchedulerError(
+            f"the local backend needs nodes x gpus_per_node = {nodes * per_node} GPUs (each node its own); "
+            f"this machine has {len(gpus)}"
+        )
+    return [",".join(gpus[i * per_node:(i + 1) * per_node]) for i in range(nodes)]
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -247,10 +281,15 @@ class _Supervisor:
         # Nodes run with the submitting Python's environment: its torchrun first on PATH.
         env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
         pumps = []
+        gpu_sets = self.meta.get("gpus")
         for rank in range(self.n):
+            node_env = {**env, NODE_RANK_VAR: str(rank)}
+            if gpu_sets:
+                # Each "node" owns its own GPUs, as on separate hosts; LOCAL_RANK indexes them.
+                node_env["CUDA_VISIBLE_DEVICES"] = gpu_sets[rank]
             p = subprocess.Popen(
                 ["bash", str(self.d / "entry.sh")],
-                env={**env, NODE_RANK_VAR: str(rank)}, cwd=self.meta["cwd"],
+                env=node_env, cwd=self.meta["cwd"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )

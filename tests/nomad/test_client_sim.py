@@ -16,36 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-try:  # works both as a package module and with pytest's rootdir-relative import
-    from .client_sim import (
-        BUILTIN_FUNCS,
-        GoTemplate,
-        SimCluster,
-        TaskConfigError,
-        TemplateError,
-        UnsupportedJobError,
-        clean_env_var,
-        eval_hcl_string,
-        hcl_variables,
-        parse_env_file,
-        process_group_members,
-        replace_env,
-    )
-except ImportError:
-    from client_sim import (  # type: ignore[no-redef]
-        BUILTIN_FUNCS,
-        GoTemplate,
-        SimCluster,
-        TaskConfigError,
-        TemplateError,
-        UnsupportedJobError,
-        clean_env_var,
-        eval_hcl_string,
-        hcl_variables,
-        parse_env_file,
-        process_group_members,
-        replace_env,
-    )
+from helpers import load_nomad_helper
+
+_sim = load_nomad_helper("client_sim")
+(BUILTIN_FUNCS, GoTemplate, SimCluster, TaskConfigError, TemplateError, UnsupportedJobError, clean_env_var,
+ eval_hcl_string, hcl_variables, parse_env_file, process_group_members, replace_env) = (
+    getattr(_sim, n) for n in ("BUILTIN_FUNCS", "GoTemplate", "SimCluster", "TaskConfigError", "TemplateError",
+                               "UnsupportedJobError", "clean_env_var", "eval_hcl_string", "hcl_variables",
+                               "parse_env_file", "process_group_members", "replace_env"))
 
 NS = 1_000_000_000  # API durations are nanoseconds
 
