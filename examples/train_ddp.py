@@ -30,7 +30,10 @@ def main() -> int:
     local_rank = int(os.environ["LOCAL_RANK"])
     if cuda:
         torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl" if cuda else "gloo")
+    if cuda:
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    else:
+        dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     node_rank = int(os.environ["GROUP_RANK"])
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")

@@ -178,6 +178,9 @@ class Slurm(_Model):
         None, description="Preemption warning signal, e.g. USR2@120 (sbatch --signal). USR1 is refused: NCCL uses it.",
     )
     requeue: bool | None = Field(None, description="true -> --requeue, false -> --no-requeue.")
+    container_runtime: Literal["pyxis", "none"] = Field(
+        "pyxis", description="How `image` runs on SLURM: pyxis/enroot (srun --container-image), or none to run on the host.",
+    )
     container_mounts: list[str] = Field(default_factory=list, description="pyxis --container-mounts entries (src:dst[:flags]).")
     extra_args: list[str] = Field(default_factory=list, description="More sbatch options, each '--name' or '--name=value'.")
 

@@ -164,3 +164,14 @@ def test_cli_never_imports_torch():
     code = "import sys, halo_sched.cli, halo_sched.backends.slurm.render, halo_sched.backends.nomad.render, halo_sched.backends.local; print('torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False"
+
+
+def test_image_on_slurm_uses_pyxis_unless_disabled():
+    from halo_sched.backends.slurm.render import render_sbatch
+
+    s = halo_sched.loads(MIN + "image: nvcr.io/nvidia/pytorch:25.01-py3\nslurm: {container_mounts: ['/data:/data:ro']}\n")
+    text = render_sbatch(s)
+    assert "--container-image=nvcr.io/nvidia/pytorch:25.01-py3" in text
+    assert "--container-mounts=/data:/data:ro" in text
+    s = halo_sched.loads(MIN + "image: nvcr.io/nvidia/pytorch:25.01-py3\nslurm: {container_runtime: none}\n")
+    assert "--container-image" not in render_sbatch(s)

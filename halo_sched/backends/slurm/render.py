@@ -26,7 +26,7 @@ def sbatch_options(spec: JobSpec) -> list[str]:
 
 def srun_options(spec: JobSpec) -> list[str]:
     opts = []
-    if spec.image:
+    if spec.image and spec.slurm.container_runtime == "pyxis":
         # pyxis/enroot: every node's task runs inside the image.
         opts.append(f"--container-image={sh_quote(spec.image)}")
         if spec.slurm.container_mounts:
