@@ -99,3 +99,19 @@ def test_gpus_are_split_between_nodes(tmp_path, monkeypatch):
         _gpu_sets(2, 8)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     assert _gpu_sets(2, 1) == ["3", "5"]
+
+
+def test_logs_follow_streams_until_the_job_ends(tmp_path):
+    # `exit 0` in setup ends each node before torchrun: a job that only prints.
+    job = example_job(tmp_path, free_port(), setup=["echo first", "sleep 2", "echo second", "exit 0"])
+    r = cli("submit", str(job))
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.strip().splitlines()[-1]
+    t0 = time.monotonic()
+    follow = cli("logs", job_id, "--follow", timeout=60)
+    assert follow.returncode == 0
+    assert time.monotonic() - t0 >= 1  # it waited for the job rather than printing what was there
+    lines = follow.stdout.splitlines()
+    for rank in (0, 1):
+        assert lines.index(f"[node {rank}] first") < lines.index(f"[node {rank}] second")
+    assert halo_sched.job(job_id, "local").status().status is JobStatus.COMPLETED

@@ -218,3 +218,18 @@ def test_unreachable_nomad_is_a_clear_error(job_file):
     r = cli("status", "x", "--backend", "nomad", env=env)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert f"127.0.0.1:{port}" in r.stderr
+
+
+def test_logs_are_tagged_with_their_node_group(job_file):
+    with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b")], token=TOKEN) as fake:
+        f = job_file(nodes=2)
+        assert cli("submit", str(f), "--backend", "nomad", env=nomad_env(fake)).returncode == 0
+        for g in ("node-0", "node-1"):
+            alloc = fake.alloc_for("ddp-nomad", g)["ID"]
+            fake.write_log(alloc, f"hello from {g}\nsecond line\n")
+            fake.write_log(alloc, f"warning on {g}\n", type="stderr")
+        out = cli("logs", "ddp-nomad", "--backend", "nomad", env=nomad_env(fake)).stdout.splitlines()
+    assert out == [
+        "[node-0] hello from node-0", "[node-0] second line", "[node-0] warning on node-0",
+        "[node-1] hello from node-1", "[node-1] second line", "[node-1] warning on node-1",
+    ]
