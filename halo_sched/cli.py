@@ -146,7 +146,6 @@ class Progress:
 
 
 def cmd_submit(args) -> int:
-    from .backends.base import wait_for
     from .spec import load
 
     spec = load(args.file)
@@ -160,6 +159,18 @@ def cmd_submit(args) -> int:
     if not args.wait:
         print(job_id)
         return 0
+    try:
+        return _wait_after_submit(args, spec, sched, job_id)
+    except KeyboardInterrupt:
+        _err(f"\nhalo-sched: stopped waiting; {job_id} keeps running (halo-sched cancel {job_id} --backend {args.backend})")
+        return 130
+    finally:
+        # The job exists whatever happened while waiting: its id is always the last line.
+        print(job_id, flush=True)
+
+
+def _wait_after_submit(args, spec, sched, job_id: str) -> int:
+    from .backends.base import JobStatus, wait_for
 
     stream_logs = not args.quiet and getattr(sched, "streams_logs", False)
     follower = None
@@ -167,36 +178,33 @@ def cmd_submit(args) -> int:
         import threading
 
         def follow():
-            for line in sched.logs(job_id, follow=True):
-                sys.stderr.write(line)
-                sys.stderr.flush()
+            try:
+                for line in sched.logs(job_id, follow=True):
+                    sys.stderr.write(line)
+                    sys.stderr.flush()
+            except HaloError as err:
+                _err(f"halo-sched: log stream ended: {err}")
 
         follower = threading.Thread(target=follow, daemon=True)
         follower.start()
     progress = Progress(sched, job_id)
     if stream_logs:
         progress.tty = False  # a rewritten line would garble the interleaved logs
-    try:
-        state = sched.watch(spec, job_id, on_progress=None if args.quiet else progress.change)
-        if not state.status.terminal:
-            state = wait_for(
-                sched, job_id, timeout=args.timeout,
-                on_change=None if args.quiet else progress.change,
-                on_tick=None if args.quiet else progress.tick,
-            )
-    except KeyboardInterrupt:
-        _err(f"\nhalo-sched: stopped waiting; {job_id} keeps running (halo-sched cancel {job_id} --backend {args.backend})")
-        print(job_id)
-        return 130
+    state = sched.watch(spec, job_id, on_progress=None if args.quiet else progress.change)
+    if not state.status.terminal:
+        state = wait_for(
+            sched, job_id, timeout=args.timeout,
+            on_change=None if args.quiet else progress.change,
+            on_tick=None if args.quiet else progress.tick,
+        )
     if follower is not None:
         follower.join(timeout=5)
-    if not state.status.terminal:
+    if state.status is JobStatus.UNKNOWN:
+        _err(f"halo-sched: {job_id}: the scheduler no longer knows this job; its outcome is unknown ({state.reason})")
+    elif not state.status.terminal:
         _err(f"halo-sched: {job_id} still {state.status.value} after --timeout {args.timeout:g}s")
     else:
         _err(f"halo-sched: {job_id} {state.describe()}")
-    print(job_id)
-    from .backends.base import JobStatus
-
     return 0 if state.status is JobStatus.COMPLETED else 1
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 import hcl2
@@ -146,11 +147,12 @@ def test_half_placed_job_is_stopped_within_placement_timeout(job_file):
         r = cli("submit", str(f), "--backend", "nomad", "--wait", env=nomad_env(fake))
         elapsed = time.monotonic() - t0
         assert r.returncode == 1, r.stderr
-        assert r.stdout.strip().splitlines()[-1] == "ddp-nomad"
+        job_id = r.stdout.strip().splitlines()[-1]
+        assert re.fullmatch(r"ddp-nomad-\d{8}-\d{6}-[0-9a-f]{6}", job_id)
         assert "1 of 2" in r.stderr or "1/2" in r.stderr, r.stderr
         assert "node-1" in r.stderr
         assert elapsed < 3 + 5  # the timeout plus CLI start-up and a few HTTP calls
-        assert fake.job_record("ddp-nomad")["Stop"] is True
+        assert fake.job_record(job_id)["Stop"] is True
         # Every request carried the token.
         assert fake.requests and all(rq.headers.get("x-nomad-token") == TOKEN for rq in fake.requests)
 
@@ -160,15 +162,16 @@ def test_status_partial_then_plan_explains(job_file):
         f = job_file(nodes=2)
         r = cli("submit", str(f), "--backend", "nomad", env=nomad_env(fake))
         assert r.returncode == 0, r.stderr
-        st = cli("status", "ddp-nomad", "--backend", "nomad", "--json", env=nomad_env(fake))
+        job_id = r.stdout.strip().splitlines()[-1]
+        st = cli("status", job_id, "--backend", "nomad", "--json", env=nomad_env(fake))
         state = json.loads(st.stdout)
         assert state["status"] == "PARTIAL" and state["nodes_running"] == 1 and state["nodes_total"] == 2
         assert "node-1" in state["reason"]
         p = cli("plan", str(f), "--backend", "nomad", env=nomad_env(fake))
         assert p.returncode == 1 and "node-1" in p.stdout
-        c = cli("cancel", "ddp-nomad", "--backend", "nomad", env=nomad_env(fake))
+        c = cli("cancel", job_id, "--backend", "nomad", env=nomad_env(fake))
         assert c.returncode == 0
-        st = cli("status", "ddp-nomad", "--backend", "nomad", "--json", env=nomad_env(fake))
+        st = cli("status", job_id, "--backend", "nomad", "--json", env=nomad_env(fake))
         assert json.loads(st.stdout)["status"] == "CANCELLED"
 
 
@@ -178,11 +181,12 @@ def test_fully_placed_job_runs_and_completes(job_file):
         r = cli("submit", str(f), "--backend", "nomad", env=nomad_env(fake))
         assert r.returncode == 0, r.stderr
         job_id = r.stdout.strip().splitlines()[-1]
-        assert job_id == "training/ddp-nomad"
+        assert job_id.startswith("training/ddp-nomad-")
+        nomad_id = job_id.split("/", 1)[1]
         st = cli("status", job_id, "--backend", "nomad", "--json", env=nomad_env(fake))
         assert json.loads(st.stdout)["status"] == "RUNNING"
         for g in ("node-0", "node-1"):
-            fake.finish("ddp-nomad", g, exit_code=0, namespace="training")
+            fake.finish(nomad_id, g, exit_code=0, namespace="training")
         st = cli("status", job_id, "--backend", "nomad", "--json", env=nomad_env(fake))
         assert json.loads(st.stdout)["status"] == "COMPLETED"
         assert all(rq.headers.get("x-nomad-token") == TOKEN for rq in fake.requests)
@@ -191,10 +195,10 @@ def test_fully_placed_job_runs_and_completes(job_file):
 def test_max_run_duration_is_reported_as_timeout(job_file):
     with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b")], token=TOKEN) as fake:
         f = job_file(nodes=2)
-        assert cli("submit", str(f), "--backend", "nomad", env=nomad_env(fake)).returncode == 0
+        job_id = cli("submit", str(f), "--backend", "nomad", env=nomad_env(fake)).stdout.split()[-1]
         for g in ("node-0", "node-1"):
-            fake.time_out("ddp-nomad", g)
-        st = json.loads(cli("status", "ddp-nomad", "--backend", "nomad", "--json", env=nomad_env(fake)).stdout)
+            fake.time_out(job_id, g)
+        st = json.loads(cli("status", job_id, "--backend", "nomad", "--json", env=nomad_env(fake)).stdout)
         assert st["status"] == "TIMEOUT"
 
 
@@ -203,7 +207,10 @@ def test_dry_run_prints_the_payload_and_sends_nothing(job_file):
         f = job_file(nodes=2)
         r = cli("submit", str(f), "--backend", "nomad", "--dry-run", env=nomad_env(fake))
         assert r.returncode == 0
-        assert json.loads(r.stdout) == job_payload(halo_sched.load(f))
+        sent = json.loads(r.stdout)
+        job_id = sent["Job"]["ID"]
+        assert job_id.startswith("ddp-nomad-") and sent["Job"]["Name"] == "ddp-nomad"
+        assert sent == job_payload(halo_sched.load(f), job_id)
         assert fake.requests == []
 
 
@@ -223,13 +230,48 @@ def test_unreachable_nomad_is_a_clear_error(job_file):
 def test_logs_are_tagged_with_their_node_group(job_file):
     with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b")], token=TOKEN) as fake:
         f = job_file(nodes=2)
-        assert cli("submit", str(f), "--backend", "nomad", env=nomad_env(fake)).returncode == 0
+        job_id = cli("submit", str(f), "--backend", "nomad", env=nomad_env(fake)).stdout.split()[-1]
         for g in ("node-0", "node-1"):
-            alloc = fake.alloc_for("ddp-nomad", g)["ID"]
+            alloc = fake.alloc_for(job_id, g)["ID"]
             fake.write_log(alloc, f"hello from {g}\nsecond line\n")
             fake.write_log(alloc, f"warning on {g}\n", type="stderr")
-        out = cli("logs", "ddp-nomad", "--backend", "nomad", env=nomad_env(fake)).stdout.splitlines()
+        out = cli("logs", job_id, "--backend", "nomad", env=nomad_env(fake)).stdout.splitlines()
     assert out == [
         "[node-0] hello from node-0", "[node-0] second line", "[node-0] warning on node-0",
         "[node-1] hello from node-1", "[node-1] second line", "[node-1] warning on node-1",
     ]
+
+
+def test_each_submission_is_a_new_job_with_its_own_rendezvous_service(job_file):
+    with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b")], token=TOKEN) as fake:
+        f = job_file(nodes=2)
+        first = cli("submit", str(f), "--backend", "nomad", env=nomad_env(fake)).stdout.split()[-1]
+        second = cli("submit", str(f), "--backend", "nomad", env=nomad_env(fake)).stdout.split()[-1]
+        assert first != second
+        services = {fake.job_record(j)["TaskGroups"][0]["Services"][0]["Name"] for j in (first, second)}
+        assert len(services) == 2
+        # The workers read their own job's service, never the other's.
+        for j in (first, second):
+            tmpl = fake.job_record(j)["TaskGroups"][1]["Tasks"][0]["Templates"][1]["EmbeddedTmpl"]
+            assert fake.job_record(j)["TaskGroups"][0]["Services"][0]["Name"] in tmpl
+
+
+def test_status_of_an_unknown_id_does_not_hide_the_others(job_file):
+    with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b")], token=TOKEN) as fake:
+        job_id = cli("submit", str(job_file(nodes=2)), "--backend", "nomad", env=nomad_env(fake)).stdout.split()[-1]
+        out = cli("status", "nope", job_id, "--backend", "nomad", env=nomad_env(fake))
+        assert out.returncode == 0
+        lines = out.stdout.splitlines()
+        assert lines[0].startswith("nope\tUNKNOWN") and lines[1].startswith(f"{job_id}\tRUNNING")
+        c = cli("cancel", "nope", job_id, "--backend", "nomad", env=nomad_env(fake))
+        assert c.returncode == 1 and "nope" in c.stderr
+        assert fake.job_record(job_id)["Stop"] is True  # the known one was still stopped
+
+
+def test_submit_wait_prints_the_job_id_even_when_watching_fails(job_file):
+    with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b")], token=TOKEN) as fake:
+        fake.fail_next(50, status=500, path_contains="/allocations")
+        r = cli("submit", str(job_file(nodes=2)), "--backend", "nomad", "--wait", env=nomad_env(fake))
+        assert r.returncode == 1 and "Traceback" not in r.stderr
+        job_id = r.stdout.strip().splitlines()[-1]
+        assert fake.job_record(job_id) is not None  # the job was registered: its id is on stdout

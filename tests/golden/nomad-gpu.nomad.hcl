@@ -61,10 +61,12 @@ job "ddp-nomad" {
         args = ["$${NOMAD_TASK_DIR}/halo-entry.sh"]
         network_mode = "host"
         ipc_mode = "host"
-        ulimit {
-          memlock = "-1"
-          stack = "67108864"
-        }
+        ulimit = [
+          {
+            memlock = "-1"
+            stack = "67108864"
+          },
+        ]
         shm_size = 68719476736
         volumes = ["/scratch:/scratch"]
         devices = [
@@ -188,10 +190,12 @@ EOT
         args = ["$${NOMAD_TASK_DIR}/halo-entry.sh"]
         network_mode = "host"
         ipc_mode = "host"
-        ulimit {
-          memlock = "-1"
-          stack = "67108864"
-        }
+        ulimit = [
+          {
+            memlock = "-1"
+            stack = "67108864"
+          },
+        ]
         shm_size = 68719476736
         volumes = ["/scratch:/scratch"]
         devices = [

@@ -7,18 +7,22 @@ Nomad places groups independently (no gang scheduling), so ``submit --wait`` wit
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Callable, Iterator, Sequence
 
 from ...errors import SchedulerError, UsageError
 from ...spec import JobSpec
 from ..base import DryRun, JobState, Scheduler
-from .render import TASK, job_payload, render_hcl
+
+_ID_RE = re.compile(r"^(?:([A-Za-z0-9_-]+):)?(?:([A-Za-z0-9_-]+)/)?([A-Za-z0-9][A-Za-z0-9_.-]*)$")
+from .render import TASK, job_payload, render_hcl, submission_id
 
 
 class NomadScheduler(Scheduler):
-    """Job ids are the job's ID, or ``NAMESPACE/ID`` when the job file names a namespace, so that
-    ``status``/``logs``/``cancel`` reach the right namespace from the id alone."""
+    """Each submission gets a fresh Nomad job ID (``NAME-YYYYmmdd-HHMMSS-xxxxxx``). The id halo-sched
+    reports is ``[REGION:][NAMESPACE/]ID`` when the job file names a region or namespace, so that
+    ``status``/``logs``/``cancel`` reach the right place from the id alone."""
 
     name = "nomad"
 
@@ -42,8 +46,11 @@ class NomadScheduler(Scheduler):
         return self._scoped[key]
 
     def _split(self, job_id: str):
-        namespace, _, name = job_id.rpartition("/")
-        return self._client_for(namespace or None), name
+        m = _ID_RE.match(job_id)
+        if not m:
+            raise UsageError(f"{job_id!r} is not a Nomad job id ([REGION:][NAMESPACE/]ID)")
+        region, namespace, name = m.groups()
+        return self._client_for(namespace, region), name
 
     # ---- rendering ----------------------------------------------------------------------------
 
@@ -55,7 +62,7 @@ class NomadScheduler(Scheduler):
         raise UsageError(f"unknown Nomad format {format!r}: use hcl or json")
 
     def dryrun(self, spec: JobSpec, **opts) -> DryRun:
-        payload = job_payload(spec)
+        payload = job_payload(spec, submission_id(spec))
         # --dry-run shows exactly the payload that would be sent.
         return DryRun(self.name, spec, json.dumps(payload, indent=2, ensure_ascii=False) + "\n", payload)
 
@@ -69,7 +76,7 @@ class NomadScheduler(Scheduler):
             if w.strip():
                 print(f"halo-sched: nomad warning: {w.strip()}", file=sys.stderr)
         job_id = dryrun.payload["Job"]["ID"]
-        return f"{nm.namespace}/{job_id}" if nm.namespace else job_id
+        return f"{nm.region + ':' if nm.region else ''}{nm.namespace + '/' if nm.namespace else ''}{job_id}"
 
     def plan(self, spec: JobSpec) -> tuple[bool, str]:
         from .status import format_plan, plan_summary
@@ -84,15 +91,24 @@ class NomadScheduler(Scheduler):
         out = {}
         for i in ids:
             c, name = self._split(i)
-            out[i] = job_state(c.job(name), c.allocations(name), c.evaluations(name), i)
+            job = c.job(name)
+            if job is None:  # one unknown id must not hide the others' states
+                out[i] = job_state(None, [], [], i)
+            else:
+                out[i] = job_state(job, c.allocations(name), c.evaluations(name), i)
         return out
 
     def cancel(self, ids: Sequence[str], purge: bool = False, **opts) -> None:
+        missing = []
         for job_id in ids:
             c, name = self._split(job_id)
             if c.job(name) is None:
-                raise SchedulerError(f"no Nomad job {job_id!r}")
+                missing.append(job_id)
+                continue
             c.stop(name, purge=purge)
+        if missing:
+            raise SchedulerError(f"no Nomad job {', '.join(map(repr, missing))} (the others were stopped)"
+                                 if len(missing) < len(ids) else f"no Nomad job {', '.join(map(repr, missing))}")
 
     def watch(self, spec: JobSpec, job_id: str, on_progress: Callable[[JobState], None] | None = None) -> JobState:
         timeout = spec.nomad.placement_timeout_s
@@ -116,8 +132,8 @@ class NomadScheduler(Scheduler):
         allocs = latest_allocations(c.allocations(name))
         if not allocs:
             raise SchedulerError(f"job {job_id!r} has no allocations (yet): nothing to show")
-        if follow and len(allocs) > 1:
-            # One stream per node, merged line by line as they arrive.
+        if follow:
+            # One stream per node and kind, merged line by line as they arrive.
             yield from self._follow_all(c, allocs)
             return
         for group, alloc in allocs.items():

@@ -14,6 +14,8 @@ names Nomad itself defines.
 from __future__ import annotations
 
 import hashlib
+import secrets
+import time
 
 from ...launch import MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, NODE_RANK_VAR, entry_script
 from ...errors import SpecError
@@ -31,10 +33,20 @@ def group_name(rank: int) -> str:
     return f"node-{rank}"
 
 
-def service_name(spec: JobSpec) -> str:
-    # Nomad service names must be DNS-like: lower case, digits and '-'.
-    base = "".join(c if c.isalnum() else "-" for c in spec.name.lower()).strip("-") or "job"
-    return f"{base[:50]}-rdzv"
+def service_name(job_id: str) -> str:
+    """The rendezvous service of one job: DNS-like (lower case, digits, '-'), at most 63
+    characters, and distinct for distinct job ids (a hash keeps it so when the id is folded)."""
+    base = "".join(c if c.isalnum() else "-" for c in job_id.lower()).strip("-") or "job"
+    if base != job_id or len(base) > 58:
+        digest = hashlib.sha256(job_id.encode()).hexdigest()[:8]
+        base = f"{base[:49].rstrip('-')}-{digest}"
+    return f"{base}-rdzv"
+
+
+def submission_id(spec: JobSpec) -> str:
+    """A fresh job ID for each submission, like a SLURM job id: Nomad would otherwise treat a
+    resubmitted file as the same job (not re-run when unchanged, replaced in place when changed)."""
+    return f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
 def _delimiters(text: str) -> tuple[str, str]:
@@ -48,15 +60,15 @@ def _delimiters(text: str) -> tuple[str, str]:
         salt += 1
 
 
-def master_template(spec: JobSpec) -> str:
+def master_template(job_id: str) -> str:
     # Instance 0 explicitly: during a redeploy two registrations of the service can overlap.
     return (
-        f'{{{{ with nomadService "{service_name(spec)}" }}}}'
+        f'{{{{ with nomadService "{service_name(job_id)}" }}}}'
         "{{ with index . 0 }}{{ .Address }}{{ end }}{{ end }}"
     )
 
 
-def _task(spec: JobSpec, rank: int, entry: str) -> dict:
+def _task(spec: JobSpec, job_id: str, rank: int, entry: str) -> dict:
     nm = spec.nomad
     left, right = _delimiters(entry)
     templates = [{
@@ -73,7 +85,7 @@ def _task(spec: JobSpec, rank: int, entry: str) -> dict:
     else:
         env[MASTER_ADDR_FILE_VAR] = "${NOMAD_TASK_DIR}/halo-master-addr"
         # noop: the file is rewritten when rank 0 registers; the entry script polls it.
-        templates.append({"EmbeddedTmpl": master_template(spec), "DestPath": MASTER_FILE, "ChangeMode": "noop"})
+        templates.append({"EmbeddedTmpl": master_template(job_id), "DestPath": MASTER_FILE, "ChangeMode": "noop"})
 
     args = ["${NOMAD_TASK_DIR}/halo-entry.sh"]
     if nm.driver == "docker":
@@ -84,7 +96,8 @@ def _task(spec: JobSpec, rank: int, entry: str) -> dict:
             # torchrun and NCCL need the host's interfaces; the rendezvous port is a host port.
             "network_mode": "host",
             "ipc_mode": "host",
-            "ulimit": {"memlock": "-1", "stack": "67108864"},
+            # The docker driver's ulimit is a list(map(string)); an HCL block is a list of one.
+            "ulimit": [{"memlock": "-1", "stack": "67108864"}],
         }
         if nm.shm_bytes is not None:
             config["shm_size"] = nm.shm_bytes
@@ -110,7 +123,7 @@ def _task(spec: JobSpec, rank: int, entry: str) -> dict:
     }
 
 
-def _group(spec: JobSpec, rank: int, entry: str) -> dict:
+def _group(spec: JobSpec, job_id: str, rank: int, entry: str) -> dict:
     group: dict = {
         "Name": group_name(rank),
         "Count": 1,
@@ -118,7 +131,7 @@ def _group(spec: JobSpec, rank: int, entry: str) -> dict:
         "RestartPolicy": {"Attempts": 0, "Mode": "fail", "Interval": 86_400_000_000_000, "Delay": 15_000_000_000},
         "ReschedulePolicy": {"Attempts": 0, "Interval": 0, "Unlimited": False},
         "Meta": {"halo_node_rank": str(rank)},
-        "Tasks": [_task(spec, rank, entry)],
+        "Tasks": [_task(spec, job_id, rank, entry)],
     }
     if spec.nomad.max_run_duration_ns is not None:
         group["MaxRunDuration"] = spec.nomad.max_run_duration_ns
@@ -127,27 +140,29 @@ def _group(spec: JobSpec, rank: int, entry: str) -> dict:
             "Mode": "host",
             "ReservedPorts": [{"Label": PORT_LABEL, "Value": spec.rendezvous.port}],
         }]
-        group["Services"] = [{"Name": service_name(spec), "Provider": "nomad", "PortLabel": PORT_LABEL}]
+        group["Services"] = [{"Name": service_name(job_id), "Provider": "nomad", "PortLabel": PORT_LABEL}]
     else:
         group["Networks"] = [{"Mode": "host"}]
     return group
 
 
-def job_payload(spec: JobSpec) -> dict:
-    """The API payload for ``PUT /v1/jobs`` (and ``/v1/job/<id>/plan``)."""
+def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
+    """The API payload for ``PUT /v1/jobs`` (and ``/v1/job/<id>/plan``). ``job_id`` defaults to
+    the job's name (what ``render`` shows); ``submit`` passes a fresh :func:`submission_id`."""
     nm = spec.nomad
     if nm.driver == "docker" and not spec.image:
         raise SpecError([("image", "the Nomad docker driver needs an image; set image, or nomad.driver: exec or raw_exec")])
     entry = entry_script(spec)
+    job_id = job_id or spec.name
     job: dict = {
-        "ID": spec.name,
+        "ID": job_id,
         "Name": spec.name,
         "Type": "batch",
         "Datacenters": list(nm.datacenters),
         # One node per host: node-sized groups must never share a client.
         "Constraints": [{"Operand": "distinct_hosts", "RTarget": "true"}],
         "Meta": {NODES_META: str(spec.nodes), "halo_sched_world_size": str(spec.world_size)},
-        "TaskGroups": [_group(spec, r, entry) for r in range(spec.nodes)],
+        "TaskGroups": [_group(spec, job_id, r, entry) for r in range(spec.nodes)],
     }
     if nm.namespace:
         job["Namespace"] = nm.namespace

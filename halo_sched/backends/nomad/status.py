@@ -152,11 +152,14 @@ def nodes_total(job: dict | None, fallback: int | None = None) -> int | None:
 
 
 def group_names(job: dict | None, n: int | None, allocs: Iterable[dict] = ()) -> list[str]:
-    """The job's task group names in job order (``node-0`` .. when only N is known), plus any group
-    that only allocations mention."""
+    """The job's task group names in job order (``node-0`` .. when only N is known); without the
+    job, the groups its allocations mention."""
     names = [g.get("Name") for g in (job or {}).get("TaskGroups") or [] if g.get("Name")]
     if not names and n:
         names = [f"node-{i}" for i in range(n)]
+    if job and names:
+        # Groups only an older version's allocations mention are not part of this job any more.
+        return names
     known = set(names)
     extra = {a.get("TaskGroup") for a in allocs if a.get("TaskGroup") and a.get("TaskGroup") not in known}
     return names + sorted(extra, key=_natural_key)
