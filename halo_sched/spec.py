@@ -33,7 +33,13 @@ RESERVED_ENV = {
     "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
     "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK", "TORCHELASTIC_RUN_ID",
 }
-RESERVED_ENV_PREFIXES = ("HALO_", "TORCHELASTIC_", "SLURM_", "NOMAD_")
+RESERVED_ENV_PREFIXES = ("HALO_", "TORCHELASTIC_", "SLURM_", "NOMAD_", "BASH")
+# bash's own variables: read-only ones abort the script when exported, others (SECONDS, IFS)
+# silently change how the entry script computes its deadline or splits words.
+SHELL_ENV = {
+    "SECONDS", "IFS", "UID", "EUID", "PPID", "SHELLOPTS", "BASHOPTS", "RANDOM", "LINENO", "FUNCNAME",
+    "GROUPS", "PIPESTATUS", "OPTIND", "OPTARG", "ENV", "POSIXLY_CORRECT",
+}
 
 
 def _no_nul(value: str, what: str) -> str:
@@ -44,7 +50,7 @@ def _no_nul(value: str, what: str) -> str:
 
 def parse_size(value: int | str) -> int:
     """'16GiB' -> bytes. Bare integers are bytes."""
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ValueError("expected a size such as 8GiB or a number of bytes")
     if isinstance(value, int):
         if value < 0:
@@ -69,13 +75,16 @@ def parse_go_duration(value: str) -> int:
     total = 0.0
     for num, _, unit in re.findall(r"(\d+(\.\d+)?)(ns|us|µs|ms|s|m|h)", value):
         total += float(num) * scale[unit]
-    if total <= 0:
-        raise ValueError("duration must be positive")
+    if total < 10**9:
+        raise ValueError(f"{value!r} is shorter than a second")
+    if total >= 2**63:
+        raise ValueError(f"{value!r} is longer than Nomad can express")
     return int(total)
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+    # strict: YAML already gives native types, and `nodes: true` or `port: "29500"` is a mistake.
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False, strict=True)
 
 
 class Trainer(_Model):
@@ -184,11 +193,18 @@ class Slurm(_Model):
     container_mounts: list[str] = Field(default_factory=list, description="pyxis --container-mounts entries (src:dst[:flags]).")
     extra_args: list[str] = Field(default_factory=list, description="More sbatch options, each '--name' or '--name=value'.")
 
-    @field_validator("partition", "account", "qos", "constraint", "mem")
+    @field_validator("partition", "account", "qos", "mem")
     @classmethod
     def _word(cls, v: str | None) -> str | None:
         if v is not None and not SLURM_WORD_RE.match(v):
             raise ValueError("may contain only letters, digits and _ . , : @ + % / = -")
+        return v
+
+    @field_validator("constraint")
+    @classmethod
+    def _constraint(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[A-Za-z0-9_.,:@+%/=&|\[\]*()!-]+$", v):
+            raise ValueError("a SLURM feature expression: letters, digits, _ . , : and & | [ ] * ( ) !, no spaces or quotes")
         return v
 
     @field_validator("time")
@@ -221,12 +237,17 @@ class Slurm(_Model):
     @field_validator("extra_args")
     @classmethod
     def _extra(cls, v: list[str]) -> list[str]:
-        managed = ("--nodes", "--ntasks", "--ntasks-per-node", "--job-name", "--output", "--error", "--export", "--gpus-per-node")
+        managed = ("--nodes", "--ntasks", "--ntasks-per-node", "--job-name", "--output", "--error", "--export",
+                   "--gpus-per-node", "--signal")
         for a in v:
             if not SBATCH_ARG_RE.match(a):
                 raise ValueError(f"{a!r}: each extra arg is --name or --name=value, without spaces, quotes, '#', '$' or '`'")
-            if a.split("=", 1)[0] in managed:
-                raise ValueError(f"{a!r}: halo-sched sets {a.split('=', 1)[0]} itself (from nodes/gpus_per_node/name)")
+            name = a.split("=", 1)[0]
+            # sbatch accepts any unambiguous prefix of a long option (--ntasks-per-n).
+            hit = next((m for m in managed if m == name or (len(name) > 3 and m.startswith(name))), None)
+            if hit:
+                where = "slurm.signal" if hit == "--signal" else "nodes/gpus_per_node/name"
+                raise ValueError(f"{a!r}: halo-sched sets {hit} itself (from {where})")
         return v
 
 
@@ -259,9 +280,16 @@ class Nomad(_Model):
                 raise ValueError(f"{dc!r} is not a datacenter name")
         return v
 
-    @field_validator("namespace", "region")
+    @field_validator("namespace")
     @classmethod
-    def _ident(cls, v: str | None) -> str | None:
+    def _namespace(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[A-Za-z0-9-]{1,128}$", v):
+            raise ValueError("a Nomad namespace: letters, digits and -")
+        return v
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str | None) -> str | None:
         if v is not None and not re.match(r"^[A-Za-z0-9_-]{1,128}$", v):
             raise ValueError("may contain only letters, digits, _ and -")
         return v
@@ -273,7 +301,7 @@ class Nomad(_Model):
             parse_go_duration(v)
         return v
 
-    @field_validator("shm_size")
+    @field_validator("shm_size", mode="before")
     @classmethod
     def _shm(cls, v: int | str | None) -> int | str | None:
         if v is not None:
@@ -297,6 +325,14 @@ class Nomad(_Model):
     @property
     def max_run_duration_ns(self) -> int | None:
         return None if self.max_run_duration is None else parse_go_duration(self.max_run_duration)
+
+    @model_validator(mode="after")
+    def _docker_only(self) -> "Nomad":
+        if self.driver != "docker":
+            for field, value in (("shm_size", self.shm_size), ("volumes", self.volumes)):
+                if value:
+                    raise ValueError(f"{field}: applies to the docker driver only, not {self.driver} (it would be ignored)")
+        return self
 
     @model_validator(mode="after")
     def _shm_fits(self) -> "Nomad":
@@ -349,8 +385,10 @@ class JobSpec(_Model):
         for k, val in v.items():
             if not ENV_NAME_RE.match(k):
                 raise ValueError(f"{k!r} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
-            if k in RESERVED_ENV or k.startswith(RESERVED_ENV_PREFIXES):
-                raise ValueError(f"{k} is set by torchrun, the scheduler or halo-sched on every rank; it cannot be set here")
+            if k in RESERVED_ENV or k.upper().startswith(RESERVED_ENV_PREFIXES):
+                raise ValueError(f"{k} is set by torchrun, the scheduler, bash or halo-sched on every rank; it cannot be set here")
+            if k in SHELL_ENV:
+                raise ValueError(f"{k} is a bash variable the node entry script relies on; it cannot be set here")
             _no_nul(val, f"{k}'s value")
         return v
 
@@ -384,6 +422,8 @@ class JobSpec(_Model):
             raise ValueError(
                 f"nproc_per_node: {self.nproc_per_node} exceeds gpus_per_node ({self.gpus_per_node}); each rank needs its own GPU"
             )
+        if self.gpus_per_node and "CUDA_VISIBLE_DEVICES" in self.env:
+            raise ValueError("env: CUDA_VISIBLE_DEVICES is assigned per node by the scheduler when gpus_per_node > 0")
         derived = set(self.derived_env())
         clash = sorted(derived & set(self.env))
         if clash:
@@ -452,10 +492,15 @@ def _line_index(text: str) -> dict[tuple, int]:
     return lines
 
 
+_UNION_TAGS = {"int", "str", "float", "bool", "none", "dict", "list"}
+
+
 def problems_from(err: ValidationError) -> list[tuple[tuple, str]]:
-    out = []
+    out: list[tuple[tuple, str]] = []
     for e in err.errors(include_url=False):
-        loc = tuple(x for x in e["loc"] if x not in ("function-after", "function-before"))
+        # Union members show up as loc parts ("int", "str", "list[str]"): not fields the user wrote.
+        loc = tuple(x for x in e["loc"] if x not in ("function-after", "function-before")
+                    and not (isinstance(x, str) and (x in _UNION_TAGS or "[" in x)))
         msg = e["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
@@ -467,7 +512,10 @@ def problems_from(err: ValidationError) -> list[tuple[tuple, str]]:
             msg = "unknown key (see `halo-sched schema` for the fields this section accepts)"
         elif e["type"] == "missing":
             msg = "required field is missing"
-        out.append((loc, msg))
+        if out and out[-1][0] == loc:  # the members of one union: one problem
+            out[-1] = (loc, f"{out[-1][1]}, or {msg[0].lower()}{msg[1:]}")
+        else:
+            out.append((loc, msg))
     return out
 
 
@@ -510,11 +558,31 @@ def from_dict(data: Any, source: str | None = None, text: str | None = None) -> 
         raise SpecError(problems, source) from None
 
 
+def _unique_key_loader():
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """SafeLoader that refuses a key given twice (plain YAML keeps the last one silently)."""
+
+    def construct_mapping(loader, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (the first one would be silently lost)", key_node.start_mark)
+            seen.add(key)
+        return loader.construct_mapping(node, deep=deep)
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    return Loader
+
+
 def loads(text: str, source: str | None = None) -> JobSpec:
     import yaml
 
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"

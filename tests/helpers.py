@@ -162,3 +162,57 @@ def run_sbatch(script_text: str, tmp: Path, nodes: list[str], addrs: list[str] |
         env["FAKE_SLURM_ADDRS"] = ",".join(addrs)
     r = subprocess.run(["bash", str(script)], env=env, capture_output=True, timeout=60)
     return r, records(out)
+
+
+def _hcl_template_literal(s: str, backslash: bool) -> str:
+    """Decode the body of an HCL2 quoted string (backslash escapes) or heredoc (none), where
+    `$${`/`%%{` are literal `${`/`%{` and an unescaped `${`/`%{` would be an interpolation."""
+    out, i = [], 0
+    simple = {"n": "\n", "r": "\r", "t": "\t", '"': '"', "\\": "\\"}
+    while i < len(s):
+        if backslash and s[i] == "\\":
+            n = s[i + 1]
+            if n in "uU":
+                width = 4 if n == "u" else 8
+                out.append(chr(int(s[i + 2:i + 2 + width], 16)))
+                i += 2 + width
+            else:
+                out.append(simple[n])
+                i += 2
+        elif s.startswith(("$${", "%%{"), i):
+            out.append(s[i + 1:i + 3])
+            i += 3
+        elif s.startswith(("${", "%{"), i):
+            raise ValueError(f"unescaped HCL template sequence at {i}: {s[i:i + 20]!r}")
+        else:
+            out.append(s[i])
+            i += 1
+    return "".join(out)
+
+
+def hcl_value(raw):
+    """One value as python-hcl2 returns it with quotes kept, decoded by HCL's own rules."""
+    if isinstance(raw, list):
+        return [hcl_value(v) for v in raw]
+    if isinstance(raw, dict):
+        return {hcl_value(k) if k.startswith('"') else k: hcl_value(v) for k, v in raw.items()}
+    if not isinstance(raw, str):
+        return raw
+    if not (raw.startswith('"') and raw.endswith('"')):
+        raise ValueError(f"not a literal: {raw!r}")
+    body = raw[1:-1]
+    if body.startswith("<<"):
+        first, _, rest = body.partition("\n")
+        tag = first.lstrip("<-")
+        assert rest.endswith("\n" + tag) or rest == tag, rest[-40:]
+        return _hcl_template_literal(rest[: len(rest) - len(tag)], backslash=False)
+    return _hcl_template_literal(body, backslash=True)
+
+
+def hcl_load(text: str) -> dict:
+    """Parse HCL with python-hcl2 (the syntax) and decode every string by HCL's rules (the meaning)."""
+    import hcl2
+    from hcl2.utils import SerializationOptions
+
+    opts = SerializationOptions(strip_string_quotes=False, preserve_heredocs=True, explicit_blocks=False, with_comments=False)
+    return hcl_value(hcl2.loads(text, serialization_options=opts))

@@ -24,7 +24,7 @@ from halo_sched.backends.slurm.transport import (
     rest_job_state,
     sbatch_options,
 )
-from halo_sched.errors import MissingDependency, SchedulerError
+from halo_sched.errors import MissingDependency, SchedulerError, UsageError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
 
@@ -482,7 +482,7 @@ def test_missing_binaries_are_a_missing_dependency():
 def test_get_transport():
     assert isinstance(get_transport(), CliTransport)
     assert isinstance(get_transport("cli", chunk_size=5), CliTransport)
-    with pytest.raises(SchedulerError, match="unknown SLURM transport"):
+    with pytest.raises(UsageError, match="unknown SLURM transport"):
         get_transport("grpc")
 
 

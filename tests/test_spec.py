@@ -63,6 +63,22 @@ def test_minimal_defaults():
     (MIN + "network: {cross_node_expert_parallel: true}\n", "network.cross_node_expert_parallel", "efa only"),
     (MIN + "image: 'a b'\n", "image", "image reference"),
     (MIN + "setup: [\"echo a\\r\"]\n", "setup", "control character"),
+    (MIN + "env: {halo_rank: '0'}\n", "env", "cannot be set here"),
+    (MIN + "env: {UID: '1'}\n", "env", "bash variable"),
+    (MIN + "env: {SECONDS: '1'}\n", "env", "bash variable"),
+    (MIN + "env: {BASH_ENV: /x}\n", "env", "cannot be set here"),
+    (MIN.replace("nproc_per_node: 2", "nproc_per_node: 1") + "gpus_per_node: 1\nenv: {CUDA_VISIBLE_DEVICES: '0'}\n",
+     "env", "assigned per node"),
+    (MIN.replace("nodes: 2", "nodes: true"), "nodes", "valid integer"),
+    (MIN.replace("nodes: 2", "nodes: '2'"), "nodes", "valid integer"),
+    (MIN + "slurm: {extra_args: ['--signal=USR1@120']}\n", "slurm.extra_args", "slurm.signal"),
+    (MIN + "slurm: {extra_args: ['--ntasks-per-n=8']}\n", "slurm.extra_args", "--ntasks-per-node itself"),
+    (MIN + "nomad: {driver: raw_exec, shm_size: 1GiB}\n", "nomad.shm_size", "docker driver only"),
+    (MIN + "nomad: {driver: exec, volumes: ['/a:/b']}\n", "nomad.volumes", "docker driver only"),
+    (MIN + "nomad: {shm_size: true}\n", "nomad.shm_size", "size"),
+    (MIN + "nomad: {namespace: ml_team}\n", "nomad.namespace", "letters, digits and -"),
+    (MIN + "nomad: {max_run_duration: 1ns}\n", "nomad.max_run_duration", "shorter than a second"),
+    (MIN + "nomad: {max_run_duration: 99999999999h}\n", "nomad.max_run_duration", "longer than Nomad"),
 ])
 def test_bad_field_is_named(text, field, words):
     found = problems(text)
@@ -175,3 +191,26 @@ def test_image_on_slurm_uses_pyxis_unless_disabled():
     assert "--container-mounts=/data:/data:ro" in text
     s = halo_sched.loads(MIN + "image: nvcr.io/nvidia/pytorch:25.01-py3\nslurm: {container_runtime: none}\n")
     assert "--container-image" not in render_sbatch(s)
+
+
+def test_duplicate_keys_are_errors():
+    found = problems(MIN + "env: {A: '1'}\nenv: {B: '2'}\n")
+    assert any("duplicate key 'env'" in m for m in found.values()), found
+
+
+def test_slurm_feature_expressions_are_accepted():
+    s = halo_sched.loads(MIN + "slurm: {constraint: '[rack1|rack2]&ib'}\n")
+    assert s.slurm.constraint == "[rack1|rack2]&ib"
+
+
+def test_backend_specific_render_errors_name_the_field():
+    from halo_sched.backends.nomad.render import job_payload
+    from halo_sched.backends.slurm.render import render_sbatch
+
+    with pytest.raises(SpecError, match="would ignore the image"):
+        job_payload(halo_sched.loads(MIN + "image: repo/img:1\nnomad: {driver: raw_exec}\n"))
+    big = halo_sched.loads(MIN + f"env: {{BIG: '{'x' * 140_000}'}}\n")
+    with pytest.raises(SpecError) as ei:
+        render_sbatch(big)
+    assert ei.value.problems[0][0] == "env" and "one argument to srun" in ei.value.problems[0][1]
+    assert "BIG" in halo_sched.render(big, "local")  # the local backend writes the entry to a file

@@ -152,6 +152,9 @@ def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
     nm = spec.nomad
     if nm.driver == "docker" and not spec.image:
         raise SpecError([("image", "the Nomad docker driver needs an image; set image, or nomad.driver: exec or raw_exec")])
+    if nm.driver != "docker" and spec.image:
+        raise SpecError([("image", f"nomad.driver {nm.driver} runs on the host and would ignore the image; "
+                                   "use nomad.driver: docker, or remove image")])
     entry = entry_script(spec)
     job_id = job_id or spec.name
     job: dict = {

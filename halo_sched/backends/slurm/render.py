@@ -1,6 +1,7 @@
 """JobSpec -> sbatch script (pure). The script embeds the shared per-node entry unchanged."""
 from __future__ import annotations
 
+from ...errors import SpecError
 from ...launch import entry_script
 from ...spec import JobSpec
 from ...templating import heredoc_tag, render_template, sh_quote
@@ -34,8 +35,16 @@ def srun_options(spec: JobSpec) -> list[str]:
     return opts
 
 
+# srun passes the entry script as one argument; Linux caps one argument at 128 KiB (MAX_ARG_STRLEN).
+MAX_ENTRY_BYTES = 128 * 1024 - 1
+
+
 def render_sbatch(spec: JobSpec, output: str = DEFAULT_OUTPUT) -> str:
     entry = entry_script(spec).rstrip("\n")
+    size = len(entry.encode())
+    if size > MAX_ENTRY_BYTES:
+        raise SpecError([("env", f"the node entry script is {size} bytes, over the {MAX_ENTRY_BYTES} that one "
+                                 "argument to srun can carry; move large values (env, setup, args) into files")])
     return render_template(
         "slurm/sbatch.sh.j2",
         spec=spec,

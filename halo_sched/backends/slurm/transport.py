@@ -29,7 +29,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 
 from halo_sched.backends.base import JobState, JobStatus
 from halo_sched.backends.slurm import status as st
-from halo_sched.errors import MissingDependency, SchedulerError
+from halo_sched.errors import MissingDependency, SchedulerError, UsageError
 
 Runner = Callable[[list, "str | None"], subprocess.CompletedProcess]
 
@@ -48,7 +48,9 @@ class _Transient(Exception):
 
 def default_runner(timeout: float = 60.0) -> Runner:
     def run(argv: list, input: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, check=False)
+        # Other users' job names in squeue/scontrol output need not be UTF-8: never fail on them.
+        return subprocess.run(argv, input=input, capture_output=True, text=True, encoding="utf-8",
+                              errors="replace", timeout=timeout, check=False)
 
     return run
 
@@ -126,6 +128,8 @@ class CliTransport(Transport):
             ) from e
         except subprocess.TimeoutExpired as e:
             raise _Transient(f"{argv[0]} timed out after {e.timeout}s") from e
+        except OSError as e:  # not executable, permission denied, ...
+            raise MissingDependency(f"cannot run {argv[0]}: {e}") from e
 
     def _run(self, argv: list, input: str | None = None, retry: bool = True) -> subprocess.CompletedProcess:
         """One logical call. With ``retry``, transient controller errors are retried (for
@@ -788,7 +792,7 @@ def get_transport(name: str = "cli", **kw) -> Transport:
     try:
         cls = factories[name]
     except KeyError:
-        raise SchedulerError(f"unknown SLURM transport {name!r}: choose one of {', '.join(factories)}") from None
+        raise UsageError(f"unknown SLURM transport {name!r} (HALO_SLURM_TRANSPORT): choose one of {', '.join(factories)}") from None
     return cls(**kw)
 
 
