@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -115,3 +116,61 @@ def test_logs_follow_streams_until_the_job_ends(tmp_path):
     for rank in (0, 1):
         assert lines.index(f"[node {rank}] first") < lines.index(f"[node {rank}] second")
     assert halo_sched.job(job_id, "local").status().status is JobStatus.COMPLETED
+
+
+def _running(handle, timeout=30):
+    deadline = time.monotonic() + timeout
+    while handle.status().status is not JobStatus.RUNNING:
+        assert time.monotonic() < deadline, handle.status()
+        time.sleep(0.2)
+
+
+def test_cancel_leaves_no_process_even_one_that_ignores_sigterm_in_its_own_session(tmp_path):
+    stray = tmp_path / "stray.pid"
+    # Like torchrun's workers: a new session (so not in the node's process group), deaf to SIGTERM.
+    job = example_job(tmp_path, free_port(),
+                      setup=[f"setsid bash -c 'trap \"\" TERM; exec sleep 300' & echo $! >> {stray}", "sleep 300"])
+    handle = halo_sched.submit(halo_sched.load(job), "local")
+    _running(handle)
+    deadline = time.monotonic() + 10
+    while len(stray.read_text().split() if stray.exists() else []) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    pids = [int(p) for p in stray.read_text().split()]
+    handle.cancel()
+    assert handle.wait(timeout=60, poll=0.2).status is JobStatus.CANCELLED
+    for pid in pids:
+        assert not live_group_members(pid) and not _alive(pid)
+
+
+def test_cancel_right_after_submit_is_cancelled(tmp_path):
+    handle = halo_sched.submit(halo_sched.load(example_job(tmp_path, free_port(), setup=["sleep 300"])), "local")
+    handle.cancel()
+    assert handle.wait(timeout=60, poll=0.2).status is JobStatus.CANCELLED
+
+
+def test_dead_supervisor_is_reported_and_cancel_still_stops_the_nodes(tmp_path):
+    import signal
+
+    handle = halo_sched.submit(halo_sched.load(example_job(tmp_path, free_port(), setup=["sleep 300"])), "local")
+    _running(handle)
+    d = handle.scheduler.root / handle.id
+    node_groups = json.loads((d / "state.json").read_text())["pids"]
+    os.kill(int((d / "supervisor.pid").read_text().split()[0]), signal.SIGKILL)
+    st = handle.wait(timeout=30, poll=0.2)
+    assert st.status is JobStatus.FAILED and "supervisor" in st.reason
+    assert any(live_group_members(g) for g in node_groups)  # the nodes outlived it...
+    handle.scheduler.cancel([handle.id])
+    assert handle.status().status is JobStatus.CANCELLED
+    deadline = time.monotonic() + 10
+    while any(live_group_members(g) for g in node_groups):  # ...until cancel stopped them
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -29,6 +29,8 @@ from .base import DryRun, JobState, JobStatus, Scheduler
 
 LOCAL_MASTER = "127.0.0.1"
 GRACE_S = 10.0
+CANCEL_MARK = "cancel-requested"  # written by cancel; read by the supervisor and by status
+START_GRACE_S = 30.0  # a job this young with no supervisor pid yet is still starting
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -95,7 +97,7 @@ class LocalScheduler(Scheduler):
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(d / "supervisor.err", "wb"),
             start_new_session=True, cwd=os.getcwd(),
         )
-        (d / "supervisor.pid").write_text(str(proc.pid))
+        (d / "supervisor.pid").write_text(f"{proc.pid} {_start_time(proc.pid)}")
         return job_id
 
     def describe(self, ids: Sequence[str]) -> dict[str, JobState]:
@@ -104,16 +106,33 @@ class LocalScheduler(Scheduler):
     def cancel(self, ids: Sequence[str], **opts) -> None:
         for job_id in ids:
             d = self._dir(job_id)
-            pid = self._supervisor_pid(d)
-            if pid is None or self._state(job_id).status.terminal:
+            data = json.loads((d / "state.json").read_text())
+            if JobStatus(data["state"]).terminal:
                 continue
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            # The mark makes the cancel stick even if the supervisor has not set up its handler yet.
+            (d / CANCEL_MARK).touch()
+            sup = self._supervisor(d)
+            if sup is not None and _same_process(*sup):
+                try:
+                    os.kill(sup[0], signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+                continue
+            # No supervisor to do it: stop what it started, then record the outcome ourselves.
+            for pid, start in zip(data.get("pids", []), data.get("starts", [])):
+                if _same_process(pid, start):
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            data.update(state="CANCELLED", nodes_running=0, ended=time.time(),
+                        reason="cancelled by user (the supervisor was gone)")
+            _write_json(d / "state.json", data)
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
         d = self._dir(job_id)
+        if not (d / "job.log").exists():
+            raise UsageError(f"local job {job_id!r} has no log yet")
         with open(d / "job.log", "rb") as f:
             while True:
                 line = f.readline()
@@ -143,10 +162,12 @@ class LocalScheduler(Scheduler):
         return d
 
     @staticmethod
-    def _supervisor_pid(d: Path) -> int | None:
+    def _supervisor(d: Path) -> tuple[int, int | None] | None:
+        """(pid, start time) of the job's supervisor, as recorded at submit."""
         try:
-            return int((d / "supervisor.pid").read_text())
-        except (OSError, ValueError):
+            parts = (d / "supervisor.pid").read_text().split()
+            return int(parts[0]), (int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None)
+        except (OSError, ValueError, IndexError):
             return None
 
     def _state(self, job_id: str) -> JobState:
@@ -162,14 +183,18 @@ class LocalScheduler(Scheduler):
             nodes_total=meta["nodes"], nodes_running=data.get("nodes_running", 0), reason=data.get("reason", ""),
         )
         if not status.terminal:
-            pid = self._supervisor_pid(d)
-            if pid is None or not _alive(pid):
+            sup = self._supervisor(d)
+            if sup is None and time.time() - data.get("submitted", 0) < START_GRACE_S:
+                return st  # submit has not recorded the supervisor yet
+            if sup is None or not _same_process(*sup):
                 # Re-read: the supervisor may have finished between the two reads.
                 data = json.loads((d / "state.json").read_text())
-                if not JobStatus(data["state"]).terminal:
-                    st.status, st.reason = JobStatus.FAILED, "the local supervisor process died"
-                else:
+                if JobStatus(data["state"]).terminal:
                     return self._state(job_id)
+                if (d / CANCEL_MARK).exists():
+                    st.status, st.reason = JobStatus.CANCELLED, "cancelled by user"
+                else:
+                    st.status, st.reason = JobStatus.FAILED, "the local supervisor process died"
         return st
 
 
@@ -206,19 +231,49 @@ def _gpu_sets(nodes: int, per_node: int) -> list[str] | None:
     return [",".join(gpus[i * per_node:(i + 1) * per_node]) for i in range(nodes)]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie is not alive (the submitter may not have reaped it yet).
+def _stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (state first), or None."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()
     except OSError:
-        return True
+        return None
+
+
+def _start_time(pid: int) -> int | None:
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None
+
+
+def _same_process(pid: int, start: int | None) -> bool:
+    """Whether ``pid`` still runs and is the process recorded then (not a reused pid, not a zombie)."""
+    fields = _stat(pid)
+    if fields is None:
+        return False
+    if fields[0] == "Z":
+        return False
+    return start is None or int(fields[19]) == start
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat(int(entry))
+            if fields and int(fields[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def _become_subreaper() -> None:
+    """Orphaned descendants (torchrun's workers run in sessions of their own) become our children,
+    so none outlives the job. Linux only; elsewhere the node process groups are all we stop."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
 
 
 # ---- the supervisor (runs detached) ---------------------------------------------------------
@@ -232,7 +287,6 @@ class _Supervisor:
         self.procs: list[subprocess.Popen] = []
         self.lock = threading.Lock()
         self.cancelled = False
-        self.stopping = False
         self.log = open(d / "job.log", "ab", buffering=0)
         self.state = json.loads((d / "state.json").read_text())
 
@@ -249,7 +303,6 @@ class _Supervisor:
                 self.log.write(prefix + line)
 
     def _terminate_all(self) -> None:
-        self.stopping = True
         for p in self.procs:
             if p.poll() is None:
                 try:
@@ -269,12 +322,42 @@ class _Supervisor:
                 pass
             p.wait()
 
+    def _reap_orphans(self) -> None:
+        """Stop what the nodes left behind (like SLURM at a job's end). Runs after every node
+        process was waited for, so reaping any child here cannot steal a node's exit code."""
+        for sig, grace in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, 5.0)):
+            kids = _children(os.getpid())
+            for pid in kids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + grace
+            while kids and time.monotonic() < deadline:
+                try:
+                    pid, _ = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    return
+                if pid == 0:
+                    time.sleep(0.1)
+                kids = [k for k in _children(os.getpid()) if _same_process(k, None)]
+            while True:  # collect the zombies
+                try:
+                    if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                        break
+                except ChildProcessError:
+                    return
+
     def _on_signal(self, signum, frame) -> None:
         self.cancelled = True
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        _become_subreaper()
+        if (self.d / CANCEL_MARK).exists():
+            self._save(state="CANCELLED", nodes_running=0, ended=time.time(), reason="cancelled by user")
+            return 0
         env = dict(os.environ)
         env.pop(MASTER_ADDR_FILE_VAR, None)
         env[MASTER_ADDR_VAR] = LOCAL_MASTER
@@ -297,11 +380,13 @@ class _Supervisor:
             t = threading.Thread(target=self._pump, args=(rank, p.stdout), daemon=True)
             t.start()
             pumps.append(t)
-        self._save(state="RUNNING", started=time.time(), nodes_running=self.n, pids=[p.pid for p in self.procs])
+        self._save(state="RUNNING", started=time.time(), nodes_running=self.n,
+                   pids=[p.pid for p in self.procs], starts=[_start_time(p.pid) for p in self.procs])
 
         exit_code, failed_rank = 0, None
         while True:
-            if self.cancelled:
+            if self.cancelled or (self.d / CANCEL_MARK).exists():
+                self.cancelled = True
                 self._terminate_all()
                 break
             codes = [p.poll() for p in self.procs]
@@ -320,6 +405,7 @@ class _Supervisor:
             if running != self.state.get("nodes_running"):
                 self._save(nodes_running=running)
             time.sleep(0.2)
+        self._reap_orphans()
         for t in pumps:
             t.join(timeout=5)
         if self.cancelled:
