@@ -16,7 +16,6 @@ import time
 
 from .errors import HaloError, UsageError
 
-BACKENDS = ("local", "slurm", "nomad")
 
 
 def _err(msg: str) -> None:
@@ -124,7 +123,6 @@ class Progress:
         self.scheduler, self.job_id, self.stream = scheduler, job_id, stream
         self.tty = stream.isatty()
         self.start = time.monotonic()
-        self.last = ""
 
     def _line(self, state) -> str:
         el = int(time.monotonic() - self.start)
@@ -137,7 +135,6 @@ class Progress:
         else:
             self.stream.write(line + "\n")
         self.stream.flush()
-        self.last = line
 
     def tick(self, state) -> None:
         if self.tty and not state.status.terminal:

@@ -10,11 +10,9 @@ import json
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 import warnings
-from pathlib import Path
 
 import pytest
 import requests

@@ -339,8 +339,8 @@ def _hcl_resolve(steps: list[str | int], variables: dict[str, Any]) -> Any:
             if step not in val:
                 if isinstance(step, int) or root == "env":
                     raise TaskConfigError(
-                        f"failed to parse config: Invalid index: The given key does not identify "
-                        f"an element in this collection value."
+                        "failed to parse config: Invalid index: The given key does not identify "
+                        "an element in this collection value."
                     )
                 raise TaskConfigError(
                     f"failed to parse config: Unsupported attribute: This object does not have "
