@@ -17,7 +17,6 @@ import time
 from .errors import HaloError, UsageError
 
 
-
 def _err(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
