@@ -151,18 +151,21 @@ def cmd_submit(args) -> int:
         sys.stdout.write(dry.text if dry.text.endswith("\n") else dry.text + "\n")
         return 0
     job_id = sched.schedule(dry)
-    _err(f"halo-sched: submitted {spec.name} to {args.backend} as {job_id}")
-    if not args.wait:
-        print(job_id)
-        return 0
+    rc = 0
     try:
-        return _wait_after_submit(args, spec, sched, job_id)
+        _err(f"halo-sched: submitted {spec.name} to {args.backend} as {job_id}")
+        if args.wait:
+            rc = _wait_after_submit(args, spec, sched, job_id)
     except KeyboardInterrupt:
         _err(f"\nhalo-sched: stopped waiting; {job_id} keeps running (halo-sched cancel {job_id} --backend {args.backend})")
-        return 130
+        rc = 130
     finally:
         # The job exists whatever happened while waiting: its id is always the last line.
-        print(job_id, flush=True)
+        try:
+            print(job_id, flush=True)
+        except BrokenPipeError:
+            pass
+    return rc
 
 
 def _wait_after_submit(args, spec, sched, job_id: str) -> int:

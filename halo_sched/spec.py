@@ -38,7 +38,7 @@ RESERVED_ENV_PREFIXES = ("HALO_", "TORCHELASTIC_", "SLURM_", "NOMAD_", "BASH")
 # silently change how the entry script computes its deadline or splits words.
 SHELL_ENV = {
     "SECONDS", "IFS", "UID", "EUID", "PPID", "SHELLOPTS", "BASHOPTS", "RANDOM", "LINENO", "FUNCNAME",
-    "GROUPS", "PIPESTATUS", "OPTIND", "OPTARG", "ENV", "POSIXLY_CORRECT",
+    "GROUPS", "PIPESTATUS", "OPTIND", "OPTARG", "POSIXLY_CORRECT",
 }
 
 
@@ -205,6 +205,14 @@ class Slurm(_Model):
     def _constraint(cls, v: str | None) -> str | None:
         if v is not None and not re.match(r"^[A-Za-z0-9_.,:@+%/=&|\[\]*()!-]+$", v):
             raise ValueError("a SLURM feature expression: letters, digits, _ . , : and & | [ ] * ( ) !, no spaces or quotes")
+        return v
+
+    @field_validator("partition", "account", "qos", "constraint", "mem", "time", mode="before")
+    @classmethod
+    def _quoted(cls, v: Any) -> Any:
+        # YAML turns `time: 1:30:00` into the number 5400 and `account: 12345` into an int.
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            raise ValueError(f"must be a string; quote it (YAML read this as the number {v})")
         return v
 
     @field_validator("time")
@@ -385,7 +393,8 @@ class JobSpec(_Model):
         for k, val in v.items():
             if not ENV_NAME_RE.match(k):
                 raise ValueError(f"{k!r} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
-            if k in RESERVED_ENV or k.upper().startswith(RESERVED_ENV_PREFIXES):
+            # halo_ in any case: the entry script's own variables are lower-case halo_*.
+            if k in RESERVED_ENV or k.startswith(RESERVED_ENV_PREFIXES) or k.upper().startswith("HALO_"):
                 raise ValueError(f"{k} is set by torchrun, the scheduler, bash or halo-sched on every rank; it cannot be set here")
             if k in SHELL_ENV:
                 raise ValueError(f"{k} is a bash variable the node entry script relies on; it cannot be set here")
@@ -567,8 +576,14 @@ def _unique_key_loader():
     def construct_mapping(loader, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: SafeLoader merges below
+                continue
             key = loader.construct_object(key_node, deep=deep)
-            if key in seen:
+            try:
+                duplicate = key in seen
+            except TypeError:
+                raise yaml.constructor.ConstructorError(None, None, "found unhashable key", key_node.start_mark) from None
+            if duplicate:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r} (the first one would be silently lost)", key_node.start_mark)
             seen.add(key)

@@ -168,3 +168,18 @@ def test_dead_supervisor_is_reported_and_cancel_still_stops_the_nodes(tmp_path):
         assert time.monotonic() < deadline
         time.sleep(0.1)
 
+
+
+def test_no_orphan_tree_outlives_the_job(tmp_path):
+    pids = tmp_path / "pids"
+    # Three levels deep, in new sessions, one deaf to SIGTERM with a child of its own.
+    job = example_job(tmp_path, free_port(), nodes=1, setup=[
+        f"setsid bash -c 'bash -c \"echo \\$\\$ >> {pids}; exec sleep 1001\"; :' </dev/null >/dev/null 2>&1 &",
+        f"setsid bash -c 'trap \"\" TERM; sleep 1002 & echo $! >> {pids}; wait' </dev/null >/dev/null 2>&1 &",
+        f"while [ $(wc -l < {pids} 2>/dev/null || echo 0) -lt 2 ]; do sleep 0.1; done",
+        "exit 0",
+    ])
+    r = cli("submit", str(job), "--wait", "-q", timeout=120)
+    assert r.returncode == 0, r.stderr
+    for pid in map(int, pids.read_text().split()):
+        assert not _same_process(pid, None), pid

@@ -264,3 +264,13 @@ def test_submit_wait_prints_the_job_id_even_when_watching_fails(job_file):
         assert r.returncode == 1 and "Traceback" not in r.stderr
         job_id = r.stdout.strip().splitlines()[-1]
         assert fake.job_record(job_id) is not None  # the job was registered: its id is on stdout
+
+
+def test_id_records_the_namespace_taken_from_the_environment(job_file):
+    with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b")], token=TOKEN) as fake:
+        r = cli("submit", str(job_file(nodes=2)), "--backend", "nomad", env=nomad_env(fake, NOMAD_NAMESPACE="team"))
+        job_id = r.stdout.split()[-1]
+        assert job_id.startswith("team/ddp-nomad-"), r.stderr
+        # A shell without NOMAD_NAMESPACE still reaches the job from its id alone.
+        st = json.loads(cli("status", job_id, "--backend", "nomad", "--json", env=nomad_env(fake)).stdout)
+        assert st["status"] == "RUNNING"

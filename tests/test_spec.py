@@ -214,3 +214,19 @@ def test_backend_specific_render_errors_name_the_field():
         render_sbatch(big)
     assert ei.value.problems[0][0] == "env" and "one argument to srun" in ei.value.problems[0][1]
     assert "BIG" in halo_sched.render(big, "local")  # the local backend writes the entry to a file
+
+
+def test_yaml_merge_keys_still_work():
+    s = halo_sched.loads(MIN + "nomad: {<<: {cpu: 2000, memory: 8192}, cpu: 3000}\n")
+    assert (s.nomad.cpu, s.nomad.memory) == (3000, 8192)
+    assert "unhashable" in " ".join(problems("? [a]\n: 1\n").values())
+
+
+def test_common_app_env_names_are_allowed():
+    s = halo_sched.loads(MIN + "env: {ENV: prod, nomad_thing: x}\n")
+    assert s.env == {"ENV": "prod", "nomad_thing": "x"}
+
+
+def test_unquoted_slurm_time_is_explained():
+    found = problems(MIN + "slurm: {time: 1:30:00}\n")
+    assert "quote it" in found["slurm.time"] and "5400" in found["slurm.time"]

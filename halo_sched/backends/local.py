@@ -118,16 +118,14 @@ class LocalScheduler(Scheduler):
                 except ProcessLookupError:
                     pass
                 continue
-            # No supervisor to do it: stop what it started, then record the outcome ourselves.
-            for pid, start in zip(data.get("pids", []), data.get("starts", [])):
-                if _same_process(pid, start):
-                    try:
-                        os.killpg(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-            data.update(state="CANCELLED", nodes_running=0, ended=time.time(),
-                        reason="cancelled by user (the supervisor was gone)")
-            _write_json(d / "state.json", data)
+            # No supervisor to do it: stop every process of the job (torchrun first gets SIGTERM,
+            # so it can stop its workers), then record the outcome unless the supervisor did.
+            _stop_tagged(str(d))
+            data = json.loads((d / "state.json").read_text())
+            if not JobStatus(data["state"]).terminal:
+                data.update(state="CANCELLED", nodes_running=0, ended=time.time(),
+                            reason="cancelled by user (the supervisor was gone)")
+                _write_json(d / "state.json", data)
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
         d = self._dir(job_id)
@@ -195,6 +193,9 @@ class LocalScheduler(Scheduler):
                     st.status, st.reason = JobStatus.CANCELLED, "cancelled by user"
                 else:
                     st.status, st.reason = JobStatus.FAILED, "the local supervisor process died"
+                    left = len(_tagged(str(d)))
+                    if left:
+                        st.reason += f"; {left} process{'es' if left != 1 else ''} of the job still run: cancel it to stop them"
         return st
 
 
@@ -265,6 +266,55 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+JOB_TAG_VAR = "HALO_LOCAL_JOB"  # in every node's environment: finds the job's processes, however deep
+
+
+def _tagged(tag: str) -> list[int]:
+    """Live processes (other than this one) whose environment carries ``HALO_LOCAL_JOB=tag``."""
+    want = f"{JOB_TAG_VAR}={tag}".encode()
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if want in env and _same_process(int(entry), None):
+            out.append(int(entry))
+    return out
+
+
+def _stop_tagged(tag: str, grace: float = GRACE_S, also=None) -> None:
+    """SIGTERM every process of the job, SIGKILL what is left after ``grace``, and repeat until
+    none is left (a process reparented meanwhile is caught on the next round). ``also`` (the
+    supervisor only) adds its own children, which the tag may miss (a scrubbed env), and reaps
+    them: nowhere else may this wait for arbitrary children."""
+    term_until = time.monotonic() + grace
+    give_up = term_until + 10.0
+    signalled: set[int] = set()
+    while time.monotonic() < give_up:
+        while also is not None:  # collect children that already ended (we are their subreaper)
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        procs = set(_tagged(tag)) | {p for p in (also() if also else []) if _same_process(p, None)}
+        if not procs:
+            return
+        late = time.monotonic() >= term_until
+        for pid in procs:
+            if late or pid not in signalled:
+                try:
+                    os.kill(pid, signal.SIGKILL if late else signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+                signalled.add(pid)
+        time.sleep(0.1)
+
+
 def _become_subreaper() -> None:
     """Orphaned descendants (torchrun's workers run in sessions of their own) become our children,
     so none outlives the job. Linux only; elsewhere the node process groups are all we stop."""
@@ -325,28 +375,7 @@ class _Supervisor:
     def _reap_orphans(self) -> None:
         """Stop what the nodes left behind (like SLURM at a job's end). Runs after every node
         process was waited for, so reaping any child here cannot steal a node's exit code."""
-        for sig, grace in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, 5.0)):
-            kids = _children(os.getpid())
-            for pid in kids:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + grace
-            while kids and time.monotonic() < deadline:
-                try:
-                    pid, _ = os.waitpid(-1, os.WNOHANG)
-                except ChildProcessError:
-                    return
-                if pid == 0:
-                    time.sleep(0.1)
-                kids = [k for k in _children(os.getpid()) if _same_process(k, None)]
-            while True:  # collect the zombies
-                try:
-                    if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                        break
-                except ChildProcessError:
-                    return
+        _stop_tagged(str(self.d), also=lambda: _children(os.getpid()))
 
     def _on_signal(self, signum, frame) -> None:
         self.cancelled = True
@@ -366,7 +395,7 @@ class _Supervisor:
         pumps = []
         gpu_sets = self.meta.get("gpus")
         for rank in range(self.n):
-            node_env = {**env, NODE_RANK_VAR: str(rank)}
+            node_env = {**env, NODE_RANK_VAR: str(rank), JOB_TAG_VAR: str(self.d)}
             if gpu_sets:
                 # Each "node" owns its own GPUs, as on separate hosts; LOCAL_RANK indexes them.
                 node_env["CUDA_VISIBLE_DEVICES"] = gpu_sets[rank]
@@ -383,10 +412,10 @@ class _Supervisor:
         self._save(state="RUNNING", started=time.time(), nodes_running=self.n,
                    pids=[p.pid for p in self.procs], starts=[_start_time(p.pid) for p in self.procs])
 
-        exit_code, failed_rank = 0, None
+        exit_code, failed_rank, cancelled = 0, None, False
         while True:
             if self.cancelled or (self.d / CANCEL_MARK).exists():
-                self.cancelled = True
+                cancelled = True  # decided here: a cancel arriving during clean-up changes nothing
                 self._terminate_all()
                 break
             codes = [p.poll() for p in self.procs]
@@ -405,10 +434,11 @@ class _Supervisor:
             if running != self.state.get("nodes_running"):
                 self._save(nodes_running=running)
             time.sleep(0.2)
+        self._save(nodes_running=0)
         self._reap_orphans()
         for t in pumps:
             t.join(timeout=5)
-        if self.cancelled:
+        if cancelled:
             self._save(state="CANCELLED", nodes_running=0, ended=time.time(), reason="cancelled by user")
         elif failed_rank is not None:
             self._save(state="FAILED", nodes_running=0, ended=time.time(), exit_code=exit_code,

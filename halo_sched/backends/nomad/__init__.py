@@ -70,13 +70,18 @@ class NomadScheduler(Scheduler):
 
     def schedule(self, dryrun: DryRun) -> str:
         nm = dryrun.spec.nomad
-        resp = self._client_for(nm.namespace, nm.region).register(dryrun.payload) or {}
+        client = self._client_for(nm.namespace, nm.region)
+        resp = client.register(dryrun.payload) or {}
         warnings = resp.get("Warnings") or ""
         for w in warnings.splitlines():
             if w.strip():
                 print(f"halo-sched: nomad warning: {w.strip()}", file=sys.stderr)
+        # Where the job really went: the job file's namespace/region, else NOMAD_NAMESPACE/REGION.
+        cfg = getattr(client, "config", None)
+        region = nm.region or getattr(cfg, "region", None)
+        namespace = nm.namespace or getattr(cfg, "namespace", None)
         job_id = dryrun.payload["Job"]["ID"]
-        return f"{nm.region + ':' if nm.region else ''}{nm.namespace + '/' if nm.namespace else ''}{job_id}"
+        return f"{region + ':' if region else ''}{namespace + '/' if namespace else ''}{job_id}"
 
     def plan(self, spec: JobSpec) -> tuple[bool, str]:
         from .status import format_plan, plan_summary
