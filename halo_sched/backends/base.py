@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -190,3 +191,26 @@ def wait_for(
                 return state
             interval = remaining
         time.sleep(interval)
+
+
+def tail_lines(path, follow: bool, finished: Callable[[], bool], poll: float = 0.5) -> Iterator[str]:
+    """Lines of a log file; with ``follow``, keep reading as it grows until ``finished()``.
+
+    A partial last line is held back while the job may still complete it.
+    """
+    with open(path, "rb") as f:
+        while True:
+            line = f.readline()
+            if line.endswith(b"\n") or (line and not follow):
+                yield line.decode("utf-8", "replace")
+                continue
+            if line:  # a partial line while following: wait for its end
+                f.seek(-len(line), os.SEEK_CUR)
+            if not follow:
+                return
+            if finished():
+                rest = f.read()
+                if rest:
+                    yield rest.decode("utf-8", "replace")
+                return
+            time.sleep(poll)

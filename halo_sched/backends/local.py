@@ -25,7 +25,7 @@ from ..errors import SchedulerError, UsageError
 from ..launch import MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, NODE_RANK_VAR, entry_script
 from ..spec import JobSpec
 from ..templating import render_template
-from .base import DryRun, JobState, JobStatus, Scheduler
+from .base import DryRun, JobState, JobStatus, Scheduler, tail_lines
 
 LOCAL_MASTER = "127.0.0.1"
 GRACE_S = 10.0
@@ -131,23 +131,7 @@ class LocalScheduler(Scheduler):
         d = self._dir(job_id)
         if not (d / "job.log").exists():
             raise UsageError(f"local job {job_id!r} has no log yet")
-        with open(d / "job.log", "rb") as f:
-            while True:
-                line = f.readline()
-                if line:
-                    if not line.endswith(b"\n") and follow and not self._state(job_id).status.terminal:
-                        # A partial line: wait for the rest of it.
-                        f.seek(-len(line), os.SEEK_CUR)
-                        time.sleep(0.1)
-                        continue
-                    yield line.decode("utf-8", "replace")
-                    continue
-                if not follow or self._state(job_id).status.terminal:
-                    rest = f.read()
-                    if rest:
-                        yield rest.decode("utf-8", "replace")
-                    return
-                time.sleep(0.2)
+        yield from tail_lines(d / "job.log", follow, lambda: self._state(job_id).status.terminal, poll=0.2)
 
     # ---- implementation ---------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from typing import Iterator, Sequence
 
 from ...errors import SchedulerError
 from ...spec import JobSpec
-from ..base import DryRun, JobState, Scheduler
+from ..base import DryRun, JobState, Scheduler, tail_lines
 from .render import render_sbatch
 
 
@@ -65,19 +65,4 @@ def _read(path: Path, follow: bool, finished) -> Iterator[str]:
         if not follow or finished() or time.monotonic() > deadline:
             raise SchedulerError(f"output file {path} does not exist (yet); logs are read on the submitting host's filesystem")
         time.sleep(0.5)
-    with open(path, "rb") as f:
-        while True:
-            line = f.readline()
-            if line.endswith(b"\n") or (line and not follow):
-                yield line.decode("utf-8", "replace")
-                continue
-            if line:  # a partial line while following: wait for its end
-                f.seek(-len(line), os.SEEK_CUR)
-            if not follow:
-                return
-            if finished():
-                rest = f.read()
-                if rest:
-                    yield rest.decode("utf-8", "replace")
-                return
-            time.sleep(0.5)
+    yield from tail_lines(path, follow, finished)
