@@ -14,9 +14,9 @@ from typing import Callable, Iterator, Sequence
 from ...errors import SchedulerError, UsageError
 from ...spec import JobSpec
 from ..base import DryRun, JobState, Scheduler
+from .render import TASK, job_payload, render_hcl, submission_id
 
 _ID_RE = re.compile(r"^(?:([A-Za-z0-9_-]+):)?(?:([A-Za-z0-9_-]+)/)?([A-Za-z0-9][A-Za-z0-9_.-]*)$")
-from .render import TASK, job_payload, render_hcl, submission_id
 
 
 class NomadScheduler(Scheduler):
@@ -26,9 +26,8 @@ class NomadScheduler(Scheduler):
 
     name = "nomad"
 
-    def __init__(self, client=None, client_factory: Callable[..., object] | None = None):
-        self._client = client
-        self._factory = client_factory
+    def __init__(self, client=None):
+        self._client = client  # one client for every namespace/region (tests, embedding)
         self._scoped: dict[tuple, object] = {}
 
     def _client_for(self, namespace: str | None = None, region: str | None = None):
@@ -37,12 +36,9 @@ class NomadScheduler(Scheduler):
             return self._client
         key = (namespace, region)
         if key not in self._scoped:
-            if self._factory is not None:
-                self._scoped[key] = self._factory(namespace=namespace, region=region)
-            else:
-                from .client import NomadClient, NomadConfig
+            from .client import NomadClient, NomadConfig
 
-                self._scoped[key] = NomadClient(NomadConfig.from_env(namespace=namespace, region=region))
+            self._scoped[key] = NomadClient(NomadConfig.from_env(namespace=namespace, region=region))
         return self._scoped[key]
 
     def _split(self, job_id: str):
@@ -112,8 +108,8 @@ class NomadScheduler(Scheduler):
                 continue
             c.stop(name, purge=purge)
         if missing:
-            raise SchedulerError(f"no Nomad job {', '.join(map(repr, missing))} (the others were stopped)"
-                                 if len(missing) < len(ids) else f"no Nomad job {', '.join(map(repr, missing))}")
+            others = " (the others were stopped)" if len(missing) < len(ids) else ""
+            raise SchedulerError(f"no Nomad job {', '.join(map(repr, missing))}{others}")
 
     def watch(self, spec: JobSpec, job_id: str, on_progress: Callable[[JobState], None] | None = None) -> JobState:
         timeout = spec.nomad.placement_timeout_s
