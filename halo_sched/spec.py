@@ -8,6 +8,7 @@ free text (env values, args, setup) is quoted by the renderers.
 """
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -567,6 +568,7 @@ def from_dict(data: Any, source: str | None = None, text: str | None = None) -> 
         raise SpecError(problems, source) from None
 
 
+@functools.lru_cache(maxsize=1)
 def _unique_key_loader():
     import yaml
 
