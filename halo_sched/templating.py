@@ -7,7 +7,6 @@ the templates never interpolate raw user text.
 from __future__ import annotations
 
 import functools
-import json
 import re
 from pathlib import Path
 
@@ -113,7 +112,6 @@ def environment() -> jinja2.Environment:
     env.filters["sh"] = sh_quote
     env.filters["hcl"] = hcl_string
     env.filters["hcl_heredoc"] = hcl_heredoc
-    env.filters["json"] = lambda v: json.dumps(v, ensure_ascii=False)
     return env
 
 
