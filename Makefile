@@ -6,8 +6,11 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 # The CPU build of torch. A bare `torch` requirement would pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
+# HashiCorp's HCL parser (WebAssembly, from npm) that the tests read every rendered Nomad job with.
+HCL_PARSER := tests/hclparse/node_modules/@cdktf/hcl2json/package.json
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test install cluster-up cluster-down bench clean
+.PHONY: demo test install hcl-parser cluster-up cluster-down bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,12 +18,21 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[train,dev]"
 	touch $@
 
-install: $(BIN)/.installed
+# Node.js from Debian's packages when missing, then the pinned parser (package-lock.json).
+$(HCL_PARSER): tests/hclparse/package.json tests/hclparse/package-lock.json
+	command -v node > /dev/null && command -v npm > /dev/null || \
+		{ $(SUDO) apt-get update && $(SUDO) apt-get install -y nodejs npm; }
+	cd tests/hclparse && npm ci --no-audit --no-fund
+	touch $@
+
+hcl-parser: $(HCL_PARSER)
+
+install: $(BIN)/.installed $(HCL_PARSER)
 
 demo: $(BIN)/.installed
 	$(BIN)/halo-sched submit examples/ddp-cpu.yaml --backend local --wait
 
-test: $(BIN)/.installed
+test: $(BIN)/.installed $(HCL_PARSER)
 	$(BIN)/pytest
 
 cluster-up:
@@ -33,4 +45,4 @@ bench: $(BIN)/.installed
 	$(BIN)/python bench/run.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis tests/hclparse/node_modules

@@ -1,8 +1,9 @@
 """The launch contract: what every node runs, whatever the scheduler.
 
 One torchrun per node with static rendezvous at node 0. Every node gets the same command and
-environment; the only per-node input is ``HALO_NODE_RANK``. Backends supply it (SLURM from
-``$SLURM_NODEID`` inside the task, Nomad per group, local per process) together with rank 0's
+environment; the only per-node input is ``HALO_NODE_RANK`` (plus ``HALO_NODE_RANK_OFFSET``, which
+Nomad's worker group adds to its allocation index). Backends supply it (SLURM from
+``$SLURM_NODEID`` inside the task, Nomad from the group and allocation index, local per process) together with rank 0's
 address: ``HALO_MASTER_ADDR``, or ``HALO_MASTER_ADDR_FILE`` — a file that becomes non-empty once
 rank 0 is known, polled until ``rendezvous.timeout_s`` runs out.
 
@@ -19,6 +20,9 @@ from .templating import render_template
 NODE_RANK_VAR = "HALO_NODE_RANK"
 MASTER_ADDR_VAR = "HALO_MASTER_ADDR"
 MASTER_ADDR_FILE_VAR = "HALO_MASTER_ADDR_FILE"
+#: Optional, added to the node rank: Nomad's worker group gives its allocation index (0-based)
+#: and offset 1, since ``${}`` interpolation cannot add. The sum is still range-checked.
+NODE_RANK_OFFSET_VAR = "HALO_NODE_RANK_OFFSET"
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ class LaunchContract:
             node_rank_var=NODE_RANK_VAR,
             master_addr_var=MASTER_ADDR_VAR,
             master_addr_file_var=MASTER_ADDR_FILE_VAR,
+            node_rank_offset_var=NODE_RANK_OFFSET_VAR,
         )
 
 

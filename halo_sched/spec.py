@@ -268,7 +268,9 @@ class Nomad(_Model):
         "docker", description="docker needs `image`; exec/raw_exec run on hosts without docker.",
     )
     max_run_duration: str | None = Field(
-        None, description="Group max_run_duration (Nomad 2.0.2+), a Go duration such as 12h: caps a half-placed or hung job.",
+        None, description="Group max_run_duration (Nomad 2.0.3+; older servers drop it silently), a Go duration such as "
+                          "12h: stops each allocation this long after its creation. It does not bound a half-placed job "
+                          "(a group that never placed has no allocation, so no timer): placement_timeout_s does.",
     )
     placement_timeout_s: int | None = Field(
         None, ge=1, description="`submit --wait` stops the job if not all nodes are running within this many seconds.",
@@ -276,7 +278,11 @@ class Nomad(_Model):
     cpu: int = Field(1000, ge=1, description="CPU per node in MHz.")
     memory: int = Field(4096, ge=16, description="Memory per node in MB (a hard cap for docker, shm included).")
     shm_size: int | str | None = Field(None, description="Docker /dev/shm size, e.g. 8GiB; counts against memory.")
-    volumes: list[str] = Field(default_factory=list, description="Docker bind mounts host:container[:ro].")
+    volumes: list[str] = Field(
+        default_factory=list,
+        description="Docker bind mounts host:container[:ro]; literal text (no ${} interpolation). Host paths need the "
+                    "client's docker plugin setting volumes { enabled = true } (off by default).",
+    )
     priority: int | None = Field(None, ge=1, le=100)
 
     @field_validator("datacenters")

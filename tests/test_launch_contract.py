@@ -64,18 +64,23 @@ def _run_nomad(spec, tmp_path):
     out.mkdir()
     env = base_env(bindir, out, ENV_NAMES)
     groups = job_payload(spec)["Job"]["TaskGroups"]
+    # node-0 (count 1) and workers (count N-1): every allocation of a group gets the same env
+    # but its own NOMAD_ALLOC_INDEX, which the client interpolates into HALO_NODE_RANK.
+    assert [(g["Name"], g["Count"]) for g in groups] == [("node-0", 1), ("workers", spec.nodes - 1)]
     for g in groups:
         task = g["Tasks"][0]
         tpl = task["Templates"][0]
         # The delimiters never occur in the script, so Go templating copies it unchanged.
         assert tpl["LeftDelim"] not in tpl["EmbeddedTmpl"] and tpl["RightDelim"] not in tpl["EmbeddedTmpl"]
-        node_env = {k: v.replace("${NOMAD_IP_rdzv}", "127.0.0.1") for k, v in task["Env"].items()}
-        if "HALO_MASTER_ADDR_FILE" in node_env:
-            addr = tmp_path / f"{g['Name']}-master"
-            addr.write_text("127.0.0.1\n")  # what the nomadService template renders once rank 0 is up
-            node_env["HALO_MASTER_ADDR_FILE"] = str(addr)
-        r = run_entry(tpl["EmbeddedTmpl"], tmp_path, node_env, env)
-        assert r.returncode == 0, r.stderr
+        for index in range(g["Count"]):
+            node_env = {k: v.replace("${NOMAD_IP_rdzv}", "127.0.0.1").replace("${NOMAD_ALLOC_INDEX}", str(index))
+                        for k, v in task["Env"].items()}
+            if "HALO_MASTER_ADDR_FILE" in node_env:
+                addr = tmp_path / f"{g['Name']}-{index}-master"
+                addr.write_text("127.0.0.1\n")  # what the nomadService template renders once rank 0 is up
+                node_env["HALO_MASTER_ADDR_FILE"] = str(addr)
+            r = run_entry(tpl["EmbeddedTmpl"], tmp_path, node_env, env)
+            assert r.returncode == 0, r.stderr
     return records(out)
 
 
@@ -159,3 +164,9 @@ def test_entry_rejects_bad_node_rank(spec, tmp_path):
         r = run_entry(entry_script(spec), tmp_path, {"HALO_NODE_RANK": bad, "HALO_MASTER_ADDR": "127.0.0.1"}, base_env(bindir, out))
         assert r.returncode == 1, bad
         assert "HALO_NODE_RANK" in r.stderr
+    # Nomad's workers: allocation index + offset 1 must still land in 0..nodes-1.
+    for index, offset in (("3", "1"), ("2", "x"), ("2", "-1"), ("2", "1 "), ("9999999999", "1")):
+        r = run_entry(entry_script(spec), tmp_path, {"HALO_NODE_RANK": index, "HALO_NODE_RANK_OFFSET": offset,
+                                                     "HALO_MASTER_ADDR": "127.0.0.1"}, base_env(bindir, out))
+        assert r.returncode == 1 and "HALO_NODE_RANK" in r.stderr, (index, offset, r.stderr)
+    assert records(out) == {}

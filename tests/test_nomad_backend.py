@@ -1,8 +1,10 @@
 """The Nomad backend through the CLI, against the fake Nomad API; and the HCL against the JSON.
 
-No Nomad binary can run here. What these prove: the HCL parses (python-hcl2) and says what the
-API payload says; submit/plan/status/cancel/--wait speak the Nomad API correctly (as the fake
-models it); the placement watchdog stops a half-placed job within its timeout.
+No Nomad binary can run here. What these prove: the HCL parses with HashiCorp's own HCL library
+(``tests/hclparse``: hcl2json, WebAssembly) and decodes to the same job as the API payload; the
+job has a constant size whatever the node count; submit/plan/status/cancel/--wait speak the Nomad
+API correctly (as the fake models it); the placement watchdog stops a half-placed job within its
+timeout.
 """
 from __future__ import annotations
 
@@ -15,93 +17,129 @@ import pytest
 import yaml
 
 import halo_sched
-from halo_sched.backends.nomad.render import job_payload, render_hcl
-from helpers import REPO, cli, hcl_load, load_nomad_helper
+from halo_sched.backends.nomad.render import (
+    client_requirements, group_counts, job_payload, node_rank_of, render_hcl, submission_id,
+)
+from halo_sched.errors import SpecError
+from helpers import REPO, cli, load_nomad_helper
+from hclparse import hcl2json, jobspec
 
 fake_api = load_nomad_helper("fake_api")
 FakeNomad, FakeNode = fake_api.FakeNomad, fake_api.FakeNode
 TOKEN = "tok-123"
+GOLDEN = REPO / "tests" / "golden"
 
 
-def _unwrap(blocks):
-    """python-hcl2 gives each block as a list of one-key dicts ({"label": body}) or bodies."""
-    return blocks[0] if isinstance(blocks, list) and len(blocks) == 1 else blocks
+def _variants():
+    gpu = halo_sched.load(REPO / "examples" / "nomad-gpu.yaml")
+    cpu = halo_sched.load(REPO / "examples" / "ddp-cpu.yaml")
+    raw = cpu.nomad.model_copy(update={"driver": "raw_exec", "max_run_duration": "1h"})
+    yield "gpu-2", gpu
+    yield "gpu-1", gpu.model_copy(update={"nodes": 1})
+    yield "gpu-5-ep", gpu.model_copy(update={"nodes": 5, "network": gpu.network.model_copy(update={"cross_node_expert_parallel": True})})
+    yield "raw-3", cpu.model_copy(update={"nodes": 3, "nomad": raw})
+    yield "region-priority", cpu.model_copy(update={"nomad": raw.model_copy(update={"region": "eu", "priority": 70})})
 
 
-def hcl_job(spec) -> dict:
-    (jid, body), = hcl_load(render_hcl(spec))["job"][0].items()
-    return {"id": jid, **body}
+@pytest.mark.parametrize("name, spec", list(_variants()), ids=[n for n, _ in _variants()])
+def test_hcl_decodes_to_the_json_payload(name, spec):
+    job_id = submission_id(spec)
+    parsed = jobspec.api_job(hcl2json.load(render_hcl(spec, job_id)))
+    assert jobspec.comparable(parsed) == jobspec.comparable(job_payload(spec, job_id)["Job"])
 
 
-@pytest.mark.parametrize("example", ["nomad-gpu.yaml", "ddp-cpu.yaml"])
-def test_hcl_matches_json_payload(example):
-    spec = halo_sched.load(REPO / "examples" / example)
-    if example == "ddp-cpu.yaml":
-        spec = spec.model_copy(update={"nodes": 3, "nomad": spec.nomad.model_copy(update={"driver": "raw_exec", "max_run_duration": "1h"})})
-    job = job_payload(spec)["Job"]
-    h = hcl_job(spec)
-    assert h["id"] == job["ID"]
-    assert h["type"] == job["Type"]
-    assert h["datacenters"] == job["Datacenters"]
-    assert h.get("namespace") == job.get("Namespace")
-    assert [(c["operator"], c["value"]) for c in h["constraint"]] == [(c["Operand"], c["RTarget"]) for c in job["Constraints"]]
-    assert _unwrap(h["meta"]) == job["Meta"]
-    groups = {name: body for g in h["group"] for name, body in g.items()}
-    assert list(groups) == [g["Name"] for g in job["TaskGroups"]]
-    for jg in job["TaskGroups"]:
-        hg = groups[jg["Name"]]
-        assert hg["count"] == jg["Count"] == 1
-        r, rs = _unwrap(hg["restart"]), _unwrap(hg["reschedule"])
-        assert (r["attempts"], r["mode"]) == (jg["RestartPolicy"]["Attempts"], jg["RestartPolicy"]["Mode"]) == (0, "fail")
-        assert (rs["attempts"], rs["unlimited"]) == (jg["ReschedulePolicy"]["Attempts"], jg["ReschedulePolicy"]["Unlimited"]) == (0, False)
-        if "MaxRunDuration" in jg:
-            from halo_sched.spec import parse_go_duration
+def test_golden_hcl_decodes_to_the_golden_json():
+    (hcl_doc,) = hcl2json.load_many([(GOLDEN / "nomad-gpu.nomad.hcl").read_text()])
+    golden = json.loads((GOLDEN / "nomad-gpu.nomad.json").read_text())["Job"]
+    assert jobspec.comparable(jobspec.api_job(hcl_doc)) == jobspec.comparable(golden)
 
-            assert parse_go_duration(hg["max_run_duration"]) == jg["MaxRunDuration"]
-        net = _unwrap(hg["network"])
-        assert net["mode"] == jg["Networks"][0]["Mode"]
-        reserved = [(label, p["static"]) for port in net.get("port", []) for label, p in port.items()]
-        assert reserved == [(p["Label"], p["Value"]) for p in jg["Networks"][0].get("ReservedPorts", [])]
-        services = hg.get("service", [])
-        assert [(s["name"], s["provider"], s["port"]) for s in services] == [
-            (s["Name"], s["Provider"], s["PortLabel"]) for s in jg.get("Services", [])]
-        (tname, task), = _unwrap(hg["task"]).items()
-        jt = jg["Tasks"][0]
-        assert tname == jt["Name"] and task["driver"] == jt["Driver"]
-        assert _unwrap(task["env"]) == jt["Env"]
-        cfg = _unwrap(task["config"])
-        assert cfg["command"] == jt["Config"]["command"]
-        assert cfg["args"] == jt["Config"]["args"]
-        templates = task["template"]
-        assert len(templates) == len(jt["Templates"])
-        for ht, jtpl in zip(templates, jt["Templates"]):
-            assert ht["destination"] == jtpl["DestPath"] and ht["change_mode"] == jtpl["ChangeMode"]
-            assert ht.get("left_delimiter") == jtpl.get("LeftDelim")
-            assert ht["data"] == jtpl["EmbeddedTmpl"]
-        res = _unwrap(task["resources"])
-        assert (res["cpu"], res["memory"]) == (jt["Resources"]["CPU"], jt["Resources"]["MemoryMB"])
-        devices = [(n, d["count"]) for dev in res.get("device", []) for n, d in dev.items()]
-        assert devices == [(d["Name"], d["Count"]) for d in jt["Resources"].get("Devices", [])]
+
+def test_hcl_parser_refuses_what_it_should():
+    # The parser is real: a broken document and an unescaped interpolation are both caught.
+    with pytest.raises(hcl2json.HclSyntaxError):
+        hcl2json.parse('job "x" {\n  type = "batch\n}\n')
+    with pytest.raises(ValueError, match="interpolation"):
+        hcl2json.load('x = "${NOMAD_ALLOC_INDEX}"\n')
+    assert hcl2json.load('x = "$${NOMAD_ALLOC_INDEX} %%{ if }"\n') == {"x": "${NOMAD_ALLOC_INDEX} %{ if }"}
 
 
 def test_leader_and_worker_shape():
     spec = halo_sched.load(REPO / "examples" / "nomad-gpu.yaml").model_copy(update={"nodes": 4})
-    job = job_payload(spec)["Job"]
-    assert [g["Name"] for g in job["TaskGroups"]] == ["node-0", "node-1", "node-2", "node-3"]
-    leader, *workers = job["TaskGroups"]
+    job = job_payload(spec, "ddp-nomad-1")["Job"]
+    assert [(g["Name"], g["Count"]) for g in job["TaskGroups"]] == [("node-0", 1), ("workers", 3)]
+    assert job["Meta"]["halo_sched_nodes"] == "4"
+    leader, workers = job["TaskGroups"]
     assert leader["Services"][0]["Provider"] == "nomad"
     assert leader["Networks"][0]["ReservedPorts"] == [{"Label": "rdzv", "Value": 29500}]
     assert leader["Tasks"][0]["Env"] == {"HALO_NODE_RANK": "0", "HALO_MASTER_ADDR": "${NOMAD_IP_rdzv}"}
-    for rank, g in enumerate(workers, start=1):
-        t = g["Tasks"][0]
-        assert "Services" not in g
-        assert t["Env"]["HALO_NODE_RANK"] == str(rank)
-        master = t["Templates"][1]["EmbeddedTmpl"]
-        assert 'nomadService "ddp-nomad-rdzv"' in master and "index . 0" in master
-    t = leader["Tasks"][0]
-    assert t["Config"]["shm_size"] == 64 * 1024**3 and t["Config"]["network_mode"] == "host"
-    assert t["Resources"]["Devices"] == [{"Name": "nvidia/gpu", "Count": 8}]
-    assert t["Config"]["devices"] == [{"host_path": "/dev/infiniband", "container_path": "/dev/infiniband"}]
+    t = workers["Tasks"][0]
+    assert "Services" not in workers and "ReservedPorts" not in workers["Networks"][0]
+    assert t["Env"] == {"HALO_NODE_RANK": "${NOMAD_ALLOC_INDEX}", "HALO_NODE_RANK_OFFSET": "1",
+                        "HALO_MASTER_ADDR_FILE": "${NOMAD_TASK_DIR}/halo-master-addr"}
+    master = t["Templates"][1]["EmbeddedTmpl"]
+    assert 'nomadService "ddp-nomad-1-rdzv"' in master and "index . 0" in master
+    for g in job["TaskGroups"]:
+        # Lost means failed: no restart, no reschedule, no replacement of a node that went down.
+        assert g["Disconnect"] == {"Replace": False}
+        assert g["RestartPolicy"]["Attempts"] == 0 and g["ReschedulePolicy"]["Attempts"] == 0
+        cfg = g["Tasks"][0]["Config"]
+        # Nothing a default 2.0.4+ docker client refuses: no host namespace modes.
+        assert not {"ipc_mode", "pid_mode", "uts_mode", "userns_mode", "privileged"} & set(cfg)
+        assert cfg["shm_size"] == 64 * 1024**3 and cfg["network_mode"] == "host"
+        assert g["Tasks"][0]["Resources"]["Devices"] == [{"Name": "nvidia/gpu", "Count": 8}]
+        assert cfg["devices"] == [{"host_path": "/dev/infiniband", "container_path": "/dev/infiniband"}]
+    assert job_payload(spec.model_copy(update={"nodes": 1}))["Job"]["TaskGroups"][0]["Name"] == "node-0"
+    assert len(job_payload(spec.model_copy(update={"nodes": 1}))["Job"]["TaskGroups"]) == 1
+    assert group_counts(4) == {"node-0": 1, "workers": 3} and group_counts(1) == {"node-0": 1}
+
+
+def test_node_rank_of_allocation_names():
+    assert node_rank_of("node-0", "j.node-0[0]") == 0
+    assert node_rank_of("workers", "j.workers[0]") == 1
+    assert node_rank_of("workers", "my.job[2].workers[41]") == 42
+    assert node_rank_of("other", "j.other[0]") is None and node_rank_of("workers", "j.workers") is None
+
+
+def test_job_size_does_not_grow_with_nodes():
+    spec = halo_sched.load(REPO / "examples" / "nomad-gpu.yaml")
+    sizes = {}
+    for n in (2, 256, 1024):
+        s = spec.model_copy(update={"nodes": n})
+        sizes[n] = (len(json.dumps(job_payload(s, "ddp-nomad-x"))), len(render_hcl(s, "ddp-nomad-x")))
+    # Only the digits of N differ (meta, the entry's range check, the worker count).
+    for n in (256, 1024):
+        assert abs(sizes[n][0] - sizes[2][0]) < 64 and abs(sizes[n][1] - sizes[2][1]) < 64, sizes
+    payload = job_payload(spec.model_copy(update={"nodes": 1024}))["Job"]
+    entry = payload["TaskGroups"][0]["Tasks"][0]["Templates"][0]["EmbeddedTmpl"]
+    assert json.dumps(payload).count(json.dumps(entry)) == 2  # once per group
+
+
+def test_volumes_cannot_interpolate_on_the_client():
+    client_sim = load_nomad_helper("client_sim")
+    spec = halo_sched.load(REPO / "examples" / "nomad-gpu.yaml")
+    vols = ["/data/${NOMAD_JOB_ID}:/in:ro", "/x/%{ if true }y%{ endif }:/out", "/a$${b}:/c"]
+    spec = spec.model_copy(update={"nomad": spec.nomad.model_copy(update={"volumes": vols})})
+    sent = job_payload(spec)["Job"]["TaskGroups"][0]["Tasks"][0]["Config"]["volumes"]
+    # The client evaluates driver config strings as HCL templates (client_sim.eval_hcl_string
+    # follows it); an unknown variable would fail the task, a known one would change the path.
+    assert [client_sim.eval_hcl_string(v, {"NOMAD_JOB_ID": "j"}) for v in sent] == vols
+
+
+def test_client_requirements_name_the_plugin_settings():
+    spec = halo_sched.load(REPO / "examples" / "nomad-gpu.yaml")
+    (need,) = client_requirements(spec)
+    assert "nomad.volumes" in need and "volumes { enabled = true }" in need
+    bare = spec.model_copy(update={"nomad": spec.nomad.model_copy(update={"volumes": []})})
+    assert client_requirements(bare) == []
+    cpu = halo_sched.load(REPO / "examples" / "ddp-cpu.yaml")
+    raw = cpu.model_copy(update={"nomad": cpu.nomad.model_copy(update={"driver": "raw_exec"})})
+    assert any("raw_exec" in line for line in client_requirements(raw))
+
+
+def test_docker_without_image_is_a_field_error():
+    cpu = halo_sched.load(REPO / "examples" / "ddp-cpu.yaml")
+    with pytest.raises(SpecError, match="image"):
+        job_payload(cpu.model_copy(update={"image": None}))
 
 
 # ---- the CLI against the fake API -------------------------------------------------------------
@@ -129,7 +167,7 @@ def nomad_env(fake, **extra):
 
 
 def test_half_placed_job_is_stopped_within_placement_timeout(job_file):
-    # Two GPU clients, but one is fully busy: node-1 cannot place (no gang scheduling).
+    # Two GPU clients, but one is fully busy: the worker cannot place (no gang scheduling).
     with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b", busy_gpus=8)], token=TOKEN) as fake:
         f = job_file(nodes=2, placement_timeout_s=3)
         t0 = time.monotonic()
@@ -139,7 +177,7 @@ def test_half_placed_job_is_stopped_within_placement_timeout(job_file):
         job_id = r.stdout.strip().splitlines()[-1]
         assert re.fullmatch(r"ddp-nomad-\d{8}-\d{6}-[0-9a-f]{6}", job_id)
         assert "1 of 2" in r.stderr or "1/2" in r.stderr, r.stderr
-        assert "node-1" in r.stderr
+        assert "workers" in r.stderr
         assert elapsed < 3 + 5  # the timeout plus CLI start-up and a few HTTP calls
         assert fake.job_record(job_id)["Stop"] is True
         # Every request carried the token.
@@ -155,9 +193,9 @@ def test_status_partial_then_plan_explains(job_file):
         st = cli("status", job_id, "--backend", "nomad", "--json", env=nomad_env(fake))
         state = json.loads(st.stdout)
         assert state["status"] == "PARTIAL" and state["nodes_running"] == 1 and state["nodes_total"] == 2
-        assert "node-1" in state["reason"]
+        assert "workers" in state["reason"]
         p = cli("plan", str(f), "--backend", "nomad", env=nomad_env(fake))
-        assert p.returncode == 1 and "node-1" in p.stdout
+        assert p.returncode == 1 and "workers" in p.stdout
         c = cli("cancel", job_id, "--backend", "nomad", env=nomad_env(fake))
         assert c.returncode == 0
         st = cli("status", job_id, "--backend", "nomad", "--json", env=nomad_env(fake))
@@ -174,7 +212,7 @@ def test_fully_placed_job_runs_and_completes(job_file):
         nomad_id = job_id.split("/", 1)[1]
         st = cli("status", job_id, "--backend", "nomad", "--json", env=nomad_env(fake))
         assert json.loads(st.stdout)["status"] == "RUNNING"
-        for g in ("node-0", "node-1"):
+        for g in ("node-0", "workers"):
             fake.finish(nomad_id, g, exit_code=0, namespace="training")
         st = cli("status", job_id, "--backend", "nomad", "--json", env=nomad_env(fake))
         assert json.loads(st.stdout)["status"] == "COMPLETED"
@@ -185,7 +223,7 @@ def test_max_run_duration_is_reported_as_timeout(job_file):
     with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b")], token=TOKEN) as fake:
         f = job_file(nodes=2)
         job_id = cli("submit", str(f), "--backend", "nomad", env=nomad_env(fake)).stdout.split()[-1]
-        for g in ("node-0", "node-1"):
+        for g in ("node-0", "workers"):
             fake.time_out(job_id, g)
         st = json.loads(cli("status", job_id, "--backend", "nomad", "--json", env=nomad_env(fake)).stdout)
         assert st["status"] == "TIMEOUT"
@@ -216,14 +254,15 @@ def test_unreachable_nomad_is_a_clear_error(job_file):
     assert f"127.0.0.1:{port}" in r.stderr
 
 
-def test_logs_are_tagged_with_their_node_group(job_file):
+def test_logs_are_tagged_with_their_node_rank(job_file):
     with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b")], token=TOKEN) as fake:
         f = job_file(nodes=2)
         job_id = cli("submit", str(f), "--backend", "nomad", env=nomad_env(fake)).stdout.split()[-1]
-        for g in ("node-0", "node-1"):
+        # node rank 1 is the allocation workers[0]
+        for g, tag in (("node-0", "node-0"), ("workers", "node-1")):
             alloc = fake.alloc_for(job_id, g)["ID"]
-            fake.write_log(alloc, f"hello from {g}\nsecond line\n")
-            fake.write_log(alloc, f"warning on {g}\n", type="stderr")
+            fake.write_log(alloc, f"hello from {tag}\nsecond line\n")
+            fake.write_log(alloc, f"warning on {tag}\n", type="stderr")
         out = cli("logs", job_id, "--backend", "nomad", env=nomad_env(fake)).stdout.splitlines()
     assert out == [
         "[node-0] hello from node-0", "[node-0] second line", "[node-0] warning on node-0",

@@ -1,11 +1,12 @@
-# halo-sched: job ddp-nomad for Nomad: 2 nodes, one group per node.
+# halo-sched: job ddp-nomad for Nomad: 2 nodes. Group node-0 is node rank 0; group
+# workers (count N-1) runs the others, node rank = 1 + NOMAD_ALLOC_INDEX (the entry script adds).
 # Plan with `nomad job plan FILE`, run with `nomad job run FILE`.
 job "ddp-nomad" {
   type        = "batch"
   datacenters = ["dc1"]
   namespace   = "training"
 
-  # Nomad has no gang scheduling; node-sized groups must at least land on different clients.
+  # Nomad has no gang scheduling; node-sized allocations must at least land on different clients.
   constraint {
     operator = "distinct_hosts"
     value    = "true"
@@ -18,7 +19,9 @@ job "ddp-nomad" {
 
   group "node-0" {
     count = 1
-    # Bounds a half-placed or hung job; Nomad then marks it complete (halo-sched reports TIMEOUT).
+    # Nomad 2.0.3+: each allocation is stopped this long after its creation (halo-sched reports
+    # TIMEOUT). A group that never placed has no allocation and no timer: it bounds a hung job,
+    # not a half-placed one. Older `nomad job run` rejects this line.
     max_run_duration = "12h"
 
     # A fixed-size world never re-forms around a replaced rank: no restarts, no reschedules.
@@ -31,6 +34,11 @@ job "ddp-nomad" {
     reschedule {
       attempts  = 0
       unlimited = false
+    }
+    # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
+    # its allocation turns "unknown" and whoever watches the job stops it. Nomad 1.8+.
+    disconnect {
+      replace = false
     }
 
     meta {
@@ -60,7 +68,6 @@ job "ddp-nomad" {
         command = "/bin/bash"
         args = ["$${NOMAD_TASK_DIR}/halo-entry.sh"]
         network_mode = "host"
-        ipc_mode = "host"
         ulimit = [
           {
             memlock = "-1"
@@ -87,13 +94,14 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-01469b0f"
-        right_delimiter = "halo-01469b0f]]"
+        left_delimiter  = "[[halo-36b1340d"
+        right_delimiter = "halo-36b1340d]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
-# The same script runs on every node. The backend sets only HALO_NODE_RANK and the master
-# address (HALO_MASTER_ADDR, or HALO_MASTER_ADDR_FILE to poll until rank 0 is known).
+# The same script runs on every node. The backend sets only HALO_NODE_RANK (and maybe
+# HALO_NODE_RANK_OFFSET) and the master address (HALO_MASTER_ADDR, or
+# HALO_MASTER_ADDR_FILE to poll until rank 0 is known).
 set -e
 halo_started=$SECONDS
 halo_fail() {
@@ -101,10 +109,14 @@ halo_fail() {
   exit 1
 }
 halo_rank=$HALO_NODE_RANK
-case "$halo_rank" in
-  '' | *[!0-9]*) halo_fail "HALO_NODE_RANK must be a node rank in 0..1, got '$halo_rank'" ;;
+# Nomad's worker group passes its allocation index and HALO_NODE_RANK_OFFSET=1 ($${} cannot add).
+halo_offset=$${HALO_NODE_RANK_OFFSET:-0}
+# Digits only, and few of them: the sum below can then neither fail nor overflow.
+case "$halo_rank:$halo_offset" in
+  :* | *: | *[!0-9:]* | *:*:* | ????????????*) halo_fail "HALO_NODE_RANK must be a node rank in 0..1, got '$halo_rank' (offset '$halo_offset')" ;;
 esac
-[ "$halo_rank" -lt 2 ] || halo_fail "HALO_NODE_RANK=$halo_rank is outside 0..1"
+halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not octal
+[ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank (HALO_NODE_RANK + offset $halo_offset) is outside 0..1"
 
 # Environment for every rank, identical on all nodes (values are literal).
 export DIST_SHARED_FILESYSTEM=0
@@ -155,9 +167,11 @@ EOT
     }
   }
 
-  group "node-1" {
+  group "workers" {
     count = 1
-    # Bounds a half-placed or hung job; Nomad then marks it complete (halo-sched reports TIMEOUT).
+    # Nomad 2.0.3+: each allocation is stopped this long after its creation (halo-sched reports
+    # TIMEOUT). A group that never placed has no allocation and no timer: it bounds a hung job,
+    # not a half-placed one. Older `nomad job run` rejects this line.
     max_run_duration = "12h"
 
     # A fixed-size world never re-forms around a replaced rank: no restarts, no reschedules.
@@ -171,9 +185,14 @@ EOT
       attempts  = 0
       unlimited = false
     }
+    # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
+    # its allocation turns "unknown" and whoever watches the job stops it. Nomad 1.8+.
+    disconnect {
+      replace = false
+    }
 
     meta {
-      halo_node_rank = "1"
+      halo_node_rank_offset = "1"
     }
 
     network {
@@ -189,7 +208,6 @@ EOT
         command = "/bin/bash"
         args = ["$${NOMAD_TASK_DIR}/halo-entry.sh"]
         network_mode = "host"
-        ipc_mode = "host"
         ulimit = [
           {
             memlock = "-1"
@@ -207,7 +225,8 @@ EOT
       }
 
       env {
-        HALO_NODE_RANK = "1"
+        HALO_NODE_RANK = "$${NOMAD_ALLOC_INDEX}"
+        HALO_NODE_RANK_OFFSET = "1"
         HALO_MASTER_ADDR_FILE = "$${NOMAD_TASK_DIR}/halo-master-addr"
       }
 
@@ -216,13 +235,14 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-01469b0f"
-        right_delimiter = "halo-01469b0f]]"
+        left_delimiter  = "[[halo-36b1340d"
+        right_delimiter = "halo-36b1340d]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
-# The same script runs on every node. The backend sets only HALO_NODE_RANK and the master
-# address (HALO_MASTER_ADDR, or HALO_MASTER_ADDR_FILE to poll until rank 0 is known).
+# The same script runs on every node. The backend sets only HALO_NODE_RANK (and maybe
+# HALO_NODE_RANK_OFFSET) and the master address (HALO_MASTER_ADDR, or
+# HALO_MASTER_ADDR_FILE to poll until rank 0 is known).
 set -e
 halo_started=$SECONDS
 halo_fail() {
@@ -230,10 +250,14 @@ halo_fail() {
   exit 1
 }
 halo_rank=$HALO_NODE_RANK
-case "$halo_rank" in
-  '' | *[!0-9]*) halo_fail "HALO_NODE_RANK must be a node rank in 0..1, got '$halo_rank'" ;;
+# Nomad's worker group passes its allocation index and HALO_NODE_RANK_OFFSET=1 ($${} cannot add).
+halo_offset=$${HALO_NODE_RANK_OFFSET:-0}
+# Digits only, and few of them: the sum below can then neither fail nor overflow.
+case "$halo_rank:$halo_offset" in
+  :* | *: | *[!0-9:]* | *:*:* | ????????????*) halo_fail "HALO_NODE_RANK must be a node rank in 0..1, got '$halo_rank' (offset '$halo_offset')" ;;
 esac
-[ "$halo_rank" -lt 2 ] || halo_fail "HALO_NODE_RANK=$halo_rank is outside 0..1"
+halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not octal
+[ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank (HALO_NODE_RANK + offset $halo_offset) is outside 0..1"
 
 # Environment for every rank, identical on all nodes (values are literal).
 export DIST_SHARED_FILESYSTEM=0

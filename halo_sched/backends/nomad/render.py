@@ -1,24 +1,51 @@
 """JobSpec -> Nomad job (pure): the API payload ``{"Job": {...}}`` is the one model; the HCL
 (``templates/nomad/job.nomad.hcl.j2``) is rendered from that same dict.
 
-Shape, for N nodes: one group per node, ``node-0`` .. ``node-{N-1}``, each count 1 with a fixed
-node rank (``NOMAD_ALLOC_INDEX`` is unique only within one job version, so it never decides a
-rank). ``node-0`` reserves the rendezvous port and registers a Nomad-native service; the other
-groups read it through a ``nomadService`` template that renders EMPTY until the service exists,
-and the shared entry script polls that file with the rendezvous deadline.
+Shape, for N nodes: group ``node-0`` (count 1: node rank 0; it reserves the rendezvous port and
+registers a Nomad-native service) and, when N > 1, ONE group ``workers`` with count N-1, whose
+allocation ``JOBID.workers[K]`` is node rank K+1. The env says ``HALO_NODE_RANK =
+${NOMAD_ALLOC_INDEX}`` and ``HALO_NODE_RANK_OFFSET = 1``; the shared entry script adds them (HCL
+and Nomad's ``${}`` cannot add) and checks the range. So the job is the same size for 2 nodes or
+1,024: the entry script is embedded twice (once per group), never once per node. One group per
+node made the job O(N) and the server state O(N^2), since every allocation carries the whole job
+(hashicorp/nomad#27442, #6306).
+
+Why the allocation index is a sound node rank here (hashicorp/nomad, ``scheduler/reconciler``):
+each submission is a fresh job ID (:func:`submission_id`) registered once and never updated, so
+there is one job version. Names come from ``AllocNameIndex`` (``allocs.go``): a bitmap of the
+indexes the group's existing allocations hold; ``Next(n)`` hands out the free indexes in
+0..count-1 first, so the first placement takes 0..count-1 and a later evaluation (a blocked one
+unblocking) fills exactly the missing ones. A batch allocation that finished or failed still
+counts as existing (``filters.go``: terminal allocations are "untainted"), so its index is never
+reused for a new allocation. A lost-node replacement keeps the lost allocation's Name
+(``reconcile_cluster.go``: "Add replacements for lost allocs", ``name: alloc.Name``), and with
+``disconnect { replace = false }`` (below) a running allocation on a node that went down is marked
+``unknown`` and not replaced at all. Two live allocations of one version never share an index.
+(``NOMAD_ALLOC_INDEX`` would be ambiguous across versions of an updated job: we never update.)
+
+Both groups: no restarts, no reschedules, and ``disconnect { replace = false }`` (Nomad 1.8+;
+``TaskGroup.Replace()`` in ``nomad/structs/structs.go`` defaults to true, and the reconciler
+replaces lost allocations up to the count whatever the reschedule policy says). Nothing uses a
+host namespace mode: since Nomad 2.0.4 the docker driver refuses them unless the client allows
+them (``drivers/docker/driver.go`` ``validateNamespace``); shared memory comes from ``shm_size``.
+Options that need client settings are listed by :func:`client_requirements`.
 
 User text reaches the task only inside the entry-script template, whose Go-template delimiters
-are chosen absent from it, and which Nomad does not ``${}``-interpolate. Env and args carry only
-names Nomad itself defines.
+are chosen absent from it, and which Nomad does not ``${}``-interpolate; and in docker
+``volumes``, escaped (``$${``, ``%%{``) because the client evaluates driver config as HCL
+templates. Env and args carry only names Nomad itself defines.
 """
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import time
 
-from ...launch import MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, NODE_RANK_VAR, entry_script
 from ...errors import SpecError
+from ...launch import (
+    MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, NODE_RANK_OFFSET_VAR, NODE_RANK_VAR, entry_script,
+)
 from ...spec import JobSpec
 from ...templating import render_template
 
@@ -27,10 +54,31 @@ PORT_LABEL = "rdzv"
 ENTRY_PATH = "local/halo-entry.sh"
 MASTER_FILE = "local/halo-master-addr"
 NODES_META = "halo_sched_nodes"
+#: Node rank 0: count 1, the rendezvous port and service.
+LEADER_GROUP = "node-0"
+#: Node ranks 1..N-1: count N-1, node rank = 1 + the allocation's name index.
+WORKER_GROUP = "workers"
+WORKER_RANK_OFFSET = 1
+
+_ALLOC_INDEX_RE = re.compile(r"\[(\d+)\]$")
 
 
-def group_name(rank: int) -> str:
-    return f"node-{rank}"
+def group_counts(nodes: int) -> dict[str, int]:
+    """The task groups of an N-node job and their counts."""
+    return {LEADER_GROUP: 1, **({WORKER_GROUP: nodes - 1} if nodes > 1 else {})}
+
+
+def node_rank_of(task_group: str, alloc_name: str) -> int | None:
+    """The node rank an allocation runs, from its TaskGroup and Name (``JOBID.workers[K]`` -> K+1);
+    None for a group this module does not render."""
+    m = _ALLOC_INDEX_RE.search(alloc_name)
+    if m is None:
+        return None
+    if task_group == LEADER_GROUP:
+        return 0
+    if task_group == WORKER_GROUP:
+        return WORKER_RANK_OFFSET + int(m.group(1))
+    return None
 
 
 def service_name(job_id: str) -> str:
@@ -45,7 +93,8 @@ def service_name(job_id: str) -> str:
 
 def submission_id(spec: JobSpec) -> str:
     """A fresh job ID for each submission, like a SLURM job id: Nomad would otherwise treat a
-    resubmitted file as the same job (not re-run when unchanged, replaced in place when changed)."""
+    resubmitted file as the same job (not re-run when unchanged, replaced in place when changed).
+    ``plan`` uses one too, so it never diffs against a running job of the same name."""
     return f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
@@ -68,9 +117,33 @@ def master_template(job_id: str) -> str:
     )
 
 
-def _task(spec: JobSpec, job_id: str, rank: int, entry: str) -> dict:
+def driver_config_literal(value: str) -> str:
+    """``value`` as a docker driver config string the client leaves literal: the client decodes
+    the whole config as HCL2 JSON (``hclutils.ParseHclInterface`` in the task runner), so
+    ``${`` would interpolate and ``%{`` run a directive; ``$${`` and ``%%{`` are HCL's escapes."""
+    return value.replace("${", "$${").replace("%{", "%%{")
+
+
+def client_requirements(spec: JobSpec) -> list[str]:
+    """Client (docker plugin) settings this job needs beyond a default Nomad 2.0.x client, each
+    a line naming the option that needs it and the setting. Empty when a default client runs it.
+    ``nomad job plan`` does not check these; the task fails at start on a client without them."""
     nm = spec.nomad
-    left, right = _delimiters(entry)
+    needs: list[str] = []
+    if nm.driver == "docker" and nm.volumes:
+        # drivers/docker/driver.go: "volumes are not enabled; cannot mount host path" for any
+        # bind source outside the allocation dir unless the plugin's volumes.enabled is true.
+        needs.append('nomad.volumes: the docker plugin must allow host bind mounts: '
+                     'plugin "docker" { config { volumes { enabled = true } } }')
+    if nm.driver == "raw_exec":
+        # raw_exec is off by default on every client (drivers/rawexec: enabled = false).
+        needs.append('nomad.driver raw_exec: the client must enable it: plugin "raw_exec" { config { enabled = true } }')
+    return needs
+
+
+def _task(spec: JobSpec, job_id: str, group: str, entry: str, delims: tuple[str, str]) -> dict:
+    nm = spec.nomad
+    left, right = delims
     templates = [{
         "EmbeddedTmpl": entry,
         "DestPath": ENTRY_PATH,
@@ -79,11 +152,15 @@ def _task(spec: JobSpec, job_id: str, rank: int, entry: str) -> dict:
         "LeftDelim": left,
         "RightDelim": right,
     }]
-    env = {NODE_RANK_VAR: str(rank)}
-    if rank == 0:
-        env[MASTER_ADDR_VAR] = "${NOMAD_IP_%s}" % PORT_LABEL
+    if group == LEADER_GROUP:
+        env = {NODE_RANK_VAR: "0", MASTER_ADDR_VAR: "${NOMAD_IP_%s}" % PORT_LABEL}
     else:
-        env[MASTER_ADDR_FILE_VAR] = "${NOMAD_TASK_DIR}/halo-master-addr"
+        env = {
+            # The entry script adds the two: Nomad's ${} cannot.
+            NODE_RANK_VAR: "${NOMAD_ALLOC_INDEX}",
+            NODE_RANK_OFFSET_VAR: str(WORKER_RANK_OFFSET),
+            MASTER_ADDR_FILE_VAR: "${NOMAD_TASK_DIR}/halo-master-addr",
+        }
         # noop: the file is rewritten when rank 0 registers; the entry script polls it.
         templates.append({"EmbeddedTmpl": master_template(job_id), "DestPath": MASTER_FILE, "ChangeMode": "noop"})
 
@@ -94,15 +171,16 @@ def _task(spec: JobSpec, job_id: str, rank: int, entry: str) -> dict:
             "command": "/bin/bash",
             "args": args,
             # torchrun and NCCL need the host's interfaces; the rendezvous port is a host port.
+            # (network_mode is not a namespace mode the driver restricts; ipc_mode = "host" is,
+            # since 2.0.4: shared memory comes from shm_size instead.)
             "network_mode": "host",
-            "ipc_mode": "host",
             # The docker driver's ulimit is a list(map(string)); an HCL block is a list of one.
             "ulimit": [{"memlock": "-1", "stack": "67108864"}],
         }
         if nm.shm_bytes is not None:
             config["shm_size"] = nm.shm_bytes
         if nm.volumes:
-            config["volumes"] = list(nm.volumes)
+            config["volumes"] = [driver_config_literal(v) for v in nm.volumes]
         if spec.network.fabric == "efa":
             devices = ["/dev/infiniband"] + (["/dev/gdrdrv"] if spec.network.cross_node_expert_parallel else [])
             config["devices"] = [{"host_path": d, "container_path": d} for d in devices]
@@ -123,19 +201,23 @@ def _task(spec: JobSpec, job_id: str, rank: int, entry: str) -> dict:
     }
 
 
-def _group(spec: JobSpec, job_id: str, rank: int, entry: str) -> dict:
+def _group(spec: JobSpec, job_id: str, name: str, count: int, entry: str, delims: tuple[str, str]) -> dict:
     group: dict = {
-        "Name": group_name(rank),
-        "Count": 1,
+        "Name": name,
+        "Count": count,
         # A fixed-size torchrun world never re-forms around a replaced rank: no restarts, no reschedules.
         "RestartPolicy": {"Attempts": 0, "Mode": "fail", "Interval": 86_400_000_000_000, "Delay": 15_000_000_000},
         "ReschedulePolicy": {"Attempts": 0, "Interval": 0, "Unlimited": False},
-        "Meta": {"halo_node_rank": str(rank)},
-        "Tasks": [_task(spec, job_id, rank, entry)],
+        # ... and no replacement of a rank whose node went down (the reschedule policy does not
+        # cover lost allocations): its allocation turns "unknown" and the job's watcher ends it.
+        "Disconnect": {"Replace": False},
+        "Meta": ({"halo_node_rank": "0"} if name == LEADER_GROUP
+                 else {"halo_node_rank_offset": str(WORKER_RANK_OFFSET)}),
+        "Tasks": [_task(spec, job_id, name, entry, delims)],
     }
     if spec.nomad.max_run_duration_ns is not None:
         group["MaxRunDuration"] = spec.nomad.max_run_duration_ns
-    if rank == 0:
+    if name == LEADER_GROUP:
         group["Networks"] = [{
             "Mode": "host",
             "ReservedPorts": [{"Label": PORT_LABEL, "Value": spec.rendezvous.port}],
@@ -148,7 +230,7 @@ def _group(spec: JobSpec, job_id: str, rank: int, entry: str) -> dict:
 
 def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
     """The API payload for ``PUT /v1/jobs`` (and ``/v1/job/<id>/plan``). ``job_id`` defaults to
-    the job's name (what ``render`` shows); ``submit`` passes a fresh :func:`submission_id`."""
+    the job's name (what ``render`` shows); ``submit`` and ``plan`` pass a fresh :func:`submission_id`."""
     nm = spec.nomad
     if nm.driver == "docker" and not spec.image:
         raise SpecError([("image", "the Nomad docker driver needs an image; set image, or nomad.driver: exec or raw_exec")])
@@ -156,16 +238,17 @@ def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
         raise SpecError([("image", f"nomad.driver {nm.driver} runs on the host and would ignore the image; "
                                    "use nomad.driver: docker, or remove image")])
     entry = entry_script(spec)
+    delims = _delimiters(entry)
     job_id = job_id or spec.name
     job: dict = {
         "ID": job_id,
         "Name": spec.name,
         "Type": "batch",
         "Datacenters": list(nm.datacenters),
-        # One node per host: node-sized groups must never share a client.
+        # One node per host: node-sized allocations must never share a client.
         "Constraints": [{"Operand": "distinct_hosts", "RTarget": "true"}],
         "Meta": {NODES_META: str(spec.nodes), "halo_sched_world_size": str(spec.world_size)},
-        "TaskGroups": [_group(spec, job_id, r, entry) for r in range(spec.nodes)],
+        "TaskGroups": [_group(spec, job_id, name, count, entry, delims) for name, count in group_counts(spec.nodes).items()],
     }
     if nm.namespace:
         job["Namespace"] = nm.namespace
@@ -186,5 +269,5 @@ def go_duration(ns: int) -> str:
     return "".join(parts) or "0s"
 
 
-def render_hcl(spec: JobSpec) -> str:
-    return render_template("nomad/job.nomad.hcl.j2", job=job_payload(spec)["Job"], go_duration=go_duration)
+def render_hcl(spec: JobSpec, job_id: str | None = None) -> str:
+    return render_template("nomad/job.nomad.hcl.j2", job=job_payload(spec, job_id)["Job"], go_duration=go_duration)
