@@ -27,6 +27,11 @@ from hclparse import hcl2json, jobspec
 fake_api = load_nomad_helper("fake_api")
 FakeNomad, FakeNode = fake_api.FakeNomad, fake_api.FakeNode
 TOKEN = "tok-123"
+
+
+def Client(name, **kw):  # noqa: N802 - reads like the FakeNode it makes
+    """A GPU client whose docker plugin allows host bind mounts (the example mounts /scratch)."""
+    return FakeNode(name, docker_volumes_enabled=True, **kw)
 GOLDEN = REPO / "tests" / "golden"
 
 
@@ -168,7 +173,7 @@ def nomad_env(fake, **extra):
 
 def test_half_placed_job_is_stopped_within_placement_timeout(job_file):
     # Two GPU clients, but one is fully busy: the worker cannot place (no gang scheduling).
-    with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b", busy_gpus=8)], token=TOKEN) as fake:
+    with FakeNomad([Client("gpu-a"), Client("gpu-b", busy_gpus=8)], token=TOKEN) as fake:
         f = job_file(nodes=2, placement_timeout_s=3)
         t0 = time.monotonic()
         r = cli("submit", str(f), "--backend", "nomad", "--wait", env=nomad_env(fake))
@@ -185,7 +190,7 @@ def test_half_placed_job_is_stopped_within_placement_timeout(job_file):
 
 
 def test_status_partial_then_plan_explains(job_file):
-    with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b", busy_gpus=8)], token=TOKEN) as fake:
+    with FakeNomad([Client("gpu-a"), Client("gpu-b", busy_gpus=8)], token=TOKEN) as fake:
         f = job_file(nodes=2)
         r = cli("submit", str(f), "--backend", "nomad", env=nomad_env(fake))
         assert r.returncode == 0, r.stderr
@@ -203,7 +208,7 @@ def test_status_partial_then_plan_explains(job_file):
 
 
 def test_fully_placed_job_runs_and_completes(job_file):
-    with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b")], token=TOKEN) as fake:
+    with FakeNomad([Client("gpu-a"), Client("gpu-b")], token=TOKEN) as fake:
         f = job_file(nodes=2, placement_timeout_s=5, namespace="training")
         r = cli("submit", str(f), "--backend", "nomad", env=nomad_env(fake))
         assert r.returncode == 0, r.stderr
@@ -220,7 +225,7 @@ def test_fully_placed_job_runs_and_completes(job_file):
 
 
 def test_max_run_duration_is_reported_as_timeout(job_file):
-    with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b")], token=TOKEN) as fake:
+    with FakeNomad([Client("gpu-a"), Client("gpu-b")], token=TOKEN) as fake:
         f = job_file(nodes=2)
         job_id = cli("submit", str(f), "--backend", "nomad", env=nomad_env(fake)).stdout.split()[-1]
         for g in ("node-0", "workers"):
@@ -255,7 +260,7 @@ def test_unreachable_nomad_is_a_clear_error(job_file):
 
 
 def test_logs_are_tagged_with_their_node_rank(job_file):
-    with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b")], token=TOKEN) as fake:
+    with FakeNomad([Client("gpu-a"), Client("gpu-b")], token=TOKEN) as fake:
         f = job_file(nodes=2)
         job_id = cli("submit", str(f), "--backend", "nomad", env=nomad_env(fake)).stdout.split()[-1]
         # node rank 1 is the allocation workers[0]
@@ -265,13 +270,13 @@ def test_logs_are_tagged_with_their_node_rank(job_file):
             fake.write_log(alloc, f"warning on {tag}\n", type="stderr")
         out = cli("logs", job_id, "--backend", "nomad", env=nomad_env(fake)).stdout.splitlines()
     assert out == [
-        "[node-0] hello from node-0", "[node-0] second line", "[node-0] warning on node-0",
-        "[node-1] hello from node-1", "[node-1] second line", "[node-1] warning on node-1",
+        "[node 0] hello from node-0", "[node 0] second line", "[node 0] warning on node-0",
+        "[node 1] hello from node-1", "[node 1] second line", "[node 1] warning on node-1",
     ]
 
 
 def test_each_submission_is_a_new_job_with_its_own_rendezvous_service(job_file):
-    with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b")], token=TOKEN) as fake:
+    with FakeNomad([Client("gpu-a"), Client("gpu-b")], token=TOKEN) as fake:
         f = job_file(nodes=2)
         first = cli("submit", str(f), "--backend", "nomad", env=nomad_env(fake)).stdout.split()[-1]
         second = cli("submit", str(f), "--backend", "nomad", env=nomad_env(fake)).stdout.split()[-1]
@@ -285,7 +290,7 @@ def test_each_submission_is_a_new_job_with_its_own_rendezvous_service(job_file):
 
 
 def test_status_of_an_unknown_id_does_not_hide_the_others(job_file):
-    with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b")], token=TOKEN) as fake:
+    with FakeNomad([Client("gpu-a"), Client("gpu-b")], token=TOKEN) as fake:
         job_id = cli("submit", str(job_file(nodes=2)), "--backend", "nomad", env=nomad_env(fake)).stdout.split()[-1]
         out = cli("status", "nope", job_id, "--backend", "nomad", env=nomad_env(fake))
         assert out.returncode == 0
@@ -297,7 +302,7 @@ def test_status_of_an_unknown_id_does_not_hide_the_others(job_file):
 
 
 def test_submit_wait_prints_the_job_id_even_when_watching_fails(job_file):
-    with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b")], token=TOKEN) as fake:
+    with FakeNomad([Client("gpu-a"), Client("gpu-b")], token=TOKEN) as fake:
         fake.fail_next(50, status=500, path_contains="/allocations")
         r = cli("submit", str(job_file(nodes=2)), "--backend", "nomad", "--wait", env=nomad_env(fake))
         assert r.returncode == 1 and "Traceback" not in r.stderr
@@ -306,10 +311,23 @@ def test_submit_wait_prints_the_job_id_even_when_watching_fails(job_file):
 
 
 def test_id_records_the_namespace_taken_from_the_environment(job_file):
-    with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b")], token=TOKEN) as fake:
+    with FakeNomad([Client("gpu-a"), Client("gpu-b")], token=TOKEN) as fake:
         r = cli("submit", str(job_file(nodes=2)), "--backend", "nomad", env=nomad_env(fake, NOMAD_NAMESPACE="team"))
         job_id = r.stdout.split()[-1]
         assert job_id.startswith("team/ddp-nomad-"), r.stderr
         # A shell without NOMAD_NAMESPACE still reaches the job from its id alone.
         st = json.loads(cli("status", job_id, "--backend", "nomad", "--json", env=nomad_env(fake)).stdout)
         assert st["status"] == "RUNNING"
+
+
+def test_default_docker_client_refuses_host_volumes_at_task_start(job_file):
+    # plan cannot see it (Nomad's neither); the task fails at start, and submit names the setting.
+    with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b")], token=TOKEN) as fake:
+        r = cli("submit", str(job_file(nodes=2)), "--backend", "nomad", env=nomad_env(fake))
+        assert r.returncode == 0, r.stderr
+        assert "volumes { enabled = true }" in r.stderr
+        job_id = r.stdout.split()[-1]
+        alloc = fake.alloc_for(job_id, "node-0")
+        assert alloc["ClientStatus"] == "failed"
+        (event,) = [e for e in alloc["TaskStates"]["torchrun"]["Events"] if e["Type"] == "Driver Failure"]
+        assert 'volumes are not enabled; cannot mount host path: "/scratch:/scratch"' in event["DriverError"]

@@ -27,6 +27,7 @@ import base64
 import copy
 import fnmatch
 import json
+import re
 import ssl
 import threading
 import time
@@ -43,7 +44,12 @@ GPU_DEVICE_NAMES = ("gpu", "nvidia/gpu")
 
 @dataclass
 class FakeNode:
-    """A Nomad client node. ``busy_gpus`` are held by workloads outside the fake (another team)."""
+    """A Nomad client node. ``busy_gpus`` are held by workloads outside the fake (another team).
+
+    ``docker_*`` are the client's docker plugin settings (drivers/docker/config.go), defaults as
+    there: ``volumes { enabled = false }``, ``allow_privileged = false``, ``allowed_modes`` empty
+    (since 2.0.4 no host namespace mode is allowed unless listed), e.g. ``{"ipc": ["host"]}``.
+    """
 
     name: str
     gpus: int = 8
@@ -53,6 +59,9 @@ class FakeNode:
     busy_gpus: int = 0
     status: str = "ready"
     id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    docker_volumes_enabled: bool = False
+    docker_allow_privileged: bool = False
+    docker_allowed_modes: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -139,6 +148,11 @@ class FakeNomad:
         # group name -> exit code: on stop, such a running group dies on its own (a torchrun rank
         # crashing because rank 0 was killed) instead of being killed.
         self.stop_collateral: dict[str, int] = {}
+        # The deregister evaluation stays pending (the job still reads "running") until
+        # process_evals(); stopped allocations keep ClientStatus running until complete_kills().
+        self.defer_evals = False
+        self.hold_kills = False
+        self._deferred: list[tuple[dict, list[dict]]] = []
 
         self.requests: list[RecordedRequest] = []
         self._lock = threading.RLock()
@@ -226,6 +240,91 @@ class FakeNomad:
             if freed:
                 self._unblock()
 
+    def node_down(self, node_name: str) -> None:
+        """A client misses its heartbeats and is marked down (nomad/heartbeat.go: "down", since no
+        allocation on it sets disconnect.lost_after). The reconciler then classifies each of its
+        allocations (scheduler/reconciler/filters.go):
+
+        * running, in a group with ``disconnect { replace = false }``: "disconnecting" -> ClientStatus
+          ``unknown`` (reconcile_cluster.go appendUnknownDisconnectingUpdates), kept, not replaced;
+        * otherwise (pending ones too) "lost" -> DesiredStatus stop, ClientStatus ``lost``, and a
+          replacement with the SAME Name up to the group's count ("Add replacements for lost
+          allocs"), whatever the reschedule policy; blocked like any placement when it cannot fit.
+        Terminal allocations are left alone.
+        """
+        with self._lock:
+            node = next(n for n in self.nodes if n.name == node_name)
+            node.status = "down"
+            touched: dict[tuple[str, str], dict] = {}
+            for alloc in sorted(self._allocs.values(), key=lambda a: a["CreateIndex"]):
+                if alloc["NodeID"] != node.id or alloc["DesiredStatus"] != "run":
+                    continue
+                if alloc["ClientStatus"] in ("complete", "failed", "lost", "unknown"):
+                    continue
+                job = self._jobs.get((alloc["Namespace"], alloc["JobID"]))
+                tg = next((g for g in (job or {}).get("TaskGroups") or [] if g["Name"] == alloc["TaskGroup"]), {})
+                replace = (tg.get("Disconnect") or {}).get("Replace")
+                if alloc["ClientStatus"] == "running" and replace is False:
+                    self._set_client_status(alloc, "unknown", "alloc is unknown since its node is disconnected")
+                else:
+                    alloc["DesiredStatus"] = "stop"
+                    alloc["DesiredDescription"] = "alloc is lost since its node is down"
+                    alloc["AllocModifyIndex"] = self._next_index()
+                    self._set_client_status(alloc, "lost", "alloc is lost since its node is down")
+                if job is not None:
+                    touched[(job["Namespace"], job["ID"])] = job
+            for job in touched.values():
+                if job["Stop"]:
+                    continue
+                ev = self._new_eval(job, "node-update", NodeID=node.id)
+                self._process_eval(ev, job)
+                self._touch_job(job["ID"], job["Namespace"])
+
+    def tick(self) -> None:
+        """Enforce ``max_run_duration`` (Nomad 2.0.3+): client/allocrunner/max_run_duration_hook.go
+        times it from the allocation's CreateTime, whatever its tasks' state (pending included);
+        on expiry the tasks are killed and the allocation ends ClientStatus ``complete`` with
+        ClientDescription exactly ``allocation exceeded max_run_duration``
+        (nomad/structs/alloc.go AllocTimeoutReasonMaxRunDuration). Batch/sysbatch jobs only.
+        Called on every request; tests may call it too."""
+        with self._lock:
+            now = time.time_ns()
+            for alloc in list(self._allocs.values()):
+                if alloc["ClientStatus"] not in ("pending", "running") or alloc["DesiredStatus"] != "run":
+                    continue
+                job = self._jobs.get((alloc["Namespace"], alloc["JobID"]))
+                if job is None or job.get("Type") not in ("batch", "sysbatch"):
+                    continue
+                tg = next((g for g in job.get("TaskGroups") or [] if g["Name"] == alloc["TaskGroup"]), {})
+                limit = tg.get("MaxRunDuration")
+                if not limit or alloc["CreateTime"] + int(limit) > now:
+                    continue
+                for ts in alloc["TaskStates"].values():
+                    if ts["State"] == "running":
+                        ts["Events"].append(_event("Killing", self._now(), MAX_RUN_DURATION_DESC,
+                                                   KillTimeout=5_000_000_000, Details={"kill_timeout": "5s"}))
+                        ts["Events"].append(_event("Killed", self._now(), "Task successfully killed"))
+                    self._end_task(ts, failed=False)
+                self._set_client_status(alloc, "complete", MAX_RUN_DURATION_DESC)
+                self._touch_job(alloc["JobID"], alloc["Namespace"])
+
+    def process_evals(self) -> None:
+        """Apply the deregister evaluations held back by ``defer_evals``."""
+        with self._lock:
+            deferred, self._deferred = self._deferred, []
+            for ev, allocs in deferred:
+                self._apply_stop(ev, allocs)
+
+    def complete_kills(self) -> None:
+        """The clients finish killing the tasks of stopped allocations held by ``hold_kills``."""
+        with self._lock:
+            held = [a for a in self._allocs.values() if a["DesiredStatus"] == "stop" and a["ClientStatus"] in ("pending", "running")]
+            for alloc in held:
+                self._finish_kill(alloc)
+            self._collateral_failures(held)
+            for alloc in held:
+                self._touch_job(alloc["JobID"], alloc["Namespace"])
+
     def set_running(self, job_id: str, group: str | None = None, namespace: str = "default") -> None:
         """Start the pending allocations of a job (or of one group)."""
         with self._lock:
@@ -264,7 +363,7 @@ class FakeNomad:
             return copy.deepcopy(alloc)
 
     def time_out(self, job_id: str, group: str, variant: str = "client", namespace: str = "default") -> dict:
-        """Kill the group's allocation for exceeding max_run_duration, the way Nomad 2.0.2+ does.
+        """Kill the group's allocation for exceeding max_run_duration, the way Nomad 2.0.3+ does.
 
         ``client`` (what the merged feature does, per Nomad PR #27803 and its docs): tasks killed,
         ClientStatus "complete", ClientDescription "allocation exceeded max_run_duration".
@@ -348,7 +447,11 @@ class FakeNomad:
                 and (group is None or a["TaskGroup"] == group)]
 
     def _latest_alloc(self, job_id: str, group: str, namespace: str) -> dict:
-        allocs = [a for a in self._job_allocs(job_id, namespace) if a["TaskGroup"] == group]
+        """The newest allocation of a group; ``group`` may also name one index, ``workers[1]``."""
+        if "[" in group:
+            allocs = [a for a in self._job_allocs(job_id, namespace) if a["Name"] == f"{job_id}.{group}"]
+        else:
+            allocs = [a for a in self._job_allocs(job_id, namespace) if a["TaskGroup"] == group]
         if not allocs:
             raise KeyError(f"no allocation for {job_id}/{group}")
         return max(allocs, key=lambda a: a["CreateIndex"])
@@ -364,6 +467,10 @@ class FakeNomad:
     # ------------------------------------------------------------------------- internals: state changes
 
     def _start_alloc(self, alloc: dict) -> None:
+        refusal = self._docker_refusal(alloc)
+        if refusal is not None:
+            self._driver_failure(alloc, refusal)
+            return
         now = self._now()
         for ts in alloc["TaskStates"].values():
             ts["Events"].append(_event("Task Setup", now, "Building Task Directory", Message="Building Task Directory"))
@@ -371,6 +478,56 @@ class FakeNomad:
             ts["State"] = "running"
             ts["StartedAt"] = _rfc3339(now)
         self._set_client_status(alloc, "running", "Tasks are running")
+
+    def _docker_refusal(self, alloc: dict) -> str | None:
+        """Why the node's docker plugin refuses to create this allocation's container, or None.
+
+        drivers/docker/driver.go createContainerConfig: ``validateNamespace`` refuses ipc/pid/uts/
+        userns modes not matched by the plugin's ``allowed_modes`` (globs) unless
+        ``allow_privileged``; a bind mount whose source is outside the allocation dir needs
+        ``volumes.enabled`` (relative sources mount from the task dir and are always allowed);
+        ``privileged = true`` needs ``allow_privileged``. The error is wrapped by StartTask as
+        "Failed to create container configuration for image ...".
+        """
+        node = next((n for n in self.nodes if n.id == alloc["NodeID"]), None)
+        job = self._jobs.get((alloc["Namespace"], alloc["JobID"]))
+        tg = next((g for g in (job or {}).get("TaskGroups") or [] if g["Name"] == alloc["TaskGroup"]), None)
+        if node is None or tg is None:
+            return None
+        for task in tg.get("Tasks") or []:
+            if task.get("Driver") != "docker":
+                continue
+            cfg = task.get("Config") or {}
+            problem = None
+            for field_name, key in (("ipc_mode", "ipc"), ("pid_mode", "pid"), ("uts_mode", "uts"), ("userns_mode", "userns")):
+                mode = cfg.get(field_name)
+                if mode and not node.docker_allow_privileged and not any(
+                        fnmatch.fnmatchcase(mode, pattern) for pattern in node.docker_allowed_modes.get(key, [])):
+                    problem = f'cannot apply "{field_name}" configuration'
+                    break
+            if problem is None and not node.docker_volumes_enabled:
+                for bind in cfg.get("volumes") or []:
+                    if bind.split(":", 1)[0].startswith("/"):
+                        problem = f'volumes are not enabled; cannot mount host path: "{bind}"'
+                        break
+            if problem is None and cfg.get("privileged") and not node.docker_allow_privileged:
+                problem = "Docker privileged mode is disabled on this Nomad agent"
+            if problem is not None:
+                image = cfg.get("image", "")
+                return f'Failed to create container configuration for image "{image}" ("sha256:fake"): {problem}'
+        return None
+
+    def _driver_failure(self, alloc: dict, message: str) -> None:
+        # The task runner records the StartTask error as a "Driver Failure" event that fails the
+        # task (client/allocrunner/taskrunner/task_runner.go); restart attempts 0: no retry.
+        for ts in alloc["TaskStates"].values():
+            ts["Events"].append(_event("Driver Failure", self._now(), message, FailsTask=True, DriverError=message,
+                                       Details={"fails_task": "true", "driver_error": message}))
+            ts["Events"].append(_event("Not Restarting", self._now(), NOT_RESTARTING_MSG, FailsTask=True,
+                                       RestartReason=NOT_RESTARTING_MSG,
+                                       Details={"fails_task": "true", "restart_reason": NOT_RESTARTING_MSG}))
+            self._end_task(ts, failed=True)
+        self._set_client_status(alloc, "failed", "Failed tasks")
 
     def _end_task(self, ts: dict, failed: bool) -> None:
         ts["State"] = "dead"
@@ -387,21 +544,24 @@ class FakeNomad:
             self._alloc_demand.pop(alloc["ID"], None)  # a terminal allocation frees its node
 
     def _touch_job(self, job_id: str, namespace: str) -> None:
+        # nomad/state/state_store.go getJobStatus: running while any allocation is not terminal
+        # (Allocation.TerminalStatus: DesiredStatus stop/evict OR ClientStatus complete/failed/
+        # lost), else pending while an evaluation is, else dead once it had one or was stopped.
+        # So a stopped job reads "running" until the deregister evaluation marks its allocations
+        # to stop, and "dead" from then on even while the client is still killing their tasks.
         job = self._jobs.get((namespace, job_id))
         if job is None:
             return
         allocs = self._job_allocs(job_id, namespace)
-        if job["Stop"]:
-            status = "dead"
-        elif any(a["ClientStatus"] in ("pending", "running") and a["DesiredStatus"] == "run" for a in allocs):
+        evals = [e for e in self._evals.values() if e["JobID"] == job_id and e["Namespace"] == namespace]
+        if any(a["DesiredStatus"] == "run" and a["ClientStatus"] not in ("complete", "failed", "lost") for a in allocs):
             status = "running"
-        elif any(e["Status"] in ("pending", "blocked") for e in self._evals.values()
-                 if e["JobID"] == job_id and e["Namespace"] == namespace):
+        elif any(e["Status"] in ("pending", "blocked") for e in evals):
             status = "pending"
-        elif not allocs:
-            status = "pending"
-        else:
+        elif evals or job["Stop"]:
             status = "dead"
+        else:
+            status = "pending"
         if status != job["Status"]:
             job["Status"] = status
             job["ModifyIndex"] = self._next_index()
@@ -515,14 +675,20 @@ class FakeNomad:
 
     def _missing(self, job: dict) -> dict[str, int]:
         """Allocations each group of the current version still needs (batch: done ones count)."""
+        return {name: len(free) for name, free in self._free_indexes(job).items() if free}
+
+    def _free_indexes(self, job: dict) -> dict[str, list[int]]:
+        """Per group, the name indexes new placements take: scheduler/reconciler/allocs.go
+        AllocNameIndex.Next hands out the indexes in 0..count-1 that no existing allocation holds,
+        lowest first. Existing = not server-terminal (a finished or failed batch allocation keeps
+        its index; a lost or stopped one gives it up, so its replacement reuses the Name)."""
         current = [a for a in self._job_allocs(job["ID"], job["Namespace"])
                    if a["JobVersion"] == job["Version"] and a["DesiredStatus"] == "run"]
-        need = {}
+        free = {}
         for tg in job.get("TaskGroups") or []:
-            have = sum(1 for a in current if a["TaskGroup"] == tg["Name"])
-            if tg.get("Count", 1) - have > 0:
-                need[tg["Name"]] = tg.get("Count", 1) - have
-        return need
+            held = {int(a["Name"].rsplit("[", 1)[1].rstrip("]")) for a in current if a["TaskGroup"] == tg["Name"]}
+            free[tg["Name"]] = [i for i in range(tg.get("Count", 1)) if i not in held]
+        return free
 
     def _new_eval(self, job: dict, triggered_by: str, status: str = "pending", **fields: Any) -> dict:
         idx = self._next_index()
@@ -542,14 +708,28 @@ class FakeNomad:
         return ev
 
     def _process_eval(self, ev: dict, job: dict) -> None:
-        """Run the scheduler for ``ev``: place what fits; block the rest on a follow-up evaluation."""
-        need = self._missing(job)
+        """Run the scheduler for ``ev``: place what fits; block the rest on a follow-up evaluation.
+
+        scheduler/generic_sched.go: a *blocked* evaluation that still cannot place everything is
+        re-blocked (``ReblockEval``, nomad/worker.go -> nomad/blocked_evals.go): the same
+        evaluation, updated, goes back to the blocked set; no new one is created."""
+        free = self._free_indexes(job)
+        need = {name: len(idx) for name, idx in free.items() if idx}
         placements, failed = self._schedule(job, need)
         for tg, i, node in placements:
-            self._create_alloc(job, tg, i, node, ev["ID"])
+            self._create_alloc(job, tg, free[tg["Name"]][i], node, ev["ID"])
         queued = {name: 0 for name in (tg["Name"] for tg in job.get("TaskGroups") or [])}
         for name, metric in failed.items():
             queued[name] = 1 + metric["CoalescedFailures"]
+        if ev["Status"] == "blocked" and failed:
+            ev["ModifyIndex"] = ev["SnapshotIndex"] = self._next_index()
+            ev["ModifyTime"] = time.time_ns()
+            if self.auto_run:
+                for alloc in self._job_allocs(job["ID"], job["Namespace"]):
+                    if alloc["EvalID"] == ev["ID"] and alloc["ClientStatus"] == "pending":
+                        self._start_alloc(alloc)
+            self._touch_job(job["ID"], job["Namespace"])
+            return
         ev["Status"] = "complete"
         ev["FailedTGAllocs"] = failed or None
         ev["QueuedAllocations"] = queued
@@ -605,8 +785,11 @@ class FakeNomad:
         alloc["DesiredStatus"] = "stop"
         alloc["DesiredDescription"] = description
         alloc["AllocModifyIndex"] = self._next_index()
-        if alloc["ClientStatus"] not in ("pending", "running"):
+        if alloc["ClientStatus"] not in ("pending", "running") or self.hold_kills:
             return
+        self._finish_kill(alloc)
+
+    def _finish_kill(self, alloc: dict) -> None:
         collateral = self.stop_collateral.get(alloc["TaskGroup"])
         for ts in alloc["TaskStates"].values():
             if collateral is not None and ts["State"] == "running":
@@ -618,6 +801,16 @@ class FakeNomad:
         if collateral is not None and alloc["ClientStatus"] == "running":
             return  # dies on its own, after the others were killed: see _collateral_failures
         self._set_client_status(alloc, "complete", "All tasks have completed")
+
+    def _apply_stop(self, ev: dict, allocs: list[dict]) -> None:
+        for alloc in allocs:
+            if alloc["DesiredStatus"] == "run":
+                self._kill_alloc(alloc, "alloc not needed due to job update")
+        if not self.hold_kills:
+            self._collateral_failures(allocs)
+        ev["Status"] = "complete"
+        ev["ModifyIndex"] = self._next_index()
+        self._touch_job(ev["JobID"], ev["Namespace"])
 
     def _collateral_failures(self, allocs: list[dict]) -> None:
         for alloc in allocs:
@@ -638,6 +831,9 @@ class FakeNomad:
         if parts[:1] != ["v1"]:
             raise _HTTPError(404, "Invalid URL")
         rest = parts[1:]
+        if method == "GET" and (rest in (["allocations"], ["evaluations"], ["agent", "self"], ["agent", "members"])
+                               or rest == ["jobs"] or (len(rest) == 3 and rest[0] == "job" and rest[2] == "allocations")):
+            return 200, self._status_side_get(rest, namespace, query)  # status side: see the end of the class
         with self._lock:
             if rest == ["jobs"] and method == "GET":
                 return 200, self._list_jobs(namespace, query.get("prefix", ""))
@@ -692,6 +888,70 @@ class FakeNomad:
                 "JobModifyIndex": job["JobModifyIndex"], "SubmitTime": job["SubmitTime"], "Meta": job.get("Meta"),
             })
         return out
+
+    # ------------------------------------------------------------------------- status side: list endpoints
+    # The calls halo-sched's status and watch make: filtered list endpoints answering with stubs,
+    # blocking queries, and the agent's version. Each follows the Nomad source file named.
+
+    server_version = "2.0.6"  # what /v1/agent/members and /v1/agent/self report
+
+    def _status_side_get(self, rest: list[str], namespace: str, query: dict[str, str]) -> Any:
+        if rest == ["agent", "members"]:
+            # command/agent/agent_endpoint.go AgentMembersRequest -> Status.Members (node:read):
+            # each server's serf Tags carry "build" = its version (nomad/server.go).
+            return {"ServerName": "server-1.global", "ServerRegion": self.region, "ServerDC": "dc1",
+                    "Members": [{"Name": "server-1.global", "Addr": "127.0.0.1", "Port": 4648, "Status": "alive",
+                                 "Tags": {"build": self.server_version, "region": self.region, "role": "nomad"}}]}
+        if rest == ["agent", "self"]:
+            # command/agent/agent_endpoint.go AgentSelfRequest (agent:read): config.Version is a
+            # version.VersionInfo; member is the agent's serf member.
+            return {"config": {"Version": {"Version": self.server_version, "VersionPrerelease": "",
+                                           "VersionMetadata": "", "Revision": "fake"}},
+                    "member": {"Name": "server-1.global", "Tags": {"build": self.server_version}}, "stats": {}}
+        expr = _bexpr(query["filter"]) if query.get("filter") else (lambda obj: True)
+        if rest == ["jobs"]:
+            # nomad/job_endpoint.go Job.List: JobListStubs; Meta only with ?meta=true
+            # (command/agent/job_endpoint.go jobListRequest); the filter applies to the stubs.
+            with self._lock:
+                jobs = self._list_jobs(namespace, query.get("prefix", ""))
+            if query.get("meta", "").lower() not in ("true", "1", "t"):
+                for j in jobs:
+                    j.pop("Meta", None)
+            return [j for j in jobs if expr(j)]
+        if rest == ["allocations"]:
+            # nomad/alloc_endpoint.go Alloc.List: AllocListStubs of the namespace (TaskStates
+            # included unless task_states=false), filtered.
+            with self._lock:
+                allocs = [_alloc_stub(a) for a in sorted(self._allocs.values(), key=lambda a: a["CreateIndex"])
+                          if namespace == "*" or a["Namespace"] == namespace]
+            return [a for a in allocs if expr(a)]
+        if rest == ["evaluations"]:
+            # nomad/eval_endpoint.go Eval.List: whole evaluations, filtered.
+            with self._lock:
+                evals = [copy.deepcopy(e) for e in sorted(self._evals.values(), key=lambda e: e["CreateIndex"])
+                         if namespace == "*" or e["Namespace"] == namespace]
+            return [e for e in evals if expr(e)]
+        # GET /v1/job/<id>/allocations: nomad/job_endpoint.go Job.Allocations under blockingRPC
+        # (nomad/rpc.go): the answer's index is the allocs *table* index, so a query whose
+        # ?index= is already behind it answers at once; otherwise it waits until this job's
+        # allocations change, or ?wait= (command/agent/http.go parseWait: a Go duration) passes.
+        job_id = rest[1]
+        min_index = int(query.get("index") or 0)
+        deadline = time.monotonic() + (_go_duration_s(query["wait"]) if query.get("wait") else 300.0)
+
+        def answer() -> list[dict]:
+            return [_alloc_stub(a) for a in sorted(self._job_allocs(job_id, namespace), key=lambda a: a["CreateIndex"])]
+
+        with self._lock:
+            if not min_index or self._index > min_index:
+                return answer()
+        while not self._closing.wait(0.01):
+            with self._lock:
+                changed = max((max(a["ModifyIndex"], a.get("AllocModifyIndex", 0))
+                               for a in self._job_allocs(job_id, namespace)), default=0)
+                if changed > min_index or time.monotonic() >= deadline:
+                    return answer()
+        return []
 
     def _get_job(self, namespace: str, job_id: str) -> dict:
         job = self._jobs.get((namespace, job_id))
@@ -792,13 +1052,16 @@ class FakeNomad:
                 ev["Status"] = "canceled"
                 ev["StatusDescription"] = "evaluation canceled because the job was stopped"
                 ev["ModifyIndex"] = self._next_index()
-        ev = self._new_eval(job, "job-deregister", status="complete")
         allocs = sorted(self._job_allocs(job_id, namespace), key=lambda a: (a["TaskGroup"], a["CreateIndex"]))
-        for alloc in allocs:
-            if alloc["DesiredStatus"] == "run":
-                self._kill_alloc(alloc, "alloc not needed due to job update")
-        self._collateral_failures(allocs)
-        self._touch_job(job_id, namespace)
+        if self.defer_evals and not purge:
+            # The job is stopped, but until a scheduler worker applies this evaluation its
+            # allocations still have DesiredStatus run: the job reads "running".
+            ev = self._new_eval(job, "job-deregister", status="pending")
+            self._deferred.append((ev, allocs))
+            self._touch_job(job_id, namespace)
+        else:
+            ev = self._new_eval(job, "job-deregister", status="complete")
+            self._apply_stop(ev, allocs)
         if purge:
             del self._jobs[key]
             for alloc in allocs:
@@ -831,6 +1094,102 @@ class FakeNomad:
             alloc = self._allocs.get(key[0])
             ended = alloc is None or alloc["ClientStatus"] in ("complete", "failed", "lost")
             return self._logs.get(key, ""), ended
+
+
+# ----------------------------------------------------------------------------- status side: helpers
+
+
+def _alloc_stub(alloc: dict) -> dict:
+    """nomad/structs/alloc.go Allocation.Stub: the list endpoints' AllocListStub (no Job, no
+    Resources unless asked; TaskStates included)."""
+    keep = ("ID", "EvalID", "Name", "Namespace", "NodeID", "NodeName", "JobID", "JobType", "JobVersion", "TaskGroup",
+            "DesiredStatus", "DesiredDescription", "ClientStatus", "ClientDescription", "DesiredTransition",
+            "TaskStates", "DeploymentStatus", "FollowupEvalID", "NextAllocation", "RescheduleTracker",
+            "PreemptedAllocations", "PreemptedByAllocation", "CreateIndex", "ModifyIndex", "CreateTime", "ModifyTime")
+    return {k: copy.deepcopy(alloc.get(k)) for k in keep}
+
+
+def _go_duration_s(text: str) -> float:
+    """Go's time.ParseDuration for the units a ``wait`` uses ("500ms", "30s", "5m", "1m30s")."""
+    units = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ns|us|ms|s|m|h)", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise _HTTPError(400, "Invalid wait time")
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+_BEXPR_TOKEN = re.compile(r'\s*(?:(?P<str>"(?:[^"\\]|\\.)*")|(?P<op>==|!=|\(|\))|(?P<word>[A-Za-z_][A-Za-z0-9_.]*))')
+
+
+def _bexpr(text: str):
+    """A go-bexpr subset (github.com/hashicorp/go-bexpr grammar, as Nomad's ``filter`` uses it):
+    ``Sel == "v"``, ``Sel != "v"``, ``Sel is empty``, ``Sel is not empty``, ``not``, ``and``,
+    ``or`` (``and`` binds tighter), parentheses. Returns a predicate over a decoded JSON object."""
+    tokens, pos = [], 0
+    while pos < len(text.rstrip()):
+        m = _BEXPR_TOKEN.match(text, pos)
+        if not m or m.end() == pos:
+            raise _HTTPError(400, f"failed to read filter expression: syntax error at {pos}")
+        kind = m.lastgroup
+        tokens.append((kind, json.loads(m.group(kind)) if kind == "str" else m.group(kind)))
+        pos = m.end()
+    i = 0
+
+    def peek(value=None):
+        return i < len(tokens) and (value is None or tokens[i][1] == value)
+
+    def take(value=None):
+        nonlocal i
+        if not peek(value):
+            raise _HTTPError(400, f"failed to read filter expression: expected {value!r}")
+        i += 1
+        return tokens[i - 1]
+
+    def select(obj, selector):
+        for part in selector.split("."):
+            obj = obj.get(part) if isinstance(obj, dict) else None
+        return obj
+
+    def primary():
+        if peek("("):
+            take("(")
+            inner = disjunction()
+            take(")")
+            return inner
+        if peek("not"):
+            take("not")
+            inner = primary()
+            return lambda o: not inner(o)
+        _, selector = take()
+        if peek("is"):
+            take("is")
+            negate = peek("not") and bool(take("not"))
+            take("empty")
+            return lambda o: (not select(o, selector)) != negate
+        _, op = take()
+        kind, value = take()
+        if kind != "str" or op not in ("==", "!="):
+            raise _HTTPError(400, "failed to read filter expression: unsupported operator")
+        return (lambda o: str(select(o, selector)) == value) if op == "==" else (lambda o: str(select(o, selector)) != value)
+
+    def conjunction():
+        terms = [primary()]
+        while peek("and"):
+            take("and")
+            terms.append(primary())
+        return lambda o: all(t(o) for t in terms)
+
+    def disjunction():
+        terms = [conjunction()]
+        while peek("or"):
+            take("or")
+            terms.append(conjunction())
+        return lambda o: any(t(o) for t in terms)
+
+    expr = disjunction()
+    if i != len(tokens):
+        raise _HTTPError(400, "failed to read filter expression: trailing input")
+    return expr
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -869,6 +1228,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = raw.decode("utf-8", "replace")
         record = RecordedRequest(method, split.path, query, {k.lower(): v for k, v in self.headers.items()}, body)
+        fake.tick()  # max_run_duration expiries up to now, before answering
         with fake._lock:
             fake.requests.append(record)
             drop = next((i for i, p in enumerate(fake._drop_queue) if p is None or p in split.path), None)

@@ -1,9 +1,10 @@
 """A hand-written halo-sched Nomad job payload, in the shape the renderer produces.
 
 Tests of the client, the status mapping and the fake API use this instead of the renderer so that
-they do not depend on it: one task group per node (``node-0`` .. ``node-{N-1}``, Count 1, no
-restarts, no rescheduling), ``distinct_hosts``, rank 0 reserving the rendezvous port and
-registering a Nomad-native service, GPUs requested as ``nvidia/gpu`` devices.
+they do not depend on it: group ``node-0`` (Count 1, node rank 0, reserving the rendezvous port and
+registering a Nomad-native service) and, for N > 1, group ``workers`` (Count N-1; allocation
+``JOB.workers[K]`` is node rank K+1); no restarts, no rescheduling, ``disconnect { replace = false }``,
+``distinct_hosts``, GPUs requested as ``nvidia/gpu`` devices.
 """
 from __future__ import annotations
 
@@ -33,23 +34,26 @@ def make_job(
         raise ValueError("n_nodes must be >= 1")
     args = [part.format(n=n_nodes, g=gpus) for part in command]
     groups = []
-    for rank in range(n_nodes):
+    for rank in range(min(n_nodes, 2)):  # rank 1 stands for the whole workers group
         resources: dict[str, Any] = {"CPU": cpu_mhz, "MemoryMB": memory_mb}
         if gpus:
             resources["Devices"] = [{"Name": "nvidia/gpu", "Count": gpus}]
         config: dict[str, Any] = {"command": args[0], "args": args[1:]}
         if driver == "docker":
             config = {"image": "halo/train:latest", "command": args[0], "args": args[1:], "network_mode": "host"}
+        env = ({"HALO_NODE_RANK": "0"} if rank == 0 else
+               {"HALO_NODE_RANK": "${NOMAD_ALLOC_INDEX}", "HALO_NODE_RANK_OFFSET": "1"})
         group: dict[str, Any] = {
-            "Name": f"node-{rank}",
-            "Count": 1,
+            "Name": "node-0" if rank == 0 else "workers",
+            "Count": 1 if rank == 0 else n_nodes - 1,
             "RestartPolicy": {"Attempts": 0, "Mode": "fail", "Interval": 24 * 3600 * NS_PER_S, "Delay": 15 * NS_PER_S},
             "ReschedulePolicy": {"Attempts": 0, "Unlimited": False},
+            "Disconnect": {"Replace": False},
             "Tasks": [{
                 "Name": "torchrun",
                 "Driver": driver,
                 "Config": config,
-                "Env": {"HALO_NODE_RANK": str(rank), "HALO_NNODES": str(n_nodes)},
+                "Env": {**env, "HALO_NNODES": str(n_nodes)},
                 "Resources": resources,
             }],
         }

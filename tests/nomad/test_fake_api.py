@@ -1,0 +1,125 @@
+"""The fake Nomad API behaves as the Nomad source says (each test names the file it follows), so
+that what halo-sched's status side concludes from it holds on a real cluster."""
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+from helpers import load_nomad_helper
+
+fake_api = load_nomad_helper("fake_api")
+sample_job = load_nomad_helper("sample_job")
+FakeNomad, FakeNode = fake_api.FakeNomad, fake_api.FakeNode
+
+
+def register(fake, payload) -> dict:
+    req = urllib.request.Request(f"{fake.address}/v1/jobs", data=json.dumps(payload).encode(), method="PUT",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def get(fake, path: str):
+    with urllib.request.urlopen(f"{fake.address}{path}", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def names(fake, job_id="halo-test", **where) -> list[str]:
+    return sorted(a["Name"] for a in fake.allocs_of(job_id) if all(a[k] == v for k, v in where.items()))
+
+
+def test_workers_take_name_indexes_and_a_later_eval_fills_exactly_the_missing_ones():
+    # scheduler/reconciler/allocs.go AllocNameIndex.Next: free indexes of 0..count-1, lowest first.
+    with FakeNomad([FakeNode("a"), FakeNode("b"), FakeNode("c", busy_gpus=8)]) as fake:
+        register(fake, sample_job.make_job(4))
+        assert names(fake) == ["halo-test.node-0[0]", "halo-test.workers[0]"]
+        (blocked,) = [e for e in fake.evals_of("halo-test") if e["Status"] == "blocked"]
+        fake.set_busy_gpus("c", 0)  # one more node: workers[1] places, workers[2] still waits
+        assert names(fake) == ["halo-test.node-0[0]", "halo-test.workers[0]", "halo-test.workers[1]"]
+        # nomad/blocked_evals.go via generic_sched.go ReblockEval: the same evaluation, re-blocked.
+        still = [e for e in fake.evals_of("halo-test") if e["Status"] == "blocked"]
+        assert [e["ID"] for e in still] == [blocked["ID"]] and still[0]["ModifyIndex"] > blocked["ModifyIndex"]
+        fake.add_node(FakeNode("d"))
+        assert names(fake)[-1] == "halo-test.workers[2]"
+        assert fake.evals_of("halo-test") and all(e["Status"] == "complete" for e in fake.evals_of("halo-test"))
+        assert get(fake, "/v1/job/halo-test")["Status"] == "running"
+
+
+def test_node_down_without_replace_false_is_lost_and_replaced_under_the_same_name():
+    payload = sample_job.make_job(3)
+    for g in payload["Job"]["TaskGroups"]:
+        del g["Disconnect"]  # Nomad's default: TaskGroup.Replace() is true
+    with FakeNomad([FakeNode("a"), FakeNode("b"), FakeNode("c"), FakeNode("spare")]) as fake:
+        register(fake, payload)
+        victim = fake.alloc_for("halo-test", "workers[1]")
+        fake.node_down(victim["NodeName"])
+        lost = next(a for a in fake.allocs_of("halo-test") if a["ID"] == victim["ID"])
+        assert (lost["ClientStatus"], lost["DesiredStatus"]) == ("lost", "stop")
+        assert lost["ClientDescription"] == "alloc is lost since its node is down"
+        # reconcile_cluster.go "Add replacements for lost allocs": same Name, despite reschedule attempts 0.
+        assert names(fake, DesiredStatus="run").count("halo-test.workers[1]") == 1
+        assert fake.alloc_for("halo-test", "workers[1]")["NodeName"] == "spare"
+
+
+def test_node_down_with_replace_false_reads_unknown_and_is_not_replaced():
+    with FakeNomad([FakeNode("a"), FakeNode("b"), FakeNode("spare")]) as fake:
+        register(fake, sample_job.make_job(2))
+        victim = fake.alloc_for("halo-test", "workers")
+        fake.node_down(victim["NodeName"])
+        after = fake.alloc_for("halo-test", "workers")
+        # filters.go: running on a down node with replace = false -> "disconnecting" -> unknown.
+        assert after["ID"] == victim["ID"] and after["ClientStatus"] == "unknown"
+        assert after["ClientDescription"] == "alloc is unknown since its node is disconnected"
+        assert len(fake.allocs_of("halo-test")) == 2
+        assert get(fake, "/v1/job/halo-test")["Status"] == "running"  # unknown is not terminal
+
+
+def test_docker_plugin_refuses_host_ipc_mode_and_volumes_at_task_start():
+    payload = sample_job.make_job(2, driver="docker")
+    payload["Job"]["TaskGroups"][0]["Tasks"][0]["Config"]["ipc_mode"] = "host"
+    payload["Job"]["TaskGroups"][1]["Tasks"][0]["Config"]["volumes"] = ["/data:/data", "local/x:/x"]
+    with FakeNomad([FakeNode("a"), FakeNode("b")]) as fake:
+        register(fake, payload)
+        for group, why in (("node-0", 'cannot apply "ipc_mode" configuration'),
+                           ("workers", 'volumes are not enabled; cannot mount host path: "/data:/data"')):
+            alloc = fake.alloc_for("halo-test", group)
+            assert alloc["ClientStatus"] == "failed"
+            (ev,) = [e for e in alloc["TaskStates"]["torchrun"]["Events"] if e["Type"] == "Driver Failure"]
+            assert ev["DriverError"].startswith('Failed to create container configuration for image "halo/train:latest"')
+            assert ev["DriverError"].endswith(why)
+    allowed = [FakeNode(n, docker_allowed_modes={"ipc": ["host"]}, docker_volumes_enabled=True) for n in "ab"]
+    with FakeNomad(allowed) as fake:
+        register(fake, payload)
+        assert {a["ClientStatus"] for a in fake.allocs_of("halo-test")} == {"running"}
+
+
+def test_a_stopped_job_reads_running_until_the_stop_is_applied_then_dead_while_tasks_die():
+    # nomad/state/state_store.go getJobStatus with Allocation.TerminalStatus (server side counts).
+    with FakeNomad([FakeNode("a"), FakeNode("b")]) as fake:
+        register(fake, sample_job.make_job(2))
+        fake.defer_evals = fake.hold_kills = True
+        req = urllib.request.Request(f"{fake.address}/v1/job/halo-test", method="DELETE")
+        urllib.request.urlopen(req, timeout=10).read()
+        job = get(fake, "/v1/job/halo-test")
+        assert job["Stop"] is True and job["Status"] == "running"
+        fake.process_evals()
+        assert get(fake, "/v1/job/halo-test")["Status"] == "dead"
+        assert {(a["DesiredStatus"], a["ClientStatus"]) for a in fake.allocs_of("halo-test")} == {("stop", "running")}
+        fake.complete_kills()
+        assert {a["ClientStatus"] for a in fake.allocs_of("halo-test")} == {"complete"}
+
+
+def test_max_run_duration_is_timed_from_allocation_creation_even_when_pending():
+    # client/allocrunner/max_run_duration_hook.go: deadline = CreateTime + max_run_duration.
+    with FakeNomad([FakeNode("a"), FakeNode("b")], auto_run=False) as fake:
+        register(fake, sample_job.make_job(2, max_run_duration_s=1))
+        assert {a["ClientStatus"] for a in fake.allocs_of("halo-test")} == {"pending"}
+        get(fake, "/v1/job/halo-test")
+        assert {a["ClientStatus"] for a in fake.allocs_of("halo-test")} == {"pending"}  # not yet
+        time.sleep(1.1)
+        get(fake, "/v1/job/halo-test")  # any request enforces expiries up to now
+        allocs = fake.allocs_of("halo-test")
+        assert {(a["ClientStatus"], a["ClientDescription"]) for a in allocs} == {
+            ("complete", "allocation exceeded max_run_duration")}
+        assert get(fake, "/v1/job/halo-test")["Status"] == "dead"
