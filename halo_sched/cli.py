@@ -64,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     _backend_arg(p)
     p.add_argument("--json", action="store_true", help="one JSON object per job")
 
+    p = sub.add_parser("watch", help="wait for a submitted job's end (Nomad: stop it when a rank dies); exit like submit --wait")
+    p.add_argument("id", metavar="ID")
+    _backend_arg(p)
+    p.add_argument("--timeout", type=float, default=None, help="stop watching after this many seconds")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
+
     p = sub.add_parser("logs", help="a job's output, each line with its node")
     p.add_argument("id", metavar="ID")
     _backend_arg(p)
@@ -169,8 +175,6 @@ def cmd_submit(args) -> int:
 
 
 def _wait_after_submit(args, spec, sched, job_id: str) -> int:
-    from .backends.base import JobStatus, wait_for
-
     stream_logs = not args.quiet and getattr(sched, "streams_logs", False)
     follower = None
     if stream_logs:
@@ -191,20 +195,39 @@ def _wait_after_submit(args, spec, sched, job_id: str) -> int:
         progress.tty = False  # a rewritten line would garble the interleaved logs
     state = sched.watch(spec, job_id, on_progress=None if args.quiet else progress.change)
     if not state.status.terminal:
-        state = wait_for(
-            sched, job_id, timeout=args.timeout,
+        state = sched.wait(
+            job_id, timeout=args.timeout,
             on_change=None if args.quiet else progress.change,
             on_tick=None if args.quiet else progress.tick,
         )
     if follower is not None:
         follower.join(timeout=5)
+    return _report_end(job_id, state, args.timeout)
+
+
+def _report_end(job_id: str, state, timeout: float | None) -> int:
+    """The last word of a wait on stderr; the exit code: 0 only for a completed job."""
+    from .backends.base import JobStatus
+
     if state.status is JobStatus.UNKNOWN:
         _err(f"halo-sched: {job_id}: the scheduler no longer knows this job; its outcome is unknown ({state.reason})")
     elif not state.status.terminal:
-        _err(f"halo-sched: {job_id} still {state.status.value} after --timeout {args.timeout:g}s")
+        _err(f"halo-sched: {job_id} still {state.status.value} after --timeout {timeout:g}s")
     else:
         _err(f"halo-sched: {job_id} {state.describe()}")
     return 0 if state.status is JobStatus.COMPLETED else 1
+
+
+def cmd_watch(args) -> int:
+    sched = _scheduler(args.backend)
+    progress = Progress(sched, args.id)
+    try:
+        state = sched.wait(args.id, timeout=args.timeout, on_change=None if args.quiet else progress.change,
+                           on_tick=None if args.quiet else progress.tick)
+    except KeyboardInterrupt:
+        _err(f"\nhalo-sched: stopped watching; {args.id} keeps running")
+        return 130
+    return _report_end(args.id, state, args.timeout)
 
 
 def cmd_plan(args) -> int:
@@ -228,6 +251,8 @@ def cmd_status(args) -> int:
             print(json.dumps({
                 "id": st.id, "status": st.status.value, "raw_state": st.raw_state, "exit_code": st.exit_code,
                 "nodes_total": st.nodes_total, "nodes_running": st.nodes_running, "reason": st.reason,
+                # Nomad: per node rank, the allocation that runs it (alloc id, node, client status).
+                **({"nodes": st.extra["nodes"]} if "nodes" in st.extra else {}),
             }))
         else:
             print(f"{job_id}\t{st.describe()}")
@@ -271,7 +296,7 @@ def cmd_schema(args) -> int:
 
 COMMANDS = {
     "validate": cmd_validate, "render": cmd_render, "submit": cmd_submit, "plan": cmd_plan,
-    "status": cmd_status, "logs": cmd_logs, "cancel": cmd_cancel, "schema": cmd_schema,
+    "status": cmd_status, "watch": cmd_watch, "logs": cmd_logs, "cancel": cmd_cancel, "schema": cmd_schema,
 }
 
 

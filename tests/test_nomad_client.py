@@ -21,14 +21,9 @@ from hypothesis import strategies as st
 
 from halo_sched.backends.base import JobStatus
 from halo_sched.backends.nomad.client import NomadAPIError, NomadClient, NomadConfig
-from halo_sched.backends.nomad.status import (
-    describe_alloc_metric,
-    format_plan,
-    job_state,
-    plan_summary,
-    plan_warnings,
-    watch_placement,
-)
+from halo_sched.backends.nomad.plan import format_plan, plan_summary, plan_warnings
+from halo_sched.backends.nomad.state import describe_alloc_metric, job_state
+from halo_sched.backends.nomad.watchdog import watch_job
 from halo_sched.errors import SchedulerError, UsageError
 from helpers import load_nomad_helper
 
@@ -36,7 +31,20 @@ from helpers import load_nomad_helper
 fake_api = load_nomad_helper("fake_api")
 sample_job = load_nomad_helper("sample_job")
 FakeNomad, FakeNode = fake_api.FakeNomad, fake_api.FakeNode
-make_job = sample_job.make_job
+
+
+def make_job(n_nodes: int, **kw):
+    """sample_job's payload folded into the rendered shape: ``node-0`` and one ``workers`` group
+    of count N-1 (allocation ``JOB.workers[K]`` is node rank K+1), disconnect.replace false."""
+    payload = sample_job.make_job(n_nodes, **kw)
+    groups = payload["Job"]["TaskGroups"]
+    if n_nodes > 1 and groups[1]["Name"] != "workers":
+        groups[1].update(Name="workers", Count=n_nodes - 1)
+        del groups[2:]
+    for g in groups:
+        g.setdefault("Disconnect", {"Replace": False})
+    return payload
+
 
 TOKEN = "s3cr3t-token"
 JOB = "halo-test"
@@ -53,7 +61,10 @@ def client_for(fake, token: str | None = TOKEN, sleep=None, **overrides) -> Noma
 
 
 def state_of(client: NomadClient, job_id: str = JOB):
-    return job_state(client.job(job_id), client.allocations(job_id), client.evaluations(job_id), job_id)
+    """The state from the list endpoints, as ``status`` reads it."""
+    jobs = client.job_stubs([job_id])
+    return job_state(jobs[0] if jobs else None, client.allocation_stubs([job_id]),
+                     client.placement_evaluations([job_id]), job_id)
 
 
 class FakeClock:
@@ -98,8 +109,10 @@ def test_token_namespace_and_region_go_on_every_request():
         client.plan(payload)
         client.register(payload)
         assert client.job(JOB)["Namespace"] == "ml"
-        allocs = client.allocations(JOB)
-        client.evaluations(JOB)
+        allocs, _ = client.job_allocations(JOB)
+        client.placement_evaluations([JOB])
+        client.job_stubs([JOB])
+        client.allocation_stubs([JOB])
         client.jobs(prefix="halo")
         fake.write_log(allocs[0]["ID"], "hi\n")
         assert "".join(client.logs(allocs[0]["ID"], "torchrun")) == "hi\n"
@@ -107,7 +120,7 @@ def test_token_namespace_and_region_go_on_every_request():
 
         assert fake.job_record(JOB, namespace="ml") is not None
         assert fake.job_record(JOB) is None  # nothing leaked into "default"
-        assert len(fake.requests) == 8
+        assert len(fake.requests) == 10
         for req in fake.requests:
             assert req.headers.get("x-nomad-token") == TOKEN, req
             assert req.query.get("namespace") == "ml", req
@@ -310,8 +323,10 @@ def test_fully_placed_job_is_running(fake):
     state = state_of(client)
     assert state.status is JobStatus.RUNNING
     assert (state.nodes_running, state.nodes_total) == (2, 2)
-    groups = state.extra["groups"]
-    assert {groups["node-0"]["node"], groups["node-1"]["node"]} == {"gpu-a", "gpu-b"}  # distinct hosts
+    nodes = state.extra["nodes"]
+    assert [n["node_rank"] for n in nodes] == [0, 1]
+    assert nodes[1]["alloc_name"] == f"{JOB}.workers[0]"
+    assert {nodes[0]["node"], nodes[1]["node"]} == {"gpu-a", "gpu-b"}  # distinct hosts
 
 
 def test_half_placed_job_is_partial_and_says_why():
@@ -323,13 +338,25 @@ def test_half_placed_job_is_partial_and_says_why():
         assert state.status is JobStatus.PARTIAL
         assert (state.nodes_running, state.nodes_total) == (1, 2)
         assert state.extra["blocked_eval"] is True
-        reason = state.extra["blocked"]["node-1"]
-        assert reason.startswith("node-1: 0/3 nodes eligible")
+        reason = state.extra["blocked"]["workers"]
+        assert reason.startswith("workers: 1 of 1 unplaced (node rank 1): 0/3 nodes eligible")
         assert "distinct_hosts: 1" in reason  # gpu-a already holds node-0
         assert "missing devices: 1" in reason  # gpu-c has only 4 GPUs
         assert "exhausted 1 (devices: no devices match request: 1)" in reason  # gpu-b's are busy
-        assert state.reason.startswith("blocked: node-1")
+        assert state.reason.startswith("blocked: workers")
         assert "1/2 nodes running" in state.describe()
+
+
+def test_many_workers_partly_placed_count_what_is_missing():
+    nodes = [FakeNode(f"gpu-{i}") for i in range(5)]
+    with FakeNomad(nodes, token=TOKEN) as fake:
+        client = client_for(fake)
+        client.register(make_job(8))
+        state = state_of(client)
+        assert state.status is JobStatus.PARTIAL and (state.nodes_running, state.nodes_total) == (5, 8)
+        assert state.extra["blocked"]["workers"].startswith("workers: 3 of 7 unplaced (node ranks 5-7)")
+        assert sorted(n["alloc_name"] for n in state.extra["nodes"] if n["alloc_name"]) == sorted(
+            [f"{JOB}.node-0[0]"] + [f"{JOB}.workers[{k}]" for k in range(4)])
 
 
 def test_nothing_placed_is_pending_with_reasons():
@@ -339,7 +366,7 @@ def test_nothing_placed_is_pending_with_reasons():
         state = state_of(client)
         assert state.status is JobStatus.PENDING
         assert state.nodes_running == 0
-        assert set(state.extra["blocked"]) == {"node-0", "node-1"}
+        assert set(state.extra["blocked"]) == {"node-0", "workers"}
         assert "missing devices" in state.reason
         assert state.raw_state == "pending"
 
@@ -355,7 +382,7 @@ def test_wrong_datacenter_is_explained(fake):
 def test_completed_job(fake):
     client = client_for(fake)
     client.register(make_job(2))
-    fake.finish(JOB, "node-1", 0)
+    fake.finish(JOB, "workers", 0)
     assert state_of(client).status is JobStatus.RUNNING  # rank 1 finished first, rank 0 still writing
     fake.finish(JOB, "node-0", 0)
     state = state_of(client)
@@ -366,11 +393,11 @@ def test_completed_job(fake):
 def test_failed_job_keeps_the_exit_code(fake):
     client = client_for(fake)
     client.register(make_job(2))
-    fake.finish(JOB, "node-1", 3)
+    fake.finish(JOB, "workers", 3)
     state = state_of(client)
     assert state.status is JobStatus.FAILED and state.exit_code == 3
-    assert "node-1" in state.reason and "Exit Code: 3" in state.reason
-    assert "1 other node group still running" in state.reason  # rank 0 still holds its GPUs
+    assert "node rank 1" in state.reason and "Exit Code: 3" in state.reason
+    assert "node rank 0 still running" in state.reason  # rank 0 still holds its GPUs
     fake.finish(JOB, "node-0", 0)
     assert state_of(client).exit_code == 3
 
@@ -400,15 +427,16 @@ def test_stopped_half_placed_job_says_what_never_placed(one_node_fake):
     client.stop(JOB)
     state = state_of(client)
     assert state.status is JobStatus.CANCELLED
-    assert "not fully placed" in state.reason and "node-1: 0/1 nodes eligible" in state.reason
-    evals = client.evaluations(JOB)
+    assert "not fully placed" in state.reason and "workers: 1 of 1 unplaced" in state.reason
+    assert "0/1 nodes eligible" in state.reason
+    evals = one_node_fake.evals_of(JOB)
     assert all(e["Status"] != "blocked" for e in evals)  # the stop cancelled the blocked eval
 
 
 def test_failure_before_a_stop_stays_failed(fake):
     client = client_for(fake)
     client.register(make_job(2))
-    fake.finish(JOB, "node-1", 2)
+    fake.finish(JOB, "workers", 2)
     client.stop(JOB)
     state = state_of(client)
     assert state.status is JobStatus.FAILED and state.exit_code == 2
@@ -416,138 +444,132 @@ def test_failure_before_a_stop_stays_failed(fake):
 
 
 def test_rank_crashing_because_of_the_stop_is_still_cancelled(fake):
-    # On stop, node-0 is killed; node-1's torchrun then dies with exit 1 (NCCL error) before its
+    # On stop, node-0 is killed; rank 1's torchrun then dies with exit 1 (NCCL error) before its
     # own kill arrives. That is the user's cancel, not a training failure.
-    fake.stop_collateral = {"node-1": 1}
+    fake.stop_collateral = {"workers": 1}
     client = client_for(fake)
     client.register(make_job(2))
     client.stop(JOB)
-    assert fake.alloc_for(JOB, "node-1")["ClientStatus"] == "failed"
+    assert fake.alloc_for(JOB, "workers")["ClientStatus"] == "failed"
     assert state_of(client).status is JobStatus.CANCELLED
 
 
-@pytest.mark.parametrize("variant", ["client", "server", "event"])
-def test_max_run_duration_is_a_timeout_not_a_success(fake, variant):
+def test_max_run_duration_is_a_timeout_not_a_success(fake):
     client = client_for(fake)
     client.register(make_job(2, max_run_duration_s=3600))
-    killed = fake.time_out(JOB, "node-0", variant=variant)
-    if variant == "client":
-        # What Nomad does: the killed allocation is "complete", like a successful one.
-        assert killed["ClientStatus"] == "complete"
+    killed = fake.time_out(JOB, "node-0", variant="client")
+    # What Nomad does: the killed allocation is "complete", like a successful one.
+    assert killed["ClientStatus"] == "complete"
     state = state_of(client)
     assert state.status is JobStatus.TIMEOUT
-    assert "node-0" in state.reason and "max_run_duration" in state.reason
-    fake.finish(JOB, "node-1", 0)  # every allocation is now "complete"
+    assert "node rank 0" in state.reason and "max_run_duration" in state.reason
+    fake.finish(JOB, "workers", 0)  # every allocation is now "complete"
     state = state_of(client)
     assert state.status is JobStatus.TIMEOUT and state.raw_state == "dead"
+
+
+@pytest.mark.parametrize("variant", ["server", "event"])
+def test_max_run_duration_text_elsewhere_is_not_a_timeout(fake, variant):
+    # Only ClientStatus complete + ClientDescription "allocation exceeded max_run_duration" is
+    # Nomad's signal; the words in a desired description or a task event are not.
+    client = client_for(fake)
+    client.register(make_job(2, max_run_duration_s=3600))
+    fake.time_out(JOB, "node-0", variant=variant)
+    assert state_of(client).status is not JobStatus.TIMEOUT
 
 
 def test_timeout_wins_over_the_crash_it_causes(fake):
     client = client_for(fake)
     client.register(make_job(2, max_run_duration_s=60))
     fake.time_out(JOB, "node-0")
-    fake.finish(JOB, "node-1", 1)
+    fake.finish(JOB, "workers", 1)
     state = state_of(client)
     assert state.status is JobStatus.TIMEOUT
-    assert "node-1 exited 1" in state.reason
+    assert state.reason.startswith("node rank 0 died first") and "Exit Code: 1" in state.reason
 
 
 def test_purged_job_is_unknown(fake):
     client = client_for(fake)
     client.register(make_job(2))
     client.stop(JOB, purge=True)
-    assert client.job(JOB) is None and client.allocations(JOB) == []
+    assert client.job(JOB) is None and client.job_allocations(JOB)[0] == []
     state = state_of(client)
     assert state.status is JobStatus.UNKNOWN and "purge" in state.reason
 
 
-def test_resubmitted_job_uses_the_latest_allocation_of_each_group(fake):
+def test_resubmitted_job_uses_the_latest_allocation_of_each_name(fake):
     client = client_for(fake)
     client.register(make_job(2))
-    fake.finish(JOB, "node-1", 1)
+    fake.finish(JOB, "workers", 1)
     assert state_of(client).status is JobStatus.FAILED
-    client.register(make_job(2))  # a new version replaces the old allocations
-    allocs = client.allocations(JOB)
+    client.register(make_job(2))  # a new version replaces the old allocations under the same names
+    allocs = client.allocation_stubs([JOB])
     assert len(allocs) == 4
     state = state_of(client)
-    assert state.status is JobStatus.RUNNING and state.extra["job_version"] == 1
+    assert state.status is JobStatus.RUNNING
+    newest = {a["ID"] for a in allocs if a["JobVersion"] == 1}
+    assert {n["alloc_id"] for n in state.extra["nodes"]} == newest
 
 
-def _alloc(group, status, create_index, desired="run", exit_code=None, **extra):
-    events = []
-    if exit_code is not None:
-        events.append({"Type": "Terminated", "ExitCode": exit_code, "Time": create_index * 10})
-    return {"ID": f"{group}-{create_index}", "TaskGroup": group, "ClientStatus": status, "DesiredStatus": desired,
-            "CreateIndex": create_index, "NodeName": f"host-{group}",
-            "TaskStates": {"torchrun": {"State": "dead" if exit_code is not None else "running",
-                                        "Failed": bool(exit_code), "Events": events}}, **extra}
+def _scheduler_for(fake):
+    from halo_sched.backends.nomad import NomadScheduler
+
+    return NomadScheduler(client_for(fake))
 
 
-def test_job_state_pure_mapping_edge_cases():
-    job = {"ID": JOB, "Status": "running", "Stop": False, "Meta": {"halo_sched_nodes": "3"},
-           "TaskGroups": [{"Name": f"node-{i}"} for i in range(3)]}
-    # An old failed allocation of node-1 replaced by a running one: only the newest counts.
-    allocs = [_alloc("node-0", "running", 10), _alloc("node-1", "failed", 11, exit_code=1),
-              _alloc("node-1", "running", 20), _alloc("node-2", "running", 12)]
-    state = job_state(job, allocs, [], JOB)
-    assert state.status is JobStatus.RUNNING and (state.nodes_running, state.nodes_total) == (3, 3)
-
-    lost = allocs[:3] + [_alloc("node-2", "lost", 30, ClientDescription="alloc is lost since its node is down")]
-    assert job_state(job, lost, [], JOB).status is JobStatus.NODE_FAIL
-
-    evicted = allocs[:3] + [_alloc("node-2", "complete", 30, desired="evict",
-                                   DesiredDescription="Preempted by alloc ID abc")]
-    assert job_state(job, evicted, [], JOB).status is JobStatus.PREEMPTED
-
-    # N comes from the meta even if the job lists fewer groups (renderer's word wins).
-    meta_only = {"ID": JOB, "Status": "pending", "Meta": {"halo_sched_nodes": "4"}, "TaskGroups": []}
-    state = job_state(meta_only, [], [], JOB)
-    assert state.status is JobStatus.PENDING and state.nodes_total == 4
-
-    assert job_state(None, [], [], JOB).status is JobStatus.UNKNOWN
+def test_status_of_many_jobs_costs_three_calls():
+    # 20 jobs of 2 nodes on 30 clients, one of them half-placed: job stubs, allocation stubs, and
+    # the evaluations of the one that is not fully placed. Never the whole job.
+    with FakeNomad([FakeNode(f"gpu-{i}") for i in range(39)], token=TOKEN) as fake:
+        client = client_for(fake)
+        ids = [f"halo-{i:02d}" for i in range(20)]
+        for job_id in ids:
+            client.register(make_job(2, job_id=job_id))
+        sched = _scheduler_for(fake)
+        before = len(fake.requests)
+        states = sched.describe(ids + ["nope"])
+        calls = fake.requests[before:]
+        assert len(calls) <= 3, [(r.method, r.path) for r in calls]
+        assert not [r for r in calls if r.path.startswith("/v1/job/")]
+        assert [states[i].status for i in ids[:19]] == [JobStatus.RUNNING] * 19
+        assert states[ids[19]].status is JobStatus.PARTIAL and "workers: 1 of 1 unplaced" in states[ids[19]].reason
+        assert states["nope"].status is JobStatus.UNKNOWN
 
 
-_PHASES = ["unplaced", "pending", "running", "complete", "failed", "timeout"]
+def test_status_json_lists_each_node_rank_and_logs_are_tagged_by_rank(fake, capsys, monkeypatch):
+    from halo_sched import cli
+
+    client = client_for(fake)
+    client.register(make_job(2))
+    monkeypatch.setattr(cli, "_scheduler", lambda name: _scheduler_for(fake))
+    assert cli.main(["status", JOB, "--backend", "nomad", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [(n["node_rank"], n["client_status"]) for n in out["nodes"]] == [(0, "running"), (1, "running")]
+    assert out["nodes"][1]["alloc_id"] == fake.alloc_for(JOB, "workers")["ID"]
+    fake.write_log(fake.alloc_for(JOB, "workers")["ID"], "hello from rank 1\n")
+    fake.write_log(fake.alloc_for(JOB, "node-0")["ID"], "hello from rank 0\n")
+    assert list(_scheduler_for(fake).logs(JOB)) == ["[node 0] hello from rank 0\n", "[node 1] hello from rank 1\n"]
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(_PHASES), st.integers(1, 255)), min_size=1, max_size=6))
-def test_job_state_precedence_property(phases):
-    """TIMEOUT > FAILED > COMPLETED/RUNNING > PARTIAL > PENDING, and nodes_running is exact."""
-    n = len(phases)
-    job = {"ID": JOB, "Status": "running", "Stop": False, "Meta": {"halo_sched_nodes": str(n)},
-           "TaskGroups": [{"Name": f"node-{i}"} for i in range(n)]}
-    allocs = []
-    for i, (phase, code) in enumerate(phases):
-        group = f"node-{i}"
-        if phase == "pending":
-            allocs.append(_alloc(group, "pending", 10 + i))
-        elif phase == "running":
-            allocs.append(_alloc(group, "running", 10 + i))
-        elif phase == "complete":
-            allocs.append(_alloc(group, "complete", 10 + i, exit_code=0))
-        elif phase == "failed":
-            allocs.append(_alloc(group, "failed", 10 + i, exit_code=code))
-        elif phase == "timeout":
-            allocs.append(_alloc(group, "complete", 10 + i, ClientDescription="allocation exceeded max_run_duration"))
-    state = job_state(job, allocs, [], JOB)
-    names = [p for p, _ in phases]
-    running = names.count("running")
-    assert state.nodes_running == running and state.nodes_total == n
-    if "timeout" in names:
-        expected = JobStatus.TIMEOUT
-    elif "failed" in names:
-        expected = JobStatus.FAILED
-        assert state.exit_code == phases[names.index("failed")][1]
-    elif names.count("complete") == n:
-        expected = JobStatus.COMPLETED
-    elif running and running + names.count("complete") == n:
-        expected = JobStatus.RUNNING
-    elif running:
-        expected = JobStatus.PARTIAL
-    else:
-        expected = JobStatus.PENDING
-    assert state.status is expected
+def test_server_version_from_members_or_agent_self(fake):
+    client = client_for(fake)
+    assert client.server_version() == "2.0.6"
+    fake.server_version = "2.0.2"
+    assert client.server_version() == "2.0.2"
+    fake.fail_next(1, status=403, body="Permission denied", path_contains="/v1/agent/members")
+    assert client.server_version() == "2.0.2"  # from /v1/agent/self
+    fake.fail_next(2, status=403, body="Permission denied", path_contains="/v1/agent/")
+    assert client.server_version() is None
+
+
+def test_config_repr_never_shows_secrets():
+    cfg = NomadConfig.from_env(env={"NOMAD_TOKEN": "tok-3f9a", "NOMAD_CLIENT_CERT": "/c.pem",
+                                    "NOMAD_CLIENT_KEY": "/secret/key-7b2.pem"})
+    for text in (repr(cfg), str(cfg), f"{cfg}", repr([cfg])):
+        assert "tok-3f9a" not in text and "key-7b2" not in text
+        assert "token='<redacted>'" in text and "client_cert='/c.pem'" in text
+    assert cfg.token == "tok-3f9a"  # the value itself is untouched
+    assert "token=None" in repr(NomadConfig())
 
 
 # ------------------------------------------------------------------------------------ plan
@@ -558,19 +580,19 @@ def test_plan_summary_for_a_job_that_cannot_place(one_node_fake):
     client = client_for(one_node_fake)
     plan = client.plan(make_job(2), diff=True)
     groups = plan_summary(plan)
-    assert [g.group for g in groups] == ["node-0", "node-1"]
+    assert [g.group for g in groups] == ["node-0", "workers"]
     assert groups[0].can_place and groups[0].place == 1
     blocked = groups[1]
-    assert not blocked.can_place
+    assert not blocked.can_place and blocked.unplaced == 1
     assert (blocked.nodes_evaluated, blocked.nodes_filtered, blocked.nodes_exhausted) == (1, 1, 0)
     assert blocked.constraint_filtered == {"distinct_hosts": 1}
-    assert blocked.reason == "node-1: 0/1 nodes eligible; filtered 1 (distinct_hosts: 1)"
+    assert blocked.reason == "workers: 0/1 nodes eligible; filtered 1 (distinct_hosts: 1)"
     assert plan_warnings(plan) == ['Group "node-0" has no update block; using defaults']
     assert plan["Diff"]["Type"] == "Added"
 
     text = format_plan(plan, JOB)
-    assert "1/2 node groups can be placed now" in text
-    assert "node-1: CANNOT place: 0/1 nodes eligible" in text
+    assert "1/2 nodes can be placed now" in text
+    assert "workers: CANNOT place 1 of 1: 0/1 nodes eligible" in text
     assert "no gang scheduling" in text and "has no update block" in text
     assert one_node_fake.job_record(JOB) is None  # a plan registers nothing
 
@@ -611,7 +633,7 @@ def test_logs_plain_and_stderr(fake):
 def test_logs_follow_streams_until_the_task_ends(fake):
     client = client_for(fake)
     client.register(make_job(2))
-    alloc = fake.alloc_for(JOB, "node-1")
+    alloc = fake.alloc_for(JOB, "workers")
     fake.write_log(alloc["ID"], "first\n")
     got_first = threading.Event()
     streamed = []
@@ -622,7 +644,7 @@ def test_logs_follow_streams_until_the_task_ends(fake):
         streamed.append(got_first.wait(5))
         fake.write_log(alloc["ID"], "second\n")
         time.sleep(0.05)
-        fake.finish(JOB, "node-1", 0)
+        fake.finish(JOB, "workers", 0)
 
     writer = threading.Thread(target=task_keeps_running)
     writer.start()
@@ -635,7 +657,14 @@ def test_logs_follow_streams_until_the_task_ends(fake):
     assert "".join(chunks) == "first\nsecond\n"  # and the stream ended when the task did
 
 
-# ------------------------------------------------------------------------------------ watch_placement
+# ------------------------------------------------------------------------------------ watch
+
+
+def watch(client, timeout=30, clock=None, **kw):
+    """watch_job in polling mode (wait_s=0) on a fake clock, until placed."""
+    clock = clock or FakeClock()
+    return watch_job(client, JOB, placement_timeout_s=timeout, until_placed=True, clock=clock, sleep=clock.sleep,
+                     wait_s=0, **kw)
 
 
 def test_watch_stops_a_half_placed_job_at_its_placement_timeout(one_node_fake):
@@ -643,13 +672,12 @@ def test_watch_stops_a_half_placed_job_at_its_placement_timeout(one_node_fake):
     client.register(make_job(2))
     clock = FakeClock()
     seen = []
-    result = watch_placement(client, JOB, 2, 30, clock=clock, sleep=clock.sleep, on_progress=seen.append,
-                             poll_interval_s=7)
+    result = watch(client, 30, clock, on_change=seen.append, poll_s=7)
     assert result.timed_out and result.stopped and not result.placed
     assert clock.sleeps == [7, 7, 7, 7, 2]  # the last sleep is clipped to the deadline
     assert clock.t == 30 and result.elapsed_s == 30
-    assert result.nodes_running == 1 and "node-1" in result.blocked
-    assert "1/2 node groups running" in result.reason and "distinct_hosts" in result.reason
+    assert result.state.nodes_running == 1 and "workers" in result.blocked
+    assert "1/2 nodes running" in result.stop_reason and "distinct_hosts" in result.stop_reason
     assert one_node_fake.job_record(JOB)["Stop"] is True
     assert [s.status for s in seen] == [JobStatus.PARTIAL]  # reported once, then unchanged
     assert state_of(client).status is JobStatus.CANCELLED
@@ -659,7 +687,7 @@ def test_watch_with_real_time_never_waits_past_the_timeout(one_node_fake):
     client = client_for(one_node_fake)
     client.register(make_job(2))
     start = time.monotonic()
-    result = watch_placement(client, JOB, 2, 1.5, poll_interval_s=0.4)
+    result = watch_job(client, JOB, placement_timeout_s=1.5, until_placed=True, wait_s=10, poll_s=0.4)
     elapsed = time.monotonic() - start
     assert result.timed_out and result.stopped
     assert 1.5 <= elapsed <= 1.5 + 0.5
@@ -670,9 +698,9 @@ def test_watch_returns_at_once_when_everything_placed(fake):
     client = client_for(fake)
     client.register(make_job(2))
     clock = FakeClock()
-    result = watch_placement(client, JOB, 2, 30, clock=clock, sleep=clock.sleep)
+    result = watch(client, 30, clock)
     assert result.placed and not result.stopped and not result.timed_out
-    assert clock.sleeps == [] and result.nodes_running == 2
+    assert clock.sleeps == [] and result.state.nodes_running == 2
     assert fake.job_record(JOB)["Stop"] is False
 
 
@@ -689,16 +717,17 @@ def test_watch_succeeds_when_a_node_joins_later(one_node_fake):
 
     clock.hooks.append(node_joins)
     seen = []
-    result = watch_placement(client, JOB, 2, 60, clock=clock, sleep=clock.sleep, on_progress=seen.append,
-                             poll_interval_s=4)
+    result = watch(client, 60, clock, on_change=seen.append, poll_s=4)
     assert result.placed and not result.stopped
     assert clock.t == 12  # the first poll after the node joined saw it
     assert [s.status for s in seen] == [JobStatus.PARTIAL, JobStatus.RUNNING]
-    assert one_node_fake.alloc_for(JOB, "node-1")["NodeName"] == "gpu-late"
+    assert one_node_fake.alloc_for(JOB, "workers")["NodeName"] == "gpu-late"
     assert one_node_fake.job_record(JOB)["Stop"] is False
 
 
-def test_watch_returns_early_when_the_job_fails_meanwhile(one_node_fake):
+def test_a_dead_rank_during_placement_stops_the_job(one_node_fake):
+    # Rank 0 crashes while rank 1 still waits for a node: the blocked evaluation would place rank 1
+    # later and hold a node for a world that cannot form. The watch stops the job at once.
     client = client_for(one_node_fake)
     client.register(make_job(2))
     clock = FakeClock()
@@ -708,19 +737,21 @@ def test_watch_returns_early_when_the_job_fails_meanwhile(one_node_fake):
             one_node_fake.finish(JOB, "node-0", 7)
 
     clock.hooks.append(rank0_crashes)
-    result = watch_placement(client, JOB, 2, 60, clock=clock, sleep=clock.sleep, poll_interval_s=3)
-    assert not result.placed and not result.timed_out and not result.stopped
+    result = watch(client, 60, clock, poll_s=3)
+    assert not result.placed and not result.timed_out and result.stopped
     assert result.state.status is JobStatus.FAILED and result.state.exit_code == 7
     assert clock.t == 6
-    assert "ended before all node groups were placed" in result.reason
+    assert "node rank 0 died first" in result.stop_reason and "node rank 1 (the survivors) was stopped" in result.stop_reason
+    assert one_node_fake.job_record(JOB)["Stop"] is True
+    assert state_of(client).status is JobStatus.FAILED  # the stop does not turn it into CANCELLED
 
 
 def test_watch_keeps_polling_through_transient_api_errors(fake):
     client = client_for(fake)
     client.register(make_job(2))
-    fake.fail_next(4, status=500, path_contains="/allocations")  # one whole poll fails, retries and all
+    fake.fail_next(4, status=500, path_contains="/allocations")  # one whole look fails, retries and all
     clock = FakeClock()
-    result = watch_placement(client, JOB, 2, 30, clock=clock, sleep=clock.sleep, poll_interval_s=5)
+    result = watch(client, 30, clock, poll_s=5)
     assert result.placed and clock.sleeps == [5]
 
 
@@ -737,15 +768,101 @@ def test_watch_reports_a_stop_that_fails(one_node_fake):
 
     clock = FakeClock()
     with pytest.raises(SchedulerError, match=f"nomad job stop {JOB}"):
-        watch_placement(StopFails(), JOB, 2, 5, clock=clock, sleep=clock.sleep, poll_interval_s=2)
+        watch(StopFails(), 5, clock, poll_s=2)
     assert clock.t == 5
+
+
+def test_a_dead_rank_is_stopped_within_one_look_of_blocking_queries():
+    # A real-time watch with blocking queries: rank 2 of 4 dies; the blocking query answers at
+    # once and the survivors are stopped, long before the 30 s wait would have ended.
+    with FakeNomad([FakeNode(f"gpu-{i}") for i in range(4)], token=TOKEN) as fake:
+        client = client_for(fake)
+        client.register(make_job(4))
+        died = []
+
+        def rank_dies():
+            time.sleep(0.5)
+            alloc = next(a for a in fake.allocs_of(JOB) if a["Name"] == f"{JOB}.workers[1]")
+            with fake._lock:  # the fake addresses groups, not one allocation of a group
+                _fail_alloc(fake, alloc["ID"], 3)
+            died.append(time.monotonic())
+
+        threading.Thread(target=rank_dies, daemon=True).start()
+        result = watch_job(client, JOB, wait_s=30)
+        stopped_at = time.monotonic()
+        assert result.stopped and result.state.status is JobStatus.FAILED and result.state.exit_code == 3
+        assert "node rank 2 died first" in result.stop_reason and "node ranks 0-1, 3 (the survivors)" in result.stop_reason
+        assert fake.job_record(JOB)["Stop"] is True
+        delay = stopped_at - died[0]
+        assert delay < 0.5, delay
+        print(f"rank death -> job stopped: {delay * 1000:.0f} ms, {result.calls} calls")
+
+
+def _fail_alloc(fake, alloc_id, code):
+    """Fail one allocation of a group (the fake's finish() picks a group's newest)."""
+    alloc = fake._allocs[alloc_id]
+    for ts in alloc["TaskStates"].values():
+        ts["Events"].append(fake_api._event("Terminated", fake._now(), f"Exit Code: {code}", ExitCode=code))
+        fake._end_task(ts, failed=True)
+    fake._set_client_status(alloc, "failed", "Failed tasks")
+    fake._touch_job(alloc["JobID"], alloc["Namespace"])
+
+
+def test_an_idle_watch_costs_two_calls_per_wait():
+    # Nothing changes: each blocking query waits out its `wait`, then the job stub is read (a stop
+    # of a job without allocations changes none): 2 calls per wait (per minute at wait_s=60).
+    with FakeNomad([FakeNode(f"gpu-{i}") for i in range(4)], token=TOKEN) as fake:
+        client = client_for(fake)
+        client.register(make_job(2))
+        start = len(fake.requests)
+        t0 = time.monotonic()
+        result = watch_job(client, JOB, timeout=2.0, wait_s=0.5, poll_s=0.25)
+        elapsed = time.monotonic() - t0
+        calls = fake.requests[start:]
+        assert result.state.status is JobStatus.RUNNING and not result.stopped
+        assert not [r for r in calls if r.path == f"/v1/job/{JOB}"]  # never the whole job
+        blocking = [r for r in calls if r.path.endswith("/allocations") and r.query.get("index")]
+        assert blocking and blocking[0].query["wait"] == "500ms"
+        # 1 first look (2 calls) + 2 calls per 0.5 s wait.
+        assert len(calls) <= 2 + 2 * (elapsed / 0.5) + 1, [(r.path, r.query) for r in calls]
+        print(f"idle watch: {len(calls)} calls in {elapsed:.1f}s with wait=0.5s")
+
+
+def test_other_jobs_activity_costs_one_call_per_poll():
+    # Job.Allocations answers with the allocs *table* index, so a change to another job's
+    # allocations between two answers makes the next blocking query answer at once, with nothing
+    # new for this job. The watch then waits poll_s before asking again: one call each time.
+    with FakeNomad([FakeNode(f"gpu-{i}") for i in range(4)], token=TOKEN) as fake:
+        client = client_for(fake)
+        client.register(make_job(2))
+
+        class BusyCluster:
+            def __getattr__(self, name):
+                return getattr(client, name)
+
+            def job_allocations(self, job_id, index=0, wait_s=None):
+                out = client.job_allocations(job_id, index=index, wait_s=wait_s)
+                with fake._lock:
+                    fake._next_index()  # another job's allocation changed meanwhile
+                return out
+
+        start = len(fake.requests)
+        t0 = time.monotonic()
+        result = watch_job(BusyCluster(), JOB, timeout=2.0, wait_s=30, poll_s=0.25)
+        elapsed = time.monotonic() - t0
+        calls = fake.requests[start:]
+        assert result.state.status is JobStatus.RUNNING
+        early = [r for r in calls if r.query.get("index")]
+        assert len(early) >= elapsed / 0.25 - 2  # the early answers did happen...
+        assert len(calls) <= 2 + elapsed / 0.25 + 3, len(calls)  # ...and cost one call per poll_s
+        print(f"busy cluster: {len(calls)} calls in {elapsed:.1f}s with poll=0.25s")
 
 
 def test_job_completed_before_a_stop_stays_completed(fake):
     client = client_for(fake)
     client.register(make_job(2))
     fake.finish(JOB, "node-0", 0)
-    fake.finish(JOB, "node-1", 0)
+    fake.finish(JOB, "workers", 0)
     client.stop(JOB)
     state = state_of(client)
     assert state.status is JobStatus.COMPLETED and state.exit_code == 0

@@ -121,6 +121,20 @@ class Scheduler(abc.ABC):
         """
         return self.describe([job_id])[job_id]
 
+    def wait(
+        self,
+        job_id: str,
+        timeout: float | None = None,
+        poll: float = 1.0,
+        max_poll: float = 30.0,
+        on_change: Callable[[JobState], None] | None = None,
+        on_tick: Callable[[JobState], None] | None = None,
+    ) -> JobState:
+        """Until the job is terminal (or ``timeout`` seconds pass). A backend may act on what it
+        sees (Nomad stops a job whose rank died: nothing in Nomad does)."""
+        return wait_for(self, job_id, timeout=timeout, poll=poll, max_poll=max_poll, on_change=on_change,
+                        on_tick=on_tick)
+
     def progress(self, state: JobState) -> str:
         """A one-line human summary for ``--wait``."""
         return state.describe()
@@ -146,8 +160,8 @@ class Job:
         max_poll: float = 30.0,
         on_change: Callable[[JobState], None] | None = None,
     ) -> JobState:
-        """Poll with exponential backoff until the job is terminal (or ``timeout`` seconds pass)."""
-        return wait_for(self.scheduler, self.id, timeout=timeout, poll=poll, max_poll=max_poll, on_change=on_change)
+        """Until the job is terminal (or ``timeout`` seconds pass): :meth:`Scheduler.wait`."""
+        return self.scheduler.wait(self.id, timeout=timeout, poll=poll, max_poll=max_poll, on_change=on_change)
 
     def cancel(self, **opts) -> None:
         self.scheduler.cancel([self.id], **opts)

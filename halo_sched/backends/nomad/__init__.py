@@ -1,8 +1,6 @@
-"""The Nomad backend: render (``render.py``), talk to the API (``client.py``), read state
-(``status.py``). This class only joins them.
-
-Nomad places groups independently (no gang scheduling), so ``submit --wait`` with
-``nomad.placement_timeout_s`` runs a placement watchdog that stops a half-placed job.
+"""The Nomad backend: render (``render.py``), talk to the API (``client.py``), fold what Nomad
+says into a state (``state.py``), explain a plan (``plan.py``), and watch a job, stopping it when a
+rank dies or it does not place in time (``watchdog.py``). This class only joins them.
 """
 from __future__ import annotations
 
@@ -14,9 +12,13 @@ from typing import Callable, Iterator, Sequence
 from ...errors import SchedulerError, UsageError
 from ...spec import JobSpec
 from ..base import DryRun, JobState, Scheduler
-from .render import TASK, job_payload, render_hcl, submission_id
+from .render import TASK, client_requirements, job_payload, render_hcl, submission_id
 
 _ID_RE = re.compile(r"^(?:([A-Za-z0-9_-]+):)?(?:([A-Za-z0-9_-]+)/)?([A-Za-z0-9][A-Za-z0-9_.-]*)$")
+
+
+def _say(msg: str) -> None:
+    print(f"halo-sched: {msg}", file=sys.stderr, flush=True)
 
 
 class NomadScheduler(Scheduler):
@@ -64,14 +66,30 @@ class NomadScheduler(Scheduler):
 
     # ---- scheduler calls ----------------------------------------------------------------------
 
+    def _preflight(self, client, spec: JobSpec, payload: dict) -> None:
+        """On stderr: features the server is too old for, and the client settings the job needs
+        (neither shows in Nomad's own plan)."""
+        from .plan import version_warnings
+
+        try:
+            version = client.server_version()
+        except SchedulerError as err:
+            version = None
+            _say(f"warning: could not read the Nomad server version: {err}")
+        for line in version_warnings(payload["Job"], version):
+            _say(f"warning: {line}")
+        for line in client_requirements(spec):
+            _say(f"every Nomad client that may run this job needs: {line}")
+
     def schedule(self, dryrun: DryRun) -> str:
         nm = dryrun.spec.nomad
         client = self._client_for(nm.namespace, nm.region)
+        self._preflight(client, dryrun.spec, dryrun.payload)
         resp = client.register(dryrun.payload) or {}
         warnings = resp.get("Warnings") or ""
         for w in warnings.splitlines():
             if w.strip():
-                print(f"halo-sched: nomad warning: {w.strip()}", file=sys.stderr)
+                _say(f"nomad warning: {w.strip()}")
         # Where the job really went: the job file's namespace/region, else NOMAD_NAMESPACE/REGION.
         cfg = getattr(client, "config", None)
         region = nm.region or getattr(cfg, "region", None)
@@ -80,66 +98,106 @@ class NomadScheduler(Scheduler):
         return f"{region + ':' if region else ''}{namespace + '/' if namespace else ''}{job_id}"
 
     def plan(self, spec: JobSpec) -> tuple[bool, str]:
-        from .status import format_plan, plan_summary
+        from .plan import format_plan, plan_summary
 
-        resp = self._client_for(spec.nomad.namespace, spec.nomad.region).plan(job_payload(spec))
+        client = self._client_for(spec.nomad.namespace, spec.nomad.region)
+        # A fresh ID, as submit would use: planning under the job's name would diff against
+        # whatever job of that name is already there.
+        payload = job_payload(spec, submission_id(spec))
+        self._preflight(client, spec, payload)
+        resp = client.plan(payload)
         groups = plan_summary(resp)
         return all(g.can_place for g in groups), format_plan(resp, spec.name)
 
-    def describe(self, ids: Sequence[str]) -> dict[str, JobState]:
-        from .status import job_state
-
-        out = {}
+    def _by_client(self, ids: Sequence[str]) -> list[tuple[object, list[tuple[str, str]]]]:
+        """The ids grouped by the client (namespace/region) that reaches them: [(client, [(id, name)])]."""
+        groups: dict[int, tuple[object, list[tuple[str, str]]]] = {}
         for i in ids:
             c, name = self._split(i)
-            job = c.job(name)
-            if job is None:  # one unknown id must not hide the others' states
-                out[i] = job_state(None, [], [], i)
-            else:
-                out[i] = job_state(job, c.allocations(name), c.evaluations(name), i)
+            groups.setdefault(id(c), (c, []))[1].append((i, name))
+        return list(groups.values())
+
+    def describe(self, ids: Sequence[str]) -> dict[str, JobState]:
+        """At most three calls per namespace/region, whatever the number of jobs: job stubs,
+        allocation stubs, and (only when some rank is unplaced) the evaluations saying why."""
+        from .state import job_state
+
+        out = {}
+        for c, items in self._by_client(ids):
+            names = [name for _, name in items]
+            jobs = {j.get("ID"): j for j in c.job_stubs(names)}
+            known = [n for n in names if n in jobs]
+            allocs: dict[str, list] = {}
+            for a in c.allocation_stubs(known) if known else ():
+                allocs.setdefault(a.get("JobID"), []).append(a)
+            states = {n: job_state(jobs.get(n), allocs.get(n, []), [], n) for n in names}
+            unplaced = [n for n in known if states[n].extra["nodes_placed"] < (states[n].nodes_total or 0)]
+            evals: dict[str, list] = {}
+            for e in c.placement_evaluations(unplaced) if unplaced else ():
+                evals.setdefault(e.get("JobID"), []).append(e)
+            for i, name in items:
+                st = job_state(jobs.get(name), allocs.get(name, []), evals.get(name, []), i)
+                out[i] = st
         return out
 
     def cancel(self, ids: Sequence[str], purge: bool = False, **opts) -> None:
         missing = []
-        for job_id in ids:
-            c, name = self._split(job_id)
-            if c.job(name) is None:
-                missing.append(job_id)
-                continue
-            c.stop(name, purge=purge)
+        for c, items in self._by_client(ids):
+            known = {j.get("ID") for j in c.job_stubs([name for _, name in items])}
+            for job_id, name in items:
+                if name not in known:
+                    missing.append(job_id)
+                    continue
+                c.stop(name, purge=purge)
         if missing:
             others = " (the others were stopped)" if len(missing) < len(ids) else ""
             raise SchedulerError(f"no Nomad job {', '.join(map(repr, missing))}{others}")
 
     def watch(self, spec: JobSpec, job_id: str, on_progress: Callable[[JobState], None] | None = None) -> JobState:
+        """Right after submit, with ``nomad.placement_timeout_s``: watch until every rank started,
+        stopping the job when the timeout passes first (or a rank dies meanwhile)."""
         timeout = spec.nomad.placement_timeout_s
         if timeout is None:
             return super().watch(spec, job_id, on_progress)
-        from .status import watch_placement
+        from .watchdog import watch_job
 
         c, name = self._split(job_id)
-        res = watch_placement(c, name, spec.nodes, timeout, on_progress=on_progress)
-        if not res.placed:
-            print(f"halo-sched: {res.describe()}", file=sys.stderr)
-        if res.state is None:
-            return self.describe([job_id])[job_id]
+        res = watch_job(c, name, placement_timeout_s=timeout, until_placed=True,
+                        on_change=_with_id(on_progress, job_id))
+        if res.timed_out:
+            _say(res.describe())
+        res.state.id = job_id
+        return res.state
+
+    def wait(self, job_id: str, timeout: float | None = None, poll: float = 1.0, max_poll: float = 30.0,
+             on_change: Callable[[JobState], None] | None = None,
+             on_tick: Callable[[JobState], None] | None = None) -> JobState:
+        """Until the job ends, through blocking queries; a rank that dies while others run or
+        wait gets the job stopped at once (``reason`` names the rank that died first)."""
+        from .watchdog import watch_job
+
+        c, name = self._split(job_id)
+        res = watch_job(c, name, timeout=timeout, on_change=_with_id(on_change, job_id),
+                        on_tick=_with_id(on_tick, job_id), poll_s=poll)
         res.state.id = job_id
         return res.state
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
-        from .status import latest_allocations
+        """Every node rank's output, each line tagged ``[node K]``."""
+        from .state import latest_allocations
 
         c, name = self._split(job_id)
-        allocs = latest_allocations(c.allocations(name))
+        allocs = latest_allocations(c.job_allocations(name)[0])
         if not allocs:
             raise SchedulerError(f"job {job_id!r} has no allocations (yet): nothing to show")
+        tagged = {f"[node {rank}] ": allocs[rank] for rank in sorted(allocs)}
         if follow:
             # One stream per node and kind, merged line by line as they arrive.
-            yield from self._follow_all(c, allocs)
+            yield from self._follow_all(c, tagged)
             return
-        for group, alloc in allocs.items():
+        for tag, alloc in tagged.items():
             for kind in ("stdout", "stderr"):
-                yield from _prefixed(f"[{group}] ", c.logs(alloc["ID"], TASK, type=kind, follow=follow))
+                yield from _prefixed(tag, c.logs(alloc["ID"], TASK, type=kind, follow=follow))
 
     def _follow_all(self, c, allocs: dict) -> Iterator[str]:
         import queue
@@ -148,12 +206,12 @@ class NomadScheduler(Scheduler):
         q: queue.Queue = queue.Queue()
         done = object()
 
-        def pump(group: str, alloc_id: str, kind: str) -> None:
+        def pump(tag: str, alloc_id: str, kind: str) -> None:
             try:
-                for line in _prefixed(f"[{group}] ", c.logs(alloc_id, TASK, type=kind, follow=True)):
+                for line in _prefixed(tag, c.logs(alloc_id, TASK, type=kind, follow=True)):
                     q.put(line)
             except SchedulerError as err:
-                q.put(f"[{group}] halo-sched: log stream ended: {err}\n")
+                q.put(f"{tag}halo-sched: log stream ended: {err}\n")
             finally:
                 q.put(done)
 
@@ -168,6 +226,18 @@ class NomadScheduler(Scheduler):
                 remaining -= 1
             else:
                 yield item
+
+
+def _with_id(callback: Callable[[JobState], None] | None, job_id: str) -> Callable[[JobState], None] | None:
+    """``callback`` seeing states under the id the user holds (``[REGION:][NAMESPACE/]ID``)."""
+    if callback is None:
+        return None
+
+    def call(state: JobState) -> None:
+        state.id = job_id
+        callback(state)
+
+    return call
 
 
 def _prefixed(prefix: str, chunks) -> Iterator[str]:

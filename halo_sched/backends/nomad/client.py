@@ -19,11 +19,12 @@ This module never imports torch.
 from __future__ import annotations
 
 import codecs
+import json
 import os
 import time
 from dataclasses import dataclass, fields, replace
-from typing import Any, Callable, Iterator
-from urllib.parse import urlsplit
+from typing import Any, Callable, Iterator, Sequence
+from urllib.parse import quote, urlsplit
 
 import nomad.api as nomad_api
 import nomad.api.exceptions as nomad_exc
@@ -59,7 +60,10 @@ def _normalize_address(address: str) -> str:
     return address
 
 
-@dataclass(frozen=True)
+_SECRET_FIELDS = ("token", "client_key")
+
+
+@dataclass(frozen=True, repr=False)
 class NomadConfig:
     """Where and how to reach Nomad. Build it with :meth:`from_env` to read ``NOMAD_*`` like the CLI."""
 
@@ -132,7 +136,30 @@ class NomadConfig:
 
     def redacted(self) -> "NomadConfig":
         """A copy safe to print or log."""
-        return replace(self, token="<redacted>" if self.token else None)
+        return replace(self, **{f: "<redacted>" for f in _SECRET_FIELDS if getattr(self, f)})
+
+    def __repr__(self) -> str:
+        # Never the token or the client key's path: configs end up in logs and tracebacks.
+        shown = self.redacted()
+        return f"NomadConfig({', '.join(f'{f.name}={getattr(shown, f.name)!r}' for f in fields(self))})"
+
+    __str__ = __repr__
+
+
+_FILTER_CHARS = 4000  # per request: URLs stay well under what proxies accept (~8 kB)
+
+
+def _chunks(ids: list[str]) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    size = 0
+    for i in ids:
+        if chunk and size + len(i) + 16 > _FILTER_CHARS:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(i)
+        size += len(i) + 16
+    if chunk:
+        yield chunk
 
 
 class NomadAPIError(SchedulerError):
@@ -339,12 +366,6 @@ class NomadClient:
                 return None
             raise
 
-    def allocations(self, job_id: str) -> list[dict]:
-        return self._call(f"list allocations of job {job_id!r}", self._job_api.get_allocations, job_id) or []
-
-    def evaluations(self, job_id: str) -> list[dict]:
-        return self._call(f"list evaluations of job {job_id!r}", self._job_api.get_evaluations, job_id) or []
-
     def stop(self, job_id: str, purge: bool = False) -> dict:
         """Stop (deregister) a job; ``purge`` also deletes it so it can no longer be queried."""
         return self._call(
@@ -354,6 +375,108 @@ class NomadClient:
     def jobs(self, prefix: str | None = None) -> list[dict]:
         """Job stubs whose ID starts with ``prefix`` (all jobs of the namespace when None)."""
         return self._call("list jobs", self._jobs_api.get_jobs, prefix=prefix) or []
+
+    # Status of many jobs in a few calls: the list endpoints take a go-bexpr ``filter`` (Nomad
+    # 1.2+) and answer with stubs, never the whole job (nomad/job_endpoint.go Job.List,
+    # nomad/alloc_endpoint.go Alloc.List, nomad/eval_endpoint.go Eval.List).
+
+    def job_stubs(self, job_ids: Sequence[str]) -> list[dict]:
+        """JobListStubs (with Meta and JobSummary) of these jobs; unknown ids are simply absent.
+        One id also goes as ``prefix``, so the server walks its ID index, not every job."""
+        extra = {"meta": "true", **({"prefix": job_ids[0]} if len(job_ids) == 1 else {})}
+        return self._list("/v1/jobs", "list jobs", "ID", job_ids, extra)
+
+    def allocation_stubs(self, job_ids: Sequence[str]) -> list[dict]:
+        """AllocListStubs (with TaskStates) of every allocation of these jobs."""
+        return self._list("/v1/allocations", "list allocations", "JobID", job_ids)
+
+    def placement_evaluations(self, job_ids: Sequence[str]) -> list[dict]:
+        """The evaluations of these jobs that record placement failures (FailedTGAllocs)."""
+        return self._list("/v1/evaluations", "list evaluations", "JobID", job_ids, where="FailedTGAllocs is not empty")
+
+    def job_allocations(self, job_id: str, index: int = 0, wait_s: float | None = None) -> tuple[list[dict], int]:
+        """One job's allocation stubs and the X-Nomad-Index. With ``index`` > 0 this is a blocking
+        query: Nomad answers once that job's allocations change past ``index``, or after
+        ``wait_s`` (nomad/blocking.go; at most 10 minutes, plus up to 1/16 jitter)."""
+        return self._get_json(f"list allocations of job {job_id!r}", f"/v1/job/{quote(job_id, safe='')}/allocations",
+                              index=index, wait_s=wait_s)
+
+    def server_version(self) -> str | None:
+        """The oldest live server's version (servers decode and keep the job), from
+        ``/v1/agent/members`` (needs node:read; each server's Tags["build"], nomad/server.go), else
+        the agent's own from ``/v1/agent/self`` (needs agent:read; config.Version). None when the
+        token may read neither."""
+        from .plan import parse_version
+
+        try:
+            members, _ = self._get_json("list servers", "/v1/agent/members")
+            builds = [m.get("Tags", {}).get("build") for m in (members or {}).get("Members") or []
+                      if m.get("Status") == "alive"]
+            builds = [b for b in builds if parse_version(b)]
+            if builds:
+                return min(builds, key=parse_version)
+        except NomadAPIError as exc:
+            if exc.status not in (403, 404):
+                raise
+        try:
+            agent, _ = self._get_json("read the agent's version", "/v1/agent/self")
+        except NomadAPIError as exc:
+            if exc.status in (403, 404):
+                return None
+            raise
+        version = ((agent or {}).get("config") or {}).get("Version") or {}
+        return version.get("Version") or ((agent or {}).get("member") or {}).get("Tags", {}).get("build") or None
+
+    def _list(self, path: str, what: str, key: str, ids: Sequence[str], extra: dict | None = None,
+              where: str | None = None) -> list[dict]:
+        out: list[dict] = []
+        for chunk in _chunks(list(dict.fromkeys(ids))):
+            expr = " or ".join(f"{key} == {json.dumps(i)}" for i in chunk)
+            if where:
+                expr = f"{where} and ({expr})"
+            data, _ = self._get_json(what, path, {**(extra or {}), "filter": expr})
+            out += data or []
+        return out
+
+    def _scope(self) -> dict[str, str]:
+        params = {}
+        if self.config.namespace:
+            params["namespace"] = self.config.namespace
+        if self.config.region:
+            params["region"] = self.config.region
+        return params
+
+    def _get(self, path: str, params: dict[str, str], timeout: Any, stream: bool = False) -> requests.Response:
+        """One GET on the shared session; a non-2xx answer raises (for :meth:`_call` to map)."""
+        cfg = self.config
+        response = self.session.get(
+            f"{cfg.address}{path}", params={**self._scope(), **params}, stream=stream, timeout=timeout,
+            headers={"X-Nomad-Token": cfg.token} if cfg.token else {},
+            verify=cfg.verify, cert=cfg.cert, allow_redirects=False,
+        )
+        if not response.ok:
+            try:
+                response.content  # read the error body before the connection is released
+            finally:
+                response.close()
+            raise _HTTPStatusError(response)
+        return response
+
+    def _get_json(self, what: str, path: str, params: dict[str, str] | None = None, *, index: int = 0,
+                  wait_s: float | None = None) -> tuple[Any, int]:
+        params = dict(params or {})
+        timeout: Any = self.config.timeout_s
+        if index:
+            wait_s = min(max(wait_s or 300.0, 0.001), 600.0)
+            params.update(index=str(index), wait=f"{int(wait_s * 1000)}ms")
+            # Nomad holds the answer up to the wait plus 1/16 of it (jitter) before replying.
+            timeout = (self.config.timeout_s, self.config.timeout_s + wait_s * 17 / 16)
+
+        def get() -> tuple[Any, int]:
+            response = self._get(path, params, timeout)
+            return response.json(), int(response.headers.get("X-Nomad-Index") or 0)
+
+        return self._call(what, get)
 
     def logs(
         self,
@@ -373,7 +496,6 @@ class NomadClient:
         if type not in ("stdout", "stderr"):
             raise UsageError(f"log type must be 'stdout' or 'stderr', not {type!r}")
         cfg = self.config
-        url = f"{cfg.address}/v1/client/fs/logs/{alloc_id}"
         params: dict[str, str] = {
             "task": task,
             "type": type,
@@ -382,29 +504,10 @@ class NomadClient:
             "origin": origin,
             "offset": str(offset),
         }
-        if cfg.namespace:
-            params["namespace"] = cfg.namespace
-        if cfg.region:
-            params["region"] = cfg.region
-        headers = {"X-Nomad-Token": cfg.token} if cfg.token else {}
         # No read timeout while following: a quiet training job may print nothing for minutes.
         timeout = (cfg.timeout_s, None) if follow else cfg.timeout_s
-
-        def open_stream() -> requests.Response:
-            response = self.session.get(
-                url, params=params, headers=headers, stream=True, timeout=timeout,
-                verify=cfg.verify, cert=cfg.cert, allow_redirects=False,
-            )
-            if not response.ok:
-                try:
-                    response.content  # read the error body before the connection is released
-                finally:
-                    response.close()
-                raise _HTTPStatusError(response)
-            return response
-
         what = f"read {type} of task {task!r} in allocation {alloc_id!r}"
-        response = self._call(what, open_stream)
+        response = self._call(what, self._get, f"/v1/client/fs/logs/{alloc_id}", params, timeout, stream=True)
         return self._iter_text(response, what)
 
     def _iter_text(self, response: requests.Response, what: str) -> Iterator[str]:

@@ -1,0 +1,432 @@
+"""Fold what Nomad says about one halo-sched job into a :class:`JobState` (pure).
+
+The job has group ``node-0`` (count 1, node rank 0) and, when N > 1, group ``workers`` (count
+N-1; the allocation named ``JOBID.workers[K]`` runs node rank K+1). Nomad has no gang
+scheduling, so the job can be half-placed; the state is computed per node rank from that rank's allocations and folded:
+
+* PENDING   no rank runs yet (reason: what is blocked and why, or what is starting)
+* PARTIAL   k of N ranks running (0 < k < N); never final
+* RUNNING   every rank started (running, or already finished successfully)
+* COMPLETED every rank finished with exit 0
+* FAILED    a rank's task failed (non-zero exit, driver failure); the exit code is kept. Reported
+            as soon as one rank fails, even while others run: a torchrun world with a dead rank
+            never recovers (the watcher then stops the job, see ``watchdog.py``)
+* NODE_FAIL a rank's node went down: its allocation is ``lost``, or ``unknown`` (what Nomad sets
+            when ``disconnect { replace = false }`` keeps it from replacing a running one). An
+            earlier lost allocation counts even when Nomad placed a replacement under its name:
+            the world does not re-form around a new rank
+* TIMEOUT   a rank hit ``max_run_duration``: ClientStatus ``complete`` with ClientDescription exactly
+            ``allocation exceeded max_run_duration`` (Nomad 2.0.3+). Wins over the failures it causes
+* CANCELLED the job was stopped, unless a rank had died before the stop (then that outcome)
+* PREEMPTED a rank's allocation was evicted for another job
+* UNKNOWN   Nomad does not know the job (wrong namespace/region, purged, garbage-collected)
+
+Inputs are what the list endpoints return: a job stub (``GET /v1/jobs?meta=true``) or a whole
+job, allocation stubs, and the evaluations that carry ``FailedTGAllocs``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from halo_sched.backends.base import JobState, JobStatus
+
+from .render import LEADER_GROUP, NODES_META, WORKER_GROUP, node_rank_of
+
+# nomad/structs: AllocTimeoutReasonMaxRunDuration. Matched exactly: free text such as an image
+# name or a log line may contain "max_run_duration" without anything having timed out.
+MAX_RUN_DURATION_DESC = "allocation exceeded max_run_duration"
+
+_DEAD = ("failed", "lost", "unknown", "timeout")  # phases that end the world
+
+
+def _alloc_order(alloc: dict) -> tuple:
+    return (alloc.get("CreateIndex") or 0, alloc.get("CreateTime") or 0, alloc.get("ModifyIndex") or 0)
+
+
+def _events(alloc: dict) -> list[dict]:
+    return [ev for state in (alloc.get("TaskStates") or {}).values() for ev in (state or {}).get("Events") or ()]
+
+
+def hit_max_run_duration(alloc: dict) -> bool:
+    """Whether Nomad killed this allocation for exceeding its group's ``max_run_duration``."""
+    return alloc.get("ClientStatus") == "complete" and alloc.get("ClientDescription") == MAX_RUN_DURATION_DESC
+
+
+def _exit_code(alloc: dict) -> int | None:
+    """The exit code of the task that ended the allocation: the last "Terminated" event, preferring
+    a non-zero one (in a multi-task group the failing task is the interesting one)."""
+    nonzero = zero = None
+    for event in sorted(_events(alloc), key=lambda e: e.get("Time") or 0):
+        if event.get("Type") == "Terminated" and event.get("ExitCode") is not None:
+            code = int(event["ExitCode"])
+            if code != 0:
+                nonzero = code
+            else:
+                zero = code
+    return nonzero if nonzero is not None else zero
+
+
+def _failure_detail(alloc: dict) -> str:
+    """A short "task X: why" for a failed allocation, from its failed task's events."""
+    for task, state in sorted((alloc.get("TaskStates") or {}).items()):
+        if not (state or {}).get("Failed"):
+            continue
+        events = sorted(state.get("Events") or [], key=lambda e: e.get("Time") or 0)
+        # The event that explains it: the last "Terminated" (carries the exit code), else the last
+        # event that fails the task (driver or setup failure), else whatever came last.
+        terminated = [e for e in events if e.get("Type") == "Terminated"]
+        fatal = [e for e in events if e.get("FailsTask")]
+        event = (terminated or fatal or events or [None])[-1]
+        if event is None:
+            return f"task {task} failed"
+        msg = event.get("DisplayMessage") or event.get("DriverError") or event.get("SetupError") or ""
+        return f"task {task}: {event.get('Type') or 'failed'}" + (f": {msg}" if msg else "")
+    return alloc.get("ClientDescription") or "allocation failed"
+
+
+def _killing_times(alloc: dict) -> list[int]:
+    return [int(ev["Time"]) for ev in _events(alloc) if ev.get("Type") == "Killing" and ev.get("Time")]
+
+
+def _finished_time(alloc: dict) -> int:
+    """When the allocation's tasks ended (ns): its latest event, else its last modification."""
+    times = [int(ev["Time"]) for ev in _events(alloc) if ev.get("Time")]
+    return max(times) if times else int(alloc.get("ModifyTime") or 0)
+
+
+def nodes_total(job: dict | None) -> int | None:
+    """N: from ``Meta.halo_sched_nodes`` (the renderer's word), else the groups' counts."""
+    if not job:
+        return None
+    try:
+        return int((job.get("Meta") or {})[NODES_META])
+    except (KeyError, TypeError, ValueError):
+        pass
+    counts = [int(g.get("Count") or 1) for g in job.get("TaskGroups") or []]
+    return sum(counts) or None
+
+
+def allocations_by_rank(allocs: Iterable[dict]) -> dict[int, list[dict]]:
+    """Each node rank's allocations, oldest first (allocations of groups halo-sched does not
+    render are left out)."""
+    out: dict[int, list[dict]] = {}
+    for alloc in allocs or ():
+        rank = node_rank_of(alloc.get("TaskGroup") or "", alloc.get("Name") or "")
+        if rank is not None:
+            out.setdefault(rank, []).append(alloc)
+    for lst in out.values():
+        lst.sort(key=_alloc_order)
+    return out
+
+
+def latest_allocations(allocs: Iterable[dict]) -> dict[int, dict]:
+    """The newest allocation of each node rank (a name can have several over time)."""
+    return {rank: lst[-1] for rank, lst in allocations_by_rank(allocs).items()}
+
+
+# --------------------------------------------------------------------------- placement failures
+
+
+def placement_failures(evals: Iterable[dict]) -> tuple[dict[str, dict], bool]:
+    """Per task group, the most recent AllocMetric explaining why it could not be placed, and
+    whether Nomad still has a *blocked* evaluation waiting for capacity.
+
+    The scheduler copies FailedTGAllocs onto the blocked evaluation it creates; a blocked
+    evaluation that fails again is re-blocked in place, keeping its first metrics
+    (scheduler/generic_sched.go), so the counts placed so far come from the allocations.
+    """
+    failures: dict[str, dict] = {}
+    blocked = False
+    for ev in sorted(evals or (), key=lambda e: (e.get("CreateIndex") or 0, e.get("ModifyIndex") or 0)):
+        for group, metric in (ev.get("FailedTGAllocs") or {}).items():
+            failures[group] = metric or {}
+        if ev.get("Status") == "blocked":
+            blocked = True
+    return failures, blocked
+
+
+def _counts(mapping: dict | None) -> str:
+    items = sorted((mapping or {}).items(), key=lambda kv: (-int(kv[1] or 0), kv[0]))
+    return ", ".join(f"{k}: {v}" for k, v in items)
+
+
+def describe_alloc_metric(group: str, metric: dict) -> str:
+    """One line saying why Nomad could not place ``group``, from an AllocMetric, e.g.
+    ``workers: 0/3 nodes eligible; filtered 1 (distinct_hosts: 1); exhausted 2 (devices: no devices
+    match request: 2)``."""
+    m = metric or {}
+    evaluated = int(m.get("NodesEvaluated") or 0)
+    filtered = int(m.get("NodesFiltered") or 0)
+    exhausted = int(m.get("NodesExhausted") or 0)
+    if evaluated == 0:
+        available = m.get("NodesAvailable") or {}
+        where = f" (ready nodes per datacenter: {_counts(available)})" if available else ""
+        pool = m.get("NodesInPool")
+        pool_txt = f"; {pool} node(s) in the node pool" if pool is not None else ""
+        return f"{group}: no nodes in the job's datacenters to evaluate{where}{pool_txt}"
+    eligible = max(evaluated - filtered - exhausted, 0)
+    parts = [f"{group}: {eligible}/{evaluated} nodes eligible"]
+    if filtered:
+        why = ", ".join(x for x in (_counts(m.get("ConstraintFiltered")),
+                                    _counts({f"class {k}": v for k, v in (m.get("ClassFiltered") or {}).items()})) if x)
+        parts.append(f"filtered {filtered}" + (f" ({why})" if why else ""))
+    if exhausted:
+        why = ", ".join(x for x in (_counts(m.get("DimensionExhausted")),
+                                    _counts({f"class {k}": v for k, v in (m.get("ClassExhausted") or {}).items()})) if x)
+        parts.append(f"exhausted {exhausted}" + (f" ({why})" if why else ""))
+    if m.get("QuotaExhausted"):
+        parts.append("quota exhausted: " + ", ".join(m["QuotaExhausted"]))
+    return "; ".join(parts)
+
+
+def ranks_text(ranks: Iterable[int]) -> str:
+    """``[1, 2, 3, 7]`` -> ``"1-3, 7"``."""
+    out: list[str] = []
+    run: list[int] = []
+    for r in sorted(set(ranks)):
+        if run and r == run[-1] + 1:
+            run.append(r)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [r]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(out)
+
+
+# --------------------------------------------------------------------------- per-rank view
+
+
+@dataclass
+class NodeView:
+    """One node rank: its current allocation and what it means."""
+
+    rank: int
+    alloc: dict | None
+    phase: str  # unplaced | pending | running | complete | failed | timeout | stopped | lost | unknown | preempted
+    exit_code: int | None = None
+    detail: str = ""
+    died_at: int = 0  # ns, for ordering dead ranks
+    replaced_by: dict | None = None  # a later allocation Nomad placed under this rank's name
+
+    @property
+    def dead(self) -> bool:
+        return self.phase in _DEAD
+
+    def as_dict(self) -> dict[str, Any]:
+        a = self.alloc or {}
+        out = {
+            "node_rank": self.rank,
+            "phase": self.phase,
+            "group": a.get("TaskGroup"),
+            "alloc_id": a.get("ID"),
+            "alloc_name": a.get("Name"),
+            "node": a.get("NodeName") or a.get("NodeID"),
+            "node_id": a.get("NodeID"),
+            "client_status": a.get("ClientStatus"),
+            "desired_status": a.get("DesiredStatus"),
+            "exit_code": self.exit_code,
+        }
+        if self.replaced_by:
+            out["replaced_by"] = self.replaced_by.get("ID")
+        return out
+
+
+def _where(alloc: dict) -> str:
+    return alloc.get("NodeName") or (alloc.get("NodeID") or "")[:8] or "?"
+
+
+def _classify(rank: int, alloc: dict | None) -> NodeView:
+    if alloc is None:
+        return NodeView(rank, None, "unplaced")
+    client = alloc.get("ClientStatus") or ""
+    desired = alloc.get("DesiredStatus") or ""
+    who = f"node rank {rank} ({alloc.get('ID', '')[:8]} on {_where(alloc)})"
+    if hit_max_run_duration(alloc):
+        return NodeView(rank, alloc, "timeout", None, f"{who} exceeded max_run_duration", _finished_time(alloc))
+    if client == "running":
+        return NodeView(rank, alloc, "running", None, who)
+    if client == "pending":
+        return NodeView(rank, alloc, "stopped" if desired in ("stop", "evict") else "pending", None, who)
+    if client == "failed":
+        return NodeView(rank, alloc, "failed", _exit_code(alloc), f"{who}: {_failure_detail(alloc)}",
+                        _finished_time(alloc))
+    if client == "lost":
+        why = alloc.get("ClientDescription") or "node down"
+        return NodeView(rank, alloc, "lost", None, f"{who}: Nomad node {_where(alloc)} was lost ({why})",
+                        int(alloc.get("ModifyTime") or 0))
+    if client == "unknown":
+        return NodeView(rank, alloc, "unknown", None,
+                        f"{who}: Nomad node {_where(alloc)} is down or disconnected (allocation unknown)",
+                        int(alloc.get("ModifyTime") or 0))
+    if client == "complete":
+        if desired == "evict":
+            return NodeView(rank, alloc, "preempted", None, f"{who}: {alloc.get('DesiredDescription') or 'evicted'}")
+        if desired == "stop" and _killing_times(alloc):
+            return NodeView(rank, alloc, "stopped", _exit_code(alloc), who)
+        code = _exit_code(alloc)
+        return NodeView(rank, alloc, "complete", 0 if code is None else code, who)
+    return NodeView(rank, alloc, "pending", None, who)
+
+
+def node_views(allocs: Iterable[dict], n: int | None) -> list[NodeView]:
+    """One view per node rank 0..N-1 (and any rank an allocation names beyond that)."""
+    by_rank = allocations_by_rank(allocs)
+    ranks = sorted(set(range(n or 0)) | set(by_rank))
+    views = []
+    for rank in ranks:
+        history = by_rank.get(rank) or []
+        latest = history[-1] if history else None
+        view = _classify(rank, latest)
+        if latest is not None:
+            # A lost node's rank stays lost when Nomad places a replacement under its name: the
+            # torchrun world does not re-form around it. Only the same job version counts (an
+            # updated job replaces every allocation on purpose).
+            for old in history[:-1]:
+                if old.get("JobVersion") == latest.get("JobVersion") and old.get("ClientStatus") in ("lost", "unknown"):
+                    dead = _classify(rank, old)
+                    dead.replaced_by = latest
+                    dead.detail += f"; Nomad placed a replacement ({latest.get('ID', '')[:8]} on {_where(latest)})"
+                    view = dead
+                    break
+        views.append(view)
+    return views
+
+
+# --------------------------------------------------------------------------- job state
+
+
+def _blocked_reasons(views: list[NodeView], failures: dict[str, dict]) -> dict[str, str]:
+    """Per group with unplaced ranks: how many of its count are unplaced, and Nomad's why."""
+    unplaced: dict[str, list[int]] = {}
+    total: dict[str, int] = {}
+    for v in views:
+        g = v.alloc.get("TaskGroup") if v.alloc else (LEADER_GROUP if v.rank == 0 else WORKER_GROUP)
+        total[g] = total.get(g, 0) + 1
+        if v.phase == "unplaced":
+            unplaced.setdefault(g, []).append(v.rank)
+    out = {}
+    for g, ranks in unplaced.items():
+        head = f"{g}: {len(ranks)} of {total[g]} unplaced (node rank{'s' if len(ranks) > 1 else ''} {ranks_text(ranks)})"
+        if g in failures:
+            why = describe_alloc_metric(g, failures[g]).split(": ", 1)[-1]
+            head += f": {why}"
+        out[g] = head
+    return out
+
+
+def job_state(job: dict | None, allocs: Iterable[dict], evals: Iterable[dict], job_id: str) -> JobState:
+    """Fold a job (stub or whole), its allocations and its evaluations into one :class:`JobState`."""
+    allocs = list(allocs or [])
+    n = nodes_total(job)
+    views = node_views(allocs, n)
+    if n is None:
+        n = len(views) or None
+    by_phase: dict[str, list[NodeView]] = {}
+    for v in views:
+        by_phase.setdefault(v.phase, []).append(v)
+
+    def count(*phases: str) -> int:
+        return sum(len(by_phase.get(p, ())) for p in phases)
+
+    running = count("running")
+    failures, blocked = placement_failures(evals)
+    blocked_reasons = _blocked_reasons(views, failures)
+    dead = sorted((v for v in views if v.dead), key=lambda v: (v.died_at, v.rank))
+    extra: dict[str, Any] = {
+        "nodes": [v.as_dict() for v in views],
+        "nodes_placed": len(views) - count("unplaced"),
+        "blocked": blocked_reasons,
+        "blocked_eval": blocked,
+        "dead": [{"node_rank": v.rank, "phase": v.phase, "detail": v.detail} for v in dead],
+    }
+    if job:
+        extra["namespace"] = job.get("Namespace")
+
+    def state(status: JobStatus, reason: str = "", exit_code: int | None = None) -> JobState:
+        return JobState(
+            id=job_id, status=status,
+            raw_state=(job or {}).get("Status") or ("not found" if job is None else ""),
+            exit_code=exit_code, nodes_total=n, nodes_running=running, reason=reason, extra=extra,
+        )
+
+    if job is None:
+        return state(JobStatus.UNKNOWN, f"Nomad has no job {job_id!r}: never registered in this namespace/region, "
+                                        "or stopped with purge, or garbage-collected")
+
+    live = [v.rank for v in views if v.phase in ("running", "pending") and not (v.alloc or {}).get("DesiredStatus") == "stop"]
+    live_txt = (f"; node rank{'s' if len(live) > 1 else ''} {ranks_text(live)} still running — cancel the job "
+                "to release them") if live else ""
+
+    if job.get("Stop"):
+        # A stop kills the placed ranks; the others then often crash on their own (NCCL errors)
+        # before their own kill arrives. A death counts as the job's outcome only if it came
+        # before Nomad began killing anything for the stop; a lost node always counts.
+        kill_times = [t for v in views if v.alloc and v.alloc.get("DesiredStatus") == "stop" for t in _killing_times(v.alloc)]
+        stop_started = min(kill_times) if kill_times else None
+        dead = [v for v in dead if v.phase in ("lost", "unknown", "timeout") or stop_started is None
+                or v.died_at < stop_started]
+        live_txt = "; then the job was stopped"
+    verdict = _verdict(dead, live_txt)
+    if verdict is not None:
+        return state(*verdict)
+
+    if job.get("Stop"):
+        if n and count("complete") == n:
+            return state(JobStatus.COMPLETED, "finished before the job was stopped", 0)
+        reason = "job stopped"
+        if blocked_reasons:
+            reason += " while not fully placed: " + "; ".join(blocked_reasons.values())
+        elif count("unplaced"):
+            reason += f" while node ranks {ranks_text(v.rank for v in by_phase['unplaced'])} had not been placed"
+        return state(JobStatus.CANCELLED, reason)
+
+    if by_phase.get("preempted"):
+        return state(JobStatus.PREEMPTED, "; ".join(v.detail for v in by_phase["preempted"]) + live_txt)
+
+    completed = count("complete")
+    if n and completed == n:
+        return state(JobStatus.COMPLETED, "", 0)
+    if n and running and running + completed == n:
+        return state(JobStatus.RUNNING)
+
+    if job.get("Status") == "dead":
+        # Dead, not stopped, not all complete: its allocations were garbage-collected or its
+        # evaluation gave up; nothing will run any more.
+        if not allocs:
+            return state(JobStatus.UNKNOWN, "job is dead and Nomad no longer lists its allocations")
+        missing = [v.rank for v in views if v.phase in ("unplaced", "stopped")]
+        return state(JobStatus.FAILED, f"job is dead but node ranks {ranks_text(missing) or '?'} never ran"
+                     + (": " + "; ".join(blocked_reasons.values()) if blocked_reasons else ""))
+
+    waiting = []
+    if blocked_reasons:
+        waiting.append(("blocked: " if blocked else "not placed: ") + "; ".join(blocked_reasons.values()))
+    starting = by_phase.get("pending") or []
+    if starting:
+        waiting.append("starting: " + ", ".join(v.detail for v in starting))
+    if by_phase.get("stopped"):
+        waiting.append("allocation stopped without replacement: node ranks "
+                       + ranks_text(v.rank for v in by_phase["stopped"]))
+    return state(JobStatus.PARTIAL if running else JobStatus.PENDING, "; ".join(waiting))
+
+
+def _verdict(dead: list[NodeView], tail: str) -> tuple[JobStatus, str, int | None] | None:
+    """The outcome when ranks died: TIMEOUT wins (the others crash because one was killed), then
+    NODE_FAIL (a lost node's peers fail in NCCL), then FAILED; the reason lists the dead ranks in
+    the order they died."""
+    if not dead:
+        return None
+    phases = {v.phase for v in dead}
+    first = dead[0]
+    text = "; ".join(v.detail for v in dead)
+    if len(dead) > 1:
+        text = f"node rank {first.rank} died first: {text}"
+    if "timeout" in phases:
+        return JobStatus.TIMEOUT, text + tail, None
+    if phases & {"lost", "unknown"}:
+        return JobStatus.NODE_FAIL, text + tail, None
+    failed = [v for v in dead if v.phase == "failed"]
+    return JobStatus.FAILED, text + tail, failed[0].exit_code

@@ -1,0 +1,213 @@
+"""Watch one Nomad job and act on what Nomad will not: stop it when a rank dies, or when it is not
+placed within the placement timeout.
+
+Nomad places allocations independently (no gang scheduling) and ends nothing when one fails: a
+half-placed job holds its placed nodes' GPUs, and the survivors of a dead rank hold theirs until
+NCCL's timeout. Whoever watches the job (``submit --wait``, ``Job.wait()``, ``halo-sched watch``)
+runs :func:`watch_job`, which stops (deregisters, no purge) the job within one look of either.
+
+Each look is a blocking query on the job's allocations (``index``/``wait``): Nomad answers as soon
+as they change, else after ``wait_s``, so a dead rank is seen at once while an idle job costs two
+calls per ``wait_s`` (its allocations, and its stub to see a stop that changed no allocation).
+On a busy cluster other jobs' allocations wake the query early; those wakes cost one call per
+``poll_s`` at most.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from halo_sched.backends.base import JobState, JobStatus
+from halo_sched.errors import SchedulerError
+
+from .state import job_state, ranks_text
+
+
+class _WatchAPI(Protocol):
+    def job_allocations(self, job_id: str, index: int = 0, wait_s: float | None = None) -> tuple[list, int]: ...
+    def job_stubs(self, job_ids: list[str]) -> list[dict]: ...
+    def placement_evaluations(self, job_ids: list[str]) -> list[dict]: ...
+    def stop(self, job_id: str, purge: bool = False) -> dict: ...
+
+
+@dataclass
+class WatchResult:
+    """How :func:`watch_job` ended. ``state``: the last state seen (terminal unless ``timeout`` or
+    ``until_placed`` ended the watch). ``placed``: every rank started. ``timed_out``: the placement
+    timeout passed first. ``stopped``: this watch stopped the job (``stop_reason`` says why)."""
+
+    job_id: str
+    state: JobState | None
+    placed: bool = False
+    timed_out: bool = False
+    stopped: bool = False
+    stop_reason: str = ""
+    elapsed_s: float = 0.0
+    calls: int = 0
+    blocked: dict[str, str] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        if self.stop_reason:
+            return self.stop_reason
+        return self.state.describe() if self.state else f"no state of {self.job_id!r} could be read"
+
+
+def _signature(allocs: list[dict]) -> tuple:
+    return tuple(sorted((a.get("ID"), a.get("ModifyIndex"), a.get("ClientStatus"), a.get("DesiredStatus"))
+                        for a in allocs))
+
+
+def read_state(client: _WatchAPI, job_id: str, allocs: list[dict]) -> tuple[JobState, int]:
+    """The job's state from its allocations plus its stub, and (only while some rank is unplaced)
+    the evaluations saying why: (state, calls made)."""
+    stubs = [j for j in client.job_stubs([job_id]) if j.get("ID") == job_id]
+    job = stubs[0] if stubs else None
+    state = job_state(job, allocs, [], job_id)
+    calls = 1
+    if job is not None and state.extra["nodes_placed"] < (state.nodes_total or 0):
+        state = job_state(job, allocs, client.placement_evaluations([job_id]), job_id)
+        calls += 1
+    state.extra["stop_requested"] = bool(job and job.get("Stop"))
+    return state, calls
+
+
+def _survivors(state: JobState) -> list[int]:
+    """Ranks still holding (or waiting for) a node: running, starting, or unplaced."""
+    return [n["node_rank"] for n in state.extra.get("nodes") or []
+            if n["phase"] in ("running", "pending", "unplaced")]
+
+
+def watch_job(
+    client: _WatchAPI,
+    job_id: str,
+    *,
+    placement_timeout_s: float | None = None,
+    until_placed: bool = False,
+    timeout: float | None = None,
+    on_change: Callable[[JobState], None] | None = None,
+    on_tick: Callable[[JobState], None] | None = None,
+    wait_s: float = 60.0,
+    poll_s: float = 2.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> WatchResult:
+    """Watch until the job is terminal (or placed, with ``until_placed``; or ``timeout`` seconds).
+
+    A rank that fails, is lost with its node, or times out while others run or wait: the job is
+    stopped and the state says which rank died first. Not all ranks started within
+    ``placement_timeout_s``: the job is stopped. ``wait_s`` 0 polls every ``poll_s`` instead of
+    blocking (a server or proxy that ignores ``index`` is detected and polled the same way).
+    Transient API errors are retried until a deadline; the last one is raised if none is left.
+    """
+    start = clock()
+    placement_deadline = start + placement_timeout_s if placement_timeout_s is not None else None
+    deadline = start + timeout if timeout is not None else None
+    index = 0
+    calls = 0
+    last: JobState | None = None
+    last_key: tuple | None = None
+    placed = False
+    error: SchedulerError | None = None
+
+    def result(state: JobState | None, **kw: Any) -> WatchResult:
+        return WatchResult(job_id=job_id, state=state, placed=placed, elapsed_s=clock() - start, calls=calls,
+                           blocked=dict((state.extra.get("blocked") or {}) if state else {}), **kw)
+
+    def remaining() -> float | None:
+        ends = [d for d in (deadline, None if placed else placement_deadline) if d is not None]
+        return min(ends) - clock() if ends else None
+
+    last_sig: tuple | None = None
+    while True:
+        left = remaining()
+        block = wait_s if left is None else max(0.0, min(wait_s, left))
+        blocking = bool(wait_s and index and block > 0)
+        asked = clock()
+        try:
+            allocs, new_index = client.job_allocations(job_id, index=index if blocking else 0, wait_s=block)
+            calls += 1
+            sig = _signature(allocs)
+            if blocking and sig == last_sig and clock() - asked < block / 2:
+                # Answered early with nothing new for this job: Job.Allocations reports the
+                # allocs *table* index (nomad/job_endpoint.go), so any job's change wakes it.
+                # Wait a poll interval before asking again rather than chase the cluster.
+                index = new_index
+                left = remaining()
+                sleep(poll_s if left is None else max(0.0, min(poll_s, left)))
+                continue
+            state, n = read_state(client, job_id, allocs)
+        except SchedulerError as exc:
+            # A leader election must not leave a half-placed job holding GPUs: keep trying until
+            # the deadline, then act on the last state seen. Without a deadline, give up (the
+            # client has already retried).
+            error = exc
+            left = remaining()
+            if left is None or (left <= 0 and last is None):
+                raise
+            if left > 0:
+                sleep(min(poll_s, left))
+                continue
+            state, new_index, n, sig = last, index, 0, last_sig
+        else:
+            error = None
+        calls += n
+        last_sig = sig
+        last = state
+        key = (state.status, state.nodes_running, state.raw_state, state.extra.get("nodes_placed"))
+        if key != last_key:
+            last_key = key
+            if on_change:
+                on_change(state)
+        if on_tick:
+            on_tick(state)
+        if state.status in (JobStatus.RUNNING, JobStatus.COMPLETED):
+            placed = True
+
+        dead = state.extra.get("dead") or []
+        survivors = _survivors(state)
+        if dead and survivors and not state.extra.get("stop_requested"):
+            first = dead[0]
+            why = (f"node rank {first['node_rank']} died first ({first['detail']}); halo-sched stopped the job: "
+                   f"node rank{'s' if len(survivors) > 1 else ''} {ranks_text(survivors)} (the survivors) "
+                   f"{'were' if len(survivors) > 1 else 'was'} stopped")
+            _stop(client, job_id, why)
+            calls += 1
+            state.reason = why
+            state.extra["stopped_by_watcher"] = True
+            return result(state, stopped=True, stop_reason=why)
+        if state.status.terminal or state.status is JobStatus.UNKNOWN:
+            return result(state)
+        if until_placed and placed:
+            return result(state)
+
+        now = clock()
+        if not placed and placement_deadline is not None and now >= placement_deadline:
+            why = (f"placement timed out after {placement_timeout_s:g}s: {state.nodes_running or 0}/"
+                   f"{state.nodes_total} nodes running")
+            blocked = state.extra.get("blocked") or {}
+            detail = "; ".join(blocked.values()) if blocked else state.reason
+            why += f" ({detail})" if detail else ""
+            if error is not None:
+                why += f"; last Nomad error: {error}"
+            _stop(client, job_id, why)
+            calls += 1
+            why += f"; job {job_id!r} stopped"
+            return result(state, timed_out=True, stopped=True, stop_reason=why)
+        if deadline is not None and now >= deadline:
+            return result(state)
+
+        if not wait_s:
+            left = remaining()
+            sleep(poll_s if left is None else max(0.0, min(poll_s, left)))
+        index = new_index
+
+
+def _stop(client: _WatchAPI, job_id: str, why: str) -> None:
+    try:
+        client.stop(job_id)
+    except SchedulerError as exc:
+        raise SchedulerError(
+            f"{why}; stopping job {job_id!r} to release its nodes FAILED: {exc}. "
+            f"Stop it by hand (nomad job stop {job_id}) or it keeps holding GPUs."
+        ) from exc
