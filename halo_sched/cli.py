@@ -124,9 +124,10 @@ def cmd_render(args) -> int:
 class Progress:
     """Live progress for --wait: one rewritten line on a terminal, plain lines otherwise."""
 
-    def __init__(self, scheduler, job_id: str, stream=sys.stderr):
-        self.scheduler, self.job_id, self.stream = scheduler, job_id, stream
-        self.tty = stream.isatty()
+    def __init__(self, scheduler, job_id: str, stream=None):
+        # sys.stderr at call time, not at import (it may have been replaced since).
+        self.scheduler, self.job_id, self.stream = scheduler, job_id, stream or sys.stderr
+        self.tty = self.stream.isatty()
         self.start = time.monotonic()
 
     def _line(self, state) -> str:

@@ -32,19 +32,7 @@ fake_api = load_nomad_helper("fake_api")
 sample_job = load_nomad_helper("sample_job")
 FakeNomad, FakeNode = fake_api.FakeNomad, fake_api.FakeNode
 
-
-def make_job(n_nodes: int, **kw):
-    """sample_job's payload folded into the rendered shape: ``node-0`` and one ``workers`` group
-    of count N-1 (allocation ``JOB.workers[K]`` is node rank K+1), disconnect.replace false."""
-    payload = sample_job.make_job(n_nodes, **kw)
-    groups = payload["Job"]["TaskGroups"]
-    if n_nodes > 1 and groups[1]["Name"] != "workers":
-        groups[1].update(Name="workers", Count=n_nodes - 1)
-        del groups[2:]
-    for g in groups:
-        g.setdefault("Disconnect", {"Replace": False})
-    return payload
-
+make_job = sample_job.make_job
 
 TOKEN = "s3cr3t-token"
 JOB = "halo-test"
@@ -782,9 +770,7 @@ def test_a_dead_rank_is_stopped_within_one_look_of_blocking_queries():
 
         def rank_dies():
             time.sleep(0.5)
-            alloc = next(a for a in fake.allocs_of(JOB) if a["Name"] == f"{JOB}.workers[1]")
-            with fake._lock:  # the fake addresses groups, not one allocation of a group
-                _fail_alloc(fake, alloc["ID"], 3)
+            fake.finish(JOB, "workers[1]", 3)
             died.append(time.monotonic())
 
         threading.Thread(target=rank_dies, daemon=True).start()
@@ -798,14 +784,101 @@ def test_a_dead_rank_is_stopped_within_one_look_of_blocking_queries():
         print(f"rank death -> job stopped: {delay * 1000:.0f} ms, {result.calls} calls")
 
 
-def _fail_alloc(fake, alloc_id, code):
-    """Fail one allocation of a group (the fake's finish() picks a group's newest)."""
-    alloc = fake._allocs[alloc_id]
-    for ts in alloc["TaskStates"].values():
-        ts["Events"].append(fake_api._event("Terminated", fake._now(), f"Exit Code: {code}", ExitCode=code))
-        fake._end_task(ts, failed=True)
-    fake._set_client_status(alloc, "failed", "Failed tasks")
-    fake._touch_job(alloc["JobID"], alloc["Namespace"])
+def test_a_node_going_down_reads_node_fail_and_the_watch_stops_the_job():
+    # disconnect { replace = false }: the running allocation on the down node becomes "unknown"
+    # and is not replaced; the others would hold their GPUs until NCCL's timeout.
+    with FakeNomad([FakeNode(f"gpu-{i}") for i in range(3)], token=TOKEN) as fake:
+        client = client_for(fake)
+        client.register(make_job(3))
+        victim = fake.alloc_for(JOB, "workers[0]")
+        fake.node_down(victim["NodeName"])
+        state = state_of(client)
+        assert state.status is JobStatus.NODE_FAIL
+        assert f"node rank 1 ({victim['ID'][:8]} on {victim['NodeName']})" in state.reason
+        result = watch_job(client, JOB, wait_s=5)
+        assert result.stopped and result.state.status is JobStatus.NODE_FAIL
+        assert "node rank 1 died first" in result.stop_reason
+        assert "node ranks 0, 2 (the survivors) were stopped" in result.stop_reason
+        assert fake.job_record(JOB)["Stop"] is True
+        assert state_of(client).status is JobStatus.NODE_FAIL  # after the stop, still the node's fault
+
+
+def test_a_lost_rank_replaced_by_nomad_is_node_fail_not_partial():
+    # Without disconnect.replace = false (or on a server older than 1.8) Nomad marks the
+    # allocation lost and places a replacement under the same name.
+    with FakeNomad([FakeNode(f"gpu-{i}") for i in range(3)], token=TOKEN) as fake:
+        client = client_for(fake)
+        payload = make_job(2)
+        for g in payload["Job"]["TaskGroups"]:
+            g.pop("Disconnect", None)
+        client.register(payload)
+        victim = fake.alloc_for(JOB, "workers")
+        fake.node_down(victim["NodeName"])
+        replacement = fake.alloc_for(JOB, "workers")
+        assert replacement["ID"] != victim["ID"] and replacement["Name"] == victim["Name"]
+        state = state_of(client)
+        assert state.status is JobStatus.NODE_FAIL and "starting" not in state.reason
+        assert "replacement" in state.reason and victim["NodeName"] in state.reason
+
+
+def test_cli_watch_stops_the_job_when_a_rank_dies(fake, capsys, monkeypatch):
+    from halo_sched import cli
+
+    client = client_for(fake)
+    client.register(make_job(2))
+    monkeypatch.setattr(cli, "_scheduler", lambda name: _scheduler_for(fake))
+
+    def rank1_dies():
+        time.sleep(0.3)
+        fake.finish(JOB, "workers", 5)
+
+    threading.Thread(target=rank1_dies, daemon=True).start()
+    t0 = time.monotonic()
+    rc = cli.main(["watch", JOB, "--backend", "nomad", "--timeout", "20"])
+    elapsed = time.monotonic() - t0
+    err = capsys.readouterr().err
+    assert rc == 1 and elapsed < 5, err
+    assert "FAILED" in err and "exit=5" in err and "node rank 1 died first" in err
+    assert "node rank 0 (the survivors) was stopped" in err
+    assert fake.job_record(JOB)["Stop"] is True
+
+
+def test_cli_watch_of_a_completed_job_exits_0(fake, capsys, monkeypatch):
+    from halo_sched import cli
+
+    client = client_for(fake)
+    client.register(make_job(2))
+    fake.finish(JOB, "workers", 0)
+    fake.finish(JOB, "node-0", 0)
+    monkeypatch.setattr(cli, "_scheduler", lambda name: _scheduler_for(fake))
+    assert cli.main(["watch", JOB, "--backend", "nomad"]) == 0
+    assert "COMPLETED" in capsys.readouterr().err
+
+
+def test_plan_and_submit_warn_about_an_old_server_and_name_client_settings(tmp_path, capsys, monkeypatch):
+    import yaml
+
+    from halo_sched import cli
+
+    job = {"name": "ddp", "nodes": 2, "nproc_per_node": 8, "gpus_per_node": 8, "image": "halo/train:1",
+           "trainer": {"script": "train.py"},
+           "nomad": {"driver": "docker", "volumes": ["/scratch:/scratch"], "max_run_duration": "2h"}}
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump(job))
+    nodes = [FakeNode(n, docker_volumes_enabled=True) for n in ("gpu-a", "gpu-b")]
+    with FakeNomad(nodes, token=TOKEN) as fake:
+        fake.server_version = "2.0.2"
+        monkeypatch.setattr(cli, "_scheduler", lambda name: _scheduler_for(fake))
+        assert cli.main(["plan", str(f), "--backend", "nomad"]) == 0
+        err = capsys.readouterr().err
+        assert "Nomad server 2.0.2 is older than 2.0.3, which max_run_duration needs" in err
+        assert "disconnect" not in err  # 2.0.2 has it
+        assert "volumes { enabled = true }" in err
+        plans = fake.requests_to("/plan")
+        assert plans and plans[-1].body["Job"]["ID"].startswith("ddp-2")  # a fresh id, not the name
+        assert cli.main(["submit", str(f), "--backend", "nomad"]) == 0
+        err = capsys.readouterr().err
+        assert "older than 2.0.3" in err and "volumes { enabled = true }" in err
 
 
 def test_an_idle_watch_costs_two_calls_per_wait():
