@@ -41,8 +41,12 @@ def test_three_node_job_forms_one_world(tmp_path):
     spec = spec_for(3, free_port(), 120, str(reports))
     job = job_payload(spec)["Job"]
     with client_sim.SimCluster(job, tmp_path / "nomad", host_env=host_env()) as cluster:
-        # Workers first: their nomadService template renders empty and they wait for node-0.
-        cluster.place(["node-1", "node-2"])
+        # One worker group of count 2 (node ranks 1 + NOMAD_ALLOC_INDEX), placed out of order and
+        # before node-0: their nomadService template renders empty and they wait for it.
+        assert [(g["Name"], g["Count"]) for g in job["TaskGroups"]] == [("node-0", 1), ("workers", 2)]
+        cluster.place(["workers[1]"])
+        cluster.start()
+        cluster.place(["workers"])  # fills exactly the missing index, 0
         cluster.start()
         time.sleep(2)
         assert cluster.services("sim-job-rdzv") == []
@@ -53,6 +57,9 @@ def test_three_node_job_forms_one_world(tmp_path):
     assert set(codes.values()) == {0}, logs
     ranks = [json.loads((reports / f"rank{i}.json").read_text()) for i in range(3)]
     assert sorted((r["rank"], r["node_rank"]) for r in ranks) == [(0, 0), (1, 1), (2, 2)]
+    # workers[K] is node rank K+1, whatever order the allocations were placed and started in.
+    for name, rank in (("sim-job.workers[0]", 1), ("sim-job.workers[1]", 2)):
+        assert f"halo-sched: node {rank} of 3" in logs[name], logs[name]
     assert all(r["world_size"] == 3 and r["ok"] for r in ranks)
     for r in ranks:
         assert bytes.fromhex(r["env_hex"]["HOSTILE"]) == HOSTILE_MORE.encode()
@@ -62,7 +69,7 @@ def test_worker_without_leader_fails_within_rendezvous_timeout(tmp_path):
     spec = spec_for(2, free_port(), 3, str(tmp_path / "r"))
     job = job_payload(spec)["Job"]
     with client_sim.SimCluster(job, tmp_path / "nomad", host_env=host_env()) as cluster:
-        cluster.place(["node-1"])  # half-placed: node-0 never comes
+        cluster.place(["workers"])  # half-placed: node-0 never comes
         t0 = time.monotonic()
         cluster.start()
         codes = cluster.wait(timeout=30)

@@ -11,6 +11,7 @@ Public API::
 
     with SimCluster(job, workdir, host_ip="127.0.0.1", node_attrs=None) as cluster:
         cluster.place(["worker"])          # half-placement: only some groups get allocations
+        cluster.place(["workers[1]"])      # ... or only some name indexes of a group with Count > 1
         cluster.start()                    # tasks of every placed, not yet started allocation
         cluster.place(["leader"]); cluster.start()   # the leader arrives later
         codes = cluster.wait(timeout=10)   # {"job.worker[0]": 0, ...}; alloc_names= to narrow
@@ -19,7 +20,9 @@ Public API::
         cluster.set_variable("path", {...})  # Nomad Variables for nomadVar / nomadVarExists
     # leaving the block = cluster.stop(grace=2.0): deregister, kill_signal, SIGKILL the groups
 
-    cluster.allocations / cluster.alloc(name) -> Allocation (id, index, dir, ports, tasks)
+    cluster.lose("job.workers[0]")       # its node goes down: lost + same-name replacement, or
+                                         # "unknown" and kept with disconnect { replace = false }
+    cluster.allocations / cluster.alloc(name) -> Allocation (id, index, dir, ports, tasks, client_status)
     Allocation.tasks[name] -> TaskRun (state, pid, exit_code, restarts, env, argv, events, error)
     cluster.unsimulated -> job features present but not acted on (checks, reschedule, ...)
 
@@ -84,8 +87,17 @@ instance order (by registration ID, inferred from memdb index order) and the reg
 format; the namespace/region parts of the ``nomadService`` query regex; a port ``To`` of -1
 meaning "same as the host port"; stop() signalling the whole process group (Nomad's executor
 signals the task, then kills what is left after kill_timeout); the group ``MaxRunDuration``
-field (Nomad 2.0.2+, not in the sources available here) is enforced from the allocation's
-start: its tasks are stopped and ``Allocation.max_run_exceeded`` is set.
+field (Nomad 2.0.3+) is enforced from the allocation's creation
+(``client/allocrunner/max_run_duration_hook.go``: CreateTime + duration, whatever the tasks'
+state): its tasks are stopped, ``Allocation.max_run_exceeded`` is set and the allocation ends
+``client_status`` "complete" with ``client_description`` "allocation exceeded max_run_duration".
+
+Placement (a server's job, modelled only as far as names go): a group with Count N gets
+allocations ``<job>.<group>[0..N-1]``; placing again fills exactly the indexes no live
+allocation holds (``scheduler/reconciler/allocs.go`` ``AllocNameIndex.Next``), and
+``lose(name)`` replaces an allocation lost with its node under the same Name unless the group
+sets ``disconnect { replace = false }`` (``scheduler/reconciler/filters.go``: a running
+allocation on a down node is then "disconnecting" -> ClientStatus unknown, not replaced).
 
 Deliberate deviations, all loud: docker and other image drivers are refused (no containers
 here); ``exec`` is refused unless ``exec_as_raw_exec=True`` (Nomad would chroot it and set
@@ -1502,8 +1514,14 @@ class Allocation:
     tasks: dict[str, TaskRun] = field(default_factory=dict, repr=False)
     started: bool = False
     started_at: float = 0.0
+    #: time.monotonic() at creation: max_run_duration counts from here, started or not.
+    created_at: float = field(default_factory=time.monotonic)
     #: True once the group's max_run_duration ended the allocation (Nomad: complete, not failed).
     max_run_exceeded: bool = False
+    #: Set when the outcome was decided outside the tasks ("lost", "unknown", or "complete"
+    #: after max_run_duration); otherwise :attr:`client_status` follows the tasks.
+    status_override: str | None = None
+    client_description: str = ""
     service_ids: list[str] = field(default_factory=list)
 
     @property
@@ -1523,6 +1541,15 @@ class Allocation:
     @property
     def terminal(self) -> bool:
         return all(t.state == "dead" for t in self.tasks.values())
+
+    @property
+    def client_status(self) -> str:
+        """Nomad's ClientStatus: pending, running, complete, failed, lost or unknown."""
+        if self.status_override:
+            return self.status_override
+        if not self.terminal:
+            return "running" if any(t.state == "running" for t in self.tasks.values()) else "pending"
+        return "complete" if self.exit_code == 0 else "failed"
 
     @property
     def exit_code(self) -> int | None:
@@ -1600,7 +1627,7 @@ class SimCluster:
         self._pgids: set[int] = set()
         self._used_ports: set[int] = set()
         self._groups = {g["Name"]: g for g in job.get("TaskGroups") or []}
-        self._placed_groups: set[str] = set()
+        self._placed: set[str] = set()  # names of live allocations (not lost)
         self._monitor_error: BaseException | None = None
         # Safety net: a forgotten cluster still takes its process groups down with it.
         self._finalizer = weakref.finalize(self, _kill_groups, self._pgids)
@@ -1715,27 +1742,76 @@ class SimCluster:
     def place(self, group_names: Iterable[str] | None = None) -> list[Allocation]:
         """Create the allocations of the named groups (all groups when None).
 
-        Each group is placed once with its full Count; leave a group out to simulate Nomad's
-        lack of gang scheduling (it may never be placed).
+        A group name places every index of 0..Count-1 that no live allocation holds (lowest
+        first, as ``AllocNameIndex.Next`` in scheduler/reconciler/allocs.go); ``group[K]`` places
+        that one index. Leave groups or indexes out to simulate Nomad's lack of gang scheduling.
         """
         names = list(self._groups) if group_names is None else list(group_names)
         created = []
         with self._lock:
             self._check_open()
-            for gname in names:
+            wanted: list[tuple[dict[str, Any], int]] = []
+            for name in names:
+                gname, _, idx = name.partition("[")
                 if gname not in self._groups:
                     raise SimError(f"job has no group {gname!r} (groups: {sorted(self._groups)})")
-                if gname in self._placed_groups:
-                    raise SimError(f"group {gname!r} is already placed")
-            for gname in names:
                 g = self._groups[gname]
                 count = 1 if g.get("Count") is None else int(g["Count"])
-                for index in range(count):
-                    created.append(self._new_alloc(g, index))
+                if idx:
+                    index = int(idx.rstrip("]"))
+                    if not 0 <= index < count:
+                        raise SimError(f"{name}: index outside 0..{count - 1}")
+                    indexes = [index]
+                else:
+                    indexes = [i for i in range(count) if f"{self.job_id}.{gname}[{i}]" not in self._placed]
+                    if not indexes:
+                        raise SimError(f"group {gname!r} is already placed")
+                for index in indexes:
+                    if f"{self.job_id}.{gname}[{index}]" in self._placed or any(
+                            w[0] is g and w[1] == index for w in wanted):
+                        raise SimError(f"{gname}[{index}] is already placed")
+                    wanted.append((g, index))
+            for g, index in wanted:
+                created.append(self._new_alloc(g, index))
             # Only a placement that fully succeeded counts.
-            self._placed_groups.update(names)
+            self._placed.update(a.name for a in created)
             self.allocations.extend(created)
         return created
+
+    def lose(self, alloc_name: str) -> Allocation | None:
+        """The allocation's node goes down (its processes die with it). Nomad's reconciler
+        (scheduler/reconciler/filters.go, reconcile_cluster.go): a running allocation of a group
+        with ``disconnect { replace = false }`` turns ClientStatus "unknown" and is kept; any other
+        becomes "lost" and a replacement with the same Name is placed (reschedule attempts do
+        not apply). Returns the replacement (not started), or None."""
+        with self._lock:
+            self._check_open()
+            alloc = next((a for a in reversed(self.allocations) if a.name == alloc_name), None)
+            if alloc is None:
+                raise KeyError(f"no allocation {alloc_name!r}")
+            if alloc.status_override or alloc.terminal:
+                raise SimError(f"{alloc_name} is already {alloc.client_status}")
+            running = alloc.client_status == "running"
+            for tr in alloc.tasks.values():
+                if tr.proc is not None:
+                    self._kill(tr, grace=None)
+                    tr.proc = None
+                tr.state = "dead"
+            self._deregister_alloc(alloc)
+            if running and (alloc.group.get("Disconnect") or {}).get("Replace") is False:
+                alloc.status_override = "unknown"
+                alloc.client_description = "alloc is unknown since its node is disconnected"
+                return None
+            alloc.status_override = "lost"
+            alloc.client_description = "alloc is lost since its node is down"
+            self._placed.discard(alloc.name)
+            for net in alloc.group.get("Networks") or []:
+                for p in net.get("ReservedPorts") or []:
+                    self._used_ports.discard(int(p["Value"]))
+            replacement = self._new_alloc(alloc.group, alloc.index)
+            self._placed.add(replacement.name)
+            self.allocations.append(replacement)
+            return replacement
 
     def _new_alloc(self, g: dict[str, Any], index: int) -> Allocation:
         alloc_id = str(uuid.uuid4())
@@ -2158,7 +2234,8 @@ class SimCluster:
         """
         with self._lock:
             self._check_open()
-            new = [a for a in self.allocations if not a.started]
+            # Lost before it started, or timed out by max_run_duration: never starts.
+            new = [a for a in self.allocations if not a.started and not a.status_override]
             plans: list[tuple[TaskRun, list[str], dict[str, str]]] = []
             try:
                 for alloc in new:
@@ -2297,9 +2374,11 @@ class SimCluster:
 
     def _enforce_max_run_duration(self, alloc: Allocation, now: float) -> None:
         limit = alloc.group.get("MaxRunDuration")
-        if not limit or alloc.terminal or now - alloc.started_at < _ns_to_s(limit, 0.0):
+        if not limit or alloc.terminal or alloc.status_override or now - alloc.created_at < _ns_to_s(limit, 0.0):
             return
         alloc.max_run_exceeded = True
+        alloc.status_override = "complete"
+        alloc.client_description = "allocation exceeded max_run_duration"
         for tr in alloc.tasks.values():
             if tr.state == "dead":
                 continue
@@ -2314,9 +2393,9 @@ class SimCluster:
     def _tick(self) -> None:
         now = time.monotonic()
         for alloc in self.allocations:
+            self._enforce_max_run_duration(alloc, now)  # from creation, started or not
             if not alloc.started:
                 continue
-            self._enforce_max_run_duration(alloc, now)
             for tr in alloc.tasks.values():
                 if tr.state == "running" and tr.proc is not None:
                     code = tr.proc.poll()
@@ -2385,7 +2464,8 @@ class SimCluster:
             time.sleep(min(0.05, self.poll_interval))
 
     def alloc(self, name: str) -> Allocation:
-        for a in self.allocations:
+        """The newest allocation of that name (a lost one's replacement shares its Name)."""
+        for a in reversed(self.allocations):
             if a.name == name:
                 return a
         raise KeyError(f"no allocation {name!r} (placed: {[a.name for a in self.allocations]})")

@@ -545,14 +545,56 @@ def test_stop_leaves_no_processes(tmp_path: Path) -> None:
     assert all(t.state == "dead" for a in c.allocations for t in a.tasks.values())
 
 
-def test_max_run_duration_bounds_a_half_placed_job(make_cluster: Callable[..., SimCluster]) -> None:
-    g = group("node-1", [bash_task("t", "sleep 30", KillTimeout=NS // 5)], MaxRunDuration=NS // 2)
-    c = make_cluster(job(g))
-    c.place()
+def test_max_run_duration_stops_each_allocation_but_not_an_unplaced_group(make_cluster: Callable[..., SimCluster]) -> None:
+    mrd = {"MaxRunDuration": NS // 2}
+    leader = group("node-0", [bash_task("t", "sleep 30", KillTimeout=NS // 5)], **mrd)
+    c = make_cluster(job(leader, group("workers", [bash_task("t", "sleep 30")], count=2, **mrd)))
+    c.place(["node-0"])  # the workers never place: no allocation, so no timer (Nomad 2.0.3+ likewise)
     c.start()
     codes = c.wait(timeout=5)
-    assert codes["sim.node-1[0]"] != 0  # killed, not finished
-    assert c.alloc("sim.node-1[0]").max_run_exceeded
+    assert codes == {"sim.node-0[0]": codes["sim.node-0[0]"]} and codes["sim.node-0[0]"] != 0  # killed
+    a = c.alloc("sim.node-0[0]")
+    assert a.max_run_exceeded and (a.client_status, a.client_description) == (
+        "complete", "allocation exceeded max_run_duration")
+
+
+def test_max_run_duration_counts_from_creation_not_start(make_cluster: Callable[..., SimCluster]) -> None:
+    # client/allocrunner/max_run_duration_hook.go: the deadline is CreateTime + duration.
+    c = make_cluster(job(group("g", [bash_task("t", "sleep 30")], MaxRunDuration=NS // 2)))
+    (a,) = c.place()
+    time.sleep(0.6)
+    c.wait(timeout=1)  # runs a tick; nothing started
+    assert a.client_status == "complete" and a.client_description == "allocation exceeded max_run_duration"
+    assert c.start() == [] and all(t.pid is None for t in a.tasks.values())
+
+
+def test_group_count_takes_name_indexes_and_fills_the_missing_ones(make_cluster: Callable[..., SimCluster]) -> None:
+    c = make_cluster(job(group("workers", [bash_task("t", 'echo "$NOMAD_ALLOC_INDEX"')], count=3)))
+    assert [a.name for a in c.place(["workers[1]"])] == ["sim.workers[1]"]
+    assert [a.name for a in c.place(["workers"])] == ["sim.workers[0]", "sim.workers[2]"]
+    with pytest.raises(_sim.SimError, match="already placed"):
+        c.place(["workers"])
+    c.start()
+    c.wait(timeout=10)
+    assert {i: c.stdout(f"sim.workers[{i}]").strip() for i in range(3)} == {0: "0", 1: "1", 2: "2"}
+
+
+def test_lost_node_is_replaced_under_its_name_unless_replace_is_false(make_cluster: Callable[..., SimCluster]) -> None:
+    for replace in (None, False):
+        extra = {} if replace is None else {"Disconnect": {"Replace": replace}}
+        c = make_cluster(job(group("workers", [bash_task("t", "sleep 30", KillTimeout=NS // 5)], count=2, **extra)))
+        c.place()
+        c.start()
+        wait_for(lambda: all(a.client_status == "running" for a in c.allocations))
+        replacement = c.lose("sim.workers[1]")
+        statuses = sorted((a.name, a.client_status) for a in c.allocations)
+        if replace is None:  # Nomad's default: lost, and replaced whatever the reschedule policy
+            assert replacement is not None and replacement.name == "sim.workers[1]" and replacement.index == 1
+            assert statuses == [("sim.workers[0]", "running"), ("sim.workers[1]", "lost"), ("sim.workers[1]", "pending")]
+        else:
+            assert replacement is None
+            assert statuses == [("sim.workers[0]", "running"), ("sim.workers[1]", "unknown")]
+        c.stop(grace=0.5)
 
 
 def test_wait_timeout(make_cluster: Callable[..., SimCluster]) -> None:
