@@ -4,6 +4,9 @@
   the pydantic models is most of it), and vs `import torch` (goal: >= 5x faster: the CLI never
   imports torch).
 - Rendering: time to render a 64-node job for each backend (pure; goal: < 50 ms each).
+- Nomad job size: payload bytes, HCL bytes and render time at 2, 256 and 1,024 nodes (goal: 1,024
+  nodes within 1.2x of 2 nodes, all three: the job is node-0 + one workers group of count N-1, so
+  it does not grow with N; every allocation carries the whole job on the servers and clients).
 
     python bench/run.py
 """
@@ -63,7 +66,33 @@ def main() -> int:
             n += 1
         per = (time.perf_counter() - t0) / n
         print(f"  {name:42s} {per * 1000:8.2f} ms per render")
+    import json
+
+    from halo_sched.backends.nomad.render import render_hcl
+
+    print("nomad job size and render time by node count (examples/nomad-gpu.yaml):")
+    base = None
+    for nodes in (2, 256, 1024):
+        s = nomad_spec.model_copy(update={"nodes": nodes})
+        payload = len(json.dumps(job_payload(s, "ddp-nomad-bench")).encode())
+        hcl = len(render_hcl(s, "ddp-nomad-bench").encode())
+        per = per_call(lambda: job_payload(s, "ddp-nomad-bench"))
+        per_hcl = per_call(lambda: render_hcl(s, "ddp-nomad-bench"))
+        row = (payload, hcl, per, per_hcl)
+        base = base or row
+        print(f"  {nodes:5d} nodes: payload {payload:6d} B ({payload / base[0]:4.2f}x)  hcl {hcl:6d} B "
+              f"({hcl / base[1]:4.2f}x)  payload render {per * 1000:5.2f} ms ({per / base[2]:4.2f}x)  "
+              f"hcl render {per_hcl * 1000:5.2f} ms ({per_hcl / base[3]:4.2f}x)")
     return 0
+
+
+def per_call(fn, seconds: float = 0.5) -> float:
+    fn()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        fn()
+        n += 1
+    return (time.perf_counter() - t0) / n
 
 
 if __name__ == "__main__":
