@@ -16,8 +16,6 @@ import warnings
 
 import pytest
 import requests
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from halo_sched.backends.base import JobStatus
 from halo_sched.backends.nomad.client import NomadAPIError, NomadClient, NomadConfig

@@ -121,19 +121,10 @@ class Scheduler(abc.ABC):
         """
         return self.describe([job_id])[job_id]
 
-    def wait(
-        self,
-        job_id: str,
-        timeout: float | None = None,
-        poll: float = 1.0,
-        max_poll: float = 30.0,
-        on_change: Callable[[JobState], None] | None = None,
-        on_tick: Callable[[JobState], None] | None = None,
-    ) -> JobState:
-        """Until the job is terminal (or ``timeout`` seconds pass). A backend may act on what it
-        sees (Nomad stops a job whose rank died: nothing in Nomad does)."""
-        return wait_for(self, job_id, timeout=timeout, poll=poll, max_poll=max_poll, on_change=on_change,
-                        on_tick=on_tick)
+    def wait(self, job_id: str, timeout: float | None = None, **opts) -> JobState:
+        """Until the job is terminal (or ``timeout`` seconds pass); ``opts`` as :func:`wait_for`
+        takes them. A backend may act on what it sees (Nomad stops a job whose rank died)."""
+        return wait_for(self, job_id, timeout=timeout, **opts)
 
     def progress(self, state: JobState) -> str:
         """A one-line human summary for ``--wait``."""

@@ -1172,19 +1172,18 @@ def _bexpr(text: str):
             raise _HTTPError(400, "failed to read filter expression: unsupported operator")
         return (lambda o: str(select(o, selector)) == value) if op == "==" else (lambda o: str(select(o, selector)) != value)
 
+    def chain(word, operand, combine):
+        terms = [operand()]
+        while peek(word):
+            take(word)
+            terms.append(operand())
+        return lambda o: combine(t(o) for t in terms)
+
     def conjunction():
-        terms = [primary()]
-        while peek("and"):
-            take("and")
-            terms.append(primary())
-        return lambda o: all(t(o) for t in terms)
+        return chain("and", primary, all)
 
     def disjunction():
-        terms = [conjunction()]
-        while peek("or"):
-            take("or")
-            terms.append(conjunction())
-        return lambda o: any(t(o) for t in terms)
+        return chain("or", conjunction, any)
 
     expr = disjunction()
     if i != len(tokens):
