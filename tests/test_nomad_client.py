@@ -841,6 +841,18 @@ def test_cli_watch_stops_the_job_when_a_rank_dies(fake, capsys, monkeypatch):
     assert fake.job_record(JOB)["Stop"] is True
 
 
+def test_job_wait_stops_the_survivors_of_a_dead_rank(fake):
+    from halo_sched.backends.base import Job
+
+    client = client_for(fake)
+    client.register(make_job(2))
+    fake.finish(JOB, "node-0", 9)
+    state = Job(_scheduler_for(fake), JOB).wait(timeout=10)
+    assert state.status is JobStatus.FAILED and state.exit_code == 9
+    assert "node rank 1 (the survivors) was stopped" in state.reason
+    assert fake.job_record(JOB)["Stop"] is True
+
+
 def test_cli_watch_of_a_completed_job_exits_0(fake, capsys, monkeypatch):
     from halo_sched import cli
 
