@@ -237,6 +237,13 @@ print_env() {
 }
 
 cmd_up() {
+    # The daemons must not inherit the caller's descriptors: under `flock LOCK slurm-cluster.sh up`
+    # munged and slurmrestd would hold the cluster lock for as long as they run.
+    local fd
+    for fd in /proc/$$/fd/*; do
+        fd=${fd##*/}
+        if ((fd > 2 && fd != 255)); then eval "exec $fd>&-" 2>/dev/null || true; fi
+    done
     install_packages
     install -d "$STATE" "$STATE/etc" "$STATE/log" "$STATE/run" "$STATE/spool/ctld"
     local n
