@@ -326,8 +326,15 @@ class Nomad(_Model):
     @field_validator("volumes")
     @classmethod
     def _vols(cls, v: list[str]) -> list[str]:
+        import unicodedata
+
         for vol in v:
             _no_nul(vol, "a volume")
+            # The Nomad client decodes driver config into cty strings, which are always Unicode
+            # NFC: another form would mount a different path than the one written.
+            if not unicodedata.is_normalized("NFC", vol):
+                raise ValueError(f"{ascii(vol)} is not in Unicode NFC form, which Nomad would normalize it to: "
+                                 f"write {ascii(unicodedata.normalize('NFC', vol))}")
             parts = vol.split(":")
             if len(parts) not in (2, 3) or not all(parts[:2]) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
                 raise ValueError(f"{vol!r}: use host_path:container_path[:ro|rw]")

@@ -269,5 +269,24 @@ def go_duration(ns: int) -> str:
     return "".join(parts) or "0s"
 
 
+def _not_nfc(spec: JobSpec) -> list[tuple[str, str]]:
+    """User text the HCL cannot carry exactly: HCL normalizes every string to Unicode NFC."""
+    import unicodedata
+
+    def bad(text: str) -> bool:
+        return not unicodedata.is_normalized("NFC", text)
+
+    texts = [(f"env.{k}", v) for k, v in spec.env.items()] + [
+        (f"trainer.args[{i}]", a) for i, a in enumerate(spec.trainer.args)] + [
+        (f"setup[{i}]", line) for i, line in enumerate(spec.setup)] + [("trainer.script", spec.trainer.script or "")]
+    return [(where, "not in Unicode NFC form, which HCL normalizes every string to, so the job file would "
+                    "carry different text; submit sends it exactly (the API payload is not normalized), "
+                    "or write it in NFC") for where, text in texts if bad(text)]
+
+
 def render_hcl(spec: JobSpec, job_id: str | None = None) -> str:
+    """The job as an HCL file, for reading or ``nomad job run``. Refuses text HCL would change."""
+    problems = _not_nfc(spec)
+    if problems:
+        raise SpecError(problems)
     return render_template("nomad/job.nomad.hcl.j2", job=job_payload(spec, job_id)["Job"], go_duration=go_duration)
