@@ -425,10 +425,13 @@ def _runner(replies):
 
 
 def test_submit_parses_parsable_output_and_passes_script_on_stdin():
-    run = _runner([(0, "1234;halo\n", "sbatch: warning: something\n")])
+    run = _runner([(0, "1234\n", "sbatch: warning: something\n")])
     assert CliTransport(runner=run).submit("#!/bin/bash\ntrue\n", ["--qos=high"]) == "1234"
     argv, stdin = run.calls[0]
     assert argv == ["sbatch", "--parsable", "--qos=high"] and stdin.startswith("#!/bin/bash")
+    # With -M, sbatch prints "ID;CLUSTER" (src/sbatch/sbatch.c): the cluster stays in the id.
+    run = _runner([(0, "1234;halo\n", "")])
+    assert CliTransport(runner=run).submit("#!/bin/bash\ntrue\n", ["--clusters=halo"]) == "halo:1234"
 
 
 def test_submit_failure_carries_stderr_and_is_not_retried():

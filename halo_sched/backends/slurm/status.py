@@ -236,9 +236,16 @@ def squeue_format() -> str:
     return ",".join(f"{name}:{SEP}" for name in SQUEUE_FIELDS)
 
 
-def squeue_argv(ids: Sequence[str] | None) -> list[str]:
+def cluster_args(cluster: str | None) -> list[str]:
+    """``--clusters=NAME`` for a job on another cluster (sbatch -M). One name per call: with
+    several, squeue prints a ``CLUSTER: name`` line before each cluster's rows (src/squeue/squeue.c)
+    and scontrol refuses."""
+    return [f"--clusters={cluster}"] if cluster else []
+
+
+def squeue_argv(ids: Sequence[str] | None, cluster: str | None = None) -> list[str]:
     """``--states=all`` so that finished jobs still in slurmctld's memory (MinJobAge) show."""
-    argv = ["squeue", "--noheader", "--states=all", f"--Format={squeue_format()}"]
+    argv = ["squeue", *cluster_args(cluster), "--noheader", "--states=all", f"--Format={squeue_format()}"]
     if ids is not None:
         argv.append("--jobs=" + ",".join(ids))
     return argv
@@ -349,9 +356,9 @@ def parse_scontrol_states(text: str) -> list[JobState]:
     return [scontrol_job_state(f) for f in parse_scontrol_jobs(text)]
 
 
-def scontrol_argv(job_id: str | None = None) -> list[str]:
+def scontrol_argv(job_id: str | None = None, cluster: str | None = None) -> list[str]:
     """One line per job; without an id, every job slurmctld still holds."""
-    argv = ["scontrol", "--oneliner", "show", "job"]
+    argv = ["scontrol", *cluster_args(cluster), "--oneliner", "show", "job"]
     if job_id is not None:
         argv.append(job_id)
     return argv
@@ -364,10 +371,11 @@ def scontrol_argv(job_id: str | None = None) -> list[str]:
 SACCT_FIELDS = ("JobID", "JobIDRaw", "State", "ExitCode", "DerivedExitCode", "NNodes", "Reason", "NodeList")
 
 
-def sacct_argv(ids: Sequence[str]) -> list[str]:
+def sacct_argv(ids: Sequence[str], cluster: str | None = None) -> list[str]:
     # With --jobs the default start time is the epoch (not today 00:00), so old jobs are found.
     return [
         "sacct",
+        *cluster_args(cluster),
         "--parsable2",
         "--noheader",
         "--format=" + ",".join(SACCT_FIELDS),

@@ -1,0 +1,183 @@
+"""What every SLURM transport shares: the interface, job ids that name a cluster, reading
+``#SBATCH`` directives, and retrying calls that failed only because the controller was busy."""
+from __future__ import annotations
+
+import abc
+import re
+import shlex
+from typing import Callable, Iterable, Sequence, TypeVar
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from halo_sched.backends.base import JobState
+from halo_sched.errors import SchedulerError, UsageError
+
+T = TypeVar("T")
+
+
+class Transport(abc.ABC):
+    """What SlurmScheduler needs from SLURM."""
+
+    name = ""
+
+    @abc.abstractmethod
+    def submit(self, script: str, extra_args: Sequence[str] = ()) -> str:
+        """Submit a batch script; return the job id (``CLUSTER:ID`` when sbatch ran with --clusters)."""
+
+    @abc.abstractmethod
+    def query(self, ids: Sequence[str]) -> dict[str, JobState]:
+        """State of every id (UNKNOWN with a reason for ids SLURM does not know)."""
+
+    @abc.abstractmethod
+    def cancel(self, ids: Sequence[str], signal: str | None = None) -> None:
+        """Cancel jobs, or send them ``signal`` (e.g. ``"USR2"``)."""
+
+    @abc.abstractmethod
+    def job_info(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job`` fields (StdOut, StdErr, WorkDir, NodeList, ...)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Job ids
+
+# A SLURM cluster name (slurm.conf ClusterName, sbatch --clusters).
+_CLUSTER_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+# What SLURM itself prints or takes as a job id: 123, 123_4, 123_[1-5%2], 123+1.
+_LOCAL_ID_RE = re.compile(r"^\d+(?:_(?:\d+|\[[0-9,\-:%]+\]))?(?:\+\d+)?$")
+
+
+def split_cluster(job_id: str) -> tuple[str | None, str]:
+    """``halo:123`` (as halo-sched prints it) or ``123;halo`` (as ``sbatch --parsable -M``
+    prints it) -> (``halo``, ``123``); ``123`` -> (None, ``123``).
+
+    Anything else is a UsageError: ids reach the command line of squeue/scancel, and a
+    ``--signal=KILL`` there must never read as an option.
+    """
+    text = str(job_id).strip()
+    cluster, local = None, text
+    if ":" in text:
+        cluster, local = text.split(":", 1)
+    elif ";" in text:
+        local, cluster = text.split(";", 1)
+    if cluster is not None and not _CLUSTER_RE.match(cluster):
+        raise UsageError(f"job id {job_id!r}: {cluster!r} is not a SLURM cluster name")
+    if not _LOCAL_ID_RE.match(local):
+        raise UsageError(f"job id {job_id!r} is not a SLURM job id (123, 123_4, 123+1, or CLUSTER:123)")
+    return cluster, local
+
+
+def with_cluster(cluster: str | None, local_id: str) -> str:
+    return f"{cluster}:{local_id}" if cluster else local_id
+
+
+def unique(ids: Iterable) -> list[str]:
+    return list(dict.fromkeys(str(i).strip() for i in ids if str(i).strip()))
+
+
+def by_cluster(ids: Iterable) -> dict[str | None, dict[str, list[str]]]:
+    """{cluster or None: {local id: [ids as requested]}}: SLURM's clients take one cluster per
+    call (``halo:5`` and ``5;halo`` are one job)."""
+    groups: dict[str | None, dict[str, list[str]]] = {}
+    for job_id in unique(ids):
+        cluster, local = split_cluster(job_id)
+        groups.setdefault(cluster, {}).setdefault(local, []).append(job_id)
+    return groups
+
+
+def chunks(items: Sequence[str], size: int) -> Iterable[list[str]]:
+    for i in range(0, len(items), size):
+        yield list(items[i : i + size])
+
+
+# ---------------------------------------------------------------------------------------------
+# #SBATCH directives
+
+# sbatch options that take no value, so that "--exclusive 2" is never read as "--exclusive=2".
+NO_VALUE = frozenset({"exclusive", "requeue", "no-requeue", "hold", "H", "parsable", "wait", "W", "overcommit", "O",
+                      "contiguous", "spread-job", "use-min-nodes", "test-only", "quiet", "Q", "verbose", "v"})
+# Short options that take a value (so "-N 2" and "-N2" both parse).
+_SHORT_WITH_VALUE = set("JNntpoeiDAqCadGcM")
+
+
+def sbatch_options(script: str, extra_args: Sequence[str] = ()) -> list[tuple[str, str | None]]:
+    """``#SBATCH`` lines (until the first command, as sbatch reads them) then ``extra_args``
+    -> [(option name without dashes, value or None)]; later ones win when applied in order."""
+    args: list[str] = []
+    for line in script.splitlines():
+        s = line.strip()
+        if not s:
+            continue
+        if not s.startswith("#"):
+            break  # sbatch stops reading directives at the first command
+        if s.startswith("#SBATCH") and (len(s) == 7 or s[7].isspace()):
+            args += shlex.split(s[7:], comments=True)
+    args += list(extra_args)
+    out: list[tuple[str, str | None]] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        nxt = args[i + 1] if i + 1 < len(args) else None
+        takes_next = nxt is not None and not nxt.startswith("-")
+        if a.startswith("--"):
+            name, eq, value = a[2:].partition("=")
+            if eq:
+                out.append((name, value))
+            elif name not in NO_VALUE and takes_next:
+                # "--time 10"; an unknown option's value is consumed too, so that an error
+                # names the option, not its value.
+                out.append((name, nxt))
+                i += 1
+            else:
+                out.append((name, None))
+        elif a.startswith("-") and len(a) >= 2:
+            name, rest = a[1], a[2:]
+            if rest:
+                out.append((name, rest.lstrip("=")))
+            elif name in _SHORT_WITH_VALUE and takes_next:
+                out.append((name, nxt))
+                i += 1
+            else:
+                out.append((name, None))
+        else:
+            raise SchedulerError(f"cannot read sbatch argument {a!r}")
+        i += 1
+    return out
+
+
+def names_clusters(script: str, extra_args: Sequence[str] = ()) -> bool:
+    """Does the job ask sbatch for another cluster (``--clusters``/``--cluster``/``-M``)?"""
+    return any(name in ("clusters", "cluster", "M") for name, _ in sbatch_options(script, extra_args))
+
+
+# ---------------------------------------------------------------------------------------------
+# Retries
+
+# Messages slurmctld clients print when the controller is busy or restarting: worth a retry for
+# idempotent calls. Anything else is a real answer.
+TRANSIENT = re.compile(
+    r"socket timed out|unable to contact slurm controller|resource temporarily unavailable|"
+    r"connection refused|transport endpoint is not connected|slurm backup controller in standby",
+    re.IGNORECASE,
+)
+
+
+class Transient(Exception):
+    """A call worth repeating (controller busy, timeout, connection dropped)."""
+
+
+def retrying(attempt: Callable[[], T], attempts: int, wait: float, what: str) -> T:
+    """``attempt()`` until it does not raise Transient, at most ``attempts`` times with
+    exponential backoff; then a SchedulerError naming ``what``."""
+    try:
+        for att in Retrying(
+            stop=stop_after_attempt(max(1, attempts)),
+            wait=wait_exponential(multiplier=wait, max=10),
+            retry=retry_if_exception_type(Transient),
+            reraise=True,
+        ):
+            with att:
+                return attempt()
+    except Transient as e:
+        times = f" {attempts} times" if attempts > 1 else ""
+        raise SchedulerError(f"{what} failed{times}: {e}") from e
+    raise AssertionError("unreachable")  # pragma: no cover
