@@ -38,11 +38,16 @@ def render(spec: "JobSpec", backend: str = "local", **opts) -> str:
     return backends.get(backend).render(spec, **opts)
 
 
-def submit(spec: "JobSpec", backend: str = "local", **opts) -> "Job":
-    """Submit and return a handle with ``.id``, ``.status()``, ``.wait()``, ``.cancel()``, ``.logs()``."""
+def submit(spec: "JobSpec", backend: str = "local", retry_s: float | None = None, **opts) -> "Job":
+    """Submit and return a handle with ``.id``, ``.status()``, ``.wait()``, ``.cancel()``, ``.logs()``.
+
+    Exactly once: through a scheduler outage the submission is retried for ``retry_s`` seconds
+    (default ``$HALO_SUBMIT_RETRY_S`` or 120) and never creates a second job."""
     from . import backends
 
-    return backends.get(backend).submit(spec, **opts)
+    sched = backends.get(backend)
+    sched.retry_s = retry_s
+    return sched.submit(spec, **opts)
 
 
 def job(job_id: str, backend: str = "local") -> "Job":

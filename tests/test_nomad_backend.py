@@ -242,6 +242,8 @@ def test_dry_run_prints_the_payload_and_sends_nothing(job_file):
         sent = json.loads(r.stdout)
         job_id = sent["Job"]["ID"]
         assert job_id.startswith("ddp-nomad-") and sent["Job"]["Name"] == "ddp-nomad"
+        # The submission token (exactly-once register) is the only addition to the rendered job.
+        assert len(sent["Job"]["Meta"].pop("halo_sched_token")) == 24
         assert sent == job_payload(halo_sched.load(f), job_id)
         assert fake.requests == []
 

@@ -210,10 +210,8 @@ def test_400_and_404_are_not_retried(fake):
 
     assert client.job("nope") is None  # 404 on a read means "no such job"
     assert len(fake.requests) == 2
-    with pytest.raises(NomadAPIError, match="not found") as info:
-        client.stop("nope")
-    assert info.value.status == 404
-    assert len(fake.requests) == 3
+    client.stop("nope")  # Nomad answers 200 for an unknown job (nomad/job_endpoint.go Deregister)
+    assert len(fake.requests) == 3 and fake.requests[-1].status == 200
 
 
 # ------------------------------------------------------------------------------------ TLS

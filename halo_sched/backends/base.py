@@ -70,6 +70,8 @@ class JobState:
             parts.append(f"exit={self.exit_code}")
         if self.reason:
             parts.append(f"reason={self.reason}")
+        if self.extra.get("restarts"):  # a requeued job: which run this is
+            parts.append(f"run {self.extra['restarts'] + 1}")
         return " ".join(parts)
 
 
@@ -87,6 +89,9 @@ class Scheduler(abc.ABC):
     """A backend. Subclasses are the only place that knows their scheduler."""
 
     name: str = ""
+    #: Seconds submit and cancel keep retrying through a scheduler outage (None: the
+    #: ``HALO_SUBMIT_RETRY_S`` environment variable, else 120; see halo_sched.exactly_once).
+    retry_s: float | None = None
 
     @abc.abstractmethod
     def render(self, spec, **opts) -> str:
@@ -176,7 +181,7 @@ def wait_for(
     last: tuple | None = None
     while True:
         state = scheduler.describe([job_id])[job_id]
-        key = (state.status, state.nodes_running, state.raw_state)
+        key = (state.status, state.nodes_running, state.raw_state, state.extra.get("restarts"))
         if key != last:
             last = key
             interval = poll

@@ -14,7 +14,8 @@ It behaves like a Nomad server for the calls halo-sched makes, with Nomad's fiel
   following until the allocation ends.
 
 Knobs for tests: HTTPS with a given certificate; ACL tokens (403 without a good one; every
-request's headers are recorded); injected HTTP 5xx answers and dropped connections; moving
+request's headers are recorded); injected HTTP 5xx answers and dropped connections (before the
+request is applied, or after: ``drop_after_next``); register's EnforceIndex; moving
 allocations to running / complete / failed / killed-by-max_run_duration; nodes joining later
 (which unblocks blocked evaluations); log text; plan/register warnings.
 
@@ -165,6 +166,7 @@ class FakeNomad:
         self._logs: dict[tuple[str, str, str], str] = {}
         self._fail_queue: list[tuple[int, str, str | None]] = []
         self._drop_queue: list[str | None] = []
+        self._drop_after_queue: list[tuple[str | None, str | None, int | None]] = []
         self._closing = threading.Event()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -224,6 +226,14 @@ class FakeNomad:
         """Close the connection of the next ``n`` matching requests without answering."""
         with self._lock:
             self._drop_queue += [path_contains] * n
+
+    def drop_after_next(self, n: int, path_contains: str | None = None, method: str | None = None,
+                        status: int | None = None) -> None:
+        """Apply the next ``n`` matching requests, then close the connection without answering (or,
+        with ``status``, answer that 5xx): the ambiguous failure (the server acted, the client
+        never heard so)."""
+        with self._lock:
+            self._drop_after_queue += [(path_contains, method, status)] * n
 
     def add_node(self, node: FakeNode) -> None:
         """A client node joins; blocked evaluations are retried (Nomad unblocks on capacity change)."""
@@ -995,6 +1005,17 @@ class FakeNomad:
         job = self._validated_job(body, namespace, path_id)
         key = (job["Namespace"], job["ID"])
         old = self._jobs.get(key)
+        if body.get("EnforceIndex"):
+            # nomad/job_endpoint.go Register -> nomad/structs/job.go Job.EnforceIndex; a plain
+            # error, so the HTTP layer answers 500 with its text (command/agent/http.go wrap).
+            want = int(body.get("JobModifyIndex") or 0)
+            if old is not None and want == 0:
+                raise _HTTPError(500, "Enforcing job modify index 0: job already exists")
+            if old is not None and want != old["JobModifyIndex"]:
+                raise _HTTPError(500, f"Enforcing job modify index {want}: job exists with conflicting job modify "
+                                      f"index: {old['JobModifyIndex']}")
+            if old is None and want != 0:
+                raise _HTTPError(500, f"Enforcing job modify index {want}: job does not exist")
         idx = self._next_index()
         job.update({
             "Stop": False, "Status": "pending", "StatusDescription": "", "Stable": False,
@@ -1044,7 +1065,9 @@ class FakeNomad:
         key = (namespace, job_id)
         job = self._jobs.get(key)
         if job is None:
-            raise _HTTPError(404, "job not found")
+            # nomad/job_endpoint.go Deregister: an unknown job is no error (`if job == nil { return nil }`).
+            return {"EvalID": "", "EvalCreateIndex": 0, "JobModifyIndex": 0, "VolumeEvalID": "", "VolumeEvalIndex": 0,
+                    "Index": 0, "LastContact": 0, "KnownLeader": False}
         idx = self._next_index()
         job.update({"Stop": True, "Version": job["Version"] + 1, "ModifyIndex": idx, "JobModifyIndex": idx})
         for ev in self._evals.values():
@@ -1238,6 +1261,12 @@ class _Handler(BaseHTTPRequestHandler):
                 j = next((i for i, (_, _, p) in enumerate(fake._fail_queue) if p is None or p in split.path), None)
                 if j is not None:
                     fail = fake._fail_queue.pop(j)
+            drop_after = None
+            if drop is None and fail is None:
+                j = next((i for i, (p, m, _) in enumerate(fake._drop_after_queue)
+                          if (p is None or p in split.path) and (m is None or m == method)), None)
+                if j is not None:
+                    drop_after = fake._drop_after_queue.pop(j)
         if drop is not None:
             # Hang up without a word: the client sees the connection reset / closed.
             self.close_connection = True
@@ -1251,6 +1280,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self._serve_logs(split.path.rsplit("/", 1)[-1], query)
                 return
             status, payload = fake._handle(method, split.path, query, body)
+            if drop_after is not None:
+                if drop_after[2] is not None:
+                    raise _HTTPError(drop_after[2], "rpc error: EOF")  # applied, then the server failed
+                self.close_connection = True  # applied; the answer is lost
+                return
         except _HTTPError as err:
             record.status = err.status
             self._send(err.status, err.text.encode(), "text/plain; charset=utf-8")

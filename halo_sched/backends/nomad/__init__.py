@@ -28,8 +28,9 @@ class NomadScheduler(Scheduler):
 
     name = "nomad"
 
-    def __init__(self, client=None):
+    def __init__(self, client=None, retry_s: float | None = None):
         self._client = client  # one client for every namespace/region (tests, embedding)
+        self.retry_s = retry_s  # submit/cancel ride out outages this long (None: HALO_SUBMIT_RETRY_S or 120 s)
         self._scoped: dict[tuple, object] = {}
 
     def _client_for(self, namespace: str | None = None, region: str | None = None):
@@ -60,7 +61,12 @@ class NomadScheduler(Scheduler):
         raise UsageError(f"unknown Nomad format {format!r}: use hcl or json")
 
     def dryrun(self, spec: JobSpec, **opts) -> DryRun:
+        from ...exactly_once import new_token
+        from .client import TOKEN_META
+
         payload = job_payload(spec, submission_id(spec))
+        # The submission token: after an ambiguous failure, the job read back with it is ours.
+        payload["Job"]["Meta"][TOKEN_META] = new_token()
         # --dry-run shows exactly the payload that would be sent.
         return DryRun(self.name, spec, json.dumps(payload, indent=2, ensure_ascii=False) + "\n", payload)
 
@@ -85,7 +91,12 @@ class NomadScheduler(Scheduler):
         nm = dryrun.spec.nomad
         client = self._client_for(nm.namespace, nm.region)
         self._preflight(client, dryrun.spec, dryrun.payload)
-        resp = client.register(dryrun.payload) or {}
+        from .client import TOKEN_META
+
+        token = dryrun.payload["Job"]["Meta"][TOKEN_META]
+        resp = client.submit_job(dryrun.payload, token, retry_s=self.retry_s, on_retry=_say) or {}
+        if resp.get("found_after_retry"):
+            _say(f"the job was registered by an earlier attempt (token {token}); not registering it again")
         warnings = resp.get("Warnings") or ""
         for w in warnings.splitlines():
             if w.strip():
@@ -141,14 +152,13 @@ class NomadScheduler(Scheduler):
         return out
 
     def cancel(self, ids: Sequence[str], purge: bool = False, **opts) -> None:
+        """Stop each job, riding out outages (``retry_s``); a job already stopped or finished
+        counts as cancelled. Ids Nomad does not know are reported after the others are stopped."""
         missing = []
         for c, items in self._by_client(ids):
-            known = {j.get("ID") for j in c.job_stubs([name for _, name in items])}
             for job_id, name in items:
-                if name not in known:
+                if not c.stop_job(name, purge=purge, retry_s=self.retry_s, on_retry=_say):
                     missing.append(job_id)
-                    continue
-                c.stop(name, purge=purge)
         if missing:
             others = " (the others were stopped)" if len(missing) < len(ids) else ""
             raise SchedulerError(f"no Nomad job {', '.join(map(repr, missing))}{others}")

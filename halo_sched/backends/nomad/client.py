@@ -61,6 +61,10 @@ def _normalize_address(address: str) -> str:
 
 
 _SECRET_FIELDS = ("token", "client_key")
+#: Job.Meta key holding the submission token (halo_sched.exactly_once).
+TOKEN_META = "halo_sched_token"
+#: nomad/structs/job.go RegisterEnforceIndexErrPrefix.
+ENFORCE_INDEX_ERR = "Enforcing job modify index"
 
 
 @dataclass(frozen=True, repr=False)
@@ -275,9 +279,9 @@ class NomadClient:
         except (nomad_exc.BaseNomadException, _HTTPStatusError, requests.RequestException) as exc:
             raise self._error(what, exc, retrying) from exc
 
-    def _error(self, what: str, exc: BaseException, retrying: Retrying) -> NomadAPIError:
+    def _error(self, what: str, exc: BaseException, retrying: Retrying | None) -> NomadAPIError:
         cfg = self.config
-        attempts = int(retrying.statistics.get("attempt_number", 1) or 1)
+        attempts = int(retrying.statistics.get("attempt_number", 1) or 1) if retrying else 1
         response, transport = _unwrap(exc)
         if response is not None:
             status = response.status_code
@@ -350,6 +354,103 @@ class NomadClient:
         """Register (submit) a job. Returns Nomad's answer: EvalID, JobModifyIndex, Warnings, ..."""
         body = self._with_scope(payload)
         return self._call(f"register job {body['Job']['ID']!r}", self._jobs_api.register_job, body)
+
+    def submit_job(self, payload: dict, token: str, retry_s: float | None = None,
+                   on_retry: Callable[[str], None] | None = None) -> dict:
+        """Create a NEW job, exactly once, riding out outages for ``retry_s`` seconds
+        (:mod:`halo_sched.exactly_once`; ``HALO_SUBMIT_RETRY_S``, default 120).
+
+        ``token`` is in ``Job.Meta[halo_sched_token]``. The register is create-only:
+        ``EnforceIndex`` with ``JobModifyIndex`` 0 makes Nomad refuse it when the job already exists
+        (nomad/structs/job.go ``Job.EnforceIndex``: "Enforcing job modify index 0: job already
+        exists", an HTTP 500 since it is not a coded error, command/agent/http.go ``wrap``). After
+        any failure that may have reached the server (a 5xx, a dropped connection, a read timeout)
+        the job is read back: the job with our token means the earlier attempt took effect.
+        A 4xx fails at once with Nomad's words.
+        """
+        from halo_sched.exactly_once import Ambiguous, run_once
+
+        body = self._with_scope(payload)
+        job_id = body["Job"]["ID"]
+        if (body["Job"].get("Meta") or {}).get(TOKEN_META) != token:
+            raise UsageError(f"the job payload must carry its submission token in Meta.{TOKEN_META}")
+        body = {**body, "EnforceIndex": True, "JobModifyIndex": 0}
+        what = f"register job {job_id!r}"
+
+        def send() -> dict:
+            try:
+                return self._call_once(what, self._jobs_api.register_job, body)
+            except NomadAPIError as exc:
+                if exc.status == 500 and ENFORCE_INDEX_ERR in exc.body:
+                    raise Ambiguous(f"Nomad says the job already exists ({exc.body.strip()})") from exc
+                raise
+
+        def lookup() -> dict | None:
+            try:
+                job = self._call_once(f"read job {job_id!r}", self._job_api.get_job, job_id)
+            except NomadAPIError as exc:
+                if exc.status == 404:
+                    return None
+                raise
+            if (job.get("Meta") or {}).get(TOKEN_META) != token:
+                raise SchedulerError(f"Nomad already has a job {job_id!r} that this submission did not create; "
+                                     "nothing was submitted (submit again for a fresh id)")
+            return {"EvalID": job.get("EvalID", ""), "JobModifyIndex": job.get("JobModifyIndex"), "Warnings": "",
+                    "found_after_retry": True}
+
+        return run_once(what, send, lookup, retry_s, token=token, sleep=self._sleep, on_retry=on_retry)
+
+    def stop_job(self, job_id: str, purge: bool = False, retry_s: float | None = None,
+                 on_retry: Callable[[str], None] | None = None) -> bool:
+        """Stop a job, riding out outages; idempotent. False when Nomad does not know the job.
+
+        A deregister is safe to repeat (a second one stops a stopped job again), and for an unknown
+        job Nomad answers 200 too (nomad/job_endpoint.go ``Deregister``: ``job == nil`` -> nil),
+        so the job is read first: only an id Nomad knows counts as stopped."""
+        from halo_sched.exactly_once import run_once
+
+        def send() -> bool:
+            self._call_once(f"stop job {job_id!r}", self._job_api.deregister_job, job_id,
+                            purge=True if purge else None)
+            return True
+
+        def exists() -> bool:
+            try:
+                self._call_once(f"read job {job_id!r}", self._job_api.get_job, job_id)
+            except NomadAPIError as exc:
+                if exc.status == 404:
+                    return False
+                raise
+            return True
+
+        if not run_once(f"read job {job_id!r}", exists, lambda: None, retry_s, sleep=self._sleep, on_retry=on_retry):
+            return False
+        return run_once(f"stop job {job_id!r}", send, lambda: None, retry_s, sleep=self._sleep, on_retry=on_retry)
+
+    def _call_once(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One attempt. A failure that may heal raises :class:`~halo_sched.exactly_once.Ambiguous`
+        (5xx, connection dropped or refused, read timeout: any of them may follow a request the
+        server applied); anything else a :class:`NomadAPIError`."""
+        from halo_sched.exactly_once import Ambiguous
+
+        cfg = self.config
+        try:
+            return fn(*args, **kwargs)
+        except (requests.exceptions.InvalidJSONError, ValueError) as exc:
+            raise NomadAPIError(
+                f"Nomad at {cfg.address}: {what}: unexpected response ({exc}); is NOMAD_ADDR a Nomad agent?",
+                address=cfg.address,
+            ) from exc
+        except (nomad_exc.BaseNomadException, _HTTPStatusError, requests.RequestException) as exc:
+            err = self._error(what, exc, None)
+            response, transport = _unwrap(exc)
+            if (response is not None and response.status_code >= 500) or (
+                    response is None and isinstance(transport, (requests.ConnectionError, requests.Timeout))
+                    and not isinstance(transport, requests.exceptions.SSLError)):
+                if err.status == 500 and ENFORCE_INDEX_ERR in err.body:
+                    raise err from exc
+                raise Ambiguous(str(err)) from exc
+            raise err from exc
 
     def plan(self, payload: dict, diff: bool = True) -> dict:
         """Dry-run the scheduler for a job: FailedTGAllocs, Annotations, Diff, Warnings."""

@@ -1,0 +1,119 @@
+"""Submit and cancel exactly once through scheduler outages.
+
+A request to a scheduler can fail three ways, and each needs its own answer:
+
+* it certainly did not happen (connection refused, controller unreachable before the request
+  was sent, HTTP 503 from a proxy): retry after a backoff;
+* it may have happened (the connection dropped or timed out after the request was sent, an HTTP
+  5xx from the server itself): AMBIGUOUS. Resending could make a second job. Every submission
+  therefore carries a unique token, and after an ambiguous failure the token is looked up first;
+  only a lookup that answers "not there" allows a resend. While the lookup itself cannot reach the
+  scheduler, nothing is resent;
+* it can never succeed (a bad partition, HTTP 4xx, an invalid job): fail at once with the
+  scheduler's own words.
+
+All retrying stops after ``retry_s`` seconds (``HALO_SUBMIT_RETRY_S``, default 120: longer than a
+controller restart or a failover), with the last error and, when the outcome is unknown, the token
+to look for. This module knows no scheduler; the SLURM transport and the Nomad client call it.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from typing import Callable, TypeVar
+
+from .errors import SchedulerError, UsageError
+
+T = TypeVar("T")
+
+RETRY_ENV = "HALO_SUBMIT_RETRY_S"
+DEFAULT_RETRY_S = 120.0
+#: What a submission token looks like inside a SLURM comment or Nomad meta value.
+TOKEN_PREFIX = "halo-token:"
+
+
+class Transient(Exception):
+    """The request certainly did not take effect; trying again is safe."""
+
+
+class Ambiguous(Exception):
+    """The request may have taken effect (sent, then no answer): look before resending."""
+
+
+def new_token() -> str:
+    """A submission token: unique per submission, safe in a SLURM comment and a Nomad meta value."""
+    return secrets.token_hex(12)
+
+
+def retry_window(value: float | None = None) -> float:
+    """Seconds to keep retrying: ``value``, else ``$HALO_SUBMIT_RETRY_S``, else 120."""
+    if value is None:
+        raw = os.environ.get(RETRY_ENV, "").strip()
+        if not raw:
+            return DEFAULT_RETRY_S
+        try:
+            value = float(raw)
+        except ValueError:
+            raise UsageError(f"{RETRY_ENV}={raw!r} is not a number of seconds") from None
+        where = RETRY_ENV
+    else:
+        where = "retry_s"
+    if not (0 <= value <= 86400) or value != value:
+        raise UsageError(f"{where}={value!r}: use 0..86400 seconds")
+    return float(value)
+
+
+def run_once(
+    what: str,
+    send: Callable[[], T],
+    lookup: Callable[[], T | None],
+    retry_s: float | None = None,
+    *,
+    token: str = "",
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    on_retry: Callable[[str], None] | None = None,
+    first_wait: float = 0.5,
+    max_wait: float = 8.0,
+) -> T:
+    """``send()`` until it succeeds, never twice in effect.
+
+    ``send`` raises :class:`Transient` or :class:`Ambiguous` for failures worth retrying (anything
+    else propagates at once). ``lookup`` answers whether an earlier ``send`` took effect: the
+    result (as ``send`` would have returned it) or None; it raises Transient/Ambiguous while it
+    cannot tell. ``on_retry`` gets one line per retry (for stderr).
+    """
+    deadline = clock() + retry_window(retry_s)
+    wait = first_wait
+    must_look = False  # an ambiguous failure happened and no lookup has answered since
+    last: Exception | None = None
+    attempts = 0
+    while True:
+        try:
+            if must_look:
+                found = lookup()
+                must_look = False
+                if found is not None:
+                    return found
+            attempts += 1
+            return send()
+        except Ambiguous as err:
+            must_look, last = True, err
+        except Transient as err:
+            last = err
+        left = deadline - clock()
+        if left <= 0:
+            if must_look:
+                raise SchedulerError(
+                    f"{what}: the scheduler stayed unreachable for {retry_window(retry_s):g}s and an earlier attempt "
+                    f"may have reached it ({last}); whether it took effect is unknown"
+                    + (f": look for token {token}" if token else "")
+                )
+            tries = f" ({attempts} attempt{'s' if attempts != 1 else ''} in {retry_window(retry_s):g}s)"
+            raise SchedulerError(f"{what} failed{tries}: {last}")
+        if on_retry:
+            step = "looking it up, then retrying" if must_look else "retrying"
+            on_retry(f"{what}: {last}; {step} in {min(wait, left):.1f}s (up to {left:.0f}s more)")
+        sleep(min(wait, left))
+        wait = min(wait * 2, max_wait)
