@@ -187,3 +187,117 @@ def test_time_limit_is_timeout(cli, timeout_job):
     assert state.status is JobStatus.TIMEOUT, (state, seen)
     assert state.reason == "TimeLimit"
     print(f"time-limit job {job_id}: TIMEOUT {time.monotonic() - submitted:.0f}s after submission")
+
+
+# ---------------------------------------------------------------------------------------------
+# A job on a named cluster (sbatch --clusters)
+
+# The real clients resolve --clusters through slurmdbd (src/common/slurmdb_defs.c,
+# slurmdb_get_info_cluster) and this test cluster has no accounting, so every one of them fails
+# with "Problem talking to database" (test_real_clients_need_slurmdbd_for_clusters). This
+# wrapper stands in for a client run with --clusters=halo on a cluster that has slurmdbd: it
+# drops --clusters=halo (the one cluster there is; from sbatch's script too) and prints what the
+# real client prints with it: sbatch --parsable appends ";halo" (src/sbatch/sbatch.c), squeue
+# without --noheader starts with "CLUSTER: halo" (src/squeue/squeue.c _multi_cluster). Another
+# cluster name fails as the real client does. Every call is logged, so the test can check that
+# no call for the job went without --clusters.
+CLUSTER_SHIM = r"""#!/bin/bash
+name=$(basename "$0")
+echo "$name $*" >>"$SHIM_LOG"
+cluster= args=()
+for a in "$@"; do case $a in --clusters=*) cluster=${a#*=} ;; *) args+=("$a") ;; esac; done
+if [[ $name == sbatch ]]; then
+    script=$(cat)
+    from_script=$(sed -n 's/^#SBATCH --clusters=\([^ ]*\)$/\1/p' <<<"$script" | head -n1)
+    cluster=${cluster:-$from_script}
+    script=$(sed '/^#SBATCH --clusters=/d' <<<"$script")
+fi
+if [[ -n $cluster && $cluster != halo ]]; then
+    echo "$name: error: '$cluster' can't be reached now, or it is an invalid entry for --cluster.  Use 'sacctmgr list clusters' to see available clusters." >&2
+    exit 1
+fi
+real=REALDIR/$name
+if [[ $name == sbatch ]]; then
+    out=$("$real" "${args[@]}" <<<"$script") || exit $?
+    if [[ -n $cluster && " ${args[*]} " == *" --parsable "* ]]; then echo "$out;$cluster"; else echo "$out"; fi
+    exit 0
+fi
+if [[ $name == squeue && -n $cluster && " ${args[*]} " != *" --noheader "* ]]; then echo "CLUSTER: $cluster"; fi
+exec "$real" "${args[@]}"
+"""
+
+
+@pytest.fixture
+def cluster_shim(tmp_path, monkeypatch, slurm_cluster):
+    import os
+    import shutil
+
+    real = os.path.dirname(shutil.which("sbatch"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("sbatch", "squeue", "scontrol", "scancel", "sacct"):
+        (bin_dir / name).write_text(CLUSTER_SHIM.replace("REALDIR", real))
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "calls.log"
+    log.touch()
+    monkeypatch.setenv("SHIM_LOG", str(log))
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return log
+
+
+def test_real_clients_need_slurmdbd_for_clusters(cli, workdir):
+    """Why the end-to-end test below needs its stand-in: sbatch --clusters fails on a cluster
+    without slurmdbd, and halo-sched passes sbatch's own words on."""
+    from halo_sched.errors import SchedulerError
+
+    with pytest.raises(SchedulerError, match="(?s)sbatch failed .*'halo' can't be reached"):
+        cli.submit("#!/bin/bash\n#SBATCH --clusters=halo\ntrue\n", ["-D", str(workdir)])
+
+
+def test_job_on_a_named_cluster_submit_status_wait_cancel(cli, workdir, cluster_shim, tmp_path):
+    """slurm.extra_args: ["--clusters=halo"] from the job file to the end of the job: the id
+    carries the cluster, and status, wait and cancel (CLI and Python API) all reach the job."""
+    import os
+    import sys
+
+    import halo_sched
+    from halo_sched.backends.slurm.render import render_sbatch
+    from halo_sched.spec import loads
+
+    spec = loads("name: far\nnodes: 1\nnproc_per_node: 1\ntrainer: {script: t.py}\nslurm: {extra_args: ['--clusters=halo']}\n")
+    assert "#SBATCH --clusters=halo\n" in render_sbatch(spec)  # the option reaches sbatch as a directive
+
+    t = CliTransport()
+    short = t.submit(f"#!/bin/bash\n#SBATCH --clusters=halo\n#SBATCH -D {workdir} -o {workdir}/%j.out\nsleep 2\nexit 0\n")
+    long_ = t.submit(f"#!/bin/bash\n#SBATCH --clusters=halo\n#SBATCH -D {workdir} -o {workdir}/%j.out\nsleep 300\n")
+    cli.submitted += [split(short), split(long_)]
+    assert short.startswith("halo:") and long_.startswith("halo:")
+
+    # Job.wait() follows the job to its end: before, an id without its cluster read UNKNOWN and
+    # the wait returned at once.
+    started = time.monotonic()
+    done = halo_sched.job(short, "slurm").wait(timeout=60)
+    assert done.status is JobStatus.COMPLETED and done.exit_code == 0 and done.id == short, done
+    assert time.monotonic() - started >= 1.5
+
+    env = dict(os.environ)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "halo_sched.cli", *a, "--backend", "slurm"],  # noqa: E731
+                                    capture_output=True, text=True, env=env, timeout=120)
+    wait_for(t, long_, {JobStatus.RUNNING}, 60)
+    status = run("status", long_, short)
+    lines = status.stdout.splitlines()
+    assert status.returncode == 0 and lines[0].startswith(f"{long_}\tRUNNING") and lines[1] == f"{short}\tCOMPLETED exit=0", status
+    assert run("cancel", long_).returncode == 0
+    watched = run("watch", long_, "--quiet")
+    assert watched.returncode == 1 and "CANCELLED" in watched.stderr, watched
+
+    calls = [line.split() for line in cluster_shim.read_text().splitlines()]
+    for call in calls:
+        assert "--clusters=halo" in call or call[0] == "sbatch", f"a call went to the local cluster without --clusters: {call}"
+    assert {c[0] for c in calls} >= {"sbatch", "squeue", "scancel"}
+
+
+def split(job_id: str) -> str:
+    from halo_sched.backends.slurm.transport import split_cluster
+
+    return split_cluster(job_id)[1]
