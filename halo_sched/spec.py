@@ -257,6 +257,12 @@ class Slurm(_Model):
             if hit:
                 where = "slurm.signal" if hit == "--signal" else "nodes/gpus_per_node/name"
                 raise ValueError(f"{a!r}: halo-sched sets {hit} itself (from {where})")
+            # --clusters (-M): the job id then names the cluster sbatch chose, and every later
+            # query and cancel goes there.
+            if len(name) > 4 and "--clusters".startswith(name) and not re.match(
+                r"^[A-Za-z0-9][A-Za-z0-9_.-]*(,[A-Za-z0-9][A-Za-z0-9_.-]*)*$", a.partition("=")[2]
+            ):
+                raise ValueError(f"{a!r}: name the cluster(s) as --clusters=NAME[,NAME...]")
         return v
 
 

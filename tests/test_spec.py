@@ -73,6 +73,7 @@ def test_minimal_defaults():
     (MIN.replace("nodes: 2", "nodes: '2'"), "nodes", "valid integer"),
     (MIN + "slurm: {extra_args: ['--signal=USR1@120']}\n", "slurm.extra_args", "slurm.signal"),
     (MIN + "slurm: {extra_args: ['--ntasks-per-n=8']}\n", "slurm.extra_args", "--ntasks-per-node itself"),
+    (MIN + "slurm: {extra_args: ['--clusters']}\n", "slurm.extra_args", "--clusters=NAME"),
     (MIN + "nomad: {driver: raw_exec, shm_size: 1GiB}\n", "nomad.shm_size", "docker driver only"),
     (MIN + "nomad: {driver: exec, volumes: ['/a:/b']}\n", "nomad.volumes", "docker driver only"),
     (MIN + "nomad: {shm_size: true}\n", "nomad.shm_size", "size"),
