@@ -23,6 +23,9 @@ MASTER_ADDR_FILE_VAR = "HALO_MASTER_ADDR_FILE"
 #: Optional, added to the node rank: Nomad's worker group gives its allocation index (0-based)
 #: and offset 1, since ``${}`` interpolation cannot add. The sum is still range-checked.
 NODE_RANK_OFFSET_VAR = "HALO_NODE_RANK_OFFSET"
+#: Optional: a directory holding ``halo-secret-NAME`` files (Nomad) instead of the secrets in the
+#: environment (SLURM, local). See ``secret_env`` in the entry script.
+SECRETS_DIR_VAR = "HALO_SECRETS_DIR"
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ class LaunchContract:
             master_addr_var=MASTER_ADDR_VAR,
             master_addr_file_var=MASTER_ADDR_FILE_VAR,
             node_rank_offset_var=NODE_RANK_OFFSET_VAR,
+            secrets_dir_var=SECRETS_DIR_VAR,
         )
 
 

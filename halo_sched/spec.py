@@ -49,6 +49,17 @@ def _no_nul(value: str, what: str) -> str:
     return value
 
 
+def _check_env_name(k: str) -> None:
+    """A name a user may give a variable every rank gets (``env`` keys, ``secret_env``)."""
+    if not ENV_NAME_RE.match(k):
+        raise ValueError(f"{k!r} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+    # halo_ in any case: the entry script's own variables are lower-case halo_*.
+    if k in RESERVED_ENV or k.startswith(RESERVED_ENV_PREFIXES) or k.upper().startswith("HALO_"):
+        raise ValueError(f"{k} is set by torchrun, the scheduler, bash or halo-sched on every rank; it cannot be set here")
+    if k in SHELL_ENV:
+        raise ValueError(f"{k} is a bash variable the node entry script relies on; it cannot be set here")
+
+
 def parse_size(value: int | str) -> int:
     """'16GiB' -> bytes. Bare integers are bytes."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
@@ -381,6 +392,11 @@ class JobSpec(_Model):
     gpus_per_node: int = Field(0, ge=0, le=64, description="GPUs per node; 0 means CPU with gloo.")
     trainer: Trainer
     env: dict[str, str] = Field(default_factory=dict, description="Environment for every rank; values are literal bytes.")
+    secret_env: list[str] = Field(
+        default_factory=list,
+        description="Names of variables taken from the submitter's environment at submit time (tokens, keys): every "
+                    "rank gets them, no rendered file, job or log shows their values.",
+    )
     setup: list[str] = Field(default_factory=list, description="Shell lines run on each node before torchrun.")
     image: str | None = Field(None, description="Container image (Nomad docker driver; pyxis on SLURM).")
     rendezvous: Rendezvous = Field(default_factory=Rendezvous)
@@ -411,14 +427,17 @@ class JobSpec(_Model):
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         for k, val in v.items():
-            if not ENV_NAME_RE.match(k):
-                raise ValueError(f"{k!r} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
-            # halo_ in any case: the entry script's own variables are lower-case halo_*.
-            if k in RESERVED_ENV or k.startswith(RESERVED_ENV_PREFIXES) or k.upper().startswith("HALO_"):
-                raise ValueError(f"{k} is set by torchrun, the scheduler, bash or halo-sched on every rank; it cannot be set here")
-            if k in SHELL_ENV:
-                raise ValueError(f"{k} is a bash variable the node entry script relies on; it cannot be set here")
+            _check_env_name(k)
             _no_nul(val, f"{k}'s value")
+        return v
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_env(cls, v: list[str]) -> list[str]:
+        for i, k in enumerate(v):
+            _check_env_name(k)
+            if k in v[:i]:
+                raise ValueError(f"{k} is named twice")
         return v
 
     @field_validator("setup", mode="before")
@@ -454,6 +473,10 @@ class JobSpec(_Model):
         if self.gpus_per_node and "CUDA_VISIBLE_DEVICES" in self.env:
             raise ValueError("env: CUDA_VISIBLE_DEVICES is assigned per node by the scheduler when gpus_per_node > 0")
         derived = set(self.derived_env())
+        both = sorted(set(self.secret_env) & (set(self.env) | derived | {"CUDA_VISIBLE_DEVICES"}))
+        if both:
+            raise ValueError(f"secret_env: {', '.join(both)} is also set in env (or derived by halo-sched); "
+                             "a variable is either a literal in env or a secret taken at submit time")
         clash = sorted(derived & set(self.env))
         if clash:
             raise ValueError(
@@ -464,6 +487,23 @@ class JobSpec(_Model):
     @property
     def world_size(self) -> int:
         return self.nodes * self.nproc_per_node
+
+    def secret_values(self, environ: dict[str, str] | None = None) -> dict[str, str]:
+        """``secret_env``'s values from ``environ`` (the submitter's environment). A name that is
+        not set there is a SpecError naming it; the error never shows a value."""
+        import os
+
+        environ = os.environ if environ is None else environ
+        missing = [(f"secret_env[{i}]", f"{k} is not set in the environment of the submitting process; export it "
+                                        "before submitting (its value is taken from there, never from the job file)")
+                   for i, k in enumerate(self.secret_env) if k not in environ]
+        if missing:
+            raise SpecError(missing)
+        bad = [(f"secret_env[{i}]", f"{k}'s value in the environment contains a NUL byte")
+               for i, k in enumerate(self.secret_env) if "\x00" in environ[k]]
+        if bad:
+            raise SpecError(bad)
+        return {k: environ[k] for k in self.secret_env}
 
     def derived_env(self) -> dict[str, str]:
         """The DIST_* and NCCL_* variables this spec implies, identical on every rank."""

@@ -75,6 +75,7 @@ class LocalScheduler(Scheduler):
 
     def schedule(self, dryrun: DryRun) -> str:
         spec: JobSpec = dryrun.spec
+        spec.secret_values()  # secret_env: the supervisor and its nodes inherit this environment
         if spec.image:
             print(f"halo-sched: local backend ignores image {spec.image!r}; nodes run on this machine", file=sys.stderr)
         if _port_in_use(spec.rendezvous.port):

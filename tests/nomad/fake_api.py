@@ -12,6 +12,7 @@ It behaves like a Nomad server for the calls halo-sched makes, with Nomad's fiel
 * ``DELETE /v1/job/<id>?purge=``: stop (Job.Stop=true, allocations told to stop and killed) or purge.
 * ``GET /v1/client/fs/logs/<alloc>?task=&type=&plain=&follow=``: plain or framed, optionally
   following until the allocation ends.
+* ``GET|PUT|DELETE /v1/var/<path>``: Nomad Variables (``variables`` holds them).
 
 Knobs for tests: HTTPS with a given certificate; ACL tokens (403 without a good one; every
 request's headers are recorded); injected HTTP 5xx answers and dropped connections (before the
@@ -137,7 +138,7 @@ class FakeNomad:
         tls: tuple[str, str] | None = None,
     ):
         self.nodes: list[FakeNode] = list(nodes if nodes is not None else [FakeNode("gpu-a"), FakeNode("gpu-b")])
-        # token -> "write" | "read"; ACLs are enforced as soon as one token exists.
+        # token -> "write" | "jobs" (no Variable writes) | "read"; ACLs are enforced as soon as one token exists.
         self.acl_tokens: dict[str, str] = dict(acl_tokens or {})
         if token:
             self.acl_tokens[token] = "write"
@@ -160,6 +161,8 @@ class FakeNomad:
         self._index = 10
         self._last_event_ns = 0
         self._jobs: dict[tuple[str, str], dict] = {}
+        # (namespace, path) -> the Variable (Items and metadata), for /v1/var/<path>.
+        self.variables: dict[tuple[str, str], dict] = {}
         self._allocs: dict[str, dict] = {}
         self._alloc_demand: dict[str, tuple[int, int, int, list[tuple[str, int]]]] = {}
         self._evals: dict[str, dict] = {}
@@ -844,6 +847,8 @@ class FakeNomad:
         if method == "GET" and (rest in (["allocations"], ["evaluations"], ["agent", "self"], ["agent", "members"])
                                or rest == ["jobs"] or (len(rest) == 3 and rest[0] == "job" and rest[2] == "allocations")):
             return 200, self._status_side_get(rest, namespace, query)  # status side: see the end of the class
+        if rest[:1] == ["var"] and len(rest) > 1:
+            return self._variable(method, "/".join(rest[1:]), namespace, body)
         with self._lock:
             if rest == ["jobs"] and method == "GET":
                 return 200, self._list_jobs(namespace, query.get("prefix", ""))
@@ -867,6 +872,43 @@ class FakeNomad:
                     return 200, [copy.deepcopy(e) for e in sorted(self._evals.values(), key=lambda e: e["CreateIndex"])
                                  if e["JobID"] == job_id and e["Namespace"] == namespace]
         raise _HTTPError(404, "Invalid URL")
+
+    # Nomad Variables: command/agent/variable_endpoint.go (VariableSpecificRequest: GET query,
+    # PUT/POST upsert, DELETE) over nomad/variables_endpoint.go; paths as nomad/structs/variables.go
+    # ValidatePath checks them. Locks, CAS and the list endpoint are not modelled.
+    _VAR_PATH_RE = re.compile(r"^[a-zA-Z0-9\-_~/]{1,128}$")
+
+    def _variable(self, method: str, path: str, namespace: str, body: Any) -> tuple[int, Any]:
+        with self._lock:
+            key = (namespace, path)
+            if method == "GET":
+                var = self.variables.get(key)
+                if var is None:
+                    raise _HTTPError(404, "variable not found")
+                return 200, copy.deepcopy(var)
+            if method in ("PUT", "POST"):
+                if not isinstance(body, dict) or not body.get("Items"):
+                    raise _HTTPError(400, "variable missing required Items object")
+                if not self._VAR_PATH_RE.match(path):
+                    raise _HTTPError(500, f"invalid path {path!r}")
+                parts = path.split("/")
+                if parts[0] == "nomad" and (len(parts) == 1 or parts[1] not in ("jobs", "sentinel", "job-templates")):
+                    raise _HTTPError(500, 'only paths at "nomad/jobs" or "nomad/job-templates" and below are valid '
+                                          'paths under the top-level "nomad" directory')
+                old = self.variables.get(key)
+                idx = self._next_index()
+                now = time.time_ns()
+                self.variables[key] = {
+                    "Namespace": namespace, "Path": path, "Items": {str(k): str(v) for k, v in body["Items"].items()},
+                    "CreateIndex": old["CreateIndex"] if old else idx, "ModifyIndex": idx,
+                    "CreateTime": old["CreateTime"] if old else now, "ModifyTime": now,
+                }
+                meta = {k: v for k, v in self.variables[key].items() if k != "Items"}
+                return 200, meta
+            if method == "DELETE":
+                self.variables.pop(key, None)
+                return 200, None
+        raise _HTTPError(405, "Invalid method")
 
     def _list_jobs(self, namespace: str, prefix: str) -> list[dict]:
         out = []
@@ -1304,7 +1346,11 @@ class _Handler(BaseHTTPRequestHandler):
             raise _HTTPError(403, "Permission denied")  # the anonymous policy allows nothing here
         if token not in tokens:
             raise _HTTPError(403, "ACL token not found")
-        if tokens[token] != "write" and method != "GET":
+        if tokens[token] not in ("write", "jobs") and method != "GET":
+            raise _HTTPError(403, "Permission denied")
+        # "jobs": may submit jobs but has no variables write capability (a policy without a
+        # variables block); Variable writes need "write".
+        if tokens[token] == "jobs" and method != "GET" and self.path.startswith("/v1/var/"):
             raise _HTTPError(403, "Permission denied")
 
     def _send(self, status: int, data: bytes, content_type: str) -> None:

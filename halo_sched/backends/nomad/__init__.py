@@ -12,7 +12,7 @@ from typing import Callable, Iterator, Sequence
 from ...errors import SchedulerError, UsageError
 from ...spec import JobSpec
 from ..base import DryRun, JobState, Scheduler
-from .render import TASK, client_requirements, job_payload, render_hcl, submission_id
+from .render import TASK, client_requirements, job_payload, render_hcl, submission_id, variable_path
 
 _ID_RE = re.compile(r"^(?:([A-Za-z0-9_-]+):)?(?:([A-Za-z0-9_-]+)/)?([A-Za-z0-9][A-Za-z0-9_.-]*)$")
 
@@ -90,10 +90,15 @@ class NomadScheduler(Scheduler):
     def schedule(self, dryrun: DryRun) -> str:
         nm = dryrun.spec.nomad
         client = self._client_for(nm.namespace, nm.region)
+        secrets = dryrun.spec.secret_values()  # a missing one is a SpecError before any request
         self._preflight(client, dryrun.spec, dryrun.payload)
         from .client import TOKEN_META
 
         token = dryrun.payload["Job"]["Meta"][TOKEN_META]
+        if secrets:
+            # Before the job exists: its tasks read the Variable once, when they start.
+            client.put_variable(variable_path(dryrun.payload["Job"]["ID"]), secrets, retry_s=self.retry_s,
+                                on_retry=_say)
         resp = client.submit_job(dryrun.payload, token, retry_s=self.retry_s, on_retry=_say) or {}
         if resp.get("found_after_retry"):
             _say(f"the job was registered by an earlier attempt (token {token}); not registering it again")
@@ -159,6 +164,8 @@ class NomadScheduler(Scheduler):
             for job_id, name in items:
                 if not c.stop_job(name, purge=purge, retry_s=self.retry_s, on_retry=_say):
                     missing.append(job_id)
+                elif purge:
+                    c.delete_variable(variable_path(name))  # the job's secrets go with it
         if missing:
             others = " (the others were stopped)" if len(missing) < len(ids) else ""
             raise SchedulerError(f"no Nomad job {', '.join(map(repr, missing))}{others}")

@@ -400,6 +400,55 @@ class NomadClient:
 
         return run_once(what, send, lookup, retry_s, token=token, sleep=self._sleep, on_retry=on_retry)
 
+    def put_variable(self, path: str, items: dict[str, str], retry_s: float | None = None,
+                     on_retry: Callable[[str], None] | None = None) -> None:
+        """Write a Nomad Variable (``PUT /v1/var/:path``, nomad/variables_endpoint.go ``Apply``,
+        command/agent/variable_endpoint.go), riding out outages; writing the same items twice is
+        harmless. Errors name the path and the item names, never a value: on 403, the ``nomad var
+        put`` command and the policy that would allow it."""
+        from halo_sched.exactly_once import run_once
+
+        cfg = self.config
+        body = {"Path": path, "Items": dict(items), **({"Namespace": cfg.namespace} if cfg.namespace else {})}
+        what = f"write Nomad Variable {path!r}"
+
+        def put() -> None:
+            response = self.session.put(
+                f"{cfg.address}/v1/var/{quote(path, safe='/')}", params=self._scope(), json=body,
+                timeout=cfg.timeout_s, headers={"X-Nomad-Token": cfg.token} if cfg.token else {},
+                verify=cfg.verify, cert=cfg.cert, allow_redirects=False)
+            if not response.ok:
+                raise _HTTPStatusError(response)
+
+        try:
+            run_once(what, lambda: self._call_once(what, put), lambda: None, retry_s, sleep=self._sleep,
+                     on_retry=on_retry)
+        except NomadAPIError as exc:
+            if exc.status != 403:
+                raise
+            ns = f" -namespace={cfg.namespace}" if cfg.namespace else ""
+            names = " ".join(f'{k}="${k}"' for k in items)
+            raise NomadAPIError(
+                f"Nomad at {cfg.address} refused to {what}: HTTP 403 ({exc.body.strip()[:200]}). The job's secrets "
+                f"(secret_env) go there and nothing was submitted. Use a NOMAD_TOKEN whose policy has "
+                f'variables {{ path "nomad/jobs/*" {{ capabilities = ["write"] }} }}{" in that namespace" if ns else ""}, '
+                f"or have someone allowed to run: nomad var put{ns} {path} {names}",
+                status=403, body=exc.body, address=cfg.address) from exc
+
+    def delete_variable(self, path: str) -> None:
+        """Delete a Nomad Variable; a missing one is no error."""
+        cfg = self.config
+
+        def delete() -> None:
+            response = self.session.delete(
+                f"{cfg.address}/v1/var/{quote(path, safe='/')}", params=self._scope(), timeout=cfg.timeout_s,
+                headers={"X-Nomad-Token": cfg.token} if cfg.token else {}, verify=cfg.verify, cert=cfg.cert,
+                allow_redirects=False)
+            if not response.ok and response.status_code != 404:
+                raise _HTTPStatusError(response)
+
+        self._call(f"delete Nomad Variable {path!r}", delete)
+
     def stop_job(self, job_id: str, purge: bool = False, retry_s: float | None = None,
                  on_retry: Callable[[str], None] | None = None) -> bool:
         """Stop a job, riding out outages; idempotent. False when Nomad does not know the job.

@@ -44,7 +44,7 @@ import time
 
 from ...errors import SpecError
 from ...launch import (
-    MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, NODE_RANK_OFFSET_VAR, NODE_RANK_VAR, entry_script,
+    MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, NODE_RANK_OFFSET_VAR, NODE_RANK_VAR, SECRETS_DIR_VAR, entry_script,
 )
 from ...spec import JobSpec
 from ...templating import render_template
@@ -109,6 +109,23 @@ def _delimiters(text: str) -> tuple[str, str]:
         salt += 1
 
 
+def variable_path(job_id: str) -> str:
+    """The Nomad Variable holding a job's secrets. A task's workload identity may read
+    ``nomad/jobs/<job>`` (and below) of its own namespace without any policy (acl/acl.go
+    ``matchingVariablesCapabilitySet``: the implicit read/list for the claim's job)."""
+    return f"nomad/jobs/{job_id}"
+
+
+def secret_template(job_id: str, name: str) -> str:
+    """``+VALUE`` when the job's Variable has the item ``name``, else empty: guarded per path
+    (``nomadVarExists`` never blocks) and per key (a range over the items: ``.NAME`` on a missing
+    key would render "<no value>"), consul-template ``template/nomad_funcs.go``."""
+    path = variable_path(job_id)
+    return (f'{{{{ if nomadVarExists "{path}" }}}}{{{{ with nomadVar "{path}" }}}}'
+            f'{{{{ range $k, $v := . }}}}{{{{ if eq $k "{name}" }}}}+{{{{ $v.Value }}}}{{{{ end }}}}{{{{ end }}}}'
+            "{{ end }}{{ end }}")
+
+
 def master_template(job_id: str) -> str:
     # Instance 0 explicitly: during a redeploy two registrations of the service can overlap.
     return (
@@ -163,6 +180,14 @@ def _task(spec: JobSpec, job_id: str, group: str, entry: str, delims: tuple[str,
         }
         # noop: the file is rewritten when rank 0 registers; the entry script polls it.
         templates.append({"EmbeddedTmpl": master_template(job_id), "DestPath": MASTER_FILE, "ChangeMode": "noop"})
+
+    if spec.secret_env:
+        # Secrets (secret_env) come from the Nomad Variable submit writes; the entry script
+        # reads one file per name and fails naming a missing one. Never a bare nomadVar: on a
+        # missing path it blocks the allocation forever; a missing item renders "<no value>".
+        env[SECRETS_DIR_VAR] = "${NOMAD_SECRETS_DIR}"
+        templates += [{"EmbeddedTmpl": secret_template(job_id, name), "DestPath": f"secrets/halo-secret-{name}",
+                       "Perms": "0400", "ChangeMode": "noop"} for name in spec.secret_env]
 
     args = ["${NOMAD_TASK_DIR}/halo-entry.sh"]
     if nm.driver == "docker":
@@ -237,6 +262,11 @@ def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
     if nm.driver != "docker" and spec.image:
         raise SpecError([("image", f"nomad.driver {nm.driver} runs on the host and would ignore the image; "
                                    "use nomad.driver: docker, or remove image")])
+    if spec.secret_env and "." in spec.name:
+        # The secrets' Variable path carries the job id, and Variable paths allow only
+        # [a-zA-Z0-9-_~/] (nomad/structs/variables.go validVariablePath).
+        raise SpecError([("name", "with secret_env on Nomad the name may not contain '.' (a Nomad Variable path "
+                                  "carries the job id and allows only letters, digits, '-', '_' and '~')")])
     entry = entry_script(spec)
     delims = _delimiters(entry)
     job_id = job_id or spec.name

@@ -34,7 +34,11 @@ class SlurmScheduler(Scheduler):
         return render_sbatch(spec)
 
     def schedule(self, dryrun: DryRun) -> str:
-        return self.transport.submit(dryrun.text)
+        # secret_env: the values travel in sbatch's environment, by name, never in the script.
+        # --export=ALL on the command line wins over a user's SBATCH_EXPORT=NONE, which would
+        # drop them (srun's tasks then inherit the batch step's environment).
+        extra = ["--export=ALL"] if dryrun.spec.secret_values() else []
+        return self.transport.submit(dryrun.text, extra)
 
     def describe(self, ids: Sequence[str]) -> dict[str, JobState]:
         return self.transport.query(list(ids))

@@ -1,0 +1,287 @@
+"""Secrets by name (``secret_env``): the value reaches every rank and appears nowhere else.
+
+Each backend: the local backend with real torchrun; Nomad through the fake API (submit writes the
+Variable) and the client simulator (the task reads it through the guarded template); SLURM on the
+real cluster in tests/test_slurm_exactly_once.py. Every test greps what halo-sched wrote or printed
+for the value.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+import halo_sched
+from halo_sched.backends.nomad import NomadScheduler
+from halo_sched.backends.nomad.client import NomadAPIError, NomadClient, NomadConfig
+from halo_sched.backends.nomad.render import job_payload, render_hcl, variable_path
+from halo_sched.errors import SpecError
+from halo_sched.spec import loads
+from helpers import REPO, cli, free_port, load_nomad_helper
+
+fake_api = load_nomad_helper("fake_api")
+client_sim = load_nomad_helper("client_sim")
+FakeNomad, FakeNode = fake_api.FakeNomad, fake_api.FakeNode
+
+# A value every layer could mangle or leak: quotes, shell and template syntax, a newline, a
+# leading '+' (the Nomad file's own marker) and a unique part to grep for.
+MARK = "s3cr3t-6f1d0a9c"
+VALUE = f"+{MARK} it's \"q\" $(rm -rf /) ${{HOME}} {{{{ .x }}}} %{{y}} \\\n`date`"
+TOKEN = "nomad-acl-token-4b7e"
+
+
+def job(tmp_path: Path, backend_extra=None, **over) -> Path:
+    data = {
+        "name": "secret-job", "nodes": 2, "nproc_per_node": 1,
+        "trainer": {"script": str(REPO / "examples" / "train_ddp.py"),
+                    "args": ["--steps", "2", "--report-dir", str(tmp_path / "reports"), "--echo-env", "HF_TOKEN",
+                             "--echo-env", "WANDB_API_KEY"]},
+        "env": {"OMP_NUM_THREADS": "1"},
+        "secret_env": ["HF_TOKEN", "WANDB_API_KEY"],
+        "rendezvous": {"port": free_port(), "timeout_s": 60},
+        "nomad": {"driver": "raw_exec"},
+        **(backend_extra or {}),
+        **over,
+    }
+    p = tmp_path / "job.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def secret_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NOMAD_")}
+    env.update(HF_TOKEN=VALUE, WANDB_API_KEY="wandb-" + MARK, PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
+               **extra)
+    return env
+
+
+def assert_nowhere(texts: dict[str, str | bytes]) -> None:
+    for where, text in texts.items():
+        raw = text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape")
+        assert MARK.encode() not in raw, f"the secret leaked into {where}"
+
+
+def files_under(root: Path, skip=()) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in root.rglob("*") if p.is_file() and not any(s in p.parts for s in skip)}
+
+
+# ---- validation ------------------------------------------------------------------------------
+
+
+BASE = "name: j\nnodes: 1\nnproc_per_node: 1\ntrainer: {script: t.py}\n"
+
+
+@pytest.mark.parametrize("extra, field, words", [
+    ("secret_env: [1TOKEN]", "secret_env", "not a valid environment variable name"),
+    ("secret_env: [HALO_X]", "secret_env", "cannot be set here"),
+    ("secret_env: [SLURM_JWT]", "secret_env", "cannot be set here"),
+    ("secret_env: [RANK]", "secret_env", "cannot be set here"),
+    ("secret_env: [IFS]", "secret_env", "bash variable"),
+    ("secret_env: [A, A]", "secret_env", "named twice"),
+    ("secret_env: [A]\nenv: {A: x}", "secret_env", "also set in env"),
+    ("secret_env: [NCCL_SOCKET_IFNAME]\nnetwork: {interface: ib0}", "secret_env", "also set in env"),
+    ("secret_env: HF_TOKEN", "secret_env", "list"),
+    ("secret_env: [{a: 1}]", "secret_env", "string"),
+])
+def test_secret_names_are_validated(extra, field, words):
+    with pytest.raises(SpecError) as info:
+        loads(BASE + extra)
+    assert any(f.startswith(field) and words in m for f, m in info.value.problems), info.value.problems
+
+
+def test_missing_secret_at_submit_is_exit_2_naming_it(tmp_path):
+    f = job(tmp_path)
+    env = secret_env()
+    del env["WANDB_API_KEY"]
+    for backend in ("local", "slurm", "nomad"):
+        r = cli("submit", str(f), "--backend", backend, env={**env, "NOMAD_ADDR": "http://127.0.0.1:9"}, timeout=60)
+        assert r.returncode == 2, (backend, r.stderr)
+        assert "secret_env[1]" in r.stderr and "WANDB_API_KEY is not set" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+        assert_nowhere({"stderr": r.stderr, "stdout": r.stdout})
+    # Rendering needs no value: the job file is the same wherever it is rendered.
+    for backend in ("local", "slurm", "nomad"):
+        r = cli("render", str(f), "--backend", backend, env={k: v for k, v in env.items() if k != "HF_TOKEN"})
+        assert r.returncode == 0, r.stderr
+
+
+def test_rendered_files_and_dry_runs_carry_names_not_values(tmp_path):
+    f = job(tmp_path, backend_extra={"nomad": {"driver": "raw_exec"}})
+    env = secret_env()
+    out = {}
+    for backend in ("local", "slurm", "nomad"):
+        for cmd in (["render"], ["submit", "--dry-run"]):
+            r = cli(cmd[0], str(f), *cmd[1:], "--backend", backend, env=env)
+            assert r.returncode == 0, r.stderr
+            assert "HF_TOKEN" in r.stdout
+            out[f"{backend} {' '.join(cmd)}"] = r.stdout + r.stderr
+    r = cli("render", str(f), "--backend", "nomad", "--format", "json", env=env)
+    out["nomad json"] = r.stdout
+    assert_nowhere(out)
+
+
+# ---- local: real torchrun --------------------------------------------------------------------
+
+
+@pytest.mark.torch
+def test_local_secret_reaches_every_rank_and_nothing_else(tmp_path):
+    f = job(tmp_path)
+    home = tmp_path / "home"
+    env = secret_env(HALO_SCHED_HOME=str(home))
+    r = cli("submit", str(f), "--backend", "local", "--wait", env=env, timeout=240)
+    assert r.returncode == 0, r.stderr
+    reports = [json.loads(p.read_text()) for p in sorted((tmp_path / "reports").glob("rank*.json"))]
+    assert len(reports) == 2
+    for rep in reports:
+        assert bytes.fromhex(rep["env_hex"]["HF_TOKEN"]) == VALUE.encode()
+        assert bytes.fromhex(rep["env_hex"]["WANDB_API_KEY"]) == ("wandb-" + MARK).encode()
+    job_id = r.stdout.strip().splitlines()[-1]
+    logs = cli("logs", job_id, "--backend", "local", env=env)
+    assert_nowhere({"submit output": r.stdout + r.stderr, "logs": logs.stdout + logs.stderr,
+                    **files_under(home)})
+
+
+# ---- Nomad: submit writes the Variable; the task reads it ------------------------------------
+
+
+def nomad_spec(tmp_path, **over):
+    return halo_sched.load(job(tmp_path, backend_extra={"nomad": {"driver": "raw_exec"}}, **over))
+
+
+def scheduler(fake, token=TOKEN):
+    cfg = NomadConfig.from_env(env={}, address=fake.address, token=token, retry_base_s=0.01, retry_max_wait_s=0.05)
+    return NomadScheduler(client=NomadClient(cfg, sleep=lambda s: None), retry_s=5)
+
+
+def run_sim(job_dict: dict, tmp_path: Path, variables: dict, timeout=240):
+    host = secret_env()
+    # The client's own environment must not be where the value comes from.
+    host.pop("HF_TOKEN")
+    host.pop("WANDB_API_KEY")
+    with client_sim.SimCluster(job_dict, tmp_path / "nomad", host_env=host) as cluster:
+        for path, items in variables.items():
+            cluster.set_variable(path, items)
+        cluster.place()
+        cluster.start()
+        codes = cluster.wait(timeout=timeout)
+        logs = {n: cluster.stdout(n) + cluster.stderr(n) for n in codes}
+    return codes, logs
+
+
+@pytest.mark.torch
+def test_nomad_secret_reaches_every_rank_through_the_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", VALUE)
+    monkeypatch.setenv("WANDB_API_KEY", "wandb-" + MARK)
+    spec = nomad_spec(tmp_path)
+    with FakeNomad([FakeNode("a"), FakeNode("b")], token=TOKEN) as fake:
+        sched = scheduler(fake)
+        handle = sched.submit(spec)
+        (ns, path), var = next(iter(fake.variables.items()))
+        assert path == variable_path(handle.id) and ns == "default"
+        assert var["Items"] == {"HF_TOKEN": VALUE, "WANDB_API_KEY": "wandb-" + MARK}
+        registered = fake.job_record(handle.id)
+        assert_nowhere({"registered job": json.dumps(registered),
+                        "requests but the Variable write": json.dumps(
+                            [(r.path, r.query, r.body) for r in fake.requests if not r.path.startswith("/v1/var/")])})
+        # Every request carried the ACL token in its header, never in a URL.
+        assert all(TOKEN not in r.path + json.dumps(r.query) for r in fake.requests)
+    codes, logs = run_sim(registered, tmp_path, {path: var["Items"]})
+    assert set(codes.values()) == {0}, logs
+    reports = [json.loads(p.read_text()) for p in sorted((tmp_path / "reports").glob("rank*.json"))]
+    assert len(reports) == 2
+    for rep in reports:
+        assert bytes.fromhex(rep["env_hex"]["HF_TOKEN"]) == VALUE.encode()
+    assert_nowhere({f"task output of {n}": text for n, text in logs.items()})
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("variables", ["no variable", "no item"])
+def test_nomad_missing_secret_fails_the_task_naming_it_never_blocks(tmp_path, variables):
+    spec = nomad_spec(tmp_path, rendezvous={"port": free_port(), "timeout_s": 60})
+    job_dict = job_payload(spec, "secret-job-1")["Job"]
+    given = {} if variables == "no variable" else {variable_path("secret-job-1"): {"HF_TOKEN": "x"}}
+    t0 = time.monotonic()
+    codes, logs = run_sim(job_dict, tmp_path, given, timeout=60)
+    assert time.monotonic() - t0 < 30
+    assert codes and all(c != 0 for c in codes.values()), logs
+    missing = "HF_TOKEN" if variables == "no variable" else "WANDB_API_KEY"
+    for text in logs.values():
+        assert f"secret {missing} (secret_env) is missing" in text, text
+        assert "nomad/jobs/secret-job-1" in text
+
+
+def test_nomad_variable_write_refused_names_the_command_not_the_value(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", VALUE)
+    monkeypatch.setenv("WANDB_API_KEY", "wandb-" + MARK)
+    spec = nomad_spec(tmp_path)
+    with FakeNomad([FakeNode("a"), FakeNode("b")], acl_tokens={TOKEN: "jobs"}) as fake:
+        with pytest.raises(NomadAPIError) as info:
+            scheduler(fake).submit(spec)
+        assert fake._jobs == {}  # nothing was submitted
+    msg = str(info.value)
+    assert info.value.status == 403
+    assert 'nomad var put nomad/jobs/secret-job-' in msg and 'HF_TOKEN="$HF_TOKEN" WANDB_API_KEY="$WANDB_API_KEY"' in msg
+    assert 'variables { path "nomad/jobs/*"' in msg
+    assert_nowhere({"error": msg + repr(info.value)})
+    assert TOKEN not in msg
+
+
+def test_nomad_secret_needs_a_name_a_variable_path_can_carry(tmp_path):
+    spec = nomad_spec(tmp_path, name="my.job")
+    with pytest.raises(SpecError, match="may not contain '.'"):
+        render_hcl(spec)
+
+
+def test_credentials_appear_in_no_repr_or_error(tmp_path):
+    cfg = NomadConfig.from_env(env={"NOMAD_TOKEN": TOKEN, "NOMAD_CLIENT_KEY": "/keys/client-key.pem",
+                                    "NOMAD_CLIENT_CERT": "/keys/c.pem", "NOMAD_ADDR": "http://127.0.0.1:9"})
+    for text in (repr(cfg), str(cfg)):
+        assert TOKEN not in text and "client-key.pem" not in text
+    env = secret_env(NOMAD_TOKEN=TOKEN, NOMAD_ADDR="http://127.0.0.1:9", HALO_SUBMIT_RETRY_S="1",
+                     SLURM_JWT="jwt-" + MARK, HALO_SLURM_TRANSPORT="rest", HALO_SLURMRESTD_URL="http://127.0.0.1:9")
+    f = job(tmp_path, backend_extra={"nomad": {"driver": "raw_exec"}})
+    for backend, cmd in (("nomad", "submit"), ("nomad", "status"), ("slurm", "status"), ("slurm", "submit")):
+        args = [str(f)] if cmd == "submit" else ["123"]
+        r = cli(cmd, *args, "--backend", backend, env=env, timeout=120)
+        assert r.returncode != 0
+        assert TOKEN not in r.stdout + r.stderr, r.stderr
+        assert_nowhere({f"{backend} {cmd}": r.stdout + r.stderr})
+
+
+def test_nomad_purge_deletes_the_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", VALUE)
+    monkeypatch.setenv("WANDB_API_KEY", "x")
+    with FakeNomad([FakeNode("a"), FakeNode("b")], token=TOKEN) as fake:
+        sched = scheduler(fake)
+        handle = sched.submit(nomad_spec(tmp_path))
+        assert fake.variables
+        sched.cancel([handle.id], purge=True)
+        assert fake.variables == {}
+
+
+def test_subprocess_environment_of_sbatch_has_the_secret(tmp_path):
+    """SLURM: the values travel in sbatch's own environment (sbatch --export semantics; the real
+    cluster test proves they reach srun tasks), never on its command line or in the script."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "sbatch").write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        f"json.dump({{'argv': sys.argv, 'env': dict(os.environ), 'script': sys.stdin.read()}}, open({str(tmp_path / 'call.json')!r}, 'w'))\n"
+        "print('4242')\n")
+    (bindir / "sbatch").chmod(0o755)
+    f = job(tmp_path)
+    env = secret_env()
+    env["PATH"] = f"{bindir}:{env['PATH']}"
+    env["SBATCH_EXPORT"] = "NONE"  # a user default that would drop them: halo-sched overrides it
+    r = cli("submit", str(f), "--backend", "slurm", env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    call = json.loads((tmp_path / "call.json").read_text())
+    assert call["env"]["HF_TOKEN"] == VALUE
+    assert "--export=ALL" in call["argv"]
+    assert_nowhere({"sbatch argv": " ".join(call["argv"]), "script": call["script"], "output": r.stdout + r.stderr})
