@@ -301,6 +301,24 @@ COMMANDS = {
 }
 
 
+def _show_layout_warnings() -> None:
+    """Layout warnings (parallelism that runs but does nothing) as one stderr line each, every time."""
+    import warnings
+
+    from .layout import LayoutWarning
+
+    warnings.simplefilter("always", LayoutWarning)
+    shown = warnings.showwarning
+
+    def show(message, category, *args, **kw):
+        if issubclass(category, LayoutWarning):
+            _err(f"halo-sched: warning: {message}")
+        else:
+            shown(message, category, *args, **kw)
+
+    warnings.showwarning = show
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -309,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.backend not in backends.BUILTIN and args.backend not in backends.names():
             parser.error(f"argument --backend: unknown backend {args.backend!r} (choose from {', '.join(backends.names())})")
+    _show_layout_warnings()
     try:
         return COMMANDS[args.command](args)
     except HaloError as err:

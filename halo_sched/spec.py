@@ -383,6 +383,24 @@ class Nomad(_Model):
         return self
 
 
+class Parallelism(_Model):
+    """The trainer's parallel layout, checked against nodes x GPUs when the file is loaded
+    (halo_sched/layout.py) and given to every rank as HALO_PARALLEL_* and NVLINK_DOMAIN_SIZE."""
+
+    tp: int = Field(1, ge=1, le=4096, description="Tensor-parallel size.")
+    ep: int = Field(1, ge=1, le=65536, description="Expert-parallel size.")
+    etp: int = Field(1, ge=1, le=4096, description="Expert tensor-parallel size.")
+    cp: int = Field(1, ge=1, le=4096, description="Context-parallel size.")
+    hsdp: bool = Field(False, description="Shard within an NVLink domain, replicate across domains (pure DP or CP only).")
+    ep_scope: Literal["auto", "node", "global"] = Field(
+        "auto", description="EP groups inside one NVLink domain (node) or spanning domains (global); auto goes "
+                            "global once ep outgrows the domain.",
+    )
+    nvlink_domain_size: int | None = Field(
+        None, ge=1, le=65536, description="Ranks (GPUs) per NVLink domain: default one node's (gpus_per_node); 72 on an NVL72 rack.",
+    )
+
+
 class JobSpec(_Model):
     """One multi-node torchrun job: the same on every backend."""
 
@@ -404,6 +422,7 @@ class JobSpec(_Model):
     network: Network = Field(default_factory=Network)
     slurm: Slurm = Field(default_factory=Slurm)
     nomad: Nomad = Field(default_factory=Nomad)
+    parallelism: Parallelism | None = Field(None, description="Parallel layout (tp, ep, ...), checked at validate time.")
 
     @field_validator("name")
     @classmethod
@@ -528,6 +547,9 @@ class JobSpec(_Model):
             env["NCCL_PROTO"] = "simple"
         if net.nccl_debug:
             env["NCCL_DEBUG"] = net.nccl_debug
+        from .layout import environment as layout_env
+
+        env.update(layout_env(self))
         return env
 
 
@@ -611,20 +633,33 @@ def _fmt_loc(loc: tuple) -> str:
 def from_dict(data: Any, source: str | None = None, text: str | None = None) -> JobSpec:
     if not isinstance(data, dict):
         raise SpecError([("", "the job file must be a mapping of keys (name, nodes, trainer, ...)")], source)
+
+    @functools.lru_cache(maxsize=1)
+    def line_index() -> dict:  # only when there is something to report: it parses the YAML again
+        return _line_index(text) if text else {}
+
+    def located(loc: tuple) -> str:
+        where, lines = _fmt_loc(loc), line_index()
+        for n in range(len(loc), 0, -1):
+            if lines.get(loc[:n]):
+                return f"{where} (line {lines[loc[:n]]})"
+        return where
+
     try:
-        return JobSpec.model_validate(data)
+        spec = JobSpec.model_validate(data)
     except ValidationError as err:
-        lines = _line_index(text) if text else {}
-        problems = []
-        for loc, msg in problems_from(err):
-            where = _fmt_loc(loc)
-            line = None
-            for n in range(len(loc), 0, -1):
-                line = lines.get(loc[:n])
-                if line:
-                    break
-            problems.append((f"{where} (line {line})" if line else where, msg))
-        raise SpecError(problems, source) from None
+        raise SpecError([(located(loc), msg) for loc, msg in problems_from(err)], source) from None
+    # Layout rules need the whole job (nodes x GPUs), so they run on the validated spec.
+    import warnings
+
+    from .layout import LayoutWarning, check as check_layout
+
+    errors, notes = check_layout(spec)
+    if errors:
+        raise SpecError([(located(tuple(f.split("."))), msg) for f, msg in errors], source)
+    for field, msg in notes:
+        warnings.warn(f"{source + ': ' if source else ''}{located(tuple(field.split('.')))}: {msg}", LayoutWarning, stacklevel=2)
+    return spec
 
 
 @functools.lru_cache(maxsize=1)
