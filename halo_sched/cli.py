@@ -81,6 +81,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--purge", action="store_true", help="Nomad: also purge the job")
     p.add_argument("--signal", default=None, help="SLURM: send this signal to the job's steps instead of ending it")
 
+    p = sub.add_parser("preflight", help="run the NCCL bandwidth test and node checks as the job would run; exit 0 pass, 1 fail")
+    p.add_argument("file", metavar="FILE")
+    _backend_arg(p)
+    p.add_argument("--size", default="1G", help="bytes per transfer: 4M, 1G, 1GiB, ... (default 1G)")
+    p.add_argument("--iters", type=int, default=3, help="timed runs of each test; the median is reported (default 3)")
+    p.add_argument("--min-mibps", type=float, default=None, help="fail when any pair or the all_gather is slower")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the table")
+    p.add_argument("--timeout", type=float, default=None, help="cancel the test job after this many seconds")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
+
     sub.add_parser("schema", help="print the job file's JSON Schema")
     return ap
 
@@ -288,6 +298,41 @@ def cmd_cancel(args) -> int:
     return 0
 
 
+def cmd_preflight(args) -> int:
+    from . import preflight
+    from .spec import load, parse_size
+
+    spec = load(args.file)
+    try:
+        size = parse_size(args.size)
+    except ValueError as err:
+        raise UsageError(f"--size: {err}") from None
+    if args.min_mibps is not None and not args.min_mibps > 0:
+        raise UsageError("--min-mibps must be a positive number of MiB/s")
+    sched = _scheduler(args.backend)
+    progress = {}
+
+    def on_submit(job_id: str) -> None:
+        _err(f"halo-sched: preflight of {spec.name} submitted to {args.backend} as {job_id}")
+        progress["p"] = Progress(sched, job_id)
+
+    def on_change(state) -> None:
+        if not args.quiet and "p" in progress:
+            progress["p"].change(state)
+
+    rep = preflight.run(spec, args.backend, size, min_mibps=args.min_mibps, iters=args.iters,
+                        timeout=args.timeout, on_change=on_change, on_submit=on_submit)
+    if rep.result is None and rep.log_tail:
+        _err("halo-sched: the test did not report; the job's last lines:")
+        for line in rep.log_tail:
+            _err(f"  {line}")
+    if args.json:
+        print(preflight.as_json(rep))
+    else:
+        sys.stdout.write(preflight.format_table(rep))
+    return 0 if rep.passed else 1
+
+
 def cmd_schema(args) -> int:
     from .spec import json_schema
 
@@ -298,6 +343,7 @@ def cmd_schema(args) -> int:
 COMMANDS = {
     "validate": cmd_validate, "render": cmd_render, "submit": cmd_submit, "plan": cmd_plan,
     "status": cmd_status, "watch": cmd_watch, "logs": cmd_logs, "cancel": cmd_cancel, "schema": cmd_schema,
+    "preflight": cmd_preflight,
 }
 
 

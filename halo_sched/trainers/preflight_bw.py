@@ -1,0 +1,357 @@
+"""halo-sched preflight, the program every rank runs in place of the trainer.
+
+Started by torchrun exactly as the job's trainer would be (same nodes, environment, setup), it
+1. checks each node before any collective (the fabric interface exists and has an address, the
+   node sees its GPUs, /dev/infiniband and /dev/gdrdrv where the fabric needs them) and prints
+   one ``halo-sched-preflight-node {json}`` line per node: a node that fails here exits before
+   the process group forms, so its line is all that is left to tell why;
+2. forms the process group (nccl on GPUs, gloo on CPUs) and checks across nodes: rank 0's
+   address is not loopback when the nodes are different hosts; the NCCL/gloo/DIST variables
+   are identical on every node;
+3. runs the NCCL guide's speed test: warm-up, then a timed send/recv of ``--size`` bytes from
+   each node's first rank to rank 0 in turn (unidirectional), and an all_gather across every
+   rank (bidirectional) whose output is ``--size`` bytes. torch returns from send/recv before
+   the data has arrived, so each timing ends only after the result is read
+   (``tensor.sum().item()``);
+4. prints one ``halo-sched-preflight {json}`` line from rank 0 with everything.
+
+MiB/s is bytes moved (the received tensor; the all_gather's whole output) / seconds / 2**20, as
+the guide computes it. Each timing is repeated ``--iters`` times; the median is reported.
+
+Self-contained on purpose: halo-sched sends this file's text inside the job (a setup line
+writes it on each node), so it must run where only torch is installed. torch is imported in
+``main()`` only, so halo-sched can import this module for its constants without torch.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import struct
+import sys
+import time
+
+RESULT_MARK = "halo-sched-preflight"
+NODE_MARK = "halo-sched-preflight-node"
+# Variables that must be identical on every rank (DOMAIN: a difference kills the job or, for
+# NCCL_PROTO and the EFA plugin settings, hangs or slows it).
+SAME_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "DIST_", "HALO_PARALLEL_")
+SAME_ENV_NAMES = ("NVLINK_DOMAIN_SIZE",)
+LOOPBACK = ("127.", "localhost", "::1")
+
+
+def parse_bytes(text: str) -> int:
+    """'4M', '1G', '512K', '1GiB', '1048576' -> bytes (binary units, as the guide's script)."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    mult = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+    if t and t[-1] in mult:
+        return int(t[:-1]) * mult[t[-1]]
+    return int(t)
+
+
+# ---- node checks (no torch) -------------------------------------------------------------------
+
+
+def _check(name: str, ok: bool, detail: str, fix: str = "", fatal: bool = False) -> dict:
+    return {"check": name, "ok": ok, "detail": detail, "fix": "" if ok else fix, "fatal": fatal and not ok}
+
+
+def interface_addresses(name: str) -> list[str]:
+    """IPv4 (SIOCGIFADDR) and IPv6 (/proc/net/if_inet6) addresses of one interface."""
+    out = []
+    try:
+        import fcntl
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+            out.append(socket.inet_ntoa(packed[20:24]))
+    except (OSError, ImportError):
+        pass
+    try:
+        with open("/proc/net/if_inet6") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 6 and parts[5] == name:
+                    h = parts[0]
+                    out.append(socket.inet_ntop(socket.AF_INET6, bytes.fromhex(h)))
+    except OSError:
+        pass
+    return out
+
+
+def check_interface(name: str) -> dict:
+    what = f"interface {name}"
+    names = [n for _, n in socket.if_nameindex()]
+    if name not in names:
+        prefixed = [n for n in names if n.startswith(name)]
+        why = (f"; NCCL would read {name!r} as a prefix of {', '.join(prefixed)}, but gloo needs the exact name"
+               if prefixed else "")
+        return _check(what, False, f"no interface {name} on this node (it has {', '.join(names) or 'none'}){why}",
+                      f"set network.interface to this node's fabric NIC (one of: {', '.join(names)}), the same "
+                      "name on every node", fatal=True)
+    addrs = interface_addresses(name)
+    if not addrs:
+        return _check(what, False, f"{name} exists but has no IP address",
+                      f"bring {name} up with an address on the fabric, or set network.interface to the NIC that has one",
+                      fatal=True)
+    return _check(what, True, f"{name} {', '.join(addrs)}")
+
+
+def check_gpus(want: int, nproc: int) -> dict:
+    import torch
+
+    seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    where = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
+    if seen < want:
+        return _check("gpus", False, f"sees {seen} GPU(s){where}, gpus_per_node is {want}",
+                      "give every node gpus_per_node GPUs (SLURM --gpus-per-node, Nomad device count) or lower "
+                      "gpus_per_node; check the driver with nvidia-smi", fatal=seen < nproc)
+    if seen > want:
+        return _check("gpus", False, f"sees {seen} GPUs{where}, more than gpus_per_node {want}: another job's "
+                      "GPUs may be visible", "let the scheduler set CUDA_VISIBLE_DEVICES (do not set it yourself)")
+    return _check("gpus", True, f"{seen} GPU(s){where}")
+
+
+def check_device(path: str, why: str, fix: str) -> dict:
+    if os.path.exists(path):
+        return _check(path, True, f"{path} present")
+    return _check(path, False, f"{path} missing ({why})", fix)
+
+
+def node_checks(args) -> list[dict]:
+    checks = []
+    if args.interface:
+        checks.append(check_interface(args.interface))
+    if args.gpus_per_node:
+        checks.append(check_gpus(args.gpus_per_node, args.nproc_per_node))
+    if args.fabric in ("infiniband", "roce", "efa"):
+        # RoCE NICs are RDMA devices too: their verbs live under /dev/infiniband as well.
+        checks.append(check_device(
+            "/dev/infiniband", f"network.fabric {args.fabric} needs the RDMA devices",
+            "pass the host's /dev/infiniband into the container (docker --device /dev/infiniband, pyxis mounts "
+            "it by default) and check the RDMA driver (ibv_devices); NCCL would fall back to TCP sockets"))
+    if args.gdr:
+        checks.append(check_device(
+            "/dev/gdrdrv", "cross-node expert parallelism needs GPUDirect RDMA (NCCL_GIN_TYPE=2)",
+            "load the gdrdrv kernel module (gdrcopy) on the host and pass /dev/gdrdrv into the container"))
+    return checks
+
+
+def host_identity() -> tuple[str, str]:
+    """(hostname, boot id): the boot id tells hosts apart even when their names are equal."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return socket.gethostname(), boot
+
+
+def same_env() -> dict[str, str]:
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(SAME_ENV_PREFIXES) or k in SAME_ENV_NAMES}
+
+
+def cross_node_checks(infos: list[dict], master: str) -> list[dict]:
+    """Checks that need every rank's view (``infos``: one per rank, in rank order)."""
+    out = []
+    node0 = next(i for i in infos if i["node"] == 0)
+    leaders = {}
+    for i in infos:
+        leaders.setdefault(i["node"], i)
+    if master.startswith(LOOPBACK) or master == "localhost":
+        for node, i in sorted(leaders.items()):
+            if i["boot"] != node0["boot"] or i["host"] != node0["host"]:
+                out.append({**_check(
+                    "master address", False,
+                    f"rank 0's address {master} is loopback, but this node ({i['host']}) is not node 0's host ({node0['host']})",
+                    "set network.interface to the fabric NIC (rank 0's address is taken from it) or fix the "
+                    "scheduler's node address (SLURM NodeAddr)"), "node": node, "host": i["host"]})
+    # Every variable whose value differs between ranks, with which nodes hold which value.
+    names = sorted({k for i in infos for k in i["env"]})
+    for name in names:
+        values: dict[str, list[int]] = {}
+        for i in infos:
+            values.setdefault(i["env"].get(name, "<unset>"), []).append(i["node"])
+        if len(values) > 1:
+            by_node = "; ".join(f"node {', '.join(map(str, sorted(set(n))))}: {v[:80]!r}" for v, n in values.items())
+            # Named: the first node whose value is not rank 0's.
+            ref = infos[0]["env"].get(name, "<unset>")
+            odd = min(i["node"] for i in infos if i["env"].get(name, "<unset>") != ref)
+            out.append({**_check(
+                f"same {name}", False, f"{name} differs between nodes ({by_node})",
+                f"set {name} once in the job file (env: or network:), not per node in setup or the node's environment"),
+                "node": odd, "host": leaders[odd]["host"]})
+    if not out:
+        out.append({**_check("same NCCL env", True, f"{len(names)} NCCL/gloo/DIST variables identical on every rank"),
+                    "node": None, "host": None})
+    return out
+
+
+def remove_own_copy(local_rank: int) -> None:
+    """halo-sched wrote this file into a fresh halo-preflight.* directory on each node: the
+    node's first rank removes it once every rank of the node has started (they have read it)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if local_rank == 0 and os.path.basename(here).startswith("halo-preflight."):
+        try:
+            os.unlink(os.path.abspath(__file__))
+            os.rmdir(here)
+        except OSError:
+            pass
+
+
+def emit(mark: str, data: dict) -> None:
+    # One line, flushed at once: the backends' log readers see it whole.
+    sys.stdout.write(f"{mark} {json.dumps(data, separators=(',', ':'), sort_keys=True)}\n")
+    sys.stdout.flush()
+
+
+# ---- the speed test ---------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="1G", help="bytes per transfer: 4M, 1G, ... (binary units)")
+    ap.add_argument("--iters", type=int, default=3, help="timed repetitions of each test (the median is reported)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--interface", default="")
+    ap.add_argument("--fabric", default="default")
+    ap.add_argument("--gdr", type=int, default=0, help="1: cross-node expert parallelism (check /dev/gdrdrv)")
+    ap.add_argument("--gpus-per-node", type=int, default=0)
+    ap.add_argument("--nproc-per-node", type=int, default=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    ap.add_argument("--timeout-s", type=float, default=600, help="process group timeout")
+    ap.add_argument("--pair-ranks", action="store_true",
+                    help="time rank 0 with every other rank, not with every other node (a one-node anchor run)")
+    args = ap.parse_args(argv)
+    size = parse_bytes(args.size)
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    node = int(os.environ.get("GROUP_RANK", "0"))
+    host, boot = host_identity()
+    t_start = time.monotonic()
+
+    checks = [{**c, "node": node, "host": host} for c in node_checks(args)]
+    if local_rank == 0:
+        emit(NODE_MARK, {"node": node, "host": host, "checks": checks})
+    fatal = [c for c in checks if c["fatal"]]
+    if fatal:
+        for c in fatal:
+            print(f"halo-sched preflight: node {node} ({host}): {c['check']}: {c['detail']}; fix: {c['fix']}",
+                  file=sys.stderr, flush=True)
+        # Let the other nodes print their own checks before the scheduler stops them.
+        time.sleep(2)
+        remove_own_copy(local_rank)
+        return 3
+
+    import torch
+    import torch.distributed as dist
+
+    cuda = args.device == "cuda"
+    timeout = datetime.timedelta(seconds=args.timeout_s)
+    if cuda:
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+        dist.init_process_group("nccl", device_id=dev, timeout=timeout)
+    else:
+        dev = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=timeout)
+    world = dist.get_world_size()
+    comm = dist.get_backend()
+
+    info = {"rank": rank, "node": node, "local_rank": local_rank, "host": host, "boot": boot, "env": same_env()}
+    infos: list = [None] * world
+    dist.all_gather_object(infos, info)
+    checks_all = [c for c in checks]
+    gathered_checks: list = [None] * world
+    dist.all_gather_object(gathered_checks, checks if local_rank == 0 else [])
+    checks_all = [c for cs in gathered_checks for c in cs] + cross_node_checks(infos, os.environ.get("MASTER_ADDR", ""))
+    hosts = {i["node"]: i["host"] for i in infos if i["local_rank"] == 0}
+
+    if args.pair_ranks:
+        peers = [(i["rank"], i["rank"]) for i in infos if i["rank"] != 0]
+    else:
+        first = {}
+        for i in infos:
+            first.setdefault(i["node"], i["rank"])
+        peers = [(n, r) for n, r in sorted(first.items()) if n != 0]
+
+    def sync() -> None:
+        dist.barrier()
+        if cuda:
+            torch.cuda.synchronize()
+
+    # Send/recv, each peer to rank 0 in turn (the guide: the other side sends, rank 0 receives).
+    n_pair = max(1, size // 4)  # fp32 elements
+    pairs = []
+    for label, src in peers:
+        if rank in (0, src):
+            v = torch.rand(n_pair, device=dev) if rank == src else torch.zeros(n_pair, device=dev)
+            warm = torch.rand(max(1, n_pair >> 10), device=dev)
+        sync()
+        if rank == src:  # warm-up: NCCL connects a pair at its first transfer
+            dist.send(warm, 0)
+        elif rank == 0:
+            dist.recv(warm, src)
+            warm.sum().item()
+        samples = []
+        for _ in range(args.iters):
+            sync()
+            t0 = time.perf_counter()
+            if rank == src:
+                dist.send(v, 0)
+            elif rank == 0:
+                dist.recv(v, src)
+                v.sum().item()  # forces completion: recv returns before the data has arrived
+                samples.append(time.perf_counter() - t0)
+        if rank == 0:
+            pairs.append({"src": label, "dst": 0, "src_rank": src, "bytes": n_pair * 4, "seconds": samples})
+        if rank in (0, src):
+            del v, warm
+
+    # all_gather across every rank: each contributes size/world bytes, the output is size bytes.
+    chunk = max(1, size // (4 * world))
+    inp = torch.rand(chunk, device=dev)
+    out = torch.zeros(chunk * world, device=dev)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    warm_in = torch.rand(max(1, chunk >> 10), device=dev)
+    gather(torch.zeros(warm_in.numel() * world, device=dev), warm_in)
+    own = []
+    for _ in range(args.iters):
+        sync()
+        t0 = time.perf_counter()
+        gather(out, inp)
+        out.sum().item()
+        own.append(time.perf_counter() - t0)
+    # The collective is done when its slowest rank has the data: the max across ranks, per run.
+    per_rank: list = [None] * world
+    dist.all_gather_object(per_rank, own)
+    ag_seconds = [max(r[i] for r in per_rank) for i in range(args.iters)]
+
+    ok_checks = all(c["ok"] for c in checks_all)
+    if rank == 0:
+        def mibps(nbytes: int, seconds: list[float]) -> float:
+            return round(nbytes / statistics.median(seconds) / 2**20, 1) if seconds else 0.0
+
+        for p in pairs:
+            p["mib_s"] = mibps(p["bytes"], p["seconds"])
+            print(f"send/recv {'rank' if args.pair_ranks else 'node'} {p['src']} -> 0: {p['mib_s']} MiB/s", flush=True)
+        ag = {"ranks": world, "bytes": chunk * world * 4, "seconds": ag_seconds, "mib_s": mibps(chunk * world * 4, ag_seconds)}
+        print(f"all_gather over {world} ranks: {ag['mib_s']} MiB/s", flush=True)
+        emit(RESULT_MARK, {
+            "version": 1, "nodes": len(hosts), "world": world, "nproc_per_node": args.nproc_per_node,
+            "device": args.device, "comm": comm, "size_bytes": size, "iters": args.iters,
+            "pair_unit": "rank" if args.pair_ranks else "node", "hosts": {str(k): v for k, v in sorted(hosts.items())},
+            "master_addr": os.environ.get("MASTER_ADDR", ""), "checks": checks_all, "pairs": pairs,
+            "all_gather": ag, "elapsed_s": round(time.monotonic() - t_start, 3),
+        })
+    # Leave together: a rank that tears down gloo while a peer still talks to it aborts the peer.
+    dist.barrier()
+    dist.destroy_process_group()
+    remove_own_copy(local_rank)
+    return 0 if ok_checks else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
