@@ -1,0 +1,215 @@
+"""One record per submitted job, so that every command works from the job id alone.
+
+``submit`` writes ``$HALO_SCHED_HOME/jobs/<id>@<backend>.json`` (default home:
+``$XDG_STATE_HOME/halo-sched``, else ``~/.local/state/halo-sched``): the backend and scheduler id,
+where it went (cluster, region, namespace), its output files as absolute paths, a copy of what was
+submitted, the job file's hash, the resolved spec, the submit time and directory, and what ran
+(git commit, dirty tree with its diff beside the record). ``status``/``logs``/``cancel`` then find
+the backend without ``--backend``; ``logs`` finds the output after the scheduler forgot the job;
+``list`` shows recent jobs with their last known state.
+
+Concurrency: one file per record, never a shared index. Each write goes to a temporary file in the
+same directory, is fsynced and renamed over the record (atomic on POSIX), so two submits at once
+write two whole records, and a crash mid-write leaves a ``.tmp-*`` file that readers ignore.
+Secrets never reach a record: the spec holds ``secret_env`` names only, never values.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+VERSION = 1
+
+
+def home() -> Path:
+    env = os.environ.get("HALO_SCHED_HOME")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "halo-sched"
+
+
+def jobs_dir() -> Path:
+    return home() / "jobs"
+
+
+def _stem(job_id: str, backend: str) -> str:
+    # Nomad ids carry ':' and '/' ([REGION:][NAMESPACE/]ID): encoded, so one id is one file name.
+    return f"{quote(job_id, safe='')}@{quote(backend, safe='')}"
+
+
+def path_for(job_id: str, backend: str) -> Path:
+    return jobs_dir() / f"{_stem(job_id, backend)}.json"
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:  # the rename itself survives a crash once the directory is synced
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def write(record: dict) -> Path:
+    p = path_for(record["id"], record["backend"])
+    _atomic_write(p, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
+    return p
+
+
+def _read(p: Path) -> dict | None:
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and "id" in data and "backend" in data else None
+
+
+def load_all() -> list[dict]:
+    """Every readable record, newest first (temporary and unreadable files skipped)."""
+    d = jobs_dir()
+    if not d.is_dir():
+        return []
+    out = [r for p in d.glob("*.json") if not p.name.startswith(".") and (r := _read(p)) is not None]
+    return sorted(out, key=lambda r: r.get("submitted") or 0, reverse=True)
+
+
+def find(job_id: str, backend: str | None = None) -> list[dict]:
+    """Records of ``job_id`` (one per backend that has such an id)."""
+    d = jobs_dir()
+    if backend:
+        r = _read(path_for(job_id, backend))
+        return [r] if r else []
+    prefix = quote(job_id, safe="") + "@"
+    return [r for p in sorted(d.glob("*.json")) if p.name.startswith(prefix) and (r := _read(p)) is not None
+            and r.get("id") == job_id] if d.is_dir() else []
+
+
+def update_state(record: dict, state) -> None:
+    """Keep ``state`` as the record's last known one (only when the scheduler still knows the job)."""
+    from .backends.base import JobStatus
+
+    if state.status is JobStatus.UNKNOWN:
+        return
+    last = {"status": state.status.value, "describe": state.describe(), "at": time.time(),
+            "exit_code": state.exit_code}
+    if state.failure is not None and getattr(state.failure, "first", None) is not None:
+        last["failure"] = state.failure.to_dict()
+    old = record.get("last_state") or {}
+    if {k: v for k, v in old.items() if k != "at"} == {k: v for k, v in last.items() if k != "at"}:
+        return
+    record["last_state"] = last
+    write(record)
+
+
+# ---- building a record at submit ------------------------------------------------------------
+
+
+def _sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _git(cwd: Path, *args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def git_state(where: Path) -> dict | None:
+    """The commit ``where`` is at and whether the tree is dirty (with its diff), or None outside git."""
+    d = where if where.is_dir() else where.parent
+    top = _git(d, "rev-parse", "--show-toplevel")
+    if top is None:
+        return None
+    commit = (_git(d, "rev-parse", "HEAD") or "").strip() or None
+    status = _git(d, "status", "--porcelain", "--untracked-files=no") or ""
+    dirty = bool(status.strip())
+    return {"repo": top.strip(), "commit": commit, "dirty": dirty,
+            "diff": (_git(d, "diff", "HEAD") or "") if dirty else ""}
+
+
+def build(scheduler, dryrun, job_id: str, job_file: str | None = None) -> dict[str, Any]:
+    """The record of a job just submitted (nothing written yet)."""
+    spec = dryrun.spec
+    cwd = Path.cwd()
+    now = time.time()
+    rec: dict[str, Any] = {
+        "version": VERSION,
+        "id": job_id,
+        "backend": scheduler.name,
+        "name": spec.name,
+        "submitted": now,
+        "submitted_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
+        "submit_dir": str(cwd),
+        "job_file": str(Path(job_file).resolve()) if job_file else None,
+        "job_file_sha256": _sha256(Path(job_file)) if job_file else None,
+        "nodes": spec.nodes,
+        "nproc_per_node": spec.nproc_per_node,
+        # The resolved spec (defaults filled in). secret_env holds names; values are never here.
+        "spec": spec.model_dump(mode="json"),
+        "outputs": [],
+        "scheduler": {},
+    }
+    fields = getattr(scheduler, "record_fields", None)
+    if fields is not None:
+        rec.update(fields(dryrun, job_id))
+    t = spec.trainer
+    trainer = cwd / t.script if t.script else cwd
+    git = git_state(trainer if trainer.exists() else cwd)
+    rec["git"] = git and {k: v for k, v in git.items() if k != "diff"}
+    rec["_diff"] = git["diff"] if git and git["dirty"] else ""
+    return rec
+
+
+def save_new(record: dict, rendered: str) -> Path:
+    """Write a new record, with the submitted text (and the dirty tree's diff) beside it."""
+    stem = _stem(record["id"], record["backend"])
+    diff = record.pop("_diff", "")
+    rendered_path = jobs_dir() / f"{stem}.rendered"
+    _atomic_write(rendered_path, rendered.encode())
+    record["rendered_file"] = str(rendered_path)
+    if diff:
+        diff_path = jobs_dir() / f"{stem}.diff"
+        _atomic_write(diff_path, diff.encode())
+        record["git"]["diff_file"] = str(diff_path)
+    return write(record)
+
+
+def record_submit(scheduler, dryrun, job_id: str, job_file: str | None = None) -> Path | None:
+    """Write the record of a job just submitted; a failure to write it is a warning, not an error
+    (the job runs either way)."""
+    import sys
+
+    try:
+        return save_new(build(scheduler, dryrun, job_id, job_file), dryrun.text)
+    except (OSError, ValueError, TypeError) as err:
+        print(f"halo-sched: warning: could not write the job record under {jobs_dir()}: {err}", file=sys.stderr)
+        return None
