@@ -59,8 +59,15 @@ class JobState:
     nodes_running: int | None = None
     reason: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Which rank failed first and why (a :class:`halo_sched.failures.FailureReport`), when the
+    #: job's nodes reported it; ``describe`` then leads with it.
+    failure: Any = None
 
     def describe(self) -> str:
+        if self.failure is not None and self.failure.first is not None:
+            # "FAILED: rank 3 (node 1, host h, local rank 1) exit 1 at 12:03:04: ValueError: ..."
+            text = f"{self.status.value}: {self.failure.describe()}"
+            return text + (f" (raw={self.raw_state})" if self.raw_state and self.raw_state != self.status.value else "")
         parts = [self.status.value]
         if self.nodes_total is not None and self.nodes_running is not None and not self.status.terminal:
             parts.append(f"{self.nodes_running}/{self.nodes_total} nodes running")
@@ -105,7 +112,12 @@ class Scheduler(abc.ABC):
         """Submit; return the job id."""
 
     def submit(self, spec, **opts) -> "Job":
-        return Job(self, self.schedule(self.dryrun(spec, **opts)))
+        from ..records import record_submit
+
+        dry = self.dryrun(spec, **opts)
+        job = Job(self, self.schedule(dry))
+        record_submit(self, dry, job.id, getattr(spec, "source", None))
+        return job
 
     @abc.abstractmethod
     def describe(self, ids: Sequence[str]) -> dict[str, JobState]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..errors import SchedulerError, UsageError
-from ..launch import MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, NODE_RANK_VAR, entry_script
+from ..launch import LOG_DIR_VAR, MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, NODE_RANK_VAR, entry_script
 from ..spec import JobSpec
 from ..templating import render_template
 from .base import DryRun, JobState, JobStatus, Scheduler, tail_lines
@@ -101,6 +101,12 @@ class LocalScheduler(Scheduler):
         (d / "supervisor.pid").write_text(f"{proc.pid} {_start_time(proc.pid)}")
         return job_id
 
+    def record_fields(self, dryrun: DryRun, job_id: str) -> dict:
+        d = self.root / job_id
+        nodes = dryrun.spec.nodes
+        return {"outputs": [str(d / "job.log")] + [str(d / f"node-{k}.log") for k in range(nodes)],
+                "scheduler": {"job_dir": str(d)}}
+
     def describe(self, ids: Sequence[str]) -> dict[str, JobState]:
         return {i: self._state(i) for i in ids}
 
@@ -165,6 +171,8 @@ class LocalScheduler(Scheduler):
             job_id, status, raw_state=data["state"], exit_code=data.get("exit_code"),
             nodes_total=meta["nodes"], nodes_running=data.get("nodes_running", 0), reason=data.get("reason", ""),
         )
+        if status is JobStatus.FAILED:
+            st.failure = _failure_report(d)
         if not status.terminal:
             sup = self._supervisor(d)
             if sup is None and time.time() - data.get("submitted", 0) < START_GRACE_S:
@@ -182,6 +190,13 @@ class LocalScheduler(Scheduler):
                     if left:
                         st.reason += f"; {left} process{'es' if left != 1 else ''} of the job still run: cancel it to stop them"
         return st
+
+
+def _failure_report(d: Path):
+    """Which rank failed first: from the failure lines the nodes wrote into their output."""
+    from ..failures import report_from_files
+
+    return report_from_files(sorted(d.glob("node-*.log")) or [d / "job.log"])
 
 
 def _visible_gpus() -> list[str] | None:
@@ -331,11 +346,14 @@ class _Supervisor:
 
     def _pump(self, rank: int, stream) -> None:
         prefix = f"[node {rank}] ".encode()
-        for line in iter(stream.readline, b""):
-            if not line.endswith(b"\n"):
-                line += b"\n"
-            with self.lock:
-                self.log.write(prefix + line)
+        # Each node's output also in a file of its own (what a node of a cluster would keep).
+        with open(self.d / f"node-{rank}.log", "ab", buffering=0) as own:
+            for line in iter(stream.readline, b""):
+                if not line.endswith(b"\n"):
+                    line += b"\n"
+                own.write(line)
+                with self.lock:
+                    self.log.write(prefix + line)
 
     def _terminate_all(self) -> None:
         for p in self.procs:
@@ -380,7 +398,8 @@ class _Supervisor:
         pumps = []
         gpu_sets = self.meta.get("gpus")
         for rank in range(self.n):
-            node_env = {**env, NODE_RANK_VAR: str(rank), JOB_TAG_VAR: str(self.d)}
+            # torchrun's per-rank logs and error files stay in the job directory (ranks/node-K/).
+            node_env = {**env, NODE_RANK_VAR: str(rank), JOB_TAG_VAR: str(self.d), LOG_DIR_VAR: str(self.d / "ranks")}
             if gpu_sets:
                 # Each "node" owns its own GPUs, as on separate hosts; LOCAL_RANK indexes them.
                 node_env["CUDA_VISIBLE_DEVICES"] = gpu_sets[rank]
@@ -426,8 +445,9 @@ class _Supervisor:
         if cancelled:
             self._save(state="CANCELLED", nodes_running=0, ended=time.time(), reason="cancelled by user")
         elif failed_rank is not None:
+            report = _failure_report(self.d)
             self._save(state="FAILED", nodes_running=0, ended=time.time(), exit_code=exit_code,
-                       reason=f"node {failed_rank} exited with {exit_code}")
+                       reason=report.describe() if report else f"node {failed_rank} exited with {exit_code}")
         else:
             self._save(state="COMPLETED", nodes_running=0, ended=time.time(), exit_code=0)
         return 0

@@ -113,6 +113,11 @@ class NomadScheduler(Scheduler):
         job_id = dryrun.payload["Job"]["ID"]
         return f"{region + ':' if region else ''}{namespace + '/' if namespace else ''}{job_id}"
 
+    def record_fields(self, dryrun: DryRun, job_id: str) -> dict:
+        m = _ID_RE.match(job_id)
+        region, namespace, name = m.groups() if m else (None, None, job_id)
+        return {"scheduler": {"region": region, "namespace": namespace, "job": name}}
+
     def plan(self, spec: JobSpec) -> tuple[bool, str]:
         from .plan import format_plan, plan_summary
 

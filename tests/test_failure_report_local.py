@@ -1,0 +1,53 @@
+"""The failure report on the local backend, with real torchrun: rank 3 (node 1) fails first."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+import halo_sched
+from halo_sched.backends.base import JobStatus
+from helpers import cli, example_job, free_port
+
+pytestmark = pytest.mark.torch
+
+TRAINER = "tests/trainers/first_failure.py"
+
+
+@pytest.mark.parametrize("how, record, others", [
+    # Not decorated with @record: exit code and stderr tail only; the others fail later at
+    # gloo's error or timeout, or are stopped when node 1 ends.
+    ("raise", False, "wait"),
+    # @record (error.json), others asleep until the supervisor stops node 0.
+    ("exit", True, "sleep"),
+])
+def test_first_failure_is_rank_3_on_node_1(tmp_path, how, record, others):
+    job = example_job(tmp_path, free_port(), trainer={"script": TRAINER, "args": ["--how", how, "--others", others,
+                                                                                   "--timeout", "6"]})
+    env = {**os.environ, "TRAINER_RECORD": "1" if record else "0"}
+    r = cli("submit", str(job), "--backend", "local", "--wait", "--quiet", env=env)
+    assert r.returncode == 1, r.stderr[-3000:]
+    job_id = r.stdout.strip().splitlines()[-1]
+    last = r.stderr.strip().splitlines()[-1]
+    error = "ValueError: rank 3 fails on purpose" if how == "raise" else "rank 3: exiting 3 on purpose"
+    code = 1 if how == "raise" else 3
+    assert f"FAILED: rank 3 (node 1, host " in last and f", local rank 1) exit {code} at " in last, last
+    assert error in last or (how == "exit" and "SystemExit: 3" in last), last
+
+    st = halo_sched.job(job_id, "local").status()
+    assert st.status is JobStatus.FAILED and st.failure.first.rank == 3
+    # Every other failure reported happened after rank 3's.
+    assert all(f.time >= st.failure.first.time for f in st.failure.failures)
+
+    # No --backend: the job record says local.
+    s = json.loads(cli("status", job_id, "--json").stdout)
+    assert s["failure"]["first"]["rank"] == 3 and s["failure"]["first"]["node"] == 1
+    logs = cli("logs", job_id, "--rank", "3").stdout.splitlines()
+    assert logs and all(line.startswith("[node 1 rank 3] ") for line in logs)
+    assert any("world of 4 formed" in line for line in logs)
+    home = os.environ["HALO_SCHED_HOME"]
+    d = os.path.join(home, "local", job_id)
+    assert os.path.getsize(os.path.join(d, "node-1.log")) > 0  # each node's output in its own file
+    listed = cli("list").stdout
+    assert job_id in listed and "FAILED: rank 3" in listed

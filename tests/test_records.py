@@ -1,0 +1,143 @@
+"""Job records: written at submit, found from the id alone, listed with one query per backend."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from halo_sched import cli, records
+from halo_sched.backends.base import JobState, JobStatus
+from halo_sched.backends.slurm import SlurmScheduler
+from helpers import REPO, example_job
+
+FAKE_SBATCH = """#!/bin/bash
+cat > /dev/null
+sleep 0.3  # both submits are in flight at once
+echo $$
+"""
+
+
+def _fake_bin(tmp_path):
+    b = tmp_path / "bin"
+    b.mkdir()
+    (b / "sbatch").write_text(FAKE_SBATCH)
+    (b / "sbatch").chmod(0o755)
+    return b
+
+
+def test_two_concurrent_submits_write_two_whole_records(tmp_path):
+    job = example_job(tmp_path, 29555)
+    env = {**os.environ, "PATH": f"{_fake_bin(tmp_path)}:{os.environ['PATH']}", "HALO_SUBMIT_RETRY_S": "0"}
+    procs = [subprocess.Popen([sys.executable, "-m", "halo_sched.cli", "submit", str(job), "--backend", "slurm"],
+                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    ids = sorted(o[0].strip().splitlines()[-1] for o in outs)
+    recs = sorted(records.load_all(), key=lambda r: r["id"])
+    assert [r["id"] for r in recs] == ids and len(set(ids)) == 2
+    for r in recs:
+        assert r["backend"] == "slurm" and r["name"] == "ddp-cpu"
+        # The output path as sbatch will write it, absolute, in the submit directory.
+        assert r["outputs"] == [str(REPO / f"halo-ddp-cpu-{r['id']}.out")]
+        assert r["job_file"] == str(job) and len(r["job_file_sha256"]) == 64
+        assert open(r["rendered_file"]).read().startswith("#!/bin/bash")
+        assert r["spec"]["nodes"] == 2 and r["git"]["repo"] == str(REPO) and len(r["git"]["commit"]) == 40
+
+
+def test_a_half_written_temp_file_is_ignored(tmp_path):
+    records.write({"id": "7", "backend": "slurm", "submitted": 1.0})
+    (records.jobs_dir() / ".tmp-crash").write_text('{"id": "8", "backe')  # a crash mid-write
+    (records.jobs_dir() / "9@slurm.json").write_text('{"id": "9"')  # torn by something else
+    assert [r["id"] for r in records.load_all()] == ["7"]
+
+
+def test_ids_with_region_and_namespace_are_one_file_each():
+    records.write({"id": "eu:ml/train-1", "backend": "nomad"})
+    assert records.find("eu:ml/train-1")[0]["backend"] == "nomad"
+    assert records.find("train-1") == []
+
+
+def test_secrets_never_reach_the_record(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "s3cret-value")
+    job = example_job(tmp_path, 29556, secret_env=["HF_TOKEN"])
+    env = {**os.environ, "PATH": f"{_fake_bin(tmp_path)}:{os.environ['PATH']}", "HALO_SUBMIT_RETRY_S": "0"}
+    r = subprocess.run([sys.executable, "-m", "halo_sched.cli", "submit", str(job), "--backend", "slurm"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rec = records.load_all()[0]
+    assert rec["spec"]["secret_env"] == ["HF_TOKEN"]
+    for p in records.jobs_dir().iterdir():
+        assert b"s3cret-value" not in p.read_bytes(), p
+
+
+class CountingTransport:
+    def __init__(self):
+        self.queries: list[list[str]] = []
+
+    def query(self, ids):
+        self.queries.append(list(ids))
+        # Half the jobs are forgotten by SLURM (MinJobAge): UNKNOWN.
+        return {i: JobState(i, JobStatus.RUNNING if int(i) % 2 else JobStatus.UNKNOWN) for i in ids}
+
+
+def test_list_of_50_jobs_is_one_scheduler_query(monkeypatch, capsys):
+    for i in range(50):
+        records.write({"id": str(1000 + i), "backend": "slurm", "submitted": float(i), "name": "j",
+                       "last_state": {"status": "COMPLETED", "describe": "COMPLETED exit=0"}})
+    t = CountingTransport()
+    monkeypatch.setattr(cli, "_scheduler", lambda name: SlurmScheduler(transport=t))
+    assert cli.main(["list", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(t.queries) == 1 and sorted(t.queries[0]) == [str(1000 + i) for i in range(50)]
+    assert len(rows) == 50 and rows[0]["id"] == "1049"  # newest first
+    live = {r["id"]: r for r in rows}
+    assert live["1001"]["status"] == "RUNNING" and live["1001"]["live"]
+    # Forgotten by the scheduler: the last state the record kept.
+    assert live["1000"]["status"] == "COMPLETED" and not live["1000"]["live"]
+    assert cli.main(["list", "--state", "completed"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 25
+
+
+def test_an_id_finds_its_backend_from_the_record(monkeypatch, capsys):
+    records.write({"id": "4242", "backend": "slurm", "submitted": 1.0})
+    t = CountingTransport()
+    seen = []
+    monkeypatch.setattr(cli, "_scheduler", lambda name: seen.append(name) or SlurmScheduler(transport=t))
+    assert cli.main(["status", "4242"]) == 0
+    assert seen == ["slurm"]
+    # --backend given explicitly still wins.
+    assert cli.main(["status", "4242", "--backend", "nomad"]) == 0
+    assert seen[-1] == "nomad"
+
+
+class ForgetfulTransport(CountingTransport):
+    def job_info(self, job_id):
+        from halo_sched.errors import SchedulerError
+
+        raise SchedulerError(f"scontrol: Invalid job id specified ({job_id})")
+
+
+def test_slurm_logs_and_failure_after_the_scheduler_forgot_the_job(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "halo-j-77.out"
+    fail = {"node": 1, "rank": 3, "local_rank": 1, "host": "n2", "exit_code": 1, "signal": None,
+            "time": 1000.0, "error": "ValueError: boom", "tail": [], "stopped": False}
+    out.write_text("0: [rank 0] hello\n1: [rank 3] bye\n1: halo-sched-failure " + json.dumps(fail) + "\n")
+    records.write({"id": "77", "backend": "slurm", "submitted": 1.0, "outputs": [str(out)]})
+    monkeypatch.setattr(cli, "_scheduler", lambda name: SlurmScheduler(transport=ForgetfulTransport()))
+    assert cli.main(["logs", "77", "--rank", "3"]) == 0
+    assert capsys.readouterr().out == "[node 1 rank 3] bye\n"
+    assert cli.main(["logs", "77", "--node", "0"]) == 0
+    assert capsys.readouterr().out == "[node 0 rank 0] hello\n"
+
+    class Failed(ForgetfulTransport):
+        def query(self, ids):
+            return {i: JobState(i, JobStatus.FAILED, exit_code=1) for i in ids}
+
+    monkeypatch.setattr(cli, "_scheduler", lambda name: SlurmScheduler(transport=Failed()))
+    assert cli.main(["status", "77"]) == 0
+    assert "FAILED: rank 3 (node 1, host n2, local rank 1) exit 1 at" in capsys.readouterr().out
