@@ -245,12 +245,16 @@ def run(spec, backend: str, size: int, min_mibps: float | None = None, iters: in
     job_id = sched.schedule(sched.dryrun(pf))
     if on_submit:
         on_submit(job_id)
-    state = sched.watch(pf, job_id, on_progress=on_change)
+    try:
+        state = sched.watch(pf, job_id, on_progress=on_change)
+        if not state.status.terminal and state.status is not JobStatus.UNKNOWN:
+            # A short test: poll often (backing off to 2 s) so its end is seen within seconds.
+            state = sched.wait(job_id, timeout=timeout, poll=0.5, max_poll=2.0, on_change=on_change)
+    except KeyboardInterrupt:
+        sched.cancel([job_id])  # nobody will read this test's result: free its nodes now
+        raise
     if not state.status.terminal and state.status is not JobStatus.UNKNOWN:
-        # A short test: poll often (backing off to 2 s) so its end is seen within seconds.
-        state = sched.wait(job_id, timeout=timeout, poll=0.5, max_poll=2.0, on_change=on_change)
-    if not state.status.terminal and state.status is not JobStatus.UNKNOWN:
-        sched.cancel([job_id])
+        sched.cancel([job_id])  # --timeout: a test still pending or stuck holds nodes for nothing
         state = sched.wait(job_id, timeout=60)
     lines = _read_logs(sched, job_id)
     result, node_lines = parse_lines(lines)

@@ -154,6 +154,16 @@ def test_bad_input_exits_2(tmp_path):
         assert "Traceback" not in r.stderr
 
 
+def test_timeout_cancels_the_test_job(tmp_path):
+    # A test that cannot start (its setup hangs) must not hold the nodes after --timeout.
+    job = example_job(tmp_path, free_port(), setup=["sleep 300"])
+    r = cli("preflight", str(job), "--size", "4M", "--timeout", "3", "--json", timeout=120)
+    assert r.returncode == 1, r.stderr[-2000:]
+    rep = json.loads(r.stdout)
+    assert rep["state"] == "CANCELLED" and rep["verdict"] == "fail"
+    assert "before rank 0 reported" in rep["reasons"][-1]
+
+
 def test_the_cli_path_does_not_import_torch():
     code = "import sys, halo_sched.preflight, halo_sched.layout; print('torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
