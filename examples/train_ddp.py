@@ -3,13 +3,19 @@ checks that the world formed as the job file says (one all_reduce over every ran
 
 Runs on CPU with gloo (default) or on GPUs with NCCL (``--device cuda``). Started by torchrun, so
 RANK/WORLD_SIZE/LOCAL_RANK/GROUP_RANK (the node rank) come from the environment.
+
+Preemption: the warning signal (``HALO_WARNING_SIGNAL``, USR2 by default; torchrun ignores it)
+makes every rank stop at the same step, save a checkpoint (``--checkpoint-dir``) and exit 0; the
+next run (``HALO_RESTART_COUNT`` > 0 after a requeue) resumes from it.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -24,7 +30,16 @@ def main() -> int:
     ap.add_argument("--report-dir", default=None, help="write one JSON report per rank here")
     ap.add_argument("--echo-env", action="append", default=[], help="record this variable's exact bytes in the report")
     ap.add_argument("--fail-rank", type=int, default=None, help="this rank exits 3 after the first step (tests)")
+    ap.add_argument("--checkpoint-dir", default=None, help="save here on the warning; resume from here on start")
+    ap.add_argument("--step-time", type=float, default=0.0, help="sleep this long each step (tests: a job to warn)")
+    ap.add_argument("--fail-on-warning", type=int, default=None, help="this rank exits 3 when warned (tests)")
     args = ap.parse_args()
+
+    # Installed first: until then the warning is ignored (inherited from torchrun), not fatal.
+    warned: list[float] = []
+    sig_name = os.environ.get("HALO_WARNING_SIGNAL", "USR2")
+    signal.signal(getattr(signal, "SIG" + sig_name), lambda signum, frame: warned.append(time.time()))
+    restart = int(os.environ.get("HALO_RESTART_COUNT", "0"))
 
     cuda = args.device == "cuda"
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -44,8 +59,32 @@ def main() -> int:
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     w_true = torch.arange(16, dtype=torch.float32, device=device) / 16
 
+    first_step, resumed_from = 0, None
+    ckpt = os.path.join(args.checkpoint_dir, "checkpoint.pt") if args.checkpoint_dir else None
+    if ckpt and os.path.exists(ckpt):
+        state = torch.load(ckpt, map_location=device)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        resumed_from = state["step"]
+        first_step = resumed_from + 1
+        if rank == 0:
+            print(f"run {restart + 1}: resumed from the checkpoint of step {resumed_from}", flush=True)
+
     gen = torch.Generator(device="cpu").manual_seed(1000 + rank)  # each rank its own data shard
-    for step in range(args.steps):
+    stop = torch.zeros(1, device=device)
+    loss = torch.zeros((), device=device)  # no step may run (warned at once, or resumed at the end)
+    saved_step = saved_at = None
+    step = first_step - 1
+    for step in range(first_step, args.steps):
+        # All ranks leave the loop at the same step, whichever got the signal first (a rank that
+        # left alone would abort its peers in their next collective).
+        stop.fill_(1.0 if warned else 0.0)
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+        if stop.item():
+            step -= 1  # this step did not run
+            break
+        if args.step_time:
+            time.sleep(args.step_time)
         x = torch.randn(args.batch, 16, generator=gen).to(device)
         y = (x @ w_true).unsqueeze(1) + 0.01 * torch.randn(args.batch, 1, generator=gen).to(device)
         loss = torch.nn.functional.mse_loss(ddp(x), y)
@@ -57,6 +96,22 @@ def main() -> int:
         if args.fail_rank == rank:
             print(f"rank {rank}: failing on purpose (--fail-rank)", file=sys.stderr, flush=True)
             sys.exit(3)
+
+    if warned:
+        if args.fail_on_warning == rank:
+            print(f"rank {rank}: failing on the warning on purpose (--fail-on-warning)", file=sys.stderr, flush=True)
+            sys.exit(3)
+        if ckpt and step >= 0:
+            # Shared storage: rank 0 writes; per-node disks: each node's local rank 0.
+            shared = os.environ.get("DIST_OUTPUT_SHARED_FILESYSTEM", os.environ.get("DIST_SHARED_FILESYSTEM", "1")) == "1"
+            if (rank if shared else local_rank) == 0:
+                os.makedirs(args.checkpoint_dir, exist_ok=True)
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt + ".tmp")
+                os.replace(ckpt + ".tmp", ckpt)
+            dist.barrier()  # every rank returns once the checkpoint is on disk
+            saved_step, saved_at = step, time.time()
+        print(f"rank {rank}: SIG{sig_name} at step {step}; checkpoint {'saved' if saved_at else 'not saved'} "
+              f"{saved_at - warned[0] if saved_at else 0:.2f}s after the signal", flush=True)
 
     # The world check: every rank contributes its rank; the sum is fixed by the world size.
     t = torch.tensor([float(rank)], device=device)
@@ -86,8 +141,12 @@ def main() -> int:
             "rank": rank, "world_size": world, "node_rank": node_rank, "local_rank": local_rank,
             "members": members, "all_reduce": t.item(), "ok": ok,
             "env_hex": {name: os.environb.get(name.encode(), b"").hex() for name in args.echo_env},
+            "restart_count": restart, "cpu_affinity": sorted(os.sched_getaffinity(0)),
+            "warned_at": warned[0] if warned else None, "saved_step": saved_step, "saved_at": saved_at,
+            "resumed_from": resumed_from, "last_step": step,
         }
-        with open(os.path.join(args.report_dir, f"rank{rank}.json"), "w") as f:
+        name = f"rank{rank}.json" if restart == 0 else f"rank{rank}-restart{restart}.json"
+        with open(os.path.join(args.report_dir, name), "w") as f:
             json.dump(report, f)
     # Leave together: a rank that tears down gloo while a peer still talks to it aborts that peer.
     dist.barrier()

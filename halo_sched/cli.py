@@ -264,6 +264,8 @@ def cmd_status(args) -> int:
                 "nodes_total": st.nodes_total, "nodes_running": st.nodes_running, "reason": st.reason,
                 # Nomad: per node rank, the allocation that runs it (alloc id, node, client status).
                 **({"nodes": st.extra["nodes"]} if "nodes" in st.extra else {}),
+                # SLURM: how many times the job was requeued (the run is restarts + 1).
+                **({"restarts": st.extra["restarts"]} if "restarts" in st.extra else {}),
             }))
         else:
             print(f"{job_id}\t{st.describe()}")

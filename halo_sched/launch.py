@@ -52,6 +52,11 @@ class LaunchContract:
             f"--rdzv_conf=timeout={s.rendezvous.timeout_s}",
         ]
 
+    def warning_signal(self) -> str:
+        """The signal a trainer gets as the preemption/time-limit warning (``slurm.signal``'s,
+        USR2 by default). torchrun ignores it; the trainer handles it (``HALO_WARNING_SIGNAL``)."""
+        return self.spec.slurm.warning[1]
+
     def trainer_argv(self) -> list[str]:
         t = self.spec.trainer
         head = ["-m", t.module] if t.module else [t.script]
@@ -66,6 +71,7 @@ class LaunchContract:
             env=self.environment(),
             torchrun_args=self.torchrun_args(),
             trainer_argv=self.trainer_argv(),
+            warning_signal=self.warning_signal(),
             node_rank_var=NODE_RANK_VAR,
             master_addr_var=MASTER_ADDR_VAR,
             master_addr_file_var=MASTER_ADDR_FILE_VAR,

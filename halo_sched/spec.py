@@ -27,6 +27,10 @@ SBATCH_ARG_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[^\s'\"\\#`$]+)?$")
 GO_DURATION_RE = re.compile(r"^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$")
 SIZE_RE = re.compile(r"^(\d+)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB|k|m|g)?$", re.IGNORECASE)
 IFACE_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
+# sbatch --signal=[{R|B}:]SIG[@secs], by name (the batch script traps it and forwards it).
+SLURM_SIGNAL_RE = re.compile(r"^(?:([BR]+):)?(?:SIG)?([A-Z][A-Z0-9]*)(?:@(\d+))?$")
+# Signals that end, stop or resume processes: torchrun must keep its default for these.
+ENDING_SIGNALS = {"KILL", "STOP", "CONT", "TERM", "INT", "QUIT", "TSTP"}
 
 # Variables torchrun or halo-sched itself set on every rank: a user value would be silently
 # overwritten (or would break the launch), so it is an error to set them in `env`.
@@ -196,9 +200,20 @@ class Slurm(_Model):
     cpus_per_task: int | None = Field(None, ge=1, description="CPUs for each node's torchrun (one task per node).")
     mem: str | None = Field(None, description="Memory per node, e.g. 64G (sbatch --mem).")
     signal: str | None = Field(
-        None, description="Preemption warning signal, e.g. USR2@120 (sbatch --signal). USR1 is refused: NCCL uses it.",
+        None, description="Preemption/time-limit warning, e.g. USR2@120: sent to the batch script, which forwards it to "
+                          "every rank's trainer (torchrun ignores it). USR1 is refused: NCCL uses it.",
     )
-    requeue: bool | None = Field(None, description="true -> --requeue, false -> --no-requeue.")
+    requeue: bool | None = Field(
+        None, description="true -> --requeue, and a warned job whose ranks all exit 0 requeues itself (same job id); "
+                          "false -> --no-requeue.",
+    )
+    max_requeues: int = Field(
+        3, ge=0, le=1000,
+        description="With requeue: true, requeue after a warning only while SLURM_RESTART_COUNT is below this.",
+    )
+    container_workdir: str | None = Field(
+        None, description="pyxis: working directory inside the image (default: the submit directory, mounted).",
+    )
     container_runtime: Literal["pyxis", "none"] = Field(
         "pyxis", description="How `image` runs on SLURM: pyxis/enroot (srun --container-image), or none to run on the host.",
     )
@@ -239,12 +254,31 @@ class Slurm(_Model):
     def _signal(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        m = re.match(r"^(?:([BR]+):)?(?:SIG)?([A-Z0-9]+)(?:@(\d+))?$", v)
+        m = SLURM_SIGNAL_RE.match(v)
         if not m:
-            raise ValueError("use [B:]SIGNAL[@seconds], e.g. USR2@120")
-        if m.group(2) in ("USR1", "10"):
+            raise ValueError("use [B:]SIGNAL[@seconds] with a signal name, e.g. USR2@120")
+        if m.group(2) == "USR1":
             raise ValueError("USR1 is used by NCCL; choose USR2 or HUP for the preemption warning")
+        if m.group(2) in ENDING_SIGNALS:
+            raise ValueError(f"{m.group(2)} ends or stops processes; the warning must be a signal the trainer can "
+                             "catch while torchrun ignores it: use USR2 (or HUP)")
         return v
+
+    @field_validator("container_workdir")
+    @classmethod
+    def _workdir(cls, v: str | None) -> str | None:
+        if v is not None and (not v.startswith("/") or not SLURM_WORD_RE.match(v) or "," in v or ":" in v):
+            raise ValueError("an absolute path inside the image, without spaces, quotes, ',' or ':'")
+        return v
+
+    @property
+    def warning(self) -> tuple[str, str, int | None]:
+        """(flags, signal name, seconds) of ``signal``; USR2 when unset (still the signal that
+        ``cancel --signal USR2`` delivers as a warning)."""
+        if self.signal is None:
+            return "", "USR2", None
+        m = SLURM_SIGNAL_RE.match(self.signal)
+        return m.group(1) or "", m.group(2), int(m.group(3)) if m.group(3) else None
 
     @field_validator("container_mounts")
     @classmethod
@@ -258,7 +292,7 @@ class Slurm(_Model):
     @classmethod
     def _extra(cls, v: list[str]) -> list[str]:
         managed = ("--nodes", "--ntasks", "--ntasks-per-node", "--job-name", "--output", "--error", "--export",
-                   "--gpus-per-node", "--signal")
+                   "--gpus-per-node", "--signal", "--open-mode", "--requeue", "--no-requeue")
         for a in v:
             if not SBATCH_ARG_RE.match(a):
                 raise ValueError(f"{a!r}: each extra arg is --name or --name=value, without spaces, quotes, '#', '$' or '`'")
@@ -266,7 +300,8 @@ class Slurm(_Model):
             # sbatch accepts any unambiguous prefix of a long option (--ntasks-per-n).
             hit = next((m for m in managed if m == name or (len(name) > 3 and m.startswith(name))), None)
             if hit:
-                where = "slurm.signal" if hit == "--signal" else "nodes/gpus_per_node/name"
+                where = {"--signal": "slurm.signal", "--requeue": "slurm.requeue", "--no-requeue": "slurm.requeue",
+                         "--open-mode": "every run's output is appended to one file"}.get(hit, "nodes/gpus_per_node/name")
                 raise ValueError(f"{a!r}: halo-sched sets {hit} itself (from {where})")
             # --clusters (-M): the job id then names the cluster sbatch chose, and every later
             # query and cancel goes there.

@@ -28,8 +28,11 @@ with open(os.path.join(out, "node%s.json" % rank), "w") as f:
 
 # srun as SLURM runs it for us: one copy of the command per node, SLURM_NODEID in each task.
 FAKE_SRUN = r'''#!{python}
-import os, subprocess, sys
+import json, os, subprocess, sys
 args = sys.argv[1:]
+if os.environ.get("FAKE_SRUN_LOG"):
+    with open(os.environ["FAKE_SRUN_LOG"], "a") as f:
+        f.write(json.dumps(args) + "\n")
 nodes = 1
 while args and args[0].startswith("-"):
     a = args.pop(0)
@@ -147,7 +150,7 @@ def live_group_members(pgid: int) -> list[int]:
 
 
 def run_sbatch(script_text: str, tmp: Path, nodes: list[str], addrs: list[str] | None = None,
-               env_names=(), nodelist: str | None = None):
+               env_names=(), nodelist: str | None = None, extra_env: dict | None = None):
     """Run a rendered sbatch script as the batch step would, with stand-in srun/scontrol
     (one task per node, SLURM_NODEID set in each) and a recording torchrun.
     Returns (the completed process, the records of the torchruns that started)."""
@@ -157,7 +160,9 @@ def run_sbatch(script_text: str, tmp: Path, nodes: list[str], addrs: list[str] |
     script = tmp / "job.sbatch"
     script.write_text(script_text)
     env = base_env(bindir, out, env_names)
-    env.update(FAKE_SLURM_NODES=",".join(nodes), SLURM_JOB_NODELIST=nodelist or ",".join(nodes), SLURM_JOB_ID="7")
+    env.update(FAKE_SLURM_NODES=",".join(nodes), SLURM_JOB_NODELIST=nodelist or ",".join(nodes), SLURM_JOB_ID="7",
+               SLURM_JOB_CPUS_PER_NODE=f"4(x{len(nodes)})", FAKE_SRUN_LOG=str(tmp / "srun.log"))
+    env.update(extra_env or {})
     if addrs:
         env["FAKE_SLURM_ADDRS"] = ",".join(addrs)
     r = subprocess.run(["bash", str(script)], env=env, capture_output=True, timeout=60)

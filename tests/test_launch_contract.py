@@ -34,7 +34,8 @@ rendezvous: {{port: 29511, timeout_s: 30}}
 storage: {{shared: false, nccl_timeout_minutes: 20}}
 nomad: {{driver: raw_exec}}
 """
-ENV_NAMES = ["HOSTILE", "PLAIN", "FROM_SETUP", "DIST_SHARED_FILESYSTEM", "DIST_NCCL_TIMEOUT_MINUTES", "DIST_STORE_TIMEOUT_HOURS"]
+ENV_NAMES = ["HOSTILE", "PLAIN", "FROM_SETUP", "DIST_SHARED_FILESYSTEM", "DIST_NCCL_TIMEOUT_MINUTES", "DIST_STORE_TIMEOUT_HOURS",
+             "HALO_RESTART_COUNT", "HALO_WARNING_SIGNAL"]
 
 
 @pytest.fixture
@@ -104,7 +105,11 @@ def test_only_node_rank_differs_across_nodes_and_backends(spec, tmp_path):
         for rank, rec in recs.items():
             argv = rec["argv"]
             assert argv.count(f"--node_rank={rank}") == 1
-            masked = [a if not a.startswith("--node_rank=") else "--node_rank=*" for a in argv]
+            # The log directory is per node by design (node-K under a per-node temporary or
+            # HALO_LOG_DIR): each node keeps its own ranks' files; it must still end in node-K.
+            assert [a for a in argv if a.startswith("--log-dir=")][0].endswith(f"/node-{rank}"), argv
+            masked = ["--node_rank=*" if a.startswith("--node_rank=") else "--log-dir=*" if a.startswith("--log-dir=")
+                      else a for a in argv]
             if reference is None:
                 reference = (masked, rec["env_hex"])
             assert (masked, rec["env_hex"]) == reference, (backend, rank)
@@ -117,6 +122,9 @@ def test_only_node_rank_differs_across_nodes_and_backends(spec, tmp_path):
     assert bytes.fromhex(env_hex["FROM_SETUP"]) == b"yes"
     assert bytes.fromhex(env_hex["DIST_SHARED_FILESYSTEM"]) == b"0"
     assert bytes.fromhex(env_hex["DIST_NCCL_TIMEOUT_MINUTES"]) == b"20"
+    # A first run everywhere (SLURM: SLURM_RESTART_COUNT unset), and the trainer's warning signal.
+    assert bytes.fromhex(env_hex["HALO_RESTART_COUNT"]) == b"0"
+    assert bytes.fromhex(env_hex["HALO_WARNING_SIGNAL"]) == b"USR2"
 
 
 def test_slurm_refuses_loopback_master_across_hosts(spec, tmp_path):
@@ -170,3 +178,22 @@ def test_entry_rejects_bad_node_rank(spec, tmp_path):
                                                      "HALO_MASTER_ADDR": "127.0.0.1"}, base_env(bindir, out))
         assert r.returncode == 1 and "HALO_NODE_RANK" in r.stderr, (index, offset, r.stderr)
     assert records(out) == {}
+
+
+def test_rendezvous_deadline_starts_after_setup(tmp_path):
+    """A setup slower than rendezvous.timeout_s (a pip install, an image pull) is not a missing
+    rank 0: the wait for rank 0's address starts when setup ends. Rank 0 is published 1 s after
+    the 3 s setup; a deadline counted from the start (2 s) would have failed the node."""
+    spec = halo_sched.loads(SPEC.replace("timeout_s: 30", "timeout_s: 2").replace("export FROM_SETUP=yes", "sleep 3"))
+    bindir, out = fake_bin(tmp_path), tmp_path / "out"
+    out.mkdir()
+    master = tmp_path / "master"
+    master.write_text("")
+    publisher = subprocess.Popen(["bash", "-c", f"sleep 4; echo 127.0.0.1 > {master}"])
+    try:
+        r = run_entry(entry_script(spec), tmp_path, {"HALO_NODE_RANK": "1", "HALO_MASTER_ADDR_FILE": str(master)},
+                      base_env(bindir, out))
+    finally:
+        publisher.wait()
+    assert r.returncode == 0, r.stderr
+    assert "--master_addr=127.0.0.1" in records(out)[1]["argv"]

@@ -453,7 +453,8 @@ def test_submit_failure_carries_stderr_and_is_not_retried():
 def test_cancel_is_one_call_with_signal():
     run = _runner([(0, "", "")])
     CliTransport(runner=run).cancel(["1", "2", "3_4", "2"], signal="USR2")
-    assert run.calls[0][0] == ["scancel", "--signal=USR2", "1", "2", "3_4"]
+    # --batch: the batch script gets the signal, as with slurm.signal's --signal=B:, and forwards it.
+    assert run.calls[0][0] == ["scancel", "--batch", "--signal=USR2", "1", "2", "3_4"]
     run = _runner([])
     CliTransport(runner=run).cancel([])
     assert run.calls == []

@@ -70,8 +70,10 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-# Our own munged socket, so a system munged (other key) cannot interfere.
-AuthInfo=socket=$MUNGE_SOCKET
+# Our own munged socket, so a system munged (other key) cannot interfere. cred_expire: a
+# requeued job may start again cred_expire+1 s after the requeue (slurmctld's
+# batch_requeue_fini); the default 120 would make every requeue test wait two minutes.
+AuthInfo=socket=$MUNGE_SOCKET,cred_expire=10
 # JWT as the alternative auth, for slurmrestd: a token names the user a request acts as.
 AuthAltTypes=auth/jwt
 AuthAltParameters=jwt_key=$STATE/etc/jwt_hs256.key
@@ -84,7 +86,11 @@ SlurmdLogFile=$STATE/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+# CPU binding as on production clusters: each task is bound to the CPUs srun gives it, so a
+# missing srun --cpus-per-task shows up here as a rank squeezed onto one CPU.
+TaskPlugin=task/affinity
+# Batch jobs requeue only when they ask (sbatch --requeue): proves halo-sched asks itself.
+JobRequeue=0
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
@@ -358,10 +364,33 @@ cmd_status() {
     return $rc
 }
 
+# A controller outage (restart, failover) for tests: stop slurmctld, keeping its state, and start
+# it again from that state (no -c: the jobs it knew are still there). slurmd keeps running.
+cmd_ctld_stop() {
+    export SLURM_CONF=$CONF
+    local pid i
+    pid=$(pid_from "$STATE/run/slurmctld.pid")
+    pid_alive "$pid" || die "slurmctld is not running"
+    kill -TERM "$pid"
+    for ((i = 0; i < 100; i++)); do pid_alive "$pid" || { log "ctld-stop: slurmctld stopped"; return 0; }; sleep 0.1; done
+    die "slurmctld (pid $pid) did not stop within 10 s"
+}
+
+cmd_ctld_start() {
+    export SLURM_CONF=$CONF
+    local i
+    pid_alive "$(pid_from "$STATE/run/slurmctld.pid")" && return 0
+    slurmctld || { tail -n 30 "$STATE/log/slurmctld.log" >&2 || true; die "slurmctld failed to start"; }
+    for ((i = 0; i < 100; i++)); do scontrol ping >/dev/null 2>&1 && { log "ctld-start: slurmctld answers"; return 0; }; sleep 0.1; done
+    die "slurmctld started but does not answer scontrol ping within 10 s"
+}
+
 case ${1:-} in
+    ctld-stop) cmd_ctld_stop ;;
+    ctld-start) cmd_ctld_start ;;
     up) cmd_up ;;
     down) cmd_down ;;
     status) cmd_status ;;
     env) print_env ;;
-    *) echo "usage: $0 up|down|status|env" >&2; exit 2 ;;
+    *) echo "usage: $0 up|down|status|env|ctld-stop|ctld-start" >&2; exit 2 ;;
 esac

@@ -11,8 +11,12 @@ from typing import Iterator, Sequence
 
 from ...errors import SchedulerError
 from ...spec import JobSpec
-from ..base import DryRun, JobState, Scheduler, tail_lines
+from ..base import DryRun, JobState, JobStatus, Scheduler, tail_lines
 from .render import render_sbatch
+from .status import scontrol_job_state
+
+# Ends of one run after which SLURM may requeue the job (sbatch --requeue).
+_MAY_REQUEUE = {JobStatus.PREEMPTED, JobStatus.NODE_FAIL}
 
 
 class SlurmScheduler(Scheduler):
@@ -41,16 +45,31 @@ class SlurmScheduler(Scheduler):
         return self.transport.submit(dryrun.text, extra)
 
     def describe(self, ids: Sequence[str]) -> dict[str, JobState]:
-        return self.transport.query(list(ids))
+        states = self.transport.query(list(ids))
+        for job_id, state in states.items():
+            if state.status in _MAY_REQUEUE and state.extra.get("source") == "sacct":
+                states[job_id] = self._live(job_id, state)
+        return states
+
+    def _live(self, job_id: str, state: JobState) -> JobState:
+        """sacct records a requeued run's end (PREEMPTED, NODE_FAIL) before the job is pending
+        again; slurmctld itself shows such a job as REQUEUED/PENDING at once, so ask it."""
+        try:
+            live = scontrol_job_state(self.transport.job_info(job_id))
+        except (SchedulerError, KeyError, TypeError):
+            return state
+        return live if not live.status.terminal and live.status is not JobStatus.UNKNOWN else state
 
     def cancel(self, ids: Sequence[str], signal: str | None = None, **opts) -> None:
-        # With a signal, scancel delivers it to the job steps (torchrun under srun).
+        # With a signal: the batch script gets it (as it gets slurm.signal's warning) and
+        # forwards it to every rank; see templates/slurm/sbatch.sh.j2.
         self.transport.cancel(list(ids), signal=signal)
 
     def progress(self, state: JobState) -> str:
+        run = f", run {state.extra['restarts'] + 1}" if state.extra.get("restarts") else ""
         if state.status.value == "RUNNING" and state.nodes_total:
             return f"RUNNING on {state.nodes_total} node{'s' if state.nodes_total != 1 else ''}" + (
-                f" ({state.extra.get('nodelist')})" if state.extra.get("nodelist") else "")
+                f" ({state.extra.get('nodelist')})" if state.extra.get("nodelist") else "") + run
         return state.describe()
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:

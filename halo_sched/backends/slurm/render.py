@@ -13,10 +13,15 @@ def sbatch_options(spec: JobSpec) -> list[str]:
     s = spec.slurm
     opts = []
     for flag, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos), ("time", s.time),
-                        ("constraint", s.constraint), ("cpus-per-task", s.cpus_per_task), ("mem", s.mem),
-                        ("signal", s.signal)):
+                        ("constraint", s.constraint), ("cpus-per-task", s.cpus_per_task), ("mem", s.mem)):
         if value is not None:
             opts.append(f"--{flag}={value}")
+    if s.signal is not None:
+        # B: the batch shell alone gets the warning and forwards it to the steps itself (it must
+        # know it was warned to requeue the job; see the template).
+        flags, name, secs = s.warning
+        flags = "".join(sorted(set(flags) | {"B"}))
+        opts.append(f"--signal={flags}:{name}" + (f"@{secs}" if secs is not None else ""))
     if s.exclusive:
         opts.append("--exclusive")
     if s.requeue is not None:
@@ -25,13 +30,33 @@ def sbatch_options(spec: JobSpec) -> list[str]:
     return opts
 
 
+def container(spec: JobSpec) -> dict | None:
+    """pyxis settings the template needs, or None when the job runs on the host."""
+    if not (spec.image and spec.slurm.container_runtime == "pyxis"):
+        return None
+    mounts = spec.slurm.container_mounts
+    return {
+        "workdir": spec.slurm.container_workdir,
+        "mounts": ",".join(mounts),
+        # Where each mount lands in the image (SRC:DST[:FLAGS]); "/" covers everything.
+        "mount_dsts": [m.split(":")[1].rstrip("/") for m in mounts],
+    }
+
+
 def srun_options(spec: JobSpec) -> list[str]:
+    """srun options beyond the one-task-per-node shape (shell text; the template sets the
+    $halo_* variables they name)."""
     opts = []
-    if spec.image and spec.slurm.container_runtime == "pyxis":
-        # pyxis/enroot: every node's task runs inside the image.
+    if spec.gpus_per_node:
+        opts.append(f"--gpus-per-node={spec.gpus_per_node}")
+    c = container(spec)
+    if c:
+        # pyxis/enroot: every node's task runs inside the image, in the submit directory (or
+        # slurm.container_workdir), so a relative trainer.script resolves as it did on submit.
         opts.append(f"--container-image={sh_quote(spec.image)}")
-        if spec.slurm.container_mounts:
-            opts.append(f"--container-mounts={sh_quote(','.join(spec.slurm.container_mounts))}")
+        if c["mounts"] or not c["workdir"]:
+            opts.append('--container-mounts="$halo_container_mounts"')
+        opts.append('--container-workdir="$halo_container_workdir"')
     return opts
 
 
@@ -50,6 +75,8 @@ def render_sbatch(spec: JobSpec, output: str = DEFAULT_OUTPUT) -> str:
         spec=spec,
         sbatch_options=sbatch_options(spec),
         srun_options=srun_options(spec),
+        container=container(spec),
+        warning=spec.slurm.warning[1],
         output=output,
         entry=entry,
         tag=heredoc_tag(entry, "HALO_ENTRY_EOF"),

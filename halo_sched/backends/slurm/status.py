@@ -228,7 +228,9 @@ SEP = "\x1f"
 
 # -O (long) field names. JobArrayID is the display id (123_4, 123_[5-9], 123+1, 123); JobID is
 # the raw one; exit_code is a raw wait status (squeue has no "2:0" form).
-SQUEUE_FIELDS = ("JobArrayID", "JobID", "State", "exit_code", "NumNodes", "Reason", "NodeList")
+SQUEUE_FIELDS = ("JobArrayID", "JobID", "State", "exit_code", "NumNodes", "Reason", "NodeList", "Requeue", "RestartCnt")
+# Rows recorded before Requeue/RestartCnt were asked for still parse.
+_SQUEUE_REQUIRED = 7
 
 
 def squeue_format() -> str:
@@ -258,7 +260,7 @@ def parse_squeue(text: str) -> list[JobState]:
         if SEP not in line:
             continue
         cols = line.split(SEP)
-        if len(cols) < len(SQUEUE_FIELDS):
+        if len(cols) < _SQUEUE_REQUIRED:
             continue
         row = dict(zip(SQUEUE_FIELDS, (c.strip() for c in cols)))
         rc, sig = decode_wait_status(row["exit_code"])
@@ -272,7 +274,8 @@ def parse_squeue(text: str) -> list[JobState]:
                 nodes=_int_or_none(row["NumNodes"]),
                 reason=row["Reason"],
                 source="squeue",
-                extra={"job_id_raw": row["JobID"], "nodelist": _none_if_na(row["NodeList"]) or ""},
+                extra={"job_id_raw": row["JobID"], "nodelist": _none_if_na(row["NodeList"]) or "",
+                       **_requeue_info(row.get("Requeue"), row.get("RestartCnt"))},
             )
         )
     return out
@@ -331,11 +334,24 @@ def scontrol_display_id(fields: Mapping[str, str]) -> str:
     return job_id
 
 
+def _requeue_info(requeue: str | None, restarts: str | None) -> dict:
+    """``requeue``: the job may run again (sbatch --requeue); ``restarts``: how many times it was
+    requeued, so the current run is ``restarts + 1``. Absent when SLURM did not say."""
+    info: dict = {}
+    if _none_if_na(requeue) in ("0", "1"):
+        info["requeue"] = requeue.strip() == "1"
+    count = _int_or_none(restarts)
+    if count is not None:
+        info["restarts"] = count
+    return info
+
+
 def scontrol_job_state(fields: Mapping[str, str]) -> JobState:
     rc, sig = parse_exit_pair(fields.get("ExitCode"))
     extra = {
         "job_id_raw": fields.get("JobId", ""),
         "nodelist": _none_if_na(fields.get("NodeList")) or "",
+        **_requeue_info(fields.get("Requeue"), fields.get("Restarts")),
     }
     derived = parse_exit_pair(fields.get("DerivedExitCode"))
     if derived[0] is not None:

@@ -117,7 +117,9 @@ class CliTransport(Transport):
         return with_cluster(m.group(2), m.group(1))
 
     def cancel(self, ids: Sequence[str], signal: str | None = None) -> None:
-        opts = [f"--signal={signal}"] if signal else []
+        # --batch: the signal goes to the batch script alone, exactly as slurm.signal's warning
+        # (--signal=B:); the script forwards it to every rank (templates/slurm/sbatch.sh.j2).
+        opts = ["--batch", f"--signal={signal}"] if signal else []
         for cluster, local in by_cluster(ids).items():
             for chunk in chunks(list(local), self.chunk_size):
                 proc = self._run(["scancel", *st.cluster_args(cluster), *opts, *chunk])

@@ -1,0 +1,171 @@
+"""The preemption lifecycle on the real local SLURM cluster (tests/cluster/, task/affinity):
+the warning reaches every rank while torchrun stays up, the ranks checkpoint, the job ends as
+their exit codes say; with requeue, the job runs again under the same id and resumes.
+
+The trainer is examples/train_ddp.py (gloo, 2 nodes x 2 ranks) with --step-time, so that it is
+still training when the warning comes. The warning is only sent once rank 0 has logged its first
+step: every rank has then installed its handler (a rank still starting ignores the warning).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, cli, example_job, free_port
+
+pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+
+TRAINER = str(REPO / "examples" / "train_ddp.py")
+
+
+_submitted: list[str] = []
+
+
+@pytest.fixture
+def env(slurm_cluster):
+    e = dict(os.environ)
+    e.update(slurm_cluster)
+    e["PATH"] = f"{os.path.dirname(sys.executable)}:{e['PATH']}"  # the tasks' torchrun is this venv's
+    yield e
+    # These trainers run until warned: a failed test must not leave one holding the nodes.
+    if _submitted:
+        cli("cancel", *_submitted, "--backend", "slurm", env=e)
+        _submitted.clear()
+
+
+def _job(tmp_path, args, **overrides) -> Path:
+    trainer = {"script": TRAINER, "args": ["--report-dir", str(tmp_path / "reports"),
+                                           "--checkpoint-dir", str(tmp_path / "ckpt"), *args]}
+    return example_job(tmp_path, free_port(), trainer=trainer, **overrides)
+
+
+def _status(job_id, env) -> dict:
+    return json.loads(cli("status", job_id, "--backend", "slurm", "--json", env=env).stdout)
+
+
+def _output(tmp_path, job_id) -> str:
+    path = tmp_path / f"halo-ddp-cpu-{job_id}.out"  # the default --output, in the submit directory
+    return path.read_text() if path.exists() else ""
+
+
+def _wait_for_training(tmp_path, job_id, env, timeout=90) -> None:
+    deadline = time.monotonic() + timeout
+    # srun --label "0: ", then maybe torchrun's "[rank 0] " line prefix.
+    while not re.search(r"^0: (\[rank 0\] )?step +0 ", _output(tmp_path, job_id), re.M):
+        assert time.monotonic() < deadline, f"no step logged in {timeout}s:\n{_output(tmp_path, job_id)}"
+        assert _status(job_id, env)["status"] in ("PENDING", "RUNNING"), _output(tmp_path, job_id)
+        time.sleep(0.5)
+
+
+def _wait_for_end(job_id, env, timeout=120) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        st = _status(job_id, env)
+        if st["status"] not in ("PENDING", "RUNNING"):
+            return st
+        assert time.monotonic() < deadline, st
+        time.sleep(1)
+
+
+def _reports(tmp_path, suffix="") -> list[dict]:
+    return [json.loads((tmp_path / "reports" / f"rank{r}{suffix}.json").read_text()) for r in range(4)]
+
+
+def _submit(job, tmp_path, env) -> str:
+    r = cli("submit", str(job), "--backend", "slurm", cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    _submitted.append(r.stdout.strip().splitlines()[-1])
+    return _submitted[-1]
+
+
+def test_cancel_signal_is_a_warning_every_rank_saves_and_the_job_completes(tmp_path, env):
+    job = _job(tmp_path, ["--steps", "100000", "--step-time", "0.2"], slurm={"cpus_per_task": 2})
+    job_id = _submit(job, tmp_path, env)
+    _wait_for_training(tmp_path, job_id, env)
+    sent = time.time()
+    r = cli("cancel", job_id, "--backend", "slurm", "--signal", "USR2", env=env)
+    assert r.returncode == 0, r.stderr
+    st = _wait_for_end(job_id, env)
+    out = _output(tmp_path, job_id)
+    # Exit 0 after the checkpoint: COMPLETED, not FAILED exit 140 (torchrun killed by USR2).
+    assert st["status"] == "COMPLETED" and st["exit_code"] == 0, (st, out)
+    ranks = _reports(tmp_path)
+    assert all(x["warned_at"] and x["warned_at"] >= sent - 1 for x in ranks), ranks
+    # One step for all, a checkpoint on disk, and the world still whole after the signal (the
+    # reports are written after an all_reduce over all 4 ranks): torchrun stayed up on both nodes.
+    assert len({x["saved_step"] for x in ranks}) == 1 and ranks[0]["saved_step"] >= 0
+    assert (tmp_path / "ckpt" / "checkpoint.pt").exists()
+    assert all(x["ok"] and x["world_size"] == 4 for x in ranks)
+    assert "death signal" not in out and "SIGUSR2 at" in out
+    # slurm.cpus_per_task: 2 reaches srun: under task/affinity each node's ranks get both CPUs.
+    assert all(len(x["cpu_affinity"]) == 2 for x in ranks), [x["cpu_affinity"] for x in ranks]
+    print(f"signal -> last rank's checkpoint: {max(x['saved_at'] for x in ranks) - sent:.2f}s; "
+          f"affinity per rank: {[x['cpu_affinity'] for x in ranks]}")
+
+
+def test_requeue_resumes_from_the_checkpoint_and_wait_follows_to_the_end(tmp_path, env):
+    # exclusive: the job holds both CPUs of each node, and srun passes them on without
+    # slurm.cpus_per_task (from SLURM_JOB_CPUS_PER_NODE).
+    job = _job(tmp_path, ["--steps", "60", "--step-time", "0.25"], slurm={"requeue": True, "exclusive": True})
+    waiter = subprocess.Popen([sys.executable, "-m", "halo_sched.cli", "submit", str(job), "--backend", "slurm", "--wait"],
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        job_id = None
+        while job_id is None:
+            assert time.monotonic() < deadline and waiter.poll() is None
+            line = waiter.stderr.readline()
+            m = re.search(r"submitted .* as (\d+)", line)
+            job_id = m.group(1) if m else None
+        _submitted.append(job_id)
+        _wait_for_training(tmp_path, job_id, env)
+        assert cli("cancel", job_id, "--backend", "slurm", "--signal", "USR2", env=env).returncode == 0
+        stdout, stderr = waiter.communicate(timeout=180)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+    out = _output(tmp_path, job_id)
+    assert waiter.returncode == 0, (stderr, out)
+    assert stdout.strip().splitlines()[-1] == job_id  # the same job id throughout
+    assert "run 2" in stderr and "COMPLETED" in stderr, stderr
+    first, second = _reports(tmp_path), _reports(tmp_path, "-restart1")
+    assert all(x["restart_count"] == 0 and x["saved_step"] is not None for x in first)
+    saved = first[0]["saved_step"]
+    assert all(x["restart_count"] == 1 and x["resumed_from"] == saved and x["last_step"] == 59 for x in second), second
+    # Both runs in one output file (--open-mode=append).
+    assert "requeueing for run 2" in out and f"run 2: resumed from the checkpoint of step {saved}" in out
+    assert all(len(x["cpu_affinity"]) == 2 for x in first + second), [x["cpu_affinity"] for x in first]
+    st = _status(job_id, env)
+    assert st["status"] == "COMPLETED" and st.get("restarts") == 1, st
+
+
+def test_time_limit_warning_through_slurm_signal(tmp_path, env):
+    # time=1 minute, warning 40 s before: slurmctld checks warnings every 30 s, so it comes 20-50 s
+    # after the start, leaving at least 10 s to save; the trainer would run for hours otherwise.
+    job = _job(tmp_path, ["--steps", "100000", "--step-time", "0.2"],
+               slurm={"time": "1", "signal": "USR2@40", "cpus_per_task": 2})
+    job_id = _submit(job, tmp_path, env)
+    st = _wait_for_end(job_id, env, timeout=150)
+    out = _output(tmp_path, job_id)
+    assert st["status"] == "COMPLETED" and st["exit_code"] == 0, (st, out)
+    ranks = _reports(tmp_path)
+    assert all(x["warned_at"] and x["saved_step"] == ranks[0]["saved_step"] for x in ranks), ranks
+
+
+def test_a_rank_failing_after_the_warning_fails_the_job_and_is_not_requeued(tmp_path, env):
+    job = _job(tmp_path, ["--steps", "100000", "--step-time", "0.2", "--fail-on-warning", "2"],
+               slurm={"requeue": True, "cpus_per_task": 2})
+    job_id = _submit(job, tmp_path, env)
+    _wait_for_training(tmp_path, job_id, env)
+    assert cli("cancel", job_id, "--backend", "slurm", "--signal", "USR2", env=env).returncode == 0
+    st = _wait_for_end(job_id, env)
+    out = _output(tmp_path, job_id)
+    assert st["status"] == "FAILED" and st["exit_code"] not in (None, 0), (st, out)
+    assert not st.get("restarts") and "requeueing" not in out, out
