@@ -247,3 +247,30 @@ def test_slurm_preflight_passes(tmp_path, slurm_cluster):
     assert rep["verdict"] == "pass" and rep["state"] == "COMPLETED" and rep["world"] == 4
     assert rep["job_id"].isdigit() and [(p["src"], p["dst"]) for p in rep["pairs"]] == [(1, 0)]
     assert {c["check"] for c in rep["checks"]} == {"interface lo", "same NCCL env"}
+
+
+@pytest.mark.torch
+def test_nomad_job_carries_and_runs_the_test(tmp_path):
+    # No Nomad here: the rendered job runs as a client would start its tasks (tests/nomad/client_sim.py),
+    # proving the script reaches an allocation through the job alone (setup in the entry template).
+    from halo_sched.backends.nomad.render import job_payload
+    from helpers import load_nomad_helper
+
+    client_sim = load_nomad_helper("client_sim")
+    spec = halo_sched.spec.JobSpec.model_validate({
+        "name": "pf", "nodes": 2, "nproc_per_node": 1, "trainer": {"script": "unused.py"},
+        "env": {"OMP_NUM_THREADS": "1"}, "rendezvous": {"port": free_port(), "timeout_s": 120},
+        "nomad": {"driver": "raw_exec"},
+    })
+    job = job_payload(preflight.preflight_spec(spec, 1 << 20, iters=1))["Job"]
+    env = dict(os.environ)
+    env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
+    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=env) as cluster:
+        cluster.place()
+        cluster.start()
+        codes = cluster.wait(timeout=180)
+        out = "".join(cluster.stdout(name) + cluster.stderr(name) for name in codes)
+    assert set(codes.values()) == {0}, out[-3000:]
+    result, nodes = preflight.parse_lines(out.splitlines())
+    assert result is not None and sorted(nodes) == [0, 1]
+    assert [(p["src"], p["dst"]) for p in result["pairs"]] == [(1, 0)] and result["world"] == 2
