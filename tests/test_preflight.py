@@ -181,7 +181,7 @@ def test_local_preflight_passes_with_a_table(tmp_path):
     out = r.stdout
     assert "2 nodes x 2 = 4 ranks, gloo on cpu, 4 MiB" in out
     assert "check interface lo" in out and "2 nodes" in out
-    assert "check same NCCL env" in out
+    assert "check same NCCL env" in out and "check master address" in out and "127.0.0.1 (1 host)" in out
     assert "send/recv node 1 -> node 0" in out and "all_gather over 4 ranks" in out
     assert "slowest pair: node 1" in out and "verdict: PASS" in out
 
@@ -246,7 +246,7 @@ def test_slurm_preflight_passes(tmp_path, slurm_cluster):
     rep = json.loads(r.stdout)
     assert rep["verdict"] == "pass" and rep["state"] == "COMPLETED" and rep["world"] == 4
     assert rep["job_id"].isdigit() and [(p["src"], p["dst"]) for p in rep["pairs"]] == [(1, 0)]
-    assert {c["check"] for c in rep["checks"]} == {"interface lo", "same NCCL env"}
+    assert {c["check"] for c in rep["checks"]} == {"interface lo", "master address", "same NCCL env"}
 
 
 @pytest.mark.torch

@@ -170,6 +170,10 @@ def cross_node_checks(infos: list[dict], master: str) -> list[dict]:
                     f"rank 0's address {master} is loopback, but this node ({i['host']}) is not node 0's host ({node0['host']})",
                     "set network.interface to the fabric NIC (rank 0's address is taken from it) or fix the "
                     "scheduler's node address (SLURM NodeAddr)"), "node": node, "host": i["host"]})
+    if not out:
+        hosts = len({(i["host"], i["boot"]) for i in leaders.values()})
+        out.append({**_check("master address", True, f"{master or '?'} ({hosts} host{'s' if hosts != 1 else ''})"),
+                    "node": None, "host": None})
     # Every variable whose value differs between ranks, with which nodes hold which value.
     names = sorted({k for i in infos for k in i["env"]})
     for name in names:
@@ -185,7 +189,7 @@ def cross_node_checks(infos: list[dict], master: str) -> list[dict]:
                 f"same {name}", False, f"{name} differs between nodes ({by_node})",
                 f"set {name} once in the job file (env: or network:), not per node in setup or the node's environment"),
                 "node": odd, "host": leaders[odd]["host"]})
-    if not out:
+    if not any(c["check"].startswith("same ") for c in out):
         out.append({**_check("same NCCL env", True, f"{len(names)} NCCL/gloo/DIST variables identical on every rank"),
                     "node": None, "host": None})
     return out
