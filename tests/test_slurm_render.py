@@ -1,0 +1,127 @@
+"""The sbatch script's own logic, run by bash with stand-ins (no cluster): the warning trap and
+requeue decision, the srun options it builds (CPUs, pyxis working directory and mounts).
+The real-cluster counterpart is tests/test_slurm_preemption.py."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import halo_sched
+from halo_sched.backends.slurm.render import render_sbatch
+from helpers import base_env, fake_bin, run_sbatch, write_tool
+
+MIN = "name: t\nnodes: 2\nnproc_per_node: 2\ntrainer: {script: train.py}\n"
+
+# srun that stays up until the batch script forwards the warning (scancel), then exits RC.
+SLOW_SRUN = r'''#!{python}
+import json, os, sys, time
+with open(os.environ["LOG"], "a") as f:
+    f.write(json.dumps(["srun", *sys.argv[1:]]) + "\n")
+deadline = time.time() + 20
+while not os.path.exists(os.environ["LOG"] + ".warned") and time.time() < deadline:
+    time.sleep(0.05)
+sys.exit(int(os.environ.get("SRUN_RC", "0")))
+'''
+LOGGING_TOOL = r'''#!{python}
+import json, os, sys
+with open(os.environ["LOG"], "a") as f:
+    f.write(json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\n")
+if os.path.basename(sys.argv[0]) == "scancel":
+    open(os.environ["LOG"] + ".warned", "w").close()
+if sys.argv[1:2] != ["requeue"] and os.path.basename(sys.argv[0]) == "scontrol":
+    os.execv(os.environ["REAL_SCONTROL"], [os.environ["REAL_SCONTROL"], *sys.argv[1:]])
+'''
+
+
+def _run_warned(tmp_path, spec_text: str, restart_count: str | None, srun_rc: int = 0):
+    """Run the batch script, send it SIGUSR2 as slurmctld would (--signal=B:), return (rc, calls)."""
+    spec = halo_sched.loads(spec_text)
+    fakes = fake_bin(tmp_path)  # scontrol for the master address
+    bindir = tmp_path / "bin2"
+    bindir.mkdir()
+    write_tool(bindir, "srun", SLOW_SRUN)
+    write_tool(bindir, "scancel", LOGGING_TOOL)
+    write_tool(bindir, "scontrol", LOGGING_TOOL)
+    log = tmp_path / "calls.log"
+    env = base_env(fakes, tmp_path)
+    env.update(PATH=f"{bindir}:{env['PATH']}", LOG=str(log), REAL_SCONTROL=str(fakes / "scontrol"),
+               SRUN_RC=str(srun_rc), FAKE_SLURM_NODES="a,b", SLURM_JOB_NODELIST="a,b", SLURM_JOB_ID="42",
+               SLURM_JOB_CPUS_PER_NODE="8(x2)")
+    if restart_count is not None:
+        env["SLURM_RESTART_COUNT"] = restart_count
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(spec))
+    proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while not (log.exists() and '"srun"' in log.read_text()):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR2)
+    _, err = proc.communicate(timeout=30)
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    return proc.returncode, [c for c in calls if c[0] != "scontrol" or c[1] == "requeue"], err
+
+
+def test_warning_is_forwarded_and_a_saved_run_requeues(tmp_path):
+    rc, calls, err = _run_warned(tmp_path, MIN + "slurm: {requeue: true, max_requeues: 2}\n", "1")
+    assert rc == 0, err
+    # srun ran in the background; the trap forwarded the warning to the steps, then requeued.
+    assert [c[0] for c in calls] == ["srun", "scancel", "scontrol"]
+    assert calls[1][1:] == ["--signal=USR2", "42"] and calls[2][1:] == ["requeue", "42"]
+    assert "requeueing for run 3" in err
+
+
+def test_requeues_stop_at_max_requeues(tmp_path):
+    rc, calls, err = _run_warned(tmp_path, MIN + "slurm: {requeue: true, max_requeues: 2}\n", "2")
+    assert rc == 0 and [c[0] for c in calls] == ["srun", "scancel"], (calls, err)
+    assert "max_requeues=2 reached" in err
+
+
+def test_a_rank_failing_after_the_warning_fails_the_job_without_requeue(tmp_path):
+    rc, calls, err = _run_warned(tmp_path, MIN + "slurm: {requeue: true}\n", None, srun_rc=3)
+    assert rc == 3 and [c[0] for c in calls] == ["srun", "scancel"], (calls, err)
+
+
+def test_signal_goes_to_the_batch_shell():
+    text = render_sbatch(halo_sched.loads(MIN + "slurm: {signal: 'SIGHUP@90'}\n"))
+    assert "#SBATCH --signal=B:HUP@90" in text and "trap halo_warn HUP" in text and "trap '' HUP" in text
+    assert "#SBATCH --signal=B:USR2" in render_sbatch(halo_sched.loads(MIN + "slurm: {signal: 'B:USR2'}\n"))
+    assert "--signal" not in render_sbatch(halo_sched.loads(MIN)).split("set -eu")[0]
+
+
+def _srun_args(tmp_path, spec_text: str, cwd=None, extra_env=None) -> list[str]:
+    r, _ = run_sbatch(render_sbatch(halo_sched.loads(spec_text)), tmp_path, ["a", "b"], extra_env=extra_env)
+    assert r.returncode == 0, r.stderr
+    (argv,) = [json.loads(line) for line in (tmp_path / "srun.log").read_text().splitlines()]
+    return argv[: argv.index("bash")]
+
+
+def test_srun_gets_the_cpus_the_job_holds_per_node(tmp_path):
+    # Unset: the fewest CPUs any node holds (72 and 36 here), for the one torchrun per node.
+    args = _srun_args(tmp_path / "a", MIN, extra_env={"SLURM_JOB_CPUS_PER_NODE": "72,36(x1)"})
+    assert "--cpus-per-task=36" in args
+    args = _srun_args(tmp_path / "b", MIN + "slurm: {cpus_per_task: 6}\ngpus_per_node: 2\n")
+    assert "--cpus-per-task=6" in args and "--gpus-per-node=2" in args
+
+
+def test_pyxis_runs_in_the_mounted_submit_directory(tmp_path):
+    image = MIN + "image: nvcr.io/nvidia/pytorch:25.01-py3\n"
+    sub = tmp_path / "a"
+    args = _srun_args(sub, image)
+    # run_sbatch runs the script in the test's working directory: that is the submit directory.
+    import os
+
+    pwd = os.getcwd()
+    assert f"--container-workdir={pwd}" in args and f"--container-mounts={pwd}:{pwd}" in args
+    # A mount that already covers it is not doubled.
+    args = _srun_args(tmp_path / "b", image + "slurm: {container_mounts: ['/:/host']}\n")
+    assert f"--container-mounts=/:/host,{pwd}:{pwd}" in args
+    args = _srun_args(tmp_path / "c", image + f"slurm: {{container_mounts: ['{pwd}:{pwd}']}}\n")
+    assert f"--container-mounts={pwd}:{pwd}" in args
+    # An explicit working directory inside the image: no submit-directory mount.
+    args = _srun_args(tmp_path / "d", image + "slurm: {container_workdir: /workspace, container_mounts: ['/data:/data']}\n")
+    assert "--container-workdir=/workspace" in args and "--container-mounts=/data:/data" in args
+    args = _srun_args(tmp_path / "e", image + "slurm: {container_workdir: /workspace}\n")
+    assert not any(a.startswith("--container-mounts") for a in args)
