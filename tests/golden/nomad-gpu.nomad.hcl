@@ -94,8 +94,8 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-36b1340d"
-        right_delimiter = "halo-36b1340d]]"
+        left_delimiter  = "[[halo-312b5ec4"
+        right_delimiter = "halo-312b5ec4]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -103,7 +103,6 @@ job "ddp-nomad" {
 # HALO_NODE_RANK_OFFSET) and the master address (HALO_MASTER_ADDR, or
 # HALO_MASTER_ADDR_FILE to poll until rank 0 is known).
 set -e
-halo_started=$SECONDS
 halo_fail() {
   echo "halo-sched: node $halo_rank: $*" >&2
   exit 1
@@ -118,12 +117,24 @@ esac
 halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not octal
 [ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank (HALO_NODE_RANK + offset $halo_offset) is outside 0..1"
 
+# The preemption/time-limit warning (SIGUSR2) is ignored here, in setup and in
+# torchrun, and inherited as ignored by the ranks: torchrun would die from it (or, for a signal it
+# handles, stop its workers after a short grace). The trainer installs its own handler (Python's
+# signal.signal overrides an inherited SIG_IGN) and has until the deadline to checkpoint. A
+# handler in this shell would not do: bash resets handled signals to the default in children.
+trap '' USR2
+export HALO_WARNING_SIGNAL=USR2
+# Which run this is: 0 the first time, n after the job was requeued n times.
+export HALO_RESTART_COUNT="$${HALO_RESTART_COUNT:-0}"
+
 # Environment for every rank, identical on all nodes (values are literal).
 export DIST_SHARED_FILESYSTEM=0
 export DIST_STORE_TIMEOUT_HOURS=4
 export NCCL_NET_PLUGIN=ofi
 export NCCL_NET=Libfabric
 export OMP_NUM_THREADS=8
+# rendezvous.timeout_s counts from here: a slow setup (pip install, image pull) is not a dead peer.
+halo_started=$SECONDS
 
 # Rank 0's address: given, or published later (a file that fills once rank 0 is known).
 # The file exists but is blank until then (Nomad's nomadService renders empty; it never blocks).
@@ -235,8 +246,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-36b1340d"
-        right_delimiter = "halo-36b1340d]]"
+        left_delimiter  = "[[halo-312b5ec4"
+        right_delimiter = "halo-312b5ec4]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -244,7 +255,6 @@ EOT
 # HALO_NODE_RANK_OFFSET) and the master address (HALO_MASTER_ADDR, or
 # HALO_MASTER_ADDR_FILE to poll until rank 0 is known).
 set -e
-halo_started=$SECONDS
 halo_fail() {
   echo "halo-sched: node $halo_rank: $*" >&2
   exit 1
@@ -259,12 +269,24 @@ esac
 halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not octal
 [ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank (HALO_NODE_RANK + offset $halo_offset) is outside 0..1"
 
+# The preemption/time-limit warning (SIGUSR2) is ignored here, in setup and in
+# torchrun, and inherited as ignored by the ranks: torchrun would die from it (or, for a signal it
+# handles, stop its workers after a short grace). The trainer installs its own handler (Python's
+# signal.signal overrides an inherited SIG_IGN) and has until the deadline to checkpoint. A
+# handler in this shell would not do: bash resets handled signals to the default in children.
+trap '' USR2
+export HALO_WARNING_SIGNAL=USR2
+# Which run this is: 0 the first time, n after the job was requeued n times.
+export HALO_RESTART_COUNT="$${HALO_RESTART_COUNT:-0}"
+
 # Environment for every rank, identical on all nodes (values are literal).
 export DIST_SHARED_FILESYSTEM=0
 export DIST_STORE_TIMEOUT_HOURS=4
 export NCCL_NET_PLUGIN=ofi
 export NCCL_NET=Libfabric
 export OMP_NUM_THREADS=8
+# rendezvous.timeout_s counts from here: a slow setup (pip install, image pull) is not a dead peer.
+halo_started=$SECONDS
 
 # Rank 0's address: given, or published later (a file that fills once rank 0 is known).
 # The file exists but is blank until then (Nomad's nomadService renders empty; it never blocks).
