@@ -22,10 +22,38 @@ def _err(msg: str) -> None:
 
 
 def _backend_arg(p: argparse.ArgumentParser) -> None:
+    # None until resolved: for a job id, its record names the backend (see _resolve_ids).
     p.add_argument(
-        "--backend", "-b", default=os.environ.get("HALO_SCHED_BACKEND", "local"),
-        help="local (default, or $HALO_SCHED_BACKEND), slurm or nomad",
+        "--backend", "-b", default=None,
+        help="local, slurm or nomad (default: a job id's record, else $HALO_SCHED_BACKEND, else local)",
     )
+
+
+def _default_backend() -> str:
+    return os.environ.get("HALO_SCHED_BACKEND", "local")
+
+
+# Commands that take job ids: without --backend, each id's job record says where it went.
+_BY_ID = {"status", "watch", "logs", "cancel"}
+
+
+def _resolve_ids(ids, backend: str | None) -> dict[str, list[str]]:
+    """backend -> ids. An explicit --backend wins; else the id's record; else the default."""
+    from . import records
+
+    if backend:
+        return {backend: list(ids)}
+    out: dict[str, list[str]] = {}
+    for job_id in ids:
+        found = sorted({r["backend"] for r in records.find(job_id)})
+        if len(found) > 1:
+            raise UsageError(f"job id {job_id!r} has records for backends {', '.join(found)}; give --backend")
+        out.setdefault(found[0] if found else _default_backend(), []).append(job_id)
+    return out
+
+
+def _resolve_one(job_id: str, backend: str | None) -> str:
+    return next(iter(_resolve_ids([job_id], backend)))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,10 +98,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None, help="stop watching after this many seconds")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
 
-    p = sub.add_parser("logs", help="a job's output, each line with its node")
+    p = sub.add_parser("logs", help="a job's output, each line tagged [node K rank R]")
     p.add_argument("id", metavar="ID")
     _backend_arg(p)
     p.add_argument("--follow", "-f", action="store_true")
+    p.add_argument("--node", type=int, default=None, metavar="K", help="only node K's lines")
+    p.add_argument("--rank", type=int, default=None, metavar="R", help="only global rank R's own lines")
+
+    p = sub.add_parser("list", help="recent jobs from their records, with their state (one scheduler query per backend)")
+    p.add_argument("--backend", "-b", default=None, help="only this backend's jobs")
+    p.add_argument("--state", default=None, help="only jobs in this state (RUNNING, FAILED, ...)")
+    p.add_argument("--limit", type=int, default=50, help="the newest N records (default 50; 0: all)")
+    p.add_argument("--json", action="store_true", help="one JSON object per job")
 
     p = sub.add_parser("cancel", help="cancel jobs")
     p.add_argument("ids", nargs="+", metavar="ID")
@@ -168,6 +204,9 @@ def cmd_submit(args) -> int:
         sys.stdout.write(dry.text if dry.text.endswith("\n") else dry.text + "\n")
         return 0
     job_id = sched.schedule(dry)
+    from .records import record_submit
+
+    record_submit(sched, dry, job_id, args.file)
     rc = 0
     try:
         _err(f"halo-sched: submitted {spec.name} to {args.backend} as {job_id}")
@@ -213,6 +252,7 @@ def _wait_after_submit(args, spec, sched, job_id: str) -> int:
         )
     if follower is not None:
         follower.join(timeout=5)
+    _note(args.backend, job_id, state)
     return _report_end(job_id, state, args.timeout)
 
 
@@ -230,7 +270,7 @@ def _report_end(job_id: str, state, timeout: float | None) -> int:
 
 
 def cmd_watch(args) -> int:
-    sched = _scheduler(args.backend)
+    sched = _scheduler(_resolve_one(args.id, args.backend))
     progress = Progress(sched, args.id)
     try:
         state = sched.wait(args.id, timeout=args.timeout, on_change=None if args.quiet else progress.change,
@@ -255,7 +295,9 @@ def cmd_plan(args) -> int:
 
 
 def cmd_status(args) -> int:
-    states = _scheduler(args.backend).describe(args.ids)
+    states = {}
+    for backend, ids in _resolve_ids(args.ids, args.backend).items():
+        states.update(_describe_and_note(backend, ids))
     for job_id in args.ids:
         st = states[job_id]
         if args.json:
@@ -266,16 +308,93 @@ def cmd_status(args) -> int:
                 **({"nodes": st.extra["nodes"]} if "nodes" in st.extra else {}),
                 # SLURM: how many times the job was requeued (the run is restarts + 1).
                 **({"restarts": st.extra["restarts"]} if "restarts" in st.extra else {}),
+                # Which rank failed first, and every failure the nodes reported.
+                **({"failure": st.failure.to_dict()} if st.failure is not None else {}),
+                **({"last_known": st.extra["last_known"]} if "last_known" in st.extra else {}),
             }))
+        elif "last_known" in st.extra:
+            print(f"{job_id}\t{st.extra['last_known']['describe']} (last known: the scheduler no longer knows the job)")
         else:
             print(f"{job_id}\t{st.describe()}")
     return 0
 
 
+def _note(backend: str, job_id: str, state) -> dict | None:
+    """Keep ``state`` in the job's record (when the scheduler knows it); return the record."""
+    from . import records
+
+    for rec in records.find(job_id, backend):
+        try:
+            records.update_state(rec, state)
+        except OSError:
+            pass
+        return rec
+    return None
+
+
+def _describe_and_note(backend: str, ids) -> dict:
+    """One describe for ``ids``; each state the scheduler knows is kept in the job's record, and
+    for a job the scheduler forgot, the record's last known state is shown instead."""
+    from .backends.base import JobStatus
+
+    states = _scheduler(backend).describe(ids)
+    for job_id, st in states.items():
+        rec = _note(backend, job_id, st)
+        last = (rec or {}).get("last_state")
+        if st.status is JobStatus.UNKNOWN and last:
+            st.extra["last_known"] = last
+    return states
+
+
+def cmd_list(args) -> int:
+    from . import records
+    from .backends.base import JobStatus
+
+    recs = [r for r in records.load_all() if not args.backend or r["backend"] == args.backend]
+    if args.limit:
+        recs = recs[:args.limit]
+    by_backend: dict[str, list[dict]] = {}
+    for r in recs:
+        by_backend.setdefault(r["backend"], []).append(r)
+    rows = []
+    for backend, rs in by_backend.items():
+        try:
+            states = _scheduler(backend).describe([r["id"] for r in rs])  # one query for all of them
+        except HaloError as err:
+            _err(f"halo-sched: {backend}: {err}; showing the last known states")
+            states = {}
+        for r in rs:
+            st = states.get(r["id"])
+            last = r.get("last_state") or {}
+            if st is not None and st.status is not JobStatus.UNKNOWN:
+                try:
+                    records.update_state(r, st)
+                except OSError:
+                    pass
+                status, text, known = st.status.value, st.describe(), True
+            else:  # the scheduler forgot it (or did not answer): what we saw last
+                status = last.get("status", "UNKNOWN")
+                text, known = last.get("describe", "UNKNOWN"), False
+            rows.append((r, status, text, known))
+    if args.state:
+        rows = [row for row in rows if row[1] == args.state.upper()]
+    for r, status, text, known in rows:
+        if args.json:
+            print(json.dumps({"id": r["id"], "backend": r["backend"], "name": r.get("name"), "status": status,
+                              "describe": text, "live": known, "submitted": r.get("submitted_iso"),
+                              "submit_dir": r.get("submit_dir"), "record": str(records.path_for(r["id"], r["backend"]))}))
+        else:
+            when = (r.get("submitted_iso") or "")[:19].replace("T", " ")
+            print(f"{r['id']}\t{r['backend']}\t{when}\t{text}{'' if known else ' (last known)'}")
+    return 0
+
+
 def cmd_logs(args) -> int:
-    sched = _scheduler(args.backend)
+    from .logtags import select
+
+    sched = _scheduler(_resolve_one(args.id, args.backend))
     try:
-        for line in sched.logs(args.id, follow=args.follow):
+        for line in select(sched.logs(args.id, follow=args.follow), args.node, args.rank):
             sys.stdout.write(line)
             sys.stdout.flush()
     except BrokenPipeError:
@@ -284,16 +403,18 @@ def cmd_logs(args) -> int:
 
 
 def cmd_cancel(args) -> int:
+    groups = _resolve_ids(args.ids, args.backend)
     opts: dict = {}
     if args.purge:
-        if args.backend != "nomad":
+        if set(groups) != {"nomad"}:
             raise UsageError("--purge applies to --backend nomad only")
         opts["purge"] = True
     if args.signal:
-        if args.backend != "slurm":
+        if set(groups) != {"slurm"}:
             raise UsageError("--signal applies to --backend slurm only")
         opts["signal"] = args.signal
-    _scheduler(args.backend).cancel(args.ids, **opts)
+    for backend, ids in groups.items():
+        _scheduler(backend).cancel(ids, **opts)
     what = f"signal {args.signal}" if args.signal else "cancel"
     for job_id in args.ids:
         _err(f"halo-sched: {what} requested for {job_id}")
@@ -345,7 +466,7 @@ def cmd_schema(args) -> int:
 COMMANDS = {
     "validate": cmd_validate, "render": cmd_render, "submit": cmd_submit, "plan": cmd_plan,
     "status": cmd_status, "watch": cmd_watch, "logs": cmd_logs, "cancel": cmd_cancel, "schema": cmd_schema,
-    "preflight": cmd_preflight,
+    "preflight": cmd_preflight, "list": cmd_list,
 }
 
 
@@ -370,6 +491,8 @@ def _show_layout_warnings() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "backend", "") is None and args.command not in _BY_ID | {"list"}:
+        args.backend = _default_backend()
     if getattr(args, "backend", None) is not None:
         from . import backends
 

@@ -23,6 +23,9 @@ MASTER_ADDR_FILE_VAR = "HALO_MASTER_ADDR_FILE"
 #: Optional, added to the node rank: Nomad's worker group gives its allocation index (0-based)
 #: and offset 1, since ``${}`` interpolation cannot add. The sum is still range-checked.
 NODE_RANK_OFFSET_VAR = "HALO_NODE_RANK_OFFSET"
+#: Optional: where each node keeps torchrun's per-rank logs and error files (``DIR/node-K/``);
+#: without it they go to a temporary directory, removed after the failure report is written.
+LOG_DIR_VAR = "HALO_LOG_DIR"
 #: Optional: a directory holding ``halo-secret-NAME`` files (Nomad) instead of the secrets in the
 #: environment (SLURM, local). See ``secret_env`` in the entry script.
 SECRETS_DIR_VAR = "HALO_SECRETS_DIR"
@@ -77,7 +80,18 @@ class LaunchContract:
             master_addr_file_var=MASTER_ADDR_FILE_VAR,
             node_rank_offset_var=NODE_RANK_OFFSET_VAR,
             secrets_dir_var=SECRETS_DIR_VAR,
+            **failure_report_vars(),
         )
+
+
+def failure_report_vars() -> dict:
+    """What ``templates/entry_failure_report.sh.j2`` needs: the collector's source, run on the node."""
+    from pathlib import Path
+
+    from .templating import heredoc_tag
+
+    source = (Path(__file__).parent / "failure_collector.py").read_text().rstrip("\n")
+    return {"collector": source, "collector_tag": heredoc_tag(source, "HALO_COLLECT_EOF"), "log_dir_var": LOG_DIR_VAR}
 
 
 def entry_script(spec: JobSpec) -> str:

@@ -116,7 +116,7 @@ def test_only_node_rank_differs_across_nodes_and_backends(spec, tmp_path):
     argv, env_hex = reference
     assert argv == [
         "--nnodes=4", "--nproc_per_node=3", "--node_rank=*", "--master_addr=127.0.0.1", "--master_port=29511",
-        "--max_restarts=0", "--rdzv_conf=timeout=30", "train.py", "--lr", "0.1", HOSTILE_MORE,
+        "--max_restarts=0", "--rdzv_conf=timeout=30", "--log-dir=*", "--tee=3", "train.py", "--lr", "0.1", HOSTILE_MORE,
     ]
     assert bytes.fromhex(env_hex["HOSTILE"]) == HOSTILE_MORE.encode()
     assert bytes.fromhex(env_hex["FROM_SETUP"]) == b"yes"

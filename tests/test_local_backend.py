@@ -39,7 +39,7 @@ def test_example_forms_one_world_and_hostile_env_arrives_exact(tmp_path):
     st = cli("status", job_id, "--backend", "local", "--json")
     assert json.loads(st.stdout)["status"] == "COMPLETED"
     logs = cli("logs", job_id, "--backend", "local").stdout
-    assert "[node 0] world: 4 ranks on 2 nodes (node ranks [0, 1])" in logs and "OK" in logs
+    assert "[node 0 rank 0] world: 4 ranks on 2 nodes (node ranks [0, 1])" in logs and "OK" in logs
 
 
 def test_one_failing_rank_fails_the_job(tmp_path):

@@ -50,8 +50,9 @@ def test_example_job_forms_one_world_from_slurm_nodeid(tmp_path, env):
     # srun --label tags each line with the task = node rank; the batch script names the master.
     logs = cli("logs", job_id, "--backend", "slurm", cwd=tmp_path, env=env).stdout
     assert "master 127.0.0.1:" in logs
-    assert "0: halo-sched: node 0 of 2" in logs and "1: halo-sched: node 1 of 2" in logs
-    assert "0: world: 4 ranks on 2 nodes (node ranks [0, 1])" in logs
+    # logs tags each line [node K] (and [node K rank R] for a rank's own output).
+    assert "[node 0] halo-sched: node 0 of 2" in logs and "[node 1] halo-sched: node 1 of 2" in logs
+    assert "[node 0 rank 0] world: 4 ranks on 2 nodes (node ranks [0, 1])" in logs
     st = json.loads(cli("status", job_id, "--backend", "slurm", "--json", env=env).stdout)
     assert st["status"] == "COMPLETED" and st["exit_code"] == 0
 

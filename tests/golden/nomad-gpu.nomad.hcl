@@ -94,8 +94,8 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-312b5ec4"
-        right_delimiter = "halo-312b5ec4]]"
+        left_delimiter  = "[[halo-b147aa83"
+        right_delimiter = "halo-b147aa83]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -151,8 +151,227 @@ fi
 [ -n "$HALO_MASTER_ADDR" ] || halo_fail "no master address: the backend set neither HALO_MASTER_ADDR nor HALO_MASTER_ADDR_FILE"
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
+
+# ---- Failure report (halo_sched/failure_collector.py) ----
+# torchrun --log-dir/--tee: each rank's stdout/stderr also land in a file (on the console every
+# such line reads "[rank R] ..."), beside the rank's TORCHELASTIC_ERROR_FILE. When torchrun exits
+# non-zero, the collector prints one "halo-sched-failure {json}" line per failed rank to this
+# node's output, where every backend finds it. HALO_LOG_DIR (optional) keeps the files.
+halo_log_root=$${HALO_LOG_DIR:-}
+[ -n "$halo_log_root" ] || halo_log_root=$(mktemp -d "$${TMPDIR:-/tmp}/halo-sched.XXXXXX")
+halo_log_dir=$halo_log_root/node-$halo_rank
+mkdir -p "$halo_log_dir"
+export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank $${rank}] '
+halo_run() {
+  local halo_pid halo_tee halo_rc halo_py
+  halo_trapped=0
+  halo_stopped_at=
+  # torchrun's own stderr also goes to a file: its failure summary has each failed rank's exit code.
+  exec 3> >(trap '' TERM INT HUP; exec tee -a "$halo_log_dir/torchrun.err" >&2)
+  halo_tee=$!
+  "$@" 2>&3 &
+  halo_pid=$!
+  # SLURM signals every process of the step and the local backend the node's process group, so
+  # torchrun has the signal already; Nomad signals this shell alone (executor_unix.go
+  # shutdownProcess), so pass it on.
+  trap 'halo_trapped=1; halo_stopped_at=$${EPOCHREALTIME:-$(date +%s)}; [ -n "$${SLURM_STEP_ID:-}$${HALO_LOCAL_JOB:-}" ] || kill -TERM "$halo_pid" 2> /dev/null || true' TERM INT
+  while :; do
+    halo_trapped=0
+    halo_rc=0
+    wait "$halo_pid" || halo_rc=$?
+    # wait returns early (>128) when the trap ran; torchrun is still stopping: wait again.
+    [ "$halo_trapped" = 1 ] && [ "$halo_rc" -gt 128 ] || break
+  done
+  trap - TERM INT
+  exec 3>&-
+  wait "$halo_tee" 2> /dev/null || true
+  if [ "$halo_rc" != 0 ]; then
+    halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
+    case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
+    # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
+    $halo_py - "$halo_rank" 8 "$halo_log_dir" "$halo_rc" "$halo_stopped_at" << 'HALO_COLLECT_EOF' ||
+"""Run on each node by the entry script after torchrun exits non-zero: one failure line per rank.
+
+Standard library only: it runs under the node's Python (the one torchrun runs under), where
+halo-sched itself need not be installed. The entry script passes it, as text, to that Python.
+
+Inputs, from torchrun's own files (``torch/distributed/elastic/multiprocessing/api.py``,
+``DefaultLogsSpecs.reify``): with ``--log-dir=DIR --tee=3``, each worker's stdout/stderr land in
+``DIR/<run_id>_<random>/attempt_<n>/<local_rank>/{stdout,stderr}.log`` and its
+``TORCHELASTIC_ERROR_FILE`` is ``error.json`` beside them (written only by a trainer decorated
+with ``@record``). Exit codes and signals come from torchrun's failure summary on its stderr
+(``ChildFailedError.format_msg``: ``rank : 3 (local_rank: 1)``, ``exitcode : -9 (pid: 12)
+(SIGKILL)``), which the entry script tees into ``DIR/torchrun.err``.
+
+Output: ``halo-sched-failure {json}`` on stderr, one per failed rank, or one for the node when
+torchrun itself failed (rendezvous timeout, killed) and no rank is named. The keys are those of
+:class:`halo_sched.failures.RankFailure`.
+"""
+from __future__ import annotations
+
+import datetime
+import glob
+import json
+import os
+import re
+import socket
+import sys
+import time
+
+TAG = "halo-sched-failure"
+TAIL_LINES = 12
+
+_BLOCK = re.compile(
+    r"time\s*:\s*(?P<time>\S+)\s*\n\s*host\s*:\s*(?P<host>\S*)\s*\n\s*rank\s*:\s*(?P<rank>\d+)\s*"
+    r"\(local_rank:\s*(?P<local_rank>\d+)\)\s*\n\s*exitcode\s*:\s*(?P<exit>-?\d+)[^\n]*?(?:\((?P<sig>SIG\w+)\))?[ \t]*\n"
+)
+# The line that names an error in a traceback or a torchrun log: "ValueError: ...", "torch.x.Y: ...".
+_ERROR = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt|Timeout|Failure)\b.*")
+# torch prefixes a worker's uncaught exception lines with "[rankN]: ".
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s*")
+_SIGNALS = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
+            9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
+
+
+def _tail(path: str, n: int = TAIL_LINES) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+    return [line[:400] for line in lines if line.strip()][-n:]
+
+
+def error_line(lines: list[str]) -> str:
+    """The line that says what went wrong: the last ``SomethingError: ...`` line, else the last line."""
+    for line in reversed(lines):
+        text = _RANK_PREFIX.sub("", line.strip())
+        if _ERROR.match(text):
+            return text
+    return _RANK_PREFIX.sub("", lines[-1].strip()) if lines else ""
+
+
+def summary_failures(text: str) -> dict[int, dict]:
+    """torchrun's failure summary, per global rank: time (epoch), host, local rank, exit, signal."""
+    out = {}
+    for m in _BLOCK.finditer(text):
+        try:
+            # ProcessFailure.timestamp_isoformat: local time, "YYYY-MM-DD_HH:MM:SS", whole seconds.
+            when = datetime.datetime.strptime(m["time"], "%Y-%m-%d_%H:%M:%S").timestamp()
+        except ValueError:
+            when = None
+        code = int(m["exit"])
+        out[int(m["rank"])] = {
+            "time": when, "host": m["host"], "local_rank": int(m["local_rank"]),
+            # A negative exit code is torch's way to say "killed by signal -code".
+            "exit_code": 128 - code if code < 0 else code,
+            "signal": m["sig"] or (_SIGNALS.get(-code, f"SIG{-code}") if code < 0 else None),
+        }
+    return out
+
+
+def _rank_dirs(log_dir: str) -> dict[int, str]:
+    """local rank -> its directory in the latest attempt torchrun made under ``log_dir``."""
+    attempts = sorted(glob.glob(os.path.join(log_dir, "*", "attempt_*")), key=os.path.getmtime)
+    if not attempts:
+        return {}
+    out = {}
+    for d in glob.glob(os.path.join(attempts[-1], "*")):
+        if os.path.basename(d).isdigit():
+            out[int(os.path.basename(d))] = d
+    return out
+
+
+def _error_file(path: str) -> tuple[str, float] | None:
+    """(message, time) from a worker's error.json (``@record``); the file's mtime is the precise time."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        when = os.stat(path).st_mtime
+    except (OSError, ValueError):
+        return None
+    msg = data.get("message")
+    if isinstance(msg, dict):
+        msg = msg.get("message") or ""
+    lines = str(msg or "").strip().splitlines()
+    return (lines[-1] if lines else ""), when
+
+
+def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | None = None,
+            host: str | None = None, now: float | None = None) -> list[dict]:
+    """Failure records for one node whose torchrun exited with ``rc`` (non-zero)."""
+    host = host or socket.gethostname()
+    now = time.time() if now is None else now
+    try:
+        with open(os.path.join(log_dir, "torchrun.err"), errors="replace") as f:
+            agent_text = f.read()
+    except OSError:
+        agent_text = ""
+    summary = summary_failures(agent_text)
+    dirs = _rank_dirs(log_dir)
+    out = []
+    for rank, info in sorted(summary.items()):
+        lr = info["local_rank"]
+        d = dirs.get(lr, "")
+        tail = _tail(os.path.join(d, "stderr.log")) if d else []
+        detected = info["time"] if info["time"] is not None else now
+        when, error = detected, ""
+        from_file = _error_file(os.path.join(d, "error.json")) if d else None
+        if from_file:
+            error, when = from_file
+        elif tail and info["signal"] is None:
+            # The traceback was the last thing the rank wrote: its mtime is the time of death, to
+            # the nanosecond, where torchrun's summary has whole seconds (and is later).
+            try:
+                mtime = os.stat(os.path.join(d, "stderr.log")).st_mtime
+            except OSError:
+                mtime = None
+            if mtime is not None and detected - 5 <= mtime <= detected + 1:
+                when = mtime
+        if not error:
+            error = error_line(tail) or (f"killed by {info['signal']}" if info["signal"] else "")
+        out.append({
+            "node": node, "rank": rank, "local_rank": lr, "host": info["host"] or host,
+            "exit_code": info["exit_code"], "signal": info["signal"], "time": when,
+            "error": error, "tail": tail, "stopped": False,
+        })
+    if not out:
+        # torchrun failed before or without a worker failure (rendezvous, store timeout, a
+        # signal that stopped it): the node is what failed.
+        tail = [line for line in _tail(os.path.join(log_dir, "torchrun.err"), 40) if not line.startswith("[rank ")]
+        code = rc
+        sig = _SIGNALS.get(code - 128) if code > 128 else None
+        out.append({
+            "node": node, "rank": None, "local_rank": None, "host": host, "exit_code": code, "signal": sig,
+            "time": stopped_at if stopped_at is not None else now,
+            "error": error_line(tail[-TAIL_LINES:]), "tail": tail[-TAIL_LINES:], "stopped": stopped_at is not None,
+        })
+    return out
+
+
+def main(argv: list[str]) -> int:
+    node, nproc, log_dir, rc = int(argv[0]), int(argv[1]), argv[2], int(argv[3])
+    # EPOCHREALTIME uses the locale's decimal point.
+    stopped_at = float(argv[4].replace(",", ".")) if len(argv) > 4 and argv[4] else None
+    for rec in collect(node, nproc, log_dir, rc, stopped_at):
+        sys.stderr.write(f"{TAG} {json.dumps(rec, separators=(',', ':'))}\n")
+    sys.stderr.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
+HALO_COLLECT_EOF
+      echo "halo-sched-failure {\"node\":$halo_rank,\"rank\":null,\"host\":\"$(hostname)\",\"exit_code\":$halo_rc,\"time\":$(date +%s),\"error\":\"torchrun exited with $halo_rc\"}" >&2
+  fi
+  [ -n "$${HALO_LOG_DIR:-}" ] || rm -rf "$halo_log_root"
+  return "$halo_rc"
+}
+
 echo "halo-sched: node $halo_rank of 2 on $(hostname): master $HALO_MASTER_ADDR:29500" >&2
-exec torchrun \
+halo_run torchrun \
   --nnodes=2 \
   --nproc_per_node=8 \
   --node_rank="$halo_rank" \
@@ -160,6 +379,8 @@ exec torchrun \
   --master_port=29500 \
   --max_restarts=0 \
   --rdzv_conf=timeout=600 \
+  --log-dir="$halo_log_dir" \
+  --tee=3 \
   /workspace/examples/train_ddp.py \
   --device \
   cuda \
@@ -246,8 +467,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-312b5ec4"
-        right_delimiter = "halo-312b5ec4]]"
+        left_delimiter  = "[[halo-b147aa83"
+        right_delimiter = "halo-b147aa83]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -303,8 +524,227 @@ fi
 [ -n "$HALO_MASTER_ADDR" ] || halo_fail "no master address: the backend set neither HALO_MASTER_ADDR nor HALO_MASTER_ADDR_FILE"
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
+
+# ---- Failure report (halo_sched/failure_collector.py) ----
+# torchrun --log-dir/--tee: each rank's stdout/stderr also land in a file (on the console every
+# such line reads "[rank R] ..."), beside the rank's TORCHELASTIC_ERROR_FILE. When torchrun exits
+# non-zero, the collector prints one "halo-sched-failure {json}" line per failed rank to this
+# node's output, where every backend finds it. HALO_LOG_DIR (optional) keeps the files.
+halo_log_root=$${HALO_LOG_DIR:-}
+[ -n "$halo_log_root" ] || halo_log_root=$(mktemp -d "$${TMPDIR:-/tmp}/halo-sched.XXXXXX")
+halo_log_dir=$halo_log_root/node-$halo_rank
+mkdir -p "$halo_log_dir"
+export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank $${rank}] '
+halo_run() {
+  local halo_pid halo_tee halo_rc halo_py
+  halo_trapped=0
+  halo_stopped_at=
+  # torchrun's own stderr also goes to a file: its failure summary has each failed rank's exit code.
+  exec 3> >(trap '' TERM INT HUP; exec tee -a "$halo_log_dir/torchrun.err" >&2)
+  halo_tee=$!
+  "$@" 2>&3 &
+  halo_pid=$!
+  # SLURM signals every process of the step and the local backend the node's process group, so
+  # torchrun has the signal already; Nomad signals this shell alone (executor_unix.go
+  # shutdownProcess), so pass it on.
+  trap 'halo_trapped=1; halo_stopped_at=$${EPOCHREALTIME:-$(date +%s)}; [ -n "$${SLURM_STEP_ID:-}$${HALO_LOCAL_JOB:-}" ] || kill -TERM "$halo_pid" 2> /dev/null || true' TERM INT
+  while :; do
+    halo_trapped=0
+    halo_rc=0
+    wait "$halo_pid" || halo_rc=$?
+    # wait returns early (>128) when the trap ran; torchrun is still stopping: wait again.
+    [ "$halo_trapped" = 1 ] && [ "$halo_rc" -gt 128 ] || break
+  done
+  trap - TERM INT
+  exec 3>&-
+  wait "$halo_tee" 2> /dev/null || true
+  if [ "$halo_rc" != 0 ]; then
+    halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
+    case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
+    # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
+    $halo_py - "$halo_rank" 8 "$halo_log_dir" "$halo_rc" "$halo_stopped_at" << 'HALO_COLLECT_EOF' ||
+"""Run on each node by the entry script after torchrun exits non-zero: one failure line per rank.
+
+Standard library only: it runs under the node's Python (the one torchrun runs under), where
+halo-sched itself need not be installed. The entry script passes it, as text, to that Python.
+
+Inputs, from torchrun's own files (``torch/distributed/elastic/multiprocessing/api.py``,
+``DefaultLogsSpecs.reify``): with ``--log-dir=DIR --tee=3``, each worker's stdout/stderr land in
+``DIR/<run_id>_<random>/attempt_<n>/<local_rank>/{stdout,stderr}.log`` and its
+``TORCHELASTIC_ERROR_FILE`` is ``error.json`` beside them (written only by a trainer decorated
+with ``@record``). Exit codes and signals come from torchrun's failure summary on its stderr
+(``ChildFailedError.format_msg``: ``rank : 3 (local_rank: 1)``, ``exitcode : -9 (pid: 12)
+(SIGKILL)``), which the entry script tees into ``DIR/torchrun.err``.
+
+Output: ``halo-sched-failure {json}`` on stderr, one per failed rank, or one for the node when
+torchrun itself failed (rendezvous timeout, killed) and no rank is named. The keys are those of
+:class:`halo_sched.failures.RankFailure`.
+"""
+from __future__ import annotations
+
+import datetime
+import glob
+import json
+import os
+import re
+import socket
+import sys
+import time
+
+TAG = "halo-sched-failure"
+TAIL_LINES = 12
+
+_BLOCK = re.compile(
+    r"time\s*:\s*(?P<time>\S+)\s*\n\s*host\s*:\s*(?P<host>\S*)\s*\n\s*rank\s*:\s*(?P<rank>\d+)\s*"
+    r"\(local_rank:\s*(?P<local_rank>\d+)\)\s*\n\s*exitcode\s*:\s*(?P<exit>-?\d+)[^\n]*?(?:\((?P<sig>SIG\w+)\))?[ \t]*\n"
+)
+# The line that names an error in a traceback or a torchrun log: "ValueError: ...", "torch.x.Y: ...".
+_ERROR = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt|Timeout|Failure)\b.*")
+# torch prefixes a worker's uncaught exception lines with "[rankN]: ".
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s*")
+_SIGNALS = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
+            9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
+
+
+def _tail(path: str, n: int = TAIL_LINES) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+    return [line[:400] for line in lines if line.strip()][-n:]
+
+
+def error_line(lines: list[str]) -> str:
+    """The line that says what went wrong: the last ``SomethingError: ...`` line, else the last line."""
+    for line in reversed(lines):
+        text = _RANK_PREFIX.sub("", line.strip())
+        if _ERROR.match(text):
+            return text
+    return _RANK_PREFIX.sub("", lines[-1].strip()) if lines else ""
+
+
+def summary_failures(text: str) -> dict[int, dict]:
+    """torchrun's failure summary, per global rank: time (epoch), host, local rank, exit, signal."""
+    out = {}
+    for m in _BLOCK.finditer(text):
+        try:
+            # ProcessFailure.timestamp_isoformat: local time, "YYYY-MM-DD_HH:MM:SS", whole seconds.
+            when = datetime.datetime.strptime(m["time"], "%Y-%m-%d_%H:%M:%S").timestamp()
+        except ValueError:
+            when = None
+        code = int(m["exit"])
+        out[int(m["rank"])] = {
+            "time": when, "host": m["host"], "local_rank": int(m["local_rank"]),
+            # A negative exit code is torch's way to say "killed by signal -code".
+            "exit_code": 128 - code if code < 0 else code,
+            "signal": m["sig"] or (_SIGNALS.get(-code, f"SIG{-code}") if code < 0 else None),
+        }
+    return out
+
+
+def _rank_dirs(log_dir: str) -> dict[int, str]:
+    """local rank -> its directory in the latest attempt torchrun made under ``log_dir``."""
+    attempts = sorted(glob.glob(os.path.join(log_dir, "*", "attempt_*")), key=os.path.getmtime)
+    if not attempts:
+        return {}
+    out = {}
+    for d in glob.glob(os.path.join(attempts[-1], "*")):
+        if os.path.basename(d).isdigit():
+            out[int(os.path.basename(d))] = d
+    return out
+
+
+def _error_file(path: str) -> tuple[str, float] | None:
+    """(message, time) from a worker's error.json (``@record``); the file's mtime is the precise time."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        when = os.stat(path).st_mtime
+    except (OSError, ValueError):
+        return None
+    msg = data.get("message")
+    if isinstance(msg, dict):
+        msg = msg.get("message") or ""
+    lines = str(msg or "").strip().splitlines()
+    return (lines[-1] if lines else ""), when
+
+
+def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | None = None,
+            host: str | None = None, now: float | None = None) -> list[dict]:
+    """Failure records for one node whose torchrun exited with ``rc`` (non-zero)."""
+    host = host or socket.gethostname()
+    now = time.time() if now is None else now
+    try:
+        with open(os.path.join(log_dir, "torchrun.err"), errors="replace") as f:
+            agent_text = f.read()
+    except OSError:
+        agent_text = ""
+    summary = summary_failures(agent_text)
+    dirs = _rank_dirs(log_dir)
+    out = []
+    for rank, info in sorted(summary.items()):
+        lr = info["local_rank"]
+        d = dirs.get(lr, "")
+        tail = _tail(os.path.join(d, "stderr.log")) if d else []
+        detected = info["time"] if info["time"] is not None else now
+        when, error = detected, ""
+        from_file = _error_file(os.path.join(d, "error.json")) if d else None
+        if from_file:
+            error, when = from_file
+        elif tail and info["signal"] is None:
+            # The traceback was the last thing the rank wrote: its mtime is the time of death, to
+            # the nanosecond, where torchrun's summary has whole seconds (and is later).
+            try:
+                mtime = os.stat(os.path.join(d, "stderr.log")).st_mtime
+            except OSError:
+                mtime = None
+            if mtime is not None and detected - 5 <= mtime <= detected + 1:
+                when = mtime
+        if not error:
+            error = error_line(tail) or (f"killed by {info['signal']}" if info["signal"] else "")
+        out.append({
+            "node": node, "rank": rank, "local_rank": lr, "host": info["host"] or host,
+            "exit_code": info["exit_code"], "signal": info["signal"], "time": when,
+            "error": error, "tail": tail, "stopped": False,
+        })
+    if not out:
+        # torchrun failed before or without a worker failure (rendezvous, store timeout, a
+        # signal that stopped it): the node is what failed.
+        tail = [line for line in _tail(os.path.join(log_dir, "torchrun.err"), 40) if not line.startswith("[rank ")]
+        code = rc
+        sig = _SIGNALS.get(code - 128) if code > 128 else None
+        out.append({
+            "node": node, "rank": None, "local_rank": None, "host": host, "exit_code": code, "signal": sig,
+            "time": stopped_at if stopped_at is not None else now,
+            "error": error_line(tail[-TAIL_LINES:]), "tail": tail[-TAIL_LINES:], "stopped": stopped_at is not None,
+        })
+    return out
+
+
+def main(argv: list[str]) -> int:
+    node, nproc, log_dir, rc = int(argv[0]), int(argv[1]), argv[2], int(argv[3])
+    # EPOCHREALTIME uses the locale's decimal point.
+    stopped_at = float(argv[4].replace(",", ".")) if len(argv) > 4 and argv[4] else None
+    for rec in collect(node, nproc, log_dir, rc, stopped_at):
+        sys.stderr.write(f"{TAG} {json.dumps(rec, separators=(',', ':'))}\n")
+    sys.stderr.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
+HALO_COLLECT_EOF
+      echo "halo-sched-failure {\"node\":$halo_rank,\"rank\":null,\"host\":\"$(hostname)\",\"exit_code\":$halo_rc,\"time\":$(date +%s),\"error\":\"torchrun exited with $halo_rc\"}" >&2
+  fi
+  [ -n "$${HALO_LOG_DIR:-}" ] || rm -rf "$halo_log_root"
+  return "$halo_rc"
+}
+
 echo "halo-sched: node $halo_rank of 2 on $(hostname): master $HALO_MASTER_ADDR:29500" >&2
-exec torchrun \
+halo_run torchrun \
   --nnodes=2 \
   --nproc_per_node=8 \
   --node_rank="$halo_rank" \
@@ -312,6 +752,8 @@ exec torchrun \
   --master_port=29500 \
   --max_restarts=0 \
   --rdzv_conf=timeout=600 \
+  --log-dir="$halo_log_dir" \
+  --tee=3 \
   /workspace/examples/train_ddp.py \
   --device \
   cuda \

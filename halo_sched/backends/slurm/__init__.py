@@ -5,6 +5,7 @@ request), parse what it says (``status.py``). This class only joins them.
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -12,6 +13,7 @@ from typing import Iterator, Sequence
 from ...errors import SchedulerError
 from ...spec import JobSpec
 from ..base import DryRun, JobState, JobStatus, Scheduler, tail_lines
+from ...failures import report_from_files
 from .render import render_sbatch
 from .status import scontrol_job_state
 
@@ -49,7 +51,31 @@ class SlurmScheduler(Scheduler):
         for job_id, state in states.items():
             if state.status in _MAY_REQUEUE and state.extra.get("source") == "sacct":
                 states[job_id] = self._live(job_id, state)
+        for job_id, state in states.items():
+            if state.status is JobStatus.FAILED:
+                # Which rank failed first: the failure lines the nodes wrote into the output file.
+                state.failure = report_from_files(self._outputs(job_id, ask=False))
         return states
+
+    def record_fields(self, dryrun: DryRun, job_id: str) -> dict:
+        """For the job record: the output file as an absolute path, and the cluster (sbatch -M)."""
+        cluster, _, num = job_id.rpartition(":")
+        m = re.search(r"^#SBATCH --output=(.*)$", dryrun.text, re.M)
+        out = _expand_output(m.group(1) if m else "slurm-%j.out", dryrun.spec.name, num)
+        return {"outputs": [out], "scheduler": {"cluster": cluster or None}}
+
+    def _outputs(self, job_id: str, ask: bool = True) -> list[str]:
+        """The job's output files: from its record (known after SLURM forgot the job), else, with
+        ``ask``, from ``scontrol show job``."""
+        from ...records import find
+
+        for rec in find(job_id, self.name):
+            if rec.get("outputs"):
+                return list(rec["outputs"])
+        if not ask:
+            return []
+        info = self.transport.job_info(job_id)
+        return [p for p in dict.fromkeys([info.get("StdOut"), info.get("StdErr")]) if p]
 
     def _live(self, job_id: str, state: JobState) -> JobState:
         """sacct records a requeued run's end (PREEMPTED, NODE_FAIL) before the job is pending
@@ -73,13 +99,20 @@ class SlurmScheduler(Scheduler):
         return state.describe()
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
-        """The job's output file (srun --label prefixes each line with its node rank)."""
-        info = self.transport.job_info(job_id)
-        paths = [p for p in dict.fromkeys([info.get("StdOut"), info.get("StdErr")]) if p]
+        """The job's output file (srun --label prefixes each line with its node rank). All nodes
+        write into that one file; ``halo-sched logs --node K`` splits it on read."""
+        paths = self._outputs(job_id)
         if not paths:
             raise SchedulerError(f"SLURM does not report an output file for job {job_id} (is it too old?)")
         for path in paths:
             yield from _read(Path(path), follow, lambda: self.describe([job_id])[job_id].status.terminal)
+
+
+def _expand_output(pattern: str, name: str, job_id: str) -> str:
+    """sbatch's filename pattern for this job (the %-codes a job file can use), made absolute."""
+    codes = {"j": job_id, "x": name, "u": os.environ.get("USER", ""), "%": "%", "A": job_id, "a": ""}
+    text = re.sub(r"%(\d*)([jxuAa%])", lambda m: codes[m.group(2)].zfill(int(m.group(1) or 0)), pattern)
+    return str(Path(text) if os.path.isabs(text) else Path.cwd() / text)
 
 
 def _read(path: Path, follow: bool, finished) -> Iterator[str]:
