@@ -81,7 +81,15 @@ class LaunchContract:
             node_rank_offset_var=NODE_RANK_OFFSET_VAR,
             secrets_dir_var=SECRETS_DIR_VAR,
             **failure_report_vars(),
+            **(server_entry_vars(s) if s.servers else {}),
         )
+
+
+def server_entry_vars(spec: JobSpec) -> dict:
+    """What ``templates/entry_servers.sh.j2`` needs (only for a job with ``servers:``)."""
+    from .servers import entry_vars
+
+    return entry_vars(spec)
 
 
 def failure_report_vars() -> dict:

@@ -436,6 +436,90 @@ class Parallelism(_Model):
     )
 
 
+SERVER_NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,22}[a-z0-9])?$")
+
+
+class Server(_Model):
+    """A rollout-server role (vLLM, SGLang, ...) on nodes of its own, one server per node, on the
+    job's fabric. Wiring and entry script: halo_sched/servers.py."""
+
+    name: str = Field(description="Role name: lower-case letters, digits and '-' (at most 24); HALO_SERVER_<NAME>_URLS "
+                                  "on every trainer rank, upper-cased with '-' as '_'.")
+    nodes: int = Field(ge=1, le=1024, description="Server nodes of this role: one server per node.")
+    gpus_per_node: int = Field(0, ge=0, le=64, description="GPUs each server gets (its own, never a trainer rank's).")
+    command: list[str] = Field(description="The server's argv, run verbatim (no shell), like trainer.args.")
+    port: int = Field(ge=1024, le=65535, description="The server's HTTP port on its node.")
+    group_port: int | None = Field(
+        None, ge=1024, le=65535,
+        description="Weight-sync port the trainer's rank 0 binds and the servers dial back: HALO_SERVER_<NAME>_GROUP_PORT.",
+    )
+    health_path: str = Field("/health", description="HTTP path that answers 200 once the server is ready.")
+    image: str | None = Field(None, description="Container image of the servers (default: the job's image).")
+    env: dict[str, str] = Field(default_factory=dict, description="More environment for the servers (literal values).")
+    setup: list[str] = Field(default_factory=list, description="Shell lines run on each server node before the server.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not SERVER_NAME_RE.match(v):
+            raise ValueError("must be 1-24 characters: lower-case letters, digits and '-', starting with a letter and "
+                             "not ending with '-' (a DNS label; it names variables, groups and services)")
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str]) -> list[str]:
+        if not v or not v[0]:
+            raise ValueError("must be a non-empty list: the program, then its arguments")
+        for a in v:
+            _no_nul(a, "an argument")
+        return v
+
+    @field_validator("health_path")
+    @classmethod
+    def _health(cls, v: str) -> str:
+        if not re.match(r"^/[A-Za-z0-9._~!$&'()*+,;=:@/%?-]*$", v):
+            raise ValueError("an absolute URL path such as /health (printable URL characters, no spaces)")
+        return v
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+#-]*$", v):
+            raise ValueError("not a container image reference (registry/name:tag or name@sha256:...)")
+        return v
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_types(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            for k, val in v.items():
+                if not isinstance(val, str):
+                    raise ValueError(f"{k}: value must be a string (quote it: {k}: \"{val}\"), got {type(val).__name__}")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, val in v.items():
+            _check_env_name(k)
+            _no_nul(val, f"{k}'s value")
+        return v
+
+    @field_validator("setup", mode="before")
+    @classmethod
+    def _setup_lines(cls, v: Any) -> Any:
+        return v.splitlines() if isinstance(v, str) else v
+
+    @field_validator("setup")
+    @classmethod
+    def _setup(cls, v: list[str]) -> list[str]:
+        for line in v:
+            if re.search(r"[\x00-\x08\x0a-\x1f\x7f]", line):
+                raise ValueError(f"setup line {line!r} contains a control character (carriage return?)")
+        return v
+
+
 class JobSpec(_Model):
     """One multi-node torchrun job: the same on every backend."""
 
@@ -458,6 +542,11 @@ class JobSpec(_Model):
     slurm: Slurm = Field(default_factory=Slurm)
     nomad: Nomad = Field(default_factory=Nomad)
     parallelism: Parallelism | None = Field(None, description="Parallel layout (tp, ep, ...), checked at validate time.")
+    servers: list[Server] = Field(
+        default_factory=list,
+        description="Rollout-server roles on nodes of their own (RL): every trainer rank gets HALO_SERVER_<NAME>_URLS "
+                    "and starts once each server answers its health_path.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -531,12 +620,18 @@ class JobSpec(_Model):
         if both:
             raise ValueError(f"secret_env: {', '.join(both)} is also set in env (or derived by halo-sched); "
                              "a variable is either a literal in env or a secret taken at submit time")
+        _check_servers(self, derived)
         clash = sorted(derived & set(self.env))
         if clash:
             raise ValueError(
                 f"env: sets {', '.join(clash)}, which halo-sched derives from storage/network; set those sections instead"
             )
         return self
+
+    @property
+    def all_nodes(self) -> int:
+        """Trainer nodes plus every server node."""
+        return self.nodes + sum(r.nodes for r in self.servers)
 
     @property
     def world_size(self) -> int:
@@ -588,6 +683,34 @@ class JobSpec(_Model):
         return env
 
 
+def _check_servers(spec: "JobSpec", derived: set[str]) -> None:
+    """Checks across server roles and the job (the first problem, as "servers: ...")."""
+    rdzv = spec.rendezvous.port
+    seen: dict[str, int] = {}
+    group_ports: dict[int, str] = {}
+    for i, r in enumerate(spec.servers):
+        where = f"servers[{i}] ({r.name})"
+        if r.name in seen:
+            raise ValueError(f"servers: {where}: name {r.name!r} is used by servers[{seen[r.name]}] too; names are unique")
+        seen[r.name] = i
+        if r.port == rdzv:
+            raise ValueError(f"servers: {where}.port {r.port} is rendezvous.port; choose another port")
+        if r.group_port is not None:
+            if r.group_port == rdzv:
+                raise ValueError(f"servers: {where}.group_port {r.group_port} is rendezvous.port: both are bound on "
+                                 "the trainer's rank 0; choose another port")
+            if r.group_port in group_ports:
+                raise ValueError(f"servers: {where}.group_port {r.group_port} is also {group_ports[r.group_port]}'s: "
+                                 "every group port is bound on the trainer's rank 0, so each must differ")
+            group_ports[r.group_port] = r.name
+        if spec.gpus_per_node and r.gpus_per_node and "CUDA_VISIBLE_DEVICES" in r.env:
+            raise ValueError(f"servers: {where}.env: CUDA_VISIBLE_DEVICES is assigned per node by the scheduler")
+        clash = sorted(derived & set(r.env))
+        if clash:
+            raise ValueError(f"servers: {where}.env sets {', '.join(clash)}, which halo-sched derives from "
+                             "storage/network for the servers too (the same fabric as the trainer); set those sections")
+
+
 # --------------------------------------------------------------------------------------------
 # Loading
 
@@ -598,20 +721,29 @@ def _line_index(text: str) -> dict[tuple, int]:
 
     lines: dict[tuple, int] = {}
 
-    def walk(node, path):
-        if isinstance(node, yaml.MappingNode):
-            for k, val in node.value:
-                key = k.value
-                lines[path + (key,)] = k.start_mark.line + 1
-                walk(val, path + (key,))
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                lines[path + (i,)] = item.start_mark.line + 1
-                walk(item, path + (i,))
+    def walk(root, top):
+        # Iterative, and each node once: an alias shares its anchor's node, so a recursive walk
+        # of a "billion laughs" file would never end (and a deep one would overflow the stack).
+        seen: set[int] = set()
+        todo = [(root, top)]
+        while todo:
+            node, path = todo.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if isinstance(node, yaml.MappingNode):
+                for k, val in node.value:
+                    key = k.value
+                    lines[path + (key,)] = k.start_mark.line + 1
+                    todo.append((val, path + (key,)))
+            elif isinstance(node, yaml.SequenceNode):
+                for i, item in enumerate(node.value):
+                    lines[path + (i,)] = item.start_mark.line + 1
+                    todo.append((item, path + (i,)))
 
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         return lines
     if root is not None:
         walk(root, ())
@@ -721,14 +853,62 @@ def _unique_key_loader():
         return loader.construct_mapping(node, deep=deep)
 
     Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+
+    def construct_document(loader, node):
+        _check_expansion(node)
+        return yaml.SafeLoader.construct_document(loader, node)
+
+    Loader.construct_document = construct_document
     return Loader
+
+
+MAX_JOB_FILE_BYTES = 1024 * 1024
+MAX_YAML_VALUES = 100_000
+MAX_YAML_DEPTH = 64
+
+
+def _check_expansion(root) -> None:
+    """Refuse a document whose aliases expand to more than MAX_YAML_VALUES values or that nests
+    deeper than MAX_YAML_DEPTH (a "billion laughs" file is a few hundred bytes). Counted on the
+    composed node graph, each node once (memoized), so the check itself stays linear."""
+    import yaml
+
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    stack = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in size:
+            continue
+        kids = ([x for pair in node.value for x in pair] if isinstance(node, yaml.MappingNode)
+                else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
+        if not children_done:
+            stack.append((node, True))
+            stack.extend((k, False) for k in kids if id(k) not in size)
+            continue
+        size[id(node)] = 1 + sum(size.get(id(k), 0) for k in kids)
+        depth[id(node)] = 1 + max((depth.get(id(k), 0) for k in kids), default=0)
+        if size[id(node)] > MAX_YAML_VALUES:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"the document expands to more than {MAX_YAML_VALUES} values through its aliases "
+                "(anchors referencing anchors); a job file is far smaller", node.start_mark)
+        if depth[id(node)] > MAX_YAML_DEPTH:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"values nested more than {MAX_YAML_DEPTH} levels deep; a job file is far shallower",
+                node.start_mark)
 
 
 def loads(text: str, source: str | None = None) -> JobSpec:
     import yaml
 
+    if len(text) > MAX_JOB_FILE_BYTES:
+        raise SpecError([("", f"the job file is {len(text)} characters; at most {MAX_JOB_FILE_BYTES} are read "
+                              "(move large values into files the job reads)")], source)
     try:
         data = yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise SpecError([("YAML", f"values nested too deeply to read (a job file nests at most "
+                                  f"{MAX_YAML_DEPTH} levels)")], source) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
@@ -741,7 +921,12 @@ def load(path: str | Path) -> JobSpec:
     """Read and validate a job file."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with open(p, "rb") as f:  # never more than the limit, whatever the file's size
+            raw = f.read(MAX_JOB_FILE_BYTES + 1)
+        if len(raw) > MAX_JOB_FILE_BYTES:
+            raise SpecError([("", f"the job file is larger than {MAX_JOB_FILE_BYTES} bytes (move large values "
+                                  "into files the job reads)")], str(p))
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise SpecError([("", f"no such file: {p}")], str(p)) from None
     except (OSError, UnicodeDecodeError) as err:

@@ -24,6 +24,7 @@ from typing import Iterator, Sequence
 from ..errors import SchedulerError, UsageError
 from ..launch import LOG_DIR_VAR, MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, NODE_RANK_VAR, entry_script
 from ..spec import JobSpec
+from ..servers import SERVER_ADDR_VAR, SERVER_INDEX_VAR, TRAINER_MASTER_VAR, addrs_var, local_addr, server_script
 from ..templating import render_template
 from .base import DryRun, JobState, JobStatus, Scheduler, tail_lines
 
@@ -68,7 +69,8 @@ class LocalScheduler(Scheduler):
     # ---- public API -------------------------------------------------------------------------
 
     def render(self, spec: JobSpec, **opts) -> str:
-        return render_template("local/run.txt.j2", spec=spec, entry=entry_script(spec), master=LOCAL_MASTER)
+        return render_template("local/run.txt.j2", spec=spec, entry=entry_script(spec), master=LOCAL_MASTER,
+                               servers=_server_plan(spec), server_script=server_script)
 
     def dryrun(self, spec: JobSpec, **opts) -> DryRun:
         return DryRun(self.name, spec, self.render(spec), payload=entry_script(spec))
@@ -83,14 +85,24 @@ class LocalScheduler(Scheduler):
                 f"rendezvous.port {spec.rendezvous.port} is in use on {LOCAL_MASTER} (another job?); "
                 "choose another rendezvous.port"
             )
-        gpu_sets = _gpu_sets(spec.nodes, spec.gpus_per_node)
+        _check_local_ports(spec)
+        servers = _server_plan(spec)
+        # Trainer nodes first, then each server "node": disjoint slices of this machine's GPUs.
+        gpu_sets = _gpu_sets_for([spec.gpus_per_node] * spec.nodes + [s["gpus"] for s in servers])
+        server_gpus = gpu_sets[spec.nodes:] if gpu_sets else None
+        gpu_sets = gpu_sets[:spec.nodes] if gpu_sets and spec.gpus_per_node else None
         self.root.mkdir(parents=True, exist_ok=True)
         job_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
         d = self.root / job_id
         d.mkdir()
         (d / "entry.sh").write_text(dryrun.payload)
         (d / "entry.sh").chmod(0o755)
-        _write_json(d / "job.json", {"name": spec.name, "nodes": spec.nodes, "cwd": os.getcwd(), "gpus": gpu_sets})
+        for role in spec.servers:
+            (d / f"server-{role.name}.sh").write_text(server_script(spec, role))
+        for i, srv in enumerate(servers):
+            srv["gpus"] = server_gpus[i] if server_gpus and srv["gpus"] else None
+        _write_json(d / "job.json", {"name": spec.name, "nodes": spec.nodes, "cwd": os.getcwd(), "gpus": gpu_sets,
+                                     "servers": servers})
         _write_json(d / "state.json", {"state": "PENDING", "submitted": time.time()})
         (d / "job.log").touch()
         proc = subprocess.Popen(
@@ -214,6 +226,45 @@ def _visible_gpus() -> list[str] | None:
     return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]
 
 
+def _server_plan(spec: JobSpec) -> list[dict]:
+    """Every local server "node": its role, index, loopback address of its own, GPU count."""
+    return [{"role": r.name, "index": k, "addr": local_addr(i, k), "port": r.port, "gpus": r.gpus_per_node,
+             "addrs_var": addrs_var(r.name)}
+            for i, r in enumerate(spec.servers) for k in range(r.nodes)]
+
+
+def _check_local_ports(spec: JobSpec) -> None:
+    """On this machine rank 0's rendezvous and group ports share 127.0.0.1: each must be free."""
+    ports = [("rendezvous.port", spec.rendezvous.port)] + [
+        (f"servers[{i}].group_port", r.group_port) for i, r in enumerate(spec.servers) if r.group_port is not None]
+    for field, port in ports:
+        if _port_in_use(port):
+            raise SchedulerError(f"{field} {port} is in use on {LOCAL_MASTER} (another job?); choose another port")
+
+
+def _gpu_sets_for(per_node: list[int]) -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES for each local node (trainer and server nodes), disjoint."""
+    total = sum(per_node)
+    if total == 0:
+        return None
+    gpus = _visible_gpus()
+    if gpus is None:
+        raise SchedulerError(
+            f"the job asks for {total} GPUs but no GPUs can be found here (nvidia-smi missing and "
+            "CUDA_VISIBLE_DEVICES unset); the local backend gives each node (trainer or server) its own GPUs"
+        )
+    if len(gpus) < total:
+        raise SchedulerError(
+            f"the local backend needs {total} GPUs (trainer nodes x gpus_per_node plus every server node's "
+            f"gpus_per_node, each node its own); this machine has {len(gpus)}"
+        )
+    out, at = [], 0
+    for n in per_node:
+        out.append(",".join(gpus[at:at + n]))
+        at += n
+    return out
+
+
 def _gpu_sets(nodes: int, per_node: int) -> list[str] | None:
     """CUDA_VISIBLE_DEVICES for each local node: disjoint slices of this machine's GPUs."""
     if per_node == 0:
@@ -335,6 +386,7 @@ class _Supervisor:
         self.meta = json.loads((d / "job.json").read_text())
         self.n = self.meta["nodes"]
         self.procs: list[subprocess.Popen] = []
+        self.servers: list[tuple[str, subprocess.Popen]] = []  # (label, process): stopped with the trainer
         self.lock = threading.Lock()
         self.cancelled = False
         self.log = open(d / "job.log", "ab", buffering=0)
@@ -344,10 +396,12 @@ class _Supervisor:
         self.state.update(kw)
         _write_json(self.d / "state.json", self.state)
 
-    def _pump(self, rank: int, stream) -> None:
-        prefix = f"[node {rank}] ".encode()
+    def _pump(self, rank: int | str, stream) -> None:
+        # A trainer node is "node K"; a server node "server ROLE K" (its own log file too).
+        prefix = (f"[node {rank}] " if isinstance(rank, int) else f"[{rank}] ").encode()
+        own_name = f"node-{rank}.log" if isinstance(rank, int) else rank.replace(" ", "-") + ".log"
         # Each node's output also in a file of its own (what a node of a cluster would keep).
-        with open(self.d / f"node-{rank}.log", "ab", buffering=0) as own:
+        with open(self.d / own_name, "ab", buffering=0) as own:
             for line in iter(stream.readline, b""):
                 if not line.endswith(b"\n"):
                     line += b"\n"
@@ -356,6 +410,8 @@ class _Supervisor:
                     self.log.write(prefix + line)
 
     def _terminate_all(self) -> None:
+        self.procs = self.procs + [p for _, p in self.servers]
+        self.servers = []
         for p in self.procs:
             if p.poll() is None:
                 try:
@@ -396,6 +452,28 @@ class _Supervisor:
         # Nodes run with the submitting Python's environment: its torchrun first on PATH.
         env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
         pumps = []
+        servers = self.meta.get("servers") or []
+        # Servers first: they come up while the trainer nodes run their setup; the trainer's entry
+        # waits for their health before torchrun. Trainer nodes learn the addresses from the env.
+        for srv in servers:
+            env[srv["addrs_var"]] = ",".join(o["addr"] for o in servers if o["role"] == srv["role"])
+        for srv in servers:
+            label = f"server {srv['role']} {srv['index']}"
+            srv_env = {**env, JOB_TAG_VAR: str(self.d), SERVER_INDEX_VAR: str(srv["index"]),
+                       SERVER_ADDR_VAR: srv["addr"], TRAINER_MASTER_VAR: LOCAL_MASTER}
+            srv_env.pop(MASTER_ADDR_VAR, None)
+            if srv.get("gpus"):
+                srv_env["CUDA_VISIBLE_DEVICES"] = srv["gpus"]
+            p = subprocess.Popen(
+                ["bash", str(self.d / f"server-{srv['role']}.sh")],
+                env=srv_env, cwd=self.meta["cwd"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            self.servers.append((label, p))
+            t = threading.Thread(target=self._pump, args=(label, p.stdout), daemon=True)
+            t.start()
+            pumps.append(t)
         gpu_sets = self.meta.get("gpus")
         for rank in range(self.n):
             # torchrun's per-rank logs and error files stay in the job directory (ranks/node-K/).
@@ -426,6 +504,17 @@ class _Supervisor:
             # A node killed by signal N reports 128+N, as a shell would.
             codes = [c if c is None or c >= 0 else 128 - c for c in codes]
             bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            gone = [(label, p.poll()) for label, p in self.servers if p.poll() is not None]
+            if gone and not bad and any(c is None for c in codes):
+                # A server that ends while the trainer runs is a dead rank: the job fails.
+                label, code = gone[0]
+                code = code if code >= 0 else 128 - code
+                failed_rank, exit_code = label, code or 1
+                with self.lock:
+                    self.log.write(f"[halo-sched] {label} exited with {code} while the trainer ran; "
+                                   "stopping the job\n".encode())
+                self._terminate_all()
+                break
             if bad and failed_rank is None:
                 failed_rank, exit_code = bad[0]
                 with self.lock:
@@ -434,6 +523,9 @@ class _Supervisor:
                 break
             running = sum(c is None for c in codes)
             if running == 0:
+                if self.servers:
+                    # The trainer ended: the servers end with it, never left running.
+                    self._terminate_all()
                 break
             if running != self.state.get("nodes_running"):
                 self._save(nodes_running=running)
@@ -444,6 +536,9 @@ class _Supervisor:
             t.join(timeout=5)
         if cancelled:
             self._save(state="CANCELLED", nodes_running=0, ended=time.time(), reason="cancelled by user")
+        elif isinstance(failed_rank, str):
+            self._save(state="FAILED", nodes_running=0, ended=time.time(), exit_code=exit_code,
+                       reason=f"{failed_rank} exited with {exit_code} while the trainer ran (a dead server fails the job)")
         elif failed_rank is not None:
             report = _failure_report(self.d)
             self._save(state="FAILED", nodes_running=0, ended=time.time(), exit_code=exit_code,
