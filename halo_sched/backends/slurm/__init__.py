@@ -21,6 +21,12 @@ from .status import scontrol_job_state
 _MAY_REQUEUE = {JobStatus.PREEMPTED, JobStatus.NODE_FAIL}
 
 
+def _say(msg: str) -> None:
+    import sys
+
+    print(f"halo-sched: {msg}", file=sys.stderr, flush=True)
+
+
 class SlurmScheduler(Scheduler):
     name = "slurm"
 
@@ -44,7 +50,12 @@ class SlurmScheduler(Scheduler):
         # --export=ALL on the command line wins over a user's SBATCH_EXPORT=NONE, which would
         # drop them (srun's tasks then inherit the batch step's environment).
         extra = ["--export=ALL"] if dryrun.spec.secret_values() else []
-        return self.transport.submit(dryrun.text, extra)
+        submit_once = getattr(self.transport, "submit_once", None)
+        if submit_once is None:  # slurmrestd, pyslurm: one attempt
+            return self.transport.submit(dryrun.text, extra)
+        from ...exactly_once import new_token
+
+        return submit_once(dryrun.text, extra, token=new_token(), retry_s=self.retry_s, on_retry=_say)
 
     def describe(self, ids: Sequence[str]) -> dict[str, JobState]:
         states = self.transport.query(list(ids))
@@ -89,7 +100,11 @@ class SlurmScheduler(Scheduler):
     def cancel(self, ids: Sequence[str], signal: str | None = None, **opts) -> None:
         # With a signal: the batch script gets it (as it gets slurm.signal's warning) and
         # forwards it to every rank; see templates/slurm/sbatch.sh.j2.
-        self.transport.cancel(list(ids), signal=signal)
+        cancel_once = getattr(self.transport, "cancel_once", None)
+        if signal or cancel_once is None:
+            self.transport.cancel(list(ids), signal=signal)
+        else:
+            cancel_once(list(ids), retry_s=self.retry_s, on_retry=_say)
 
     def progress(self, state: JobState) -> str:
         run = f", run {state.extra['restarts'] + 1}" if state.extra.get("restarts") else ""

@@ -19,7 +19,9 @@ from halo_sched.backends.base import JobState
 from halo_sched.backends.slurm import status as st
 from halo_sched.errors import MissingDependency, SchedulerError
 
-from .base import TRANSIENT, Transient, Transport, by_cluster, chunks, retrying, split_cluster, unique, with_cluster
+from .base import (
+    TRANSIENT, Transient, Transport, by_cluster, chunks, retrying, sbatch_options, split_cluster, unique, with_cluster,
+)
 
 Runner = Callable[[list, "str | None"], subprocess.CompletedProcess]
 
@@ -115,6 +117,89 @@ class CliTransport(Transport):
         if not m:
             raise SchedulerError(f"sbatch printed no job id: {proc.stdout!r} {proc.stderr!r}")
         return with_cluster(m.group(2), m.group(1))
+
+    def submit_once(self, script: str, extra_args: Sequence[str] = (), token: str = "",
+                    retry_s: float | None = None, on_retry: Callable[[str], None] | None = None) -> str:
+        """sbatch, exactly once, riding out a controller outage for ``retry_s`` seconds
+        (halo_sched.exactly_once; ``HALO_SUBMIT_RETRY_S``, default 120).
+
+        The job carries ``--comment=halo-token:TOKEN``. A controller error or a timed-out sbatch
+        may follow a job slurmctld accepted ("Socket timed out on send/recv operation" comes after
+        the request was sent), so every such failure is ambiguous: the token is looked up with
+        squeue (``%k`` is the comment) before sbatch runs again. sbatch's other refusals (an
+        invalid partition, a bad option) fail at once with SLURM's words."""
+        from halo_sched.exactly_once import TOKEN_PREFIX, Ambiguous, run_once
+
+        opts = dict(sbatch_options(script, extra_args))
+        cluster = opts.get("clusters") or opts.get("cluster") or opts.get("M")
+        name = opts.get("job-name") or opts.get("J")
+        comment = f"{TOKEN_PREFIX}{token}"
+        argv = ["sbatch", "--parsable", f"--comment={comment}", *extra_args]
+
+        def send() -> str:
+            try:
+                proc = self._call(argv, script)
+            except Transient as e:  # sbatch timed out: it may have queued the job
+                raise Ambiguous(str(e)) from e
+            if proc.returncode != 0:
+                if TRANSIENT.search(proc.stderr or "") or "temporarily unable to accept job" in (proc.stderr or "").lower():
+                    raise Ambiguous((proc.stderr or "").strip())
+                raise self._fail("sbatch", proc)
+            return self._parse_id(proc)
+
+        def lookup() -> str | None:
+            argv = ["squeue", *(["--clusters=" + cluster] if cluster else []), "--noheader", "--states=all",
+                    "--format=%i|%k", *([f"--name={name}"] if name else [])]
+            try:
+                proc = self._call(argv)
+            except Transient as e:
+                raise Ambiguous(str(e)) from e
+            if proc.returncode != 0:
+                raise Ambiguous(f"looking the job up failed: {(proc.stderr or '').strip()}")
+            here = None
+            for line in (proc.stdout or "").splitlines():
+                if line.startswith("CLUSTER: "):  # squeue -M prints one such line per cluster
+                    here = line.split(":", 1)[1].strip()
+                    continue
+                job_id, _, job_comment = line.strip().partition("|")
+                if job_comment.strip() == comment:
+                    return with_cluster(here if cluster else None, job_id.strip())
+            return None
+
+        return run_once("sbatch", send, lookup, retry_s, token=comment, on_retry=on_retry)
+
+    def _parse_id(self, proc: subprocess.CompletedProcess) -> str:
+        lines = [ln.strip() for ln in (proc.stdout or "").splitlines() if ln.strip()]
+        m = re.fullmatch(r"(\d+)(?:;([A-Za-z0-9_.-]+))?", lines[-1] if lines else "")
+        if not m:
+            raise SchedulerError(f"sbatch printed no job id: {proc.stdout!r} {proc.stderr!r}")
+        return with_cluster(m.group(2), m.group(1))
+
+    def cancel_once(self, ids: Sequence[str], retry_s: float | None = None,
+                    on_retry: Callable[[str], None] | None = None) -> None:
+        """scancel, riding out a controller outage (a repeated scancel is harmless). A job that
+        already ended counts as cancelled; an id slurmctld does not know is an error."""
+        from halo_sched.exactly_once import Transient as Retry
+        from halo_sched.exactly_once import run_once
+
+        for cluster, local in by_cluster(ids).items():
+            for chunk in chunks(list(local), self.chunk_size):
+                argv = ["scancel", *st.cluster_args(cluster), *chunk]
+
+                def send() -> None:
+                    try:
+                        proc = self._call(argv)
+                    except Transient as e:
+                        raise Retry(str(e)) from e
+                    err = (proc.stderr or "").strip()
+                    if proc.returncode != 0 and TRANSIENT.search(err):
+                        raise Retry(err)
+                    # "Job/step already completing or completed": the outcome asked for.
+                    done = [ln for ln in err.splitlines() if ln.strip() and "already completing or completed" not in ln]
+                    if proc.returncode != 0 and done:
+                        raise self._fail("scancel", subprocess.CompletedProcess(argv, proc.returncode, "", "\n".join(done)))
+
+                run_once("scancel", send, lambda: None, retry_s, on_retry=on_retry)
 
     def cancel(self, ids: Sequence[str], signal: str | None = None) -> None:
         # --batch: the signal goes to the batch script alone, exactly as slurm.signal's warning
