@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ...errors import SpecError
 from ...launch import entry_script
+from ...servers import addrs_var, server_script
 from ...spec import JobSpec
 from ...templating import heredoc_tag, render_template, sh_quote
 
@@ -30,9 +31,9 @@ def sbatch_options(spec: JobSpec) -> list[str]:
     return opts
 
 
-def container(spec: JobSpec) -> dict | None:
+def container(spec: JobSpec, image: str | None = None) -> dict | None:
     """pyxis settings the template needs, or None when the job runs on the host."""
-    if not (spec.image and spec.slurm.container_runtime == "pyxis"):
+    if not ((image or spec.image) and spec.slurm.container_runtime == "pyxis"):
         return None
     mounts = spec.slurm.container_mounts
     return {
@@ -43,17 +44,19 @@ def container(spec: JobSpec) -> dict | None:
     }
 
 
-def srun_options(spec: JobSpec) -> list[str]:
+def srun_options(spec: JobSpec, gpus: int | None = None, image: str | None = None) -> list[str]:
     """srun options beyond the one-task-per-node shape (shell text; the template sets the
-    $halo_* variables they name)."""
+    $halo_* variables they name). ``gpus``/``image``: a server role's, instead of the trainer's."""
     opts = []
-    if spec.gpus_per_node:
-        opts.append(f"--gpus-per-node={spec.gpus_per_node}")
-    c = container(spec)
+    gpus = spec.gpus_per_node if gpus is None else gpus
+    image = image or spec.image
+    if gpus:
+        opts.append(f"--gpus-per-node={gpus}")
+    c = container(spec, image)
     if c:
         # pyxis/enroot: every node's task runs inside the image, in the submit directory (or
         # slurm.container_workdir), so a relative trainer.script resolves as it did on submit.
-        opts.append(f"--container-image={sh_quote(spec.image)}")
+        opts.append(f"--container-image={sh_quote(image)}")
         if c["mounts"] or not c["workdir"]:
             opts.append('--container-mounts="$halo_container_mounts"')
         opts.append('--container-workdir="$halo_container_workdir"')
@@ -70,12 +73,24 @@ def render_sbatch(spec: JobSpec, output: str = DEFAULT_OUTPUT) -> str:
     if size > MAX_ENTRY_BYTES:
         raise SpecError([("env", f"the node entry script is {size} bytes, over the {MAX_ENTRY_BYTES} that one "
                                  "argument to srun can carry; move large values (env, setup, args) into files")])
+    servers = []
+    offset = spec.nodes
+    for r in spec.servers:
+        text = server_script(spec, r).rstrip("\n")
+        servers.append({"name": r.name, "nodes": r.nodes, "offset": offset, "addrs_var": addrs_var(r.name),
+                        "srun_options": srun_options(spec, gpus=r.gpus_per_node, image=r.image),
+                        "entry": text, "tag": heredoc_tag(text, "HALO_SERVER_EOF")})
+        offset += r.nodes
     return render_template(
         "slurm/sbatch.sh.j2",
+        servers=servers,
+        all_nodes=spec.all_nodes,
+        max_gpus=max([spec.gpus_per_node] + [r.gpus_per_node for r in spec.servers]),
         spec=spec,
         sbatch_options=sbatch_options(spec),
         srun_options=srun_options(spec),
-        container=container(spec),
+        # The mounts and working directory are shared by every role that runs in an image.
+        container=container(spec) or next((container(spec, r.image) for r in spec.servers if r.image), None),
         warning=spec.slurm.warning[1],
         output=output,
         entry=entry,
