@@ -143,6 +143,14 @@ class Scheduler(abc.ABC):
         takes them. A backend may act on what it sees (Nomad stops a job whose rank died)."""
         return wait_for(self, job_id, timeout=timeout, **opts)
 
+    #: How old a state ``Job.status()`` may return (seconds): handles share one poll within it.
+    status_max_age: float = 1.0
+
+    def watch_key(self):
+        """Scheduler objects with equal keys talk to the same scheduler and share one watcher
+        (backends/watcher.py): one query per poll for all their handles."""
+        return (type(self), id(self))
+
     def progress(self, state: JobState) -> str:
         """A one-line human summary for ``--wait``."""
         return state.describe()
@@ -159,7 +167,13 @@ class Job:
         return f"Job({self.scheduler.name!r}, {self.id!r})"
 
     def status(self) -> JobState:
-        return self.scheduler.describe([self.id])[self.id]
+        """The job's state: one scheduler query answers every handle on this scheduler that asks
+        within ``status_max_age`` seconds; a finished job's state is never asked for again."""
+        from .watcher import watcher_for
+
+        if self.scheduler.status_max_age <= 0:  # a backend whose describe loads no scheduler
+            return self.scheduler.describe([self.id])[self.id]
+        return watcher_for(self.scheduler).state(self.id, self.scheduler.status_max_age)
 
     def wait(
         self,
@@ -172,7 +186,10 @@ class Job:
         return self.scheduler.wait(self.id, timeout=timeout, poll=poll, max_poll=max_poll, on_change=on_change)
 
     def cancel(self, **opts) -> None:
+        from .watcher import watcher_for
+
         self.scheduler.cancel([self.id], **opts)
+        watcher_for(self.scheduler).forget(self.id)  # the next status() asks the scheduler
 
     def logs(self, follow: bool = False) -> Iterator[str]:
         return self.scheduler.logs(self.id, follow=follow)
@@ -187,32 +204,12 @@ def wait_for(
     on_change: Callable[[JobState], None] | None = None,
     on_tick: Callable[[JobState], None] | None = None,
 ) -> JobState:
-    """Backoff polling shared by every backend: the interval doubles while nothing changes."""
-    start = time.monotonic()
-    interval = poll
-    last: tuple | None = None
-    while True:
-        state = scheduler.describe([job_id])[job_id]
-        key = (state.status, state.nodes_running, state.raw_state, state.extra.get("restarts"))
-        if key != last:
-            last = key
-            interval = poll
-            if on_change:
-                on_change(state)
-        else:
-            interval = min(interval * 2, max_poll)
-        if on_tick:
-            on_tick(state)
-        # UNKNOWN ends the wait too: the scheduler no longer knows the job (purged, or a
-        # cluster without accounting forgot it), so no later poll can say more.
-        if state.status.terminal or state.status is JobStatus.UNKNOWN:
-            return state
-        if timeout is not None and time.monotonic() - start + interval > timeout:
-            remaining = timeout - (time.monotonic() - start)
-            if remaining <= 0:
-                return state
-            interval = remaining
-        time.sleep(interval)
+    """Backoff polling shared by every backend and every thread: the scheduler's watcher polls
+    all the jobs waited on with one query, its interval doubling while nothing changes."""
+    from .watcher import wait_shared
+
+    return wait_shared(scheduler, job_id, timeout=timeout, poll=poll, max_poll=max_poll,
+                       on_change=on_change, on_tick=on_tick)
 
 
 def tail_lines(path, follow: bool, finished: Callable[[], bool], poll: float = 0.5) -> Iterator[str]:

@@ -63,8 +63,14 @@ class LocalScheduler(Scheduler):
     name = "local"
     streams_logs = True  # `submit --wait` follows the node-prefixed log live
 
+    # status() reads the job's state file: no scheduler to spare, so always read afresh.
+    status_max_age = 0.0
+
     def __init__(self, root: Path | None = None):
         self.root = Path(root) if root else state_root()
+
+    def watch_key(self):
+        return ("local", str(self.root))
 
     # ---- public API -------------------------------------------------------------------------
 

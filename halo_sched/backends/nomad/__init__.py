@@ -33,6 +33,10 @@ class NomadScheduler(Scheduler):
         self.retry_s = retry_s  # submit/cancel ride out outages this long (None: HALO_SUBMIT_RETRY_S or 120 s)
         self._scoped: dict[tuple, object] = {}
 
+    def watch_key(self):
+        # Handles on schedulers of one client (or of the environment's) share one watcher.
+        return ("nomad", self._client if self._client is not None else "env")
+
     def _client_for(self, namespace: str | None = None, region: str | None = None):
         # Built on first use: rendering needs no connection (nor requests' import time).
         if self._client is not None:

@@ -33,6 +33,11 @@ class SlurmScheduler(Scheduler):
     def __init__(self, transport=None, transport_name: str | None = None):
         self._transport = transport
         self._transport_name = transport_name or os.environ.get("HALO_SLURM_TRANSPORT", "cli")
+        # Handles on schedulers of one transport share one watcher (one squeue/sacct per poll).
+        self._watch_key = ("slurm", self._transport_name) if transport is None else ("slurm", transport)
+
+    def watch_key(self):
+        return self._watch_key
 
     @property
     def transport(self):

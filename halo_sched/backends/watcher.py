@@ -1,0 +1,175 @@
+"""Many handles, one poll: a watcher shared by every ``Job`` handle on one scheduler.
+
+A pipeline holding 200 handles must not ask the scheduler 200 times per poll (each ``squeue`` or
+``sacct`` loads slurmctld/slurmdbd; each Nomad list call loads the servers). A handle asks its
+scheduler's watcher instead. The watcher keeps the ids of unfinished jobs, answers everyone from
+one ``describe(ids)`` per poll (the backend turns that into one query, chunked), keeps finished
+states (a finished job is never asked about again), and spaces its polls: the interval doubles
+while nothing changes and drops back to the shortest once something does (submitit's
+``SlurmInfoWatcher`` works the same way).
+
+Threads share it: the first thread that needs a newer answer polls (outside the lock) and every
+other thread waits for that poll's result instead of starting its own.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Hashable, Sequence
+
+from .base import JobState, JobStatus
+
+_REGISTRY: dict[Hashable, "Watcher"] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def watcher_for(scheduler) -> "Watcher":
+    """The one watcher of every scheduler object that talks to the same scheduler
+    (``scheduler.watch_key()``), created on first use."""
+    key = scheduler.watch_key()
+    with _REGISTRY_LOCK:
+        w = _REGISTRY.get(key)
+        if w is None:
+            w = _REGISTRY[key] = Watcher(scheduler.describe)
+        return w
+
+
+def _finished(state: JobState) -> bool:
+    return state.status.terminal
+
+
+class Watcher:
+    """One ``describe`` per poll for every unfinished job any handle asked about."""
+
+    def __init__(self, describe: Callable[[Sequence[str]], dict[str, JobState]],
+                 min_interval: float = 1.0, max_interval: float = 30.0):
+        self._describe = describe
+        self.min_interval, self.max_interval = min_interval, max_interval
+        self.interval = min_interval
+        self._cond = threading.Condition()
+        self._live: set[str] = set()          # ids asked about and not finished
+        self._states: dict[str, JobState] = {}
+        self._read_at: dict[str, float] = {}  # when each state was read (time.monotonic)
+        self._polling = False
+        self._last_poll = float("-inf")        # when the last poll started
+        self.polls = 0                         # describe calls made (for tests and the bench)
+
+    # -- what handles call ---------------------------------------------------------------------
+
+    def register(self, job_id: str) -> None:
+        with self._cond:
+            if job_id not in self._states or not _finished(self._states[job_id]):
+                self._live.add(job_id)
+
+    def state(self, job_id: str, max_age: float | None = None) -> JobState:
+        """The job's state, read at most ``max_age`` seconds ago (default: the shortest poll
+        interval): one poll for every live job when the cache is older, none once it finished."""
+        max_age = self.min_interval if max_age is None else max_age
+        self.register(job_id)
+        return self._fresh(job_id, lambda: time.monotonic() - max_age)
+
+    def next_state(self, job_id: str, after: float, deadline: float | None = None) -> JobState:
+        """A state read after ``after`` (a ``time.monotonic()`` value) on the shared schedule: polls
+        are spaced by the current interval, whoever asks. Returns the cached state early at
+        ``deadline``."""
+        self.register(job_id)
+        return self._fresh(job_id, lambda: after, scheduled=True, deadline=deadline)
+
+    # -- the poll ------------------------------------------------------------------------------
+
+    def _fresh(self, job_id: str, newer_than: Callable[[], float], scheduled: bool = False,
+               deadline: float | None = None) -> JobState:
+        with self._cond:
+            while True:
+                st = self._states.get(job_id)
+                if st is not None and (_finished(st) or self._read_at[job_id] > newer_than()):
+                    return st
+                now = time.monotonic()
+                if deadline is not None and now >= deadline and st is not None:
+                    return st
+                # On the shared schedule; a job not asked about yet joins the next poll within the
+                # shortest interval (handles created together share their first poll too).
+                if not scheduled:
+                    due = now
+                else:
+                    due = self._last_poll + (self.interval if st is not None else self.min_interval)
+                if not self._polling and now >= due:
+                    self._polling = True
+                    ids = sorted(self._live)
+                    break
+                # Another thread polls now (its answer will do), or the next poll is not due.
+                wake = None if self._polling else due - now
+                if deadline is not None:
+                    wake = max(0.0, deadline - now) if wake is None else max(0.0, min(wake, deadline - now))
+                self._cond.wait(wake)
+        started = time.monotonic()
+        try:
+            states = self._describe(ids)
+        except BaseException:
+            with self._cond:
+                self._polling = False
+                self._cond.notify_all()
+            raise
+        for i in ids:  # a backend answers for every id; should one not, the job is unknown
+            states.setdefault(i, JobState(i, JobStatus.UNKNOWN, reason="the scheduler did not answer for this id"))
+        with self._cond:
+            self.polls += 1
+            self._last_poll = started
+            changed = False
+            for i, new in states.items():
+                old = self._states.get(i)
+                if old is None or _key(old) != _key(new):
+                    changed = True
+                self._states[i], self._read_at[i] = new, started
+                if _finished(new):
+                    self._live.discard(i)
+            self.interval = self.min_interval if changed else min(self.interval * 2, self.max_interval)
+            self._polling = False
+            self._cond.notify_all()
+        return self._fresh(job_id, newer_than, scheduled, deadline)
+
+    def forget(self, job_id: str) -> None:
+        """Drop what is known of the job (after a cancel: the next answer must come from the scheduler)."""
+        with self._cond:
+            self._live.discard(job_id)
+            self._states.pop(job_id, None)
+            self._read_at.pop(job_id, None)
+
+
+def _key(state: JobState) -> tuple:
+    """What counts as a change (resets the interval to the shortest)."""
+    return (state.status, state.nodes_running, state.raw_state, state.extra.get("restarts"))
+
+
+def wait_shared(scheduler, job_id: str, timeout: float | None = None, poll: float = 1.0, max_poll: float = 30.0,
+                on_change: Callable[[JobState], None] | None = None,
+                on_tick: Callable[[JobState], None] | None = None) -> JobState:
+    """``Scheduler.wait`` on the shared watcher: every thread waiting on this scheduler's jobs is
+    answered by the same polls."""
+    w = watcher_for(scheduler)
+    # The shortest interval and the lowest cap any waiter asked for win (for the watcher's life).
+    with w._cond:
+        w.min_interval, w.max_interval = min(w.min_interval, poll), min(w.max_interval, max_poll)
+        w.interval = max(w.min_interval, min(w.interval, w.max_interval))
+    start = time.monotonic()
+    deadline = None if timeout is None else start + timeout
+    last = None
+    seen = float("-inf")
+    while True:
+        state = w.next_state(job_id, seen, deadline)
+        seen = w._read_at.get(job_id, time.monotonic())
+        if _key(state) != last:
+            last = _key(state)
+            if on_change:
+                on_change(state)
+        if on_tick:
+            on_tick(state)
+        # UNKNOWN ends the wait too: the scheduler no longer knows the job (purged, or a
+        # cluster without accounting forgot it), so no later poll can say more.
+        if state.status.terminal or state.status is JobStatus.UNKNOWN:
+            return state
+        if deadline is not None and time.monotonic() >= deadline:
+            return state
+
+
+__all__ = ["Watcher", "watcher_for", "wait_shared"]

@@ -1,0 +1,164 @@
+"""Many handles, one poll: every Job handle on one scheduler is answered by a shared watcher that
+makes one describe (one squeue/sacct, or Nomad's few list calls) per poll for all unfinished jobs,
+keeps finished states, and backs off while nothing changes."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from halo_sched.backends.base import Job, JobState, JobStatus
+from halo_sched.backends.slurm import SlurmScheduler
+from halo_sched.backends.slurm.transport.base import Transport
+from halo_sched.backends.watcher import Watcher, wait_shared, watcher_for
+
+
+class CountingTransport(Transport):
+    """A SLURM stand-in: each job runs for ``runs_for`` queries, then completes. Records every
+    query's ids (the CLI transport turns one query into one sacct call, chunked per 1,000 ids)."""
+
+    name = "fake"
+
+    def __init__(self, ids, runs_for):
+        self.left = {i: runs_for(i) for i in ids}
+        self.queries: list[list[str]] = []
+        self.lock = threading.Lock()
+
+    def query(self, ids):
+        with self.lock:
+            self.queries.append(list(ids))
+            out = {}
+            for i in ids:
+                self.left[i] -= 1
+                done = self.left[i] <= 0
+                out[i] = JobState(i, JobStatus.COMPLETED if done else JobStatus.RUNNING,
+                                  raw_state="COMPLETED" if done else "RUNNING")
+            return out
+
+    def submit(self, script, extra_args=()):  # pragma: no cover - not used
+        raise NotImplementedError
+
+    def cancel(self, ids, signal=None):
+        pass
+
+    def job_info(self, job_id):  # pragma: no cover - not used
+        return {}
+
+
+def test_200_handles_waited_on_from_200_threads_make_one_query_per_poll():
+    ids = [str(1000 + k) for k in range(200)]
+    # Jobs end at different polls (1..8 queries in), so the live set shrinks poll by poll.
+    fake = CountingTransport(ids, runs_for=lambda i: 1 + int(i) % 8)
+    sched = SlurmScheduler(transport=fake)
+    results: dict[str, JobState] = {}
+
+    def wait(i):
+        results[i] = Job(sched, i).wait(timeout=30, poll=0.01, max_poll=0.02)
+
+    threads = [threading.Thread(target=wait, args=(i,)) for i in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(results[i].status is JobStatus.COMPLETED for i in ids)
+    # Per-handle polling would make >= 200 queries; sharing makes one per poll, ~8 polls (a few
+    # more as threads join in while the first polls run).
+    assert len(fake.queries) <= 16, [len(q) for q in fake.queries]
+    # A finished job is never asked about again: each query counts a job's `left` down, and
+    # the query that brought it to 0 answered COMPLETED; one more would take it below 0.
+    assert all(fake.left[i] == 0 for i in ids), {i: n for i, n in fake.left.items() if n}
+    # No id twice in one query.
+    assert all(len(q) == len(set(q)) for q in fake.queries)
+
+
+def test_status_of_many_handles_is_one_query_and_finished_states_are_cached():
+    ids = [str(k) for k in range(1, 201)]
+    fake = CountingTransport(ids, runs_for=lambda i: 1 if int(i) % 2 else 10**6)  # odd ids finish at once
+    sched = SlurmScheduler(transport=fake)
+    handles = [Job(sched, i) for i in ids]
+    handles[0].status()
+    # Registered one by one: the first status() polls only what is known then.
+    assert fake.queries == [["1"]]
+    for h in handles:
+        h.status()
+    before = len(fake.queries)
+    states = [h.status() for h in handles]  # within status_max_age: the cache answers
+    assert len(fake.queries) == before
+    time.sleep(sched.status_max_age + 0.05)
+    for h in handles:
+        h.status()
+    # After the cache aged: one query, for the unfinished (even) ids only.
+    assert len(fake.queries) == before + 1
+    assert fake.queries[-1] == sorted(i for i in ids if int(i) % 2 == 0)
+    assert states[0].status is JobStatus.COMPLETED and states[1].status is JobStatus.RUNNING
+
+
+def test_concurrent_status_calls_share_the_poll_in_flight():
+    ids = [str(k) for k in range(50)]
+    fake = CountingTransport(ids, runs_for=lambda i: 10**6)
+    slow = fake.query
+
+    def query(ids):
+        time.sleep(0.2)  # a slow squeue: everyone else arrives while it runs
+        return slow(ids)
+
+    fake.query = query
+    sched = SlurmScheduler(transport=fake)
+    for i in ids:
+        watcher_for(sched).register(i)
+    barrier = threading.Barrier(len(ids))
+
+    def ask(i):
+        barrier.wait()
+        Job(sched, i).status()
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(fake.queries) == 1 and sorted(fake.queries[0]) == sorted(ids)
+
+
+def test_interval_backs_off_while_nothing_changes_and_resets_on_a_change():
+    calls = []
+    state = {"s": JobStatus.RUNNING}
+
+    def describe(ids):
+        calls.append(time.monotonic())
+        return {i: JobState(i, state["s"], raw_state=state["s"].value) for i in ids}
+
+    w = Watcher(describe, min_interval=0.02, max_interval=0.16)
+    seen = float("-inf")
+    for _ in range(6):
+        w.next_state("1", seen)
+        seen = w._read_at["1"]
+    gaps = [b - a for a, b in zip(calls, calls[1:])]
+    # 0.02 (first change: RUNNING seen), then doubling 0.04, 0.08, capped at 0.16.
+    assert gaps[-1] >= 0.15 and gaps[1] < 0.08, gaps
+    assert w.interval == pytest.approx(0.16)
+    state["s"] = JobStatus.COMPLETED
+    st = w.next_state("1", seen)
+    assert st.status is JobStatus.COMPLETED and w.interval == pytest.approx(0.02)
+    n = len(calls)
+    assert w.next_state("1", time.monotonic() + 10).status is JobStatus.COMPLETED
+    assert len(calls) == n  # finished: cached, never asked again
+
+
+def test_wait_timeout_returns_the_last_state():
+    w_calls = []
+
+    class Sched:
+        status_max_age = 1.0
+
+        def watch_key(self):
+            return ("test-timeout", id(self))
+
+        def describe(self, ids):
+            w_calls.append(ids)
+            return {i: JobState(i, JobStatus.RUNNING) for i in ids}
+
+    t = time.monotonic()
+    st = wait_shared(Sched(), "x", timeout=0.3, poll=0.05, max_poll=0.1)
+    assert st.status is JobStatus.RUNNING and 0.25 <= time.monotonic() - t < 1.0
