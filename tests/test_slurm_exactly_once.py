@@ -185,6 +185,8 @@ def test_a_killed_torchrun_ends_the_job_in_bounded_time(tmp_path, env):
                 if len(workers) >= 4:
                     victim = next((p for p, (n, c) in pids.items() if n == "1" and _is_torchrun(c)), None)
             time.sleep(0.5)
+        if victim is None and proc.poll() is not None:
+            pytest.fail(f"submit ended early ({proc.returncode}): {proc.stderr.read()[-3000:]}")
         assert victim, f"job {job_id} never had both nodes training"
         time.sleep(2)  # mid-run
         os.kill(victim, signal.SIGKILL)
