@@ -12,6 +12,7 @@ import json
 import os
 import re
 import secrets
+import select
 import signal
 import socket
 import subprocess
@@ -156,7 +157,31 @@ class LocalScheduler(Scheduler):
         d = self._dir(job_id)
         if not (d / "job.log").exists():
             raise UsageError(f"local job {job_id!r} has no log yet")
-        yield from tail_lines(d / "job.log", follow, lambda: self._state(job_id).status.terminal, poll=0.2)
+        yield from tail_lines(d / "job.log", follow, lambda: self._state(job_id).status.terminal, poll=0.05)
+
+    def wait(self, job_id: str, timeout: float | None = None, poll: float = 1.0, max_poll: float = 30.0,
+             on_change=None, on_tick=None) -> JobState:
+        """Until the job ends: blocks on the supervisor's exit (a pidfd), which follows its last
+        state write at once, so the wait returns as the job ends; states in between are read
+        every ``poll`` seconds (a file read: no backoff needed)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last = None
+        while True:
+            state = self._state(job_id)
+            key = (state.status, state.nodes_running)
+            if key != last:
+                last = key
+                if on_change:
+                    on_change(state)
+            if on_tick:
+                on_tick(state)
+            if state.status.terminal or state.status is JobStatus.UNKNOWN:
+                return state
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return state
+            sup = self._supervisor(self.root / job_id)
+            _wait_exit(sup[0] if sup else None, min(poll, left) if left is not None else poll)
 
     # ---- implementation ---------------------------------------------------------------------
 
@@ -208,6 +233,46 @@ class LocalScheduler(Scheduler):
                     if left:
                         st.reason += f"; {left} process{'es' if left != 1 else ''} of the job still run: cancel it to stop them"
         return st
+
+
+def _wait_exit(pid: int | None, timeout: float) -> None:
+    """Sleep until process ``pid`` exits or ``timeout`` passes, woken by the exit itself (pidfd,
+    Linux 5.3+); a short sleep where that is not available."""
+    try:
+        fd = os.pidfd_open(pid) if pid else None
+    except (AttributeError, OSError):
+        fd = None
+    if fd is None:
+        time.sleep(min(timeout, 0.1))
+        return
+    try:
+        select.select([fd], [], [], timeout)
+    finally:
+        os.close(fd)
+
+
+def _wait_any(pids: list[int], wake_fd: int | None, timeout: float) -> None:
+    """Sleep until one of ``pids`` exits, a signal arrives (``wake_fd``, signal.set_wakeup_fd),
+    or ``timeout`` passes: the supervisor sees a node's end as it happens, not at its next poll."""
+    fds = []
+    try:
+        for pid in pids:
+            fds.append(os.pidfd_open(pid))
+    except (AttributeError, OSError):
+        for fd in fds:
+            os.close(fd)
+        time.sleep(min(timeout, 0.1))
+        return
+    try:
+        ready, _, _ = select.select(fds + ([wake_fd] if wake_fd is not None else []), [], [], timeout)
+        if wake_fd in ready:
+            try:
+                os.read(wake_fd, 512)
+            except BlockingIOError:
+                pass
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _failure_report(d: Path):
@@ -448,6 +513,11 @@ class _Supervisor:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        # A signal wakes the wait for the nodes below (a handler alone would not end select).
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
         _become_subreaper()
         if (self.d / CANCEL_MARK).exists():
             self._save(state="CANCELLED", nodes_running=0, ended=time.time(), reason="cancelled by user")
@@ -535,7 +605,9 @@ class _Supervisor:
                 break
             if running != self.state.get("nodes_running"):
                 self._save(nodes_running=running)
-            time.sleep(0.2)
+            # Woken by a node's or server's exit or a signal; 1 s bounds a cancel mark without one.
+            live = [p.pid for p in self.procs + [p for _, p in self.servers] if p.poll() is None]
+            _wait_any(live, wake_r, 1.0)
         self._save(nodes_running=0)
         self._reap_orphans()
         for t in pumps:
