@@ -70,7 +70,8 @@ def _group(name: str, body: dict) -> dict:
         networks.append(n)
     g["Networks"] = networks
     if "service" in body:
-        g["Services"] = [{"Name": s["name"], "Provider": s["provider"], "PortLabel": s["port"]} for s in body["service"]]
+        g["Services"] = [{"Name": s["name"], "Provider": s["provider"], "PortLabel": s["port"],
+                          **({"Tags": s["tags"]} if "tags" in s else {})} for s in body["service"]]
     return g
 
 

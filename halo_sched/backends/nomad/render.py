@@ -48,6 +48,7 @@ from ...launch import (
 )
 from ...spec import JobSpec
 from ...templating import render_template
+from . import servers as nomad_servers
 
 TASK = "torchrun"
 PORT_LABEL = "rdzv"
@@ -189,10 +190,29 @@ def _task(spec: JobSpec, job_id: str, group: str, entry: str, delims: tuple[str,
         templates += [{"EmbeddedTmpl": secret_template(job_id, name), "DestPath": f"secrets/halo-secret-{name}",
                        "Perms": "0400", "ChangeMode": "noop"} for name in spec.secret_env]
 
-    args = ["${NOMAD_TASK_DIR}/halo-entry.sh"]
+    if spec.servers:
+        # Each server role's addresses, read from its registrations (halo_sched/backends/nomad/servers.py).
+        server_env, server_templates = nomad_servers.trainer_wiring(spec, job_id)
+        env.update(server_env)
+        templates += server_templates
+    config, resources = _config_and_resources(spec, spec.image, spec.gpus_per_node, ["${NOMAD_TASK_DIR}/halo-entry.sh"])
+    return {
+        "Name": TASK,
+        "Driver": nm.driver,
+        "Config": config,
+        "Env": env,
+        "Templates": templates,
+        "Resources": resources,
+        "KillTimeout": 30_000_000_000,
+    }
+
+
+def _config_and_resources(spec: JobSpec, image: str | None, gpus: int, args: list[str]) -> tuple[dict, dict]:
+    """The driver config and resources of a node-sized task (trainer node or server node)."""
+    nm = spec.nomad
     if nm.driver == "docker":
         config: dict = {
-            "image": spec.image,
+            "image": image,
             "command": "/bin/bash",
             "args": args,
             # torchrun and NCCL need the host's interfaces; the rendezvous port is a host port.
@@ -213,17 +233,9 @@ def _task(spec: JobSpec, job_id: str, group: str, entry: str, delims: tuple[str,
         config = {"command": "/bin/bash", "args": args}
 
     resources: dict = {"CPU": nm.cpu, "MemoryMB": nm.memory}
-    if spec.gpus_per_node:
-        resources["Devices"] = [{"Name": "nvidia/gpu", "Count": spec.gpus_per_node}]
-    return {
-        "Name": TASK,
-        "Driver": nm.driver,
-        "Config": config,
-        "Env": env,
-        "Templates": templates,
-        "Resources": resources,
-        "KillTimeout": 30_000_000_000,
-    }
+    if gpus:
+        resources["Devices"] = [{"Name": "nvidia/gpu", "Count": gpus}]
+    return config, resources
 
 
 def _group(spec: JobSpec, job_id: str, name: str, count: int, entry: str, delims: tuple[str, str]) -> dict:
@@ -245,7 +257,11 @@ def _group(spec: JobSpec, job_id: str, name: str, count: int, entry: str, delims
     if name == LEADER_GROUP:
         group["Networks"] = [{
             "Mode": "host",
-            "ReservedPorts": [{"Label": PORT_LABEL, "Value": spec.rendezvous.port}],
+            # Rank 0 binds the weight-sync group ports too (servers[].group_port): reserved here.
+            # Sorted by label: HCL keeps port blocks by label, so the two forms stay one job.
+            "ReservedPorts": sorted([{"Label": PORT_LABEL, "Value": spec.rendezvous.port}] + [
+                {"Label": f"group-{r.name}", "Value": r.group_port} for r in spec.servers if r.group_port is not None],
+                key=lambda p: p["Label"]),
         }]
         group["Services"] = [{"Name": service_name(job_id), "Provider": "nomad", "PortLabel": PORT_LABEL}]
     else:
@@ -280,6 +296,16 @@ def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
         "Meta": {NODES_META: str(spec.nodes), "halo_sched_world_size": str(spec.world_size)},
         "TaskGroups": [_group(spec, job_id, name, count, entry, delims) for name, count in group_counts(spec.nodes).items()],
     }
+    if spec.servers:
+        if nm.driver == "docker" and not all(r.image or spec.image for r in spec.servers):
+            raise SpecError([("servers", "the Nomad docker driver needs an image for every server role; set "
+                                         "servers[].image or the job's image")])
+        job["Meta"][nomad_servers.SERVERS_META] = nomad_servers.servers_meta(spec)
+        policies = {k: v for k, v in job["TaskGroups"][0].items() if k in ("RestartPolicy", "ReschedulePolicy", "Disconnect")}
+        job["TaskGroups"] += [nomad_servers.server_group(spec, job_id, r, master_template(job_id), _delimiters,
+                                                         lambda image, gpus, args: _config_and_resources(spec, image, gpus, args),
+                                                         policies)
+                              for r in spec.servers]
     if nm.namespace:
         job["Namespace"] = nm.namespace
     if nm.region:

@@ -1,0 +1,109 @@
+"""Server roles on Nomad: the rendered job's server groups, parsed back from HCL by HashiCorp's
+parser (tests/hclparse), and run in the client simulator (tests/nomad/client_sim.py) with the
+trainer's groups: placement of each role's group, its tagged nomadService registrations, the
+trainer reading them through templates (empty until registered), servers ending themselves once
+rank 0's registration is gone."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import pytest
+
+import halo_sched
+from halo_sched.backends.nomad.render import job_payload, render_hcl, submission_id
+from halo_sched.backends.nomad.servers import service_name
+from helpers import REPO, free_port, load_nomad_helper
+from hclparse import hcl2json, jobspec
+
+client_sim = load_nomad_helper("client_sim")
+SERVER = str(REPO / "tests" / "servers" / "rollout_server.py")
+TRAINER = str(REPO / "tests" / "servers" / "server_trainer.py")
+
+
+def spec_for(tmp_path, server_nodes=2, timeout_s=60, delay=1.0):
+    port = free_port()
+    return halo_sched.spec.JobSpec.model_validate({
+        "name": "rl-sim", "nodes": 2, "nproc_per_node": 1,
+        "trainer": {"script": TRAINER, "args": ["--report-dir", str(tmp_path / "reports")]},
+        "env": {"OMP_NUM_THREADS": "1"},
+        "network": {"fabric": "efa"},
+        "rendezvous": {"port": free_port(), "timeout_s": timeout_s},
+        "nomad": {"driver": "raw_exec"},
+        "servers": [{"name": "rollout-a", "nodes": server_nodes, "port": port, "group_port": free_port(),
+                     "command": [sys.executable, SERVER, "--port", str(port), "--delay", str(delay),
+                                 "--record-dir", str(tmp_path / "rec"), "--echo", "${x} %{y} it's"]}],
+    })
+
+
+def test_server_groups_are_constant_size_and_decode_from_hcl(tmp_path):
+    spec = spec_for(tmp_path, server_nodes=7)
+    job_id = submission_id(spec)
+    job = job_payload(spec, job_id)["Job"]
+    assert [(g["Name"], g["Count"]) for g in job["TaskGroups"]] == [("node-0", 1), ("workers", 1), ("server-rollout-a", 7)]
+    (srv,) = job["TaskGroups"][2]["Services"]
+    assert srv["Name"] == service_name(job_id, "rollout-a") and srv["Tags"] == ["halo-index-${NOMAD_ALLOC_INDEX}"]
+    # Rank 0 reserves the weight-sync port it binds.
+    assert {p["Label"] for p in job["TaskGroups"][0]["Networks"][0]["ReservedPorts"]} == {"rdzv", "group-rollout-a"}
+    parsed = jobspec.api_job(hcl2json.load(render_hcl(spec, job_id)))
+    assert jobspec.comparable(parsed) == jobspec.comparable(job)
+
+
+def test_docker_server_without_any_image_is_refused(tmp_path):
+    spec = spec_for(tmp_path)
+    spec = spec.model_copy(update={"nomad": spec.nomad.model_copy(update={"driver": "docker"}), "image": None})
+    with pytest.raises(halo_sched.errors.SpecError, match="image"):
+        job_payload(spec)
+
+
+def _host_env():
+    env = dict(os.environ)
+    env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
+    return env
+
+
+@pytest.mark.torch
+def test_sim_trainer_reads_server_registrations_and_servers_end_after_rank_0(tmp_path):
+    # One server: the simulator is one host, where a second static port 'http' cannot be
+    # reserved (it refuses, as Nomad would need another node). Node order: the local tests.
+    spec = spec_for(tmp_path, server_nodes=1, delay=1.0)
+    job = job_payload(spec)["Job"]
+    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=_host_env()) as cluster:
+        # Trainer first: its address files are blank until the server registers; it waits.
+        cluster.place(["node-0", "workers"])
+        cluster.start()
+        time.sleep(2)
+        assert cluster.services(service_name("rl-sim", "rollout-a")) == []
+        cluster.place(["server-rollout-a"])
+        cluster.start()
+        codes = cluster.wait(timeout=120)
+        logs = {n: cluster.stdout(n) + cluster.stderr(n) for n in codes}
+    assert set(codes.values()) == {0}, logs
+    ranks = [json.loads((tmp_path / "reports" / f"rank{i}.json").read_text()) for i in range(2)]
+    port = spec.servers[0].port
+    for rep in ranks:
+        urls = rep["urls"]["HALO_SERVER_ROLLOUT_A_URLS"]
+        assert [u["url"].rsplit(":", 1)[1] for u in urls] == [str(port)]
+        assert [u["body"]["server"] for u in urls] == ["rollout-a-0"]
+        assert bytes.fromhex(urls[0]["body"]["echo_hex"]).decode() == "${x} %{y} it's"
+        assert urls[0]["body"]["nccl_net"] == "Libfabric"
+    # The servers stopped themselves after rank 0's registration went away.
+    assert any("the trainer's rank 0 is gone" in text for name, text in logs.items() if "server-rollout-a" in name), logs
+
+
+@pytest.mark.torch
+def test_sim_unregistered_server_fails_the_trainer_naming_it(tmp_path):
+    spec = spec_for(tmp_path, server_nodes=1, timeout_s=4)
+    job = job_payload(spec)["Job"]
+    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=_host_env()) as cluster:
+        cluster.place(["node-0", "workers"])  # the server group never places
+        t0 = time.monotonic()
+        cluster.start()
+        codes = cluster.wait(timeout=60)
+        elapsed = time.monotonic() - t0
+        errs = {n: cluster.stderr(n) for n in codes}
+    assert all(c != 0 for c in codes.values())
+    assert any("server(s) rollout-a[0] not registered within rendezvous.timeout_s=4s" in e for e in errs.values()), errs
+    assert elapsed < 40
