@@ -19,6 +19,10 @@ CASES = [
     ("nomad-gpu.yaml", "nomad", {"format": "hcl"}, "nomad-gpu.nomad.hcl"),
     ("nomad-gpu.yaml", "nomad", {"format": "json"}, "nomad-gpu.nomad.json"),
     ("nomad-gpu.yaml", "slurm", {}, "nomad-gpu.sbatch"),
+    ("rl-servers.yaml", "local", {}, "rl-servers.local.txt"),
+    ("rl-servers.yaml", "slurm", {}, "rl-servers.sbatch"),
+    ("rl-servers.yaml", "nomad", {"format": "hcl"}, "rl-servers.nomad.hcl"),
+    ("rl-servers.yaml", "nomad", {"format": "json"}, "rl-servers.nomad.json"),
 ]
 
 

@@ -107,3 +107,10 @@ def test_sim_unregistered_server_fails_the_trainer_naming_it(tmp_path):
     assert all(c != 0 for c in codes.values())
     assert any("server(s) rollout-a[0] not registered within rendezvous.timeout_s=4s" in e for e in errs.values()), errs
     assert elapsed < 40
+
+
+def test_golden_rl_servers_hcl_decodes_to_the_golden_json():
+    golden = REPO / "tests" / "golden"
+    (doc,) = hcl2json.load_many([(golden / "rl-servers.nomad.hcl").read_text()])
+    want = json.loads((golden / "rl-servers.nomad.json").read_text())["Job"]
+    assert jobspec.comparable(jobspec.api_job(doc)) == jobspec.comparable(want)

@@ -1,0 +1,1166 @@
+# halo-sched: job rl-grpo for Nomad: 2 nodes. Group node-0 is node rank 0; group
+# workers (count N-1) runs the others, node rank = 1 + NOMAD_ALLOC_INDEX (the entry script adds).
+# Plan with `nomad job plan FILE`, run with `nomad job run FILE`.
+job "rl-grpo" {
+  type        = "batch"
+  datacenters = ["*"]
+
+  # Nomad has no gang scheduling; node-sized allocations must at least land on different clients.
+  constraint {
+    operator = "distinct_hosts"
+    value    = "true"
+  }
+
+  meta {
+    halo_sched_nodes = "2"
+    halo_sched_world_size = "16"
+    halo_sched_servers = "vllm:1"
+  }
+
+  group "node-0" {
+    count = 1
+
+    # A fixed-size world never re-forms around a replaced rank: no restarts, no reschedules.
+    restart {
+      attempts = 0
+      mode     = "fail"
+      interval = "24h"
+      delay    = "15s"
+    }
+    reschedule {
+      attempts  = 0
+      unlimited = false
+    }
+    # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
+    # its allocation turns "unknown" and whoever watches the job stops it. Nomad 1.8+.
+    disconnect {
+      replace = false
+    }
+
+    meta {
+      halo_node_rank = "0"
+    }
+
+    network {
+      mode = "host"
+      port "group-vllm" {
+        static = 51216
+      }
+      port "rdzv" {
+        static = 29500
+      }
+    }
+
+    # Rank 0's address for the other nodes, without Consul.
+    service {
+      name     = "rl-grpo-rdzv"
+      provider = "nomad"
+      port     = "rdzv"
+    }
+
+    task "torchrun" {
+      driver       = "docker"
+      kill_timeout = "30s"
+
+      config {
+        image = "ghcr.io/example/halo-trainer:2026.11"
+        command = "/bin/bash"
+        args = ["$${NOMAD_TASK_DIR}/halo-entry.sh"]
+        network_mode = "host"
+        ulimit = [
+          {
+            memlock = "-1"
+            stack = "67108864"
+          },
+        ]
+        shm_size = 17179869184
+        devices = [
+          {
+            host_path = "/dev/infiniband"
+            container_path = "/dev/infiniband"
+          },
+        ]
+      }
+
+      env {
+        HALO_NODE_RANK = "0"
+        HALO_MASTER_ADDR = "$${NOMAD_IP_rdzv}"
+        HALO_SERVER_VLLM_ADDRS_FILE = "$${NOMAD_TASK_DIR}/halo-server-vllm-addrs"
+      }
+
+      template {
+        destination = "local/halo-entry.sh"
+        change_mode = "noop"
+        perms       = "0755"
+        # Delimiters absent from the script: Go templating leaves it byte-exact.
+        left_delimiter  = "[[halo-3ed02455"
+        right_delimiter = "halo-3ed02455]]"
+        data        = <<EOT
+#!/bin/bash
+# halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
+# The same script runs on every node. The backend sets only HALO_NODE_RANK (and maybe
+# HALO_NODE_RANK_OFFSET) and the master address (HALO_MASTER_ADDR, or
+# HALO_MASTER_ADDR_FILE to poll until rank 0 is known).
+set -e
+halo_fail() {
+  echo "halo-sched: node $halo_rank: $*" >&2
+  exit 1
+}
+halo_rank=$HALO_NODE_RANK
+# Nomad's worker group passes its allocation index and HALO_NODE_RANK_OFFSET=1 ($${} cannot add).
+halo_offset=$${HALO_NODE_RANK_OFFSET:-0}
+# Digits only, and few of them: the sum below can then neither fail nor overflow.
+case "$halo_rank:$halo_offset" in
+  :* | *: | *[!0-9:]* | *:*:* | ????????????*) halo_fail "HALO_NODE_RANK must be a node rank in 0..1, got '$halo_rank' (offset '$halo_offset')" ;;
+esac
+halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not octal
+[ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank (HALO_NODE_RANK + offset $halo_offset) is outside 0..1"
+
+# The preemption/time-limit warning (SIGUSR2) is ignored here, in setup and in
+# torchrun, and inherited as ignored by the ranks: torchrun would die from it (or, for a signal it
+# handles, stop its workers after a short grace). The trainer installs its own handler (Python's
+# signal.signal overrides an inherited SIG_IGN) and has until the deadline to checkpoint. A
+# handler in this shell would not do: bash resets handled signals to the default in children.
+trap '' USR2
+export HALO_WARNING_SIGNAL=USR2
+# Which run this is: 0 the first time, n after the job was requeued n times.
+export HALO_RESTART_COUNT="$${HALO_RESTART_COUNT:-0}"
+
+# Environment for every rank, identical on all nodes (values are literal).
+export DIST_SHARED_FILESYSTEM=1
+export DIST_STORE_TIMEOUT_HOURS=4
+export NCCL_SOCKET_IFNAME=eth0
+export GLOO_SOCKET_IFNAME=eth0
+export NCCL_NET_PLUGIN=ofi
+export NCCL_NET=Libfabric
+# rendezvous.timeout_s counts from here: a slow setup (pip install, image pull) is not a dead peer.
+halo_started=$SECONDS
+
+# Rank 0's address: given, or published later (a file that fills once rank 0 is known).
+# The file exists but is blank until then (Nomad's nomadService renders empty; it never blocks).
+if [ -n "$HALO_MASTER_ADDR_FILE" ]; then
+  while :; do
+    HALO_MASTER_ADDR=$(head -n 1 "$HALO_MASTER_ADDR_FILE" 2> /dev/null | tr -d '[:space:]')
+    [ -z "$HALO_MASTER_ADDR" ] || break
+    if [ $((SECONDS - halo_started)) -ge 1200 ]; then
+      halo_fail "rank 0 was not published within rendezvous.timeout_s=1200s (waited on $HALO_MASTER_ADDR_FILE); is node 0 placed and running?"
+    fi
+    sleep 1
+  done
+fi
+[ -n "$HALO_MASTER_ADDR" ] || halo_fail "no master address: the backend set neither HALO_MASTER_ADDR nor HALO_MASTER_ADDR_FILE"
+command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
+
+# ---- Rollout servers (servers:, halo_sched/servers.py) ----
+# Each role's addresses come from the backend: HALO_SERVER_<NAME>_ADDRS (comma-separated, server
+# order) or HALO_SERVER_<NAME>_ADDRS_FILE (lines "halo-index-K ADDR", filled as servers register;
+# blank until then). Then every server must answer GET health_path with 200 before torchrun starts;
+# all of it within rendezvous.timeout_s, counted from the end of setup.
+halo_server_addrs() {  # ROLE NODES VAR FILE_VAR -> halo_addrs="A0,A1,..."
+  local halo_k halo_a halo_missing halo_file="$${!4:-}"
+  while :; do
+    halo_addrs=$${!3:-}
+    [ -n "$halo_file" ] || break
+    halo_addrs= halo_missing=
+    for ((halo_k = 0; halo_k < $2; halo_k++)); do
+      halo_a=$(awk -v t="halo-index-$halo_k" '$1 == t && $2 != "" { print $2; exit }' "$halo_file" 2> /dev/null)
+      [ -n "$halo_a" ] || halo_missing="$halo_missing $1[$halo_k]"
+      halo_addrs="$halo_addrs$${halo_addrs:+,}$halo_a"
+    done
+    [ -n "$halo_missing" ] || break
+    if [ $((SECONDS - halo_started)) -ge 1200 ]; then
+      halo_fail "server(s)$halo_missing not registered within rendezvous.timeout_s=1200s (waited on $halo_file); are they placed and running?"
+    fi
+    sleep 1
+  done
+  local halo_n
+  halo_n=$(echo "$halo_addrs" | awk -F, '{ print NF }')
+  [ "$halo_n" = "$2" ] || halo_fail "the backend gave $halo_n address(es) for server role $1 ('$halo_addrs'), expected $2"
+}
+halo_health=()
+halo_server_addrs vllm 1 HALO_SERVER_VLLM_ADDRS HALO_SERVER_VLLM_ADDRS_FILE
+HALO_SERVER_VLLM_URLS=
+halo_k=0
+for halo_a in $${halo_addrs//,/ }; do
+  case "$halo_a" in *:*) halo_a="[$halo_a]" ;; esac
+  HALO_SERVER_VLLM_URLS="$HALO_SERVER_VLLM_URLS$${HALO_SERVER_VLLM_URLS:+,}http://$halo_a:8000"
+  halo_health+=("vllm[$halo_k]" "http://$halo_a:8000"/health)
+  halo_k=$((halo_k + 1))
+done
+export HALO_SERVER_VLLM_URLS
+export HALO_SERVER_VLLM_GROUP_PORT=51216
+echo "halo-sched: node $halo_rank: server vllm: $HALO_SERVER_VLLM_URLS" >&2
+halo_left=$((1200 - (SECONDS - halo_started)))
+[ "$halo_left" -gt 0 ] || halo_left=1
+halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
+case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
+# $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
+$halo_py - "$halo_left" "$${halo_health[@]}" << 'HALO_HEALTH_EOF' ||
+"""Wait until every rollout server answers its health path (run on a trainer node by the entry
+script, with the node's python3; standard library only).
+
+argv: SECONDS then NAME URL pairs (NAME like ``vllm[0]``, URL the health URL). Exit 0 once each
+URL answered HTTP 200; exit 1 at the deadline, naming every server that did not, with its last
+error. Prints one line per server when it becomes healthy.
+"""
+import sys
+import time
+import urllib.error
+import urllib.request
+
+
+def main(argv):
+    deadline = time.monotonic() + float(argv[0])
+    pending = dict(zip(argv[1::2], argv[2::2]))
+    last = {name: "no answer yet" for name in pending}
+    t0 = time.monotonic()
+    while pending:
+        for name, url in list(pending.items()):
+            left = deadline - time.monotonic()
+            try:
+                with urllib.request.urlopen(url, timeout=max(0.5, min(5.0, left))) as resp:
+                    code = resp.status
+            except urllib.error.HTTPError as err:
+                code, last[name] = err.code, f"HTTP {err.code}"
+            except (urllib.error.URLError, OSError, ValueError) as err:
+                code, last[name] = None, str(getattr(err, "reason", err))
+            if code == 200:
+                del pending[name]
+                print(f"halo-sched: server {name} healthy at {url} after {time.monotonic() - t0:.1f}s "
+                      f"(t={time.time():.3f})", file=sys.stderr, flush=True)
+            elif code is not None:
+                last[name] = f"HTTP {code}"
+        if not pending:
+            break
+        if time.monotonic() >= deadline:
+            for name, url in pending.items():
+                print(f"halo-sched: server {name} did not answer 200 at {url} within rendezvous.timeout_s "
+                      f"(last: {last[name]})", file=sys.stderr, flush=True)
+            return 1
+        time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+HALO_HEALTH_EOF
+  halo_fail "not every rollout server answered its health path within rendezvous.timeout_s=1200s (see above); not starting the trainer"
+unset halo_health halo_addrs halo_left halo_k halo_a
+
+
+# ---- Failure report (halo_sched/failure_collector.py) ----
+# torchrun --log-dir/--tee: each rank's stdout/stderr also land in a file (on the console every
+# such line reads "[rank R] ..."), beside the rank's TORCHELASTIC_ERROR_FILE. When torchrun exits
+# non-zero, the collector prints one "halo-sched-failure {json}" line per failed rank to this
+# node's output, where every backend finds it. HALO_LOG_DIR (optional) keeps the files.
+halo_log_root=$${HALO_LOG_DIR:-}
+[ -n "$halo_log_root" ] || halo_log_root=$(mktemp -d "$${TMPDIR:-/tmp}/halo-sched.XXXXXX")
+halo_log_dir=$halo_log_root/node-$halo_rank
+mkdir -p "$halo_log_dir"
+export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank $${rank}] '
+halo_run() {
+  local halo_pid halo_tee halo_rc halo_py
+  halo_trapped=0
+  halo_stopped_at=
+  # torchrun's own stderr also goes to a file: its failure summary has each failed rank's exit code.
+  exec 3> >(trap '' TERM INT HUP; exec tee -a "$halo_log_dir/torchrun.err" >&2)
+  halo_tee=$!
+  "$@" 2>&3 &
+  halo_pid=$!
+  # SLURM signals every process of the step and the local backend the node's process group, so
+  # torchrun has the signal already; Nomad signals this shell alone (executor_unix.go
+  # shutdownProcess), so pass it on.
+  trap 'halo_trapped=1; halo_stopped_at=$${EPOCHREALTIME:-$(date +%s)}; [ -n "$${SLURM_STEP_ID:-}$${HALO_LOCAL_JOB:-}" ] || kill -TERM "$halo_pid" 2> /dev/null || true' TERM INT
+  while :; do
+    halo_trapped=0
+    halo_rc=0
+    wait "$halo_pid" || halo_rc=$?
+    # wait returns early (>128) when the trap ran; torchrun is still stopping: wait again.
+    [ "$halo_trapped" = 1 ] && [ "$halo_rc" -gt 128 ] || break
+  done
+  trap - TERM INT
+  exec 3>&-
+  wait "$halo_tee" 2> /dev/null || true
+  if [ "$halo_rc" != 0 ]; then
+    halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
+    case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
+    # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
+    $halo_py - "$halo_rank" 8 "$halo_log_dir" "$halo_rc" "$halo_stopped_at" << 'HALO_COLLECT_EOF' ||
+"""Run on each node by the entry script after torchrun exits non-zero: one failure line per rank.
+
+Standard library only: it runs under the node's Python (the one torchrun runs under), where
+halo-sched itself need not be installed. The entry script passes it, as text, to that Python.
+
+Inputs, from torchrun's own files (``torch/distributed/elastic/multiprocessing/api.py``,
+``DefaultLogsSpecs.reify``): with ``--log-dir=DIR --tee=3``, each worker's stdout/stderr land in
+``DIR/<run_id>_<random>/attempt_<n>/<local_rank>/{stdout,stderr}.log`` and its
+``TORCHELASTIC_ERROR_FILE`` is ``error.json`` beside them (written only by a trainer decorated
+with ``@record``). Exit codes and signals come from torchrun's failure summary on its stderr
+(``ChildFailedError.format_msg``: ``rank : 3 (local_rank: 1)``, ``exitcode : -9 (pid: 12)
+(SIGKILL)``), which the entry script tees into ``DIR/torchrun.err``.
+
+Output: ``halo-sched-failure {json}`` on stderr, one per failed rank, or one for the node when
+torchrun itself failed (rendezvous timeout, killed) and no rank is named. The keys are those of
+:class:`halo_sched.failures.RankFailure`.
+"""
+from __future__ import annotations
+
+import datetime
+import glob
+import json
+import os
+import re
+import socket
+import sys
+import time
+
+TAG = "halo-sched-failure"
+TAIL_LINES = 12
+
+_BLOCK = re.compile(
+    r"time\s*:\s*(?P<time>\S+)\s*\n\s*host\s*:\s*(?P<host>\S*)\s*\n\s*rank\s*:\s*(?P<rank>\d+)\s*"
+    r"\(local_rank:\s*(?P<local_rank>\d+)\)\s*\n\s*exitcode\s*:\s*(?P<exit>-?\d+)[^\n]*?(?:\((?P<sig>SIG\w+)\))?[ \t]*\n"
+)
+# The line that names an error in a traceback or a torchrun log: "ValueError: ...", "torch.x.Y: ...".
+_ERROR = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt|Timeout|Failure)\b.*")
+# torch prefixes a worker's uncaught exception lines with "[rankN]: ".
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s*")
+_SIGNALS = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
+            9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
+
+
+def _tail(path: str, n: int = TAIL_LINES) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+    return [line[:400] for line in lines if line.strip()][-n:]
+
+
+def error_line(lines: list[str]) -> str:
+    """The line that says what went wrong: the last ``SomethingError: ...`` line, else the last line."""
+    for line in reversed(lines):
+        text = _RANK_PREFIX.sub("", line.strip())
+        if _ERROR.match(text):
+            return text
+    return _RANK_PREFIX.sub("", lines[-1].strip()) if lines else ""
+
+
+def summary_failures(text: str) -> dict[int, dict]:
+    """torchrun's failure summary, per global rank: time (epoch), host, local rank, exit, signal."""
+    out = {}
+    for m in _BLOCK.finditer(text):
+        try:
+            # ProcessFailure.timestamp_isoformat: local time, "YYYY-MM-DD_HH:MM:SS", whole seconds.
+            when = datetime.datetime.strptime(m["time"], "%Y-%m-%d_%H:%M:%S").timestamp()
+        except ValueError:
+            when = None
+        code = int(m["exit"])
+        out[int(m["rank"])] = {
+            "time": when, "host": m["host"], "local_rank": int(m["local_rank"]),
+            # A negative exit code is torch's way to say "killed by signal -code".
+            "exit_code": 128 - code if code < 0 else code,
+            "signal": m["sig"] or (_SIGNALS.get(-code, f"SIG{-code}") if code < 0 else None),
+        }
+    return out
+
+
+def _rank_dirs(log_dir: str) -> dict[int, str]:
+    """local rank -> its directory in the latest attempt torchrun made under ``log_dir``."""
+    attempts = sorted(glob.glob(os.path.join(log_dir, "*", "attempt_*")), key=os.path.getmtime)
+    if not attempts:
+        return {}
+    out = {}
+    for d in glob.glob(os.path.join(attempts[-1], "*")):
+        if os.path.basename(d).isdigit():
+            out[int(os.path.basename(d))] = d
+    return out
+
+
+def _error_file(path: str) -> tuple[str, float] | None:
+    """(message, time) from a worker's error.json (``@record``); the file's mtime is the precise time."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        when = os.stat(path).st_mtime
+    except (OSError, ValueError):
+        return None
+    msg = data.get("message")
+    if isinstance(msg, dict):
+        msg = msg.get("message") or ""
+    lines = str(msg or "").strip().splitlines()
+    return (lines[-1] if lines else ""), when
+
+
+def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | None = None,
+            host: str | None = None, now: float | None = None) -> list[dict]:
+    """Failure records for one node whose torchrun exited with ``rc`` (non-zero)."""
+    host = host or socket.gethostname()
+    now = time.time() if now is None else now
+    try:
+        with open(os.path.join(log_dir, "torchrun.err"), errors="replace") as f:
+            agent_text = f.read()
+    except OSError:
+        agent_text = ""
+    summary = summary_failures(agent_text)
+    dirs = _rank_dirs(log_dir)
+    out = []
+    for rank, info in sorted(summary.items()):
+        lr = info["local_rank"]
+        d = dirs.get(lr, "")
+        tail = _tail(os.path.join(d, "stderr.log")) if d else []
+        detected = info["time"] if info["time"] is not None else now
+        when, error = detected, ""
+        from_file = _error_file(os.path.join(d, "error.json")) if d else None
+        if from_file:
+            error, when = from_file
+        elif tail and info["signal"] is None:
+            # The traceback was the last thing the rank wrote: its mtime is the time of death, to
+            # the nanosecond, where torchrun's summary has whole seconds (and is later).
+            try:
+                mtime = os.stat(os.path.join(d, "stderr.log")).st_mtime
+            except OSError:
+                mtime = None
+            if mtime is not None and detected - 5 <= mtime <= detected + 1:
+                when = mtime
+        if not error:
+            error = error_line(tail) or (f"killed by {info['signal']}" if info["signal"] else "")
+        out.append({
+            "node": node, "rank": rank, "local_rank": lr, "host": info["host"] or host,
+            "exit_code": info["exit_code"], "signal": info["signal"], "time": when,
+            "error": error, "tail": tail, "stopped": False,
+        })
+    if not out:
+        # torchrun failed before or without a worker failure (rendezvous, store timeout, a
+        # signal that stopped it): the node is what failed.
+        tail = [line for line in _tail(os.path.join(log_dir, "torchrun.err"), 40) if not line.startswith("[rank ")]
+        code = rc
+        sig = _SIGNALS.get(code - 128) if code > 128 else None
+        out.append({
+            "node": node, "rank": None, "local_rank": None, "host": host, "exit_code": code, "signal": sig,
+            "time": stopped_at if stopped_at is not None else now,
+            "error": error_line(tail[-TAIL_LINES:]), "tail": tail[-TAIL_LINES:], "stopped": stopped_at is not None,
+        })
+    return out
+
+
+def main(argv: list[str]) -> int:
+    node, nproc, log_dir, rc = int(argv[0]), int(argv[1]), argv[2], int(argv[3])
+    # EPOCHREALTIME uses the locale's decimal point.
+    stopped_at = float(argv[4].replace(",", ".")) if len(argv) > 4 and argv[4] else None
+    for rec in collect(node, nproc, log_dir, rc, stopped_at):
+        sys.stderr.write(f"{TAG} {json.dumps(rec, separators=(',', ':'))}\n")
+    sys.stderr.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
+HALO_COLLECT_EOF
+      echo "halo-sched-failure {\"node\":$halo_rank,\"rank\":null,\"host\":\"$(hostname)\",\"exit_code\":$halo_rc,\"time\":$(date +%s),\"error\":\"torchrun exited with $halo_rc\"}" >&2
+  fi
+  [ -n "$${HALO_LOG_DIR:-}" ] || rm -rf "$halo_log_root"
+  return "$halo_rc"
+}
+
+echo "halo-sched: node $halo_rank of 2 on $(hostname): master $HALO_MASTER_ADDR:29500" >&2
+halo_run torchrun \
+  --nnodes=2 \
+  --nproc_per_node=8 \
+  --node_rank="$halo_rank" \
+  --master_addr="$HALO_MASTER_ADDR" \
+  --master_port=29500 \
+  --max_restarts=0 \
+  --rdzv_conf=timeout=1200 \
+  --log-dir="$halo_log_dir" \
+  --tee=3 \
+  -m \
+  halo.rl.train \
+  --config \
+  configs/grpo.yaml
+EOT
+      }
+
+      template {
+        destination = "local/halo-server-vllm-addrs"
+        change_mode = "noop"
+        data        = <<EOT
+{{ range nomadService "rl-grpo-srv-vllm" }}{{ range .Tags }}{{ . }} {{ end }}{{ .Address }}
+{{ end }}
+EOT
+      }
+
+      resources {
+        cpu    = 16000
+        memory = 65536
+        device "nvidia/gpu" {
+          count = 8
+        }
+      }
+    }
+  }
+
+  group "workers" {
+    count = 1
+
+    # A fixed-size world never re-forms around a replaced rank: no restarts, no reschedules.
+    restart {
+      attempts = 0
+      mode     = "fail"
+      interval = "24h"
+      delay    = "15s"
+    }
+    reschedule {
+      attempts  = 0
+      unlimited = false
+    }
+    # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
+    # its allocation turns "unknown" and whoever watches the job stops it. Nomad 1.8+.
+    disconnect {
+      replace = false
+    }
+
+    meta {
+      halo_node_rank_offset = "1"
+    }
+
+    network {
+      mode = "host"
+    }
+
+    task "torchrun" {
+      driver       = "docker"
+      kill_timeout = "30s"
+
+      config {
+        image = "ghcr.io/example/halo-trainer:2026.11"
+        command = "/bin/bash"
+        args = ["$${NOMAD_TASK_DIR}/halo-entry.sh"]
+        network_mode = "host"
+        ulimit = [
+          {
+            memlock = "-1"
+            stack = "67108864"
+          },
+        ]
+        shm_size = 17179869184
+        devices = [
+          {
+            host_path = "/dev/infiniband"
+            container_path = "/dev/infiniband"
+          },
+        ]
+      }
+
+      env {
+        HALO_NODE_RANK = "$${NOMAD_ALLOC_INDEX}"
+        HALO_NODE_RANK_OFFSET = "1"
+        HALO_MASTER_ADDR_FILE = "$${NOMAD_TASK_DIR}/halo-master-addr"
+        HALO_SERVER_VLLM_ADDRS_FILE = "$${NOMAD_TASK_DIR}/halo-server-vllm-addrs"
+      }
+
+      template {
+        destination = "local/halo-entry.sh"
+        change_mode = "noop"
+        perms       = "0755"
+        # Delimiters absent from the script: Go templating leaves it byte-exact.
+        left_delimiter  = "[[halo-3ed02455"
+        right_delimiter = "halo-3ed02455]]"
+        data        = <<EOT
+#!/bin/bash
+# halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
+# The same script runs on every node. The backend sets only HALO_NODE_RANK (and maybe
+# HALO_NODE_RANK_OFFSET) and the master address (HALO_MASTER_ADDR, or
+# HALO_MASTER_ADDR_FILE to poll until rank 0 is known).
+set -e
+halo_fail() {
+  echo "halo-sched: node $halo_rank: $*" >&2
+  exit 1
+}
+halo_rank=$HALO_NODE_RANK
+# Nomad's worker group passes its allocation index and HALO_NODE_RANK_OFFSET=1 ($${} cannot add).
+halo_offset=$${HALO_NODE_RANK_OFFSET:-0}
+# Digits only, and few of them: the sum below can then neither fail nor overflow.
+case "$halo_rank:$halo_offset" in
+  :* | *: | *[!0-9:]* | *:*:* | ????????????*) halo_fail "HALO_NODE_RANK must be a node rank in 0..1, got '$halo_rank' (offset '$halo_offset')" ;;
+esac
+halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not octal
+[ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank (HALO_NODE_RANK + offset $halo_offset) is outside 0..1"
+
+# The preemption/time-limit warning (SIGUSR2) is ignored here, in setup and in
+# torchrun, and inherited as ignored by the ranks: torchrun would die from it (or, for a signal it
+# handles, stop its workers after a short grace). The trainer installs its own handler (Python's
+# signal.signal overrides an inherited SIG_IGN) and has until the deadline to checkpoint. A
+# handler in this shell would not do: bash resets handled signals to the default in children.
+trap '' USR2
+export HALO_WARNING_SIGNAL=USR2
+# Which run this is: 0 the first time, n after the job was requeued n times.
+export HALO_RESTART_COUNT="$${HALO_RESTART_COUNT:-0}"
+
+# Environment for every rank, identical on all nodes (values are literal).
+export DIST_SHARED_FILESYSTEM=1
+export DIST_STORE_TIMEOUT_HOURS=4
+export NCCL_SOCKET_IFNAME=eth0
+export GLOO_SOCKET_IFNAME=eth0
+export NCCL_NET_PLUGIN=ofi
+export NCCL_NET=Libfabric
+# rendezvous.timeout_s counts from here: a slow setup (pip install, image pull) is not a dead peer.
+halo_started=$SECONDS
+
+# Rank 0's address: given, or published later (a file that fills once rank 0 is known).
+# The file exists but is blank until then (Nomad's nomadService renders empty; it never blocks).
+if [ -n "$HALO_MASTER_ADDR_FILE" ]; then
+  while :; do
+    HALO_MASTER_ADDR=$(head -n 1 "$HALO_MASTER_ADDR_FILE" 2> /dev/null | tr -d '[:space:]')
+    [ -z "$HALO_MASTER_ADDR" ] || break
+    if [ $((SECONDS - halo_started)) -ge 1200 ]; then
+      halo_fail "rank 0 was not published within rendezvous.timeout_s=1200s (waited on $HALO_MASTER_ADDR_FILE); is node 0 placed and running?"
+    fi
+    sleep 1
+  done
+fi
+[ -n "$HALO_MASTER_ADDR" ] || halo_fail "no master address: the backend set neither HALO_MASTER_ADDR nor HALO_MASTER_ADDR_FILE"
+command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
+
+# ---- Rollout servers (servers:, halo_sched/servers.py) ----
+# Each role's addresses come from the backend: HALO_SERVER_<NAME>_ADDRS (comma-separated, server
+# order) or HALO_SERVER_<NAME>_ADDRS_FILE (lines "halo-index-K ADDR", filled as servers register;
+# blank until then). Then every server must answer GET health_path with 200 before torchrun starts;
+# all of it within rendezvous.timeout_s, counted from the end of setup.
+halo_server_addrs() {  # ROLE NODES VAR FILE_VAR -> halo_addrs="A0,A1,..."
+  local halo_k halo_a halo_missing halo_file="$${!4:-}"
+  while :; do
+    halo_addrs=$${!3:-}
+    [ -n "$halo_file" ] || break
+    halo_addrs= halo_missing=
+    for ((halo_k = 0; halo_k < $2; halo_k++)); do
+      halo_a=$(awk -v t="halo-index-$halo_k" '$1 == t && $2 != "" { print $2; exit }' "$halo_file" 2> /dev/null)
+      [ -n "$halo_a" ] || halo_missing="$halo_missing $1[$halo_k]"
+      halo_addrs="$halo_addrs$${halo_addrs:+,}$halo_a"
+    done
+    [ -n "$halo_missing" ] || break
+    if [ $((SECONDS - halo_started)) -ge 1200 ]; then
+      halo_fail "server(s)$halo_missing not registered within rendezvous.timeout_s=1200s (waited on $halo_file); are they placed and running?"
+    fi
+    sleep 1
+  done
+  local halo_n
+  halo_n=$(echo "$halo_addrs" | awk -F, '{ print NF }')
+  [ "$halo_n" = "$2" ] || halo_fail "the backend gave $halo_n address(es) for server role $1 ('$halo_addrs'), expected $2"
+}
+halo_health=()
+halo_server_addrs vllm 1 HALO_SERVER_VLLM_ADDRS HALO_SERVER_VLLM_ADDRS_FILE
+HALO_SERVER_VLLM_URLS=
+halo_k=0
+for halo_a in $${halo_addrs//,/ }; do
+  case "$halo_a" in *:*) halo_a="[$halo_a]" ;; esac
+  HALO_SERVER_VLLM_URLS="$HALO_SERVER_VLLM_URLS$${HALO_SERVER_VLLM_URLS:+,}http://$halo_a:8000"
+  halo_health+=("vllm[$halo_k]" "http://$halo_a:8000"/health)
+  halo_k=$((halo_k + 1))
+done
+export HALO_SERVER_VLLM_URLS
+export HALO_SERVER_VLLM_GROUP_PORT=51216
+echo "halo-sched: node $halo_rank: server vllm: $HALO_SERVER_VLLM_URLS" >&2
+halo_left=$((1200 - (SECONDS - halo_started)))
+[ "$halo_left" -gt 0 ] || halo_left=1
+halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
+case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
+# $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
+$halo_py - "$halo_left" "$${halo_health[@]}" << 'HALO_HEALTH_EOF' ||
+"""Wait until every rollout server answers its health path (run on a trainer node by the entry
+script, with the node's python3; standard library only).
+
+argv: SECONDS then NAME URL pairs (NAME like ``vllm[0]``, URL the health URL). Exit 0 once each
+URL answered HTTP 200; exit 1 at the deadline, naming every server that did not, with its last
+error. Prints one line per server when it becomes healthy.
+"""
+import sys
+import time
+import urllib.error
+import urllib.request
+
+
+def main(argv):
+    deadline = time.monotonic() + float(argv[0])
+    pending = dict(zip(argv[1::2], argv[2::2]))
+    last = {name: "no answer yet" for name in pending}
+    t0 = time.monotonic()
+    while pending:
+        for name, url in list(pending.items()):
+            left = deadline - time.monotonic()
+            try:
+                with urllib.request.urlopen(url, timeout=max(0.5, min(5.0, left))) as resp:
+                    code = resp.status
+            except urllib.error.HTTPError as err:
+                code, last[name] = err.code, f"HTTP {err.code}"
+            except (urllib.error.URLError, OSError, ValueError) as err:
+                code, last[name] = None, str(getattr(err, "reason", err))
+            if code == 200:
+                del pending[name]
+                print(f"halo-sched: server {name} healthy at {url} after {time.monotonic() - t0:.1f}s "
+                      f"(t={time.time():.3f})", file=sys.stderr, flush=True)
+            elif code is not None:
+                last[name] = f"HTTP {code}"
+        if not pending:
+            break
+        if time.monotonic() >= deadline:
+            for name, url in pending.items():
+                print(f"halo-sched: server {name} did not answer 200 at {url} within rendezvous.timeout_s "
+                      f"(last: {last[name]})", file=sys.stderr, flush=True)
+            return 1
+        time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+HALO_HEALTH_EOF
+  halo_fail "not every rollout server answered its health path within rendezvous.timeout_s=1200s (see above); not starting the trainer"
+unset halo_health halo_addrs halo_left halo_k halo_a
+
+
+# ---- Failure report (halo_sched/failure_collector.py) ----
+# torchrun --log-dir/--tee: each rank's stdout/stderr also land in a file (on the console every
+# such line reads "[rank R] ..."), beside the rank's TORCHELASTIC_ERROR_FILE. When torchrun exits
+# non-zero, the collector prints one "halo-sched-failure {json}" line per failed rank to this
+# node's output, where every backend finds it. HALO_LOG_DIR (optional) keeps the files.
+halo_log_root=$${HALO_LOG_DIR:-}
+[ -n "$halo_log_root" ] || halo_log_root=$(mktemp -d "$${TMPDIR:-/tmp}/halo-sched.XXXXXX")
+halo_log_dir=$halo_log_root/node-$halo_rank
+mkdir -p "$halo_log_dir"
+export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank $${rank}] '
+halo_run() {
+  local halo_pid halo_tee halo_rc halo_py
+  halo_trapped=0
+  halo_stopped_at=
+  # torchrun's own stderr also goes to a file: its failure summary has each failed rank's exit code.
+  exec 3> >(trap '' TERM INT HUP; exec tee -a "$halo_log_dir/torchrun.err" >&2)
+  halo_tee=$!
+  "$@" 2>&3 &
+  halo_pid=$!
+  # SLURM signals every process of the step and the local backend the node's process group, so
+  # torchrun has the signal already; Nomad signals this shell alone (executor_unix.go
+  # shutdownProcess), so pass it on.
+  trap 'halo_trapped=1; halo_stopped_at=$${EPOCHREALTIME:-$(date +%s)}; [ -n "$${SLURM_STEP_ID:-}$${HALO_LOCAL_JOB:-}" ] || kill -TERM "$halo_pid" 2> /dev/null || true' TERM INT
+  while :; do
+    halo_trapped=0
+    halo_rc=0
+    wait "$halo_pid" || halo_rc=$?
+    # wait returns early (>128) when the trap ran; torchrun is still stopping: wait again.
+    [ "$halo_trapped" = 1 ] && [ "$halo_rc" -gt 128 ] || break
+  done
+  trap - TERM INT
+  exec 3>&-
+  wait "$halo_tee" 2> /dev/null || true
+  if [ "$halo_rc" != 0 ]; then
+    halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
+    case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
+    # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
+    $halo_py - "$halo_rank" 8 "$halo_log_dir" "$halo_rc" "$halo_stopped_at" << 'HALO_COLLECT_EOF' ||
+"""Run on each node by the entry script after torchrun exits non-zero: one failure line per rank.
+
+Standard library only: it runs under the node's Python (the one torchrun runs under), where
+halo-sched itself need not be installed. The entry script passes it, as text, to that Python.
+
+Inputs, from torchrun's own files (``torch/distributed/elastic/multiprocessing/api.py``,
+``DefaultLogsSpecs.reify``): with ``--log-dir=DIR --tee=3``, each worker's stdout/stderr land in
+``DIR/<run_id>_<random>/attempt_<n>/<local_rank>/{stdout,stderr}.log`` and its
+``TORCHELASTIC_ERROR_FILE`` is ``error.json`` beside them (written only by a trainer decorated
+with ``@record``). Exit codes and signals come from torchrun's failure summary on its stderr
+(``ChildFailedError.format_msg``: ``rank : 3 (local_rank: 1)``, ``exitcode : -9 (pid: 12)
+(SIGKILL)``), which the entry script tees into ``DIR/torchrun.err``.
+
+Output: ``halo-sched-failure {json}`` on stderr, one per failed rank, or one for the node when
+torchrun itself failed (rendezvous timeout, killed) and no rank is named. The keys are those of
+:class:`halo_sched.failures.RankFailure`.
+"""
+from __future__ import annotations
+
+import datetime
+import glob
+import json
+import os
+import re
+import socket
+import sys
+import time
+
+TAG = "halo-sched-failure"
+TAIL_LINES = 12
+
+_BLOCK = re.compile(
+    r"time\s*:\s*(?P<time>\S+)\s*\n\s*host\s*:\s*(?P<host>\S*)\s*\n\s*rank\s*:\s*(?P<rank>\d+)\s*"
+    r"\(local_rank:\s*(?P<local_rank>\d+)\)\s*\n\s*exitcode\s*:\s*(?P<exit>-?\d+)[^\n]*?(?:\((?P<sig>SIG\w+)\))?[ \t]*\n"
+)
+# The line that names an error in a traceback or a torchrun log: "ValueError: ...", "torch.x.Y: ...".
+_ERROR = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt|Timeout|Failure)\b.*")
+# torch prefixes a worker's uncaught exception lines with "[rankN]: ".
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s*")
+_SIGNALS = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
+            9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
+
+
+def _tail(path: str, n: int = TAIL_LINES) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+    return [line[:400] for line in lines if line.strip()][-n:]
+
+
+def error_line(lines: list[str]) -> str:
+    """The line that says what went wrong: the last ``SomethingError: ...`` line, else the last line."""
+    for line in reversed(lines):
+        text = _RANK_PREFIX.sub("", line.strip())
+        if _ERROR.match(text):
+            return text
+    return _RANK_PREFIX.sub("", lines[-1].strip()) if lines else ""
+
+
+def summary_failures(text: str) -> dict[int, dict]:
+    """torchrun's failure summary, per global rank: time (epoch), host, local rank, exit, signal."""
+    out = {}
+    for m in _BLOCK.finditer(text):
+        try:
+            # ProcessFailure.timestamp_isoformat: local time, "YYYY-MM-DD_HH:MM:SS", whole seconds.
+            when = datetime.datetime.strptime(m["time"], "%Y-%m-%d_%H:%M:%S").timestamp()
+        except ValueError:
+            when = None
+        code = int(m["exit"])
+        out[int(m["rank"])] = {
+            "time": when, "host": m["host"], "local_rank": int(m["local_rank"]),
+            # A negative exit code is torch's way to say "killed by signal -code".
+            "exit_code": 128 - code if code < 0 else code,
+            "signal": m["sig"] or (_SIGNALS.get(-code, f"SIG{-code}") if code < 0 else None),
+        }
+    return out
+
+
+def _rank_dirs(log_dir: str) -> dict[int, str]:
+    """local rank -> its directory in the latest attempt torchrun made under ``log_dir``."""
+    attempts = sorted(glob.glob(os.path.join(log_dir, "*", "attempt_*")), key=os.path.getmtime)
+    if not attempts:
+        return {}
+    out = {}
+    for d in glob.glob(os.path.join(attempts[-1], "*")):
+        if os.path.basename(d).isdigit():
+            out[int(os.path.basename(d))] = d
+    return out
+
+
+def _error_file(path: str) -> tuple[str, float] | None:
+    """(message, time) from a worker's error.json (``@record``); the file's mtime is the precise time."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        when = os.stat(path).st_mtime
+    except (OSError, ValueError):
+        return None
+    msg = data.get("message")
+    if isinstance(msg, dict):
+        msg = msg.get("message") or ""
+    lines = str(msg or "").strip().splitlines()
+    return (lines[-1] if lines else ""), when
+
+
+def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | None = None,
+            host: str | None = None, now: float | None = None) -> list[dict]:
+    """Failure records for one node whose torchrun exited with ``rc`` (non-zero)."""
+    host = host or socket.gethostname()
+    now = time.time() if now is None else now
+    try:
+        with open(os.path.join(log_dir, "torchrun.err"), errors="replace") as f:
+            agent_text = f.read()
+    except OSError:
+        agent_text = ""
+    summary = summary_failures(agent_text)
+    dirs = _rank_dirs(log_dir)
+    out = []
+    for rank, info in sorted(summary.items()):
+        lr = info["local_rank"]
+        d = dirs.get(lr, "")
+        tail = _tail(os.path.join(d, "stderr.log")) if d else []
+        detected = info["time"] if info["time"] is not None else now
+        when, error = detected, ""
+        from_file = _error_file(os.path.join(d, "error.json")) if d else None
+        if from_file:
+            error, when = from_file
+        elif tail and info["signal"] is None:
+            # The traceback was the last thing the rank wrote: its mtime is the time of death, to
+            # the nanosecond, where torchrun's summary has whole seconds (and is later).
+            try:
+                mtime = os.stat(os.path.join(d, "stderr.log")).st_mtime
+            except OSError:
+                mtime = None
+            if mtime is not None and detected - 5 <= mtime <= detected + 1:
+                when = mtime
+        if not error:
+            error = error_line(tail) or (f"killed by {info['signal']}" if info["signal"] else "")
+        out.append({
+            "node": node, "rank": rank, "local_rank": lr, "host": info["host"] or host,
+            "exit_code": info["exit_code"], "signal": info["signal"], "time": when,
+            "error": error, "tail": tail, "stopped": False,
+        })
+    if not out:
+        # torchrun failed before or without a worker failure (rendezvous, store timeout, a
+        # signal that stopped it): the node is what failed.
+        tail = [line for line in _tail(os.path.join(log_dir, "torchrun.err"), 40) if not line.startswith("[rank ")]
+        code = rc
+        sig = _SIGNALS.get(code - 128) if code > 128 else None
+        out.append({
+            "node": node, "rank": None, "local_rank": None, "host": host, "exit_code": code, "signal": sig,
+            "time": stopped_at if stopped_at is not None else now,
+            "error": error_line(tail[-TAIL_LINES:]), "tail": tail[-TAIL_LINES:], "stopped": stopped_at is not None,
+        })
+    return out
+
+
+def main(argv: list[str]) -> int:
+    node, nproc, log_dir, rc = int(argv[0]), int(argv[1]), argv[2], int(argv[3])
+    # EPOCHREALTIME uses the locale's decimal point.
+    stopped_at = float(argv[4].replace(",", ".")) if len(argv) > 4 and argv[4] else None
+    for rec in collect(node, nproc, log_dir, rc, stopped_at):
+        sys.stderr.write(f"{TAG} {json.dumps(rec, separators=(',', ':'))}\n")
+    sys.stderr.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
+HALO_COLLECT_EOF
+      echo "halo-sched-failure {\"node\":$halo_rank,\"rank\":null,\"host\":\"$(hostname)\",\"exit_code\":$halo_rc,\"time\":$(date +%s),\"error\":\"torchrun exited with $halo_rc\"}" >&2
+  fi
+  [ -n "$${HALO_LOG_DIR:-}" ] || rm -rf "$halo_log_root"
+  return "$halo_rc"
+}
+
+echo "halo-sched: node $halo_rank of 2 on $(hostname): master $HALO_MASTER_ADDR:29500" >&2
+halo_run torchrun \
+  --nnodes=2 \
+  --nproc_per_node=8 \
+  --node_rank="$halo_rank" \
+  --master_addr="$HALO_MASTER_ADDR" \
+  --master_port=29500 \
+  --max_restarts=0 \
+  --rdzv_conf=timeout=1200 \
+  --log-dir="$halo_log_dir" \
+  --tee=3 \
+  -m \
+  halo.rl.train \
+  --config \
+  configs/grpo.yaml
+EOT
+      }
+
+      template {
+        destination = "local/halo-master-addr"
+        change_mode = "noop"
+        data        = "{{ with nomadService \"rl-grpo-rdzv\" }}{{ with index . 0 }}{{ .Address }}{{ end }}{{ end }}"
+      }
+
+      template {
+        destination = "local/halo-server-vllm-addrs"
+        change_mode = "noop"
+        data        = <<EOT
+{{ range nomadService "rl-grpo-srv-vllm" }}{{ range .Tags }}{{ . }} {{ end }}{{ .Address }}
+{{ end }}
+EOT
+      }
+
+      resources {
+        cpu    = 16000
+        memory = 65536
+        device "nvidia/gpu" {
+          count = 8
+        }
+      }
+    }
+  }
+
+  group "server-vllm" {
+    count = 1
+
+    # A fixed-size world never re-forms around a replaced rank: no restarts, no reschedules.
+    restart {
+      attempts = 0
+      mode     = "fail"
+      interval = "24h"
+      delay    = "15s"
+    }
+    reschedule {
+      attempts  = 0
+      unlimited = false
+    }
+    # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
+    # its allocation turns "unknown" and whoever watches the job stops it. Nomad 1.8+.
+    disconnect {
+      replace = false
+    }
+
+    meta {
+      halo_server_role = "vllm"
+    }
+
+    network {
+      mode = "host"
+      port "http" {
+        static = 8000
+      }
+    }
+
+    # This server's address for the trainer, without Consul; the tag says which server it is.
+    service {
+      name     = "rl-grpo-srv-vllm"
+      provider = "nomad"
+      port     = "http"
+      tags     = ["halo-index-$${NOMAD_ALLOC_INDEX}"]
+    }
+
+    task "server" {
+      driver       = "docker"
+      kill_timeout = "30s"
+
+      config {
+        image = "vllm/vllm-openai:v0.11.0"
+        command = "/bin/bash"
+        args = ["$${NOMAD_TASK_DIR}/halo-server.sh"]
+        network_mode = "host"
+        ulimit = [
+          {
+            memlock = "-1"
+            stack = "67108864"
+          },
+        ]
+        shm_size = 17179869184
+        devices = [
+          {
+            host_path = "/dev/infiniband"
+            container_path = "/dev/infiniband"
+          },
+        ]
+      }
+
+      env {
+        HALO_SERVER_INDEX = "$${NOMAD_ALLOC_INDEX}"
+        HALO_SERVER_ADDR = "$${NOMAD_IP_http}"
+        HALO_TRAINER_MASTER_ADDR_FILE = "$${NOMAD_TASK_DIR}/halo-master-addr"
+      }
+
+      template {
+        destination = "local/halo-server.sh"
+        change_mode = "noop"
+        perms       = "0755"
+        # Delimiters absent from the script: Go templating leaves it byte-exact.
+        left_delimiter  = "[[halo-a9d55d83"
+        right_delimiter = "halo-a9d55d83]]"
+        data        = <<EOT
+#!/bin/bash
+# halo-sched server entry for job rl-grpo, role vllm: 1 server node(s), port 8000.
+# The same script runs on every node of the role. The backend sets HALO_SERVER_INDEX (0-based, node
+# order), the trainer's rank-0 address (HALO_TRAINER_MASTER_ADDR, or HALO_TRAINER_MASTER_ADDR_FILE to poll) and,
+# where it knows it, this node's address (HALO_SERVER_ADDR).
+set -e
+halo_fail() {
+  echo "halo-sched: server vllm[$${HALO_SERVER_INDEX:-?}]: $*" >&2
+  exit 1
+}
+case "$${HALO_SERVER_INDEX:-}" in
+  '' | *[!0-9]* | ?????????*) halo_fail "HALO_SERVER_INDEX must be a server index in 0..0, got '$${HALO_SERVER_INDEX:-}'" ;;
+esac
+[ "$((10#$HALO_SERVER_INDEX))" -lt 1 ] || halo_fail "HALO_SERVER_INDEX=$HALO_SERVER_INDEX is outside 0..0"
+export HALO_SERVER_INDEX=$((10#$HALO_SERVER_INDEX))
+export HALO_SERVER_NAME=vllm HALO_SERVER_PORT=8000
+export HALO_SERVER_GROUP_PORT=51216
+
+# The job's fabric and storage environment (the same NCCL_*/DIST_* as every trainer rank), then
+# the role's own (values are literal).
+export DIST_SHARED_FILESYSTEM=1
+export DIST_STORE_TIMEOUT_HOURS=4
+export NCCL_SOCKET_IFNAME=eth0
+export GLOO_SOCKET_IFNAME=eth0
+export NCCL_NET_PLUGIN=ofi
+export NCCL_NET=Libfabric
+export VLLM_LOGGING_LEVEL=INFO
+halo_started=$SECONDS
+
+# The trainer's rank-0 address (where the weight-sync group is bound): given, or published later.
+if [ -n "$${HALO_TRAINER_MASTER_ADDR_FILE:-}" ]; then
+  while :; do
+    HALO_TRAINER_MASTER_ADDR=$(head -n 1 "$HALO_TRAINER_MASTER_ADDR_FILE" 2> /dev/null | tr -d '[:space:]')
+    [ -z "$HALO_TRAINER_MASTER_ADDR" ] || break
+    if [ $((SECONDS - halo_started)) -ge 1200 ]; then
+      halo_fail "the trainer's rank 0 was not published within rendezvous.timeout_s=1200s (waited on $HALO_TRAINER_MASTER_ADDR_FILE); is node-0 placed and running?"
+    fi
+    sleep 1
+  done
+fi
+[ -n "$${HALO_TRAINER_MASTER_ADDR:-}" ] || halo_fail "no trainer address: the backend set neither HALO_TRAINER_MASTER_ADDR nor HALO_TRAINER_MASTER_ADDR_FILE"
+export HALO_TRAINER_MASTER_ADDR
+echo "halo-sched: server vllm[$HALO_SERVER_INDEX] on $(hostname) ($${HALO_SERVER_ADDR:-?}:8000); trainer rank 0 at $HALO_TRAINER_MASTER_ADDR" >&2
+
+halo_cmd=(
+  vllm
+  serve
+  Qwen/Qwen3-8B
+  --host
+  0.0.0.0
+  --port
+  8000
+  --tensor-parallel-size
+  8
+)
+if [ -z "$${HALO_TRAINER_MASTER_ADDR_FILE:-}" ]; then
+  # SLURM and local: the batch script or supervisor stops the server when the trainer ends.
+  exec "$${halo_cmd[@]}"
+fi
+# Nomad: no scheduler ends this group when the trainer's groups end (the job's watcher stops the
+# job). Also end on our own: once rank 0's registration is gone (its allocation ended, Nomad
+# deregistered the service and the template re-rendered empty) for 3 looks in a row, stop the
+# server and exit 0. TERM is passed on: Nomad signals this shell alone.
+"$${halo_cmd[@]}" &
+halo_pid=$!
+trap 'kill -TERM "$halo_pid" 2> /dev/null || true' TERM INT
+halo_gone=0
+while kill -0 "$halo_pid" 2> /dev/null; do
+  if [ -z "$(head -n 1 "$HALO_TRAINER_MASTER_ADDR_FILE" 2> /dev/null | tr -d '[:space:]')" ]; then
+    halo_gone=$((halo_gone + 1))
+  else
+    halo_gone=0
+  fi
+  if [ "$halo_gone" -ge 3 ]; then
+    echo "halo-sched: server vllm[$HALO_SERVER_INDEX]: the trainer's rank 0 is gone; stopping the server" >&2
+    kill -TERM "$halo_pid" 2> /dev/null || true
+    wait "$halo_pid" 2> /dev/null || true
+    exit 0
+  fi
+  sleep 2 &
+  wait $! || true
+done
+halo_rc=0
+wait "$halo_pid" || halo_rc=$?
+exit "$halo_rc"
+EOT
+      }
+
+      template {
+        destination = "local/halo-master-addr"
+        change_mode = "noop"
+        data        = "{{ with nomadService \"rl-grpo-rdzv\" }}{{ with index . 0 }}{{ .Address }}{{ end }}{{ end }}"
+      }
+
+      resources {
+        cpu    = 16000
+        memory = 65536
+        device "nvidia/gpu" {
+          count = 8
+        }
+      }
+    }
+  }
+}
