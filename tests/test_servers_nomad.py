@@ -114,3 +114,25 @@ def test_golden_rl_servers_hcl_decodes_to_the_golden_json():
     (doc,) = hcl2json.load_many([(golden / "rl-servers.nomad.hcl").read_text()])
     want = json.loads((golden / "rl-servers.nomad.json").read_text())["Job"]
     assert jobspec.comparable(jobspec.api_job(doc)) == jobspec.comparable(want)
+
+
+def _alloc(group, name, status, code=None, idx=1):
+    a = {"ID": f"{name}-id", "TaskGroup": group, "Name": name, "ClientStatus": status, "DesiredStatus": "run",
+         "CreateIndex": idx, "NodeName": "n1", "TaskStates": {}}
+    if status == "failed":
+        a["TaskStates"] = {"server": {"Failed": True, "Events": [{"Type": "Terminated", "ExitCode": code, "Time": 5}]}}
+    return a
+
+
+def test_state_dead_server_is_a_dead_rank_and_completed_trainer_leaves_servers_to_stop():
+    from halo_sched.backends.base import JobStatus
+    from halo_sched.backends.nomad.state import job_state
+
+    job = {"ID": "j", "Status": "running", "Meta": {"halo_sched_nodes": "2"}}
+    trainer_running = [_alloc("node-0", "j.node-0[0]", "running"), _alloc("workers", "j.workers[0]", "running")]
+    st = job_state(job, trainer_running + [_alloc("server-vllm", "j.server-vllm[0]", "failed", 3)], [], "j")
+    assert st.status is JobStatus.FAILED and "server vllm[0]" in st.reason, st.reason
+    assert st.extra["dead"][0]["server"] == "vllm[0]"
+    done = [_alloc("node-0", "j.node-0[0]", "complete"), _alloc("workers", "j.workers[0]", "complete")]
+    st = job_state(job, done + [_alloc("server-vllm", "j.server-vllm[0]", "running")], [], "j")
+    assert st.status is JobStatus.COMPLETED and st.extra["servers_running"] == 1

@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 from halo_sched.backends.base import JobState, JobStatus
 
-from .render import LEADER_GROUP, NODES_META, WORKER_GROUP, node_rank_of
+from .render import _ALLOC_INDEX_RE, LEADER_GROUP, NODES_META, WORKER_GROUP, node_rank_of
 
 # nomad/structs: AllocTimeoutReasonMaxRunDuration. Matched exactly: free text such as an image
 # name or a log line may contain "max_run_duration" without anything having timed out.
@@ -210,6 +210,7 @@ class NodeView:
     detail: str = ""
     died_at: int = 0  # ns, for ordering dead ranks
     replaced_by: dict | None = None  # a later allocation Nomad placed under this rank's name
+    server: str | None = None  # "ROLE[K]" for a server allocation (servers:), else a trainer node
 
     @property
     def dead(self) -> bool:
@@ -295,6 +296,26 @@ def node_views(allocs: Iterable[dict], n: int | None) -> list[NodeView]:
     return views
 
 
+def server_views(allocs: Iterable[dict]) -> list[NodeView]:
+    """One view per server (``server-ROLE`` group, index from the allocation name; the newest
+    allocation of each name), each with ``server`` = ``ROLE[K]``."""
+    from .servers import role_of_group
+
+    latest: dict[tuple[str, int], dict] = {}
+    for alloc in sorted(allocs or (), key=_alloc_order):
+        role = role_of_group(alloc.get("TaskGroup") or "")
+        m = _ALLOC_INDEX_RE.search(alloc.get("Name") or "")
+        if role and m:
+            latest[(role, int(m.group(1)))] = alloc
+    views = []
+    for (role, k), alloc in sorted(latest.items()):
+        v = _classify(k, alloc)
+        v.server = f"{role}[{k}]"
+        v.detail = v.detail.replace(f"node rank {k} (", f"server {role}[{k}] (", 1)
+        views.append(v)
+    return views
+
+
 # --------------------------------------------------------------------------- job state
 
 
@@ -335,12 +356,23 @@ def job_state(job: dict | None, allocs: Iterable[dict], evals: Iterable[dict], j
     failures, blocked = placement_failures(evals)
     blocked_reasons = _blocked_reasons(views, failures)
     dead = sorted((v for v in views if v.dead), key=lambda v: (v.died_at, v.rank))
+    # Server roles (servers:): a server that dies while the trainer has not completed is a dead
+    # rank; one still running after the trainer completed keeps the job alive until the watcher
+    # stops it (Nomad ends nothing across groups).
+    servers = server_views(allocs)
+    trainer_done = bool(n) and sum(v.phase == "complete" for v in views) == n
+    dead_servers = [v for v in servers if v.dead and not trainer_done]
+    if dead_servers:
+        dead = sorted(dead + dead_servers, key=lambda v: (v.died_at, v.rank))
     extra: dict[str, Any] = {
         "nodes": [v.as_dict() for v in views],
         "nodes_placed": len(views) - count("unplaced"),
         "blocked": blocked_reasons,
         "blocked_eval": blocked,
-        "dead": [{"node_rank": v.rank, "phase": v.phase, "detail": v.detail} for v in dead],
+        "dead": [{"node_rank": v.rank, "phase": v.phase, "detail": v.detail,
+                  **({"server": v.server} if getattr(v, "server", None) else {})} for v in dead],
+        "servers": [{**v.as_dict(), "server": v.server} for v in servers],
+        "servers_running": sum(v.phase in ("running", "pending") for v in servers),
     }
     if job:
         extra["namespace"] = job.get("Namespace")

@@ -168,13 +168,21 @@ def watch_job(
         survivors = _survivors(state)
         if dead and survivors and not state.extra.get("stop_requested"):
             first = dead[0]
-            why = (f"node rank {first['node_rank']} died first ({first['detail']}); halo-sched stopped the job: "
+            who = f"server {first['server']}" if first.get("server") else f"node rank {first['node_rank']}"
+            why = (f"{who} died first ({first['detail']}); halo-sched stopped the job: "
                    f"node rank{'s' if len(survivors) > 1 else ''} {ranks_text(survivors)} (the survivors) "
                    f"{'were' if len(survivors) > 1 else 'was'} stopped")
             _stop(client, job_id, why)
             calls += 1
             state.reason = why
             state.extra["stopped_by_watcher"] = True
+            return result(state, stopped=True, stop_reason=why)
+        if (state.status is JobStatus.COMPLETED and state.extra.get("servers_running")
+                and not state.extra.get("stop_requested")):
+            # The trainer's groups completed; the server groups would keep the batch job alive.
+            why = "the trainer completed; halo-sched stopped the job to end its server groups"
+            _stop(client, job_id, why)
+            calls += 1
             return result(state, stopped=True, stop_reason=why)
         if state.status.terminal or state.status is JobStatus.UNKNOWN:
             return result(state)
