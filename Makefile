@@ -41,7 +41,11 @@ cluster-up:
 cluster-down:
 	tests/cluster/slurm-cluster.sh down
 
-bench: $(BIN)/.installed
+# TorchX, the bench's anchor, goes into .bench/torchx only: never into the project's environment.
+.bench/torchx/torchx:
+	$(BIN)/pip install --quiet --disable-pip-version-check --target .bench/torchx "torchx==0.7.0"
+
+bench: $(BIN)/.installed .bench/torchx/torchx
 	$(BIN)/python bench/run.py
 
 clean:
