@@ -166,6 +166,10 @@ def _is_rank(cmdline: str) -> bool:
 DEAD_NODE_BOUND_S = 30
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "known defect, found by this test: the job ends FAILED within the bound and --wait exits 1, but a SIGKILLed "
+    "torchrun's ranks (own sessions, reparented to init) escape proctrack/linuxproc and survive the job; the entry "
+    "script must stop its node's ranks when torchrun dies (a subreaper, as the local backend has)"))
 def test_a_killed_torchrun_ends_the_job_in_bounded_time(tmp_path, env):
     name = "deadnode-" + secrets.token_hex(3)
     f = job_file(tmp_path, name, steps=100000, step_time=0.2)
