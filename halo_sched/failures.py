@@ -118,10 +118,13 @@ class FailureReport:
     """Every failure of a job, and the one that came first."""
 
     failures: list[RankFailure] = field(default_factory=list)
+    #: A failure known to be the cause whatever the times say (one of ``failures``): a node the
+    #: scheduler declared lost is noticed only after its peers crashed waiting for it.
+    cause: RankFailure | None = None
 
     @property
     def first(self) -> RankFailure | None:
-        return first_failure(self.failures)
+        return self.cause if self.cause is not None else first_failure(self.failures)
 
     def others(self) -> int:
         return len(self.failures) - 1 if self.failures else 0

@@ -10,8 +10,10 @@ It behaves like a Nomad server for the calls halo-sched makes, with Nomad's fiel
   Warnings).
 * ``GET /v1/job/<id>``, ``.../allocations``, ``.../evaluations``, ``GET /v1/jobs?prefix=``.
 * ``DELETE /v1/job/<id>?purge=``: stop (Job.Stop=true, allocations told to stop and killed) or purge.
-* ``GET /v1/client/fs/logs/<alloc>?task=&type=&plain=&follow=``: plain or framed, optionally
-  following until the allocation ends.
+* ``GET /v1/client/fs/logs/<alloc>?task=&type=&plain=&follow=&origin=&offset=``: plain or
+  framed, from the start or (``origin=end``) the last ``offset`` bytes, optionally following
+  until the allocation ends; 404 before the task started or after the client's GC, 500 when the
+  node is down (client/fs_endpoint.go, nomad/client_fs_endpoint.go).
 * ``GET|PUT|DELETE /v1/var/<path>``: Nomad Variables (``variables`` holds them).
 
 Knobs for tests: HTTPS with a given certificate; ACL tokens (403 without a good one; every
@@ -167,6 +169,8 @@ class FakeNomad:
         self._alloc_demand: dict[str, tuple[int, int, int, list[tuple[str, int]]]] = {}
         self._evals: dict[str, dict] = {}
         self._logs: dict[tuple[str, str, str], str] = {}
+        #: Allocations whose client no longer keeps their directory (client GC): logs answer 404.
+        self.gc_logs: set[str] = set()
         self._fail_queue: list[tuple[int, str, str | None]] = []
         self._drop_queue: list[str | None] = []
         self._drop_after_queue: list[tuple[str | None, str | None, int | None]] = []
@@ -1141,17 +1145,31 @@ class FakeNomad:
     # ------------------------------------------------------------------------- HTTP: logs
 
     def _log_source(self, alloc_id: str, query: dict[str, str]) -> tuple[tuple[str, str, str], bool]:
+        # command/agent/fs_endpoint.go Logs (parameter checks) -> nomad/client_fs_endpoint.go
+        # (server side: unknown allocation 404, a node it cannot reach 500) -> client/fs_endpoint.go
+        # logs (unknown task 400, a task not started yet 404, a client that garbage-collected the
+        # allocation 404).
         with self._lock:
-            if alloc_id not in self._allocs:
-                raise _HTTPError(404, f"Unknown allocation {alloc_id!r}")
             task = query.get("task", "")
             if not task:
-                raise _HTTPError(400, "must include task name")
-            if task not in self._allocs[alloc_id]["TaskStates"]:
-                raise _HTTPError(400, f"task {task!r} not found in allocation")
+                raise _HTTPError(400, "must provide task name")
             kind = query.get("type", "")
             if kind not in ("stdout", "stderr"):
-                raise _HTTPError(400, f"Invalid log type {kind!r}")
+                raise _HTTPError(400, "must provide log type (stdout/stderr)")
+            if query.get("origin", "") not in ("", "start", "end"):
+                raise _HTTPError(400, "origin must be start or end")
+            if alloc_id not in self._allocs:
+                raise _HTTPError(404, f"Unknown allocation {alloc_id!r}")
+            alloc = self._allocs[alloc_id]
+            if alloc_id in self.gc_logs:
+                raise _HTTPError(404, f"state for allocation {alloc_id} not found on client")
+            node = next((n for n in self.nodes if n.id == alloc.get("NodeID")), None)
+            if node is not None and node.status == "down":
+                raise _HTTPError(500, f"Unknown node {node.id!r}: no path to node")  # ErrNoNodeConn
+            if task not in alloc["TaskStates"]:
+                raise _HTTPError(400, f"unknown task name {task!r}")
+            if not alloc["TaskStates"][task].get("StartedAt"):
+                raise _HTTPError(404, f"task {task!r} not started yet. No logs available")
             return (alloc_id, task, kind), query.get("plain", "").lower() in ("true", "1", "t")
 
     def _log_text(self, key: tuple[str, str, str]) -> tuple[str, bool]:
@@ -1377,6 +1395,13 @@ class _Handler(BaseHTTPRequestHandler):
                                "Data": base64.b64encode(data).decode()}).encode()
 
         text, ended = fake._log_text(key)
+        if query.get("origin") == "end":
+            # client/fs_endpoint.go logsImpl: origin "end" negates the offset and findClosest
+            # counts it back from the end of the newest file, clamped at the start (one log
+            # file here: no rotation is modelled). Offsets are bytes.
+            raw = text.encode()
+            text = raw[max(0, len(raw) - offset):].decode("utf-8", "replace")
+            offset = 0
         if not follow:
             chunk = text[offset:]
             self._send(200, encode(chunk, offset) if chunk or plain else b"", "text/plain; charset=utf-8")

@@ -32,6 +32,7 @@ class NomadScheduler(Scheduler):
         self._client = client  # one client for every namespace/region (tests, embedding)
         self.retry_s = retry_s  # submit/cancel ride out outages this long (None: HALO_SUBMIT_RETRY_S or 120 s)
         self._scoped: dict[tuple, object] = {}
+        self._failure_logs = None  # FailureLogs, built on the first failure seen
 
     def watch_key(self):
         # Handles on schedulers of one client (or of the environment's) share one watcher.
@@ -162,8 +163,29 @@ class NomadScheduler(Scheduler):
                 evals.setdefault(e.get("JobID"), []).append(e)
             for i, name in items:
                 st = job_state(jobs.get(name), allocs.get(name, []), evals.get(name, []), i)
+                # Which rank failed first: the failure lines in the dead allocations' logs.
+                st.failure = self._failures().report(c, st, allocs.get(name, []))
                 out[i] = st
         return out
+
+    def _failures(self):
+        if self._failure_logs is None:
+            from .failure_logs import FailureLogs
+
+            self._failure_logs = FailureLogs()
+        return self._failure_logs
+
+    def _with_failure(self, c, name: str, state: JobState) -> JobState:
+        """``state`` with its failure report, when a rank died (one more allocation list)."""
+        from .failure_logs import needs_report
+
+        if state is not None and state.failure is None and needs_report(state):
+            try:
+                allocs, _ = c.job_allocations(name)
+            except SchedulerError:
+                return state
+            state.failure = self._failures().report(c, state, allocs)
+        return state
 
     def cancel(self, ids: Sequence[str], purge: bool = False, **opts) -> None:
         """Stop each job, riding out outages (``retry_s``); a job already stopped or finished
@@ -193,7 +215,7 @@ class NomadScheduler(Scheduler):
         if res.timed_out:
             _say(res.describe())
         res.state.id = job_id
-        return res.state
+        return self._with_failure(c, name, res.state)
 
     def wait(self, job_id: str, timeout: float | None = None, poll: float = 1.0, max_poll: float = 30.0,
              on_change: Callable[[JobState], None] | None = None,
@@ -206,7 +228,7 @@ class NomadScheduler(Scheduler):
         res = watch_job(c, name, timeout=timeout, on_change=_with_id(on_change, job_id),
                         on_tick=_with_id(on_tick, job_id), poll_s=poll)
         res.state.id = job_id
-        return res.state
+        return self._with_failure(c, name, res.state)
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
         """Every node rank's output, each line tagged ``[node K]``."""

@@ -660,6 +660,32 @@ class NomadClient:
         response = self._call(what, self._get, f"/v1/client/fs/logs/{alloc_id}", params, timeout, stream=True)
         return self._iter_text(response, what)
 
+    def log_tail(self, alloc_id: str, task: str, type: str = "stderr", nbytes: int = 65536) -> str | None:  # noqa: A002
+        """The last ``nbytes`` bytes of a task's stdout or stderr, or None when they cannot be read.
+
+        ``origin=end&offset=N`` makes the client start N bytes before the end of the newest log
+        file, stepping back through rotated files (client/fs_endpoint.go ``logsImpl``/``findClosest``);
+        without ``follow`` it stops at the end. One attempt, no retries: a lost node (the server
+        cannot reach its client: 500), a task that never started or an allocation the client
+        garbage-collected (404), a token without read-logs (403) all mean "no logs", not an error.
+        """
+        cfg = self.config
+        params = {"task": task, "type": type, "plain": "true", "follow": "false", "origin": "end",
+                  "offset": str(int(nbytes))}
+        try:
+            response = self._get(f"/v1/client/fs/logs/{quote(alloc_id, safe='')}", params, cfg.timeout_s, stream=True)
+            try:
+                data = b""
+                for chunk in response.iter_content(chunk_size=None):
+                    data += chunk
+                    if len(data) > 4 * nbytes:  # a server that ignored origin=end: keep the end
+                        data = data[-nbytes:]
+            finally:
+                response.close()
+        except (_HTTPStatusError, requests.RequestException):
+            return None
+        return data[-nbytes:].decode("utf-8", "replace")
+
     def _iter_text(self, response: requests.Response, what: str) -> Iterator[str]:
         # Decode incrementally: a multi-byte UTF-8 character can straddle two network chunks.
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
