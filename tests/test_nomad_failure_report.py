@@ -160,3 +160,50 @@ def test_cli_status_wait_and_logs_filter(tmp_path):
         assert out == ["[node 2 rank 5] step 1"]
         out = cli("logs", job_id, "--node", "1", env=env).stdout.splitlines()
         assert out[:3] == ["[node 1 rank 2] step 1", "[node 1 rank 3] step 1", "[node 1] node 1 up"]
+
+
+@pytest.mark.torch
+def test_sim_three_nodes_rank_on_node_2_fails_first(tmp_path):
+    """Real torchrun in the client simulator: 3 nodes x 2 ranks, rank 5 (node 2, local rank 1)
+    raises; the others fail after it. The simulator's task logs and exit codes then stand in
+    for the Nomad client's, served through the fake API: status names rank 5 on node 2."""
+    import sys
+
+    from helpers import free_port
+
+    client_sim = load_nomad_helper("client_sim")
+    spec = halo_sched.spec.JobSpec.model_validate({
+        "name": "sim-fail", "nodes": 3, "nproc_per_node": 2,
+        "trainer": {"script": str(REPO / "tests" / "trainers" / "first_failure.py"),
+                    "args": ["--fail-rank", "5", "--how", "raise", "--timeout", "8"]},
+        "env": {"OMP_NUM_THREADS": "1"},
+        "rendezvous": {"port": free_port(), "timeout_s": 60},
+        "nomad": {"driver": "raw_exec"},
+    })
+    env = dict(os.environ)
+    env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
+    with FakeNomad([FakeNode(f"sim-{i}", gpus=0) for i in range(3)], token=TOKEN) as fake:
+        client = NomadClient(NomadConfig(address=fake.address, token=TOKEN, retry_attempts=1))
+        sched = NomadScheduler(client=client)
+        dry = sched.dryrun(spec)
+        job_id = sched.schedule(dry)
+        fake.set_running(job_id)
+        with client_sim.SimCluster(dry.payload["Job"], tmp_path / "nomad", host_env=env) as cluster:
+            cluster.place()
+            cluster.start()
+            codes = cluster.wait(timeout=180)
+            logs = {name: (cluster.stdout(name), cluster.stderr(name)) for name in codes}
+        assert all(c != 0 for c in codes.values()), logs
+        # The failing node first, as its allocation ended first.
+        order = sorted(codes, key=lambda n: (0 if n.endswith("workers[1]") else 1, n))
+        for name in order:
+            group = name.split(".", 1)[1]
+            alloc = fake.alloc_for(job_id, group)["ID"]
+            fake.write_log(alloc, logs[name][0])
+            fake.write_log(alloc, logs[name][1], type="stderr")
+            fake.finish(job_id, group, exit_code=codes[name])
+        st = sched.describe([job_id])[job_id]
+    assert st.status is JobStatus.FAILED
+    assert re.match(r"FAILED: rank 5 \(node 2, host [^,]+, local rank 1\) exit 1 at \d\d:\d\d:\d\d: "
+                    r"ValueError: rank 5 fails on purpose; \d+ other ranks? ended after it", st.describe()), \
+        (st.describe(), logs)
