@@ -376,6 +376,7 @@ def job_state(job: dict | None, allocs: Iterable[dict], evals: Iterable[dict], j
     }
     if job:
         extra["namespace"] = job.get("Namespace")
+        extra["servers_expected"] = _servers_expected(job)
 
     def state(status: JobStatus, reason: str = "", exit_code: int | None = None) -> JobState:
         return JobState(
@@ -443,6 +444,19 @@ def job_state(job: dict | None, allocs: Iterable[dict], evals: Iterable[dict], j
         waiting.append("allocation stopped without replacement: node ranks "
                        + ranks_text(v.rank for v in by_phase["stopped"]))
     return state(JobStatus.PARTIAL if running else JobStatus.PENDING, "; ".join(waiting))
+
+
+def _servers_expected(job: dict) -> int:
+    """Server nodes the job asks for (``Meta.halo_sched_servers`` = ``name:nodes,...``)."""
+    from .servers import SERVERS_META
+
+    total = 0
+    for part in str((job.get("Meta") or {}).get(SERVERS_META) or "").split(","):
+        try:
+            total += int(part.rpartition(":")[2])
+        except ValueError:
+            continue
+    return total
 
 
 def _verdict(dead: list[NodeView], tail: str) -> tuple[JobStatus, str, int | None] | None:

@@ -177,9 +177,13 @@ def watch_job(
             state.reason = why
             state.extra["stopped_by_watcher"] = True
             return result(state, stopped=True, stop_reason=why)
-        if (state.status is JobStatus.COMPLETED and state.extra.get("servers_running")
-                and not state.extra.get("stop_requested")):
-            # The trainer's groups completed; the server groups would keep the batch job alive.
+        if (state.status is JobStatus.COMPLETED and not state.extra.get("stop_requested")
+                and (state.extra.get("servers_running")
+                     or (state.extra.get("servers_expected") and state.raw_state != "dead"))):
+            # The trainer's groups completed; the server groups would keep the batch job alive:
+            # running servers, or a server still waiting for a node (a blocked evaluation places
+            # it later and it holds that node). Nomad marks a job "dead" only once nothing of it
+            # can run any more (nomad/state/state_store.go getJobStatus).
             why = "the trainer completed; halo-sched stopped the job to end its server groups"
             _stop(client, job_id, why)
             calls += 1
