@@ -52,9 +52,15 @@ def test_200_handles_waited_on_from_200_threads_make_one_query_per_poll():
     fake = CountingTransport(ids, runs_for=lambda i: 1 + int(i) % 8)
     sched = SlurmScheduler(transport=fake)
     results: dict[str, JobState] = {}
+    # All threads ask at once: on a loaded machine, 200 threads started one by one would each
+    # find a new poll due while the first ones already poll (a property of start-up, not sharing).
+    barrier = threading.Barrier(len(ids))
 
     def wait(i):
-        results[i] = Job(sched, i).wait(timeout=30, poll=0.01, max_poll=0.02)
+        barrier.wait()
+        # Running jobs are polled at the shortest interval (their first minute): 0.02 s, so
+        # threads that start slowly on a loaded machine do not each find a new poll due.
+        results[i] = Job(sched, i).wait(timeout=30, poll=0.02, max_poll=0.04)
 
     threads = [threading.Thread(target=wait, args=(i,)) for i in ids]
     for t in threads:
@@ -123,7 +129,8 @@ def test_concurrent_status_calls_share_the_poll_in_flight():
 
 def test_interval_backs_off_while_nothing_changes_and_resets_on_a_change():
     calls = []
-    state = {"s": JobStatus.RUNNING}
+    # PENDING: a running job's polls are capped (test_running_job_polls_stay_short).
+    state = {"s": JobStatus.PENDING}
 
     def describe(ids):
         calls.append(time.monotonic())
@@ -135,7 +142,7 @@ def test_interval_backs_off_while_nothing_changes_and_resets_on_a_change():
         w.next_state("1", seen)
         seen = w._read_at["1"]
     gaps = [b - a for a, b in zip(calls, calls[1:])]
-    # 0.02 (first change: RUNNING seen), then doubling 0.04, 0.08, capped at 0.16.
+    # 0.02 (first change: PENDING seen), then doubling 0.04, 0.08, capped at 0.16.
     assert gaps[-1] >= 0.15 and gaps[1] < 0.08, gaps
     assert w.interval == pytest.approx(0.16)
     state["s"] = JobStatus.COMPLETED
@@ -144,6 +151,40 @@ def test_interval_backs_off_while_nothing_changes_and_resets_on_a_change():
     n = len(calls)
     assert w.next_state("1", time.monotonic() + 10).status is JobStatus.COMPLETED
     assert len(calls) == n  # finished: cached, never asked again
+
+
+def test_running_job_polls_stay_short_then_back_off_to_a_low_cap():
+    """The end of a running job is what waiters wait for: polls stay at the shortest interval for
+    its first hot_s seconds of running, then back off no further than running_max_interval; a
+    pending job still backs off to max_interval."""
+    calls = []
+    state = {"s": JobStatus.PENDING}
+
+    def describe(ids):
+        calls.append(time.monotonic())
+        return {i: JobState(i, state["s"], raw_state=state["s"].value) for i in ids}
+
+    w = Watcher(describe, min_interval=0.02, max_interval=1.0, running_max_interval=0.06, hot_s=0.3)
+    seen = float("-inf")
+    for _ in range(5):
+        w.next_state("1", seen)
+        seen = w._read_at["1"]
+    assert w.interval >= 0.16  # pending: backing off towards max_interval
+    state["s"] = JobStatus.RUNNING
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 0.25:  # hot: never more than the shortest interval
+        w.next_state("1", seen)
+        seen = w._read_at["1"]
+        assert w.interval == pytest.approx(0.02)
+    while time.monotonic() - t0 < 0.8:
+        w.next_state("1", seen)
+        seen = w._read_at["1"]
+        assert w.interval <= 0.06 + 1e-9
+    assert w.interval == pytest.approx(0.06)  # backed off, to the running cap only
+    state["s"] = JobStatus.COMPLETED
+    t = time.monotonic()
+    assert w.next_state("1", seen).status is JobStatus.COMPLETED and time.monotonic() - t < 0.1
+    assert not w._running_since
 
 
 def test_wait_timeout_returns_the_last_state():

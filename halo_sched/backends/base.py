@@ -203,13 +203,15 @@ def wait_for(
     max_poll: float = 30.0,
     on_change: Callable[[JobState], None] | None = None,
     on_tick: Callable[[JobState], None] | None = None,
+    max_running_poll: float = 3.0,
 ) -> JobState:
     """Backoff polling shared by every backend and every thread: the scheduler's watcher polls
-    all the jobs waited on with one query, its interval doubling while nothing changes."""
+    all the jobs waited on with one query, its interval doubling while nothing changes (up to
+    ``max_poll``; while a job runs: ``poll`` for its first minute, then ``max_running_poll``)."""
     from .watcher import wait_shared
 
     return wait_shared(scheduler, job_id, timeout=timeout, poll=poll, max_poll=max_poll,
-                       on_change=on_change, on_tick=on_tick)
+                       max_running_poll=max_running_poll, on_change=on_change, on_tick=on_tick)
 
 
 def tail_lines(path, follow: bool, finished: Callable[[], bool], poll: float = 0.5) -> Iterator[str]:

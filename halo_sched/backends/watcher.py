@@ -8,6 +8,13 @@ states (a finished job is never asked about again), and spaces its polls: the in
 while nothing changes and drops back to the shortest once something does (submitit's
 ``SlurmInfoWatcher`` works the same way).
 
+A running job is different: its end is what a waiter waits for, and SLURM has no cheap way to be
+told (``scontrol wait_job`` waits for the *start*; ``sbatch --wait`` itself polls, 2 s growing to
+32 s). So while any watched job runs, polls stay at most ``min_interval`` apart for its first
+``hot_s`` seconds of running (most jobs a person waits on end or fail early) and at most
+``running_max_interval`` apart after that: a bounded wait for the end, and one query every few
+seconds per process, shared by all its handles, where pending jobs back off to ``max_interval``.
+
 Threads share it: the first thread that needs a newer answer polls (outside the lock) and every
 other thread waits for that poll's result instead of starting its own.
 """
@@ -42,9 +49,12 @@ class Watcher:
     """One ``describe`` per poll for every unfinished job any handle asked about."""
 
     def __init__(self, describe: Callable[[Sequence[str]], dict[str, JobState]],
-                 min_interval: float = 1.0, max_interval: float = 30.0):
+                 min_interval: float = 1.0, max_interval: float = 30.0,
+                 running_max_interval: float = 3.0, hot_s: float = 60.0):
         self._describe = describe
         self.min_interval, self.max_interval = min_interval, max_interval
+        self.running_max_interval, self.hot_s = running_max_interval, hot_s
+        self._running_since: dict[str, float] = {}  # live ids seen RUNNING: since when (monotonic)
         self.interval = min_interval
         self._cond = threading.Condition()
         self._live: set[str] = set()          # ids asked about and not finished
@@ -123,15 +133,28 @@ class Watcher:
                 self._states[i], self._read_at[i] = new, started
                 if _finished(new):
                     self._live.discard(i)
+                if new.status is JobStatus.RUNNING and i in self._live:
+                    self._running_since.setdefault(i, started)
+                else:
+                    self._running_since.pop(i, None)
             self.interval = self.min_interval if changed else min(self.interval * 2, self.max_interval)
+            self.interval = min(self.interval, self._running_cap(started))
             self._polling = False
             self._cond.notify_all()
         return self._fresh(job_id, newer_than, scheduled, deadline)
+
+    def _running_cap(self, now: float) -> float:
+        """The longest interval the running jobs allow (``max_interval`` when none runs)."""
+        cap = self.max_interval
+        for since in self._running_since.values():
+            cap = min(cap, self.min_interval if now - since < self.hot_s else self.running_max_interval)
+        return max(cap, self.min_interval)
 
     def forget(self, job_id: str) -> None:
         """Drop what is known of the job (after a cancel: the next answer must come from the scheduler)."""
         with self._cond:
             self._live.discard(job_id)
+            self._running_since.pop(job_id, None)
             self._states.pop(job_id, None)
             self._read_at.pop(job_id, None)
 
@@ -142,6 +165,7 @@ def _key(state: JobState) -> tuple:
 
 
 def wait_shared(scheduler, job_id: str, timeout: float | None = None, poll: float = 1.0, max_poll: float = 30.0,
+                max_running_poll: float = 3.0,
                 on_change: Callable[[JobState], None] | None = None,
                 on_tick: Callable[[JobState], None] | None = None) -> JobState:
     """``Scheduler.wait`` on the shared watcher: every thread waiting on this scheduler's jobs is
@@ -150,6 +174,7 @@ def wait_shared(scheduler, job_id: str, timeout: float | None = None, poll: floa
     # The shortest interval and the lowest cap any waiter asked for win (for the watcher's life).
     with w._cond:
         w.min_interval, w.max_interval = min(w.min_interval, poll), min(w.max_interval, max_poll)
+        w.running_max_interval = min(w.running_max_interval, max_running_poll)
         w.interval = max(w.min_interval, min(w.interval, w.max_interval))
     start = time.monotonic()
     deadline = None if timeout is None else start + timeout
