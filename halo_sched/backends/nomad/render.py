@@ -335,6 +335,10 @@ def _not_nfc(spec: JobSpec) -> list[tuple[str, str]]:
     texts = [(f"env.{k}", v) for k, v in spec.env.items()] + [
         (f"trainer.args[{i}]", a) for i, a in enumerate(spec.trainer.args)] + [
         (f"setup[{i}]", line) for i, line in enumerate(spec.setup)] + [("trainer.script", spec.trainer.script or "")]
+    for n, r in enumerate(spec.servers):  # a server's entry script rides in the HCL too
+        texts += [(f"servers[{n}].command[{i}]", a) for i, a in enumerate(r.command)]
+        texts += [(f"servers[{n}].env.{k}", v) for k, v in r.env.items()]
+        texts += [(f"servers[{n}].setup[{i}]", line) for i, line in enumerate(r.setup)]
     return [(where, "not in Unicode NFC form, which HCL normalizes every string to, so the job file would "
                     "carry different text; submit sends it exactly (the API payload is not normalized), "
                     "or write it in NFC") for where, text in texts if bad(text)]
