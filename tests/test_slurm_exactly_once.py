@@ -166,10 +166,6 @@ def _is_rank(cmdline: str) -> bool:
 DEAD_NODE_BOUND_S = 30
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known defect, found by this test: the job ends FAILED within the bound and --wait exits 1, but a SIGKILLed "
-    "torchrun's ranks (own sessions, reparented to init) escape proctrack/linuxproc and survive the job; the entry "
-    "script must stop its node's ranks when torchrun dies (a subreaper, as the local backend has)"))
 def test_a_killed_torchrun_ends_the_job_in_bounded_time(tmp_path, env):
     name = "deadnode-" + secrets.token_hex(3)
     f = job_file(tmp_path, name, steps=100000, step_time=0.2)
@@ -195,8 +191,15 @@ def test_a_killed_torchrun_ends_the_job_in_bounded_time(tmp_path, env):
         time.sleep(2)  # mid-run
         os.kill(victim, signal.SIGKILL)
         t_kill = time.monotonic()
-        out, err = proc.communicate(timeout=DEAD_NODE_BOUND_S + 30)
-        ended = time.monotonic() - t_kill
+        # Seconds from the kill to the job's end (--wait returns) and to its last process gone.
+        ended = gone = None
+        while (ended is None or gone is None) and time.monotonic() - t_kill < DEAD_NODE_BOUND_S + 30:
+            if ended is None and proc.poll() is not None:
+                ended = time.monotonic() - t_kill
+            if gone is None and not _job_pids(job_id):
+                gone = time.monotonic() - t_kill
+            time.sleep(0.1)
+        out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -205,10 +208,15 @@ def test_a_killed_torchrun_ends_the_job_in_bounded_time(tmp_path, env):
     assert proc.returncode == 1, err
     st = json.loads(cli("status", job_id, "--backend", "slurm", "--json", env=env).stdout)
     assert st["status"] in ("FAILED", "NODE_FAIL"), st
-    assert ended < DEAD_NODE_BOUND_S, f"the job took {ended:.1f}s to end after node 1's torchrun died"
+    assert ended is not None and ended < DEAD_NODE_BOUND_S, f"the job ended {ended} s after node 1's torchrun died"
+    # Node 1's ranks run in sessions of their own and were reparented to init when their torchrun
+    # died, out of proctrack/linuxproc's reach: only the entry script's sweep (HALO_NODE_TAG) stops
+    # them. Without it they outlive the job (until gloo notices node 0 is gone, if it does).
+    assert gone is not None and gone <= ended + 1, f"processes of the job survived it: {_job_pids(job_id)}"
     time.sleep(1)
-    assert _job_pids(job_id) == {}, "processes of the job survived it"
-    print(f"dead node: job {job_id} ended {st['status']} {ended:.1f} s after the kill")
+    assert _job_pids(job_id) == {}, "a process of the job came back"
+    print(f"dead node: job {job_id} ended {st['status']} {ended:.1f} s after the kill, its last process gone "
+          f"by {gone:.1f} s")
 
 
 def test_a_node_whose_torchrun_never_starts_fails_the_others_at_the_rendezvous_timeout(tmp_path, env):
@@ -225,7 +233,8 @@ def test_a_node_whose_torchrun_never_starts_fails_the_others_at_the_rendezvous_t
     job_id = r.stdout.strip().splitlines()[-1]
     logs = cli("logs", job_id, "--backend", "slurm", cwd=tmp_path, env=env).stdout
     # Node 0 reached torchrun, node 1 never did: the log names which node is missing.
-    assert "0: halo-sched: node 0 of 2" in logs and "1: halo-sched: node 1 of 2" not in logs, logs[-3000:]
+    assert "[node 0] halo-sched: node 0 of 2" in logs and "[node 1] halo-sched: node 1 of 2" not in logs, logs[-3000:]
+    print("submit said:", r.stderr.strip().splitlines()[-1])
     assert elapsed < timeout_s + 60
     time.sleep(1)
     assert _job_pids(job_id) == {}, "node 1's hung setup survived the job"

@@ -93,8 +93,8 @@ job "rl-grpo" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-3ed02455"
-        right_delimiter = "halo-3ed02455]]"
+        left_delimiter  = "[[halo-a4a389b6"
+        right_delimiter = "halo-a4a389b6]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -258,14 +258,45 @@ halo_log_root=$${HALO_LOG_DIR:-}
 halo_log_dir=$halo_log_root/node-$halo_rank
 mkdir -p "$halo_log_dir"
 export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank $${rank}] '
+# torchrun's workers run in sessions of their own: when torchrun dies (SIGKILL), they are
+# reparented to init, out of reach of its process tree and of SLURM's proctrack/linuxproc, and
+# would outlive the job. Only torchrun gets this tag in its environment, so it marks exactly what
+# torchrun started, however deep or reparented; it is made here, at run time (the script is the
+# same on every node and backend). A subreaper would not do: bash cannot become one, and a helper
+# process that did could itself be killed.
+halo_node_tag=node$halo_rank-$$-$(date +%s%N)-$RANDOM
+# Pids of live processes carrying the tag (a zombie's environ reads empty).
+halo_tagged() {
+  grep -lzxF "HALO_NODE_TAG=$halo_node_tag" /proc/[0-9]*/environ 2> /dev/null | cut -d/ -f3
+}
+# After torchrun exits, however it exits: TERM what it left once, KILL it after a short grace,
+# until nothing is left (a process forked meanwhile is caught on the next round); give up on
+# one that cannot die (uninterruptible sleep) after 10 s more.
+halo_sweep() {
+  local halo_p halo_seen=' ' halo_kill_at=$((SECONDS + 5)) halo_give_up=$((SECONDS + 15))
+  while [ "$SECONDS" -lt "$halo_give_up" ]; do
+    set -- $(halo_tagged)
+    [ $# -gt 0 ] || return 0
+    for halo_p; do
+      if [ "$SECONDS" -ge "$halo_kill_at" ]; then
+        kill -KILL "$halo_p" 2> /dev/null || true
+      elif [[ $halo_seen != *" $halo_p "* ]]; then
+        kill -TERM "$halo_p" 2> /dev/null || true
+        halo_seen+="$halo_p "
+      fi
+    done
+    sleep 0.1
+  done
+  echo "halo-sched: node $halo_rank: processes left by torchrun would not die: $*" >&2
+}
 halo_run() {
-  local halo_pid halo_tee halo_rc halo_py
+  local halo_pid halo_tee halo_rc halo_py halo_stop
   halo_trapped=0
   halo_stopped_at=
   # torchrun's own stderr also goes to a file: its failure summary has each failed rank's exit code.
   exec 3> >(trap '' TERM INT HUP; exec tee -a "$halo_log_dir/torchrun.err" >&2)
   halo_tee=$!
-  "$@" 2>&3 &
+  HALO_NODE_TAG=$halo_node_tag "$@" 2>&3 &
   halo_pid=$!
   # SLURM signals every process of the step and the local backend the node's process group, so
   # torchrun has the signal already; Nomad signals this shell alone (executor_unix.go
@@ -278,7 +309,14 @@ halo_run() {
     # wait returns early (>128) when the trap ran; torchrun is still stopping: wait again.
     [ "$halo_trapped" = 1 ] && [ "$halo_rc" -gt 128 ] || break
   done
+  # A stop request from here on waits for the sweep, then takes effect (as it did before: the
+  # shell ends by that signal, without the failure report).
+  halo_stop=
+  trap 'halo_stop=TERM' TERM
+  trap 'halo_stop=INT' INT
+  halo_sweep
   trap - TERM INT
+  [ -z "$halo_stop" ] || kill -s "$halo_stop" $$
   exec 3>&-
   wait "$halo_tee" 2> /dev/null || true
   if [ "$halo_rc" != 0 ]; then
@@ -567,8 +605,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-3ed02455"
-        right_delimiter = "halo-3ed02455]]"
+        left_delimiter  = "[[halo-a4a389b6"
+        right_delimiter = "halo-a4a389b6]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -732,14 +770,45 @@ halo_log_root=$${HALO_LOG_DIR:-}
 halo_log_dir=$halo_log_root/node-$halo_rank
 mkdir -p "$halo_log_dir"
 export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank $${rank}] '
+# torchrun's workers run in sessions of their own: when torchrun dies (SIGKILL), they are
+# reparented to init, out of reach of its process tree and of SLURM's proctrack/linuxproc, and
+# would outlive the job. Only torchrun gets this tag in its environment, so it marks exactly what
+# torchrun started, however deep or reparented; it is made here, at run time (the script is the
+# same on every node and backend). A subreaper would not do: bash cannot become one, and a helper
+# process that did could itself be killed.
+halo_node_tag=node$halo_rank-$$-$(date +%s%N)-$RANDOM
+# Pids of live processes carrying the tag (a zombie's environ reads empty).
+halo_tagged() {
+  grep -lzxF "HALO_NODE_TAG=$halo_node_tag" /proc/[0-9]*/environ 2> /dev/null | cut -d/ -f3
+}
+# After torchrun exits, however it exits: TERM what it left once, KILL it after a short grace,
+# until nothing is left (a process forked meanwhile is caught on the next round); give up on
+# one that cannot die (uninterruptible sleep) after 10 s more.
+halo_sweep() {
+  local halo_p halo_seen=' ' halo_kill_at=$((SECONDS + 5)) halo_give_up=$((SECONDS + 15))
+  while [ "$SECONDS" -lt "$halo_give_up" ]; do
+    set -- $(halo_tagged)
+    [ $# -gt 0 ] || return 0
+    for halo_p; do
+      if [ "$SECONDS" -ge "$halo_kill_at" ]; then
+        kill -KILL "$halo_p" 2> /dev/null || true
+      elif [[ $halo_seen != *" $halo_p "* ]]; then
+        kill -TERM "$halo_p" 2> /dev/null || true
+        halo_seen+="$halo_p "
+      fi
+    done
+    sleep 0.1
+  done
+  echo "halo-sched: node $halo_rank: processes left by torchrun would not die: $*" >&2
+}
 halo_run() {
-  local halo_pid halo_tee halo_rc halo_py
+  local halo_pid halo_tee halo_rc halo_py halo_stop
   halo_trapped=0
   halo_stopped_at=
   # torchrun's own stderr also goes to a file: its failure summary has each failed rank's exit code.
   exec 3> >(trap '' TERM INT HUP; exec tee -a "$halo_log_dir/torchrun.err" >&2)
   halo_tee=$!
-  "$@" 2>&3 &
+  HALO_NODE_TAG=$halo_node_tag "$@" 2>&3 &
   halo_pid=$!
   # SLURM signals every process of the step and the local backend the node's process group, so
   # torchrun has the signal already; Nomad signals this shell alone (executor_unix.go
@@ -752,7 +821,14 @@ halo_run() {
     # wait returns early (>128) when the trap ran; torchrun is still stopping: wait again.
     [ "$halo_trapped" = 1 ] && [ "$halo_rc" -gt 128 ] || break
   done
+  # A stop request from here on waits for the sweep, then takes effect (as it did before: the
+  # shell ends by that signal, without the failure report).
+  halo_stop=
+  trap 'halo_stop=TERM' TERM
+  trap 'halo_stop=INT' INT
+  halo_sweep
   trap - TERM INT
+  [ -z "$halo_stop" ] || kill -s "$halo_stop" $$
   exec 3>&-
   wait "$halo_tee" 2> /dev/null || true
   if [ "$halo_rc" != 0 ]; then
