@@ -6,7 +6,8 @@ run, each pair alternating (medians); never asserted in tests.
 Rows: `render` start-up vs the import floor (`import pydantic, jinja2, yaml`) and vs TorchX's
 dry run (installed by `make bench` into .bench/torchx, never into the project's environment);
 a 2-node local `submit --wait` with a trivial trainer vs two bare `torchrun --nnodes=2`; library
-`submit` vs raw `sbatch` (only when the local SLURM cluster answers); peak memory of `render` vs
+`submit` vs raw `sbatch` and how soon `Job.wait()` returns after a SLURM job ends (the local test
+cluster, brought up and down again by the bench when SLURM is installed and it is down); peak memory of `render` vs
 the import floor. Then renders/s at 2, 256 and 1,024 nodes per backend, and scheduler queries
 to poll 1,000 job handles.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -99,10 +101,46 @@ def local_launch(n: int) -> None:
     row("same on two H200s (nccl), `submit --wait`", "-", "not measured here (no GPU on this machine)", "-", "<= 1.15x")
 
 
+CLUSTER = REPO / "tests" / "cluster" / "slurm-cluster.sh"
+
+
+def cluster_up() -> bool:
+    """The local test cluster, brought up (under its lock) when SLURM is installed and no cluster
+    answers; True when this bench started it (then ``cluster_down`` stops it again)."""
+    if not CLUSTER.exists() or not shutil.which("slurmctld"):
+        return False
+    os.environ.update(_cluster_env())
+    ENV.update(_cluster_env())
+    if _slurm_answers():
+        return False
+    print("starting the local SLURM cluster (tests/cluster/slurm-cluster.sh up)", flush=True)
+    with _cluster_lock():
+        if _slurm_answers():  # someone else started it meanwhile
+            return False
+        subprocess.run([str(CLUSTER), "up"], check=True, stdout=subprocess.DEVNULL)
+    return True
+
+
+def cluster_down() -> None:
+    with _cluster_lock():
+        subprocess.run([str(CLUSTER), "down"], stdout=subprocess.DEVNULL)
+
+
+def _cluster_env() -> dict:
+    out = subprocess.run([str(CLUSTER), "env"], capture_output=True, text=True).stdout
+    env = {}
+    for line in out.splitlines():  # export NAME=VALUE (shell-quoted)
+        line = line.removeprefix("export ").strip()
+        if "=" in line:
+            k, v = line.split("=", 1)
+            env[k] = shlex.split(v)[0] if v else ""
+    return env
+
+
 def slurm_submit(n: int) -> None:
-    if not shutil.which("sbatch") or subprocess.run(["squeue", "-h"], capture_output=True).returncode:
+    if not _slurm_answers():
         row("`submit` in process (library)", "-", "raw `sbatch`: skipped, no SLURM cluster answers here "
-            "(tests/cluster/slurm-cluster.sh up)", "-", "<= 1.1x")
+            "(SLURM not installed)", "-", "<= 1.1x")
         return
     import halo_sched
     from halo_sched.backends import get
@@ -123,14 +161,91 @@ def slurm_submit(n: int) -> None:
         ids.append(out.stdout.strip().split(";")[0])
         return time.perf_counter() - t, 0
 
-    with open("/tmp/halo-slurm-cluster.lock", "w") as lock:  # the shared test cluster
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _cluster_lock():  # the shared test cluster
         try:
             t_o, t_r, _, _ = side_by_side(ours, raw, n)
         finally:
             subprocess.run(["scancel", *ids], capture_output=True)
     row("`submit` in process (library)", f"{t_o * 1000:.1f} ms", f"raw `sbatch` {t_r * 1000:.1f} ms",
         f"{t_o / t_r:.2f}x", "<= 1.1x")
+
+
+def slurm_wait_latency(durations=(4, 12, 27)) -> None:
+    """How long after a SLURM job ends ``Job.wait()`` returns: one job per duration, all at once, each
+    waited on by its own scheduler object (its own watcher, as separate ``submit --wait`` processes
+    are). The scheduler's own delay is the first time a 50 ms ``squeue`` loop sees the job gone or
+    finished; the job's end is the time its batch script's last line wrote."""
+    if not _slurm_answers():
+        row("SLURM `submit --wait` returns after the job ends", "-", "skipped, no SLURM cluster", "-", "<= 1 s + scheduler")
+        return
+    from halo_sched.backends.base import Job
+    from halo_sched.backends.slurm import SlurmScheduler
+    from halo_sched.backends.slurm.transport import get_transport
+
+    tmp = Path(tempfile.mkdtemp(prefix="halo-bench-wait-"))
+    seen: dict[str, float] = {}
+    ended: dict[str, float] = {}
+    stop = threading.Event()
+
+    def tight_squeue(ids):
+        while not stop.is_set() and len(seen) < len(ids):
+            out = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i %T", "-j", ",".join(ids)],
+                                 capture_output=True, text=True).stdout
+            now = time.time()
+            states = dict(line.split() for line in out.splitlines() if line.strip())
+            for i in ids:
+                if i not in seen and states.get(i, "GONE") not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+                    seen[i] = now
+            time.sleep(0.05)
+
+    def one(d, job_id, out):
+        sched = SlurmScheduler(transport=get_transport("cli"))
+        Job(sched, job_id).wait()
+        out[job_id] = time.time()
+
+    with _cluster_lock():
+        jobs = {}
+        for d in durations:
+            script = (f"#!/bin/bash\n#SBATCH --job-name=halo-bench-wait-{d}\n#SBATCH --nodes=1\n"
+                      f"#SBATCH --output={tmp}/%j.out\nsleep {d}\ndate +%s.%N > {tmp}/end-{d}\n")
+            job_id = get_transport("cli").submit(script)
+            jobs[job_id.rpartition(":")[2]] = d
+        returned: dict[str, float] = {}
+        ts = [threading.Thread(target=one, args=(d, i, returned)) for i, d in jobs.items()]
+        watcher = threading.Thread(target=tight_squeue, args=(list(jobs),))
+        watcher.start()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        stop.set()
+        watcher.join()
+    lat_end, lat_sched = [], []
+    for i, d in jobs.items():
+        end = float((tmp / f"end-{d}").read_text())
+        lat_end.append(returned[i] - end)
+        lat_sched.append(returned[i] - seen.get(i, end))
+        print(f"  job of {d:2d} s: wait returned {returned[i] - end:5.2f} s after its last line, "
+              f"{returned[i] - seen.get(i, end):5.2f} s after squeue first showed it ended", flush=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    row("SLURM `Job.wait()` returns after the job ends (jobs of " + "/".join(map(str, durations)) + " s)",
+        "max " + f"{max(lat_sched):.2f} s", f"the scheduler's own delay (first 50 ms `squeue` that shows it ended): "
+        f"max {max(a - b for a, b in zip(lat_end, lat_sched)):.2f} s", f"+{max(lat_sched):.2f} s", "<= 1 s + the scheduler's delay")
+
+
+def _slurm_answers() -> bool:
+    return bool(shutil.which("sbatch")) and subprocess.run(["squeue", "-h"], capture_output=True).returncode == 0
+
+
+class _cluster_lock:
+    """The shared test cluster's lock (tests/cluster/slurm-cluster.sh): held only while measuring."""
+
+    def __enter__(self):
+        self.f = open("/tmp/halo-slurm-cluster.lock", "w")
+        fcntl.flock(self.f, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc):
+        self.f.close()
 
 
 def per_call(fn, seconds: float = 0.3) -> float:
@@ -186,7 +301,13 @@ def main() -> int:
           flush=True)
     startup(n)
     local_launch(2 if quick else 4)
-    slurm_submit(n)
+    started = cluster_up()
+    try:
+        slurm_submit(n)
+        slurm_wait_latency()
+    finally:
+        if started:
+            cluster_down()
     print("\n| what | halo-sched | anchor | ratio | goal |\n|---|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(r) + " |")

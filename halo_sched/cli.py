@@ -203,10 +203,11 @@ def cmd_submit(args) -> int:
     if args.dry_run:
         sys.stdout.write(dry.text if dry.text.endswith("\n") else dry.text + "\n")
         return 0
-    job_id = sched.schedule(dry)
-    from .records import record_submit
+    from .records import git_state_started, record_submit
 
-    record_submit(sched, dry, job_id, args.file)
+    git = git_state_started(spec)  # read while the scheduler answers the submit
+    job_id = sched.schedule(dry)
+    record_submit(sched, dry, job_id, args.file, git)
     rc = 0
     try:
         _err(f"halo-sched: submitted {spec.name} to {args.backend} as {job_id}")

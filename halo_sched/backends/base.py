@@ -112,11 +112,12 @@ class Scheduler(abc.ABC):
         """Submit; return the job id."""
 
     def submit(self, spec, **opts) -> "Job":
-        from ..records import record_submit
+        from ..records import git_state_started, record_submit
 
         dry = self.dryrun(spec, **opts)
+        git = git_state_started(spec)  # read while sbatch (or the Nomad API) answers
         job = Job(self, self.schedule(dry))
-        record_submit(self, dry, job.id, getattr(spec, "source", None))
+        record_submit(self, dry, job.id, getattr(spec, "source", None), git)
         return job
 
     @abc.abstractmethod
