@@ -159,12 +159,33 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
     return out
 
 
+# srun relays a task's output in pieces of at most 1024 bytes (SLURM_IO_MAX_MSG_LEN; slurmstepd
+# io.c _task_build_message cuts a longer line) and labels each piece: a longer line reaches the
+# output file cut in two, and neither half parses. Each record's line stays below that.
+LINE_MAX = 1000
+
+
+def record_line(rec: dict) -> str:
+    """``TAG {json}`` in at most LINE_MAX bytes: the oldest tail lines go first, then the error's end."""
+    rec = {**rec, "tail": list(rec.get("tail") or [])}
+    while True:
+        text = f"{TAG} {json.dumps(rec, separators=(',', ':'))}\n"  # ASCII: bytes == characters
+        if len(text) <= LINE_MAX:
+            return text
+        if rec["tail"]:
+            rec["tail"].pop(0)
+        elif rec.get("error"):
+            rec["error"] = rec["error"][:len(rec["error"]) // 2]
+        else:
+            return text  # not reached: the other fields are short
+
+
 def main(argv: list[str]) -> int:
     node, nproc, log_dir, rc = int(argv[0]), int(argv[1]), argv[2], int(argv[3])
     # EPOCHREALTIME uses the locale's decimal point.
     stopped_at = float(argv[4].replace(",", ".")) if len(argv) > 4 and argv[4] else None
     for rec in collect(node, nproc, log_dir, rc, stopped_at):
-        sys.stderr.write(f"{TAG} {json.dumps(rec, separators=(',', ':'))}\n")
+        sys.stderr.write(record_line(rec))
     sys.stderr.flush()
     return 0
 

@@ -5,7 +5,7 @@ import json
 import os
 import time
 
-from halo_sched.failure_collector import collect, error_line, summary_failures
+from halo_sched.failure_collector import LINE_MAX, collect, error_line, record_line, summary_failures
 from halo_sched.failures import FailureReport, RankFailure, first_failure, parse_line, parse_lines
 
 
@@ -117,3 +117,20 @@ def test_collector_reports_the_node_when_torchrun_named_no_rank(tmp_path):
     assert rec["rank"] is None and rec["node"] == 0 and rec["error"].startswith("torch.distributed.DistStoreError")
     [rec] = collect(0, 2, str(tmp_path), 143, stopped_at=4.0, host="h")
     assert rec["stopped"] and rec["signal"] == "SIGTERM" and rec["time"] == 4.0
+
+
+def test_a_record_line_fits_in_one_srun_piece_and_keeps_the_newest_tail():
+    # srun cuts a task's line of 1024 bytes or more in two (SLURM_IO_MAX_MSG_LEN): such a record
+    # was lost on SLURM (seen: a rendezvous timeout's traceback tail).
+    tail = [f"line {i} " + "x" * 390 for i in range(12)]
+    rec = {"node": 0, "rank": None, "local_rank": None, "host": "vm", "exit_code": 1, "signal": None,
+           "time": 1000.5, "error": "torch.distributed.DistStoreError: Timed out", "tail": tail, "stopped": False}
+    line = record_line(rec)
+    assert len(line.encode()) <= LINE_MAX < 1024 and line.endswith("\n")
+    f = parse_line("0: " + line)
+    assert f is not None and f.error == rec["error"] and f.tail and f.tail[-1] == tail[-1]
+    # An error too long alone (non-ASCII escapes six-fold) is cut rather than the record lost.
+    huge = record_line({**rec, "tail": [], "error": "é" * 400})
+    assert len(huge.encode()) <= LINE_MAX and parse_line(huge).error.startswith("é")
+    short = record_line({**rec, "tail": ["a"]})
+    assert parse_line(short).tail == ("a",)  # nothing dropped when it fits

@@ -234,8 +234,11 @@ def test_a_node_whose_torchrun_never_starts_fails_the_others_at_the_rendezvous_t
     logs = cli("logs", job_id, "--backend", "slurm", cwd=tmp_path, env=env).stdout
     # Node 0 reached torchrun, node 1 never did: the log names which node is missing.
     assert "[node 0] halo-sched: node 0 of 2" in logs and "[node 1] halo-sched: node 1 of 2" not in logs, logs[-3000:]
-    print("submit said:", r.stderr.strip().splitlines()[-1])
+    # ...and the failure report names the rendezvous timeout (node 0's torchrun: "Timed out after
+    # 11 seconds waiting for clients. 1/2 clients joined."); its record must survive srun's labels.
+    last = r.stderr.strip().splitlines()[-1]
+    assert "FAILED: node 0" in last and "waiting for clients" in last, r.stderr[-3000:]
     assert elapsed < timeout_s + 60
     time.sleep(1)
     assert _job_pids(job_id) == {}, "node 1's hung setup survived the job"
-    print(f"torchrun never started on node 1: the job ended after {elapsed:.1f} s (timeout_s={timeout_s})")
+    print(f"torchrun never started on node 1: the job ended after {elapsed:.1f} s (timeout_s={timeout_s}): {last}")
