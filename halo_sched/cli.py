@@ -508,8 +508,17 @@ def main(argv: list[str] | None = None) -> int:
     # (~30 ms of start-up with torch installed); the job file's models use none. Only while this
     # process builds them: the environment the nodes inherit is left as it was.
     no_plugins = "PYDANTIC_DISABLE_PLUGINS" not in os.environ
+    # Its plugin loader's module imports importlib.metadata (~25 ms) even when plugins are off:
+    # a stand-in that finds no plugins answers while the models are built, and is removed after.
+    stub = no_plugins and "pydantic.plugin._loader" not in sys.modules and args.command in _SPEC_COMMANDS
     if no_plugins:
         os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
+    if stub:
+        import types
+
+        loader = types.ModuleType("pydantic.plugin._loader")
+        loader.get_plugins = lambda: ()
+        sys.modules["pydantic.plugin._loader"] = loader
     try:
         if no_plugins and args.command in _SPEC_COMMANDS:
             from . import spec  # noqa: F401 - builds the models now, without the plugin scan
@@ -518,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if no_plugins:
             os.environ.pop("PYDANTIC_DISABLE_PLUGINS", None)
+        if stub and sys.modules.get("pydantic.plugin._loader") is loader:
+            del sys.modules["pydantic.plugin._loader"]
     try:
         return COMMANDS[args.command](args)
     except HaloError as err:
