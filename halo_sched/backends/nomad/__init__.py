@@ -228,7 +228,11 @@ class NomadScheduler(Scheduler):
         res = watch_job(c, name, timeout=timeout, on_change=_with_id(on_change, job_id),
                         on_tick=_with_id(on_tick, job_id), poll_s=poll)
         res.state.id = job_id
-        return self._with_failure(c, name, res.state)
+        state = self._with_failure(c, name, res.state)
+        if res.stopped and state.failure is not None:
+            # The state's text now leads with the first failure; say what the watcher did too.
+            _say(res.stop_reason)
+        return state
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
         """Every node rank's output, each line tagged ``[node K]``."""
