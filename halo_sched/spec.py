@@ -63,6 +63,23 @@ def _check_env_name(k: str) -> None:
     if k in SHELL_ENV:
         raise ValueError(f"{k} is a bash variable the node entry script relies on; it cannot be set here")
 
+def _env_values_are_text(v: Any) -> Any:
+    """YAML turns `on`, `1.0`, `0755` into bool/float/int silently; require the user to quote,
+    so the value that reaches the processes is exactly the text in the file."""
+    if isinstance(v, dict):
+        for k, val in v.items():
+            if not isinstance(val, str):
+                raise ValueError(f"{k}: value must be a string (quote it: {k}: \"{val}\"), got {type(val).__name__}")
+    return v
+
+
+def _checked_env(v: dict[str, str]) -> dict[str, str]:
+    for k, val in v.items():
+        _check_env_name(k)
+        _no_nul(val, f"{k}'s value")
+    return v
+
+
 
 def parse_size(value: int | str) -> int:
     """'16GiB' -> bytes. Bare integers are bytes."""
@@ -489,22 +506,8 @@ class Server(_Model):
             raise ValueError("not a container image reference (registry/name:tag or name@sha256:...)")
         return v
 
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env_types(cls, v: Any) -> Any:
-        if isinstance(v, dict):
-            for k, val in v.items():
-                if not isinstance(val, str):
-                    raise ValueError(f"{k}: value must be a string (quote it: {k}: \"{val}\"), got {type(val).__name__}")
-        return v
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        for k, val in v.items():
-            _check_env_name(k)
-            _no_nul(val, f"{k}'s value")
-        return v
+    _env_types = field_validator("env", mode="before")(classmethod(lambda cls, v: _env_values_are_text(v)))
+    _env = field_validator("env")(classmethod(lambda cls, v: _checked_env(v)))
 
     @field_validator("setup", mode="before")
     @classmethod
@@ -555,24 +558,8 @@ class JobSpec(_Model):
             raise ValueError("must be 1-63 characters: letters, digits, '_', '.', '-', starting with a letter or digit")
         return v
 
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env_types(cls, v: Any) -> Any:
-        # YAML turns `on`, `1.0`, `0755` into bool/float/int silently; require the user to quote,
-        # so the value that reaches the ranks is exactly the text in the file.
-        if isinstance(v, dict):
-            for k, val in v.items():
-                if not isinstance(val, str):
-                    raise ValueError(f"{k}: value must be a string (quote it: {k}: \"{val}\"), got {type(val).__name__}")
-        return v
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        for k, val in v.items():
-            _check_env_name(k)
-            _no_nul(val, f"{k}'s value")
-        return v
+    _env_types = field_validator("env", mode="before")(classmethod(lambda cls, v: _env_values_are_text(v)))
+    _env = field_validator("env")(classmethod(lambda cls, v: _checked_env(v)))
 
     @field_validator("secret_env")
     @classmethod
