@@ -109,6 +109,19 @@ def test_collector_reads_torchruns_files(tmp_path):
     recs = {r["rank"]: r for r in collect(1, 2, str(tmp_path), 1, host="h")}
     assert recs[3]["error"] == "ValueError: rank 3 fails" and recs[3]["time"] == t  # mtime, not whole seconds
     assert recs[2]["error"] == "RuntimeError: peer gone" and recs[2]["signal"] == "SIGTERM"
+    # torchrun SIGTERMed rank 2 after rank 3 failed: a victim, even where its whole-second summary
+    # time (or, here, its error file) reads earlier than rank 3's precise one.
+    assert recs[2]["stopped"] and not recs[3]["stopped"]
+    assert first_failure(parse_lines(record_line(r) for r in recs.values())).rank == 3
+
+
+def test_a_node_whose_ranks_were_all_sigtermed_keeps_them_as_causes(tmp_path):
+    # SIGTERM from outside (a cancel, the scheduler) with no rank failing on its own: nobody on
+    # this node is torchrun's victim.
+    only_term = SUMMARY.replace("exitcode  : 3 (pid: 11359)", "exitcode  : -15 (pid: 11359)  (SIGTERM)")
+    (tmp_path / "torchrun.err").write_text(only_term)
+    recs = collect(1, 2, str(tmp_path), 1, host="h")
+    assert recs and all(r["signal"] == "SIGTERM" and not r["stopped"] for r in recs)
 
 
 def test_collector_reports_the_node_when_torchrun_named_no_rank(tmp_path):
