@@ -16,3 +16,9 @@ def _isolated_state(tmp_path, monkeypatch):
     for k in list(os.environ):
         if k.startswith(("NOMAD_", "SLURM_JOB")):
             monkeypatch.delenv(k, raising=False)
+    # A watcher is shared by every scheduler object that reaches the same scheduler for the
+    # process's life; a test's stand-in transport must not answer for the next test.
+    from halo_sched.backends import watcher
+
+    with watcher._REGISTRY_LOCK:
+        watcher._REGISTRY.clear()

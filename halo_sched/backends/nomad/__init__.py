@@ -5,6 +5,7 @@ rank dies or it does not place in time (``watchdog.py``). This class only joins 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from typing import Callable, Iterator, Sequence
@@ -35,8 +36,11 @@ class NomadScheduler(Scheduler):
         self._failure_logs = None  # FailureLogs, built on the first failure seen
 
     def watch_key(self):
-        # Handles on schedulers of one client (or of the environment's) share one watcher.
-        return ("nomad", self._client if self._client is not None else "env")
+        # Handles on schedulers of one client share one watcher; without a client object, those
+        # that the environment points at the same agent, namespace and region.
+        if self._client is not None:
+            return ("nomad", self._client)
+        return ("nomad", *(os.environ.get(k) for k in ("NOMAD_ADDR", "NOMAD_NAMESPACE", "NOMAD_REGION")))
 
     def _client_for(self, namespace: str | None = None, region: str | None = None):
         # Built on first use: rendering needs no connection (nor requests' import time).
