@@ -94,8 +94,8 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-b535d103"
-        right_delimiter = "halo-b535d103]]"
+        left_delimiter  = "[[halo-6b51c1ea"
+        right_delimiter = "halo-6b51c1ea]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -269,6 +269,8 @@ _ERROR = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt|Timeout
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s*")
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
             9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
+# How torchrun stops a node's other workers once one has failed (api.py ``_close``).
+_STOP_SIGNALS = ("SIGTERM",)
 
 
 def _tail(path: str, n: int = TAIL_LINES) -> list[str]:
@@ -375,6 +377,14 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
             "exit_code": info["exit_code"], "signal": info["signal"], "time": when,
             "error": error, "tail": tail, "stopped": False,
         })
+    # When one worker fails, torchrun stops the node's other workers with SIGTERM: those are
+    # victims (SIGKILL is not counted: it is also how the kernel's OOM killer ends a rank). Their summary time is the whole second of detection, which can read
+    # earlier than the real failure's precise time, so they must not compete with it.
+    own = [r for r in out if r["signal"] not in _STOP_SIGNALS]
+    if own:
+        for r in out:
+            if r["signal"] in _STOP_SIGNALS:
+                r["stopped"] = True
     if not out:
         # torchrun failed before or without a worker failure (rendezvous, store timeout, a
         # signal that stopped it): the node is what failed.
@@ -526,8 +536,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-b535d103"
-        right_delimiter = "halo-b535d103]]"
+        left_delimiter  = "[[halo-6b51c1ea"
+        right_delimiter = "halo-6b51c1ea]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -701,6 +711,8 @@ _ERROR = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt|Timeout
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s*")
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
             9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
+# How torchrun stops a node's other workers once one has failed (api.py ``_close``).
+_STOP_SIGNALS = ("SIGTERM",)
 
 
 def _tail(path: str, n: int = TAIL_LINES) -> list[str]:
@@ -807,6 +819,14 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
             "exit_code": info["exit_code"], "signal": info["signal"], "time": when,
             "error": error, "tail": tail, "stopped": False,
         })
+    # When one worker fails, torchrun stops the node's other workers with SIGTERM: those are
+    # victims (SIGKILL is not counted: it is also how the kernel's OOM killer ends a rank). Their summary time is the whole second of detection, which can read
+    # earlier than the real failure's precise time, so they must not compete with it.
+    own = [r for r in out if r["signal"] not in _STOP_SIGNALS]
+    if own:
+        for r in out:
+            if r["signal"] in _STOP_SIGNALS:
+                r["stopped"] = True
     if not out:
         # torchrun failed before or without a worker failure (rendezvous, store timeout, a
         # signal that stopped it): the node is what failed.
