@@ -148,8 +148,8 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
             "error": error, "tail": tail, "stopped": False,
         })
     # When one worker fails, torchrun stops the node's other workers with SIGTERM: those are
-    # victims (SIGKILL is not counted: it is also how the kernel's OOM killer ends a rank). Their summary time is the whole second of detection, which can read
-    # earlier than the real failure's precise time, so they must not compete with it.
+    # victims (not SIGKILL: the kernel's OOM killer ends a rank that way). A victim's summary time
+    # is the whole second of detection and can read earlier than the real failure's precise one.
     own = [r for r in out if r["signal"] not in _STOP_SIGNALS]
     if own:
         for r in out:

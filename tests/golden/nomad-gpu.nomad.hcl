@@ -94,8 +94,8 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-6b51c1ea"
-        right_delimiter = "halo-6b51c1ea]]"
+        left_delimiter  = "[[halo-8fc1c051"
+        right_delimiter = "halo-8fc1c051]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -378,8 +378,8 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
             "error": error, "tail": tail, "stopped": False,
         })
     # When one worker fails, torchrun stops the node's other workers with SIGTERM: those are
-    # victims (SIGKILL is not counted: it is also how the kernel's OOM killer ends a rank). Their summary time is the whole second of detection, which can read
-    # earlier than the real failure's precise time, so they must not compete with it.
+    # victims (not SIGKILL: the kernel's OOM killer ends a rank that way). A victim's summary time
+    # is the whole second of detection and can read earlier than the real failure's precise one.
     own = [r for r in out if r["signal"] not in _STOP_SIGNALS]
     if own:
         for r in out:
@@ -536,8 +536,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-6b51c1ea"
-        right_delimiter = "halo-6b51c1ea]]"
+        left_delimiter  = "[[halo-8fc1c051"
+        right_delimiter = "halo-8fc1c051]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -820,8 +820,8 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
             "error": error, "tail": tail, "stopped": False,
         })
     # When one worker fails, torchrun stops the node's other workers with SIGTERM: those are
-    # victims (SIGKILL is not counted: it is also how the kernel's OOM killer ends a rank). Their summary time is the whole second of detection, which can read
-    # earlier than the real failure's precise time, so they must not compete with it.
+    # victims (not SIGKILL: the kernel's OOM killer ends a rank that way). A victim's summary time
+    # is the whole second of detection and can read earlier than the real failure's precise one.
     own = [r for r in out if r["signal"] not in _STOP_SIGNALS]
     if own:
         for r in out:

@@ -93,8 +93,8 @@ job "rl-grpo" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-ea5fa7b7"
-        right_delimiter = "halo-ea5fa7b7]]"
+        left_delimiter  = "[[halo-ea4317c5"
+        right_delimiter = "halo-ea4317c5]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -474,8 +474,8 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
             "error": error, "tail": tail, "stopped": False,
         })
     # When one worker fails, torchrun stops the node's other workers with SIGTERM: those are
-    # victims (SIGKILL is not counted: it is also how the kernel's OOM killer ends a rank). Their summary time is the whole second of detection, which can read
-    # earlier than the real failure's precise time, so they must not compete with it.
+    # victims (not SIGKILL: the kernel's OOM killer ends a rank that way). A victim's summary time
+    # is the whole second of detection and can read earlier than the real failure's precise one.
     own = [r for r in out if r["signal"] not in _STOP_SIGNALS]
     if own:
         for r in out:
@@ -636,8 +636,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-ea5fa7b7"
-        right_delimiter = "halo-ea5fa7b7]]"
+        left_delimiter  = "[[halo-ea4317c5"
+        right_delimiter = "halo-ea4317c5]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -1017,8 +1017,8 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
             "error": error, "tail": tail, "stopped": False,
         })
     # When one worker fails, torchrun stops the node's other workers with SIGTERM: those are
-    # victims (SIGKILL is not counted: it is also how the kernel's OOM killer ends a rank). Their summary time is the whole second of detection, which can read
-    # earlier than the real failure's precise time, so they must not compete with it.
+    # victims (not SIGKILL: the kernel's OOM killer ends a rank that way). A victim's summary time
+    # is the whole second of detection and can read earlier than the real failure's precise one.
     own = [r for r in out if r["signal"] not in _STOP_SIGNALS]
     if own:
         for r in out:
