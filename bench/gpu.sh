@@ -37,3 +37,9 @@ $PY -m halo_sched.cli preflight "$job" --backend local --size 256M --iters 3 --j
 echo "== anchor: the bundled test under bare torchrun --standalone"
 secs torchrun --standalone --nproc_per_node=2 halo_sched/trainers/preflight_bw.py \
   --size 1G --iters 5 --device cuda --gpus-per-node 2 --nproc-per-node 2 --pair-ranks 2>&1 | tail -15
+echo "== the local launch overhead on a quiet machine: bench/trivial.yaml vs two bare torchrun (CPU, gloo)"
+for round in 1 2 3; do
+  secs $PY -m halo_sched.cli submit bench/trivial.yaml --backend local --wait -q > /dev/null
+  secs bash -c 'torchrun --nnodes=2 --nproc_per_node=1 --node_rank=0 --master_addr=127.0.0.1 --master_port=29643 bench/trivial.py > /dev/null 2>&1 &
+    torchrun --nnodes=2 --nproc_per_node=1 --node_rank=1 --master_addr=127.0.0.1 --master_port=29643 bench/trivial.py > /dev/null 2>&1; wait'
+done
