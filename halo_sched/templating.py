@@ -62,8 +62,8 @@ def hcl_escape(value: str) -> str:
             out.append(ch)
     s = "".join(out)
     # `${NAME}` (a reference Nomad interpolates at run time) stays readable as `$${NAME}`. Any
-    # other `${`, and every `%{`, becomes a \u escape: just as literal in HCL, and unlike a bare
-    # `$${`/`%%{` also parsed by python-hcl2, which the tests read the output with.
+    # other `${`, and every `%{`, becomes a \u escape: just as literal in HCL (tests parse every
+    # rendered job with HashiCorp's parser), and no template sequence a reader could mistake.
     s = re.sub(r"\$\{(?=([A-Za-z0-9_.-]*)\})|\$\{", lambda m: "$${" if m.group(1) is not None else "$\\u007b", s)
     return s.replace("%{", "\\u0025{")
 
