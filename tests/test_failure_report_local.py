@@ -37,8 +37,9 @@ def test_first_failure_is_rank_3_on_node_1(tmp_path, how, record, others):
 
     st = halo_sched.job(job_id, "local").status()
     assert st.status is JobStatus.FAILED and st.failure.first.rank == 3
-    # Every other failure reported happened after rank 3's.
-    assert all(f.time >= st.failure.first.time for f in st.failure.failures)
+    # Every other rank that failed on its own did so after rank 3. (Victims, stopped by torchrun or
+    # the supervisor once rank 3 died, carry a whole-second time that may read earlier.)
+    assert all(f.time >= st.failure.first.time for f in st.failure.failures if not f.stopped)
 
     # No --backend: the job record says local.
     s = json.loads(cli("status", job_id, "--json").stdout)
