@@ -187,7 +187,11 @@ def test_slurm_trainer_and_server_nodes_in_one_allocation(tmp_path, slurm_env):
     # The server step was stopped when the trainer ended: nothing of the job still runs.
     served = (rec / "rollout-a-0.jsonl").read_text()
     pid = json.loads(served.splitlines()[0])["pid"]
-    time.sleep(1)
+    # `--wait` returns within a second of SLURM reporting the end; slurmstepd may still be
+    # stopping the server step then (KillWait), so allow it a bounded while.
+    deadline = time.monotonic() + 15
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.25)
     assert not os.path.exists(f"/proc/{pid}"), "the server outlived the job"
 
 

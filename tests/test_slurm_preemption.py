@@ -147,12 +147,13 @@ def test_requeue_resumes_from_the_checkpoint_and_wait_follows_to_the_end(tmp_pat
 
 
 def test_time_limit_warning_through_slurm_signal(tmp_path, env):
-    # time=1 minute, warning 40 s before: slurmctld checks warnings every 30 s, so it comes 20-50 s
-    # after the start, leaving at least 10 s to save; the trainer would run for hours otherwise.
+    # time=2 minutes, warning 100 s before: slurmctld checks warnings every 30 s, so it comes 20-50 s
+    # after the start, leaving at least 70 s to save (a 1-minute job with USR2@40 left 10 s, which a
+    # loaded machine missed); the trainer would run for hours otherwise.
     job = _job(tmp_path, ["--steps", "100000", "--step-time", "0.2"],
-               slurm={"time": "1", "signal": "USR2@40", "cpus_per_task": 2})
+               slurm={"time": "2", "signal": "USR2@100", "cpus_per_task": 2})
     job_id = _submit(job, tmp_path, env)
-    st = _wait_for_end(job_id, env, timeout=150)
+    st = _wait_for_end(job_id, env, timeout=210)
     out = _output(tmp_path, job_id)
     assert st["status"] == "COMPLETED" and st["exit_code"] == 0, (st, out)
     ranks = _reports(tmp_path)
