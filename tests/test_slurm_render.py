@@ -4,6 +4,7 @@ The real-cluster counterpart is tests/test_slurm_preemption.py."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -14,13 +15,20 @@ from helpers import base_env, fake_bin, run_sbatch, write_tool
 
 MIN = "name: t\nnodes: 2\nnproc_per_node: 2\ntrainer: {script: train.py}\n"
 
-# srun that stays up until the batch script forwards the warning (scancel), then exits RC.
+# srun that stays up until the batch script has passed the warning on (scancel) SENDS times (a
+# node whose task was not running yet hears only a later send), then exits RC.
 SLOW_SRUN = r'''#!{python}
 import json, os, sys, time
 with open(os.environ["LOG"], "a") as f:
     f.write(json.dumps(["srun", *sys.argv[1:]]) + "\n")
 deadline = time.time() + 20
-while not os.path.exists(os.environ["LOG"] + ".warned") and time.time() < deadline:
+def sends():
+    try:
+        with open(os.environ["LOG"] + ".warned") as f:
+            return len(f.read())
+    except OSError:
+        return 0
+while sends() < int(os.environ.get("SENDS", "1")) and time.time() < deadline:
     time.sleep(0.05)
 sys.exit(int(os.environ.get("SRUN_RC", "0")))
 '''
@@ -29,13 +37,14 @@ import json, os, sys
 with open(os.environ["LOG"], "a") as f:
     f.write(json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\n")
 if os.path.basename(sys.argv[0]) == "scancel":
-    open(os.environ["LOG"] + ".warned", "w").close()
+    with open(os.environ["LOG"] + ".warned", "a") as f:
+        f.write("x")
 if sys.argv[1:2] != ["requeue"] and os.path.basename(sys.argv[0]) == "scontrol":
     os.execv(os.environ["REAL_SCONTROL"], [os.environ["REAL_SCONTROL"], *sys.argv[1:]])
 '''
 
 
-def _run_warned(tmp_path, spec_text: str, restart_count: str | None, srun_rc: int = 0):
+def _run_warned(tmp_path, spec_text: str, restart_count: str | None, srun_rc: int = 0, sends: int = 1):
     """Run the batch script, send it SIGUSR2 as slurmctld would (--signal=B:), return (rc, calls)."""
     spec = halo_sched.loads(spec_text)
     fakes = fake_bin(tmp_path)  # scontrol for the master address
@@ -47,7 +56,7 @@ def _run_warned(tmp_path, spec_text: str, restart_count: str | None, srun_rc: in
     log = tmp_path / "calls.log"
     env = base_env(fakes, tmp_path)
     env.update(PATH=f"{bindir}:{env['PATH']}", LOG=str(log), REAL_SCONTROL=str(fakes / "scontrol"),
-               SRUN_RC=str(srun_rc), FAKE_SLURM_NODES="a,b", SLURM_JOB_NODELIST="a,b", SLURM_JOB_ID="42",
+               SRUN_RC=str(srun_rc), SENDS=str(sends), FAKE_SLURM_NODES="a,b", SLURM_JOB_NODELIST="a,b", SLURM_JOB_ID="42",
                SLURM_JOB_CPUS_PER_NODE="8(x2)")
     if restart_count is not None:
         env["SLURM_RESTART_COUNT"] = restart_count
@@ -67,10 +76,33 @@ def _run_warned(tmp_path, spec_text: str, restart_count: str | None, srun_rc: in
 def test_warning_is_forwarded_and_a_saved_run_requeues(tmp_path):
     rc, calls, err = _run_warned(tmp_path, MIN + "slurm: {requeue: true, max_requeues: 2}\n", "1")
     assert rc == 0, err
-    # srun ran in the background; the trap forwarded the warning to the steps, then requeued.
+    # srun ran in the background; the trap passed the warning on to the steps as URG (each
+    # node's entry hands USR2 to its ranks), then requeued.
     assert [c[0] for c in calls] == ["srun", "scancel", "scontrol"]
-    assert calls[1][1:] == ["--signal=USR2", "42"] and calls[2][1:] == ["requeue", "42"]
+    assert calls[1][1:] == ["--signal=URG", "42"] and calls[2][1:] == ["requeue", "42"]
     assert "requeueing for run 3" in err
+
+
+def test_the_warning_is_sent_again_for_a_node_that_was_not_running_yet(tmp_path):
+    # The step ends only after the third send (1 s and 2 s after the first): the forward kept
+    # trying, and stopped with srun (no send after it).
+    rc, calls, err = _run_warned(tmp_path, MIN, None, sends=3)
+    assert rc == 0, err
+    assert [c[0] for c in calls] == ["srun", "scancel", "scancel", "scancel"], calls
+    assert all(c[1:] == ["--signal=URG", "42"] for c in calls[1:])
+    # Nothing of the batch script outlives it (the forward would send again 4 s later).
+    time.sleep(0.2)
+    marker = f"LOG={tmp_path / 'calls.log'}".encode()
+    left = [p for p in os.listdir("/proc") if p.isdigit() and marker in _environ(p)]
+    assert not left, left
+
+
+def _environ(pid: str) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
 
 
 def test_requeues_stop_at_max_requeues(tmp_path):
@@ -87,6 +119,7 @@ def test_a_rank_failing_after_the_warning_fails_the_job_without_requeue(tmp_path
 def test_signal_goes_to_the_batch_shell():
     text = render_sbatch(halo_sched.loads(MIN + "slurm: {signal: 'SIGHUP@90'}\n"))
     assert "#SBATCH --signal=B:HUP@90" in text and "trap halo_warn HUP" in text and "trap '' HUP" in text
+    assert "trap halo_warning URG" in text and "scancel --signal=URG" in text
     assert "#SBATCH --signal=B:USR2" in render_sbatch(halo_sched.loads(MIN + "slurm: {signal: 'B:USR2'}\n"))
     assert "--signal" not in render_sbatch(halo_sched.loads(MIN)).split("set -eu")[0]
 

@@ -94,8 +94,8 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-8fc1c051"
-        right_delimiter = "halo-8fc1c051]]"
+        left_delimiter  = "[[halo-f36178f3"
+        right_delimiter = "halo-f36178f3]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -124,6 +124,53 @@ halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not oct
 # handler in this shell would not do: bash resets handled signals to the default in children.
 trap '' USR2
 export HALO_WARNING_SIGNAL=USR2
+
+# The warning reaches this shell as SIGURG (SLURM: the batch script passes slurm.signal's warning
+# and `halo-sched cancel --signal` on as URG, to every process of the job's steps). URG's default
+# action is to ignore it, so torchrun, the ranks and any server go on as if nothing came; this
+# shell alone acts on it: it hands SIGUSR2 to each rank (a process torchrun started)
+# once that rank handles it (SigCgt in /proc/PID/status), at once or as soon as it installs its
+# handler. A warning that comes while setup, torchrun or a trainer's imports still run is held,
+# not lost: slurmctld looks at time limits every 30 s and sends slurm.signal's warning up to 30 s
+# early, which for a short job can be its first seconds (job_mgr.c send_job_warn_signal).
+halo_warned_at=
+halo_torchrun=
+halo_deliverer=
+halo_warning() {
+  halo_trapped=1
+  [ -z "$halo_warned_at" ] || return 0
+  halo_warned_at=$SECONDS
+  echo "halo-sched: node $halo_rank: warning at $(date +%H:%M:%S); SIGUSR2 goes to each rank once it handles it" >&2
+  [ -z "$halo_torchrun" ] || halo_deliver
+}
+trap halo_warning URG
+# Runs in the background from the warning until torchrun ends (torchrun may start ranks again).
+halo_deliver() {
+  (
+    set +e
+    halo_bit=$(($(kill -l USR2) - 1))
+    halo_done=' '
+    halo_n=0
+    while kill -0 "$halo_torchrun" 2> /dev/null; do
+      # torchrun's children: "pid (comm) state ppid ..." in /proc/PID/stat (comm may hold spaces).
+      # (cat, not awk, opens the files: a process that ends meanwhile must not end the scan).
+      for halo_p in $(cat /proc/[0-9]*/stat 2> /dev/null | awk -v t="$halo_torchrun" '{ p = $1; sub(/^.*\) /, ""); if ($2 == t) print p }'); do
+        [[ $halo_done != *" $halo_p "* ]] || continue
+        halo_mask=$(sed -n 's/^SigCgt:[[:space:]]*//p' "/proc/$halo_p/status" 2> /dev/null)
+        [[ $halo_mask =~ ^[0-9a-fA-F]+$ ]] && (((16#$halo_mask >> halo_bit) & 1)) || continue
+        kill -USR2 "$halo_p" 2> /dev/null || continue
+        halo_done+="$halo_p "
+        halo_n=$((halo_n + 1))
+        halo_who=$(tr '\0' '\n' 2> /dev/null < "/proc/$halo_p/environ" | sed -n 's/^RANK=//p')
+        echo "halo-sched: node $halo_rank: SIGUSR2 to rank $${halo_who:-?} (pid $halo_p), $((SECONDS - halo_warned_at)) s after the warning" >&2
+      done
+      sleep 0.2
+    done
+    [ "$halo_n" != 0 ] ||
+      echo "halo-sched: node $halo_rank: no rank handled SIGUSR2 before torchrun ended; the warning reached no trainer (install a handler for \$HALO_WARNING_SIGNAL)" >&2
+  ) &
+  halo_deliverer=$!
+}
 # Which run this is: 0 the first time, n after the job was requeued n times.
 export HALO_RESTART_COUNT="$${HALO_RESTART_COUNT:-0}"
 
@@ -202,6 +249,8 @@ halo_run() {
   halo_tee=$!
   HALO_NODE_TAG=$halo_node_tag "$@" 2>&3 &
   halo_pid=$!
+  halo_torchrun=$halo_pid
+  [ -z "$halo_warned_at" ] || halo_deliver  # warned during setup: hand it on once a rank handles it
   # SLURM signals every process of the step and the local backend the node's process group, so
   # torchrun has the signal already; Nomad signals this shell alone (executor_unix.go
   # shutdownProcess), so pass it on.
@@ -213,6 +262,8 @@ halo_run() {
     # wait returns early (>128) when the trap ran; torchrun is still stopping: wait again.
     [ "$halo_trapped" = 1 ] && [ "$halo_rc" -gt 128 ] || break
   done
+  # The warning's deliverer ends within 0.2 s of torchrun (its last words come before the sweep's).
+  [ -z "$halo_deliverer" ] || wait "$halo_deliverer" 2> /dev/null || true
   # A stop request from here on waits for the sweep, then takes effect (as it did before: the
   # shell ends by that signal, without the failure report).
   halo_stop=
@@ -536,8 +587,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-8fc1c051"
-        right_delimiter = "halo-8fc1c051]]"
+        left_delimiter  = "[[halo-f36178f3"
+        right_delimiter = "halo-f36178f3]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -566,6 +617,53 @@ halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not oct
 # handler in this shell would not do: bash resets handled signals to the default in children.
 trap '' USR2
 export HALO_WARNING_SIGNAL=USR2
+
+# The warning reaches this shell as SIGURG (SLURM: the batch script passes slurm.signal's warning
+# and `halo-sched cancel --signal` on as URG, to every process of the job's steps). URG's default
+# action is to ignore it, so torchrun, the ranks and any server go on as if nothing came; this
+# shell alone acts on it: it hands SIGUSR2 to each rank (a process torchrun started)
+# once that rank handles it (SigCgt in /proc/PID/status), at once or as soon as it installs its
+# handler. A warning that comes while setup, torchrun or a trainer's imports still run is held,
+# not lost: slurmctld looks at time limits every 30 s and sends slurm.signal's warning up to 30 s
+# early, which for a short job can be its first seconds (job_mgr.c send_job_warn_signal).
+halo_warned_at=
+halo_torchrun=
+halo_deliverer=
+halo_warning() {
+  halo_trapped=1
+  [ -z "$halo_warned_at" ] || return 0
+  halo_warned_at=$SECONDS
+  echo "halo-sched: node $halo_rank: warning at $(date +%H:%M:%S); SIGUSR2 goes to each rank once it handles it" >&2
+  [ -z "$halo_torchrun" ] || halo_deliver
+}
+trap halo_warning URG
+# Runs in the background from the warning until torchrun ends (torchrun may start ranks again).
+halo_deliver() {
+  (
+    set +e
+    halo_bit=$(($(kill -l USR2) - 1))
+    halo_done=' '
+    halo_n=0
+    while kill -0 "$halo_torchrun" 2> /dev/null; do
+      # torchrun's children: "pid (comm) state ppid ..." in /proc/PID/stat (comm may hold spaces).
+      # (cat, not awk, opens the files: a process that ends meanwhile must not end the scan).
+      for halo_p in $(cat /proc/[0-9]*/stat 2> /dev/null | awk -v t="$halo_torchrun" '{ p = $1; sub(/^.*\) /, ""); if ($2 == t) print p }'); do
+        [[ $halo_done != *" $halo_p "* ]] || continue
+        halo_mask=$(sed -n 's/^SigCgt:[[:space:]]*//p' "/proc/$halo_p/status" 2> /dev/null)
+        [[ $halo_mask =~ ^[0-9a-fA-F]+$ ]] && (((16#$halo_mask >> halo_bit) & 1)) || continue
+        kill -USR2 "$halo_p" 2> /dev/null || continue
+        halo_done+="$halo_p "
+        halo_n=$((halo_n + 1))
+        halo_who=$(tr '\0' '\n' 2> /dev/null < "/proc/$halo_p/environ" | sed -n 's/^RANK=//p')
+        echo "halo-sched: node $halo_rank: SIGUSR2 to rank $${halo_who:-?} (pid $halo_p), $((SECONDS - halo_warned_at)) s after the warning" >&2
+      done
+      sleep 0.2
+    done
+    [ "$halo_n" != 0 ] ||
+      echo "halo-sched: node $halo_rank: no rank handled SIGUSR2 before torchrun ended; the warning reached no trainer (install a handler for \$HALO_WARNING_SIGNAL)" >&2
+  ) &
+  halo_deliverer=$!
+}
 # Which run this is: 0 the first time, n after the job was requeued n times.
 export HALO_RESTART_COUNT="$${HALO_RESTART_COUNT:-0}"
 
@@ -644,6 +742,8 @@ halo_run() {
   halo_tee=$!
   HALO_NODE_TAG=$halo_node_tag "$@" 2>&3 &
   halo_pid=$!
+  halo_torchrun=$halo_pid
+  [ -z "$halo_warned_at" ] || halo_deliver  # warned during setup: hand it on once a rank handles it
   # SLURM signals every process of the step and the local backend the node's process group, so
   # torchrun has the signal already; Nomad signals this shell alone (executor_unix.go
   # shutdownProcess), so pass it on.
@@ -655,6 +755,8 @@ halo_run() {
     # wait returns early (>128) when the trap ran; torchrun is still stopping: wait again.
     [ "$halo_trapped" = 1 ] && [ "$halo_rc" -gt 128 ] || break
   done
+  # The warning's deliverer ends within 0.2 s of torchrun (its last words come before the sweep's).
+  [ -z "$halo_deliverer" ] || wait "$halo_deliverer" 2> /dev/null || true
   # A stop request from here on waits for the sweep, then takes effect (as it did before: the
   # shell ends by that signal, without the failure report).
   halo_stop=
