@@ -29,8 +29,11 @@ SIZE_RE = re.compile(r"^(\d+)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB|k|m|g)?$", re.IGN
 IFACE_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 # sbatch --signal=[{R|B}:]SIG[@secs], by name (the batch script traps it and forwards it).
 SLURM_SIGNAL_RE = re.compile(r"^(?:([BR]+):)?(?:SIG)?([A-Z][A-Z0-9]*)(?:@(\d+))?$")
-# Signals that end, stop or resume processes: torchrun must keep its default for these.
-ENDING_SIGNALS = {"KILL", "STOP", "CONT", "TERM", "INT", "QUIT", "TSTP"}
+# The signals a warning may be: those SLURM knows by name (src/common/proc_args.c
+# signals_mapping) that a trainer can catch while the rest of the job goes on. Not USR1 (NCCL's),
+# not URG (the carrier that takes the warning to every node), not those that end, stop or resume
+# processes (torchrun must keep its default for these).
+WARNING_SIGNALS = ("USR2", "HUP", "ALRM", "XCPU")
 
 # Variables torchrun or halo-sched itself set on every rank: a user value would be silently
 # overwritten (or would break the launch), so it is an error to set them in `env`.
@@ -98,6 +101,30 @@ def parse_size(value: int | str) -> int:
         "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4, "k": 1024, "m": 1024**2, "g": 1024**3,
     }[unit]
     return int(m.group(1)) * mult
+
+
+def parse_slurm_time(value: str) -> int | None:
+    """A SLURM time limit (``SLURM_TIME_RE``) in seconds; None when unlimited. Forms as sbatch(1):
+    minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
+    if value in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, rest = value.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:
+        h, m, sec = (parts + [0, 0])[:3]
+        return ((int(days) * 24 + h) * 60 + m) * 60 + sec
+    if len(parts) == 1:
+        return parts[0] * 60
+    if len(parts) == 2:
+        return parts[0] * 60 + parts[1]
+    return (parts[0] * 60 + parts[1]) * 60 + parts[2]
+
+
+# slurmctld looks at time limits every PERIODIC_TIMEOUT (30 s) and sends a warning as soon as
+# its time is less than that away (src/slurmctld/job_mgr.c send_job_warn_signal).
+SLURM_WARNING_EARLY_S = 30
+# sbatch's warning time when `--signal` names none (src/common/proc_args.c).
+SLURM_DEFAULT_WARNING_S = 60
 
 
 def parse_go_duration(value: str) -> int:
@@ -274,11 +301,14 @@ class Slurm(_Model):
         m = SLURM_SIGNAL_RE.match(v)
         if not m:
             raise ValueError("use [B:]SIGNAL[@seconds] with a signal name, e.g. USR2@120")
-        if m.group(2) == "USR1":
+        name = m.group(2)
+        if name == "USR1":
             raise ValueError("USR1 is used by NCCL; choose USR2 or HUP for the preemption warning")
-        if m.group(2) in ENDING_SIGNALS:
-            raise ValueError(f"{m.group(2)} ends or stops processes; the warning must be a signal the trainer can "
-                             "catch while torchrun ignores it: use USR2 (or HUP)")
+        if name == "URG":
+            raise ValueError("URG carries the warning to every node (the batch script's forward); choose USR2 or HUP")
+        if name not in WARNING_SIGNALS:
+            raise ValueError(f"{name} cannot be the warning: it must be a signal the trainer can catch while the "
+                             f"job goes on, one of {', '.join(WARNING_SIGNALS)} (USR2 recommended)")
         return v
 
     @field_validator("container_workdir")
@@ -287,6 +317,20 @@ class Slurm(_Model):
         if v is not None and (not v.startswith("/") or not SLURM_WORD_RE.match(v) or "," in v or ":" in v):
             raise ValueError("an absolute path inside the image, without spaces, quotes, ',' or ':'")
         return v
+
+    def warning_notes(self) -> list[tuple[str, str]]:
+        """(field, message): a warning SLURM would send at the job's start, leaving no training."""
+        if self.signal is None or self.time is None:
+            return []
+        limit = parse_slurm_time(self.time)
+        secs = self.warning[2]
+        secs = SLURM_DEFAULT_WARNING_S if secs is None else secs
+        if limit is None or secs + SLURM_WARNING_EARLY_S < limit:
+            return []
+        return [("slurm.signal", f"the warning comes {secs} s before the time limit (slurm.time={self.time}, {limit} s), "
+                                 f"and slurmctld may send it up to {SLURM_WARNING_EARLY_S} s earlier: that can be the "
+                                 "job's first seconds, and the ranks will save as soon as they start; shorten the "
+                                 "warning or lengthen slurm.time")]
 
     @property
     def warning(self) -> tuple[str, str, int | None]:
@@ -809,6 +853,7 @@ def from_dict(data: Any, source: str | None = None, text: str | None = None) -> 
     from .layout import LayoutWarning, check as check_layout
 
     errors, notes = check_layout(spec)
+    notes = notes + spec.slurm.warning_notes()
     if errors:
         raise SpecError([(located(tuple(f.split("."))), msg) for f, msg in errors], source)
     for field, msg in notes:
