@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("ids", nargs="+", metavar="ID")
     _backend_arg(p)
     p.add_argument("--purge", action="store_true", help="Nomad: also purge the job")
-    p.add_argument("--signal", default=None, help="SLURM: send this signal to the job's steps instead of ending it")
+    p.add_argument("--signal", default=None, help="SLURM: warn the job instead of ending it: its warning signal (slurm.signal, USR2 when unset) reaches every rank")
 
     p = sub.add_parser("preflight", help="run the NCCL bandwidth test and node checks as the job would run; exit 0 pass, 1 fail")
     p.add_argument("file", metavar="FILE")
@@ -413,13 +413,35 @@ def cmd_cancel(args) -> int:
     if args.signal:
         if set(groups) != {"slurm"}:
             raise UsageError("--signal applies to --backend slurm only")
-        opts["signal"] = args.signal
+        opts["signal"] = _warning_signal(args.signal, groups["slurm"])
     for backend, ids in groups.items():
         _scheduler(backend).cancel(ids, **opts)
     what = f"signal {args.signal}" if args.signal else "cancel"
     for job_id in args.ids:
         _err(f"halo-sched: {what} requested for {job_id}")
     return 0
+
+
+def _warning_signal(given: str, ids: list[str]) -> str:
+    """``cancel --signal``'s signal, which must be each job's warning signal: the batch script
+    traps that one alone, and any other would end it (and the job) by its default action."""
+    from . import records
+    from .spec import SLURM_SIGNAL_RE, WARNING_SIGNALS
+
+    m = SLURM_SIGNAL_RE.match(given.upper())
+    name = m.group(2) if m and not m.group(1) and not m.group(3) else None
+    if name not in WARNING_SIGNALS:
+        raise UsageError(f"--signal {given}: the warning is one of {', '.join(WARNING_SIGNALS)} "
+                         "(the job's slurm.signal, USR2 when unset)")
+    for job_id in ids:
+        for rec in records.find(job_id, "slurm"):
+            own = ((rec.get("spec") or {}).get("slurm") or {}).get("signal")
+            mo = SLURM_SIGNAL_RE.match(own) if isinstance(own, str) else None
+            theirs = mo.group(2) if mo else "USR2"
+            if theirs != name:
+                raise UsageError(f"--signal {given}: job {job_id}'s warning is {theirs} (slurm.signal); its batch "
+                                 f"script would end on {name}: send {theirs}")
+    return name
 
 
 def cmd_preflight(args) -> int:

@@ -14,6 +14,12 @@ from halo_sched.errors import SchedulerError, UsageError
 
 T = TypeVar("T")
 
+# The signal that carries the warning where no transport can name the batch script alone: the
+# rendered batch script and node entry take it as the warning (templates/slurm/sbatch.sh.j2,
+# templates/entry.sh.j2), and its default action is to ignore it everywhere else.
+# halo_sched.spec refuses it as slurm.signal.
+WARNING_CARRIER = "URG"
+
 
 class Transport(abc.ABC):
     """What SlurmScheduler needs from SLURM."""
@@ -30,7 +36,9 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     def cancel(self, ids: Sequence[str], signal: str | None = None) -> None:
-        """Cancel jobs, or send them ``signal`` (e.g. ``"USR2"``)."""
+        """Cancel jobs, or warn them: ``signal`` is the job's warning signal (e.g. ``"USR2"``),
+        which its batch script passes on to every rank; a transport that cannot reach the batch
+        script alone sends ``WARNING_CARRIER`` to every process of the job instead."""
 
     @abc.abstractmethod
     def job_info(self, job_id: str) -> dict[str, str]:

@@ -24,7 +24,7 @@ from halo_sched.backends.base import JobState
 from halo_sched.backends.slurm import status as st
 from halo_sched.errors import MissingDependency, SchedulerError, UsageError
 
-from .base import Transient, Transport, by_cluster, retrying, sbatch_options, split_cluster, unique, with_cluster
+from .base import WARNING_CARRIER, Transient, Transport, by_cluster, retrying, sbatch_options, split_cluster, unique, with_cluster
 
 # The slurmrestd OpenAPI versions this module's requests and parsers are written for, newest first.
 # Verified against a real slurmrestd 22.05.8 (tests/test_slurm_transport_cluster.py).
@@ -340,8 +340,11 @@ class RestTransport(Transport):
     def cancel(self, ids: Sequence[str], signal: str | None = None) -> None:
         query = ""
         if signal:
-            sig = signal.upper()
-            query = "?" + urlencode({"signal": sig if sig.startswith("SIG") else "SIG" + sig})
+            # The warning. slurmrestd signals every process of the job, the batch script's
+            # included (v0.0.38 jobs.c: slurm_kill_job2(..., KILL_FULL_JOB)): the signal itself
+            # would reach each rank twice (directly, and from the entry). URG is what halo-sched's
+            # batch script and node entries take as the warning, and every other process ignores it.
+            query = "?" + urlencode({"signal": "SIG" + WARNING_CARRIER})
         for job_id in unique(ids):
             cluster, local = split_cluster(job_id)
             if cluster:
