@@ -33,9 +33,13 @@ def main() -> int:
     ap.add_argument("--checkpoint-dir", default=None, help="save here on the warning; resume from here on start")
     ap.add_argument("--step-time", type=float, default=0.0, help="sleep this long each step (tests: a job to warn)")
     ap.add_argument("--fail-on-warning", type=int, default=None, help="this rank exits 3 when warned (tests)")
+    ap.add_argument("--handler-after", type=float, default=0.0,
+                    help="install the warning handler this many seconds late (tests: a warning held until then)")
     args = ap.parse_args()
 
-    # Installed first: until then the warning is ignored (inherited from torchrun), not fatal.
+    # Installed first: until then the warning is ignored (inherited from torchrun), not fatal, and
+    # halo-sched holds a warning that comes meanwhile until this handler is in place.
+    time.sleep(args.handler_after)
     warned: list[float] = []
     sig_name = os.environ.get("HALO_WARNING_SIGNAL", "USR2")
     signal.signal(getattr(signal, "SIG" + sig_name), lambda signum, frame: warned.append(time.time()))
@@ -142,7 +146,7 @@ def main() -> int:
             "members": members, "all_reduce": t.item(), "ok": ok,
             "env_hex": {name: os.environb.get(name.encode(), b"").hex() for name in args.echo_env},
             "restart_count": restart, "cpu_affinity": sorted(os.sched_getaffinity(0)),
-            "warned_at": warned[0] if warned else None, "saved_step": saved_step, "saved_at": saved_at,
+            "warned_at": warned[0] if warned else None, "warnings": len(warned), "saved_step": saved_step, "saved_at": saved_at,
             "resumed_from": resumed_from, "last_step": step,
         }
         name = f"rank{rank}.json" if restart == 0 else f"rank{rank}-restart{restart}.json"
