@@ -271,13 +271,16 @@ class NomadClient:
             # reraise=True: once attempts run out tenacity raises the last error itself.
             return retrying(fn, *args, **kwargs)
         except (requests.exceptions.InvalidJSONError, ValueError) as exc:
-            # A 2xx whose body is not the JSON Nomad sends (a proxy's page, a wrong port, ...).
-            raise NomadAPIError(
-                f"Nomad at {cfg.address}: {what}: unexpected response ({exc}); is NOMAD_ADDR a Nomad agent?",
-                address=cfg.address,
-            ) from exc
+            raise self._not_nomad(what, exc) from exc
         except (nomad_exc.BaseNomadException, _HTTPStatusError, requests.RequestException) as exc:
             raise self._error(what, exc, retrying) from exc
+
+    def _not_nomad(self, what: str, exc: BaseException) -> NomadAPIError:
+        """A 2xx whose body is not the JSON Nomad sends (a proxy's page, a wrong port, ...)."""
+        return NomadAPIError(
+            f"Nomad at {self.config.address}: {what}: unexpected response ({exc}); is NOMAD_ADDR a Nomad agent?",
+            address=self.config.address,
+        )
 
     def _error(self, what: str, exc: BaseException, retrying: Retrying | None) -> NomadAPIError:
         cfg = self.config
@@ -482,14 +485,10 @@ class NomadClient:
         server applied); anything else a :class:`NomadAPIError`."""
         from halo_sched.exactly_once import Ambiguous
 
-        cfg = self.config
         try:
             return fn(*args, **kwargs)
         except (requests.exceptions.InvalidJSONError, ValueError) as exc:
-            raise NomadAPIError(
-                f"Nomad at {cfg.address}: {what}: unexpected response ({exc}); is NOMAD_ADDR a Nomad agent?",
-                address=cfg.address,
-            ) from exc
+            raise self._not_nomad(what, exc) from exc
         except (nomad_exc.BaseNomadException, _HTTPStatusError, requests.RequestException) as exc:
             err = self._error(what, exc, None)
             response, transport = _unwrap(exc)

@@ -53,7 +53,7 @@ from . import servers as nomad_servers
 TASK = "torchrun"
 PORT_LABEL = "rdzv"
 ENTRY_PATH = "local/halo-entry.sh"
-MASTER_FILE = "local/halo-master-addr"
+MASTER_FILE = nomad_servers.MASTER_FILE
 NODES_META = "halo_sched_nodes"
 #: Node rank 0: count 1, the rendezvous port and service.
 LEADER_GROUP = "node-0"
@@ -177,7 +177,7 @@ def _task(spec: JobSpec, job_id: str, group: str, entry: str, delims: tuple[str,
             # The entry script adds the two: Nomad's ${} cannot.
             NODE_RANK_VAR: "${NOMAD_ALLOC_INDEX}",
             NODE_RANK_OFFSET_VAR: str(WORKER_RANK_OFFSET),
-            MASTER_ADDR_FILE_VAR: "${NOMAD_TASK_DIR}/halo-master-addr",
+            MASTER_ADDR_FILE_VAR: nomad_servers.MASTER_FILE_IN_TASK,
         }
         # noop: the file is rewritten when rank 0 registers; the entry script polls it.
         templates.append({"EmbeddedTmpl": master_template(job_id), "DestPath": MASTER_FILE, "ChangeMode": "noop"})

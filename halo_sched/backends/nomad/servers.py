@@ -30,7 +30,10 @@ GROUP_PREFIX = "server-"
 TASK = "server"
 PORT_LABEL = "http"
 ENTRY_PATH = "local/halo-server.sh"
+# Rank 0's address, rendered into each task that needs it (trainer and server tasks alike; the
+# trainer's renderer takes these from here).
 MASTER_FILE = "local/halo-master-addr"
+MASTER_FILE_IN_TASK = "${NOMAD_TASK_DIR}/halo-master-addr"
 SERVERS_META = "halo_sched_servers"
 
 
@@ -84,7 +87,7 @@ def server_group(spec: JobSpec, job_id: str, role: Server, master_template: str,
         "Env": {
             SERVER_INDEX_VAR: "${NOMAD_ALLOC_INDEX}",
             SERVER_ADDR_VAR: "${NOMAD_IP_%s}" % PORT_LABEL,
-            TRAINER_MASTER_FILE_VAR: "${NOMAD_TASK_DIR}/halo-master-addr",
+            TRAINER_MASTER_FILE_VAR: MASTER_FILE_IN_TASK,
         },
         "Templates": [
             {"EmbeddedTmpl": entry, "DestPath": ENTRY_PATH, "Perms": "0755", "ChangeMode": "noop",
