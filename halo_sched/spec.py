@@ -76,6 +76,16 @@ def _env_values_are_text(v: Any) -> Any:
     return v
 
 
+IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+#-]*$")
+
+
+def _checked_image(v: str | None) -> str | None:
+    """``image`` of the job or of a server role."""
+    if v is not None and not IMAGE_RE.match(v):
+        raise ValueError("not a container image reference (registry/name:tag or name@sha256:...)")
+    return v
+
+
 def _checked_env(v: dict[str, str]) -> dict[str, str]:
     for k, val in v.items():
         _check_env_name(k)
@@ -543,12 +553,7 @@ class Server(_Model):
             raise ValueError("an absolute URL path such as /health (printable URL characters, no spaces)")
         return v
 
-    @field_validator("image")
-    @classmethod
-    def _image(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+#-]*$", v):
-            raise ValueError("not a container image reference (registry/name:tag or name@sha256:...)")
-        return v
+    _image = field_validator("image")(classmethod(lambda cls, v: _checked_image(v)))
 
     _env_types = field_validator("env", mode="before")(classmethod(lambda cls, v: _env_values_are_text(v)))
     _env = field_validator("env")(classmethod(lambda cls, v: _checked_env(v)))
@@ -631,12 +636,7 @@ class JobSpec(_Model):
                 raise ValueError(f"setup line {line!r} contains a control character (carriage return?)")
         return v
 
-    @field_validator("image")
-    @classmethod
-    def _image(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+#-]*$", v):
-            raise ValueError("not a container image reference (registry/name:tag or name@sha256:...)")
-        return v
+    _image = field_validator("image")(classmethod(lambda cls, v: _checked_image(v)))
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "JobSpec":
