@@ -167,3 +167,10 @@ def run_sbatch(script_text: str, tmp: Path, nodes: list[str], addrs: list[str] |
         env["FAKE_SLURM_ADDRS"] = ",".join(addrs)
     r = subprocess.run(["bash", str(script)], env=env, capture_output=True, timeout=60)
     return r, records(out)
+
+
+def slurm_jwt(user: str = "root", env: dict | None = None) -> str:
+    """A JWT for slurmrestd from the test cluster (``scontrol token``), acting as ``user``."""
+    out = subprocess.run(["scontrol", "token", f"username={user}", "lifespan=600"], capture_output=True, text=True,
+                         check=True, env=env).stdout
+    return out.strip().split("=", 1)[1]

@@ -14,6 +14,7 @@ import pytest
 
 from halo_sched.backends.base import JobStatus
 from halo_sched.backends.slurm.transport import CliTransport, RestTransport, default_runner
+from helpers import slurm_jwt
 
 pytestmark = pytest.mark.slurm
 
@@ -133,17 +134,10 @@ def test_job_info_of_unknown_job(cli):
         cli.job_info("999999")
 
 
-def _token(user: str = "root") -> str:
-    out = subprocess.run(
-        ["scontrol", "token", f"username={user}", "lifespan=600"], capture_output=True, text=True, check=True
-    ).stdout
-    return out.strip().split("=", 1)[1]
-
-
 def test_rest_transport_with_jwt(cli, workdir, slurm_cluster):
     """slurmrestd 22.05 (v0.0.38) with a JWT acts as the token's user; #SBATCH lines are
     translated into job properties because slurmrestd ignores them."""
-    rest = RestTransport(url=slurm_cluster["HALO_SLURMRESTD_URL"], token=_token(), user="root")
+    rest = RestTransport(url=slurm_cluster["HALO_SLURMRESTD_URL"], token=slurm_jwt(), user="root")
     script = (
         "#!/bin/bash\n"
         "#SBATCH -J halo-rest\n"
