@@ -78,13 +78,18 @@ def main() -> int:
     stop = torch.zeros(1, device=device)
     loss = torch.zeros((), device=device)  # no step may run (warned at once, or resumed at the end)
     saved_step = saved_at = None
+    stopped = False
     step = first_step - 1
     for step in range(first_step, args.steps):
         # All ranks leave the loop at the same step, whichever got the signal first (a rank that
-        # left alone would abort its peers in their next collective).
+        # left alone would abort its peers in their next collective). From here on every rank
+        # acts on that shared decision, never on its own signal: a rank whose signal is still on
+        # its way (another node's) must save with the others, or the collectives below pair up
+        # wrongly and every rank waits forever.
         stop.fill_(1.0 if warned else 0.0)
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         if stop.item():
+            stopped = True
             step -= 1  # this step did not run
             break
         if args.step_time:
@@ -101,7 +106,7 @@ def main() -> int:
             print(f"rank {rank}: failing on purpose (--fail-rank)", file=sys.stderr, flush=True)
             sys.exit(3)
 
-    if warned:
+    if stopped:
         if args.fail_on_warning == rank:
             print(f"rank {rank}: failing on the warning on purpose (--fail-on-warning)", file=sys.stderr, flush=True)
             sys.exit(3)
@@ -114,8 +119,12 @@ def main() -> int:
                 os.replace(ckpt + ".tmp", ckpt)
             dist.barrier()  # every rank returns once the checkpoint is on disk
             saved_step, saved_at = step, time.time()
-        print(f"rank {rank}: SIG{sig_name} at step {step}; checkpoint {'saved' if saved_at else 'not saved'} "
-              f"{saved_at - warned[0] if saved_at else 0:.2f}s after the signal", flush=True)
+        if not warned:
+            since = " (stopped with the others before its own signal came)"
+        else:
+            since = f" {saved_at - warned[0]:.2f}s after the signal" if saved_at else ""
+        print(f"rank {rank}: SIG{sig_name} at step {step}; checkpoint {'saved' if saved_at else 'not saved'}{since}",
+              flush=True)
 
     # The world check: every rank contributes its rank; the sum is fixed by the world size.
     t = torch.tensor([float(rank)], device=device)
@@ -146,7 +155,7 @@ def main() -> int:
             "members": members, "all_reduce": t.item(), "ok": ok,
             "env_hex": {name: os.environb.get(name.encode(), b"").hex() for name in args.echo_env},
             "restart_count": restart, "cpu_affinity": sorted(os.sched_getaffinity(0)),
-            "warned_at": warned[0] if warned else None, "warnings": len(warned), "saved_step": saved_step, "saved_at": saved_at,
+            "warned_at": warned[0] if warned else None, "warnings": len(warned), "stopped": stopped, "saved_step": saved_step, "saved_at": saved_at,
             "resumed_from": resumed_from, "last_step": step,
         }
         name = f"rank{rank}.json" if restart == 0 else f"rank{rank}-restart{restart}.json"
