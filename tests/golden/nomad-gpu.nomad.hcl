@@ -94,8 +94,8 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-f36178f3"
-        right_delimiter = "halo-f36178f3]]"
+        left_delimiter  = "[[halo-66b6a85b"
+        right_delimiter = "halo-66b6a85b]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -154,13 +154,22 @@ halo_deliver() {
     while kill -0 "$halo_torchrun" 2> /dev/null; do
       # torchrun's children: "pid (comm) state ppid ..." in /proc/PID/stat (comm may hold spaces).
       # (cat, not awk, opens the files: a process that ends meanwhile must not end the scan).
+      # Signal every rank that handles it first, then say so: the ranks of all nodes stop
+      # together at their next step, and a rank still unsignalled by then would stop unwarned.
+      halo_sent=
       for halo_p in $(cat /proc/[0-9]*/stat 2> /dev/null | awk -v t="$halo_torchrun" '{ p = $1; sub(/^.*\) /, ""); if ($2 == t) print p }'); do
         [[ $halo_done != *" $halo_p "* ]] || continue
-        halo_mask=$(sed -n 's/^SigCgt:[[:space:]]*//p' "/proc/$halo_p/status" 2> /dev/null)
+        halo_mask=
+        while read -r halo_k halo_v; do
+          [ "$halo_k" != SigCgt: ] || { halo_mask=$halo_v; break; }
+        done 2> /dev/null < "/proc/$halo_p/status"
         [[ $halo_mask =~ ^[0-9a-fA-F]+$ ]] && (((16#$halo_mask >> halo_bit) & 1)) || continue
         kill -USR2 "$halo_p" 2> /dev/null || continue
         halo_done+="$halo_p "
+        halo_sent+="$halo_p "
         halo_n=$((halo_n + 1))
+      done
+      for halo_p in $halo_sent; do
         halo_who=$(tr '\0' '\n' 2> /dev/null < "/proc/$halo_p/environ" | sed -n 's/^RANK=//p')
         echo "halo-sched: node $halo_rank: SIGUSR2 to rank $${halo_who:-?} (pid $halo_p), $((SECONDS - halo_warned_at)) s after the warning" >&2
       done
@@ -587,8 +596,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-f36178f3"
-        right_delimiter = "halo-f36178f3]]"
+        left_delimiter  = "[[halo-66b6a85b"
+        right_delimiter = "halo-66b6a85b]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -647,13 +656,22 @@ halo_deliver() {
     while kill -0 "$halo_torchrun" 2> /dev/null; do
       # torchrun's children: "pid (comm) state ppid ..." in /proc/PID/stat (comm may hold spaces).
       # (cat, not awk, opens the files: a process that ends meanwhile must not end the scan).
+      # Signal every rank that handles it first, then say so: the ranks of all nodes stop
+      # together at their next step, and a rank still unsignalled by then would stop unwarned.
+      halo_sent=
       for halo_p in $(cat /proc/[0-9]*/stat 2> /dev/null | awk -v t="$halo_torchrun" '{ p = $1; sub(/^.*\) /, ""); if ($2 == t) print p }'); do
         [[ $halo_done != *" $halo_p "* ]] || continue
-        halo_mask=$(sed -n 's/^SigCgt:[[:space:]]*//p' "/proc/$halo_p/status" 2> /dev/null)
+        halo_mask=
+        while read -r halo_k halo_v; do
+          [ "$halo_k" != SigCgt: ] || { halo_mask=$halo_v; break; }
+        done 2> /dev/null < "/proc/$halo_p/status"
         [[ $halo_mask =~ ^[0-9a-fA-F]+$ ]] && (((16#$halo_mask >> halo_bit) & 1)) || continue
         kill -USR2 "$halo_p" 2> /dev/null || continue
         halo_done+="$halo_p "
+        halo_sent+="$halo_p "
         halo_n=$((halo_n + 1))
+      done
+      for halo_p in $halo_sent; do
         halo_who=$(tr '\0' '\n' 2> /dev/null < "/proc/$halo_p/environ" | sed -n 's/^RANK=//p')
         echo "halo-sched: node $halo_rank: SIGUSR2 to rank $${halo_who:-?} (pid $halo_p), $((SECONDS - halo_warned_at)) s after the warning" >&2
       done
