@@ -97,17 +97,24 @@ def _result(tmp_path, name):
     return json.loads((tmp_path / name).read_text())
 
 
-def test_each_rank_gets_the_warning_once_when_it_handles_it(tmp_path):
-    proc = _start(tmp_path, SPEC, HANDLER_AFTER_0="0", HANDLER_AFTER_1="2.5", LIVE="4")
+def _warn(proc, before=lambda: None) -> tuple[float, str]:
+    """Send URG to the entry's whole process group once ``before`` returns, as `scancel
+    --signal=URG` reaches every process of a step; (when it was sent, the entry's stderr)."""
     try:
-        _wait_for(tmp_path / "rank0.ready", proc)
-        warned = time.time()
-        os.killpg(proc.pid, signal.SIGURG)  # as `scancel --signal=URG` reaches every process of a step
+        before()
+        sent = time.time()
+        os.killpg(proc.pid, signal.SIGURG)
         _, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, err  # torchrun and the rank that never handled it lived on
+    assert proc.returncode == 0, err  # torchrun and any rank that never handled it lived on
+    return sent, err
+
+
+def test_each_rank_gets_the_warning_once_when_it_handles_it(tmp_path):
+    proc = _start(tmp_path, SPEC, HANDLER_AFTER_0="0", HANDLER_AFTER_1="2.5", LIVE="4")
+    warned, err = _warn(proc, lambda: _wait_for(tmp_path / "rank0.ready", proc))
     r0, r1, r2 = (_result(tmp_path, f"rank{r}.json") for r in range(3))
     assert len(r0["got"]) == 1 and r0["got"][0] - warned < 1.0, (r0, err)
     # Rank 1 was still starting: it got the warning once, after its handler was in place.
@@ -121,15 +128,12 @@ def test_each_rank_gets_the_warning_once_when_it_handles_it(tmp_path):
 def test_a_warning_during_setup_is_held_for_the_ranks(tmp_path):
     spec = SPEC + "setup: ['sleep 2']\nslurm: {signal: HUP@300}\n"
     proc = _start(tmp_path, spec, HANDLER_AFTER_0="0", HANDLER_AFTER_1="0", LIVE="2")
-    try:
-        time.sleep(0.5)  # in setup: no torchrun yet
+
+    def in_setup():
+        time.sleep(0.5)  # no torchrun yet
         assert not (tmp_path / "rank0.ready").exists()
-        os.killpg(proc.pid, signal.SIGURG)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, err
+
+    _, err = _warn(proc, in_setup)
     for r in (0, 1):
         rec = _result(tmp_path, f"rank{r}.json")
         assert len(rec["got"]) == 1 and rec["got"][0] >= rec["installed"], (r, rec, err)
@@ -138,14 +142,7 @@ def test_a_warning_during_setup_is_held_for_the_ranks(tmp_path):
 
 def test_a_warning_no_rank_handles_is_said_to_have_reached_no_trainer(tmp_path):
     proc = _start(tmp_path, SPEC, LIVE="1.5")
-    try:
-        time.sleep(0.5)
-        os.killpg(proc.pid, signal.SIGURG)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, err
+    _, err = _warn(proc, lambda: time.sleep(0.5))
     assert "no rank handled SIGUSR2 before torchrun ended" in err, err
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, cli, example_job, free_port
+from helpers import REPO, cli, example_job, free_port, slurm_jwt
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
@@ -97,7 +97,11 @@ def test_cancel_signal_is_a_warning_every_rank_saves_and_the_job_completes(tmp_p
     # Exit 0 after the checkpoint: COMPLETED, not FAILED exit 140 (torchrun killed by USR2).
     assert st["status"] == "COMPLETED" and st["exit_code"] == 0, (st, out)
     ranks = _reports(tmp_path)
-    assert all(x["warned_at"] and x["warned_at"] >= sent - 1 and x["warnings"] == 1 for x in ranks), ranks
+    # Every rank stopped at the agreed step; each got the signal at most once (a rank may stop
+    # with the others before its own arrives: another node's rank saw it first).
+    assert all(x["stopped"] and x["warnings"] <= 1 for x in ranks), ranks
+    assert all(x["warned_at"] >= sent - 1 for x in ranks if x["warned_at"]), ranks
+    assert all(f"SIGUSR2 to rank {r} (pid" in _output(tmp_path, job_id) for r in range(4))
     # One step for all, a checkpoint on disk, and the world still whole after the signal (the
     # reports are written after an all_reduce over all 4 ranks): torchrun stayed up on both nodes.
     assert len({x["saved_step"] for x in ranks}) == 1 and ranks[0]["saved_step"] >= 0
@@ -154,7 +158,8 @@ def test_a_warning_through_slurmrestd_reaches_each_rank_once_and_requeues(tmp_pa
     job = _job(tmp_path, ["--steps", "40", "--step-time", "0.25"], slurm={"requeue": True, "cpus_per_task": 2})
     job_id = _submit(job, tmp_path, env)
     _wait_for_training(tmp_path, job_id, env)
-    RestTransport(socket_path=env["HALO_SLURMRESTD_SOCKET"], token="").cancel([job_id], signal="USR2")
+    rest = RestTransport(url=env["HALO_SLURMRESTD_URL"], token=slurm_jwt(env=env), user="root")
+    rest.cancel([job_id], signal="USR2")
     deadline = time.monotonic() + 180
     while not ((tmp_path / "reports" / "rank3-restart1.json").exists() and _status(job_id, env)["status"] == "COMPLETED"):
         assert time.monotonic() < deadline and _status(job_id, env)["status"] not in ("FAILED", "CANCELLED"), \
@@ -162,7 +167,8 @@ def test_a_warning_through_slurmrestd_reaches_each_rank_once_and_requeues(tmp_pa
         time.sleep(1)
     out = _output(tmp_path, job_id)
     first, second = _reports(tmp_path), _reports(tmp_path, "-restart1")
-    assert all(x["warnings"] == 1 and x["saved_step"] is not None for x in first), (first, out)
+    assert all(x["stopped"] and x["warnings"] <= 1 and x["saved_step"] is not None for x in first), (first, out)
+    assert all(f"SIGUSR2 to rank {r} (pid" in out for r in range(4)), out
     assert all(x["restart_count"] == 1 and x["last_step"] == 39 for x in second), second
     assert "requeueing for run 2" in out
 
@@ -179,7 +185,7 @@ def test_time_limit_warning_through_slurm_signal(tmp_path, env):
     out = _output(tmp_path, job_id)
     assert st["status"] == "COMPLETED" and st["exit_code"] == 0, (st, out)
     ranks = _reports(tmp_path)
-    assert all(x["warned_at"] and x["saved_step"] == ranks[0]["saved_step"] for x in ranks), ranks
+    assert all(x["stopped"] and x["saved_step"] == ranks[0]["saved_step"] for x in ranks), ranks
     assert all(f"SIGUSR2 to rank {r} (pid" in out for r in range(4)), out
 
 
@@ -200,11 +206,13 @@ def test_a_warning_before_the_trainers_handle_it_is_held_until_they_do(tmp_path,
     out = _output(tmp_path, job_id)
     assert st["status"] == "COMPLETED" and st["exit_code"] == 0, (st, out)
     ranks = _reports(tmp_path)
-    # Each rank got it once its handler was in place (20 s after the rank started, after the send).
-    assert all(x["warned_at"] and x["warned_at"] > sent + 15 for x in ranks), (sent, ranks, out)
-    assert len({x["saved_step"] for x in ranks}) == 1 and all(x["ok"] for x in ranks), ranks
-    assert all(f"SIGUSR2 to rank {r} (pid" in out for r in range(4)), out
-    print(f"held: sent at 0 s, ranks warned at {sorted(round(x['warned_at'] - sent, 1) for x in ranks)} s")
+    # Each rank got it once its handler was in place, 20 s after the rank started: held that long.
+    held = {int(r): int(s) for r, s in re.findall(r"SIGUSR2 to rank (\d+) \(pid \d+\), (\d+) s after the warning", out)}
+    assert sorted(held) == [0, 1, 2, 3] and min(held.values()) >= 15, (held, out)
+    assert all(x["warned_at"] > sent + 15 for x in ranks if x["warned_at"]), (sent, ranks)
+    assert all(x["stopped"] and x["warnings"] <= 1 and x["ok"] for x in ranks), ranks
+    assert len({x["saved_step"] for x in ranks}) == 1, ranks
+    print(f"held: the entry handed the warning on {sorted(held.values())} s after it came")
 
 
 def test_a_rank_failing_after_the_warning_fails_the_job_and_is_not_requeued(tmp_path, env):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -120,6 +121,8 @@ def test_signal_goes_to_the_batch_shell():
     text = render_sbatch(halo_sched.loads(MIN + "slurm: {signal: 'SIGHUP@90'}\n"))
     assert "#SBATCH --signal=B:HUP@90" in text and "trap halo_warn HUP" in text and "trap '' HUP" in text
     assert "trap halo_warning URG" in text and "scancel --signal=URG" in text
+    # URG is the only signal the batch script sends the steps: a server or torchrun ignores it.
+    assert set(re.findall(r"scancel --signal=(\w+)", text)) == {"URG"}
     assert "#SBATCH --signal=B:USR2" in render_sbatch(halo_sched.loads(MIN + "slurm: {signal: 'B:USR2'}\n"))
     assert "--signal" not in render_sbatch(halo_sched.loads(MIN)).split("set -eu")[0]
 
