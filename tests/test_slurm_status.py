@@ -555,6 +555,8 @@ def test_pyslurm_missing_is_a_clear_missing_dependency(monkeypatch):
 
 
 def _fake_pyslurm(version: str):
+    sent: list[tuple] = []  # (job id, signal, steps) of every send_signal and cancel
+
     class Job:
         def __init__(self, job_id, **kw):
             self.id = job_id
@@ -563,20 +565,29 @@ def _fake_pyslurm(version: str):
             self.num_nodes, self.allocated_nodes = kw.get("nodes", 2), "node[1-2]"
             self.array_id, self.array_task_id, self.array_tasks_waiting = kw.get("array_id"), kw.get("task"), None
             self.heterogeneous_id, self.heterogeneous_offset = 0, 0
-            self.signals = []
 
-        def send_signal(self, sig):
-            self.signals.append(sig)
+        def send_signal(self, sig, steps="children"):
+            sent.append((self.id, sig, steps))
 
         def cancel(self):
-            self.signals.append("KILL")
+            sent.append((self.id, "KILL", "all"))
 
     class Jobs(dict):
         @staticmethod
         def load():
             return Jobs({7: Job(7), 8: Job(8, state="FAILED", rc=3), 9: Job(9, array_id=8, task=2, state="COMPLETED")})
 
-    return types.SimpleNamespace(__version__=version, Job=Job, Jobs=Jobs, RPCError=RuntimeError)
+    return types.SimpleNamespace(__version__=version, Job=Job, Jobs=Jobs, RPCError=RuntimeError, sent=sent)
+
+
+def test_pyslurm_warns_the_batch_script_alone(monkeypatch):
+    # As `scancel --batch --signal`: the batch script passes the warning on to every rank.
+    fake = _fake_pyslurm("22.5.1")
+    monkeypatch.setitem(sys.modules, "pyslurm", fake)
+    t = PyslurmTransport(cluster_version="22.05.8")
+    t.cancel(["7"], signal="USR2")
+    t.cancel(["8"])
+    assert fake.sent == [(7, "SIGUSR2", "batch"), (8, "KILL", "all")]
 
 
 def test_pyslurm_version_must_match(monkeypatch):

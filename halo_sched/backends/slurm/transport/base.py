@@ -14,9 +14,10 @@ from halo_sched.errors import SchedulerError, UsageError
 
 T = TypeVar("T")
 
-# The signal that carries the warning where no transport can name the batch script alone: the
-# rendered batch script and node entry take it as the warning (templates/slurm/sbatch.sh.j2,
-# templates/entry.sh.j2), and its default action is to ignore it everywhere else.
+# The signal that carries the warning where a transport cannot name the batch script alone
+# (slurmrestd): the rendered batch script and node entry take it as the warning
+# (templates/slurm/sbatch.sh.j2, templates/entry.sh.j2), and its default action is to ignore it
+# everywhere else.
 # halo_sched.spec refuses it as slurm.signal.
 WARNING_CARRIER = "URG"
 

@@ -16,7 +16,7 @@ from halo_sched.backends.base import JobState
 from halo_sched.backends.slurm import status as st
 from halo_sched.errors import MissingDependency, SchedulerError
 
-from .base import WARNING_CARRIER, Transport, names_clusters, split_cluster, unique
+from .base import Transport, names_clusters, split_cluster, unique
 from .cli import CliTransport, Runner
 
 
@@ -93,9 +93,10 @@ class PyslurmTransport(Transport):
         for job_id in unique(ids):
             job = self.pyslurm.Job(_raw_int_id(_local(job_id)))
             if signal:
-                # The warning, as URG: see RestTransport.cancel (pyslurm cannot name the batch
-                # script alone either).
-                job.send_signal("SIG" + WARNING_CARRIER)
+                # The batch script alone, as `scancel --batch` (pyslurm's steps="batch" is
+                # KILL_JOB_BATCH): it passes the warning on to every rank.
+                sig = signal.upper()
+                job.send_signal(sig if sig.startswith("SIG") else "SIG" + sig, steps="batch")
             else:
                 job.cancel()
 
