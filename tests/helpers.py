@@ -33,12 +33,20 @@ args = sys.argv[1:]
 if os.environ.get("FAKE_SRUN_LOG"):
     with open(os.environ["FAKE_SRUN_LOG"], "a") as f:
         f.write(json.dumps(args) + "\n")
-nodes = 1
+nodes, label = 1, False
 while args and args[0].startswith("-"):
     a = args.pop(0)
     if a.startswith("--nodes="):
         nodes = int(a.split("=", 1)[1])
-procs = [subprocess.Popen(args, env={{**os.environ, "SLURM_NODEID": str(i), "SLURM_PROCID": str(i)}}) for i in range(nodes)]
+    label = label or a == "--label"
+def start(i):
+    env = {{**os.environ, "SLURM_NODEID": str(i), "SLURM_PROCID": str(i)}}
+    if not label:
+        return subprocess.Popen(args, env=env)
+    # --label: "K: " before each line of task K's output, as srun writes it.
+    return subprocess.Popen(["bash", "-c", 'set -o pipefail; {{ "$@" 2>&1 1>&3 3>&- | sed "s/^/$0: /" >&2; }} 3>&1 | sed "s/^/$0: /"',
+                             str(i), *args], env=env)
+procs = [start(i) for i in range(nodes)]
 sys.exit(max(p.wait() for p in procs))
 '''
 

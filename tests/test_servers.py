@@ -172,8 +172,12 @@ def slurm_env(slurm_cluster):
 
 @pytest.mark.slurm
 @pytest.mark.torch
-def test_slurm_trainer_and_server_nodes_in_one_allocation(tmp_path, slurm_env):
-    path, reports, rec, data = job_file(tmp_path, server_nodes=1, delay=2.0)
+@pytest.mark.parametrize("interface", [None, "lo"])
+def test_slurm_trainer_and_server_nodes_in_one_allocation(tmp_path, slurm_env, interface):
+    # interface: each server node says its own address on it, in a short srun step (real srun's
+    # --label and --relative); here lo, so the URL is the same loopback address as NodeAddr.
+    network = {"fabric": "efa", **({"interface": interface} if interface else {})}
+    path, reports, rec, data = job_file(tmp_path, server_nodes=1, delay=2.0, extra={"network": network})
     r = cli("submit", str(path), "--backend", "slurm", "--wait", cwd=tmp_path, env=slurm_env, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     job_id = r.stdout.strip().splitlines()[-1]

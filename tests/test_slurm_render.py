@@ -10,6 +10,8 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 import halo_sched
 from halo_sched.backends.slurm.render import render_sbatch
 from helpers import base_env, fake_bin, run_sbatch, write_tool
@@ -161,3 +163,50 @@ def test_pyxis_runs_in_the_mounted_submit_directory(tmp_path):
     assert "--container-workdir=/workspace" in args and "--container-mounts=/data:/data" in args
     args = _srun_args(tmp_path / "e", image + "slurm: {container_workdir: /workspace}\n")
     assert not any(a.startswith("--container-mounts") for a in args)
+
+
+# srun for the server-address probe: each task's output labelled "K: " as srun --label writes it;
+# any other step only logs the server addresses it was started with.
+PROBE_SRUN = r'''#!{python}
+import json, os, subprocess, sys
+args = sys.argv[1:]
+opts = [a for a in args if a.startswith("--")]
+nodes = int(next(a for a in opts if a.startswith("--nodes=")).split("=")[1])
+if "halo-probe" in args:
+    assert "--label" in opts
+    for i in range(nodes):
+        out = subprocess.run(args[len(opts):], env={{**os.environ, "SLURM_NODEID": str(i)}}, capture_output=True,
+                             text=True).stdout
+        sys.stdout.write("".join(f"{{i}}: {{line}}\n" for line in out.splitlines()))
+else:
+    with open(os.environ["LOG"], "a") as f:
+        f.write(json.dumps(os.environ.get("HALO_SERVER_VLLM_ADDRS")) + "\n")
+'''
+# ip -4 -o addr show dev IF: each node its own fabric address (10.9.0.K+1), none on node MISSING.
+FAKE_IP = r'''#!/bin/bash
+[ "${{SLURM_NODEID:-b}}" != "${{MISSING:-}}" ] || exit 0
+echo "5: $6    inet 10.9.0.$((${{SLURM_NODEID:-0}} + 1))/24 brd 10.9.0.255 scope global $6\       valid_lft forever"
+'''
+
+
+@pytest.mark.parametrize("missing", [None, "1"])
+def test_servers_take_their_address_on_the_interface_from_their_own_node(tmp_path, missing):
+    spec = halo_sched.loads(MIN + "network: {interface: ib0}\n"
+                            "servers: [{name: vllm, nodes: 2, command: [serve], port: 8000}]\n")
+    fakes = fake_bin(tmp_path)
+    write_tool(fakes, "srun", PROBE_SRUN)
+    write_tool(fakes, "ip", FAKE_IP)
+    log = tmp_path / "steps.log"
+    env = base_env(fakes, tmp_path)
+    env.update(LOG=str(log), FAKE_SLURM_NODES="a,b,c,d", SLURM_JOB_NODELIST="a,b,c,d", SLURM_JOB_ID="42",
+               SLURM_JOB_CPUS_PER_NODE="8(x4)", **({"MISSING": missing} if missing else {}))
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(spec))
+    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    if missing:
+        # The second server node (c... its task 1, host d) has no address there: named, nothing started.
+        assert r.returncode == 1 and "network.interface ib0 has no IPv4 address on d (server vllm)" in r.stderr, r.stderr
+        assert not log.exists()
+        return
+    # NodeAddr is 127.0.0.1 everywhere (the stand-in scontrol); the servers' own ib0 addresses win.
+    assert json.loads(log.read_text().splitlines()[0]) == "10.9.0.1,10.9.0.2", (log.read_text(), r.stderr)
