@@ -89,7 +89,11 @@ def test_warning_is_forwarded_and_a_saved_run_requeues(tmp_path):
 def test_the_warning_is_sent_again_for_a_node_that_was_not_running_yet(tmp_path):
     # The step ends only after the third send (1 s and 2 s after the first): the forward kept
     # trying, and stopped with srun (no send after it).
+    t0 = time.monotonic()
     rc, calls, err = _run_warned(tmp_path, MIN, None, sends=3)
+    # The batch script and all it started are done at once (an orphaned sleep of the forward
+    # would hold its output open until the next send's time, 4 s later).
+    assert time.monotonic() - t0 < 3 + 3, f"the batch script's output stayed open {time.monotonic() - t0:.1f}s"
     assert rc == 0, err
     assert [c[0] for c in calls] == ["srun", "scancel", "scancel", "scancel"], calls
     assert all(c[1:] == ["--signal=URG", "42"] for c in calls[1:])
