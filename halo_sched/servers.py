@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .launch import SECRETS_DIR_VAR
 from .spec import JobSpec, Server
 from .templating import heredoc_tag, render_template
 
@@ -71,7 +72,7 @@ def server_script(spec: JobSpec, role: Server) -> str:
     return render_template(
         "server.sh.j2", spec=spec, role=role, env=server_environment(spec, role),
         index_var=SERVER_INDEX_VAR, addr_var=SERVER_ADDR_VAR,
-        master_var=TRAINER_MASTER_VAR, master_file_var=TRAINER_MASTER_FILE_VAR,
+        master_var=TRAINER_MASTER_VAR, master_file_var=TRAINER_MASTER_FILE_VAR, secrets_dir_var=SECRETS_DIR_VAR,
     )
 
 

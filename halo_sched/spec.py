@@ -86,6 +86,15 @@ def _checked_image(v: str | None) -> str | None:
     return v
 
 
+def _checked_secret_names(v: list[str]) -> list[str]:
+    """``secret_env`` of the job or of a server role: names only, each once."""
+    for i, k in enumerate(v):
+        _check_env_name(k)
+        if k in v[:i]:
+            raise ValueError(f"{k} is named twice")
+    return v
+
+
 def _checked_env(v: dict[str, str]) -> dict[str, str]:
     for k, val in v.items():
         _check_env_name(k)
@@ -527,6 +536,11 @@ class Server(_Model):
     health_path: str = Field("/health", description="HTTP path that answers 200 once the server is ready.")
     image: str | None = Field(None, description="Container image of the servers (default: the job's image).")
     env: dict[str, str] = Field(default_factory=dict, description="More environment for the servers (literal values).")
+    secret_env: list[str] = Field(
+        default_factory=list,
+        description="Names of variables taken from the submitter's environment at submit time (e.g. HF_TOKEN for a "
+                    "model download): every server of the role gets them, as secret_env gives the ranks theirs.",
+    )
     setup: list[str] = Field(default_factory=list, description="Shell lines run on each server node before the server.")
 
     @field_validator("name")
@@ -557,6 +571,7 @@ class Server(_Model):
 
     _env_types = field_validator("env", mode="before")(classmethod(lambda cls, v: _env_values_are_text(v)))
     _env = field_validator("env")(classmethod(lambda cls, v: _checked_env(v)))
+    _secret_env = field_validator("secret_env")(classmethod(lambda cls, v: _checked_secret_names(v)))
 
     @field_validator("setup", mode="before")
     @classmethod
@@ -610,14 +625,7 @@ class JobSpec(_Model):
     _env_types = field_validator("env", mode="before")(classmethod(lambda cls, v: _env_values_are_text(v)))
     _env = field_validator("env")(classmethod(lambda cls, v: _checked_env(v)))
 
-    @field_validator("secret_env")
-    @classmethod
-    def _secret_env(cls, v: list[str]) -> list[str]:
-        for i, k in enumerate(v):
-            _check_env_name(k)
-            if k in v[:i]:
-                raise ValueError(f"{k} is named twice")
-        return v
+    _secret_env = field_validator("secret_env")(classmethod(lambda cls, v: _checked_secret_names(v)))
 
     @field_validator("setup", mode="before")
     @classmethod
@@ -668,22 +676,32 @@ class JobSpec(_Model):
     def world_size(self) -> int:
         return self.nodes * self.nproc_per_node
 
+    def _secret_fields(self) -> list[tuple[str, str]]:
+        """(field, name) of every secret: the job's, then each server role's."""
+        return [(f"secret_env[{i}]", k) for i, k in enumerate(self.secret_env)] + [
+            (f"servers[{j}].secret_env[{i}]", k) for j, r in enumerate(self.servers) for i, k in enumerate(r.secret_env)]
+
+    @property
+    def secret_names(self) -> list[str]:
+        """Every secret the job takes at submit time (the ranks' and the servers'), each once."""
+        return list(dict.fromkeys(k for _, k in self._secret_fields()))
+
     def secret_values(self, environ: dict[str, str] | None = None) -> dict[str, str]:
-        """``secret_env``'s values from ``environ`` (the submitter's environment). A name that is
-        not set there is a SpecError naming it; the error never shows a value."""
+        """Every secret's value (``secret_names``) from ``environ`` (the submitter's environment).
+        A name that is not set there is a SpecError naming its field; no error shows a value."""
         import os
 
         environ = os.environ if environ is None else environ
-        missing = [(f"secret_env[{i}]", f"{k} is not set in the environment of the submitting process; export it "
-                                        "before submitting (its value is taken from there, never from the job file)")
-                   for i, k in enumerate(self.secret_env) if k not in environ]
+        fields = self._secret_fields()
+        missing = [(f, f"{k} is not set in the environment of the submitting process; export it "
+                       "before submitting (its value is taken from there, never from the job file)")
+                   for f, k in fields if k not in environ]
         if missing:
             raise SpecError(missing)
-        bad = [(f"secret_env[{i}]", f"{k}'s value in the environment contains a NUL byte")
-               for i, k in enumerate(self.secret_env) if "\x00" in environ[k]]
+        bad = [(f, f"{k}'s value in the environment contains a NUL byte") for f, k in fields if "\x00" in environ[k]]
         if bad:
             raise SpecError(bad)
-        return {k: environ[k] for k in self.secret_env}
+        return {k: environ[k] for k in self.secret_names}
 
     def derived_env(self) -> dict[str, str]:
         """The DIST_* and NCCL_* variables this spec implies, identical on every rank."""
@@ -740,6 +758,10 @@ def _check_servers(spec: "JobSpec", derived: set[str]) -> None:
         if clash:
             raise ValueError(f"servers: {where}.env sets {', '.join(clash)}, which halo-sched derives from "
                              "storage/network for the servers too (the same fabric as the trainer); set those sections")
+        both = sorted(set(r.secret_env) & (set(r.env) | derived | {"CUDA_VISIBLE_DEVICES"}))
+        if both:
+            raise ValueError(f"servers: {where}.secret_env: {', '.join(both)} is also set in its env (or derived by "
+                             "halo-sched); a variable is either a literal in env or a secret taken at submit time")
 
 
 # --------------------------------------------------------------------------------------------

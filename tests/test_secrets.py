@@ -95,6 +95,44 @@ def test_secret_names_are_validated(extra, field, words):
     assert any(f.startswith(field) and words in m for f, m in info.value.problems), info.value.problems
 
 
+SERVERS = BASE + "servers: [{name: vllm, nodes: 1, command: [serve], port: 8000, %s}]\n"
+
+
+@pytest.mark.parametrize("extra, words", [
+    ("secret_env: [1TOKEN]", "not a valid environment variable name"),
+    ("secret_env: [HALO_X]", "cannot be set here"),
+    ("secret_env: [A, A]", "named twice"),
+    ("secret_env: [A], env: {A: x}", "also set in its env"),
+])
+def test_server_secret_names_are_validated(extra, words):
+    with pytest.raises(SpecError) as info:
+        loads(SERVERS % extra)
+    assert any(f.startswith("servers") and words in m for f, m in info.value.problems), info.value.problems
+
+
+def test_server_secrets_render_by_name_on_every_backend_and_are_taken_at_submit(tmp_path):
+    p = tmp_path / "job.yaml"
+    p.write_text(SERVERS.replace("name: j", "name: srv") % "secret_env: [HF_TOKEN, ROLLOUT_KEY]"
+                 + "secret_env: [HF_TOKEN]\nnomad: {driver: raw_exec}\n")
+    env = secret_env(ROLLOUT_KEY="rk-" + MARK)
+    spec = halo_sched.load(p)
+    assert spec.secret_names == ["HF_TOKEN", "ROLLOUT_KEY"]
+    assert spec.secret_values(env) == {"HF_TOKEN": VALUE, "ROLLOUT_KEY": "rk-" + MARK}
+    for backend in ("local", "slurm", "nomad"):
+        r = cli("render", str(p), "--backend", backend, env=env)
+        assert r.returncode == 0 and r.stdout.count("halo_secret ROLLOUT_KEY") == 1, (backend, r.stderr)
+        assert_nowhere({backend: r.stdout + r.stderr})
+    server_task = job_payload(spec, "srv-1")["Job"]["TaskGroups"][-1]["Tasks"][0]
+    assert server_task["Env"]["HALO_SECRETS_DIR"] == "${NOMAD_SECRETS_DIR}"
+    assert [t["DestPath"] for t in server_task["Templates"] if "secret" in t["DestPath"]] == [
+        "secrets/halo-secret-HF_TOKEN", "secrets/halo-secret-ROLLOUT_KEY"]
+    del env["ROLLOUT_KEY"]
+    for backend in ("local", "slurm", "nomad"):
+        r = cli("submit", str(p), "--backend", backend, env={**env, "NOMAD_ADDR": "http://127.0.0.1:9"}, timeout=60)
+        assert r.returncode == 2 and "servers[0].secret_env[1]" in r.stderr and "ROLLOUT_KEY is not set" in r.stderr, \
+            (backend, r.stderr)
+
+
 def test_missing_secret_at_submit_is_exit_2_naming_it(tmp_path):
     f = job(tmp_path)
     env = secret_env()

@@ -18,16 +18,21 @@ from halo_sched.errors import SpecError
 from helpers import REPO, cli, free_port
 
 SERVER = str(REPO / "tests" / "servers" / "rollout_server.py")
+SECRET_MARK = "r0ll0ut-5ecret-91c2"
+SECRET = f"{SECRET_MARK} it's $(x) ${{y}}"
 TRAINER = str(REPO / "tests" / "servers" / "server_trainer.py")
 
 
-def job_file(tmp_path, *, server_nodes=2, delay=1.0, die_after=None, timeout_s=60, hold=0.0, extra=None, nodes=2):
+def job_file(tmp_path, *, server_nodes=2, delay=1.0, die_after=None, timeout_s=60, hold=0.0, extra=None, nodes=2,
+             secret=None):
     reports, rec = tmp_path / "reports", tmp_path / "rec"
     port = free_port()
     cmd = [sys.executable, SERVER, "--port", str(port), "--delay", str(delay), "--record-dir", str(rec),
            "--echo", "it's $(x) ${y}"]
     if die_after is not None:
         cmd += ["--die-after", str(die_after)]
+    if secret:
+        cmd += ["--env-hex", secret]
     data = {
         "name": "rl-test", "nodes": nodes, "nproc_per_node": 1,
         "trainer": {"script": TRAINER, "args": ["--report-dir", str(reports), "--hold", str(hold)]},
@@ -35,7 +40,8 @@ def job_file(tmp_path, *, server_nodes=2, delay=1.0, die_after=None, timeout_s=6
         "network": {"fabric": "efa"},
         "rendezvous": {"port": free_port(), "timeout_s": timeout_s},
         "servers": [{"name": "rollout-a", "nodes": server_nodes, "command": cmd, "port": port,
-                     "group_port": free_port(), "env": {"SERVER_NOTE": "literal $HOME"}}],
+                     "group_port": free_port(), "env": {"SERVER_NOTE": "literal $HOME"},
+                     **({"secret_env": [secret]} if secret else {})}],
         **(extra or {}),
     }
     path = tmp_path / "job.yaml"
@@ -99,9 +105,11 @@ def _ranks(reports, n):
 
 @pytest.mark.torch
 def test_local_trainer_waits_for_health_and_reaches_every_server(tmp_path):
-    path, reports, rec, data = job_file(tmp_path, delay=2.0)
-    r = cli("submit", str(path), "--backend", "local", "--wait", timeout=120)
+    # The role's secret (servers[].secret_env) reaches each server from the submitter's environment.
+    path, reports, rec, data = job_file(tmp_path, delay=2.0, secret="ROLLOUT_KEY")
+    r = cli("submit", str(path), "--backend", "local", "--wait", env={**os.environ, "ROLLOUT_KEY": SECRET}, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert SECRET_MARK not in r.stdout + r.stderr
     job_id = r.stdout.strip().splitlines()[-1]
     ranks = _ranks(reports, 2)
     port = data["servers"][0]["port"]
@@ -114,6 +122,7 @@ def test_local_trainer_waits_for_health_and_reaches_every_server(tmp_path):
         # The servers' fabric env is the trainer's (EFA here), and a hostile arg arrived literal.
         assert urls[0]["body"]["nccl_net"] == rep["nccl_net"] == "Libfabric"
         assert bytes.fromhex(urls[0]["body"]["echo_hex"]).decode() == "it's $(x) ${y}"
+        assert all(bytes.fromhex(u["body"]["env_hex"]["ROLLOUT_KEY"]).decode() == SECRET for u in urls)
         assert rep["group_ports"] == {"HALO_SERVER_ROLLOUT_A_GROUP_PORT": str(data["servers"][0]["group_port"])}
     # Every rank started after every server's first 200 on /health.
     for k in (0, 1):
@@ -129,6 +138,9 @@ def test_local_trainer_waits_for_health_and_reaches_every_server(tmp_path):
     assert _tagged(str(d)) == []
     logs = cli("logs", job_id, "--backend", "local").stdout
     assert "[server rollout-a 1] rollout server rollout-a-1" in logs
+    assert SECRET_MARK not in logs
+    home = halo_sched.job(job_id, "local").scheduler.root
+    assert not [p for p in home.rglob("*") if p.is_file() and SECRET_MARK.encode() in p.read_bytes()]
 
 
 @pytest.mark.torch

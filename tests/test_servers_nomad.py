@@ -13,17 +13,18 @@ import time
 import pytest
 
 import halo_sched
-from halo_sched.backends.nomad.render import job_payload, render_hcl, submission_id
+from halo_sched.backends.nomad.render import job_payload, render_hcl, submission_id, variable_path
 from halo_sched.backends.nomad.servers import service_name
 from helpers import REPO, free_port, load_nomad_helper
 from hclparse import hcl2json, jobspec
 
 client_sim = load_nomad_helper("client_sim")
+SECRET = "+k3y it's $(x) ${y} {{ .z }}\nline2"
 SERVER = str(REPO / "tests" / "servers" / "rollout_server.py")
 TRAINER = str(REPO / "tests" / "servers" / "server_trainer.py")
 
 
-def spec_for(tmp_path, server_nodes=2, timeout_s=60, delay=1.0):
+def spec_for(tmp_path, server_nodes=2, timeout_s=60, delay=1.0, secret_env=()):
     port = free_port()
     return halo_sched.spec.JobSpec.model_validate({
         "name": "rl-sim", "nodes": 2, "nproc_per_node": 1,
@@ -34,7 +35,9 @@ def spec_for(tmp_path, server_nodes=2, timeout_s=60, delay=1.0):
         "nomad": {"driver": "raw_exec"},
         "servers": [{"name": "rollout-a", "nodes": server_nodes, "port": port, "group_port": free_port(),
                      "command": [sys.executable, SERVER, "--port", str(port), "--delay", str(delay),
-                                 "--record-dir", str(tmp_path / "rec"), "--echo", "${x} %{y} it's"]}],
+                                 "--record-dir", str(tmp_path / "rec"), "--echo", "${x} %{y} it's",
+                                 *[a for n in secret_env for a in ("--env-hex", n)]],
+                     "secret_env": list(secret_env)}],
     })
 
 
@@ -68,9 +71,13 @@ def _host_env():
 def test_sim_trainer_reads_server_registrations_and_servers_end_after_rank_0(tmp_path):
     # One server: the simulator is one host, where a second static port 'http' cannot be
     # reserved (it refuses, as Nomad would need another node). Node order: the local tests.
-    spec = spec_for(tmp_path, server_nodes=1, delay=1.0)
+    # The role's secret (servers[].secret_env) comes from the job's Variable, never the client's env.
+    spec = spec_for(tmp_path, server_nodes=1, delay=1.0, secret_env=["ROLLOUT_KEY"])
     job = job_payload(spec)["Job"]
-    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=_host_env()) as cluster:
+    host = _host_env()
+    host.pop("ROLLOUT_KEY", None)
+    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=host) as cluster:
+        cluster.set_variable(variable_path(job["ID"]), {"ROLLOUT_KEY": SECRET})
         # Trainer first: its address files are blank until the server registers; it waits.
         cluster.place(["node-0", "workers"])
         cluster.start()
@@ -89,6 +96,7 @@ def test_sim_trainer_reads_server_registrations_and_servers_end_after_rank_0(tmp
         assert [u["body"]["server"] for u in urls] == ["rollout-a-0"]
         assert bytes.fromhex(urls[0]["body"]["echo_hex"]).decode() == "${x} %{y} it's"
         assert urls[0]["body"]["nccl_net"] == "Libfabric"
+        assert bytes.fromhex(urls[0]["body"]["env_hex"]["ROLLOUT_KEY"]).decode() == SECRET
     # The servers stopped themselves after rank 0's registration went away.
     assert any("the trainer's rank 0 is gone" in text for name, text in logs.items() if "server-rollout-a" in name), logs
 

@@ -1,6 +1,7 @@
 """A stand-in rollout server: answers GET /health with 503 for --delay seconds, then 200; answers
 any other GET with a JSON line naming itself, and appends every request it served to
---record-dir/NAME-INDEX.jsonl (time, path, client). --die-after ends it with exit 3."""
+--record-dir/NAME-INDEX.jsonl (time, path, client). --die-after ends it with exit 3. --env-hex NAME
+puts the hex of NAME's value in its environment (a secret, in tests) into every answer."""
 import argparse
 import json
 import os
@@ -15,6 +16,7 @@ p.add_argument("--delay", type=float, default=0.0)
 p.add_argument("--record-dir", required=True)
 p.add_argument("--die-after", type=float, default=None)
 p.add_argument("--echo", default="")
+p.add_argument("--env-hex", action="append", default=[])
 args = p.parse_args()
 start = time.time()
 me = f"{os.environ.get('HALO_SERVER_NAME', '?')}-{os.environ.get('HALO_SERVER_INDEX', '?')}"
@@ -36,7 +38,8 @@ class Handler(BaseHTTPRequestHandler):
             body = json.dumps({"server": me, "path": self.path, "pid": os.getpid(),
                                "echo_hex": args.echo.encode().hex(),
                                "master": os.environ.get("HALO_TRAINER_MASTER_ADDR"),
-                               "nccl_net": os.environ.get("NCCL_NET")}).encode()
+                               "nccl_net": os.environ.get("NCCL_NET"),
+                               "env_hex": {n: os.environb.get(n.encode(), b"").hex() for n in args.env_hex}}).encode()
         with lock, open(record, "a") as f:
             f.write(json.dumps({"t": time.time(), "path": self.path, "code": code, "pid": os.getpid()}) + "\n")
         self.send_response(code)

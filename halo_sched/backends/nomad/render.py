@@ -127,6 +127,18 @@ def secret_template(job_id: str, name: str) -> str:
             "{{ end }}{{ end }}")
 
 
+def secret_wiring(job_id: str, names: list[str]) -> tuple[dict, list[dict]]:
+    """(env, templates) of a task that gets the secrets ``names`` (secret_env of the job or of a
+    server role): they come from the Nomad Variable submit writes; the entry script reads one
+    file per name and fails naming a missing one. Never a bare nomadVar: on a missing path it
+    blocks the allocation forever; a missing item renders "<no value>"."""
+    if not names:
+        return {}, []
+    return {SECRETS_DIR_VAR: "${NOMAD_SECRETS_DIR}"}, [
+        {"EmbeddedTmpl": secret_template(job_id, name), "DestPath": f"secrets/halo-secret-{name}", "Perms": "0400",
+         "ChangeMode": "noop"} for name in names]
+
+
 def master_template(job_id: str) -> str:
     # Instance 0 explicitly: during a redeploy two registrations of the service can overlap.
     return (
@@ -182,13 +194,9 @@ def _task(spec: JobSpec, job_id: str, group: str, entry: str, delims: tuple[str,
         # noop: the file is rewritten when rank 0 registers; the entry script polls it.
         templates.append({"EmbeddedTmpl": master_template(job_id), "DestPath": MASTER_FILE, "ChangeMode": "noop"})
 
-    if spec.secret_env:
-        # Secrets (secret_env) come from the Nomad Variable submit writes; the entry script
-        # reads one file per name and fails naming a missing one. Never a bare nomadVar: on a
-        # missing path it blocks the allocation forever; a missing item renders "<no value>".
-        env[SECRETS_DIR_VAR] = "${NOMAD_SECRETS_DIR}"
-        templates += [{"EmbeddedTmpl": secret_template(job_id, name), "DestPath": f"secrets/halo-secret-{name}",
-                       "Perms": "0400", "ChangeMode": "noop"} for name in spec.secret_env]
+    secret_env, secret_templates = secret_wiring(job_id, spec.secret_env)
+    env.update(secret_env)
+    templates += secret_templates
 
     if spec.servers:
         # Each server role's addresses, read from its registrations (halo_sched/backends/nomad/servers.py).
@@ -278,7 +286,7 @@ def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
     if nm.driver != "docker" and spec.image:
         raise SpecError([("image", f"nomad.driver {nm.driver} runs on the host and would ignore the image; "
                                    "use nomad.driver: docker, or remove image")])
-    if spec.secret_env and "." in spec.name:
+    if spec.secret_names and "." in spec.name:
         # The secrets' Variable path carries the job id, and Variable paths allow only
         # [a-zA-Z0-9-_~/] (nomad/structs/variables.go validVariablePath).
         raise SpecError([("name", "with secret_env on Nomad the name may not contain '.' (a Nomad Variable path "
@@ -304,7 +312,7 @@ def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
         policies = {k: v for k, v in job["TaskGroups"][0].items() if k in ("RestartPolicy", "ReschedulePolicy", "Disconnect")}
         job["TaskGroups"] += [nomad_servers.server_group(spec, job_id, r, master_template(job_id), _delimiters,
                                                          lambda image, gpus, args: _config_and_resources(spec, image, gpus, args),
-                                                         policies)
+                                                         policies, secret_wiring(job_id, r.secret_env))
                               for r in spec.servers]
     if nm.namespace:
         job["Namespace"] = nm.namespace

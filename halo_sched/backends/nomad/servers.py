@@ -74,9 +74,10 @@ def trainer_wiring(spec: JobSpec, job_id: str) -> tuple[dict, list[dict]]:
 
 
 def server_group(spec: JobSpec, job_id: str, role: Server, master_template: str, delimiters, task_config,
-                 policies: dict) -> dict:
+                 policies: dict, secrets: tuple[dict, list[dict]]) -> dict:
     """The task group of one role. ``task_config(image, gpus)`` gives the driver config and
-    resources as the trainer's tasks get them (same fabric devices, same host network)."""
+    resources as the trainer's tasks get them (same fabric devices, same host network);
+    ``secrets`` the env and templates of the role's secret_env (render.secret_wiring)."""
     entry = server_script(spec, role)
     left, right = delimiters(entry)
     config, resources = task_config(role.image or spec.image, role.gpus_per_node, ["${NOMAD_TASK_DIR}/halo-server.sh"])
@@ -88,12 +89,14 @@ def server_group(spec: JobSpec, job_id: str, role: Server, master_template: str,
             SERVER_INDEX_VAR: "${NOMAD_ALLOC_INDEX}",
             SERVER_ADDR_VAR: "${NOMAD_IP_%s}" % PORT_LABEL,
             TRAINER_MASTER_FILE_VAR: MASTER_FILE_IN_TASK,
+            **secrets[0],
         },
         "Templates": [
             {"EmbeddedTmpl": entry, "DestPath": ENTRY_PATH, "Perms": "0755", "ChangeMode": "noop",
              "LeftDelim": left, "RightDelim": right},
             # noop: the server script polls it, and stops the server once it is blank again.
             {"EmbeddedTmpl": master_template, "DestPath": MASTER_FILE, "ChangeMode": "noop"},
+            *secrets[1],
         ],
         "Resources": resources,
         "KillTimeout": 30_000_000_000,
