@@ -189,8 +189,10 @@ def test_slurm_trainer_and_server_nodes_in_one_allocation(tmp_path, slurm_env, i
     # interface: each server node says its own address on it, in a short srun step (real srun's
     # --label and --relative); here lo, so the URL is the same loopback address as NodeAddr.
     network = {"fabric": "efa", **({"interface": interface} if interface else {})}
-    path, reports, rec, data = job_file(tmp_path, server_nodes=1, delay=2.0, extra={"network": network})
-    r = cli("submit", str(path), "--backend", "slurm", "--wait", cwd=tmp_path, env=slurm_env, timeout=180)
+    path, reports, rec, data = job_file(tmp_path, server_nodes=1, delay=2.0, extra={"network": network},
+                                        secret="ROLLOUT_KEY")
+    r = cli("submit", str(path), "--backend", "slurm", "--wait", cwd=tmp_path, env={**slurm_env, "ROLLOUT_KEY": SECRET},
+            timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     job_id = r.stdout.strip().splitlines()[-1]
     port = data["servers"][0]["port"]
@@ -198,8 +200,10 @@ def test_slurm_trainer_and_server_nodes_in_one_allocation(tmp_path, slurm_env, i
         (u,) = rep["urls"]["HALO_SERVER_ROLLOUT_A_URLS"]
         assert u["url"] == f"http://127.0.0.1:{port}" and u["body"]["server"] == "rollout-a-0"
         assert u["body"]["nccl_net"] == "Libfabric"
+        assert bytes.fromhex(u["body"]["env_hex"]["ROLLOUT_KEY"]).decode() == SECRET  # through sbatch's environment
     logs = cli("logs", job_id, "--backend", "slurm", cwd=tmp_path, env=slurm_env).stdout
     assert "[server rollout-a 0]" in logs and "healthy at" in logs
+    assert SECRET_MARK not in logs + r.stdout + r.stderr
     # The server step was stopped when the trainer ended: nothing of the job still runs.
     served = (rec / "rollout-a-0.jsonl").read_text()
     pid = json.loads(served.splitlines()[0])["pid"]
