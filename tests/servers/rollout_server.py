@@ -5,7 +5,6 @@ puts the hex of NAME's value in its environment (a secret, in tests) into every 
 import argparse
 import json
 import os
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
