@@ -21,7 +21,7 @@ import pytest
 import halo_sched
 from halo_sched.errors import SpecError
 from halo_sched.launch import entry_script
-from helpers import base_env, cli as cli_run
+from helpers import base_env, cli as cli_run, write_tool
 
 SPEC = """
 name: warn
@@ -171,8 +171,7 @@ def _cancel(tmp_path, *args):
     """`halo-sched cancel` with a scancel stand-in that logs its argv."""
     b = tmp_path / "bin"
     b.mkdir(exist_ok=True)
-    (b / "scancel").write_text(f'#!/bin/bash\necho "$*" >> {tmp_path}/scancel.log\n')
-    (b / "scancel").chmod(0o755)
+    write_tool(b, "scancel", f'#!/bin/bash\necho "$*" >> {tmp_path}/scancel.log\n')
     env = {**os.environ, "PATH": f"{b}:{os.environ['PATH']}"}
     return cli_run("cancel", *args, env=env)
 

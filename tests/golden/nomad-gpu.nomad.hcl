@@ -94,8 +94,8 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-66b6a85b"
-        right_delimiter = "halo-66b6a85b]]"
+        left_delimiter  = "[[halo-814b3b03"
+        right_delimiter = "halo-814b3b03]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -150,7 +150,6 @@ halo_deliver() {
     set +e
     halo_bit=$(($(kill -l USR2) - 1))
     halo_done=' '
-    halo_n=0
     while kill -0 "$halo_torchrun" 2> /dev/null; do
       # torchrun's children: "pid (comm) state ppid ..." in /proc/PID/stat (comm may hold spaces).
       # (cat, not awk, opens the files: a process that ends meanwhile must not end the scan).
@@ -167,7 +166,6 @@ halo_deliver() {
         kill -USR2 "$halo_p" 2> /dev/null || continue
         halo_done+="$halo_p "
         halo_sent+="$halo_p "
-        halo_n=$((halo_n + 1))
       done
       for halo_p in $halo_sent; do
         halo_who=$(tr '\0' '\n' 2> /dev/null < "/proc/$halo_p/environ" | sed -n 's/^RANK=//p')
@@ -175,7 +173,7 @@ halo_deliver() {
       done
       sleep 0.2
     done
-    [ "$halo_n" != 0 ] ||
+    [ "$halo_done" != ' ' ] ||
       echo "halo-sched: node $halo_rank: no rank handled SIGUSR2 before torchrun ended; the warning reached no trainer (install a handler for \$HALO_WARNING_SIGNAL)" >&2
   ) &
   halo_deliverer=$!
@@ -596,8 +594,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-66b6a85b"
-        right_delimiter = "halo-66b6a85b]]"
+        left_delimiter  = "[[halo-814b3b03"
+        right_delimiter = "halo-814b3b03]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -652,7 +650,6 @@ halo_deliver() {
     set +e
     halo_bit=$(($(kill -l USR2) - 1))
     halo_done=' '
-    halo_n=0
     while kill -0 "$halo_torchrun" 2> /dev/null; do
       # torchrun's children: "pid (comm) state ppid ..." in /proc/PID/stat (comm may hold spaces).
       # (cat, not awk, opens the files: a process that ends meanwhile must not end the scan).
@@ -669,7 +666,6 @@ halo_deliver() {
         kill -USR2 "$halo_p" 2> /dev/null || continue
         halo_done+="$halo_p "
         halo_sent+="$halo_p "
-        halo_n=$((halo_n + 1))
       done
       for halo_p in $halo_sent; do
         halo_who=$(tr '\0' '\n' 2> /dev/null < "/proc/$halo_p/environ" | sed -n 's/^RANK=//p')
@@ -677,7 +673,7 @@ halo_deliver() {
       done
       sleep 0.2
     done
-    [ "$halo_n" != 0 ] ||
+    [ "$halo_done" != ' ' ] ||
       echo "halo-sched: node $halo_rank: no rank handled SIGUSR2 before torchrun ended; the warning reached no trainer (install a handler for \$HALO_WARNING_SIGNAL)" >&2
   ) &
   halo_deliverer=$!

@@ -93,8 +93,8 @@ job "rl-grpo" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-02ee9f2c"
-        right_delimiter = "halo-02ee9f2c]]"
+        left_delimiter  = "[[halo-c6f870cb"
+        right_delimiter = "halo-c6f870cb]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -149,7 +149,6 @@ halo_deliver() {
     set +e
     halo_bit=$(($(kill -l USR2) - 1))
     halo_done=' '
-    halo_n=0
     while kill -0 "$halo_torchrun" 2> /dev/null; do
       # torchrun's children: "pid (comm) state ppid ..." in /proc/PID/stat (comm may hold spaces).
       # (cat, not awk, opens the files: a process that ends meanwhile must not end the scan).
@@ -166,7 +165,6 @@ halo_deliver() {
         kill -USR2 "$halo_p" 2> /dev/null || continue
         halo_done+="$halo_p "
         halo_sent+="$halo_p "
-        halo_n=$((halo_n + 1))
       done
       for halo_p in $halo_sent; do
         halo_who=$(tr '\0' '\n' 2> /dev/null < "/proc/$halo_p/environ" | sed -n 's/^RANK=//p')
@@ -174,7 +172,7 @@ halo_deliver() {
       done
       sleep 0.2
     done
-    [ "$halo_n" != 0 ] ||
+    [ "$halo_done" != ' ' ] ||
       echo "halo-sched: node $halo_rank: no rank handled SIGUSR2 before torchrun ended; the warning reached no trainer (install a handler for \$HALO_WARNING_SIGNAL)" >&2
   ) &
   halo_deliverer=$!
@@ -696,8 +694,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-02ee9f2c"
-        right_delimiter = "halo-02ee9f2c]]"
+        left_delimiter  = "[[halo-c6f870cb"
+        right_delimiter = "halo-c6f870cb]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -752,7 +750,6 @@ halo_deliver() {
     set +e
     halo_bit=$(($(kill -l USR2) - 1))
     halo_done=' '
-    halo_n=0
     while kill -0 "$halo_torchrun" 2> /dev/null; do
       # torchrun's children: "pid (comm) state ppid ..." in /proc/PID/stat (comm may hold spaces).
       # (cat, not awk, opens the files: a process that ends meanwhile must not end the scan).
@@ -769,7 +766,6 @@ halo_deliver() {
         kill -USR2 "$halo_p" 2> /dev/null || continue
         halo_done+="$halo_p "
         halo_sent+="$halo_p "
-        halo_n=$((halo_n + 1))
       done
       for halo_p in $halo_sent; do
         halo_who=$(tr '\0' '\n' 2> /dev/null < "/proc/$halo_p/environ" | sed -n 's/^RANK=//p')
@@ -777,7 +773,7 @@ halo_deliver() {
       done
       sleep 0.2
     done
-    [ "$halo_n" != 0 ] ||
+    [ "$halo_done" != ' ' ] ||
       echo "halo-sched: node $halo_rank: no rank handled SIGUSR2 before torchrun ended; the warning reached no trainer (install a handler for \$HALO_WARNING_SIGNAL)" >&2
   ) &
   halo_deliverer=$!
