@@ -9,7 +9,9 @@ free text (env values, args, setup) is quoted by the renderers.
 from __future__ import annotations
 
 import functools
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Literal
 
@@ -689,7 +691,6 @@ class JobSpec(_Model):
     def secret_values(self, environ: dict[str, str] | None = None) -> dict[str, str]:
         """Every secret's value (``secret_names``) from ``environ`` (the submitter's environment).
         A name that is not set there is a SpecError naming its field; no error shows a value."""
-        import os
 
         environ = os.environ if environ is None else environ
         fields = self._secret_fields()
@@ -883,12 +884,67 @@ def from_dict(data: Any, source: str | None = None, text: str | None = None) -> 
     return spec
 
 
+MAX_JOB_FILE_BYTES = 1024 * 1024
+# Bounds on what a job file may make the loader build, checked on the YAML events and the composed
+# node graph BEFORE any Python value is constructed: a few hundred bytes of anchors can otherwise
+# ask for gigabytes ("billion laughs"), and an alias inside its own anchor for an endless value.
+MAX_YAML_VALUES = 100_000  # values after every alias is expanded
+MAX_YAML_DEPTH = 64        # nesting, in the text and through aliases
+MAX_YAML_ALIASES = 1_000   # `*name` references (a job file uses a handful)
+
+_KEY_KINDS = {"null": "null (nothing)", "bool": "a boolean", "int": "a number", "float": "a number",
+              "timestamp": "a date", "binary": "binary data"}
+
+
 @functools.lru_cache(maxsize=1)
 def _unique_key_loader():
     import yaml
 
+    class Refused(yaml.MarkedYAMLError):
+        """What the loader itself refuses (not a syntax error): reported with its line."""
+
+        def __init__(self, problem: str, mark) -> None:
+            super().__init__(problem=problem, problem_mark=mark)
+
     class Loader(yaml.SafeLoader):
-        """SafeLoader that refuses a key given twice (plain YAML keeps the last one silently)."""
+        """SafeLoader that refuses a key given twice (plain YAML keeps the last one silently), a
+        key that is not text, an alias inside its own anchor, and files that nest or alias beyond
+        the bounds above, as it composes (before anything is built)."""
+
+        def __init__(self, stream):
+            super().__init__(stream)
+            self.halo_open: dict[str, Any] = {}  # anchors whose value is still being read -> mark
+            self.halo_depth = 0
+            self.halo_aliases = 0
+
+        def compose_node(self, parent, index):
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent):
+                self.halo_aliases += 1
+                if self.halo_aliases > MAX_YAML_ALIASES:
+                    raise Refused(f"more than {MAX_YAML_ALIASES} aliases (*name); a job file needs far fewer",
+                                  event.start_mark)
+                if event.anchor in self.halo_open:
+                    at = self.halo_open[event.anchor]
+                    raise Refused(f"alias *{event.anchor} is inside the value of its own anchor &{event.anchor} "
+                                  f"(line {at.line + 1}): a value cannot contain itself", event.start_mark)
+                return super().compose_node(parent, index)
+            if self.halo_depth >= MAX_YAML_DEPTH:
+                raise Refused(f"values nested more than {MAX_YAML_DEPTH} levels deep; a job file is far shallower",
+                              event.start_mark)
+            anchor = getattr(event, "anchor", None)
+            if anchor is not None and anchor not in self.anchors:  # (a duplicate: YAML's own error)
+                self.halo_open[anchor] = event.start_mark
+            self.halo_depth += 1
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.halo_depth -= 1
+                self.halo_open.pop(anchor, None)
+
+        def construct_document(self, node):
+            _check_expansion(node, Refused)
+            return super().construct_document(node)
 
     def construct_mapping(loader, node, deep=False):
         seen = set()
@@ -900,56 +956,72 @@ def _unique_key_loader():
                 duplicate = key in seen
             except TypeError:
                 raise yaml.constructor.ConstructorError(None, None, "found unhashable key", key_node.start_mark) from None
+            if not isinstance(key, str):
+                kind = _KEY_KINDS.get(key_node.tag.rpartition(":")[2], type(key).__name__)
+                raise Refused(f"key {key_node.value!r} is read by YAML as {kind}, not as a name; every key is a "
+                              "name (quote it if this is the name you mean)", key_node.start_mark)
             if duplicate:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (the first one would be silently lost)", key_node.start_mark)
+                raise Refused(f"duplicate key {key!r} (the first one would be silently lost)", key_node.start_mark)
             seen.add(key)
         return loader.construct_mapping(node, deep=deep)
 
     Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
 
-    def construct_document(loader, node):
-        _check_expansion(node)
-        return yaml.SafeLoader.construct_document(loader, node)
+    def construct_str(loader, node):
+        value = loader.construct_scalar(node)
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as err:  # "\ud800": YAML takes the escape, no file or argument can
+                raise Refused(f"the text has U+{ord(value[err.start]):04X}, half of a UTF-16 surrogate pair, "
+                              "which is no character and cannot be written to a script or passed to a process",
+                              node.start_mark) from None
+        return value
 
-    Loader.construct_document = construct_document
+    Loader.add_constructor("tag:yaml.org,2002:str", construct_str)
+    Loader.Refused = Refused
     return Loader
 
 
-MAX_JOB_FILE_BYTES = 1024 * 1024
-MAX_YAML_VALUES = 100_000
-MAX_YAML_DEPTH = 64
-
-
-def _check_expansion(root) -> None:
+def _check_expansion(root, refused) -> None:
     """Refuse a document whose aliases expand to more than MAX_YAML_VALUES values or that nests
-    deeper than MAX_YAML_DEPTH (a "billion laughs" file is a few hundred bytes). Counted on the
-    composed node graph, each node once (memoized), so the check itself stays linear."""
+    deeper than MAX_YAML_DEPTH (a "billion laughs" file is a few hundred bytes), or whose node
+    graph has a cycle. Counted on the composed node graph, each node once (memoized), so the
+    check stays linear; a node met again while its own children are counted is a cycle (the
+    composer refuses those first; this keeps the count finite whatever graph it is given)."""
     import yaml
 
     size: dict[int, int] = {}
     depth: dict[int, int] = {}
+    on_path: set[int] = set()
+
+    def kids_of(node) -> list:
+        return ([x for pair in node.value for x in pair] if isinstance(node, yaml.MappingNode)
+                else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
+
     stack = [(root, False)]
     while stack:
         node, children_done = stack.pop()
-        if id(node) in size:
+        key = id(node)
+        if children_done:
+            on_path.discard(key)
+            kids = kids_of(node)
+            size[key] = 1 + sum(size[id(k)] for k in kids)
+            depth[key] = 1 + max((depth[id(k)] for k in kids), default=0)
+            if size[key] > MAX_YAML_VALUES:
+                raise refused(f"the document expands to more than {MAX_YAML_VALUES} values through its aliases "
+                              "(anchors referencing anchors); a job file is far smaller", node.start_mark)
+            if depth[key] > MAX_YAML_DEPTH:
+                raise refused(f"values nested more than {MAX_YAML_DEPTH} levels deep; a job file is far shallower",
+                              node.start_mark)
             continue
-        kids = ([x for pair in node.value for x in pair] if isinstance(node, yaml.MappingNode)
-                else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
-        if not children_done:
-            stack.append((node, True))
-            stack.extend((k, False) for k in kids if id(k) not in size)
+        if key in size:
             continue
-        size[id(node)] = 1 + sum(size.get(id(k), 0) for k in kids)
-        depth[id(node)] = 1 + max((depth.get(id(k), 0) for k in kids), default=0)
-        if size[id(node)] > MAX_YAML_VALUES:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"the document expands to more than {MAX_YAML_VALUES} values through its aliases "
-                "(anchors referencing anchors); a job file is far smaller", node.start_mark)
-        if depth[id(node)] > MAX_YAML_DEPTH:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"values nested more than {MAX_YAML_DEPTH} levels deep; a job file is far shallower",
-                node.start_mark)
+        if key in on_path:
+            raise refused("a value contains itself (an alias inside its own anchor)", node.start_mark)
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((k, False) for k in kids_of(node) if id(k) not in size)
 
 
 def loads(text: str, source: str | None = None) -> JobSpec:
@@ -958,8 +1030,9 @@ def loads(text: str, source: str | None = None) -> JobSpec:
     if len(text) > MAX_JOB_FILE_BYTES:
         raise SpecError([("", f"the job file is {len(text)} characters; at most {MAX_JOB_FILE_BYTES} are read "
                               "(move large values into files the job reads)")], source)
+    loader = _unique_key_loader()
     try:
-        data = yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader subclass
     except RecursionError:
         raise SpecError([("YAML", f"values nested too deeply to read (a job file nests at most "
                                   f"{MAX_YAML_DEPTH} levels)")], source) from None
@@ -967,16 +1040,39 @@ def loads(text: str, source: str | None = None) -> JobSpec:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
         problem = getattr(err, "problem", None) or str(err)
-        raise SpecError([(where, f"YAML syntax error: {problem}")], source) from None
+        if not isinstance(err, loader.Refused):
+            problem = f"YAML syntax error: {problem}"
+        raise SpecError([(where, problem)], source) from None
     return from_dict(data, source, text)
 
 
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _not_a_file(mode: int) -> str | None:
+    """Why a file of this mode cannot be a job file (None: a regular file)."""
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((k for test, k in _FILE_KINDS if test(mode)), "not a regular file")
+    return f"is {kind}, not a regular file; give the path of a job file"
+
+
 def load(path: str | Path) -> JobSpec:
-    """Read and validate a job file."""
+    """Read and validate a job file: a regular file (a FIFO, device or directory is refused
+    without reading it, so nothing can make this block), at most MAX_JOB_FILE_BYTES."""
     p = Path(path)
     try:
-        with open(p, "rb") as f:  # never more than the limit, whatever the file's size
-            raw = f.read(MAX_JOB_FILE_BYTES + 1)
+        why = _not_a_file(os.stat(p).st_mode)  # before opening: opening a device can act on it
+        if why:
+            raise SpecError([("", f"{p} {why}")], str(p))
+        # O_NONBLOCK: what was checked above may since have been replaced by a FIFO.
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            why = _not_a_file(os.fstat(f.fileno()).st_mode)
+            if why:
+                raise SpecError([("", f"{p} {why}")], str(p))
+            raw = f.read(MAX_JOB_FILE_BYTES + 1)  # never more than the limit, whatever the file's size
         if len(raw) > MAX_JOB_FILE_BYTES:
             raise SpecError([("", f"the job file is larger than {MAX_JOB_FILE_BYTES} bytes (move large values "
                                   "into files the job reads)")], str(p))

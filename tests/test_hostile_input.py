@@ -69,3 +69,122 @@ def test_malformed_job_file_is_exit_2_naming_the_field(tmp_path, case):
         assert words in r.stderr, (case, r.stderr[-2000:])
         assert took < 15, f"{case}: {took:.1f}s"
         assert len(r.stderr) < 20_000, "the error echoes the whole file"
+
+
+# --------------------------------------------------------------------------------------------
+# Files that once made the loader run away or block: each run bounded in memory and time, so a
+# regression fails here instead of taking the machine with it.
+
+MEMORY_LIMIT = 1536 * 1024 * 1024  # address space of the child: Python and the YAML loader need far less
+
+
+def _limited():
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def bounded(*argv, timeout=30):
+    """Run ``python argv`` under MEMORY_LIMIT and ``timeout``: (CompletedProcess, seconds)."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                       env=env, preexec_fn=_limited)
+    return r, time.monotonic() - t0
+
+
+CYCLES = {
+    # An alias inside the value of its own anchor: a value that contains itself.
+    "mapping in itself": ("trainer: &x {script: train.py, args: *x}\n", 4),
+    "sequence in itself": (GOOD + "slurm: {extra_args: &a [*a]}\n", 5),
+    "merge of itself": (GOOD + "nomad: &n {<<: *n, cpu: 100}\n", 5),
+    "deeper inside itself": (GOOD + "env: &e {A: {B: [x, {C: *e}]}}\n", 5),
+    "block style": (GOOD + "slurm: &s\n  partition: gpu\n  extra_args:\n    - *s\n", 8),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CYCLES))
+def test_a_value_containing_itself_is_refused_by_the_cli(tmp_path, case):
+    text, line = CYCLES[case]
+    if not text.startswith(GOOD):
+        text = GOOD.replace("trainer: {script: t.py}\n", "") + text
+    f = tmp_path / "job.yaml"
+    f.write_text(text)
+    r, took = bounded("-m", "halo_sched.cli", "validate", str(f))
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr[-2000:]
+    assert "cannot contain itself" in r.stderr and f"line {line}," in r.stderr, r.stderr
+    assert took < 15, took
+
+
+@pytest.mark.parametrize("case", sorted(CYCLES))
+def test_a_value_containing_itself_is_refused_by_loads(case):
+    # loads() itself, in a child process bounded like the CLI above (an endless loop here would
+    # otherwise grow this test process without bound).
+    text, line = CYCLES[case]
+    if not text.startswith(GOOD):
+        text = GOOD.replace("trainer: {script: t.py}\n", "") + text
+    code = ("import sys, time\nfrom halo_sched.errors import SpecError\nfrom halo_sched.spec import loads\n"
+            "t0 = time.monotonic()\ntry:\n    loads(sys.argv[1])\nexcept SpecError as e:\n"
+            "    print(time.monotonic() - t0)\n    print(e.problems)\nelse:\n    print('accepted')\n")
+    r, _ = bounded("-c", code, text)
+    assert r.returncode == 0, r.stderr[-2000:]
+    took, problems = r.stdout.split("\n", 1)
+    assert "cannot contain itself" in problems and f"line {line}," in problems, problems
+    assert float(took) < 2, took
+
+
+def test_many_aliases_are_refused_before_anything_is_built():
+    text = GOOD + "x: &x a\nslurm: {extra_args: [" + ", ".join(["*x"] * 1500) + "]}\n"
+    import halo_sched
+    from halo_sched.errors import SpecError
+
+    with pytest.raises(SpecError) as ei:
+        halo_sched.loads(text)
+    assert "more than 1000 aliases" in str(ei.value) and "line 6" in str(ei.value)
+
+
+def _fifo(tmp_path):
+    import os
+
+    p = tmp_path / "job.fifo"
+    os.mkfifo(p)
+    return p, "named pipe (FIFO)"
+
+
+def _socket(tmp_path):
+    import socket
+
+    p = tmp_path / "job.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(p))  # a path in the file system, no traffic
+    _socket.keep = s
+    return p, "socket"
+
+
+NOT_FILES = {
+    "fifo": _fifo,
+    "socket": _socket,
+    "directory": lambda tmp_path: (tmp_path, "directory"),
+    "/dev/zero": lambda tmp_path: ("/dev/zero", "character device"),
+    "/dev/null": lambda tmp_path: ("/dev/null", "character device"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_FILES))
+def test_a_job_file_that_is_not_a_regular_file_is_refused_without_reading_it(tmp_path, kind):
+    path, words = NOT_FILES[kind](tmp_path)
+    try:
+        r, took = bounded("-m", "halo_sched.cli", "validate", str(path))
+    finally:
+        if kind == "socket":
+            _socket.keep.close()
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert f"is a {words}, not a regular file" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

@@ -231,3 +231,26 @@ def test_common_app_env_names_are_allowed():
 def test_unquoted_slurm_time_is_explained():
     found = problems(MIN + "slurm: {time: 1:30:00}\n")
     assert "quote it" in found["slurm.time"] and "5400" in found["slurm.time"]
+
+
+# --------------------------------------------------------------------------------------------
+# A YAML value the loader itself refuses, with its line.
+
+@pytest.mark.parametrize("key, kind", [("~", "null"), ("null", "null"), ("on", "a boolean"), ("1", "a number"),
+                                       ("2024-01-01", "a date")])
+@pytest.mark.parametrize("where", ["top", "env", "slurm"])
+def test_a_key_yaml_reads_as_not_text_is_named_with_its_line(key, kind, where):
+    extra = {"top": f"{key}: 1\n", "env": f"env: {{{key}: x}}\n", "slurm": f"slurm:\n  {key}: x\n"}[where]
+    with pytest.raises(SpecError) as ei:
+        halo_sched.loads(MIN + extra)
+    (field, msg), = ei.value.problems
+    line = 7 if where == "slurm" else 6  # MIN begins with an empty line
+    assert field.startswith(f"line {line}, column "), field
+    assert f"key '{key}' is read by YAML as {kind}" in msg and "quote it" in msg
+    assert "None" not in msg
+
+
+def test_a_lone_surrogate_escape_is_refused_with_its_line():
+    # YAML takes "\ud800", but no UTF-8 file or process argument can carry it: render crashed.
+    found = problems(MIN + 'env: {A: "\\ud800"}\n')
+    assert any(k.startswith("line 6,") and "U+D800" in m for k, m in found.items()), found
