@@ -19,18 +19,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import SpecError
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
+ENV_NAME_RE = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
+MODULE_RE = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 # SLURM option values that land on "#SBATCH" lines: no spaces, quotes or comment characters.
-SLURM_WORD_RE = re.compile(r"^[A-Za-z0-9_.,:@+%/=-]+$")
-SLURM_TIME_RE = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}|UNLIMITED|INFINITE)$")
-SBATCH_ARG_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[^\s'\"\\#`$]+)?$")
-GO_DURATION_RE = re.compile(r"^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$")
-SIZE_RE = re.compile(r"^(\d+)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB|k|m|g)?$", re.IGNORECASE)
-IFACE_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
+SLURM_WORD_RE = re.compile(r"\A[A-Za-z0-9_.,:@+%/=-]+\Z")
+SLURM_TIME_RE = re.compile(r"\A(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}|UNLIMITED|INFINITE)\Z")
+SBATCH_ARG_RE = re.compile(r"\A--[a-z][a-z0-9-]*(=[^\s'\"\\#`$]+)?\Z")
+GO_DURATION_RE = re.compile(r"\A(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+\Z")
+SIZE_RE = re.compile(r"\A(\d+) ?(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB|k|m|g)?\Z", re.IGNORECASE)
+IFACE_RE = re.compile(r"\A[A-Za-z0-9_.:@-]{1,15}\Z")
 # sbatch --signal=[{R|B}:]SIG[@secs], by name (the batch script traps it and forwards it).
-SLURM_SIGNAL_RE = re.compile(r"^(?:([BR]+):)?(?:SIG)?([A-Z][A-Z0-9]*)(?:@(\d+))?$")
+SLURM_SIGNAL_RE = re.compile(r"\A(?:([BR]+):)?(?:SIG)?([A-Z][A-Z0-9]*)(?:@(\d+))?\Z")
 # The signals a warning may be: those SLURM knows by name (src/common/proc_args.c
 # signals_mapping) that a trainer can catch while the rest of the job goes on. Not USR1 (NCCL's),
 # not URG (the carrier that takes the warning to every node), not those that end, stop or resume
@@ -60,7 +60,7 @@ def _no_nul(value: str, what: str) -> str:
 
 def _check_env_name(k: str) -> None:
     """A name a user may give a variable every rank gets (``env`` keys, ``secret_env``)."""
-    if not ENV_NAME_RE.match(k):
+    if not ENV_NAME_RE.fullmatch(k):
         raise ValueError(f"{k!r} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
     # halo_ in any case: the entry script's own variables are lower-case halo_*.
     if k in RESERVED_ENV or k.startswith(RESERVED_ENV_PREFIXES) or k.upper().startswith("HALO_"):
@@ -78,12 +78,12 @@ def _env_values_are_text(v: Any) -> Any:
     return v
 
 
-IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+#-]*$")
+IMAGE_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.:/@+#-]*\Z")
 
 
 def _checked_image(v: str | None) -> str | None:
     """``image`` of the job or of a server role."""
-    if v is not None and not IMAGE_RE.match(v):
+    if v is not None and not IMAGE_RE.fullmatch(v):
         raise ValueError("not a container image reference (registry/name:tag or name@sha256:...)")
     return v
 
@@ -113,7 +113,7 @@ def parse_size(value: int | str) -> int:
         if value < 0:
             raise ValueError("size must not be negative")
         return value
-    m = SIZE_RE.match(str(value).strip())
+    m = SIZE_RE.fullmatch(value)
     if not m:
         raise ValueError(f"{value!r} is not a size; use e.g. 512MiB, 16GiB or a number of bytes")
     unit = (m.group(2) or "B").lower()
@@ -150,7 +150,7 @@ SLURM_DEFAULT_WARNING_S = 60
 
 def parse_go_duration(value: str) -> int:
     """A Go duration ('2h', '90m', '1h30m') in nanoseconds."""
-    if not GO_DURATION_RE.match(value):
+    if not GO_DURATION_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not a duration; use Go syntax such as 30m, 2h or 1h30m")
     scale = {"ns": 1, "us": 10**3, "µs": 10**3, "ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
     total = 0.0
@@ -190,7 +190,7 @@ class Trainer(_Model):
     @field_validator("module")
     @classmethod
     def _module(cls, v: str | None) -> str | None:
-        if v is not None and not MODULE_RE.match(v):
+        if v is not None and not MODULE_RE.fullmatch(v):
             raise ValueError("must be a dotted Python module name such as pkg.train")
         return v
 
@@ -244,9 +244,16 @@ class Network(_Model):
     @field_validator("interface")
     @classmethod
     def _iface(cls, v: str | None) -> str | None:
-        if v is not None and not IFACE_RE.match(v):
-            raise ValueError("must be a network interface name such as ib0 or eth0")
-        return v
+        if v is None or IFACE_RE.fullmatch(v):
+            return v
+        # Why, as Linux would refuse it (net/core/dev.c dev_valid_name: IFNAMSIZ is 16 with the NUL).
+        what = "must be a network interface name such as ib0 or eth0"
+        if not v:
+            raise ValueError(f"{what}, not empty")
+        if len(v) > 15:
+            raise ValueError(f"{what}: {v!r} is {len(v)} characters, and Linux allows at most 15")
+        bad = next(c for c in v if not IFACE_RE.fullmatch(c))
+        raise ValueError(f"{what}: {bad!r} is not allowed in one (letters, digits and _ . : @ - are)")
 
     @model_validator(mode="after")
     def _ep(self) -> "Network":
@@ -288,14 +295,14 @@ class Slurm(_Model):
     @field_validator("partition", "account", "qos", "mem")
     @classmethod
     def _word(cls, v: str | None) -> str | None:
-        if v is not None and not SLURM_WORD_RE.match(v):
+        if v is not None and not SLURM_WORD_RE.fullmatch(v):
             raise ValueError("may contain only letters, digits and _ . , : @ + % / = -")
         return v
 
     @field_validator("constraint")
     @classmethod
     def _constraint(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^[A-Za-z0-9_.,:@+%/=&|\[\]*()!-]+$", v):
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9_.,:@+%/=&|\[\]*()!-]+", v):
             raise ValueError("a SLURM feature expression: letters, digits, _ . , : and & | [ ] * ( ) !, no spaces or quotes")
         return v
 
@@ -310,7 +317,7 @@ class Slurm(_Model):
     @field_validator("time")
     @classmethod
     def _time(cls, v: str | None) -> str | None:
-        if v is not None and not SLURM_TIME_RE.match(v):
+        if v is not None and not SLURM_TIME_RE.fullmatch(v):
             raise ValueError("not a SLURM time: use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS")
         return v
 
@@ -319,7 +326,7 @@ class Slurm(_Model):
     def _signal(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        m = SLURM_SIGNAL_RE.match(v)
+        m = SLURM_SIGNAL_RE.fullmatch(v)
         if not m:
             raise ValueError("use [B:]SIGNAL[@seconds] with a signal name, e.g. USR2@120")
         name = m.group(2)
@@ -335,7 +342,7 @@ class Slurm(_Model):
     @field_validator("container_workdir")
     @classmethod
     def _workdir(cls, v: str | None) -> str | None:
-        if v is not None and (not v.startswith("/") or not SLURM_WORD_RE.match(v) or "," in v or ":" in v):
+        if v is not None and (not v.startswith("/") or not SLURM_WORD_RE.fullmatch(v) or "," in v or ":" in v):
             raise ValueError("an absolute path inside the image, without spaces, quotes, ',' or ':'")
         return v
 
@@ -359,14 +366,14 @@ class Slurm(_Model):
         ``cancel --signal USR2`` delivers as a warning)."""
         if self.signal is None:
             return "", "USR2", None
-        m = SLURM_SIGNAL_RE.match(self.signal)
+        m = SLURM_SIGNAL_RE.fullmatch(self.signal)
         return m.group(1) or "", m.group(2), int(m.group(3)) if m.group(3) else None
 
     @field_validator("container_mounts")
     @classmethod
     def _mounts(cls, v: list[str]) -> list[str]:
         for m in v:
-            if not SLURM_WORD_RE.match(m) or ":" not in m:
+            if not SLURM_WORD_RE.fullmatch(m) or ":" not in m:
                 raise ValueError(f"{m!r}: each mount is SRC:DST[:FLAGS] without spaces or quotes")
         return v
 
@@ -387,8 +394,8 @@ class Slurm(_Model):
                 raise ValueError(f"{a!r}: halo-sched sets {hit} itself (from {where})")
             # --clusters (-M): the job id then names the cluster sbatch chose, and every later
             # query and cancel goes there.
-            if len(name) > 4 and "--clusters".startswith(name) and not re.match(
-                r"^[A-Za-z0-9][A-Za-z0-9_.-]*(,[A-Za-z0-9][A-Za-z0-9_.-]*)*$", a.partition("=")[2]
+            if len(name) > 4 and "--clusters".startswith(name) and not re.fullmatch(
+                r"[A-Za-z0-9][A-Za-z0-9_.-]*(,[A-Za-z0-9][A-Za-z0-9_.-]*)*", a.partition("=")[2]
             ):
                 raise ValueError(f"{a!r}: name the cluster(s) as --clusters=NAME[,NAME...]")
         return v
@@ -425,21 +432,21 @@ class Nomad(_Model):
         if not v:
             raise ValueError("needs at least one datacenter ('*' for all)")
         for dc in v:
-            if not re.match(r"^[A-Za-z0-9_.*-]+$", dc):
+            if not re.fullmatch(r"[A-Za-z0-9_.*-]+", dc):
                 raise ValueError(f"{dc!r} is not a datacenter name")
         return v
 
     @field_validator("namespace")
     @classmethod
     def _namespace(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^[A-Za-z0-9-]{1,128}$", v):
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9-]{1,128}", v):
             raise ValueError("a Nomad namespace: letters, digits and -")
         return v
 
     @field_validator("region")
     @classmethod
     def _region(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^[A-Za-z0-9_-]{1,128}$", v):
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,128}", v):
             raise ValueError("may contain only letters, digits, _ and -")
         return v
 
@@ -518,7 +525,7 @@ class Parallelism(_Model):
     )
 
 
-SERVER_NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,22}[a-z0-9])?$")
+SERVER_NAME_RE = re.compile(r"\A[a-z]([a-z0-9-]{0,22}[a-z0-9])?\Z")
 
 
 class Server(_Model):
@@ -548,7 +555,7 @@ class Server(_Model):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not SERVER_NAME_RE.match(v):
+        if not SERVER_NAME_RE.fullmatch(v):
             raise ValueError("must be 1-24 characters: lower-case letters, digits and '-', starting with a letter and "
                              "not ending with '-' (a DNS label; it names variables, groups and services)")
         return v
@@ -565,7 +572,7 @@ class Server(_Model):
     @field_validator("health_path")
     @classmethod
     def _health(cls, v: str) -> str:
-        if not re.match(r"^/[A-Za-z0-9._~!$&'()*+,;=:@/%?-]*$", v):
+        if not re.fullmatch(r"/[A-Za-z0-9._~!$&'()*+,;=:@/%?-]*", v):
             raise ValueError("an absolute URL path such as /health (printable URL characters, no spaces)")
         return v
 
@@ -620,7 +627,7 @@ class JobSpec(_Model):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not NAME_RE.match(v):
+        if not NAME_RE.fullmatch(v):
             raise ValueError("must be 1-63 characters: letters, digits, '_', '.', '-', starting with a letter or digit")
         return v
 
@@ -817,7 +824,7 @@ def problems_from(err: ValidationError) -> list[tuple[tuple, str]]:
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
             # Checks across fields (model validators) name their field as "field: message".
-            m = re.match(r"^([a-z_]+): (.*)$", msg, re.S)
+            m = re.fullmatch(r"([a-z_]+): (.*)", msg, re.S)
             if m and e["type"] == "value_error" and m.group(1) in _fields_at(loc):
                 loc, msg = loc + (m.group(1),), m.group(2)
         if e["type"] == "extra_forbidden":

@@ -188,3 +188,25 @@ def test_a_job_file_that_is_not_a_regular_file_is_refused_without_reading_it(tmp
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert f"is a {words}, not a regular file" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("backend, job_id", [("local", "x\n"), ("nomad", "job\n"), ("slurm", "halo\n:123")])
+def test_a_job_id_with_a_trailing_newline_is_refused(tmp_path, backend, job_id):
+    from halo_sched.errors import UsageError
+
+    with pytest.raises(UsageError):
+        if backend == "local":
+            from halo_sched.backends.local import LocalScheduler
+
+            d = tmp_path / job_id  # such a directory exists: the id must still not name it
+            d.mkdir()
+            (d / "state.json").write_text("{}")
+            LocalScheduler(root=tmp_path)._dir(job_id)
+        elif backend == "nomad":
+            from halo_sched.backends.nomad import NomadScheduler
+
+            NomadScheduler(client=object())._split(job_id)
+        else:
+            from halo_sched.backends.slurm.transport.base import split_cluster
+
+            split_cluster(job_id)

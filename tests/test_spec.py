@@ -254,3 +254,89 @@ def test_a_lone_surrogate_escape_is_refused_with_its_line():
     # YAML takes "\ud800", but no UTF-8 file or process argument can carry it: render crashed.
     found = problems(MIN + 'env: {A: "\\ud800"}\n')
     assert any(k.startswith("line 6,") and "U+D800" in m for k, m in found.items()), found
+
+
+# --------------------------------------------------------------------------------------------
+# A trailing newline: `re.match` with `$` takes "name\n" as "name". Every checked text field.
+
+def _base() -> dict:
+    return {"name": "ok", "nodes": 2, "nproc_per_node": 2, "trainer": {"script": "train.py"}}
+
+
+def _server(**kw) -> dict:
+    return {"servers": [{"name": "vllm", "nodes": 1, "command": ["serve"], "port": 8000, **kw}]}
+
+
+# (field as reported, the job file's data with VALUE where the text goes)
+TEXT_FIELDS = [
+    ("name", lambda v: {"name": v}),
+    ("env", lambda v: {"env": {v: "x"}} if v.startswith("FOO") else None),
+    ("trainer.module", lambda v: {"trainer": {"module": v}}),
+    ("secret_env", lambda v: {"secret_env": [v]}),
+    ("image", lambda v: {"image": v}),
+    ("network.interface", lambda v: {"network": {"interface": v}}),
+    ("slurm.partition", lambda v: {"slurm": {"partition": v}}),
+    ("slurm.account", lambda v: {"slurm": {"account": v}}),
+    ("slurm.qos", lambda v: {"slurm": {"qos": v}}),
+    ("slurm.time", lambda v: {"slurm": {"time": v}}),
+    ("slurm.mem", lambda v: {"slurm": {"mem": v}}),
+    ("slurm.constraint", lambda v: {"slurm": {"constraint": v}}),
+    ("slurm.signal", lambda v: {"slurm": {"signal": v}}),
+    ("slurm.container_workdir", lambda v: {"slurm": {"container_workdir": v}}),
+    ("slurm.container_mounts", lambda v: {"slurm": {"container_mounts": [v]}}),
+    ("slurm.extra_args", lambda v: {"slurm": {"extra_args": [v]}}),
+    ("nomad.datacenters", lambda v: {"nomad": {"datacenters": [v]}}),
+    ("nomad.namespace", lambda v: {"nomad": {"namespace": v}}),
+    ("nomad.region", lambda v: {"nomad": {"region": v}}),
+    ("nomad.max_run_duration", lambda v: {"nomad": {"max_run_duration": v}}),
+    ("nomad.shm_size", lambda v: {"nomad": {"shm_size": v}}),
+    ("servers[0].name", lambda v: _server(name=v)),
+    ("servers[0].health_path", lambda v: _server(health_path=v)),
+    ("servers[0].image", lambda v: _server(image=v)),
+    ("servers[0].env", lambda v: _server(env={v: "x"})),
+    ("servers[0].secret_env", lambda v: _server(secret_env=[v])),
+]
+GOOD_TEXT = {"name": "ok", "env": "FOO", "trainer.module": "pkg.train", "secret_env": "TOKEN", "image": "repo/img:1",
+             "network.interface": "ib0", "slurm.partition": "gpu", "slurm.account": "acct", "slurm.qos": "high",
+             "slurm.time": "1:00:00", "slurm.mem": "16G", "slurm.constraint": "ib", "slurm.signal": "USR2@60",
+             "slurm.container_workdir": "/w", "slurm.container_mounts": "/a:/b", "slurm.extra_args": "--comment=x",
+             "nomad.datacenters": "dc1", "nomad.namespace": "ml", "nomad.region": "eu",
+             "nomad.max_run_duration": "2h", "nomad.shm_size": "1GiB", "servers[0].name": "vllm",
+             "servers[0].health_path": "/health", "servers[0].image": "repo/vllm:1", "servers[0].env": "FOO",
+             "servers[0].secret_env": "TOKEN"}
+
+
+def _job(field: str, value: str) -> str:
+    import yaml
+
+    data = _base()
+    part = dict(TEXT_FIELDS)[field](value)
+    for k, v in part.items():
+        data[k] = {**data[k], **v} if k == "trainer" and "module" in v else v
+    if "module" in data["trainer"]:
+        del data["trainer"]["script"]
+    if field in ("nomad.shm_size",):
+        data["image"] = "repo/img:1"
+    return yaml.safe_dump(data)
+
+
+@pytest.mark.parametrize("field", [f for f, _ in TEXT_FIELDS])
+def test_a_trailing_newline_is_not_part_of_any_name(field):
+    halo_sched.loads(_job(field, GOOD_TEXT[field]))  # the value itself is fine
+    found = problems(_job(field, GOOD_TEXT[field] + "\n"))
+    assert field in found, found
+
+
+def test_a_reserved_variable_with_a_newline_is_not_a_new_name():
+    # "MASTER_ADDR\n" passed the reserved-name check and rendered `export MASTER_ADDR` then `=x`.
+    found = problems(MIN + 'env: {"MASTER_ADDR\\n": x}\n')
+    assert "not a valid environment variable name" in found["env"]
+
+
+@pytest.mark.parametrize("iface, words", [
+    ("bars-nonexistent0", "'bars-nonexistent0' is 17 characters, and Linux allows at most 15"),
+    ("eth 0", "' ' is not allowed"),
+    ("ib/0", "'/' is not allowed"),
+])
+def test_a_bad_interface_name_says_why(iface, words):
+    assert words in problems(MIN + f"network: {{interface: '{iface}'}}\n")["network.interface"]

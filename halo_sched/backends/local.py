@@ -34,7 +34,7 @@ from .local_supervisor import (
 
 LOCAL_MASTER = "127.0.0.1"
 START_GRACE_S = 30.0  # a job this young with no supervisor pid yet is still starting
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 
 
 def state_root() -> Path:

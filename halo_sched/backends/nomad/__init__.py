@@ -15,7 +15,7 @@ from ...spec import JobSpec
 from ..base import DryRun, JobState, Scheduler
 from .render import TASK, client_requirements, job_payload, render_hcl, submission_id, variable_path
 
-_ID_RE = re.compile(r"^(?:([A-Za-z0-9_-]+):)?(?:([A-Za-z0-9_-]+)/)?([A-Za-z0-9][A-Za-z0-9_.-]*)$")
+_ID_RE = re.compile(r"^(?:([A-Za-z0-9_-]+):)?(?:([A-Za-z0-9_-]+)/)?([A-Za-z0-9][A-Za-z0-9_.-]*)\Z")
 
 
 def _say(msg: str) -> None:

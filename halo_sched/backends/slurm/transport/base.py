@@ -50,9 +50,9 @@ class Transport(abc.ABC):
 # Job ids
 
 # A SLURM cluster name (slurm.conf ClusterName, sbatch --clusters).
-_CLUSTER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_CLUSTER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 # What SLURM itself prints or takes as a job id: 123, 123_4, 123_[1-5%2], 123+1.
-_LOCAL_ID_RE = re.compile(r"^\d+(?:_(?:\d+|\[[0-9,\-:%]+\]))?(?:\+\d+)?$")
+_LOCAL_ID_RE = re.compile(r"^\d+(?:_(?:\d+|\[[0-9,\-:%]+\]))?(?:\+\d+)?\Z")
 
 
 def split_cluster(job_id: str) -> tuple[str | None, str]:
