@@ -52,6 +52,54 @@ SHELL_ENV = {
 }
 
 
+# Linux caps each single argument or environment string ("NAME=value") of a process at
+# MAX_ARG_STRLEN, 32 pages = 131072 bytes with its terminating NUL (include/uapi/linux/binfmts.h):
+# execve fails with E2BIG, "Argument list too long" (exit 126), for a longer one, on every node.
+MAX_ARG_STRLEN = 131072
+# All arguments and environment of one process together are capped at a quarter of the stack
+# limit (ARG_MAX: 2 MiB under the usual 8 MiB `ulimit -s`). What a job file gives one process
+# (its env and args; a server's env and command) is held to half of that: the scheduler's, the
+# site's and torchrun's own variables need the rest.
+MAX_ARGS_ENV_BYTES = 1024 * 1024
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def _check_arg_size(value: str, what: str) -> int:
+    """Bytes ``value`` takes as one process argument (with its NUL); too large: ValueError."""
+    n = _utf8_len(value) + 1
+    if n > MAX_ARG_STRLEN:
+        raise ValueError(f"{what} is {n - 1} bytes; Linux passes at most {MAX_ARG_STRLEN - 1} bytes in one argument "
+                         "(MAX_ARG_STRLEN; the process would fail with 'Argument list too long'): put it in a file "
+                         "the job reads")
+    return n
+
+
+def _check_env_size(k: str, val: str) -> int:
+    """Bytes ``k=val`` takes in a process's environment (with its NUL); too large: ValueError."""
+    n = _utf8_len(k) + 1 + _utf8_len(val) + 1
+    if n > MAX_ARG_STRLEN:
+        raise ValueError(f"{k}'s value is {n - len(k) - 2} bytes; Linux passes at most {MAX_ARG_STRLEN - 1} bytes in "
+                         f"one variable, NAME=value (MAX_ARG_STRLEN; every rank would fail with 'Argument list too "
+                         "long'): put the value in a file the job reads")
+    return n
+
+
+def _check_process_size(env: dict[str, str], argv: list[str], argv_field: str, argv_name: str) -> None:
+    """env + argv of one process within MAX_ARGS_ENV_BYTES; ValueError "field: message" naming
+    the larger part (``env``, or ``argv_field`` of the model, shown to the user as ``argv_name``)."""
+    env_bytes = sum(_utf8_len(k) + _utf8_len(v) + 2 for k, v in env.items())
+    argv_bytes = sum(_utf8_len(a) + 1 for a in argv)
+    if env_bytes + argv_bytes > MAX_ARGS_ENV_BYTES:
+        field = "env" if env_bytes >= argv_bytes else argv_field
+        raise ValueError(f"{field}: env and {argv_name} come to {env_bytes + argv_bytes} bytes; at most "
+                         f"{MAX_ARGS_ENV_BYTES} are allowed for one process (Linux's ARG_MAX for all of a process's "
+                         "arguments and environment is 2 MiB at the usual stack limit, and the scheduler's own "
+                         "variables need the rest): move large values into files the job reads")
+
+
 def _no_nul(value: str, what: str) -> str:
     if "\x00" in value:
         raise ValueError(f"{what} contains a NUL byte, which no process argument or environment can carry")
@@ -101,6 +149,7 @@ def _checked_env(v: dict[str, str]) -> dict[str, str]:
     for k, val in v.items():
         _check_env_name(k)
         _no_nul(val, f"{k}'s value")
+        _check_env_size(k, val)
     return v
 
 
@@ -181,6 +230,7 @@ class Trainer(_Model):
         if v is None:
             return v
         _no_nul(v, "script")
+        _check_arg_size(v, "the path")
         if not v.strip() or not v.endswith(".py"):
             raise ValueError("must be the path of a .py file (use trainer.module for a module)")
         if v.startswith("-"):
@@ -197,8 +247,9 @@ class Trainer(_Model):
     @field_validator("args")
     @classmethod
     def _args(cls, v: list[str]) -> list[str]:
-        for a in v:
+        for i, a in enumerate(v):
             _no_nul(a, "an argument")
+            _check_arg_size(a, f"argument {i}")
         return v
 
     @model_validator(mode="after")
@@ -218,14 +269,24 @@ class Rendezvous(_Model):
     )
 
 
+# The longest a rank may be told to wait (store, collectives, placement): a week, as
+# rendezvous.timeout_s. Longer is a typo or .inf, and overflows what trainers convert it to.
+MAX_TIMEOUT_HOURS = 7 * 24
+
+
 class Storage(_Model):
     """Checkpoint and input storage -> the DIST_* environment every rank gets (identical on all)."""
 
     shared: bool = Field(True, description="Nodes share a filesystem (NFS/Lustre): rank 0 downloads and writes.")
     input_shared: bool | None = Field(None, description="Read side; set false on a flaky NFS/EFS mount.")
     output_shared: bool | None = Field(None, description="Write side (checkpoints).")
-    store_timeout_hours: float = Field(4, gt=0, description="DIST_STORE_TIMEOUT_HOURS: bound on one rank going first.")
-    nccl_timeout_minutes: int | None = Field(None, ge=1, description="DIST_NCCL_TIMEOUT_MINUTES, the same on every rank.")
+    store_timeout_hours: float = Field(
+        4, gt=0, le=MAX_TIMEOUT_HOURS, allow_inf_nan=False,
+        description="DIST_STORE_TIMEOUT_HOURS: bound on one rank going first (at most a week).",
+    )
+    nccl_timeout_minutes: int | None = Field(
+        None, ge=1, le=MAX_TIMEOUT_HOURS * 60, description="DIST_NCCL_TIMEOUT_MINUTES, the same on every rank (at most a week).",
+    )
 
 
 class Network(_Model):
@@ -262,6 +323,71 @@ class Network(_Model):
         return self
 
 
+# Every option the SLURM backend writes on its own "#SBATCH" lines (templates/slurm/sbatch.sh.j2,
+# and sbatch_options() in backends/slurm/render.py), with the field that sets it or, in
+# parentheses, why it is fixed. slurm.extra_args may not repeat one: sbatch would silently take
+# whichever comes last. tests/test_spec.py holds this list against a rendered script.
+SBATCH_OPTIONS_SET_BY = {
+    "--job-name": "name",
+    "--nodes": "nodes (and servers[].nodes)",
+    "--ntasks-per-node": "(always 1: one torchrun per node)",
+    "--gpus-per-node": "gpus_per_node (and servers[].gpus_per_node)",
+    "--output": "(the job's output file, where logs and failure reports are read)",
+    "--open-mode": "(always append: a requeued job's runs share one output file)",
+    "--partition": "slurm.partition",
+    "--account": "slurm.account",
+    "--qos": "slurm.qos",
+    "--time": "slurm.time",
+    "--constraint": "slurm.constraint",
+    "--cpus-per-task": "slurm.cpus_per_task",
+    "--mem": "slurm.mem",
+    "--signal": "slurm.signal",
+    "--exclusive": "slurm.exclusive",
+    "--requeue": "slurm.requeue",
+    "--no-requeue": "slurm.requeue",
+}
+# sbatch options that would make the job something else than the one rendered.
+SBATCH_OPTIONS_REFUSED = {
+    "--array": "a halo-sched job is one job, not an array of copies of it",
+    "--ntasks": "there is one task per node (nodes)",
+    "--error": "errors go to the output file with everything else, where failure reports read them",
+    "--export": "every rank's environment is set by halo-sched (env, secret_env)",
+    "--chdir": "the output file and a relative trainer.script are found from the submit directory",
+    "--wrap": "the batch script is the rendered one",
+    "--test-only": "a test submission submits nothing (use `halo-sched submit --dry-run`)",
+    "--wait": "sbatch would block until the job ends (use `halo-sched submit --wait`)",
+}
+# Exact sbatch options that begin one of the above: sbatch takes them as themselves.
+SBATCH_EXACT_PREFIXES = {"--gpus"}
+# Options sbatch refuses together with one a field writes: (option, field of Slurm).
+SBATCH_CONFLICTS = (("--mem-per-cpu", "mem"), ("--mem-per-gpu", "mem"), ("--exclusive", "exclusive"))
+# sbatch's one-letter options of those above, to name the long one when a short form is given.
+SBATCH_SHORT_OPTIONS = {"J": "--job-name", "N": "--nodes", "o": "--output", "p": "--partition", "A": "--account",
+                        "q": "--qos", "t": "--time", "C": "--constraint", "c": "--cpus-per-task", "a": "--array",
+                        "n": "--ntasks", "e": "--error", "D": "--chdir", "W": "--wait"}
+
+# Slurm keeps cpus_per_task in 16 bits; 0xfffe and 0xffff mean "unset" and "infinite", and sbatch
+# does not refuse a larger number: it wraps (slurm.h NO_VAL16, INFINITE16).
+SLURM_MAX_CPUS_PER_TASK = 0xFFFD
+# sbatch --mem: a whole number with an optional unit K, M, G or T (powers of 1024; M by default),
+# a trailing B allowed (src/common/proc_args.c str_to_mbytes); 0 asks for all of a node's memory.
+SLURM_MEM_RE = re.compile(r"\A(\d{1,20})(?:([KMGT])B?)?\Z", re.IGNORECASE)
+SLURM_MAX_MEM_MB = 2**27  # 128 TiB, as nomad.memory
+
+
+def parse_slurm_mem(value: str) -> int:
+    """A SLURM memory size (``--mem``) in MiB, as sbatch reads it; malformed: ValueError."""
+    m = SLURM_MEM_RE.fullmatch(value)
+    if not m:
+        raise ValueError(f"{value!r} is not a SLURM memory size: a whole number with an optional unit K, M, G or T "
+                         "(default M), e.g. 64G or 512000M")
+    unit = (m.group(2) or "M").upper()
+    mib = -(-int(m.group(1)) * {"K": 1, "M": 1024, "G": 1024**2, "T": 1024**3}[unit] // 1024)
+    if mib > SLURM_MAX_MEM_MB:
+        raise ValueError(f"{value!r} is more memory than any node has (at most {SLURM_MAX_MEM_MB // 1024**2} TiB)")
+    return mib
+
+
 class Slurm(_Model):
     partition: str | None = None
     account: str | None = None
@@ -269,7 +395,9 @@ class Slurm(_Model):
     time: str | None = Field(None, description="Time limit in a SLURM format: minutes, HH:MM:SS, D-HH:MM:SS.")
     constraint: str | None = None
     exclusive: bool = False
-    cpus_per_task: int | None = Field(None, ge=1, description="CPUs for each node's torchrun (one task per node).")
+    cpus_per_task: int | None = Field(
+        None, ge=1, le=SLURM_MAX_CPUS_PER_TASK, description="CPUs for each node's torchrun (one task per node).",
+    )
     mem: str | None = Field(None, description="Memory per node, e.g. 64G (sbatch --mem).")
     signal: str | None = Field(
         None, description="Preemption/time-limit warning, e.g. USR2@120: sent to the batch script, which forwards it to "
@@ -292,11 +420,18 @@ class Slurm(_Model):
     container_mounts: list[str] = Field(default_factory=list, description="pyxis --container-mounts entries (src:dst[:flags]).")
     extra_args: list[str] = Field(default_factory=list, description="More sbatch options, each '--name' or '--name=value'.")
 
-    @field_validator("partition", "account", "qos", "mem")
+    @field_validator("partition", "account", "qos")
     @classmethod
     def _word(cls, v: str | None) -> str | None:
         if v is not None and not SLURM_WORD_RE.fullmatch(v):
             raise ValueError("may contain only letters, digits and _ . , : @ + % / = -")
+        return v
+
+    @field_validator("mem")
+    @classmethod
+    def _mem(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_slurm_mem(v)
         return v
 
     @field_validator("constraint")
@@ -380,18 +515,25 @@ class Slurm(_Model):
     @field_validator("extra_args")
     @classmethod
     def _extra(cls, v: list[str]) -> list[str]:
-        managed = ("--nodes", "--ntasks", "--ntasks-per-node", "--job-name", "--output", "--error", "--export",
-                   "--gpus-per-node", "--signal", "--open-mode", "--requeue", "--no-requeue")
         for a in v:
-            if not SBATCH_ARG_RE.match(a):
+            if a.startswith("-") and not a.startswith("--"):
+                # Short forms are not taken (SBATCH_ARG_RE): name the long one, and its field.
+                long = SBATCH_SHORT_OPTIONS.get(a[1:2])
+                if long in SBATCH_OPTIONS_SET_BY or long in SBATCH_OPTIONS_REFUSED:
+                    raise ValueError(f"{a!r} is {long}: {_sbatch_option_owner(long)}")
+                raise ValueError(f"{a!r}: write sbatch options in their long form, --name or --name=value")
+            if not SBATCH_ARG_RE.fullmatch(a):
                 raise ValueError(f"{a!r}: each extra arg is --name or --name=value, without spaces, quotes, '#', '$' or '`'")
-            name = a.split("=", 1)[0]
-            # sbatch accepts any unambiguous prefix of a long option (--ntasks-per-n).
-            hit = next((m for m in managed if m == name or (len(name) > 3 and m.startswith(name))), None)
+            name, eq, _ = a.partition("=")
+            if name == "--exclusive" and eq:  # --exclusive=user|mcs|topo: slurm.exclusive cannot say it
+                continue
+            # sbatch accepts any unambiguous prefix of a long option (--ntasks-per-n); an exact
+            # name wins over the longer ones it begins (--gpus is not --gpus-per-node).
+            hit = name if name in SBATCH_OPTIONS_SET_BY or name in SBATCH_OPTIONS_REFUSED else None
+            if hit is None and len(name) > 3 and name not in SBATCH_EXACT_PREFIXES:
+                hit = next((m for m in (*SBATCH_OPTIONS_SET_BY, *SBATCH_OPTIONS_REFUSED) if m.startswith(name)), None)
             if hit:
-                where = {"--signal": "slurm.signal", "--requeue": "slurm.requeue", "--no-requeue": "slurm.requeue",
-                         "--open-mode": "every run's output is appended to one file"}.get(hit, "nodes/gpus_per_node/name")
-                raise ValueError(f"{a!r}: halo-sched sets {hit} itself (from {where})")
+                raise ValueError(f"{a!r}: {_sbatch_option_owner(hit)}")
             # --clusters (-M): the job id then names the cluster sbatch chose, and every later
             # query and cancel goes there.
             if len(name) > 4 and "--clusters".startswith(name) and not re.fullmatch(
@@ -399,6 +541,31 @@ class Slurm(_Model):
             ):
                 raise ValueError(f"{a!r}: name the cluster(s) as --clusters=NAME[,NAME...]")
         return v
+
+    @model_validator(mode="after")
+    def _extra_conflicts(self) -> "Slurm":
+        for a in self.extra_args:
+            name = a.partition("=")[0]
+            for option, field in SBATCH_CONFLICTS:
+                if name == option and getattr(self, field):
+                    raise ValueError(f"extra_args: {a!r} conflicts with slurm.{field} (sbatch refuses both); "
+                                     f"use one of them")
+        return self
+
+
+def _sbatch_option_owner(option: str) -> str:
+    """Why slurm.extra_args may not give ``option`` (SBATCH_OPTIONS_SET_BY/_REFUSED)."""
+    if option in SBATCH_OPTIONS_SET_BY:
+        field = SBATCH_OPTIONS_SET_BY[option]
+        return f"halo-sched sets {option} itself " + (field if field.startswith("(") else f"(use {field} instead)")
+    return f"{option} cannot be given here: {SBATCH_OPTIONS_REFUSED[option]}"
+
+
+# Bounds on what reaches Nomad as integers (Go int64; MemoryMB becomes bytes, x 2**20, on the
+# client): far above any node, far below any overflow. 10,000,000 MHz is 2,000 cores at 5 GHz;
+# 2**27 MB is 128 TiB.
+NOMAD_MAX_CPU_MHZ = 10_000_000
+NOMAD_MAX_MEMORY_MB = 2**27
 
 
 class Nomad(_Model):
@@ -414,10 +581,12 @@ class Nomad(_Model):
                           "(a group that never placed has no allocation, so no timer): placement_timeout_s does.",
     )
     placement_timeout_s: int | None = Field(
-        None, ge=1, description="`submit --wait` stops the job if not all nodes are running within this many seconds.",
+        None, ge=1, le=MAX_TIMEOUT_HOURS * 3600, description="`submit --wait` stops the job if not all nodes are running within this many seconds.",
     )
-    cpu: int = Field(1000, ge=1, description="CPU per node in MHz.")
-    memory: int = Field(4096, ge=16, description="Memory per node in MB (a hard cap for docker, shm included).")
+    cpu: int = Field(1000, ge=1, le=NOMAD_MAX_CPU_MHZ, description="CPU per node in MHz.")
+    memory: int = Field(
+        4096, ge=16, le=NOMAD_MAX_MEMORY_MB, description="Memory per node in MB (a hard cap for docker, shm included).",
+    )
     shm_size: int | str | None = Field(None, description="Docker /dev/shm size, e.g. 8GiB; counts against memory.")
     volumes: list[str] = Field(
         default_factory=list,
@@ -565,8 +734,9 @@ class Server(_Model):
     def _command(cls, v: list[str]) -> list[str]:
         if not v or not v[0]:
             raise ValueError("must be a non-empty list: the program, then its arguments")
-        for a in v:
+        for i, a in enumerate(v):
             _no_nul(a, "an argument")
+            _check_arg_size(a, f"argument {i}")
         return v
 
     @field_validator("health_path")
@@ -586,6 +756,11 @@ class Server(_Model):
     @classmethod
     def _setup_lines(cls, v: Any) -> Any:
         return v.splitlines() if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _process_size(self) -> "Server":
+        _check_process_size(self.env, self.command, "command", "command")
+        return self
 
     @field_validator("setup")
     @classmethod
@@ -657,6 +832,7 @@ class JobSpec(_Model):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "JobSpec":
+        _check_process_size(self.env, self.trainer.args, "trainer", "trainer.args")
         if self.gpus_per_node and self.nproc_per_node > self.gpus_per_node:
             raise ValueError(
                 f"nproc_per_node: {self.nproc_per_node} exceeds gpus_per_node ({self.gpus_per_node}); each rank needs its own GPU"
@@ -707,6 +883,11 @@ class JobSpec(_Model):
         if missing:
             raise SpecError(missing)
         bad = [(f, f"{k}'s value in the environment contains a NUL byte") for f, k in fields if "\x00" in environ[k]]
+        for f, k in fields:
+            try:
+                _check_env_size(k, environ[k])
+            except ValueError as err:  # the size only, never the value
+                bad.append((f, str(err).replace(f"{k}'s value", f"{k}'s value in the environment", 1)))
         if bad:
             raise SpecError(bad)
         return {k: environ[k] for k in self.secret_names}
@@ -839,12 +1020,21 @@ def problems_from(err: ValidationError) -> list[tuple[tuple, str]]:
 
 
 def _fields_at(loc: tuple) -> set[str]:
+    """The fields of the section at ``loc`` (("servers", 0) -> a Server's); none for a value."""
+    import typing
+
     model: Any = JobSpec
     for part in loc:
-        field = getattr(model, "model_fields", {}).get(part)
-        if field is None:
-            return set()
-        model = field.annotation
+        if isinstance(part, int):  # an item of a list[Model]
+            model = next((a for a in typing.get_args(model) if hasattr(a, "model_fields")), None)
+        else:
+            field = getattr(model, "model_fields", {}).get(part)
+            if field is None:
+                return set()
+            model = field.annotation
+            # `Model | None` and `list[Model]`: the model (a list's items come with an index)
+            if not hasattr(model, "model_fields") and typing.get_origin(model) is not list:
+                model = next((a for a in typing.get_args(model) if hasattr(a, "model_fields")), None)
     return set(getattr(model, "model_fields", {}))
 
 

@@ -210,7 +210,8 @@ def test_backend_specific_render_errors_name_the_field():
 
     with pytest.raises(SpecError, match="would ignore the image"):
         job_payload(halo_sched.loads(MIN + "image: repo/img:1\nnomad: {driver: raw_exec}\n"))
-    big = halo_sched.loads(MIN + f"env: {{BIG: '{'x' * 140_000}'}}\n")
+    # Each value within one argument's limit, the entry script that carries them all over it.
+    big = halo_sched.loads(MIN + f"env: {{BIG: '{'x' * 100_000}', BIG2: '{'x' * 40_000}'}}\n")
     with pytest.raises(SpecError) as ei:
         render_sbatch(big)
     assert ei.value.problems[0][0] == "env" and "one argument to srun" in ei.value.problems[0][1]
@@ -340,3 +341,125 @@ def test_a_reserved_variable_with_a_newline_is_not_a_new_name():
 ])
 def test_a_bad_interface_name_says_why(iface, words):
     assert words in problems(MIN + f"network: {{interface: '{iface}'}}\n")["network.interface"]
+
+
+# --------------------------------------------------------------------------------------------
+# What validate let through and the job then failed on.
+
+BIG = "x" * 200_000
+BIGGISH = "y" * 120_000  # under one string's limit; nine of them are over one process's
+
+
+@pytest.mark.parametrize("text, field, words", [
+    (MIN + f"env: {{BIG: '{BIG}'}}\n", "env", "at most 131071 bytes in one variable"),
+    (MIN.replace("{script: train.py}", f"{{script: train.py, args: [a, '{BIG}']}}"), "trainer.args",
+     "argument 1 is 200000 bytes"),
+    (MIN + f"servers: [{{name: s, nodes: 1, port: 8000, command: [serve, '{BIG}']}}]\n", "servers[0].command",
+     "Argument list too long"),
+    (MIN + f"servers: [{{name: s, nodes: 1, port: 8000, command: [serve], env: {{A: '{BIG}'}}}}]\n",
+     "servers[0].env", "131071"),
+    (MIN + f"env: {{A: &v '{BIGGISH}', " + ", ".join(f"A{i}: *v" for i in range(8)) + "}\n", "env",
+     "at most 1048576"),
+    (MIN.replace("{script: train.py}", f"{{script: train.py, args: [&v '{BIGGISH}', "
+                                       + ", ".join(["*v"] * 8) + "]}"), "trainer", "trainer.args come to"),
+    (MIN + f"servers: [{{name: s, nodes: 1, port: 8000, command: [serve], env: {{A: &v '{BIGGISH}', "
+           + ", ".join(f"A{i}: *v" for i in range(8)) + "}}]\n", "servers[0].env", "ARG_MAX"),
+    (MIN + "storage: {store_timeout_hours: .inf}\n", "storage.store_timeout_hours", "finite"),
+    (MIN + "storage: {store_timeout_hours: .nan}\n", "storage.store_timeout_hours", "finite"),
+    (MIN + "storage: {store_timeout_hours: 1000}\n", "storage.store_timeout_hours", "less than or equal to 168"),
+    (MIN + "storage: {nccl_timeout_minutes: 99999999999999999999}\n", "storage.nccl_timeout_minutes", "less than"),
+    (MIN + "nomad: {cpu: 99999999999999999999}\n", "nomad.cpu", "less than or equal to 10000000"),
+    (MIN + "nomad: {memory: 9223372036854775807}\n", "nomad.memory", "less than or equal to"),
+    (MIN + "nomad: {placement_timeout_s: 99999999999999999999}\n", "nomad.placement_timeout_s", "less than"),
+    (MIN + "slurm: {cpus_per_task: 70000}\n", "slurm.cpus_per_task", "less than or equal to 65533"),
+    (MIN + "slurm: {mem: '-5G'}\n", "slurm.mem", "not a SLURM memory size"),
+    (MIN + "slurm: {mem: 16GiB}\n", "slurm.mem", "not a SLURM memory size"),
+    (MIN + "slurm: {mem: 1.5G}\n", "slurm.mem", "not a SLURM memory size"),
+    (MIN + "slurm: {mem: 99999999999999999999T}\n", "slurm.mem", "more memory than any node"),
+    (MIN + "slurm: {mem: 64G, extra_args: ['--mem-per-cpu=4G']}\n", "slurm.extra_args", "conflicts with slurm.mem"),
+    (MIN + "slurm: {exclusive: true, extra_args: ['--exclusive=user']}\n", "slurm.extra_args", "slurm.exclusive"),
+])
+def test_what_would_fail_later_is_refused(text, field, words):
+    found = problems(text)
+    assert field in found, found
+    assert words in found[field], found[field][:500]
+    assert BIG not in found[field] and BIGGISH not in found[field]
+
+
+def test_sizes_just_within_the_limits_load():
+    value = "v" * (131072 - len("BIG=") - 1)
+    s = halo_sched.loads(MIN + f"env: {{BIG: '{value}'}}\n")
+    assert s.env["BIG"] == value
+    assert problems(MIN + f"env: {{BIG: '{value}v'}}\n")["env"].startswith("BIG's value is 131068 bytes")
+    assert halo_sched.loads(MIN + "slurm: {mem: 16GB}\nstorage: {store_timeout_hours: 0.5}\n").slurm.mem == "16GB"
+    assert halo_sched.loads(MIN + "slurm: {mem: '0'}\n").slurm.mem == "0"  # all of each node's memory
+
+
+def test_a_secret_too_large_to_pass_names_its_field_not_its_value():
+    s = halo_sched.loads(MIN + "secret_env: [TOKEN]\n")
+    with pytest.raises(SpecError) as ei:
+        s.secret_values({"TOKEN": "s3cr3t" * 40_000})
+    assert ei.value.problems[0][0] == "secret_env[0]"
+    assert "TOKEN's value in the environment is 240000 bytes" in ei.value.problems[0][1]
+    assert "s3cr3t" not in str(ei.value)
+
+
+# --------------------------------------------------------------------------------------------
+# slurm.extra_args may not repeat an option the renderer writes, nor make the job something else.
+
+def _rendered_sbatch_options(text: str) -> set[str]:
+    import re
+
+    from halo_sched.backends.slurm.render import render_sbatch
+
+    return set(re.findall(r"^#SBATCH (--[a-z-]+)", render_sbatch(halo_sched.loads(text)), re.M))
+
+
+def test_the_list_of_rendered_sbatch_options_is_the_renderers():
+    from halo_sched.spec import SBATCH_OPTIONS_SET_BY
+
+    every = ("gpus_per_node: 2\nslurm: {partition: gpu, account: a, qos: q, time: '1:00:00', constraint: ib, "
+             "cpus_per_task: 4, mem: 16G, signal: USR2@120, exclusive: true, requeue: %s}\n")
+    written = _rendered_sbatch_options(MIN + every % "true") | _rendered_sbatch_options(MIN + every % "false")
+    assert written == set(SBATCH_OPTIONS_SET_BY)
+
+
+def _sbatch_cases():
+    from halo_sched.spec import SBATCH_OPTIONS_REFUSED, SBATCH_OPTIONS_SET_BY
+
+    for form in ("{}", "{}=1"):
+        for option, field in SBATCH_OPTIONS_SET_BY.items():
+            if form.format(option) != "--exclusive=1":  # --exclusive=user|mcs: slurm.exclusive cannot say it
+                yield form.format(option), f"halo-sched sets {option} itself " + (
+                    field if field.startswith("(") else f"(use {field} instead)")
+        for option, why in SBATCH_OPTIONS_REFUSED.items():
+            yield form.format(option), f"{option} cannot be given here: {why}"
+
+
+@pytest.mark.parametrize("arg, words", list(_sbatch_cases()))
+def test_extra_args_cannot_give_an_option_halo_sched_writes(arg, words):
+    assert words in problems(MIN + f"slurm: {{extra_args: ['{arg}']}}\n")["slurm.extra_args"]
+
+
+@pytest.mark.parametrize("arg, words", [
+    ("--time=1:00:00", "use slurm.time instead"),
+    ("--array=1-4", "one job, not an array"),
+    ("--ti=5", "use slurm.time instead"),  # sbatch takes an unambiguous prefix
+    ("--job-n=x", "use name instead"),
+    ("-t", "'-t' is --time"),
+    ("-p", "use slurm.partition instead"),
+    ("-J", "use name instead"),
+    ("-N", "use nodes"),
+    ("-o", "sets --output itself"),
+    ("-a", "not an array"),
+    ("-G", "long form"),
+])
+def test_extra_args_name_the_field_that_sets_the_option(arg, words):
+    assert words in problems(MIN + f"slurm: {{extra_args: ['{arg}']}}\n")["slurm.extra_args"]
+
+
+def test_extra_args_that_only_begin_like_a_written_option_are_kept():
+    args = ["--gpus=1", "--time-min=30", "--exclusive=user", "--mem-per-cpu=4G", "--wait-all-nodes=1",
+            "--comment=x", "--export-file=/e", "--nodelist=n1"]
+    s = halo_sched.loads(MIN + f"slurm: {{extra_args: {args}}}\n")
+    assert s.slurm.extra_args == args
