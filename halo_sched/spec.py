@@ -1009,7 +1009,7 @@ def problems_from(err: ValidationError) -> list[tuple[tuple, str]]:
             if m and e["type"] == "value_error" and m.group(1) in _fields_at(loc):
                 loc, msg = loc + (m.group(1),), m.group(2)
         if e["type"] == "extra_forbidden":
-            msg = "unknown key (see `halo-sched schema` for the fields this section accepts)"
+            msg = "unknown key" + _did_you_mean(loc) + " (see `halo-sched schema` for the fields this section accepts)"
         elif e["type"] == "missing":
             msg = "required field is missing"
         if out and out[-1][0] == loc:  # the members of one union: one problem
@@ -1036,6 +1036,16 @@ def _fields_at(loc: tuple) -> set[str]:
             if not hasattr(model, "model_fields") and typing.get_origin(model) is not list:
                 model = next((a for a in typing.get_args(model) if hasattr(a, "model_fields")), None)
     return set(getattr(model, "model_fields", {}))
+
+
+def _did_you_mean(loc: tuple) -> str:
+    """", did you mean X?" for an unknown key at ``loc`` close to a field of its section."""
+    import difflib
+
+    if not loc or not isinstance(loc[-1], str):
+        return ""
+    close = difflib.get_close_matches(loc[-1], sorted(_fields_at(loc[:-1])), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def _fmt_loc(loc: tuple) -> str:

@@ -463,3 +463,21 @@ def test_extra_args_that_only_begin_like_a_written_option_are_kept():
             "--comment=x", "--export-file=/e", "--nodelist=n1"]
     s = halo_sched.loads(MIN + f"slurm: {{extra_args: {args}}}\n")
     assert s.slurm.extra_args == args
+
+
+# --------------------------------------------------------------------------------------------
+# An unknown key: the field it resembles.
+
+@pytest.mark.parametrize("text, field, guess", [
+    (MIN + "nodez: 3\n", "nodez", "nodes"),
+    (MIN + "slurm: {partiton: gpu}\n", "slurm.partiton", "partition"),
+    (MIN + "parallelism: {tpp: 2}\n", "parallelism.tpp", "tp"),
+    (MIN + "servers: [{nmae: s, nodes: 1, command: [a], port: 8000}]\n", "servers[0].nmae", "name"),
+    (MIN + "storage: {store_timeout_hour: 2}\n", "storage.store_timeout_hour", "store_timeout_hours"),
+])
+def test_an_unknown_key_suggests_the_field_it_resembles(text, field, guess):
+    assert f"did you mean {guess}?" in problems(text)[field]
+
+
+def test_an_unknown_key_like_nothing_suggests_nothing():
+    assert "did you mean" not in problems(MIN + "zzzzzz: 1\n")["zzzzzz"]
