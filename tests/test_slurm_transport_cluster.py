@@ -426,3 +426,30 @@ def test_rest_requeue_options_reach_slurmctld(cli, rest, workdir):
     assert held({"requeue": "yes", "no_requeue": True}) == "0"
     job = rest_job_properties("#!/bin/bash\n#SBATCH --requeue\n#SBATCH --no-requeue\n", environment={})
     assert job["no_requeue"] is True and "requeue" not in job
+
+
+@pytest.mark.torch
+def test_rest_v38_time_limit_warning_reaches_every_rank(cli, rest, workdir, tmp_path):
+    """slurm.signal through slurmrestd 22.05: it refuses "B:", so the steps get URG at the
+    warning time (job_mgr.c send_job_warn_signal without KILL_JOB_BATCH: steps only), which each
+    node's entry takes as the warning and hands to its ranks as USR2. time=2, USR2@60: the warning
+    comes 30-60 s after the start; the ranks save and exit 0, and the job completes."""
+    import json
+    import os
+    import sys
+
+    reports = tmp_path / "reports"
+    job = example("ddp-cpu", tmp_path, slurm={"time": "2", "signal": "USR2@60", "cpus_per_task": 2}, trainer={
+        "args": ["--steps", "100000", "--step-time", "0.2", "--report-dir", str(reports),
+                 "--checkpoint-dir", str(tmp_path / "ckpt")]})
+    rest.environment = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    job_id = rest.submit(rendered(job))
+    cli.submitted.append(job_id)
+    assert cli.job_info(job_id)["TimeLimit"] == "00:02:00"
+    state, _ = wait_for(rest, job_id, {s for s in JobStatus if s.terminal}, 210, interval=2)
+    out = open(f"{workdir}/halo-ddp-cpu-{job_id}.out").read()
+    assert state.status is JobStatus.COMPLETED and state.exit_code == 0, (state, out[-3000:])
+    ranks = [json.loads((reports / f"rank{i}.json").read_text()) for i in range(4)]
+    assert all(x["stopped"] and x["saved_step"] == ranks[0]["saved_step"] for x in ranks), ranks
+    assert all(f"SIGUSR2 to rank {r} (pid" in out for r in range(4)), out[-3000:]
+    print(f"v0.0.38 warning: job {job_id} COMPLETED after the ranks saved at step {ranks[0]['saved_step']}")

@@ -285,7 +285,8 @@ def parse_field(version: str, key: str, value, path: str):
 
 
 def _meta(release: str, version: str, user: str) -> dict:
-    """OPENAPI_META (parsers.c v0.0.40-44): plugin, client, command, slurm."""
+    """OPENAPI_META (parsers.c v0.0.40-44, slurm-23-11-11-1 .. slurm-25-11-7-1): plugin, client,
+    command, slurm."""
     tag = RELEASES[release][0]
     major, minor, micro = tag.split("-")[1:4]
     return {
@@ -299,7 +300,8 @@ def _meta(release: str, version: str, user: str) -> dict:
 
 
 def _no_val_dump(n: int | None, infinite: bool = False) -> dict:
-    """DUMP_FUNC(UINT32_NO_VAL) (parsers.c): ``{set, infinite, number}``."""
+    """DUMP_FUNC(UINT32_NO_VAL) (parsers.c, slurm-23-11-11-1 .. slurm-25-11-7-1; not complex
+    mode): ``{set, infinite, number}``."""
     if infinite:
         return {"set": False, "infinite": True, "number": 0}
     if n is None:
@@ -341,8 +343,9 @@ class Job:
         return text
 
     def info(self, version: str, cluster: str) -> dict:
-        """One entry of OPENAPI_JOB_INFO_RESP jobs[] (PARSER_ARRAY(JOB_INFO), the fields the
-        transport reads). v0.0.40-42 dump standard_output expanded (JOB_INFO_STDOUT:
+        """One entry of OPENAPI_JOB_INFO_RESP jobs[] (parsers.c PARSER_ARRAY(JOB_INFO) at
+        slurm-23-11-11-1 .. slurm-25-11-7-1, the fields the transport reads; job_state is the
+        JOB_STATE flag list, base state first). v0.0.40-42 dump standard_output expanded (JOB_INFO_STDOUT:
         slurm_get_job_stdout); v0.0.43+ dump it as given and add stdout_expanded
         (slurm-25-05-8-1, slurm-25-11-7-1)."""
         n_nodes = self.desc.get("nodes")

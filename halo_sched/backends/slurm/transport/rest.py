@@ -693,7 +693,8 @@ class RestTransport(Transport):
         try:
             doc = self._request("POST", f"{self._api()}/job/submit", body, retry=False)
         except SchedulerError as e:
-            if _minor(version) < 40 and "failure during parsing" in str(e).lower():
+            text = str(e).lower()
+            if _minor(version) < 40 and "failure during parsing" in text and "unable to process key" not in text:
                 # v0.0.38 builds the job with sbatch's own code (slurm_opt_create_job_desc), which
                 # also checks the GRES request against this cluster's GresTypes and says why only
                 # in slurmrestd's log.
@@ -712,9 +713,10 @@ class RestTransport(Transport):
         if ignored:
             try:
                 self.cancel([str(job_id)])
-            finally:
-                raise SchedulerError(f"slurmrestd {version} ignored part of job {job_id} ({'; '.join(ignored)}); "
-                                     "the job was cancelled")
+                outcome = "the job was cancelled"
+            except SchedulerError as e:
+                outcome = f"cancelling it failed ({e}): cancel job {job_id} by hand"
+            raise SchedulerError(f"slurmrestd {version} ignored part of job {job_id} ({'; '.join(ignored)}); {outcome}")
         return str(job_id)
 
     def query(self, ids: Sequence[str]) -> dict[str, JobState]:
