@@ -13,7 +13,7 @@ import pytest
 from halo_sched.backends.base import JobStatus
 from halo_sched.backends.slurm import status as st
 from halo_sched.backends.slurm.transport import API_VERSIONS, CliTransport, RestTransport, split_cluster
-from halo_sched.errors import MissingDependency, SchedulerError, UsageError
+from halo_sched.errors import MissingDependency, UsageError
 
 # ---------------------------------------------------------------------------------------------
 # Job ids that name a cluster
@@ -178,14 +178,16 @@ def test_rest_detects_the_version_it_speaks_once(restd, monkeypatch):
     assert restd.requests == ["/openapi/v3", "/slurm/v0.0.38/jobs", "/slurm/v0.0.38/jobs"]
 
 
-@pytest.mark.parametrize("restd", [["v0.0.39", "v0.0.40"]], indirect=True)
+@pytest.mark.parametrize("restd", [["v0.0.37", "v0.0.39"]], indirect=True)
 def test_rest_refuses_a_slurmrestd_without_a_version_it_speaks(restd, monkeypatch):
+    # A slurmrestd 23.02 started with only -s openapi/v0.0.37,openapi/v0.0.39.
     monkeypatch.delenv("HALO_SLURMRESTD_API", raising=False)
     t = RestTransport(url=restd.url, token="t", retries=1)
     with pytest.raises(MissingDependency) as e:
         t.query(["1"])
     msg = str(e.value)
-    assert "v0.0.39, v0.0.40" in msg and "v0.0.38" in msg and "HALO_SLURMRESTD_API" in msg
+    assert "offers API v0.0.37, v0.0.39" in msg and "v0.0.38" in msg and "v0.0.44" in msg
+    assert "HALO_SLURMRESTD_API" in msg
     assert restd.requests == ["/openapi/v3"]  # nothing was sent in a format it does not speak
 
 
@@ -199,14 +201,15 @@ def test_rest_pinned_version_the_server_lacks_is_named(restd, monkeypatch):
 
 
 def test_rest_pinned_version_it_does_not_speak_is_refused_before_any_request(monkeypatch):
-    monkeypatch.setenv("HALO_SLURMRESTD_API", "v0.0.40")
-    with pytest.raises(UsageError, match=r"v0\.0\.40 \(HALO_SLURMRESTD_API\) is not one halo-sched speaks"):
+    monkeypatch.setenv("HALO_SLURMRESTD_API", "v0.0.39")
+    with pytest.raises(UsageError, match=r"v0\.0\.39 \(HALO_SLURMRESTD_API\) is not one halo-sched speaks"):
         RestTransport(url="http://127.0.0.1:9", token="t")
-    assert API_VERSIONS == ("v0.0.38",)
+    assert API_VERSIONS == ("v0.0.44", "v0.0.43", "v0.0.42", "v0.0.41", "v0.0.40", "v0.0.38")
 
 
 def test_rest_refuses_clusters_on_submit():
     from halo_sched.backends.slurm.transport import rest_job_properties
 
-    with pytest.raises(SchedulerError, match="--clusters .a slurmrestd submits to its own cluster only"):
-        rest_job_properties("#!/bin/bash\n#SBATCH --clusters=far\ntrue\n", environment={})
+    for version in ("v0.0.38", "v0.0.42"):
+        with pytest.raises(UsageError, match="--clusters=far .a slurmrestd submits to its own cluster only"):
+            rest_job_properties("#!/bin/bash\n#SBATCH --clusters=far\ntrue\n", environment={}, api_version=version)

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from halo_sched.backends.base import JobStatus
-from halo_sched.backends.slurm.transport import CliTransport, RestTransport, default_runner
+from halo_sched.backends.slurm.transport import CliTransport, RestTransport, default_runner, rest_job_properties
 from helpers import slurm_jwt
 
 pytestmark = pytest.mark.slurm
@@ -295,3 +295,161 @@ def split(job_id: str) -> str:
     from halo_sched.backends.slurm.transport import split_cluster
 
     return split_cluster(job_id)[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# The rendered examples through slurmrestd 22.05 (v0.0.38), for real
+
+SECRET = "hf-value-for-the-ranks"
+FOREIGN = {"NOMAD_TOKEN": "nomad-token-not-for-the-job", "AWS_SECRET_ACCESS_KEY": "aws-key-not-for-the-job"}
+
+
+def example(name: str, tmp_path, **overrides) -> str:
+    """examples/NAME.yaml rendered by halo-sched with what the local cluster needs (a free port,
+    the trainer by absolute path) and ``overrides``; returns the job file's path."""
+    import yaml
+
+    from helpers import REPO, free_port
+
+    data = yaml.safe_load((REPO / "examples" / f"{name}.yaml").read_text())
+    data["rendezvous"]["port"] = free_port()
+    if "script" in data.get("trainer", {}):
+        data["trainer"]["script"] = str(REPO / "examples" / "train_ddp.py")
+    for key, value in overrides.items():
+        if value is None:
+            data.pop(key, None)
+        elif isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def rendered(path: str) -> str:
+    from halo_sched.backends.slurm.render import render_sbatch
+    from halo_sched.spec import load
+
+    return render_sbatch(load(path))
+
+
+@pytest.fixture
+def rest(slurm_cluster, workdir, monkeypatch):
+    """The JWT slurmrestd, submitting from ``workdir`` as root."""
+    monkeypatch.chdir(workdir)
+    return RestTransport(url=slurm_cluster["HALO_SLURMRESTD_URL"], token=slurm_jwt(), user="root")
+
+
+@pytest.mark.torch
+def test_rest_runs_the_rendered_cpu_example_to_its_end(cli, slurm_cluster, tmp_path):
+    """examples/ddp-cpu.yaml (with a secret) through `halo-sched submit --wait` on the rest
+    transport: 2 nodes x 2 ranks form one world and complete; the ranks get the secret, and no
+    other token of the submitter (SLURM_JWT included) reaches the job."""
+    import json
+    import os
+    import sys
+
+    from helpers import cli as run_cli
+
+    reports = tmp_path / "reports"
+    job = example("ddp-cpu", tmp_path, secret_env=["HF_TOKEN"], trainer={
+        "args": ["--steps", "5", "--report-dir", str(reports), "--echo-env", "HF_TOKEN", "--echo-env", "SLURM_JWT",
+                 "--echo-env", "NOMAD_TOKEN", "--echo-env", "AWS_SECRET_ACCESS_KEY"]})
+    env = {**os.environ, **slurm_cluster, **FOREIGN, "HF_TOKEN": SECRET, "HALO_SLURM_TRANSPORT": "rest",
+           "SLURM_JWT": slurm_jwt(), "SLURM_JWT_USER": "root",
+           # the ranks' torchrun is this venv's (the job's PATH is the submitter's)
+           "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    env.pop("HALO_SLURMRESTD_SOCKET", None)
+    r = run_cli("submit", job, "--backend", "slurm", "--wait", cwd=tmp_path, env=env, timeout=240)
+    job_id = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
+    if job_id.isdigit():
+        cli.submitted.append(job_id)
+    assert r.returncode == 0, r.stderr
+    assert "RUNNING on 2 nodes" in r.stderr and "COMPLETED" in r.stderr
+    ranks = [json.loads((reports / f"rank{i}.json").read_text()) for i in range(4)]
+    assert sorted((x["rank"], x["node_rank"]) for x in ranks) == [(0, 0), (1, 0), (2, 1), (3, 1)]
+    for x in ranks:
+        assert bytes.fromhex(x["env_hex"]["HF_TOKEN"]).decode() == SECRET
+        assert x["env_hex"]["SLURM_JWT"] == x["env_hex"]["NOMAD_TOKEN"] == x["env_hex"]["AWS_SECRET_ACCESS_KEY"] == ""
+    info = cli.job_info(job_id)
+    assert info["JobName"] == "ddp-cpu" and info["JobState"] == "COMPLETED" and info["NumNodes"] == "2"
+    assert info["StdOut"] == str(tmp_path / f"halo-ddp-cpu-{job_id}.out")
+    assert "master 127.0.0.1:" in open(info["StdOut"]).read()
+    print(f"ddp-cpu through slurmrestd v0.0.38: job {job_id} COMPLETED")
+
+
+def test_rest_gpu_examples_are_refused_by_this_cluster_and_their_options_land(cli, rest, workdir, tmp_path):
+    """ddp-gpu and rl-servers, rendered as they are, ask for 8 GPUs per node: slurmrestd 22.05
+    checks GRES itself (slurm_opt.c gres_job_state_validate: "Invalid generic resource (gres)
+    specification" in its log) and this cluster has none, so nothing is queued. The same job
+    without GPUs and held shows every other option of ddp-gpu arrived: time limit, exclusive,
+    CPUs per task, no requeue, the output file in append mode."""
+    from halo_sched.errors import SchedulerError
+
+    seen = subprocess.run(["squeue", "-h", "--states=all", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    for name in ("ddp-gpu", "rl-servers"):
+        with pytest.raises(SchedulerError, match="HTTP 400: Failure during parsing.*GPU"):
+            rest.submit(rendered(example(name, tmp_path)))
+    after = subprocess.run(["squeue", "-h", "--states=all", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    assert set(after) - set(seen) == set(), "a refused job was queued"
+
+    job = example("ddp-gpu", tmp_path, gpus_per_node=0, nproc_per_node=1, network={"interface": None},
+                  slurm={"partition": None, "account": None, "cpus_per_task": 2, "extra_args": ["--hold"]})
+    text = rendered(job)
+    assert "--exclusive" in text and "--no-requeue" in text and "--signal=B:USR2@120" in text
+    job_id = rest.submit(text)
+    cli.submitted.append(job_id)
+    info = cli.job_info(job_id)
+    assert (info["JobState"], info["Reason"]) == ("PENDING", "JobHeldUser")
+    assert info["TimeLimit"] == "04:00:00" and info["OverSubscribe"] == "NO" and info["CPUs/Task"] == "2"
+    assert info["Requeue"] == "0" and info["NumNodes"] in ("2", "2-2") and info["JobName"] == "ddp-gpu"
+    assert info["StdOut"] == f"{workdir}/halo-ddp-gpu-{job_id}.out"
+    rest.cancel([job_id])
+    assert wait_for(cli, job_id, {JobStatus.CANCELLED}, 30)[0].status is JobStatus.CANCELLED
+
+
+def test_rest_requeue_options_reach_slurmctld(cli, rest, workdir):
+    """slurmrestd 22.05 takes "requeue": false and ignores it; "no_requeue" (sbatch's
+    --no-requeue, v0.0.38 jobs.c) is what the transport sends, and it wins over an earlier
+    "requeue". The cluster's JobRequeue=0 makes 0 the default, hence "requeue" first."""
+    def held(job: dict) -> str:
+        body = {"script": "#!/bin/bash\ntrue\n", "job": {"environment": {"PATH": "/usr/bin:/bin"}, "hold": True,
+                                                        "current_working_directory": str(workdir), **job}}
+        job_id = str(rest._request("POST", "/slurm/v0.0.38/job/submit", body, retry=False)["job_id"])
+        cli.submitted.append(job_id)
+        requeue = cli.job_info(job_id)["Requeue"]
+        rest.cancel([job_id])
+        return requeue
+
+    assert held({"requeue": "yes"}) == "1"
+    assert held({"requeue": "yes", "no_requeue": True}) == "0"
+    job = rest_job_properties("#!/bin/bash\n#SBATCH --requeue\n#SBATCH --no-requeue\n", environment={})
+    assert job["no_requeue"] is True and "requeue" not in job
+
+
+@pytest.mark.torch
+def test_rest_v38_time_limit_warning_reaches_every_rank(cli, rest, workdir, tmp_path):
+    """slurm.signal through slurmrestd 22.05: it refuses "B:", so the steps get URG at the
+    warning time (job_mgr.c send_job_warn_signal without KILL_JOB_BATCH: steps only), which each
+    node's entry takes as the warning and hands to its ranks as USR2. time=2, USR2@60: the warning
+    comes 30-60 s after the start; the ranks save and exit 0, and the job completes."""
+    import json
+    import os
+    import sys
+
+    reports = tmp_path / "reports"
+    job = example("ddp-cpu", tmp_path, slurm={"time": "2", "signal": "USR2@60", "cpus_per_task": 2}, trainer={
+        "args": ["--steps", "100000", "--step-time", "0.2", "--report-dir", str(reports),
+                 "--checkpoint-dir", str(tmp_path / "ckpt")]})
+    rest.environment = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    job_id = rest.submit(rendered(job))
+    cli.submitted.append(job_id)
+    assert cli.job_info(job_id)["TimeLimit"] == "00:02:00"
+    state, _ = wait_for(rest, job_id, {s for s in JobStatus if s.terminal}, 210, interval=2)
+    out = open(f"{workdir}/halo-ddp-cpu-{job_id}.out").read()
+    assert state.status is JobStatus.COMPLETED and state.exit_code == 0, (state, out[-3000:])
+    ranks = [json.loads((reports / f"rank{i}.json").read_text()) for i in range(4)]
+    assert all(x["stopped"] and x["saved_step"] == ranks[0]["saved_step"] for x in ranks), ranks
+    assert all(f"SIGUSR2 to rank {r} (pid" in out for r in range(4)), out[-3000:]
+    print(f"v0.0.38 warning: job {job_id} COMPLETED after the ranks saved at step {ranks[0]['saved_step']}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import re
 import shlex
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import Callable, Iterable, Mapping, Sequence, TypeVar
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
@@ -156,6 +156,54 @@ def sbatch_options(script: str, extra_args: Sequence[str] = ()) -> list[tuple[st
 def names_clusters(script: str, extra_args: Sequence[str] = ()) -> bool:
     """Does the job ask sbatch for another cluster (``--clusters``/``--cluster``/``-M``)?"""
     return any(name in ("clusters", "cluster", "M") for name, _ in sbatch_options(script, extra_args))
+
+
+# ---------------------------------------------------------------------------------------------
+# The job's environment (the rest and pyslurm transports build it themselves; sbatch does for cli)
+
+# Variables that carry the submitter's own credentials. sbatch's --export=ALL would copy them into
+# the job (and so into slurmctld's state, StateSaveLocation/.../environment); the transports that
+# build the environment themselves leave them out unless the job names them in secret_env.
+# SLURM_JWT never goes: it is slurmrestd's token for this submission, and spec refuses it as a
+# secret_env name.
+NEVER_EXPORTED = frozenset({"SLURM_JWT"})
+# NOMAD_TOKEN, HF_TOKEN, AWS_SECRET_ACCESS_KEY/AWS_ACCESS_KEY_ID/AWS_SESSION_TOKEN,
+# AZURE_CLIENT_SECRET, GOOGLE_APPLICATION_CREDENTIALS, WANDB_API_KEY, NOMAD_CLIENT_KEY, ...
+CREDENTIAL_NAME_RE = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|_KEY$", re.IGNORECASE)
+# The rendered entry and server scripts fetch each secret_env name with one such line
+# (templates/secrets.sh.j2).
+_SECRET_LINE_RE = re.compile(r"^halo_secret ([A-Za-z_][A-Za-z0-9_]*)$", re.M)
+
+
+def secret_names(script: str) -> list[str]:
+    """The secret_env names a rendered script takes from its environment."""
+    return list(dict.fromkeys(_SECRET_LINE_RE.findall(script)))
+
+
+def job_environment(script: str, options: Sequence[tuple[str, str | None]], environ: Mapping[str, str],
+                    secrets: Sequence[str] = ()) -> dict[str, str]:
+    """What the job gets: sbatch's ``--export`` (ALL by default; NONE; NAME or NAME=value items,
+    the last --export winning) applied to ``environ``, less the submitter's credentials
+    (``CREDENTIAL_NAME_RE``) unless the job names them in secret_env (``secrets``, and the
+    ``halo_secret`` lines of the script). SLURM_JWT never."""
+    wanted = set(secrets) | set(secret_names(script))
+    export = "ALL"
+    for name, value in options:
+        if name == "export":
+            export = value or "ALL"
+    items = [x for x in export.split(",") if x]
+    picked = {k: v for k, v in environ.items() if "ALL" in items}
+    for item in items:
+        if item in ("ALL", "NONE"):
+            continue
+        k, eq, v = item.partition("=")
+        if eq:
+            picked[k] = v
+        elif k in environ:
+            picked[k] = environ[k]
+    explicit = {i.partition("=")[0] for i in items if i not in ("ALL", "NONE")}
+    return {k: v for k, v in picked.items()
+            if k not in NEVER_EXPORTED and (k in wanted or k in explicit or not CREDENTIAL_NAME_RE.search(k))}
 
 
 # ---------------------------------------------------------------------------------------------

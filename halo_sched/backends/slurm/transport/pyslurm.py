@@ -1,32 +1,242 @@
 """The pyslurm transport: Slurm's C API through pyslurm.
 
-NOT exercised against a real Slurm here: pyslurm must be built against the cluster's exact Slurm
-release (PyPI has 25.11 only, Debian 12 ships 22.05), so this is written against pyslurm's
-documented 23.x+ API (``pyslurm.Jobs``/``pyslurm.Job``/``pyslurm.JobSubmitDescription``) and
-refuses to run on a version mismatch. It talks to the local cluster only: ``--clusters`` and
-``CLUSTER:ID`` ids need the cli transport.
+pyslurm must be built against the cluster's exact Slurm release (pyslurm X.Y follows Slurm's
+major: 22.5 for 22.05 ... 25.11; PyPI has 25.11 only, Debian 12 ships Slurm 22.05), so the
+transport refuses to run on a major.minor mismatch. Verified with a real pyslurm 22.5.3 (its
+22.5.x branch) built against Debian's libslurm-dev 22.05.8 on the local cluster
+(tests/test_slurm_pyslurm.py); written against the ``pyslurm.JobSubmitDescription`` /
+``pyslurm.Job`` / ``pyslurm.Jobs`` API that 22.5.x to 25.11.x share.
+
+Submitting: ``JobSubmitDescription`` takes the script as a PATH (``submission.pyx``
+``_validate_batch_script``: ``Path(script).is_file()``; a script's text raises "File name too
+long" or is taken as a missing file), so the script goes to a private temporary file (0600,
+removed after the submit). Its ``load_sbatch_options()`` is NOT used: in every branch from 22.5.x
+to 25.11.x its table (``sbatch_opts.pyx``) names attributes that do not exist (``--partition``
+-> ``partition``, ``--gpus-per-node`` -> ``gpus_per_node``: AttributeError) and skips the
+options it does not know, silently. The ``#SBATCH`` lines and extra args are read here instead
+(``base.sbatch_options``) and set as ``JobSubmitDescription`` attributes; an option without one
+is refused. It talks to the local cluster only: ``--clusters`` and ``CLUSTER:ID`` ids need the
+cli transport.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from typing import Sequence
+import tempfile
+import threading
+from typing import Callable, Iterator, Mapping, Sequence
 
 from halo_sched.backends.base import JobState
 from halo_sched.backends.slurm import status as st
-from halo_sched.errors import MissingDependency, SchedulerError
+from halo_sched.errors import MissingDependency, SchedulerError, UsageError
 
-from .base import Transport, names_clusters, split_cluster, unique
+from .base import NEVER_EXPORTED, Transport, job_environment, sbatch_options, split_cluster, unique
 from .cli import CliTransport, Runner
+
+# Short sbatch options -> long ones (sbatch(1)).
+_SHORT = {
+    "J": "job-name", "N": "nodes", "n": "ntasks", "c": "cpus-per-task", "t": "time", "p": "partition",
+    "o": "output", "e": "error", "i": "input", "D": "chdir", "A": "account", "q": "qos", "C": "constraint",
+    "a": "array", "d": "dependency", "G": "gpus", "H": "hold", "M": "clusters", "w": "nodelist",
+    "x": "exclude", "L": "licenses", "k": "no-kill", "s": "oversubscribe", "b": "begin", "S": "core-spec",
+    "O": "overcommit",
+}
+
+
+def _value(v: str | None) -> str:
+    if v is None or v == "":
+        raise ValueError("needs a value")
+    return v
+
+
+def _no_value(result):
+    def conv(v: str | None):
+        if v is not None:
+            raise ValueError("takes no value")
+        return result
+    return conv
+
+
+def _int(v: str | None) -> int:
+    try:
+        return int(_value(v))
+    except ValueError:
+        raise ValueError(f"{v!r} is not a whole number") from None
+
+
+def _yes_no(v: str | None) -> bool:
+    if v is None or v.lower() in ("yes", "1", "true"):
+        return True
+    if v.lower() in ("no", "0", "false"):
+        return False
+    raise ValueError(f"{v!r} is not yes or no")
+
+
+def _signal(v: str | None) -> str:
+    """sbatch's ``[B|R:]SIG[@secs]`` in the form pyslurm reads (submission.pyx
+    _parse_signal_str_to_dict, then helpers.pyx signal_to_num: ``signal.Signals[name]``, which
+    knows SIGUSR2 but not USR2)."""
+    m = re.fullmatch(r"(?:([BRbr]+):)?(?:SIG)?([A-Za-z][A-Za-z0-9]*|\d+)(?:@(\d+))?", _value(v))
+    if not m:
+        raise ValueError(f"{v!r} is not [B|R:]SIGNAL[@seconds]")
+    flags, name, secs = m.groups()
+    return (f"{flags.upper()}:" if flags else "") + (name if name.isdigit() else "SIG" + name.upper()) + (
+        f"@{secs}" if secs else "")
+
+
+# sbatch option -> (JobSubmitDescription attribute, value conversion). The attributes are those of
+# submission.pxd (identical names in pyslurm 22.5.x and 25.11.x).
+_ATTRS: dict[str, tuple[str, Callable]] = {
+    "job-name": ("name", _value),
+    "nodes": ("nodes", _value),
+    "ntasks": ("ntasks", _int),
+    "ntasks-per-node": ("ntasks_per_node", _int),
+    "cpus-per-task": ("cpus_per_task", _int),
+    "mincpus": ("min_cpus_per_node", _int),
+    "time": ("time_limit", _value),
+    "time-min": ("time_limit_min", _value),
+    "partition": ("partitions", _value),
+    "account": ("account", _value),
+    "qos": ("qos", _value),
+    "reservation": ("reservations", _value),
+    "comment": ("comment", _value),
+    "wckey": ("wckey", _value),
+    "licenses": ("licenses", _value),
+    "dependency": ("dependencies", _value),
+    "array": ("array", _value),
+    "constraint": ("constraints", _value),
+    "cluster-constraint": ("cluster_constraints", _value),
+    "mail-user": ("mail_user", _value),
+    "mail-type": ("mail_types", _value),
+    "network": ("network", _value),
+    "container": ("container", _value),
+    "begin": ("begin_time", _value),
+    "deadline": ("deadline", _value),
+    "output": ("standard_output", _value),
+    "error": ("standard_error", _value),
+    "input": ("standard_in", _value),
+    "chdir": ("working_directory", _value),
+    "open-mode": ("log_files_open_mode", lambda v: _value(v).lower()),
+    "mem": ("memory_per_node", _value),
+    "mem-per-cpu": ("memory_per_cpu", _value),
+    "tmp": ("temporary_disk_per_node", _value),
+    "gpus": ("gpus", _value),
+    "gpus-per-task": ("gpus_per_task", _value),
+    "cpus-per-gpu": ("cpus_per_gpu", _int),
+    "gpu-bind": ("gpu_binding", _value),
+    "signal": ("signal", lambda v: _signal(v)),
+    "exclusive": ("resource_sharing", lambda v: {None: "no", "user": "user", "mcs": "mcs"}[v]),
+    "oversubscribe": ("resource_sharing", _no_value("yes")),
+    "requeue": ("is_requeueable", _no_value(True)),
+    "no-requeue": ("is_requeueable", _no_value(False)),
+    "hold": ("priority", _no_value(0)),
+    "nice": ("nice", lambda v: 100 if v is None else _int(v)),
+    "exclude": ("excluded_nodes", _value),
+    "nodelist": ("required_nodes", _value),
+    "kill-on-invalid-dep": ("kill_on_invalid_dependency", _yes_no),
+    "wait-all-nodes": ("wait_all_nodes", lambda v: _int(v) == 1),
+    "contiguous": ("requires_contiguous_nodes", _no_value(True)),
+    "overcommit": ("overcommit", _no_value(True)),
+    "spread-job": ("spreads_over_nodes", _no_value(True)),
+    "use-min-nodes": ("use_min_nodes", _no_value(True)),
+    "no-kill": ("kill_on_node_fail", _no_value(False)),
+    "threads-per-core": ("threads_per_core", _int),
+    "sockets-per-node": ("sockets_per_node", _int),
+    "cores-per-socket": ("cores_per_socket", _int),
+    "core-spec": ("cores_reserved_for_system", _int),
+    "thread-spec": ("threads_reserved_for_system", _int),
+}
+_REFUSED = {
+    "clusters": "the pyslurm transport submits to the local cluster only; --clusters needs the cli transport",
+    "cluster": "the pyslurm transport submits to the local cluster only; --clusters needs the cli transport",
+    # submission.pyx _set_memory: the memory_per_gpu branch names an undefined variable.
+    "mem-per-gpu": "pyslurm cannot set it (its memory_per_gpu raises NameError)",
+}
+
+
+def pyslurm_attributes(options: Sequence[tuple[str, str | None]]) -> dict:
+    """``JobSubmitDescription`` attributes for sbatch options (later ones win, as in sbatch), or
+    a UsageError naming ``slurm.extra_args`` and every option pyslurm cannot take."""
+    attrs: dict = {}
+    gres: list[str] = []
+    refused = []
+    for name, value in options:
+        flag = "--" + name + (f"={value}" if value is not None else "")
+        if name == "export":
+            continue  # the environment
+        try:
+            if name in _REFUSED:
+                raise ValueError(_REFUSED[name])
+            if name == "gpus-per-node":  # gres_per_node takes "gpu:8" (cstr.from_gres_dict)
+                gres.append("gpu:" + _value(value))
+            elif name == "gres":
+                gres += [re.sub(r"^gres[:/]", "", g) for g in _value(value).split(",")]
+            elif name in _ATTRS:
+                attr, conv = _ATTRS[name]
+                attrs[attr] = conv(value)
+            else:
+                raise ValueError("")
+        except (ValueError, KeyError) as e:
+            refused.append(f"{flag} ({e})" if str(e) and not isinstance(e, KeyError) else flag)
+    if refused:
+        raise UsageError("slurm.extra_args (or the script's #SBATCH lines): the pyslurm transport cannot take "
+                         + ", ".join(refused) + "; remove them, or submit with the 'cli' transport (sbatch)")
+    if gres:
+        attrs["gres_per_node"] = ",".join(gres)
+    # sbatch derives the task count from the nodes (src/sbatch/opt.c _opt_verify); pyslurm would
+    # default it to 1 (submission.pyx _set_defaults), a one-task job that cannot span the nodes.
+    if "ntasks" not in attrs and "ntasks_per_node" in attrs and "nodes" in attrs:
+        m = re.match(r"^(\d+)", str(attrs["nodes"]))
+        if m:
+            attrs["ntasks"] = int(m.group(1)) * attrs["ntasks_per_node"]
+    return attrs
+
+
+_ENVIRON_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _submission_environ(pyslurm) -> Iterator[None]:
+    """pyslurm copies every SLURM_* variable of this process into the job, whatever environment
+    it is given (submission.pyx ``_set_environment`` reads its module's ``pyenviron``): for the
+    submit, that module sees this environment less SLURM_JWT (never a job's)."""
+    module = getattr(getattr(getattr(pyslurm, "core", None), "job", None), "submission", None)
+    if module is None or not hasattr(module, "pyenviron"):
+        yield
+        return
+    with _ENVIRON_LOCK:
+        saved = module.pyenviron
+        module.pyenviron = {k: v for k, v in os.environ.items() if k not in NEVER_EXPORTED}
+        try:
+            yield
+        finally:
+            module.pyenviron = saved
+
+
+@contextlib.contextmanager
+def private_script(text: str) -> Iterator[str]:
+    """The script as a file only this user can read (0600), removed afterwards."""
+    fd, path = tempfile.mkstemp(prefix="halo-sbatch-", suffix=".sh")
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        yield path
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 class PyslurmTransport(Transport):
     """pyslurm's API, for the cluster whose Slurm release ``cluster_version`` (default: what
-    ``scontrol --version`` says) names."""
+    ``scontrol --version`` says) names. ``environment``: what the job's environment is taken from
+    (default: this process's), less the credentials ``base.job_environment`` leaves out."""
 
     name = "pyslurm"
 
-    def __init__(self, cluster_version: str | None = None, runner: Runner | None = None):
+    def __init__(self, cluster_version: str | None = None, runner: Runner | None = None,
+                 environment: Mapping[str, str] | None = None):
         try:
             import pyslurm  # noqa: PLC0415 - optional dependency
         except ImportError as e:
@@ -43,16 +253,28 @@ class PyslurmTransport(Transport):
                 f"pyslurm {have or '(unknown version)'} does not match this cluster's Slurm {want}: "
                 "pyslurm must be built for the same major.minor release; use the 'cli' transport"
             )
+        self.environment = environment
 
     def submit(self, script: str, extra_args: Sequence[str] = ()) -> str:
-        if extra_args:
-            raise SchedulerError("the pyslurm transport takes options only as #SBATCH lines in the script")
-        if names_clusters(script):
-            raise SchedulerError("the pyslurm transport submits to the local cluster only; --clusters needs the cli transport")
-        # sbatch's default --export=ALL; then the #SBATCH lines, as sbatch reads them.
-        desc = self.pyslurm.JobSubmitDescription(script=script, environment=dict(os.environ))
-        desc.load_sbatch_options()
-        return str(desc.submit())
+        options = [(_SHORT.get(n, n), v) for n, v in sbatch_options(script, extra_args)]
+        attrs = pyslurm_attributes(options)
+        env = job_environment(script, options, os.environ if self.environment is None else self.environment)
+        # Never empty: pyslurm takes an empty environment as "ALL" (submission.pyx _set_defaults).
+        env = env or {"PATH": "/usr/bin:/bin"}
+        with private_script(script) as path:
+            desc = self.pyslurm.JobSubmitDescription(script=path, environment=env)
+            try:
+                for attr, value in attrs.items():
+                    setattr(desc, attr, value)
+                with _submission_environ(self.pyslurm):
+                    job_id = desc.submit()
+            except (ValueError, TypeError, AttributeError) as e:
+                raise SchedulerError(f"pyslurm refused the job: {e}") from e
+            except Exception as e:
+                if type(e).__name__ == "RPCError" or isinstance(e, getattr(self.pyslurm, "RPCError", ())):
+                    raise SchedulerError(f"pyslurm: submitting the job failed: {e}") from e
+                raise
+        return str(job_id)
 
     def query(self, ids: Sequence[str]) -> dict[str, JobState]:
         ids = [_local(i) for i in unique(ids)]

@@ -1,10 +1,28 @@
 """The slurmrestd transport: Slurm's REST API over a unix socket or TCP.
 
-It speaks the API versions in ``API_VERSIONS`` only (v0.0.38, Slurm 22.05): each version renames
-and reshapes fields, and the parsers below read v0.0.38's. By default the first request asks
-slurmrestd which versions it offers (``GET /openapi/v3``) and takes the newest one spoken here;
+It speaks the API versions in ``API_VERSIONS``: v0.0.38 (Slurm 22.05, 23.02, 23.11) and
+v0.0.40 to v0.0.44 (23.11 to 25.11). By default the first request asks slurmrestd which
+versions it offers (``GET /openapi/v3``) and takes the newest one spoken here;
 ``HALO_SLURMRESTD_API`` (or ``api_version=``) pins one. A slurmrestd that offers none of them,
 or a pinned version not spoken here, is refused with an error that names both.
+
+The two families differ in kind, not just in names:
+
+* v0.0.38 (``src/plugins/openapi/v0.0.38/jobs.c``, slurm-22-05-*) hands each job property to
+  sbatch's own option parsers (``slurm_process_option_data`` in ``src/common/slurm_opt.c``):
+  values are text as on sbatch's command line ("04:00:00", "16G"), the environment is an object,
+  and an unknown key is refused.
+* v0.0.40+ (``src/plugins/data_parser/v0.0.4x/parsers.c``, slurm-23-11-* to slurm-25-11-*)
+  parse typed fields: counts and limits are integers or ``{set, infinite, number}`` objects
+  (a time limit in minutes, memory in MiB; "04:00:00" is refused), flags are lists of names,
+  the environment is a list of ``NAME=value``, GPUs are TRES strings (``gres/gpu:8``), the
+  warning is ``kill_warning_signal/_delay/_flags``, exclusivity is ``shared`` (``exclusive``
+  is gone in v0.0.42), the script goes in ``job.script`` (the top-level ``script`` is
+  deprecated from v0.0.41), and an unknown key is IGNORED with a warning.
+
+Every option the renderer writes (templates/slurm/sbatch.sh.j2, render.py) is translated for
+both; an option with no translation (from ``slurm.extra_args`` or a hand-written script) is
+refused before anything is sent, never dropped.
 
 Auth: JWT (``X-SLURM-USER-NAME``/``X-SLURM-USER-TOKEN``) or rest_auth/local (unix socket, no
 token). No torch here: the CLI imports this module.
@@ -14,22 +32,33 @@ from __future__ import annotations
 import getpass
 import http.client
 import json
+import math
 import os
 import re
 import socket
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 from urllib.parse import quote, urlencode, urlsplit
 
 from halo_sched.backends.base import JobState
 from halo_sched.backends.slurm import status as st
 from halo_sched.errors import MissingDependency, SchedulerError, UsageError
 
-from .base import WARNING_CARRIER, Transient, Transport, by_cluster, retrying, sbatch_options, split_cluster, unique, with_cluster
+from .base import (
+    WARNING_CARRIER, Transient, Transport, by_cluster, job_environment, retrying, sbatch_options, split_cluster,
+    unique, with_cluster,
+)
 
 # The slurmrestd OpenAPI versions this module's requests and parsers are written for, newest first.
-# Verified against a real slurmrestd 22.05.8 (tests/test_slurm_transport_cluster.py).
-API_VERSIONS = ("v0.0.38",)
+# v0.0.38 verified against a real slurmrestd 22.05.8 (tests/test_slurm_transport_cluster.py);
+# v0.0.40-44 against tests/slurmrestd_stub, which follows the data_parser sources of each release.
+API_VERSIONS = ("v0.0.44", "v0.0.43", "v0.0.42", "v0.0.41", "v0.0.40", "v0.0.38")
 API_ENV = "HALO_SLURMRESTD_API"
+# Which Slurm releases serve each version (src/plugins/openapi/ and src/plugins/data_parser/ of
+# each release tag), for error messages.
+SERVED_BY = {
+    "v0.0.38": "Slurm 22.05-23.11", "v0.0.40": "Slurm 23.11-25.05", "v0.0.41": "Slurm 24.05-25.11",
+    "v0.0.42": "Slurm 24.11-25.11", "v0.0.43": "Slurm 25.05-25.11", "v0.0.44": "Slurm 25.11",
+}
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
@@ -44,112 +73,455 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-# sbatch option -> slurmrestd v0.0.38 job property. slurmrestd ignores #SBATCH lines in the
-# script and rejects unknown keys, so every option a script uses must be translated here; the
-# values are passed as text and parsed by Slurm's own option parsers ("1:00:00", "16G").
-_REST_OPTIONS = {
-    "job-name": "name",
-    "J": "name",
-    "nodes": "nodes",
-    "N": "nodes",
-    "ntasks": "tasks",
-    "n": "tasks",
-    "ntasks-per-node": "tasks_per_node",
-    "cpus-per-task": "cpus_per_task",
-    "c": "cpus_per_task",
-    "time": "time_limit",
-    "t": "time_limit",
-    "partition": "partition",
-    "p": "partition",
-    "output": "standard_output",
-    "o": "standard_output",
-    "error": "standard_error",
-    "e": "standard_error",
-    "input": "standard_input",
-    "i": "standard_input",
-    "chdir": "current_working_directory",
-    "D": "current_working_directory",
-    "account": "account",
-    "A": "account",
-    "qos": "qos",
-    "q": "qos",
-    "mem": "memory_per_node",
-    "mem-per-cpu": "memory_per_cpu",
-    "exclusive": "exclusive",
-    "signal": "signal",
-    "constraint": "constraints",
-    "C": "constraints",
-    "array": "array",
-    "a": "array",
-    "dependency": "dependency",
-    "d": "dependency",
-    "reservation": "reservation",
-    "comment": "comment",
-    "nice": "nice",
-    "gpus": "gpus",
-    "G": "gpus",
-    "gpus-per-node": "gpus_per_node",
-    "gpus-per-task": "gpus_per_task",
-    "gres": "gres",
-    "wait-all-nodes": "wait_all_nodes",
-    "kill-on-invalid-dep": "kill_on_invalid_dependency",
+def _minor(api_version: str) -> int:
+    """``v0.0.42`` -> 42."""
+    m = re.fullmatch(r"v0\.0\.(\d+)", api_version or "")
+    if not m:
+        raise UsageError(f"not a slurmrestd API version: {api_version!r}")
+    return int(m.group(1))
+
+
+# ---------------------------------------------------------------------------------------------
+# sbatch options -> job properties
+
+# Short sbatch options -> long ones (sbatch(1)).
+_SHORT = {
+    "J": "job-name", "N": "nodes", "n": "ntasks", "c": "cpus-per-task", "t": "time", "p": "partition",
+    "o": "output", "e": "error", "i": "input", "D": "chdir", "A": "account", "q": "qos", "C": "constraint",
+    "a": "array", "d": "dependency", "G": "gpus", "H": "hold", "M": "clusters", "w": "nodelist",
+    "x": "exclude", "L": "licenses", "k": "no-kill", "s": "oversubscribe", "b": "begin", "S": "core-spec",
+    "O": "overcommit",
 }
-# Options without a value (also in base.NO_VALUE). --no-requeue is missing on purpose:
-# slurmrestd 22.05 accepts "requeue": false (or "no", 0) and ignores it (the job still shows
-# Requeue=1), and a fixed-size torchrun job silently requeued is the failure the option exists
-# to prevent.
-_REST_FLAGS = {"exclusive": ("exclusive", "exclusive"), "requeue": ("requeue", "yes"), "hold": ("hold", True), "H": ("hold", True)}
 _OWN_CLUSTER = "a slurmrestd submits to its own cluster only"
-_REST_REFUSED = {
-    "no-requeue": "slurmrestd 22.05 accepts requeue=false and ignores it",
-    "clusters": _OWN_CLUSTER,
-    "cluster": _OWN_CLUSTER,
-    "M": _OWN_CLUSTER,
+# sbatch's --time forms (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS).
+_TIME_RE = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2})$")
+# sbatch --signal=[{R|B}:]SIG[@secs] (src/common/proc_args.c get_signal_opts).
+_SIGNAL_RE = re.compile(r"^(?:([BRbr]+):)?(?:SIG)?([A-Za-z][A-Za-z0-9]*|\d+)(?:@(\d+))?$")
+# sbatch --mail-type names -> data_parser JOB_MAIL_FLAGS (v0.0.40+ parsers.c).
+_MAIL = {
+    "BEGIN": ["BEGIN"], "END": ["END"], "FAIL": ["FAIL"], "REQUEUE": ["REQUEUE"], "STAGE_OUT": ["STAGE_OUT"],
+    "TIME_LIMIT": ["TIME=100%"], "TIME_LIMIT_90": ["TIME=90%"], "TIME_LIMIT_80": ["TIME=80%"],
+    "TIME_LIMIT_50": ["TIME=50%"], "ARRAY_TASKS": ["ARRAY_TASKS"], "INVALID_DEPEND": ["INVALID_DEPENDENCY"],
+    "ALL": ["BEGIN", "END", "FAIL", "REQUEUE", "STAGE_OUT", "INVALID_DEPENDENCY"], "NONE": [],
+}
+
+
+class _Refused(Exception):
+    """An option this API version cannot carry (the reason in the message)."""
+
+
+def _text(value: str | None, flag: str) -> str:
+    if value is None or value == "":
+        raise _Refused("needs a value")
+    return value
+
+
+def _count(value: str | None, flag: str) -> int:
+    try:
+        return int(_text(value, flag))
+    except ValueError:
+        raise _Refused(f"{value!r} is not a whole number") from None
+
+
+def _minutes(value: str | None, flag: str) -> int | dict:
+    """A SLURM time -> minutes (rounded up, as sbatch's time_str2mins), or infinite."""
+    text = _text(value, flag)
+    if text.upper() in ("UNLIMITED", "INFINITE", "-1"):
+        return {"set": False, "infinite": True, "number": 0}
+    if not _TIME_RE.match(text):
+        raise _Refused(f"{text!r} is not a SLURM time (minutes, HH:MM:SS, D-HH:MM:SS)")
+    days, _, rest = text.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:
+        h, m, s = (parts + [0, 0])[:3]
+        secs = ((int(days) * 24 + h) * 60 + m) * 60 + s
+    elif len(parts) == 1:
+        secs = parts[0] * 60
+    elif len(parts) == 2:
+        secs = parts[0] * 60 + parts[1]
+    else:
+        secs = (parts[0] * 60 + parts[1]) * 60 + parts[2]
+    return math.ceil(secs / 60)
+
+
+def _mebibytes(value: str | None, flag: str) -> int:
+    """A size as sbatch reads it (src/common/proc_args.c str_to_mbytes: K, M (default), G, T)."""
+    m = re.fullmatch(r"(\d+)([KkMmGgTt]?)", _text(value, flag))
+    if not m:
+        raise _Refused(f"{value!r} is not a size (a number with K, M, G or T)")
+    n, unit = int(m.group(1)), (m.group(2) or "M").upper()
+    return {"K": math.ceil(n / 1024), "M": n, "G": n * 1024, "T": n * 1024 * 1024}[unit]
+
+
+def _gpu_tres(value: str | None, flag: str) -> str:
+    """``8`` or ``a100:8`` -> ``gres/gpu:8`` / ``gres/gpu:a100:8`` (sbatch's tres strings)."""
+    text = _text(value, flag)
+    if not re.fullmatch(r"(?:[A-Za-z0-9_.-]+:)?\d+", text):
+        raise _Refused(f"{text!r} is not [TYPE:]COUNT")
+    return f"gres/gpu:{text}"
+
+
+def _gres_tres(value: str | None, flag: str) -> str:
+    """``gpu:a100:2,nic:1`` -> ``gres/gpu:a100:2,gres/nic:1``."""
+    items = []
+    for item in _text(value, flag).split(","):
+        item = re.sub(r"^gres[:/]", "", item)
+        if not item:
+            raise _Refused(f"{value!r} has an empty item")
+        items.append("gres/" + item)
+    return ",".join(items)
+
+
+def _signal(value: str | None, flag: str) -> tuple[str, int, str]:
+    """--signal -> (flags, SIGNAME or number, seconds); sbatch's default time is 60 s."""
+    m = _SIGNAL_RE.match(_text(value, flag))
+    if not m:
+        raise _Refused(f"{value!r} is not [B|R:]SIGNAL[@seconds]")
+    flags, name, secs = (m.group(1) or "").upper(), m.group(2), m.group(3)
+    return flags, (name if name.isdigit() else "SIG" + name.upper()), int(secs) if secs is not None else 60
+
+
+class _Job:
+    """The ``job`` object for one API version, built one sbatch option at a time."""
+
+    def __init__(self, minor: int):
+        self.minor = minor
+        self.props: dict = {}
+        self.tres_per_node: list[str] = []
+        self.flags: list[str] = []
+        self.warning: tuple[str, str, int] | None = None
+        self.requeue: bool | None = None
+
+    @property
+    def typed(self) -> bool:
+        return self.minor >= 40
+
+    def set(self, key: str, value) -> None:
+        self.props[key] = value
+
+    # Each handler: (job, value, flag) -> None, raising _Refused.
+    def apply(self, name: str, value: str | None, flag: str) -> None:
+        handler = _HANDLERS.get(name)
+        if handler is None:
+            raise _Refused("")
+        handler(self, value, flag)
+
+    def finish(self) -> dict:
+        job = dict(self.props)
+        if self.tres_per_node:
+            if self.typed:
+                job["tres_per_node"] = ",".join(self.tres_per_node)
+        if self.flags:
+            job["flags"] = list(dict.fromkeys(self.flags))
+        if self.requeue is not None:
+            if self.typed:
+                job["requeue"] = self.requeue
+            elif self.requeue:
+                job["requeue"] = "yes"
+            else:
+                # "requeue": false is accepted and ignored by 22.05 (its data setter only sets
+                # it); "no_requeue" is sbatch's own --no-requeue (v0.0.38 jobs.c job_params,
+                # "not in OAS"; slurm_opt.c arg_set_data_no_requeue sets requeue = 0).
+                job["no_requeue"] = True
+        if self.warning:
+            flags, sig, secs = self.warning
+            if self.typed:
+                job["kill_warning_signal"] = sig
+                job["kill_warning_delay"] = secs
+                job["kill_warning_flags"] = (["BATCH_JOB"] if "B" in flags else []) + (
+                    ["RESERVATION_JOB"] if "R" in flags else [])
+            elif "B" in flags:
+                # slurmrestd 22.05 refuses "B:" (get_signal_opts takes it only in a process named
+                # sbatch), and without it slurmctld signals the job's steps alone
+                # (job_mgr.c send_job_warn_signal: KILL_STEPS_ONLY). So the steps get
+                # WARNING_CARRIER, which each node's entry takes as the warning and hands to its
+                # ranks as the warning signal (templates/slurm/sbatch.sh.j2); the batch script
+                # does not hear it, which only matters for a job that requeues itself (refused).
+                if self.requeue:
+                    raise _Refused(
+                        "slurmrestd v0.0.38 cannot send the warning to the batch script, which must hear it "
+                        "to requeue the job (slurm.requeue: true); use slurmrestd v0.0.40+ or the cli transport")
+                job["signal"] = ("R:" if "R" in flags else "") + f"{WARNING_CARRIER}@{secs}"
+            else:
+                job["signal"] = ("R:" if "R" in flags else "") + f"{sig[3:] if sig.startswith('SIG') else sig}@{secs}"
+        return job
+
+
+def _plain(key38: str, key40: str | None = None, conv: Callable | None = None):
+    """A value taken as text by v0.0.38 and as ``conv(value)`` (default: text) from v0.0.40."""
+    def handle(job: _Job, value, flag):
+        if job.typed:
+            job.set(key40 or key38, (conv or _text)(value, flag))
+        else:
+            job.set(key38, _text(value, flag))
+    return handle
+
+
+def _flag(key38: str, value38, key40: str | None, value40) -> Callable:
+    """An option without a value."""
+    def handle(job: _Job, value, flag):
+        if value is not None:
+            raise _Refused("takes no value")
+        if job.typed:
+            if key40 is None:
+                raise _Refused("has no field in this API version")
+            job.set(key40, value40)
+        else:
+            if key38 is None:
+                raise _Refused("is disabled in slurmrestd v0.0.38 (jobs.c job_params)")
+            job.set(key38, value38)
+    return handle
+
+
+def _only40(key40: str, conv: Callable, max_minor: int = 99) -> Callable:
+    def handle(job: _Job, value, flag):
+        if not job.typed:
+            raise _Refused("is disabled in slurmrestd v0.0.38 (jobs.c job_params)")
+        if job.minor > max_minor:
+            raise _Refused(f"has no field in v0.0.{job.minor}")
+        job.set(key40, conv(value, flag))
+    return handle
+
+
+def _h_exclusive(job: _Job, value, flag):
+    kind = (value or "exclusive").lower()
+    if kind not in ("exclusive", "user", "mcs", "topo"):
+        raise _Refused(f"{value!r} is not exclusive, user, mcs or topo")
+    if job.typed:
+        # JOB_SHARED flags (parsers.c): "none" is sbatch --exclusive; v0.0.42 dropped "exclusive".
+        if kind == "topo" and job.minor < 42:
+            raise _Refused("=topo needs v0.0.42+")
+        job.set("shared", ["none" if kind == "exclusive" else kind])
+    else:
+        if kind == "topo":
+            raise _Refused("=topo is unknown to Slurm 22.05")
+        job.set("exclusive", kind)
+
+
+def _h_oversubscribe(job: _Job, value, flag):
+    if value is not None:
+        raise _Refused("takes no value")
+    if job.typed:
+        job.set("shared", ["oversubscribe"])
+    else:
+        job.set("oversubscribe", True)
+
+
+def _h_requeue(flag_value: bool):
+    def handle(job: _Job, value, flag):
+        if value is not None:
+            raise _Refused("takes no value")
+        job.requeue = flag_value
+    return handle
+
+
+def _h_signal(job: _Job, value, flag):
+    job.warning = _signal(value, flag)
+
+
+def _h_open_mode(job: _Job, value, flag):
+    mode = _text(value, flag).lower()
+    if mode not in ("append", "truncate"):
+        raise _Refused(f"{value!r} is not append or truncate")
+    job.set("open_mode", [mode.upper()] if job.typed else mode)
+
+
+def _h_gpus_per_node(job: _Job, value, flag):
+    if job.typed:
+        job.tres_per_node.append(_gpu_tres(value, flag))
+    else:
+        job.set("gpus_per_node", _text(value, flag))
+
+
+def _h_gres(job: _Job, value, flag):
+    if job.typed:
+        job.tres_per_node.append(_gres_tres(value, flag))
+    else:
+        job.set("gres", _text(value, flag))
+
+
+def _h_mail_type(job: _Job, value, flag):
+    if not job.typed:
+        job.set("mail_type", _text(value, flag))
+        return
+    names: list[str] = []
+    for item in _text(value, flag).upper().split(","):
+        if item not in _MAIL:
+            raise _Refused(f"{item!r} is not a mail type")
+        names += _MAIL[item]
+    job.set("mail_type", list(dict.fromkeys(names)))
+
+
+def _h_job_flag(key38: str, on: str, off: str | None = None):
+    """Options that are bits of ``flags`` from v0.0.40 (JOB_FLAGS in parsers.c)."""
+    def handle(job: _Job, value, flag):
+        yes = value is None or value.lower() in ("yes", "1", "true")
+        if value is not None and not yes and value.lower() not in ("no", "0", "false"):
+            raise _Refused(f"{value!r} is not yes or no")
+        if job.typed:
+            if not yes and off is None:
+                raise _Refused(f"{value!r}: only 'yes' is supported")
+            job.flags.append(on if yes else off)
+        else:
+            job.set(key38, value if value is not None else True)
+    return handle
+
+
+def _h_wait_all_nodes(job: _Job, value, flag):
+    v = _text(value, flag)
+    if v not in ("0", "1"):
+        raise _Refused(f"{value!r} is not 0 or 1")
+    job.set("wait_all_nodes", v == "1" if job.typed else v)
+
+
+def _h_nice(job: _Job, value, flag):
+    v = value if value is not None else "100"  # sbatch's --nice without a value
+    if job.typed:
+        job.set("nice", _count(v, flag))
+    else:
+        job.set("nice", v)
+
+
+def _h_hold(job: _Job, value, flag):
+    if value is not None:
+        raise _Refused("takes no value")
+    job.set("hold", True)
+
+
+def _h_no_kill(job: _Job, value, flag):
+    if value is not None and value.lower() != "off":
+        raise _Refused("only --no-kill (or =off) is supported")
+    if job.typed:
+        job.set("kill_on_node_fail", value is not None)
+    else:
+        job.set("no_kill", value or True)
+
+
+def _h_refuse(reason: str):
+    def handle(job: _Job, value, flag):
+        raise _Refused(reason)
+    return handle
+
+
+def _gpu_typed(key38: str, key40: str) -> Callable:
+    return _plain(key38, key40, _gpu_tres)
+
+
+_HANDLERS: dict[str, Callable] = {
+    "job-name": _plain("name"),
+    "nodes": _plain("nodes"),  # "2" or "2-4": JOB_DESC_MSG_NODES takes the text too
+    "ntasks": _plain("tasks", conv=_count),
+    "ntasks-per-node": _plain("tasks_per_node", conv=_count),
+    "cpus-per-task": _plain("cpus_per_task", conv=_count),
+    "mincpus": _plain("minimum_cpus_per_node", conv=_count),
+    "time": _plain("time_limit", conv=_minutes),
+    "time-min": _plain("time_minimum", conv=_minutes),
+    "partition": _plain("partition"),
+    "account": _plain("account"),
+    "qos": _plain("qos"),
+    "reservation": _plain("reservation"),
+    "comment": _plain("comment"),
+    "wckey": _plain("wckey"),
+    "licenses": _plain("licenses"),
+    "dependency": _plain("dependency"),
+    "array": _plain("array"),
+    "prefer": _plain("prefer"),
+    "constraint": _plain("constraints"),
+    "cluster-constraint": _plain("cluster_constraint"),
+    "mail-user": _plain("mail_user"),
+    "container": _plain("container"),
+    "begin": _plain("begin_time"),  # v0.0.40+: text through parse_time(), as sbatch
+    "deadline": _plain("deadline"),
+    "output": _plain("standard_output"),
+    "error": _plain("standard_error"),
+    "input": _plain("standard_input"),
+    "chdir": _plain("current_working_directory"),
+    "nodelist": _plain("nodelist", "required_nodes"),
+    "exclude": _plain("exclude_nodes", "excluded_nodes"),
+    "mem": _plain("memory_per_node", conv=_mebibytes),
+    "mem-per-cpu": _plain("memory_per_cpu", conv=_mebibytes),
+    "mem-per-gpu": _plain("memory_per_gpu", "memory_per_tres",
+                          lambda v, f: f"gres/gpu:{_mebibytes(v, f)}"),
+    "tmp": _plain("temporary_disk_per_node", conv=_mebibytes),
+    "threads-per-core": _plain("threads_per_core", conv=_count),
+    "sockets-per-node": _plain("sockets_per_node", conv=_count),
+    "core-spec": _plain("core_specification", conv=_count),
+    "thread-spec": _plain("thread_specification", conv=_count),
+    "gpus": _gpu_typed("gpus", "tres_per_job"),
+    "gpus-per-task": _gpu_typed("gpus_per_task", "tres_per_task"),
+    "cpus-per-gpu": _plain("cpus_per_gpu", "cpus_per_tres", lambda v, f: f"gres/gpu:{_count(v, f)}"),
+    "gpu-bind": _plain("gpu_binding", "tres_bind", lambda v, f: f"gres/gpu:{_text(v, f)}"),
+    "gpus-per-node": _h_gpus_per_node,
+    "gres": _h_gres,
+    "signal": _h_signal,
+    "open-mode": _h_open_mode,
+    "exclusive": _h_exclusive,
+    "oversubscribe": _h_oversubscribe,
+    "requeue": _h_requeue(True),
+    "no-requeue": _h_requeue(False),
+    "hold": _h_hold,
+    "nice": _h_nice,
+    "mail-type": _h_mail_type,
+    "kill-on-invalid-dep": _h_job_flag("kill_on_invalid_dependency", "KILL_INVALID_DEPENDENCY",
+                                       "NO_KILL_INVALID_DEPENDENCY"),
+    "spread-job": _h_job_flag("spread_job", "SPREAD_JOB"),
+    "use-min-nodes": _h_job_flag("minimum_nodes", "PREFER_MINIMUM_NODE_COUNT"),
+    "wait-all-nodes": _h_wait_all_nodes,
+    "no-kill": _h_no_kill,
+    "contiguous": _flag(None, None, "contiguous", True),
+    "overcommit": _flag(None, None, "overcommit", True),
+    "network": _only40("network", _text),
+    # v0.0.41 and later have no cores_per_socket in JOB_DESC_MSG (parsers.c, slurm-24-05-*).
+    "cores-per-socket": lambda job, v, f: (
+        job.set("cores_per_socket", _text(v, f)) if not job.typed else _only40("cores_per_socket", _count, 40)(job, v, f)),
+    "clusters": _h_refuse(_OWN_CLUSTER),
+    "cluster": _h_refuse(_OWN_CLUSTER),
 }
 
 
 def rest_job_properties(
-    script: str, extra_args: Sequence[str] = (), environment: Mapping[str, str] | None = None, cwd: str | None = None
+    script: str,
+    extra_args: Sequence[str] = (),
+    environment: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    api_version: str = "v0.0.38",
+    secrets: Sequence[str] = (),
 ) -> dict:
-    """The v0.0.38 ``job`` object for a script, or SchedulerError naming the options that
-    slurmrestd cannot take (so nothing is silently dropped)."""
-    env = dict(os.environ if environment is None else environment)
-    job: dict = {"current_working_directory": cwd or os.getcwd()}
-    unsupported = []
-    for name, value in sbatch_options(script, extra_args):
+    """The ``job`` object of a submit request for ``api_version``: every ``#SBATCH`` option and
+    extra arg translated (later ones win, as in sbatch), the working directory, and the
+    environment (``base.job_environment``: sbatch's --export less the submitter's credentials).
+
+    An option this version cannot carry is a UsageError naming ``slurm.extra_args`` and every
+    such option, raised before anything is sent."""
+    minor = _minor(api_version)
+    options = [(_SHORT.get(n, n), v) for n, v in sbatch_options(script, extra_args)]
+    job = _Job(minor)
+    job.set("current_working_directory", cwd or os.getcwd())
+    refused = []
+    for name, value in options:
+        flag = "--" + name + (f"={value}" if value is not None else "")
         if name == "export":
-            # sbatch's --export: ALL (default), NONE, or NONE/ALL plus VAR[=value] items.
-            items = [x for x in (value or "ALL").split(",") if x]
-            keep_all = "ALL" in items
-            picked = dict(env) if keep_all else {}
-            for item in items:
-                if item in ("ALL", "NONE"):
-                    continue
-                k, eq, v = item.partition("=")
-                if eq:
-                    picked[k] = v
-                elif k in env:
-                    picked[k] = env[k]
-            env = picked
-        elif value is None and name in _REST_FLAGS:
-            key, flag_value = _REST_FLAGS[name]
-            job[key] = flag_value
-        elif value is not None and name in _REST_OPTIONS:
-            job[_REST_OPTIONS[name]] = value
-        else:
-            flag = "--" + name if len(name) > 1 else "-" + name
-            unsupported.append(f"{flag} ({_REST_REFUSED[name]})" if name in _REST_REFUSED else flag)
-    if unsupported:
-        raise SchedulerError(
-            "slurmrestd (v0.0.38) cannot take "
-            + ", ".join(unsupported)
-            + "; submit with the 'cli' transport (sbatch) instead"
+            continue  # the environment, below
+        try:
+            job.apply(name, value, flag)
+        except _Refused as e:
+            refused.append(f"{flag} ({e})" if str(e) else flag)
+    try:
+        props = job.finish()
+    except _Refused as e:
+        refused.append(f"--signal ({e})")
+        props = {}
+    if refused:
+        raise UsageError(
+            f"slurm.extra_args (or the script's #SBATCH lines): slurmrestd API {api_version} cannot take "
+            + ", ".join(refused)
+            + "; remove them, or submit with the 'cli' transport (sbatch, HALO_SLURM_TRANSPORT=cli)"
         )
-    # slurmrestd requires an environment; sbatch's default is to pass the caller's (--export=ALL).
-    job["environment"] = env or {"PATH": "/usr/bin:/bin"}
-    return job
-
-
+    env = job_environment(script, options, os.environ if environment is None else environment, secrets)
+    # slurmrestd requires an environment (v0.0.38 jobs.c "environment must be set").
+    env = env or {"PATH": "/usr/bin:/bin"}
+    props["environment"] = [f"{k}={v}" for k, v in env.items()] if job.typed else env
+    return props
 
 
 class RestTransport(Transport):
@@ -161,6 +533,9 @@ class RestTransport(Transport):
     (default: the current user); without one, rest_auth/local on a unix socket, where slurmrestd
     accepts only root or its own uid and acts as its own uid. ``api_version``: default
     ``$HALO_SLURMRESTD_API``, else ``auto`` (the newest version both sides speak).
+
+    ``environment``: what the job's environment is taken from (default: this process's), less the
+    credentials ``base.job_environment`` leaves out; SLURM_JWT never goes into a job.
 
     Costs: ``query`` is one ``GET /jobs`` for any number of ids; ``cancel`` is one DELETE per id
     (the API has no bulk cancel). There is no accounting here (slurmdbd's API is separate):
@@ -209,12 +584,15 @@ class RestTransport(Transport):
         if wanted != "auto" and wanted not in API_VERSIONS:
             raise UsageError(
                 f"slurmrestd API {wanted} ({API_ENV}) is not one halo-sched speaks: it speaks "
-                f"{', '.join(API_VERSIONS)} (Slurm 22.05); set {API_ENV}=auto or one of those"
+                f"{', '.join(API_VERSIONS)}; set {API_ENV}=auto or one of those"
             )
         self.api_version: str | None = None if wanted == "auto" else wanted
         self.timeout = timeout
         self.retries = max(1, retries)
         self.environment = environment
+
+    def __repr__(self) -> str:  # never the token
+        return f"RestTransport({self._endpoint()}, api={self.api_version or 'auto'}, user={self.user})"
 
     # -- HTTP --------------------------------------------------------------------------------
 
@@ -259,7 +637,7 @@ class RestTransport(Transport):
                 raise MissingDependency(
                     f"slurmrestd at {self._endpoint()} does not offer API {self.api_version} "
                     f"({API_ENV}); halo-sched speaks {', '.join(API_VERSIONS)}: run slurmrestd with "
-                    f"-s openapi/{self.api_version}, or use the cli transport"
+                    f"-s openapi/{self.api_version} (or leave {API_ENV} unset), or use the cli transport"
                 )
             raise SchedulerError(f"slurmrestd {method} {path}: HTTP {resp.status}: {raw[:300]!r}")
         errors = [e for e in doc.get("errors") or [] if isinstance(e, dict)]
@@ -269,45 +647,84 @@ class RestTransport(Transport):
             text = "; ".join(
                 " ".join(str(e.get(k)) for k in ("error", "description") if e.get(k)) or json.dumps(e) for e in errors
             )
-            raise SchedulerError(f"slurmrestd {method} {path}: HTTP {resp.status}: {text or raw[:300]!r}")
+            raise SchedulerError(f"slurmrestd {method} {path}: HTTP {resp.status}: {text or repr(raw[:300])}")
         return doc
 
     def _request(self, method: str, path: str, body: dict | None = None, retry: bool = True) -> dict:
         return retrying(lambda: self._once(method, path, body), self.retries if retry else 1, 0.5,
                         f"slurmrestd {method} {path}")
 
-    def _api(self) -> str:
-        """``/slurm/vX``: the pinned version, or the newest one slurmrestd offers and this module
-        speaks (asked once)."""
+    def _version(self) -> str:
+        """The pinned version, or the newest one slurmrestd offers and this module speaks (asked
+        once, from the paths of ``GET /openapi/v3``)."""
         if self.api_version is None:
             doc = self._request("GET", "/openapi/v3")
-            offered = sorted({m.group(1) for p in doc.get("paths") or {} for m in [re.match(r"^/slurm/(v[0-9.]+)/", p)] if m})
+            offered = sorted({m.group(1) for p in doc.get("paths") or {} for m in [re.match(r"^/slurm/(v[0-9.]+)/", p)] if m},
+                             key=lambda v: [int(x) for x in re.findall(r"\d+", v)])
             spoken = [v for v in API_VERSIONS if v in offered]
             if not spoken:
                 raise MissingDependency(
                     f"slurmrestd at {self._endpoint()} offers API {', '.join(offered) or '(none)'}; "
-                    f"halo-sched speaks only {', '.join(API_VERSIONS)} (Slurm 22.05). Run slurmrestd with "
-                    f"-s openapi/{API_VERSIONS[0]} if its Slurm still has that plugin, or use the cli "
-                    f"transport (HALO_SLURM_TRANSPORT=cli). {API_ENV} pins a version."
+                    f"halo-sched speaks {', '.join(API_VERSIONS)}. Load one of those in slurmrestd "
+                    f"(-s openapi/slurmctld with the data_parser plugins of Slurm 23.11+, or -s "
+                    f"openapi/v0.0.38 on Slurm 22.05-23.11), or use the cli transport "
+                    f"(HALO_SLURM_TRANSPORT=cli). {API_ENV} pins a version."
                 )
             self.api_version = spoken[0]
-        return f"/slurm/{self.api_version}"
+        return self.api_version
+
+    def _api(self) -> str:
+        return f"/slurm/{self._version()}"
+
+    @property
+    def _typed(self) -> bool:
+        return _minor(self._version()) >= 40
 
     # -- operations --------------------------------------------------------------------------
 
     def submit(self, script: str, extra_args: Sequence[str] = ()) -> str:
-        job = rest_job_properties(script, extra_args, self.environment)
-        doc = self._request("POST", f"{self._api()}/job/submit", {"script": script, "job": job}, retry=False)
+        version = self._version()
+        job = rest_job_properties(script, extra_args, self.environment, api_version=version)
+        if _minor(version) >= 41:
+            # v0.0.41+: the top-level "script" is deprecated (JOB_SUBMIT_REQ, parsers.c slurm-24-05-*).
+            body = {"job": {**job, "script": script}}
+        else:
+            body = {"script": script, "job": job}
+        try:
+            doc = self._request("POST", f"{self._api()}/job/submit", body, retry=False)
+        except SchedulerError as e:
+            text = str(e).lower()
+            if _minor(version) < 40 and "failure during parsing" in text and "unable to process key" not in text:
+                # v0.0.38 builds the job with sbatch's own code (slurm_opt_create_job_desc), which
+                # also checks the GRES request against this cluster's GresTypes and says why only
+                # in slurmrestd's log.
+                raise SchedulerError(
+                    f"{e} (slurmrestd {version} logs the reason; a GPU/gres request this cluster's "
+                    "GresTypes cannot satisfy is one, as sbatch would say: Invalid generic resource "
+                    "(gres) specification)") from e
+            raise
         job_id = doc.get("job_id")
         if job_id is None:
-            raise SchedulerError(f"slurmrestd returned no job id: {doc}")
+            raise SchedulerError(f"slurmrestd returned no job id: {str(doc)[:300]}")
+        # v0.0.40+ ignore fields they do not know, with a warning: a job that lost an option
+        # is not the job that was rendered.
+        ignored = [str(w.get("description") or w) for w in doc.get("warnings") or []
+                   if isinstance(w, dict) and "unknown field" in str(w.get("description", "")).lower()]
+        if ignored:
+            try:
+                self.cancel([str(job_id)])
+                outcome = "the job was cancelled"
+            except SchedulerError as e:
+                outcome = f"cancelling it failed ({e}): cancel job {job_id} by hand"
+            raise SchedulerError(f"slurmrestd {version} ignored part of job {job_id} ({'; '.join(ignored)}); {outcome}")
         return str(job_id)
 
     def query(self, ids: Sequence[str]) -> dict[str, JobState]:
         groups = by_cluster(ids)
         if not groups:
             return {}
-        jobs = self._request("GET", f"{self._api()}/jobs").get("jobs") or []
+        # v0.0.40+ bind "/slurm/{data_parser}/jobs/" (slurmctld/jobs.c, slurm-23-11-*).
+        jobs = self._request("GET", f"{self._api()}/jobs" + ("/" if self._typed else "")).get("jobs") or []
         served = {str(j.get("cluster")) for j in jobs if j.get("cluster")}
         found: dict[str, JobState] = {}
         for cluster, local in groups.items():
@@ -340,22 +757,41 @@ class RestTransport(Transport):
     def cancel(self, ids: Sequence[str], signal: str | None = None) -> None:
         query = ""
         if signal:
-            # The warning. slurmrestd signals every process of the job, the batch script's
-            # included (v0.0.38 jobs.c: slurm_kill_job2(..., KILL_FULL_JOB)): the signal itself
-            # would reach each rank twice (directly, and from the entry). URG is what halo-sched's
-            # batch script and node entries take as the warning, and every other process ignores it.
-            query = "?" + urlencode({"signal": "SIG" + WARNING_CARRIER})
+            sig = signal.upper()
+            sig = sig if sig.startswith("SIG") or sig.isdigit() else "SIG" + sig
+            if self._typed:
+                # The batch script alone, as `scancel --batch` (DELETE's flags, WARN_FLAGS in
+                # parsers.c; without flags slurmrestd signals the FULL_JOB): it passes the
+                # warning on to every rank.
+                query = "?" + urlencode({"signal": sig, "flags": "BATCH_JOB"})
+            else:
+                # v0.0.38 signals every process of the job, the batch script's included (jobs.c:
+                # slurm_kill_job2(..., KILL_FULL_JOB)): the signal itself would reach each rank
+                # twice (directly, and from the entry). URG is what halo-sched's batch script and
+                # node entries take as the warning, and every other process ignores it.
+                query = "?" + urlencode({"signal": "SIG" + WARNING_CARRIER})
         for job_id in unique(ids):
             cluster, local = split_cluster(job_id)
             if cluster:
                 # DELETE /job/ID acts on this cluster's job ID, whatever cluster was meant.
                 self._job(job_id)
             try:
-                self._request("DELETE", f"{self._api()}/job/{quote(local)}{query}")
+                doc = self._request("DELETE", f"{self._api()}/job/{quote(local)}{query}")
             except SchedulerError as e:
                 # Like scancel: cancelling a job that already ended is not an error.
                 if "already completing or completed" not in str(e).lower():
                     raise
+                continue
+            # Slurm 24.11+ answer with one status per job signalled (slurmctld/jobs.c
+            # _signal_job, KILL_JOBS_RESP_JOB in parsers.c), errors included, at HTTP 200.
+            for entry in doc.get("status") or []:
+                err = entry.get("error") if isinstance(entry, dict) else None
+                if not isinstance(err, dict) or not err.get("code"):
+                    continue
+                text = " ".join(str(err.get(k)) for k in ("string", "message") if err.get(k))
+                if "already completing or completed" in text.lower():
+                    continue
+                raise SchedulerError(f"slurmrestd could not signal job {job_id}: {text or err}")
 
     def job_info(self, job_id: str) -> dict:
         _, jobs = self._job(job_id)
@@ -365,48 +801,94 @@ class RestTransport(Transport):
         return info
 
 
+# ---------------------------------------------------------------------------------------------
+# Answers (v0.0.38 and v0.0.40+ shapes)
+
+
+def _num(value) -> int | None:
+    """A number as slurmrestd dumps it: an int (v0.0.38), or ``{set, infinite, number}``
+    (v0.0.40+ UINT32_NO_VAL and friends); None when unset or infinite."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, dict):
+        if value.get("set") and not value.get("infinite"):
+            return _num(value.get("number"))
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return None
+
+
+def _state_word(value) -> str:
+    """``job_state``: a word (v0.0.38) or a list of base state and flags (v0.0.40+)."""
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value or "")
+
+
+def _exit(value) -> tuple[int | None, int | None]:
+    """``exit_code``: a raw wait status (v0.0.38) or PROCESS_EXIT_CODE_VERBOSE (v0.0.40+:
+    ``{status: [...], return_code: {...}, signal: {id: {...}, name}}``)."""
+    if not isinstance(value, dict):
+        return st.decode_wait_status(value)
+    status = [str(s).upper() for s in (value.get("status") or [])]
+    if "PENDING" in status:
+        return None, None
+    sig = _num((value.get("signal") or {}).get("id")) if isinstance(value.get("signal"), dict) else None
+    if "SIGNALED" in status and sig:
+        return 0, sig
+    return _num(value.get("return_code")), 0
+
+
 def _rest_display_id(job: Mapping) -> str:
-    job_id = str(job.get("job_id"))
-    task = job.get("array_task_id")
-    if job.get("array_job_id") and task is not None:
-        return f"{job['array_job_id']}_{task}"
-    if job.get("array_job_id") and job.get("array_task_string"):
-        return f"{job['array_job_id']}_[{job['array_task_string']}]"
-    if job.get("het_job_id"):
-        return f"{job['het_job_id']}+{job.get('het_job_offset', 0)}"
+    job_id = str(_num(job.get("job_id")) if _num(job.get("job_id")) is not None else job.get("job_id"))
+    array_job, task = _num(job.get("array_job_id")), _num(job.get("array_task_id"))
+    if array_job and task is not None:
+        return f"{array_job}_{task}"
+    if array_job and job.get("array_task_string"):
+        return f"{array_job}_[{job['array_task_string']}]"
+    if _num(job.get("het_job_id")):
+        return f"{_num(job.get('het_job_id'))}+{_num(job.get('het_job_offset')) or 0}"
     return job_id
 
 
 def rest_job_state(job: Mapping) -> JobState:
-    """A v0.0.38 ``jobs[]`` entry -> JobState. exit_code there is a raw wait status."""
-    rc, sig = st.decode_wait_status(job.get("exit_code"))
+    """A ``jobs[]`` entry of ``GET /jobs`` (any spoken version) -> JobState."""
+    rc, sig = _exit(job.get("exit_code"))
+    extra = {"job_id_raw": str(_num(job.get("job_id"))), "nodelist": job.get("nodes") or "",
+             "cluster": job.get("cluster") or ""}
+    if _num(job.get("restart_cnt")) is not None:
+        extra["restarts"] = _num(job.get("restart_cnt"))
+    if isinstance(job.get("requeue"), bool):
+        extra["requeue"] = job["requeue"]
     return st.make_state(
         _rest_display_id(job),
-        str(job.get("job_state") or ""),
+        _state_word(job.get("job_state")),
         exit_rc=rc,
         exit_sig=sig,
-        nodes=job.get("node_count"),
+        nodes=_num(job.get("node_count")),
         reason=str(job.get("state_reason") or ""),
         source="slurmrestd",
-        extra={"job_id_raw": str(job.get("job_id")), "nodelist": job.get("nodes") or "", "cluster": job.get("cluster") or ""},
+        extra=extra,
     )
 
 
 def rest_job_info(job: Mapping) -> dict:
-    """The scontrol-style fields job_info promises, from a v0.0.38 job."""
+    """The scontrol-style fields job_info promises, from a job of any spoken version."""
     return {
-        "JobId": str(job.get("job_id")),
+        "JobId": str(_num(job.get("job_id"))),
         "JobName": job.get("name") or "",
-        "JobState": job.get("job_state") or "",
+        "JobState": _state_word(job.get("job_state")),
         "NodeList": job.get("nodes") or "",
         "BatchHost": job.get("batch_host") or "",
         "WorkDir": job.get("current_working_directory") or "",
-        # v0.0.38 reports the paths as given (possibly with %j patterns) or empty for the
-        # default slurm-%j.out; scontrol expands them.
-        "StdOut": job.get("standard_output") or "",
-        "StdErr": job.get("standard_error") or "",
-        "NumNodes": str(job.get("node_count") or ""),
+        # v0.0.38 reports the paths as given (possibly with %j patterns) or empty for the default
+        # slurm-%j.out; v0.0.40-42 expand them (parsers.c JOB_INFO_STDOUT); v0.0.43+ report them
+        # as given and expanded in stdout_expanded/stderr_expanded.
+        "StdOut": job.get("stdout_expanded") or job.get("standard_output") or "",
+        "StdErr": job.get("stderr_expanded") or job.get("standard_error") or "",
+        "NumNodes": str(_num(job.get("node_count")) or ""),
         "_raw": dict(job),
     }
-
-
