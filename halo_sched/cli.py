@@ -1,32 +1,128 @@
 """The ``halo-sched`` command. Its contract is fixed (pipelines depend on it):
 
 - machine-readable results go to stdout (``submit``: the job id alone on the last line);
-  human text goes to stderr;
-- exit 0 on success, 1 when a job or the scheduler failed, 2 for bad input (never a traceback).
+  human text goes to stderr, one short line per event (``--debug`` adds the exceptions behind
+  them, and the traceback of an internal error);
+- never a traceback, never a hang on bad input.
+
+Exit codes: the one table (README.md, "Exit codes", repeats it; halo_sched/errors.py names them):
+
+====  =================================================================================
+code  meaning
+====  =================================================================================
+0     success: the command did what was asked (``submit --wait``/``watch``: the job
+      COMPLETED; ``preflight``: it passed; ``status``: every id was known)
+1     a job or the scheduler failed: the job ended other than COMPLETED or still ran at
+      ``--timeout``; the scheduler refused a request or could not be reached, and nothing
+      was done; ``preflight`` or ``plan`` failed; an internal error (a bug)
+2     bad input, nothing done: a bad job file or option value, an unknown, over-long or
+      malformed job id, an unset ``secret_env`` variable, a missing dependency
+3     outcome unknown: a request may or may not have taken effect (the scheduler stayed
+      unreachable after an attempt that may have reached it: the message names the token
+      to look for), or a waited-on job vanished from the scheduler before its end was seen
+130   interrupted (Ctrl-C); a submitted job keeps running
+====  =================================================================================
+
+A reader that goes away (``| head``) changes nothing: the command finishes with its own code,
+its further output discarded (``logs`` stops reading).
 
 Imports stay lazy: start-up must not pay for backends it does not use, and never imports torch.
 """
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
 import time
 
-from .errors import HaloError, UsageError
+from .errors import EXIT_INTERRUPTED, HaloError, UnknownJob, UsageError, shown
+
+#: The longest job id accepted (the longest real one, a Nomad [REGION:][NAMESPACE/]ID, is far shorter).
+MAX_ID_CHARS = 256
 
 
 def _err(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _backend_arg(p: argparse.ArgumentParser) -> None:
+def _backend_arg(p: argparse.ArgumentParser, by_id: bool = False) -> None:
     # None until resolved: for a job id, its record names the backend (see _resolve_ids).
+    where = "the backend in the job's record, else " if by_id else ""
     p.add_argument(
         "--backend", "-b", default=None,
-        help="local, slurm or nomad (default: a job id's record, else $HALO_SCHED_BACKEND, else local)",
+        help=f"local, slurm or nomad (default: {where}$HALO_SCHED_BACKEND, else local)",
     )
+
+
+# ---- option values: refused by argparse (exit 2, naming the option) --------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    return value
+
+
+def _limit(text: str) -> int:
+    """``list --limit``: a positive count, or 0 for all (as documented)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value}: give a positive count (or 0 for every record)")
+    return value
+
+
+def _index(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value}: indexes count from 0")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite positive number")
+    return value
+
+
+def _state_name(text: str) -> str:
+    from .backends.base import JobStatus
+
+    name = text.strip().upper()
+    valid = [s.value for s in JobStatus] + ["UNREADABLE"]
+    if name not in valid:
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a state; use one of {', '.join(valid)}")
+    return name
+
+
+# ---- job ids ----------------------------------------------------------------------------------
+
+
+def _check_id(job_id: str) -> None:
+    """An id no scheduler could have issued is bad input before anything is asked."""
+    if not job_id:
+        raise UsageError("a job id is empty")
+    if len(job_id) > MAX_ID_CHARS:
+        raise UsageError(f"job id {shown(job_id)} is too long ({len(job_id)} characters; at most {MAX_ID_CHARS})")
+    if any(c.isspace() or not c.isprintable() for c in job_id):
+        raise UsageError(f"job id {shown(job_id)} contains whitespace or control characters")
 
 
 def _default_backend() -> str:
@@ -41,15 +137,30 @@ def _resolve_ids(ids, backend: str | None) -> dict[str, list[str]]:
     """backend -> ids. An explicit --backend wins; else the id's record; else the default."""
     from . import records
 
+    for job_id in ids:
+        _check_id(job_id)
     if backend:
         return {backend: list(ids)}
     out: dict[str, list[str]] = {}
     for job_id in ids:
-        found = sorted({r["backend"] for r in records.find(job_id)})
+        bad: list = []
+
+        def on_bad(b) -> None:  # an unreadable record still says, by its name, where the job went
+            records.warn_bad(b)
+            bad.append(b)
+
+        found = sorted({r["backend"] for r in records.find(job_id, on_bad=on_bad)}
+                       | {b.backend for b in bad if _known_backend(b.backend)})
         if len(found) > 1:
-            raise UsageError(f"job id {job_id!r} has records for backends {', '.join(found)}; give --backend")
+            raise UsageError(f"job id {shown(job_id)} has records for backends {', '.join(found)}; give --backend")
         out.setdefault(found[0] if found else _default_backend(), []).append(job_id)
     return out
+
+
+def _known_backend(name: str) -> bool:
+    from . import backends
+
+    return name in backends.BUILTIN or name in backends.names()
 
 
 def _resolve_one(job_id: str, backend: str | None) -> str:
@@ -59,75 +170,90 @@ def _resolve_one(job_id: str, backend: str | None) -> str:
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
+    # --debug is taken before or after the command (argparse.SUPPRESS: a subcommand that does not
+    # see it leaves the top level's value alone).
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the exceptions behind errors and retries, and an internal error's traceback")
     ap = argparse.ArgumentParser(
         prog="halo-sched",
         description="Compile one multi-node torchrun job file to SLURM, Nomad or local processes; submit, watch, cancel.",
+        epilog="Exit codes: 0 success; 1 the job or the scheduler failed; 2 bad input; 3 outcome unknown; "
+               "130 interrupted (see README.md, Exit codes).",
     )
     ap.add_argument("--version", action="version", version=f"halo-sched {__version__}")
+    ap.add_argument("--debug", action="store_true", default=False,
+                    help="show the exceptions behind errors and retries, and an internal error's traceback")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser("validate", help="check job files; exit 2 naming each bad field")
+    def command(name: str, **kw) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[debug], **kw)
+
+    p = command("validate", help="check job files; exit 2 naming each bad field")
     p.add_argument("files", nargs="+", metavar="FILE")
 
-    p = sub.add_parser("render", help="print what would be submitted")
+    p = command("render", help="print what would be submitted")
     p.add_argument("file", metavar="FILE")
     _backend_arg(p)
     p.add_argument("--format", choices=("hcl", "json"), default=None, help="Nomad only: HCL (default) or the API JSON")
 
-    p = sub.add_parser("submit", help="submit a job; prints its id on the last line of stdout")
+    p = command("submit", help="submit a job; prints its id on the last line of stdout")
     p.add_argument("file", metavar="FILE")
     _backend_arg(p)
     p.add_argument("--wait", action="store_true", help="wait for the end; exit 0 only if the job completed")
-    p.add_argument("--dry-run", action="store_true", help="print what would be submitted, submit nothing")
-    p.add_argument("--timeout", type=float, default=None, help="with --wait: stop waiting after this many seconds")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print what would be submitted, submit nothing (exit 2 on what submit would refuse, "
+                        "such as an unset secret_env variable)")
+    p.add_argument("--timeout", type=_positive_float, default=None, help="with --wait: stop waiting after this many seconds")
     p.add_argument("--quiet", "-q", action="store_true", help="with --wait: no live logs or progress")
 
-    p = sub.add_parser("plan", help="Nomad: ask the scheduler whether each node group can place")
+    p = command("plan", help="Nomad: ask the scheduler whether each node group can place")
     p.add_argument("file", metavar="FILE")
     _backend_arg(p)
 
-    p = sub.add_parser("status", help="state of one or more jobs (one scheduler query)")
+    p = command("status", help="state of one or more jobs (one scheduler query); exit 2 naming ids nobody knows")
     p.add_argument("ids", nargs="+", metavar="ID")
-    _backend_arg(p)
+    _backend_arg(p, by_id=True)
     p.add_argument("--json", action="store_true", help="one JSON object per job")
 
-    p = sub.add_parser("watch", help="wait for a submitted job's end (Nomad: stop it when a rank dies); exit like submit --wait")
+    p = command("watch", help="wait for a submitted job's end (Nomad: stop it when a rank dies); exit like submit --wait")
     p.add_argument("id", metavar="ID")
-    _backend_arg(p)
-    p.add_argument("--timeout", type=float, default=None, help="stop watching after this many seconds")
+    _backend_arg(p, by_id=True)
+    p.add_argument("--timeout", type=_positive_float, default=None, help="stop watching after this many seconds")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
 
-    p = sub.add_parser("logs", help="a job's output, each line tagged [node K rank R]")
+    p = command("logs", help="a job's output, each line tagged [node K rank R]")
     p.add_argument("id", metavar="ID")
-    _backend_arg(p)
+    _backend_arg(p, by_id=True)
     p.add_argument("--follow", "-f", action="store_true")
-    p.add_argument("--node", type=int, default=None, metavar="K", help="only node K's lines")
-    p.add_argument("--rank", type=int, default=None, metavar="R", help="only global rank R's own lines")
+    p.add_argument("--node", type=_index, default=None, metavar="K", help="only node K's lines (0 .. nodes-1)")
+    p.add_argument("--rank", type=_index, default=None, metavar="R", help="only global rank R's own lines (0 .. world size-1)")
 
-    p = sub.add_parser("list", help="recent jobs from their records, with their state (one scheduler query per backend)")
+    p = command("list", help="recent jobs from their records, with their state (one scheduler query per backend)")
     p.add_argument("--backend", "-b", default=None, help="only this backend's jobs")
-    p.add_argument("--state", default=None, help="only jobs in this state (RUNNING, FAILED, ...)")
-    p.add_argument("--limit", type=int, default=50, help="the newest N records (default 50; 0: all)")
+    p.add_argument("--state", type=_state_name, default=None,
+                   help="only jobs in this state (RUNNING, FAILED, ...; UNREADABLE: records that cannot be read)")
+    p.add_argument("--limit", type=_limit, default=50, help="the newest N records (default 50; 0: all)")
     p.add_argument("--json", action="store_true", help="one JSON object per job")
 
-    p = sub.add_parser("cancel", help="cancel jobs")
+    p = command("cancel", help="cancel jobs")
     p.add_argument("ids", nargs="+", metavar="ID")
-    _backend_arg(p)
+    _backend_arg(p, by_id=True)
     p.add_argument("--purge", action="store_true", help="Nomad: also purge the job")
     p.add_argument("--signal", default=None, help="SLURM: warn the job instead of ending it: its warning signal (slurm.signal, USR2 when unset) reaches every rank")
 
-    p = sub.add_parser("preflight", help="run the NCCL bandwidth test and node checks as the job would run; exit 0 pass, 1 fail")
+    p = command("preflight", help="run the NCCL bandwidth test and node checks as the job would run; exit 0 pass, 1 fail")
     p.add_argument("file", metavar="FILE")
     _backend_arg(p)
     p.add_argument("--size", default="1G", help="bytes per transfer: 4M, 1G, 1GiB, ... (default 1G)")
-    p.add_argument("--iters", type=int, default=3, help="timed runs of each test; the median is reported (default 3)")
-    p.add_argument("--min-mibps", type=float, default=None, help="fail when any pair or the all_gather is slower")
+    p.add_argument("--iters", type=_positive_int, default=3, help="timed runs of each test; the median is reported (default 3)")
+    p.add_argument("--min-mibps", type=_positive_float, default=None, help="fail when any pair or the all_gather is slower")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the table")
-    p.add_argument("--timeout", type=float, default=None, help="cancel the test job after this many seconds")
+    p.add_argument("--timeout", type=_positive_float, default=None, help="cancel the test job after this many seconds")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
 
-    sub.add_parser("schema", help="print the job file's JSON Schema")
+    command("schema", help="print the job file's JSON Schema")
     return ap
 
 
@@ -202,6 +328,10 @@ def cmd_submit(args) -> int:
     dry = sched.dryrun(spec)
     if args.dry_run:
         sys.stdout.write(dry.text if dry.text.endswith("\n") else dry.text + "\n")
+        sys.stdout.flush()
+        # What submit would refuse before sending anything, refused here too (exit 2): an unset
+        # secret_env variable names its field; no value is ever shown.
+        spec.secret_values()
         return 0
     from .records import git_state_started, record_submit
 
@@ -215,13 +345,10 @@ def cmd_submit(args) -> int:
             rc = _wait_after_submit(args, spec, sched, job_id)
     except KeyboardInterrupt:
         _err(f"\nhalo-sched: stopped waiting; {job_id} keeps running (halo-sched cancel {job_id} --backend {args.backend})")
-        rc = 130
+        rc = EXIT_INTERRUPTED
     finally:
         # The job exists whatever happened while waiting: its id is always the last line.
-        try:
-            print(job_id, flush=True)
-        except BrokenPipeError:
-            pass
+        print(job_id, flush=True)
     return rc
 
 
@@ -260,10 +387,12 @@ def _wait_after_submit(args, spec, sched, job_id: str) -> int:
 def _report_end(job_id: str, state, timeout: float | None) -> int:
     """The last word of a wait on stderr; the exit code: 0 only for a completed job."""
     from .backends.base import JobStatus
+    from .errors import EXIT_OUTCOME_UNKNOWN
 
     if state.status is JobStatus.UNKNOWN:
         _err(f"halo-sched: {job_id}: the scheduler no longer knows this job; its outcome is unknown ({state.reason})")
-    elif not state.status.terminal:
+        return EXIT_OUTCOME_UNKNOWN
+    if not state.status.terminal:
         _err(f"halo-sched: {job_id} still {state.status.value} after --timeout {timeout:g}s")
     else:
         _err(f"halo-sched: {job_id} {state.describe()}")
@@ -271,14 +400,16 @@ def _report_end(job_id: str, state, timeout: float | None) -> int:
 
 
 def cmd_watch(args) -> int:
-    sched = _scheduler(_resolve_one(args.id, args.backend))
+    backend = _resolve_one(args.id, args.backend)
+    sched = _scheduler(backend)
+    _refuse_unknown(backend, sched, args.id)
     progress = Progress(sched, args.id)
     try:
         state = sched.wait(args.id, timeout=args.timeout, on_change=None if args.quiet else progress.change,
                            on_tick=None if args.quiet else progress.tick)
     except KeyboardInterrupt:
         _err(f"\nhalo-sched: stopped watching; {args.id} keeps running")
-        return 130
+        return EXIT_INTERRUPTED
     return _report_end(args.id, state, args.timeout)
 
 
@@ -295,11 +426,49 @@ def cmd_plan(args) -> int:
     return 0 if ok else 1
 
 
+def _unknown(backend: str, states: dict, ids) -> list[str]:
+    """The ids nobody knows: the scheduler answered UNKNOWN and no record (usable or not) names
+    them. A local job whose state file cannot be read is known (``unreadable``)."""
+    from . import records
+    from .backends.base import JobStatus
+
+    return [i for i in dict.fromkeys(ids) if i in states and states[i].status is JobStatus.UNKNOWN
+            and not states[i].extra.get("unreadable") and not records.exists(i, backend)]
+
+
+def _unknown_asked(backend: str, sched, ids) -> dict[str, str]:
+    """The ids nobody knows (with the scheduler's word on each), for a command about to act on
+    them. Ids with a record are known without asking; the others cost one describe. When the
+    scheduler cannot answer, none is called unknown: the command goes on (it has its own way
+    through an outage)."""
+    from . import records
+
+    ask = [i for i in dict.fromkeys(ids) if not records.exists(i, backend)]
+    if not ask:
+        return {}
+    try:
+        states = sched.describe(ask)
+    except HaloError:
+        return {}
+    return {i: states[i].reason for i in _unknown(backend, states, ask)}
+
+
+def _refuse_unknown(backend: str, sched, job_id: str) -> None:
+    unknown = _unknown_asked(backend, sched, [job_id])
+    if unknown:
+        raise UnknownJob([job_id], backend, unknown[job_id])
+
+
 def cmd_status(args) -> int:
-    states = {}
+    states, unknown = {}, []
     for backend, ids in _resolve_ids(args.ids, args.backend).items():
-        states.update(_describe_and_note(backend, ids))
+        got = _describe_and_note(backend, ids)
+        states.update(got)
+        unknown += [(i, backend, got[i].reason) for i in _unknown(backend, got, ids)]
+    gone = {i for i, _, _ in unknown}
     for job_id in args.ids:
+        if job_id in gone:
+            continue
         st = states[job_id]
         if args.json:
             print(json.dumps({
@@ -317,6 +486,10 @@ def cmd_status(args) -> int:
             print(f"{job_id}\t{st.extra['last_known']['describe']} (last known: the scheduler no longer knows the job)")
         else:
             print(f"{job_id}\t{st.describe()}")
+    if unknown:
+        backends = sorted({b for _, b, _ in unknown})
+        raise UnknownJob([i for i, _, _ in unknown], backends[0] if len(backends) == 1 else None,
+                         unknown[0][2] if len(unknown) == 1 else "")
     return 0
 
 
@@ -351,36 +524,57 @@ def cmd_list(args) -> int:
     from . import records
     from .backends.base import JobStatus
 
-    recs = [r for r in records.load_all() if not args.backend or r["backend"] == args.backend]
+    bad: list = []
+
+    def on_bad(b) -> None:  # one warning line each, and a row below
+        records.warn_bad(b)
+        bad.append(b)
+
+    recs = [r for r in records.load_all(on_bad) if not args.backend or r["backend"] == args.backend]
+    bad = [b for b in bad if not args.backend or b.backend == args.backend]
+    # Newest first, the unreadable ones by their file's time.
+    items = sorted([(r.get("submitted") or 0, 0, r) for r in recs] + [(b.mtime, 1, b) for b in bad],
+                   key=lambda t: t[0], reverse=True)
     if args.limit:
-        recs = recs[:args.limit]
+        items = items[:args.limit]
     by_backend: dict[str, list[dict]] = {}
-    for r in recs:
-        by_backend.setdefault(r["backend"], []).append(r)
-    rows = []
+    for _, is_bad, r in items:
+        if not is_bad:
+            by_backend.setdefault(r["backend"], []).append(r)
+    states: dict = {}
     for backend, rs in by_backend.items():
         try:
-            states = _scheduler(backend).describe([r["id"] for r in rs])  # one query for all of them
+            # One query for all of them.
+            states[backend] = _scheduler(backend).describe([r["id"] for r in rs])
         except HaloError as err:
             _err(f"halo-sched: {backend}: {err}; showing the last known states")
-            states = {}
-        for r in rs:
-            st = states.get(r["id"])
-            last = r.get("last_state") or {}
-            if st is not None and st.status is not JobStatus.UNKNOWN:
-                try:
-                    records.update_state(r, st)
-                except OSError:
-                    pass
-                status, text, known = st.status.value, st.describe(), True
-            else:  # the scheduler forgot it (or did not answer): what we saw last
-                status = last.get("status", "UNKNOWN")
-                text, known = last.get("describe", "UNKNOWN"), False
-            rows.append((r, status, text, known))
+    rows = []
+    for _, is_bad, r in items:
+        if is_bad:
+            rows.append((r, "UNREADABLE", f"UNREADABLE record ({r.reason})", False))
+            continue
+        st = states.get(r["backend"], {}).get(r["id"])
+        last = r.get("last_state") or {}
+        if st is not None and st.status is not JobStatus.UNKNOWN:
+            try:
+                records.update_state(r, st)
+            except OSError:
+                pass
+            status, text, known = st.status.value, st.describe(), True
+        else:  # the scheduler forgot it (or did not answer): what we saw last
+            status = last.get("status") or "UNKNOWN"
+            text, known = last.get("describe") or "UNKNOWN", False
+        rows.append((r, status, text, known))
     if args.state:
-        rows = [row for row in rows if row[1] == args.state.upper()]
+        rows = [row for row in rows if row[1] == args.state]
     for r, status, text, known in rows:
-        if args.json:
+        if isinstance(r, records.BadRecord):
+            if args.json:
+                print(json.dumps({"id": r.id, "backend": r.backend, "status": status, "describe": text, "live": False,
+                                  "record": str(r.path), "error": r.reason}))
+            else:
+                print(f"{r.id}\t{r.backend}\t\t{text}")
+        elif args.json:
             print(json.dumps({"id": r["id"], "backend": r["backend"], "name": r.get("name"), "status": status,
                               "describe": text, "live": known, "submitted": r.get("submitted_iso"),
                               "submit_dir": r.get("submit_dir"), "record": str(records.path_for(r["id"], r["backend"]))}))
@@ -391,16 +585,36 @@ def cmd_list(args) -> int:
 
 
 def cmd_logs(args) -> int:
+    from . import records
     from .logtags import select
 
-    sched = _scheduler(_resolve_one(args.id, args.backend))
-    try:
-        for line in select(sched.logs(args.id, follow=args.follow), args.node, args.rank):
-            sys.stdout.write(line)
-            sys.stdout.flush()
-    except BrokenPipeError:
-        pass
+    backend = _resolve_one(args.id, args.backend)
+    sched = _scheduler(backend)
+    _refuse_unknown(backend, sched, args.id)
+    if args.node is not None or args.rank is not None:
+        _check_node_rank(args, sched, (records.find(args.id, backend) or [{}])[0])
+    for line in select(sched.logs(args.id, follow=args.follow), args.node, args.rank):
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        if getattr(sys.stdout, "broken", False):
+            break  # the reader went away (| head): nothing more to show
     return 0
+
+
+def _check_node_rank(args, sched, rec: dict) -> None:
+    """``--node``/``--rank`` inside the job (its record's size, else the scheduler's node count)."""
+    nodes, per_node = rec.get("nodes"), rec.get("nproc_per_node")
+    if nodes is None:
+        try:
+            nodes = sched.describe([args.id])[args.id].nodes_total
+        except HaloError:
+            nodes = None
+    if args.node is not None and nodes and args.node >= nodes:
+        raise UsageError(f"--node {args.node}: job {shown(args.id)} has {nodes} node{'s' if nodes != 1 else ''} "
+                         f"(0..{nodes - 1})")
+    world = nodes * per_node if nodes and per_node else None
+    if args.rank is not None and world and args.rank >= world:
+        raise UsageError(f"--rank {args.rank}: job {shown(args.id)} has {world} ranks (0..{world - 1})")
 
 
 def cmd_cancel(args) -> int:
@@ -414,11 +628,25 @@ def cmd_cancel(args) -> int:
         if set(groups) != {"slurm"}:
             raise UsageError("--signal applies to --backend slurm only")
         opts["signal"] = _warning_signal(args.signal, groups["slurm"])
+    unknown: dict[str, str] = {}
+    where: set[str] = set()
+    done: list[str] = []
     for backend, ids in groups.items():
-        _scheduler(backend).cancel(ids, **opts)
+        sched = _scheduler(backend)
+        missing = _unknown_asked(backend, sched, ids)
+        unknown.update(missing)
+        where |= {backend} if missing else set()
+        ids = [i for i in ids if i not in missing]
+        if ids:
+            sched.cancel(ids, **opts)
+            done += ids
     what = f"signal {args.signal}" if args.signal else "cancel"
-    for job_id in args.ids:
+    for job_id in done:
         _err(f"halo-sched: {what} requested for {job_id}")
+    if unknown:
+        raise UnknownJob(list(unknown), next(iter(where)) if len(where) == 1 else None,
+                         reason=next(iter(unknown.values())) if len(unknown) == 1 else "",
+                         others_done=" (the others were cancelled)" if done else "")
     return 0
 
 
@@ -453,8 +681,6 @@ def cmd_preflight(args) -> int:
         size = parse_size(args.size)
     except ValueError as err:
         raise UsageError(f"--size: {err}") from None
-    if args.min_mibps is not None and not args.min_mibps > 0:
-        raise UsageError("--min-mibps must be a positive number of MiB/s")
     sched = _scheduler(args.backend)
     progress = {}
 
@@ -515,9 +741,72 @@ def _show_layout_warnings() -> None:
     warnings.showwarning = show
 
 
+class _PipeGuard:
+    """sys.stdout or sys.stderr, minus the broken pipe: when the reader goes away (``| head``),
+    the stream's descriptor is pointed at /dev/null (as Python's documentation of SIGPIPE
+    advises) and everything after is discarded. The command itself carries on to its own exit
+    code, which a pipeline under ``set -o pipefail`` then sees; no write, flush or interpreter
+    exit raises BrokenPipeError. ``broken`` tells a command that streams (``logs``) to stop."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.broken = False
+
+    def _discard(self) -> None:
+        self.broken = True
+        try:
+            fd = self._stream.fileno()
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, fd)
+            finally:
+                os.close(null)
+        except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            return
+        try:
+            self._stream.flush()  # what the buffer still holds goes to /dev/null now
+        except (OSError, ValueError):
+            pass
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._discard()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._discard()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _PipeGuard(sys.stdout), _PipeGuard(sys.stderr)
+    try:
+        return _main(argv)
+    except SystemExit as exc:  # argparse's --help and usage errors
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    finally:
+        for guard in (sys.stdout, sys.stderr):
+            if isinstance(guard, _PipeGuard):
+                guard.flush()
+        sys.stdout, sys.stderr = saved
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from .errors import set_debug
+
+    set_debug(getattr(args, "debug", False))
     if getattr(args, "backend", "") is None and args.command not in _BY_ID | {"list"}:
         args.backend = _default_backend()
     if getattr(args, "backend", None) is not None:
@@ -554,18 +843,29 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except HaloError as err:
+        from .errors import debug
+
         _err(f"halo-sched: {err}")
+        if debug() and (err.__cause__ or err.__context__):
+            from .exactly_once import _detail
+
+            _err(f"  {_detail(err)}")
         return err.exit_code
     except KeyboardInterrupt:
         _err("halo-sched: interrupted")
-        return 130
-    except BrokenPipeError:
-        return 0
+        return EXIT_INTERRUPTED
     except Exception as err:  # a bug, not bad input: one line, the traceback on request
-        if os.environ.get("HALO_SCHED_DEBUG"):
+        from .errors import debug
+
+        if debug():
             raise
-        _err(f"halo-sched: internal error: {type(err).__name__}: {err} (set HALO_SCHED_DEBUG=1 for a traceback)")
+        _err(f"halo-sched: internal error: {type(err).__name__}: {_one_line(err)} (--debug shows the traceback)")
         return 1
+
+
+def _one_line(err: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 if __name__ == "__main__":

@@ -1,17 +1,50 @@
-"""Errors a user can act on. The CLI maps each to an exit code and a message, never a traceback."""
+"""Errors a user can act on. The CLI maps each to an exit code and a message, never a traceback.
+
+The exit codes themselves are listed once, in ``halo_sched/cli.py``'s docstring (and the README's
+"Exit codes" section): 0 success, 1 a job or the scheduler failed, 2 bad input, 3 outcome unknown,
+130 interrupted.
+"""
 from __future__ import annotations
+
+import os
+
+#: Exit codes (the table in halo_sched/cli.py's docstring).
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_OUTCOME_UNKNOWN = 3
+EXIT_INTERRUPTED = 130
+
+#: Set by ``halo-sched --debug`` (or ``HALO_SCHED_DEBUG=1``): errors and retry lines then carry
+#: the underlying exception, and an internal error its traceback.
+_debug = False
+
+
+def set_debug(on: bool = True) -> None:
+    global _debug
+    _debug = bool(on)
+
+
+def debug() -> bool:
+    return _debug or bool(os.environ.get("HALO_SCHED_DEBUG"))
+
+
+def shown(text: object, limit: int = 60) -> str:
+    """``repr`` of a user-given value, cut to ``limit`` characters for a one-line message."""
+    r = repr(text)
+    return r if len(r) <= limit else r[:limit - 4] + "...'"
 
 
 class HaloError(Exception):
     """Base class: anything halo-sched reports to a user."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILED
 
 
 class SpecError(HaloError):
     """The job file (or options) are invalid. Each problem names its field."""
 
-    exit_code = 2
+    exit_code = EXIT_BAD_INPUT
 
     def __init__(self, problems: list[tuple[str, str]], source: str | None = None):
         self.problems = problems
@@ -25,16 +58,37 @@ class SpecError(HaloError):
 class UsageError(HaloError):
     """A bad command-line option or a backend that cannot do what was asked."""
 
-    exit_code = 2
+    exit_code = EXIT_BAD_INPUT
+
+
+class UnknownJob(UsageError):
+    """A job id that neither a job record nor the scheduler knows (bad input: exit 2)."""
+
+    def __init__(self, ids: list[str], backend: str | None = None, reason: str = "", others_done: str = ""):
+        self.ids = list(ids)
+        where = f" on {backend}" if backend else ""
+        names = ", ".join(shown(i) for i in self.ids[:5]) + (f" and {len(self.ids) - 5} more" if len(self.ids) > 5 else "")
+        why = " ".join(reason.split())
+        why = why if len(why) <= 160 else why[:157] + "..."
+        super().__init__(f"no job {names}{where}: no job record, and "
+                         + (why or f"the scheduler does not know {'it' if len(self.ids) == 1 else 'them'}")
+                         + others_done)
 
 
 class SchedulerError(HaloError):
     """The scheduler refused or failed a request (sbatch error, Nomad 4xx, ...)."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILED
+
+
+class OutcomeUnknown(SchedulerError):
+    """A request may or may not have taken effect (sent, then the scheduler stayed unreachable),
+    or a job ended out of sight: nobody can tell the outcome yet (exit 3)."""
+
+    exit_code = EXIT_OUTCOME_UNKNOWN
 
 
 class MissingDependency(HaloError):
     """An optional transport's library is not installed or built for another version."""
 
-    exit_code = 2
+    exit_code = EXIT_BAD_INPUT

@@ -13,11 +13,13 @@ A request to a scheduler can fail three ways, and each needs its own answer:
   scheduler's own words.
 
 All retrying stops after ``retry_s`` seconds (``HALO_SUBMIT_RETRY_S``, default 120: longer than a
-controller restart or a failover), with the last error and, when the outcome is unknown, the token
-to look for. This module knows no scheduler; the SLURM transport and the Nomad client call it.
+controller restart or a failover), with the last error and what is known: nothing reached the
+scheduler (exit 1), or the outcome is unknown (exit 3) with the token to look for. Each retry is
+one short line; the exception behind it only with ``--debug``. This module knows no scheduler; the SLURM transport and the Nomad client call it.
 """
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import time
@@ -64,6 +66,22 @@ def retry_window(value: float | None = None) -> float:
     return float(value)
 
 
+def _short(err: BaseException, limit: int = 160) -> str:
+    """One line of at most ``limit`` characters: a retry line or the last error of a message."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _detail(err: BaseException) -> str:
+    """The exceptions behind ``err`` (its ``__cause__`` chain), for ``--debug``."""
+    out, seen, e = [], set(), err.__cause__ or err.__context__
+    while e is not None and id(e) not in seen and len(out) < 6:
+        seen.add(id(e))
+        out.append(f"{type(e).__name__}: {e}")
+        e = e.__cause__ or e.__context__
+    return "; caused by ".join(out)
+
+
 def run_once(
     what: str,
     send: Callable[[], T],
@@ -76,22 +94,35 @@ def run_once(
     on_retry: Callable[[str], None] | None = None,
     first_wait: float = 0.5,
     max_wait: float = 8.0,
+    who: str = "the scheduler",
+    not_done: str = "it did not take effect",
 ) -> T:
     """``send()`` until it succeeds, never twice in effect.
 
     ``send`` raises :class:`Transient` or :class:`Ambiguous` for failures worth retrying (anything
     else propagates at once). ``lookup`` answers whether an earlier ``send`` took effect: the
     result (as ``send`` would have returned it) or None; it raises Transient/Ambiguous while it
-    cannot tell. ``on_retry`` gets one line per retry (for stderr).
+    cannot tell. ``on_retry`` gets one short line per retry (for stderr; the exception behind it
+    too with ``--debug``).
+
+    When the window closes the error says what is known: ``who`` never got a request (every
+    failure was Transient: ``not_done``, a SchedulerError, exit 1), or an ambiguous attempt was
+    looked up and not found (``not_done`` too), or it may have taken effect
+    (:class:`~halo_sched.errors.OutcomeUnknown`, exit 3, naming the token to look for).
     """
-    deadline = clock() + retry_window(retry_s)
+    from .errors import OutcomeUnknown, debug
+
+    window = retry_window(retry_s)
+    deadline = clock() + window
     wait = first_wait
     must_look = False  # an ambiguous failure happened and no lookup has answered since
+    reached = False  # some attempt may have reached the scheduler
     last: Exception | None = None
     attempts = 0
     while True:
         try:
             if must_look:
+                attempts += 1
                 found = lookup()
                 must_look = False
                 if found is not None:
@@ -99,21 +130,30 @@ def run_once(
             attempts += 1
             return send()
         except Ambiguous as err:
-            must_look, last = True, err
+            must_look = reached = True
+            last = err
         except Transient as err:
             last = err
         left = deadline - clock()
+        tries = f"{attempts} attempt{'s' if attempts != 1 else ''} over {window:g} s"
         if left <= 0:
             if must_look:
-                raise SchedulerError(
-                    f"{what}: the scheduler stayed unreachable for {retry_window(retry_s):g}s and an earlier attempt "
-                    f"may have reached it ({last}); whether it took effect is unknown"
+                raise OutcomeUnknown(
+                    f"{what}: {who} stayed unreachable for {window:g} s after an attempt that may have reached it "
+                    f"({_short(last)}); whether it took effect is unknown"
                     + (f": look for token {token}" if token else "")
-                )
-            tries = f" ({attempts} attempt{'s' if attempts != 1 else ''} in {retry_window(retry_s):g}s)"
-            raise SchedulerError(f"{what} failed{tries}: {last}")
+                ) from last
+            if not reached:
+                raise SchedulerError(f"{what}: nothing reached {who} in {tries} ({_short(last)}); {not_done}") from last
+            raise SchedulerError(f"{what}: {who} did not take the earlier attempt (looked up: not there), then "
+                                 f"failed again ({_short(last)}; {tries}); {not_done}") from last
         if on_retry:
             step = "looking it up, then retrying" if must_look else "retrying"
-            on_retry(f"{what}: {last}; {step} in {min(wait, left):.1f}s (up to {left:.0f}s more)")
+            pause = min(wait, left)
+            pause_text = f"{pause:.0f}" if pause >= 1 else f"{pause:.1f}"
+            line = f"{what}: {_short(last)} (attempt {attempts}; {step} in {pause_text} s, {math.ceil(left)} s left)"
+            if debug() and _detail(last):
+                line += f"\n  {_detail(last)}"
+            on_retry(line)
         sleep(min(wait, left))
         wait = min(wait * 2, max_wait)

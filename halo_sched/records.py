@@ -11,10 +11,14 @@ the backend without ``--backend``; ``logs`` finds the output after the scheduler
 Concurrency: one file per record, never a shared index. Each write goes to a temporary file in the
 same directory, is fsynced and renamed over the record (atomic on POSIX), so two submits at once
 write two whole records, and a crash mid-write leaves a ``.tmp-*`` file that readers ignore.
+Reading never trusts a file: one that is torn, has the wrong types, is not a regular file (a FIFO
+would block a plain open) or is too big is skipped with one warning line, and ``list`` shows it as
+unreadable; no bad record can fail a command about another job.
 Secrets never reach a record: the spec holds ``secret_env`` names only, never values.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -22,8 +26,8 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
-from urllib.parse import quote
+from typing import Any, Callable, NamedTuple
+from urllib.parse import quote, unquote
 
 VERSION = 1
 
@@ -80,32 +84,190 @@ def write(record: dict) -> Path:
     return p
 
 
-def _read(p: Path) -> dict | None:
+#: A record is a few kB (the resolved spec is the largest part); anything this big is not one.
+MAX_RECORD_BYTES = 4 << 20
+
+
+class Unreadable(ValueError):
+    """A file of the store that cannot be used: not a regular file, too big, not JSON, wrong types."""
+
+
+def read_small(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of a small regular file, never blocking: a FIFO, device or directory of that name
+    is :class:`Unreadable` (checked with lstat, then opened O_NONBLOCK and checked again, so a
+    file swapped in between cannot block either), and so is a file over ``limit`` bytes.
+    A missing file raises FileNotFoundError; other OSErrors propagate."""
+    import stat
+
+    limit = MAX_RECORD_BYTES if limit is None else limit
     try:
-        data = json.loads(p.read_text())
-    except (OSError, ValueError):
+        st = os.lstat(path)
+    except OSError as err:
+        if err.errno == errno.ENAMETOOLONG:
+            raise FileNotFoundError(errno.ENOENT, "no such file (name too long)", str(path)) from None
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        raise Unreadable("not a regular file")
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise Unreadable("not a regular file") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Unreadable("not a regular file")
+        chunks, size = [], 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise Unreadable(f"larger than {limit} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_json(path: Path, limit: int | None = None) -> Any:
+    """A small JSON file (see :func:`read_small`); bad JSON is :class:`Unreadable` with a short reason."""
+    data = read_small(path, limit)
+    try:
+        return json.loads(data)
+    except UnicodeDecodeError:
+        raise Unreadable("not UTF-8 text") from None
+    except ValueError as err:
+        pos, msg = getattr(err, "pos", None), str(getattr(err, "msg", err))
+        if (pos is not None and pos >= len(data.rstrip())) or msg.startswith("Unterminated string"):
+            raise Unreadable(f"truncated JSON ({len(data)} bytes)") from None
+        raise Unreadable(f"not valid JSON ({msg}, byte {pos})") from None
+
+
+_STR = (str, type(None))
+_NUM = (int, float, type(None))
+_DICT = (dict, type(None))
+#: The types each field must have when present (None always allowed); what the commands rely on.
+_FIELDS: dict[str, tuple] = {
+    "name": _STR, "submitted_iso": _STR, "submit_dir": _STR, "job_file": _STR, "job_file_sha256": _STR,
+    "rendered_file": _STR, "submitted": _NUM, "nodes": (int, type(None)), "nproc_per_node": (int, type(None)),
+    "last_state": _DICT, "spec": _DICT, "scheduler": _DICT, "git": _DICT, "outputs": (list, type(None)),
+}
+
+
+def _problem(data: Any) -> str | None:
+    """Why ``data`` is not a usable record, or None."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    for key in ("id", "backend"):
+        if not isinstance(data.get(key), str) or not data[key]:
+            return f"{key!r} is missing or not a string"
+    for key, types in _FIELDS.items():
+        value = data.get(key)
+        if not isinstance(value, types) or isinstance(value, bool):
+            return f"{key!r} is a {type(value).__name__}"
+    if not isinstance((data.get("spec") or {}).get("slurm"), _DICT):
+        return "'spec.slurm' is not an object"
+    if any(not isinstance(o, str) for o in data.get("outputs") or ()):
+        return "'outputs' holds a non-string"
+    for key in ("status", "describe"):
+        if not isinstance((data.get("last_state") or {}).get(key), _STR):
+            return f"'last_state.{key}' is not a string"
+    return None
+
+
+class BadRecord(NamedTuple):
+    """A record file that cannot be used: its id and backend as its name says, and why."""
+
+    path: Path
+    id: str
+    backend: str
+    reason: str
+    mtime: float = 0.0
+
+
+def _from_name(p: Path) -> tuple[str, str]:
+    stem = p.name[:-len(".json")] if p.name.endswith(".json") else p.name
+    job_id, at, backend = stem.rpartition("@")
+    return (unquote(job_id), unquote(backend)) if at else (unquote(stem), "")
+
+
+_reported: set[str] = set()
+
+
+def warn_bad(bad: BadRecord) -> None:
+    """One short stderr line per unreadable record, once per process."""
+    import sys
+
+    key = str(bad.path)
+    if key in _reported:
+        return
+    _reported.add(key)
+    print(f"halo-sched: warning: skipping unreadable job record {bad.path.name}: {bad.reason}", file=sys.stderr,
+          flush=True)
+
+
+def _read(p: Path, on_bad: Callable[[BadRecord], None] | None = warn_bad) -> dict | None:
+    """The record in ``p``; None when there is none or it is unusable (then ``on_bad`` hears why)."""
+    try:
+        data = read_json(p)
+        why = _problem(data)
+    except FileNotFoundError:
         return None
-    return data if isinstance(data, dict) and "id" in data and "backend" in data else None
+    except (OSError, Unreadable) as err:
+        why = str(err) if isinstance(err, Unreadable) else (err.strerror or type(err).__name__)
+    if why is None:
+        return data
+    if on_bad is not None:
+        try:
+            mtime = os.lstat(p).st_mtime
+        except OSError:
+            mtime = 0.0
+        on_bad(BadRecord(p, *_from_name(p), why, mtime))
+    return None
 
 
-def load_all() -> list[dict]:
-    """Every readable record, newest first (temporary and unreadable files skipped)."""
+def _record_files(d: Path) -> list[Path]:
+    try:
+        return sorted(p for p in d.glob("*.json") if not p.name.startswith("."))
+    except OSError:
+        return []
+
+
+def load_all(on_bad: Callable[[BadRecord], None] | None = warn_bad) -> list[dict]:
+    """Every usable record, newest first. Temporary files are skipped; an unusable record file
+    (torn, wrong types, not a regular file, too big) is skipped and passed to ``on_bad`` (by
+    default: one short warning line on stderr)."""
     d = jobs_dir()
     if not d.is_dir():
         return []
-    out = [r for p in d.glob("*.json") if not p.name.startswith(".") and (r := _read(p)) is not None]
+    out = [r for p in _record_files(d) if (r := _read(p, on_bad)) is not None]
     return sorted(out, key=lambda r: r.get("submitted") or 0, reverse=True)
 
 
-def find(job_id: str, backend: str | None = None) -> list[dict]:
-    """Records of ``job_id`` (one per backend that has such an id)."""
+def find(job_id: str, backend: str | None = None,
+         on_bad: Callable[[BadRecord], None] | None = warn_bad) -> list[dict]:
+    """Records of ``job_id`` (one per backend that has such an id); unusable ones go to ``on_bad``."""
     d = jobs_dir()
     if backend:
-        r = _read(path_for(job_id, backend))
-        return [r] if r else []
+        r = _read(path_for(job_id, backend), on_bad)
+        return [r] if r and r["id"] == job_id and r["backend"] == backend else []
     prefix = quote(job_id, safe="") + "@"
-    return [r for p in sorted(d.glob("*.json")) if p.name.startswith(prefix) and (r := _read(p)) is not None
-            and r.get("id") == job_id] if d.is_dir() else []
+    if len(prefix) > 255 or not d.is_dir():  # no file can have that name
+        return []
+    return [r for p in _record_files(d) if p.name.startswith(prefix) and _from_name(p)[0] == job_id
+            and (r := _read(p, on_bad)) is not None and r["id"] == job_id]
+
+
+def exists(job_id: str, backend: str) -> bool:
+    """Whether a record file (usable or not) names this job."""
+    try:
+        os.lstat(path_for(job_id, backend))
+    except OSError:
+        return False
+    return True
 
 
 def update_state(record: dict, state) -> None:

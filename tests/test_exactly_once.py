@@ -14,7 +14,7 @@ import yaml
 
 from halo_sched.backends.nomad import NomadScheduler
 from halo_sched.backends.nomad.client import TOKEN_META, NomadClient, NomadConfig
-from halo_sched.errors import SchedulerError, UsageError
+from halo_sched.errors import OutcomeUnknown, SchedulerError, UsageError
 from halo_sched.exactly_once import Ambiguous, Transient, retry_window, run_once
 from halo_sched.spec import loads
 from helpers import REPO, cli, load_nomad_helper
@@ -32,7 +32,8 @@ FAULTS = {"count": 0}
 
 class Script:
     """A scheduler that fails as told: each entry of ``sends`` is "ok", "transient", "lost" (applied,
-    answer lost) or "refused"; ``lookups`` likewise "down" (cannot tell) or "answer"."""
+    answer lost), "dropped" (not applied, answer lost) or "refused"; ``lookups`` likewise "down"
+    (cannot tell) or "answer"."""
 
     def __init__(self, sends, lookups=()):
         self.sends, self.lookups = list(sends), list(lookups)
@@ -48,6 +49,8 @@ class Script:
             raise Transient("controller unreachable")
         if what == "refused":
             raise SchedulerError("invalid partition specified: nope")
+        if what == "dropped":  # sent, not applied, answer lost: the lookup finds nothing
+            raise Ambiguous("connection dropped before an answer")
         self.applied += 1
         if what == "lost":
             raise Ambiguous("connection dropped after the request was sent")
@@ -92,9 +95,10 @@ def test_nothing_is_resent_while_the_lookup_cannot_tell():
 
 def test_unknown_outcome_at_the_deadline_names_the_token():
     s = Script(["lost"], lookups=["down"] * 100)
-    with pytest.raises(SchedulerError, match="may have reached it.*token tok"):
+    with pytest.raises(OutcomeUnknown, match="may have reached it.*whether it took effect is unknown.*token tok") as info:
         run(s, retry_s=10)
     assert s.sent == 1 and s.t <= 10
+    assert info.value.exit_code == 3  # outcome unknown: neither success (0) nor "nothing was done" (1)
 
 
 def test_what_cannot_succeed_fails_at_once():
@@ -106,9 +110,43 @@ def test_what_cannot_succeed_fails_at_once():
 
 def test_retries_stop_at_the_window():
     s = Script(["transient"] * 1000)
-    with pytest.raises(SchedulerError, match=r"submit failed \(\d+ attempts in 30s\): controller unreachable"):
+    with pytest.raises(SchedulerError, match=r"submit: nothing reached the scheduler in \d+ attempts over 30 s "
+                                             r"\(controller unreachable\); it did not take effect") as info:
         run(s, retry_s=30)
     assert 29.9 <= s.t <= 30.0 and s.applied == 0
+    assert not isinstance(info.value, OutcomeUnknown) and info.value.exit_code == 1
+    assert "unknown" not in str(info.value)
+
+
+def test_an_attempt_looked_up_and_not_found_then_unreachable_did_not_take_effect():
+    # Lost (ambiguous), looked up: not there; then the scheduler is unreachable to the end. The
+    # earlier attempt is known not to have taken effect: no "unknown", exit 1.
+    s = Script(["dropped"] + ["transient"] * 1000)
+    with pytest.raises(SchedulerError, match="did not take the earlier attempt.*it did not take effect") as info:
+        run(s, retry_s=20)
+    assert not isinstance(info.value, OutcomeUnknown) and s.looked == 1
+
+
+def test_each_retry_is_one_short_line_and_the_cause_only_with_debug(monkeypatch):
+    from halo_sched import errors
+
+    def failing():
+        try:
+            raise OSError("x" * 500)  # a transport's whole story
+        except OSError as exc:
+            raise Transient("the scheduler refused the connection") from exc
+
+    for on in (False, True):
+        monkeypatch.setattr(errors, "_debug", on)
+        lines, t = [], [0.0]
+        with pytest.raises(SchedulerError):
+            run_once("submit", failing, lambda: None, 20, sleep=lambda s: t.__setitem__(0, t[0] + s),
+                     clock=lambda: t[0], on_retry=lines.append)
+        assert len(lines) >= 4
+        for line in lines:
+            first, *rest = line.split("\n")
+            assert len(first) < 200 and "refused the connection (attempt " in first and "retrying in" in first
+            assert bool(rest) == on and ("x" * 500 in line) == on
 
 
 def test_retry_window_setting(monkeypatch):

@@ -84,7 +84,7 @@ def test_busy_rendezvous_port_is_a_clear_error(tmp_path):
 
 def test_unknown_job_id():
     r = cli("status", "nope-123", "--backend", "local")
-    assert r.returncode == 0 and "UNKNOWN" in r.stdout
+    assert r.returncode == 2 and "no job 'nope-123'" in r.stderr and r.stdout == ""
     r = cli("logs", "../etc", "--backend", "local")
     assert r.returncode == 2 and "not a local job id" in r.stderr
 

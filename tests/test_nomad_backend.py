@@ -295,11 +295,12 @@ def test_status_of_an_unknown_id_does_not_hide_the_others(job_file):
     with FakeNomad([Client("gpu-a"), Client("gpu-b")], token=TOKEN) as fake:
         job_id = cli("submit", str(job_file(nodes=2)), "--backend", "nomad", env=nomad_env(fake)).stdout.split()[-1]
         out = cli("status", "nope", job_id, "--backend", "nomad", env=nomad_env(fake))
-        assert out.returncode == 0
+        # An id nobody knows is bad input (exit 2, named on stderr); the known one is still shown.
+        assert out.returncode == 2 and "no job 'nope' on nomad" in out.stderr
         lines = out.stdout.splitlines()
-        assert lines[0].startswith("nope\tUNKNOWN") and lines[1].startswith(f"{job_id}\tRUNNING")
+        assert len(lines) == 1 and lines[0].startswith(f"{job_id}\tRUNNING")
         c = cli("cancel", "nope", job_id, "--backend", "nomad", env=nomad_env(fake))
-        assert c.returncode == 1 and "nope" in c.stderr
+        assert c.returncode == 2 and "no job 'nope'" in c.stderr and "the others were cancelled" in c.stderr
         assert fake.job_record(job_id)["Stop"] is True  # the known one was still stopped
 
 

@@ -110,8 +110,9 @@ def test_an_id_finds_its_backend_from_the_record(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_scheduler", lambda name: seen.append(name) or SlurmScheduler(transport=t))
     assert cli.main(["status", "4242"]) == 0
     assert seen == ["slurm"]
-    # --backend given explicitly still wins.
-    assert cli.main(["status", "4242", "--backend", "nomad"]) == 0
+    # --backend given explicitly still wins (there, no record and the stand-in does not know
+    # the id: bad input).
+    assert cli.main(["status", "4242", "--backend", "nomad"]) == 2
     assert seen[-1] == "nomad"
 
 
@@ -141,3 +142,97 @@ def test_slurm_logs_and_failure_after_the_scheduler_forgot_the_job(tmp_path, mon
     monkeypatch.setattr(cli, "_scheduler", lambda name: SlurmScheduler(transport=Failed()))
     assert cli.main(["status", "77"]) == 0
     assert "FAILED: rank 3 (node 1, host n2, local rank 1) exit 1 at" in capsys.readouterr().out
+
+
+# ---- a bad file fails its own job, never every command ----------------------------------------
+
+
+def _local_job(job_id: str, state: str = '{"state": "COMPLETED", "exit_code": 0}', meta: str = '{"nodes": 2}',
+               submitted: float = 1.0) -> None:
+    """A finished local job as its directory and record show it (no process behind it)."""
+    from halo_sched.backends.local import state_root
+
+    d = state_root() / job_id
+    d.mkdir(parents=True)
+    (d / "state.json").write_text(state)
+    (d / "job.json").write_text(meta)
+    (d / "job.log").write_text("[node 0] hello\n[node 1] hello\n")
+    records.write({"id": job_id, "backend": "local", "submitted": submitted, "nodes": 2, "nproc_per_node": 2})
+
+
+def _run(*args, timeout=30):
+    # A subprocess with a deadline: a read that blocks (a FIFO) fails the test instead of hanging it.
+    return subprocess.run([sys.executable, "-m", "halo_sched.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "HALO_SCHED_BACKEND": "local"})
+
+
+BAD_RECORDS = {
+    "torn@local.json": '{"id": "torn", "backend": "lo',
+    "types@local.json": json.dumps({"id": "types", "backend": "local", "submitted": "yesterday"}),
+    "state@local.json": json.dumps({"id": "state", "backend": "local", "last_state": ["RUNNING"]}),
+    "outs@slurm.json": json.dumps({"id": "outs", "backend": "slurm", "outputs": [7]}),
+    "intid@local.json": json.dumps({"id": 12, "backend": "local"}),
+    "list@local.json": "[1, 2]",
+}
+
+
+def test_a_torn_or_mistyped_record_is_shown_unreadable_and_fails_no_other_command():
+    _local_job("good-1", submitted=2.0)
+    _local_job("good-2", submitted=3.0)
+    for name, text in BAD_RECORDS.items():
+        (records.jobs_dir() / name).write_text(text)
+    r = _run("list")
+    assert r.returncode == 0, r.stderr
+    rows = {line.split("\t")[0]: line for line in r.stdout.splitlines()}
+    assert "COMPLETED exit=0" in rows["good-1"] and "COMPLETED exit=0" in rows["good-2"]
+    # Every bad one is a row saying so, and one short stderr line: none vanishes silently.
+    for name in BAD_RECORDS:
+        assert "UNREADABLE record (" in rows[records._from_name(records.jobs_dir() / name)[0]], (name, r.stdout)
+    warnings = [line for line in r.stderr.splitlines() if "unreadable job record" in line]
+    assert len(warnings) == len(BAD_RECORDS) and all(len(w) < 200 for w in warnings), r.stderr
+    assert "truncated JSON" in r.stderr and "'submitted' is a str" in r.stderr
+    assert "internal error" not in r.stderr and "Traceback" not in r.stderr
+    js = [json.loads(line) for line in _run("list", "--json", "--state", "unreadable").stdout.splitlines()]
+    assert sorted(j["id"] for j in js) == sorted(records._from_name(records.jobs_dir() / n)[0] for n in BAD_RECORDS)
+    for args in (["status", "good-1", "good-2"], ["cancel", "good-1"], ["logs", "good-1"], ["watch", "good-2"]):
+        r = _run(*args)
+        assert r.returncode == 0 and "internal error" not in r.stderr, (args, r.stderr)
+    assert records.find("good-1")[0]["id"] == "good-1"
+
+
+def test_a_fifo_named_like_a_record_never_blocks():
+    _local_job("good-1")
+    os.mkfifo(records.jobs_dir() / "pipe@local.json")  # nobody ever writes it: a plain open blocks
+    os.mkfifo(records.jobs_dir() / "good-2@local.json")
+    r = _run("list")
+    assert r.returncode == 0, r.stderr
+    assert "good-1\tlocal" in r.stdout and "pipe\tlocal\t\tUNREADABLE record (not a regular file)" in r.stdout
+    r = _run("status", "good-2")  # its record is the FIFO: the id is still known, nothing blocks
+    assert r.returncode == 0 and "not a regular file" in r.stderr, r.stderr
+
+
+def test_a_huge_record_is_refused_unread(monkeypatch):
+    monkeypatch.setattr(records, "MAX_RECORD_BYTES", 1000)
+    (records.jobs_dir()).mkdir(parents=True)
+    (records.jobs_dir() / "big@local.json").write_text(json.dumps({"id": "big", "backend": "local", "pad": "x" * 5000}))
+    bad = []
+    assert records.load_all(on_bad=bad.append) == []
+    assert [b.reason for b in bad] == ["larger than 1000 bytes"]
+
+
+@pytest.mark.parametrize("state", ['{"state": "RUNN', '{"state": 5}', '[]', '{"state": "COMPLETED", "exit_code": "0"}'])
+def test_a_torn_local_state_file_fails_only_its_own_job(state):
+    _local_job("good-1")
+    _local_job("torn-1", state=state)
+    r = _run("list")
+    assert r.returncode == 0 and "internal error" not in r.stderr, r.stderr
+    assert "good-1\tlocal" in r.stdout and "COMPLETED exit=0" in r.stdout
+    r = _run("status", "good-1", "torn-1")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("good-1\tCOMPLETED") and lines[1].startswith("torn-1\tUNKNOWN")
+    assert "unreadable state.json" in lines[1]
+    # Cancel still works on it (the job may be running): the state file is rewritten whole.
+    r = _run("cancel", "torn-1")
+    assert r.returncode == 0 and "internal error" not in r.stderr, r.stderr
+    assert _run("status", "torn-1").stdout.startswith("torn-1\tCANCELLED")

@@ -9,7 +9,6 @@ The job outlives the submitting command; ``status``/``logs``/``cancel`` read tha
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
@@ -21,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ..errors import SchedulerError, UsageError
+from ..errors import SchedulerError, UsageError, shown
+from ..records import Unreadable, read_json, read_small
 from ..launch import LOG_DIR_VAR, MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, NODE_RANK_VAR, entry_script
 from ..spec import JobSpec
 from ..servers import SERVER_ADDR_VAR, SERVER_INDEX_VAR, TRAINER_MASTER_VAR, addrs_var, local_addr, server_script
@@ -127,9 +127,9 @@ class LocalScheduler(Scheduler):
     def cancel(self, ids: Sequence[str], **opts) -> None:
         for job_id in ids:
             d = self._dir(job_id)
-            data = json.loads((d / "state.json").read_text())
-            if JobStatus(data["state"]).terminal:
-                continue
+            data, _ = _read_state(d)
+            if data is not None and JobStatus(data["state"]).terminal:
+                continue  # an unreadable state file: the job may run, so cancel it all the same
             # The mark makes the cancel stick even if the supervisor has not set up its handler yet.
             (d / CANCEL_MARK).touch()
             sup = self._supervisor(d)
@@ -142,8 +142,9 @@ class LocalScheduler(Scheduler):
             # No supervisor to do it: stop every process of the job (torchrun first gets SIGTERM,
             # so it can stop its workers), then record the outcome unless the supervisor did.
             _stop_tagged(str(d))
-            data = json.loads((d / "state.json").read_text())
-            if not JobStatus(data["state"]).terminal:
+            data, _ = _read_state(d)
+            if data is None or not JobStatus(data["state"]).terminal:
+                data = data or {}
                 data.update(state="CANCELLED", nodes_running=0, ended=time.time(),
                             reason="cancelled by user (the supervisor was gone)")
                 _write_json(d / "state.json", data)
@@ -181,18 +182,22 @@ class LocalScheduler(Scheduler):
     # ---- implementation ---------------------------------------------------------------------
 
     def _dir(self, job_id: str) -> Path:
-        if not _ID_RE.match(job_id) or job_id in (".", ".."):
-            raise UsageError(f"{job_id!r} is not a local job id")
+        if len(job_id) > 255 or not _ID_RE.match(job_id) or job_id in (".", ".."):
+            raise UsageError(f"{shown(job_id)} is not a local job id")
         d = self.root / job_id
-        if not (d / "state.json").is_file():
-            raise UsageError(f"no local job {job_id!r} under {self.root}")
+        try:
+            found = os.path.lexists(d / "state.json")
+        except (OSError, ValueError):
+            found = False
+        if not found:
+            raise UsageError(f"no local job {shown(job_id)} under {self.root}")
         return d
 
     @staticmethod
     def _supervisor(d: Path) -> tuple[int, int | None] | None:
         """(pid, start time) of the job's supervisor, as recorded at submit."""
         try:
-            parts = (d / "supervisor.pid").read_text().split()
+            parts = read_small(d / "supervisor.pid", 256).decode().split()
             return int(parts[0]), (int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None)
         except (OSError, ValueError, IndexError):
             return None
@@ -202,8 +207,12 @@ class LocalScheduler(Scheduler):
             d = self._dir(job_id)
         except UsageError as err:
             return JobState(job_id, JobStatus.UNKNOWN, reason=str(err))
-        data = json.loads((d / "state.json").read_text())
-        meta = json.loads((d / "job.json").read_text())
+        data, why = _read_state(d)
+        meta, why_meta = _read_meta(d)
+        if data is None or meta is None:
+            # A torn or foreign file reports this one job, never fails a command for every job.
+            return JobState(job_id, JobStatus.UNKNOWN, raw_state="UNREADABLE", reason=why or why_meta,
+                            extra={"unreadable": True})
         status = JobStatus(data["state"])
         st = JobState(
             job_id, status, raw_state=data["state"], exit_code=data.get("exit_code"),
@@ -217,8 +226,8 @@ class LocalScheduler(Scheduler):
                 return st  # submit has not recorded the supervisor yet
             if sup is None or not _same_process(*sup):
                 # Re-read: the supervisor may have finished between the two reads.
-                data = json.loads((d / "state.json").read_text())
-                if JobStatus(data["state"]).terminal:
+                data, _ = _read_state(d)
+                if data is not None and JobStatus(data["state"]).terminal:
                     return self._state(job_id)
                 if (d / CANCEL_MARK).exists():
                     st.status, st.reason = JobStatus.CANCELLED, "cancelled by user"
@@ -228,6 +237,33 @@ class LocalScheduler(Scheduler):
                     if left:
                         st.reason += f"; {left} process{'es' if left != 1 else ''} of the job still run: cancel it to stop them"
         return st
+
+
+def _read_state(d: Path) -> tuple[dict | None, str]:
+    """The job's ``state.json`` (the supervisor's), or None and why it cannot be used. Read
+    without blocking and bounded (a FIFO or a huge file of that name is refused)."""
+    try:
+        data = read_json(d / "state.json", 1 << 20)
+    except (OSError, Unreadable) as err:
+        return None, f"unreadable state.json: {err if isinstance(err, Unreadable) else err.strerror or err}"
+    if not isinstance(data, dict) or data.get("state") not in JobStatus.__members__:
+        return None, "unreadable state.json: no valid 'state'"
+    for key, types in (("exit_code", (int, type(None))), ("nodes_running", int), ("reason", str),
+                       ("submitted", (int, float))):
+        if key in data and (not isinstance(data[key], types) or isinstance(data[key], bool)):
+            return None, f"unreadable state.json: {key!r} is a {type(data[key]).__name__}"
+    return data, ""
+
+
+def _read_meta(d: Path) -> tuple[dict | None, str]:
+    """The job's ``job.json`` (written at submit), or None and why it cannot be used."""
+    try:
+        meta = read_json(d / "job.json", 16 << 20)
+    except (OSError, Unreadable) as err:
+        return None, f"unreadable job.json: {err if isinstance(err, Unreadable) else err.strerror or err}"
+    if not isinstance(meta, dict) or not isinstance(meta.get("nodes"), int) or isinstance(meta.get("nodes"), bool):
+        return None, "unreadable job.json: no valid 'nodes'"
+    return meta, ""
 
 
 def _launch_plan(spec: JobSpec, d: Path, servers: list[dict], gpu_sets: list[str] | None) -> dict:

@@ -87,11 +87,11 @@ class NomadScheduler(Scheduler):
         from .plan import version_warnings
 
         try:
-            version = client.server_version()
+            version_lines = version_warnings(payload["Job"], client.server_version())
         except SchedulerError as err:
-            version = None
-            _say(f"warning: could not read the Nomad server version: {err}")
-        for line in version_warnings(payload["Job"], version):
+            # That line says why; version_warnings(None) would blame the token's permissions.
+            version_lines = [f"could not read the Nomad server version: {err}"]
+        for line in version_lines:
             _say(f"warning: {line}")
         for line in client_requirements(spec):
             _say(f"every Nomad client that may run this job needs: {line}")

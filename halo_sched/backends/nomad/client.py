@@ -31,7 +31,7 @@ import nomad.api.exceptions as nomad_exc
 import requests
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
-from halo_sched.errors import SchedulerError, UsageError
+from halo_sched.errors import OutcomeUnknown, SchedulerError, UsageError, debug
 
 DEFAULT_ADDRESS = "http://127.0.0.1:4646"
 _BODY_LIMIT = 600  # characters of Nomad's response body quoted in an error message
@@ -199,6 +199,49 @@ def _unwrap(exc: BaseException) -> tuple[requests.Response | None, BaseException
     return None, exc
 
 
+def _connect_failure(transport: BaseException | None) -> str | None:
+    """Why no connection to Nomad was made, when none was (so no request was sent): "refused
+    the connection", "host not found", ...; None when a request may have been sent (a read
+    timeout, a connection dropped mid-answer) or for anything else."""
+    import socket
+
+    import urllib3.exceptions as u3
+
+    if isinstance(transport, requests.exceptions.ConnectTimeout):
+        return "did not accept the connection in time"
+    if not isinstance(transport, requests.ConnectionError) or isinstance(
+            transport, (requests.exceptions.SSLError, requests.exceptions.ProxyError)):
+        return None
+    reason = transport.args[0] if transport.args else None
+    reason = getattr(reason, "reason", reason)  # urllib3's MaxRetryError carries the cause
+    if not isinstance(reason, u3.NewConnectionError):  # includes NameResolutionError (urllib3 2)
+        return None
+    cause = reason.__cause__ or reason.__context__
+    if isinstance(reason, getattr(u3, "NameResolutionError", ())) or isinstance(cause, socket.gaierror):
+        return "could not be found (its host name does not resolve)"
+    if isinstance(cause, ConnectionRefusedError):
+        return "refused the connection"
+    if isinstance(cause, OSError) and cause.strerror:
+        return f"could not be connected to ({cause.strerror})"
+    return "could not be connected to"
+
+
+def _broken_answer(transport: BaseException | None) -> str:
+    """A short account of a transport failure after the connection was made."""
+    if isinstance(transport, requests.Timeout):
+        return "did not answer in time"
+    inner, seen = transport, 0
+    while inner is not None and seen < 6:  # the innermost cause names it best (RemoteDisconnected, reset)
+        nxt = inner.args[-1] if inner.args and isinstance(inner.args[-1], BaseException) else None
+        nxt = nxt or getattr(inner, "reason", None) or inner.__cause__
+        if not isinstance(nxt, BaseException):
+            break
+        inner, seen = nxt, seen + 1
+    if isinstance(inner, ConnectionResetError):
+        return "reset the connection before answering"
+    return f"closed the connection before answering ({type(inner).__name__})"
+
+
 def _is_transient(exc: BaseException) -> bool:
     """Retry only what can heal by itself: HTTP 5xx and failures to connect or to get an answer.
 
@@ -312,12 +355,14 @@ class NomadClient:
                    "the CA bundle that signed the server certificate (NOMAD_SKIP_VERIFY=true disables the check; "
                    "insecure)")
             return NomadAPIError(msg, address=cfg.address, attempts=attempts)
+        # The underlying exception (urllib3's whole chain, hundreds of characters) only with --debug.
+        detail = f" [{type(transport).__name__}: {transport}]" if debug() else ""
         if isinstance(transport, requests.Timeout) and not isinstance(transport, requests.ConnectionError):
-            msg = f"Nomad at {cfg.address} did not answer within {cfg.timeout_s:g}s ({what}): {transport}"
+            msg = f"Nomad at {cfg.address} did not answer within {cfg.timeout_s:g}s ({what}){detail}"
             return NomadAPIError(msg, address=cfg.address, attempts=attempts)
-        tries = f" after {attempts} attempt{'s' if attempts != 1 else ''}"
-        msg = (f"cannot reach Nomad at {cfg.address} to {what}{tries}: {transport}. "
-               "Check NOMAD_ADDR and that the agent is running")
+        tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
+        why = _connect_failure(transport) or _broken_answer(transport)
+        msg = f"cannot reach Nomad at {cfg.address} ({what}, {tries}): it {why}{detail}; check NOMAD_ADDR"
         return NomadAPIError(msg, address=cfg.address, attempts=attempts)
 
     def _namespace_hint(self) -> str:
@@ -401,7 +446,8 @@ class NomadClient:
             return {"EvalID": job.get("EvalID", ""), "JobModifyIndex": job.get("JobModifyIndex"), "Warnings": "",
                     "found_after_retry": True}
 
-        return run_once(what, send, lookup, retry_s, token=token, sleep=self._sleep, on_retry=on_retry)
+        return run_once(what, send, lookup, retry_s, token=token, sleep=self._sleep, on_retry=on_retry,
+                        who="Nomad", not_done="the job was not submitted")
 
     def put_variable(self, path: str, items: dict[str, str], retry_s: float | None = None,
                      on_retry: Callable[[str], None] | None = None) -> None:
@@ -425,7 +471,10 @@ class NomadClient:
 
         try:
             run_once(what, lambda: self._call_once(what, put), lambda: None, retry_s, sleep=self._sleep,
-                     on_retry=on_retry)
+                     on_retry=on_retry, who="Nomad", not_done="the job was not submitted")
+        except OutcomeUnknown as exc:
+            # Whether the Variable was written is unknown; the job certainly was not submitted.
+            raise NomadAPIError(f"{exc}; the job was not submitted", address=cfg.address) from exc
         except NomadAPIError as exc:
             if exc.status != 403:
                 raise
@@ -475,15 +524,19 @@ class NomadClient:
                 raise
             return True
 
-        if not run_once(f"read job {job_id!r}", exists, lambda: None, retry_s, sleep=self._sleep, on_retry=on_retry):
+        if not run_once(f"read job {job_id!r}", exists, lambda: None, retry_s, sleep=self._sleep, on_retry=on_retry,
+                        who="Nomad", not_done="the job was not stopped"):
             return False
-        return run_once(f"stop job {job_id!r}", send, lambda: None, retry_s, sleep=self._sleep, on_retry=on_retry)
+        return run_once(f"stop job {job_id!r}", send, lambda: None, retry_s, sleep=self._sleep, on_retry=on_retry,
+                        who="Nomad", not_done="the job was not stopped")
 
     def _call_once(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """One attempt. A failure that may heal raises :class:`~halo_sched.exactly_once.Ambiguous`
-        (5xx, connection dropped or refused, read timeout: any of them may follow a request the
-        server applied); anything else a :class:`NomadAPIError`."""
-        from halo_sched.exactly_once import Ambiguous
+        """One attempt. A failure before any connection was made (refused, the host name does not
+        resolve, connect timeout) raises :class:`~halo_sched.exactly_once.Transient`: nothing was
+        sent. One that may follow a request the server applied (5xx, connection dropped, read
+        timeout) raises :class:`~halo_sched.exactly_once.Ambiguous`; anything else a
+        :class:`NomadAPIError`. Their messages are one short line."""
+        from halo_sched.exactly_once import Ambiguous, Transient
 
         try:
             return fn(*args, **kwargs)
@@ -492,12 +545,19 @@ class NomadClient:
         except (nomad_exc.BaseNomadException, _HTTPStatusError, requests.RequestException) as exc:
             err = self._error(what, exc, None)
             response, transport = _unwrap(exc)
-            if (response is not None and response.status_code >= 500) or (
-                    response is None and isinstance(transport, (requests.ConnectionError, requests.Timeout))
-                    and not isinstance(transport, requests.exceptions.SSLError)):
+            where = f"Nomad at {self.config.address}"
+            if response is not None and response.status_code >= 500:
                 if err.status == 500 and ENFORCE_INDEX_ERR in err.body:
                     raise err from exc
-                raise Ambiguous(str(err)) from exc
+                first = (err.body.strip().splitlines() or [""])[0][:80]
+                raise Ambiguous(f"{where} answered HTTP {response.status_code}" + (f" {first!r}" if first else "")) from exc
+            if response is None and not isinstance(transport, requests.exceptions.SSLError):
+                # No connection was made (refused, host not found): nothing was sent.
+                why = _connect_failure(transport)
+                if why:
+                    raise Transient(f"{where} {why}") from exc
+                if isinstance(transport, (requests.ConnectionError, requests.Timeout)):
+                    raise Ambiguous(f"{where} {_broken_answer(transport)}") from exc
             raise err from exc
 
     def plan(self, payload: dict, diff: bool = True) -> dict:
