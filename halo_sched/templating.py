@@ -39,6 +39,19 @@ def sh_quote(value: str) -> str:
     return "'" + value.replace("'", "'\\''") + "'"
 
 
+_CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def sh_block(value: str | list[str]) -> str:
+    """Like :func:`sh_quote`, but text of several lines (or a list of lines, joined) stays
+    several lines (single-quoted, readable in the script) unless it holds other control characters."""
+    if isinstance(value, (list, tuple)):
+        value = "\n".join(value)
+    if not _CONTROL_BUT_LINES.search(value):
+        return "'" + value.replace("'", "'\\''") + "'"
+    return sh_quote(value)
+
+
 def hcl_escape(value: str) -> str:
     """Body of an HCL2 quoted string whose value is exactly ``value``.
 
@@ -120,6 +133,7 @@ def environment() -> jinja2.Environment:
         bytecode_cache=_bytecode_cache(),
     )
     env.filters["sh"] = sh_quote
+    env.filters["sh_block"] = sh_block
     env.filters["hcl"] = hcl_string
     env.filters["hcl_heredoc"] = hcl_heredoc
     return env

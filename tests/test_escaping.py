@@ -16,7 +16,7 @@ from halo_sched.errors import SpecError
 from halo_sched.backends.nomad.render import _delimiters, job_payload, render_hcl
 from halo_sched.backends.slurm.render import render_sbatch
 from halo_sched.launch import entry_script
-from halo_sched.templating import hcl_escape, hcl_heredoc, heredoc_tag, sh_quote
+from halo_sched.templating import hcl_escape, hcl_heredoc, heredoc_tag, sh_block, sh_quote
 from hclparse import hcl2json, jobspec
 from helpers import base_env, fake_bin, load_nomad_helper, records, run_entry, run_sbatch
 
@@ -162,3 +162,36 @@ def test_docker_volumes_stay_literal_on_the_client(host, container, mode):
         assert client_sim.eval_hcl_string(sent, {"NOMAD_JOB_ID": "j", "x": "X"}) == volume
     # The HCL file carries the same (escaped) config string as the payload.
     assert jobspec.comparable(jobspec.api_job(hcl_load(render_hcl(spec)))) == jobspec.comparable(job)
+
+
+# ---- setup ------------------------------------------------------------------------------------
+
+
+@FAST
+@given(TEXT)
+def test_sh_block_is_one_literal_word(value):
+    r = subprocess.run(["bash", "-c", f"printf '%s' {sh_block(value)}"], capture_output=True)
+    assert r.returncode == 0
+    assert r.stdout == value.encode()
+
+
+# What a setup line may hold (the job file refuses other control characters).
+SETUP_TEXT = TEXT.map(lambda t: re.sub(r"[\x00-\x08\x0a-\x1f\x7f]", "", t))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(comments=st.lists(SETUP_TEXT, max_size=3), value=SETUP_TEXT,
+       opener=st.sampled_from(["", "cat > /dev/null <<'X'", "cat > /dev/null <<HALO_ENTRY_EOF", ": <<'EOF'"]))
+def test_setup_text_cannot_swallow_the_script(tmp_path_factory, comments, value, opener):
+    """Whatever the setup lines hold, torchrun starts after them with what they exported: a heredoc
+    left open, a quote, a delimiter of the script itself ends with setup."""
+    tmp = tmp_path_factory.mktemp("setup")
+    setup = ["# " + c for c in comments] + [f"export S={sh_quote(value)}"] + ([opener] if opener else [])
+    spec = halo_sched.spec.JobSpec.model_validate({"name": "prop", "nodes": 2, "nproc_per_node": 1,
+                                                   "trainer": {"script": "t.py"}, "setup": setup})
+    bindir, out = fake_bin(tmp), tmp / "out"
+    out.mkdir()
+    r = run_entry(entry_script(spec), tmp, {"HALO_NODE_RANK": "1", "HALO_MASTER_ADDR": "127.0.0.1"},
+                  base_env(bindir, out, ["S"]))
+    assert r.returncode == 0, r.stderr
+    assert bytes.fromhex(records(out)[1]["env_hex"]["S"]) == value.encode()
