@@ -32,22 +32,30 @@ def loads(text: str) -> "JobSpec":
 
 
 def render(spec: "JobSpec", backend: str = "local", **opts) -> str:
-    """The exact text ``backend`` would submit (sbatch script, HCL or JSON, local plan)."""
-    from . import backends
+    """The exact text ``backend`` would submit (sbatch script, HCL or JSON, local plan).
 
-    return backends.get(backend).render(spec, **opts)
+    ``spec`` is validated again first, as a job file is: a spec changed with ``model_copy`` or
+    built directly gets the same SpecError."""
+    from . import backends
+    from .backends.base import checked_spec
+
+    with checked_spec(spec) as spec:
+        return backends.get(backend).render(spec, **opts)
 
 
 def submit(spec: "JobSpec", backend: str = "local", retry_s: float | None = None, **opts) -> "Job":
     """Submit and return a handle with ``.id``, ``.status()``, ``.wait()``, ``.cancel()``, ``.logs()``.
 
     Exactly once: through a scheduler outage the submission is retried for ``retry_s`` seconds
-    (default ``$HALO_SUBMIT_RETRY_S`` or 120) and never creates a second job."""
+    (default ``$HALO_SUBMIT_RETRY_S`` or 120) and never creates a second job. ``spec`` is
+    validated again first, as for :func:`render`."""
     from . import backends
+    from .backends.base import checked_spec
 
-    sched = backends.get(backend)
-    sched.retry_s = retry_s
-    return sched.submit(spec, **opts)
+    with checked_spec(spec) as spec:
+        sched = backends.get(backend)
+        sched.retry_s = retry_s
+        return sched.submit(spec, **opts)
 
 
 def job(job_id: str, backend: str = "local") -> "Job":

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .spec import JobSpec
-from .templating import render_template
+from .templating import RenderError, check, checked_int, render_template
 
 #: Variables a backend sets for the entry script (its whole per-node interface).
 NODE_RANK_VAR = "HALO_NODE_RANK"
@@ -38,6 +38,8 @@ class LaunchContract:
     def environment(self) -> dict[str, str]:
         """Environment every rank gets: the spec's DIST_*/NCCL_* first, then the user's (literal)."""
         env = dict(self.spec.derived_env())
+        if not isinstance(self.spec.env, dict):
+            raise RenderError([("env", "must be a mapping of variable names to text")])
         env.update(self.spec.env)
         return env
 
@@ -45,24 +47,35 @@ class LaunchContract:
         """torchrun's options that are the same on every node (rank and address come at run time)."""
         s = self.spec
         return [
-            f"--nnodes={s.nodes}",
-            f"--nproc_per_node={s.nproc_per_node}",
+            f"--nnodes={checked_int(s.nodes, 'nodes')}",
+            f"--nproc_per_node={checked_int(s.nproc_per_node, 'nproc_per_node')}",
             # --node_rank and --master_addr follow, from the node's environment
-            f"--master_port={s.rendezvous.port}",
+            f"--master_port={checked_int(s.rendezvous.port, 'rendezvous.port')}",
             # A fixed-size world: a restarted node could never rejoin a static rendezvous.
             "--max_restarts=0",
             # Static rendezvous store timeout: bounds how long a node waits for the others.
-            f"--rdzv_conf=timeout={s.rendezvous.timeout_s}",
+            f"--rdzv_conf=timeout={checked_int(s.rendezvous.timeout_s, 'rendezvous.timeout_s')}",
         ]
 
     def warning_signal(self) -> str:
         """The signal a trainer gets as the preemption/time-limit warning (``slurm.signal``'s,
         USR2 by default). torchrun ignores it; the trainer handles it (``HALO_WARNING_SIGNAL``)."""
-        return self.spec.slurm.warning[1]
+        try:
+            name = self.spec.slurm.warning[1]
+        except (AttributeError, TypeError):  # not a [B:]SIGNAL[@seconds] at all
+            name = self.spec.slurm.signal
+        return check(name, "signal name", "slurm.signal")
 
     def trainer_argv(self) -> list[str]:
         t = self.spec.trainer
-        head = ["-m", t.module] if t.module else [t.script]
+        if t.module:
+            head = ["-m", check(t.module, "Python module", "trainer.module")]
+        elif isinstance(t.script, str) and t.script and not t.script.startswith("-"):
+            head = [t.script]  # quoted by the template
+        else:  # torchrun would read it as one of its options
+            raise RenderError([("trainer.script", "must be the path of a .py file, not starting with '-'")])
+        if not isinstance(t.args, (list, tuple)):
+            raise RenderError([("trainer.args", "must be a list of arguments")])
         return head + list(t.args)
 
     def entry_script(self) -> str:

@@ -1293,3 +1293,26 @@ def load(path: str | Path) -> JobSpec:
 
 def json_schema() -> dict:
     return JobSpec.model_json_schema()
+
+
+def validated(spec: Any) -> JobSpec:
+    """``spec`` validated again, as a job file is (``from_dict``: the fields, then the layout
+    rules; its notes are not repeated), whatever built it: ``model_copy(update=...)`` and
+    ``model_construct`` skip pydantic's validation, and ``JobSpec(...)`` skips the layout rules.
+    Returns a new JobSpec; raises the SpecError a job file with the same content would."""
+    if not isinstance(spec, JobSpec):
+        raise SpecError([("", f"expected a JobSpec (halo_sched.load or loads), got {type(spec).__name__}")])
+    try:
+        data = spec.model_dump(warnings=False)
+    except Exception as err:  # noqa: BLE001 - a value no job file could hold
+        raise SpecError([("", f"the spec holds a value that cannot be read back ({type(err).__name__})")]) from None
+    try:
+        checked = JobSpec.model_validate(data)
+    except ValidationError as err:
+        raise SpecError([(_fmt_loc(loc), msg) for loc, msg in problems_from(err)]) from None
+    from .layout import check as check_layout
+
+    errors, _ = check_layout(checked)
+    if errors:
+        raise SpecError(errors)
+    return checked

@@ -1,8 +1,19 @@
-"""The one Jinja2 environment every renderer uses, and the quoting filters its templates need.
+"""The one Jinja2 environment every renderer uses, and the filters its templates need.
 
 Templates live in the repository's top-level ``templates/`` (shipped in the wheel as
-``halo_sched/templates``). Every user string reaches a template through one of these filters;
-the templates never interpolate raw user text.
+``halo_sched/templates``). Every value a template pastes into a script or a job goes through a
+filter, whatever the model holds (``model_copy(update=...)`` does not validate):
+
+* free text is quoted for where it goes: ``sh`` (one bash word), ``sh_block`` (a multi-line bash
+  string), ``hcl`` / ``hcl_heredoc`` (an HCL string);
+* where quoting is impossible (an ``#SBATCH`` line, a variable name, an HCL key, a name used in
+  paths or patterns, a number in arithmetic) the value is checked again against a full-match
+  pattern as strict as the job file's (``job_name``, ``var``, ``server_name``, ``iface``,
+  ``signal``, ``sbatch_opt``, ``hcl_key``, ``digits``, ``num``): anything else is a
+  :class:`RenderError`.
+
+The render modules build their f-strings from the same checks (:func:`check`, :func:`checked_int`).
+The public API validates every spec first (``spec.validated``): these checks are the second line.
 """
 from __future__ import annotations
 
@@ -11,6 +22,8 @@ import re
 from pathlib import Path
 
 import jinja2
+
+from .errors import SpecError
 
 _PKG = Path(__file__).resolve().parent
 
@@ -23,13 +36,80 @@ def template_dir() -> Path:
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def sh_quote(value: str) -> str:
+class RenderError(SpecError):
+    """A value no renderer will write: the spec holds what no validated job file can (it was built
+    or changed without validation). Exit code 2, like any invalid spec."""
+
+
+# Full-match patterns for values pasted where nothing can quote them. Each is as strict as (or
+# stricter than) the job file's rule for the field; a valid job renders, anything else does not.
+PATTERNS = {
+    # letters, digits, _ . -: the job's name (an #SBATCH line, paths, Nomad ids)
+    "job name": re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"),
+    # a Nomad job id: the name, or the name and a submission's date and token
+    "job id": re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}"),
+    # a shell/environment variable name (`export NAME=`, `${NAME}`)
+    "variable name": re.compile(r"[A-Za-z_][A-Za-z0-9_]*"),
+    # a server role (variable names, group names, file names, unquoted in the scripts)
+    "server name": re.compile(r"[a-z](?:[a-z0-9-]{0,22}[a-z0-9])?"),
+    "network interface": re.compile(r"[A-Za-z0-9_.:@-]{1,15}"),
+    "signal name": re.compile(r"[A-Z][A-Z0-9]{0,15}"),
+    # one sbatch option on an #SBATCH line: no space (sbatch splits the line there), no quote,
+    # '#', '\\', '$' or '`', no control character (a line break would start a shell line)
+    "sbatch option": re.compile(r"--[a-z][a-z0-9-]*(?:=[^\s'\"\\#`$\x00-\x1f\x7f-\x9f]+)?"),
+    # slurm.partition, account, qos, mem, container mounts
+    "SLURM word": re.compile(r"[A-Za-z0-9_.,:@+%/=-]+"),
+    "SLURM time": re.compile(r"\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}|UNLIMITED|INFINITE"),
+    "SLURM constraint": re.compile(r"[A-Za-z0-9_.,:@+%/=&|\[\]*()!-]+"),
+    # an HCL attribute name (bare, before `=`)
+    "HCL key": re.compile(r"[A-Za-z_][A-Za-z0-9_-]*"),
+    # a number already written as text
+    "count": re.compile(r"[0-9]{1,19}"),
+    "Python module": re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"),
+}
+_MAX_INT = 2**63 - 1
+
+
+def _refuse(what: str, kind: str, shown: str) -> RenderError:
+    return RenderError([(what, f"{shown} is not a valid {kind}, and it would be written unquoted into the "
+                               "rendered job; validate the spec (halo_sched.load/loads, or JobSpec.model_validate "
+                               "after model_copy) and fix the field")])
+
+
+def check(value, kind: str, what: str = "") -> str:
+    """``value`` if it fully matches the pattern ``kind`` (a key of PATTERNS); else RenderError."""
+    if isinstance(value, str) and PATTERNS[kind].fullmatch(value):
+        return value
+    shown = ascii(value)[:80] if isinstance(value, str) else f"a {type(value).__name__}"
+    raise _refuse(what or kind, kind, shown)
+
+
+def checked_int(value, what: str = "a number") -> int:
+    """``value`` if it is an int (not a bool, not a string of digits) in 0..2**63-1."""
+    if type(value) is int and 0 <= value <= _MAX_INT:
+        return value
+    shown = ascii(value)[:80] if isinstance(value, (str, int)) else f"a {type(value).__name__}"
+    raise _refuse(what, "whole number", shown)
+
+
+def checked_text(value, what: str) -> str:
+    """Free text to be quoted: a str without NUL (no process argument or environment holds one)."""
+    if not isinstance(value, str):
+        raise RenderError([(what, f"a {type(value).__name__} where text was expected; validate the spec "
+                                  "(halo_sched.load/loads, or JobSpec.model_validate after model_copy)")])
+    if "\x00" in value:
+        raise RenderError([(what, "contains a NUL byte, which no process argument or environment can carry")])
+    return value
+
+
+def sh_quote(value: str, what: str = "a value") -> str:
     """A bash word that expands to exactly ``value``.
 
     Plain text is single-quoted (' as '\\''). Text with control characters uses bash's $'...'
     with escapes instead, so the script itself holds none: sbatch rejects any script containing
     a carriage return, and a raw newline would make one value span script lines.
     """
+    checked_text(value, what)
     if value and re.fullmatch(r"[A-Za-z0-9_@%+=:,./-]+", value):
         return value
     if _CONTROL.search(value):
@@ -37,6 +117,20 @@ def sh_quote(value: str) -> str:
         body = _CONTROL.sub(lambda m: {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(m.group(), f"\\x{ord(m.group()):02x}"), body)
         return "$'" + body + "'"
     return "'" + value.replace("'", "'\\''") + "'"
+
+
+_CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def sh_block(value: str | list[str], what: str = "a value") -> str:
+    """Like :func:`sh_quote`, but text of several lines (or a list of lines, joined) stays
+    several lines (single-quoted, readable in the script) unless it holds other control characters."""
+    if isinstance(value, (list, tuple)):
+        value = "\n".join(checked_text(line, what) for line in value)
+    checked_text(value, what)
+    if not _CONTROL_BUT_LINES.search(value):
+        return "'" + value.replace("'", "'\\''") + "'"
+    return sh_quote(value, what)
 
 
 def hcl_escape(value: str) -> str:
@@ -71,14 +165,16 @@ def hcl_escape(value: str) -> str:
 def hcl_string(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (int, float)):
+    if type(value) is int:
         return str(value)
-    return '"' + hcl_escape(str(value)) + '"'
+    if type(value) is float and value == value and abs(value) != float("inf"):
+        return repr(value)
+    return '"' + hcl_escape(checked_text(value, "an HCL value")) + '"'
 
 
 def hcl_heredoc(value: str, indent: str = "") -> str:
     """An HCL heredoc (``<<TAG ... TAG``) for a multi-line literal, with a tag absent from it."""
-    body = value.replace("${", "$${").replace("%{", "%%{")
+    body = checked_text(value, "an HCL value").replace("${", "$${").replace("%{", "%%{")
     tag, n = "EOT", 0
     lines = body.split("\n")
     while any(line.strip() == tag for line in lines):
@@ -120,9 +216,24 @@ def environment() -> jinja2.Environment:
         bytecode_cache=_bytecode_cache(),
     )
     env.filters["sh"] = sh_quote
+    env.filters["sh_block"] = sh_block
     env.filters["hcl"] = hcl_string
     env.filters["hcl_heredoc"] = hcl_heredoc
+    env.filters["num"] = checked_int
+    for name, kind in _WORD_FILTERS.items():
+        env.filters[name] = functools.partial(_word_filter, kind)
     return env
+
+
+# Template filter -> the PATTERNS entry it checks; ``{{ spec.name | job_name("name") }}``.
+_WORD_FILTERS = {
+    "job_name": "job name", "var": "variable name", "server_name": "server name", "iface": "network interface",
+    "signal": "signal name", "sbatch_opt": "sbatch option", "hcl_key": "HCL key", "digits": "count",
+}
+
+
+def _word_filter(kind: str, value, what: str = "") -> str:
+    return check(value, kind, what)
 
 
 def render_template(name: str, **context) -> str:

@@ -16,7 +16,9 @@ from halo_sched.errors import SpecError
 from halo_sched.backends.nomad.render import _delimiters, job_payload, render_hcl
 from halo_sched.backends.slurm.render import render_sbatch
 from halo_sched.launch import entry_script
-from halo_sched.templating import hcl_escape, hcl_heredoc, heredoc_tag, sh_quote
+from halo_sched.templating import (
+    PATTERNS, RenderError, check, checked_int, hcl_escape, hcl_heredoc, heredoc_tag, sh_block, sh_quote,
+)
 from hclparse import hcl2json, jobspec
 from helpers import base_env, fake_bin, load_nomad_helper, records, run_entry, run_sbatch
 
@@ -162,3 +164,112 @@ def test_docker_volumes_stay_literal_on_the_client(host, container, mode):
         assert client_sim.eval_hcl_string(sent, {"NOMAD_JOB_ID": "j", "x": "X"}) == volume
     # The HCL file carries the same (escaped) config string as the payload.
     assert jobspec.comparable(jobspec.api_job(hcl_load(render_hcl(spec)))) == jobspec.comparable(job)
+
+
+# ---- setup ------------------------------------------------------------------------------------
+
+
+@FAST
+@given(TEXT)
+def test_sh_block_is_one_literal_word(value):
+    r = subprocess.run(["bash", "-c", f"printf '%s' {sh_block(value)}"], capture_output=True)
+    assert r.returncode == 0
+    assert r.stdout == value.encode()
+
+
+# What a setup line may hold (the job file refuses other control characters).
+SETUP_TEXT = TEXT.map(lambda t: re.sub(r"[\x00-\x08\x0a-\x1f\x7f]", "", t))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(comments=st.lists(SETUP_TEXT, max_size=3), value=SETUP_TEXT,
+       opener=st.sampled_from(["", "cat > /dev/null <<'X'", "cat > /dev/null <<HALO_ENTRY_EOF", ": <<'EOF'"]))
+def test_setup_text_cannot_swallow_the_script(tmp_path_factory, comments, value, opener):
+    """Whatever the setup lines hold, torchrun starts after them with what they exported: a heredoc
+    left open, a quote, a delimiter of the script itself ends with setup."""
+    tmp = tmp_path_factory.mktemp("setup")
+    setup = ["# " + c for c in comments] + [f"export S={sh_quote(value)}"] + ([opener] if opener else [])
+    spec = halo_sched.spec.JobSpec.model_validate({"name": "prop", "nodes": 2, "nproc_per_node": 1,
+                                                   "trainer": {"script": "t.py"}, "setup": setup})
+    bindir, out = fake_bin(tmp), tmp / "out"
+    out.mkdir()
+    r = run_entry(entry_script(spec), tmp, {"HALO_NODE_RANK": "1", "HALO_MASTER_ADDR": "127.0.0.1"},
+                  base_env(bindir, out, ["S"]))
+    assert r.returncode == 0, r.stderr
+    assert bytes.fromhex(records(out)[1]["env_hex"]["S"]) == value.encode()
+
+
+# ---- the renderers' own checks, whatever the model holds (model_copy does not validate) ------
+
+
+# Kinds of value written bare into a script: whatever passes the check is a plain bash word.
+BARE_KINDS = ["job name", "variable name", "server name", "network interface", "signal name", "count"]
+
+
+@FAST
+@given(st.sampled_from(BARE_KINDS), TEXT)
+def test_a_value_written_bare_is_a_plain_word_or_refused(kind, value):
+    try:
+        checked = check(value, kind)
+    except RenderError:
+        return
+    assert checked == value and sh_quote(value) == value  # nothing in it a shell would read
+
+
+@FAST
+@given(TEXT)
+def test_an_sbatch_option_stays_one_option_on_its_line(value):
+    try:
+        check("--comment=" + value, "sbatch option")
+    except RenderError:
+        return
+    assert not re.search(r"[\s'\"\\#`$\x00-\x1f\x7f-\x9f]", value)
+
+
+@FAST
+@given(st.one_of(st.integers(), st.booleans(), st.floats(), TEXT, st.none()))
+def test_only_whole_numbers_are_written_as_numbers(value):
+    try:
+        n = checked_int(value)
+    except RenderError:
+        assert not (type(value) is int and 0 <= value < 2**63)
+        return
+    assert type(n) is int and str(n).isdigit()
+
+
+BASE_SPEC = {"name": "prop", "nodes": 2, "nproc_per_node": 1, "trainer": {"script": "t.py"},
+             "nomad": {"driver": "raw_exec"}, "slurm": {"partition": "p"}, "network": {"interface": "eth0"},
+             "servers": [{"name": "srv", "nodes": 1, "command": ["serve"], "port": 8000}]}
+
+
+def _copy(field, value):
+    spec = halo_sched.spec.JobSpec.model_validate(BASE_SPEC)
+    if field == "server name":
+        return spec.model_copy(update={"servers": [spec.servers[0].model_copy(update={"name": value})]})
+    if field in ("partition", "interface"):
+        section = "slurm" if field == "partition" else "network"
+        return spec.model_copy(update={section: getattr(spec, section).model_copy(update={field: value})})
+    return spec.model_copy(update={field: value})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["name", "partition", "interface", "server name"]), TEXT)
+def test_model_copy_text_is_refused_or_written_as_it_is(field, value):
+    """Any text put into a field written bare: the public API refuses it (SpecError) unless the
+    job file's rules take it, and the renderers themselves refuse it (RenderError) unless it
+    fully matches the field's safe pattern; then the script holds it verbatim, one word."""
+    spec = _copy(field, value)
+    kind = {"name": "job name", "partition": "SLURM word", "interface": "network interface",
+            "server name": "server name"}[field]
+    # (an empty interface is no interface: nothing is written)
+    safe = PATTERNS[kind].fullmatch(value) is not None or (field == "interface" and value == "")
+    renders = [render_sbatch, lambda s: halo_sched.render(s, "slurm")]
+    if field in ("name", "server name"):  # Nomad writes these bare too (ids, labels, paths)
+        renders += [render_hcl, lambda s: halo_sched.render(s, "nomad")]
+    for render in renders:
+        try:
+            text = render(spec)
+        except SpecError:
+            continue
+        assert safe, f"{field}={value!r} was written"
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", text)

@@ -103,9 +103,18 @@ def test_gpus_are_split_between_nodes(tmp_path, monkeypatch):
     assert _gpu_sets(2, 1) == ["3", "5"]
 
 
+def _torchrun_that_exits_0(tmp_path) -> str:
+    """A setup line that puts a stand-in torchrun (exit 0) first on PATH (`exit 0` in setup fails the node)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "torchrun").write_text("#!/bin/sh\nexit 0\n")
+    (bindir / "torchrun").chmod(0o755)
+    return f'export PATH="{bindir}:$PATH"'
+
+
 def test_logs_follow_streams_until_the_job_ends(tmp_path):
-    # `exit 0` in setup ends each node before torchrun: a job that only prints.
-    job = example_job(tmp_path, free_port(), setup=["echo first", "sleep 2", "echo second", "exit 0"])
+    # A torchrun that exits at once: a job that only prints.
+    job = example_job(tmp_path, free_port(), setup=["echo first", "sleep 2", "echo second", _torchrun_that_exits_0(tmp_path)])
     r = cli("submit", str(job))
     assert r.returncode == 0, r.stderr
     job_id = r.stdout.strip().splitlines()[-1]
@@ -177,7 +186,7 @@ def test_no_orphan_tree_outlives_the_job(tmp_path):
         f"setsid bash -c 'bash -c \"echo \\$\\$ >> {pids}; exec sleep 1001\"; :' </dev/null >/dev/null 2>&1 &",
         f"setsid bash -c 'trap \"\" TERM; sleep 1002 & echo $! >> {pids}; wait' </dev/null >/dev/null 2>&1 &",
         f"while [ $(wc -l < {pids} 2>/dev/null || echo 0) -lt 2 ]; do sleep 0.1; done",
-        "exit 0",
+        _torchrun_that_exits_0(tmp_path),
     ])
     r = cli("submit", str(job), "--wait", "-q", timeout=120)
     assert r.returncode == 0, r.stderr

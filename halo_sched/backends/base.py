@@ -6,8 +6,11 @@ submits it (the only I/O); ``describe(ids)`` answers for many jobs with one sche
 from __future__ import annotations
 
 import abc
+import contextlib
 import enum
+import functools
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -92,8 +95,57 @@ class DryRun:
     payload: Any = None
 
 
+#: The methods that take a spec from their caller: each validates it again first (see below).
+SPEC_ENTRY_POINTS = ("render", "dryrun", "submit", "plan")
+_checking = threading.local()
+
+
+@contextlib.contextmanager
+def checked_spec(spec):
+    """``spec`` validated again (``spec.validated``: the fields, then the layout rules, as for a
+    job file), for the duration of one call: a spec changed with ``model_copy(update=...)`` or
+    built without the layout rules gets the SpecError a job file would, before anything is
+    rendered or sent. Within that call (submit -> dryrun -> render) the validated spec it passes
+    on is not checked again."""
+    if getattr(_checking, "spec", None) is spec:
+        yield spec
+        return
+    from ..spec import validated
+
+    checked = validated(spec)
+    outer, _checking.spec = getattr(_checking, "spec", None), checked
+    try:
+        yield checked
+    finally:
+        _checking.spec = outer
+
+
+def validates_spec(method):
+    """``method(self, spec, ...)``, run with ``spec`` validated again (:func:`checked_spec`)."""
+    if getattr(method, "_validates_spec", False):
+        return method
+
+    @functools.wraps(method)
+    def wrapper(self, spec, *args, **kwargs):
+        with checked_spec(spec) as spec:
+            return method(self, spec, *args, **kwargs)
+
+    wrapper._validates_spec = True
+    return wrapper
+
+
 class Scheduler(abc.ABC):
-    """A backend. Subclasses are the only place that knows their scheduler."""
+    """A backend. Subclasses are the only place that knows their scheduler.
+
+    Every spec a backend is given through :data:`SPEC_ENTRY_POINTS` is validated again first,
+    a subclass's own overrides included (``__init_subclass__``)."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in SPEC_ENTRY_POINTS:
+            method = cls.__dict__.get(name)
+            if callable(method) and not getattr(method, "__isabstractmethod__", False):
+                setattr(cls, name, validates_spec(method))
 
     name: str = ""
     #: Seconds submit and cancel keep retrying through a scheduler outage (None: the
@@ -104,6 +156,7 @@ class Scheduler(abc.ABC):
     def render(self, spec, **opts) -> str:
         """The rendered job as text (pure)."""
 
+    @validates_spec
     def dryrun(self, spec, **opts) -> DryRun:
         return DryRun(self.name, spec, self.render(spec, **opts))
 
@@ -111,6 +164,7 @@ class Scheduler(abc.ABC):
     def schedule(self, dryrun: DryRun) -> str:
         """Submit; return the job id."""
 
+    @validates_spec
     def submit(self, spec, **opts) -> "Job":
         from ..records import git_state_started, record_submit
 

@@ -25,7 +25,7 @@ from ..records import Unreadable, read_json, read_small
 from ..launch import LOG_DIR_VAR, MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, NODE_RANK_VAR, entry_script
 from ..spec import JobSpec
 from ..servers import SERVER_ADDR_VAR, SERVER_INDEX_VAR, TRAINER_MASTER_VAR, addrs_var, local_addr, server_script
-from ..templating import render_template
+from ..templating import check, render_template
 from .base import DryRun, JobState, JobStatus, Scheduler, tail_lines
 # The supervisor's run-time code and the process helpers shared with it live there, once.
 from .local_supervisor import (
@@ -94,13 +94,14 @@ class LocalScheduler(Scheduler):
         server_gpus = gpu_sets[spec.nodes:] if gpu_sets else None
         gpu_sets = gpu_sets[:spec.nodes] if gpu_sets and spec.gpus_per_node else None
         self.root.mkdir(parents=True, exist_ok=True)
-        job_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        # The name makes the job's directory: checked again, whatever the model holds.
+        job_id = f"{check(spec.name, 'job name', 'name')}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
         d = self.root / job_id
         d.mkdir()
         (d / "entry.sh").write_text(dryrun.payload)
         (d / "entry.sh").chmod(0o755)
         for role in spec.servers:
-            (d / f"server-{role.name}.sh").write_text(server_script(spec, role))
+            (d / f"server-{check(role.name, 'server name', 'servers[].name')}.sh").write_text(server_script(spec, role))
         for i, srv in enumerate(servers):
             srv["gpus"] = server_gpus[i] if server_gpus and srv["gpus"] else None
         _write_json(d / "job.json", {"name": spec.name, "nodes": spec.nodes, "cwd": os.getcwd(), "gpus": gpu_sets,
@@ -308,8 +309,8 @@ def _visible_gpus() -> list[str] | None:
 
 def _server_plan(spec: JobSpec) -> list[dict]:
     """Every local server "node": its role, index, loopback address of its own, GPU count."""
-    return [{"role": r.name, "index": k, "addr": local_addr(i, k), "port": r.port, "gpus": r.gpus_per_node,
-             "addrs_var": addrs_var(r.name)}
+    return [{"role": check(r.name, "server name", "servers[].name"), "index": k, "addr": local_addr(i, k),
+             "port": r.port, "gpus": r.gpus_per_node, "addrs_var": addrs_var(r.name)}
             for i, r in enumerate(spec.servers) for k in range(r.nodes)]
 
 

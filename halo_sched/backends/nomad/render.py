@@ -34,6 +34,11 @@ User text reaches the task only inside the entry-script template, whose Go-templ
 are chosen absent from it, and which Nomad does not ``${}``-interpolate; and in docker
 ``volumes``, escaped (``$${``, ``%%{``) because the client evaluates driver config as HCL
 templates. Env and args carry only names Nomad itself defines.
+
+Every value of the spec that reaches the job other than as quoted text (names in ids, paths,
+labels and Go templates; numbers) is checked against a full-match pattern or as a number as the
+payload is built, whatever the model holds (``model_copy`` does not validate); the HCL template's
+filters check again.
 """
 from __future__ import annotations
 
@@ -47,7 +52,7 @@ from ...launch import (
     MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, NODE_RANK_OFFSET_VAR, NODE_RANK_VAR, SECRETS_DIR_VAR, entry_script,
 )
 from ...spec import JobSpec
-from ...templating import render_template
+from ...templating import check, checked_text, checked_int, render_template
 from . import servers as nomad_servers
 
 TASK = "torchrun"
@@ -121,7 +126,8 @@ def secret_template(job_id: str, name: str) -> str:
     """``+VALUE`` when the job's Variable has the item ``name``, else empty: guarded per path
     (``nomadVarExists`` never blocks) and per key (a range over the items: ``.NAME`` on a missing
     key would render "<no value>"), consul-template ``template/nomad_funcs.go``."""
-    path = variable_path(job_id)
+    path = variable_path(check(job_id, "job id", "name"))
+    name = check(name, "variable name", "secret_env")
     return (f'{{{{ if nomadVarExists "{path}" }}}}{{{{ with nomadVar "{path}" }}}}'
             f'{{{{ range $k, $v := . }}}}{{{{ if eq $k "{name}" }}}}+{{{{ $v.Value }}}}{{{{ end }}}}{{{{ end }}}}'
             "{{ end }}{{ end }}")
@@ -134,6 +140,7 @@ def secret_wiring(job_id: str, names: list[str]) -> tuple[dict, list[dict]]:
     blocks the allocation forever; a missing item renders "<no value>"."""
     if not names:
         return {}, []
+    names = [check(name, "variable name", "secret_env") for name in names]
     return {SECRETS_DIR_VAR: "${NOMAD_SECRETS_DIR}"}, [
         {"EmbeddedTmpl": secret_template(job_id, name), "DestPath": f"secrets/halo-secret-{name}", "Perms": "0400",
          "ChangeMode": "noop"} for name in names]
@@ -231,17 +238,17 @@ def _config_and_resources(spec: JobSpec, image: str | None, gpus: int, args: lis
             "ulimit": [{"memlock": "-1", "stack": "67108864"}],
         }
         if nm.shm_bytes is not None:
-            config["shm_size"] = nm.shm_bytes
+            config["shm_size"] = checked_int(nm.shm_bytes, "nomad.shm_size")
         if nm.volumes:
-            config["volumes"] = [driver_config_literal(v) for v in nm.volumes]
+            config["volumes"] = [driver_config_literal(checked_text(v, "nomad.volumes")) for v in nm.volumes]
         if spec.network.fabric == "efa":
             devices = ["/dev/infiniband"] + (["/dev/gdrdrv"] if spec.network.cross_node_expert_parallel else [])
             config["devices"] = [{"host_path": d, "container_path": d} for d in devices]
     else:
         config = {"command": "/bin/bash", "args": args}
 
-    resources: dict = {"CPU": nm.cpu, "MemoryMB": nm.memory}
-    if gpus:
+    resources: dict = {"CPU": checked_int(nm.cpu, "nomad.cpu"), "MemoryMB": checked_int(nm.memory, "nomad.memory")}
+    if checked_int(gpus, "gpus_per_node"):
         resources["Devices"] = [{"Name": "nvidia/gpu", "Count": gpus}]
     return config, resources
 
@@ -249,7 +256,7 @@ def _config_and_resources(spec: JobSpec, image: str | None, gpus: int, args: lis
 def _group(spec: JobSpec, job_id: str, name: str, count: int, entry: str, delims: tuple[str, str]) -> dict:
     group: dict = {
         "Name": name,
-        "Count": count,
+        "Count": checked_int(count, "nodes"),
         # A fixed-size torchrun world never re-forms around a replaced rank: no restarts, no reschedules.
         "RestartPolicy": {"Attempts": 0, "Mode": "fail", "Interval": 86_400_000_000_000, "Delay": 15_000_000_000},
         "ReschedulePolicy": {"Attempts": 0, "Interval": 0, "Unlimited": False},
@@ -261,14 +268,17 @@ def _group(spec: JobSpec, job_id: str, name: str, count: int, entry: str, delims
         "Tasks": [_task(spec, job_id, name, entry, delims)],
     }
     if spec.nomad.max_run_duration_ns is not None:
-        group["MaxRunDuration"] = spec.nomad.max_run_duration_ns
+        group["MaxRunDuration"] = checked_int(spec.nomad.max_run_duration_ns, "nomad.max_run_duration")
     if name == LEADER_GROUP:
         group["Networks"] = [{
             "Mode": "host",
             # Rank 0 binds the weight-sync group ports too (servers[].group_port): reserved here.
             # Sorted by label: HCL keeps port blocks by label, so the two forms stay one job.
-            "ReservedPorts": sorted([{"Label": PORT_LABEL, "Value": spec.rendezvous.port}] + [
-                {"Label": f"group-{r.name}", "Value": r.group_port} for r in spec.servers if r.group_port is not None],
+            "ReservedPorts": sorted(
+                [{"Label": PORT_LABEL, "Value": checked_int(spec.rendezvous.port, "rendezvous.port")}]
+                + [{"Label": f"group-{check(r.name, 'server name', 'servers[].name')}",
+                    "Value": checked_int(r.group_port, "servers[].group_port")}
+                   for r in spec.servers if r.group_port is not None],
                 key=lambda p: p["Label"]),
         }]
         group["Services"] = [{"Name": service_name(job_id), "Provider": "nomad", "PortLabel": PORT_LABEL}]
@@ -293,7 +303,11 @@ def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
                                   "carries the job id and allows only letters, digits, '-', '_' and '~')")])
     entry = entry_script(spec)
     delims = _delimiters(entry)
-    job_id = job_id or spec.name
+    # The name and the id end up in paths, service names and Go templates: never anything else.
+    check(spec.name, "job name", "name")
+    job_id = check(job_id or spec.name, "job id", "name")
+    for i, r in enumerate(spec.servers):
+        check(r.name, "server name", f"servers[{i}].name")
     job: dict = {
         "ID": job_id,
         "Name": spec.name,
@@ -301,7 +315,8 @@ def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
         "Datacenters": list(nm.datacenters),
         # One node per host: node-sized allocations must never share a client.
         "Constraints": [{"Operand": "distinct_hosts", "RTarget": "true"}],
-        "Meta": {NODES_META: str(spec.nodes), "halo_sched_world_size": str(spec.world_size)},
+        "Meta": {NODES_META: str(checked_int(spec.nodes, "nodes")),
+                 "halo_sched_world_size": str(checked_int(spec.world_size, "nproc_per_node"))},
         "TaskGroups": [_group(spec, job_id, name, count, entry, delims) for name, count in group_counts(spec.nodes).items()],
     }
     if spec.servers:
@@ -319,13 +334,13 @@ def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
     if nm.region:
         job["Region"] = nm.region
     if nm.priority is not None:
-        job["Priority"] = nm.priority
+        job["Priority"] = checked_int(nm.priority, "nomad.priority")
     return {"Job": job}
 
 
 def go_duration(ns: int) -> str:
     """Nanoseconds -> the shortest Go duration text ('2h', '1h30m', '45s')."""
-    parts, rest = [], ns
+    parts, rest = [], checked_int(ns, "a duration")
     for unit, size in (("h", 3600 * 10**9), ("m", 60 * 10**9), ("s", 10**9), ("ms", 10**6), ("us", 10**3), ("ns", 1)):
         if rest >= size:
             parts.append(f"{rest // size}{unit}")

@@ -25,6 +25,7 @@ from ...servers import (
     INDEX_TAG, SERVER_ADDR_VAR, SERVER_INDEX_VAR, TRAINER_MASTER_FILE_VAR, addrs_file_var, server_script,
 )
 from ...spec import JobSpec, Server
+from ...templating import check, checked_int
 
 GROUP_PREFIX = "server-"
 TASK = "server"
@@ -38,7 +39,7 @@ SERVERS_META = "halo_sched_servers"
 
 
 def group_name(role: str) -> str:
-    return GROUP_PREFIX + role
+    return GROUP_PREFIX + check(role, "server name", "servers[].name")
 
 
 def role_of_group(task_group: str) -> str | None:
@@ -47,6 +48,7 @@ def role_of_group(task_group: str) -> str | None:
 
 def service_name(job_id: str, role: str) -> str:
     """A DNS-like service name (at most 63) per job and role, distinct for distinct pairs."""
+    check(role, "server name", "servers[].name")
     base = "".join(c if c.isalnum() else "-" for c in job_id.lower()).strip("-") or "job"
     name = f"{base}-srv-{role}"
     if name != f"{job_id}-srv-{role}" or len(name) > 63:
@@ -66,7 +68,7 @@ def trainer_wiring(spec: JobSpec, job_id: str) -> tuple[dict, list[dict]]:
     """(env, templates) every trainer task gets: one addresses file per role."""
     env, templates = {}, []
     for r in spec.servers:
-        dest = f"local/halo-server-{r.name}-addrs"
+        dest = f"local/halo-server-{check(r.name, 'server name', 'servers[].name')}-addrs"
         env[addrs_file_var(r.name)] = "${NOMAD_TASK_DIR}/" + dest.split("/", 1)[1]
         # noop: rewritten as servers register; the entry script polls it.
         templates.append({"EmbeddedTmpl": addrs_template(job_id, r.name), "DestPath": dest, "ChangeMode": "noop"})
@@ -103,19 +105,21 @@ def server_group(spec: JobSpec, job_id: str, role: Server, master_template: str,
     }
     group = {
         "Name": group_name(role.name),
-        "Count": role.nodes,
+        "Count": checked_int(role.nodes, "servers[].nodes"),
         **policies,
         "Meta": {"halo_server_role": role.name},
-        "Networks": [{"Mode": "host", "ReservedPorts": [{"Label": PORT_LABEL, "Value": role.port}]}],
+        "Networks": [{"Mode": "host", "ReservedPorts": [{"Label": PORT_LABEL,
+                                                          "Value": checked_int(role.port, "servers[].port")}]}],
         "Services": [{"Name": service_name(job_id, role.name), "Provider": "nomad", "PortLabel": PORT_LABEL,
                       "Tags": [INDEX_TAG + "${NOMAD_ALLOC_INDEX}"]}],
         "Tasks": [task],
     }
     if spec.nomad.max_run_duration_ns is not None:
-        group["MaxRunDuration"] = spec.nomad.max_run_duration_ns
+        group["MaxRunDuration"] = checked_int(spec.nomad.max_run_duration_ns, "nomad.max_run_duration")
     return group
 
 
 def servers_meta(spec: JobSpec) -> str:
     """``name:nodes,...``: the roles and their counts, for the state fold."""
-    return ",".join(f"{r.name}:{r.nodes}" for r in spec.servers)
+    return ",".join(f"{check(r.name, 'server name', 'servers[].name')}:{checked_int(r.nodes, 'servers[].nodes')}"
+                    for r in spec.servers)

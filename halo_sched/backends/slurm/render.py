@@ -1,11 +1,15 @@
-"""JobSpec -> sbatch script (pure). The script embeds the shared per-node entry unchanged."""
+"""JobSpec -> sbatch script (pure). The script embeds the shared per-node entry unchanged.
+
+Every value of the spec that lands on an ``#SBATCH`` line or in shell text is checked here against
+a full-match pattern (or as a number) as it is written, and again by the template's filters:
+whatever the model holds (``model_copy`` does not validate), nothing but a valid value is written."""
 from __future__ import annotations
 
 from ...errors import SpecError
-from ...launch import entry_script
+from ...launch import LaunchContract, entry_script
 from ...servers import addrs_var, server_script
 from ...spec import JobSpec
-from ...templating import heredoc_tag, render_template, sh_quote
+from ...templating import RenderError, check, checked_int, heredoc_tag, render_template, sh_quote
 
 DEFAULT_OUTPUT = "halo-%x-%j.out"
 
@@ -13,21 +17,28 @@ DEFAULT_OUTPUT = "halo-%x-%j.out"
 def sbatch_options(spec: JobSpec) -> list[str]:
     s = spec.slurm
     opts = []
-    for flag, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos), ("time", s.time),
-                        ("constraint", s.constraint), ("cpus-per-task", s.cpus_per_task), ("mem", s.mem)):
+    for flag, value, kind in (("partition", s.partition, "SLURM word"), ("account", s.account, "SLURM word"),
+                              ("qos", s.qos, "SLURM word"), ("time", s.time, "SLURM time"),
+                              ("constraint", s.constraint, "SLURM constraint"), ("cpus-per-task", s.cpus_per_task, None),
+                              ("mem", s.mem, "SLURM word")):
         if value is not None:
-            opts.append(f"--{flag}={value}")
+            field = f"slurm.{flag.replace('-', '_')}"
+            opts.append(f"--{flag}={checked_int(value, field) if kind is None else check(value, kind, field)}")
     if s.signal is not None:
         # B: the batch shell alone gets the warning and forwards it to the steps itself (it must
         # know it was warned to requeue the job; see the template).
-        flags, name, secs = s.warning
+        try:
+            flags, name, secs = s.warning
+        except (AttributeError, TypeError):
+            raise RenderError([("slurm.signal", "not a [B:]SIGNAL[@seconds]")]) from None
         flags = "".join(sorted(set(flags) | {"B"}))
-        opts.append(f"--signal={flags}:{name}" + (f"@{secs}" if secs is not None else ""))
+        opts.append(f"--signal={flags}:{check(name, 'signal name', 'slurm.signal')}"
+                    + (f"@{checked_int(secs, 'slurm.signal')}" if secs is not None else ""))
     if s.exclusive:
         opts.append("--exclusive")
     if s.requeue is not None:
         opts.append("--requeue" if s.requeue else "--no-requeue")
-    opts.extend(s.extra_args)
+    opts.extend(check(a, "sbatch option", "slurm.extra_args") for a in s.extra_args)
     return opts
 
 
@@ -35,7 +46,9 @@ def container(spec: JobSpec, image: str | None = None) -> dict | None:
     """pyxis settings the template needs, or None when the job runs on the host."""
     if not ((image or spec.image) and spec.slurm.container_runtime == "pyxis"):
         return None
-    mounts = spec.slurm.container_mounts
+    mounts = [check(m, "SLURM word", "slurm.container_mounts") for m in spec.slurm.container_mounts]
+    if not all(":" in m for m in mounts):
+        raise RenderError([("slurm.container_mounts", "each mount is SRC:DST[:FLAGS]")])
     return {
         "workdir": spec.slurm.container_workdir,
         "mounts": ",".join(mounts),
@@ -45,12 +58,13 @@ def container(spec: JobSpec, image: str | None = None) -> dict | None:
 
 
 def srun_options(spec: JobSpec, gpus: int | None = None, image: str | None = None) -> list[str]:
-    """srun options beyond the one-task-per-node shape (shell text; the template sets the
-    $halo_* variables they name). ``gpus``/``image``: a server role's, instead of the trainer's."""
+    """srun options beyond the one-task-per-node shape (shell text, pasted as is: each part from
+    the spec is a checked number or quoted; the template sets the $halo_* variables they name).
+    ``gpus``/``image``: a server role's, instead of the trainer's."""
     opts = []
     gpus = spec.gpus_per_node if gpus is None else gpus
     image = image or spec.image
-    if gpus:
+    if checked_int(gpus, "gpus_per_node"):
         opts.append(f"--gpus-per-node={gpus}")
     c = container(spec, image)
     if c:
@@ -74,24 +88,28 @@ def render_sbatch(spec: JobSpec, output: str = DEFAULT_OUTPUT) -> str:
         raise SpecError([("env", f"the node entry script is {size} bytes, over the {MAX_ENTRY_BYTES} that one "
                                  "argument to srun can carry; move large values (env, setup, args) into files")])
     servers = []
-    offset = spec.nodes
-    for r in spec.servers:
+    offset = checked_int(spec.nodes, "nodes")
+    for i, r in enumerate(spec.servers):
         text = server_script(spec, r).rstrip("\n")
-        servers.append({"name": r.name, "nodes": r.nodes, "offset": offset, "addrs_var": addrs_var(r.name),
+        nodes = checked_int(r.nodes, f"servers[{i}].nodes")
+        name = check(r.name, "server name", f"servers[{i}].name")
+        servers.append({"name": name, "nodes": nodes, "offset": offset, "addrs_var": addrs_var(name),
                         "srun_options": srun_options(spec, gpus=r.gpus_per_node, image=r.image),
                         "entry": text, "tag": heredoc_tag(text, "HALO_SERVER_EOF")})
-        offset += r.nodes
+        offset += nodes
     return render_template(
         "slurm/sbatch.sh.j2",
         servers=servers,
-        all_nodes=spec.all_nodes,
-        max_gpus=max([spec.gpus_per_node] + [r.gpus_per_node for r in spec.servers]),
+        all_nodes=offset,
+        max_gpus=max([checked_int(spec.gpus_per_node, "gpus_per_node")]
+                     + [checked_int(r.gpus_per_node, f"servers[{i}].gpus_per_node")
+                        for i, r in enumerate(spec.servers)]),
         spec=spec,
         sbatch_options=sbatch_options(spec),
         srun_options=srun_options(spec),
         # The mounts and working directory are shared by every role that runs in an image.
         container=container(spec) or next((container(spec, r.image) for r in spec.servers if r.image), None),
-        warning=spec.slurm.warning[1],
+        warning=LaunchContract(spec).warning_signal(),
         output=output,
         entry=entry,
         tag=heredoc_tag(entry, "HALO_ENTRY_EOF"),
