@@ -25,7 +25,9 @@ MODULE_RE = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 # SLURM option values that land on "#SBATCH" lines: no spaces, quotes or comment characters.
 SLURM_WORD_RE = re.compile(r"\A[A-Za-z0-9_.,:@+%/=-]+\Z")
 SLURM_TIME_RE = re.compile(r"\A(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}|UNLIMITED|INFINITE)\Z")
-SBATCH_ARG_RE = re.compile(r"\A--[a-z][a-z0-9-]*(=[^\s'\"\\#`$]+)?\Z")
+# One sbatch option on an #SBATCH line: no space (sbatch splits the line there), no quote, '#',
+# '\\', '$' or '`', no control character (a line break would start a shell line).
+SBATCH_ARG_RE = re.compile(r"\A--[a-z][a-z0-9-]*(=[^\s'\"\\#`$\x00-\x1f\x7f-\x9f]+)?\Z")
 GO_DURATION_RE = re.compile(r"\A(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+\Z")
 SIZE_RE = re.compile(r"\A(\d+) ?(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB|k|m|g)?\Z", re.IGNORECASE)
 IFACE_RE = re.compile(r"\A[A-Za-z0-9_.:@-]{1,15}\Z")
@@ -126,6 +128,7 @@ def _env_values_are_text(v: Any) -> Any:
     return v
 
 
+SLURM_CONSTRAINT_RE = re.compile(r"\A[A-Za-z0-9_.,:@+%/=&|\[\]*()!-]+\Z")
 IMAGE_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.:/@+#-]*\Z")
 
 
@@ -437,7 +440,7 @@ class Slurm(_Model):
     @field_validator("constraint")
     @classmethod
     def _constraint(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"[A-Za-z0-9_.,:@+%/=&|\[\]*()!-]+", v):
+        if v is not None and not SLURM_CONSTRAINT_RE.fullmatch(v):
             raise ValueError("a SLURM feature expression: letters, digits, _ . , : and & | [ ] * ( ) !, no spaces or quotes")
         return v
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import jinja2
 
+from . import spec
 from .errors import SpecError
 
 _PKG = Path(__file__).resolve().parent
@@ -41,31 +42,26 @@ class RenderError(SpecError):
     or changed without validation). Exit code 2, like any invalid spec."""
 
 
-# Full-match patterns for values pasted where nothing can quote them. Each is as strict as (or
-# stricter than) the job file's rule for the field; a valid job renders, anything else does not.
+# Full-match patterns for values pasted where nothing can quote them: the job file's own rule
+# for the field (spec.py, one definition each), plus a few that only the renderers write. A valid
+# job renders; anything else does not.
 PATTERNS = {
-    # letters, digits, _ . -: the job's name (an #SBATCH line, paths, Nomad ids)
-    "job name": re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"),
+    "job name": spec.NAME_RE,  # an #SBATCH line, paths, Nomad ids
     # a Nomad job id: the name, or the name and a submission's date and token
     "job id": re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}"),
-    # a shell/environment variable name (`export NAME=`, `${NAME}`)
-    "variable name": re.compile(r"[A-Za-z_][A-Za-z0-9_]*"),
-    # a server role (variable names, group names, file names, unquoted in the scripts)
-    "server name": re.compile(r"[a-z](?:[a-z0-9-]{0,22}[a-z0-9])?"),
-    "network interface": re.compile(r"[A-Za-z0-9_.:@-]{1,15}"),
+    "variable name": spec.ENV_NAME_RE,  # `export NAME=`, `${NAME}`
+    "server name": spec.SERVER_NAME_RE,  # variable, group and file names, unquoted in the scripts
+    "network interface": spec.IFACE_RE,
     "signal name": re.compile(r"[A-Z][A-Z0-9]{0,15}"),
-    # one sbatch option on an #SBATCH line: no space (sbatch splits the line there), no quote,
-    # '#', '\\', '$' or '`', no control character (a line break would start a shell line)
-    "sbatch option": re.compile(r"--[a-z][a-z0-9-]*(?:=[^\s'\"\\#`$\x00-\x1f\x7f-\x9f]+)?"),
-    # slurm.partition, account, qos, mem, container mounts
-    "SLURM word": re.compile(r"[A-Za-z0-9_.,:@+%/=-]+"),
-    "SLURM time": re.compile(r"\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}|UNLIMITED|INFINITE"),
-    "SLURM constraint": re.compile(r"[A-Za-z0-9_.,:@+%/=&|\[\]*()!-]+"),
+    "sbatch option": spec.SBATCH_ARG_RE,  # one word on an #SBATCH line
+    "SLURM word": spec.SLURM_WORD_RE,  # slurm.partition, account, qos, mem, container mounts
+    "SLURM time": spec.SLURM_TIME_RE,
+    "SLURM constraint": spec.SLURM_CONSTRAINT_RE,
     # an HCL attribute name (bare, before `=`)
     "HCL key": re.compile(r"[A-Za-z_][A-Za-z0-9_-]*"),
     # a number already written as text
     "count": re.compile(r"[0-9]{1,19}"),
-    "Python module": re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"),
+    "Python module": spec.MODULE_RE,
 }
 _MAX_INT = 2**63 - 1
 
