@@ -1261,28 +1261,63 @@ _FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIF
 
 
 def _not_a_file(mode: int) -> str | None:
-    """Why a file of this mode cannot be a job file (None: a regular file)."""
-    if stat.S_ISREG(mode):
+    """Why a file of this mode cannot be a job file (None: a regular file or a pipe)."""
+    if stat.S_ISREG(mode) or stat.S_ISFIFO(mode):
         return None
     kind = next((k for test, k in _FILE_KINDS if test(mode)), "not a regular file")
     return f"is {kind}, not a regular file; give the path of a job file"
 
 
+#: How long a job file given as a pipe (`validate <(envsubst < job.yaml)`, a named pipe) may take
+#: to arrive whole: a pipe no one writes to ends the wait, never blocks it.
+PIPE_READ_S = 10.0
+
+
+def _read_pipe(fd: int, path: Path) -> bytes:
+    """A pipe's bytes up to its end (the writer closed it), at most MAX_JOB_FILE_BYTES + 1, within
+    PIPE_READ_S. ``fd`` is non-blocking; a named pipe with no writer reads as empty at once."""
+    import select
+    import time
+
+    chunks: list[bytes] = []
+    size, deadline = 0, time.monotonic() + PIPE_READ_S
+    while size <= MAX_JOB_FILE_BYTES:
+        try:
+            chunk = os.read(fd, 65536)  # b"": the end (or a named pipe no one opened to write)
+        except BlockingIOError:  # a writer, nothing from it yet
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise SpecError([("", f"{path} is a pipe that did not end within {PIPE_READ_S:g} s; give the path "
+                                      "of a job file, or close the pipe's writing end")], str(path)) from None
+            continue
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 def load(path: str | Path) -> JobSpec:
-    """Read and validate a job file: a regular file (a FIFO, device or directory is refused
-    without reading it, so nothing can make this block), at most MAX_JOB_FILE_BYTES."""
+    """Read and validate a job file: a regular file, or a pipe read until its end within
+    PIPE_READ_S (a device or directory is refused without reading it, so nothing can make this
+    block), at most MAX_JOB_FILE_BYTES."""
     p = Path(path)
     try:
         why = _not_a_file(os.stat(p).st_mode)  # before opening: opening a device can act on it
         if why:
             raise SpecError([("", f"{p} {why}")], str(p))
-        # O_NONBLOCK: what was checked above may since have been replaced by a FIFO.
+        # O_NONBLOCK: opening a named pipe waits for a writer otherwise, and what was checked
+        # above may since have been replaced.
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
         with os.fdopen(fd, "rb") as f:
-            why = _not_a_file(os.fstat(f.fileno()).st_mode)
+            mode = os.fstat(f.fileno()).st_mode
+            why = _not_a_file(mode)
             if why:
                 raise SpecError([("", f"{p} {why}")], str(p))
-            raw = f.read(MAX_JOB_FILE_BYTES + 1)  # never more than the limit, whatever the file's size
+            if stat.S_ISFIFO(mode):
+                raw = _read_pipe(f.fileno(), p)
+            else:
+                raw = f.read(MAX_JOB_FILE_BYTES + 1)  # never more than the limit, whatever the file's size
         if len(raw) > MAX_JOB_FILE_BYTES:
             raise SpecError([("", f"the job file is larger than {MAX_JOB_FILE_BYTES} bytes (move large values "
                                   "into files the job reads)")], str(p))

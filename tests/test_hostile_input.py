@@ -150,14 +150,6 @@ def test_many_aliases_are_refused_before_anything_is_built():
     assert "more than 1000 aliases" in str(ei.value) and "line 6" in str(ei.value)
 
 
-def _fifo(tmp_path):
-    import os
-
-    p = tmp_path / "job.fifo"
-    os.mkfifo(p)
-    return p, "named pipe (FIFO)"
-
-
 def _socket(tmp_path):
     import socket
 
@@ -169,7 +161,6 @@ def _socket(tmp_path):
 
 
 NOT_FILES = {
-    "fifo": _fifo,
     "socket": _socket,
     "directory": lambda tmp_path: (tmp_path, "directory"),
     "/dev/zero": lambda tmp_path: ("/dev/zero", "character device"),
@@ -188,6 +179,43 @@ def test_a_job_file_that_is_not_a_regular_file_is_refused_without_reading_it(tmp
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert f"is a {words}, not a regular file" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_named_pipe_no_one_writes_to_ends_at_once(tmp_path):
+    import os
+
+    p = tmp_path / "job.fifo"
+    os.mkfifo(p)  # no writer: it reads as empty, it does not block
+    r, took = bounded("-m", "halo_sched.cli", "validate", str(p))
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "must be a mapping" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_pipe_whose_writer_never_ends_is_given_up_on(tmp_path):
+    import os
+    import subprocess
+
+    p = tmp_path / "job.fifo"
+    os.mkfifo(p)
+    # A writer that sends part of a job and then keeps the pipe open (bounded: it sleeps 60 s).
+    writer = subprocess.Popen(["bash", "-c", f"{{ echo 'name: x'; sleep 60; }} > {p}"])
+    try:
+        r, took = bounded("-m", "halo_sched.cli", "validate", str(p))
+    finally:
+        writer.kill()
+        writer.wait()
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "did not end within 10 s" in r.stderr, r.stderr
+
+
+def test_a_job_file_through_process_substitution_loads(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "job.yaml").write_text(GOOD)
+    r = subprocess.run(["bash", "-c", f'"{sys.executable}" -m halo_sched.cli validate <(cat job.yaml)'],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
 
 
 @pytest.mark.parametrize("backend, job_id", [("local", "x\n"), ("nomad", "job\n"), ("slurm", "halo\n:123")])
