@@ -4,8 +4,15 @@ One torchrun per node with static rendezvous at node 0. Every node gets the same
 environment; the only per-node input is ``HALO_NODE_RANK`` (plus ``HALO_NODE_RANK_OFFSET``, which
 Nomad's worker group adds to its allocation index). Backends supply it (SLURM from
 ``$SLURM_NODEID`` inside the task, Nomad from the group and allocation index, local per process) together with rank 0's
-address: ``HALO_MASTER_ADDR``, or ``HALO_MASTER_ADDR_FILE`` — a file that becomes non-empty once
-rank 0 is known, polled until ``rendezvous.timeout_s`` runs out.
+address and port: ``HALO_MASTER_ADDR`` and ``HALO_MASTER_PORT``, or ``HALO_MASTER_ADDR_FILE`` — a file
+whose first line becomes the address and second the port once rank 0 is known, polled until
+``rendezvous.timeout_s`` runs out.
+
+The port is ``rendezvous.port`` when the job file sets it, on every backend. Unset, each job gets
+its own, so that two jobs whose node 0 share a host never both take torchrun's customary 29500
+(EADDRINUSE, or worse a node joining the other job's store: pytorch#126510): SLURM derives it from
+the job id inside ``DERIVED_PORTS``, Nomad assigns a dynamic port, the local backend picks a free
+one in ``DERIVED_PORTS`` at submit. The entry script itself is the same text either way.
 
 This module knows no scheduler; it renders ``templates/entry.sh.j2``.
 """
@@ -20,6 +27,12 @@ from .templating import RenderError, check, checked_int, render_template
 NODE_RANK_VAR = "HALO_NODE_RANK"
 MASTER_ADDR_VAR = "HALO_MASTER_ADDR"
 MASTER_ADDR_FILE_VAR = "HALO_MASTER_ADDR_FILE"
+MASTER_PORT_VAR = "HALO_MASTER_PORT"
+#: Where a job's own master port comes from when ``rendezvous.port`` is unset (SLURM: from the job
+#: id, local: the first free one from a random start): 28500-29499. Below torchrun's customary
+#: 29500 (which hand-written jobs on the same host still take), below SGLang's default 30000, and
+#: below Linux's ephemeral range (32768-60999), from which outgoing connections take their ports.
+DERIVED_PORTS = range(28500, 29500)
 #: Optional, added to the node rank: Nomad's worker group gives its allocation index (0-based)
 #: and offset 1, since ``${}`` interpolation cannot add. The sum is still range-checked.
 NODE_RANK_OFFSET_VAR = "HALO_NODE_RANK_OFFSET"
@@ -49,8 +62,7 @@ class LaunchContract:
         return [
             f"--nnodes={checked_int(s.nodes, 'nodes')}",
             f"--nproc_per_node={checked_int(s.nproc_per_node, 'nproc_per_node')}",
-            # --node_rank and --master_addr follow, from the node's environment
-            f"--master_port={checked_int(s.rendezvous.port, 'rendezvous.port')}",
+            # --node_rank, --master_addr and --master_port follow, from the node's environment
             # A fixed-size world: a restarted node could never rejoin a static rendezvous.
             "--max_restarts=0",
             # Static rendezvous store timeout: bounds how long a node waits for the others.
@@ -91,11 +103,19 @@ class LaunchContract:
             node_rank_var=NODE_RANK_VAR,
             master_addr_var=MASTER_ADDR_VAR,
             master_addr_file_var=MASTER_ADDR_FILE_VAR,
+            master_port_var=MASTER_PORT_VAR,
             node_rank_offset_var=NODE_RANK_OFFSET_VAR,
             secrets_dir_var=SECRETS_DIR_VAR,
             **failure_report_vars(),
             **(server_entry_vars(s) if s.servers else {}),
         )
+
+
+def ports_to_avoid(spec: JobSpec) -> list[int]:
+    """Ports a derived master port must not take: every server role's ``port`` and
+    ``group_port`` (a group port is bound on rank 0 itself; a server port on a host a job may
+    share with node 0, as every node of the test cluster and of the local backend does)."""
+    return sorted({r.port for r in spec.servers} | {r.group_port for r in spec.servers if r.group_port is not None})
 
 
 def server_entry_vars(spec: JobSpec) -> dict:

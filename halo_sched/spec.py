@@ -265,7 +265,11 @@ class Trainer(_Model):
 class Rendezvous(_Model):
     """Static torchrun rendezvous at rank 0 (node 0)."""
 
-    port: int = Field(29500, ge=1024, le=65535, description="Master port on node 0; must be reachable node to node.")
+    port: int | None = Field(
+        None, ge=1024, le=65535,
+        description="Master port on node 0; must be reachable node to node. Unset: each job its own (SLURM: "
+                    "28500 + SLURM_JOB_ID % 1000; Nomad: a dynamic port; local: a free port at submit).",
+    )
     timeout_s: int = Field(
         900, ge=1, le=7 * 86400,
         description="Bound on waiting for rank 0 and the other nodes (torchrun store timeout; Nomad workers' wait for the leader).",
@@ -926,7 +930,7 @@ class JobSpec(_Model):
 
 def _check_servers(spec: "JobSpec", derived: set[str]) -> None:
     """Checks across server roles and the job (the first problem, as "servers: ...")."""
-    rdzv = spec.rendezvous.port
+    rdzv = spec.rendezvous.port  # None: each backend derives the job's own around the ports below
     seen: dict[str, int] = {}
     group_ports: dict[int, str] = {}
     for i, r in enumerate(spec.servers):

@@ -48,7 +48,7 @@ def test_what_torchrun_left_is_gone_when_the_entry_returns(tmp_path, end, rc):
     env = {**base_env(bindir, tmp_path), "SWEEP_DIR": str(tmp_path), "SWEEP_END": end}
     t0 = time.monotonic()
     r = run_entry(entry_script(halo_sched.loads(SPEC)), tmp_path,
-                  {"HALO_NODE_RANK": "1", "HALO_MASTER_ADDR": "127.0.0.1"}, env)
+                  {"HALO_NODE_RANK": "1", "HALO_MASTER_ADDR": "127.0.0.1", "HALO_MASTER_PORT": "29500"}, env)
     took = time.monotonic() - t0
     orphan = int((tmp_path / "orphan.pid").read_text())
     try:

@@ -79,7 +79,7 @@ def _start(tmp_path, spec_text: str, **env_extra) -> subprocess.Popen:
     (bindir / "torchrun").chmod(0o755)
     (tmp_path / "rank.py").write_text(RANK)
     env = {**base_env(bindir, tmp_path), "WARN_DIR": str(tmp_path), "HALO_NODE_RANK": "1",
-           "HALO_MASTER_ADDR": "127.0.0.1", **env_extra}
+           "HALO_MASTER_ADDR": "127.0.0.1", "HALO_MASTER_PORT": "29500", **env_extra}
     script = tmp_path / "entry.sh"
     script.write_text(entry_script(halo_sched.loads(spec_text)))
     return subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

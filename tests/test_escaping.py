@@ -91,8 +91,8 @@ def test_values_reach_torchrun_byte_exact(tmp_path_factory, value, arg, setup):
     spec = _spec(value, arg, setup)
     bindir, out = fake_bin(tmp), tmp / "out"
     out.mkdir()
-    r = run_entry(entry_script(spec), tmp, {"HALO_NODE_RANK": "1", "HALO_MASTER_ADDR": "127.0.0.1"},
-                  base_env(bindir, out, ["V", "S"]))
+    r = run_entry(entry_script(spec), tmp, {"HALO_NODE_RANK": "1", "HALO_MASTER_ADDR": "127.0.0.1",
+                                                "HALO_MASTER_PORT": "29500"}, base_env(bindir, out, ["V", "S"]))
     assert r.returncode == 0, r.stderr
     rec = records(out)[1]
     assert rec["argv"][-1] == arg
@@ -121,7 +121,8 @@ def test_nomad_job_carries_user_text_only_in_the_entry_template(value, arg):
     spec = _spec(value, arg, "x")
     job = job_payload(spec)["Job"]
     entry = entry_script(spec)
-    runtime = {"0", "1", "${NOMAD_IP_rdzv}", "${NOMAD_ALLOC_INDEX}", "${NOMAD_TASK_DIR}/halo-master-addr"}
+    runtime = {"0", "1", "${NOMAD_IP_rdzv}", "${NOMAD_PORT_rdzv}", "${NOMAD_ALLOC_INDEX}",
+               "${NOMAD_TASK_DIR}/halo-master-addr"}
     for g in job["TaskGroups"]:
         t = g["Tasks"][0]
         # Env and args hold only names Nomad defines; no user text is runtime-interpolated.
@@ -193,7 +194,8 @@ def test_setup_text_cannot_swallow_the_script(tmp_path_factory, comments, value,
                                                    "trainer": {"script": "t.py"}, "setup": setup})
     bindir, out = fake_bin(tmp), tmp / "out"
     out.mkdir()
-    r = run_entry(entry_script(spec), tmp, {"HALO_NODE_RANK": "1", "HALO_MASTER_ADDR": "127.0.0.1"},
+    r = run_entry(entry_script(spec), tmp, {"HALO_NODE_RANK": "1", "HALO_MASTER_ADDR": "127.0.0.1",
+                                            "HALO_MASTER_PORT": "29500"},
                   base_env(bindir, out, ["S"]))
     assert r.returncode == 0, r.stderr
     assert bytes.fromhex(records(out)[1]["env_hex"]["S"]) == value.encode()

@@ -13,6 +13,7 @@ import subprocess
 import pytest
 
 import halo_sched
+from halo_sched.backends.local import _launch_plan
 from halo_sched.backends.nomad.render import job_payload
 from halo_sched.backends.slurm.render import render_sbatch
 from halo_sched.launch import entry_script
@@ -43,24 +44,29 @@ def spec():
     return halo_sched.loads(SPEC)
 
 
-def _run_local(spec, tmp_path):
+def _run_local(spec, tmp_path, port=None):
+    """Each node as the local supervisor starts it: the plan's common env and the node's own.
+    ``port``: what submit picked when rendezvous.port is unset."""
     bindir, out = fake_bin(tmp_path), tmp_path / "local"
     out.mkdir()
     env = base_env(bindir, out, ENV_NAMES)
-    for rank in range(spec.nodes):
-        r = run_entry(entry_script(spec), tmp_path, {"HALO_NODE_RANK": str(rank), "HALO_MASTER_ADDR": "127.0.0.1"}, env)
+    plan = _launch_plan(spec, tmp_path / "job", [], None, spec.rendezvous.port or port)
+    for node in plan["nodes"]:
+        node_env = {**plan["env"], **{k: v for k, v in node["env"].items() if k != "HALO_LOG_DIR"}}
+        r = run_entry(entry_script(spec), tmp_path, node_env, env)
         assert r.returncode == 0, r.stderr
     return records(out)
 
 
-def _run_slurm(spec, tmp_path):
-    r, recs = run_sbatch(render_sbatch(spec), tmp_path / "slurm-run", ["gpu-a", "gpu-b", "gpu-c", "gpu-d"],
-                         env_names=ENV_NAMES, nodelist="gpu-[a-d]")
+def _run_slurm(spec, tmp_path, job_id="7"):
+    r, recs = run_sbatch(render_sbatch(spec), tmp_path / f"slurm-run-{job_id}", ["gpu-a", "gpu-b", "gpu-c", "gpu-d"],
+                         env_names=ENV_NAMES, nodelist="gpu-[a-d]", extra_env={"SLURM_JOB_ID": job_id})
     assert r.returncode == 0, r.stderr
     return recs
 
 
-def _run_nomad(spec, tmp_path):
+def _run_nomad(spec, tmp_path, dynamic_port=None):
+    """``dynamic_port``: the port Nomad gave the rendezvous label (rendezvous.port unset)."""
     bindir, out = fake_bin(tmp_path), tmp_path / "nomad"
     out.mkdir()
     env = base_env(bindir, out, ENV_NAMES)
@@ -74,11 +80,13 @@ def _run_nomad(spec, tmp_path):
         # The delimiters never occur in the script, so Go templating copies it unchanged.
         assert tpl["LeftDelim"] not in tpl["EmbeddedTmpl"] and tpl["RightDelim"] not in tpl["EmbeddedTmpl"]
         for index in range(g["Count"]):
+            port = str(spec.rendezvous.port or dynamic_port)
             node_env = {k: v.replace("${NOMAD_IP_rdzv}", "127.0.0.1").replace("${NOMAD_ALLOC_INDEX}", str(index))
-                        for k, v in task["Env"].items()}
+                        .replace("${NOMAD_PORT_rdzv}", port) for k, v in task["Env"].items()}
             if "HALO_MASTER_ADDR_FILE" in node_env:
                 addr = tmp_path / f"{g['Name']}-{index}-master"
-                addr.write_text("127.0.0.1\n")  # what the nomadService template renders once rank 0 is up
+                # What the nomadService template renders once rank 0 is up: address, then port.
+                addr.write_text(f"127.0.0.1\n{port}\n")
                 node_env["HALO_MASTER_ADDR_FILE"] = str(addr)
             r = run_entry(tpl["EmbeddedTmpl"], tmp_path, node_env, env)
             assert r.returncode == 0, r.stderr
@@ -127,6 +135,35 @@ def test_only_node_rank_differs_across_nodes_and_backends(spec, tmp_path):
     assert bytes.fromhex(env_hex["HALO_WARNING_SIGNAL"]) == b"USR2"
 
 
+def test_an_unset_port_is_the_jobs_own_and_the_same_on_every_node(tmp_path):
+    """rendezvous.port unset: every node of a job still gets one port (and only --node_rank
+    differs), from its backend: the one local submit picked, SLURM's 28500 + job id % 1000 (two
+    jobs, two ports), Nomad's dynamic port (NOMAD_PORT_rdzv on node-0, the service's .Port in
+    the workers' file)."""
+    spec = halo_sched.loads(SPEC.replace("port: 29511, ", ""))
+    assert spec.rendezvous.port is None
+    entry = entry_script(spec)
+    assert "29500" not in entry and "--master_port=\"$HALO_MASTER_PORT\"" in entry
+    runs = {"local": (_run_local(spec, tmp_path, port=28777), 28777),
+            "slurm job 7": (_run_slurm(spec, tmp_path, job_id="7"), 28507),
+            "slurm job 12345": (_run_slurm(spec, tmp_path, job_id="12345"), 28845),
+            "nomad": (_run_nomad(spec, tmp_path, dynamic_port=23456), 23456)}
+    for backend, (recs, port) in runs.items():
+        assert sorted(recs) == [0, 1, 2, 3], backend
+        ports = {a for rec in recs.values() for a in rec["argv"] if a.startswith("--master_port=")}
+        assert ports == {f"--master_port={port}"}, (backend, ports)
+
+
+def test_entry_refuses_a_bad_master_port(spec, tmp_path):
+    bindir, out = fake_bin(tmp_path), tmp_path / "out"
+    out.mkdir()
+    for bad in ("", "x", "0", "65536", "123456", "29 511", "-1"):
+        r = run_entry(entry_script(spec), tmp_path, {"HALO_NODE_RANK": "0", "HALO_MASTER_ADDR": "127.0.0.1",
+                                                     "HALO_MASTER_PORT": bad}, base_env(bindir, out))
+        assert r.returncode == 1 and "HALO_MASTER_PORT" in r.stderr, (bad, r.stderr)
+    assert records(out) == {}
+
+
 def test_slurm_refuses_loopback_master_across_hosts(spec, tmp_path):
     # Addresses from the documentation range: written by the stand-in scontrol, never contacted.
     r, recs = run_sbatch(render_sbatch(spec), tmp_path, ["a", "b", "c", "d"],
@@ -157,11 +194,14 @@ def test_worker_waits_for_published_master_then_gives_up(tmp_path):
     bindir, out = fake_bin(tmp_path), tmp_path / "out"
     out.mkdir()
     empty = tmp_path / "master"
-    empty.write_text(" \n")  # blank while rank 0 is absent (whitespace must not pass for an address)
-    r = run_entry(entry_script(spec), tmp_path, {"HALO_NODE_RANK": "1", "HALO_MASTER_ADDR_FILE": str(empty)},
-                  base_env(bindir, out))
-    assert r.returncode == 1
-    assert "rendezvous.timeout_s=2s" in r.stderr
+    # Blank while rank 0 is absent (whitespace must not pass for an address), and an address
+    # without its port is not rank 0 published either.
+    for text in (" \n", "127.0.0.1\n", "127.0.0.1\n \n"):
+        empty.write_text(text)
+        r = run_entry(entry_script(spec), tmp_path, {"HALO_NODE_RANK": "1", "HALO_MASTER_ADDR_FILE": str(empty)},
+                      base_env(bindir, out))
+        assert r.returncode == 1, text
+        assert "rendezvous.timeout_s=2s" in r.stderr
     assert records(out) == {}
 
 
@@ -169,13 +209,15 @@ def test_entry_rejects_bad_node_rank(spec, tmp_path):
     bindir, out = fake_bin(tmp_path), tmp_path / "out"
     out.mkdir()
     for bad in ("", "x", "4", "-1"):
-        r = run_entry(entry_script(spec), tmp_path, {"HALO_NODE_RANK": bad, "HALO_MASTER_ADDR": "127.0.0.1"}, base_env(bindir, out))
+        r = run_entry(entry_script(spec), tmp_path, {"HALO_NODE_RANK": bad, "HALO_MASTER_ADDR": "127.0.0.1",
+                                                     "HALO_MASTER_PORT": "29511"}, base_env(bindir, out))
         assert r.returncode == 1, bad
         assert "HALO_NODE_RANK" in r.stderr
     # Nomad's workers: allocation index + offset 1 must still land in 0..nodes-1.
     for index, offset in (("3", "1"), ("2", "x"), ("2", "-1"), ("2", "1 "), ("9999999999", "1")):
         r = run_entry(entry_script(spec), tmp_path, {"HALO_NODE_RANK": index, "HALO_NODE_RANK_OFFSET": offset,
-                                                     "HALO_MASTER_ADDR": "127.0.0.1"}, base_env(bindir, out))
+                                                     "HALO_MASTER_ADDR": "127.0.0.1", "HALO_MASTER_PORT": "29511"},
+                      base_env(bindir, out))
         assert r.returncode == 1 and "HALO_NODE_RANK" in r.stderr, (index, offset, r.stderr)
     assert records(out) == {}
 
@@ -189,11 +231,46 @@ def test_rendezvous_deadline_starts_after_setup(tmp_path):
     out.mkdir()
     master = tmp_path / "master"
     master.write_text("")
-    publisher = subprocess.Popen(["bash", "-c", f"sleep 4; echo 127.0.0.1 > {master}"])
+    publisher = subprocess.Popen(["bash", "-c", f"sleep 4; printf '127.0.0.1\\n29511\\n' > {master}"])
     try:
         r = run_entry(entry_script(spec), tmp_path, {"HALO_NODE_RANK": "1", "HALO_MASTER_ADDR_FILE": str(master)},
                       base_env(bindir, out))
     finally:
         publisher.wait()
     assert r.returncode == 0, r.stderr
-    assert "--master_addr=127.0.0.1" in records(out)[1]["argv"]
+    assert "--master_addr=127.0.0.1" in records(out)[1]["argv"] and "--master_port=29511" in records(out)[1]["argv"]
+
+
+def test_local_submit_picks_a_free_port_for_a_job_without_one(monkeypatch):
+    """rendezvous.port unset on the local backend: a port of 28500-29499 that is free now and
+    none of the job's server ports, from a random start."""
+    from halo_sched.backends import local
+
+    spec = halo_sched.loads(SPEC.replace("port: 29511, ", ""))
+    monkeypatch.setattr(local, "DERIVED_PORTS", range(28700, 28703))
+    monkeypatch.setattr(local.secrets, "randbelow", lambda n: 0)
+    monkeypatch.setattr(local, "_port_in_use", lambda port: port == 28700)  # another job holds it
+    assert local._free_master_port(spec) == 28701
+    with_server = halo_sched.loads(SPEC.replace("port: 29511, ", "") + "servers: [{name: s, nodes: 1, command: [x], "
+                                   "port: 28701, group_port: 28702}]\n")
+    with pytest.raises(local.SchedulerError, match="no free port in 28700-28702"):
+        local._free_master_port(with_server)
+    monkeypatch.undo()
+    assert not local._port_in_use(local._free_master_port(spec))
+
+
+def test_local_submit_hands_its_port_to_every_node(tmp_path):
+    """The port submit picked is in the job's record and in every node's environment."""
+    from halo_sched.backends.local import LocalScheduler
+    from halo_sched.launch import DERIVED_PORTS
+
+    spec = halo_sched.loads(SPEC.replace("port: 29511, ", "").replace("export FROM_SETUP=yes", "sleep 300"))
+    sched = LocalScheduler(tmp_path / "state")
+    job_id = sched.schedule(sched.dryrun(spec))
+    try:
+        meta = json.loads((tmp_path / "state" / job_id / "job.json").read_text())
+        assert meta["master_port"] in DERIVED_PORTS
+        assert meta["launch"]["env"]["HALO_MASTER_PORT"] == str(meta["master_port"])
+    finally:
+        sched.cancel([job_id])
+        assert sched.wait(job_id, timeout=30, poll=0.2).status.terminal

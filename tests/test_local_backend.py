@@ -70,6 +70,31 @@ def test_cancel_stops_every_node(tmp_path):
         assert live_group_members(pid) == []
 
 
+def test_two_default_port_jobs_run_at_once(tmp_path):
+    """Without rendezvous.port, each local job takes a port free at its submit: two jobs run at
+    once on this one host (with one port for both, the second rank 0 fails with EADDRINUSE)."""
+    import yaml
+
+    handles = []
+    for name in ("a", "b"):
+        d = tmp_path / name
+        d.mkdir()
+        path = example_job(d, free_port(), nproc_per_node=1, trainer={
+            "script": "examples/train_ddp.py", "args": ["--steps", "30", "--step-time", "0.2", "--report-dir", str(d)]})
+        data = yaml.safe_load(path.read_text())
+        del data["rendezvous"]["port"]
+        path.write_text(yaml.safe_dump(data))
+        handles.append(halo_sched.submit(halo_sched.load(path), "local"))
+    deadline = time.monotonic() + 60
+    while not all(h.status().status is JobStatus.RUNNING for h in handles):
+        assert time.monotonic() < deadline and not any(h.status().status.terminal for h in handles)
+        time.sleep(0.2)
+    ends = [h.wait(timeout=180, poll=0.5) for h in handles]
+    assert [e.status for e in ends] == [JobStatus.COMPLETED] * 2, [e.describe() for e in ends]
+    ports = [json.loads((h.scheduler.root / h.id / "job.json").read_text())["master_port"] for h in handles]
+    assert ports[0] != ports[1]
+
+
 def test_busy_rendezvous_port_is_a_clear_error(tmp_path):
     import socket
 

@@ -75,14 +75,22 @@ def test_leader_and_worker_shape():
     assert job["Meta"]["halo_sched_nodes"] == "4"
     leader, workers = job["TaskGroups"]
     assert leader["Services"][0]["Provider"] == "nomad"
-    assert leader["Networks"][0]["ReservedPorts"] == [{"Label": "rdzv", "Value": 29500}]
-    assert leader["Tasks"][0]["Env"] == {"HALO_NODE_RANK": "0", "HALO_MASTER_ADDR": "${NOMAD_IP_rdzv}"}
+    # rendezvous.port unset: a dynamic port, which node-0 reads from its env and the workers from
+    # the service's registration (address, then port).
+    assert leader["Networks"][0] == {"Mode": "host", "DynamicPorts": [{"Label": "rdzv"}]}
+    assert leader["Tasks"][0]["Env"] == {"HALO_NODE_RANK": "0", "HALO_MASTER_ADDR": "${NOMAD_IP_rdzv}",
+                                         "HALO_MASTER_PORT": "${NOMAD_PORT_rdzv}"}
+    set_port = job_payload(spec.model_copy(update={"rendezvous": spec.rendezvous.model_copy(update={"port": 29500})}),
+                           "ddp-nomad-1")["Job"]["TaskGroups"][0]
+    assert set_port["Networks"][0] == {"Mode": "host", "ReservedPorts": [{"Label": "rdzv", "Value": 29500}]}
+    assert set_port["Tasks"][0]["Env"] == leader["Tasks"][0]["Env"]
     t = workers["Tasks"][0]
     assert "Services" not in workers and "ReservedPorts" not in workers["Networks"][0]
     assert t["Env"] == {"HALO_NODE_RANK": "${NOMAD_ALLOC_INDEX}", "HALO_NODE_RANK_OFFSET": "1",
                         "HALO_MASTER_ADDR_FILE": "${NOMAD_TASK_DIR}/halo-master-addr"}
     master = t["Templates"][1]["EmbeddedTmpl"]
     assert 'nomadService "ddp-nomad-1-rdzv"' in master and "index . 0" in master
+    assert "{{ .Address }}\n{{ .Port }}" in master
     for g in job["TaskGroups"]:
         # Lost means failed: no restart, no reschedule, no replacement of a node that went down.
         assert g["Disconnect"] == {"Replace": False}
@@ -275,6 +283,31 @@ def test_logs_are_tagged_with_their_node_rank(job_file):
         "[node 0] hello from node-0", "[node 0] second line", "[node 0] warning on node-0",
         "[node 1] hello from node-1", "[node 1] second line", "[node 1] warning on node-1",
     ]
+
+
+def test_two_jobs_node0_share_a_client_each_on_a_port_of_its_own(job_file):
+    """rendezvous.port unset: node-0 asks for a dynamic port, so the node-0 of two jobs can share
+    a client (Nomad picks a port free there). One static port for every job (29500, the old
+    default) is a reserved-port collision on that client: the second job cannot place."""
+    def run_two(path, fake):
+        ids = []
+        for _ in range(2):
+            r = cli("submit", str(path), "--backend", "nomad", env=nomad_env(fake))
+            assert r.returncode == 0, r.stderr
+            ids.append(r.stdout.split()[-1])
+        return [json.loads(cli("status", j, "--backend", "nomad", "--json", env=nomad_env(fake)).stdout) for j in ids]
+
+    f = job_file(nodes=1, gpus=4)
+    with FakeNomad([Client("gpu-a")], token=TOKEN) as fake:
+        states = run_two(f, fake)
+        assert [s["status"] for s in states] == ["RUNNING", "RUNNING"], states
+    data = yaml.safe_load(f.read_text())
+    data["rendezvous"]["port"] = 29500
+    f.write_text(yaml.safe_dump(data))
+    with FakeNomad([Client("gpu-a")], token=TOKEN) as fake:
+        states = run_two(f, fake)
+        assert states[0]["status"] == "RUNNING" and states[1]["status"] == "PENDING", states
+        assert "port" in states[1]["reason"], states[1]
 
 
 def test_each_submission_is_a_new_job_with_its_own_rendezvous_service(job_file):

@@ -226,7 +226,8 @@ def _run_entries(spec, tmp_path):
     bindir, out = fake_bin(tmp_path), tmp_path / "out"
     out.mkdir(exist_ok=True)
     env = base_env(bindir, out)
-    run_entry(entry_script(spec), tmp_path, {"HALO_NODE_RANK": "0", "HALO_MASTER_ADDR": "127.0.0.1"}, env)
+    run_entry(entry_script(spec), tmp_path, {"HALO_NODE_RANK": "0", "HALO_MASTER_ADDR": "127.0.0.1",
+                                             "HALO_MASTER_PORT": "29500"}, env)
     for role in spec.servers:
         run_entry(server_script(spec, role), tmp_path,
                   {"HALO_SERVER_INDEX": "0", "HALO_TRAINER_MASTER_ADDR": "127.0.0.1"}, env)

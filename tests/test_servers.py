@@ -54,6 +54,7 @@ def job_file(tmp_path, *, server_nodes=2, delay=1.0, die_after=None, timeout_s=6
 
 def _spec(**server):
     base = {"name": "x", "nodes": 2, "nproc_per_node": 1, "trainer": {"script": "t.py"},
+            "rendezvous": {"port": 29500},
             "servers": [{"name": "vllm", "nodes": 1, "command": ["serve"], "port": 8000, **server}]}
     return base
 

@@ -25,7 +25,7 @@ trainer: {script: t.py, args: ["--x", "it's $(x)"]}
 rendezvous: {port: 29518, timeout_s: 5}
 nomad: {driver: raw_exec}
 """
-NODE = {"HALO_NODE_RANK": "1", "HALO_MASTER_ADDR": "127.0.0.1"}
+NODE = {"HALO_NODE_RANK": "1", "HALO_MASTER_ADDR": "127.0.0.1", "HALO_MASTER_PORT": "29500"}
 
 
 def _spec(setup):

@@ -148,6 +148,69 @@ def test_srun_gets_the_cpus_the_job_holds_per_node(tmp_path):
     assert "--cpus-per-task=6" in args and "--gpus-per-node=2" in args
 
 
+# srun that only logs its argv (one JSON line per step) and exits 0.
+LOG_SRUN = r'''#!{python}
+import json, os, sys
+with open(os.environ["LOG"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\n")
+'''
+
+
+def _steps(tmp_path, spec_text: str, job_id: str | None):
+    """Run the batch script as job ``job_id`` with an srun that only logs: (process, [argv of each step])."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    fakes = fake_bin(tmp_path)
+    write_tool(fakes, "srun", LOG_SRUN)
+    env = base_env(fakes, tmp_path)
+    env.update(LOG=str(tmp_path / "steps.log"), FAKE_SLURM_NODES="a,b,c,d", SLURM_JOB_NODELIST="a,b,c,d",
+               SLURM_JOB_CPUS_PER_NODE="8(x4)", **({"SLURM_JOB_ID": job_id} if job_id is not None else {}))
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(halo_sched.loads(spec_text)))
+    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    log = tmp_path / "steps.log"
+    return r, [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def _master_port(steps: list[list[str]]) -> int:
+    """The port the trainer step hands each task: halo-srun ADDR PORT ENTRY."""
+    (argv,) = [a for a in steps if any("halo-entry" in x for x in a)]
+    return int(argv[argv.index("halo-srun") + 2])
+
+
+@pytest.mark.parametrize("job_id, port", [("7", 28507), ("1000", 28500), ("4242", 28742), ("4294967295", 28795)])
+def test_an_unset_rendezvous_port_is_the_jobs_own(tmp_path, job_id, port):
+    """rendezvous.port unset: 28500 + SLURM_JOB_ID % 1000, computed once in the batch script and
+    handed to every node's task as the address is (the entry script stays the same text)."""
+    r, steps = _steps(tmp_path, MIN, job_id)
+    assert r.returncode == 0, r.stderr
+    assert _master_port(steps) == port and f"master 127.0.0.1:{port}" in r.stderr
+
+
+def test_a_set_rendezvous_port_is_honoured(tmp_path):
+    r, steps = _steps(tmp_path, MIN + "rendezvous: {port: 29500}\n", "7")
+    assert r.returncode == 0, r.stderr
+    assert _master_port(steps) == 29500
+
+
+def test_no_job_id_no_derived_port(tmp_path):
+    r, steps = _steps(tmp_path, MIN, None)
+    assert r.returncode == 1 and "cannot derive the master port" in r.stderr and "rendezvous.port" in r.stderr
+    assert steps == []
+
+
+def test_the_derived_port_steps_over_the_servers_ports(tmp_path):
+    servers = ("servers: [{name: a, nodes: 1, command: [x], port: 28507, group_port: 28508},"
+               " {name: b, nodes: 1, command: [y], port: 28509}]\n")
+    for job_id, port in (("7", 28510), ("8", 28510), ("6", 28506), ("1010", 28510)):
+        # (The stand-in server steps end at once, which ends the job: only the port matters here.)
+        r, _ = _steps(tmp_path / job_id, MIN + servers, job_id)
+        assert f"master 127.0.0.1:{port}" in r.stderr, r.stderr
+    # Past the end of the range it wraps to its start.
+    wrap = "servers: [{name: a, nodes: 1, command: [x], port: 29499}]\n"
+    r, _ = _steps(tmp_path / "wrap", MIN + wrap, "999")
+    assert "master 127.0.0.1:28500" in r.stderr, r.stderr
+
+
 def test_pyxis_runs_in_the_mounted_submit_directory(tmp_path):
     image = MIN + "image: nvcr.io/nvidia/pytorch:25.01-py3\n"
     sub = tmp_path / "a"

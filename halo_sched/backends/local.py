@@ -2,7 +2,8 @@
 
 ``submit`` writes a job directory and starts a detached supervisor (``python -m
 halo_sched.backends.local_supervisor <dir>``: standard library only, so it starts fast) that runs
-node 0..N-1 with ``HALO_NODE_RANK`` and ``HALO_MASTER_ADDR=127.0.0.1``, prefixes every output
+node 0..N-1 with ``HALO_NODE_RANK``, ``HALO_MASTER_ADDR=127.0.0.1`` and ``HALO_MASTER_PORT``
+(``rendezvous.port``, or a port free at submit when it is unset), prefixes every output
 line with its node, stops the other nodes when one fails (like ``srun --kill-on-bad-exit``), and
 records the job's state and exit code.
 The job outlives the submitting command; ``status``/``logs``/``cancel`` read that directory.
@@ -22,10 +23,13 @@ from typing import Iterator, Sequence
 
 from ..errors import SchedulerError, UsageError, shown
 from ..records import Unreadable, read_json, read_small
-from ..launch import LOG_DIR_VAR, MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, NODE_RANK_VAR, entry_script
+from ..launch import (
+    DERIVED_PORTS, LOG_DIR_VAR, MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, MASTER_PORT_VAR, NODE_RANK_VAR, entry_script,
+    ports_to_avoid,
+)
 from ..spec import JobSpec
 from ..servers import SERVER_ADDR_VAR, SERVER_INDEX_VAR, TRAINER_MASTER_VAR, addrs_var, local_addr, server_script
-from ..templating import check, render_template
+from ..templating import check, checked_int, render_template
 from .base import DryRun, JobState, JobStatus, Scheduler, tail_lines
 # The supervisor's run-time code and the process helpers shared with it live there, once.
 from .local_supervisor import (
@@ -55,6 +59,21 @@ def _port_in_use(port: int) -> bool:
     return False
 
 
+def _free_master_port(spec: JobSpec) -> int:
+    """rendezvous.port unset: a port of DERIVED_PORTS that is free on this machine now and none
+    of the job's server ports, from a random start (two jobs submitted at once rarely try the
+    same one first). torchrun binds it seconds later; a job that lost it in between fails at
+    rendezvous, naming the port."""
+    avoid = set(ports_to_avoid(spec))
+    start = secrets.randbelow(len(DERIVED_PORTS))
+    for i in range(len(DERIVED_PORTS)):
+        port = DERIVED_PORTS[(start + i) % len(DERIVED_PORTS)]
+        if port not in avoid and not _port_in_use(port):
+            return port
+    raise SchedulerError(f"no free port in {DERIVED_PORTS.start}-{DERIVED_PORTS.stop - 1} on {LOCAL_MASTER} for "
+                         "rank 0; set rendezvous.port")
+
+
 class LocalScheduler(Scheduler):
     name = "local"
     streams_logs = True  # `submit --wait` follows the node-prefixed log live
@@ -72,7 +91,11 @@ class LocalScheduler(Scheduler):
 
     def render(self, spec: JobSpec, **opts) -> str:
         return render_template("local/run.txt.j2", spec=spec, entry=entry_script(spec), master=LOCAL_MASTER,
-                               servers=_server_plan(spec), server_script=server_script)
+                               port=("PORT" if spec.rendezvous.port is None
+                                     else str(checked_int(spec.rendezvous.port, "rendezvous.port"))),
+                               servers=_server_plan(spec),
+                               derived=f"{DERIVED_PORTS.start}-{DERIVED_PORTS.stop - 1}",
+                               server_script=server_script)
 
     def dryrun(self, spec: JobSpec, **opts) -> DryRun:
         return DryRun(self.name, spec, self.render(spec), payload=entry_script(spec))
@@ -82,12 +105,13 @@ class LocalScheduler(Scheduler):
         spec.secret_values()  # secret_env: the supervisor and its nodes inherit this environment
         if spec.image:
             print(f"halo-sched: local backend ignores image {spec.image!r}; nodes run on this machine", file=sys.stderr)
-        if _port_in_use(spec.rendezvous.port):
+        if spec.rendezvous.port is not None and _port_in_use(spec.rendezvous.port):
             raise SchedulerError(
                 f"rendezvous.port {spec.rendezvous.port} is in use on {LOCAL_MASTER} (another job?); "
-                "choose another rendezvous.port"
+                "choose another rendezvous.port, or leave it unset for a free one"
             )
         _check_local_ports(spec)
+        master_port = spec.rendezvous.port if spec.rendezvous.port is not None else _free_master_port(spec)
         servers = _server_plan(spec)
         # Trainer nodes first, then each server "node": disjoint slices of this machine's GPUs.
         gpu_sets = _gpu_sets_for([spec.gpus_per_node] * spec.nodes + [s["gpus"] for s in servers])
@@ -105,7 +129,8 @@ class LocalScheduler(Scheduler):
         for i, srv in enumerate(servers):
             srv["gpus"] = server_gpus[i] if server_gpus and srv["gpus"] else None
         _write_json(d / "job.json", {"name": spec.name, "nodes": spec.nodes, "cwd": os.getcwd(), "gpus": gpu_sets,
-                                     "servers": servers, "launch": _launch_plan(spec, d, servers, gpu_sets)})
+                                     "servers": servers, "master_port": master_port,
+                                     "launch": _launch_plan(spec, d, servers, gpu_sets, master_port)})
         _write_json(d / "state.json", {"state": "PENDING", "submitted": time.time()})
         (d / "job.log").touch()
         proc = subprocess.Popen(
@@ -267,11 +292,11 @@ def _read_meta(d: Path) -> tuple[dict | None, str]:
     return meta, ""
 
 
-def _launch_plan(spec: JobSpec, d: Path, servers: list[dict], gpu_sets: list[str] | None) -> dict:
+def _launch_plan(spec: JobSpec, d: Path, servers: list[dict], gpu_sets: list[str] | None, master_port: int) -> dict:
     """What the supervisor runs, rendered here so that it imports no spec/template code: each
     node's script and the variables it adds to the inherited environment (never a secret: those
     stay in the environment). The supervisor adds the job tag and PATH itself."""
-    common = {MASTER_ADDR_VAR: LOCAL_MASTER}
+    common = {MASTER_ADDR_VAR: LOCAL_MASTER, MASTER_PORT_VAR: str(master_port)}
     for srv in servers:
         common[srv["addrs_var"]] = ",".join(o["addr"] for o in servers if o["role"] == srv["role"])
     nodes = []
@@ -288,7 +313,7 @@ def _launch_plan(spec: JobSpec, d: Path, servers: list[dict], gpu_sets: list[str
         if srv.get("gpus"):
             env["CUDA_VISIBLE_DEVICES"] = srv["gpus"]
         plan_servers.append({"label": f"server {srv['role']} {srv['index']}", "script": f"server-{srv['role']}.sh",
-                             "env": env, "unset": [MASTER_ADDR_VAR]})
+                             "env": env, "unset": [MASTER_ADDR_VAR, MASTER_PORT_VAR]})
     return {"env": common, "unset": [MASTER_ADDR_FILE_VAR], "nodes": nodes, "servers": plan_servers}
 
 
@@ -316,7 +341,7 @@ def _server_plan(spec: JobSpec) -> list[dict]:
 
 def _check_local_ports(spec: JobSpec) -> None:
     """On this machine rank 0's rendezvous and group ports share 127.0.0.1: each must be free."""
-    ports = [("rendezvous.port", spec.rendezvous.port)] + [
+    ports = ([("rendezvous.port", spec.rendezvous.port)] if spec.rendezvous.port is not None else []) + [
         (f"servers[{i}].group_port", r.group_port) for i, r in enumerate(spec.servers) if r.group_port is not None]
     for field, port in ports:
         if _port_in_use(port):

@@ -47,9 +47,8 @@ job "ddp-nomad" {
 
     network {
       mode = "host"
-      port "rdzv" {
-        static = 29500
-      }
+      # A port Nomad picks on the node (rendezvous.port unset): every job its own.
+      port "rdzv" {}
     }
 
     # Rank 0's address for the other nodes, without Consul.
@@ -87,6 +86,7 @@ job "ddp-nomad" {
       env {
         HALO_NODE_RANK = "0"
         HALO_MASTER_ADDR = "$${NOMAD_IP_rdzv}"
+        HALO_MASTER_PORT = "$${NOMAD_PORT_rdzv}"
       }
 
       template {
@@ -94,14 +94,14 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-814b3b03"
-        right_delimiter = "halo-814b3b03]]"
+        left_delimiter  = "[[halo-ba528f56"
+        right_delimiter = "halo-ba528f56]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
 # The same script runs on every node. The backend sets only HALO_NODE_RANK (and maybe
-# HALO_NODE_RANK_OFFSET) and the master address (HALO_MASTER_ADDR, or
-# HALO_MASTER_ADDR_FILE to poll until rank 0 is known).
+# HALO_NODE_RANK_OFFSET) and the master address and port (HALO_MASTER_ADDR and
+# HALO_MASTER_PORT, or HALO_MASTER_ADDR_FILE to poll until rank 0 is known).
 set -e
 halo_fail() {
   echo "halo-sched: node $halo_rank: $*" >&2
@@ -190,12 +190,14 @@ export OMP_NUM_THREADS=8
 # rendezvous.timeout_s counts from here: a slow setup (pip install, image pull) is not a dead peer.
 halo_started=$SECONDS
 
-# Rank 0's address: given, or published later (a file that fills once rank 0 is known).
-# The file exists but is blank until then (Nomad's nomadService renders empty; it never blocks).
+# Rank 0's address and port: given, or published later (a file whose first line is the address
+# and second the port once rank 0 is known). The file exists but is blank until then (Nomad's
+# nomadService renders empty; it never blocks).
 if [ -n "$HALO_MASTER_ADDR_FILE" ]; then
   while :; do
-    HALO_MASTER_ADDR=$(head -n 1 "$HALO_MASTER_ADDR_FILE" 2> /dev/null | tr -d '[:space:]')
-    [ -z "$HALO_MASTER_ADDR" ] || break
+    halo_published=$(head -n 2 "$HALO_MASTER_ADDR_FILE" 2> /dev/null | tr -d ' \t\r' | tr '\n' ' ')
+    read -r HALO_MASTER_ADDR HALO_MASTER_PORT halo_rest <<< "$halo_published" || true
+    [ -z "$HALO_MASTER_ADDR" ] || [ -z "$HALO_MASTER_PORT" ] || break
     if [ $((SECONDS - halo_started)) -ge 600 ]; then
       halo_fail "rank 0 was not published within rendezvous.timeout_s=600s (waited on $HALO_MASTER_ADDR_FILE); is node 0 placed and running?"
     fi
@@ -203,6 +205,11 @@ if [ -n "$HALO_MASTER_ADDR_FILE" ]; then
   done
 fi
 [ -n "$HALO_MASTER_ADDR" ] || halo_fail "no master address: the backend set neither HALO_MASTER_ADDR nor HALO_MASTER_ADDR_FILE"
+case "$${HALO_MASTER_PORT:-}" in
+  '' | *[!0-9]* | ??????*) halo_fail "no master port: the backend gave HALO_MASTER_PORT='$${HALO_MASTER_PORT:-}', not a port in 1..65535" ;;
+esac
+HALO_MASTER_PORT=$((10#$HALO_MASTER_PORT))
+[ "$HALO_MASTER_PORT" -ge 1 ] && [ "$HALO_MASTER_PORT" -le 65535 ] || halo_fail "HALO_MASTER_PORT=$HALO_MASTER_PORT is not a port in 1..65535"
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
 
@@ -497,13 +504,13 @@ HALO_COLLECT_EOF
   return "$halo_rc"
 }
 
-echo "halo-sched: node $halo_rank of 2 on $(hostname): master $HALO_MASTER_ADDR:29500" >&2
+echo "halo-sched: node $halo_rank of 2 on $(hostname): master $HALO_MASTER_ADDR:$HALO_MASTER_PORT" >&2
 halo_run torchrun \
   --nnodes=2 \
   --nproc_per_node=8 \
   --node_rank="$halo_rank" \
   --master_addr="$HALO_MASTER_ADDR" \
-  --master_port=29500 \
+  --master_port="$HALO_MASTER_PORT" \
   --max_restarts=0 \
   --rdzv_conf=timeout=600 \
   --log-dir="$halo_log_dir" \
@@ -594,14 +601,14 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-814b3b03"
-        right_delimiter = "halo-814b3b03]]"
+        left_delimiter  = "[[halo-ba528f56"
+        right_delimiter = "halo-ba528f56]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
 # The same script runs on every node. The backend sets only HALO_NODE_RANK (and maybe
-# HALO_NODE_RANK_OFFSET) and the master address (HALO_MASTER_ADDR, or
-# HALO_MASTER_ADDR_FILE to poll until rank 0 is known).
+# HALO_NODE_RANK_OFFSET) and the master address and port (HALO_MASTER_ADDR and
+# HALO_MASTER_PORT, or HALO_MASTER_ADDR_FILE to poll until rank 0 is known).
 set -e
 halo_fail() {
   echo "halo-sched: node $halo_rank: $*" >&2
@@ -690,12 +697,14 @@ export OMP_NUM_THREADS=8
 # rendezvous.timeout_s counts from here: a slow setup (pip install, image pull) is not a dead peer.
 halo_started=$SECONDS
 
-# Rank 0's address: given, or published later (a file that fills once rank 0 is known).
-# The file exists but is blank until then (Nomad's nomadService renders empty; it never blocks).
+# Rank 0's address and port: given, or published later (a file whose first line is the address
+# and second the port once rank 0 is known). The file exists but is blank until then (Nomad's
+# nomadService renders empty; it never blocks).
 if [ -n "$HALO_MASTER_ADDR_FILE" ]; then
   while :; do
-    HALO_MASTER_ADDR=$(head -n 1 "$HALO_MASTER_ADDR_FILE" 2> /dev/null | tr -d '[:space:]')
-    [ -z "$HALO_MASTER_ADDR" ] || break
+    halo_published=$(head -n 2 "$HALO_MASTER_ADDR_FILE" 2> /dev/null | tr -d ' \t\r' | tr '\n' ' ')
+    read -r HALO_MASTER_ADDR HALO_MASTER_PORT halo_rest <<< "$halo_published" || true
+    [ -z "$HALO_MASTER_ADDR" ] || [ -z "$HALO_MASTER_PORT" ] || break
     if [ $((SECONDS - halo_started)) -ge 600 ]; then
       halo_fail "rank 0 was not published within rendezvous.timeout_s=600s (waited on $HALO_MASTER_ADDR_FILE); is node 0 placed and running?"
     fi
@@ -703,6 +712,11 @@ if [ -n "$HALO_MASTER_ADDR_FILE" ]; then
   done
 fi
 [ -n "$HALO_MASTER_ADDR" ] || halo_fail "no master address: the backend set neither HALO_MASTER_ADDR nor HALO_MASTER_ADDR_FILE"
+case "$${HALO_MASTER_PORT:-}" in
+  '' | *[!0-9]* | ??????*) halo_fail "no master port: the backend gave HALO_MASTER_PORT='$${HALO_MASTER_PORT:-}', not a port in 1..65535" ;;
+esac
+HALO_MASTER_PORT=$((10#$HALO_MASTER_PORT))
+[ "$HALO_MASTER_PORT" -ge 1 ] && [ "$HALO_MASTER_PORT" -le 65535 ] || halo_fail "HALO_MASTER_PORT=$HALO_MASTER_PORT is not a port in 1..65535"
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
 
@@ -997,13 +1011,13 @@ HALO_COLLECT_EOF
   return "$halo_rc"
 }
 
-echo "halo-sched: node $halo_rank of 2 on $(hostname): master $HALO_MASTER_ADDR:29500" >&2
+echo "halo-sched: node $halo_rank of 2 on $(hostname): master $HALO_MASTER_ADDR:$HALO_MASTER_PORT" >&2
 halo_run torchrun \
   --nnodes=2 \
   --nproc_per_node=8 \
   --node_rank="$halo_rank" \
   --master_addr="$HALO_MASTER_ADDR" \
-  --master_port=29500 \
+  --master_port="$HALO_MASTER_PORT" \
   --max_restarts=0 \
   --rdzv_conf=timeout=600 \
   --log-dir="$halo_log_dir" \
@@ -1019,7 +1033,10 @@ EOT
       template {
         destination = "local/halo-master-addr"
         change_mode = "noop"
-        data        = "{{ with nomadService \"ddp-nomad-rdzv\" }}{{ with index . 0 }}{{ .Address }}{{ end }}{{ end }}"
+        data        = <<EOT
+{{ with nomadService "ddp-nomad-rdzv" }}{{ with index . 0 }}{{ .Address }}
+{{ .Port }}{{ end }}{{ end }}
+EOT
       }
 
       resources {

@@ -43,11 +43,10 @@ job "rl-grpo" {
 
     network {
       mode = "host"
+      # A port Nomad picks on the node (rendezvous.port unset): every job its own.
+      port "rdzv" {}
       port "group-vllm" {
         static = 51216
-      }
-      port "rdzv" {
-        static = 29500
       }
     }
 
@@ -85,6 +84,7 @@ job "rl-grpo" {
       env {
         HALO_NODE_RANK = "0"
         HALO_MASTER_ADDR = "$${NOMAD_IP_rdzv}"
+        HALO_MASTER_PORT = "$${NOMAD_PORT_rdzv}"
         HALO_SERVER_VLLM_ADDRS_FILE = "$${NOMAD_TASK_DIR}/halo-server-vllm-addrs"
       }
 
@@ -93,14 +93,14 @@ job "rl-grpo" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-c6f870cb"
-        right_delimiter = "halo-c6f870cb]]"
+        left_delimiter  = "[[halo-ea033383"
+        right_delimiter = "halo-ea033383]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
 # The same script runs on every node. The backend sets only HALO_NODE_RANK (and maybe
-# HALO_NODE_RANK_OFFSET) and the master address (HALO_MASTER_ADDR, or
-# HALO_MASTER_ADDR_FILE to poll until rank 0 is known).
+# HALO_NODE_RANK_OFFSET) and the master address and port (HALO_MASTER_ADDR and
+# HALO_MASTER_PORT, or HALO_MASTER_ADDR_FILE to poll until rank 0 is known).
 set -e
 halo_fail() {
   echo "halo-sched: node $halo_rank: $*" >&2
@@ -190,12 +190,14 @@ export NCCL_NET=Libfabric
 # rendezvous.timeout_s counts from here: a slow setup (pip install, image pull) is not a dead peer.
 halo_started=$SECONDS
 
-# Rank 0's address: given, or published later (a file that fills once rank 0 is known).
-# The file exists but is blank until then (Nomad's nomadService renders empty; it never blocks).
+# Rank 0's address and port: given, or published later (a file whose first line is the address
+# and second the port once rank 0 is known). The file exists but is blank until then (Nomad's
+# nomadService renders empty; it never blocks).
 if [ -n "$HALO_MASTER_ADDR_FILE" ]; then
   while :; do
-    HALO_MASTER_ADDR=$(head -n 1 "$HALO_MASTER_ADDR_FILE" 2> /dev/null | tr -d '[:space:]')
-    [ -z "$HALO_MASTER_ADDR" ] || break
+    halo_published=$(head -n 2 "$HALO_MASTER_ADDR_FILE" 2> /dev/null | tr -d ' \t\r' | tr '\n' ' ')
+    read -r HALO_MASTER_ADDR HALO_MASTER_PORT halo_rest <<< "$halo_published" || true
+    [ -z "$HALO_MASTER_ADDR" ] || [ -z "$HALO_MASTER_PORT" ] || break
     if [ $((SECONDS - halo_started)) -ge 1200 ]; then
       halo_fail "rank 0 was not published within rendezvous.timeout_s=1200s (waited on $HALO_MASTER_ADDR_FILE); is node 0 placed and running?"
     fi
@@ -203,6 +205,11 @@ if [ -n "$HALO_MASTER_ADDR_FILE" ]; then
   done
 fi
 [ -n "$HALO_MASTER_ADDR" ] || halo_fail "no master address: the backend set neither HALO_MASTER_ADDR nor HALO_MASTER_ADDR_FILE"
+case "$${HALO_MASTER_PORT:-}" in
+  '' | *[!0-9]* | ??????*) halo_fail "no master port: the backend gave HALO_MASTER_PORT='$${HALO_MASTER_PORT:-}', not a port in 1..65535" ;;
+esac
+HALO_MASTER_PORT=$((10#$HALO_MASTER_PORT))
+[ "$HALO_MASTER_PORT" -ge 1 ] && [ "$HALO_MASTER_PORT" -le 65535 ] || halo_fail "HALO_MASTER_PORT=$HALO_MASTER_PORT is not a port in 1..65535"
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
 # ---- Rollout servers (servers:, halo_sched/servers.py) ----
@@ -593,13 +600,13 @@ HALO_COLLECT_EOF
   return "$halo_rc"
 }
 
-echo "halo-sched: node $halo_rank of 2 on $(hostname): master $HALO_MASTER_ADDR:29500" >&2
+echo "halo-sched: node $halo_rank of 2 on $(hostname): master $HALO_MASTER_ADDR:$HALO_MASTER_PORT" >&2
 halo_run torchrun \
   --nnodes=2 \
   --nproc_per_node=8 \
   --node_rank="$halo_rank" \
   --master_addr="$HALO_MASTER_ADDR" \
-  --master_port=29500 \
+  --master_port="$HALO_MASTER_PORT" \
   --max_restarts=0 \
   --rdzv_conf=timeout=1200 \
   --log-dir="$halo_log_dir" \
@@ -694,14 +701,14 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-c6f870cb"
-        right_delimiter = "halo-c6f870cb]]"
+        left_delimiter  = "[[halo-ea033383"
+        right_delimiter = "halo-ea033383]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
 # The same script runs on every node. The backend sets only HALO_NODE_RANK (and maybe
-# HALO_NODE_RANK_OFFSET) and the master address (HALO_MASTER_ADDR, or
-# HALO_MASTER_ADDR_FILE to poll until rank 0 is known).
+# HALO_NODE_RANK_OFFSET) and the master address and port (HALO_MASTER_ADDR and
+# HALO_MASTER_PORT, or HALO_MASTER_ADDR_FILE to poll until rank 0 is known).
 set -e
 halo_fail() {
   echo "halo-sched: node $halo_rank: $*" >&2
@@ -791,12 +798,14 @@ export NCCL_NET=Libfabric
 # rendezvous.timeout_s counts from here: a slow setup (pip install, image pull) is not a dead peer.
 halo_started=$SECONDS
 
-# Rank 0's address: given, or published later (a file that fills once rank 0 is known).
-# The file exists but is blank until then (Nomad's nomadService renders empty; it never blocks).
+# Rank 0's address and port: given, or published later (a file whose first line is the address
+# and second the port once rank 0 is known). The file exists but is blank until then (Nomad's
+# nomadService renders empty; it never blocks).
 if [ -n "$HALO_MASTER_ADDR_FILE" ]; then
   while :; do
-    HALO_MASTER_ADDR=$(head -n 1 "$HALO_MASTER_ADDR_FILE" 2> /dev/null | tr -d '[:space:]')
-    [ -z "$HALO_MASTER_ADDR" ] || break
+    halo_published=$(head -n 2 "$HALO_MASTER_ADDR_FILE" 2> /dev/null | tr -d ' \t\r' | tr '\n' ' ')
+    read -r HALO_MASTER_ADDR HALO_MASTER_PORT halo_rest <<< "$halo_published" || true
+    [ -z "$HALO_MASTER_ADDR" ] || [ -z "$HALO_MASTER_PORT" ] || break
     if [ $((SECONDS - halo_started)) -ge 1200 ]; then
       halo_fail "rank 0 was not published within rendezvous.timeout_s=1200s (waited on $HALO_MASTER_ADDR_FILE); is node 0 placed and running?"
     fi
@@ -804,6 +813,11 @@ if [ -n "$HALO_MASTER_ADDR_FILE" ]; then
   done
 fi
 [ -n "$HALO_MASTER_ADDR" ] || halo_fail "no master address: the backend set neither HALO_MASTER_ADDR nor HALO_MASTER_ADDR_FILE"
+case "$${HALO_MASTER_PORT:-}" in
+  '' | *[!0-9]* | ??????*) halo_fail "no master port: the backend gave HALO_MASTER_PORT='$${HALO_MASTER_PORT:-}', not a port in 1..65535" ;;
+esac
+HALO_MASTER_PORT=$((10#$HALO_MASTER_PORT))
+[ "$HALO_MASTER_PORT" -ge 1 ] && [ "$HALO_MASTER_PORT" -le 65535 ] || halo_fail "HALO_MASTER_PORT=$HALO_MASTER_PORT is not a port in 1..65535"
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
 # ---- Rollout servers (servers:, halo_sched/servers.py) ----
@@ -1194,13 +1208,13 @@ HALO_COLLECT_EOF
   return "$halo_rc"
 }
 
-echo "halo-sched: node $halo_rank of 2 on $(hostname): master $HALO_MASTER_ADDR:29500" >&2
+echo "halo-sched: node $halo_rank of 2 on $(hostname): master $HALO_MASTER_ADDR:$HALO_MASTER_PORT" >&2
 halo_run torchrun \
   --nnodes=2 \
   --nproc_per_node=8 \
   --node_rank="$halo_rank" \
   --master_addr="$HALO_MASTER_ADDR" \
-  --master_port=29500 \
+  --master_port="$HALO_MASTER_PORT" \
   --max_restarts=0 \
   --rdzv_conf=timeout=1200 \
   --log-dir="$halo_log_dir" \
@@ -1215,7 +1229,10 @@ EOT
       template {
         destination = "local/halo-master-addr"
         change_mode = "noop"
-        data        = "{{ with nomadService \"rl-grpo-rdzv\" }}{{ with index . 0 }}{{ .Address }}{{ end }}{{ end }}"
+        data        = <<EOT
+{{ with nomadService "rl-grpo-rdzv" }}{{ with index . 0 }}{{ .Address }}
+{{ .Port }}{{ end }}{{ end }}
+EOT
       }
 
       template {
@@ -1405,7 +1422,10 @@ EOT
       template {
         destination = "local/halo-master-addr"
         change_mode = "noop"
-        data        = "{{ with nomadService \"rl-grpo-rdzv\" }}{{ with index . 0 }}{{ .Address }}{{ end }}{{ end }}"
+        data        = <<EOT
+{{ with nomadService "rl-grpo-rdzv" }}{{ with index . 0 }}{{ .Address }}
+{{ .Port }}{{ end }}{{ end }}
+EOT
       }
 
       resources {

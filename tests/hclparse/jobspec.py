@@ -66,7 +66,14 @@ def _group(name: str, body: dict) -> dict:
         _take(net, {"mode", "port"}, "network")
         n: dict = {"Mode": net["mode"]}
         if "port" in net:
-            n["ReservedPorts"] = [{"Label": label, "Value": _one(p, label)["static"]} for label, p in net["port"].items()]
+            # jobspec2: a port block with `static` is reserved, one without is dynamic.
+            ports = {label: _take(_one(p, label), {"static"}, f"port {label}") for label, p in net["port"].items()}
+            dynamic = [{"Label": label} for label, p in ports.items() if "static" not in p]
+            reserved = [{"Label": label, "Value": p["static"]} for label, p in ports.items() if "static" in p]
+            if dynamic:
+                n["DynamicPorts"] = dynamic
+            if reserved:
+                n["ReservedPorts"] = reserved
         networks.append(n)
     g["Networks"] = networks
     if "service" in body:

@@ -1,7 +1,7 @@
 """JobSpec -> Nomad job (pure): the API payload ``{"Job": {...}}`` is the one model; the HCL
 (``templates/nomad/job.nomad.hcl.j2``) is rendered from that same dict.
 
-Shape, for N nodes: group ``node-0`` (count 1: node rank 0; it reserves the rendezvous port and
+Shape, for N nodes: group ``node-0`` (count 1: node rank 0; it asks for the rendezvous port and
 registers a Nomad-native service) and, when N > 1, ONE group ``workers`` with count N-1, whose
 allocation ``JOBID.workers[K]`` is node rank K+1. The env says ``HALO_NODE_RANK =
 ${NOMAD_ALLOC_INDEX}`` and ``HALO_NODE_RANK_OFFSET = 1``; the shared entry script adds them (HCL
@@ -49,7 +49,8 @@ import time
 
 from ...errors import SpecError
 from ...launch import (
-    MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, NODE_RANK_OFFSET_VAR, NODE_RANK_VAR, SECRETS_DIR_VAR, entry_script,
+    MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, MASTER_PORT_VAR, NODE_RANK_OFFSET_VAR, NODE_RANK_VAR, SECRETS_DIR_VAR,
+    entry_script,
 )
 from ...spec import JobSpec
 from ...templating import check, checked_text, checked_int, render_template
@@ -147,10 +148,18 @@ def secret_wiring(job_id: str, names: list[str]) -> tuple[dict, list[dict]]:
 
 
 def master_template(job_id: str) -> str:
+    """Rank 0's address on the first line and its port on the second, from node-0's service
+    registration; blank until it registers. The registration carries the port the rendezvous
+    label was given, static or dynamic (nomad v2.0.5 ``client/serviceregistration/address.go``
+    GetAddress, host mode: the label's AllocatedPortMapping, HostIP and Value), and the template
+    gives it as ``.Port`` (consul-template v0.42.1, Nomad 2.0.5's, ``dependency/nomad_service.go``).
+    The file is written whole (``renderer/renderer.go`` AtomicWrite: a temporary file renamed into
+    place), so a reader never sees the address without the port. Server tasks read the first line."""
     # Instance 0 explicitly: during a redeploy two registrations of the service can overlap.
     return (
         f'{{{{ with nomadService "{service_name(job_id)}" }}}}'
-        "{{ with index . 0 }}{{ .Address }}{{ end }}{{ end }}"
+        # The final newline: a heredoc in the HCL would add one (the two forms stay one job).
+        "{{ with index . 0 }}{{ .Address }}\n{{ .Port }}{{ end }}{{ end }}\n"
     )
 
 
@@ -190,7 +199,10 @@ def _task(spec: JobSpec, job_id: str, group: str, entry: str, delims: tuple[str,
         "RightDelim": right,
     }]
     if group == LEADER_GROUP:
-        env = {NODE_RANK_VAR: "0", MASTER_ADDR_VAR: "${NOMAD_IP_%s}" % PORT_LABEL}
+        # NOMAD_PORT_<label>: the port's To when set, else its Value, static or dynamic
+        # (client/taskenv/env.go addGroupPort/addPorts, v2.0.5); host mode sets no To.
+        env = {NODE_RANK_VAR: "0", MASTER_ADDR_VAR: "${NOMAD_IP_%s}" % PORT_LABEL,
+               MASTER_PORT_VAR: "${NOMAD_PORT_%s}" % PORT_LABEL}
     else:
         env = {
             # The entry script adds the two: Nomad's ${} cannot.
@@ -270,17 +282,26 @@ def _group(spec: JobSpec, job_id: str, name: str, count: int, entry: str, delims
     if spec.nomad.max_run_duration_ns is not None:
         group["MaxRunDuration"] = checked_int(spec.nomad.max_run_duration_ns, "nomad.max_run_duration")
     if name == LEADER_GROUP:
-        group["Networks"] = [{
-            "Mode": "host",
-            # Rank 0 binds the weight-sync group ports too (servers[].group_port): reserved here.
-            # Sorted by label: HCL keeps port blocks by label, so the two forms stay one job.
-            "ReservedPorts": sorted(
-                [{"Label": PORT_LABEL, "Value": checked_int(spec.rendezvous.port, "rendezvous.port")}]
-                + [{"Label": f"group-{check(r.name, 'server name', 'servers[].name')}",
-                    "Value": checked_int(r.group_port, "servers[].group_port")}
-                   for r in spec.servers if r.group_port is not None],
-                key=lambda p: p["Label"]),
-        }]
+        rdzv = spec.rendezvous.port
+        # Rank 0 binds the weight-sync group ports too (servers[].group_port): reserved here.
+        # Sorted by label: HCL keeps port blocks by label, so the two forms stay one job.
+        reserved = sorted(
+            ([{"Label": PORT_LABEL, "Value": checked_int(rdzv, "rendezvous.port")}] if rdzv is not None else [])
+            + [{"Label": f"group-{check(r.name, 'server name', 'servers[].name')}",
+                "Value": checked_int(r.group_port, "servers[].group_port")}
+               for r in spec.servers if r.group_port is not None],
+            key=lambda p: p["Label"])
+        network: dict = {"Mode": "host"}
+        if rdzv is None:
+            # rendezvous.port unset: Nomad picks the port, one the node has free and none of this
+            # group's reserved ports (nomad/structs/network.go AssignPorts: dynamic ports skip the
+            # node's used ports, the ask's reserved ports and those already offered; v2.0.5),
+            # from the client's dynamic range (20000-32000 by default). Two jobs' node-0 can then
+            # share a client, which a static port forbids.
+            network["DynamicPorts"] = [{"Label": PORT_LABEL}]
+        if reserved:
+            network["ReservedPorts"] = reserved
+        group["Networks"] = [network]
         group["Services"] = [{"Name": service_name(job_id), "Provider": "nomad", "PortLabel": PORT_LABEL}]
     else:
         group["Networks"] = [{"Mode": "host"}]

@@ -6,7 +6,7 @@ whatever the model holds (``model_copy`` does not validate), nothing but a valid
 from __future__ import annotations
 
 from ...errors import SpecError
-from ...launch import LaunchContract, entry_script
+from ...launch import DERIVED_PORTS, LaunchContract, entry_script, ports_to_avoid
 from ...servers import addrs_var, server_script
 from ...spec import JobSpec
 from ...templating import RenderError, check, checked_int, heredoc_tag, render_template, sh_quote
@@ -110,6 +110,10 @@ def render_sbatch(spec: JobSpec, output: str = DEFAULT_OUTPUT) -> str:
         # The mounts and working directory are shared by every role that runs in an image.
         container=container(spec) or next((container(spec, r.image) for r in spec.servers if r.image), None),
         warning=LaunchContract(spec).warning_signal(),
+        port=spec.rendezvous.port,
+        port_base=DERIVED_PORTS.start,
+        port_span=len(DERIVED_PORTS),
+        port_avoid=[p for p in ports_to_avoid(spec) if p in DERIVED_PORTS],
         output=output,
         entry=entry,
         tag=heredoc_tag(entry, "HALO_ENTRY_EOF"),
