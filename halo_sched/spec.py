@@ -367,7 +367,8 @@ SBATCH_OPTIONS_REFUSED = {
 # Exact sbatch options that begin one of the above: sbatch takes them as themselves.
 SBATCH_EXACT_PREFIXES = {"--gpus"}
 # Options sbatch refuses together with one a field writes: (option, field of Slurm).
-SBATCH_CONFLICTS = (("--mem-per-cpu", "mem"), ("--mem-per-gpu", "mem"), ("--exclusive", "exclusive"))
+SBATCH_CONFLICTS = (("--mem-per-cpu", "mem"), ("--mem-per-gpu", "mem"), ("--exclusive", "exclusive"),
+                    ("--cpus-per-gpu", "cpus_per_task"))
 # sbatch's one-letter options of those above, to name the long one when a short form is given.
 SBATCH_SHORT_OPTIONS = {"J": "--job-name", "N": "--nodes", "o": "--output", "p": "--partition", "A": "--account",
                         "q": "--qos", "t": "--time", "C": "--constraint", "c": "--cpus-per-task", "a": "--array",
@@ -928,6 +929,19 @@ class JobSpec(_Model):
         return env
 
 
+def _cpu_notes(spec: "JobSpec") -> list[tuple[str, str]]:
+    """(field, message): SLURM CPUs that cannot give each rank one of its own. slurm.cpus_per_task
+    is the node's one torchrun's; under task/affinity its ranks and their DataLoader workers are
+    all bound to those CPUs. (Unset, each rank gets its own: backends/slurm/render.py.)"""
+    cpus, ranks = spec.slurm.cpus_per_task, spec.nproc_per_node
+    if cpus is None or cpus >= ranks:
+        return []
+    return [("slurm.cpus_per_task", f"{ranks} ranks per node share {cpus} CPU{'s' if cpus != 1 else ''} (one task per "
+                                    f"node holds them all, and SLURM binds its ranks and their DataLoader workers to "
+                                    f"them): set it to at least nproc_per_node ({ranks}), or leave it unset for "
+                                    f"{'four CPUs' if spec.gpus_per_node else 'one CPU'} per rank")]
+
+
 def _check_servers(spec: "JobSpec", derived: set[str]) -> None:
     """Checks across server roles and the job (the first problem, as "servers: ...")."""
     rdzv = spec.rendezvous.port  # None: each backend derives the job's own around the ports below
@@ -1090,7 +1104,7 @@ def from_dict(data: Any, source: str | None = None, text: str | None = None) -> 
     from .layout import LayoutWarning, check as check_layout
 
     errors, notes = check_layout(spec)
-    notes = notes + spec.slurm.warning_notes()
+    notes = notes + spec.slurm.warning_notes() + _cpu_notes(spec)
     if errors:
         raise SpecError([(located(tuple(f.split("."))), msg) for f, msg in errors], source)
     for field, msg in notes:

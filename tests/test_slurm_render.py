@@ -140,12 +140,40 @@ def _srun_args(tmp_path, spec_text: str, cwd=None, extra_env=None) -> list[str]:
     return argv[: argv.index("bash")]
 
 
-def test_srun_gets_the_cpus_the_job_holds_per_node(tmp_path):
-    # Unset: the fewest CPUs any node holds (72 and 36 here), for the one torchrun per node.
-    args = _srun_args(tmp_path / "a", MIN, extra_env={"SLURM_JOB_CPUS_PER_NODE": "72,36(x1)"})
-    assert "--cpus-per-task=36" in args
-    args = _srun_args(tmp_path / "b", MIN + "slurm: {cpus_per_task: 6}\ngpus_per_node: 2\n")
-    assert "--cpus-per-task=6" in args and "--gpus-per-node=2" in args
+@pytest.mark.parametrize("extra, sbatch_cpus, srun_cpus", [
+    # slurm.cpus_per_task unset: each rank a CPU of its own (2 ranks), four with GPUs (for the
+    # DataLoader workers); without it, --ntasks-per-node=1 holds one CPU per node for all ranks.
+    ("", 2, 2),
+    ("gpus_per_node: 2\n", 8, 8),
+    ("slurm: {cpus_per_task: 6}\ngpus_per_node: 2\n", 6, 6),
+    # The whole node (exclusive), or CPUs by GPU: srun gets the fewest any node holds (72, 36).
+    ("slurm: {exclusive: true}\n", None, 36),
+    ("gpus_per_node: 2\nslurm: {extra_args: ['--cpus-per-gpu=3']}\n", None, 36),
+])
+def test_each_rank_gets_cpus_from_sbatch_and_srun(tmp_path, extra, sbatch_cpus, srun_cpus):
+    text = render_sbatch(halo_sched.loads(MIN + extra))
+    asked = re.findall(r"^#SBATCH --cpus-per-task=(\d+)$", text, re.M)
+    assert asked == ([str(sbatch_cpus)] if sbatch_cpus else []), asked
+    args = _srun_args(tmp_path, MIN + extra, extra_env={"SLURM_JOB_CPUS_PER_NODE": "72,36(x1)"})
+    assert f"--cpus-per-task={srun_cpus}" in args, args
+
+
+def test_too_few_cpus_per_rank_is_a_loud_warning(tmp_path):
+    from halo_sched.layout import LayoutWarning
+
+    with pytest.warns(LayoutWarning, match=r"slurm.cpus_per_task.*4 ranks per node share 2 CPUs"):
+        halo_sched.loads(MIN.replace("nproc_per_node: 2", "nproc_per_node: 4") + "slurm: {cpus_per_task: 2}\n")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        halo_sched.loads(MIN + "slurm: {cpus_per_task: 2}\n")  # one each: no warning
+        halo_sched.loads(MIN)
+    # sbatch refuses --cpus-per-gpu beside --cpus-per-task: so does validate.
+    from halo_sched.errors import SpecError
+
+    with pytest.raises(SpecError, match="conflicts with slurm.cpus_per_task"):
+        halo_sched.loads(MIN + "slurm: {cpus_per_task: 2, extra_args: ['--cpus-per-gpu=3']}\n")
 
 
 # srun that only logs its argv (one JSON line per step) and exits 0.

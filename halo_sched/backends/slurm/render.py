@@ -13,14 +13,35 @@ from ...templating import RenderError, check, checked_int, heredoc_tag, render_t
 
 DEFAULT_OUTPUT = "halo-%x-%j.out"
 
+# CPUs each rank gets by default (slurm.cpus_per_task unset, slurm.exclusive false): the node's one
+# task (its torchrun) asks for nproc_per_node x this. Without any, `--ntasks-per-node=1` gets one
+# CPU per node (site defaults aside), and under task/affinity every rank of the node and every
+# DataLoader worker would share it. One per rank on the CPU (a gloo rank computes on its own CPU);
+# four per rank with GPUs, for the DataLoader workers that feed each GPU (an 8-GPU node then asks
+# for 32 CPUs, which every common 8-GPU node has).
+DEFAULT_CPUS_PER_RANK_CPU = 1
+DEFAULT_CPUS_PER_RANK_GPU = 4
+
+def cpus_per_task(spec: JobSpec) -> int | None:
+    """``--cpus-per-task`` of the job (sbatch and srun): slurm.cpus_per_task, else the default of
+    DEFAULT_CPUS_PER_RANK_* per rank. None where the job holds its CPUs otherwise: ``exclusive``
+    (every CPU of its nodes) or ``--cpus-per-gpu`` in extra_args (sbatch refuses both options);
+    srun then gets what the job holds on a node (SLURM_JOB_CPUS_PER_NODE)."""
+    s = spec.slurm
+    if s.cpus_per_task is not None:
+        return s.cpus_per_task
+    if s.exclusive or any(a.partition("=")[0] == "--cpus-per-gpu" for a in s.extra_args):
+        return None
+    return spec.nproc_per_node * (DEFAULT_CPUS_PER_RANK_GPU if spec.gpus_per_node else DEFAULT_CPUS_PER_RANK_CPU)
+
 
 def sbatch_options(spec: JobSpec) -> list[str]:
     s = spec.slurm
     opts = []
     for flag, value, kind in (("partition", s.partition, "SLURM word"), ("account", s.account, "SLURM word"),
                               ("qos", s.qos, "SLURM word"), ("time", s.time, "SLURM time"),
-                              ("constraint", s.constraint, "SLURM constraint"), ("cpus-per-task", s.cpus_per_task, None),
-                              ("mem", s.mem, "SLURM word")):
+                              ("constraint", s.constraint, "SLURM constraint"),
+                              ("cpus-per-task", cpus_per_task(spec), None), ("mem", s.mem, "SLURM word")):
         if value is not None:
             field = f"slurm.{flag.replace('-', '_')}"
             opts.append(f"--{flag}={checked_int(value, field) if kind is None else check(value, kind, field)}")
@@ -110,6 +131,8 @@ def render_sbatch(spec: JobSpec, output: str = DEFAULT_OUTPUT) -> str:
         # The mounts and working directory are shared by every role that runs in an image.
         container=container(spec) or next((container(spec, r.image) for r in spec.servers if r.image), None),
         warning=LaunchContract(spec).warning_signal(),
+        cpus=cpus_per_task(spec),
+        cpus_default=spec.slurm.cpus_per_task is None,
         port=spec.rendezvous.port,
         port_base=DERIVED_PORTS.start,
         port_span=len(DERIVED_PORTS),
