@@ -26,7 +26,8 @@ with open(os.path.join(out, "node%s.json" % rank), "w") as f:
     json.dump({{"argv": args, "env_hex": env, "cwd": os.getcwd()}}, f)
 '''
 
-# srun as SLURM runs it for us: one copy of the command per node, SLURM_NODEID in each task.
+# srun as SLURM runs it for us: one copy of the command per node, with the variables srun sets
+# for each task (as a 2-node step of the test cluster's Slurm 22.05 printed them).
 FAKE_SRUN = r'''#!{python}
 import json, os, subprocess, sys
 args = sys.argv[1:]
@@ -40,7 +41,13 @@ while args and args[0].startswith("-"):
         nodes = int(a.split("=", 1)[1])
     label = label or a == "--label"
 def start(i):
-    env = {{**os.environ, "SLURM_NODEID": str(i), "SLURM_PROCID": str(i)}}
+    env = {{**os.environ, "SLURM_NODEID": str(i), "SLURM_PROCID": str(i), "SLURM_LOCALID": "0", "SLURM_GTIDS": str(i),
+           "SLURM_NTASKS": str(nodes), "SLURM_NPROCS": str(nodes), "SLURM_NTASKS_PER_NODE": "1",
+           "SLURM_TASKS_PER_NODE": f"1(x{{nodes}})", "SLURM_TASK_PID": str(os.getpid()), "SLURM_STEP_ID": "0",
+           "SLURM_STEPID": "0", "SLURM_STEP_NUM_TASKS": str(nodes), "SLURM_STEP_NUM_NODES": str(nodes),
+           "SLURM_STEP_TASKS_PER_NODE": f"1(x{{nodes}})", "SLURM_CPU_BIND": "quiet,mask_cpu:0x1",
+           "SLURM_CPU_BIND_LIST": "0x1", "SLURM_SRUN_COMM_PORT": "39213", "SLURM_NNODES": str(nodes),
+           "SLURM_CPUS_ON_NODE": "1"}}
     if not label:
         return subprocess.Popen(args, env=env)
     # --label: "K: " before each line of task K's output, as srun writes it.

@@ -135,7 +135,8 @@ def test_secret_reaches_every_rank_and_no_file(tmp_path, env):
 
 
 def _job_pids(job_id: str) -> dict[int, tuple[str, str]]:
-    """pid -> (SLURM_NODEID, command line) of every live process carrying SLURM_JOB_ID=job_id."""
+    """pid -> (node rank, command line) of every live process carrying SLURM_JOB_ID=job_id: its
+    SLURM_NODEID, or HALO_NODE_RANK where the task removed SLURM_NODEID before the entry."""
     want = f"SLURM_JOB_ID={job_id}".encode()
     out = {}
     for entry in os.listdir("/proc"):
@@ -148,7 +149,8 @@ def _job_pids(job_id: str) -> dict[int, tuple[str, str]]:
         except OSError:
             continue
         if want in env and state != "Z":
-            node = next((e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"SLURM_NODEID=")), "")
+            node = next((e.split(b"=", 1)[1].decode() for e in env if e.startswith((b"SLURM_NODEID=", b"HALO_NODE_RANK="))),
+                        "")
             out[int(entry)] = (node, cmd)
     return out
 

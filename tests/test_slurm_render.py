@@ -305,3 +305,21 @@ def test_servers_take_their_address_on_the_interface_from_their_own_node(tmp_pat
         return
     # NodeAddr is 127.0.0.1 everywhere (the stand-in scontrol); the servers' own ib0 addresses win.
     assert json.loads(log.read_text().splitlines()[0]) == "10.9.0.1,10.9.0.2", (log.read_text(), r.stderr)
+
+
+def test_each_task_drops_srun_task_variables_before_the_entry(tmp_path):
+    """srun's one task per node gets SLURM_PROCID = node index, SLURM_NTASKS = nodes, ...: gone
+    before torchrun; the job's variables stay."""
+    gone = ["SLURM_PROCID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_GTIDS",
+            "SLURM_TASK_PID", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_STEP_ID", "SLURM_STEPID",
+            "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES", "SLURM_STEP_TASKS_PER_NODE", "SLURM_CPU_BIND",
+            "SLURM_CPU_BIND_LIST", "SLURM_SRUN_COMM_PORT"]
+    kept = ["SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_JOB_CPUS_PER_NODE", "SLURM_NNODES", "SLURM_CPUS_ON_NODE",
+            "HALO_SLURM_STEP_ID"]
+    r, recs = run_sbatch(render_sbatch(halo_sched.loads(MIN)), tmp_path, ["a", "b"], env_names=gone + kept)
+    assert r.returncode == 0, r.stderr
+    assert sorted(recs) == [0, 1]
+    for rank, rec in recs.items():
+        assert f"--node_rank={rank}" in rec["argv"]
+        assert sorted(rec["env_hex"]) == sorted(kept), rec["env_hex"]
+        assert bytes.fromhex(rec["env_hex"]["SLURM_JOB_ID"]) == b"7"

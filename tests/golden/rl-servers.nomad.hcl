@@ -93,8 +93,8 @@ job "rl-grpo" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-ea033383"
-        right_delimiter = "halo-ea033383]]"
+        left_delimiter  = "[[halo-a4065225"
+        right_delimiter = "halo-a4065225]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -363,8 +363,8 @@ halo_run() {
   [ -z "$halo_warned_at" ] || halo_deliver  # warned during setup: hand it on once a rank handles it
   # SLURM signals every process of the step and the local backend the node's process group, so
   # torchrun has the signal already; Nomad signals this shell alone (executor_unix.go
-  # shutdownProcess), so pass it on.
-  trap 'halo_trapped=1; halo_stopped_at=$${EPOCHREALTIME:-$(date +%s)}; [ -n "$${SLURM_STEP_ID:-}$${HALO_LOCAL_JOB:-}" ] || kill -TERM "$halo_pid" 2> /dev/null || true' TERM INT
+  # shutdownProcess), so pass it on. (SLURM's task sets HALO_SLURM_STEP_ID: it removes SLURM_STEP_*.)
+  trap 'halo_trapped=1; halo_stopped_at=$${EPOCHREALTIME:-$(date +%s)}; [ -n "$${HALO_SLURM_STEP_ID:-}$${HALO_LOCAL_JOB:-}" ] || kill -TERM "$halo_pid" 2> /dev/null || true' TERM INT
   while :; do
     halo_trapped=0
     halo_rc=0
@@ -701,8 +701,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-ea033383"
-        right_delimiter = "halo-ea033383]]"
+        left_delimiter  = "[[halo-a4065225"
+        right_delimiter = "halo-a4065225]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -971,8 +971,8 @@ halo_run() {
   [ -z "$halo_warned_at" ] || halo_deliver  # warned during setup: hand it on once a rank handles it
   # SLURM signals every process of the step and the local backend the node's process group, so
   # torchrun has the signal already; Nomad signals this shell alone (executor_unix.go
-  # shutdownProcess), so pass it on.
-  trap 'halo_trapped=1; halo_stopped_at=$${EPOCHREALTIME:-$(date +%s)}; [ -n "$${SLURM_STEP_ID:-}$${HALO_LOCAL_JOB:-}" ] || kill -TERM "$halo_pid" 2> /dev/null || true' TERM INT
+  # shutdownProcess), so pass it on. (SLURM's task sets HALO_SLURM_STEP_ID: it removes SLURM_STEP_*.)
+  trap 'halo_trapped=1; halo_stopped_at=$${EPOCHREALTIME:-$(date +%s)}; [ -n "$${HALO_SLURM_STEP_ID:-}$${HALO_LOCAL_JOB:-}" ] || kill -TERM "$halo_pid" 2> /dev/null || true' TERM INT
   while :; do
     halo_trapped=0
     halo_rc=0

@@ -22,6 +22,28 @@ DEFAULT_OUTPUT = "halo-%x-%j.out"
 DEFAULT_CPUS_PER_RANK_CPU = 1
 DEFAULT_CPUS_PER_RANK_GPU = 4
 
+# What srun sets for its one task per node describes that task, not a rank: SLURM_PROCID is the
+# node index, SLURM_NTASKS the node count, SLURM_LOCALID 0 (srun(1), OUTPUT ENVIRONMENT
+# VARIABLES). Libraries that detect SLURM from them (Lightning's SLURMEnvironment, submitit)
+# would configure a world of one rank per node, so each task removes them before the entry, once
+# SLURM_NODEID has given the node rank: the task's ids and counts, the step's own variables
+# (SLURM_STEP_*, and the srun that launched it), and the task's CPU binding (SLURM_CPU_BIND*: srun
+# reads SLURM_CPU_BIND as --cpu-bind, so a rank's own srun would inherit this task's mask; the
+# affinity itself stays). Everything that describes the job, its allocation or the node stays
+# (SLURM_JOB_*, SLURM_RESTART_COUNT, SLURM_CLUSTER_NAME, SLURM_CPUS_ON_NODE, SLURM_CPUS_PER_TASK,
+# SLURMD_NODENAME, ...). README: "A clean rank environment".
+TASK_VARS = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE",
+             "SLURM_TASKS_PER_NODE", "SLURM_TASK_PID", "SLURM_GTIDS", "SLURM_STEPID", "SLURM_DISTRIBUTION",
+             "SLURM_SRUN_COMM_HOST", "SLURM_SRUN_COMM_PORT", "SLURM_LAUNCH_NODE_IPADDR")
+TASK_VAR_PREFIXES = ("SLURM_STEP_", "SLURM_CPU_BIND")
+
+
+def unset_task_vars() -> str:
+    """The words of an ``unset`` (bash, inside each task) that removes TASK_VARS and every
+    variable named by TASK_VAR_PREFIXES."""
+    return " ".join(TASK_VARS + tuple("${!%s@}" % p for p in TASK_VAR_PREFIXES))
+
+
 def cpus_per_task(spec: JobSpec) -> int | None:
     """``--cpus-per-task`` of the job (sbatch and srun): slurm.cpus_per_task, else the default of
     DEFAULT_CPUS_PER_RANK_* per rank. None where the job holds its CPUs otherwise: ``exclusive``
@@ -137,6 +159,7 @@ def render_sbatch(spec: JobSpec, output: str = DEFAULT_OUTPUT) -> str:
         port_base=DERIVED_PORTS.start,
         port_span=len(DERIVED_PORTS),
         port_avoid=[p for p in ports_to_avoid(spec) if p in DERIVED_PORTS],
+        unset_task_vars=unset_task_vars(),
         output=output,
         entry=entry,
         tag=heredoc_tag(entry, "HALO_ENTRY_EOF"),
