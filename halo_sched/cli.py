@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=_positive_float, default=None, help="with --wait: stop waiting after this many seconds")
     p.add_argument("--quiet", "-q", action="store_true", help="with --wait: no live logs or progress")
 
-    p = command("plan", help="Nomad: ask the scheduler whether each node group can place")
+    p = command("plan", help="ask the scheduler whether the job can run, submitting nothing (Nomad: each node group's placement; SLURM: sbatch --test-only and the preemption settings)")
     p.add_argument("file", metavar="FILE")
     _backend_arg(p)
 
@@ -420,7 +420,7 @@ def cmd_plan(args) -> int:
     sched = _scheduler(args.backend)
     plan = getattr(sched, "plan", None)
     if plan is None:
-        raise UsageError(f"plan is a Nomad command; backend {args.backend!r} has no scheduler dry run")
+        raise UsageError(f"plan asks a scheduler (nomad, slurm); backend {args.backend!r} has no scheduler dry run")
     ok, text = plan(spec)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return 0 if ok else 1

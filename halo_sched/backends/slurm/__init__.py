@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ...errors import SchedulerError
+from ...errors import HaloError, SchedulerError
 from ...spec import JobSpec
 from ..base import DryRun, JobState, JobStatus, Scheduler, tail_lines
 from ...failures import report_from_files
@@ -58,12 +58,79 @@ class SlurmScheduler(Scheduler):
         # --export=ALL on the command line wins over a user's SBATCH_EXPORT=NONE, which would
         # drop them (srun's tasks then inherit the batch step's environment).
         extra = ["--export=ALL"] if dryrun.spec.secret_values() else []
+        for line in self.preemption_check(dryrun.spec, dryrun.text):
+            _say(f"warning: {line}")
         submit_once = getattr(self.transport, "submit_once", None)
         if submit_once is None:  # slurmrestd, pyslurm: one attempt
             return self.transport.submit(dryrun.text, extra)
         from ...exactly_once import new_token
 
         return submit_once(dryrun.text, extra, token=new_token(), retry_s=self.retry_s, on_retry=_say)
+
+    def preemption_check(self, spec: JobSpec, script: str) -> list[str]:
+        """Lines saying why the job's ``slurm.signal`` warning will not come when the cluster
+        preempts it, from ``scontrol show config`` (preemption.py); none without slurm.signal
+        (then nothing is asked) or where the cluster sends it."""
+        if spec.slurm.signal is None:
+            return []
+        from .preemption import parse_config, preemption_notes
+
+        show_config = getattr(self.transport, "show_config", None)  # a stand-in transport may have none
+        try:
+            text = show_config(_cluster_of(script)) if show_config else None
+        except HaloError as err:
+            return [f"could not read the cluster's configuration to check that preemption sends slurm.signal's "
+                    f"warning: {err}"]
+        if text is None:
+            return [f"the {self._via()} transport cannot read the cluster's configuration: whether "
+                    "preemption sends slurm.signal's warning is unchecked (`scontrol show config`: "
+                    "PreemptParameters=send_user_signal, or SlurmctldParameters=preempt_send_user_signal before 23.02)"]
+        return preemption_notes(spec, parse_config(text))
+
+    def _via(self) -> str:
+        """The transport's name, for a message."""
+        return getattr(self.transport, "name", "") or "this"
+
+    def plan(self, spec: JobSpec) -> tuple[bool, str]:
+        """``halo-sched plan --backend slurm``: submits nothing. Whether SLURM would take the job
+        as rendered (``sbatch --test-only``: when and where it would start, or why not), and the
+        cluster's preemption settings against ``slurm.signal``. (False, text) when SLURM would
+        refuse the job."""
+        from .preemption import describe, parse_config, preemption_notes
+
+        script = render_sbatch(spec)
+        lines = [f"Plan for job {spec.name!r} on SLURM ({self._via()} transport), {spec.all_nodes} "
+                 f"node{'s' if spec.all_nodes != 1 else ''}:"]
+        ok = True
+        test_only = getattr(self.transport, "test_only", None)
+        try:
+            tested = test_only(script) if test_only else None
+        except HaloError as err:
+            tested = (False, str(err))
+        if tested is None:
+            lines.append(f"  placement: not checked (the {self._via()} transport has no sbatch --test-only)")
+        else:
+            ok = tested[0]
+            lines.append(f"  placement: {'ok' if ok else 'REFUSED'}: {tested[1]}")
+        show_config = getattr(self.transport, "show_config", None)
+        try:
+            text = show_config(_cluster_of(script)) if show_config else None
+        except HaloError as err:
+            text, why = None, f"could not read it: {err}"
+        else:
+            why = f"the {self._via()} transport cannot read it"
+        if text is None:
+            lines.append(f"  configuration: {why}")
+        else:
+            config = parse_config(text)
+            lines.append(f"  {describe(config)}")
+            notes = preemption_notes(spec, config)
+            if spec.slurm.signal is None:
+                lines.append("  slurm.signal: none (a preempted or timed-out job gets no warning)")
+            elif not notes:
+                lines.append(f"  slurm.signal {spec.slurm.signal}: sent before the time limit and when preempted")
+            lines += [f"  warning: {n}" for n in notes]
+        return ok, "\n".join(lines)
 
     def describe(self, ids: Sequence[str]) -> dict[str, JobState]:
         states = self.transport.query(list(ids))
@@ -129,6 +196,14 @@ class SlurmScheduler(Scheduler):
             raise SchedulerError(f"SLURM does not report an output file for job {job_id} (is it too old?)")
         for path in paths:
             yield from _read(Path(path), follow, lambda: self.describe([job_id])[job_id].status.terminal)
+
+
+def _cluster_of(script: str) -> str | None:
+    """The one cluster a script names (``--clusters=NAME``), else None (the local one)."""
+    from .transport.base import sbatch_options
+
+    names = [v for k, v in sbatch_options(script) if k in ("clusters", "cluster", "M") and v]
+    return names[-1] if names and "," not in names[-1] else None
 
 
 def _expand_output(pattern: str, name: str, job_id: str) -> str:

@@ -45,6 +45,16 @@ class Transport(abc.ABC):
     def job_info(self, job_id: str) -> dict[str, str]:
         """``scontrol show job`` fields (StdOut, StdErr, WorkDir, NodeList, ...)."""
 
+    def show_config(self, cluster: str | None = None) -> str | None:
+        """``scontrol show config``'s text (of ``cluster``, sbatch --clusters), or None where this
+        transport cannot read the configuration (slurmrestd serves none)."""
+        return None
+
+    def test_only(self, script: str, extra_args: Sequence[str] = ()) -> tuple[bool, str] | None:
+        """``sbatch --test-only``: (would SLURM take the job, its answer: when and where it would
+        start, or why not), or None where this transport cannot ask."""
+        return None
+
 
 # ---------------------------------------------------------------------------------------------
 # Job ids

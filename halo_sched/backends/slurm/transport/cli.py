@@ -332,6 +332,18 @@ class CliTransport(Transport):
         pick = pick or next((r for r in records if r.get("JobId") == local), records[0])
         return {**pick, "_records": records} if len(records) > 1 else dict(pick)
 
+    def show_config(self, cluster: str | None = None) -> str:
+        proc = self._run(["scontrol", *st.cluster_args(cluster), "show", "config"])
+        if proc.returncode != 0:
+            raise self._fail("scontrol show config", proc)
+        return proc.stdout or ""
+
+    def test_only(self, script: str, extra_args: Sequence[str] = ()) -> tuple[bool, str]:
+        # Submits nothing: sbatch asks slurmctld when and where the job would start.
+        proc = self._run(["sbatch", "--test-only", *extra_args], input=script)
+        text = " ".join(ln.strip() for ln in ((proc.stderr or "") + (proc.stdout or "")).splitlines() if ln.strip())
+        return proc.returncode == 0, text or f"sbatch --test-only exited {proc.returncode}"
+
     def version(self) -> str:
         """The cluster's Slurm release as the client reports it, e.g. ``22.05.8``."""
         proc = self._run(["scontrol", "--version"])
