@@ -21,7 +21,7 @@ from halo_sched.backends.nomad.render import (
     client_requirements, group_counts, job_payload, node_rank_of, render_hcl, submission_id,
 )
 from halo_sched.errors import SpecError
-from helpers import REPO, cli, load_nomad_helper
+from helpers import REPO, cli, free_port, load_nomad_helper
 from hclparse import hcl2json, jobspec
 
 fake_api = load_nomad_helper("fake_api")
@@ -264,11 +264,7 @@ def test_dry_run_prints_the_payload_and_sends_nothing(job_file):
 
 
 def test_unreachable_nomad_is_a_clear_error(job_file):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # reserved for this test; nothing listens on it
     env = {k: v for k, v in os.environ.items() if not k.startswith("NOMAD_")}
     env["NOMAD_ADDR"] = f"http://127.0.0.1:{port}"
     r = cli("status", "x", "--backend", "nomad", env=env)
