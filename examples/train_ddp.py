@@ -35,6 +35,9 @@ def main() -> int:
     ap.add_argument("--fail-on-warning", type=int, default=None, help="this rank exits 3 when warned (tests)")
     ap.add_argument("--handler-after", type=float, default=0.0,
                     help="install the warning handler this many seconds late (tests: a warning held until then)")
+    ap.add_argument("--warning-dir", default=None,
+                    help="the handler appends a line to DIR/rank<R>[-restart<n>].warned each time this rank gets the "
+                         "warning (tests: proof of receipt by every rank, from the rank itself)")
     args = ap.parse_args()
 
     # Installed first: until then the warning is ignored (inherited from torchrun), not fatal, and
@@ -42,8 +45,21 @@ def main() -> int:
     time.sleep(args.handler_after)
     warned: list[float] = []
     sig_name = os.environ.get("HALO_WARNING_SIGNAL", "USR2")
-    signal.signal(getattr(signal, "SIG" + sig_name), lambda signum, frame: warned.append(time.time()))
     restart = int(os.environ.get("HALO_RESTART_COUNT", "0"))
+    receipt = None
+    if args.warning_dir:
+        os.makedirs(args.warning_dir, exist_ok=True)
+        suffix = f"-restart{restart}" if restart else ""
+        receipt = os.path.join(args.warning_dir, f"rank{os.environ['RANK']}{suffix}.warned")
+
+    def on_warning(signum, frame):
+        warned.append(time.time())
+        if receipt:  # one line per signal this process got: when, and which process got it
+            fd = os.open(receipt, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.write(fd, f"{warned[-1]:.6f} {os.getpid()}\n".encode())
+            os.close(fd)
+
+    signal.signal(getattr(signal, "SIG" + sig_name), on_warning)
 
     cuda = args.device == "cuda"
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -151,7 +167,7 @@ def main() -> int:
     if args.report_dir:
         os.makedirs(args.report_dir, exist_ok=True)
         report = {
-            "rank": rank, "world_size": world, "node_rank": node_rank, "local_rank": local_rank,
+            "rank": rank, "pid": os.getpid(), "world_size": world, "node_rank": node_rank, "local_rank": local_rank,
             "members": members, "all_reduce": t.item(), "ok": ok,
             "env_hex": {name: os.environb.get(name.encode(), b"").hex() for name in args.echo_env},
             "restart_count": restart, "cpu_affinity": sorted(os.sched_getaffinity(0)),
@@ -161,6 +177,12 @@ def main() -> int:
         name = f"rank{rank}.json" if restart == 0 else f"rank{rank}-restart{restart}.json"
         with open(os.path.join(args.report_dir, name), "w") as f:
             json.dump(report, f)
+    if stopped and receipt and not warned:
+        # Stopped by another rank's signal before its own came (another node's, milliseconds
+        # apart): stay a while for it, so that its receipt is recorded, not lost with the process.
+        deadline = time.monotonic() + 10
+        while not warned and time.monotonic() < deadline:
+            time.sleep(0.05)
     # Leave together: a rank that tears down gloo while a peer still talks to it aborts that peer.
     dist.barrier()
     dist.destroy_process_group()
@@ -168,4 +190,14 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Leave without Python's interpreter shutdown. gloo's worker threads outlive
+    # destroy_process_group() here (DDP keeps the group alive), and one may still be releasing the
+    # last collectives' work when Python finalizes: freeing a tensor that Python owned then takes
+    # the GIL, which ends that thread from inside a C++ destructor, and the rank dies of SIGABRT
+    # ("terminate called without an active exception") after a successful run, failing its node
+    # (3 of 62 `make demo` runs beside two CPU hogs on a 2-core machine; more under heavier load).
+    # Everything this process wrote is closed; its output is flushed here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

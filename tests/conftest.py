@@ -1,16 +1,94 @@
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cluster.fixtures import slurm_cluster  # noqa: E402,F401  (session fixture: the real local cluster)
+import helpers  # noqa: E402
+from cluster.fixtures import (  # noqa: E402,F401  (the real local cluster, and its lock)
+    cancel_slurm_jobs_under, cluster_lock, skip_slurm_requested, slurm_cluster, slurm_cluster_exclusive,
+)
+
+SKIP_REASON_MARK = "HALO_SKIP_SLURM=1"
+
+
+def _ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def pytest_configure(config):
+    # Skipping the SLURM tests is for a developer's machine without root; CI must run them.
+    if skip_slurm_requested() and _ci():
+        raise pytest.UsageError(
+            "HALO_SKIP_SLURM=1 is refused when CI=true: CI runs the SLURM tests (tests/cluster/slurm-cluster.sh "
+            "starts the local cluster). Unset HALO_SKIP_SLURM, or run `make test-fast` for the tier without them.")
+
+
+def _slurm_skip_message(config) -> str | None:
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    skipped = [r for r in (tr.stats.get("skipped", []) if tr else [])
+               if SKIP_REASON_MARK in str(getattr(r, "longrepr", ""))]
+    if not skipped:
+        return None
+    return (f"{len(skipped)} SLURM tests were SKIPPED (HALO_SKIP_SLURM=1): nothing that needs the SLURM cluster "
+            "was tested in this run")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    msg = _slurm_skip_message(config)
+    if msg:
+        terminalreporter.write_sep("!", msg, red=True, bold=True)
+
+
+def pytest_unconfigure(config):
+    # Said again as the run's very last line, below pytest's own counts.
+    msg = _slurm_skip_message(config)
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    if msg and tr:
+        tr.write_line(f"halo-sched: {msg}", red=True, bold=True)
+
+
+def _our_processes(root: Path) -> list[int]:
+    """Live processes of local jobs started under ``root``: every node process carries
+    HALO_LOCAL_JOB=<job dir>; the supervisor runs `python -m ...local_supervisor <job dir>`."""
+    prefix = str(root).encode()
+    tag = b"HALO_LOCAL_JOB=" + prefix
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+            env = (d / "environ").read_bytes().split(b"\0")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state == "Z":
+            continue
+        supervisor = any(a.endswith(b"local_supervisor") for a in cmd) and any(a.startswith(prefix) for a in cmd)
+        if supervisor or any(e.startswith(tag) for e in env):
+            out.append(int(d.name))
+    return out
+
+
+def _stop_local_jobs(root: Path) -> None:
+    """Whatever a test's local jobs left running (a failed test's `sleep 300` trainer) is killed."""
+    deadline = time.monotonic() + 10
+    while (pids := _our_processes(root)) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
 
 
 @pytest.fixture(autouse=True)
-def _isolated_state(tmp_path, monkeypatch):
+def _isolated_state(request, tmp_path, monkeypatch):
     # Local jobs write their state under HALO_SCHED_HOME; keep each test's apart.
     monkeypatch.setenv("HALO_SCHED_HOME", str(tmp_path / "halo-home"))
     for k in list(os.environ):
@@ -22,3 +100,22 @@ def _isolated_state(tmp_path, monkeypatch):
 
     with watcher._REGISTRY_LOCK:
         watcher._REGISTRY.clear()
+    helpers.begin_test_ports()
+    uses_slurm = "slurm_cluster" in request.fixturenames
+    with cluster_lock(exclusive="slurm_cluster_exclusive" in request.fixturenames) if uses_slurm else _nothing():
+        try:
+            yield
+        finally:
+            # Jobs a test started never outlive it, passed or failed.
+            if uses_slurm:
+                cancel_slurm_jobs_under(tmp_path)
+            _stop_local_jobs(tmp_path)
+            helpers.release_test_ports()
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

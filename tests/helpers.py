@@ -106,12 +106,73 @@ def records(outdir: Path) -> dict[int, dict]:
     return {int(p.stem[4:]): json.loads(p.read_text()) for p in sorted(outdir.glob("node*.json"))}
 
 
-def free_port() -> int:
+# ---- ports --------------------------------------------------------------------------------------
+# A port found free by binding and closing can be taken by anyone before the job binds it (torchrun
+# binds the rendezvous port itself, so no socket can be handed over). Ports come instead from a
+# range outside the kernel's ephemeral range (outgoing connections never take them), each reserved
+# with an flock on /tmp/halo-test-ports/PORT.lock that every test process on this machine honours,
+# and checked bindable. A test's reservations last until its end (conftest.py releases them).
+PORT_LOCK_DIR = Path("/tmp/halo-test-ports")
+_held: dict[int, object] = {}          # port -> its open, locked lock file
+_test_ports: list[int] | None = None   # reservations of the running test (None: keep to the end)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def reserve_port(lo: int = 12000, hi: int = 20000, host: str = "127.0.0.1") -> int:
+    """A port in [lo, hi) that no other test holds and nothing listens on, held for the test."""
+    import fcntl
+    import random
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    e_lo, e_hi = _ephemeral_range()
+    candidates = [p for p in range(lo, hi) if not e_lo <= p <= e_hi and p not in _held]
+    random.shuffle(candidates)
+    PORT_LOCK_DIR.mkdir(exist_ok=True)
+    for port in candidates:
+        f = open(PORT_LOCK_DIR / f"{port}.lock", "w")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            continue
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore binds: TIME_WAIT is no obstacle
+            try:
+                s.bind((host, port))
+            except OSError:
+                f.close()
+                continue
+        _held[port] = f
+        if _test_ports is not None:
+            _test_ports.append(port)
+        return port
+    raise RuntimeError(f"no free port in {lo}-{hi} outside the ephemeral range {e_lo}-{e_hi}")
+
+
+def free_port() -> int:
+    """A free loopback port, reserved for the running test (see reserve_port)."""
+    return reserve_port()
+
+
+def release_test_ports() -> None:
+    global _test_ports
+    for port in _test_ports or []:
+        f = _held.pop(port, None)
+        if f is not None:
+            f.close()
+    _test_ports = None
+
+
+def begin_test_ports() -> None:
+    global _test_ports
+    _test_ports = []
 
 
 def cli(*args, cwd=REPO, env=None, timeout=300) -> subprocess.CompletedProcess:

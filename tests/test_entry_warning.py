@@ -38,37 +38,48 @@ ranks = [subprocess.Popen([sys.executable, os.path.join(out, "rank.py"), str(r)]
 sys.exit(max(p.wait() for p in ranks))
 """
 
-# Each rank: installs the handler after HANDLER_AFTER_<rank> seconds (never when unset), records
-# every signal it got, and exits LIVE seconds after the handler is in place (or after LIVE).
+# Each rank: says it started; installs its handler at once (HANDLER_<rank>=now), once the test
+# creates install<rank> (=file), or never (unset); its handler appends one line per signal to
+# rank<rank>.got (the rank's own proof of receipt); it lives until the test creates "done".
 RANK = """
 import json, os, signal, sys, time
 rank = int(sys.argv[1])
 out = os.environ["WARN_DIR"]
 sig = getattr(signal, "SIG" + os.environ["HALO_WARNING_SIGNAL"])
-got, worker_got = [], []
-start = time.time()
 assert signal.getsignal(sig) == signal.SIG_IGN, "the warning must reach a rank as ignored"
-after = os.environ.get(f"HANDLER_AFTER_{rank}")
+
+def wait_for(name):
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(out, name)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+def receipt(name):
+    def handler(s, f):
+        with open(os.path.join(out, name), "a") as fh:
+            fh.write(f"{time.time():.6f} {os.getpid()}\\n")
+    return handler
+
+open(os.path.join(out, f"rank{rank}.started"), "w").close()
+how = os.environ.get(f"HANDLER_{rank}")
 installed = pid = None
-if after is not None:
-    time.sleep(float(after))
-    signal.signal(sig, lambda s, f: got.append(time.time()))
+if how is not None:
+    if how == "file":
+        wait_for(f"install{rank}")
+    signal.signal(sig, receipt(f"rank{rank}.got"))
     installed = time.time()
     if rank == 0:
         # A worker forked after the handler: it inherits it; the rank, not halo-sched, decides for it.
         pid = os.fork()
         if pid == 0:
-            signal.signal(sig, lambda s, f: worker_got.append(time.time()))
-            time.sleep(float(os.environ["LIVE"]))
-            with open(os.path.join(out, "worker.json"), "w") as f:
-                json.dump(worker_got, f)
+            signal.signal(sig, receipt("worker.got"))
+            wait_for("done")
             os._exit(0)
     open(os.path.join(out, f"rank{rank}.ready"), "w").close()
-time.sleep(float(os.environ["LIVE"]))
+wait_for("done")
 if pid:
     os.waitpid(pid, 0)
 with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-    json.dump({"got": got, "installed": installed, "start": start}, f)
+    json.dump({"installed": installed, "pid": os.getpid()}, f)
 """
 
 
@@ -86,10 +97,10 @@ def _start(tmp_path, spec_text: str, **env_extra) -> subprocess.Popen:
                             text=True, start_new_session=True)
 
 
-def _wait_for(path, proc, timeout=20.0) -> None:
+def _wait_for(path, proc, timeout=60.0) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        assert proc.poll() is None and time.monotonic() < deadline, (path, proc.poll())
         time.sleep(0.02)
 
 
@@ -97,53 +108,89 @@ def _result(tmp_path, name):
     return json.loads((tmp_path / name).read_text())
 
 
-def _warn(proc, before=lambda: None) -> tuple[float, str]:
+def _receipts(tmp_path, name) -> list[tuple[float, int]]:
+    """(time, pid) of each warning a process's own handler recorded in ``name``."""
+    path = tmp_path / name
+    return [(float(t), int(p)) for t, p in (ln.split() for ln in path.read_text().splitlines())] if path.exists() else []
+
+
+def _touch(tmp_path, name) -> None:
+    (tmp_path / name).touch()
+
+
+def _warn(tmp_path, proc, before=lambda: None, after=lambda: None) -> tuple[float, str]:
     """Send URG to the entry's whole process group once ``before`` returns, as `scancel
-    --signal=URG` reaches every process of a step; (when it was sent, the entry's stderr)."""
+    --signal=URG` reaches every process of a step; then ``after``; then let the ranks end (a
+    second delivery would have had a second to show). (when it was sent, the entry's stderr)."""
     try:
         before()
         sent = time.time()
         os.killpg(proc.pid, signal.SIGURG)
-        _, err = proc.communicate(timeout=30)
+        after()
+        time.sleep(1)
+        _touch(tmp_path, "done")
+        _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
     assert proc.returncode == 0, err  # torchrun and any rank that never handled it lived on
     return sent, err
 
 
 def test_each_rank_gets_the_warning_once_when_it_handles_it(tmp_path):
-    proc = _start(tmp_path, SPEC, HANDLER_AFTER_0="0", HANDLER_AFTER_1="2.5", LIVE="4")
-    warned, err = _warn(proc, lambda: _wait_for(tmp_path / "rank0.ready", proc))
+    proc = _start(tmp_path, SPEC, HANDLER_0="now", HANDLER_1="file")
+
+    def then_rank_1_installs_its_handler():
+        _wait_for(tmp_path / "rank0.got", proc)  # rank 0 handles it already: it gets it
+        assert not (tmp_path / "rank1.got").exists()
+        _touch(tmp_path, "install1")
+        _wait_for(tmp_path / "rank1.got", proc)  # held for rank 1 until it handles it
+
+    warned, err = _warn(tmp_path, proc, lambda: _wait_for(tmp_path / "rank0.ready", proc), then_rank_1_installs_its_handler)
     r0, r1, r2 = (_result(tmp_path, f"rank{r}.json") for r in range(3))
-    assert len(r0["got"]) == 1 and r0["got"][0] - warned < 1.0, (r0, err)
+    got0, got1 = _receipts(tmp_path, "rank0.got"), _receipts(tmp_path, "rank1.got")
+    assert len(got0) == 1 and got0[0][1] == r0["pid"] and got0[0][0] >= warned, (got0, r0, err)
     # Rank 1 was still starting: it got the warning once, after its handler was in place.
-    assert len(r1["got"]) == 1 and r1["installed"] > warned and 0 <= r1["got"][0] - r1["installed"] < 1.0, (r1, err)
-    assert r2["got"] == [], r2
-    assert _result(tmp_path, "worker.json") == [], "a rank's own worker is the rank's to warn"
+    assert len(got1) == 1 and got1[0][1] == r1["pid"] and got1[0][0] >= r1["installed"] > warned, (got1, r1, err)
+    assert r2["installed"] is None and not (tmp_path / "rank2.got").exists()
+    assert _receipts(tmp_path, "worker.got") == [], "a rank's own worker is the rank's to warn"
     assert "SIGUSR2 to rank 0 (pid" in err and "SIGUSR2 to rank 1 (pid" in err, err
     assert "to rank 2" not in err and "no rank handled" not in err, err
 
 
 def test_a_warning_during_setup_is_held_for_the_ranks(tmp_path):
-    spec = SPEC + "setup: ['sleep 2']\nslurm: {signal: HUP@300}\n"
-    proc = _start(tmp_path, spec, HANDLER_AFTER_0="0", HANDLER_AFTER_1="0", LIVE="2")
+    # setup waits for the test's go: the warning certainly comes while setup runs.
+    spec = SPEC + ("setup: ['touch \"$WARN_DIR/in-setup\"; while [ ! -e \"$WARN_DIR/setup-go\" ]; do sleep 0.05; done']\n"
+                   "slurm: {signal: HUP@300}\n")
+    proc = _start(tmp_path, spec, HANDLER_0="now", HANDLER_1="now")
 
     def in_setup():
-        time.sleep(0.5)  # no torchrun yet
-        assert not (tmp_path / "rank0.ready").exists()
+        _wait_for(tmp_path / "in-setup", proc)  # the entry's trap is set before setup runs
+        assert not list(tmp_path.glob("rank*.started"))  # no torchrun yet
 
-    _, err = _warn(proc, in_setup)
+    def setup_ends():
+        _touch(tmp_path, "setup-go")
+        for r in (0, 1):
+            _wait_for(tmp_path / f"rank{r}.got", proc)
+
+    _, err = _warn(tmp_path, proc, in_setup, setup_ends)
     for r in (0, 1):
-        rec = _result(tmp_path, f"rank{r}.json")
-        assert len(rec["got"]) == 1 and rec["got"][0] >= rec["installed"], (r, rec, err)
+        rec, got = _result(tmp_path, f"rank{r}.json"), _receipts(tmp_path, f"rank{r}.got")
+        assert len(got) == 1 and got[0][1] == rec["pid"] and got[0][0] >= rec["installed"], (r, got, rec, err)
     assert "SIGHUP to rank 0" in err and "SIGHUP to rank 1" in err, err
 
 
 def test_a_warning_no_rank_handles_is_said_to_have_reached_no_trainer(tmp_path):
-    proc = _start(tmp_path, SPEC, LIVE="1.5")
-    _, err = _warn(proc, lambda: time.sleep(0.5))
+    proc = _start(tmp_path, SPEC)
+
+    def ranks_run():
+        for r in range(3):
+            _wait_for(tmp_path / f"rank{r}.started", proc)
+
+    _, err = _warn(tmp_path, proc, ranks_run)
     assert "no rank handled SIGUSR2 before torchrun ended" in err, err
+    assert not list(tmp_path.glob("*.got"))
 
 
 @pytest.mark.parametrize("signal_text, field_msg", [

@@ -22,9 +22,13 @@ from helpers import REPO, cli, load_nomad_helper
 fake_api = load_nomad_helper("fake_api")
 FakeNomad, FakeNode = fake_api.FakeNomad, fake_api.FakeNode
 TOKEN = "acl-token-for-tests"
+TOKEN_META = "halo_sched_token"  # the README's Meta.halo_sched_token
 
-#: Faults injected by this file, counted for the README's figures (asserted at the end).
+#: Faults injected by this file and served to halo-sched (every one reached a request: the
+#: ``fake`` fixture checks that no injected fault was left unused). The README says "16 faults";
+#: the module's last teardown asserts that figure when every test of the file ran.
 FAULTS = {"count": 0}
+README_FAULTS = 16
 
 
 # ---- the loop ------------------------------------------------------------------------------
@@ -174,7 +178,34 @@ def spec():
 @pytest.fixture
 def fake():
     with FakeNomad([FakeNode("gpu-a"), FakeNode("gpu-b")], token=TOKEN) as f:
+        injected = {"n": 0}
+        for name in ("fail_next", "drop_next", "drop_after_next"):
+            def counted(n, *a, _inject=getattr(f, name), **kw):
+                injected["n"] += n
+                return _inject(n, *a, **kw)
+            setattr(f, name, counted)
         yield f
+        # A fault no request ever met tested nothing: each one must have been served.
+        left = len(f._fail_queue) + len(f._drop_queue) + len(f._drop_after_queue)
+        assert left == 0, f"{left} of {injected['n']} injected faults were never served"
+        FAULTS["count"] += injected["n"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _faults_total(request):
+    yield
+    ours = [i for i in request.session.items if i.module is request.module]
+    ran = {r for r in getattr(request.session, "_halo_ran", set()) if r in {i.nodeid for i in ours}}
+    if len(ran) == len(ours):
+        assert FAULTS["count"] == README_FAULTS, f"{FAULTS['count']} faults served, the README says {README_FAULTS}"
+
+
+@pytest.fixture(autouse=True)
+def _ran(request):
+    yield
+    if not hasattr(request.session, "_halo_ran"):
+        request.session._halo_ran = set()
+    request.session._halo_ran.add(request.node.nodeid)
 
 
 def scheduler(fake) -> NomadScheduler:
@@ -202,7 +233,6 @@ def test_nomad_register_faults_make_exactly_one_job(fake, fault):
     else:  # applied and lost, then the lookups fail too, then a 503
         fake.drop_after_next(1, path_contains="/v1/jobs", method="POST")
         fake.fail_next(2, status=503, body="No cluster leader", path_contains="/v1/job/")
-    FAULTS["count"] += n if "before" in fault else 1 + (2 if fault == "mixed" else 0)
     job = sched.submit(s)
     registered = jobs_named(fake, s.name)
     assert len(registered) == 1, registered
@@ -220,7 +250,6 @@ def test_nomad_register_faults_make_exactly_one_job(fake, fault):
 def test_nomad_register_4xx_fails_at_once_with_nomads_words(fake):
     sched = scheduler(fake)
     fake.fail_next(1, status=400, body="1 error occurred:\n\t* Task group workers has no tasks", path_contains="/v1/jobs")
-    FAULTS["count"] += 1
     with pytest.raises(SchedulerError, match="rejected the request.*has no tasks"):
         sched.submit(spec())
     assert len([r for r in fake.requests if r.path == "/v1/jobs"]) == 1
@@ -242,7 +271,6 @@ def test_nomad_cancel_is_idempotent_and_rides_out_faults(fake):
     name = job.id
     fake.drop_after_next(1, path_contains=f"/v1/job/{name}", method="DELETE")
     fake.fail_next(2, status=502, body="Bad Gateway", path_contains=f"/v1/job/{name}")
-    FAULTS["count"] += 3
     sched.cancel([job.id])
     assert fake.job_record(name)["Stop"] is True
     sched.cancel([job.id])  # already stopped: still success
@@ -257,7 +285,6 @@ def test_nomad_submit_through_the_cli_with_a_lost_answer(fake, tmp_path):
     data["nomad"].update(memory=65536, shm_size="8GiB", namespace=None)
     f.write_text(yaml.safe_dump(data))
     fake.drop_after_next(1, path_contains="/v1/jobs", method="POST")  # python-nomad registers with POST
-    FAULTS["count"] += 1
     env = {k: v for k, v in os.environ.items() if not k.startswith("NOMAD_")}
     env.update(NOMAD_ADDR=fake.address, NOMAD_TOKEN=TOKEN, HALO_SUBMIT_RETRY_S="20")
     r = cli("submit", str(f), "--backend", "nomad", env=env, timeout=60)

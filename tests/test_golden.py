@@ -1,5 +1,7 @@
 """Golden files pin every rendered example. After an intended change, regenerate them with
-``HALO_UPDATE_GOLDEN=1 pytest tests/test_golden.py`` and review the diff."""
+``HALO_UPDATE_GOLDEN=1 pytest tests/test_golden.py``, review the diff, commit, and run again
+without it: a run that regenerates writes the files and FAILS, so it can never pass a change
+unseen."""
 from __future__ import annotations
 
 import json
@@ -26,12 +28,28 @@ CASES = [
 ]
 
 
+def _rendered(example, backend, opts) -> str:
+    return halo_sched.render(halo_sched.load(REPO / "examples" / example), backend, **opts)
+
+
+def test_regenerating_golden_files_fails_the_run():
+    """HALO_UPDATE_GOLDEN=1 writes every golden file that changed, then fails."""
+    if not os.environ.get("HALO_UPDATE_GOLDEN"):
+        pytest.skip("HALO_UPDATE_GOLDEN is not set: the golden files are compared, not written")
+    written = []
+    for example, backend, opts, golden in CASES:
+        path, text = GOLDEN / golden, _rendered(example, backend, opts)
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+            written.append(golden)
+    pytest.fail(f"regenerated {len(written)} golden files ({', '.join(written) or 'none changed'}); review and commit, "
+                "rerun without HALO_UPDATE_GOLDEN")
+
+
 @pytest.mark.parametrize("example, backend, opts, golden", CASES, ids=[c[3] for c in CASES])
 def test_rendered_example_matches_golden(example, backend, opts, golden):
-    text = halo_sched.render(halo_sched.load(REPO / "examples" / example), backend, **opts)
+    text = _rendered(example, backend, opts)
     path = GOLDEN / golden
-    if os.environ.get("HALO_UPDATE_GOLDEN"):
-        path.write_text(text)
     assert path.exists(), f"missing golden {path}; run with HALO_UPDATE_GOLDEN=1"
     assert text == path.read_text(), f"{golden} changed; if intended, regenerate with HALO_UPDATE_GOLDEN=1"
 

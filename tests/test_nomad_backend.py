@@ -21,7 +21,7 @@ from halo_sched.backends.nomad.render import (
     client_requirements, group_counts, job_payload, node_rank_of, render_hcl, submission_id,
 )
 from halo_sched.errors import SpecError
-from helpers import REPO, cli, load_nomad_helper
+from helpers import REPO, cli, free_port, load_nomad_helper
 from hclparse import hcl2json, jobspec
 
 fake_api = load_nomad_helper("fake_api")
@@ -249,19 +249,30 @@ def test_dry_run_prints_the_payload_and_sends_nothing(job_file):
         assert r.returncode == 0
         sent = json.loads(r.stdout)
         job_id = sent["Job"]["ID"]
-        assert job_id.startswith("ddp-nomad-") and sent["Job"]["Name"] == "ddp-nomad"
+        assert re.fullmatch(r"ddp-nomad-\d{8}-\d{6}-[0-9a-f]{6}", job_id) and sent["Job"]["Name"] == "ddp-nomad"
         # The submission token (exactly-once register) is the only addition to the rendered job.
-        assert len(sent["Job"]["Meta"].pop("halo_sched_token")) == 24
-        assert sent == job_payload(halo_sched.load(f), job_id)
+        assert re.fullmatch(r"[0-9a-f]{24}", sent["Job"]["Meta"].pop("halo_sched_token"))
+        # Expected: the reviewed golden payload of examples/nomad-gpu.yaml with, by hand, what
+        # job_file changed (no namespace, 64 GiB of memory, an 8 GiB /dev/shm) and the fresh job
+        # id in the places a job id goes (the rendezvous service and the workers' lookup of it).
+        want = json.loads((GOLDEN / "nomad-gpu.nomad.json").read_text())
+        job = want["Job"]
+        job["ID"] = job_id
+        del job["Namespace"]
+        node0, workers = job["TaskGroups"]
+        node0["Services"][0]["Name"] = f"{job_id}-rdzv"
+        for group in (node0, workers):
+            group["Tasks"][0]["Resources"]["MemoryMB"] = 65536
+            group["Tasks"][0]["Config"]["shm_size"] = 8 * 1024**3
+        lookup = workers["Tasks"][0]["Templates"][1]
+        assert '{{ with nomadService "ddp-nomad-rdzv" }}' in lookup["EmbeddedTmpl"]
+        lookup["EmbeddedTmpl"] = lookup["EmbeddedTmpl"].replace('"ddp-nomad-rdzv"', f'"{job_id}-rdzv"')
+        assert sent == want
         assert fake.requests == []
 
 
 def test_unreachable_nomad_is_a_clear_error(job_file):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # reserved for this test; nothing listens on it
     env = {k: v for k, v in os.environ.items() if not k.startswith("NOMAD_")}
     env["NOMAD_ADDR"] = f"http://127.0.0.1:{port}"
     r = cli("status", "x", "--backend", "nomad", env=env)

@@ -15,8 +15,9 @@ import halo_sched
 from halo_sched.backends.base import JobStatus
 from halo_sched.backends.nomad import NomadScheduler
 from halo_sched.backends.nomad.client import NomadClient, NomadConfig
-from halo_sched.failure_collector import TAG
 from helpers import REPO, cli, load_nomad_helper
+
+TAG = "halo-sched-failure"  # the README's line format: `halo-sched-failure {json}`
 
 fake_api = load_nomad_helper("fake_api")
 FakeNomad, FakeNode = fake_api.FakeNomad, fake_api.FakeNode

@@ -8,7 +8,10 @@ from hypothesis import strategies as st
 
 from halo_sched.backends.base import JobStatus
 from halo_sched.backends.nomad.plan import format_plan, parse_version, plan_summary, version_warnings
-from halo_sched.backends.nomad.state import MAX_RUN_DURATION_DESC, job_state, ranks_text
+from halo_sched.backends.nomad.state import job_state, ranks_text
+
+# Nomad's own words (nomad/structs/alloc.go AllocTimeoutReasonMaxRunDuration), not halo-sched's copy.
+MAX_RUN_DURATION_DESC = "allocation exceeded max_run_duration"
 
 JOB = "halo-test"
 

@@ -2,8 +2,10 @@
 exactly one job; cancel is idempotent; secrets reach the ranks by name; a dead node ends the job
 in bounded time and leaves no process behind.
 
-Stopping slurmctld affects everyone using the cluster: run these under the cluster lock
-(``flock /tmp/halo-slurm-cluster.lock pytest ...``), as every cluster test is.
+Stopping slurmctld affects everyone using the cluster: the outage test asks for
+``slurm_cluster_exclusive``, so it holds the cluster's lock exclusively (tests/cluster/fixtures.py)
+and runs while no other test, of this run or another, uses the cluster; every other cluster test
+holds the lock shared.
 """
 from __future__ import annotations
 
@@ -27,13 +29,23 @@ MARK = "slurm-secret-" + secrets.token_hex(4)
 VALUE = f"+{MARK} it's \"q\" $(false) ${{HOME}} `date`\nline2"
 
 
-@pytest.fixture
-def env(slurm_cluster):
+def _env(cluster: dict) -> dict:
     e = dict(os.environ)
-    e.update(slurm_cluster)
+    e.update(cluster)
     e["PATH"] = f"{os.path.dirname(sys.executable)}:{e['PATH']}"
     e["HALO_SUBMIT_RETRY_S"] = "90"
     return e
+
+
+@pytest.fixture
+def env(slurm_cluster):
+    return _env(slurm_cluster)
+
+
+@pytest.fixture
+def env_alone(slurm_cluster_exclusive):
+    """The cluster with no other test on it (the controller is stopped meanwhile)."""
+    return _env(slurm_cluster_exclusive)
 
 
 def job_file(tmp_path: Path, name: str, steps: int = 3, step_time: float = 0.0, **over) -> Path:
@@ -57,7 +69,8 @@ def ctld(action: str, env) -> None:
     assert r.returncode == 0, r.stderr
 
 
-def test_submit_rides_out_a_15s_controller_outage(tmp_path, env):
+def test_submit_rides_out_a_15s_controller_outage(tmp_path, env_alone):
+    env = env_alone
     name = "outage-" + secrets.token_hex(3)
     f = job_file(tmp_path, name)
     ctld("stop", env)

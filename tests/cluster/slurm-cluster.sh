@@ -269,6 +269,12 @@ cmd_up() {
     write_conf "$tmp"
     chmod 0644 "$tmp"
     if [[ -f $CONF ]] && ! cmp -s "$tmp" "$CONF"; then
+        # Restarting cancels every job on the cluster, which others may share: not while any runs.
+        if pid_alive "$(pid_from "$STATE/run/slurmctld.pid")" &&
+            SLURM_CONF=$CONF squeue -h -o '%A' 2>/dev/null | grep -q .; then
+            rm -f "$tmp"
+            die "configuration changed, but the running cluster has jobs (squeue): not restarting it under them; run '$0 down' when they are done"
+        fi
         log "configuration changed: restarting the cluster"
         cmd_down
     fi

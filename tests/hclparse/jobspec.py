@@ -3,7 +3,24 @@ the subset halo-sched renders. Any block or attribute outside that subset raises
 says so instead of comparing less than the file holds."""
 from __future__ import annotations
 
-from halo_sched.spec import parse_go_duration
+import re
+from fractions import Fraction
+
+# Go's time.ParseDuration, written here from its documentation rather than taken from halo-sched
+# (whose payload this reading is compared with): a sequence of decimal numbers, each with an
+# optional fraction and a unit, ns us µs ms s m h; "0" alone is zero.
+_GO_UNITS = {"ns": 1, "us": 10**3, "µs": 10**3, "μs": 10**3, "ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
+_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def parse_go_duration(text: str) -> int:
+    if text == "0":
+        return 0
+    sign, body = (-1, text[1:]) if text.startswith("-") else (1, text.removeprefix("+"))
+    parts = _GO_PART.findall(body)
+    if not body or "".join(n + u for n, u in parts) != body:
+        raise ValueError(f"not a Go duration: {text!r}")
+    return sign * int(sum(Fraction(n) * _GO_UNITS[u] for n, u in parts))
 
 
 def _one(blocks: list, what: str) -> dict:

@@ -1856,6 +1856,14 @@ class SimCluster:
 
     def _free_port(self) -> int:
         # Nomad picks from its dynamic range (default 20000-32000); check it is bindable here.
+        try:  # under pytest: reserved against every other test process (tests/helpers.py)
+            from helpers import reserve_port
+        except ImportError:
+            reserve_port = None
+        if reserve_port is not None:
+            port = reserve_port(20000, 32000, self.host_ip)
+            self._used_ports.add(port)
+            return port
         for _ in range(200):
             port = random.randint(20000, 32000)
             if port in self._used_ports:
