@@ -59,35 +59,27 @@ def _backend_arg(p: argparse.ArgumentParser, by_id: bool = False) -> None:
 # ---- option values: refused by argparse (exit 2, naming the option) --------------------------
 
 
-def _positive_int(text: str) -> int:
+def _whole(text: str, least: int, why: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    if value < least:
+        raise argparse.ArgumentTypeError(why.format(value))
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _whole(text, 1, "{} is not a positive number")
 
 
 def _limit(text: str) -> int:
     """``list --limit``: a positive count, or 0 for all (as documented)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value}: give a positive count (or 0 for every record)")
-    return value
+    return _whole(text, 0, "{}: give a positive count (or 0 for every record)")
 
 
 def _index(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value}: indexes count from 0")
-    return value
+    return _whole(text, 0, "{}: indexes count from 0")
 
 
 def _positive_float(text: str) -> float:

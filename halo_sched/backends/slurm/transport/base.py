@@ -168,6 +168,17 @@ def names_clusters(script: str, extra_args: Sequence[str] = ()) -> bool:
     return any(name in ("clusters", "cluster", "M") for name, _ in sbatch_options(script, extra_args))
 
 
+# Short sbatch options -> long ones (sbatch(1)): the rest and pyslurm transports read the
+# script's options themselves.
+SHORT_OPTIONS = {
+    "J": "job-name", "N": "nodes", "n": "ntasks", "c": "cpus-per-task", "t": "time", "p": "partition",
+    "o": "output", "e": "error", "i": "input", "D": "chdir", "A": "account", "q": "qos", "C": "constraint",
+    "a": "array", "d": "dependency", "G": "gpus", "H": "hold", "M": "clusters", "w": "nodelist",
+    "x": "exclude", "L": "licenses", "k": "no-kill", "s": "oversubscribe", "b": "begin", "S": "core-spec",
+    "O": "overcommit",
+}
+
+
 # ---------------------------------------------------------------------------------------------
 # The job's environment (the rest and pyslurm transports build it themselves; sbatch does for cli)
 

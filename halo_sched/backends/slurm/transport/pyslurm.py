@@ -31,17 +31,9 @@ from halo_sched.backends.base import JobState
 from halo_sched.backends.slurm import status as st
 from halo_sched.errors import MissingDependency, SchedulerError, UsageError
 
-from .base import NEVER_EXPORTED, Transport, job_environment, sbatch_options, split_cluster, unique
+from .base import NEVER_EXPORTED, SHORT_OPTIONS, Transport, job_environment, sbatch_options, split_cluster, unique
 from .cli import CliTransport, Runner
 
-# Short sbatch options -> long ones (sbatch(1)).
-_SHORT = {
-    "J": "job-name", "N": "nodes", "n": "ntasks", "c": "cpus-per-task", "t": "time", "p": "partition",
-    "o": "output", "e": "error", "i": "input", "D": "chdir", "A": "account", "q": "qos", "C": "constraint",
-    "a": "array", "d": "dependency", "G": "gpus", "H": "hold", "M": "clusters", "w": "nodelist",
-    "x": "exclude", "L": "licenses", "k": "no-kill", "s": "oversubscribe", "b": "begin", "S": "core-spec",
-    "O": "overcommit",
-}
 
 
 def _value(v: str | None) -> str:
@@ -256,7 +248,7 @@ class PyslurmTransport(Transport):
         self.environment = environment
 
     def submit(self, script: str, extra_args: Sequence[str] = ()) -> str:
-        options = [(_SHORT.get(n, n), v) for n, v in sbatch_options(script, extra_args)]
+        options = [(SHORT_OPTIONS.get(n, n), v) for n, v in sbatch_options(script, extra_args)]
         attrs = pyslurm_attributes(options)
         env = job_environment(script, options, os.environ if self.environment is None else self.environment)
         # Never empty: pyslurm takes an empty environment as "ALL" (submission.pyx _set_defaults).

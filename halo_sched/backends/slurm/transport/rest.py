@@ -44,8 +44,8 @@ from halo_sched.backends.slurm import status as st
 from halo_sched.errors import MissingDependency, SchedulerError, UsageError
 
 from .base import (
-    WARNING_CARRIER, Transient, Transport, by_cluster, job_environment, retrying, sbatch_options, split_cluster,
-    unique, with_cluster,
+    SHORT_OPTIONS, WARNING_CARRIER, Transient, Transport, by_cluster, job_environment, retrying, sbatch_options,
+    split_cluster, unique, with_cluster,
 )
 
 # The slurmrestd OpenAPI versions this module's requests and parsers are written for, newest first.
@@ -84,14 +84,6 @@ def _minor(api_version: str) -> int:
 # ---------------------------------------------------------------------------------------------
 # sbatch options -> job properties
 
-# Short sbatch options -> long ones (sbatch(1)).
-_SHORT = {
-    "J": "job-name", "N": "nodes", "n": "ntasks", "c": "cpus-per-task", "t": "time", "p": "partition",
-    "o": "output", "e": "error", "i": "input", "D": "chdir", "A": "account", "q": "qos", "C": "constraint",
-    "a": "array", "d": "dependency", "G": "gpus", "H": "hold", "M": "clusters", "w": "nodelist",
-    "x": "exclude", "L": "licenses", "k": "no-kill", "s": "oversubscribe", "b": "begin", "S": "core-spec",
-    "O": "overcommit",
-}
 _OWN_CLUSTER = "a slurmrestd submits to its own cluster only"
 # sbatch's --time forms (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS).
 _TIME_RE = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2})$")
@@ -494,7 +486,7 @@ def rest_job_properties(
     An option this version cannot carry is a UsageError naming ``slurm.extra_args`` and every
     such option, raised before anything is sent."""
     minor = _minor(api_version)
-    options = [(_SHORT.get(n, n), v) for n, v in sbatch_options(script, extra_args)]
+    options = [(SHORT_OPTIONS.get(n, n), v) for n, v in sbatch_options(script, extra_args)]
     job = _Job(minor)
     job.set("current_working_directory", cwd or os.getcwd())
     refused = []
