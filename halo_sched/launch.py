@@ -127,11 +127,10 @@ def server_entry_vars(spec: JobSpec) -> dict:
 
 def failure_report_vars() -> dict:
     """What ``templates/entry_failure_report.sh.j2`` needs: the collector's source, run on the node."""
-    from pathlib import Path
-
+    from .node import source as node_source
     from .templating import heredoc_tag
 
-    source = (Path(__file__).parent / "failure_collector.py").read_text().rstrip("\n")
+    source = node_source("failure_collector")
     return {"collector": source, "collector_tag": heredoc_tag(source, "HALO_COLLECT_EOF"), "log_dir_var": LOG_DIR_VAR}
 
 

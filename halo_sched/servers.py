@@ -7,7 +7,7 @@ Each role runs one server per node, on nodes of its own. Whatever the scheduler,
   servers register: Nomad's ``nomadService`` renders what is registered so far, empty at first),
   turns them into ``HALO_SERVER_<KEY>_URLS`` (``http://ADDR:PORT``, comma-separated, node order),
   and starts torchrun only once every server answered its health path with 200, all within
-  ``rendezvous.timeout_s`` (templates/entry_servers.sh.j2, halo_sched/server_health.py);
+  ``rendezvous.timeout_s`` (templates/entry_servers.sh.j2, halo_sched/node/server_health.py);
 * a server node runs ``templates/server.sh.j2`` with ``HALO_SERVER_INDEX`` and the trainer's rank-0
   address (``HALO_TRAINER_MASTER_ADDR``, or ``HALO_TRAINER_MASTER_ADDR_FILE`` to poll), and its
   own address ``HALO_SERVER_ADDR`` where the backend knows it. The script is the same for every
@@ -20,9 +20,8 @@ with '-' as '_' (names allow only lower-case letters, digits and '-', so two rol
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from .launch import SECRETS_DIR_VAR
+from .node import source as node_source
 from .spec import JobSpec, Server
 from .templating import heredoc_tag, render_template
 
@@ -78,7 +77,7 @@ def server_script(spec: JobSpec, role: Server) -> str:
 
 def entry_vars(spec: JobSpec) -> dict:
     """What ``templates/entry_servers.sh.j2`` (inside the trainer's entry) needs."""
-    source = (Path(__file__).parent / "server_health.py").read_text().rstrip("\n")
+    source = node_source("server_health")
     roles = [{
         "name": r.name, "nodes": r.nodes, "port": r.port, "group_port": r.group_port,
         "health_path": r.health_path, "urls_var": urls_var(r.name), "group_port_var": group_port_var(r.name),

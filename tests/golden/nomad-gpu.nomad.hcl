@@ -94,8 +94,8 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-9b913f55"
-        right_delimiter = "halo-9b913f55]]"
+        left_delimiter  = "[[halo-ccaebf0b"
+        right_delimiter = "halo-ccaebf0b]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -308,7 +308,7 @@ with ``@record``). Exit codes and signals come from torchrun's failure summary o
 
 Output: ``halo-sched-failure {json}`` on stderr, one per failed rank, or one for the node when
 torchrun itself failed (rendezvous timeout, killed) and no rank is named. The keys are those of
-:class:`halo_sched.failures.RankFailure`.
+:class:`halo_sched.node.failures.RankFailure`.
 """
 from __future__ import annotations
 
@@ -601,8 +601,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-9b913f55"
-        right_delimiter = "halo-9b913f55]]"
+        left_delimiter  = "[[halo-ccaebf0b"
+        right_delimiter = "halo-ccaebf0b]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -815,7 +815,7 @@ with ``@record``). Exit codes and signals come from torchrun's failure summary o
 
 Output: ``halo-sched-failure {json}`` on stderr, one per failed rank, or one for the node when
 torchrun itself failed (rendezvous timeout, killed) and no rank is named. The keys are those of
-:class:`halo_sched.failures.RankFailure`.
+:class:`halo_sched.node.failures.RankFailure`.
 """
 from __future__ import annotations
 

@@ -93,8 +93,8 @@ job "rl-grpo" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-a4065225"
-        right_delimiter = "halo-a4065225]]"
+        left_delimiter  = "[[halo-9dffe5c0"
+        right_delimiter = "halo-9dffe5c0]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -404,7 +404,7 @@ with ``@record``). Exit codes and signals come from torchrun's failure summary o
 
 Output: ``halo-sched-failure {json}`` on stderr, one per failed rank, or one for the node when
 torchrun itself failed (rendezvous timeout, killed) and no rank is named. The keys are those of
-:class:`halo_sched.failures.RankFailure`.
+:class:`halo_sched.node.failures.RankFailure`.
 """
 from __future__ import annotations
 
@@ -701,8 +701,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-a4065225"
-        right_delimiter = "halo-a4065225]]"
+        left_delimiter  = "[[halo-9dffe5c0"
+        right_delimiter = "halo-9dffe5c0]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -1012,7 +1012,7 @@ with ``@record``). Exit codes and signals come from torchrun's failure summary o
 
 Output: ``halo-sched-failure {json}`` on stderr, one per failed rank, or one for the node when
 torchrun itself failed (rendezvous timeout, killed) and no rank is named. The keys are those of
-:class:`halo_sched.failures.RankFailure`.
+:class:`halo_sched.node.failures.RankFailure`.
 """
 from __future__ import annotations
 

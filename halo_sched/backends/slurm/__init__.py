@@ -13,7 +13,7 @@ from typing import Iterator, Sequence
 from ...errors import HaloError, SchedulerError
 from ...spec import JobSpec
 from ..base import DryRun, JobState, JobStatus, Scheduler, tail_lines
-from ...failures import report_from_files
+from ...node.failures import report_from_files
 from .render import render_sbatch
 from .status import scontrol_job_state
 
