@@ -174,7 +174,7 @@ class SlurmScheduler(Scheduler):
 
     def cancel(self, ids: Sequence[str], signal: str | None = None, **opts) -> None:
         # With a signal: the batch script gets it (as it gets slurm.signal's warning) and
-        # forwards it to every rank; see templates/slurm/sbatch.sh.j2.
+        # forwards it to every rank; see halo_sched/templates/slurm/sbatch.sh.j2.
         cancel_once = getattr(self.transport, "cancel_once", None)
         if signal or cancel_once is None:
             self.transport.cancel(list(ids), signal=signal)
