@@ -1,6 +1,8 @@
 """The one Jinja2 environment every renderer uses, and the filters its templates need.
 
-Templates live in ``halo_sched/templates/`` (package data: the wheel carries them). Every value
+Templates live in ``halo_sched/templates/`` (package data: the wheel carries them); shell that
+several scripts write (the deadline loop, the loopback check, the warning traps, ``halo_fail``,
+torchrun's Python) is defined once there, as macros in ``fragments.sh.j2``. Every value
 a template pastes into a script or a job goes through a filter, whatever the model holds (``model_copy(update=...)`` does not validate):
 
 * free text is quoted for where it goes: ``sh`` (one bash word), ``sh_block`` (a multi-line bash
