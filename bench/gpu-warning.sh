@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The held preemption warning with NCCL ranks on GPUs: a 2-node x 1-GPU job on the local backend
 # whose trainer installs its warning handler 8 s late. The warning is sent as SLURM's batch
-# script sends it (templates/slurm/sbatch.sh.j2): SIGURG to every process of the job, WARN_AFTER
+# script sends it (halo_sched/templates/slurm/sbatch.sh.j2): SIGURG to every process of the job, WARN_AFTER
 # seconds after submit (default 2: while the ranks still start; 40: while they train). Each node's
 # entry must hand SIGUSR2 to its rank once the rank handles it; the ranks stop together at one
 # step, save one checkpoint (when a step ran) and the job ends COMPLETED.

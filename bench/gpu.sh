@@ -35,7 +35,7 @@ secs $PY -m halo_sched.cli preflight "$job" --backend local --size 1G --iters 5
 echo "== preflight --json"
 $PY -m halo_sched.cli preflight "$job" --backend local --size 256M --iters 3 --json
 echo "== anchor: the bundled test under bare torchrun --standalone"
-secs torchrun --standalone --nproc_per_node=2 halo_sched/trainers/preflight_bw.py \
+secs torchrun --standalone --nproc_per_node=2 halo_sched/node/trainers/preflight_bw.py \
   --size 1G --iters 5 --device cuda --gpus-per-node 2 --nproc-per-node 2 --pair-ranks 2>&1 | tail -15
 echo "== the local launch overhead on a quiet machine: bench/trivial.yaml vs two bare torchrun (CPU, gloo)"
 for round in 1 2 3; do

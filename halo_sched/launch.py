@@ -14,7 +14,7 @@ its own, so that two jobs whose node 0 share a host never both take torchrun's c
 the job id inside ``DERIVED_PORTS``, Nomad assigns a dynamic port, the local backend picks a free
 one in ``DERIVED_PORTS`` at submit. The entry script itself is the same text either way.
 
-This module knows no scheduler; it renders ``templates/entry.sh.j2``.
+This module knows no scheduler; it renders ``halo_sched/templates/entry.sh.j2``.
 """
 from __future__ import annotations
 
@@ -119,19 +119,19 @@ def ports_to_avoid(spec: JobSpec) -> list[int]:
 
 
 def server_entry_vars(spec: JobSpec) -> dict:
-    """What ``templates/entry_servers.sh.j2`` needs (only for a job with ``servers:``)."""
+    """What ``halo_sched/templates/entry_servers.sh.j2`` needs (only for a job with ``servers:``)."""
     from .servers import entry_vars
 
     return entry_vars(spec)
 
 
 def failure_report_vars() -> dict:
-    """What ``templates/entry_failure_report.sh.j2`` needs: the collector's source, run on the node."""
-    from pathlib import Path
-
+    """What ``halo_sched/templates/entry_failure_report.sh.j2`` needs: the collector's source, run on
+    the node."""
+    from .node import source as node_source
     from .templating import heredoc_tag
 
-    source = (Path(__file__).parent / "failure_collector.py").read_text().rstrip("\n")
+    source = node_source("failure_collector")
     return {"collector": source, "collector_tag": heredoc_tag(source, "HALO_COLLECT_EOF"), "log_dir_var": LOG_DIR_VAR}
 
 

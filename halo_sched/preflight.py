@@ -2,7 +2,7 @@
 
 The job file is kept whole (nodes, processes, GPUs, image, setup, env, secrets, fabric, layout)
 and goes through the same backend (submit, then watch and wait through the scheduler); only the
-trainer is replaced by ``halo_sched/trainers/preflight_bw.py``. That file travels INSIDE the job:
+trainer is replaced by ``halo_sched/node/trainers/preflight_bw.py``. That file travels INSIDE the job:
 three setup lines (run after the job's own) write it from base64 into a fresh temporary
 directory on each node and enter it, and torchrun starts it from there. Why not a path or
 ``-m halo_sched...``: an image or a Nomad client need not have halo-sched installed, nor share
@@ -21,13 +21,13 @@ import base64
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .errors import UsageError
-from .trainers import preflight_bw
+from .node import source_path
+from .node.trainers import preflight_bw
 
-SCRIPT = Path(preflight_bw.__file__)
+SCRIPT = source_path("trainers.preflight_bw")
 RESULT_MARK = preflight_bw.RESULT_MARK
 NODE_MARK = preflight_bw.NODE_MARK
 SCRIPT_NAME = "halo_preflight_bw.py"

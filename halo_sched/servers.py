@@ -7,11 +7,12 @@ Each role runs one server per node, on nodes of its own. Whatever the scheduler,
   servers register: Nomad's ``nomadService`` renders what is registered so far, empty at first),
   turns them into ``HALO_SERVER_<KEY>_URLS`` (``http://ADDR:PORT``, comma-separated, node order),
   and starts torchrun only once every server answered its health path with 200, all within
-  ``rendezvous.timeout_s`` (templates/entry_servers.sh.j2, halo_sched/server_health.py);
-* a server node runs ``templates/server.sh.j2`` with ``HALO_SERVER_INDEX`` and the trainer's rank-0
-  address (``HALO_TRAINER_MASTER_ADDR``, or ``HALO_TRAINER_MASTER_ADDR_FILE`` to poll), and its
-  own address ``HALO_SERVER_ADDR`` where the backend knows it. The script is the same for every
-  server of a role; it exports the job's derived fabric/storage env (the same NCCL_*/DIST_* as the
+  ``rendezvous.timeout_s`` (halo_sched/templates/entry_servers.sh.j2,
+  halo_sched/node/server_health.py);
+* a server node runs ``halo_sched/templates/server.sh.j2`` with ``HALO_SERVER_INDEX`` and the
+  trainer's rank-0 address (``HALO_TRAINER_MASTER_ADDR``, or ``HALO_TRAINER_MASTER_ADDR_FILE`` to
+  poll), and its own address ``HALO_SERVER_ADDR`` where the backend knows it. The script is the
+  same for every server of a role; it exports the job's derived fabric/storage env (the same NCCL_*/DIST_* as the
   ranks), the role's env, runs its setup, then ``exec``s the command verbatim.
 
 Addresses always come from where the scheduler reaches the node (SLURM NodeAddr, Nomad service
@@ -20,9 +21,8 @@ with '-' as '_' (names allow only lower-case letters, digits and '-', so two rol
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from .launch import SECRETS_DIR_VAR
+from .node import source as node_source
 from .spec import JobSpec, Server
 from .templating import heredoc_tag, render_template
 
@@ -77,8 +77,8 @@ def server_script(spec: JobSpec, role: Server) -> str:
 
 
 def entry_vars(spec: JobSpec) -> dict:
-    """What ``templates/entry_servers.sh.j2`` (inside the trainer's entry) needs."""
-    source = (Path(__file__).parent / "server_health.py").read_text().rstrip("\n")
+    """What ``halo_sched/templates/entry_servers.sh.j2`` (inside the trainer's entry) needs."""
+    source = node_source("server_health")
     roles = [{
         "name": r.name, "nodes": r.nodes, "port": r.port, "group_port": r.group_port,
         "health_path": r.health_path, "urls_var": urls_var(r.name), "group_port_var": group_port_var(r.name),

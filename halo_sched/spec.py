@@ -330,7 +330,7 @@ class Network(_Model):
         return self
 
 
-# Every option the SLURM backend writes on its own "#SBATCH" lines (templates/slurm/sbatch.sh.j2,
+# Every option the SLURM backend writes on its own "#SBATCH" lines (halo_sched/templates/slurm/sbatch.sh.j2,
 # and sbatch_options() in backends/slurm/render.py), with the field that sets it or, in
 # parentheses, why it is fixed. slurm.extra_args may not repeat one: sbatch would silently take
 # whichever comes last. tests/test_spec.py holds this list against a rendered script.

@@ -1,8 +1,9 @@
 """The one Jinja2 environment every renderer uses, and the filters its templates need.
 
-Templates live in the repository's top-level ``templates/`` (shipped in the wheel as
-``halo_sched/templates``). Every value a template pastes into a script or a job goes through a
-filter, whatever the model holds (``model_copy(update=...)`` does not validate):
+Templates live in ``halo_sched/templates/`` (package data: the wheel carries them); shell that
+several scripts write (the deadline loop, the loopback check, the warning traps, ``halo_fail``,
+torchrun's Python) is defined once there, as macros in ``fragments.sh.j2``. Every value
+a template pastes into a script or a job goes through a filter, whatever the model holds (``model_copy(update=...)`` does not validate):
 
 * free text is quoted for where it goes: ``sh`` (one bash word), ``sh_block`` (a multi-line bash
   string), ``hcl`` / ``hcl_heredoc`` (an HCL string);
@@ -26,12 +27,7 @@ import jinja2
 from . import spec
 from .errors import SpecError
 
-_PKG = Path(__file__).resolve().parent
-
-
-def template_dir() -> Path:
-    shipped = _PKG / "templates"
-    return shipped if shipped.is_dir() else _PKG.parent / "templates"
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -203,7 +199,7 @@ def _bytecode_cache():
 @functools.lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(template_dir())),
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,

@@ -255,12 +255,12 @@ def test_following_logs_into_a_closed_pipe_stops_at_once():
     # A running job (its "supervisor" is this test process) followed into a pipe nobody reads:
     # once output is discarded, following on would never end.
     from halo_sched.backends.local import state_root
-    from halo_sched.backends.local_supervisor import _start_time
+    from halo_sched.node.processes import start_time
 
     job_id = _known_local_job()
     d = state_root() / job_id
     (d / "state.json").write_text('{"state": "RUNNING", "nodes_running": 2}')
-    (d / "supervisor.pid").write_text(f"{os.getpid()} {_start_time(os.getpid())}")
+    (d / "supervisor.pid").write_text(f"{os.getpid()} {start_time(os.getpid())}")
     (d / "job.log").write_text("[node 0] x\n" * 10_000)
     r = run_into_closed_pipe("logs", "--follow", job_id, stderr_closed=False, timeout=30)
     assert r.returncode == 0 and r.stderr == "", r.stderr

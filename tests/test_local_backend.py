@@ -9,7 +9,7 @@ import pytest
 
 import halo_sched
 from halo_sched.backends.base import JobStatus
-from halo_sched.backends.local import _same_process
+from halo_sched.node.processes import same_process
 from helpers import HOSTILE, cli, example_job, free_port, live_group_members
 
 pytestmark = pytest.mark.torch
@@ -175,7 +175,7 @@ def test_cancel_leaves_no_process_even_one_that_ignores_sigterm_in_its_own_sessi
     handle.cancel()
     assert handle.wait(timeout=60, poll=0.2).status is JobStatus.CANCELLED
     for pid in pids:
-        assert not live_group_members(pid) and not _same_process(pid, None)
+        assert not live_group_members(pid) and not same_process(pid, None)
 
 
 def test_cancel_right_after_submit_is_cancelled(tmp_path):
@@ -216,4 +216,4 @@ def test_no_orphan_tree_outlives_the_job(tmp_path):
     r = cli("submit", str(job), "--wait", "-q", timeout=120)
     assert r.returncode == 0, r.stderr
     for pid in map(int, pids.read_text().split()):
-        assert not _same_process(pid, None), pid
+        assert not same_process(pid, None), pid

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from halo_sched.backends.local import _tagged
+from halo_sched.node.processes import tagged
 from helpers import REPO, example_job, free_port
 
 pytestmark = pytest.mark.torch
@@ -20,7 +20,7 @@ DEAD_NODE_BOUND_S = 20
 
 
 def _torchrun_of_node(tag: str, node: int) -> int | None:
-    for pid in _tagged(tag):
+    for pid in tagged(tag):
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -63,5 +63,5 @@ def test_killed_node_ends_the_local_job(tmp_path):
     state = json.loads((Path(tag) / "state.json").read_text())
     assert state["state"] == "FAILED" and "node 1" in state["reason"], state
     assert ended < DEAD_NODE_BOUND_S, f"{ended:.1f}s"
-    assert _tagged(tag) == [], "processes of the job survived it"
+    assert tagged(tag) == [], "processes of the job survived it"
     print(f"local dead node: FAILED {ended:.1f} s after the kill")

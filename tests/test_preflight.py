@@ -12,7 +12,7 @@ import pytest
 
 import halo_sched
 from halo_sched import preflight
-from halo_sched.trainers import preflight_bw
+from halo_sched.node.trainers import preflight_bw
 from helpers import REPO, cli, example_job, free_port
 
 

@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 import halo_sched
+import halo_sched.spec
 from halo_sched.backends.base import JobStatus
-from halo_sched.backends.local import _tagged
+from halo_sched.node.processes import tagged
 from halo_sched.errors import SpecError
 from helpers import REPO, cli, free_port
 
@@ -136,7 +137,7 @@ def test_local_trainer_waits_for_health_and_reaches_every_server(tmp_path):
     print(f"health -> trainer start: {min(r['started'] for r in ranks) - last_ok:.2f}s")
     # The servers are gone with the job: no process of it is left.
     d = halo_sched.job(job_id, "local").scheduler.root / job_id
-    assert _tagged(str(d)) == []
+    assert tagged(str(d)) == []
     logs = cli("logs", job_id, "--backend", "local").stdout
     assert "[server rollout-a 1] rollout server rollout-a-1" in logs
     assert SECRET_MARK not in logs
@@ -156,7 +157,7 @@ def test_local_server_never_healthy_fails_naming_it_within_the_timeout(tmp_path)
     assert elapsed < 40
     job_id = r.stdout.strip().splitlines()[-1]
     d = halo_sched.job(job_id, "local").scheduler.root / job_id
-    assert _tagged(str(d)) == []
+    assert tagged(str(d)) == []
 
 
 @pytest.mark.torch
@@ -169,7 +170,7 @@ def test_local_dead_server_fails_the_job(tmp_path):
     assert st.status is JobStatus.FAILED
     assert "server rollout-a 0 exited with 3" in st.reason
     d = halo_sched.job(job_id, "local").scheduler.root / job_id
-    assert _tagged(str(d)) == []
+    assert tagged(str(d)) == []
 
 
 # ---- the real SLURM cluster: 2 trainer nodes + 1 server node -----------------------------------

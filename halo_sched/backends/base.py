@@ -62,7 +62,7 @@ class JobState:
     nodes_running: int | None = None
     reason: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
-    #: Which rank failed first and why (a :class:`halo_sched.failures.FailureReport`), when the
+    #: Which rank failed first and why (a :class:`halo_sched.node.failures.FailureReport`), when the
     #: job's nodes reported it; ``describe`` then leads with it.
     failure: Any = None
 

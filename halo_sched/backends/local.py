@@ -1,7 +1,7 @@
 """The local backend: N "nodes" as processes on this machine, each the shared entry script.
 
 ``submit`` writes a job directory and starts a detached supervisor (``python -m
-halo_sched.backends.local_supervisor <dir>``: standard library only, so it starts fast) that runs
+halo_sched.node.local_supervisor <dir>``: standard library only, so it starts fast) that runs
 node 0..N-1 with ``HALO_NODE_RANK``, ``HALO_MASTER_ADDR=127.0.0.1`` and ``HALO_MASTER_PORT``
 (``rendezvous.port``, or a port free at submit when it is unset), prefixes every output
 line with its node, stops the other nodes when one fails (like ``srun --kill-on-bad-exit``), and
@@ -32,9 +32,8 @@ from ..servers import SERVER_ADDR_VAR, SERVER_INDEX_VAR, TRAINER_MASTER_VAR, add
 from ..templating import check, checked_int, render_template
 from .base import DryRun, JobState, JobStatus, Scheduler, tail_lines
 # The supervisor's run-time code and the process helpers shared with it live there, once.
-from .local_supervisor import (
-    CANCEL_MARK, _failure_report, _same_process, _start_time, _stop_tagged, _tagged, _wait_exit, _write_json,
-)
+from ..node.local_supervisor import CANCEL_MARK, failure_report
+from ..node.processes import same_process, start_time, stop_tagged, tagged, wait_exit, write_json
 
 LOCAL_MASTER = "127.0.0.1"
 START_GRACE_S = 30.0  # a job this young with no supervisor pid yet is still starting
@@ -128,17 +127,17 @@ class LocalScheduler(Scheduler):
             (d / f"server-{check(role.name, 'server name', 'servers[].name')}.sh").write_text(server_script(spec, role))
         for i, srv in enumerate(servers):
             srv["gpus"] = server_gpus[i] if server_gpus and srv["gpus"] else None
-        _write_json(d / "job.json", {"name": spec.name, "nodes": spec.nodes, "cwd": os.getcwd(), "gpus": gpu_sets,
+        write_json(d / "job.json", {"name": spec.name, "nodes": spec.nodes, "cwd": os.getcwd(), "gpus": gpu_sets,
                                      "servers": servers, "master_port": master_port,
                                      "launch": _launch_plan(spec, d, servers, gpu_sets, master_port)})
-        _write_json(d / "state.json", {"state": "PENDING", "submitted": time.time()})
+        write_json(d / "state.json", {"state": "PENDING", "submitted": time.time()})
         (d / "job.log").touch()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "halo_sched.backends.local_supervisor", str(d)],
+            [sys.executable, "-m", "halo_sched.node.local_supervisor", str(d)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(d / "supervisor.err", "wb"),
             start_new_session=True, cwd=os.getcwd(),
         )
-        (d / "supervisor.pid").write_text(f"{proc.pid} {_start_time(proc.pid)}")
+        (d / "supervisor.pid").write_text(f"{proc.pid} {start_time(proc.pid)}")
         return job_id
 
     def record_fields(self, dryrun: DryRun, job_id: str) -> dict:
@@ -159,7 +158,7 @@ class LocalScheduler(Scheduler):
             # The mark makes the cancel stick even if the supervisor has not set up its handler yet.
             (d / CANCEL_MARK).touch()
             sup = self._supervisor(d)
-            if sup is not None and _same_process(*sup):
+            if sup is not None and same_process(*sup):
                 try:
                     os.kill(sup[0], signal.SIGTERM)
                 except ProcessLookupError:
@@ -167,13 +166,13 @@ class LocalScheduler(Scheduler):
                 continue
             # No supervisor to do it: stop every process of the job (torchrun first gets SIGTERM,
             # so it can stop its workers), then record the outcome unless the supervisor did.
-            _stop_tagged(str(d))
+            stop_tagged(str(d))
             data, _ = _read_state(d)
             if data is None or not JobStatus(data["state"]).terminal:
                 data = data or {}
                 data.update(state="CANCELLED", nodes_running=0, ended=time.time(),
                             reason="cancelled by user (the supervisor was gone)")
-                _write_json(d / "state.json", data)
+                write_json(d / "state.json", data)
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
         d = self._dir(job_id)
@@ -203,7 +202,7 @@ class LocalScheduler(Scheduler):
             if left is not None and left <= 0:
                 return state
             sup = self._supervisor(self.root / job_id)
-            _wait_exit(sup[0] if sup else None, min(poll, left) if left is not None else poll)
+            wait_exit(sup[0] if sup else None, min(poll, left) if left is not None else poll)
 
     # ---- implementation ---------------------------------------------------------------------
 
@@ -245,12 +244,12 @@ class LocalScheduler(Scheduler):
             nodes_total=meta["nodes"], nodes_running=data.get("nodes_running", 0), reason=data.get("reason", ""),
         )
         if status is JobStatus.FAILED:
-            st.failure = _failure_report(d)
+            st.failure = failure_report(d)
         if not status.terminal:
             sup = self._supervisor(d)
             if sup is None and time.time() - data.get("submitted", 0) < START_GRACE_S:
                 return st  # submit has not recorded the supervisor yet
-            if sup is None or not _same_process(*sup):
+            if sup is None or not same_process(*sup):
                 # Re-read: the supervisor may have finished between the two reads.
                 data, _ = _read_state(d)
                 if data is not None and JobStatus(data["state"]).terminal:
@@ -259,7 +258,7 @@ class LocalScheduler(Scheduler):
                     st.status, st.reason = JobStatus.CANCELLED, "cancelled by user"
                 else:
                     st.status, st.reason = JobStatus.FAILED, "the local supervisor process died"
-                    left = len(_tagged(str(d)))
+                    left = len(tagged(str(d)))
                     if left:
                         st.reason += f"; {left} process{'es' if left != 1 else ''} of the job still run: cancel it to stop them"
         return st

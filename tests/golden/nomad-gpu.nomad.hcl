@@ -94,8 +94,8 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-9b913f55"
-        right_delimiter = "halo-9b913f55]]"
+        left_delimiter  = "[[halo-199233ca"
+        right_delimiter = "halo-199233ca]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -122,7 +122,6 @@ halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not oct
 # handles, stop its workers after a short grace). The trainer installs its own handler (Python's
 # signal.signal overrides an inherited SIG_IGN) and has until the deadline to checkpoint. A
 # handler in this shell would not do: bash resets handled signals to the default in children.
-trap '' USR2
 export HALO_WARNING_SIGNAL=USR2
 
 # The warning reaches this shell as SIGURG (SLURM: the batch script passes slurm.signal's warning
@@ -143,6 +142,7 @@ halo_warning() {
   echo "halo-sched: node $halo_rank: warning at $(date +%H:%M:%S); SIGUSR2 goes to each rank once it handles it" >&2
   [ -z "$halo_torchrun" ] || halo_deliver
 }
+trap '' USR2
 trap halo_warning URG
 # Runs in the background from the warning until torchrun ends (torchrun may start ranks again).
 halo_deliver() {
@@ -213,7 +213,7 @@ HALO_MASTER_PORT=$((10#$HALO_MASTER_PORT))
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
 
-# ---- Failure report (halo_sched/failure_collector.py) ----
+# ---- Failure report (halo_sched/node/failure_collector.py) ----
 # torchrun --log-dir/--tee: each rank's stdout/stderr also land in a file (on the console every
 # such line reads "[rank R] ..."), beside the rank's TORCHELASTIC_ERROR_FILE. When torchrun exits
 # non-zero, the collector prints one "halo-sched-failure {json}" line per failed rank to this
@@ -308,7 +308,7 @@ with ``@record``). Exit codes and signals come from torchrun's failure summary o
 
 Output: ``halo-sched-failure {json}`` on stderr, one per failed rank, or one for the node when
 torchrun itself failed (rendezvous timeout, killed) and no rank is named. The keys are those of
-:class:`halo_sched.failures.RankFailure`.
+:class:`halo_sched.node.failures.RankFailure`.
 """
 from __future__ import annotations
 
@@ -601,8 +601,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-9b913f55"
-        right_delimiter = "halo-9b913f55]]"
+        left_delimiter  = "[[halo-199233ca"
+        right_delimiter = "halo-199233ca]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -629,7 +629,6 @@ halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not oct
 # handles, stop its workers after a short grace). The trainer installs its own handler (Python's
 # signal.signal overrides an inherited SIG_IGN) and has until the deadline to checkpoint. A
 # handler in this shell would not do: bash resets handled signals to the default in children.
-trap '' USR2
 export HALO_WARNING_SIGNAL=USR2
 
 # The warning reaches this shell as SIGURG (SLURM: the batch script passes slurm.signal's warning
@@ -650,6 +649,7 @@ halo_warning() {
   echo "halo-sched: node $halo_rank: warning at $(date +%H:%M:%S); SIGUSR2 goes to each rank once it handles it" >&2
   [ -z "$halo_torchrun" ] || halo_deliver
 }
+trap '' USR2
 trap halo_warning URG
 # Runs in the background from the warning until torchrun ends (torchrun may start ranks again).
 halo_deliver() {
@@ -720,7 +720,7 @@ HALO_MASTER_PORT=$((10#$HALO_MASTER_PORT))
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
 
-# ---- Failure report (halo_sched/failure_collector.py) ----
+# ---- Failure report (halo_sched/node/failure_collector.py) ----
 # torchrun --log-dir/--tee: each rank's stdout/stderr also land in a file (on the console every
 # such line reads "[rank R] ..."), beside the rank's TORCHELASTIC_ERROR_FILE. When torchrun exits
 # non-zero, the collector prints one "halo-sched-failure {json}" line per failed rank to this
@@ -815,7 +815,7 @@ with ``@record``). Exit codes and signals come from torchrun's failure summary o
 
 Output: ``halo-sched-failure {json}`` on stderr, one per failed rank, or one for the node when
 torchrun itself failed (rendezvous timeout, killed) and no rank is named. The keys are those of
-:class:`halo_sched.failures.RankFailure`.
+:class:`halo_sched.node.failures.RankFailure`.
 """
 from __future__ import annotations
 

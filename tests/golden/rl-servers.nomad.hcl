@@ -93,8 +93,8 @@ job "rl-grpo" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-a4065225"
-        right_delimiter = "halo-a4065225]]"
+        left_delimiter  = "[[halo-75c36827"
+        right_delimiter = "halo-75c36827]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -121,7 +121,6 @@ halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not oct
 # handles, stop its workers after a short grace). The trainer installs its own handler (Python's
 # signal.signal overrides an inherited SIG_IGN) and has until the deadline to checkpoint. A
 # handler in this shell would not do: bash resets handled signals to the default in children.
-trap '' USR2
 export HALO_WARNING_SIGNAL=USR2
 
 # The warning reaches this shell as SIGURG (SLURM: the batch script passes slurm.signal's warning
@@ -142,6 +141,7 @@ halo_warning() {
   echo "halo-sched: node $halo_rank: warning at $(date +%H:%M:%S); SIGUSR2 goes to each rank once it handles it" >&2
   [ -z "$halo_torchrun" ] || halo_deliver
 }
+trap '' USR2
 trap halo_warning URG
 # Runs in the background from the warning until torchrun ends (torchrun may start ranks again).
 halo_deliver() {
@@ -309,7 +309,7 @@ HALO_HEALTH_EOF
 unset halo_health halo_addrs halo_left halo_k halo_a
 
 
-# ---- Failure report (halo_sched/failure_collector.py) ----
+# ---- Failure report (halo_sched/node/failure_collector.py) ----
 # torchrun --log-dir/--tee: each rank's stdout/stderr also land in a file (on the console every
 # such line reads "[rank R] ..."), beside the rank's TORCHELASTIC_ERROR_FILE. When torchrun exits
 # non-zero, the collector prints one "halo-sched-failure {json}" line per failed rank to this
@@ -404,7 +404,7 @@ with ``@record``). Exit codes and signals come from torchrun's failure summary o
 
 Output: ``halo-sched-failure {json}`` on stderr, one per failed rank, or one for the node when
 torchrun itself failed (rendezvous timeout, killed) and no rank is named. The keys are those of
-:class:`halo_sched.failures.RankFailure`.
+:class:`halo_sched.node.failures.RankFailure`.
 """
 from __future__ import annotations
 
@@ -701,8 +701,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-a4065225"
-        right_delimiter = "halo-a4065225]]"
+        left_delimiter  = "[[halo-75c36827"
+        right_delimiter = "halo-75c36827]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -729,7 +729,6 @@ halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not oct
 # handles, stop its workers after a short grace). The trainer installs its own handler (Python's
 # signal.signal overrides an inherited SIG_IGN) and has until the deadline to checkpoint. A
 # handler in this shell would not do: bash resets handled signals to the default in children.
-trap '' USR2
 export HALO_WARNING_SIGNAL=USR2
 
 # The warning reaches this shell as SIGURG (SLURM: the batch script passes slurm.signal's warning
@@ -750,6 +749,7 @@ halo_warning() {
   echo "halo-sched: node $halo_rank: warning at $(date +%H:%M:%S); SIGUSR2 goes to each rank once it handles it" >&2
   [ -z "$halo_torchrun" ] || halo_deliver
 }
+trap '' USR2
 trap halo_warning URG
 # Runs in the background from the warning until torchrun ends (torchrun may start ranks again).
 halo_deliver() {
@@ -917,7 +917,7 @@ HALO_HEALTH_EOF
 unset halo_health halo_addrs halo_left halo_k halo_a
 
 
-# ---- Failure report (halo_sched/failure_collector.py) ----
+# ---- Failure report (halo_sched/node/failure_collector.py) ----
 # torchrun --log-dir/--tee: each rank's stdout/stderr also land in a file (on the console every
 # such line reads "[rank R] ..."), beside the rank's TORCHELASTIC_ERROR_FILE. When torchrun exits
 # non-zero, the collector prints one "halo-sched-failure {json}" line per failed rank to this
@@ -1012,7 +1012,7 @@ with ``@record``). Exit codes and signals come from torchrun's failure summary o
 
 Output: ``halo-sched-failure {json}`` on stderr, one per failed rank, or one for the node when
 torchrun itself failed (rendezvous timeout, killed) and no rank is named. The keys are those of
-:class:`halo_sched.failures.RankFailure`.
+:class:`halo_sched.node.failures.RankFailure`.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Which rank failed first on Nomad: the ``halo-sched-failure`` lines in the dead allocations' logs.
 
 Each node's entry script prints one such line per failed rank to its task's stderr when torchrun
-fails (halo_sched/failure_collector.py); Nomad keeps it in the allocation's log files, read
+fails (halo_sched/node/failure_collector.py); Nomad keeps it in the allocation's log files, read
 through the client fs API (``/v1/client/fs/logs/ALLOC?task=&type=&origin=end&offset=N&plain=true``,
 command/agent/fs_endpoint.go ``Logs``). Bounded: only once the job is final or a rank died, only
 allocations that ended (failed, timed out, stopped by the job's stop), only the tail of each,
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from halo_sched.backends.base import JobState, JobStatus
-from halo_sched.failure_collector import TAG, error_line
-from halo_sched.failures import FailureReport, RankFailure, parse_lines
+from halo_sched.node.failure_collector import TAG, error_line
+from halo_sched.node.failures import FailureReport, RankFailure, parse_lines
 
 from . import servers as server_roles
 from .render import TASK

@@ -1,5 +1,5 @@
 """JobSpec -> Nomad job (pure): the API payload ``{"Job": {...}}`` is the one model; the HCL
-(``templates/nomad/job.nomad.hcl.j2``) is rendered from that same dict.
+(``halo_sched/templates/nomad/job.nomad.hcl.j2``) is rendered from that same dict.
 
 Shape, for N nodes: group ``node-0`` (count 1: node rank 0; it asks for the rendezvous port and
 registers a Nomad-native service) and, when N > 1, ONE group ``workers`` with count N-1, whose

@@ -14,7 +14,7 @@ registrations of one index: the first line wins).
 Ending: Nomad ends nothing across groups. The job's watcher stops the job once the trainer's
 groups are complete or a server allocation died (state.py, watchdog.py); and each server also
 ends itself (exit 0) once rank 0's registration is gone from its own template for three looks
-(templates/server.sh.j2): a batch allocation deregisters its services when it stops
+(halo_sched/templates/server.sh.j2): a batch allocation deregisters its services when it stops
 (``client/allocrunner/groupservice_hook.go`` PreKill/Postrun).
 """
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Iterator, Sequence
 from ...errors import HaloError, SchedulerError
 from ...spec import JobSpec
 from ..base import DryRun, JobState, JobStatus, Scheduler, tail_lines
-from ...failures import report_from_files
+from ...node.failures import report_from_files
 from .render import render_sbatch
 from .status import scontrol_job_state
 
@@ -174,7 +174,7 @@ class SlurmScheduler(Scheduler):
 
     def cancel(self, ids: Sequence[str], signal: str | None = None, **opts) -> None:
         # With a signal: the batch script gets it (as it gets slurm.signal's warning) and
-        # forwards it to every rank; see templates/slurm/sbatch.sh.j2.
+        # forwards it to every rank; see halo_sched/templates/slurm/sbatch.sh.j2.
         cancel_once = getattr(self.transport, "cancel_once", None)
         if signal or cancel_once is None:
             self.transport.cancel(list(ids), signal=signal)

@@ -16,8 +16,8 @@ T = TypeVar("T")
 
 # The signal that carries the warning where a transport cannot name the batch script alone
 # (slurmrestd): the rendered batch script and node entry take it as the warning
-# (templates/slurm/sbatch.sh.j2, templates/entry.sh.j2), and its default action is to ignore it
-# everywhere else.
+# (halo_sched/templates/slurm/sbatch.sh.j2, halo_sched/templates/entry.sh.j2), and its default
+# action is to ignore it everywhere else.
 # halo_sched.spec refuses it as slurm.signal.
 WARNING_CARRIER = "URG"
 
@@ -192,7 +192,7 @@ NEVER_EXPORTED = frozenset({"SLURM_JWT"})
 # AZURE_CLIENT_SECRET, GOOGLE_APPLICATION_CREDENTIALS, WANDB_API_KEY, NOMAD_CLIENT_KEY, ...
 CREDENTIAL_NAME_RE = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|_KEY$", re.IGNORECASE)
 # The rendered entry and server scripts fetch each secret_env name with one such line
-# (templates/secrets.sh.j2).
+# (halo_sched/templates/secrets.sh.j2).
 _SECRET_LINE_RE = re.compile(r"^halo_secret ([A-Za-z_][A-Za-z0-9_]*)$", re.M)
 
 

@@ -203,7 +203,7 @@ class CliTransport(Transport):
 
     def cancel(self, ids: Sequence[str], signal: str | None = None) -> None:
         # --batch: the signal goes to the batch script alone, exactly as slurm.signal's warning
-        # (--signal=B:); the script forwards it to every rank (templates/slurm/sbatch.sh.j2).
+        # (--signal=B:); the script forwards it to every rank (halo_sched/templates/slurm/sbatch.sh.j2).
         opts = ["--batch", f"--signal={signal}"] if signal else []
         for cluster, local in by_cluster(ids).items():
             for chunk in chunks(list(local), self.chunk_size):

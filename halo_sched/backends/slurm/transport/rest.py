@@ -20,7 +20,7 @@ The two families differ in kind, not just in names:
   is gone in v0.0.42), the script goes in ``job.script`` (the top-level ``script`` is
   deprecated from v0.0.41), and an unknown key is IGNORED with a warning.
 
-Every option the renderer writes (templates/slurm/sbatch.sh.j2, render.py) is translated for
+Every option the renderer writes (halo_sched/templates/slurm/sbatch.sh.j2, render.py) is translated for
 both; an option with no translation (from ``slurm.extra_args`` or a hand-written script) is
 refused before anything is sent, never dropped.
 
@@ -227,7 +227,7 @@ class _Job:
                 # sbatch), and without it slurmctld signals the job's steps alone
                 # (job_mgr.c send_job_warn_signal: KILL_STEPS_ONLY). So the steps get
                 # WARNING_CARRIER, which each node's entry takes as the warning and hands to its
-                # ranks as the warning signal (templates/slurm/sbatch.sh.j2); the batch script
+                # ranks as the warning signal (halo_sched/templates/slurm/sbatch.sh.j2); the batch script
                 # does not hear it, which only matters for a job that requeues itself (refused).
                 if self.requeue:
                     raise _Refused(

@@ -13,7 +13,7 @@ with ``@record``). Exit codes and signals come from torchrun's failure summary o
 
 Output: ``halo-sched-failure {json}`` on stderr, one per failed rank, or one for the node when
 torchrun itself failed (rendezvous timeout, killed) and no rank is named. The keys are those of
-:class:`halo_sched.failures.RankFailure`.
+:class:`halo_sched.node.failures.RankFailure`.
 """
 from __future__ import annotations
 

@@ -1,17 +1,17 @@
 """The local backend's supervisor: the detached process that runs one local job's nodes.
 
-``LocalScheduler.schedule`` (local.py) renders everything first and writes the launch plan into
-the job directory's ``job.json``; then it starts ``python -m halo_sched.backends.local_supervisor
-DIR``. This module imports only the standard library (no pydantic, jinja2 or yaml: see issue 13),
-so the first node starts as soon as Python is up. It runs every server and trainer node, prefixes
-their output with the node, stops the others when one fails, stops what the nodes leave behind, and
-records the job's state. The process helpers used by ``local.py`` too live here, once.
+``LocalScheduler.schedule`` (halo_sched/backends/local.py) renders everything first and writes the
+launch plan into the job directory's ``job.json``; then it starts ``python -m
+halo_sched.node.local_supervisor DIR``. This module imports only the standard library (no pydantic,
+jinja2 or yaml: see issue 13), so the first node starts as soon as Python is up. It runs every
+server and trainer node, prefixes their output with the node, stops the others when one fails, stops
+what the nodes leave behind, and records the job's state. Its public names (``CANCEL_MARK``,
+:func:`failure_report`) and those of ``processes`` are what the local backend uses of it.
 """
 from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -19,155 +19,18 @@ import threading
 import time
 from pathlib import Path
 
-GRACE_S = 10.0
+from .processes import (
+    GRACE_S, JOB_TAG_VAR, become_subreaper, children, start_time, stop_tagged, wait_any, write_json,
+)
+
 CANCEL_MARK = "cancel-requested"  # written by cancel; read by the supervisor and by status
 
 
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
-
-
-def _wait_exit(pid: int | None, timeout: float) -> None:
-    """Sleep until process ``pid`` exits or ``timeout`` passes, woken by the exit itself (pidfd,
-    Linux 5.3+); a short sleep where that is not available."""
-    try:
-        fd = os.pidfd_open(pid) if pid else None
-    except (AttributeError, OSError):
-        fd = None
-    if fd is None:
-        time.sleep(min(timeout, 0.1))
-        return
-    try:
-        select.select([fd], [], [], timeout)
-    finally:
-        os.close(fd)
-
-
-def _wait_any(pids: list[int], wake_fd: int | None, timeout: float) -> None:
-    """Sleep until one of ``pids`` exits, a signal arrives (``wake_fd``, signal.set_wakeup_fd),
-    or ``timeout`` passes: the supervisor sees a node's end as it happens, not at its next poll."""
-    fds = []
-    try:
-        for pid in pids:
-            fds.append(os.pidfd_open(pid))
-    except (AttributeError, OSError):
-        for fd in fds:
-            os.close(fd)
-        time.sleep(min(timeout, 0.1))
-        return
-    try:
-        ready, _, _ = select.select(fds + ([wake_fd] if wake_fd is not None else []), [], [], timeout)
-        if wake_fd in ready:
-            try:
-                os.read(wake_fd, 512)
-            except BlockingIOError:
-                pass
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
-def _failure_report(d: Path):
+def failure_report(d: Path):
     """Which rank failed first: from the failure lines the nodes wrote into their output."""
-    from ..failures import report_from_files  # standard library only; loaded on failure
+    from .failures import report_from_files  # loaded on failure only
 
     return report_from_files(sorted(d.glob("node-*.log")) or [d / "job.log"])
-
-
-def _stat(pid: int) -> list[str] | None:
-    """Fields of /proc/PID/stat after the command name (state first), or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def _start_time(pid: int) -> int | None:
-    fields = _stat(pid)
-    return int(fields[19]) if fields else None
-
-
-def _same_process(pid: int, start: int | None) -> bool:
-    """Whether ``pid`` still runs and is the process recorded then (not a reused pid, not a zombie)."""
-    fields = _stat(pid)
-    if fields is None:
-        return False
-    if fields[0] == "Z":
-        return False
-    return start is None or int(fields[19]) == start
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            fields = _stat(int(entry))
-            if fields and int(fields[1]) == pid:
-                out.append(int(entry))
-    return out
-
-
-JOB_TAG_VAR = "HALO_LOCAL_JOB"  # in every node's environment: finds the job's processes, however deep
-
-
-def _tagged(tag: str) -> list[int]:
-    """Live processes (other than this one) whose environment carries ``HALO_LOCAL_JOB=tag``."""
-    want = f"{JOB_TAG_VAR}={tag}".encode()
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        if want in env and _same_process(int(entry), None):
-            out.append(int(entry))
-    return out
-
-
-def _stop_tagged(tag: str, grace: float = GRACE_S, also=None) -> None:
-    """SIGTERM every process of the job, SIGKILL what is left after ``grace``, and repeat until
-    none is left (a process reparented meanwhile is caught on the next round). ``also`` (the
-    supervisor only) adds its own children, which the tag may miss (a scrubbed env), and reaps
-    them: nowhere else may this wait for arbitrary children."""
-    term_until = time.monotonic() + grace
-    give_up = term_until + 10.0
-    signalled: set[int] = set()
-    while time.monotonic() < give_up:
-        while also is not None:  # collect children that already ended (we are their subreaper)
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    break
-            except ChildProcessError:
-                break
-        procs = set(_tagged(tag)) | {p for p in (also() if also else []) if _same_process(p, None)}
-        if not procs:
-            return
-        late = time.monotonic() >= term_until
-        for pid in procs:
-            if late or pid not in signalled:
-                try:
-                    os.kill(pid, signal.SIGKILL if late else signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-                signalled.add(pid)
-        time.sleep(0.1)
-
-
-def _become_subreaper() -> None:
-    """Orphaned descendants (torchrun's workers run in sessions of their own) become our children,
-    so none outlives the job. Linux only; elsewhere the node process groups are all we stop."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        pass
 
 
 # ---- the supervisor (runs detached) ---------------------------------------------------------
@@ -187,7 +50,7 @@ class _Supervisor:
 
     def _save(self, **kw) -> None:
         self.state.update(kw)
-        _write_json(self.d / "state.json", self.state)
+        write_json(self.d / "state.json", self.state)
 
     def _pump(self, rank: int | str, stream) -> None:
         # A trainer node is "node K"; a server node "server ROLE K" (its own log file too).
@@ -227,7 +90,7 @@ class _Supervisor:
     def _reap_orphans(self) -> None:
         """Stop what the nodes left behind (like SLURM at a job's end). Runs after every node
         process was waited for, so reaping any child here cannot steal a node's exit code."""
-        _stop_tagged(str(self.d), also=lambda: _children(os.getpid()))
+        stop_tagged(str(self.d), also=lambda: children(os.getpid()))
 
     def _on_signal(self, signum, frame) -> None:
         self.cancelled = True
@@ -240,7 +103,7 @@ class _Supervisor:
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
-        _become_subreaper()
+        become_subreaper()
         if (self.d / CANCEL_MARK).exists():
             self._save(state="CANCELLED", nodes_running=0, ended=time.time(), reason="cancelled by user")
             return 0
@@ -285,7 +148,7 @@ class _Supervisor:
             t.start()
             pumps.append(t)
         self._save(state="RUNNING", started=time.time(), nodes_running=self.n,
-                   pids=[p.pid for p in self.procs], starts=[_start_time(p.pid) for p in self.procs])
+                   pids=[p.pid for p in self.procs], starts=[start_time(p.pid) for p in self.procs])
 
         exit_code, failed_rank, cancelled = 0, None, False
         while True:
@@ -324,7 +187,7 @@ class _Supervisor:
                 self._save(nodes_running=running)
             # Woken by a node's or server's exit or a signal; 1 s bounds a cancel mark without one.
             live = [p.pid for p in self.procs + [p for _, p in self.servers] if p.poll() is None]
-            _wait_any(live, wake_r, 1.0)
+            wait_any(live, wake_r, 1.0)
         self._save(nodes_running=0)
         self._reap_orphans()
         for t in pumps:
@@ -335,7 +198,7 @@ class _Supervisor:
             self._save(state="FAILED", nodes_running=0, ended=time.time(), exit_code=exit_code,
                        reason=f"{failed_rank} exited with {exit_code} while the trainer ran (a dead server fails the job)")
         elif failed_rank is not None:
-            report = _failure_report(self.d)
+            report = failure_report(self.d)
             self._save(state="FAILED", nodes_running=0, ended=time.time(), exit_code=exit_code,
                        reason=report.describe() if report else f"node {failed_rank} exited with {exit_code}")
         else:
@@ -344,7 +207,7 @@ class _Supervisor:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m halo_sched.backends.local_supervisor JOBDIR``: run the job, record its end."""
+    """``python -m halo_sched.node.local_supervisor JOBDIR``: run the job, record its end."""
     return _Supervisor(Path(argv[0])).run()
 
 

@@ -1,0 +1,30 @@
+"""Shell that several scripts write is written once, in halo_sched/templates/fragments.sh.j2
+(Jinja2 macros), and each template takes it from there: a copy pasted back into a template fails
+here. The golden files pin what the macros render to."""
+from __future__ import annotations
+
+import pytest
+
+from helpers import REPO
+
+TEMPLATES = REPO / "halo_sched" / "templates"
+FRAGMENTS = TEMPLATES / "fragments.sh.j2"
+# A line that belongs to each fragment alone, and which templates write it.
+SHARED = {
+    "the deadline loop": ("SECONDS - halo_started)) -ge", "poll_until_deadline",
+                          ["entry.sh.j2", "server.sh.j2", "entry_servers.sh.j2"]),
+    "the loopback check": ("127.* | localhost | ::1", "refuse_loopback", ["slurm/sbatch.sh.j2"]),
+    "the warning traps": ("trap halo_warning URG", "warning_traps", ["entry.sh.j2"]),
+    "the failure exit": ("halo_fail() {", "fail_function", ["entry.sh.j2", "server.sh.j2", "slurm/sbatch.sh.j2"]),
+    "torchrun's Python": ("1s/^#![[:space:]]*//p", "torchrun_python",
+                          ["entry_servers.sh.j2", "entry_failure_report.sh.j2"]),
+}
+
+
+@pytest.mark.parametrize("what", sorted(SHARED))
+def test_each_shared_fragment_is_written_once_and_used_by_its_templates(what):
+    line, macro, users = SHARED[what]
+    holders = sorted(p.relative_to(TEMPLATES).as_posix() for p in TEMPLATES.rglob("*.j2") if line in p.read_text())
+    assert holders == ["fragments.sh.j2"], f"{what} is written out in {holders}, not only in fragments.sh.j2"
+    for name in users:
+        assert macro in (TEMPLATES / name).read_text(), f"{name} does not use {macro}"

@@ -1,0 +1,102 @@
+"""halo_sched/node holds what runs on the nodes (or beside them: the local supervisor), where
+halo-sched need not be installed and only the node's Python is: its modules import the standard
+library and each other, nothing else (halo_sched/node/__init__.py)."""
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+
+from helpers import REPO
+
+NODE = REPO / "halo_sched" / "node"
+# Imports outside the rule, each inside a function only: the bandwidth test runs where torchrun
+# runs, so torch is there, and it imports torch in main() so that halo-sched can read its constants.
+FUNCTION_LEVEL_ALLOWED = {"trainers/preflight_bw.py": {"torch"}}
+
+
+def _module_name(path, repo=REPO) -> str:
+    parts = list(path.relative_to(repo).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path, repo=REPO):
+    """(line, imported module, at module level?) for every import statement of ``path``, at any
+    depth: module level, in functions, in classes, under ``if``/``try``."""
+    tree = ast.parse(path.read_text(), str(path))
+    name = _module_name(path, repo)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    top = {id(n) for n in tree.body}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name, id(node) in top
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module
+            yield node.lineno, name, id(node) in top
+
+
+def _layer_violations(repo=REPO) -> list[str]:
+    root = repo / "halo_sched" / "node"
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        for line, name, top_level in sorted(_imports(path, repo)):
+            first = name.split(".")[0]
+            if first in sys.stdlib_module_names or first == "__future__":
+                continue
+            if name == "halo_sched.node" or name.startswith("halo_sched.node."):
+                continue
+            if not top_level and first in FUNCTION_LEVEL_ALLOWED.get(rel, ()):
+                continue
+            out.append(f"halo_sched/node/{rel}:{line} imports {name}")
+    return out
+
+
+def test_node_modules_import_only_the_standard_library_and_each_other():
+    assert list(NODE.rglob("*.py")), "no modules found under halo_sched/node"
+    assert _layer_violations() == []
+
+
+def test_the_check_sees_imports_at_every_depth_and_resolves_relative_ones(tmp_path):
+    """The rule's own check: a forbidden import inside a function, a relative import that climbs
+    out of the package, and one of the submitter's modules are each reported."""
+    fake = tmp_path / "halo_sched" / "node"
+    (fake / "sub").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "sub" / "__init__.py").write_text("from .. import processes\n")
+    (fake / "sub" / "mod.py").write_text(
+        "import json\nfrom ..failures import x\n"
+        "def f():\n    import yaml\n"
+        "class C:\n    def g(self):\n        from ...spec import JobSpec\n"
+        "try:\n    from halo_sched.records import home\nexcept ImportError:\n    pass\n")
+    assert _layer_violations(tmp_path) == [
+        "halo_sched/node/sub/mod.py:4 imports yaml",
+        "halo_sched/node/sub/mod.py:7 imports halo_sched.spec",
+        "halo_sched/node/sub/mod.py:9 imports halo_sched.records",
+    ]
+
+
+def test_importing_every_node_module_loads_nothing_else():
+    """At run time too: ``halo_sched/__init__.py`` stays lazy, so importing ``halo_sched.node.*``
+    loads no third-party module and none of the submitter's side."""
+    names = sorted(_module_name(p) for p in NODE.rglob("*.py"))
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {names!r}:\n    importlib.import_module(name)\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    loaded = json.loads(r.stdout)
+    foreign = [m for m in loaded if m.split(".")[0] not in sys.stdlib_module_names
+               and m not in ("halo_sched", "halo_sched.node") and not m.startswith("halo_sched.node.")
+               and m.split(".")[0] not in ("__main__", "_distutils_hack", "sitecustomize", "usercustomize")
+               and not m.startswith("_sysconfigdata_")]
+    assert foreign == []
