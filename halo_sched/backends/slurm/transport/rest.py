@@ -42,10 +42,11 @@ from urllib.parse import quote, urlencode, urlsplit
 from halo_sched.backends.base import JobState
 from halo_sched.backends.slurm import status as st
 from halo_sched.errors import MissingDependency, SchedulerError, UsageError
+from halo_sched.retry import SLURM_CALLS, Transient
 
 from .base import (
-    SHORT_OPTIONS, WARNING_CARRIER, Transient, Transport, by_cluster, job_environment, retrying, sbatch_options,
-    split_cluster, unique, with_cluster,
+    SHORT_OPTIONS, WARNING_CARRIER, Transport, by_cluster, gave_up, job_environment, sbatch_options, split_cluster,
+    unique, with_cluster,
 )
 
 # The slurmrestd OpenAPI versions this module's requests and parsers are written for, newest first.
@@ -580,7 +581,7 @@ class RestTransport(Transport):
             )
         self.api_version: str | None = None if wanted == "auto" else wanted
         self.timeout = timeout
-        self.retries = max(1, retries)
+        self.policy = SLURM_CALLS.with_(attempts=retries)
         self.environment = environment
 
     def __repr__(self) -> str:  # never the token
@@ -643,8 +644,8 @@ class RestTransport(Transport):
         return doc
 
     def _request(self, method: str, path: str, body: dict | None = None, retry: bool = True) -> dict:
-        return retrying(lambda: self._once(method, path, body), self.retries if retry else 1, 0.5,
-                        f"slurmrestd {method} {path}")
+        policy = self.policy if retry else self.policy.with_(attempts=1)
+        return policy.call(lambda: self._once(method, path, body), give_up=gave_up(f"slurmrestd {method} {path}"))
 
     def _version(self) -> str:
         """The pinned version, or the newest one slurmrestd offers and this module speaks (asked
