@@ -28,10 +28,7 @@ import time
 from typing import Callable, TypeVar
 
 from .errors import SchedulerError
-from .retry import DEFAULT_RETRY_S, RETRY_ENV, Ambiguous, Transient, retry_window, submission
-
-__all__ = ["Ambiguous", "Transient", "RETRY_ENV", "DEFAULT_RETRY_S", "TOKEN_PREFIX", "new_token", "retry_window",
-           "run_once"]
+from .retry import Ambiguous, Transient, submission
 
 T = TypeVar("T")
 

@@ -18,6 +18,8 @@ from urllib.parse import quote
 import requests
 
 from halo_sched.errors import OutcomeUnknown, SchedulerError, UsageError
+from halo_sched.exactly_once import run_once
+from halo_sched.retry import Ambiguous
 
 from .transport import ENFORCE_INDEX_ERR, HTTPStatusError, NomadAPIError, NomadConfig, NomadHTTP
 
@@ -119,8 +121,6 @@ class NomadClient:
         the job is read back: the job with our token means the earlier attempt took effect.
         A 4xx fails at once with Nomad's words.
         """
-        from halo_sched.exactly_once import Ambiguous, run_once
-
         body = self._with_scope(payload)
         job_id = body["Job"]["ID"]
         if (body["Job"].get("Meta") or {}).get(TOKEN_META) != token:
@@ -158,8 +158,6 @@ class NomadClient:
         command/agent/variable_endpoint.go), riding out outages; writing the same items twice is
         harmless. Errors name the path and the item names, never a value: on 403, the ``nomad var
         put`` command and the policy that would allow it."""
-        from halo_sched.exactly_once import run_once
-
         cfg = self.config
         body = {"Path": path, "Items": dict(items), **({"Namespace": cfg.namespace} if cfg.namespace else {})}
         what = f"write Nomad Variable {path!r}"
@@ -203,8 +201,6 @@ class NomadClient:
         A deregister is safe to repeat (a second one stops a stopped job again), and for an unknown
         job Nomad answers 200 too (nomad/job_endpoint.go ``Deregister``: ``job == nil`` -> nil),
         so the job is read first: only an id Nomad knows counts as stopped."""
-        from halo_sched.exactly_once import run_once
-
         def send() -> bool:
             self._call_once(f"stop job {job_id!r}", self._deregister, job_id, purge)
             return True

@@ -161,11 +161,6 @@ def sbatch_options(script: str, extra_args: Sequence[str] = ()) -> list[tuple[st
     return out
 
 
-def names_clusters(script: str, extra_args: Sequence[str] = ()) -> bool:
-    """Does the job ask sbatch for another cluster (``--clusters``/``--cluster``/``-M``)?"""
-    return any(name in ("clusters", "cluster", "M") for name, _ in sbatch_options(script, extra_args))
-
-
 # Short sbatch options -> long ones (sbatch(1)): the rest and pyslurm transports read the
 # script's options themselves.
 SHORT_OPTIONS = {

@@ -54,14 +54,6 @@ from .base import (
 # v0.0.40-44 against tests/slurmrestd_stub, which follows the data_parser sources of each release.
 API_VERSIONS = ("v0.0.44", "v0.0.43", "v0.0.42", "v0.0.41", "v0.0.40", "v0.0.38")
 API_ENV = "HALO_SLURMRESTD_API"
-# Which Slurm releases serve each version (src/plugins/openapi/ and src/plugins/data_parser/ of
-# each release tag), for error messages.
-SERVED_BY = {
-    "v0.0.38": "Slurm 22.05-23.11", "v0.0.40": "Slurm 23.11-25.05", "v0.0.41": "Slurm 24.05-25.11",
-    "v0.0.42": "Slurm 24.11-25.11", "v0.0.43": "Slurm 25.05-25.11", "v0.0.44": "Slurm 25.11",
-}
-
-
 class _UnixHTTPConnection(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float):
         super().__init__("localhost", timeout=timeout)
