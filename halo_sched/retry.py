@@ -15,9 +15,10 @@ A :class:`RetryPolicy` says how often and how long: at most ``attempts`` tries, 
 after ``budget_s`` seconds, pausing ``first_wait_s`` then twice as long each time up to
 ``max_wait_s`` (a pause never runs past the budget). The policies in use, per backend:
 
-* :data:`SLURM_CALLS`: idempotent SLURM calls (squeue, sacct, scontrol, scancel with a signal, and
-  slurmrestd reads): 3 attempts, 0.5 s doubling to at most 10 s (``CliTransport(retries=,
-  retry_wait=)``, ``RestTransport(retries=)``). A plain sbatch or slurmrestd submit: 1 attempt;
+* :data:`SLURM_CALLS`: SLURM calls safe to repeat (squeue, scontrol, scancel, ``sbatch
+  --test-only``; every slurmrestd request but the submit), when the controller is busy or
+  restarting: 3 attempts, 0.5 s doubling to at most 10 s (``CliTransport(retries=, retry_wait=)``,
+  ``RestTransport(retries=)``). A plain sbatch or slurmrestd submit, and sacct: 1 attempt;
 * :data:`NOMAD_CALLS`: idempotent Nomad requests: 4 attempts within 15 s, 0.25 s doubling to at
   most 2 s (``NomadConfig.retry_*``);
 * :func:`submission`: submit and cancel on either scheduler, through an outage: no attempt limit,
