@@ -89,3 +89,15 @@ def test_the_backends_settings(monkeypatch):
     assert SLURM_CALLS.with_(attempts=0).attempts == 1
     with pytest.raises(ValueError):
         RetryPolicy(attempts=None, budget_s=None)
+
+
+def test_each_backend_hands_its_settings_to_the_policy():
+    from halo_sched.backends.nomad.transport import NomadConfig
+    from halo_sched.backends.slurm.transport import CliTransport, RestTransport
+
+    assert NomadConfig().policy == NOMAD_CALLS
+    cfg = NomadConfig(retry_attempts=7, retry_total_s=3.0, retry_base_s=0.1, retry_max_wait_s=0.4)
+    assert cfg.policy == RetryPolicy(attempts=7, budget_s=3.0, first_wait_s=0.1, max_wait_s=0.4)
+    assert CliTransport().policy == SLURM_CALLS
+    assert CliTransport(retries=5, retry_wait=0.0).policy == SLURM_CALLS.with_(attempts=5, first_wait_s=0.0)
+    assert RestTransport(url="http://127.0.0.1:1", token="t", retries=2).policy == SLURM_CALLS.with_(attempts=2)
