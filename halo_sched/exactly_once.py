@@ -27,7 +27,7 @@ import secrets
 import time
 from typing import Callable, TypeVar
 
-from .errors import SchedulerError
+from .errors import OutcomeUnknown, SchedulerError, debug
 from .retry import Ambiguous, Transient, submission
 
 T = TypeVar("T")
@@ -85,8 +85,6 @@ def run_once(
     looked up and not found (``not_done`` too), or it may have taken effect
     (:class:`~halo_sched.errors.OutcomeUnknown`, exit 3, naming the token to look for).
     """
-    from .errors import OutcomeUnknown, debug
-
     policy = submission(retry_s)
     if (first_wait, max_wait) != (policy.first_wait_s, policy.max_wait_s):
         policy = policy.with_(first_wait_s=first_wait, max_wait_s=max_wait)
