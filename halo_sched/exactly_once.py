@@ -67,8 +67,6 @@ def run_once(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     on_retry: Callable[[str], None] | None = None,
-    first_wait: float = 0.5,
-    max_wait: float = 8.0,
     who: str = "the scheduler",
     not_done: str = "it did not take effect",
 ) -> T:
@@ -86,8 +84,6 @@ def run_once(
     (:class:`~halo_sched.errors.OutcomeUnknown`, exit 3, naming the token to look for).
     """
     policy = submission(retry_s)
-    if (first_wait, max_wait) != (policy.first_wait_s, policy.max_wait_s):
-        policy = policy.with_(first_wait_s=first_wait, max_wait_s=max_wait)
     window = policy.budget_s
     must_look = False  # an ambiguous failure happened and no lookup has answered since
     reached = False  # some attempt may have reached the scheduler
