@@ -15,55 +15,30 @@ A request to a scheduler can fail three ways, and each needs its own answer:
 All retrying stops after ``retry_s`` seconds (``HALO_SUBMIT_RETRY_S``, default 120: longer than a
 controller restart or a failover), with the last error and what is known: nothing reached the
 scheduler (exit 1), or the outcome is unknown (exit 3) with the token to look for. Each retry is
-one short line; the exception behind it only with ``--debug``. This module knows no scheduler; the SLURM transport and the Nomad client call it.
+one short line; the exception behind it only with ``--debug``. The pauses and the window are
+:func:`halo_sched.retry.submission`, the one retry policy's setting for submissions; the errors
+:class:`~halo_sched.retry.Transient` and :class:`~halo_sched.retry.Ambiguous` come from there too.
+This module knows no scheduler; the SLURM transport and the Nomad client call it.
 """
 from __future__ import annotations
 
 import math
-import os
 import secrets
 import time
 from typing import Callable, TypeVar
 
-from .errors import SchedulerError, UsageError
+from .errors import OutcomeUnknown, SchedulerError, debug
+from .retry import Ambiguous, Transient, submission
 
 T = TypeVar("T")
 
-RETRY_ENV = "HALO_SUBMIT_RETRY_S"
-DEFAULT_RETRY_S = 120.0
 #: What a submission token looks like inside a SLURM comment or Nomad meta value.
 TOKEN_PREFIX = "halo-token:"
-
-
-class Transient(Exception):
-    """The request certainly did not take effect; trying again is safe."""
-
-
-class Ambiguous(Exception):
-    """The request may have taken effect (sent, then no answer): look before resending."""
 
 
 def new_token() -> str:
     """A submission token: unique per submission, safe in a SLURM comment and a Nomad meta value."""
     return secrets.token_hex(12)
-
-
-def retry_window(value: float | None = None) -> float:
-    """Seconds to keep retrying: ``value``, else ``$HALO_SUBMIT_RETRY_S``, else 120."""
-    if value is None:
-        raw = os.environ.get(RETRY_ENV, "").strip()
-        if not raw:
-            return DEFAULT_RETRY_S
-        try:
-            value = float(raw)
-        except ValueError:
-            raise UsageError(f"{RETRY_ENV}={raw!r} is not a number of seconds") from None
-        where = RETRY_ENV
-    else:
-        where = "retry_s"
-    if not (0 <= value <= 86400) or value != value:
-        raise UsageError(f"{where}={value!r}: use 0..86400 seconds")
-    return float(value)
 
 
 def _short(err: BaseException, limit: int = 160) -> str:
@@ -92,8 +67,6 @@ def run_once(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     on_retry: Callable[[str], None] | None = None,
-    first_wait: float = 0.5,
-    max_wait: float = 8.0,
     who: str = "the scheduler",
     not_done: str = "it did not take effect",
 ) -> T:
@@ -110,16 +83,15 @@ def run_once(
     looked up and not found (``not_done`` too), or it may have taken effect
     (:class:`~halo_sched.errors.OutcomeUnknown`, exit 3, naming the token to look for).
     """
-    from .errors import OutcomeUnknown, debug
-
-    window = retry_window(retry_s)
-    deadline = clock() + window
-    wait = first_wait
+    policy = submission(retry_s)
+    window = policy.budget_s
     must_look = False  # an ambiguous failure happened and no lookup has answered since
     reached = False  # some attempt may have reached the scheduler
     last: Exception | None = None
     attempts = 0
-    while True:
+
+    def attempt() -> T:
+        nonlocal must_look, reached, last, attempts
         try:
             if must_look:
                 attempts += 1
@@ -134,26 +106,30 @@ def run_once(
             last = err
         except Transient as err:
             last = err
-        left = deadline - clock()
-        tries = f"{attempts} attempt{'s' if attempts != 1 else ''} over {window:g} s"
-        if left <= 0:
-            if must_look:
-                raise OutcomeUnknown(
-                    f"{what}: {who} stayed unreachable for {window:g} s after an attempt that may have reached it "
-                    f"({_short(last)}); whether it took effect is unknown"
-                    + (f": look for token {token}" if token else "")
-                ) from last
-            if not reached:
-                raise SchedulerError(f"{what}: nothing reached {who} in {tries} ({_short(last)}); {not_done}") from last
-            raise SchedulerError(f"{what}: {who} did not take the earlier attempt (looked up: not there), then "
-                                 f"failed again ({_short(last)}; {tries}); {not_done}") from last
-        if on_retry:
-            step = "looking it up, then retrying" if must_look else "retrying"
-            pause = min(wait, left)
-            pause_text = f"{pause:.0f}" if pause >= 1 else f"{pause:.1f}"
-            line = f"{what}: {_short(last)} (attempt {attempts}; {step} in {pause_text} s, {math.ceil(left)} s left)"
-            if debug() and _detail(last):
-                line += f"\n  {_detail(last)}"
-            on_retry(line)
-        sleep(min(wait, left))
-        wait = min(wait * 2, max_wait)
+        raise Transient(str(last))  # for the policy; the messages name ``last`` itself
+
+    def announce(_err: BaseException, _tries: int, pause: float, left: float | None) -> None:
+        if on_retry is None:
+            return
+        step = "looking it up, then retrying" if must_look else "retrying"
+        pause_text = f"{pause:.0f}" if pause >= 1 else f"{pause:.1f}"
+        line = f"{what}: {_short(last)} (attempt {attempts}; {step} in {pause_text} s, {math.ceil(left or 0)} s left)"
+        if debug() and _detail(last):
+            line += f"\n  {_detail(last)}"
+        on_retry(line)
+
+    try:
+        return policy.call(attempt, sleep=sleep, clock=clock, before_retry=announce)
+    except Transient:
+        pass
+    tries = f"{attempts} attempt{'s' if attempts != 1 else ''} over {window:g} s"
+    if must_look:
+        raise OutcomeUnknown(
+            f"{what}: {who} stayed unreachable for {window:g} s after an attempt that may have reached it "
+            f"({_short(last)}); whether it took effect is unknown"
+            + (f": look for token {token}" if token else "")
+        ) from last
+    if not reached:
+        raise SchedulerError(f"{what}: nothing reached {who} in {tries} ({_short(last)}); {not_done}") from last
+    raise SchedulerError(f"{what}: {who} did not take the earlier attempt (looked up: not there), then "
+                         f"failed again ({_short(last)}; {tries}); {not_done}") from last

@@ -195,8 +195,9 @@ def example_job(tmp: Path, port: int, **overrides) -> Path:
 
 
 def load_nomad_helper(name: str):
-    """Load tests/nomad/<name>.py. tests/nomad is not a package, and a top-level ``nomad`` is
-    python-nomad itself, so the helpers load by path under names that cannot collide."""
+    """Load tests/nomad/<name>.py. tests/nomad is not a package, and a top-level ``nomad`` may be
+    another installed package (python-nomad), so the helpers load by path under names that cannot
+    collide."""
     import importlib.util
 
     mod_name = f"halo_tests_nomad_{name}"

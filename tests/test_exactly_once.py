@@ -15,7 +15,8 @@ import yaml
 from halo_sched.backends.nomad import NomadScheduler
 from halo_sched.backends.nomad.client import TOKEN_META, NomadClient, NomadConfig
 from halo_sched.errors import OutcomeUnknown, SchedulerError, UsageError
-from halo_sched.exactly_once import Ambiguous, Transient, retry_window, run_once
+from halo_sched.exactly_once import run_once
+from halo_sched.retry import Ambiguous, Transient, retry_window
 from halo_sched.spec import loads
 from helpers import REPO, cli, load_nomad_helper
 
@@ -260,7 +261,7 @@ def test_nomad_id_taken_by_another_submission_is_not_adopted(fake):
     sched = scheduler(fake)
     dry = sched.dryrun(s)
     other = {"Job": {**dry.payload["Job"], "Meta": {**dry.payload["Job"]["Meta"], TOKEN_META: "someone-else"}}}
-    sched._client.register(other)
+    load_nomad_helper("sample_job").register(sched._client, other)
     with pytest.raises(SchedulerError, match="did not create"):
         sched.schedule(dry)
 
@@ -284,7 +285,7 @@ def test_nomad_submit_through_the_cli_with_a_lost_answer(fake, tmp_path):
     data.update(nodes=2, gpus_per_node=8, nproc_per_node=8)
     data["nomad"].update(memory=65536, shm_size="8GiB", namespace=None)
     f.write_text(yaml.safe_dump(data))
-    fake.drop_after_next(1, path_contains="/v1/jobs", method="POST")  # python-nomad registers with POST
+    fake.drop_after_next(1, path_contains="/v1/jobs", method="POST")  # a register is a POST
     env = {k: v for k, v in os.environ.items() if not k.startswith("NOMAD_")}
     env.update(NOMAD_ADDR=fake.address, NOMAD_TOKEN=TOKEN, HALO_SUBMIT_RETRY_S="20")
     r = cli("submit", str(f), "--backend", "nomad", env=env, timeout=60)

@@ -30,6 +30,7 @@ sample_job = load_nomad_helper("sample_job")
 FakeNomad, FakeNode = fake_api.FakeNomad, fake_api.FakeNode
 
 make_job = sample_job.make_job
+register, read_job, list_jobs = sample_job.register, sample_job.read_job, sample_job.list_jobs
 
 TOKEN = "s3cr3t-token"
 JOB = "halo-test"
@@ -92,13 +93,13 @@ def test_token_namespace_and_region_go_on_every_request():
         client = client_for(fake, namespace="ml", region="global")
         payload = make_job(2, namespace=None)  # the client fills the configured namespace in
         client.plan(payload)
-        client.register(payload)
-        assert client.job(JOB)["Namespace"] == "ml"
+        register(client, payload)
+        assert read_job(client, JOB)["Namespace"] == "ml"
         allocs, _ = client.job_allocations(JOB)
         client.placement_evaluations([JOB])
         client.job_stubs([JOB])
         client.allocation_stubs([JOB])
-        client.jobs(prefix="halo")
+        list_jobs(client, prefix="halo")
         fake.write_log(allocs[0]["ID"], "hi\n")
         assert "".join(client.logs(allocs[0]["ID"], "torchrun")) == "hi\n"
         client.stop(JOB)
@@ -115,7 +116,7 @@ def test_token_namespace_and_region_go_on_every_request():
 def test_missing_token_gives_403_with_a_hint_and_no_retry(fake):
     client = client_for(fake, token=None)
     with pytest.raises(NomadAPIError) as info:
-        client.register(make_job(2))
+        register(client, make_job(2))
     err = info.value
     assert isinstance(err, SchedulerError)
     assert err.status == 403
@@ -127,29 +128,29 @@ def test_missing_token_gives_403_with_a_hint_and_no_retry(fake):
 def test_token_without_write_permission_is_told_apart(fake):
     fake.acl_tokens["read-only"] = "read"
     client = client_for(fake, token="read-only")
-    assert client.job(JOB) is None  # reads are allowed
+    assert read_job(client, JOB) is None  # reads are allowed
     with pytest.raises(NomadAPIError, match="lacks permission") as info:
-        client.register(make_job(2))
+        register(client, make_job(2))
     assert info.value.status == 403
 
 
 def test_environment_token_does_not_leak_past_the_config(monkeypatch):
-    # python-nomad's Nomad() would pick NOMAD_TOKEN up by itself; our config is the only source.
+    # The config is the only source of the token: NOMAD_TOKEN in the process env is not read behind it.
     monkeypatch.setenv("NOMAD_TOKEN", "leaked")
     with FakeNomad([FakeNode("gpu-a")]) as fake:  # no ACLs
         client = client_for(fake, token=None)
-        assert client.job(JOB) is None
+        assert read_job(client, JOB) is None
         assert "x-nomad-token" not in fake.requests[-1].headers
 
 
 def test_payload_namespace_conflicting_with_config_is_refused(fake):
     client = client_for(fake, namespace="ml")
     with pytest.raises(UsageError, match="Namespace"):
-        client.register(make_job(2, namespace="research"))
+        register(client, make_job(2, namespace="research"))
     client.plan(make_job(2, namespace="default"))  # "default" yields to the configured one, as in Nomad
     assert fake.requests[-1].body["Job"]["Namespace"] == "ml"
     with pytest.raises(UsageError, match='"Job"'):
-        client.register({"ID": JOB})
+        register(client, {"ID": JOB})
     assert len(fake.requests) == 1
 
 
@@ -160,7 +161,7 @@ def test_5xx_is_retried_with_backoff_then_succeeds(fake):
     sleeps: list[float] = []
     client = client_for(fake, sleep=sleeps.append)
     fake.fail_next(2, status=500, body="No cluster leader")
-    out = client.register(make_job(2))
+    out = register(client, make_job(2))
     assert out["EvalID"]
     assert len(fake.requests_to("/v1/jobs", "POST")) == 3
     assert len(sleeps) == 2 and sleeps[0] < sleeps[1]
@@ -171,7 +172,7 @@ def test_5xx_retries_are_bounded(fake):
     client = client_for(fake, sleep=sleeps.append)
     fake.fail_next(10, status=503, body="rpc error: No cluster leader")
     with pytest.raises(NomadAPIError) as info:
-        client.job(JOB)
+        read_job(client, JOB)
     err = info.value
     assert err.status == 503 and err.attempts == 4
     assert "after 4 attempts" in str(err) and "No cluster leader" in str(err)
@@ -181,7 +182,7 @@ def test_5xx_retries_are_bounded(fake):
 def test_dropped_connection_is_retried(fake):
     client = client_for(fake)
     fake.drop_next(2, path_contains="/v1/jobs")
-    client.register(make_job(2))
+    register(client, make_job(2))
     recorded = fake.requests_to("/v1/jobs", "POST")
     assert [r.status for r in recorded] == [None, None, 200]
     assert fake.job_record(JOB) is not None
@@ -192,7 +193,7 @@ def test_unreachable_nomad_fails_after_bounded_attempts():
     cfg = NomadConfig.from_env(env={}, address=f"127.0.0.1:{port}", retry_base_s=0.01, retry_max_wait_s=0.05)
     start = time.monotonic()
     with pytest.raises(NomadAPIError) as info:
-        NomadClient(cfg).job(JOB)
+        read_job(NomadClient(cfg), JOB)
     assert time.monotonic() - start < 3
     assert info.value.attempts == 4 and info.value.status is None
     assert "cannot reach Nomad" in str(info.value) and f"http://127.0.0.1:{port}" in str(info.value)
@@ -201,11 +202,11 @@ def test_unreachable_nomad_fails_after_bounded_attempts():
 def test_400_and_404_are_not_retried(fake):
     client = client_for(fake)
     with pytest.raises(NomadAPIError, match="Missing job task groups") as info:
-        client.register({"Job": {"ID": "broken", "TaskGroups": []}})
+        register(client, {"Job": {"ID": "broken", "TaskGroups": []}})
     assert info.value.status == 400
     assert len(fake.requests) == 1
 
-    assert client.job("nope") is None  # 404 on a read means "no such job"
+    assert read_job(client, "nope") is None  # 404 on a read means "no such job"
     assert len(fake.requests) == 2
     client.stop("nope")  # Nomad answers 200 for an unknown job (nomad/job_endpoint.go Deregister)
     assert len(fake.requests) == 3 and fake.requests[-1].status == 200
@@ -215,26 +216,39 @@ def test_400_and_404_are_not_retried(fake):
 
 
 def test_tls_verification_is_on_by_default_and_reads_nomad_cacert(tmp_path, monkeypatch):
-    monkeypatch.setenv("NOMAD_CLIENT_CERT", "/env/cert.pem")  # must not reach python-nomad unasked
+    monkeypatch.setenv("NOMAD_CLIENT_CERT", "/env/cert.pem")  # must not reach a request unasked
     monkeypatch.setenv("NOMAD_CLIENT_KEY", "/env/key.pem")
-    cfg = NomadConfig.from_env(env={"NOMAD_ADDR": "https://nomad.example:4646"})
+    sent = []
+
+    class Recorder(requests.Session):
+        def request(self, method, url, **kw):  # what each request is sent with
+            sent.append(kw)
+            raise requests.ConnectionError("recorded, not sent")
+
+    cfg = NomadConfig.from_env(env={"NOMAD_ADDR": "https://nomad.example:4646"}, retry_attempts=1)
     assert cfg.verify is True and cfg.cert is None
-    client = NomadClient(cfg)
+    client = NomadClient(cfg, Recorder())
     assert client.session.verify is True
-    assert client._job_api.verify is True and client._jobs_api.verify is True
-    assert client._job_api.cert == ()  # no client certificate, whatever the process env says
+    with pytest.raises(NomadAPIError):
+        client.job_stubs([JOB])
+    assert sent[-1]["verify"] is True and sent[-1]["cert"] is None  # no client certificate, whatever the env says
 
     ca = tmp_path / "ca.pem"
     ca.write_text("not checked until a request is made\n")
-    cfg = NomadConfig.from_env(env={"NOMAD_ADDR": "https://nomad.example:4646", "NOMAD_CACERT": str(ca)})
+    cfg = NomadConfig.from_env(env={"NOMAD_ADDR": "https://nomad.example:4646", "NOMAD_CACERT": str(ca)},
+                               retry_attempts=1)
     assert cfg.verify == str(ca)
-    client = NomadClient(cfg)
-    assert client.session.verify == str(ca) and client._job_api.verify == str(ca)
+    client = NomadClient(cfg, Recorder())
+    with pytest.raises(NomadAPIError):
+        client.plan(make_job(1))
+    assert client.session.verify == str(ca) and sent[-1]["verify"] == str(ca)
 
     cfg = NomadConfig.from_env(env={"NOMAD_CACERT": str(ca), "NOMAD_CLIENT_CERT": "c.pem",
-                                    "NOMAD_CLIENT_KEY": "k.pem"})
+                                    "NOMAD_CLIENT_KEY": "k.pem"}, retry_attempts=1)
     assert cfg.cert == ("c.pem", "k.pem")
-    assert NomadClient(cfg)._job_api.cert == ("c.pem", "k.pem")
+    with pytest.raises(NomadAPIError):
+        NomadClient(cfg, Recorder()).stop(JOB)
+    assert sent[-1]["cert"] == ("c.pem", "k.pem") and sent[-1]["allow_redirects"] is False
 
     assert NomadConfig.from_env(env={"NOMAD_SKIP_VERIFY": "true", "NOMAD_CACERT": str(ca)}).verify is False
     assert NomadConfig.from_env(env={"NOMAD_SKIP_VERIFY": "0"}).verify is True
@@ -280,18 +294,18 @@ def test_https_server_is_verified_against_nomad_cacert(self_signed):
         sleeps: list[float] = []
         untrusted = NomadClient(NomadConfig.from_env(env={"NOMAD_ADDR": fake.address}), sleep=sleeps.append)
         with pytest.raises(NomadAPIError, match="TLS verification") as info:
-            untrusted.job(JOB)
+            read_job(untrusted, JOB)
         assert "NOMAD_CACERT" in str(info.value)
         assert info.value.attempts == 1 and sleeps == []  # a bad certificate is not retried
 
         trusted = NomadClient(NomadConfig.from_env(env={"NOMAD_ADDR": fake.address, "NOMAD_CACERT": cert}))
-        trusted.register(make_job(1))
-        assert trusted.job(JOB)["ID"] == JOB
+        register(trusted, make_job(1))
+        assert read_job(trusted, JOB)["ID"] == JOB
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # urllib3's InsecureRequestWarning
             skip = NomadClient(NomadConfig.from_env(env={"NOMAD_ADDR": fake.address, "NOMAD_SKIP_VERIFY": "1"}))
-            assert skip.job(JOB)["ID"] == JOB
+            assert read_job(skip, JOB)["ID"] == JOB
 
 
 # ------------------------------------------------------------------------------------ status
@@ -299,7 +313,7 @@ def test_https_server_is_verified_against_nomad_cacert(self_signed):
 
 def test_fully_placed_job_is_running(fake):
     client = client_for(fake)
-    out = client.register(make_job(2))
+    out = register(client, make_job(2))
     assert out["EvalID"] and out["JobModifyIndex"]
     state = state_of(client)
     assert state.status is JobStatus.RUNNING
@@ -314,7 +328,7 @@ def test_half_placed_job_is_partial_and_says_why():
     nodes = [FakeNode("gpu-a"), FakeNode("gpu-b", busy_gpus=4), FakeNode("gpu-c", gpus=4)]
     with FakeNomad(nodes, token=TOKEN) as fake:
         client = client_for(fake)
-        client.register(make_job(2, gpus=8))
+        register(client, make_job(2, gpus=8))
         state = state_of(client)
         assert state.status is JobStatus.PARTIAL
         assert (state.nodes_running, state.nodes_total) == (1, 2)
@@ -332,7 +346,7 @@ def test_many_workers_partly_placed_count_what_is_missing():
     nodes = [FakeNode(f"gpu-{i}") for i in range(5)]
     with FakeNomad(nodes, token=TOKEN) as fake:
         client = client_for(fake)
-        client.register(make_job(8))
+        register(client, make_job(8))
         state = state_of(client)
         assert state.status is JobStatus.PARTIAL and (state.nodes_running, state.nodes_total) == (5, 8)
         assert state.extra["blocked"]["workers"].startswith("workers: 3 of 7 unplaced (node ranks 5-7)")
@@ -343,7 +357,7 @@ def test_many_workers_partly_placed_count_what_is_missing():
 def test_nothing_placed_is_pending_with_reasons():
     with FakeNomad([FakeNode("small", gpus=4)], token=TOKEN) as fake:
         client = client_for(fake)
-        client.register(make_job(2, gpus=8))
+        register(client, make_job(2, gpus=8))
         state = state_of(client)
         assert state.status is JobStatus.PENDING
         assert state.nodes_running == 0
@@ -354,7 +368,7 @@ def test_nothing_placed_is_pending_with_reasons():
 
 def test_wrong_datacenter_is_explained(fake):
     client = client_for(fake)
-    client.register(make_job(1, datacenters=["dc9"]))
+    register(client, make_job(1, datacenters=["dc9"]))
     state = state_of(client)
     assert state.status is JobStatus.PENDING
     assert "no nodes in the job's datacenters" in state.reason and "dc9: 0" in state.reason
@@ -362,7 +376,7 @@ def test_wrong_datacenter_is_explained(fake):
 
 def test_completed_job(fake):
     client = client_for(fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
     fake.finish(JOB, "workers", 0)
     assert state_of(client).status is JobStatus.RUNNING  # rank 1 finished first, rank 0 still writing
     fake.finish(JOB, "node-0", 0)
@@ -373,7 +387,7 @@ def test_completed_job(fake):
 
 def test_failed_job_keeps_the_exit_code(fake):
     client = client_for(fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
     fake.finish(JOB, "workers", 3)
     state = state_of(client)
     assert state.status is JobStatus.FAILED and state.exit_code == 3
@@ -386,7 +400,7 @@ def test_failed_job_keeps_the_exit_code(fake):
 def test_driver_failure_is_failed_without_exit_code(fake):
     fake.auto_run = False
     client = client_for(fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
     fake.fail_driver(JOB, "node-0", "Failed to pull `halo/train:latest`: not found")
     state = state_of(client)
     assert state.status is JobStatus.FAILED and state.exit_code is None
@@ -395,7 +409,7 @@ def test_driver_failure_is_failed_without_exit_code(fake):
 
 def test_stopped_job_is_cancelled(fake):
     client = client_for(fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
     client.stop(JOB)
     state = state_of(client)
     assert state.status is JobStatus.CANCELLED
@@ -404,7 +418,7 @@ def test_stopped_job_is_cancelled(fake):
 
 def test_stopped_half_placed_job_says_what_never_placed(one_node_fake):
     client = client_for(one_node_fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
     client.stop(JOB)
     state = state_of(client)
     assert state.status is JobStatus.CANCELLED
@@ -416,7 +430,7 @@ def test_stopped_half_placed_job_says_what_never_placed(one_node_fake):
 
 def test_failure_before_a_stop_stays_failed(fake):
     client = client_for(fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
     fake.finish(JOB, "workers", 2)
     client.stop(JOB)
     state = state_of(client)
@@ -429,7 +443,7 @@ def test_rank_crashing_because_of_the_stop_is_still_cancelled(fake):
     # own kill arrives. That is the user's cancel, not a training failure.
     fake.stop_collateral = {"workers": 1}
     client = client_for(fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
     client.stop(JOB)
     assert fake.alloc_for(JOB, "workers")["ClientStatus"] == "failed"
     assert state_of(client).status is JobStatus.CANCELLED
@@ -437,7 +451,7 @@ def test_rank_crashing_because_of_the_stop_is_still_cancelled(fake):
 
 def test_max_run_duration_is_a_timeout_not_a_success(fake):
     client = client_for(fake)
-    client.register(make_job(2, max_run_duration_s=3600))
+    register(client, make_job(2, max_run_duration_s=3600))
     killed = fake.time_out(JOB, "node-0", variant="client")
     # What Nomad does: the killed allocation is "complete", like a successful one.
     assert killed["ClientStatus"] == "complete"
@@ -454,14 +468,14 @@ def test_max_run_duration_text_elsewhere_is_not_a_timeout(fake, variant):
     # Only ClientStatus complete + ClientDescription "allocation exceeded max_run_duration" is
     # Nomad's signal; the words in a desired description or a task event are not.
     client = client_for(fake)
-    client.register(make_job(2, max_run_duration_s=3600))
+    register(client, make_job(2, max_run_duration_s=3600))
     fake.time_out(JOB, "node-0", variant=variant)
     assert state_of(client).status is not JobStatus.TIMEOUT
 
 
 def test_timeout_wins_over_the_crash_it_causes(fake):
     client = client_for(fake)
-    client.register(make_job(2, max_run_duration_s=60))
+    register(client, make_job(2, max_run_duration_s=60))
     fake.time_out(JOB, "node-0")
     fake.finish(JOB, "workers", 1)
     state = state_of(client)
@@ -471,19 +485,19 @@ def test_timeout_wins_over_the_crash_it_causes(fake):
 
 def test_purged_job_is_unknown(fake):
     client = client_for(fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
     client.stop(JOB, purge=True)
-    assert client.job(JOB) is None and client.job_allocations(JOB)[0] == []
+    assert read_job(client, JOB) is None and client.job_allocations(JOB)[0] == []
     state = state_of(client)
     assert state.status is JobStatus.UNKNOWN and "purge" in state.reason
 
 
 def test_resubmitted_job_uses_the_latest_allocation_of_each_name(fake):
     client = client_for(fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
     fake.finish(JOB, "workers", 1)
     assert state_of(client).status is JobStatus.FAILED
-    client.register(make_job(2))  # a new version replaces the old allocations under the same names
+    register(client, make_job(2))  # a new version replaces the old allocations under the same names
     allocs = client.allocation_stubs([JOB])
     assert len(allocs) == 4
     state = state_of(client)
@@ -505,7 +519,7 @@ def test_status_of_many_jobs_costs_three_calls():
         client = client_for(fake)
         ids = [f"halo-{i:02d}" for i in range(20)]
         for job_id in ids:
-            client.register(make_job(2, job_id=job_id))
+            register(client, make_job(2, job_id=job_id))
         sched = _scheduler_for(fake)
         before = len(fake.requests)
         states = sched.describe(ids + ["nope"])
@@ -521,7 +535,7 @@ def test_status_json_lists_each_node_rank_and_logs_are_tagged_by_rank(fake, caps
     from halo_sched import cli
 
     client = client_for(fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
     monkeypatch.setattr(cli, "_scheduler", lambda name: _scheduler_for(fake))
     assert cli.main(["status", JOB, "--backend", "nomad", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -597,7 +611,7 @@ def test_plan_summary_all_placeable_and_metric_text(fake):
 
 def test_logs_plain_and_stderr(fake):
     client = client_for(fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
     alloc = fake.alloc_for(JOB, "node-0")
     fake.write_log(alloc["ID"], "rank 0 ready\nstep 1 loss=2.3\n")
     fake.write_log(alloc["ID"], "NCCL WARN ✓\n", type="stderr")
@@ -613,7 +627,7 @@ def test_logs_plain_and_stderr(fake):
 
 def test_logs_follow_streams_until_the_task_ends(fake):
     client = client_for(fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
     alloc = fake.alloc_for(JOB, "workers")
     fake.write_log(alloc["ID"], "first\n")
     got_first = threading.Event()
@@ -650,7 +664,7 @@ def watch(client, timeout=30, clock=None, **kw):
 
 def test_watch_stops_a_half_placed_job_at_its_placement_timeout(one_node_fake):
     client = client_for(one_node_fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
     clock = FakeClock()
     seen = []
     result = watch(client, 30, clock, on_change=seen.append, poll_s=7)
@@ -666,7 +680,7 @@ def test_watch_stops_a_half_placed_job_at_its_placement_timeout(one_node_fake):
 
 def test_watch_with_real_time_never_waits_past_the_timeout(one_node_fake):
     client = client_for(one_node_fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
     start = time.monotonic()
     result = watch_job(client, JOB, placement_timeout_s=1.5, until_placed=True, wait_s=10, poll_s=0.4)
     elapsed = time.monotonic() - start
@@ -679,7 +693,7 @@ def test_watch_with_real_time_never_waits_past_the_timeout(one_node_fake):
 
 def test_watch_returns_at_once_when_everything_placed(fake):
     client = client_for(fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
     clock = FakeClock()
     result = watch(client, 30, clock)
     assert result.placed and not result.stopped and not result.timed_out
@@ -689,7 +703,7 @@ def test_watch_returns_at_once_when_everything_placed(fake):
 
 def test_watch_succeeds_when_a_node_joins_later(one_node_fake):
     client = client_for(one_node_fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
     clock = FakeClock()
     joined = []
 
@@ -712,7 +726,7 @@ def test_a_dead_rank_during_placement_stops_the_job(one_node_fake):
     # Rank 0 crashes while rank 1 still waits for a node: the blocked evaluation would place rank 1
     # later and hold a node for a world that cannot form. The watch stops the job at once.
     client = client_for(one_node_fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
     clock = FakeClock()
 
     def rank0_crashes(t):
@@ -731,7 +745,7 @@ def test_a_dead_rank_during_placement_stops_the_job(one_node_fake):
 
 def test_watch_keeps_polling_through_transient_api_errors(fake):
     client = client_for(fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
     fake.fail_next(4, status=500, path_contains="/allocations")  # one whole look fails, retries and all
     clock = FakeClock()
     result = watch(client, 30, clock, poll_s=5)
@@ -740,7 +754,7 @@ def test_watch_keeps_polling_through_transient_api_errors(fake):
 
 def test_watch_reports_a_stop_that_fails(one_node_fake):
     client = client_for(one_node_fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
 
     class StopFails:
         def __getattr__(self, name):
@@ -760,7 +774,7 @@ def test_a_dead_rank_is_stopped_within_one_look_of_blocking_queries():
     # once and the survivors are stopped, long before the 30 s wait would have ended.
     with FakeNomad([FakeNode(f"gpu-{i}") for i in range(4)], token=TOKEN) as fake:
         client = client_for(fake)
-        client.register(make_job(4))
+        register(client, make_job(4))
         died = []
 
         def rank_dies():
@@ -785,7 +799,7 @@ def test_a_node_going_down_reads_node_fail_and_the_watch_stops_the_job():
     # and is not replaced; the others would hold their GPUs until NCCL's timeout.
     with FakeNomad([FakeNode(f"gpu-{i}") for i in range(3)], token=TOKEN) as fake:
         client = client_for(fake)
-        client.register(make_job(3))
+        register(client, make_job(3))
         victim = fake.alloc_for(JOB, "workers[0]")
         fake.node_down(victim["NodeName"])
         state = state_of(client)
@@ -807,7 +821,7 @@ def test_a_lost_rank_replaced_by_nomad_is_node_fail_not_partial():
         payload = make_job(2)
         for g in payload["Job"]["TaskGroups"]:
             g.pop("Disconnect", None)
-        client.register(payload)
+        register(client, payload)
         victim = fake.alloc_for(JOB, "workers")
         fake.node_down(victim["NodeName"])
         replacement = fake.alloc_for(JOB, "workers")
@@ -821,7 +835,7 @@ def test_cli_watch_stops_the_job_when_a_rank_dies(fake, capsys, monkeypatch):
     from halo_sched import cli
 
     client = client_for(fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
     monkeypatch.setattr(cli, "_scheduler", lambda name: _scheduler_for(fake))
 
     def rank1_dies():
@@ -843,7 +857,7 @@ def test_job_wait_stops_the_survivors_of_a_dead_rank(fake):
     from halo_sched.backends.base import Job
 
     client = client_for(fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
     fake.finish(JOB, "node-0", 9)
     state = Job(_scheduler_for(fake), JOB).wait(timeout=10)
     assert state.status is JobStatus.FAILED and state.exit_code == 9
@@ -855,7 +869,7 @@ def test_cli_watch_of_a_completed_job_exits_0(fake, capsys, monkeypatch):
     from halo_sched import cli
 
     client = client_for(fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
     fake.finish(JOB, "workers", 0)
     fake.finish(JOB, "node-0", 0)
     monkeypatch.setattr(cli, "_scheduler", lambda name: _scheduler_for(fake))
@@ -894,7 +908,7 @@ def test_an_idle_watch_costs_two_calls_per_wait():
     # of a job without allocations changes none): 2 calls per wait (per minute at wait_s=60).
     with FakeNomad([FakeNode(f"gpu-{i}") for i in range(4)], token=TOKEN) as fake:
         client = client_for(fake)
-        client.register(make_job(2))
+        register(client, make_job(2))
         start = len(fake.requests)
         t0 = time.monotonic()
         result = watch_job(client, JOB, timeout=2.0, wait_s=0.5, poll_s=0.25)
@@ -915,7 +929,7 @@ def test_other_jobs_activity_costs_one_call_per_poll():
     # new for this job. The watch then waits poll_s before asking again: one call each time.
     with FakeNomad([FakeNode(f"gpu-{i}") for i in range(4)], token=TOKEN) as fake:
         client = client_for(fake)
-        client.register(make_job(2))
+        register(client, make_job(2))
 
         class BusyCluster:
             def __getattr__(self, name):
@@ -941,7 +955,7 @@ def test_other_jobs_activity_costs_one_call_per_poll():
 
 def test_job_completed_before_a_stop_stays_completed(fake):
     client = client_for(fake)
-    client.register(make_job(2))
+    register(client, make_job(2))
     fake.finish(JOB, "node-0", 0)
     fake.finish(JOB, "workers", 0)
     client.stop(JOB)
@@ -951,17 +965,17 @@ def test_job_completed_before_a_stop_stays_completed(fake):
 
 def test_jobs_lists_by_prefix_with_a_summary(fake):
     client = client_for(fake)
-    client.register(make_job(1, job_id="halo-a", gpus=1))
-    client.register(make_job(1, job_id="other-b", gpus=1))
-    jobs = client.jobs(prefix="halo-")
+    register(client, make_job(1, job_id="halo-a", gpus=1))
+    register(client, make_job(1, job_id="other-b", gpus=1))
+    jobs = list_jobs(client, prefix="halo-")
     assert [j["ID"] for j in jobs] == ["halo-a"]
     assert jobs[0]["JobSummary"]["Summary"]["node-0"]["Running"] == 1
-    assert {j["ID"] for j in client.jobs()} == {"halo-a", "other-b"}
+    assert {j["ID"] for j in list_jobs(client)} == {"halo-a", "other-b"}
 
 
 def test_fake_frames_logs_when_plain_is_not_asked(fake):
     client = client_for(fake)
-    client.register(make_job(1))
+    register(client, make_job(1))
     alloc = fake.alloc_for(JOB, "node-0")
     fake.write_log(alloc["ID"], "framed\n")
     resp = requests.get(f"{fake.address}/v1/client/fs/logs/{alloc['ID']}",

@@ -19,10 +19,11 @@ import yaml
 from halo_sched.backends.nomad import NomadScheduler
 from halo_sched.backends.nomad.client import TOKEN_META, NomadAPIError, NomadClient, NomadConfig
 from halo_sched.errors import OutcomeUnknown
-from halo_sched.exactly_once import Ambiguous, Transient
+from halo_sched.retry import Ambiguous, Transient
 from helpers import REPO, load_nomad_helper
 
 fake_api = load_nomad_helper("fake_api")
+sample_job = load_nomad_helper("sample_job")
 TOKEN = "tok-unreachable"
 
 
@@ -110,23 +111,23 @@ def test_one_attempt_tells_refused_from_dropped():
     cfg = NomadConfig.from_env(env={}, address=f"127.0.0.1:{closed_port()}")
     client = NomadClient(cfg, sleep=lambda s: None)
     with pytest.raises(Transient, match="refused the connection$"):
-        client._call_once("read job", client._job_api.get_job, "x")
+        client._call_once("read job", client._read_job, "x")
     with fake_api.FakeNomad([fake_api.FakeNode("gpu-a")], token=TOKEN) as fake:
         cfg = NomadConfig.from_env(env={}, address=fake.address, token=TOKEN)
         client = NomadClient(cfg, sleep=lambda s: None)
         fake.drop_next(1, path_contains="/v1/job/")
         with pytest.raises(Ambiguous) as info:
-            client._call_once("read job", client._job_api.get_job, "x")
+            client._call_once("read job", client._read_job, "x")
         assert len(str(info.value)) < 120, info.value
         fake.fail_next(1, status=503, body="No cluster leader\n" + "x" * 2000, path_contains="/v1/job/")
         with pytest.raises(Ambiguous, match="answered HTTP 503 'No cluster leader'$"):
-            client._call_once("read job", client._job_api.get_job, "x")
+            client._call_once("read job", client._read_job, "x")
 
 
 def test_a_status_call_to_a_closed_port_is_one_short_line():
     cfg = NomadConfig.from_env(env={}, address=f"127.0.0.1:{closed_port()}", retry_base_s=0.01, retry_max_wait_s=0.05)
     with pytest.raises(NomadAPIError) as info:
-        NomadClient(cfg).job("x")
+        sample_job.read_job(NomadClient(cfg), "x")
     text = str(info.value)
     assert "refused the connection" in text and "NOMAD_ADDR" in text and len(text) < 160, text
     assert "HTTPConnection" not in text

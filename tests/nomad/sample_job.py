@@ -77,3 +77,33 @@ def make_job(
     if region:
         job["Region"] = region
     return {"Job": job}
+
+
+# halo-sched itself only creates jobs, exactly once (NomadClient.submit_job, which wants a
+# submission token). The tests also register, update, read and list jobs freely, as ``nomad job
+# run``/``status`` would; these go through the client's own transport, so they carry its token,
+# namespace, region and TLS settings and are retried as its reads are.
+
+
+def register(client, payload: dict) -> dict:
+    """``POST /v1/jobs``: register or update a job. Nomad's answer: EvalID, JobModifyIndex, ..."""
+    body = client._with_scope(payload)
+    return client._call(f"register job {body['Job']['ID']!r}", client._request, "POST", "/v1/jobs", json=body)
+
+
+def read_job(client, job_id: str) -> dict | None:
+    """``GET /v1/job/:id``: the job, or None when Nomad does not know it."""
+    from halo_sched.backends.nomad.client import NomadAPIError
+
+    try:
+        return client._call(f"read job {job_id!r}", client._read_job, job_id)
+    except NomadAPIError as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def list_jobs(client, prefix: str | None = None) -> list[dict]:
+    """``GET /v1/jobs``: job stubs whose ID starts with ``prefix``."""
+    return client._call("list jobs", client._request, "GET", "/v1/jobs",
+                        params={"prefix": prefix} if prefix else None) or []

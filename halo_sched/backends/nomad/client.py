@@ -1,18 +1,9 @@
-"""A small Nomad HTTP API client for halo-sched, built on python-nomad.
+"""The Nomad calls halo-sched makes, each one request through :mod:`.transport` (which holds the
+connection settings, the retries and the error mapping).
 
-Why a wrapper and not python-nomad directly:
-
-* python-nomad turns TLS verification OFF unless ``verify`` is passed and never reads
-  ``NOMAD_CACERT``; here verification is on by default and the CA comes from the environment
-  the same way the ``nomad`` CLI reads it.
-* python-nomad has no retries. Here connection errors and HTTP 5xx are retried a bounded number
-  of times with exponential backoff; 4xx never is (a bad job or a missing token does not get
-  better by asking again), and neither are TLS failures.
-* python-nomad raises exceptions that print a raw response; here every failure becomes a
-  :class:`NomadAPIError` (a :class:`~halo_sched.errors.SchedulerError`) naming the request, the
-  address, the HTTP status and Nomad's own words, with a hint for the usual causes (403: token).
-* Its log call buffers the whole response, so ``follow`` could never stream; logs go through the
-  same ``requests`` session directly, with ``stream=True``.
+Reads and lists are retried under the one retry policy; submit, stop and the secrets' Variable
+ride out outages exactly once (:mod:`halo_sched.exactly_once`). The HTTP API is spoken directly,
+with ``requests``: see the README's Nomad section for why not python-nomad.
 
 This module never imports torch.
 """
@@ -20,135 +11,20 @@ from __future__ import annotations
 
 import codecs
 import json
-import os
 import time
-from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Iterator, Sequence
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
-import nomad.api as nomad_api
-import nomad.api.exceptions as nomad_exc
 import requests
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
-from halo_sched.errors import OutcomeUnknown, SchedulerError, UsageError, debug
+from halo_sched.errors import OutcomeUnknown, SchedulerError, UsageError
+from halo_sched.exactly_once import run_once
+from halo_sched.retry import Ambiguous
 
-DEFAULT_ADDRESS = "http://127.0.0.1:4646"
-_BODY_LIMIT = 600  # characters of Nomad's response body quoted in an error message
+from .transport import ENFORCE_INDEX_ERR, HTTPStatusError, NomadAPIError, NomadConfig, NomadHTTP
 
-_TRUE = {"1", "t", "true", "yes", "y", "on"}
-_FALSE = {"", "0", "f", "false", "no", "n", "off"}
-
-
-def _parse_bool(name: str, value: str) -> bool:
-    v = value.strip().lower()
-    if v in _TRUE:
-        return True
-    if v in _FALSE:
-        return False
-    raise UsageError(f"{name}={value!r} is not a boolean (use true/false or 1/0)")
-
-
-def _normalize_address(address: str) -> str:
-    address = address.strip().rstrip("/")
-    if "://" not in address:
-        # The nomad CLI accepts "host:port"; requests needs a scheme.
-        address = "http://" + address
-    scheme = urlsplit(address).scheme.lower()
-    if scheme not in ("http", "https"):
-        raise UsageError(f"NOMAD_ADDR={address!r}: only http:// and https:// addresses are supported")
-    return address
-
-
-_SECRET_FIELDS = ("token", "client_key")
 #: Job.Meta key holding the submission token (halo_sched.exactly_once).
 TOKEN_META = "halo_sched_token"
-#: nomad/structs/job.go RegisterEnforceIndexErrPrefix.
-ENFORCE_INDEX_ERR = "Enforcing job modify index"
-
-
-@dataclass(frozen=True, repr=False)
-class NomadConfig:
-    """Where and how to reach Nomad. Build it with :meth:`from_env` to read ``NOMAD_*`` like the CLI."""
-
-    address: str = DEFAULT_ADDRESS
-    token: str | None = None
-    namespace: str | None = None
-    region: str | None = None
-    cacert: str | None = None
-    capath: str | None = None
-    client_cert: str | None = None
-    client_key: str | None = None
-    skip_verify: bool = False
-    timeout_s: float = 10.0
-    # Retry policy for connection errors and HTTP 5xx: at most ``retry_attempts`` tries in all,
-    # backoff ``retry_base_s * 2**n`` capped at ``retry_max_wait_s``, and never past ``retry_total_s``.
-    retry_attempts: int = 4
-    retry_base_s: float = 0.25
-    retry_max_wait_s: float = 2.0
-    retry_total_s: float = 15.0
-
-    @classmethod
-    def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> "NomadConfig":
-        """Read NOMAD_ADDR, NOMAD_TOKEN, NOMAD_NAMESPACE, NOMAD_REGION, NOMAD_CACERT, NOMAD_CAPATH,
-        NOMAD_CLIENT_CERT, NOMAD_CLIENT_KEY and NOMAD_SKIP_VERIFY, then apply ``overrides``.
-
-        An override whose value is None counts as "not given" (so CLI flags left unset do not wipe
-        what the environment says); pass an empty string to clear a value explicitly.
-        """
-        env = os.environ if env is None else env
-
-        def get(name: str) -> str | None:
-            value = env.get(name)
-            return value if value else None
-
-        values: dict[str, Any] = {
-            "address": get("NOMAD_ADDR") or DEFAULT_ADDRESS,
-            "token": get("NOMAD_TOKEN"),
-            "namespace": get("NOMAD_NAMESPACE"),
-            "region": get("NOMAD_REGION"),
-            "cacert": get("NOMAD_CACERT"),
-            "capath": get("NOMAD_CAPATH"),
-            "client_cert": get("NOMAD_CLIENT_CERT"),
-            "client_key": get("NOMAD_CLIENT_KEY"),
-            "skip_verify": _parse_bool("NOMAD_SKIP_VERIFY", env.get("NOMAD_SKIP_VERIFY", "")),
-        }
-        known = {f.name for f in fields(cls)}
-        for key, value in overrides.items():
-            if key not in known:
-                raise TypeError(f"NomadConfig has no field {key!r}")
-            if value is not None:
-                values[key] = value if value != "" else None
-        values["address"] = _normalize_address(values["address"] or DEFAULT_ADDRESS)
-        if values.get("skip_verify") is None:
-            values["skip_verify"] = False
-        return cls(**values)
-
-    @property
-    def verify(self) -> bool | str:
-        """What ``requests`` gets as ``verify``: False only when explicitly skipped, else the CA
-        bundle (file or directory) when one is configured, else True (system trust store)."""
-        if self.skip_verify:
-            return False
-        return self.cacert or self.capath or True
-
-    @property
-    def cert(self) -> tuple[str, str] | None:
-        if self.client_cert and self.client_key:
-            return (self.client_cert, self.client_key)
-        return None
-
-    def redacted(self) -> "NomadConfig":
-        """A copy safe to print or log."""
-        return replace(self, **{f: "<redacted>" for f in _SECRET_FIELDS if getattr(self, f)})
-
-    def __repr__(self) -> str:
-        # Never the token or the client key's path: configs end up in logs and tracebacks.
-        shown = self.redacted()
-        return f"NomadConfig({', '.join(f'{f.name}={getattr(shown, f.name)!r}' for f in fields(self))})"
-
-    __str__ = __repr__
-
 
 _FILTER_CHARS = 4000  # per request: URLs stay well under what proxies accept (~8 kB)
 
@@ -166,101 +42,12 @@ def _chunks(ids: list[str]) -> Iterator[list[str]]:
         yield chunk
 
 
-class NomadAPIError(SchedulerError):
-    """A Nomad request failed. ``status`` is the HTTP status (None for connection/TLS errors)."""
-
-    def __init__(self, message: str, *, status: int | None = None, body: str = "", address: str = "", attempts: int = 1):
-        super().__init__(message)
-        self.status = status
-        self.body = body
-        self.address = address
-        self.attempts = attempts
-
-
-class _HTTPStatusError(Exception):
-    """Internal: a non-2xx answer on the raw-session path (logs), shaped like python-nomad's."""
-
-    def __init__(self, response: requests.Response):
-        super().__init__(f"HTTP {response.status_code}")
-        self.nomad_resp = response
-
-
-def _unwrap(exc: BaseException) -> tuple[requests.Response | None, BaseException | None]:
-    """(HTTP response, transport exception) behind a python-nomad or raw-session error."""
-    if isinstance(exc, (nomad_exc.BaseNomadException, _HTTPStatusError)):
-        inner = exc.nomad_resp
-        if isinstance(inner, requests.Response):
-            return inner, None
-        if isinstance(inner, BaseException):
-            return None, inner
-        return None, exc
-    if isinstance(exc, requests.RequestException):
-        return None, exc
-    return None, exc
-
-
-def _connect_failure(transport: BaseException | None) -> str | None:
-    """Why no connection to Nomad was made, when none was (so no request was sent): "refused
-    the connection", "host not found", ...; None when a request may have been sent (a read
-    timeout, a connection dropped mid-answer) or for anything else."""
-    import socket
-
-    import urllib3.exceptions as u3
-
-    if isinstance(transport, requests.exceptions.ConnectTimeout):
-        return "did not accept the connection in time"
-    if not isinstance(transport, requests.ConnectionError) or isinstance(
-            transport, (requests.exceptions.SSLError, requests.exceptions.ProxyError)):
-        return None
-    reason = transport.args[0] if transport.args else None
-    reason = getattr(reason, "reason", reason)  # urllib3's MaxRetryError carries the cause
-    if not isinstance(reason, u3.NewConnectionError):  # includes NameResolutionError (urllib3 2)
-        return None
-    cause = reason.__cause__ or reason.__context__
-    if isinstance(reason, getattr(u3, "NameResolutionError", ())) or isinstance(cause, socket.gaierror):
-        return "could not be found (its host name does not resolve)"
-    if isinstance(cause, ConnectionRefusedError):
-        return "refused the connection"
-    if isinstance(cause, OSError) and cause.strerror:
-        return f"could not be connected to ({cause.strerror})"
-    return "could not be connected to"
-
-
-def _broken_answer(transport: BaseException | None) -> str:
-    """A short account of a transport failure after the connection was made."""
-    if isinstance(transport, requests.Timeout):
-        return "did not answer in time"
-    inner, seen = transport, 0
-    while inner is not None and seen < 6:  # the innermost cause names it best (RemoteDisconnected, reset)
-        nxt = inner.args[-1] if inner.args and isinstance(inner.args[-1], BaseException) else None
-        nxt = nxt or getattr(inner, "reason", None) or inner.__cause__
-        if not isinstance(nxt, BaseException):
-            break
-        inner, seen = nxt, seen + 1
-    if isinstance(inner, ConnectionResetError):
-        return "reset the connection before answering"
-    return f"closed the connection before answering ({type(inner).__name__})"
-
-
-def _is_transient(exc: BaseException) -> bool:
-    """Retry only what can heal by itself: HTTP 5xx and failures to connect or to get an answer.
-
-    TLS errors are ``requests.ConnectionError`` subclasses but a bad certificate does not heal, so
-    they are excluded. Read timeouts are not retried either: the request may have been applied.
-    """
-    response, transport = _unwrap(exc)
-    if response is not None:
-        return response.status_code >= 500
-    if isinstance(transport, requests.exceptions.SSLError):
-        return False
-    return isinstance(transport, requests.ConnectionError)
-
-
 class NomadClient:
-    """The Nomad calls halo-sched needs, each retried and mapped to :class:`NomadAPIError`.
+    """The Nomad calls halo-sched needs, each retried (or made exactly once) and mapped to
+    :class:`NomadAPIError`.
 
     ``session`` may be a prepared :class:`requests.Session` (tests, proxies); its ``verify`` and
-    ``cert`` are set from ``config`` either way, because python-nomad passes them per request.
+    ``cert`` are set from ``config`` either way.
     """
 
     def __init__(
@@ -270,103 +57,26 @@ class NomadClient:
         *,
         sleep: Callable[[float], None] = time.sleep,
     ):
-        self.config = config or NomadConfig.from_env()
-        cfg = self.config
-        if bool(cfg.client_cert) != bool(cfg.client_key):
-            raise UsageError("NOMAD_CLIENT_CERT and NOMAD_CLIENT_KEY must be set together (mutual TLS)")
-        for name, path, check in (("NOMAD_CACERT", cfg.cacert, os.path.isfile), ("NOMAD_CAPATH", cfg.capath, os.path.isdir)):
-            if path and not cfg.skip_verify and not check(path):
-                raise UsageError(f"{name}={path!r} does not exist")
+        self._http = NomadHTTP(config or NomadConfig.from_env(), session, sleep=sleep)
+        self.config = self._http.config
+        self.session = self._http.session
         self._sleep = sleep
-        self.session = session or requests.Session()
-        self.session.verify = cfg.verify
-        if cfg.cert:
-            self.session.cert = cfg.cert
-        # The endpoint objects are built directly rather than through ``nomad.Nomad``: its
-        # constructor falls back to NOMAD_TOKEN/NOMAD_NAMESPACE/NOMAD_REGION/NOMAD_CLIENT_CERT from
-        # the process environment for anything left unset, so a config that deliberately has no
-        # token would still send one. The config is the single source of truth here.
-        settings = dict(
-            address=cfg.address,
-            namespace=cfg.namespace,
-            token=cfg.token,
-            region=cfg.region,
-            timeout=cfg.timeout_s,
-            verify=cfg.verify,  # python-nomad passes this on every request, overriding the session's
-            cert=cfg.cert or (),
-            session=self.session,
-        )
-        self._job_api = nomad_api.Job(**settings)
-        self._jobs_api = nomad_api.Jobs(**settings)
 
     # ----------------------------------------------------------------------------- plumbing
 
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        cfg = self.config
-        retrying = Retrying(
-            stop=stop_after_attempt(max(1, cfg.retry_attempts)) | stop_after_delay(cfg.retry_total_s),
-            wait=wait_exponential(multiplier=cfg.retry_base_s, max=cfg.retry_max_wait_s),
-            retry=retry_if_exception(_is_transient),
-            sleep=self._sleep,
-            reraise=True,
-        )
-        try:
-            # reraise=True: once attempts run out tenacity raises the last error itself.
-            return retrying(fn, *args, **kwargs)
-        except (requests.exceptions.InvalidJSONError, ValueError) as exc:
-            raise self._not_nomad(what, exc) from exc
-        except (nomad_exc.BaseNomadException, _HTTPStatusError, requests.RequestException) as exc:
-            raise self._error(what, exc, retrying) from exc
+        return self._http.call(what, fn, *args, **kwargs)
 
-    def _not_nomad(self, what: str, exc: BaseException) -> NomadAPIError:
-        """A 2xx whose body is not the JSON Nomad sends (a proxy's page, a wrong port, ...)."""
-        return NomadAPIError(
-            f"Nomad at {self.config.address}: {what}: unexpected response ({exc}); is NOMAD_ADDR a Nomad agent?",
-            address=self.config.address,
-        )
+    def _call_once(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return self._http.call_once(what, fn, *args, **kwargs)
 
-    def _error(self, what: str, exc: BaseException, retrying: Retrying | None) -> NomadAPIError:
-        cfg = self.config
-        attempts = int(retrying.statistics.get("attempt_number", 1) or 1) if retrying else 1
-        response, transport = _unwrap(exc)
-        if response is not None:
-            status = response.status_code
-            body = (response.text or "").strip()
-            shown = body if len(body) <= _BODY_LIMIT else body[:_BODY_LIMIT] + "..."
-            where = f"Nomad at {cfg.address}"
-            ns = self._namespace_hint()
-            if status == 403:
-                if cfg.token:
-                    hint = (f"the ACL token (NOMAD_TOKEN) lacks permission for this request{ns}, "
-                            "or it is not a valid token on this cluster")
-                else:
-                    hint = "no ACL token was sent: set NOMAD_TOKEN to a token allowed to submit jobs" + ns
-                msg = f"{where} refused to {what}: HTTP 403 {shown!r}: {hint}"
-            elif status == 404:
-                msg = f"{where}: {what}: not found (HTTP 404 {shown!r}){ns}"
-            elif status >= 500:
-                tries = f" after {attempts} attempt{'s' if attempts != 1 else ''}"
-                msg = f"{where} failed to {what}{tries}: HTTP {status} {shown!r}"
-            else:
-                msg = f"{where} rejected the request to {what}: HTTP {status} {shown!r}"
-            return NomadAPIError(msg, status=status, body=body, address=cfg.address, attempts=attempts)
-        if isinstance(transport, requests.exceptions.SSLError):
-            msg = (f"TLS verification of Nomad at {cfg.address} failed ({what}): {transport}. Set NOMAD_CACERT to "
-                   "the CA bundle that signed the server certificate (NOMAD_SKIP_VERIFY=true disables the check; "
-                   "insecure)")
-            return NomadAPIError(msg, address=cfg.address, attempts=attempts)
-        # The underlying exception (urllib3's whole chain, hundreds of characters) only with --debug.
-        detail = f" [{type(transport).__name__}: {transport}]" if debug() else ""
-        if isinstance(transport, requests.Timeout) and not isinstance(transport, requests.ConnectionError):
-            msg = f"Nomad at {cfg.address} did not answer within {cfg.timeout_s:g}s ({what}){detail}"
-            return NomadAPIError(msg, address=cfg.address, attempts=attempts)
-        tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
-        why = _connect_failure(transport) or _broken_answer(transport)
-        msg = f"cannot reach Nomad at {cfg.address} ({what}, {tries}): it {why}{detail}; check NOMAD_ADDR"
-        return NomadAPIError(msg, address=cfg.address, attempts=attempts)
+    def _request(self, method: str, path: str, **kw: Any) -> Any:
+        """One request through the transport; the answer's JSON."""
+        return self._http.json(method, path, **kw)
 
-    def _namespace_hint(self) -> str:
-        return f" (namespace {self.config.namespace!r})" if self.config.namespace else ""
+    def _read_job(self, job_id: str) -> dict:
+        """``GET /v1/job/:id`` (for :meth:`_call_once`): the whole job; a 404 when Nomad does not know it."""
+        return self._request("GET", _job_path(job_id))
 
     def _with_scope(self, payload: dict) -> dict:
         """Check ``{"Job": ...}`` and fill Namespace/Region from the config, without mutating it.
@@ -398,11 +108,6 @@ class NomadClient:
 
     # ----------------------------------------------------------------------------- API
 
-    def register(self, payload: dict) -> dict:
-        """Register (submit) a job. Returns Nomad's answer: EvalID, JobModifyIndex, Warnings, ..."""
-        body = self._with_scope(payload)
-        return self._call(f"register job {body['Job']['ID']!r}", self._jobs_api.register_job, body)
-
     def submit_job(self, payload: dict, token: str, retry_s: float | None = None,
                    on_retry: Callable[[str], None] | None = None) -> dict:
         """Create a NEW job, exactly once, riding out outages for ``retry_s`` seconds
@@ -416,8 +121,6 @@ class NomadClient:
         the job is read back: the job with our token means the earlier attempt took effect.
         A 4xx fails at once with Nomad's words.
         """
-        from halo_sched.exactly_once import Ambiguous, run_once
-
         body = self._with_scope(payload)
         job_id = body["Job"]["ID"]
         if (body["Job"].get("Meta") or {}).get(TOKEN_META) != token:
@@ -427,7 +130,7 @@ class NomadClient:
 
         def send() -> dict:
             try:
-                return self._call_once(what, self._jobs_api.register_job, body)
+                return self._call_once(what, self._request, "POST", "/v1/jobs", json=body)
             except NomadAPIError as exc:
                 if exc.status == 500 and ENFORCE_INDEX_ERR in exc.body:
                     raise Ambiguous(f"Nomad says the job already exists ({exc.body.strip()})") from exc
@@ -435,7 +138,7 @@ class NomadClient:
 
         def lookup() -> dict | None:
             try:
-                job = self._call_once(f"read job {job_id!r}", self._job_api.get_job, job_id)
+                job = self._call_once(f"read job {job_id!r}", self._read_job, job_id)
             except NomadAPIError as exc:
                 if exc.status == 404:
                     return None
@@ -455,19 +158,12 @@ class NomadClient:
         command/agent/variable_endpoint.go), riding out outages; writing the same items twice is
         harmless. Errors name the path and the item names, never a value: on 403, the ``nomad var
         put`` command and the policy that would allow it."""
-        from halo_sched.exactly_once import run_once
-
         cfg = self.config
         body = {"Path": path, "Items": dict(items), **({"Namespace": cfg.namespace} if cfg.namespace else {})}
         what = f"write Nomad Variable {path!r}"
 
         def put() -> None:
-            response = self.session.put(
-                f"{cfg.address}/v1/var/{quote(path, safe='/')}", params=self._scope(), json=body,
-                timeout=cfg.timeout_s, headers={"X-Nomad-Token": cfg.token} if cfg.token else {},
-                verify=cfg.verify, cert=cfg.cert, allow_redirects=False)
-            if not response.ok:
-                raise _HTTPStatusError(response)
+            self._http.send("PUT", f"/v1/var/{quote(path, safe='/')}", json=body)
 
         try:
             run_once(what, lambda: self._call_once(what, put), lambda: None, retry_s, sleep=self._sleep,
@@ -489,15 +185,12 @@ class NomadClient:
 
     def delete_variable(self, path: str) -> None:
         """Delete a Nomad Variable; a missing one is no error."""
-        cfg = self.config
-
         def delete() -> None:
-            response = self.session.delete(
-                f"{cfg.address}/v1/var/{quote(path, safe='/')}", params=self._scope(), timeout=cfg.timeout_s,
-                headers={"X-Nomad-Token": cfg.token} if cfg.token else {}, verify=cfg.verify, cert=cfg.cert,
-                allow_redirects=False)
-            if not response.ok and response.status_code != 404:
-                raise _HTTPStatusError(response)
+            try:
+                self._http.send("DELETE", f"/v1/var/{quote(path, safe='/')}")
+            except HTTPStatusError as exc:
+                if exc.response.status_code != 404:
+                    raise
 
         self._call(f"delete Nomad Variable {path!r}", delete)
 
@@ -508,16 +201,13 @@ class NomadClient:
         A deregister is safe to repeat (a second one stops a stopped job again), and for an unknown
         job Nomad answers 200 too (nomad/job_endpoint.go ``Deregister``: ``job == nil`` -> nil),
         so the job is read first: only an id Nomad knows counts as stopped."""
-        from halo_sched.exactly_once import run_once
-
         def send() -> bool:
-            self._call_once(f"stop job {job_id!r}", self._job_api.deregister_job, job_id,
-                            purge=True if purge else None)
+            self._call_once(f"stop job {job_id!r}", self._deregister, job_id, purge)
             return True
 
         def exists() -> bool:
             try:
-                self._call_once(f"read job {job_id!r}", self._job_api.get_job, job_id)
+                self._call_once(f"read job {job_id!r}", self._read_job, job_id)
             except NomadAPIError as exc:
                 if exc.status == 404:
                     return False
@@ -530,60 +220,20 @@ class NomadClient:
         return run_once(f"stop job {job_id!r}", send, lambda: None, retry_s, sleep=self._sleep, on_retry=on_retry,
                         who="Nomad", not_done="the job was not stopped")
 
-    def _call_once(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """One attempt. A failure before any connection was made (refused, the host name does not
-        resolve, connect timeout) raises :class:`~halo_sched.exactly_once.Transient`: nothing was
-        sent. One that may follow a request the server applied (5xx, connection dropped, read
-        timeout) raises :class:`~halo_sched.exactly_once.Ambiguous`; anything else a
-        :class:`NomadAPIError`. Their messages are one short line."""
-        from halo_sched.exactly_once import Ambiguous, Transient
-
-        try:
-            return fn(*args, **kwargs)
-        except (requests.exceptions.InvalidJSONError, ValueError) as exc:
-            raise self._not_nomad(what, exc) from exc
-        except (nomad_exc.BaseNomadException, _HTTPStatusError, requests.RequestException) as exc:
-            err = self._error(what, exc, None)
-            response, transport = _unwrap(exc)
-            where = f"Nomad at {self.config.address}"
-            if response is not None and response.status_code >= 500:
-                if err.status == 500 and ENFORCE_INDEX_ERR in err.body:
-                    raise err from exc
-                first = (err.body.strip().splitlines() or [""])[0][:80]
-                raise Ambiguous(f"{where} answered HTTP {response.status_code}" + (f" {first!r}" if first else "")) from exc
-            if response is None and not isinstance(transport, requests.exceptions.SSLError):
-                # No connection was made (refused, host not found): nothing was sent.
-                why = _connect_failure(transport)
-                if why:
-                    raise Transient(f"{where} {why}") from exc
-                if isinstance(transport, (requests.ConnectionError, requests.Timeout)):
-                    raise Ambiguous(f"{where} {_broken_answer(transport)}") from exc
-            raise err from exc
-
     def plan(self, payload: dict, diff: bool = True) -> dict:
         """Dry-run the scheduler for a job: FailedTGAllocs, Annotations, Diff, Warnings."""
         body = self._with_scope(payload)
         job_id = body["Job"]["ID"]
-        return self._call(f"plan job {job_id!r}", self._job_api.plan_job, job_id, body, diff=diff)
-
-    def job(self, job_id: str) -> dict | None:
-        """The job, or None when Nomad does not know it (never registered, purged, or GC'd)."""
-        try:
-            return self._call(f"read job {job_id!r}", self._job_api.get_job, job_id)
-        except NomadAPIError as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self._call(f"plan job {job_id!r}", self._request, "POST", f"{_job_path(job_id)}/plan",
+                          json={**body, "Diff": diff, "PolicyOverride": False})
 
     def stop(self, job_id: str, purge: bool = False) -> dict:
         """Stop (deregister) a job; ``purge`` also deletes it so it can no longer be queried."""
-        return self._call(
-            f"stop job {job_id!r}", self._job_api.deregister_job, job_id, purge=True if purge else None
-        )
+        return self._call(f"stop job {job_id!r}", self._deregister, job_id, purge)
 
-    def jobs(self, prefix: str | None = None) -> list[dict]:
-        """Job stubs whose ID starts with ``prefix`` (all jobs of the namespace when None)."""
-        return self._call("list jobs", self._jobs_api.get_jobs, prefix=prefix) or []
+    def _deregister(self, job_id: str, purge: bool) -> dict:
+        """``DELETE /v1/job/:id`` (nomad/job_endpoint.go ``Deregister``); ``purge`` deletes it too."""
+        return self._request("DELETE", _job_path(job_id), params={"purge": "true"} if purge else None)
 
     # Status of many jobs in a few calls: the list endpoints take a go-bexpr ``filter`` (Nomad
     # 1.2+) and answer with stubs, never the whole job (nomad/job_endpoint.go Job.List,
@@ -647,29 +297,9 @@ class NomadClient:
             out += data or []
         return out
 
-    def _scope(self) -> dict[str, str]:
-        params = {}
-        if self.config.namespace:
-            params["namespace"] = self.config.namespace
-        if self.config.region:
-            params["region"] = self.config.region
-        return params
-
     def _get(self, path: str, params: dict[str, str], timeout: Any, stream: bool = False) -> requests.Response:
-        """One GET on the shared session; a non-2xx answer raises (for :meth:`_call` to map)."""
-        cfg = self.config
-        response = self.session.get(
-            f"{cfg.address}{path}", params={**self._scope(), **params}, stream=stream, timeout=timeout,
-            headers={"X-Nomad-Token": cfg.token} if cfg.token else {},
-            verify=cfg.verify, cert=cfg.cert, allow_redirects=False,
-        )
-        if not response.ok:
-            try:
-                response.content  # read the error body before the connection is released
-            finally:
-                response.close()
-            raise _HTTPStatusError(response)
-        return response
+        """One GET; a non-2xx answer raises (for :meth:`_call` to map)."""
+        return self._http.send("GET", path, params=params, timeout=timeout, stream=stream)
 
     def _get_json(self, what: str, path: str, params: dict[str, str] | None = None, *, index: int = 0,
                   wait_s: float | None = None) -> tuple[Any, int]:
@@ -741,7 +371,7 @@ class NomadClient:
                         data = data[-nbytes:]
             finally:
                 response.close()
-        except (_HTTPStatusError, requests.RequestException):
+        except (HTTPStatusError, requests.RequestException):
             return None
         return data[-nbytes:].decode("utf-8", "replace")
 
@@ -764,3 +394,7 @@ class NomadClient:
             ) from exc
         finally:
             response.close()
+
+
+def _job_path(job_id: str) -> str:
+    return f"/v1/job/{quote(job_id, safe='')}"

@@ -1,18 +1,16 @@
 """What every SLURM transport shares: the interface, job ids that name a cluster, reading
-``#SBATCH`` directives, and retrying calls that failed only because the controller was busy."""
+``#SBATCH`` directives, and which failures are worth a retry (the retrying itself:
+:mod:`halo_sched.retry`)."""
 from __future__ import annotations
 
 import abc
 import re
 import shlex
-from typing import Callable, Iterable, Mapping, Sequence, TypeVar
-
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from typing import Callable, Iterable, Mapping, Sequence
 
 from halo_sched.backends.base import JobState
 from halo_sched.errors import SchedulerError, UsageError
-
-T = TypeVar("T")
+from halo_sched.retry import Transient
 
 # The signal that carries the warning where a transport cannot name the batch script alone
 # (slurmrestd): the rendered batch script and node entry take it as the warning
@@ -163,11 +161,6 @@ def sbatch_options(script: str, extra_args: Sequence[str] = ()) -> list[tuple[st
     return out
 
 
-def names_clusters(script: str, extra_args: Sequence[str] = ()) -> bool:
-    """Does the job ask sbatch for another cluster (``--clusters``/``--cluster``/``-M``)?"""
-    return any(name in ("clusters", "cluster", "M") for name, _ in sbatch_options(script, extra_args))
-
-
 # Short sbatch options -> long ones (sbatch(1)): the rest and pyslurm transports read the
 # script's options themselves.
 SHORT_OPTIONS = {
@@ -231,7 +224,8 @@ def job_environment(script: str, options: Sequence[tuple[str, str | None]], envi
 # Retries
 
 # Messages slurmctld clients print when the controller is busy or restarting: worth a retry for
-# idempotent calls. Anything else is a real answer.
+# idempotent calls (a Transient, retried by halo_sched.retry.SLURM_CALLS). Anything else is a
+# real answer.
 TRANSIENT = re.compile(
     r"socket timed out|unable to contact slurm controller|resource temporarily unavailable|"
     r"connection refused|transport endpoint is not connected|slurm backup controller in standby",
@@ -239,23 +233,11 @@ TRANSIENT = re.compile(
 )
 
 
-class Transient(Exception):
-    """A call worth repeating (controller busy, timeout, connection dropped)."""
+def gave_up(what: str) -> Callable[[Transient, int], SchedulerError]:
+    """The error once a retried SLURM call is spent: it names ``what`` and SLURM's words."""
 
+    def error(last: Transient, tries: int) -> SchedulerError:
+        times = f" {tries} times" if tries > 1 else ""
+        return SchedulerError(f"{what} failed{times}: {last}")
 
-def retrying(attempt: Callable[[], T], attempts: int, wait: float, what: str) -> T:
-    """``attempt()`` until it does not raise Transient, at most ``attempts`` times with
-    exponential backoff; then a SchedulerError naming ``what``."""
-    try:
-        for att in Retrying(
-            stop=stop_after_attempt(max(1, attempts)),
-            wait=wait_exponential(multiplier=wait, max=10),
-            retry=retry_if_exception_type(Transient),
-            reraise=True,
-        ):
-            with att:
-                return attempt()
-    except Transient as e:
-        times = f" {attempts} times" if attempts > 1 else ""
-        raise SchedulerError(f"{what} failed{times}: {e}") from e
-    raise AssertionError("unreachable")  # pragma: no cover
+    return error

@@ -18,10 +18,10 @@ from typing import Callable, Sequence
 from halo_sched.backends.base import JobState
 from halo_sched.backends.slurm import status as st
 from halo_sched.errors import MissingDependency, SchedulerError
+from halo_sched.exactly_once import TOKEN_PREFIX, run_once
+from halo_sched.retry import SLURM_CALLS, Ambiguous, Transient
 
-from .base import (
-    TRANSIENT, Transient, Transport, by_cluster, chunks, retrying, sbatch_options, split_cluster, unique, with_cluster,
-)
+from .base import TRANSIENT, Transport, by_cluster, chunks, gave_up, sbatch_options, split_cluster, unique, with_cluster
 
 Runner = Callable[[list, "str | None"], subprocess.CompletedProcess]
 
@@ -60,8 +60,7 @@ class CliTransport(Transport):
         self.chunk_size = chunk_size
         self._forced_accounting = accounting
         self._accounting: dict[str | None, bool] = {}  # per cluster (None: the local one)
-        self.retries = max(1, retries)
-        self.retry_wait = retry_wait
+        self.policy = SLURM_CALLS.with_(attempts=retries, first_wait_s=retry_wait)
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -93,7 +92,7 @@ class CliTransport(Transport):
                 raise Transient((proc.stderr or "").strip())
             return proc
 
-        return retrying(attempt, self.retries, self.retry_wait, argv[0])
+        return self.policy.call(attempt, give_up=gave_up(argv[0]))
 
     @staticmethod
     def _fail(what: str, proc: subprocess.CompletedProcess) -> SchedulerError:
@@ -110,13 +109,7 @@ class CliTransport(Transport):
             raise SchedulerError(f"{proc.stderr}: the job may have been queued anyway; check squeue before resubmitting")
         if proc.returncode != 0:
             raise self._fail("sbatch", proc)
-        lines = [ln.strip() for ln in (proc.stdout or "").splitlines() if ln.strip()]
-        # "123", or "123;CLUSTER" when sbatch chose a cluster (-M): keep the cluster, or every
-        # later query asks the wrong slurmctld and the job reads UNKNOWN.
-        m = re.fullmatch(r"(\d+)(?:;([A-Za-z0-9_.-]+))?", lines[-1] if lines else "")
-        if not m:
-            raise SchedulerError(f"sbatch printed no job id: {proc.stdout!r} {proc.stderr!r}")
-        return with_cluster(m.group(2), m.group(1))
+        return self._parse_id(proc)
 
     def submit_once(self, script: str, extra_args: Sequence[str] = (), token: str = "",
                     retry_s: float | None = None, on_retry: Callable[[str], None] | None = None) -> str:
@@ -128,8 +121,6 @@ class CliTransport(Transport):
         the request was sent), so every such failure is ambiguous: the token is looked up with
         squeue (``%k`` is the comment) before sbatch runs again. sbatch's other refusals (an
         invalid partition, a bad option) fail at once with SLURM's words."""
-        from halo_sched.exactly_once import TOKEN_PREFIX, Ambiguous, run_once
-
         opts = dict(sbatch_options(script, extra_args))
         cluster = opts.get("clusters") or opts.get("cluster") or opts.get("M")
         name = opts.get("job-name") or opts.get("J")
@@ -169,6 +160,8 @@ class CliTransport(Transport):
         return run_once("sbatch", send, lookup, retry_s, token=comment, on_retry=on_retry)
 
     def _parse_id(self, proc: subprocess.CompletedProcess) -> str:
+        # "123", or "123;CLUSTER" when sbatch chose a cluster (-M): keep the cluster, or every
+        # later query asks the wrong slurmctld and the job reads UNKNOWN.
         lines = [ln.strip() for ln in (proc.stdout or "").splitlines() if ln.strip()]
         m = re.fullmatch(r"(\d+)(?:;([A-Za-z0-9_.-]+))?", lines[-1] if lines else "")
         if not m:
@@ -179,21 +172,15 @@ class CliTransport(Transport):
                     on_retry: Callable[[str], None] | None = None) -> None:
         """scancel, riding out a controller outage (a repeated scancel is harmless). A job that
         already ended counts as cancelled; an id slurmctld does not know is an error."""
-        from halo_sched.exactly_once import Transient as Retry
-        from halo_sched.exactly_once import run_once
-
         for cluster, local in by_cluster(ids).items():
             for chunk in chunks(list(local), self.chunk_size):
                 argv = ["scancel", *st.cluster_args(cluster), *chunk]
 
                 def send() -> None:
-                    try:
-                        proc = self._call(argv)
-                    except Transient as e:
-                        raise Retry(str(e)) from e
+                    proc = self._call(argv)  # a timeout raises Transient: scancel is safe to repeat
                     err = (proc.stderr or "").strip()
                     if proc.returncode != 0 and TRANSIENT.search(err):
-                        raise Retry(err)
+                        raise Transient(err)
                     # "Job/step already completing or completed": the outcome asked for.
                     done = [ln for ln in err.splitlines() if ln.strip() and "already completing or completed" not in ln]
                     if proc.returncode != 0 and done:

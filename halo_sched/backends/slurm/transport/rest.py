@@ -42,10 +42,11 @@ from urllib.parse import quote, urlencode, urlsplit
 from halo_sched.backends.base import JobState
 from halo_sched.backends.slurm import status as st
 from halo_sched.errors import MissingDependency, SchedulerError, UsageError
+from halo_sched.retry import SLURM_CALLS, Transient
 
 from .base import (
-    SHORT_OPTIONS, WARNING_CARRIER, Transient, Transport, by_cluster, job_environment, retrying, sbatch_options,
-    split_cluster, unique, with_cluster,
+    SHORT_OPTIONS, WARNING_CARRIER, Transport, by_cluster, gave_up, job_environment, sbatch_options, split_cluster,
+    unique, with_cluster,
 )
 
 # The slurmrestd OpenAPI versions this module's requests and parsers are written for, newest first.
@@ -53,14 +54,6 @@ from .base import (
 # v0.0.40-44 against tests/slurmrestd_stub, which follows the data_parser sources of each release.
 API_VERSIONS = ("v0.0.44", "v0.0.43", "v0.0.42", "v0.0.41", "v0.0.40", "v0.0.38")
 API_ENV = "HALO_SLURMRESTD_API"
-# Which Slurm releases serve each version (src/plugins/openapi/ and src/plugins/data_parser/ of
-# each release tag), for error messages.
-SERVED_BY = {
-    "v0.0.38": "Slurm 22.05-23.11", "v0.0.40": "Slurm 23.11-25.05", "v0.0.41": "Slurm 24.05-25.11",
-    "v0.0.42": "Slurm 24.11-25.11", "v0.0.43": "Slurm 25.05-25.11", "v0.0.44": "Slurm 25.11",
-}
-
-
 class _UnixHTTPConnection(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float):
         super().__init__("localhost", timeout=timeout)
@@ -580,7 +573,7 @@ class RestTransport(Transport):
             )
         self.api_version: str | None = None if wanted == "auto" else wanted
         self.timeout = timeout
-        self.retries = max(1, retries)
+        self.policy = SLURM_CALLS.with_(attempts=retries)
         self.environment = environment
 
     def __repr__(self) -> str:  # never the token
@@ -643,8 +636,8 @@ class RestTransport(Transport):
         return doc
 
     def _request(self, method: str, path: str, body: dict | None = None, retry: bool = True) -> dict:
-        return retrying(lambda: self._once(method, path, body), self.retries if retry else 1, 0.5,
-                        f"slurmrestd {method} {path}")
+        policy = self.policy if retry else self.policy.with_(attempts=1)
+        return policy.call(lambda: self._once(method, path, body), give_up=gave_up(f"slurmrestd {method} {path}"))
 
     def _version(self) -> str:
         """The pinned version, or the newest one slurmrestd offers and this module speaks (asked

@@ -1,0 +1,151 @@
+"""One retry policy for every scheduler call.
+
+Each call to a scheduler (a SLURM client command, a slurmrestd or Nomad HTTP request) makes one
+attempt and says how it failed with the error it raises:
+
+* :class:`Transient`: a failure that can heal by itself (a busy or restarting controller, a refused
+  connection, an HTTP 5xx) on a call that is safe to repeat: the policy tries again;
+* :class:`Ambiguous`: the request may have taken effect (sent, then no answer). Only the
+  exactly-once rule of :mod:`halo_sched.exactly_once` handles it: it looks the submission up by its
+  token before anything is resent. A plain :class:`RetryPolicy` never retries it;
+* anything else is the scheduler's real answer (a bad partition, HTTP 4xx, a bad certificate) and
+  goes to the caller at once.
+
+A :class:`RetryPolicy` says how often and how long: at most ``attempts`` tries, never starting one
+after ``budget_s`` seconds, pausing ``first_wait_s`` then twice as long each time up to
+``max_wait_s`` (a pause never runs past the budget). The policies in use, per backend:
+
+* :data:`SLURM_CALLS`: SLURM calls safe to repeat (squeue, scontrol, scancel, ``sbatch
+  --test-only``; every slurmrestd request but the submit), when the controller is busy or
+  restarting: 3 attempts, 0.5 s doubling to at most 10 s (``CliTransport(retries=, retry_wait=)``,
+  ``RestTransport(retries=)``). A plain sbatch or slurmrestd submit, and sacct: 1 attempt;
+* :data:`NOMAD_CALLS`: idempotent Nomad requests: 4 attempts within 15 s, 0.25 s doubling to at
+  most 2 s (``NomadConfig.retry_*``);
+* :func:`submission`: submit and cancel on either scheduler, through an outage: no attempt limit,
+  ``HALO_SUBMIT_RETRY_S`` seconds (default 120), 0.5 s doubling to at most 8 s.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, TypeVar
+
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
+
+from .errors import UsageError
+
+T = TypeVar("T")
+
+RETRY_ENV = "HALO_SUBMIT_RETRY_S"
+DEFAULT_RETRY_S = 120.0
+
+
+class Transient(Exception):
+    """The call failed in a way that can heal by itself, and trying again is safe (the call is
+    idempotent, or the request certainly did not take effect)."""
+
+
+class Ambiguous(Exception):
+    """The request may have taken effect (sent, then no answer): look before resending."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a call that fails with :class:`Transient` is repeated (see the module's docstring).
+
+    ``attempts`` None: no limit but the budget; ``budget_s`` None: no limit but the attempts.
+    """
+
+    attempts: int | None = 3
+    budget_s: float | None = None
+    first_wait_s: float = 0.5
+    max_wait_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.attempts is None and self.budget_s is None:
+            raise ValueError("a retry policy needs an attempt limit or a time budget")
+
+    def with_(self, **changes) -> "RetryPolicy":
+        """A copy with some fields changed (``attempts`` below 1 counts as 1)."""
+        if changes.get("attempts") is not None:
+            changes["attempts"] = max(1, int(changes["attempts"]))
+        return replace(self, **changes)
+
+    def call(
+        self,
+        attempt: Callable[[], T],
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        before_retry: Callable[[BaseException, int, float, float | None], None] | None = None,
+        give_up: Callable[[Transient, int], BaseException] | None = None,
+    ) -> T:
+        """``attempt()`` until it returns, raises something other than :class:`Transient`, or the
+        policy is spent. ``before_retry(error, attempts so far, pause, seconds left or None)`` runs
+        before each pause. When the policy is spent, the last Transient is raised, or
+        ``give_up(last, attempts)`` (raised from it) when given."""
+        start = clock()
+        tries = 0
+
+        def one() -> T:
+            nonlocal tries
+            tries += 1
+            return attempt()
+
+        def left() -> float | None:
+            return None if self.budget_s is None else self.budget_s - (clock() - start)
+
+        def stop(state: RetryCallState) -> bool:
+            remaining = left()
+            return ((self.attempts is not None and state.attempt_number >= self.attempts)
+                    or (remaining is not None and remaining <= 0))
+
+        backoff = wait_exponential(multiplier=self.first_wait_s, max=self.max_wait_s)
+
+        def wait(state: RetryCallState) -> float:
+            pause = backoff(state)
+            remaining = left()
+            return pause if remaining is None else max(0.0, min(pause, remaining))
+
+        def announce(state: RetryCallState) -> None:
+            if before_retry is not None and state.outcome is not None and state.next_action is not None:
+                before_retry(state.outcome.exception(), tries, state.next_action.sleep, left())
+
+        try:
+            return Retrying(stop=stop, wait=wait, retry=retry_if_exception_type(Transient), sleep=sleep,
+                            before_sleep=announce, reraise=True)(one)
+        except Transient as last:
+            if give_up is None:
+                raise
+            raise give_up(last, tries) from last
+
+
+#: Idempotent SLURM calls (client commands and slurmrestd requests).
+SLURM_CALLS = RetryPolicy(attempts=3, first_wait_s=0.5, max_wait_s=10.0)
+#: Idempotent Nomad requests (the defaults of ``NomadConfig.retry_*``).
+NOMAD_CALLS = RetryPolicy(attempts=4, budget_s=15.0, first_wait_s=0.25, max_wait_s=2.0)
+
+
+def submission(retry_s: float | None = None) -> RetryPolicy:
+    """Submit and cancel through an outage (:mod:`halo_sched.exactly_once`): for
+    :func:`retry_window` seconds, however many attempts that takes."""
+    return RetryPolicy(attempts=None, budget_s=retry_window(retry_s), first_wait_s=0.5, max_wait_s=8.0)
+
+
+def retry_window(value: float | None = None) -> float:
+    """Seconds to keep retrying a submission: ``value``, else ``$HALO_SUBMIT_RETRY_S``, else 120."""
+    if value is None:
+        raw = os.environ.get(RETRY_ENV, "").strip()
+        if not raw:
+            return DEFAULT_RETRY_S
+        try:
+            value = float(raw)
+        except ValueError:
+            raise UsageError(f"{RETRY_ENV}={raw!r} is not a number of seconds") from None
+        where = RETRY_ENV
+    else:
+        where = "retry_s"
+    if not (0 <= value <= 86400) or value != value:
+        raise UsageError(f"{where}={value!r}: use 0..86400 seconds")
+    return float(value)
