@@ -8,6 +8,7 @@ for the value.
 from __future__ import annotations
 
 import json
+import subprocess
 import os
 import sys
 import time
@@ -322,3 +323,132 @@ def test_subprocess_environment_of_sbatch_has_the_secret(tmp_path):
     assert call["env"]["HF_TOKEN"] == VALUE
     assert "--export=ALL" in call["argv"]
     assert_nowhere({"sbatch argv": " ".join(call["argv"]), "script": call["script"], "output": r.stdout + r.stderr})
+
+
+# ---- Nomad: the Variable is gone once the job ended ----------------------------------------
+
+
+def cli_env(fake, home: Path, **extra) -> dict:
+    return secret_env(NOMAD_ADDR=fake.address, NOMAD_TOKEN=TOKEN, HALO_SCHED_HOME=str(home),
+                      HALO_SUBMIT_RETRY_S="2", **extra)
+
+
+def submit_nomad(tmp_path, fake, env, *flags) -> subprocess.CompletedProcess:
+    f = job(tmp_path, backend_extra={"nomad": {"driver": "raw_exec"}})
+    return cli("submit", str(f), "--backend", "nomad", *flags, env=env, timeout=120)
+
+
+def end_job(fake, job_id: str, code: int) -> None:
+    for group in ("node-0", "workers"):
+        fake.finish(job_id, group, exit_code=code if group == "workers" else 0)
+
+
+@pytest.mark.parametrize("code, status", [(0, "COMPLETED"), (3, "FAILED")])
+def test_nomad_variable_is_gone_after_the_next_status_once_the_job_ended(tmp_path, code, status):
+    with FakeNomad([FakeNode("a"), FakeNode("b")], token=TOKEN) as fake:
+        env = cli_env(fake, tmp_path / "home")
+        r = submit_nomad(tmp_path, fake, env)
+        assert r.returncode == 0, r.stderr
+        job_id = r.stdout.strip().splitlines()[-1]
+        outputs = {"submit": r.stdout + r.stderr}
+        # Running: the Variable stays (a rank starting late still reads it).
+        r = cli("status", job_id, env=env)
+        outputs["status while running"] = r.stdout + r.stderr
+        assert "RUNNING" in r.stdout and fake.variables, r.stderr
+        end_job(fake, job_id, code)
+        assert fake.variables  # nobody has looked yet
+        r = cli("status", job_id, env=env)
+        outputs["status after the end"] = r.stdout + r.stderr
+        assert r.returncode == 0 and status in r.stdout, r.stderr
+        assert fake.variables == {}, "the ended job's Variable is still there"
+        assert fake.requests_to(f"/v1/var/{variable_path(job_id)}", method="DELETE")
+        # Seen again: a second delete of nothing is harmless and silent.
+        r = cli("list", env=env)
+        outputs["list"] = r.stdout + r.stderr
+        assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+    assert_nowhere(outputs)
+
+
+@pytest.mark.parametrize("code, status, rc", [(0, "COMPLETED", 0), (3, "FAILED", 1)])
+@pytest.mark.parametrize("how", ["submit --wait", "watch"])
+def test_nomad_variable_is_gone_after_a_wait_sees_the_end(tmp_path, code, status, rc, how):
+    import threading
+
+    with FakeNomad([FakeNode("a"), FakeNode("b")], token=TOKEN) as fake:
+        env = cli_env(fake, tmp_path / "home")
+        stop = threading.Event()
+
+        def finisher() -> None:  # ends whichever job appears, once both ranks run
+            while not stop.is_set():
+                ids = [j for (_, j) in list(fake._jobs)]
+                if ids and len(fake.allocs_of(ids[0])) == 2 and all(
+                        a["ClientStatus"] == "running" for a in fake.allocs_of(ids[0])):
+                    time.sleep(0.5)
+                    end_job(fake, ids[0], code)
+                    return
+                time.sleep(0.1)
+
+        t = threading.Thread(target=finisher, daemon=True)
+        if how == "submit --wait":
+            t.start()
+            r = submit_nomad(tmp_path, fake, env, "--wait", "--quiet", "--timeout", "60")
+        else:
+            r = submit_nomad(tmp_path, fake, env)
+            assert r.returncode == 0 and fake.variables, r.stderr
+            t.start()
+            r = cli("watch", r.stdout.strip().splitlines()[-1], "--quiet", "--timeout", "60", env=env, timeout=120)
+        stop.set()
+        t.join(timeout=10)
+        assert r.returncode == rc and status in r.stderr, r.stderr
+        assert fake.variables == {}, "the ended job's Variable is still there"
+    assert_nowhere({how: r.stdout + r.stderr})
+
+
+def test_nomad_failed_delete_is_one_warning_and_never_fails_status(tmp_path):
+    with FakeNomad([FakeNode("a"), FakeNode("b")], token=TOKEN) as fake:
+        env = cli_env(fake, tmp_path / "home")
+        r = submit_nomad(tmp_path, fake, env)
+        job_id = r.stdout.strip().splitlines()[-1]
+        end_job(fake, job_id, 0)
+        fake.fail_next(50, status=403, body="Permission denied", path_contains="/v1/var/")
+        r = cli("status", job_id, env=env)
+        assert r.returncode == 0 and "COMPLETED" in r.stdout, r.stderr
+        warnings = [line for line in r.stderr.splitlines() if "warning" in line]
+        assert len(warnings) == 1 and "halo-sched gc" in warnings[0] and '"destroy"' in warnings[0], r.stderr
+        assert fake.variables  # still there: gc gets it
+        fake._fail_queue.clear()
+        r = cli("gc", env=env)
+        assert r.returncode == 0 and r.stdout.split() == [job_id, variable_path(job_id)], r.stderr
+        assert fake.variables == {}
+    assert_nowhere({"status": r.stdout + r.stderr})
+
+
+def test_nomad_gc_clears_an_unwatched_ended_job_and_keeps_a_running_one(tmp_path):
+    with FakeNomad([FakeNode("a"), FakeNode("b"), FakeNode("c"), FakeNode("d")], token=TOKEN) as fake:
+        env = cli_env(fake, tmp_path / "home")
+        ids = []
+        for _ in range(3):
+            r = submit_nomad(tmp_path, fake, env)
+            assert r.returncode == 0, r.stderr
+            ids.append(r.stdout.strip().splitlines()[-1])
+        ended, running, purged = ids
+        fake.set_running(running)
+        end_job(fake, ended, 0)
+        # One that Nomad no longer knows, its Variable left behind (a purge by hand, say).
+        fake.finish(purged, "node-0", 0)
+        fake.finish(purged, "workers", 1)
+        with fake._lock:
+            del fake._jobs[("default", purged)]
+        assert len(fake.variables) == 3
+        r = cli("gc", env=env)
+        assert r.returncode == 0, r.stderr
+        assert sorted(r.stdout.splitlines()) == sorted(f"{i}\t{variable_path(i)}" for i in (ended, purged))
+        assert [p for _, p in fake.variables] == [variable_path(running)]
+        assert "1 job still pending or running" in r.stderr and "2 ended jobs" in r.stderr, r.stderr
+        # Nothing left to do: nothing reported, still exit 0.
+        r2 = cli("gc", env=env)
+        assert r2.returncode == 0 and r2.stdout == "" and [p for _, p in fake.variables] == [variable_path(running)]
+        # Nomad unreachable: exit 1, nothing claimed.
+    r3 = cli("gc", env={**env, "NOMAD_ADDR": "http://127.0.0.1:9", "HALO_SUBMIT_RETRY_S": "1"}, timeout=120)
+    assert r3.returncode == 1 and r3.stdout == "" and "Traceback" not in r3.stderr, r3.stderr
+    assert_nowhere({"gc": r.stdout + r.stderr, "gc again": r2.stdout + r2.stderr, "gc unreachable": r3.stderr})

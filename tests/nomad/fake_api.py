@@ -853,6 +853,8 @@ class FakeNomad:
             return 200, self._status_side_get(rest, namespace, query)  # status side: see the end of the class
         if rest[:1] == ["var"] and len(rest) > 1:
             return self._variable(method, "/".join(rest[1:]), namespace, body)
+        if rest == ["vars"] and method == "GET":
+            return self._variable_list(namespace, query.get("prefix", ""))
         with self._lock:
             if rest == ["jobs"] and method == "GET":
                 return 200, self._list_jobs(namespace, query.get("prefix", ""))
@@ -879,7 +881,7 @@ class FakeNomad:
 
     # Nomad Variables: command/agent/variable_endpoint.go (VariableSpecificRequest: GET query,
     # PUT/POST upsert, DELETE) over nomad/variables_endpoint.go; paths as nomad/structs/variables.go
-    # ValidatePath checks them. Locks, CAS and the list endpoint are not modelled.
+    # ValidatePath checks them. Locks and CAS are not modelled; the list endpoint answers metadata.
     _VAR_PATH_RE = re.compile(r"^[a-zA-Z0-9\-_~/]{1,128}$")
 
     def _variable(self, method: str, path: str, namespace: str, body: Any) -> tuple[int, Any]:
@@ -910,9 +912,22 @@ class FakeNomad:
                 meta = {k: v for k, v in self.variables[key].items() if k != "Items"}
                 return 200, meta
             if method == "DELETE":
+                # A missing Variable deletes successfully (nomad/state/state_store_variables.go
+                # svDeleteTxn:400-401@v2.0.5); success is 204 No Content, no body
+                # (command/agent/variable_endpoint.go variableDelete:266-267@v2.0.5). No check-index
+                # (?cas=) nor locks: halo-sched uses neither.
                 self.variables.pop(key, None)
-                return 200, None
+                return 204, None
         raise _HTTPError(405, "Invalid method")
+
+    def _variable_list(self, namespace: str, prefix: str) -> tuple[int, list[dict]]:
+        """``GET /v1/vars?prefix=``: the metadata of each Variable under the prefix, never its Items
+        (command/agent/variable_endpoint.go VariablesListRequest -> nomad/variables_endpoint.go
+        List, v2.0.5); pagination is not modelled."""
+        with self._lock:
+            return 200, [{k: v for k, v in var.items() if k != "Items"}
+                         for (ns, path), var in sorted(self.variables.items())
+                         if (namespace == "*" or ns == namespace) and path.startswith(prefix)]
 
     def _list_jobs(self, namespace: str, prefix: str) -> list[dict]:
         out = []
@@ -1350,7 +1365,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(err.status, err.text.encode(), "text/plain; charset=utf-8")
             return
         record.status = status
-        self._send(status, json.dumps(payload).encode(), "application/json")
+        self._send(status, b"" if status == 204 else json.dumps(payload).encode(), "application/json")
 
     def _authorize(self, method: str) -> None:
         tokens = self.fake.acl_tokens

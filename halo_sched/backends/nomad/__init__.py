@@ -10,10 +10,10 @@ import re
 import sys
 from typing import Callable, Iterator, Sequence
 
-from ...errors import SchedulerError, UsageError
+from ...errors import HaloError, SchedulerError, UsageError
 from ...spec import JobSpec
 from ..base import DryRun, JobState, Scheduler
-from .render import TASK, client_requirements, job_payload, render_hcl, submission_id, variable_path
+from .render import SECRETS_META, TASK, client_requirements, job_payload, render_hcl, submission_id, variable_path
 
 _ID_RE = re.compile(r"^(?:([A-Za-z0-9_-]+):)?(?:([A-Za-z0-9_-]+)/)?([A-Za-z0-9][A-Za-z0-9_.-]*)\Z")
 
@@ -34,6 +34,7 @@ class NomadScheduler(Scheduler):
         self.retry_s = retry_s  # submit/cancel ride out outages this long (None: HALO_SUBMIT_RETRY_S or 120 s)
         self._scoped: dict[tuple, object] = {}
         self._failure_logs = None  # FailureLogs, built on the first failure seen
+        self._secrets_gone: set[tuple[int, str]] = set()  # (client, job) whose Variable this process deleted
 
     def watch_key(self):
         # Handles on schedulers of one client share one watcher; without a client object, those
@@ -170,7 +171,78 @@ class NomadScheduler(Scheduler):
                 # Which rank failed first: the failure lines in the dead allocations' logs.
                 st.failure = self._failures().report(c, st, allocs.get(name, []))
                 out[i] = st
+                if st.status.terminal and SECRETS_META in ((jobs.get(name) or {}).get("Meta") or {}):
+                    self._forget_secrets(c, i, name)
         return out
+
+    # ---- secrets: gone once the job ended ------------------------------------------------------
+
+    def _forget_secrets(self, c, job_id: str, name: str) -> bool:
+        """Delete the Variable of a job seen ended (idempotent: Nomad answers a delete of a
+        missing Variable with success, nomad/state/state_store_variables.go:400-401@v2.0.5). Its
+        tasks read it once, when they start, so nothing needs it any more. Never fails the
+        command: a failed delete is one warning line; ``halo-sched gc`` tries again."""
+        if (id(c), name) in self._secrets_gone:
+            return True
+        path = variable_path(name)
+        try:
+            c.delete_variable(path)
+        except HaloError as err:
+            why = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+            hint = (' (the token needs variables { path "nomad/jobs/*" { capabilities = ["destroy"] } })'
+                    if getattr(err, "status", None) == 403 else "")
+            _say(f"warning: {job_id} ended but its secrets (Nomad Variable {path}) were not deleted: {why}{hint}; "
+                 "`halo-sched gc` deletes them later")
+            return False
+        self._secrets_gone.add((id(c), name))
+        return True
+
+    def _forget_secrets_if_ended(self, c, job_id: str, name: str, state: JobState) -> None:
+        """After a wait: the job's Variable goes when the job ended and carries one."""
+        if not state.status.terminal or (id(c), name) in self._secrets_gone:
+            return
+        try:
+            stubs = c.job_stubs([name])
+        except HaloError:
+            stubs = None  # unknown: delete anyway (a missing Variable is no error)
+        if stubs is None or any(SECRETS_META in (j.get("Meta") or {}) for j in stubs if j.get("ID") == name):
+            self._forget_secrets(c, job_id, name)
+
+    def collect_secrets(self, ids: Sequence[str]) -> tuple[list[tuple[str, str]], list[str], list[str]]:
+        """``halo-sched gc``: of the jobs ``ids`` (halo-sched's records), delete the Variable of every
+        one that ended or that Nomad no longer knows (stopped with purge, garbage-collected). A job
+        still pending or running keeps its Variable. Returns (removed [(id, path)], kept [id],
+        problems [line]); a scheduler that cannot be asked raises (nothing deleted)."""
+        removed: list[tuple[str, str]] = []
+        kept: list[str] = []
+        problems: list[str] = []
+        for c, items in self._by_client(ids):
+            try:
+                # Which Variables exist (metadata only, never a value): to report only real removals.
+                present: set[str] | None = c.variable_paths("nomad/jobs/")
+            except HaloError as err:
+                present = None  # not allowed to list: delete each candidate (idempotent) all the same
+                problems.append(f"could not list Nomad Variables ({str(err).splitlines()[0][:200]}); "
+                                "deleting each ended job's Variable without knowing whether it existed")
+            before = set(self._secrets_gone)
+            states = self.describe([i for i, _ in items])
+            for job_id, name in items:
+                st = states[job_id]
+                path = variable_path(name)
+                gone = st.raw_state == "not found"
+                if not (st.status.terminal or gone):
+                    if present is None or path in present:
+                        kept.append(job_id)
+                    continue
+                if present is not None and path not in present:
+                    continue
+                if (id(c), name) in before:
+                    continue  # already deleted by this process earlier: nothing was there any more
+                if self._forget_secrets(c, job_id, name):
+                    removed.append((job_id, path))
+                else:
+                    problems.append(f"{job_id}: its Variable {path} could not be deleted")
+        return removed, kept, problems
 
     def _failures(self):
         if self._failure_logs is None:
@@ -219,7 +291,9 @@ class NomadScheduler(Scheduler):
         if res.timed_out:
             _say(res.describe())
         res.state.id = job_id
-        return self._with_failure(c, name, res.state)
+        state = self._with_failure(c, name, res.state)
+        self._forget_secrets_if_ended(c, job_id, name, state)
+        return state
 
     def wait(self, job_id: str, timeout: float | None = None, poll: float = 1.0, max_poll: float = 30.0,
              on_change: Callable[[JobState], None] | None = None,
@@ -236,6 +310,7 @@ class NomadScheduler(Scheduler):
         if res.stopped and state.failure is not None:
             # The state's text now leads with the first failure; say what the watcher did too.
             _say(res.stop_reason)
+        self._forget_secrets_if_ended(c, job_id, name, state)
         return state
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:

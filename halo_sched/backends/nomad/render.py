@@ -61,6 +61,9 @@ PORT_LABEL = "rdzv"
 ENTRY_PATH = "local/halo-entry.sh"
 MASTER_FILE = nomad_servers.MASTER_FILE
 NODES_META = "halo_sched_nodes"
+#: Job meta naming the job's secrets Variable (its path; never a value): whoever sees the job
+#: ended deletes that Variable (``NomadScheduler``), and only for jobs that carry this key.
+SECRETS_META = "halo_sched_secrets"
 #: Node rank 0: count 1, the rendezvous port and service.
 LEADER_GROUP = "node-0"
 #: Node ranks 1..N-1: count N-1, node rank = 1 + the allocation's name index.
@@ -340,6 +343,8 @@ def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
                  "halo_sched_world_size": str(checked_int(spec.world_size, "nproc_per_node"))},
         "TaskGroups": [_group(spec, job_id, name, count, entry, delims) for name, count in group_counts(spec.nodes).items()],
     }
+    if spec.secret_names:
+        job["Meta"][SECRETS_META] = variable_path(job_id)
     if spec.servers:
         if nm.driver == "docker" and not all(r.image or spec.image for r in spec.servers):
             raise SpecError([("servers", "the Nomad docker driver needs an image for every server role; set "
