@@ -452,3 +452,112 @@ def test_nomad_gc_clears_an_unwatched_ended_job_and_keeps_a_running_one(tmp_path
     r3 = cli("gc", env={**env, "NOMAD_ADDR": "http://127.0.0.1:9", "HALO_SUBMIT_RETRY_S": "1"}, timeout=120)
     assert r3.returncode == 1 and r3.stdout == "" and "Traceback" not in r3.stderr, r3.stderr
     assert_nowhere({"gc": r.stdout + r.stderr, "gc again": r2.stdout + r2.stderr, "gc unreachable": r3.stderr})
+
+
+# ---- Nomad: the task's own user reads its secret -------------------------------------------
+
+NON_ROOT = (1000, 1000)
+
+
+def write_as_nomad_renders(path: Path, content: str, tpl: dict) -> None:
+    """A rendered template as the Nomad client leaves it: written by the agent (root), mode from
+    Perms, owner changed only when Uid/Gid are set (client/allocrunner/taskrunner/template/
+    template.go:814-826@v2.0.5; consul-template renderer sets them on the file it writes)."""
+    path.write_text(content)
+    os.chmod(path, int(tpl["Perms"], 8))
+    uid, gid = tpl.get("Uid"), tpl.get("Gid")
+    if (uid is not None and uid >= 0) or (gid is not None and gid >= 0):
+        os.chown(path, uid if uid is not None and uid >= 0 else -1, gid if gid is not None and gid >= 0 else -1)
+
+
+def run_secret_part_as(spec, job_id: str, task_dir: Path, user: tuple[int, int], values: dict | None) -> subprocess.CompletedProcess:
+    """The job's own rendered entry script, up to its secret reads, run as ``user`` in a task dir
+    laid out as the client does (secrets/ 0777, client/allocdir/task_dir.go:326@v2.0.5), each secret
+    file written as Nomad would from the job's own template (its Perms, Uid, Gid)."""
+    task = job_payload(spec, job_id)["Job"]["TaskGroups"][0]["Tasks"][0]
+    secrets_dir = task_dir / "secrets"
+    secrets_dir.mkdir(parents=True)
+    os.chmod(task_dir, 0o777)
+    os.chmod(secrets_dir, 0o777)
+    for tpl in task["Templates"]:
+        name = tpl["DestPath"].rsplit("halo-secret-", 1)[-1]
+        if tpl["DestPath"].startswith("secrets/") and values is not None and name in values:
+            write_as_nomad_renders(task_dir / tpl["DestPath"], "+" + values[name], tpl)
+    entry = task["Templates"][0]["EmbeddedTmpl"]
+    lines = entry.splitlines(keepends=True)
+    last = max(i for i, line in enumerate(lines) if line.startswith("halo_secret "))
+    script = "".join(lines[:last + 1]) + 'printf "%s" "$HF_TOKEN" | od -An -tx1 | tr -d " \\n"\n'
+    (task_dir / "run.sh").write_text(script)
+    os.chmod(task_dir / "run.sh", 0o755)
+    env = {"PATH": "/usr/bin:/bin", "HALO_NODE_RANK": "0", "HALO_SECRETS_DIR": str(secrets_dir),
+           "NOMAD_JOB_ID": job_id, **({"NOMAD_TASK_DIR": str(task_dir)})}
+    return subprocess.run(["/bin/bash", str(task_dir / "run.sh")], env=env, capture_output=True, text=True,
+                          timeout=30, cwd="/", preexec_fn=lambda: (os.setgroups([]), os.setgid(user[1]), os.setuid(user[0])))
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner and the task's user needs root")
+
+
+@pytest.fixture
+def open_dir():
+    """A directory another user can reach (pytest's tmp_path lies under a 0700 directory)."""
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="halo-secrets-"))
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@needs_root
+def test_nomad_non_root_task_reads_its_secret_rendered_for_nomad_user(tmp_path, open_dir):
+    spec = halo_sched.load(job(tmp_path, image="trainer:1", nomad={"driver": "docker", "user": "1000:1000"}))
+    task = job_payload(spec, "secret-job-1")["Job"]["TaskGroups"][0]["Tasks"][0]
+    # The container runs as that user whatever the image's USER (drivers/docker/driver.go:1055@v2.0.5).
+    assert task["User"] == "1000:1000"
+    secret_tpls = [t for t in task["Templates"] if t["DestPath"].startswith("secrets/")]
+    assert secret_tpls and all((t["Perms"], t["Uid"], t["Gid"]) == ("0400", 1000, 1000) for t in secret_tpls)
+    hcl = render_hcl(spec, "secret-job-1")
+    assert 'user         = "1000:1000"' in hcl and "uid         = 1000" in hcl and "gid         = 1000" in hcl
+    r = run_secret_part_as(spec, "secret-job-1", open_dir / "task", NON_ROOT,
+                           {"HF_TOKEN": VALUE, "WANDB_API_KEY": "wandb-" + MARK})
+    assert r.returncode == 0, r.stderr
+    assert bytes.fromhex(r.stdout) == VALUE.encode()
+    assert_nowhere({"stderr": r.stderr})
+
+
+@needs_root
+def test_nomad_unreadable_secret_is_named_as_such_not_as_missing(tmp_path, open_dir):
+    # No nomad.user: the file stays the agent's (root's), 0400; the image's user is not root.
+    spec = halo_sched.load(job(tmp_path, image="trainer:1", nomad={"driver": "docker"}))
+    assert "User" not in job_payload(spec, "secret-job-1")["Job"]["TaskGroups"][0]["Tasks"][0]
+    r = run_secret_part_as(spec, "secret-job-1", open_dir / "a", NON_ROOT,
+                           {"HF_TOKEN": VALUE, "WANDB_API_KEY": "wandb-" + MARK})
+    assert r.returncode == 1
+    assert "secret HF_TOKEN (secret_env) is there but this task's user (uid 1000, gid 1000) cannot read it" in r.stderr
+    assert "owner uid:gid 0:0 and mode 400" in r.stderr and "nomad.user" in r.stderr and "missing" not in r.stderr
+    # No file at all, and an empty file (the store has no item): "missing", each with its cause.
+    r = run_secret_part_as(spec, "secret-job-1", open_dir / "b", NON_ROOT, None)
+    assert r.returncode == 1 and "HF_TOKEN (secret_env) is missing: there is no file" in r.stderr, r.stderr
+    r = run_secret_part_as(spec, "secret-job-1", open_dir / "c", (0, 0), {"HF_TOKEN": VALUE})
+    assert r.returncode == 1 and "WANDB_API_KEY (secret_env) is missing: there is no file" in r.stderr, r.stderr
+    assert_nowhere({"stderr": r.stderr})
+
+
+def test_nomad_exec_with_secrets_needs_nomad_user(tmp_path):
+    spec = halo_sched.load(job(tmp_path, nomad={"driver": "exec"}))
+    with pytest.raises(SpecError) as info:
+        job_payload(spec, "secret-job-1")
+    assert info.value.problems[0][0] == "nomad.user" and "nobody" in info.value.problems[0][1]
+    spec = halo_sched.load(job(tmp_path, nomad={"driver": "exec", "user": "65534:65534"}))
+    task = job_payload(spec, "secret-job-1")["Job"]["TaskGroups"][0]["Tasks"][0]
+    assert "User" not in task  # exec takes a host user name: nobody runs it
+    assert {(t["Uid"], t["Gid"]) for t in task["Templates"] if t["DestPath"].startswith("secrets/")} == {(65534, 65534)}
+
+
+@pytest.mark.parametrize("bad", ["1000", "me:me", "1000:", "-1:0", "99999999999:0", "1000:1000:1"])
+def test_nomad_user_is_numeric_uid_gid(bad):
+    with pytest.raises(SpecError) as info:
+        loads(BASE + f"nomad: {{user: '{bad}'}}\n")
+    assert any(f.startswith("nomad.user") for f, _ in info.value.problems), info.value.problems

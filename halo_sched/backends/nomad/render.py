@@ -146,8 +146,48 @@ def secret_wiring(job_id: str, names: list[str]) -> tuple[dict, list[dict]]:
         return {}, []
     names = [check(name, "variable name", "secret_env") for name in names]
     return {SECRETS_DIR_VAR: "${NOMAD_SECRETS_DIR}"}, [
-        {"EmbeddedTmpl": secret_template(job_id, name), "DestPath": f"secrets/halo-secret-{name}", "Perms": "0400",
+        {"EmbeddedTmpl": secret_template(job_id, name), "DestPath": f"secrets/halo-secret-{name}", "Perms": SECRET_PERMS,
          "ChangeMode": "noop"} for name in names]
+
+
+SECRET_PERMS = "0400"
+
+
+def secret_owner(spec: JobSpec, job: dict) -> None:
+    """Who can read the secret files, set on ``job``'s tasks in place.
+
+    The choice: ``uid``/``gid`` on the secret templates, from ``nomad.user``, and never a wider
+    mode. Nomad renders a template as the client agent's user and changes its owner only when the
+    template sets ``uid``/``gid`` (client/allocrunner/taskrunner/template/template.go:821-826@v2.0.5),
+    so ``perms = "0400"`` alone leaves the file readable by root only. A mode open to others is
+    not made safe by the task directory: the client's alloc dir is 0711
+    (client/client.go:742@v2.0.5), each allocation's dir 0755 (client/allocdir/alloc_dir.go:357),
+    the task dir and its secrets/ tmpfs 0777 (client/allocdir/task_dir.go:131, 326@v2.0.5, with
+    fs_unix.go:36-37 forcing the 0777 bits), so any user of the client host who learns the
+    allocation id (from the API, or ``ps``) could read a 0444 file. So the file stays 0400 and
+    goes to the task's own user:
+
+    - docker: the task runs as ``nomad.user`` too (the task's ``user``, which the docker driver
+      makes the container's user, drivers/docker/driver.go:1055@v2.0.5), whatever the image's
+      USER; without it the image's USER runs and must be root to read a file owned by root.
+    - exec: the driver runs the task as ``nobody`` unless the task names a host user
+      (drivers/exec/driver.go:472-473@v2.0.5); a name, which halo-sched cannot know the ids of,
+      so the job must say nobody's ids (``nomad.user``), and a job with secrets and no
+      ``nomad.user`` is refused (its task could never read them).
+    - raw_exec: the task runs as the agent's user (root), which reads the file either way;
+      ``nomad.user`` still gives it that owner.
+    """
+    owner = spec.nomad.owner
+    if owner is None:
+        return
+    uid, gid = checked_int(owner[0], "nomad.user"), checked_int(owner[1], "nomad.user")
+    for group in job["TaskGroups"]:
+        for task in group["Tasks"]:
+            if spec.nomad.driver == "docker":
+                task["User"] = f"{uid}:{gid}"
+            for tpl in task.get("Templates") or []:
+                if tpl["DestPath"].startswith("secrets/halo-secret-"):
+                    tpl["Uid"], tpl["Gid"] = uid, gid
 
 
 def master_template(job_id: str) -> str:
@@ -325,6 +365,10 @@ def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
         # [a-zA-Z0-9-_~/] (nomad/structs/variables.go validVariablePath).
         raise SpecError([("name", "with secret_env on Nomad the name may not contain '.' (a Nomad Variable path "
                                   "carries the job id and allows only letters, digits, '-', '_' and '~')")])
+    if spec.secret_names and nm.driver == "exec" and nm.user is None:
+        raise SpecError([("nomad.user", "with secret_env and nomad.driver exec, give the uid:gid the task runs as: "
+                                        "the exec driver runs it as nobody (Nomad drivers/exec/driver.go), and the "
+                                        "secret files are readable by their owner only; nobody is usually 65534:65534")])
     entry = entry_script(spec)
     delims = _delimiters(entry)
     # The name and the id end up in paths, service names and Go templates: never anything else.
@@ -355,6 +399,7 @@ def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
                                                          lambda image, gpus, args: _config_and_resources(spec, image, gpus, args),
                                                          policies, secret_wiring(job_id, r.secret_env))
                               for r in spec.servers]
+    secret_owner(spec, job)
     if nm.namespace:
         job["Namespace"] = nm.namespace
     if nm.region:
