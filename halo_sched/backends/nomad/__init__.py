@@ -138,7 +138,19 @@ class NomadScheduler(Scheduler):
         self._preflight(client, spec, payload)
         resp = client.plan(payload)
         groups = plan_summary(resp)
-        return all(g.can_place for g in groups), format_plan(resp, spec.name)
+        clients_ok, client_lines = self._check_clients(client, payload["Job"])
+        return all(g.can_place for g in groups) and clients_ok, "\n".join([format_plan(resp, spec.name), *client_lines])
+
+    def _check_clients(self, client, job: dict) -> tuple[bool, list[str]]:
+        """``plan``: every client setting the job needs, checked on the nodes where the API shows it."""
+        from .plan import check_clients
+        from .render import client_needs
+
+        try:
+            nodes, why = client.nodes(), ""
+        except HaloError as err:
+            nodes, why = None, str(err).splitlines()[0][:200]
+        return check_clients(client_needs(job), nodes, job.get("Datacenters") or ["*"], why)
 
     def _by_client(self, ids: Sequence[str]) -> list[tuple[object, list[tuple[str, str]]]]:
         """The ids grouped by the client (namespace/region) that reaches them: [(client, [(id, name)])]."""

@@ -501,6 +501,13 @@ class NomadClient:
 
         self._call(f"delete Nomad Variable {path!r}", delete)
 
+    def nodes(self) -> list[dict]:
+        """Every client node with its drivers (detected, healthy, fingerprint attributes) and
+        resources: ``GET /v1/nodes?resources=true`` (command/agent/node_endpoint.go NodesRequest;
+        NodeListStub, nomad/structs/structs.go:2337-2357@v2.0.5). Needs node:read."""
+        data, _ = self._get_json("list Nomad client nodes", "/v1/nodes", {"resources": "true"})
+        return [n for n in data or [] if isinstance(n, dict)]
+
     def variable_paths(self, prefix: str) -> set[str]:
         """The paths of the Variables under ``prefix`` in this client's namespace: ``GET
         /v1/vars?prefix=`` (command/agent/variable_endpoint.go ``VariablesListRequest``, v2.0.5)
