@@ -561,3 +561,20 @@ def test_nomad_user_is_numeric_uid_gid(bad):
     with pytest.raises(SpecError) as info:
         loads(BASE + f"nomad: {{user: '{bad}'}}\n")
     assert any(f.startswith("nomad.user") for f, _ in info.value.problems), info.value.problems
+
+
+def test_nomad_list_deletes_each_ended_job_secrets_once(tmp_path):
+    with FakeNomad([FakeNode("a"), FakeNode("b")], token=TOKEN) as fake:
+        env = cli_env(fake, tmp_path / "home")
+        ids = [submit_nomad(tmp_path, fake, env).stdout.strip().splitlines()[-1] for _ in range(3)]
+        for job_id in ids[:2]:
+            end_job(fake, job_id, 0)
+        r = cli("list", env=env)
+        assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+        assert [p for _, p in fake.variables] == [variable_path(ids[2])]  # the running one keeps its own
+        deletes = len(fake.requests_to("/v1/var/", method="DELETE"))
+        assert deletes == 2
+        # Seen again: one listing of what is left, no delete of what is already gone.
+        r = cli("list", env=env)
+        assert r.returncode == 0 and len(fake.requests_to("/v1/var/", method="DELETE")) == deletes, r.stderr
+    assert_nowhere({"list": r.stdout + r.stderr})

@@ -183,9 +183,23 @@ class NomadScheduler(Scheduler):
                 # Which rank failed first: the failure lines in the dead allocations' logs.
                 st.failure = self._failures().report(c, st, allocs.get(name, []))
                 out[i] = st
-                if st.status.terminal and SECRETS_META in ((jobs.get(name) or {}).get("Meta") or {}):
-                    self._forget_secrets(c, i, name)
+            self._forget_ended_secrets(c, [(i, name) for i, name in items if out[i].status.terminal
+                                           and SECRETS_META in ((jobs.get(name) or {}).get("Meta") or {})])
         return out
+
+    def _forget_ended_secrets(self, c, ended: list[tuple[str, str]]) -> None:
+        """Delete the Variables of these ended jobs. For several (``list``), one metadata listing
+        first, so that jobs whose Variable is already gone cost no request; where listing is not
+        allowed, each is deleted all the same (a delete of nothing succeeds)."""
+        ended = [(i, name) for i, name in ended if (id(c), name) not in self._secrets_gone]
+        if len(ended) > 1:
+            try:
+                present = c.variable_paths("nomad/jobs/")
+                ended = [(i, name) for i, name in ended if variable_path(name) in present]
+            except HaloError:
+                pass
+        for job_id, name in ended:
+            self._forget_secrets(c, job_id, name)
 
     # ---- secrets: gone once the job ended ------------------------------------------------------
 
