@@ -315,11 +315,11 @@ def client_needs(job: dict) -> list[ClientNeed]:
         # ["runc", "nvidia"], config.go:272-275; driver.go:1074-1076). The NVIDIA_VISIBLE_DEVICES
         # test: driver.go:80, 1065.
         needs.append(ClientNeed(
-            "gpus_per_node (docker)", "the nvidia device plugin (nomad-device-nvidia) fingerprinting the GPUs",
+            "gpus_per_node (docker)", "the nvidia device plugin (nomad-device-nvidia) listing the GPUs",
             "NodeResources.Devices (Vendor nvidia, Type gpu)", _has_nvidia_gpus, on_docker))
         needs.append(ClientNeed(
-            "gpus_per_node (docker)", "Docker's nvidia runtime (NVIDIA Container Toolkit: nvidia-ctk runtime "
-            'configure --runtime=docker), named as the docker plugin\'s nvidia_runtime says ("nvidia" by default)',
+            "gpus_per_node (docker)", "Docker's nvidia runtime (NVIDIA Container Toolkit), named as the plugin's "
+            "nvidia_runtime (default nvidia)",
             "attribute driver.docker.runtimes",
             lambda node: "nvidia" in _docker_attr("driver.docker.runtimes")(node).split(","),
             lambda node: on_docker(node) and _has_nvidia_gpus(node)))
