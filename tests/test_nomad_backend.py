@@ -44,6 +44,9 @@ def _variants():
     yield "gpu-5-ep", gpu.model_copy(update={"nodes": 5, "network": gpu.network.model_copy(update={"cross_node_expert_parallel": True})})
     yield "raw-3", cpu.model_copy(update={"nodes": 3, "nomad": raw})
     yield "region-priority", cpu.model_copy(update={"nomad": raw.model_copy(update={"region": "eu", "priority": 70})})
+    # Secrets rendered for the task's own user: the task's user, the templates' uid/gid.
+    yield "gpu-secrets-user", gpu.model_copy(update={"secret_env": ["HF_TOKEN"],
+                                                      "nomad": gpu.nomad.model_copy(update={"user": "1000:1000"})})
 
 
 @pytest.mark.parametrize("name, spec", list(_variants()), ids=[n for n, _ in _variants()])
