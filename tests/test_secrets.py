@@ -414,8 +414,14 @@ def test_nomad_failed_delete_is_one_warning_and_never_fails_status(tmp_path):
         r = cli("status", job_id, env=env)
         assert r.returncode == 0 and "COMPLETED" in r.stdout, r.stderr
         warnings = [line for line in r.stderr.splitlines() if "warning" in line]
-        assert len(warnings) == 1 and "halo-sched gc" in warnings[0] and '"destroy"' in warnings[0], r.stderr
+        assert len(warnings) == 1 and "halo-sched gc" in warnings[0] and "\"destroy\"" in warnings[0], r.stderr
+        assert len(warnings[0]) < 200, warnings
         assert fake.variables  # still there: gc gets it
+        # gc while deletes still fail: exit 1, one warning and one line naming the job, nothing claimed.
+        fake.fail_next(50, status=403, body="Permission denied", path_contains="/v1/var/")
+        r = cli("gc", env=env)
+        assert r.returncode == 1 and r.stdout == "", r.stderr
+        assert r.stderr.count("warning") == 1 and r.stderr.count("could not be deleted") == 1, r.stderr
         fake._fail_queue.clear()
         r = cli("gc", env=env)
         assert r.returncode == 0 and r.stdout.split() == [job_id, variable_path(job_id)], r.stderr

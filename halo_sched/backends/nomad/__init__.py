@@ -35,6 +35,7 @@ class NomadScheduler(Scheduler):
         self._scoped: dict[tuple, object] = {}
         self._failure_logs = None  # FailureLogs, built on the first failure seen
         self._secrets_gone: set[tuple[int, str]] = set()  # (client, job) whose Variable this process deleted
+        self._secrets_failed: set[tuple[int, str]] = set()  # ... or failed to (and said so)
 
     def watch_key(self):
         # Handles on schedulers of one client share one watcher; without a client object, those
@@ -208,19 +209,26 @@ class NomadScheduler(Scheduler):
         missing Variable with success, nomad/state/state_store_variables.go:400-401@v2.0.5). Its
         tasks read it once, when they start, so nothing needs it any more. Never fails the
         command: a failed delete is one warning line; ``halo-sched gc`` tries again."""
-        if (id(c), name) in self._secrets_gone:
+        key = (id(c), name)
+        if key in self._secrets_gone:
             return True
+        if key in self._secrets_failed:
+            return False  # one attempt and one warning per process
         path = variable_path(name)
         try:
             c.delete_variable(path)
         except HaloError as err:
-            why = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
-            hint = (' (the token needs variables { path "nomad/jobs/*" { capabilities = ["destroy"] } })'
-                    if getattr(err, "status", None) == 403 else "")
-            _say(f"warning: {job_id} ended but its secrets (Nomad Variable {path}) were not deleted: {why}{hint}; "
-                 "`halo-sched gc` deletes them later")
+            self._secrets_failed.add(key)
+            status = getattr(err, "status", None)
+            if status:
+                body = " ".join(str(getattr(err, "body", "") or "").split())[:80]
+                why = f"HTTP {status}{': ' + body if body else ''}"
+            else:
+                why = " ".join(str(err).split())[:120]
+            hint = '; the token needs "destroy" on nomad/jobs/*' if status == 403 else ""
+            _say(f"warning: {job_id}'s secrets Variable not deleted ({why}{hint}); `halo-sched gc` retries")
             return False
-        self._secrets_gone.add((id(c), name))
+        self._secrets_gone.add(key)
         return True
 
     def _forget_secrets_if_ended(self, c, job_id: str, name: str, state: JobState) -> None:
