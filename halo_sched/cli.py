@@ -717,14 +717,14 @@ def cmd_gc(args) -> int:
     if not ids:
         _err("halo-sched: gc: no Nomad job records; nothing to delete")
         return 0
-    removed, kept, problems = _scheduler("nomad").collect_secrets(ids)
+    removed, kept, failed, notes = _scheduler("nomad").collect_secrets(ids)
     for job_id, path in removed:
         print(f"{job_id}\t{path}", flush=True)
-    for line in problems:
+    for line in notes + failed:
         _err(f"halo-sched: gc: {line}")
     _err(f"halo-sched: gc: deleted the secrets of {len(removed)} ended job{'s' * (len(removed) != 1)}"
          + (f"; kept those of {len(kept)} job{'s' * (len(kept) != 1)} still pending or running" if kept else ""))
-    return 1 if problems and any("could not be deleted" in p for p in problems) else 0
+    return 1 if failed else 0
 
 
 COMMANDS = {

@@ -242,21 +242,23 @@ class NomadScheduler(Scheduler):
         if stubs is None or any(SECRETS_META in (j.get("Meta") or {}) for j in stubs if j.get("ID") == name):
             self._forget_secrets(c, job_id, name)
 
-    def collect_secrets(self, ids: Sequence[str]) -> tuple[list[tuple[str, str]], list[str], list[str]]:
+    def collect_secrets(self, ids: Sequence[str]) -> tuple[list[tuple[str, str]], list[str], list[str], list[str]]:
         """``halo-sched gc``: of the jobs ``ids`` (halo-sched's records), delete the Variable of every
         one that ended or that Nomad no longer knows (stopped with purge, garbage-collected). A job
         still pending or running keeps its Variable. Returns (removed [(id, path)], kept [id],
-        problems [line]); a scheduler that cannot be asked raises (nothing deleted)."""
+        failed [line per Variable not deleted], notes [line]); a scheduler that cannot be asked
+        raises (nothing deleted)."""
         removed: list[tuple[str, str]] = []
         kept: list[str] = []
-        problems: list[str] = []
+        failed: list[str] = []
+        notes: list[str] = []
         for c, items in self._by_client(ids):
             try:
                 # Which Variables exist (metadata only, never a value): to report only real removals.
                 present: set[str] | None = c.variable_paths("nomad/jobs/")
             except HaloError as err:
                 present = None  # not allowed to list: delete each candidate (idempotent) all the same
-                problems.append(f"could not list Nomad Variables ({str(err).splitlines()[0][:200]}); "
+                notes.append(f"could not list Nomad Variables ({str(err).splitlines()[0][:200]}); "
                                 "deleting each ended job's Variable without knowing whether it existed")
             before = set(self._secrets_gone)
             states = self.describe([i for i, _ in items])
@@ -275,8 +277,8 @@ class NomadScheduler(Scheduler):
                 if self._forget_secrets(c, job_id, name):
                     removed.append((job_id, path))
                 else:
-                    problems.append(f"{job_id}: its Variable {path} could not be deleted")
-        return removed, kept, problems
+                    failed.append(f"{job_id}: its Variable {path} could not be deleted")
+        return removed, kept, failed, notes
 
     def _failures(self):
         if self._failure_logs is None:
