@@ -11,10 +11,12 @@ Exit codes: the one table (README.md, "Exit codes", repeats it; halo_sched/error
 code  meaning
 ====  =================================================================================
 0     success: the command did what was asked (``submit --wait``/``watch``: the job
-      COMPLETED; ``preflight``: it passed; ``status``: every id was known)
+      COMPLETED; ``preflight``: it passed; ``status``: every id was known; ``gc``: every
+      ended job's secrets are gone)
 1     a job or the scheduler failed: the job ended other than COMPLETED or still ran at
       ``--timeout``; the scheduler refused a request or could not be reached, and nothing
-      was done; ``preflight`` or ``plan`` failed; an internal error (a bug)
+      was done; ``preflight`` or ``plan`` failed; ``gc``: a Variable could not be deleted;
+      an internal error (a bug)
 2     bad input, nothing done: a bad job file or option value, an unknown, over-long or
       malformed job id, an unset ``secret_env`` variable, a missing dependency
 3     outcome unknown: a request may or may not have taken effect (the scheduler stayed
@@ -244,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the table")
     p.add_argument("--timeout", type=_positive_float, default=None, help="cancel the test job after this many seconds")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
+
+    command("gc", help="Nomad: delete the secrets (Variables) of every recorded job that ended or that Nomad no "
+                       "longer knows; prints each removed Variable; exit 1 if one could not be deleted")
 
     command("schema", help="print the job file's JSON Schema")
     return ap
@@ -704,7 +709,26 @@ def cmd_schema(args) -> int:
     return 0
 
 
+def cmd_gc(args) -> int:
+    """The logic is the Nomad backend's (``collect_secrets``); this only picks the records."""
+    from . import records
+
+    ids = [r["id"] for r in records.load_all() if r.get("backend") == "nomad"]
+    if not ids:
+        _err("halo-sched: gc: no Nomad job records; nothing to delete")
+        return 0
+    removed, kept, failed, notes = _scheduler("nomad").collect_secrets(ids)
+    for job_id, path in removed:
+        print(f"{job_id}\t{path}", flush=True)
+    for line in notes + failed:
+        _err(f"halo-sched: gc: {line}")
+    _err(f"halo-sched: gc: deleted the secrets of {len(removed)} ended job{'s' * (len(removed) != 1)}"
+         + (f"; kept those of {len(kept)} job{'s' * (len(kept) != 1)} still pending or running" if kept else ""))
+    return 1 if failed else 0
+
+
 COMMANDS = {
+    "gc": cmd_gc,
     "validate": cmd_validate, "render": cmd_render, "submit": cmd_submit, "plan": cmd_plan,
     "status": cmd_status, "watch": cmd_watch, "logs": cmd_logs, "cancel": cmd_cancel, "schema": cmd_schema,
     "preflight": cmd_preflight, "list": cmd_list,

@@ -602,6 +602,29 @@ class Nomad(_Model):
                     "client's docker plugin setting volumes { enabled = true } (off by default).",
     )
     priority: int | None = Field(None, ge=1, le=100)
+    user: str | None = Field(
+        None, description='"UID:GID" (numbers) the task runs as: the secret files (secret_env) are rendered for this '
+                          "owner (mode 0400), and a docker task runs as it whatever the image's USER. Needed for "
+                          "secret_env when the image's user is not root; with the exec driver (which runs tasks as "
+                          "nobody) give nobody's ids on the clients, usually 65534:65534.",
+    )
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        if v is not None:
+            m = re.fullmatch(r"(\d{1,10}):(\d{1,10})", v)
+            if not m or max(int(m.group(1)), int(m.group(2))) > 2**31 - 1:
+                raise ValueError(f"{v!r}: give the numeric user and group ids as UID:GID, e.g. 1000:1000")
+        return v
+
+    @property
+    def owner(self) -> tuple[int, int] | None:
+        """``user`` as (uid, gid), or None."""
+        if self.user is None:
+            return None
+        uid, gid = self.user.split(":")
+        return int(uid), int(gid)
 
     @field_validator("datacenters")
     @classmethod

@@ -44,6 +44,9 @@ def _variants():
     yield "gpu-5-ep", gpu.model_copy(update={"nodes": 5, "network": gpu.network.model_copy(update={"cross_node_expert_parallel": True})})
     yield "raw-3", cpu.model_copy(update={"nodes": 3, "nomad": raw})
     yield "region-priority", cpu.model_copy(update={"nomad": raw.model_copy(update={"region": "eu", "priority": 70})})
+    # Secrets rendered for the task's own user: the task's user, the templates' uid/gid.
+    yield "gpu-secrets-user", gpu.model_copy(update={"secret_env": ["HF_TOKEN"],
+                                                      "nomad": gpu.nomad.model_copy(update={"user": "1000:1000"})})
 
 
 @pytest.mark.parametrize("name, spec", list(_variants()), ids=[n for n, _ in _variants()])
@@ -140,9 +143,12 @@ def test_volumes_cannot_interpolate_on_the_client():
 
 def test_client_requirements_name_the_plugin_settings():
     spec = halo_sched.load(REPO / "examples" / "nomad-gpu.yaml")
-    (need,) = client_requirements(spec)
-    assert "nomad.volumes" in need and "volumes { enabled = true }" in need
-    bare = spec.model_copy(update={"nomad": spec.nomad.model_copy(update={"volumes": []})})
+    volumes, plugin, runtime = client_requirements(spec)
+    assert "nomad.volumes" in volumes and "volumes { enabled = true }" in volumes
+    # A GPU docker task needs the device plugin and Docker's nvidia runtime (driver.go:1065-1068@v2.0.5).
+    assert "nvidia device plugin" in plugin and "Docker's nvidia runtime" in runtime
+    bare = spec.model_copy(update={"nomad": spec.nomad.model_copy(update={"volumes": []}), "gpus_per_node": 0,
+                                   "nproc_per_node": 1})
     assert client_requirements(bare) == []
     cpu = halo_sched.load(REPO / "examples" / "ddp-cpu.yaml")
     raw = cpu.model_copy(update={"nomad": cpu.nomad.model_copy(update={"driver": "raw_exec"})})
@@ -378,3 +384,36 @@ def test_default_docker_client_refuses_host_volumes_at_task_start(job_file):
         assert alloc["ClientStatus"] == "failed"
         (event,) = [e for e in alloc["TaskStates"]["torchrun"]["Events"] if e["Type"] == "Driver Failure"]
         assert 'volumes are not enabled; cannot mount host path: "/scratch:/scratch"' in event["DriverError"]
+
+
+def test_plan_lists_the_nvidia_runtime_and_flags_a_node_without_it(job_file):
+    f = job_file(nodes=2)
+    with_rt: dict = {}  # Client(): volumes enabled; FakeNode's runtimes include nvidia
+    no_rt = dict(docker_runtimes=("io.containerd.runc.v2", "runc"))
+    with FakeNomad([Client("gpu-a", **with_rt), Client("gpu-b", **no_rt)], token=TOKEN) as fake:
+        p = cli("plan", str(f), "--backend", "nomad", env=nomad_env(fake))
+        assert p.returncode == 1, p.stdout + p.stderr
+        lines = p.stdout.splitlines()
+        (bad,) = [line for line in lines if "MISSING" in line]
+        assert "1 of 2 nodes (gpu-b)" in bad and "Docker's nvidia runtime" in bad and "driver.docker.runtimes" in bad
+        assert any(line.startswith("  ok on all 2 nodes: nomad.volumes") for line in lines), p.stdout
+        assert any(line.startswith("  ok on all 2 nodes: gpus_per_node (docker): the nvidia device plugin") for line in lines)
+        assert any(line.startswith("  unverifiable: gpus_per_node (docker): the runtime allowed") for line in lines)
+        assert fake.requests_to("/v1/nodes", method="GET")
+        # Submitted anyway, the rank on gpu-b fails at start as the docker driver says.
+        r = cli("submit", str(f), "--backend", "nomad", env=nomad_env(fake))
+        job_id = r.stdout.split()[-1]
+        failed = [a for a in fake.allocs_of(job_id) if a["ClientStatus"] == "failed"]
+        assert len(failed) == 1, failed
+        errors = [e.get("DriverError", "") for ts in failed[0]["TaskStates"].values() for e in ts["Events"]]
+        assert any('requested docker runtime "nvidia" was not found' in e for e in errors), errors
+    with FakeNomad([Client("gpu-a", **with_rt), Client("gpu-b", **with_rt)], token=TOKEN) as fake:
+        p = cli("plan", str(f), "--backend", "nomad", env=nomad_env(fake))
+        assert p.returncode == 0 and "MISSING" not in p.stdout, p.stdout + p.stderr
+        assert "ok on all 2 nodes: gpus_per_node (docker): Docker's nvidia runtime" in p.stdout
+        # Where the nodes cannot be listed, each need says it could not be checked; the plan stands.
+        fake.fail_next(5, status=403, body="Permission denied", path_contains="/v1/nodes")
+        p = cli("plan", str(f), "--backend", "nomad", env=nomad_env(fake))
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "unverifiable: gpus_per_node (docker): Docker's nvidia runtime" in p.stdout
+        assert "could not list the nodes" in p.stdout and "403" in p.stdout

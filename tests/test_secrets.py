@@ -8,6 +8,7 @@ for the value.
 from __future__ import annotations
 
 import json
+import subprocess
 import os
 import sys
 import time
@@ -322,3 +323,264 @@ def test_subprocess_environment_of_sbatch_has_the_secret(tmp_path):
     assert call["env"]["HF_TOKEN"] == VALUE
     assert "--export=ALL" in call["argv"]
     assert_nowhere({"sbatch argv": " ".join(call["argv"]), "script": call["script"], "output": r.stdout + r.stderr})
+
+
+# ---- Nomad: the Variable is gone once the job ended ----------------------------------------
+
+
+def cli_env(fake, home: Path, **extra) -> dict:
+    return secret_env(NOMAD_ADDR=fake.address, NOMAD_TOKEN=TOKEN, HALO_SCHED_HOME=str(home),
+                      HALO_SUBMIT_RETRY_S="2", **extra)
+
+
+def submit_nomad(tmp_path, fake, env, *flags) -> subprocess.CompletedProcess:
+    f = job(tmp_path, backend_extra={"nomad": {"driver": "raw_exec"}})
+    return cli("submit", str(f), "--backend", "nomad", *flags, env=env, timeout=120)
+
+
+def end_job(fake, job_id: str, code: int) -> None:
+    for group in ("node-0", "workers"):
+        fake.finish(job_id, group, exit_code=code if group == "workers" else 0)
+
+
+@pytest.mark.parametrize("code, status", [(0, "COMPLETED"), (3, "FAILED")])
+def test_nomad_variable_is_gone_after_the_next_status_once_the_job_ended(tmp_path, code, status):
+    with FakeNomad([FakeNode("a"), FakeNode("b")], token=TOKEN) as fake:
+        env = cli_env(fake, tmp_path / "home")
+        r = submit_nomad(tmp_path, fake, env)
+        assert r.returncode == 0, r.stderr
+        job_id = r.stdout.strip().splitlines()[-1]
+        outputs = {"submit": r.stdout + r.stderr}
+        # Running: the Variable stays (a rank starting late still reads it).
+        r = cli("status", job_id, env=env)
+        outputs["status while running"] = r.stdout + r.stderr
+        assert "RUNNING" in r.stdout and fake.variables, r.stderr
+        end_job(fake, job_id, code)
+        assert fake.variables  # nobody has looked yet
+        r = cli("status", job_id, env=env)
+        outputs["status after the end"] = r.stdout + r.stderr
+        assert r.returncode == 0 and status in r.stdout, r.stderr
+        assert fake.variables == {}, "the ended job's Variable is still there"
+        assert fake.requests_to(f"/v1/var/{variable_path(job_id)}", method="DELETE")
+        # Seen again: a second delete of nothing is harmless and silent.
+        r = cli("list", env=env)
+        outputs["list"] = r.stdout + r.stderr
+        assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+    assert_nowhere(outputs)
+
+
+@pytest.mark.parametrize("code, status, rc", [(0, "COMPLETED", 0), (3, "FAILED", 1)])
+@pytest.mark.parametrize("how", ["submit --wait", "watch"])
+def test_nomad_variable_is_gone_after_a_wait_sees_the_end(tmp_path, code, status, rc, how):
+    import threading
+
+    with FakeNomad([FakeNode("a"), FakeNode("b")], token=TOKEN) as fake:
+        env = cli_env(fake, tmp_path / "home")
+        stop = threading.Event()
+
+        def finisher() -> None:  # ends whichever job appears, once both ranks run
+            while not stop.is_set():
+                ids = [j for (_, j) in list(fake._jobs)]
+                if ids and len(fake.allocs_of(ids[0])) == 2 and all(
+                        a["ClientStatus"] == "running" for a in fake.allocs_of(ids[0])):
+                    time.sleep(0.5)
+                    end_job(fake, ids[0], code)
+                    return
+                time.sleep(0.1)
+
+        t = threading.Thread(target=finisher, daemon=True)
+        if how == "submit --wait":
+            t.start()
+            r = submit_nomad(tmp_path, fake, env, "--wait", "--quiet", "--timeout", "60")
+        else:
+            r = submit_nomad(tmp_path, fake, env)
+            assert r.returncode == 0 and fake.variables, r.stderr
+            t.start()
+            r = cli("watch", r.stdout.strip().splitlines()[-1], "--quiet", "--timeout", "60", env=env, timeout=120)
+        stop.set()
+        t.join(timeout=10)
+        assert r.returncode == rc and status in r.stderr, r.stderr
+        assert fake.variables == {}, "the ended job's Variable is still there"
+    assert_nowhere({how: r.stdout + r.stderr})
+
+
+def test_nomad_failed_delete_is_one_warning_and_never_fails_status(tmp_path):
+    with FakeNomad([FakeNode("a"), FakeNode("b")], token=TOKEN) as fake:
+        env = cli_env(fake, tmp_path / "home")
+        r = submit_nomad(tmp_path, fake, env)
+        job_id = r.stdout.strip().splitlines()[-1]
+        end_job(fake, job_id, 0)
+        fake.fail_next(50, status=403, body="Permission denied", path_contains="/v1/var/")
+        r = cli("status", job_id, env=env)
+        assert r.returncode == 0 and "COMPLETED" in r.stdout, r.stderr
+        warnings = [line for line in r.stderr.splitlines() if "warning" in line]
+        assert len(warnings) == 1 and "halo-sched gc" in warnings[0] and "\"destroy\"" in warnings[0], r.stderr
+        assert len(warnings[0]) < 200, warnings
+        assert fake.variables  # still there: gc gets it
+        # gc while deletes still fail: exit 1, one warning and one line naming the job, nothing claimed.
+        fake.fail_next(50, status=403, body="Permission denied", path_contains="/v1/var/")
+        r = cli("gc", env=env)
+        assert r.returncode == 1 and r.stdout == "", r.stderr
+        assert r.stderr.count("warning") == 1 and r.stderr.count("could not be deleted") == 1, r.stderr
+        fake._fail_queue.clear()
+        r = cli("gc", env=env)
+        assert r.returncode == 0 and r.stdout.split() == [job_id, variable_path(job_id)], r.stderr
+        assert fake.variables == {}
+    assert_nowhere({"status": r.stdout + r.stderr})
+
+
+def test_nomad_gc_clears_an_unwatched_ended_job_and_keeps_a_running_one(tmp_path):
+    with FakeNomad([FakeNode("a"), FakeNode("b"), FakeNode("c"), FakeNode("d")], token=TOKEN) as fake:
+        env = cli_env(fake, tmp_path / "home")
+        ids = []
+        for _ in range(3):
+            r = submit_nomad(tmp_path, fake, env)
+            assert r.returncode == 0, r.stderr
+            ids.append(r.stdout.strip().splitlines()[-1])
+        ended, running, purged = ids
+        fake.set_running(running)
+        end_job(fake, ended, 0)
+        # One that Nomad no longer knows, its Variable left behind (a purge by hand, say).
+        fake.finish(purged, "node-0", 0)
+        fake.finish(purged, "workers", 1)
+        with fake._lock:
+            del fake._jobs[("default", purged)]
+        assert len(fake.variables) == 3
+        r = cli("gc", env=env)
+        assert r.returncode == 0, r.stderr
+        assert sorted(r.stdout.splitlines()) == sorted(f"{i}\t{variable_path(i)}" for i in (ended, purged))
+        assert [p for _, p in fake.variables] == [variable_path(running)]
+        assert "1 job still pending or running" in r.stderr and "2 ended jobs" in r.stderr, r.stderr
+        # Nothing left to do: nothing reported, still exit 0.
+        r2 = cli("gc", env=env)
+        assert r2.returncode == 0 and r2.stdout == "" and [p for _, p in fake.variables] == [variable_path(running)]
+        # Nomad unreachable: exit 1, nothing claimed.
+    r3 = cli("gc", env={**env, "NOMAD_ADDR": "http://127.0.0.1:9", "HALO_SUBMIT_RETRY_S": "1"}, timeout=120)
+    assert r3.returncode == 1 and r3.stdout == "" and "Traceback" not in r3.stderr, r3.stderr
+    assert_nowhere({"gc": r.stdout + r.stderr, "gc again": r2.stdout + r2.stderr, "gc unreachable": r3.stderr})
+
+
+# ---- Nomad: the task's own user reads its secret -------------------------------------------
+
+NON_ROOT = (1000, 1000)
+
+
+def write_as_nomad_renders(path: Path, content: str, tpl: dict) -> None:
+    """A rendered template as the Nomad client leaves it: written by the agent (root), mode from
+    Perms, owner changed only when Uid/Gid are set (client/allocrunner/taskrunner/template/
+    template.go:814-826@v2.0.5; consul-template renderer sets them on the file it writes)."""
+    path.write_text(content)
+    os.chmod(path, int(tpl["Perms"], 8))
+    uid, gid = tpl.get("Uid"), tpl.get("Gid")
+    if (uid is not None and uid >= 0) or (gid is not None and gid >= 0):
+        os.chown(path, uid if uid is not None and uid >= 0 else -1, gid if gid is not None and gid >= 0 else -1)
+
+
+def run_secret_part_as(spec, job_id: str, task_dir: Path, user: tuple[int, int], values: dict | None) -> subprocess.CompletedProcess:
+    """The job's own rendered entry script, up to its secret reads, run as ``user`` in a task dir
+    laid out as the client does (secrets/ 0777, client/allocdir/task_dir.go:326@v2.0.5), each secret
+    file written as Nomad would from the job's own template (its Perms, Uid, Gid)."""
+    task = job_payload(spec, job_id)["Job"]["TaskGroups"][0]["Tasks"][0]
+    secrets_dir = task_dir / "secrets"
+    secrets_dir.mkdir(parents=True)
+    os.chmod(task_dir, 0o777)
+    os.chmod(secrets_dir, 0o777)
+    for tpl in task["Templates"]:
+        name = tpl["DestPath"].rsplit("halo-secret-", 1)[-1]
+        if tpl["DestPath"].startswith("secrets/") and values is not None and name in values:
+            write_as_nomad_renders(task_dir / tpl["DestPath"], "+" + values[name], tpl)
+    entry = task["Templates"][0]["EmbeddedTmpl"]
+    lines = entry.splitlines(keepends=True)
+    last = max(i for i, line in enumerate(lines) if line.startswith("halo_secret "))
+    script = "".join(lines[:last + 1]) + 'printf "%s" "$HF_TOKEN" | od -An -tx1 | tr -d " \\n"\n'
+    (task_dir / "run.sh").write_text(script)
+    os.chmod(task_dir / "run.sh", 0o755)
+    env = {"PATH": "/usr/bin:/bin", "HALO_NODE_RANK": "0", "HALO_SECRETS_DIR": str(secrets_dir),
+           "NOMAD_JOB_ID": job_id, **({"NOMAD_TASK_DIR": str(task_dir)})}
+    return subprocess.run(["/bin/bash", str(task_dir / "run.sh")], env=env, capture_output=True, text=True,
+                          timeout=30, cwd="/", preexec_fn=lambda: (os.setgroups([]), os.setgid(user[1]), os.setuid(user[0])))
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner and the task's user needs root")
+
+
+@pytest.fixture
+def open_dir():
+    """A directory another user can reach (pytest's tmp_path lies under a 0700 directory)."""
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="halo-secrets-"))
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@needs_root
+def test_nomad_non_root_task_reads_its_secret_rendered_for_nomad_user(tmp_path, open_dir):
+    spec = halo_sched.load(job(tmp_path, image="trainer:1", nomad={"driver": "docker", "user": "1000:1000"}))
+    task = job_payload(spec, "secret-job-1")["Job"]["TaskGroups"][0]["Tasks"][0]
+    # The container runs as that user whatever the image's USER (drivers/docker/driver.go:1055@v2.0.5).
+    assert task["User"] == "1000:1000"
+    secret_tpls = [t for t in task["Templates"] if t["DestPath"].startswith("secrets/")]
+    assert secret_tpls and all((t["Perms"], t["Uid"], t["Gid"]) == ("0400", 1000, 1000) for t in secret_tpls)
+    hcl = render_hcl(spec, "secret-job-1")
+    assert 'user         = "1000:1000"' in hcl and "uid         = 1000" in hcl and "gid         = 1000" in hcl
+    r = run_secret_part_as(spec, "secret-job-1", open_dir / "task", NON_ROOT,
+                           {"HF_TOKEN": VALUE, "WANDB_API_KEY": "wandb-" + MARK})
+    assert r.returncode == 0, r.stderr
+    assert bytes.fromhex(r.stdout) == VALUE.encode()
+    assert_nowhere({"stderr": r.stderr})
+
+
+@needs_root
+def test_nomad_unreadable_secret_is_named_as_such_not_as_missing(tmp_path, open_dir):
+    # No nomad.user: the file stays the agent's (root's), 0400; the image's user is not root.
+    spec = halo_sched.load(job(tmp_path, image="trainer:1", nomad={"driver": "docker"}))
+    assert "User" not in job_payload(spec, "secret-job-1")["Job"]["TaskGroups"][0]["Tasks"][0]
+    r = run_secret_part_as(spec, "secret-job-1", open_dir / "a", NON_ROOT,
+                           {"HF_TOKEN": VALUE, "WANDB_API_KEY": "wandb-" + MARK})
+    assert r.returncode == 1
+    assert "secret HF_TOKEN (secret_env) is there but this task's user (uid 1000, gid 1000) cannot read it" in r.stderr
+    assert "owner uid:gid 0:0 and mode 400" in r.stderr and "nomad.user" in r.stderr and "missing" not in r.stderr
+    # No file at all, and an empty file (the store has no item): "missing", each with its cause.
+    r = run_secret_part_as(spec, "secret-job-1", open_dir / "b", NON_ROOT, None)
+    assert r.returncode == 1 and "HF_TOKEN (secret_env) is missing: there is no file" in r.stderr, r.stderr
+    r = run_secret_part_as(spec, "secret-job-1", open_dir / "c", (0, 0), {"HF_TOKEN": VALUE})
+    assert r.returncode == 1 and "WANDB_API_KEY (secret_env) is missing: there is no file" in r.stderr, r.stderr
+    assert_nowhere({"stderr": r.stderr})
+
+
+def test_nomad_exec_with_secrets_needs_nomad_user(tmp_path):
+    spec = halo_sched.load(job(tmp_path, nomad={"driver": "exec"}))
+    with pytest.raises(SpecError) as info:
+        job_payload(spec, "secret-job-1")
+    assert info.value.problems[0][0] == "nomad.user" and "nobody" in info.value.problems[0][1]
+    spec = halo_sched.load(job(tmp_path, nomad={"driver": "exec", "user": "65534:65534"}))
+    task = job_payload(spec, "secret-job-1")["Job"]["TaskGroups"][0]["Tasks"][0]
+    assert "User" not in task  # exec takes a host user name: nobody runs it
+    assert {(t["Uid"], t["Gid"]) for t in task["Templates"] if t["DestPath"].startswith("secrets/")} == {(65534, 65534)}
+
+
+@pytest.mark.parametrize("bad", ["1000", "me:me", "1000:", "-1:0", "99999999999:0", "1000:1000:1"])
+def test_nomad_user_is_numeric_uid_gid(bad):
+    with pytest.raises(SpecError) as info:
+        loads(BASE + f"nomad: {{user: '{bad}'}}\n")
+    assert any(f.startswith("nomad.user") for f, _ in info.value.problems), info.value.problems
+
+
+def test_nomad_list_deletes_each_ended_job_secrets_once(tmp_path):
+    with FakeNomad([FakeNode("a"), FakeNode("b")], token=TOKEN) as fake:
+        env = cli_env(fake, tmp_path / "home")
+        ids = [submit_nomad(tmp_path, fake, env).stdout.strip().splitlines()[-1] for _ in range(3)]
+        for job_id in ids[:2]:
+            end_job(fake, job_id, 0)
+        r = cli("list", env=env)
+        assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+        assert [p for _, p in fake.variables] == [variable_path(ids[2])]  # the running one keeps its own
+        deletes = len(fake.requests_to("/v1/var/", method="DELETE"))
+        assert deletes == 2
+        # Seen again: one listing of what is left, no delete of what is already gone.
+        r = cli("list", env=env)
+        assert r.returncode == 0 and len(fake.requests_to("/v1/var/", method="DELETE")) == deletes, r.stderr
+    assert_nowhere({"list": r.stdout + r.stderr})

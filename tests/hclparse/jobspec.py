@@ -39,22 +39,26 @@ def _ns(text: str) -> int:
 
 
 def _task(name: str, body: dict) -> dict:
-    _take(body, {"driver", "kill_timeout", "config", "env", "template", "resources"}, f"task {name}")
+    _take(body, {"driver", "kill_timeout", "user", "config", "env", "template", "resources"}, f"task {name}")
     res = _take(_one(body["resources"], "resources"), {"cpu", "memory", "device"}, "resources")
     resources: dict = {"CPU": res["cpu"], "MemoryMB": res["memory"]}
     if "device" in res:
         resources["Devices"] = [{"Name": dev, **{"Count": _one(b, dev)["count"]}} for dev, b in res["device"].items()]
     templates = []
     for t in body.get("template", []):
-        _take(t, {"destination", "change_mode", "perms", "left_delimiter", "right_delimiter", "data"}, "template")
+        _take(t, {"destination", "change_mode", "perms", "uid", "gid", "left_delimiter", "right_delimiter", "data"},
+              "template")
         tpl = {"EmbeddedTmpl": t["data"], "DestPath": t["destination"]}
         if "perms" in t:
             tpl["Perms"] = t["perms"]
+        if "uid" in t:  # api/tasks.go:955-956@v2.0.5 Template Uid/Gid `hcl:"uid"`/`hcl:"gid"`
+            tpl["Uid"], tpl["Gid"] = t["uid"], t["gid"]
         tpl["ChangeMode"] = t["change_mode"]
         if "left_delimiter" in t:
             tpl["LeftDelim"], tpl["RightDelim"] = t["left_delimiter"], t["right_delimiter"]
         templates.append(tpl)
     return {
+        **({"User": body["user"]} if "user" in body else {}),  # api/tasks.go:766@v2.0.5 Task User `hcl:"user"`
         "Name": name, "Driver": body["driver"], "Config": _one(body["config"], "config"),
         "Env": _one(body["env"], "env"), "Templates": templates, "Resources": resources,
         "KillTimeout": _ns(body["kill_timeout"]),

@@ -66,6 +66,14 @@ class FakeNode:
     docker_volumes_enabled: bool = False
     docker_allow_privileged: bool = False
     docker_allowed_modes: dict[str, list[str]] = field(default_factory=dict)
+    # What ``docker info`` lists as runtimes (a host with the NVIDIA Container Toolkit configured
+    # has "nvidia"); the fingerprint reports them sorted, comma-joined, as driver.docker.runtimes
+    # (drivers/docker/fingerprint.go:170-183@v2.0.5). Without "nvidia" a GPU docker task fails at
+    # start (driver.go:1065-1068).
+    docker_runtimes: tuple[str, ...] = ("io.containerd.runc.v2", "nvidia", "runc")
+    # Drivers detected and healthy (the fake places any driver; raw_exec is listed because it does).
+    drivers: tuple[str, ...] = ("docker", "exec", "raw_exec")
+    gpu_model: str = "NVIDIA H100 80GB HBM3"
 
 
 @dataclass
@@ -527,6 +535,12 @@ class FakeNomad:
                     if bind.split(":", 1)[0].startswith("/"):
                         problem = f'volumes are not enabled; cannot mount host path: "{bind}"'
                         break
+            if problem is None and any(str(d.get("Name", "")).startswith("nvidia") for d in
+                                       (task.get("Resources") or {}).get("Devices") or []) \
+                    and "nvidia" not in node.docker_runtimes:
+                # The device plugin set NVIDIA_VISIBLE_DEVICES; no GPU runtime in docker info
+                # (drivers/docker/driver.go:1065-1068@v2.0.5, the default nvidia_runtime "nvidia").
+                problem = 'requested docker runtime "nvidia" was not found'
             if problem is None and cfg.get("privileged") and not node.docker_allow_privileged:
                 problem = "Docker privileged mode is disabled on this Nomad agent"
             if problem is not None:
@@ -851,8 +865,12 @@ class FakeNomad:
         if method == "GET" and (rest in (["allocations"], ["evaluations"], ["agent", "self"], ["agent", "members"])
                                or rest == ["jobs"] or (len(rest) == 3 and rest[0] == "job" and rest[2] == "allocations")):
             return 200, self._status_side_get(rest, namespace, query)  # status side: see the end of the class
+        if method == "GET" and rest == ["nodes"]:
+            return 200, self._node_list(query.get("resources", "").lower() in ("true", "1", "t"))
         if rest[:1] == ["var"] and len(rest) > 1:
             return self._variable(method, "/".join(rest[1:]), namespace, body)
+        if rest == ["vars"] and method == "GET":
+            return self._variable_list(namespace, query.get("prefix", ""))
         with self._lock:
             if rest == ["jobs"] and method == "GET":
                 return 200, self._list_jobs(namespace, query.get("prefix", ""))
@@ -879,7 +897,7 @@ class FakeNomad:
 
     # Nomad Variables: command/agent/variable_endpoint.go (VariableSpecificRequest: GET query,
     # PUT/POST upsert, DELETE) over nomad/variables_endpoint.go; paths as nomad/structs/variables.go
-    # ValidatePath checks them. Locks, CAS and the list endpoint are not modelled.
+    # ValidatePath checks them. Locks and CAS are not modelled; the list endpoint answers metadata.
     _VAR_PATH_RE = re.compile(r"^[a-zA-Z0-9\-_~/]{1,128}$")
 
     def _variable(self, method: str, path: str, namespace: str, body: Any) -> tuple[int, Any]:
@@ -910,9 +928,60 @@ class FakeNomad:
                 meta = {k: v for k, v in self.variables[key].items() if k != "Items"}
                 return 200, meta
             if method == "DELETE":
+                # A missing Variable deletes successfully (nomad/state/state_store_variables.go
+                # svDeleteTxn:400-401@v2.0.5); success is 204 No Content, no body
+                # (command/agent/variable_endpoint.go variableDelete:266-267@v2.0.5). No check-index
+                # (?cas=) nor locks: halo-sched uses neither.
                 self.variables.pop(key, None)
-                return 200, None
+                return 204, None
         raise _HTTPError(405, "Invalid method")
+
+    def _node_list(self, resources: bool) -> list[dict]:
+        """``GET /v1/nodes[?resources=true]``: NodeListStubs (nomad/structs/structs.go:2337-2357,
+        ``Node.Stub`` :2296-2330@v2.0.5). ``Drivers`` carries each driver's fingerprint attributes
+        (client/node_updater.go:248), as strings ("true" for a bool attribute); the docker ones as
+        drivers/docker/fingerprint.go:130-183 sets them. NodeResources.Devices: one nvidia/gpu
+        group with an instance per GPU, as the nvidia device plugin fingerprints them."""
+        with self._lock:
+            out = []
+            for node in self.nodes:
+                drivers = {}
+                for name in node.drivers:
+                    attrs = {f"driver.{name}": "true"}
+                    if name == "docker":
+                        attrs.update({"driver.docker.version": "27.5.1", "driver.docker.os_type": "linux",
+                                      "driver.docker.runtimes": ",".join(sorted(node.docker_runtimes))})
+                        if node.docker_allow_privileged:
+                            attrs["driver.docker.privileged.enabled"] = "true"
+                        if node.docker_volumes_enabled:
+                            attrs["driver.docker.volumes.enabled"] = "true"
+                    drivers[name] = {"Attributes": attrs, "Detected": True, "Healthy": True,
+                                     "HealthDescription": "Healthy", "UpdateTime": "2026-01-01T00:00:00Z"}
+                stub = {
+                    "Address": "127.0.0.1", "ID": node.id, "Datacenter": node.datacenter, "Name": node.name,
+                    "NodePool": "default", "NodeClass": "", "Version": self.server_version, "Drain": False,
+                    "SchedulingEligibility": "eligible", "Status": node.status, "StatusDescription": "",
+                    "Drivers": drivers, "HostVolumes": None, "LastDrain": None, "CreateIndex": 1, "ModifyIndex": 1,
+                }
+                if resources:
+                    stub["NodeResources"] = {
+                        "Cpu": {"CpuShares": node.cpu_mhz}, "Memory": {"MemoryMB": node.memory_mb},
+                        "Devices": [{"Vendor": "nvidia", "Type": "gpu", "Name": node.gpu_model, "Attributes": {},
+                                     "Instances": [{"ID": f"GPU-{node.id[:8]}-{i}", "Healthy": True,
+                                                    "HealthDescription": "", "Locality": None}
+                                                   for i in range(node.gpus)]}] if node.gpus else [],
+                    }
+                out.append(stub)
+            return out
+
+    def _variable_list(self, namespace: str, prefix: str) -> tuple[int, list[dict]]:
+        """``GET /v1/vars?prefix=``: the metadata of each Variable under the prefix, never its Items
+        (command/agent/variable_endpoint.go VariablesListRequest -> nomad/variables_endpoint.go
+        List, v2.0.5); pagination is not modelled."""
+        with self._lock:
+            return 200, [{k: v for k, v in var.items() if k != "Items"}
+                         for (ns, path), var in sorted(self.variables.items())
+                         if (namespace == "*" or ns == namespace) and path.startswith(prefix)]
 
     def _list_jobs(self, namespace: str, prefix: str) -> list[dict]:
         out = []
@@ -1350,7 +1419,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(err.status, err.text.encode(), "text/plain; charset=utf-8")
             return
         record.status = status
-        self._send(status, json.dumps(payload).encode(), "application/json")
+        self._send(status, b"" if status == 204 else json.dumps(payload).encode(), "application/json")
 
     def _authorize(self, method: str) -> None:
         tokens = self.fake.acl_tokens

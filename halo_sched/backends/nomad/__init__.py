@@ -10,10 +10,10 @@ import re
 import sys
 from typing import Callable, Iterator, Sequence
 
-from ...errors import SchedulerError, UsageError
+from ...errors import HaloError, SchedulerError, UsageError
 from ...spec import JobSpec
 from ..base import DryRun, JobState, Scheduler
-from .render import TASK, client_requirements, job_payload, render_hcl, submission_id, variable_path
+from .render import SECRETS_META, TASK, client_requirements, job_payload, render_hcl, submission_id, variable_path
 
 _ID_RE = re.compile(r"^(?:([A-Za-z0-9_-]+):)?(?:([A-Za-z0-9_-]+)/)?([A-Za-z0-9][A-Za-z0-9_.-]*)\Z")
 
@@ -34,6 +34,8 @@ class NomadScheduler(Scheduler):
         self.retry_s = retry_s  # submit/cancel ride out outages this long (None: HALO_SUBMIT_RETRY_S or 120 s)
         self._scoped: dict[tuple, object] = {}
         self._failure_logs = None  # FailureLogs, built on the first failure seen
+        self._secrets_gone: set[tuple[int, str]] = set()  # (client, job) whose Variable this process deleted
+        self._secrets_failed: set[tuple[int, str]] = set()  # ... or failed to (and said so)
 
     def watch_key(self):
         # Handles on schedulers of one client share one watcher; without a client object, those
@@ -137,7 +139,19 @@ class NomadScheduler(Scheduler):
         self._preflight(client, spec, payload)
         resp = client.plan(payload)
         groups = plan_summary(resp)
-        return all(g.can_place for g in groups), format_plan(resp, spec.name)
+        clients_ok, client_lines = self._check_clients(client, payload["Job"])
+        return all(g.can_place for g in groups) and clients_ok, "\n".join([format_plan(resp, spec.name), *client_lines])
+
+    def _check_clients(self, client, job: dict) -> tuple[bool, list[str]]:
+        """``plan``: every client setting the job needs, checked on the nodes where the API shows it."""
+        from .plan import check_clients
+        from .render import client_needs
+
+        try:
+            nodes, why = client.nodes(), ""
+        except HaloError as err:
+            nodes, why = None, str(err).splitlines()[0][:200]
+        return check_clients(client_needs(job), nodes, job.get("Datacenters") or ["*"], why)
 
     def _by_client(self, ids: Sequence[str]) -> list[tuple[object, list[tuple[str, str]]]]:
         """The ids grouped by the client (namespace/region) that reaches them: [(client, [(id, name)])]."""
@@ -170,7 +184,101 @@ class NomadScheduler(Scheduler):
                 # Which rank failed first: the failure lines in the dead allocations' logs.
                 st.failure = self._failures().report(c, st, allocs.get(name, []))
                 out[i] = st
+            self._forget_ended_secrets(c, [(i, name) for i, name in items if out[i].status.terminal
+                                           and SECRETS_META in ((jobs.get(name) or {}).get("Meta") or {})])
         return out
+
+    def _forget_ended_secrets(self, c, ended: list[tuple[str, str]]) -> None:
+        """Delete the Variables of these ended jobs. For several (``list``), one metadata listing
+        first, so that jobs whose Variable is already gone cost no request; where listing is not
+        allowed, each is deleted all the same (a delete of nothing succeeds)."""
+        ended = [(i, name) for i, name in ended if (id(c), name) not in self._secrets_gone]
+        if len(ended) > 1:
+            try:
+                present = c.variable_paths("nomad/jobs/")
+                ended = [(i, name) for i, name in ended if variable_path(name) in present]
+            except HaloError:
+                pass
+        for job_id, name in ended:
+            self._forget_secrets(c, job_id, name)
+
+    # ---- secrets: gone once the job ended ------------------------------------------------------
+
+    def _forget_secrets(self, c, job_id: str, name: str) -> bool:
+        """Delete the Variable of a job seen ended (idempotent: Nomad answers a delete of a
+        missing Variable with success, nomad/state/state_store_variables.go:400-401@v2.0.5). Its
+        tasks read it once, when they start, so nothing needs it any more. Never fails the
+        command: a failed delete is one warning line; ``halo-sched gc`` tries again."""
+        key = (id(c), name)
+        if key in self._secrets_gone:
+            return True
+        if key in self._secrets_failed:
+            return False  # one attempt and one warning per process
+        path = variable_path(name)
+        try:
+            c.delete_variable(path)
+        except HaloError as err:
+            self._secrets_failed.add(key)
+            status = getattr(err, "status", None)
+            if status:
+                body = " ".join(str(getattr(err, "body", "") or "").split())[:80]
+                why = f"HTTP {status}{': ' + body if body else ''}"
+            else:
+                why = " ".join(str(err).split())[:120]
+            hint = '; the token needs "destroy" on nomad/jobs/*' if status == 403 else ""
+            _say(f"warning: {job_id}'s secrets Variable not deleted ({why}{hint}); `halo-sched gc` retries")
+            return False
+        self._secrets_gone.add(key)
+        return True
+
+    def _forget_secrets_if_ended(self, c, job_id: str, name: str, state: JobState) -> None:
+        """After a wait: the job's Variable goes when the job ended and carries one."""
+        if not state.status.terminal or (id(c), name) in self._secrets_gone:
+            return
+        try:
+            stubs = c.job_stubs([name])
+        except HaloError:
+            stubs = None  # unknown: delete anyway (a missing Variable is no error)
+        if stubs is None or any(SECRETS_META in (j.get("Meta") or {}) for j in stubs if j.get("ID") == name):
+            self._forget_secrets(c, job_id, name)
+
+    def collect_secrets(self, ids: Sequence[str]) -> tuple[list[tuple[str, str]], list[str], list[str], list[str]]:
+        """``halo-sched gc``: of the jobs ``ids`` (halo-sched's records), delete the Variable of every
+        one that ended or that Nomad no longer knows (stopped with purge, garbage-collected). A job
+        still pending or running keeps its Variable. Returns (removed [(id, path)], kept [id],
+        failed [line per Variable not deleted], notes [line]); a scheduler that cannot be asked
+        raises (nothing deleted)."""
+        removed: list[tuple[str, str]] = []
+        kept: list[str] = []
+        failed: list[str] = []
+        notes: list[str] = []
+        for c, items in self._by_client(ids):
+            try:
+                # Which Variables exist (metadata only, never a value): to report only real removals.
+                present: set[str] | None = c.variable_paths("nomad/jobs/")
+            except HaloError as err:
+                present = None  # not allowed to list: delete each candidate (idempotent) all the same
+                notes.append(f"could not list Nomad Variables ({str(err).splitlines()[0][:200]}); "
+                                "deleting each ended job's Variable without knowing whether it existed")
+            before = set(self._secrets_gone)
+            states = self.describe([i for i, _ in items])
+            for job_id, name in items:
+                st = states[job_id]
+                path = variable_path(name)
+                gone = st.raw_state == "not found"
+                if not (st.status.terminal or gone):
+                    if present is None or path in present:
+                        kept.append(job_id)
+                    continue
+                if present is not None and path not in present:
+                    continue
+                if (id(c), name) in before:
+                    continue  # already deleted by this process earlier: nothing was there any more
+                if self._forget_secrets(c, job_id, name):
+                    removed.append((job_id, path))
+                else:
+                    failed.append(f"{job_id}: its Variable {path} could not be deleted")
+        return removed, kept, failed, notes
 
     def _failures(self):
         if self._failure_logs is None:
@@ -219,7 +327,9 @@ class NomadScheduler(Scheduler):
         if res.timed_out:
             _say(res.describe())
         res.state.id = job_id
-        return self._with_failure(c, name, res.state)
+        state = self._with_failure(c, name, res.state)
+        self._forget_secrets_if_ended(c, job_id, name, state)
+        return state
 
     def wait(self, job_id: str, timeout: float | None = None, poll: float = 1.0, max_poll: float = 30.0,
              on_change: Callable[[JobState], None] | None = None,
@@ -236,6 +346,7 @@ class NomadScheduler(Scheduler):
         if res.stopped and state.failure is not None:
             # The state's text now leads with the first failure; say what the watcher did too.
             _say(res.stop_reason)
+        self._forget_secrets_if_ended(c, job_id, name, state)
         return state
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:

@@ -194,6 +194,20 @@ class NomadClient:
 
         self._call(f"delete Nomad Variable {path!r}", delete)
 
+    def nodes(self) -> list[dict]:
+        """Every client node with its drivers (detected, healthy, fingerprint attributes) and
+        resources: ``GET /v1/nodes?resources=true`` (command/agent/node_endpoint.go NodesRequest;
+        NodeListStub, nomad/structs/structs.go:2337-2357@v2.0.5). Needs node:read."""
+        data, _ = self._get_json("list Nomad client nodes", "/v1/nodes", {"resources": "true"})
+        return [n for n in data or [] if isinstance(n, dict)]
+
+    def variable_paths(self, prefix: str) -> set[str]:
+        """The paths of the Variables under ``prefix`` in this client's namespace: ``GET
+        /v1/vars?prefix=`` (command/agent/variable_endpoint.go ``VariablesListRequest``, v2.0.5)
+        answers metadata only (Path, Namespace, indexes), never Items: no value is read."""
+        data, _ = self._get_json(f"list Nomad Variables under {prefix!r}", "/v1/vars", {"prefix": prefix})
+        return {v.get("Path") for v in data or [] if isinstance(v, dict) and v.get("Path")}
+
     def stop_job(self, job_id: str, purge: bool = False, retry_s: float | None = None,
                  on_retry: Callable[[str], None] | None = None) -> bool:
         """Stop a job, riding out outages; idempotent. False when Nomad does not know the job.

@@ -143,3 +143,41 @@ def version_warnings(job: dict, server_version: str | None) -> list[str]:
                 + "; ".join(f"{name} needs Nomad {'.'.join(map(str, need))}+" for name, need, _ in used)]
     return [f"Nomad server {server_version} is older than {'.'.join(map(str, need))}, which {name} needs: {what}"
             for name, need, what in used if have < need]
+
+
+# --------------------------------------------------------------------------- client settings
+
+
+def check_clients(needs: list, nodes: list[dict] | None, datacenters: list[str], why_unknown: str = "") -> tuple[bool, list[str]]:
+    """Each client setting the job needs (render.client_needs), checked on the nodes that could run
+    it: ready, eligible, in the job's datacenters (glob patterns, as Nomad matches them), and among
+    those the ones each need applies to. Returns (no verifiable need missing anywhere, lines).
+    ``nodes`` None: the node list could not be read (``why_unknown``); everything is unverifiable."""
+    import fnmatch
+
+    lines = ["Client settings the job needs:"]
+    if nodes is None:
+        lines += [f"  unverifiable: {n.line} (could not list the nodes: {why_unknown})" for n in needs]
+        return True, lines
+    ready = [n for n in nodes if n.get("Status") == "ready" and n.get("SchedulingEligibility", "eligible") == "eligible"
+             and any(fnmatch.fnmatchcase(n.get("Datacenter") or "", dc) for dc in datacenters)]
+    ok = True
+    for need in needs:
+        on = [n for n in ready if need.applies(n)]
+        if need.check is None:
+            lines.append(f"  unverifiable: {need.line} ({need.shown_by})")
+            continue
+        if not on:
+            ok = False
+            lines.append(f"  MISSING: {need.line}: no ready node in the job's datacenters could have it "
+                         f"({len(ready)} ready; {need.shown_by})")
+            continue
+        lacking = sorted(n.get("Name") or n.get("ID") or "?" for n in on if not need.check(n))
+        if lacking:
+            ok = False
+            shown = ", ".join(lacking[:10]) + (f" and {len(lacking) - 10} more" if len(lacking) > 10 else "")
+            lines.append(f"  MISSING on {len(lacking)} of {len(on)} nodes ({shown}): {need.line} ({need.shown_by}); "
+                         "Nomad may place a rank there and its task would fail at start")
+        else:
+            lines.append(f"  ok on all {len(on)} nodes: {need.line}")
+    return ok, lines

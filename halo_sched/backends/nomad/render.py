@@ -43,9 +43,12 @@ filters check again.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import secrets
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 from ...errors import SpecError
 from ...launch import (
@@ -61,6 +64,9 @@ PORT_LABEL = "rdzv"
 ENTRY_PATH = "local/halo-entry.sh"
 MASTER_FILE = nomad_servers.MASTER_FILE
 NODES_META = "halo_sched_nodes"
+#: Job meta naming the job's secrets Variable (its path; never a value): whoever sees the job
+#: ended deletes that Variable (``NomadScheduler``), and only for jobs that carry this key.
+SECRETS_META = "halo_sched_secrets"
 #: Node rank 0: count 1, the rendezvous port and service.
 LEADER_GROUP = "node-0"
 #: Node ranks 1..N-1: count N-1, node rank = 1 + the allocation's name index.
@@ -143,8 +149,48 @@ def secret_wiring(job_id: str, names: list[str]) -> tuple[dict, list[dict]]:
         return {}, []
     names = [check(name, "variable name", "secret_env") for name in names]
     return {SECRETS_DIR_VAR: "${NOMAD_SECRETS_DIR}"}, [
-        {"EmbeddedTmpl": secret_template(job_id, name), "DestPath": f"secrets/halo-secret-{name}", "Perms": "0400",
+        {"EmbeddedTmpl": secret_template(job_id, name), "DestPath": f"secrets/halo-secret-{name}", "Perms": SECRET_PERMS,
          "ChangeMode": "noop"} for name in names]
+
+
+SECRET_PERMS = "0400"
+
+
+def secret_owner(spec: JobSpec, job: dict) -> None:
+    """Who can read the secret files, set on ``job``'s tasks in place.
+
+    The choice: ``uid``/``gid`` on the secret templates, from ``nomad.user``, and never a wider
+    mode. Nomad renders a template as the client agent's user and changes its owner only when the
+    template sets ``uid``/``gid`` (client/allocrunner/taskrunner/template/template.go:821-826@v2.0.5),
+    so ``perms = "0400"`` alone leaves the file readable by root only. A mode open to others is
+    not made safe by the task directory: the client's alloc dir is 0711
+    (client/client.go:742@v2.0.5), each allocation's dir 0755 (client/allocdir/alloc_dir.go:357),
+    the task dir and its secrets/ tmpfs 0777 (client/allocdir/task_dir.go:131, 326@v2.0.5, with
+    fs_unix.go:36-37 forcing the 0777 bits), so any user of the client host who learns the
+    allocation id (from the API, or ``ps``) could read a 0444 file. So the file stays 0400 and
+    goes to the task's own user:
+
+    - docker: the task runs as ``nomad.user`` too (the task's ``user``, which the docker driver
+      makes the container's user, drivers/docker/driver.go:1055@v2.0.5), whatever the image's
+      USER; without it the image's USER runs and must be root to read a file owned by root.
+    - exec: the driver runs the task as ``nobody`` unless the task names a host user
+      (drivers/exec/driver.go:472-473@v2.0.5); a name, which halo-sched cannot know the ids of,
+      so the job must say nobody's ids (``nomad.user``), and a job with secrets and no
+      ``nomad.user`` is refused (its task could never read them).
+    - raw_exec: the task runs as the agent's user (root), which reads the file either way;
+      ``nomad.user`` still gives it that owner.
+    """
+    owner = spec.nomad.owner
+    if owner is None:
+        return
+    uid, gid = checked_int(owner[0], "nomad.user"), checked_int(owner[1], "nomad.user")
+    for group in job["TaskGroups"]:
+        for task in group["Tasks"]:
+            if spec.nomad.driver == "docker":
+                task["User"] = f"{uid}:{gid}"
+            for tpl in task.get("Templates") or []:
+                if tpl["DestPath"].startswith("secrets/halo-secret-"):
+                    tpl["Uid"], tpl["Gid"] = uid, gid
 
 
 def master_template(job_id: str) -> str:
@@ -170,21 +216,125 @@ def driver_config_literal(value: str) -> str:
     return value.replace("${", "$${").replace("%{", "%%{")
 
 
-def client_requirements(spec: JobSpec) -> list[str]:
-    """Client (docker plugin) settings this job needs beyond a default Nomad 2.0.x client, each
-    a line naming the option that needs it and the setting. Empty when a default client runs it.
-    ``nomad job plan`` does not check these; the task fails at start on a client without them."""
-    nm = spec.nomad
-    needs: list[str] = []
-    if nm.driver == "docker" and nm.volumes:
-        # drivers/docker/driver.go: "volumes are not enabled; cannot mount host path" for any
-        # bind source outside the allocation dir unless the plugin's volumes.enabled is true.
-        needs.append('nomad.volumes: the docker plugin must allow host bind mounts: '
-                     'plugin "docker" { config { volumes { enabled = true } } }')
-    if nm.driver == "raw_exec":
-        # raw_exec is off by default on every client (drivers/rawexec: enabled = false).
-        needs.append('nomad.driver raw_exec: the client must enable it: plugin "raw_exec" { config { enabled = true } }')
+@dataclass(frozen=True)
+class ClientNeed:
+    """One client setting a job needs, and how a node shows it (``GET /v1/nodes?resources=true``:
+    each NodeListStub carries ``Drivers`` — per driver Detected, Healthy and the attributes its
+    fingerprint set (structs.DriverInfo, nomad/structs/node.go:355; client/node_updater.go:248@v2.0.5)
+    — and ``NodeResources.Devices``).
+
+    ``check(node)`` is True/False for a node, or None where the API shows nothing about it
+    ("unverifiable"); ``applies(node)`` picks the nodes that must have it (those that could run the
+    task otherwise). ``default`` is True for what a default 2.0.x client already has."""
+
+    option: str  # the job option that needs it
+    setting: str  # the client's setting, as its configuration says it
+    shown_by: str  # where a node shows it, or why nothing shows it
+    check: Callable[[dict], bool] | None
+    applies: Callable[[dict], bool]
+    default: bool = False
+
+    @property
+    def line(self) -> str:
+        return f"{self.option}: {self.setting}"
+
+
+def _driver(node: dict, name: str) -> dict:
+    return (node.get("Drivers") or {}).get(name) or {}
+
+
+def _driver_ok(name: str) -> Callable[[dict], bool]:
+    return lambda node: bool(_driver(node, name).get("Detected") and _driver(node, name).get("Healthy"))
+
+
+def _docker_attr(name: str) -> Callable[[dict], str]:
+    return lambda node: (_driver(node, "docker").get("Attributes") or {}).get(name, "")
+
+
+def _has_nvidia_gpus(node: dict) -> bool:
+    # The nvidia device plugin fingerprints each GPU model as a device group (Vendor "nvidia",
+    # Type "gpu"); the job asks for "nvidia/gpu" (nomad/structs/devices.go, v2.0.5).
+    devices = ((node.get("NodeResources") or {}).get("Devices")) or []
+    return any(d.get("Vendor") == "nvidia" and d.get("Type") == "gpu" and d.get("Instances") for d in devices)
+
+
+def _anywhere(node: dict) -> bool:
+    return True
+
+
+#: The namespace modes the docker driver refuses since 2.0.4 unless the client lists them in
+#: ``allowed_modes`` (drivers/docker/driver.go:1365-1384 validateNamespace, config.go:325-326@v2.0.5).
+_DOCKER_MODES = (("ipc_mode", "ipc"), ("pid_mode", "pid"), ("uts_mode", "uts"), ("userns_mode", "userns"))
+
+
+def client_needs(job: dict) -> list[ClientNeed]:
+    """Every client setting the job (the API payload's ``Job``) needs to start its tasks, read
+    from what the job asks: drivers, docker host volumes, privileged mode and namespace modes,
+    and for GPU docker tasks the nvidia device plugin and Docker's ``nvidia`` runtime. ``nomad job
+    plan`` checks none of the docker plugin's settings; a task fails at start on a client without."""
+    tasks = [t for g in job.get("TaskGroups") or [] for t in g.get("Tasks") or []]
+    needs: list[ClientNeed] = []
+    for driver in sorted({t.get("Driver") for t in tasks if t.get("Driver")}):
+        if driver == "raw_exec":
+            # raw_exec is off unless enabled (drivers/rawexec/driver.go:84-87@v2.0.5: enabled defaults to false).
+            setting = 'plugin "raw_exec" { config { enabled = true } }'
+        else:
+            setting = f"the {driver} driver detected and healthy (on by default)"
+        needs.append(ClientNeed(f"nomad.driver {driver}", setting, f"Drivers.{driver}.Detected/Healthy",
+                                _driver_ok(driver), _anywhere, default=driver != "raw_exec"))
+    docker = [t for t in tasks if t.get("Driver") == "docker"]
+    on_docker = _driver_ok("docker")
+    if any(any(str(v).split(":", 1)[0].startswith("/") for v in (t.get("Config") or {}).get("volumes") or [])
+           for t in docker):
+        # drivers/docker/driver.go: "volumes are not enabled; cannot mount host path" for any bind
+        # source outside the allocation dir unless the plugin's volumes.enabled is true; the
+        # fingerprint says so (drivers/docker/fingerprint.go:140-142@v2.0.5).
+        needs.append(ClientNeed(
+            "nomad.volumes", 'the docker plugin must allow host bind mounts: plugin "docker" { config { volumes { '
+            'enabled = true } } }', "attribute driver.docker.volumes.enabled",
+            lambda node: _docker_attr("driver.docker.volumes.enabled")(node) == "true", on_docker))
+    if any((t.get("Config") or {}).get("privileged") for t in docker):
+        needs.append(ClientNeed(
+            "docker privileged", 'plugin "docker" { config { allow_privileged = true } }',
+            "attribute driver.docker.privileged.enabled (fingerprint.go:132-134@v2.0.5)",
+            lambda node: _docker_attr("driver.docker.privileged.enabled")(node) == "true", on_docker))
+    for field, key in _DOCKER_MODES:
+        modes = sorted({(t.get("Config") or {}).get(field) for t in docker} - {None, ""})
+        if modes:
+            needs.append(ClientNeed(
+                f"docker {field}", f'plugin "docker" {{ config {{ allowed_modes {{ {key} = {json.dumps(modes)} }} }} }}',
+                "no node attribute shows allowed_modes (drivers/docker/fingerprint.go@v2.0.5)",
+                None, on_docker))
+    if any(str(d.get("Name", "")).startswith("nvidia") for t in docker for d in (t.get("Resources") or {}).get("Devices") or []):
+        # A GPU docker task: the device plugin sets NVIDIA_VISIBLE_DEVICES in the task's DeviceEnv,
+        # and the driver then requires Docker's GPU runtime, named by the plugin's nvidia_runtime
+        # ("nvidia" by default, drivers/docker/config.go:267-270), found in `docker info` at
+        # fingerprint (fingerprint.go:172-183: d.gpuRuntime, attribute driver.docker.runtimes),
+        # else the task fails at start: "requested docker runtime ... was not found"
+        # (driver.go:1065-1068@v2.0.5); the runtime must also be in allow_runtimes (default
+        # ["runc", "nvidia"], config.go:272-275; driver.go:1074-1076). The NVIDIA_VISIBLE_DEVICES
+        # test: driver.go:80, 1065.
+        needs.append(ClientNeed(
+            "gpus_per_node (docker)", "the nvidia device plugin (nomad-device-nvidia) listing the GPUs",
+            "NodeResources.Devices (Vendor nvidia, Type gpu)", _has_nvidia_gpus, on_docker))
+        needs.append(ClientNeed(
+            "gpus_per_node (docker)", "Docker's nvidia runtime (NVIDIA Container Toolkit), named as the plugin's "
+            "nvidia_runtime (default nvidia)",
+            "attribute driver.docker.runtimes",
+            lambda node: "nvidia" in _docker_attr("driver.docker.runtimes")(node).split(","),
+            lambda node: on_docker(node) and _has_nvidia_gpus(node)))
+        needs.append(ClientNeed(
+            "gpus_per_node (docker)", 'the runtime allowed: plugin "docker" { config { allow_runtimes } } '
+            'includes "nvidia" (the default ["runc", "nvidia"] does)',
+            "no node attribute shows allow_runtimes (drivers/docker/fingerprint.go@v2.0.5)",
+            None, lambda node: on_docker(node) and _has_nvidia_gpus(node), default=True))
     return needs
+
+
+def client_requirements(spec: JobSpec) -> list[str]:
+    """Client settings this job needs beyond a default Nomad 2.0.x client, each a line naming the
+    option that needs it and the setting (:func:`client_needs`); empty when a default client runs it."""
+    return [n.line for n in client_needs(job_payload(spec)["Job"]) if not n.default]
 
 
 def _task(spec: JobSpec, job_id: str, group: str, entry: str, delims: tuple[str, str]) -> dict:
@@ -322,6 +472,10 @@ def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
         # [a-zA-Z0-9-_~/] (nomad/structs/variables.go validVariablePath).
         raise SpecError([("name", "with secret_env on Nomad the name may not contain '.' (a Nomad Variable path "
                                   "carries the job id and allows only letters, digits, '-', '_' and '~')")])
+    if spec.secret_names and nm.driver == "exec" and nm.user is None:
+        raise SpecError([("nomad.user", "with secret_env and nomad.driver exec, give the uid:gid the task runs as: "
+                                        "the exec driver runs it as nobody (Nomad drivers/exec/driver.go), and the "
+                                        "secret files are readable by their owner only; nobody is usually 65534:65534")])
     entry = entry_script(spec)
     delims = _delimiters(entry)
     # The name and the id end up in paths, service names and Go templates: never anything else.
@@ -340,6 +494,8 @@ def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
                  "halo_sched_world_size": str(checked_int(spec.world_size, "nproc_per_node"))},
         "TaskGroups": [_group(spec, job_id, name, count, entry, delims) for name, count in group_counts(spec.nodes).items()],
     }
+    if spec.secret_names:
+        job["Meta"][SECRETS_META] = variable_path(job_id)
     if spec.servers:
         if nm.driver == "docker" and not all(r.image or spec.image for r in spec.servers):
             raise SpecError([("servers", "the Nomad docker driver needs an image for every server role; set "
@@ -350,6 +506,7 @@ def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
                                                          lambda image, gpus, args: _config_and_resources(spec, image, gpus, args),
                                                          policies, secret_wiring(job_id, r.secret_env))
                               for r in spec.servers]
+    secret_owner(spec, job)
     if nm.namespace:
         job["Namespace"] = nm.namespace
     if nm.region:
