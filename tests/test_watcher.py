@@ -1,5 +1,5 @@
 """Many handles, one poll: every Job handle on one scheduler is answered by a shared watcher that
-makes one describe (one squeue/sacct, or Nomad's few list calls) per poll for all unfinished jobs,
+makes one query (one squeue/sacct, or Nomad's few list calls) per poll for all unfinished jobs,
 keeps finished states, and backs off while nothing changes."""
 from __future__ import annotations
 
@@ -201,10 +201,10 @@ def test_wait_timeout_returns_the_last_state():
     class Sched:
         status_max_age = 1.0
 
-        def watch_key(self):
+        def watcher_key(self):
             return ("test-timeout", id(self))
 
-        def describe(self, ids):
+        def query(self, ids):
             w_calls.append(ids)
             return {i: JobState(i, JobStatus.RUNNING) for i in ids}
 

@@ -44,13 +44,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-import secrets
-import time
 
 from ...errors import SpecError
 from ...launch import (
     MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, MASTER_PORT_VAR, NODE_RANK_OFFSET_VAR, NODE_RANK_VAR, SECRETS_DIR_VAR,
-    entry_script,
+    entry_script, submission_id,
 )
 from ...spec import JobSpec
 from ...templating import check, checked_text, checked_int, render_template
@@ -96,13 +94,6 @@ def service_name(job_id: str) -> str:
         digest = hashlib.sha256(job_id.encode()).hexdigest()[:8]
         base = f"{base[:49].rstrip('-')}-{digest}"
     return f"{base}-rdzv"
-
-
-def submission_id(spec: JobSpec) -> str:
-    """A fresh job ID for each submission, like a SLURM job id: Nomad would otherwise treat a
-    resubmitted file as the same job (not re-run when unchanged, replaced in place when changed).
-    ``plan`` uses one too, so it never diffs against a running job of the same name."""
-    return f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
 def _delimiters(text: str) -> tuple[str, str]:
