@@ -427,14 +427,13 @@ def cmd_list(args) -> int:
 
 
 def cmd_logs(args) -> int:
-    from . import records
     from .logtags import select
 
     backend = _resolve_one(args.id, args.backend)
     sched = _scheduler(backend)
     _refuse_unknown(backend, sched, args.id)
     if args.node is not None or args.rank is not None:
-        _check_node_rank(args, sched, (records.find(args.id, backend) or [{}])[0])
+        _check_node_rank(args, backend, sched)
     for line in select(sched.logs(args.id, follow=args.follow), args.node, args.rank):
         sys.stdout.write(line)
         sys.stdout.flush()
@@ -443,14 +442,11 @@ def cmd_logs(args) -> int:
     return 0
 
 
-def _check_node_rank(args, sched, rec: dict) -> None:
+def _check_node_rank(args, backend: str, sched) -> None:
     """``--node``/``--rank`` inside the job (its record's size, else the scheduler's node count)."""
-    nodes, per_node = rec.get("nodes"), rec.get("nproc_per_node")
-    if nodes is None:
-        try:
-            nodes = sched.query([args.id])[args.id].nodes_total
-        except HaloError:
-            nodes = None
+    from .core import job_size
+
+    nodes, per_node = job_size(backend, sched, args.id)
     if args.node is not None and nodes and args.node >= nodes:
         raise UsageError(f"--node {args.node}: job {shown(args.id)} has {nodes} node{'s' if nodes != 1 else ''} "
                          f"(0..{nodes - 1})")
@@ -460,7 +456,7 @@ def _check_node_rank(args, sched, rec: dict) -> None:
 
 
 def cmd_cancel(args) -> int:
-    from .core import unknown_asked
+    from .core import cancel_known
 
     groups = _resolve_ids(args.ids, args.backend)
     opts: dict = {}
@@ -472,18 +468,7 @@ def cmd_cancel(args) -> int:
         if set(groups) != {"slurm"}:
             raise UsageError("--signal applies to --backend slurm only")
         opts["signal"] = _warning_signal(args.signal, groups["slurm"])
-    unknown: dict[str, str] = {}
-    where: set[str] = set()
-    done: list[str] = []
-    for backend, ids in groups.items():
-        sched = _scheduler(backend)
-        missing = unknown_asked(backend, sched, ids)
-        unknown.update(missing)
-        where |= {backend} if missing else set()
-        ids = [i for i in ids if i not in missing]
-        if ids:
-            sched.cancel(ids, **opts)
-            done += ids
+    done, unknown, where = cancel_known(groups, _scheduler, **opts)
     what = f"signal {args.signal}" if args.signal else "cancel"
     for job_id in done:
         _err(f"halo-sched: {what} requested for {job_id}")
@@ -497,8 +482,8 @@ def cmd_cancel(args) -> int:
 def _warning_signal(given: str, ids: list[str]) -> str:
     """``cancel --signal``'s signal, which must be each job's warning signal: the batch script
     traps that one alone, and any other would end it (and the job) by its default action."""
-    from . import records
-    from .spec import DEFAULT_WARNING, WARNING_SIGNALS, parse_warning
+    from .core import warning_of
+    from .spec import WARNING_SIGNALS, parse_warning
 
     asked = parse_warning(given.upper())
     name = asked[1] if asked and not asked[0] and asked[2] is None else None
@@ -506,12 +491,10 @@ def _warning_signal(given: str, ids: list[str]) -> str:
         raise UsageError(f"--signal {given}: the warning is one of {', '.join(WARNING_SIGNALS)} "
                          "(the job's slurm.signal, USR2 when unset)")
     for job_id in ids:
-        for rec in records.find(job_id, "slurm"):
-            own = ((rec.get("spec") or {}).get("slurm") or {}).get("signal")
-            theirs = (parse_warning(own) or DEFAULT_WARNING)[1]
-            if theirs != name:
-                raise UsageError(f"--signal {given}: job {job_id}'s warning is {theirs} (slurm.signal); its batch "
-                                 f"script would end on {name}: send {theirs}")
+        theirs = warning_of(job_id)
+        if theirs is not None and theirs != name:
+            raise UsageError(f"--signal {given}: job {job_id}'s warning is {theirs} (slurm.signal); its batch "
+                             f"script would end on {name}: send {theirs}")
     return name
 
 

@@ -82,6 +82,51 @@ def unknown_asked(backend: str, sched: Scheduler, ids: Iterable[str]) -> dict[st
     return {i: states[i].reason for i in unknown(backend, states, ask)}
 
 
+def cancel_known(groups: dict[str, list[str]], scheduler: Callable[[str], Scheduler],
+                 **opts) -> tuple[list[str], dict[str, str], set[str]]:
+    """Cancel every id of ``groups`` (backend -> ids) that somebody knows: (the ids cancelled,
+    the unknown ones with the scheduler's word on each, the backends those were asked of)."""
+    unknown_ids: dict[str, str] = {}
+    where: set[str] = set()
+    done: list[str] = []
+    for backend, ids in groups.items():
+        sched = scheduler(backend)
+        missing = unknown_asked(backend, sched, ids)
+        unknown_ids.update(missing)
+        where |= {backend} if missing else set()
+        ids = [i for i in ids if i not in missing]
+        if ids:
+            sched.cancel(ids, **opts)
+            done += ids
+    return done, unknown_ids, where
+
+
+# ---- what a job's record says -------------------------------------------------------------------
+
+
+def job_size(backend: str, sched: Scheduler, job_id: str) -> tuple[int | None, int | None]:
+    """(nodes, processes per node) of a job: its record's, else the scheduler's node count."""
+    rec = (records.find(job_id, backend) or [{}])[0]
+    nodes, per_node = rec.get("nodes"), rec.get("nproc_per_node")
+    if nodes is None:
+        try:
+            nodes = sched.query([job_id])[job_id].nodes_total
+        except HaloError:
+            nodes = None
+    return nodes, per_node
+
+
+def warning_of(job_id: str) -> str | None:
+    """The warning signal of a SLURM job from its record (``slurm.signal``'s, USR2 when unset),
+    None without a record."""
+    from .spec import DEFAULT_WARNING, parse_warning
+
+    for rec in records.find(job_id, "slurm"):
+        own = ((rec.get("spec") or {}).get("slurm") or {}).get("signal")
+        return (parse_warning(own) or DEFAULT_WARNING)[1]
+    return None
+
+
 # ---- states kept in the records -----------------------------------------------------------------
 
 
@@ -198,5 +243,6 @@ def wait_after_submit(sched: Scheduler, spec, job_id: str, timeout: float | None
     return state
 
 
-__all__ = ["MAX_ID_CHARS", "Row", "backend_of", "backends_of", "check_id", "known_backend",
-           "note", "query_and_note", "recent", "unknown", "unknown_asked", "wait_after_submit"]
+__all__ = ["MAX_ID_CHARS", "Row", "backend_of", "backends_of", "cancel_known", "check_id", "job_size",
+           "known_backend", "note", "query_and_note", "recent", "unknown", "unknown_asked", "wait_after_submit",
+           "warning_of"]

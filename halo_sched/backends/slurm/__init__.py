@@ -13,9 +13,7 @@ from typing import Iterator, Sequence
 from ...errors import HaloError, SchedulerError
 from ...spec import JobSpec
 from ..base import DryRun, JobState, JobStatus, Scheduler, tail_lines
-from ...failures import report_from_files
 from .render import render_sbatch
-from .status import scontrol_job_state
 from .capabilities import CancelsOnce, Named, ReadsConfig, SubmitsOnce, TestsOnly
 
 # Ends of one run after which SLURM may requeue the job (sbatch --requeue).
@@ -136,6 +134,8 @@ class SlurmScheduler(Scheduler):
         return self.transport.show_config(_cluster_of(script))
 
     def query(self, ids: Sequence[str]) -> dict[str, JobState]:
+        from ...failures import report_from_files  # not on the render path (start-up memory)
+
         states = self.transport.query(list(ids))
         for job_id, state in states.items():
             if state.status in _MAY_REQUEUE and state.slurm is not None and state.slurm.source == "sacct":
@@ -169,6 +169,8 @@ class SlurmScheduler(Scheduler):
     def _live(self, job_id: str, state: JobState) -> JobState:
         """sacct records a requeued run's end (PREEMPTED, NODE_FAIL) before the job is pending
         again; slurmctld itself shows such a job as REQUEUED/PENDING at once, so ask it."""
+        from .status import scontrol_job_state
+
         try:
             live = scontrol_job_state(self.transport.job_info(job_id))
         except (SchedulerError, KeyError, TypeError):
