@@ -34,12 +34,12 @@ class SlurmScheduler(Scheduler):
         self._transport_name = transport_name or os.environ.get("HALO_SLURM_TRANSPORT", "cli")
         # Handles on schedulers of one transport share one watcher (one squeue/sacct per poll);
         # without a transport object, those that reach the same cluster the same way.
-        self._watch_key = ("slurm", transport) if transport is not None else (
+        self._watcher_key = ("slurm", transport) if transport is not None else (
             "slurm", self._transport_name,
             *(os.environ.get(k) for k in ("SLURM_CONF", "HALO_SLURMRESTD_URL", "HALO_SLURMRESTD_SOCKET")))
 
     def watcher_key(self):
-        return self._watch_key
+        return self._watcher_key
 
     @property
     def transport(self):
