@@ -18,10 +18,13 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 from .jobstate import JobState, JobStatus, NomadDetail, SlurmDetail
 from .watcher import wait_shared, watcher_for
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..spec import JobSpec
 
 
 def _new_token() -> str:
@@ -39,9 +42,10 @@ class DryRun:
     its meta, already in ``payload``)."""
 
     backend: str
-    spec: Any
+    spec: JobSpec
     text: str
-    payload: Any = None
+    #: What ``schedule`` sends: the local entry script, Nomad's job JSON (SLURM sends ``text``).
+    payload: str | dict | None = None
     token: str = field(default_factory=_new_token)
 
 
@@ -109,11 +113,11 @@ class Scheduler(abc.ABC):
     streams_logs: bool = False
 
     @abc.abstractmethod
-    def render(self, spec, **opts) -> str:
+    def render(self, spec: JobSpec, **opts) -> str:
         """The rendered job as text (pure)."""
 
     @validates_spec
-    def dryrun(self, spec, **opts) -> DryRun:
+    def dryrun(self, spec: JobSpec, **opts) -> DryRun:
         return DryRun(self.name, spec, self.render(spec, **opts))
 
     @abc.abstractmethod
@@ -121,7 +125,7 @@ class Scheduler(abc.ABC):
         """Submit; return the job id."""
 
     @validates_spec
-    def submit(self, spec, **opts) -> "Job":
+    def submit(self, spec: JobSpec, **opts) -> "Job":
         """The submit pipeline, the one the CLI runs too: the dry run (with its exactly-once
         token), the secrets checked before anything is sent (an unset ``secret_env`` variable is
         a SpecError naming it), the git state of the trainer's tree (read while the scheduler
@@ -153,7 +157,7 @@ class Scheduler(abc.ABC):
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
         """Lines of the job's output, each prefixed with its node where the backend splits them."""
 
-    def guard_placement(self, spec, job_id: str,
+    def guard_placement(self, spec: JobSpec, job_id: str,
                         on_change: Callable[[JobState], None] | None = None) -> JobState:
         """A backend's own guard right after submit (Nomad: stop a job that does not place in
         time). Returns the job's state; ``--wait`` then waits until it is terminal."""
@@ -186,7 +190,7 @@ class Plans(Protocol):
     """A backend that can ask its scheduler whether a job would run, submitting nothing
     (``halo-sched plan``): (whether it would, the text that says so)."""
 
-    def plan(self, spec) -> tuple[bool, str]: ...
+    def plan(self, spec: JobSpec) -> tuple[bool, str]: ...
 
 
 class Job:

@@ -76,9 +76,9 @@ class NomadScheduler(Scheduler):
 
         payload = job_payload(spec, submission_id(spec))
         # The submission token: after an ambiguous failure, the job read back with it is ours.
-        payload["Job"]["Meta"][TOKEN_META] = new_token()
+        token = payload["Job"]["Meta"][TOKEN_META] = new_token()
         # --dry-run shows exactly the payload that would be sent.
-        return DryRun(self.name, spec, json.dumps(payload, indent=2, ensure_ascii=False) + "\n", payload)
+        return DryRun(self.name, spec, json.dumps(payload, indent=2, ensure_ascii=False) + "\n", payload, token)
 
     # ---- scheduler calls ----------------------------------------------------------------------
 
