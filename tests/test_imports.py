@@ -2,7 +2,8 @@
 
 Every import counts: at module level and inside functions alike (an import inside a function hides
 a cycle from Python's start-up, not from a reader). Imports under ``if TYPE_CHECKING:`` never run
-and are left out. A cycle is reported as the chain of modules that closes it.
+and are left out, and so is the package ``__init__`` Python runs before a submodule (a package
+importing its own modules is no cycle). A cycle is reported as the chain of modules that closes it.
 """
 from __future__ import annotations
 
