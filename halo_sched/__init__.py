@@ -31,8 +31,9 @@ def loads(text: str) -> "JobSpec":
     return _loads(text)
 
 
-def render(spec: "JobSpec", backend: str = "local", **opts) -> str:
-    """The exact text ``backend`` would submit (sbatch script, HCL or JSON, local plan).
+def render(spec: "JobSpec", backend: str | None = None, **opts) -> str:
+    """The exact text ``backend`` (default: :data:`halo_sched.backends.DEFAULT`, local) would submit
+    (sbatch script, HCL or JSON, local plan).
 
     ``spec`` is validated again first, as a job file is: a spec changed with ``model_copy`` or
     built directly gets the same SpecError."""
@@ -40,10 +41,10 @@ def render(spec: "JobSpec", backend: str = "local", **opts) -> str:
     from .backends.base import checked_spec
 
     with checked_spec(spec) as spec:
-        return backends.get(backend).render(spec, **opts)
+        return backends.get(backend or backends.DEFAULT).render(spec, **opts)
 
 
-def submit(spec: "JobSpec", backend: str = "local", retry_s: float | None = None, **opts) -> "Job":
+def submit(spec: "JobSpec", backend: str | None = None, retry_s: float | None = None, **opts) -> "Job":
     """Submit and return a handle with ``.id``, ``.status()``, ``.wait()``, ``.cancel()``, ``.logs()``.
 
     Exactly once: through a scheduler outage the submission is retried for ``retry_s`` seconds
@@ -53,13 +54,13 @@ def submit(spec: "JobSpec", backend: str = "local", retry_s: float | None = None
     from .backends.base import checked_spec
 
     with checked_spec(spec) as spec:
-        sched = backends.get(backend)
+        sched = backends.get(backend or backends.DEFAULT)
         sched.retry_s = retry_s
         return sched.submit(spec, **opts)
 
 
-def job(job_id: str, backend: str = "local") -> "Job":
+def job(job_id: str, backend: str | None = None) -> "Job":
     """A handle on an already submitted job."""
     from . import backends
 
-    return backends.Job(backends.get(backend), job_id)
+    return backends.Job(backends.get(backend or backends.DEFAULT), job_id)

@@ -41,10 +41,6 @@ import time
 
 from .errors import EXIT_INTERRUPTED, HaloError, UnknownJob, UsageError, shown
 
-#: The longest job id accepted (the longest real one, a Nomad [REGION:][NAMESPACE/]ID, is far shorter).
-MAX_ID_CHARS = 256
-
-
 def _err(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -106,55 +102,16 @@ def _state_name(text: str) -> str:
     return name
 
 
-# ---- job ids ----------------------------------------------------------------------------------
-
-
-def _check_id(job_id: str) -> None:
-    """An id no scheduler could have issued is bad input before anything is asked."""
-    if not job_id:
-        raise UsageError("a job id is empty")
-    if len(job_id) > MAX_ID_CHARS:
-        raise UsageError(f"job id {shown(job_id)} is too long ({len(job_id)} characters; at most {MAX_ID_CHARS})")
-    if any(c.isspace() or not c.isprintable() for c in job_id):
-        raise UsageError(f"job id {shown(job_id)} contains whitespace or control characters")
-
-
-def _default_backend() -> str:
-    return os.environ.get("HALO_SCHED_BACKEND", "local")
-
+# ---- job ids: the core knows which backend each went to ------------------------------------------
 
 # Commands that take job ids: without --backend, each id's job record says where it went.
 _BY_ID = {"status", "watch", "logs", "cancel"}
 
 
 def _resolve_ids(ids, backend: str | None) -> dict[str, list[str]]:
-    """backend -> ids. An explicit --backend wins; else the id's record; else the default."""
-    from . import records
+    from .core import backends_of
 
-    for job_id in ids:
-        _check_id(job_id)
-    if backend:
-        return {backend: list(ids)}
-    out: dict[str, list[str]] = {}
-    for job_id in ids:
-        bad: list = []
-
-        def on_bad(b) -> None:  # an unreadable record still says, by its name, where the job went
-            records.warn_bad(b)
-            bad.append(b)
-
-        found = sorted({r["backend"] for r in records.find(job_id, on_bad=on_bad)}
-                       | {b.backend for b in bad if _known_backend(b.backend)})
-        if len(found) > 1:
-            raise UsageError(f"job id {shown(job_id)} has records for backends {', '.join(found)}; give --backend")
-        out.setdefault(found[0] if found else _default_backend(), []).append(job_id)
-    return out
-
-
-def _known_backend(name: str) -> bool:
-    from . import backends
-
-    return name in backends.BUILTIN or name in backends.names()
+    return backends_of(ids, backend)
 
 
 def _resolve_one(job_id: str, backend: str | None) -> str:
@@ -322,19 +279,15 @@ def cmd_submit(args) -> int:
 
     spec = load(args.file)
     sched = _scheduler(args.backend)
-    dry = sched.dryrun(spec)
     if args.dry_run:
+        dry = sched.dryrun(spec)
         sys.stdout.write(dry.text if dry.text.endswith("\n") else dry.text + "\n")
         sys.stdout.flush()
         # What submit would refuse before sending anything, refused here too (exit 2): an unset
         # secret_env variable names its field; no value is ever shown.
         spec.secret_values()
         return 0
-    from .records import git_state_started, record_submit
-
-    git = git_state_started(spec)  # read while the scheduler answers the submit
-    job_id = sched.schedule(dry)
-    record_submit(sched, dry, job_id, args.file, git)
+    job_id = sched.submit(spec).id  # the one submit pipeline (backends/base.py), as the library's
     rc = 0
     try:
         _err(f"halo-sched: submitted {spec.name} to {args.backend} as {job_id}")
@@ -350,34 +303,21 @@ def cmd_submit(args) -> int:
 
 
 def _wait_after_submit(args, spec, sched, job_id: str) -> int:
-    stream_logs = not args.quiet and getattr(sched, "streams_logs", False)
-    follower = None
-    if stream_logs:
-        import threading
+    from .core import wait_after_submit
 
-        def follow():
-            try:
-                for line in sched.logs(job_id, follow=True):
-                    sys.stderr.write(line)
-                    sys.stderr.flush()
-            except HaloError as err:
-                _err(f"halo-sched: log stream ended: {err}")
-
-        follower = threading.Thread(target=follow, daemon=True)
-        follower.start()
     progress = Progress(sched, job_id)
-    if stream_logs:
+    streams = not args.quiet and sched.streams_logs
+    if streams:
         progress.tty = False  # a rewritten line would garble the interleaved logs
-    state = sched.watch(spec, job_id, on_progress=None if args.quiet else progress.change)
-    if not state.status.terminal:
-        state = sched.wait(
-            job_id, timeout=args.timeout,
-            on_change=None if args.quiet else progress.change,
-            on_tick=None if args.quiet else progress.tick,
-        )
-    if follower is not None:
-        follower.join(timeout=5)
-    _note(args.backend, job_id, state)
+
+    def log(line: str) -> None:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+
+    state = wait_after_submit(
+        sched, spec, job_id, timeout=args.timeout,
+        on_change=None if args.quiet else progress.change, on_tick=None if args.quiet else progress.tick,
+        on_log=log if streams else None, on_log_end=lambda err: _err(f"halo-sched: log stream ended: {err}"))
     return _report_end(job_id, state, args.timeout)
 
 
@@ -415,53 +355,31 @@ def cmd_plan(args) -> int:
 
     spec = load(args.file)
     sched = _scheduler(args.backend)
-    plan = getattr(sched, "plan", None)
-    if plan is None:
+    from .backends.base import Plans
+
+    if not isinstance(sched, Plans):
         raise UsageError(f"plan asks a scheduler (nomad, slurm); backend {args.backend!r} has no scheduler dry run")
-    ok, text = plan(spec)
+    ok, text = sched.plan(spec)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return 0 if ok else 1
 
 
-def _unknown(backend: str, states: dict, ids) -> list[str]:
-    """The ids nobody knows: the scheduler answered UNKNOWN and no record (usable or not) names
-    them. A local job whose state file cannot be read is known (``unreadable``)."""
-    from . import records
-    from .backends.base import JobStatus
-
-    return [i for i in dict.fromkeys(ids) if i in states and states[i].status is JobStatus.UNKNOWN
-            and not states[i].extra.get("unreadable") and not records.exists(i, backend)]
-
-
-def _unknown_asked(backend: str, sched, ids) -> dict[str, str]:
-    """The ids nobody knows (with the scheduler's word on each), for a command about to act on
-    them. Ids with a record are known without asking; the others cost one describe. When the
-    scheduler cannot answer, none is called unknown: the command goes on (it has its own way
-    through an outage)."""
-    from . import records
-
-    ask = [i for i in dict.fromkeys(ids) if not records.exists(i, backend)]
-    if not ask:
-        return {}
-    try:
-        states = sched.describe(ask)
-    except HaloError:
-        return {}
-    return {i: states[i].reason for i in _unknown(backend, states, ask)}
-
-
 def _refuse_unknown(backend: str, sched, job_id: str) -> None:
-    unknown = _unknown_asked(backend, sched, [job_id])
+    from .core import unknown_asked
+
+    unknown = unknown_asked(backend, sched, [job_id])
     if unknown:
         raise UnknownJob([job_id], backend, unknown[job_id])
 
 
 def cmd_status(args) -> int:
+    from .core import query_and_note, unknown as unknown_of
+
     states, unknown = {}, []
     for backend, ids in _resolve_ids(args.ids, args.backend).items():
-        got = _describe_and_note(backend, ids)
+        got = query_and_note(backend, _scheduler(backend), ids)
         states.update(got)
-        unknown += [(i, backend, got[i].reason) for i in _unknown(backend, got, ids)]
+        unknown += [(i, backend, got[i].reason) for i in unknown_of(backend, got, ids)]
     gone = {i for i, _, _ in unknown}
     for job_id in args.ids:
         if job_id in gone:
@@ -472,15 +390,15 @@ def cmd_status(args) -> int:
                 "id": st.id, "status": st.status.value, "raw_state": st.raw_state, "exit_code": st.exit_code,
                 "nodes_total": st.nodes_total, "nodes_running": st.nodes_running, "reason": st.reason,
                 # Nomad: per node rank, the allocation that runs it (alloc id, node, client status).
-                **({"nodes": st.extra["nodes"]} if "nodes" in st.extra else {}),
+                **({"nodes": st.nomad.nodes} if st.nomad is not None else {}),
                 # SLURM: how many times the job was requeued (the run is restarts + 1).
-                **({"restarts": st.extra["restarts"]} if "restarts" in st.extra else {}),
+                **({"restarts": st.restarts} if st.restarts is not None else {}),
                 # Which rank failed first, and every failure the nodes reported.
                 **({"failure": st.failure.to_dict()} if st.failure is not None else {}),
-                **({"last_known": st.extra["last_known"]} if "last_known" in st.extra else {}),
+                **({"last_known": st.last_known} if st.last_known is not None else {}),
             }))
-        elif "last_known" in st.extra:
-            print(f"{job_id}\t{st.extra['last_known']['describe']} (last known: the scheduler no longer knows the job)")
+        elif st.last_known is not None:
+            print(f"{job_id}\t{st.last_known['describe']} (last known: the scheduler no longer knows the job)")
         else:
             print(f"{job_id}\t{st.describe()}")
     if unknown:
@@ -490,80 +408,12 @@ def cmd_status(args) -> int:
     return 0
 
 
-def _note(backend: str, job_id: str, state) -> dict | None:
-    """Keep ``state`` in the job's record (when the scheduler knows it); return the record."""
-    from . import records
-
-    for rec in records.find(job_id, backend):
-        try:
-            records.update_state(rec, state)
-        except OSError:
-            pass
-        return rec
-    return None
-
-
-def _describe_and_note(backend: str, ids) -> dict:
-    """One describe for ``ids``; each state the scheduler knows is kept in the job's record, and
-    for a job the scheduler forgot, the record's last known state is shown instead."""
-    from .backends.base import JobStatus
-
-    states = _scheduler(backend).describe(ids)
-    for job_id, st in states.items():
-        rec = _note(backend, job_id, st)
-        last = (rec or {}).get("last_state")
-        if st.status is JobStatus.UNKNOWN and last:
-            st.extra["last_known"] = last
-    return states
-
-
 def cmd_list(args) -> int:
     from . import records
-    from .backends.base import JobStatus
+    from .core import recent
 
-    bad: list = []
-
-    def on_bad(b) -> None:  # one warning line each, and a row below
-        records.warn_bad(b)
-        bad.append(b)
-
-    recs = [r for r in records.load_all(on_bad) if not args.backend or r["backend"] == args.backend]
-    bad = [b for b in bad if not args.backend or b.backend == args.backend]
-    # Newest first, the unreadable ones by their file's time.
-    items = sorted([(r.get("submitted") or 0, 0, r) for r in recs] + [(b.mtime, 1, b) for b in bad],
-                   key=lambda t: t[0], reverse=True)
-    if args.limit:
-        items = items[:args.limit]
-    by_backend: dict[str, list[dict]] = {}
-    for _, is_bad, r in items:
-        if not is_bad:
-            by_backend.setdefault(r["backend"], []).append(r)
-    states: dict = {}
-    for backend, rs in by_backend.items():
-        try:
-            # One query for all of them.
-            states[backend] = _scheduler(backend).describe([r["id"] for r in rs])
-        except HaloError as err:
-            _err(f"halo-sched: {backend}: {err}; showing the last known states")
-    rows = []
-    for _, is_bad, r in items:
-        if is_bad:
-            rows.append((r, "UNREADABLE", f"UNREADABLE record ({r.reason})", False))
-            continue
-        st = states.get(r["backend"], {}).get(r["id"])
-        last = r.get("last_state") or {}
-        if st is not None and st.status is not JobStatus.UNKNOWN:
-            try:
-                records.update_state(r, st)
-            except OSError:
-                pass
-            status, text, known = st.status.value, st.describe(), True
-        else:  # the scheduler forgot it (or did not answer): what we saw last
-            status = last.get("status") or "UNKNOWN"
-            text, known = last.get("describe") or "UNKNOWN", False
-        rows.append((r, status, text, known))
-    if args.state:
-        rows = [row for row in rows if row[1] == args.state]
+    rows = recent(args.backend, args.state, args.limit, _scheduler,
+                  on_error=lambda backend, err: _err(f"halo-sched: {backend}: {err}; showing the last known states"))
     for r, status, text, known in rows:
         if isinstance(r, records.BadRecord):
             if args.json:
@@ -582,30 +432,26 @@ def cmd_list(args) -> int:
 
 
 def cmd_logs(args) -> int:
-    from . import records
     from .logtags import select
 
     backend = _resolve_one(args.id, args.backend)
     sched = _scheduler(backend)
     _refuse_unknown(backend, sched, args.id)
     if args.node is not None or args.rank is not None:
-        _check_node_rank(args, sched, (records.find(args.id, backend) or [{}])[0])
+        _check_node_rank(args, backend, sched)
     for line in select(sched.logs(args.id, follow=args.follow), args.node, args.rank):
         sys.stdout.write(line)
         sys.stdout.flush()
-        if getattr(sys.stdout, "broken", False):
+        if isinstance(sys.stdout, _PipeGuard) and sys.stdout.broken:
             break  # the reader went away (| head): nothing more to show
     return 0
 
 
-def _check_node_rank(args, sched, rec: dict) -> None:
+def _check_node_rank(args, backend: str, sched) -> None:
     """``--node``/``--rank`` inside the job (its record's size, else the scheduler's node count)."""
-    nodes, per_node = rec.get("nodes"), rec.get("nproc_per_node")
-    if nodes is None:
-        try:
-            nodes = sched.describe([args.id])[args.id].nodes_total
-        except HaloError:
-            nodes = None
+    from .core import job_size
+
+    nodes, per_node = job_size(backend, sched, args.id)
     if args.node is not None and nodes and args.node >= nodes:
         raise UsageError(f"--node {args.node}: job {shown(args.id)} has {nodes} node{'s' if nodes != 1 else ''} "
                          f"(0..{nodes - 1})")
@@ -615,6 +461,8 @@ def _check_node_rank(args, sched, rec: dict) -> None:
 
 
 def cmd_cancel(args) -> int:
+    from .core import cancel_known
+
     groups = _resolve_ids(args.ids, args.backend)
     opts: dict = {}
     if args.purge:
@@ -625,18 +473,7 @@ def cmd_cancel(args) -> int:
         if set(groups) != {"slurm"}:
             raise UsageError("--signal applies to --backend slurm only")
         opts["signal"] = _warning_signal(args.signal, groups["slurm"])
-    unknown: dict[str, str] = {}
-    where: set[str] = set()
-    done: list[str] = []
-    for backend, ids in groups.items():
-        sched = _scheduler(backend)
-        missing = _unknown_asked(backend, sched, ids)
-        unknown.update(missing)
-        where |= {backend} if missing else set()
-        ids = [i for i in ids if i not in missing]
-        if ids:
-            sched.cancel(ids, **opts)
-            done += ids
+    done, unknown, where = cancel_known(groups, _scheduler, **opts)
     what = f"signal {args.signal}" if args.signal else "cancel"
     for job_id in done:
         _err(f"halo-sched: {what} requested for {job_id}")
@@ -650,22 +487,19 @@ def cmd_cancel(args) -> int:
 def _warning_signal(given: str, ids: list[str]) -> str:
     """``cancel --signal``'s signal, which must be each job's warning signal: the batch script
     traps that one alone, and any other would end it (and the job) by its default action."""
-    from . import records
-    from .spec import SLURM_SIGNAL_RE, WARNING_SIGNALS
+    from .core import warning_of
+    from .spec import WARNING_SIGNALS, parse_warning
 
-    m = SLURM_SIGNAL_RE.match(given.upper())
-    name = m.group(2) if m and not m.group(1) and not m.group(3) else None
+    asked = parse_warning(given.upper())
+    name = asked[1] if asked and not asked[0] and asked[2] is None else None
     if name not in WARNING_SIGNALS:
         raise UsageError(f"--signal {given}: the warning is one of {', '.join(WARNING_SIGNALS)} "
                          "(the job's slurm.signal, USR2 when unset)")
     for job_id in ids:
-        for rec in records.find(job_id, "slurm"):
-            own = ((rec.get("spec") or {}).get("slurm") or {}).get("signal")
-            mo = SLURM_SIGNAL_RE.match(own) if isinstance(own, str) else None
-            theirs = mo.group(2) if mo else "USR2"
-            if theirs != name:
-                raise UsageError(f"--signal {given}: job {job_id}'s warning is {theirs} (slurm.signal); its batch "
-                                 f"script would end on {name}: send {theirs}")
+        theirs = warning_of(job_id)
+        if theirs is not None and theirs != name:
+            raise UsageError(f"--signal {given}: job {job_id}'s warning is {theirs} (slurm.signal); its batch "
+                             f"script would end on {name}: send {theirs}")
     return name
 
 
@@ -822,10 +656,13 @@ def _main(argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     from .errors import set_debug
 
-    set_debug(getattr(args, "debug", False))
-    if getattr(args, "backend", "") is None and args.command not in _BY_ID | {"list"}:
-        args.backend = _default_backend()
-    if getattr(args, "backend", None) is not None:
+    set_debug(args.debug)
+    backend_given = "backend" in vars(args)  # the commands that take --backend
+    if backend_given and args.backend is None and args.command not in _BY_ID | {"list"}:
+        from . import backends
+
+        args.backend = backends.default()
+    if backend_given and args.backend is not None:
         from . import backends
 
         if args.backend not in backends.BUILTIN and args.backend not in backends.names():
@@ -835,27 +672,14 @@ def _main(argv: list[str] | None) -> int:
     # (~30 ms of start-up with torch installed); the job file's models use none. Only while this
     # process builds them: the environment the nodes inherit is left as it was.
     no_plugins = "PYDANTIC_DISABLE_PLUGINS" not in os.environ
-    # Its plugin loader's module imports importlib.metadata (~25 ms) even when plugins are off:
-    # a stand-in that finds no plugins answers while the models are built, and is removed after.
-    stub = no_plugins and "pydantic.plugin._loader" not in sys.modules and args.command in _SPEC_COMMANDS
-    if no_plugins:
+    if no_plugins and args.command in _SPEC_COMMANDS:
         os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
-    if stub:
-        import types
-
-        loader = types.ModuleType("pydantic.plugin._loader")
-        loader.get_plugins = lambda: ()
-        sys.modules["pydantic.plugin._loader"] = loader
-    try:
-        if no_plugins and args.command in _SPEC_COMMANDS:
+        try:
             from . import spec  # noqa: F401 - builds the models now, without the plugin scan
-    except Exception:  # noqa: S110 - the command imports it again and reports the error its way
-        pass
-    finally:
-        if no_plugins:
+        except Exception:  # noqa: S110 - the command imports it again and reports the error its way
+            pass
+        finally:
             os.environ.pop("PYDANTIC_DISABLE_PLUGINS", None)
-        if stub and sys.modules.get("pydantic.plugin._loader") is loader:
-            del sys.modules["pydantic.plugin._loader"]
     try:
         return COMMANDS[args.command](args)
     except HaloError as err:

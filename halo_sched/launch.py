@@ -23,25 +23,17 @@ from dataclasses import dataclass
 from .spec import JobSpec
 from .templating import RenderError, check, checked_int, render_template
 
-#: Variables a backend sets for the entry script (its whole per-node interface).
-NODE_RANK_VAR = "HALO_NODE_RANK"
-MASTER_ADDR_VAR = "HALO_MASTER_ADDR"
-MASTER_ADDR_FILE_VAR = "HALO_MASTER_ADDR_FILE"
-MASTER_PORT_VAR = "HALO_MASTER_PORT"
+from .node_env import (  # noqa: F401 - the backends' per-node interface, named once in node_env.py
+    LOG_DIR_VAR, MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, MASTER_PORT_VAR, NODE_RANK_OFFSET_VAR, NODE_RANK_VAR,
+    SECRETS_DIR_VAR,
+)
+from .servers import entry_vars as server_entry_vars
+
 #: Where a job's own master port comes from when ``rendezvous.port`` is unset (SLURM: from the job
 #: id, local: the first free one from a random start): 28500-29499. Below torchrun's customary
 #: 29500 (which hand-written jobs on the same host still take), below SGLang's default 30000, and
 #: below Linux's ephemeral range (32768-60999), from which outgoing connections take their ports.
 DERIVED_PORTS = range(28500, 29500)
-#: Optional, added to the node rank: Nomad's worker group gives its allocation index (0-based)
-#: and offset 1, since ``${}`` interpolation cannot add. The sum is still range-checked.
-NODE_RANK_OFFSET_VAR = "HALO_NODE_RANK_OFFSET"
-#: Optional: where each node keeps torchrun's per-rank logs and error files (``DIR/node-K/``);
-#: without it they go to a temporary directory, removed after the failure report is written.
-LOG_DIR_VAR = "HALO_LOG_DIR"
-#: Optional: a directory holding ``halo-secret-NAME`` files (Nomad) instead of the secrets in the
-#: environment (SLURM, local). See ``secret_env`` in the entry script.
-SECRETS_DIR_VAR = "HALO_SECRETS_DIR"
 
 
 @dataclass(frozen=True)
@@ -118,13 +110,6 @@ def ports_to_avoid(spec: JobSpec) -> list[int]:
     return sorted({r.port for r in spec.servers} | {r.group_port for r in spec.servers if r.group_port is not None})
 
 
-def server_entry_vars(spec: JobSpec) -> dict:
-    """What ``halo_sched/templates/entry_servers.sh.j2`` needs (only for a job with ``servers:``)."""
-    from .servers import entry_vars
-
-    return entry_vars(spec)
-
-
 def failure_report_vars() -> dict:
     """What ``halo_sched/templates/entry_failure_report.sh.j2`` needs: the collector's source, run on
     the node."""
@@ -133,6 +118,18 @@ def failure_report_vars() -> dict:
 
     source = node_source("failure_collector")
     return {"collector": source, "collector_tag": heredoc_tag(source, "HALO_COLLECT_EOF"), "log_dir_var": LOG_DIR_VAR}
+
+
+def submission_id(spec: JobSpec) -> str:
+    """A fresh id for each submission of ``spec``, ``NAME-YYYYmmdd-HHMMSS-xxxxxx``, like a SLURM
+    job id: the local backend's job directory, Nomad's job ID (Nomad would otherwise treat a
+    resubmitted file as the same job: not re-run when unchanged, replaced in place when
+    changed; ``plan`` uses one too, so it never diffs against a running job of the same name).
+    The name is checked again, whatever the model holds: it makes a directory name."""
+    import secrets
+    import time
+
+    return f"{check(spec.name, 'job name', 'name')}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
 def entry_script(spec: JobSpec) -> str:

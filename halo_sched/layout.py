@@ -44,7 +44,7 @@ class Layout:
 
     @classmethod
     def of(cls, spec: Any) -> "Layout | None":
-        p = getattr(spec, "parallelism", None)
+        p = spec.parallelism
         if p is None:
             return None
         return cls(world=spec.nodes * spec.nproc_per_node, nodes=spec.nodes, per_node=spec.nproc_per_node,
@@ -124,8 +124,8 @@ def check(spec: Any) -> tuple[list[Problem], list[Problem]]:
                        f"must be one group spanning the job (ep={lay.world}, ep_scope global); ep={lay.ep} forms "
                        f"{lay.world // lay.ep} EP groups"))
 
-    net = getattr(spec, "network", None)
-    if (net is not None and net.fabric == "efa" and lay.ep_crosses_nodes
+    net = spec.network
+    if (net.fabric == "efa" and lay.ep_crosses_nodes
             and not net.cross_node_expert_parallel):
         warns.append(("network.cross_node_expert_parallel",
                       f"EP groups of {lay.ep} cross nodes on EFA: set it true (NCCL_GIN_TYPE=2, /dev/gdrdrv)"))

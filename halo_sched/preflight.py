@@ -1,7 +1,7 @@
 """``halo-sched preflight``: the NCCL guide's bandwidth test, run as the job would run.
 
 The job file is kept whole (nodes, processes, GPUs, image, setup, env, secrets, fabric, layout)
-and goes through the same backend (submit, then watch and wait through the scheduler); only the
+and goes through the same backend (submit, then its placement guard and wait); only the
 trainer is replaced by ``halo_sched/node/trainers/preflight_bw.py``. That file travels INSIDE the job:
 three setup lines (run after the job's own) write it from base64 into a fresh temporary
 directory on each node and enter it, and torchrun starts it from there. Why not a path or
@@ -21,7 +21,7 @@ import base64
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from .errors import UsageError
 from .node import source_path
@@ -246,7 +246,7 @@ def run(spec, backend: str, size: int, min_mibps: float | None = None, iters: in
     if on_submit:
         on_submit(job_id)
     try:
-        state = sched.watch(pf, job_id, on_progress=on_change)
+        state = sched.guard_placement(pf, job_id, on_change=on_change)
         if not state.status.terminal and state.status is not JobStatus.UNKNOWN:
             # A short test: poll often (backing off to 2 s) so its end is seen within seconds.
             state = sched.wait(job_id, timeout=timeout, poll=0.5, max_poll=2.0, on_change=on_change)

@@ -19,7 +19,6 @@ Secrets never reach a record: the spec holds ``secret_env`` names only, never va
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import subprocess
@@ -33,6 +32,7 @@ VERSION = 1
 
 
 def home() -> Path:
+    """halo-sched's state directory: job records (``jobs/``) and the local backend's jobs (``local/``)."""
     env = os.environ.get("HALO_SCHED_HOME")
     if env:
         return Path(env)
@@ -108,7 +108,7 @@ def read_small(path: Path, limit: int | None = None) -> bytes:
         raise
     if not stat.S_ISREG(st.st_mode):
         raise Unreadable("not a regular file")
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC  # POSIX, as is the whole tool
     try:
         fd = os.open(path, flags)
     except OSError as err:
@@ -139,11 +139,12 @@ def read_json(path: Path, limit: int | None = None) -> Any:
         return json.loads(data)
     except UnicodeDecodeError:
         raise Unreadable("not UTF-8 text") from None
-    except ValueError as err:
-        pos, msg = getattr(err, "pos", None), str(getattr(err, "msg", err))
-        if (pos is not None and pos >= len(data.rstrip())) or msg.startswith("Unterminated string"):
+    except json.JSONDecodeError as err:
+        if err.pos >= len(data.rstrip()) or err.msg.startswith("Unterminated string"):
             raise Unreadable(f"truncated JSON ({len(data)} bytes)") from None
-        raise Unreadable(f"not valid JSON ({msg}, byte {pos})") from None
+        raise Unreadable(f"not valid JSON ({err.msg}, byte {err.pos})") from None
+    except ValueError as err:  # a number too long to convert, for one
+        raise Unreadable(f"not valid JSON ({err})") from None
 
 
 _STR = (str, type(None))
@@ -272,13 +273,13 @@ def exists(job_id: str, backend: str) -> bool:
 
 def update_state(record: dict, state) -> None:
     """Keep ``state`` as the record's last known one (only when the scheduler still knows the job)."""
-    from .backends.base import JobStatus
+    from .backends.jobstate import JobStatus
 
     if state.status is JobStatus.UNKNOWN:
         return
     last = {"status": state.status.value, "describe": state.describe(), "at": time.time(),
             "exit_code": state.exit_code}
-    if state.failure is not None and getattr(state.failure, "first", None) is not None:
+    if state.failure is not None and state.failure.first is not None:
         last["failure"] = state.failure.to_dict()
     old = record.get("last_state") or {}
     if {k: v for k, v in old.items() if k != "at"} == {k: v for k, v in last.items() if k != "at"}:
@@ -288,13 +289,6 @@ def update_state(record: dict, state) -> None:
 
 
 # ---- building a record at submit ------------------------------------------------------------
-
-
-def _sha256(path: Path) -> str | None:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return None
 
 
 def _git(cwd: Path, *args: str) -> str | None:
@@ -344,22 +338,22 @@ def git_state_started(spec) -> Callable[[], dict | None]:
     return result
 
 
-def build(scheduler, dryrun, job_id: str, job_file: str | None = None,
+def build(backend: str, spec, job_id: str, fields: dict | None = None, job_file=None,
           git_result: Callable[[], dict | None] | None = None) -> dict[str, Any]:
-    """The record of a job just submitted (nothing written yet)."""
-    spec = dryrun.spec
+    """The record of a job just submitted (nothing written yet): ``fields`` are the backend's
+    (``outputs``, ``scheduler``), ``job_file`` the spec's (path, sha256) when it came from one."""
     cwd = Path.cwd()
     now = time.time()
     rec: dict[str, Any] = {
         "version": VERSION,
         "id": job_id,
-        "backend": scheduler.name,
+        "backend": backend,
         "name": spec.name,
         "submitted": now,
         "submitted_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
         "submit_dir": str(cwd),
-        "job_file": str(Path(job_file).resolve()) if job_file else None,
-        "job_file_sha256": _sha256(Path(job_file)) if job_file else None,
+        "job_file": job_file.path if job_file else None,
+        "job_file_sha256": job_file.sha256 if job_file else None,
         "nodes": spec.nodes,
         "nproc_per_node": spec.nproc_per_node,
         # The resolved spec (defaults filled in). secret_env holds names; values are never here.
@@ -367,9 +361,7 @@ def build(scheduler, dryrun, job_id: str, job_file: str | None = None,
         "outputs": [],
         "scheduler": {},
     }
-    fields = getattr(scheduler, "record_fields", None)
-    if fields is not None:
-        rec.update(fields(dryrun, job_id))
+    rec.update(fields or {})
     git = git_result() if git_result is not None else git_state(_trainer_tree(spec))
     rec["git"] = git and {k: v for k, v in git.items() if k != "diff"}
     rec["_diff"] = git["diff"] if git and git["dirty"] else ""
@@ -390,14 +382,14 @@ def save_new(record: dict, rendered: str) -> Path:
     return write(record)
 
 
-def record_submit(scheduler, dryrun, job_id: str, job_file: str | None = None,
+def record_submit(backend: str, spec, rendered: str, job_id: str, fields: dict | None = None, job_file=None,
                   git_result: Callable[[], dict | None] | None = None) -> Path | None:
-    """Write the record of a job just submitted; a failure to write it is a warning, not an error
-    (the job runs either way)."""
+    """Write the record of a job just submitted (``rendered``: the text submitted); a failure to
+    write it is a warning, not an error (the job runs either way)."""
     import sys
 
     try:
-        return save_new(build(scheduler, dryrun, job_id, job_file, git_result), dryrun.text)
+        return save_new(build(backend, spec, job_id, fields, job_file, git_result), rendered)
     except (OSError, ValueError, TypeError) as err:
         print(f"halo-sched: warning: could not write the job record under {jobs_dir()}: {err}", file=sys.stderr)
         return None

@@ -21,15 +21,12 @@ with '-' as '_' (names allow only lower-case letters, digits and '-', so two rol
 """
 from __future__ import annotations
 
-from .launch import SECRETS_DIR_VAR
+from .node_env import (  # noqa: F401 - named once in node_env.py
+    SECRETS_DIR_VAR, SERVER_ADDR_VAR, SERVER_INDEX_VAR, TRAINER_MASTER_FILE_VAR, TRAINER_MASTER_VAR,
+)
 from .node import source as node_source
 from .spec import JobSpec, Server
 from .templating import heredoc_tag, render_template
-
-SERVER_INDEX_VAR = "HALO_SERVER_INDEX"
-SERVER_ADDR_VAR = "HALO_SERVER_ADDR"
-TRAINER_MASTER_VAR = "HALO_TRAINER_MASTER_ADDR"
-TRAINER_MASTER_FILE_VAR = "HALO_TRAINER_MASTER_ADDR_FILE"
 #: The tag each Nomad server registration carries (``halo-index-${NOMAD_ALLOC_INDEX}``), and the
 #: first word of each line of an addresses file.
 INDEX_TAG = "halo-index-"

@@ -13,9 +13,9 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .errors import SpecError
 
@@ -38,6 +38,18 @@ SLURM_SIGNAL_RE = re.compile(r"\A(?:([BR]+):)?(?:SIG)?([A-Z][A-Z0-9]*)(?:@(\d+))
 # not URG (the carrier that takes the warning to every node), not those that end, stop or resume
 # processes (torchrun must keep its default for these).
 WARNING_SIGNALS = ("USR2", "HUP", "ALRM", "XCPU")
+#: The warning when ``slurm.signal`` is unset (what ``cancel --signal`` then delivers).
+DEFAULT_WARNING = ("", "USR2", None)
+
+
+def parse_warning(text: Any) -> tuple[str, str, int | None] | None:
+    """(flags, signal name, seconds) of a ``slurm.signal`` value ``[B:]SIG[@secs]``, or None when
+    it is not one; the one parser of it (the job file's field, a job record's copy, ``cancel
+    --signal``)."""
+    m = SLURM_SIGNAL_RE.match(text) if isinstance(text, str) else None
+    if m is None:
+        return None
+    return m.group(1) or "", m.group(2), int(m.group(3)) if m.group(3) else None
 
 # Variables torchrun or halo-sched itself set on every rank: a user value would be silently
 # overwritten (or would break the launch), so it is an error to set them in `env`.
@@ -469,10 +481,10 @@ class Slurm(_Model):
     def _signal(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        m = SLURM_SIGNAL_RE.fullmatch(v)
-        if not m:
+        parsed = parse_warning(v)
+        if parsed is None:
             raise ValueError("use [B:]SIGNAL[@seconds] with a signal name, e.g. USR2@120")
-        name = m.group(2)
+        name = parsed[1]
         if name == "USR1":
             raise ValueError("USR1 is used by NCCL; choose USR2 or HUP for the preemption warning")
         if name == "URG":
@@ -508,9 +520,11 @@ class Slurm(_Model):
         """(flags, signal name, seconds) of ``signal``; USR2 when unset (still the signal that
         ``cancel --signal USR2`` delivers as a warning)."""
         if self.signal is None:
-            return "", "USR2", None
-        m = SLURM_SIGNAL_RE.fullmatch(self.signal)
-        return m.group(1) or "", m.group(2), int(m.group(3)) if m.group(3) else None
+            return DEFAULT_WARNING
+        parsed = parse_warning(self.signal)
+        if parsed is None:  # only a spec built without validation holds such a value
+            raise TypeError(f"slurm.signal {self.signal!r} is not a [B:]SIGNAL[@seconds]")
+        return parsed
 
     @field_validator("container_mounts")
     @classmethod
@@ -802,8 +816,18 @@ class Server(_Model):
         return v
 
 
+class JobFile(NamedTuple):
+    """The job file a spec was loaded from: its absolute path and the SHA-256 of the bytes read."""
+
+    path: str
+    sha256: str
+
+
 class JobSpec(_Model):
     """One multi-node torchrun job: the same on every backend."""
+
+    #: Set by :func:`load` (and kept by :func:`validated`); the job record keeps it.
+    _job_file: JobFile | None = PrivateAttr(default=None)
 
     name: str = Field(description="Job name (letters, digits, _ . -; at most 63).")
     nodes: int = Field(ge=1, le=4096, description="Number of nodes: one torchrun per node.")
@@ -901,6 +925,11 @@ class JobSpec(_Model):
     def secret_names(self) -> list[str]:
         """Every secret the job takes at submit time (the ranks' and the servers'), each once."""
         return list(dict.fromkeys(k for _, k in self._secret_fields()))
+
+    @property
+    def job_file(self) -> JobFile | None:
+        """The job file this spec was read from (:func:`load`), None when built otherwise."""
+        return self._job_file
 
     def secret_values(self, environ: dict[str, str] | None = None) -> dict[str, str]:
         """Every secret's value (``secret_names``) from ``environ`` (the submitter's environment).
@@ -1367,7 +1396,11 @@ def load(path: str | Path) -> JobSpec:
         raise SpecError([("", f"no such file: {p}")], str(p)) from None
     except (OSError, UnicodeDecodeError) as err:
         raise SpecError([("", f"cannot read: {err}")], str(p)) from None
-    return loads(text, str(p))
+    import hashlib
+
+    spec = loads(text, str(p))
+    spec._job_file = JobFile(str(p.resolve()), hashlib.sha256(raw).hexdigest())
+    return spec
 
 
 def json_schema() -> dict:
@@ -1394,4 +1427,5 @@ def validated(spec: Any) -> JobSpec:
     errors, _ = check_layout(checked)
     if errors:
         raise SpecError(errors)
+    checked._job_file = spec._job_file
     return checked

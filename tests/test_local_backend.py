@@ -115,17 +115,17 @@ def test_unknown_job_id():
 
 
 def test_gpus_are_split_between_nodes(tmp_path, monkeypatch):
-    from halo_sched.backends.local import _gpu_sets
+    from halo_sched.backends.local import _gpu_sets_for
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
-    assert _gpu_sets(2, 4) == ["0,1,2,3", "4,5,6,7"]
-    assert _gpu_sets(2, 0) is None
+    assert _gpu_sets_for([4, 4]) == ["0,1,2,3", "4,5,6,7"]
+    assert _gpu_sets_for([0, 0]) is None
     from halo_sched.errors import SchedulerError
 
-    with pytest.raises(SchedulerError, match="needs nodes x gpus_per_node = 16 GPUs"):
-        _gpu_sets(2, 8)
+    with pytest.raises(SchedulerError, match="needs 16 GPUs"):
+        _gpu_sets_for([8, 8])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
-    assert _gpu_sets(2, 1) == ["3", "5"]
+    assert _gpu_sets_for([1, 1]) == ["3", "5"]
 
 
 def _torchrun_that_exits_0(tmp_path) -> str:

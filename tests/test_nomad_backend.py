@@ -18,9 +18,10 @@ import yaml
 
 import halo_sched
 from halo_sched.backends.nomad.render import (
-    client_requirements, group_counts, job_payload, node_rank_of, render_hcl, submission_id,
+    client_requirements, group_counts, job_payload, node_rank_of, render_hcl,
 )
 from halo_sched.errors import SpecError
+from halo_sched.launch import submission_id
 from helpers import REPO, cli, free_port, load_nomad_helper
 from hclparse import hcl2json, jobspec
 

@@ -318,7 +318,7 @@ def test_fully_placed_job_is_running(fake):
     state = state_of(client)
     assert state.status is JobStatus.RUNNING
     assert (state.nodes_running, state.nodes_total) == (2, 2)
-    nodes = state.extra["nodes"]
+    nodes = state.nomad.nodes
     assert [n["node_rank"] for n in nodes] == [0, 1]
     assert nodes[1]["alloc_name"] == f"{JOB}.workers[0]"
     assert {nodes[0]["node"], nodes[1]["node"]} == {"gpu-a", "gpu-b"}  # distinct hosts
@@ -332,8 +332,8 @@ def test_half_placed_job_is_partial_and_says_why():
         state = state_of(client)
         assert state.status is JobStatus.PARTIAL
         assert (state.nodes_running, state.nodes_total) == (1, 2)
-        assert state.extra["blocked_eval"] is True
-        reason = state.extra["blocked"]["workers"]
+        assert state.nomad.blocked_eval is True
+        reason = state.nomad.blocked["workers"]
         assert reason.startswith("workers: 1 of 1 unplaced (node rank 1): 0/3 nodes eligible")
         assert "distinct_hosts: 1" in reason  # gpu-a already holds node-0
         assert "missing devices: 1" in reason  # gpu-c has only 4 GPUs
@@ -349,8 +349,8 @@ def test_many_workers_partly_placed_count_what_is_missing():
         register(client, make_job(8))
         state = state_of(client)
         assert state.status is JobStatus.PARTIAL and (state.nodes_running, state.nodes_total) == (5, 8)
-        assert state.extra["blocked"]["workers"].startswith("workers: 3 of 7 unplaced (node ranks 5-7)")
-        assert sorted(n["alloc_name"] for n in state.extra["nodes"] if n["alloc_name"]) == sorted(
+        assert state.nomad.blocked["workers"].startswith("workers: 3 of 7 unplaced (node ranks 5-7)")
+        assert sorted(n["alloc_name"] for n in state.nomad.nodes if n["alloc_name"]) == sorted(
             [f"{JOB}.node-0[0]"] + [f"{JOB}.workers[{k}]" for k in range(4)])
 
 
@@ -361,7 +361,7 @@ def test_nothing_placed_is_pending_with_reasons():
         state = state_of(client)
         assert state.status is JobStatus.PENDING
         assert state.nodes_running == 0
-        assert set(state.extra["blocked"]) == {"node-0", "workers"}
+        assert set(state.nomad.blocked) == {"node-0", "workers"}
         assert "missing devices" in state.reason
         assert state.raw_state == "pending"
 
@@ -503,7 +503,7 @@ def test_resubmitted_job_uses_the_latest_allocation_of_each_name(fake):
     state = state_of(client)
     assert state.status is JobStatus.RUNNING
     newest = {a["ID"] for a in allocs if a["JobVersion"] == 1}
-    assert {n["alloc_id"] for n in state.extra["nodes"]} == newest
+    assert {n["alloc_id"] for n in state.nomad.nodes} == newest
 
 
 def _scheduler_for(fake):
@@ -522,7 +522,7 @@ def test_status_of_many_jobs_costs_three_calls():
             register(client, make_job(2, job_id=job_id))
         sched = _scheduler_for(fake)
         before = len(fake.requests)
-        states = sched.describe(ids + ["nope"])
+        states = sched.query(ids + ["nope"])
         calls = fake.requests[before:]
         assert len(calls) <= 3, [(r.method, r.path) for r in calls]
         assert not [r for r in calls if r.path.startswith("/v1/job/")]

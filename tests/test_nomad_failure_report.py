@@ -68,7 +68,7 @@ def test_status_names_the_first_failure_from_the_task_logs(tmp_path):
         # Node 2 (workers[1]) fails first; node 0's rank 1 dies a second later waiting for it.
         fail(fake, job_id, "workers[1]", line(2, 5, T0 + 3.25, "ValueError: bad shard 7", exit_code=3))
         fail(fake, job_id, "node-0", line(0, 1, T0 + 4.5, "RuntimeError: NCCL timeout"))
-        st = sched.describe([job_id])[job_id]
+        st = sched.query([job_id])[job_id]
         assert st.status is JobStatus.FAILED
         want = re.compile(r"FAILED: rank 5 \(node 2, host gpu-c, local rank 1\) exit 3 at \d\d:\d\d:\d\d: "
                           r"ValueError: bad shard 7; 1 other rank ended after it")
@@ -78,19 +78,19 @@ def test_status_names_the_first_failure_from_the_task_logs(tmp_path):
         assert {r.query["origin"] for r in reads} == {"end"} and all(r.query["plain"] == "true" for r in reads)
         assert len(reads) == 2 and {r.query["type"] for r in reads} == {"stderr"}
         # Cached: asking again reads nothing more.
-        assert sched.describe([job_id])[job_id].describe() == st.describe()
+        assert sched.query([job_id])[job_id].describe() == st.describe()
         assert len(fake.requests_to("/v1/client/fs/logs/")) == 2
 
 
 def test_running_job_is_not_read(tmp_path):
     with FakeNomad(nodes(), token=TOKEN) as fake:
         sched, job_id = submit(fake, tmp_path)
-        st = sched.describe([job_id])[job_id]
+        st = sched.query([job_id])[job_id]
         assert st.status is JobStatus.RUNNING and st.failure is None
         fake.finish(job_id, "node-0", 0)
         fake.finish(job_id, "workers[0]", 0)
         fake.finish(job_id, "workers[1]", 0)
-        assert sched.describe([job_id])[job_id].status is JobStatus.COMPLETED
+        assert sched.query([job_id])[job_id].status is JobStatus.COMPLETED
         assert fake.requests_to("/v1/client/fs/logs/") == []
 
 
@@ -99,14 +99,14 @@ def test_logs_refused_fall_back_to_the_exit_code(tmp_path):
         sched, job_id = submit(fake, tmp_path)
         alloc = fail(fake, job_id, "workers[0]", line(1, 2, T0, "ValueError: x"), code=7)
         fake.fail_next(4, status=403, body="Permission denied", path_contains="/fs/logs/")
-        st = sched.describe([job_id])[job_id]
+        st = sched.query([job_id])[job_id]
         assert st.status is JobStatus.FAILED
         assert re.match(r"FAILED: node 1 \(Nomad node gpu-\w\) exit 7 at \d\d:\d\d:\d\d: "
                             r"task torchrun: Terminated: Exit Code: 7", st.describe()), st.describe()
         # Client garbage-collected the allocation: 404, the same fallback and never an error.
         fake.gc_logs.add(alloc)
         sched2 = NomadScheduler(client=NomadClient(NomadConfig(address=fake.address, token=TOKEN)))
-        assert "exit 7" in sched2.describe([job_id])[job_id].describe()
+        assert "exit 7" in sched2.query([job_id])[job_id].describe()
 
 
 def test_lost_node_is_named_by_node_rank_and_nomad_node(tmp_path):
@@ -116,7 +116,7 @@ def test_lost_node_is_named_by_node_rank_and_nomad_node(tmp_path):
         fake.node_down(host)
         # Node 0's rank crashes on the lost peer before Nomad notices; its line is earlier.
         fail(fake, job_id, "node-0", line(0, 0, 1.0, "RuntimeError: connection reset by peer"))
-        st = sched.describe([job_id])[job_id]
+        st = sched.query([job_id])[job_id]
         assert st.status is JobStatus.NODE_FAIL
         # disconnect { replace = false } (the example's): the allocation is "unknown", not replaced.
         assert re.match(rf"NODE_FAIL: node 2 \(Nomad node {host}\) disconnected at \d\d:\d\d:\d\d: allocation "
@@ -203,7 +203,7 @@ def test_sim_three_nodes_rank_on_node_2_fails_first(tmp_path):
             fake.write_log(alloc, logs[name][0])
             fake.write_log(alloc, logs[name][1], type="stderr")
             fake.finish(job_id, group, exit_code=codes[name])
-        st = sched.describe([job_id])[job_id]
+        st = sched.query([job_id])[job_id]
     assert st.status is JobStatus.FAILED
     assert re.match(r"FAILED: rank 5 \(node 2, host [^,]+, local rank 1\) exit 1 at \d\d:\d\d:\d\d: "
                     r"ValueError: rank 5 fails on purpose; \d+ other ranks? ended after it", st.describe()), \

@@ -50,7 +50,7 @@ def test_worker_allocation_names_give_node_ranks():
     allocs = running(4)
     state = job_state(stub(4), allocs, [], JOB)
     assert state.status is JobStatus.RUNNING and (state.nodes_running, state.nodes_total) == (4, 4)
-    nodes = state.extra["nodes"]
+    nodes = state.nomad.nodes
     assert [n["node_rank"] for n in nodes] == [0, 1, 2, 3]
     assert nodes[3]["alloc_name"] == f"{JOB}.workers[2]" and nodes[3]["node"] == "host-3"
     assert nodes[3]["alloc_id"] == allocs[3]["ID"] and nodes[3]["client_status"] == "running"
@@ -63,9 +63,9 @@ def test_partial_counts_unplaced_workers_and_says_why():
     evals = [{"ID": "e1", "Status": "blocked", "CreateIndex": 5, "FailedTGAllocs": {"workers": metric}}]
     state = job_state(stub(8), running(5), evals, JOB)
     assert state.status is JobStatus.PARTIAL and (state.nodes_running, state.nodes_total) == (5, 8)
-    assert state.extra["blocked"]["workers"].startswith("workers: 3 of 7 unplaced (node ranks 5-7): 0/5 nodes eligible")
+    assert state.nomad.blocked["workers"].startswith("workers: 3 of 7 unplaced (node ranks 5-7): 0/5 nodes eligible")
     assert "distinct_hosts: 5" in state.reason and state.reason.startswith("blocked: workers: 3 of 7")
-    assert [n["phase"] for n in state.extra["nodes"]][5:] == ["unplaced"] * 3
+    assert [n["phase"] for n in state.nomad.nodes][5:] == ["unplaced"] * 3
 
 
 def test_nothing_placed_is_pending_naming_both_groups():
@@ -73,7 +73,7 @@ def test_nothing_placed_is_pending_naming_both_groups():
     evals = [{"Status": "blocked", "FailedTGAllocs": {"node-0": m, "workers": {**m, "CoalescedFailures": 2}}}]
     state = job_state(stub(4, status="pending"), [], evals, JOB)
     assert state.status is JobStatus.PENDING and state.nodes_running == 0
-    assert set(state.extra["blocked"]) == {"node-0", "workers"}
+    assert set(state.nomad.blocked) == {"node-0", "workers"}
     assert "node-0: 1 of 1 unplaced (node rank 0)" in state.reason and "workers: 3 of 3 unplaced" in state.reason
 
 
@@ -83,7 +83,7 @@ def test_only_the_latest_allocation_of_a_name_counts():
     allocs[1]["JobVersion"] = 1
     state = job_state(stub(3), allocs, [], JOB)
     assert state.status is JobStatus.RUNNING
-    assert state.extra["nodes"][1]["alloc_id"] == allocs[1]["ID"]
+    assert state.nomad.nodes[1]["alloc_id"] == allocs[1]["ID"]
 
 
 # ------------------------------------------------------------------------------------ lost, dead, timeout
@@ -114,7 +114,7 @@ def test_lost_rank_with_a_replacement_is_still_node_fail_not_partial():
     state = job_state(stub(3), allocs, [], JOB)
     assert state.status is JobStatus.NODE_FAIL
     assert "starting" not in state.reason and "replacement" in state.reason
-    assert state.extra["nodes"][1]["client_status"] == "lost"
+    assert state.nomad.nodes[1]["client_status"] == "lost"
 
 
 def test_failed_rank_keeps_its_exit_code_and_names_the_survivors():
@@ -124,7 +124,7 @@ def test_failed_rank_keeps_its_exit_code_and_names_the_survivors():
     assert state.status is JobStatus.FAILED and state.exit_code == 3
     assert "node rank 2" in state.reason and "Exit Code: 3" in state.reason
     assert "node ranks 0-1, 3 still running" in state.reason
-    assert [d["node_rank"] for d in state.extra["dead"]] == [2]
+    assert [d["node_rank"] for d in state.nomad.dead] == [2]
 
 
 def test_first_dead_rank_is_named_first():

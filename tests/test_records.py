@@ -236,3 +236,30 @@ def test_a_torn_local_state_file_fails_only_its_own_job(state):
     r = _run("cancel", "torn-1")
     assert r.returncode == 0 and "internal error" not in r.stderr, r.stderr
     assert _run("status", "torn-1").stdout.startswith("torn-1\tCANCELLED")
+
+
+# ---- one submit pipeline: the library's record is the CLI's ------------------------------------
+
+
+def test_a_library_submit_records_the_job_file_as_the_cli_does(tmp_path):
+    import hashlib
+
+    import halo_sched
+
+    job = example_job(tmp_path, 29557, nodes=1)
+    sha = hashlib.sha256(job.read_bytes()).hexdigest()
+    handle = halo_sched.submit(halo_sched.load(job), "local")
+    r = _run("submit", str(job), "--backend", "local")
+    assert r.returncode == 0, r.stderr
+    cli_id = r.stdout.strip().splitlines()[-1]
+    try:
+        by_library = records.find(handle.id, "local")[0]
+        by_cli = records.find(cli_id, "local")[0]
+    finally:
+        for job_id in (handle.id, cli_id):
+            _run("cancel", job_id, "--backend", "local")
+    for rec in (by_cli, by_library):
+        assert rec["job_file"] == str(job.resolve()) and rec["job_file_sha256"] == sha
+    same = ("name", "nodes", "nproc_per_node", "spec", "submit_dir", "job_file", "job_file_sha256")
+    assert {k: by_library[k] for k in same} == {k: by_cli[k] for k in same}
+    assert {**by_library["git"], "diff_file": None} == {**by_cli["git"], "diff_file": None}

@@ -13,7 +13,8 @@ import time
 import pytest
 
 import halo_sched
-from halo_sched.backends.nomad.render import job_payload, render_hcl, submission_id, variable_path
+from halo_sched.backends.nomad.render import job_payload, render_hcl, variable_path
+from halo_sched.launch import submission_id
 from halo_sched.backends.nomad.servers import service_name
 from helpers import REPO, free_port, load_nomad_helper
 from hclparse import hcl2json, jobspec
@@ -140,7 +141,7 @@ def test_state_dead_server_is_a_dead_rank_and_completed_trainer_leaves_servers_t
     trainer_running = [_alloc("node-0", "j.node-0[0]", "running"), _alloc("workers", "j.workers[0]", "running")]
     st = job_state(job, trainer_running + [_alloc("server-vllm", "j.server-vllm[0]", "failed", 3)], [], "j")
     assert st.status is JobStatus.FAILED and "server vllm[0]" in st.reason, st.reason
-    assert st.extra["dead"][0]["server"] == "vllm[0]"
+    assert st.nomad.dead[0]["server"] == "vllm[0]"
     done = [_alloc("node-0", "j.node-0[0]", "complete"), _alloc("workers", "j.workers[0]", "complete")]
     st = job_state(job, done + [_alloc("server-vllm", "j.server-vllm[0]", "running")], [], "j")
-    assert st.status is JobStatus.COMPLETED and st.extra["servers_running"] == 1
+    assert st.status is JobStatus.COMPLETED and st.nomad.servers_running == 1

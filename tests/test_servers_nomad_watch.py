@@ -48,13 +48,13 @@ def test_dead_server_under_a_running_trainer_stops_the_job_and_is_the_dead_rank(
         st = sched.wait(job_id, timeout=20)
         rec = fake.job_record(job_id)
         assert rec["Stop"] is True  # deregistered by the watcher
-        assert st.status is JobStatus.FAILED and st.extra["dead"][0]["server"] == "vllm[0]"
+        assert st.status is JobStatus.FAILED and st.nomad.dead[0]["server"] == "vllm[0]"
         assert "server vllm[0] died first" in st.reason, st.reason
         # The trainer's ranks were stopped, not left holding their nodes.
         assert {a["ClientStatus"] for a in fake.allocs_of(job_id) if a["TaskGroup"] != "server-vllm"} == {"complete"}
         # Status afterwards still names the server, with its own last error line.
-        later = sched.describe([job_id])[job_id]
-        assert later.status is JobStatus.FAILED and later.extra["dead"][0]["server"] == "vllm[0]"
+        later = sched.query([job_id])[job_id]
+        assert later.status is JobStatus.FAILED and later.nomad.dead[0]["server"] == "vllm[0]"
         assert re.match(r"FAILED: server vllm\[0\] \(Nomad node n\d\) exit 3 at \d\d:\d\d:\d\d: "
                         r"RuntimeError: CUDA out of memory", later.describe()), later.describe()
 
@@ -70,7 +70,7 @@ def test_trainer_completes_while_servers_run_the_job_is_stopped_and_completed():
         assert fake.job_record(job_id)["Stop"] is True
         server = fake.alloc_for(job_id, "server-vllm")
         assert server["ClientStatus"] == "complete" and server["DesiredStatus"] == "stop"
-        later = sched.describe([job_id])[job_id]
+        later = sched.query([job_id])[job_id]
         assert later.status is JobStatus.COMPLETED and later.failure is None, later.describe()
         # A second watch of the finished job stops nothing more.
         stops = len(fake.requests_to(f"/v1/job/{job_id}", method="DELETE"))
@@ -91,4 +91,4 @@ def test_trainer_completes_while_a_server_still_waits_for_a_node_the_job_is_stop
         st = sched.wait(job_id, timeout=20)
         assert st.status is JobStatus.COMPLETED, st.describe()
         assert fake.job_record(job_id)["Stop"] is True
-        assert sched.describe([job_id])[job_id].status is JobStatus.COMPLETED
+        assert sched.query([job_id])[job_id].status is JobStatus.COMPLETED

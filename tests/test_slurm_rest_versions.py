@@ -130,14 +130,14 @@ def test_query_and_job_info_read_each_versions_shapes(release, version):
         assert t.query([a])[a].status is JobStatus.PENDING
         stub.start(a)
         s = t.query([a])[a]
-        assert s.status is JobStatus.RUNNING and s.nodes_total == 2 and s.extra["nodelist"] == "node[1-2]"
+        assert s.status is JobStatus.RUNNING and s.nodes_total == 2 and s.slurm.nodelist == "node[1-2]"
         stub.finish(a, rc=3)
         stub.finish(b, rc=0)
         stub.finish(c, sig=15, state="CANCELLED")
         res = t.query([a, b, c, "999"])
         assert (res[a].status, res[a].exit_code) == (JobStatus.FAILED, 3)
         assert (res[b].status, res[b].exit_code) == (JobStatus.COMPLETED, 0)
-        assert res[c].status is JobStatus.CANCELLED and res[c].extra["signal"] == 15
+        assert res[c].status is JobStatus.CANCELLED and res[c].slurm.signal == 15
         assert res["999"].status is JobStatus.UNKNOWN
         info = t.job_info(b)
         assert info["StdOut"] == f"{os.getcwd()}/halo-ddp-cpu-{b}.out" and info["JobName"] == "ddp-cpu"

@@ -76,7 +76,7 @@ class FixtureSlurm:
 
     @staticmethod
     def _matches(state, ids: list[str]) -> bool:
-        return bool({state.id, state.extra.get("base_id"), state.extra.get("job_id_raw")} & set(ids))
+        return bool({state.id, state.slurm and state.slurm.base_id, state.slurm and state.slurm.job_id_raw} & set(ids))
 
     def _done(self, argv, rc, stdout="", stderr=""):
         return subprocess.CompletedProcess(argv, rc, stdout, stderr)
@@ -214,16 +214,16 @@ def test_2205_details():
     states = st.parse_squeue(out("22.05", "squeue_all"))
     by = lambda name: st.match_states(jobs[name]["id"], states)  # noqa: E731
     assert by("completed").nodes_total == 2
-    assert by("running").nodes_running == 2 and by("running").extra["nodelist"] == "node[1-2]"
+    assert by("running").nodes_running == 2 and by("running").slurm.nodelist == "node[1-2]"
     assert by("pending").reason == "Resources" and by("pending").nodes_running == 0
     assert by("pending_too_big").reason == "PartitionNodeLimit"
-    assert by("timeout").reason == "TimeLimit" and by("timeout").extra["signal"] == 15
+    assert by("timeout").reason == "TimeLimit" and by("timeout").slurm.signal == 15
     assert by("failed").exit_code == 3
     het = by("het")
-    assert set(het.extra["components"]) == {f"{jobs['het']['id']}+0", f"{jobs['het']['id']}+1"}
+    assert set(het.slurm.components) == {f"{jobs['het']['id']}+0", f"{jobs['het']['id']}+1"}
     arr_id = jobs["array"]["id"]
     arr = by("array")
-    assert arr.status is JobStatus.RUNNING and f"{arr_id}_[3-4%2]" in arr.extra["components"]
+    assert arr.status is JobStatus.RUNNING and f"{arr_id}_[3-4%2]" in arr.slurm.components
     assert st.match_states(f"{arr_id}_1", states).status is JobStatus.RUNNING
     pending_task = st.match_states(f"{arr_id}_4", states)
     assert pending_task.status is JobStatus.PENDING and pending_task.id == f"{arr_id}_4"
@@ -300,14 +300,14 @@ def test_slurmctld_parsing(version):
 def test_sacct_details():
     states = st.parse_sacct(out("23.11", "sacct"))
     oom = st.match_states("1006", states)
-    assert oom.raw_state == "FAILED" and "1006.0" in oom.reason and oom.extra["steps"]["1006.0"] == "OUT_OF_MEMORY"
+    assert oom.raw_state == "FAILED" and "1006.0" in oom.reason and oom.slurm.steps["1006.0"] == "OUT_OF_MEMORY"
     assert st.match_states("1003", states).raw_state == "CANCELLED by 1000"
-    assert st.match_states("1017", states).extra["derived_exit_code"] == 2
+    assert st.match_states("1017", states).slurm.derived_exit_code == 2
     pending = st.match_states("1014", states)
-    assert pending.reason == "Priority" and pending.extra["nodelist"] == ""
+    assert pending.reason == "Priority" and pending.slurm.nodelist == ""
     # A finished job's sacct Reason is history, not a reason.
     assert st.match_states("1002", states).reason == ""
-    assert st.match_states("1012+0", states).extra["steps"] == {"1012+0.batch": "RUNNING"}
+    assert st.match_states("1012+0", states).slurm.steps == {"1012+0.batch": "RUNNING"}
 
 
 def test_scontrol_newer_fields_spaces_and_equals():

@@ -73,7 +73,7 @@ def test_query_asks_each_cluster_once_and_keys_answers_by_the_ids_given():
     # The same number on two clusters is two jobs: without --clusters, far:5 would read RUNNING.
     assert res["5"].status is JobStatus.RUNNING
     assert res["far:5"].status is JobStatus.COMPLETED and res["far:5"].id == "far:5"
-    assert res["far:5"].extra["cluster"] == "far"
+    assert res["far:5"].slurm.cluster == "far"
     assert res["9;far"].status is JobStatus.FAILED
     assert res["far:404"].status is JobStatus.UNKNOWN
     local = [c for c in fake.calls if not any(a.startswith("--clusters") for a in c)]

@@ -1,5 +1,5 @@
 """Many handles, one poll: every Job handle on one scheduler is answered by a shared watcher that
-makes one describe (one squeue/sacct, or Nomad's few list calls) per poll for all unfinished jobs,
+makes one query (one squeue/sacct, or Nomad's few list calls) per poll for all unfinished jobs,
 keeps finished states, and backs off while nothing changes."""
 from __future__ import annotations
 
@@ -201,10 +201,10 @@ def test_wait_timeout_returns_the_last_state():
     class Sched:
         status_max_age = 1.0
 
-        def watch_key(self):
+        def watcher_key(self):
             return ("test-timeout", id(self))
 
-        def describe(self, ids):
+        def query(self, ids):
             w_calls.append(ids)
             return {i: JobState(i, JobStatus.RUNNING) for i in ids}
 
@@ -217,3 +217,39 @@ def test_wait_timeout_returns_the_last_state():
     assert out, "wait_shared did not return at its timeout"
     st = out[0]
     assert st.status is JobStatus.RUNNING and time.monotonic() - t >= 0.3 and w_calls
+
+
+def test_every_wait_loop_counts_the_same_changes():
+    """A change is JobState.change_key, in the shared watcher's waits as in the local backend's
+    and the Nomad watchdog's: more ranks placed (nothing running yet) is progress to report."""
+    from halo_sched.backends.jobstate import NomadDetail
+    from halo_sched.backends.local import LocalScheduler
+
+    def states():
+        return [JobState("x", JobStatus.PARTIAL, raw_state="pending", nodes_total=4, nodes_running=0,
+                         nomad=NomadDetail(nodes_placed=k)) for k in (1, 2, 3)] + [JobState("x", JobStatus.COMPLETED)]
+
+    class Sched:
+        status_max_age = 1.0
+
+        def __init__(self):
+            self.left = states()
+
+        def watcher_key(self):
+            return ("test-changes", id(self))
+
+        def query(self, ids):
+            return {i: self.left.pop(0) if len(self.left) > 1 else self.left[0] for i in ids}
+
+    seen = []
+    wait_shared(Sched(), "x", timeout=30, poll=0.01, max_poll=0.02, on_change=seen.append)
+    assert [s.nomad.nodes_placed if s.nomad else None for s in seen] == [1, 2, 3, None]
+
+    # The local backend's own wait (a pidfd, then its state file) reports the same changes.
+    local = LocalScheduler()
+    left = states()
+    local._state = lambda job_id: left.pop(0) if len(left) > 1 else left[0]
+    local._supervisor = lambda d: None
+    seen = []
+    local.wait("x", timeout=30, poll=0.01, on_change=seen.append)
+    assert [s.nomad.nodes_placed if s.nomad else None for s in seen] == [1, 2, 3, None]

@@ -5,6 +5,7 @@ Third-party backends register under the ``halo_sched.backends`` entry-point grou
 from __future__ import annotations
 
 import importlib
+import os
 
 from ..errors import UsageError
 from .base import DryRun, Job, JobState, JobStatus, Scheduler
@@ -14,9 +15,15 @@ BUILTIN = {
     "slurm": "halo_sched.backends.slurm:SlurmScheduler",
     "nomad": "halo_sched.backends.nomad:NomadScheduler",
 }
+#: The backend when none is named (``--backend``, ``$HALO_SCHED_BACKEND``, the library's ``backend=``).
 DEFAULT = "local"
 
-__all__ = ["BUILTIN", "DEFAULT", "DryRun", "Job", "JobState", "JobStatus", "Scheduler", "get", "names"]
+__all__ = ["BUILTIN", "DEFAULT", "DryRun", "Job", "JobState", "JobStatus", "Scheduler", "default", "get", "names"]
+
+
+def default() -> str:
+    """The backend a command uses when none is given: ``$HALO_SCHED_BACKEND``, else :data:`DEFAULT`."""
+    return os.environ.get("HALO_SCHED_BACKEND", DEFAULT)
 
 
 def _entry_points() -> dict[str, str]:
@@ -34,4 +41,4 @@ def get(name: str, **opts) -> Scheduler:
     if target is None:
         raise UsageError(f"unknown backend {name!r}; choose one of: {', '.join(names())}")
     module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)(**opts)
+    return vars(importlib.import_module(module))[attr](**opts)

@@ -1,98 +1,52 @@
-"""The one interface every backend implements, and the job handle users hold.
+"""The one interface every backend implements, the submit pipeline, and the job handle users hold.
 
 Flow: ``dryrun(spec)`` renders what would be submitted (pure, inspectable); ``schedule(dryrun)``
-submits it (the only I/O); ``describe(ids)`` answers for many jobs with one scheduler query.
+submits it (the only I/O); ``query(ids)`` answers for many jobs with one scheduler query.
+:meth:`Scheduler.submit` is the one submit sequence, for the library and the CLI alike.
+What a backend may do beyond that is declared as a :class:`typing.Protocol` below and checked
+with ``isinstance``.
+
+Imports: this module imports the job states (jobstate.py) and the shared watcher (watcher.py),
+which import nothing back; the job records (records.py) on submit.
 """
 from __future__ import annotations
 
 import abc
 import contextlib
-import enum
 import functools
 import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence, runtime_checkable
+
+from .jobstate import JobState, JobStatus, NomadDetail, SlurmDetail
+from .watcher import wait_shared, watcher_for
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..spec import JobSpec
 
 
-class JobStatus(str, enum.Enum):
-    """The small documented set every backend maps its states onto."""
+def _new_token() -> str:
+    from ..exactly_once import new_token
 
-    PENDING = "PENDING"
-    PARTIAL = "PARTIAL"  # Nomad: k of N node allocations placed/running; never a final state
-    RUNNING = "RUNNING"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    TIMEOUT = "TIMEOUT"
-    NODE_FAIL = "NODE_FAIL"
-    PREEMPTED = "PREEMPTED"
-    OUT_OF_MEMORY = "OUT_OF_MEMORY"
-    UNKNOWN = "UNKNOWN"
-
-    @property
-    def terminal(self) -> bool:
-        return self in _TERMINAL
-
-    def __str__(self) -> str:  # pragma: no cover - str(enum) readability
-        return self.value
-
-
-_TERMINAL = {
-    JobStatus.COMPLETED,
-    JobStatus.FAILED,
-    JobStatus.CANCELLED,
-    JobStatus.TIMEOUT,
-    JobStatus.NODE_FAIL,
-    JobStatus.PREEMPTED,
-    JobStatus.OUT_OF_MEMORY,
-}
-
-
-@dataclass
-class JobState:
-    """One job's state as a backend reports it; ``raw_state`` keeps the scheduler's own word."""
-
-    id: str
-    status: JobStatus
-    raw_state: str = ""
-    exit_code: int | None = None
-    nodes_total: int | None = None
-    nodes_running: int | None = None
-    reason: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-    #: Which rank failed first and why (a :class:`halo_sched.node.failures.FailureReport`), when the
-    #: job's nodes reported it; ``describe`` then leads with it.
-    failure: Any = None
-
-    def describe(self) -> str:
-        if self.failure is not None and self.failure.first is not None:
-            # "FAILED: rank 3 (node 1, host h, local rank 1) exit 1 at 12:03:04: ValueError: ..."
-            text = f"{self.status.value}: {self.failure.describe()}"
-            return text + (f" (raw={self.raw_state})" if self.raw_state and self.raw_state != self.status.value else "")
-        parts = [self.status.value]
-        if self.nodes_total is not None and self.nodes_running is not None and not self.status.terminal:
-            parts.append(f"{self.nodes_running}/{self.nodes_total} nodes running")
-        if self.raw_state and self.raw_state != self.status.value:
-            parts.append(f"raw={self.raw_state}")
-        if self.exit_code is not None:
-            parts.append(f"exit={self.exit_code}")
-        if self.reason:
-            parts.append(f"reason={self.reason}")
-        if self.extra.get("restarts"):  # a requeued job: which run this is
-            parts.append(f"run {self.extra['restarts'] + 1}")
-        return " ".join(parts)
+    return new_token()
 
 
 @dataclass
 class DryRun:
-    """What ``schedule`` would submit: ``text`` is printed by ``--dry-run``; ``payload`` is sent."""
+    """What ``schedule`` would submit: ``text`` is printed by ``--dry-run``; ``payload`` is sent.
+
+    ``token`` is the submission's exactly-once token, made once per dry run: after an
+    ambiguous failure, the job found with it is this submission's (SLURM: its comment; Nomad:
+    its meta, already in ``payload``)."""
 
     backend: str
-    spec: Any
+    spec: JobSpec
     text: str
-    payload: Any = None
+    #: What ``schedule`` sends: the local entry script, Nomad's job JSON (SLURM sends ``text``).
+    payload: str | dict | None = None
+    token: str = field(default_factory=_new_token)
 
 
 #: The methods that take a spec from their caller: each validates it again first (see below).
@@ -107,13 +61,14 @@ def checked_spec(spec):
     built without the layout rules gets the SpecError a job file would, before anything is
     rendered or sent. Within that call (submit -> dryrun -> render) the validated spec it passes
     on is not checked again."""
-    if getattr(_checking, "spec", None) is spec:
+    outer = _checking.__dict__.get("spec")
+    if outer is spec:
         yield spec
         return
     from ..spec import validated
 
     checked = validated(spec)
-    outer, _checking.spec = getattr(_checking, "spec", None), checked
+    _checking.spec = checked
     try:
         yield checked
     finally:
@@ -122,7 +77,7 @@ def checked_spec(spec):
 
 def validates_spec(method):
     """``method(self, spec, ...)``, run with ``spec`` validated again (:func:`checked_spec`)."""
-    if getattr(method, "_validates_spec", False):
+    if method in _VALIDATING:
         return method
 
     @functools.wraps(method)
@@ -130,8 +85,11 @@ def validates_spec(method):
         with checked_spec(spec) as spec:
             return method(self, spec, *args, **kwargs)
 
-    wrapper._validates_spec = True
+    _VALIDATING.add(wrapper)
     return wrapper
+
+
+_VALIDATING: set = set()
 
 
 class Scheduler(abc.ABC):
@@ -144,20 +102,22 @@ class Scheduler(abc.ABC):
         super().__init_subclass__(**kwargs)
         for name in SPEC_ENTRY_POINTS:
             method = cls.__dict__.get(name)
-            if callable(method) and not getattr(method, "__isabstractmethod__", False):
+            if callable(method) and not vars(method).get("__isabstractmethod__", False):
                 setattr(cls, name, validates_spec(method))
 
     name: str = ""
     #: Seconds submit and cancel keep retrying through a scheduler outage (None: the
     #: ``HALO_SUBMIT_RETRY_S`` environment variable, else 120; see halo_sched.exactly_once).
     retry_s: float | None = None
+    #: ``submit --wait`` follows the job's log live (the local backend: a file on this machine).
+    streams_logs: bool = False
 
     @abc.abstractmethod
-    def render(self, spec, **opts) -> str:
+    def render(self, spec: JobSpec, **opts) -> str:
         """The rendered job as text (pure)."""
 
     @validates_spec
-    def dryrun(self, spec, **opts) -> DryRun:
+    def dryrun(self, spec: JobSpec, **opts) -> DryRun:
         return DryRun(self.name, spec, self.render(spec, **opts))
 
     @abc.abstractmethod
@@ -165,17 +125,28 @@ class Scheduler(abc.ABC):
         """Submit; return the job id."""
 
     @validates_spec
-    def submit(self, spec, **opts) -> "Job":
-        from ..records import git_state_started, record_submit
+    def submit(self, spec: JobSpec, **opts) -> "Job":
+        """The submit pipeline, the one the CLI runs too: the dry run (with its exactly-once
+        token), the secrets checked before anything is sent (an unset ``secret_env`` variable is
+        a SpecError naming it), the git state of the trainer's tree (read while the scheduler
+        answers), ``schedule``, then the job's record (with the job file and its SHA-256 when
+        the spec was loaded from one: ``spec.job_file``)."""
+        from .. import records
 
         dry = self.dryrun(spec, **opts)
-        git = git_state_started(spec)  # read while sbatch (or the Nomad API) answers
-        job = Job(self, self.schedule(dry))
-        record_submit(self, dry, job.id, getattr(spec, "source", None), git)
-        return job
+        spec.secret_values()
+        git = records.git_state_started(spec)
+        job_id = self.schedule(dry)
+        records.record_submit(self.name, spec, dry.text, job_id, self.record_fields(dry, job_id),
+                              spec.job_file, git)
+        return Job(self, job_id)
+
+    def record_fields(self, dryrun: DryRun, job_id: str) -> dict:
+        """What the job's record keeps of where it went (``outputs``, ``scheduler``)."""
+        return {}
 
     @abc.abstractmethod
-    def describe(self, ids: Sequence[str]) -> dict[str, JobState]:
+    def query(self, ids: Sequence[str]) -> dict[str, JobState]:
         """States of many jobs, with as few scheduler queries as possible."""
 
     @abc.abstractmethod
@@ -186,22 +157,25 @@ class Scheduler(abc.ABC):
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
         """Lines of the job's output, each prefixed with its node where the backend splits them."""
 
-    def watch(self, spec, job_id: str, on_progress: Callable[[JobState], None] | None = None) -> JobState:
-        """A backend's own guard right after submit (Nomad: the placement watchdog).
+    def guard_placement(self, spec: JobSpec, job_id: str,
+                        on_change: Callable[[JobState], None] | None = None) -> JobState:
+        """A backend's own guard right after submit (Nomad: stop a job that does not place in
+        time). Returns the job's state; ``--wait`` then waits until it is terminal."""
+        return self.query([job_id])[job_id]
 
-        Returns the job's state; ``--wait`` then polls until it is terminal.
-        """
-        return self.describe([job_id])[job_id]
-
-    def wait(self, job_id: str, timeout: float | None = None, **opts) -> JobState:
-        """Until the job is terminal (or ``timeout`` seconds pass); ``opts`` as :func:`wait_for`
-        takes them. A backend may act on what it sees (Nomad stops a job whose rank died)."""
-        return wait_for(self, job_id, timeout=timeout, **opts)
+    def wait(self, job_id: str, timeout: float | None = None, poll: float = 1.0, max_poll: float = 30.0,
+             on_change: Callable[[JobState], None] | None = None,
+             on_tick: Callable[[JobState], None] | None = None) -> JobState:
+        """Until the job is terminal (or ``timeout`` seconds pass), on the scheduler's shared
+        watcher (:func:`halo_sched.backends.watcher.wait_shared`). A backend may act on what it
+        sees (Nomad stops a job whose rank died)."""
+        return wait_shared(self, job_id, timeout=timeout, poll=poll, max_poll=max_poll,
+                           on_change=on_change, on_tick=on_tick)
 
     #: How old a state ``Job.status()`` may return (seconds): handles share one poll within it.
     status_max_age: float = 1.0
 
-    def watch_key(self):
+    def watcher_key(self):
         """Scheduler objects with equal keys talk to the same scheduler and share one watcher
         (backends/watcher.py): one query per poll for all their handles."""
         return (type(self), id(self))
@@ -209,6 +183,14 @@ class Scheduler(abc.ABC):
     def progress(self, state: JobState) -> str:
         """A one-line human summary for ``--wait``."""
         return state.describe()
+
+
+@runtime_checkable
+class Plans(Protocol):
+    """A backend that can ask its scheduler whether a job would run, submitting nothing
+    (``halo-sched plan``): (whether it would, the text that says so)."""
+
+    def plan(self, spec: JobSpec) -> tuple[bool, str]: ...
 
 
 class Job:
@@ -224,10 +206,8 @@ class Job:
     def status(self) -> JobState:
         """The job's state: one scheduler query answers every handle on this scheduler that asks
         within ``status_max_age`` seconds; a finished job's state is never asked for again."""
-        from .watcher import watcher_for
-
-        if self.scheduler.status_max_age <= 0:  # a backend whose describe loads no scheduler
-            return self.scheduler.describe([self.id])[self.id]
+        if self.scheduler.status_max_age <= 0:  # a backend whose query loads no scheduler
+            return self.scheduler.query([self.id])[self.id]
         return watcher_for(self.scheduler).state(self.id, self.scheduler.status_max_age)
 
     def wait(
@@ -241,32 +221,11 @@ class Job:
         return self.scheduler.wait(self.id, timeout=timeout, poll=poll, max_poll=max_poll, on_change=on_change)
 
     def cancel(self, **opts) -> None:
-        from .watcher import watcher_for
-
         self.scheduler.cancel([self.id], **opts)
         watcher_for(self.scheduler).forget(self.id)  # the next status() asks the scheduler
 
     def logs(self, follow: bool = False) -> Iterator[str]:
         return self.scheduler.logs(self.id, follow=follow)
-
-
-def wait_for(
-    scheduler: Scheduler,
-    job_id: str,
-    timeout: float | None = None,
-    poll: float = 1.0,
-    max_poll: float = 30.0,
-    on_change: Callable[[JobState], None] | None = None,
-    on_tick: Callable[[JobState], None] | None = None,
-    max_running_poll: float = 3.0,
-) -> JobState:
-    """Backoff polling shared by every backend and every thread: the scheduler's watcher polls
-    all the jobs waited on with one query, its interval doubling while nothing changes (up to
-    ``max_poll``; while a job runs: ``poll`` for its first minute, then ``max_running_poll``)."""
-    from .watcher import wait_shared
-
-    return wait_shared(scheduler, job_id, timeout=timeout, poll=poll, max_poll=max_poll,
-                       max_running_poll=max_running_poll, on_change=on_change, on_tick=on_tick)
 
 
 def tail_lines(path, follow: bool, finished: Callable[[], bool], poll: float = 0.5) -> Iterator[str]:
@@ -290,3 +249,7 @@ def tail_lines(path, follow: bool, finished: Callable[[], bool], poll: float = 0
                     yield rest.decode("utf-8", "replace")
                 return
             time.sleep(poll)
+
+
+__all__ = ["DryRun", "Job", "JobState", "JobStatus", "NomadDetail", "Plans", "Scheduler", "SlurmDetail",
+           "checked_spec", "tail_lines"]

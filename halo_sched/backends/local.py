@@ -22,15 +22,16 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..errors import SchedulerError, UsageError, shown
-from ..records import Unreadable, read_json, read_small
+from ..records import Unreadable, home, read_json, read_small
 from ..launch import (
     DERIVED_PORTS, LOG_DIR_VAR, MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, MASTER_PORT_VAR, NODE_RANK_VAR, entry_script,
-    ports_to_avoid,
+    ports_to_avoid, submission_id,
 )
 from ..spec import JobSpec
 from ..servers import SERVER_ADDR_VAR, SERVER_INDEX_VAR, TRAINER_MASTER_VAR, addrs_var, local_addr, server_script
 from ..templating import check, checked_int, render_template
 from .base import DryRun, JobState, JobStatus, Scheduler, tail_lines
+from .watcher import wait_loop
 # The supervisor's run-time code and the process helpers shared with it live there, once.
 from ..node.local_supervisor import CANCEL_MARK, failure_report
 from ..node.processes import same_process, start_time, stop_tagged, tagged, wait_exit, write_json
@@ -41,11 +42,8 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 
 
 def state_root() -> Path:
-    env = os.environ.get("HALO_SCHED_HOME")
-    if env:
-        return Path(env) / "local"
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "halo-sched" / "local"
+    """Where local jobs live: ``local/`` in halo-sched's state directory (records.home)."""
+    return home() / "local"
 
 
 def _port_in_use(port: int) -> bool:
@@ -83,7 +81,7 @@ class LocalScheduler(Scheduler):
     def __init__(self, root: Path | None = None):
         self.root = Path(root) if root else state_root()
 
-    def watch_key(self):
+    def watcher_key(self):
         return ("local", str(self.root))
 
     # ---- public API -------------------------------------------------------------------------
@@ -117,8 +115,7 @@ class LocalScheduler(Scheduler):
         server_gpus = gpu_sets[spec.nodes:] if gpu_sets else None
         gpu_sets = gpu_sets[:spec.nodes] if gpu_sets and spec.gpus_per_node else None
         self.root.mkdir(parents=True, exist_ok=True)
-        # The name makes the job's directory: checked again, whatever the model holds.
-        job_id = f"{check(spec.name, 'job name', 'name')}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        job_id = submission_id(spec)  # the job's directory
         d = self.root / job_id
         d.mkdir()
         (d / "entry.sh").write_text(dryrun.payload)
@@ -146,7 +143,7 @@ class LocalScheduler(Scheduler):
         return {"outputs": [str(d / "job.log")] + [str(d / f"node-{k}.log") for k in range(nodes)],
                 "scheduler": {"job_dir": str(d)}}
 
-    def describe(self, ids: Sequence[str]) -> dict[str, JobState]:
+    def query(self, ids: Sequence[str]) -> dict[str, JobState]:
         return {i: self._state(i) for i in ids}
 
     def cancel(self, ids: Sequence[str], **opts) -> None:
@@ -186,23 +183,16 @@ class LocalScheduler(Scheduler):
         state write at once, so the wait returns as the job ends; states in between are read
         every ``poll`` seconds (a file read: no backoff needed)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        last = None
-        while True:
-            state = self._state(job_id)
-            key = (state.status, state.nodes_running)
-            if key != last:
-                last = key
-                if on_change:
-                    on_change(state)
-            if on_tick:
-                on_tick(state)
-            if state.status.terminal or state.status is JobStatus.UNKNOWN:
-                return state
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return state
-            sup = self._supervisor(self.root / job_id)
-            wait_exit(sup[0] if sup else None, min(poll, left) if left is not None else poll)
+        first = [True]
+
+        def next_state(left: float | None) -> JobState:
+            if not first[0]:
+                sup = self._supervisor(self.root / job_id)
+                wait_exit(sup[0] if sup else None, min(poll, left) if left is not None else poll)
+            first[0] = False
+            return self._state(job_id)
+
+        return wait_loop(next_state, deadline, on_change, on_tick)
 
     # ---- implementation ---------------------------------------------------------------------
 
@@ -237,7 +227,7 @@ class LocalScheduler(Scheduler):
         if data is None or meta is None:
             # A torn or foreign file reports this one job, never fails a command for every job.
             return JobState(job_id, JobStatus.UNKNOWN, raw_state="UNREADABLE", reason=why or why_meta,
-                            extra={"unreadable": True})
+                            unreadable=True)
         status = JobStatus(data["state"])
         st = JobState(
             job_id, status, raw_state=data["state"], exit_code=data.get("exit_code"),
@@ -368,21 +358,3 @@ def _gpu_sets_for(per_node: list[int]) -> list[str] | None:
         out.append(",".join(gpus[at:at + n]))
         at += n
     return out
-
-
-def _gpu_sets(nodes: int, per_node: int) -> list[str] | None:
-    """CUDA_VISIBLE_DEVICES for each local node: disjoint slices of this machine's GPUs."""
-    if per_node == 0:
-        return None
-    gpus = _visible_gpus()
-    if gpus is None:
-        raise SchedulerError(
-            f"gpus_per_node={per_node} but no GPUs can be found here (nvidia-smi missing and "
-            "CUDA_VISIBLE_DEVICES unset); the local backend gives each node its own GPUs"
-        )
-    if len(gpus) < nodes * per_node:
-        raise SchedulerError(
-            f"the local backend needs nodes x gpus_per_node = {nodes * per_node} GPUs (each node its own); "
-            f"this machine has {len(gpus)}"
-        )
-    return [",".join(gpus[i * per_node:(i + 1) * per_node]) for i in range(nodes)]

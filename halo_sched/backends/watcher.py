@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Callable, Hashable, Sequence
 
-from .base import JobState, JobStatus
+from .jobstate import JobState, JobStatus
 
 _REGISTRY: dict[Hashable, "Watcher"] = {}
 _REGISTRY_LOCK = threading.Lock()
@@ -32,12 +32,12 @@ _REGISTRY_LOCK = threading.Lock()
 
 def watcher_for(scheduler) -> "Watcher":
     """The one watcher of every scheduler object that talks to the same scheduler
-    (``scheduler.watch_key()``), created on first use."""
-    key = scheduler.watch_key()
+    (``scheduler.watcher_key()``), created on first use."""
+    key = scheduler.watcher_key()
     with _REGISTRY_LOCK:
         w = _REGISTRY.get(key)
         if w is None:
-            w = _REGISTRY[key] = Watcher(scheduler.describe)
+            w = _REGISTRY[key] = Watcher(scheduler.query)
         return w
 
 
@@ -46,12 +46,12 @@ def _finished(state: JobState) -> bool:
 
 
 class Watcher:
-    """One ``describe`` per poll for every unfinished job any handle asked about."""
+    """One ``query`` per poll for every unfinished job any handle asked about."""
 
-    def __init__(self, describe: Callable[[Sequence[str]], dict[str, JobState]],
+    def __init__(self, query: Callable[[Sequence[str]], dict[str, JobState]],
                  min_interval: float = 1.0, max_interval: float = 30.0,
                  running_max_interval: float = 3.0, hot_s: float = 60.0):
-        self._describe = describe
+        self._query = query
         self.min_interval, self.max_interval = min_interval, max_interval
         self.running_max_interval, self.hot_s = running_max_interval, hot_s
         self._running_since: dict[str, float] = {}  # live ids seen RUNNING: since when (monotonic)
@@ -62,7 +62,7 @@ class Watcher:
         self._read_at: dict[str, float] = {}  # when each state was read (time.monotonic)
         self._polling = False
         self._last_poll = float("-inf")        # when the last poll started
-        self.polls = 0                         # describe calls made (for tests and the bench)
+        self.polls = 0                         # query calls made (for tests and the bench)
 
     # -- what handles call ---------------------------------------------------------------------
 
@@ -114,7 +114,7 @@ class Watcher:
                 self._cond.wait(wake)
         started = time.monotonic()
         try:
-            states = self._describe(ids)
+            states = self._query(ids)
         except BaseException:
             with self._cond:
                 self._polling = False
@@ -128,7 +128,7 @@ class Watcher:
             changed = False
             for i, new in states.items():
                 old = self._states.get(i)
-                if old is None or _key(old) != _key(new):
+                if old is None or old.change_key() != new.change_key():
                     changed = True
                 self._states[i], self._read_at[i] = new, started
                 if _finished(new):
@@ -159,11 +159,6 @@ class Watcher:
             self._read_at.pop(job_id, None)
 
 
-def _key(state: JobState) -> tuple:
-    """What counts as a change (resets the interval to the shortest)."""
-    return (state.status, state.nodes_running, state.raw_state, state.extra.get("restarts"))
-
-
 def wait_shared(scheduler, job_id: str, timeout: float | None = None, poll: float = 1.0, max_poll: float = 30.0,
                 max_running_poll: float = 3.0,
                 on_change: Callable[[JobState], None] | None = None,
@@ -176,15 +171,29 @@ def wait_shared(scheduler, job_id: str, timeout: float | None = None, poll: floa
         w.min_interval, w.max_interval = min(w.min_interval, poll), min(w.max_interval, max_poll)
         w.running_max_interval = min(w.running_max_interval, max_running_poll)
         w.interval = max(w.min_interval, min(w.interval, w.max_interval))
-    start = time.monotonic()
-    deadline = None if timeout is None else start + timeout
+    deadline = None if timeout is None else time.monotonic() + timeout
+    seen = [float("-inf")]
+
+    def next_state(_left: float | None) -> JobState:
+        state = w.next_state(job_id, seen[0], deadline)
+        seen[0] = w._read_at.get(job_id, time.monotonic())
+        return state
+
+    return wait_loop(next_state, deadline, on_change, on_tick)
+
+
+def wait_loop(next_state: Callable[[float | None], JobState], deadline: float | None,
+              on_change: Callable[[JobState], None] | None = None,
+              on_tick: Callable[[JobState], None] | None = None) -> JobState:
+    """The one wait loop: ``next_state(seconds left)`` until the job ends or ``deadline`` (a
+    ``time.monotonic()`` value) passes; ``on_change`` hears each state that differs by
+    :meth:`JobState.change_key` from the one before, ``on_tick`` every state."""
     last = None
-    seen = float("-inf")
     while True:
-        state = w.next_state(job_id, seen, deadline)
-        seen = w._read_at.get(job_id, time.monotonic())
-        if _key(state) != last:
-            last = _key(state)
+        left = None if deadline is None else deadline - time.monotonic()
+        state = next_state(left)
+        if state.change_key() != last:
+            last = state.change_key()
             if on_change:
                 on_change(state)
         if on_tick:
@@ -197,4 +206,4 @@ def wait_shared(scheduler, job_id: str, timeout: float | None = None, poll: floa
             return state
 
 
-__all__ = ["Watcher", "watcher_for", "wait_shared"]
+__all__ = ["Watcher", "wait_loop", "wait_shared", "watcher_for"]

@@ -11,9 +11,11 @@ import sys
 from typing import Callable, Iterator, Sequence
 
 from ...errors import HaloError, SchedulerError, UsageError
+from ...launch import submission_id
 from ...spec import JobSpec
 from ..base import DryRun, JobState, Scheduler
-from .render import SECRETS_META, TASK, client_requirements, job_payload, render_hcl, submission_id, variable_path
+from .capabilities import Configured
+from .render import SECRETS_META, TASK, client_requirements, job_payload, render_hcl, variable_path
 
 _ID_RE = re.compile(r"^(?:([A-Za-z0-9_-]+):)?(?:([A-Za-z0-9_-]+)/)?([A-Za-z0-9][A-Za-z0-9_.-]*)\Z")
 
@@ -37,7 +39,7 @@ class NomadScheduler(Scheduler):
         self._secrets_gone: set[tuple[int, str]] = set()  # (client, job) whose Variable this process deleted
         self._secrets_failed: set[tuple[int, str]] = set()  # ... or failed to (and said so)
 
-    def watch_key(self):
+    def watcher_key(self):
         # Handles on schedulers of one client share one watcher; without a client object, those
         # that the environment points at the same agent, namespace and region.
         if self._client is not None:
@@ -77,9 +79,9 @@ class NomadScheduler(Scheduler):
 
         payload = job_payload(spec, submission_id(spec))
         # The submission token: after an ambiguous failure, the job read back with it is ours.
-        payload["Job"]["Meta"][TOKEN_META] = new_token()
+        token = payload["Job"]["Meta"][TOKEN_META] = new_token()
         # --dry-run shows exactly the payload that would be sent.
-        return DryRun(self.name, spec, json.dumps(payload, indent=2, ensure_ascii=False) + "\n", payload)
+        return DryRun(self.name, spec, json.dumps(payload, indent=2, ensure_ascii=False) + "\n", payload, token)
 
     # ---- scheduler calls ----------------------------------------------------------------------
 
@@ -118,9 +120,9 @@ class NomadScheduler(Scheduler):
             if w.strip():
                 _say(f"nomad warning: {w.strip()}")
         # Where the job really went: the job file's namespace/region, else NOMAD_NAMESPACE/REGION.
-        cfg = getattr(client, "config", None)
-        region = nm.region or getattr(cfg, "region", None)
-        namespace = nm.namespace or getattr(cfg, "namespace", None)
+        cfg = client.config if isinstance(client, Configured) else None
+        region = nm.region or (cfg.region if cfg is not None else None)
+        namespace = nm.namespace or (cfg.namespace if cfg is not None else None)
         job_id = dryrun.payload["Job"]["ID"]
         return f"{region + ':' if region else ''}{namespace + '/' if namespace else ''}{job_id}"
 
@@ -161,7 +163,7 @@ class NomadScheduler(Scheduler):
             groups.setdefault(id(c), (c, []))[1].append((i, name))
         return list(groups.values())
 
-    def describe(self, ids: Sequence[str]) -> dict[str, JobState]:
+    def query(self, ids: Sequence[str]) -> dict[str, JobState]:
         """At most three calls per namespace/region, whatever the number of jobs: job stubs,
         allocation stubs, and (only when some rank is unplaced) the evaluations saying why."""
         from .state import job_state
@@ -175,7 +177,7 @@ class NomadScheduler(Scheduler):
             for a in c.allocation_stubs(known) if known else ():
                 allocs.setdefault(a.get("JobID"), []).append(a)
             states = {n: job_state(jobs.get(n), allocs.get(n, []), [], n) for n in names}
-            unplaced = [n for n in known if states[n].extra["nodes_placed"] < (states[n].nodes_total or 0)]
+            unplaced = [n for n in known if states[n].nomad.nodes_placed < (states[n].nodes_total or 0)]
             evals: dict[str, list] = {}
             for e in c.placement_evaluations(unplaced) if unplaced else ():
                 evals.setdefault(e.get("JobID"), []).append(e)
@@ -261,7 +263,7 @@ class NomadScheduler(Scheduler):
                 notes.append(f"could not list Nomad Variables ({str(err).splitlines()[0][:200]}); "
                                 "deleting each ended job's Variable without knowing whether it existed")
             before = set(self._secrets_gone)
-            states = self.describe([i for i, _ in items])
+            states = self.query([i for i, _ in items])
             for job_id, name in items:
                 st = states[job_id]
                 path = variable_path(name)
@@ -313,17 +315,18 @@ class NomadScheduler(Scheduler):
             others = " (the others were stopped)" if len(missing) < len(ids) else ""
             raise SchedulerError(f"no Nomad job {', '.join(map(repr, missing))}{others}")
 
-    def watch(self, spec: JobSpec, job_id: str, on_progress: Callable[[JobState], None] | None = None) -> JobState:
+    def guard_placement(self, spec: JobSpec, job_id: str,
+                        on_change: Callable[[JobState], None] | None = None) -> JobState:
         """Right after submit, with ``nomad.placement_timeout_s``: watch until every rank started,
         stopping the job when the timeout passes first (or a rank dies meanwhile)."""
         timeout = spec.nomad.placement_timeout_s
         if timeout is None:
-            return super().watch(spec, job_id, on_progress)
+            return super().guard_placement(spec, job_id, on_change)
         from .watchdog import watch_job
 
         c, name = self._split(job_id)
         res = watch_job(c, name, placement_timeout_s=timeout, until_placed=True,
-                        on_change=_with_id(on_progress, job_id))
+                        on_change=_with_id(on_change, job_id))
         if res.timed_out:
             _say(res.describe())
         res.state.id = job_id

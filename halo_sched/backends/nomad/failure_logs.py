@@ -24,6 +24,7 @@ from halo_sched.node.failure_collector import TAG, error_line
 from halo_sched.node.failures import FailureReport, RankFailure, parse_lines
 
 from . import servers as server_roles
+from .capabilities import ReadsLogTail
 from .render import TASK
 from .state import NodeView, _failure_detail, node_views, server_views
 
@@ -58,7 +59,8 @@ class AllocFailure(RankFailure):
 
 def needs_report(state: JobState) -> bool:
     """Only when something died: the job ended badly, or a rank died while others run."""
-    return state.status in (JobStatus.FAILED, JobStatus.NODE_FAIL, JobStatus.TIMEOUT) or bool(state.extra.get("dead"))
+    return (state.status in (JobStatus.FAILED, JobStatus.NODE_FAIL, JobStatus.TIMEOUT)
+            or bool(state.nomad is not None and state.nomad.dead))
 
 
 class FailureLogs:
@@ -141,13 +143,12 @@ class FailureLogs:
         return [], readable
 
     def _tail(self, client, alloc_id: str, task: str, kind: str) -> str | None:
-        read = getattr(client, "log_tail", None)
-        if read is None:
+        if not isinstance(client, ReadsLogTail):
             return None
         with self._lock:
             self.reads += 1
         try:
-            return read(alloc_id, task, kind, TAIL_BYTES)
+            return client.log_tail(alloc_id, task, kind, TAIL_BYTES)
         except Exception:  # noqa: BLE001 - a log read never turns a status into an error
             return None
 

@@ -45,8 +45,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import secrets
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -102,13 +100,6 @@ def service_name(job_id: str) -> str:
         digest = hashlib.sha256(job_id.encode()).hexdigest()[:8]
         base = f"{base[:49].rstrip('-')}-{digest}"
     return f"{base}-rdzv"
-
-
-def submission_id(spec: JobSpec) -> str:
-    """A fresh job ID for each submission, like a SLURM job id: Nomad would otherwise treat a
-    resubmitted file as the same job (not re-run when unchanged, replaced in place when changed).
-    ``plan`` uses one too, so it never diffs against a running job of the same name."""
-    return f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
 def _delimiters(text: str) -> tuple[str, str]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from halo_sched.backends.base import JobState, JobStatus
+from halo_sched.backends.base import JobState, JobStatus, NomadDetail
 
 from .render import _ALLOC_INDEX_RE, LEADER_GROUP, NODES_META, WORKER_GROUP, node_rank_of
 
@@ -364,25 +364,25 @@ def job_state(job: dict | None, allocs: Iterable[dict], evals: Iterable[dict], j
     dead_servers = [v for v in servers if v.dead and not trainer_done]
     if dead_servers:
         dead = sorted(dead + dead_servers, key=lambda v: (v.died_at, v.rank))
-    extra: dict[str, Any] = {
-        "nodes": [v.as_dict() for v in views],
-        "nodes_placed": len(views) - count("unplaced"),
-        "blocked": blocked_reasons,
-        "blocked_eval": blocked,
-        "dead": [{"node_rank": v.rank, "phase": v.phase, "detail": v.detail,
-                  **({"server": v.server} if getattr(v, "server", None) else {})} for v in dead],
-        "servers": [{**v.as_dict(), "server": v.server} for v in servers],
-        "servers_running": sum(v.phase in ("running", "pending") for v in servers),
-    }
+    detail = NomadDetail(
+        nodes=[v.as_dict() for v in views],
+        nodes_placed=len(views) - count("unplaced"),
+        blocked=blocked_reasons,
+        blocked_eval=blocked,
+        dead=[{"node_rank": v.rank, "phase": v.phase, "detail": v.detail,
+               **({"server": v.server} if v.server else {})} for v in dead],
+        servers=[{**v.as_dict(), "server": v.server} for v in servers],
+        servers_running=sum(v.phase in ("running", "pending") for v in servers),
+    )
     if job:
-        extra["namespace"] = job.get("Namespace")
-        extra["servers_expected"] = _servers_expected(job)
+        detail.namespace = job.get("Namespace")
+        detail.servers_expected = _servers_expected(job)
 
     def state(status: JobStatus, reason: str = "", exit_code: int | None = None) -> JobState:
         return JobState(
             id=job_id, status=status,
             raw_state=(job or {}).get("Status") or ("not found" if job is None else ""),
-            exit_code=exit_code, nodes_total=n, nodes_running=running, reason=reason, extra=extra,
+            exit_code=exit_code, nodes_total=n, nodes_running=running, reason=reason, nomad=detail,
         )
 
     if job is None:

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from halo_sched.backends.base import JobState, JobStatus
+from halo_sched.backends.base import JobState, JobStatus, NomadDetail
 from halo_sched.errors import SchedulerError
 
 from .state import job_state, ranks_text
@@ -65,16 +65,23 @@ def read_state(client: _WatchAPI, job_id: str, allocs: list[dict]) -> tuple[JobS
     job = stubs[0] if stubs else None
     state = job_state(job, allocs, [], job_id)
     calls = 1
-    if job is not None and state.extra["nodes_placed"] < (state.nodes_total or 0):
+    if job is not None and _detail(state).nodes_placed < (state.nodes_total or 0):
         state = job_state(job, allocs, client.placement_evaluations([job_id]), job_id)
         calls += 1
-    state.extra["stop_requested"] = bool(job and job.get("Stop"))
+    _detail(state).stop_requested = bool(job and job.get("Stop"))
     return state, calls
+
+
+def _detail(state: JobState) -> NomadDetail:
+    """The state's Nomad detail (state.py's fold always gives one)."""
+    if state.nomad is None:
+        state.nomad = NomadDetail()
+    return state.nomad
 
 
 def _survivors(state: JobState) -> list[int]:
     """Ranks still holding (or waiting for) a node: running, starting, or unplaced."""
-    return [n["node_rank"] for n in state.extra.get("nodes") or []
+    return [n["node_rank"] for n in _detail(state).nodes
             if n["phase"] in ("running", "pending", "unplaced")]
 
 
@@ -112,7 +119,7 @@ def watch_job(
 
     def result(state: JobState | None, **kw: Any) -> WatchResult:
         return WatchResult(job_id=job_id, state=state, placed=placed, elapsed_s=clock() - start, calls=calls,
-                           blocked=dict((state.extra.get("blocked") or {}) if state else {}), **kw)
+                           blocked=dict(_detail(state).blocked if state else {}), **kw)
 
     def remaining() -> float | None:
         ends = [d for d in (deadline, None if placed else placement_deadline) if d is not None]
@@ -154,7 +161,7 @@ def watch_job(
         calls += n
         last_sig = sig
         last = state
-        key = (state.status, state.nodes_running, state.raw_state, state.extra.get("nodes_placed"))
+        key = state.change_key()
         if key != last_key:
             last_key = key
             if on_change:
@@ -164,9 +171,10 @@ def watch_job(
         if state.status in (JobStatus.RUNNING, JobStatus.COMPLETED):
             placed = True
 
-        dead = state.extra.get("dead") or []
+        detail = _detail(state)
+        dead = detail.dead
         survivors = _survivors(state)
-        if dead and survivors and not state.extra.get("stop_requested"):
+        if dead and survivors and not detail.stop_requested:
             first = dead[0]
             who = f"server {first['server']}" if first.get("server") else f"node rank {first['node_rank']}"
             why = (f"{who} died first ({first['detail']}); halo-sched stopped the job: "
@@ -175,11 +183,10 @@ def watch_job(
             _stop(client, job_id, why)
             calls += 1
             state.reason = why
-            state.extra["stopped_by_watcher"] = True
+            detail.stopped_by_watcher = True
             return result(state, stopped=True, stop_reason=why)
-        if (state.status is JobStatus.COMPLETED and not state.extra.get("stop_requested")
-                and (state.extra.get("servers_running")
-                     or (state.extra.get("servers_expected") and state.raw_state != "dead"))):
+        if (state.status is JobStatus.COMPLETED and not detail.stop_requested
+                and (detail.servers_running or (detail.servers_expected and state.raw_state != "dead"))):
             # The trainer's groups completed; the server groups would keep the batch job alive:
             # running servers, or a server still waiting for a node (a blocked evaluation places
             # it later and it holds that node). Nomad marks a job "dead" only once nothing of it
@@ -197,9 +204,9 @@ def watch_job(
         if not placed and placement_deadline is not None and now >= placement_deadline:
             why = (f"placement timed out after {placement_timeout_s:g}s: {state.nodes_running or 0}/"
                    f"{state.nodes_total} nodes running")
-            blocked = state.extra.get("blocked") or {}
-            detail = "; ".join(blocked.values()) if blocked else state.reason
-            why += f" ({detail})" if detail else ""
+            blocked = detail.blocked
+            because = "; ".join(blocked.values()) if blocked else state.reason
+            why += f" ({because})" if because else ""
             if error is not None:
                 why += f"; last Nomad error: {error}"
             _stop(client, job_id, why)

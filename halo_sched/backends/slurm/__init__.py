@@ -13,9 +13,8 @@ from typing import Iterator, Sequence
 from ...errors import HaloError, SchedulerError
 from ...spec import JobSpec
 from ..base import DryRun, JobState, JobStatus, Scheduler, tail_lines
-from ...node.failures import report_from_files
 from .render import render_sbatch
-from .status import scontrol_job_state
+from .capabilities import CancelsOnce, Named, ReadsConfig, SubmitsOnce, TestsOnly
 
 # Ends of one run after which SLURM may requeue the job (sbatch --requeue).
 _MAY_REQUEUE = {JobStatus.PREEMPTED, JobStatus.NODE_FAIL}
@@ -35,12 +34,12 @@ class SlurmScheduler(Scheduler):
         self._transport_name = transport_name or os.environ.get("HALO_SLURM_TRANSPORT", "cli")
         # Handles on schedulers of one transport share one watcher (one squeue/sacct per poll);
         # without a transport object, those that reach the same cluster the same way.
-        self._watch_key = ("slurm", transport) if transport is not None else (
+        self._watcher_key = ("slurm", transport) if transport is not None else (
             "slurm", self._transport_name,
             *(os.environ.get(k) for k in ("SLURM_CONF", "HALO_SLURMRESTD_URL", "HALO_SLURMRESTD_SOCKET")))
 
-    def watch_key(self):
-        return self._watch_key
+    def watcher_key(self):
+        return self._watcher_key
 
     @property
     def transport(self):
@@ -60,12 +59,10 @@ class SlurmScheduler(Scheduler):
         extra = ["--export=ALL"] if dryrun.spec.secret_values() else []
         for line in self.preemption_check(dryrun.spec, dryrun.text):
             _say(f"warning: {line}")
-        submit_once = getattr(self.transport, "submit_once", None)
-        if submit_once is None:  # slurmrestd, pyslurm: one attempt
+        if not isinstance(self.transport, SubmitsOnce):  # slurmrestd, pyslurm: one attempt
             return self.transport.submit(dryrun.text, extra)
-        from ...exactly_once import new_token
-
-        return submit_once(dryrun.text, extra, token=new_token(), retry_s=self.retry_s, on_retry=_say)
+        return self.transport.submit_once(dryrun.text, extra, token=dryrun.token, retry_s=self.retry_s,
+                                          on_retry=_say)
 
     def preemption_check(self, spec: JobSpec, script: str) -> list[str]:
         """Lines saying why the job's ``slurm.signal`` warning will not come when the cluster
@@ -75,9 +72,8 @@ class SlurmScheduler(Scheduler):
             return []
         from .preemption import parse_config, preemption_notes
 
-        show_config = getattr(self.transport, "show_config", None)  # a stand-in transport may have none
         try:
-            text = show_config(_cluster_of(script)) if show_config else None
+            text = self._show_config(script)
         except HaloError as err:
             return [f"could not read the cluster's configuration to check that preemption sends slurm.signal's "
                     f"warning: {err}"]
@@ -89,7 +85,7 @@ class SlurmScheduler(Scheduler):
 
     def _via(self) -> str:
         """The transport's name, for a message."""
-        return getattr(self.transport, "name", "") or "this"
+        return (self.transport.name if isinstance(self.transport, Named) else "") or "this"
 
     def plan(self, spec: JobSpec) -> tuple[bool, str]:
         """``halo-sched plan --backend slurm``: submits nothing. Whether SLURM would take the job
@@ -102,9 +98,8 @@ class SlurmScheduler(Scheduler):
         lines = [f"Plan for job {spec.name!r} on SLURM ({self._via()} transport), {spec.all_nodes} "
                  f"node{'s' if spec.all_nodes != 1 else ''}:"]
         ok = True
-        test_only = getattr(self.transport, "test_only", None)
         try:
-            tested = test_only(script) if test_only else None
+            tested = self.transport.test_only(script) if isinstance(self.transport, TestsOnly) else None
         except HaloError as err:
             tested = (False, str(err))
         if tested is None:
@@ -112,9 +107,8 @@ class SlurmScheduler(Scheduler):
         else:
             ok = tested[0]
             lines.append(f"  placement: {'ok' if ok else 'REFUSED'}: {tested[1]}")
-        show_config = getattr(self.transport, "show_config", None)
         try:
-            text = show_config(_cluster_of(script)) if show_config else None
+            text = self._show_config(script)
         except HaloError as err:
             text, why = None, f"could not read it: {err}"
         else:
@@ -132,10 +126,19 @@ class SlurmScheduler(Scheduler):
             lines += [f"  warning: {n}" for n in notes]
         return ok, "\n".join(lines)
 
-    def describe(self, ids: Sequence[str]) -> dict[str, JobState]:
+    def _show_config(self, script: str) -> str | None:
+        """``scontrol show config`` of the cluster ``script`` names; None where the transport
+        cannot read it (a stand-in transport may have no way)."""
+        if not isinstance(self.transport, ReadsConfig):
+            return None
+        return self.transport.show_config(_cluster_of(script))
+
+    def query(self, ids: Sequence[str]) -> dict[str, JobState]:
+        from ...node.failures import report_from_files  # not on the render path (start-up memory)
+
         states = self.transport.query(list(ids))
         for job_id, state in states.items():
-            if state.status in _MAY_REQUEUE and state.extra.get("source") == "sacct":
+            if state.status in _MAY_REQUEUE and state.slurm is not None and state.slurm.source == "sacct":
                 states[job_id] = self._live(job_id, state)
         for job_id, state in states.items():
             if state.status is JobStatus.FAILED:
@@ -166,6 +169,8 @@ class SlurmScheduler(Scheduler):
     def _live(self, job_id: str, state: JobState) -> JobState:
         """sacct records a requeued run's end (PREEMPTED, NODE_FAIL) before the job is pending
         again; slurmctld itself shows such a job as REQUEUED/PENDING at once, so ask it."""
+        from .status import scontrol_job_state
+
         try:
             live = scontrol_job_state(self.transport.job_info(job_id))
         except (SchedulerError, KeyError, TypeError):
@@ -175,17 +180,17 @@ class SlurmScheduler(Scheduler):
     def cancel(self, ids: Sequence[str], signal: str | None = None, **opts) -> None:
         # With a signal: the batch script gets it (as it gets slurm.signal's warning) and
         # forwards it to every rank; see halo_sched/templates/slurm/sbatch.sh.j2.
-        cancel_once = getattr(self.transport, "cancel_once", None)
-        if signal or cancel_once is None:
+        if signal or not isinstance(self.transport, CancelsOnce):
             self.transport.cancel(list(ids), signal=signal)
         else:
-            cancel_once(list(ids), retry_s=self.retry_s, on_retry=_say)
+            self.transport.cancel_once(list(ids), retry_s=self.retry_s, on_retry=_say)
 
     def progress(self, state: JobState) -> str:
-        run = f", run {state.extra['restarts'] + 1}" if state.extra.get("restarts") else ""
+        run = f", run {state.restarts + 1}" if state.restarts else ""
+        nodelist = state.slurm.nodelist if state.slurm is not None else None
         if state.status.value == "RUNNING" and state.nodes_total:
             return f"RUNNING on {state.nodes_total} node{'s' if state.nodes_total != 1 else ''}" + (
-                f" ({state.extra.get('nodelist')})" if state.extra.get("nodelist") else "") + run
+                f" ({nodelist})" if nodelist else "") + run
         return state.describe()
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
@@ -195,7 +200,7 @@ class SlurmScheduler(Scheduler):
         if not paths:
             raise SchedulerError(f"SLURM does not report an output file for job {job_id} (is it too old?)")
         for path in paths:
-            yield from _read(Path(path), follow, lambda: self.describe([job_id])[job_id].status.terminal)
+            yield from _read(Path(path), follow, lambda: self.query([job_id])[job_id].status.terminal)
 
 
 def _cluster_of(script: str) -> str | None:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import re
 from typing import Iterable, Mapping, Sequence
 
-from halo_sched.backends.base import JobState, JobStatus
+from dataclasses import replace
+
+from halo_sched.backends.jobstate import JobState, JobStatus, SlurmDetail
 
 # ---------------------------------------------------------------------------------------------
 # State mapping
@@ -182,8 +184,9 @@ def make_state(
     nodes: int | None,
     reason: str | None,
     source: str,
-    extra: Mapping | None = None,
+    detail: Mapping | None = None,
 ) -> JobState:
+    """``detail``: fields of :class:`SlurmDetail` (and ``restarts``) the query read."""
     status = map_state(raw_state)
     reason = _none_if_na(reason) or ""
     if raw_state.upper().startswith("COMPLETING") and not reason:
@@ -200,7 +203,7 @@ def make_state(
     info = {"source": source}
     if exit_sig:
         info["signal"] = exit_sig
-    info.update(extra or {})
+    info.update(detail or {})
     base, task, het = split_job_id(display_id)
     info.setdefault("base_id", base)
     if task is not None:
@@ -216,7 +219,8 @@ def make_state(
         nodes_total=nodes,
         nodes_running=nodes_running,
         reason=reason,
-        extra=info,
+        restarts=info.pop("restarts", None),
+        slurm=SlurmDetail(**info),
     )
 
 
@@ -274,7 +278,7 @@ def parse_squeue(text: str) -> list[JobState]:
                 nodes=_int_or_none(row["NumNodes"]),
                 reason=row["Reason"],
                 source="squeue",
-                extra={"job_id_raw": row["JobID"], "nodelist": _none_if_na(row["NodeList"]) or "",
+                detail={"job_id_raw": row["JobID"], "nodelist": _none_if_na(row["NodeList"]) or "",
                        **_requeue_info(row.get("Requeue"), row.get("RestartCnt"))},
             )
         )
@@ -348,14 +352,14 @@ def _requeue_info(requeue: str | None, restarts: str | None) -> dict:
 
 def scontrol_job_state(fields: Mapping[str, str]) -> JobState:
     rc, sig = parse_exit_pair(fields.get("ExitCode"))
-    extra = {
+    detail = {
         "job_id_raw": fields.get("JobId", ""),
         "nodelist": _none_if_na(fields.get("NodeList")) or "",
         **_requeue_info(fields.get("Requeue"), fields.get("Restarts")),
     }
     derived = parse_exit_pair(fields.get("DerivedExitCode"))
     if derived[0] is not None:
-        extra["derived_exit_code"] = _exit_code(*derived)
+        detail["derived_exit_code"] = _exit_code(*derived)
     return make_state(
         scontrol_display_id(fields),
         fields.get("JobState", ""),
@@ -364,7 +368,7 @@ def scontrol_job_state(fields: Mapping[str, str]) -> JobState:
         nodes=_int_or_none(fields.get("NumNodes")),
         reason=fields.get("Reason"),
         source="scontrol",
-        extra=extra,
+        detail=detail,
     )
 
 
@@ -433,19 +437,19 @@ def parse_sacct(text: str) -> list[JobState]:
         rc, sig = parse_exit_pair(row["ExitCode"])
         raw_state = row["State"]
         job_steps = steps.get(job_id, [])
-        extra: dict = {
+        detail: dict = {
             "job_id_raw": row["JobIDRaw"],
             "nodelist": _none_if_na(row["NodeList"]) or "",
             "steps": {s["JobID"]: s["State"] for s in job_steps},
         }
         derived = parse_exit_pair(row["DerivedExitCode"])
         if derived[0] is not None:
-            extra["derived_exit_code"] = _exit_code(*derived)
+            detail["derived_exit_code"] = _exit_code(*derived)
         # sacct's Reason is the last reason the job was ever blocked, kept after it ran: only
         # meaningful while it still waits.
         blocked = _none_if_na(row["Reason"])
         if blocked:
-            extra["last_block_reason"] = blocked
+            detail["last_block_reason"] = blocked
         state = make_state(
             job_id,
             raw_state,
@@ -454,7 +458,7 @@ def parse_sacct(text: str) -> list[JobState]:
             nodes=_int_or_none(row["NNodes"]),
             reason=None if map_state(raw_state).terminal else blocked,
             source="sacct",
-            extra=extra,
+            detail=detail,
         )
         oom = [s["JobID"] for s in job_steps if map_state(s["State"]) is JobStatus.OUT_OF_MEMORY]
         if oom and state.status in (JobStatus.FAILED, JobStatus.COMPLETED):
@@ -503,11 +507,11 @@ def aggregate(job_id: str, parts: Sequence[JobState]) -> JobState:
         nodes_total=sum(totals) if totals else None,
         nodes_running=sum(running_nodes) if (running_nodes and not status.terminal) else None,
         reason=lead.reason,
-        extra={
-            "source": lead.extra.get("source"),
-            "base_id": job_id,
-            "components": {p.id: p.status.value for p in parts},
-        },
+        slurm=SlurmDetail(
+            source=lead.slurm.source if lead.slurm is not None else None,
+            base_id=job_id,
+            components={p.id: p.status.value for p in parts},
+        ),
     )
 
 
@@ -522,10 +526,10 @@ def match_states(job_id: str, states: Iterable[JobState]) -> JobState | None:
     exact = [s for s in states if s.id == job_id]
     if exact:
         return exact[-1]
-    family = [s for s in states if s.extra.get("base_id") == job_id]
+    family = [s for s in states if s.slurm is not None and s.slurm.base_id == job_id]
     if family:
         return aggregate(job_id, family)
-    raw = [s for s in states if s.extra.get("job_id_raw") == job_id]
+    raw = [s for s in states if s.slurm is not None and s.slurm.job_id_raw == job_id]
     if raw:
         return raw[-1]
     base, task, _ = split_job_id(job_id)
@@ -540,7 +544,8 @@ def match_states(job_id: str, states: Iterable[JobState]) -> JobState | None:
                     nodes_total=s.nodes_total,
                     nodes_running=s.nodes_running,
                     reason=s.reason,
-                    extra={**s.extra, "array_task": task, "pending_array": s.id},
+                    restarts=s.restarts,
+                    slurm=replace(s.slurm or SlurmDetail(), array_task=task, pending_array=s.id),
                 )
     return None
 

@@ -15,7 +15,7 @@ import re
 import subprocess
 from typing import Callable, Sequence
 
-from halo_sched.backends.base import JobState
+from halo_sched.backends.jobstate import JobState, SlurmDetail
 from halo_sched.backends.slurm import status as st
 from halo_sched.errors import MissingDependency, SchedulerError
 from halo_sched.exactly_once import TOKEN_PREFIX, run_once
@@ -215,7 +215,9 @@ class CliTransport(Transport):
             for local_id, state in self._query_cluster(list(local), cluster).items():
                 if cluster:
                     state.id = with_cluster(cluster, state.id)
-                    state.extra["cluster"] = cluster
+                    if state.slurm is None:
+                        state.slurm = SlurmDetail()
+                    state.slurm.cluster = cluster
                 found.update(dict.fromkeys(local[local_id], state))
         return {job_id: found[job_id] for job_id in unique(ids)}
 

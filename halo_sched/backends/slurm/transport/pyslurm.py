@@ -300,7 +300,7 @@ class PyslurmTransport(Transport):
             nodes=job.num_nodes,
             reason=str(job.state_reason or ""),
             source="pyslurm",
-            extra={"job_id_raw": job_id, "nodelist": job.allocated_nodes or ""},
+            detail={"job_id_raw": job_id, "nodelist": job.allocated_nodes or ""},
         )
 
     def cancel(self, ids: Sequence[str], signal: str | None = None) -> None:

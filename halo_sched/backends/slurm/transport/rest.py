@@ -842,12 +842,12 @@ def _rest_display_id(job: Mapping) -> str:
 def rest_job_state(job: Mapping) -> JobState:
     """A ``jobs[]`` entry of ``GET /jobs`` (any spoken version) -> JobState."""
     rc, sig = _exit(job.get("exit_code"))
-    extra = {"job_id_raw": str(_num(job.get("job_id"))), "nodelist": job.get("nodes") or "",
+    detail = {"job_id_raw": str(_num(job.get("job_id"))), "nodelist": job.get("nodes") or "",
              "cluster": job.get("cluster") or ""}
     if _num(job.get("restart_cnt")) is not None:
-        extra["restarts"] = _num(job.get("restart_cnt"))
+        detail["restarts"] = _num(job.get("restart_cnt"))
     if isinstance(job.get("requeue"), bool):
-        extra["requeue"] = job["requeue"]
+        detail["requeue"] = job["requeue"]
     return st.make_state(
         _rest_display_id(job),
         _state_word(job.get("job_state")),
@@ -856,7 +856,7 @@ def rest_job_state(job: Mapping) -> JobState:
         nodes=_num(job.get("node_count")),
         reason=str(job.get("state_reason") or ""),
         source="slurmrestd",
-        extra=extra,
+        detail=detail,
     )
 
 

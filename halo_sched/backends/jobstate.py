@@ -1,0 +1,157 @@
+"""What a backend says about a job: its status, and the typed details each scheduler adds.
+
+Every backend maps its scheduler's states onto :class:`JobStatus` and answers with a
+:class:`JobState`. What only one scheduler knows sits in that scheduler's detail
+(:class:`SlurmDetail`, :class:`NomadDetail`), each field typed and documented here, once.
+:meth:`JobState.change_key` is the one definition of "the job changed" that every wait loop
+uses (the shared watcher, the local backend's wait, the Nomad watchdog).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..node.failures import FailureReport
+
+
+class JobStatus(str, enum.Enum):
+    """The small documented set every backend maps its states onto."""
+
+    PENDING = "PENDING"
+    PARTIAL = "PARTIAL"  # Nomad: k of N node allocations placed/running; never a final state
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    UNKNOWN = "UNKNOWN"
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+    def __str__(self) -> str:  # pragma: no cover - str(enum) readability
+        return self.value
+
+
+_TERMINAL = {
+    JobStatus.COMPLETED,
+    JobStatus.FAILED,
+    JobStatus.CANCELLED,
+    JobStatus.TIMEOUT,
+    JobStatus.NODE_FAIL,
+    JobStatus.PREEMPTED,
+    JobStatus.OUT_OF_MEMORY,
+}
+
+
+@dataclass
+class SlurmDetail:
+    """What SLURM says beyond the common fields (squeue, sacct, scontrol, slurmrestd, pyslurm)."""
+
+    #: Which query answered: squeue, sacct, scontrol, slurmrestd or pyslurm.
+    source: str | None = None
+    #: The signal that ended the job (the second half of sacct's ExitCode), when one did.
+    signal: int | None = None
+    #: The id the job's array/het family is known by (``123`` for ``123_4`` and ``123+1``).
+    base_id: str | None = None
+    array_task: str | None = None
+    het_offset: str | None = None
+    #: SLURM's own job id of this record (an array task's own number).
+    job_id_raw: str | None = None
+    nodelist: str | None = None
+    #: The cluster (``sbatch -M``) the job runs on, for a multi-cluster id ``CLUSTER:ID``.
+    cluster: str | None = None
+    #: Whether the job may run again (sbatch --requeue).
+    requeue: bool | None = None
+    #: sacct: each step's state, by step id.
+    steps: dict[str, str] | None = None
+    derived_exit_code: int | None = None
+    #: sacct: the last reason the job was blocked (kept after it ran).
+    last_block_reason: str | None = None
+    #: An array or het job answered as one: each component's status.
+    components: dict[str, str] | None = None
+    #: A requested array task still inside its pending record ``123_[5-9]``: that record's id.
+    pending_array: str | None = None
+
+
+@dataclass
+class NomadDetail:
+    """What Nomad says beyond the common fields (halo_sched/backends/nomad/state.py folds it)."""
+
+    #: Per node rank: the allocation that runs it (alloc id and name, node, client status, phase).
+    nodes: list[dict] = field(default_factory=list)
+    #: Node ranks with an allocation placed (running or not).
+    nodes_placed: int = 0
+    #: Why ranks are unplaced, by task group (from the blocked evaluation).
+    blocked: dict[str, str] = field(default_factory=dict)
+    blocked_eval: bool = False
+    #: Allocations that ended while the job should run: a dead rank or server.
+    dead: list[dict] = field(default_factory=list)
+    namespace: str | None = None
+    #: Per rollout server node: its allocation, as ``nodes`` (with the server's name).
+    servers: list[dict] = field(default_factory=list)
+    #: Rollout server nodes the job declares, and those still running.
+    servers_expected: int = 0
+    servers_running: int = 0
+    #: Someone asked Nomad to stop the job (the watchdog, or a cancel).
+    stop_requested: bool = False
+    #: The watchdog stopped it (a rank died while others ran or waited).
+    stopped_by_watcher: bool = False
+
+
+@dataclass
+class JobState:
+    """One job's state as a backend reports it; ``raw_state`` keeps the scheduler's own word."""
+
+    id: str
+    status: JobStatus
+    raw_state: str = ""
+    exit_code: int | None = None
+    nodes_total: int | None = None
+    nodes_running: int | None = None
+    reason: str = ""
+    #: SLURM: how many times the job was requeued (this is run ``restarts + 1``).
+    restarts: int | None = None
+    #: Which rank failed first and why, when the job's nodes reported it; ``describe`` then
+    #: leads with it.
+    failure: FailureReport | None = None
+    #: Local: the job's state file cannot be read (the job exists: it is not an unknown id).
+    unreadable: bool = False
+    #: The job record's last known state, for a job the scheduler no longer knows.
+    last_known: dict | None = None
+    slurm: SlurmDetail | None = None
+    nomad: NomadDetail | None = None
+
+    def change_key(self) -> tuple:
+        """What counts as a change while waiting (a progress line; the watcher's polls go back to
+        the shortest interval): the status, the nodes running or placed, the scheduler's word, the
+        run."""
+        return (self.status, self.nodes_running, self.raw_state, self.restarts,
+                self.nomad.nodes_placed if self.nomad is not None else None)
+
+    def describe(self) -> str:
+        """The state in words, one line: ``FAILED: rank 3 (node 1, ...) exit 1 ...``."""
+        if self.failure is not None and self.failure.first is not None:
+            text = f"{self.status.value}: {self.failure.describe()}"
+            return text + (f" (raw={self.raw_state})" if self.raw_state and self.raw_state != self.status.value else "")
+        parts = [self.status.value]
+        if self.nodes_total is not None and self.nodes_running is not None and not self.status.terminal:
+            parts.append(f"{self.nodes_running}/{self.nodes_total} nodes running")
+        if self.raw_state and self.raw_state != self.status.value:
+            parts.append(f"raw={self.raw_state}")
+        if self.exit_code is not None:
+            parts.append(f"exit={self.exit_code}")
+        if self.reason:
+            parts.append(f"reason={self.reason}")
+        if self.restarts:  # a requeued job: which run this is
+            parts.append(f"run {self.restarts + 1}")
+        return " ".join(parts)
+
+
+__all__ = ["JobState", "JobStatus", "NomadDetail", "SlurmDetail"]

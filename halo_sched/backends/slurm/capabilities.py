@@ -1,0 +1,47 @@
+"""What a SLURM transport may do beyond ``submit``/``query``/``cancel``/``job_info``
+(transport/base.py), each declared once as a :class:`typing.Protocol`; the backend asks with
+``isinstance``. A transport given by the caller (a stand-in, an embedding) may have any of them."""
+from __future__ import annotations
+
+from typing import Callable, Protocol, Sequence, runtime_checkable
+
+
+@runtime_checkable
+class Named(Protocol):
+    """A transport with a name for messages (``cli``, ``rest``, ``pyslurm``)."""
+
+    name: str
+
+
+@runtime_checkable
+class SubmitsOnce(Protocol):
+    """Submits exactly once through an outage: retries for ``retry_s`` seconds, and after an
+    ambiguous failure finds the job by its ``token`` instead of submitting it again."""
+
+    def submit_once(self, script: str, extra_args: Sequence[str] = (), token: str = "",
+                    retry_s: float | None = None, on_retry: Callable[[str], None] | None = None) -> str: ...
+
+
+@runtime_checkable
+class CancelsOnce(Protocol):
+    """Cancels through an outage (retries for ``retry_s`` seconds)."""
+
+    def cancel_once(self, ids: Sequence[str], retry_s: float | None = None,
+                    on_retry: Callable[[str], None] | None = None) -> None: ...
+
+
+@runtime_checkable
+class ReadsConfig(Protocol):
+    """Reads ``scontrol show config`` of a cluster (None where it cannot)."""
+
+    def show_config(self, cluster: str | None = None) -> str | None: ...
+
+
+@runtime_checkable
+class TestsOnly(Protocol):
+    """Asks ``sbatch --test-only`` whether and when a script would start (None where it cannot)."""
+
+    def test_only(self, script: str, extra_args: Sequence[str] = ()) -> tuple[bool, str] | None: ...
+
+
+__all__ = ["CancelsOnce", "Named", "ReadsConfig", "SubmitsOnce", "TestsOnly"]

@@ -1,0 +1,248 @@
+"""The orchestration the commands share with the library, once: which backend a job id went to,
+which ids nobody knows, waiting after a submit, and keeping each state the scheduler reports in
+the job's record (``status``, ``list``). The CLI (cli.py) parses arguments, calls these and
+prints; the submit sequence itself is :meth:`halo_sched.backends.base.Scheduler.submit`.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable, Iterable, NamedTuple, Sequence
+
+from . import backends, records
+from .backends.base import JobState, JobStatus, Scheduler
+from .errors import HaloError, UsageError, shown
+
+#: The longest job id accepted (the longest real one, a Nomad [REGION:][NAMESPACE/]ID, is far shorter).
+MAX_ID_CHARS = 256
+
+
+def check_id(job_id: str) -> None:
+    """An id no scheduler could have issued is bad input before anything is asked."""
+    if not job_id:
+        raise UsageError("a job id is empty")
+    if len(job_id) > MAX_ID_CHARS:
+        raise UsageError(f"job id {shown(job_id)} is too long ({len(job_id)} characters; at most {MAX_ID_CHARS})")
+    if any(c.isspace() or not c.isprintable() for c in job_id):
+        raise UsageError(f"job id {shown(job_id)} contains whitespace or control characters")
+
+
+def known_backend(name: str) -> bool:
+    return name in backends.BUILTIN or name in backends.names()
+
+
+def backends_of(ids: Iterable[str], backend: str | None) -> dict[str, list[str]]:
+    """backend -> ids. An explicit ``backend`` wins; else the id's record; else the default."""
+    ids = list(ids)
+    for job_id in ids:
+        check_id(job_id)
+    if backend:
+        return {backend: ids}
+    out: dict[str, list[str]] = {}
+    for job_id in ids:
+        bad: list = []
+
+        def on_bad(b) -> None:  # an unreadable record still says, by its name, where the job went
+            records.warn_bad(b)
+            bad.append(b)
+
+        found = sorted({r["backend"] for r in records.find(job_id, on_bad=on_bad)}
+                       | {b.backend for b in bad if known_backend(b.backend)})
+        if len(found) > 1:
+            raise UsageError(f"job id {shown(job_id)} has records for backends {', '.join(found)}; give --backend")
+        out.setdefault(found[0] if found else backends.default(), []).append(job_id)
+    return out
+
+
+def backend_of(job_id: str, backend: str | None) -> str:
+    return next(iter(backends_of([job_id], backend)))
+
+
+# ---- ids nobody knows ---------------------------------------------------------------------------
+
+
+def unknown(backend: str, states: dict[str, JobState], ids: Iterable[str]) -> list[str]:
+    """The ids nobody knows: the scheduler answered UNKNOWN and no record (usable or not) names
+    them. A local job whose state file cannot be read is known (``unreadable``)."""
+    return [i for i in dict.fromkeys(ids) if i in states and states[i].status is JobStatus.UNKNOWN
+            and not states[i].unreadable and not records.exists(i, backend)]
+
+
+def unknown_asked(backend: str, sched: Scheduler, ids: Iterable[str]) -> dict[str, str]:
+    """The ids nobody knows (with the scheduler's word on each), for a command about to act on
+    them. Ids with a record are known without asking; the others cost one query. When the
+    scheduler cannot answer, none is called unknown: the command goes on (it has its own way
+    through an outage)."""
+    ask = [i for i in dict.fromkeys(ids) if not records.exists(i, backend)]
+    if not ask:
+        return {}
+    try:
+        states = sched.query(ask)
+    except HaloError:
+        return {}
+    return {i: states[i].reason for i in unknown(backend, states, ask)}
+
+
+def cancel_known(groups: dict[str, list[str]], scheduler: Callable[[str], Scheduler],
+                 **opts) -> tuple[list[str], dict[str, str], set[str]]:
+    """Cancel every id of ``groups`` (backend -> ids) that somebody knows: (the ids cancelled,
+    the unknown ones with the scheduler's word on each, the backends those were asked of)."""
+    unknown_ids: dict[str, str] = {}
+    where: set[str] = set()
+    done: list[str] = []
+    for backend, ids in groups.items():
+        sched = scheduler(backend)
+        missing = unknown_asked(backend, sched, ids)
+        unknown_ids.update(missing)
+        where |= {backend} if missing else set()
+        ids = [i for i in ids if i not in missing]
+        if ids:
+            sched.cancel(ids, **opts)
+            done += ids
+    return done, unknown_ids, where
+
+
+# ---- what a job's record says -------------------------------------------------------------------
+
+
+def job_size(backend: str, sched: Scheduler, job_id: str) -> tuple[int | None, int | None]:
+    """(nodes, processes per node) of a job: its record's, else the scheduler's node count."""
+    rec = (records.find(job_id, backend) or [{}])[0]
+    nodes, per_node = rec.get("nodes"), rec.get("nproc_per_node")
+    if nodes is None:
+        try:
+            nodes = sched.query([job_id])[job_id].nodes_total
+        except HaloError:
+            nodes = None
+    return nodes, per_node
+
+
+def warning_of(job_id: str) -> str | None:
+    """The warning signal of a SLURM job from its record (``slurm.signal``'s, USR2 when unset),
+    None without a record."""
+    from .spec import DEFAULT_WARNING, parse_warning
+
+    for rec in records.find(job_id, "slurm"):
+        own = ((rec.get("spec") or {}).get("slurm") or {}).get("signal")
+        return (parse_warning(own) or DEFAULT_WARNING)[1]
+    return None
+
+
+# ---- states kept in the records -----------------------------------------------------------------
+
+
+def note(backend: str, job_id: str, state: JobState) -> dict | None:
+    """Keep ``state`` in the job's record (when the scheduler knows it); return the record."""
+    for rec in records.find(job_id, backend):
+        try:
+            records.update_state(rec, state)
+        except OSError:
+            pass
+        return rec
+    return None
+
+
+def query_and_note(backend: str, sched: Scheduler, ids: Sequence[str]) -> dict[str, JobState]:
+    """One query for ``ids``; each state the scheduler knows is kept in the job's record, and a
+    job the scheduler forgot carries the record's last known state (``last_known``)."""
+    states = sched.query(ids)
+    for job_id, st in states.items():
+        rec = note(backend, job_id, st)
+        last = (rec or {}).get("last_state")
+        if st.status is JobStatus.UNKNOWN and last:
+            st.last_known = last
+    return states
+
+
+class Row(NamedTuple):
+    """One line of ``list``: the record (or the unreadable record file), its status and text,
+    and whether the scheduler said so now (``live``) or the record kept it."""
+
+    record: dict | records.BadRecord
+    status: str
+    text: str
+    live: bool
+
+
+def recent(backend: str | None, state: str | None, limit: int, scheduler: Callable[[str], Scheduler],
+           on_error: Callable[[str, HaloError], None]) -> list[Row]:
+    """The newest ``limit`` records (0: all; of ``backend`` only, when given) with their states:
+    one scheduler query per backend, each state kept in its record; a job the scheduler forgot
+    (or a backend that cannot answer: ``on_error`` hears why) shows its last known state; an
+    unreadable record file is a row too (status ``UNREADABLE``). ``state``: only rows in it."""
+    bad: list = []
+
+    def on_bad(b) -> None:  # one warning line each, and a row below
+        records.warn_bad(b)
+        bad.append(b)
+
+    recs = [r for r in records.load_all(on_bad) if not backend or r["backend"] == backend]
+    bad = [b for b in bad if not backend or b.backend == backend]
+    # Newest first, the unreadable ones by their file's time.
+    items = sorted([(r.get("submitted") or 0, 0, r) for r in recs] + [(b.mtime, 1, b) for b in bad],
+                   key=lambda t: t[0], reverse=True)
+    if limit:
+        items = items[:limit]
+    by_backend: dict[str, list[dict]] = {}
+    for _, is_bad, r in items:
+        if not is_bad:
+            by_backend.setdefault(r["backend"], []).append(r)
+    states: dict = {}
+    for name, rs in by_backend.items():
+        try:
+            states[name] = scheduler(name).query([r["id"] for r in rs])  # one query for all of them
+        except HaloError as err:
+            on_error(name, err)
+    rows = []
+    for _, is_bad, r in items:
+        if is_bad:
+            rows.append(Row(r, "UNREADABLE", f"UNREADABLE record ({r.reason})", False))
+            continue
+        st = states.get(r["backend"], {}).get(r["id"])
+        last = r.get("last_state") or {}
+        if st is not None and st.status is not JobStatus.UNKNOWN:
+            try:
+                records.update_state(r, st)
+            except OSError:
+                pass
+            rows.append(Row(r, st.status.value, st.describe(), True))
+        else:  # the scheduler forgot it (or did not answer): what we saw last
+            rows.append(Row(r, last.get("status") or "UNKNOWN", last.get("describe") or "UNKNOWN", False))
+    return [row for row in rows if not state or row.status == state]
+
+
+# ---- waiting after a submit ---------------------------------------------------------------------
+
+
+def wait_after_submit(sched: Scheduler, spec, job_id: str, timeout: float | None = None,
+                      on_change: Callable[[JobState], None] | None = None,
+                      on_tick: Callable[[JobState], None] | None = None,
+                      on_log: Callable[[str], None] | None = None,
+                      on_log_end: Callable[[HaloError], None] | None = None) -> JobState:
+    """``submit --wait``: the backend's guard right after submit (Nomad: placement), then until
+    the job ends (or ``timeout`` seconds). With ``on_log`` and a backend that streams its log
+    (``streams_logs``), every log line goes there as it comes (``on_log_end`` hears why the
+    stream ended early). The final state is kept in the job's record."""
+    follower = None
+    if on_log is not None and sched.streams_logs:
+        def follow() -> None:
+            try:
+                for line in sched.logs(job_id, follow=True):
+                    on_log(line)
+            except HaloError as err:
+                if on_log_end is not None:
+                    on_log_end(err)
+
+        follower = threading.Thread(target=follow, daemon=True)
+        follower.start()
+    state = sched.guard_placement(spec, job_id, on_change=on_change)
+    if not state.status.terminal:
+        state = sched.wait(job_id, timeout=timeout, on_change=on_change, on_tick=on_tick)
+    if follower is not None:
+        follower.join(timeout=5)
+    note(sched.name, job_id, state)
+    return state
+
+
+__all__ = ["MAX_ID_CHARS", "Row", "backend_of", "backends_of", "cancel_known", "check_id", "job_size",
+           "known_backend", "note", "query_and_note", "recent", "unknown", "unknown_asked", "wait_after_submit",
+           "warning_of"]
