@@ -646,7 +646,7 @@ def _warning_signal(given: str, ids: list[str]) -> str:
     """``cancel --signal``'s signal, which must be each job's warning signal: the batch script
     traps that one alone, and any other would end it (and the job) by its default action."""
     from . import records
-    from .spec import SLURM_SIGNAL_RE, WARNING_SIGNALS
+    from .values import SLURM_SIGNAL_RE, WARNING_SIGNALS
 
     m = SLURM_SIGNAL_RE.match(given.upper())
     name = m.group(2) if m and not m.group(1) and not m.group(3) else None
@@ -666,7 +666,8 @@ def _warning_signal(given: str, ids: list[str]) -> str:
 
 def cmd_preflight(args) -> int:
     from . import preflight
-    from .spec import load, parse_size
+    from .spec import load
+    from .values import parse_size
 
     spec = load(args.file)
     try:

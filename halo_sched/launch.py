@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .spec import JobSpec
+from .models import JobSpec
 from .templating import RenderError, check, checked_int, render_template
 
 #: Variables a backend sets for the entry script (its whole per-node interface).

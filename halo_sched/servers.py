@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from .launch import SECRETS_DIR_VAR
 from .node import source as node_source
-from .spec import JobSpec, Server
+from .models import JobSpec, Server
 from .templating import heredoc_tag, render_template
 
 SERVER_INDEX_VAR = "HALO_SERVER_INDEX"

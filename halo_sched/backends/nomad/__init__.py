@@ -11,7 +11,7 @@ import sys
 from typing import Callable, Iterator, Sequence
 
 from ...errors import SchedulerError, UsageError
-from ...spec import JobSpec
+from ...models import JobSpec
 from ..base import DryRun, JobState, Scheduler
 from .render import TASK, client_requirements, job_payload, render_hcl, submission_id, variable_path
 
