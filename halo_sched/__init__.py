@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # pragma: no cover
     from .backends.base import Job
-    from .spec import JobSpec
+    from .models import JobSpec
 
 __all__ = ["load", "loads", "render", "submit", "job", "__version__"]
 

@@ -488,7 +488,7 @@ def _warning_signal(given: str, ids: list[str]) -> str:
     """``cancel --signal``'s signal, which must be each job's warning signal: the batch script
     traps that one alone, and any other would end it (and the job) by its default action."""
     from .core import warning_of
-    from .spec import WARNING_SIGNALS, parse_warning
+    from .values import WARNING_SIGNALS, parse_warning
 
     asked = parse_warning(given.upper())
     name = asked[1] if asked and not asked[0] and asked[2] is None else None
@@ -505,7 +505,8 @@ def _warning_signal(given: str, ids: list[str]) -> str:
 
 def cmd_preflight(args) -> int:
     from . import preflight
-    from .spec import load, parse_size
+    from .spec import load
+    from .values import parse_size
 
     spec = load(args.file)
     try:

@@ -119,7 +119,7 @@ def job_size(backend: str, sched: Scheduler, job_id: str) -> tuple[int | None, i
 def warning_of(job_id: str) -> str | None:
     """The warning signal of a SLURM job from its record (``slurm.signal``'s, USR2 when unset),
     None without a record."""
-    from .spec import DEFAULT_WARNING, parse_warning
+    from .values import DEFAULT_WARNING, parse_warning
 
     for rec in records.find(job_id, "slurm"):
         own = ((rec.get("spec") or {}).get("slurm") or {}).get("signal")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .spec import JobSpec
+from .models import JobSpec
 from .templating import RenderError, check, checked_int, render_template
 
 from .node_env import (  # noqa: F401 - the backends' per-node interface, named once in node_env.py

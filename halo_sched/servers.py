@@ -25,7 +25,7 @@ from .node_env import (  # noqa: F401 - named once in node_env.py
     SECRETS_DIR_VAR, SERVER_ADDR_VAR, SERVER_INDEX_VAR, TRAINER_MASTER_FILE_VAR, TRAINER_MASTER_VAR,
 )
 from .node import source as node_source
-from .spec import JobSpec, Server
+from .models import JobSpec, Server
 from .templating import heredoc_tag, render_template
 #: The tag each Nomad server registration carries (``halo-index-${NOMAD_ALLOC_INDEX}``), and the
 #: first word of each line of an addresses file.

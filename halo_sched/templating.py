@@ -24,7 +24,7 @@ from pathlib import Path
 
 import jinja2
 
-from . import spec
+from . import values
 from .errors import SpecError
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -39,25 +39,25 @@ class RenderError(SpecError):
 
 
 # Full-match patterns for values pasted where nothing can quote them: the job file's own rule
-# for the field (spec.py, one definition each), plus a few that only the renderers write. A valid
+# for the field (values.py, one definition each), plus a few that only the renderers write. A valid
 # job renders; anything else does not.
 PATTERNS = {
-    "job name": spec.NAME_RE,  # an #SBATCH line, paths, Nomad ids
+    "job name": values.NAME_RE,  # an #SBATCH line, paths, Nomad ids
     # a Nomad job id: the name, or the name and a submission's date and token
     "job id": re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}"),
-    "variable name": spec.ENV_NAME_RE,  # `export NAME=`, `${NAME}`
-    "server name": spec.SERVER_NAME_RE,  # variable, group and file names, unquoted in the scripts
-    "network interface": spec.IFACE_RE,
+    "variable name": values.ENV_NAME_RE,  # `export NAME=`, `${NAME}`
+    "server name": values.SERVER_NAME_RE,  # variable, group and file names, unquoted in the scripts
+    "network interface": values.IFACE_RE,
     "signal name": re.compile(r"[A-Z][A-Z0-9]{0,15}"),
-    "sbatch option": spec.SBATCH_ARG_RE,  # one word on an #SBATCH line
-    "SLURM word": spec.SLURM_WORD_RE,  # slurm.partition, account, qos, mem, container mounts
-    "SLURM time": spec.SLURM_TIME_RE,
-    "SLURM constraint": spec.SLURM_CONSTRAINT_RE,
+    "sbatch option": values.SBATCH_ARG_RE,  # one word on an #SBATCH line
+    "SLURM word": values.SLURM_WORD_RE,  # slurm.partition, account, qos, mem, container mounts
+    "SLURM time": values.SLURM_TIME_RE,
+    "SLURM constraint": values.SLURM_CONSTRAINT_RE,
     # an HCL attribute name (bare, before `=`)
     "HCL key": re.compile(r"[A-Za-z_][A-Za-z0-9_-]*"),
     # a number already written as text
     "count": re.compile(r"[0-9]{1,19}"),
-    "Python module": spec.MODULE_RE,
+    "Python module": values.MODULE_RE,
 }
 _MAX_INT = 2**63 - 1
 

@@ -27,7 +27,7 @@ from ..launch import (
     DERIVED_PORTS, LOG_DIR_VAR, MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, MASTER_PORT_VAR, NODE_RANK_VAR, entry_script,
     ports_to_avoid, submission_id,
 )
-from ..spec import JobSpec
+from ..models import JobSpec
 from ..servers import SERVER_ADDR_VAR, SERVER_INDEX_VAR, TRAINER_MASTER_VAR, addrs_var, local_addr, server_script
 from ..templating import check, checked_int, render_template
 from .base import DryRun, JobState, JobStatus, Scheduler, tail_lines

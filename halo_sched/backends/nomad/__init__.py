@@ -12,7 +12,7 @@ from typing import Callable, Iterator, Sequence
 
 from ...errors import HaloError, SchedulerError, UsageError
 from ...launch import submission_id
-from ...spec import JobSpec
+from ...models import JobSpec
 from ..base import DryRun, JobState, Scheduler
 from .capabilities import Configured
 from .render import SECRETS_META, TASK, client_requirements, job_payload, render_hcl, variable_path

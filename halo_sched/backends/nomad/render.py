@@ -53,7 +53,7 @@ from ...launch import (
     MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, MASTER_PORT_VAR, NODE_RANK_OFFSET_VAR, NODE_RANK_VAR, SECRETS_DIR_VAR,
     entry_script,
 )
-from ...spec import JobSpec
+from ...models import JobSpec
 from ...templating import check, checked_text, checked_int, render_template
 from . import servers as nomad_servers
 

@@ -24,7 +24,7 @@ import hashlib
 from ...servers import (
     INDEX_TAG, SERVER_ADDR_VAR, SERVER_INDEX_VAR, TRAINER_MASTER_FILE_VAR, addrs_file_var, server_script,
 )
-from ...spec import JobSpec, Server
+from ...models import JobSpec, Server
 from ...templating import check, checked_int
 
 GROUP_PREFIX = "server-"

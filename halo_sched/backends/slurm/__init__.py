@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ...errors import HaloError, SchedulerError
-from ...spec import JobSpec
+from ...models import JobSpec
 from ..base import DryRun, JobState, JobStatus, Scheduler, tail_lines
 from .render import render_sbatch
 from .capabilities import CancelsOnce, Named, ReadsConfig, SubmitsOnce, TestsOnly

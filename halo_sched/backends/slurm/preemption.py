@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from ...spec import JobSpec
+from ...models import JobSpec
 
 _LINE_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*=\s?(.*?)\s*$")
 # PreemptParameters=send_user_signal is read from this release on.

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ...errors import SpecError
 from ...launch import DERIVED_PORTS, LaunchContract, entry_script, ports_to_avoid
 from ...servers import addrs_var, server_script
-from ...spec import JobSpec
+from ...models import JobSpec
 from ...templating import RenderError, check, checked_int, heredoc_tag, render_template, sh_quote
 
 DEFAULT_OUTPUT = "halo-%x-%j.out"
