@@ -93,7 +93,11 @@ def test_leader_and_worker_shape():
     assert "{{ .Address }}\n{{ .Port }}" in master
     for g in job["TaskGroups"]:
         # Lost means failed: no restart, no reschedule, no replacement of a node that went down.
-        assert g["Disconnect"] == {"Replace": False}
+        # lost_after: the example's max_run_duration (12h) plus an hour, so Nomad 1.11.2+ keeps a
+        # lost rank unknown for the job's life; replace = false for servers before 1.11.2.
+        assert g["Disconnect"] == {"LostAfter": 13 * 3600 * 10**9, "Replace": False}
+        # The image's own entrypoint never runs: the shell is the entrypoint, no command.
+        assert g["Tasks"][0]["Config"]["entrypoint"] == ["/bin/bash"] and "command" not in g["Tasks"][0]["Config"]
         assert g["RestartPolicy"]["Attempts"] == 0 and g["ReschedulePolicy"]["Attempts"] == 0
         cfg = g["Tasks"][0]["Config"]
         # Nothing a default 2.0.4+ docker client refuses: no host namespace modes.
@@ -101,6 +105,9 @@ def test_leader_and_worker_shape():
         assert cfg["shm_size"] == 64 * 1024**3 and cfg["network_mode"] == "host"
         assert g["Tasks"][0]["Resources"]["Devices"] == [{"Name": "nvidia/gpu", "Count": 8}]
         assert cfg["devices"] == [{"host_path": "/dev/infiniband", "container_path": "/dev/infiniband"}]
+    unbounded = spec.model_copy(update={"nomad": spec.nomad.model_copy(update={"max_run_duration": None})})
+    # No max_run_duration: a week (the longest wait any rank may be given) plus the hour.
+    assert {g["Disconnect"]["LostAfter"] for g in job_payload(unbounded)["Job"]["TaskGroups"]} == {169 * 3600 * 10**9}
     assert job_payload(spec.model_copy(update={"nodes": 1}))["Job"]["TaskGroups"][0]["Name"] == "node-0"
     assert len(job_payload(spec.model_copy(update={"nodes": 1}))["Job"]["TaskGroups"]) == 1
     assert group_counts(4) == {"node-0": 1, "workers": 3} and group_counts(1) == {"node-0": 1}

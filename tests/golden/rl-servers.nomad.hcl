@@ -33,8 +33,11 @@ job "rl-grpo" {
     }
     # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
     # its allocation turns "unknown" and whoever watches the job stops it. Nomad 1.8+.
+    # lost_after (the job's bound plus an hour) keeps Nomad 1.11.2+ from replacing it until then;
+    # replace = false keeps older servers from replacing it at all.
     disconnect {
-      replace = false
+      lost_after = "169h"
+      replace    = false
     }
 
     meta {
@@ -63,7 +66,7 @@ job "rl-grpo" {
 
       config {
         image = "ghcr.io/example/halo-trainer:2026.11"
-        command = "/bin/bash"
+        entrypoint = ["/bin/bash"]
         args = ["$${NOMAD_TASK_DIR}/halo-entry.sh"]
         network_mode = "host"
         ulimit = [
@@ -653,8 +656,11 @@ EOT
     }
     # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
     # its allocation turns "unknown" and whoever watches the job stops it. Nomad 1.8+.
+    # lost_after (the job's bound plus an hour) keeps Nomad 1.11.2+ from replacing it until then;
+    # replace = false keeps older servers from replacing it at all.
     disconnect {
-      replace = false
+      lost_after = "169h"
+      replace    = false
     }
 
     meta {
@@ -671,7 +677,7 @@ EOT
 
       config {
         image = "ghcr.io/example/halo-trainer:2026.11"
-        command = "/bin/bash"
+        entrypoint = ["/bin/bash"]
         args = ["$${NOMAD_TASK_DIR}/halo-entry.sh"]
         network_mode = "host"
         ulimit = [
@@ -1270,8 +1276,11 @@ EOT
     }
     # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
     # its allocation turns "unknown" and whoever watches the job stops it. Nomad 1.8+.
+    # lost_after (the job's bound plus an hour) keeps Nomad 1.11.2+ from replacing it until then;
+    # replace = false keeps older servers from replacing it at all.
     disconnect {
-      replace = false
+      lost_after = "169h"
+      replace    = false
     }
 
     meta {
@@ -1299,7 +1308,7 @@ EOT
 
       config {
         image = "vllm/vllm-openai:v0.11.0"
-        command = "/bin/bash"
+        entrypoint = ["/bin/bash"]
         args = ["$${NOMAD_TASK_DIR}/halo-server.sh"]
         network_mode = "host"
         ulimit = [

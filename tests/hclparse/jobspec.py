@@ -73,7 +73,8 @@ def _group(name: str, body: dict) -> dict:
         "ReschedulePolicy": {"Attempts": resched["attempts"], "Interval": 0, "Unlimited": resched["unlimited"]},
     }
     if "disconnect" in body:
-        g["Disconnect"] = {"Replace": _take(_one(body["disconnect"], "disconnect"), {"replace"}, "disconnect")["replace"]}
+        d = _take(_one(body["disconnect"], "disconnect"), {"lost_after", "replace"}, "disconnect")
+        g["Disconnect"] = {**({"LostAfter": _ns(d["lost_after"])} if "lost_after" in d else {}), "Replace": d["replace"]}
     g["Meta"] = _one(body["meta"], "meta")
     g["Tasks"] = [_task(t, _one(b, t)) for t, b in body["task"].items()]
     if "max_run_duration" in body:
