@@ -1424,6 +1424,20 @@ def process_group_members(pgid: int) -> list[int]:
     return members
 
 
+def _kill_env_marked(entry: str) -> None:
+    """SIGKILL every live process of ours whose environment holds ``entry`` (NAME=value)."""
+    want = entry.encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if want in f.read().split(b"\0"):
+                    os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue
+
+
 def _kill_groups(pgids: set[int]) -> None:
     """Last-resort cleanup (weakref.finalize / interpreter exit): SIGKILL every group."""
     for pgid in list(pgids):
@@ -1879,6 +1893,10 @@ class SimCluster:
                     self._kill(tr, grace=0)  # the machine is gone: nothing gets a kill_timeout
                     tr.proc = None
                 tr.state = "dead"
+            # ... and so is every process the allocation started, also those that left the task's
+            # process group (torchrun's workers run in sessions of their own): on this one host,
+            # those whose environment carries the allocation's NOMAD_ALLOC_ID.
+            _kill_env_marked(f"NOMAD_ALLOC_ID={alloc.id}")
             self._deregister_alloc(alloc)
             for net in alloc.group.get("Networks") or []:
                 for p in net.get("ReservedPorts") or []:

@@ -145,6 +145,8 @@ class FakeNomad:
         #: Added to the wall clock (advance()): expiries without sleeping.
         self.clock_offset_ns = 0
         self._replace_now: set[str] = set()  # unknown allocations a pre-1.11.2 server replaces at once
+        self._sims: dict[str, Any] = {}  # job ID -> client_sim.SimCluster running its allocations
+        self._sim_allocs: dict[str, Any] = {}  # allocation ID -> client_sim.Allocation
         self.nodes: list[FakeNode] = list(nodes if nodes is not None else [FakeNode("gpu-a"), FakeNode("gpu-b")])
         # token -> "write" | "jobs" (no Variable writes) | "read"; ACLs are enforced as soon as one token exists.
         self.acl_tokens: dict[str, str] = dict(acl_tokens or {})
@@ -284,6 +286,7 @@ class FakeNomad:
         return job, tg
 
     def _mark_lost(self, alloc: dict, description: str) -> None:
+        self._sim_node_died(alloc, "lost")
         alloc["DesiredStatus"] = "stop"
         alloc["DesiredDescription"] = description
         alloc["AllocModifyIndex"] = self._next_index()
@@ -359,6 +362,8 @@ class FakeNomad:
                 job, tg = self._group_of(alloc)
                 lost_after, replace = self._disconnect(tg)
                 pending = alloc["ClientStatus"] == "pending"
+                # The machine is gone: its processes with it (client/ side, whatever the servers decide).
+                self._sim_node_died(alloc, "unknown" if not pending else "lost")
                 if node.status == "disconnected" and not pending and (lost_after > 0 or not self._new_reconciler()):
                     self._mark_unknown(alloc, now + lost_after if self._new_reconciler() or lost_after else None)
                     if replace and not self._new_reconciler():
@@ -379,6 +384,67 @@ class FakeNomad:
                 self._process_eval(ev, job)
                 self._touch_job(job["ID"], job["Namespace"])
             self._run_due_followups()
+
+    # ------------------------------------------------------------------------- a client simulator behind the fake
+    # (kept together: the fake is the servers, a tests/nomad/client_sim.SimCluster the clients)
+
+    def attach_sim(self, cluster: Any) -> None:
+        """Run the allocations of ``cluster``'s job (same job ID) as ``cluster`` runs tasks: an
+        allocation this fake starts is placed and started there under the same name and index;
+        a task's exit there ends the allocation here (exit code, "Terminated" and, non-zero,
+        "Not Restarting" events) on the next request; logs are read from its log files; a node
+        going down kills its processes there; a stop kills them. ``auto_run`` as usual."""
+        with self._lock:
+            self._sims[cluster.job_id] = cluster
+
+    def _sim_start(self, alloc: dict) -> bool:
+        """Start the allocation in the attached simulator; False when it failed to (the failure
+        is recorded as Nomad records a task that could not start: a driver failure)."""
+        sim = self._sims.get(alloc["JobID"])
+        if sim is None:
+            return True
+        group, _, index = alloc["Name"][len(alloc["JobID"]) + 1:].rpartition("[")
+        try:
+            (sim_alloc,) = sim.place([f"{group}[{index}"])
+            self._sim_allocs[alloc["ID"]] = sim_alloc
+            sim.start()
+        except Exception as e:  # noqa: BLE001 - whatever the client would report
+            self._driver_failure(alloc, f"{type(e).__name__}: {e}")
+            return False
+        return True
+
+    def _sim_sync(self) -> None:
+        """Task exits in the simulator -> this fake's allocations (client updates)."""
+        for alloc_id, sim_alloc in list(self._sim_allocs.items()):
+            alloc = self._allocs.get(alloc_id)
+            if (alloc is None or alloc["DesiredStatus"] != "run" or alloc["ClientStatus"] != "running"
+                    or sim_alloc.status_override is not None or not sim_alloc.terminal):
+                continue
+            self._end_alloc(alloc, sim_alloc.exit_code if sim_alloc.exit_code is not None else 1)
+            self._touch_job(alloc["JobID"], alloc["Namespace"])
+
+    def _sim_node_died(self, alloc: dict, status: str) -> None:
+        sim_alloc = self._sim_allocs.get(alloc["ID"])
+        if sim_alloc is not None and sim_alloc.status_override != status:
+            try:
+                self._sims[alloc["JobID"]].node_died(sim_alloc.name, status)
+            except Exception:  # noqa: BLE001 - it had ended there already: nothing left to kill
+                pass
+
+    def _sim_kill(self, alloc: dict) -> None:
+        sim_alloc = self._sim_allocs.get(alloc["ID"])
+        if sim_alloc is not None and sim_alloc.status_override is None:
+            self._sims[alloc["JobID"]].kill_alloc(sim_alloc.name, grace=5.0)
+
+    def _sim_log(self, key: tuple[str, str, str]) -> str | None:
+        sim_alloc = self._sim_allocs.get(key[0])
+        if sim_alloc is None:
+            return None
+        try:
+            with open(sim_alloc.log_path(key[1], key[2]), encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except (OSError, KeyError):
+            return ""
 
     def advance(self, seconds: float) -> None:
         """Move the fake's clock forward (lost_after, follow-up evaluations, max_run_duration)."""
@@ -415,6 +481,7 @@ class FakeNomad:
         (nomad/structs/alloc.go AllocTimeoutReasonMaxRunDuration). Batch/sysbatch jobs only.
         Called on every request; tests may call it too."""
         with self._lock:
+            self._sim_sync()
             self._run_due_followups()
             now = self._clock()
             for alloc in list(self._allocs.values()):
@@ -465,18 +532,21 @@ class FakeNomad:
         """The group's task exits with ``exit_code`` (non-zero: no restart, the allocation fails)."""
         with self._lock:
             alloc = self._running_alloc(job_id, group, namespace)
-            for task_name, ts in alloc["TaskStates"].items():
-                ts["Events"].append(_event("Terminated", self._now(), f"Exit Code: {exit_code}", ExitCode=exit_code,
-                                           Details={"exit_code": str(exit_code), "signal": "0", "oom_killed": "false"}))
-                if exit_code:
-                    ts["Events"].append(_event("Not Restarting", self._now(), NOT_RESTARTING_MSG, FailsTask=True,
-                                               RestartReason=NOT_RESTARTING_MSG,
-                                               Details={"fails_task": "true", "restart_reason": NOT_RESTARTING_MSG}))
-                self._end_task(ts, failed=bool(exit_code))
-            self._set_client_status(alloc, "failed" if exit_code else "complete",
-                                    "Failed tasks" if exit_code else "All tasks have completed")
+            self._end_alloc(alloc, exit_code)
             self._touch_job(job_id, namespace)
             return copy.deepcopy(alloc)
+
+    def _end_alloc(self, alloc: dict, exit_code: int) -> None:
+        for ts in alloc["TaskStates"].values():
+            ts["Events"].append(_event("Terminated", self._now(), f"Exit Code: {exit_code}", ExitCode=exit_code,
+                                       Details={"exit_code": str(exit_code), "signal": "0", "oom_killed": "false"}))
+            if exit_code:
+                ts["Events"].append(_event("Not Restarting", self._now(), NOT_RESTARTING_MSG, FailsTask=True,
+                                           RestartReason=NOT_RESTARTING_MSG,
+                                           Details={"fails_task": "true", "restart_reason": NOT_RESTARTING_MSG}))
+            self._end_task(ts, failed=bool(exit_code))
+        self._set_client_status(alloc, "failed" if exit_code else "complete",
+                                "Failed tasks" if exit_code else "All tasks have completed")
 
     def fail_driver(self, job_id: str, group: str, message: str = "failed to pull image", namespace: str = "default") -> dict:
         """The group's task never starts: a driver failure (no exit code)."""
@@ -601,6 +671,8 @@ class FakeNomad:
         refusal = self._docker_refusal(alloc)
         if refusal is not None:
             self._driver_failure(alloc, refusal)
+            return
+        if not self._sim_start(alloc):
             return
         now = self._now()
         for ts in alloc["TaskStates"].values():
@@ -922,6 +994,7 @@ class FakeNomad:
         self._finish_kill(alloc)
 
     def _finish_kill(self, alloc: dict) -> None:
+        self._sim_kill(alloc)
         collateral = self.stop_collateral.get(alloc["TaskGroup"])
         for ts in alloc["TaskStates"].values():
             if collateral is not None and ts["State"] == "running":
@@ -1279,7 +1352,7 @@ class FakeNomad:
             if alloc_id in self.gc_logs:
                 raise _HTTPError(404, f"state for allocation {alloc_id} not found on client")
             node = next((n for n in self.nodes if n.id == alloc.get("NodeID")), None)
-            if node is not None and node.status == "down":
+            if node is not None and node.status in ("down", "disconnected"):
                 raise _HTTPError(500, f"Unknown node {node.id!r}: no path to node")  # ErrNoNodeConn
             if task not in alloc["TaskStates"]:
                 raise _HTTPError(400, f"unknown task name {task!r}")
@@ -1291,7 +1364,8 @@ class FakeNomad:
         with self._lock:
             alloc = self._allocs.get(key[0])
             ended = alloc is None or alloc["ClientStatus"] in ("complete", "failed", "lost")
-            return self._logs.get(key, ""), ended
+            from_sim = self._sim_log(key)
+            return (self._logs.get(key, "") if from_sim is None else from_sim), ended
 
 
 # ----------------------------------------------------------------------------- status side: helpers
