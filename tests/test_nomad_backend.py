@@ -385,3 +385,28 @@ def test_default_docker_client_refuses_host_volumes_at_task_start(job_file):
         assert alloc["ClientStatus"] == "failed"
         (event,) = [e for e in alloc["TaskStates"]["torchrun"]["Events"] if e["Type"] == "Driver Failure"]
         assert 'volumes are not enabled; cannot mount host path: "/scratch:/scratch"' in event["DriverError"]
+
+
+def test_hcl_mapping_comes_from_nomads_api_struct_tags():
+    # tests/hclparse/nomad_api_fields.json: api's struct tags at a named tag (extract_api_fields.py).
+    assert jobspec.SOURCE["tag"] == "v2.0.5" and len(jobspec.SOURCE["commit"]) == 40
+    # Whatever api's structs have is mapped, rendered by halo-sched or not ...
+    doc = {"job": {"j": [{"type": "batch", "group": {"g": [{
+        "count": 2, "disconnect": [{"lost_after": "1h", "stop_on_client_after": "2m", "reconcile": "best_score"}],
+        "network": [{"mode": "bridge", "port": {"a": [{"static": 8080, "to": 80}], "b": [{}]}}]}]}}]}}
+    (g,) = jobspec.api_job(doc)["TaskGroups"]
+    assert g["Disconnect"] == {"LostAfter": 3600 * 10**9, "StopOnClientAfter": 120 * 10**9, "Reconcile": "best_score"}
+    # ... ports split as jobspec2's normalizeNetworkPorts does, ID and Name from the label.
+    assert g["Networks"] == [{"Mode": "bridge", "DynamicPorts": [{"Label": "b"}],
+                              "ReservedPorts": [{"Label": "a", "Value": 8080, "To": 80}]}]
+    assert {k: jobspec.api_job(doc)[k] for k in ("ID", "Name")} == {"ID": "j", "Name": "j"}
+    # ... and what they do not have is refused.
+    bogus = {"job": {"j": [{"group": {"g": [{"count": 1, "lost_after": "1h"}]}}]}}
+    with pytest.raises(AssertionError, match="lost_after"):
+        jobspec.api_job(bogus)
+    source = os.environ.get("NOMAD_SOURCE_GIT")  # a hashicorp/nomad git dir: the data is reproducible
+    if source:
+        from hclparse import extract_api_fields
+
+        assert extract_api_fields.extract(source, jobspec.SOURCE["tag"]) == json.loads(
+            (REPO / "tests" / "hclparse" / "nomad_api_fields.json").read_text())

@@ -33,6 +33,7 @@ job "ddp-nomad" {
     }
     reschedule {
       attempts  = 0
+      interval  = "0s"
       unlimited = false
     }
     # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
@@ -552,6 +553,7 @@ EOT
     }
     reschedule {
       attempts  = 0
+      interval  = "0s"
       unlimited = false
     }
     # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):

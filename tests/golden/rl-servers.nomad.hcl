@@ -29,6 +29,7 @@ job "rl-grpo" {
     }
     reschedule {
       attempts  = 0
+      interval  = "0s"
       unlimited = false
     }
     # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
@@ -652,6 +653,7 @@ EOT
     }
     reschedule {
       attempts  = 0
+      interval  = "0s"
       unlimited = false
     }
     # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
@@ -1272,6 +1274,7 @@ EOT
     }
     reschedule {
       attempts  = 0
+      interval  = "0s"
       unlimited = false
     }
     # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
