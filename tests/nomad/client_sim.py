@@ -21,7 +21,8 @@ Public API::
     # leaving the block = cluster.stop(grace=2.0): deregister, kill_signal, SIGKILL the groups
 
     cluster.lose("job.workers[0]")       # its node goes down: lost + same-name replacement, or
-                                         # "unknown" and kept with disconnect { replace = false }
+                                         # "unknown" and kept (lost_after; replace = false < 1.11.2)
+    cluster.advance(3600)                # the servers' clock: expired unknown -> lost + replaced
     cluster.allocations / cluster.alloc(name) -> Allocation (id, index, dir, ports, tasks, client_status)
     Allocation.tasks[name] -> TaskRun (state, pid, exit_code, restarts, env, argv, events, error)
     cluster.unsimulated -> job features present but not acted on (checks, reschedule, ...)
@@ -94,13 +95,21 @@ state): its tasks are stopped, ``Allocation.max_run_exceeded`` is set and the al
 
 Placement (a server's job, modelled only as far as names go): a group with Count N gets
 allocations ``<job>.<group>[0..N-1]``; placing again fills exactly the indexes no live
-allocation holds (``scheduler/reconciler/allocs.go`` ``AllocNameIndex.Next``), and
-``lose(name)`` replaces an allocation lost with its node under the same Name unless the group
-sets ``disconnect { replace = false }`` (``scheduler/reconciler/filters.go``: a running
-allocation on a down node is then "disconnecting" -> ClientStatus unknown, not replaced).
+allocation holds (``scheduler/reconciler/allocs.go`` ``AllocNameIndex.Next``). ``lose(name)``
+follows the servers' reconciler of ``nomad_version`` (2.0.5 by default, PR #27053; or before
+1.11.2, e.g. "1.11.1"): see :meth:`SimCluster.lose` for each rule with its file:line and tag;
+``advance(seconds)`` runs the follow-up evaluations that expire ``unknown`` allocations. A fake
+Nomad API (tests/nomad/fake_api.py ``attach_sim``) can decide instead and drive this cluster:
+``node_died`` and ``kill_alloc`` are its hooks.
 
-Deliberate deviations, all loud: docker and other image drivers are refused (no containers
-here); ``exec`` is refused unless ``exec_as_raw_exec=True`` (Nomad would chroot it and set
+Docker (``docker_images={image: StandInImage}``): the task runs as a host process whose argv is
+the container's Entrypoint + Cmd as :func:`docker_argv` composes them (drivers/docker/driver.go
+v2.0.5 :1053, :1477-1491); the image's ENV replaces the agent's environment; directories are
+host paths (Nomad's would be /local, /alloc, /secrets inside the container); ``ulimit``,
+``shm_size``, ``devices``, ``volumes`` and GPU devices are recorded in ``unsimulated``.
+
+Deliberate deviations, all loud: docker without a stand-in image and other image drivers are
+refused (no containers here); ``exec`` is refused unless ``exec_as_raw_exec=True`` (Nomad would chroot it and set
 NOMAD_TASK_DIR=/local; the simulator can only run it unisolated with host paths); unsupported
 template syntax/functions, HCL expressions other than plain variable references, and job
 features the simulator cannot honour raise :class:`UnsupportedJobError`. Everything runs on one

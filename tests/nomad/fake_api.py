@@ -22,6 +22,11 @@ request is applied, or after: ``drop_after_next``); register's EnforceIndex; mov
 allocations to running / complete / failed / killed-by-max_run_duration; nodes joining later
 (which unblocks blocked evaluations); log text; plan/register warnings.
 
+Lost nodes follow Nomad 2.0.5's heartbeat and reconciler (``nomad_version="1.11.1"`` for the rules
+before PR #27053): see :meth:`FakeNomad.node_down`; ``advance(seconds)`` moves the clock for
+lost_after and max_run_duration. ``attach_sim(cluster)`` runs the job's allocations in a
+tests/nomad/client_sim.SimCluster (the clients): exits, logs, node deaths and stops go through it.
+
 Not modelled: blocking queries, deployments, rescheduling and restarts (halo-sched sets both to 0),
 multi-region forwarding, node drain.
 """
