@@ -75,3 +75,26 @@ def test_docker_trainer_and_server_run_the_script_under_a_swallowing_image_entry
     # The server's own command ran (it records each start) and it ended after rank 0 did.
     assert os.listdir(tmp_path / "rec"), logs
     assert set(codes.values()) == {0}, logs
+
+
+def test_the_nomad_gpu_example_runs_in_the_simulator_with_docker_and_devices(tmp_path):
+    """examples/nomad-gpu.yaml as rendered (docker, 8 GPUs, EFA devices, shm, a host volume):
+    both nodes run the entry script under swallowing stand-in images; what a container would add
+    is listed, not silently dropped."""
+    spec = halo_sched.load(REPO / "examples" / "nomad-gpu.yaml")
+    job = job_payload(spec.model_copy(update={"rendezvous": spec.rendezvous.model_copy(update={"timeout_s": 60})}))["Job"]
+    images = _images(tmp_path)
+    # The stand-in torchrun stays up a little: the worker reads node-0's registration first.
+    torchrun = tmp_path / "image-bin" / "torchrun"
+    torchrun.write_text("#!/bin/sh\necho \"stand-in torchrun ran: $*\"\nsleep 3\n")
+    images = {spec.image: images["example/trainer:1"]}
+    with client_sim.SimCluster(job, tmp_path / "nomad", docker_images=images) as cluster:
+        assert {u.rsplit(": ", 1)[-1].split(" (")[0] for u in cluster.unsimulated} >= {
+            "docker ulimit", "docker shm_size", "docker devices", "docker volumes", "devices"}
+        cluster.place()
+        cluster.start()
+        codes = cluster.wait(timeout=120)
+        logs = {n: cluster.stdout(n) + cluster.stderr(n) for n in codes}
+    assert set(codes.values()) == {0}, logs
+    for name, text in logs.items():
+        assert "image entrypoint" not in text and "stand-in torchrun ran:" in text, (name, text)

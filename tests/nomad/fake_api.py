@@ -280,7 +280,7 @@ class FakeNomad:
     @staticmethod
     def _disconnect(tg: dict) -> tuple[int, bool]:
         """(lost_after ns, replace) of a group: nomad/structs/structs.go v2.0.5 TaskGroup.Replace
-        (:7702-7714, true without a disconnect block or replace) and GetDisconnectLostAfter
+        (:7705-7712, true without a disconnect block or replace) and GetDisconnectLostAfter
         (:7716-7724, 0 without)."""
         d = tg.get("Disconnect") or {}
         return int(d.get("LostAfter") or 0), d.get("Replace") is not False
@@ -299,7 +299,7 @@ class FakeNomad:
 
     def _mark_unknown(self, alloc: dict, follow_up_at: int | None) -> None:
         """reconcile_cluster.go v2.0.5 appendUnknownDisconnectingUpdates: ClientStatus unknown,
-        the transition recorded in AllocStates (what alloc.go LastUnknown reads, :842-858), and
+        the transition recorded in AllocStates (what alloc.go LastUnknown reads, :843-862), and
         the follow-up evaluation createTimeoutLaterEvals makes (:1548-1580) at LastUnknown +
         lost_after (filters.go:591-602 delayByLostAfter; "now" when lost_after is 0)."""
         now = self._clock()
