@@ -97,7 +97,11 @@ def test_leader_and_worker_shape():
     assert "{{ .Address }}\n{{ .Port }}" in master
     for g in job["TaskGroups"]:
         # Lost means failed: no restart, no reschedule, no replacement of a node that went down.
-        assert g["Disconnect"] == {"Replace": False}
+        # lost_after: the example's max_run_duration (12h) plus an hour, so Nomad 1.11.2+ keeps a
+        # lost rank unknown for the job's life; replace = false for servers before 1.11.2.
+        assert g["Disconnect"] == {"LostAfter": 13 * 3600 * 10**9, "Replace": False}
+        # The image's own entrypoint never runs: the shell is the entrypoint, no command.
+        assert g["Tasks"][0]["Config"]["entrypoint"] == ["/bin/bash"] and "command" not in g["Tasks"][0]["Config"]
         assert g["RestartPolicy"]["Attempts"] == 0 and g["ReschedulePolicy"]["Attempts"] == 0
         cfg = g["Tasks"][0]["Config"]
         # Nothing a default 2.0.4+ docker client refuses: no host namespace modes.
@@ -105,6 +109,9 @@ def test_leader_and_worker_shape():
         assert cfg["shm_size"] == 64 * 1024**3 and cfg["network_mode"] == "host"
         assert g["Tasks"][0]["Resources"]["Devices"] == [{"Name": "nvidia/gpu", "Count": 8}]
         assert cfg["devices"] == [{"host_path": "/dev/infiniband", "container_path": "/dev/infiniband"}]
+    unbounded = spec.model_copy(update={"nomad": spec.nomad.model_copy(update={"max_run_duration": None})})
+    # No max_run_duration: a week (the longest wait any rank may be given) plus the hour.
+    assert {g["Disconnect"]["LostAfter"] for g in job_payload(unbounded)["Job"]["TaskGroups"]} == {169 * 3600 * 10**9}
     assert job_payload(spec.model_copy(update={"nodes": 1}))["Job"]["TaskGroups"][0]["Name"] == "node-0"
     assert len(job_payload(spec.model_copy(update={"nodes": 1}))["Job"]["TaskGroups"]) == 1
     assert group_counts(4) == {"node-0": 1, "workers": 3} and group_counts(1) == {"node-0": 1}
@@ -418,3 +425,28 @@ def test_plan_lists_the_nvidia_runtime_and_flags_a_node_without_it(job_file):
         assert p.returncode == 0, p.stdout + p.stderr
         assert "unverifiable: gpus_per_node (docker): Docker's nvidia runtime" in p.stdout
         assert "could not list the nodes" in p.stdout and "403" in p.stdout
+
+
+def test_hcl_mapping_comes_from_nomads_api_struct_tags():
+    # tests/hclparse/nomad_api_fields.json: api's struct tags at a named tag (extract_api_fields.py).
+    assert jobspec.SOURCE["tag"] == "v2.0.5" and len(jobspec.SOURCE["commit"]) == 40
+    # Whatever api's structs have is mapped, rendered by halo-sched or not ...
+    doc = {"job": {"j": [{"type": "batch", "group": {"g": [{
+        "count": 2, "disconnect": [{"lost_after": "1h", "stop_on_client_after": "2m", "reconcile": "best_score"}],
+        "network": [{"mode": "bridge", "port": {"a": [{"static": 8080, "to": 80}], "b": [{}]}}]}]}}]}}
+    (g,) = jobspec.api_job(doc)["TaskGroups"]
+    assert g["Disconnect"] == {"LostAfter": 3600 * 10**9, "StopOnClientAfter": 120 * 10**9, "Reconcile": "best_score"}
+    # ... ports split as jobspec2's normalizeNetworkPorts does, ID and Name from the label.
+    assert g["Networks"] == [{"Mode": "bridge", "DynamicPorts": [{"Label": "b"}],
+                              "ReservedPorts": [{"Label": "a", "Value": 8080, "To": 80}]}]
+    assert {k: jobspec.api_job(doc)[k] for k in ("ID", "Name")} == {"ID": "j", "Name": "j"}
+    # ... and what they do not have is refused.
+    bogus = {"job": {"j": [{"group": {"g": [{"count": 1, "lost_after": "1h"}]}}]}}
+    with pytest.raises(AssertionError, match="lost_after"):
+        jobspec.api_job(bogus)
+    source = os.environ.get("NOMAD_SOURCE_GIT")  # a hashicorp/nomad git dir: the data is reproducible
+    if source:
+        from hclparse import extract_api_fields
+
+        assert extract_api_fields.extract(source, jobspec.SOURCE["tag"]) == json.loads(
+            (REPO / "tests" / "hclparse" / "nomad_api_fields.json").read_text())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 
 import pytest
 import yaml
@@ -187,23 +188,22 @@ def test_sim_three_nodes_rank_on_node_2_fails_first(tmp_path):
         client = NomadClient(NomadConfig(address=fake.address, token=TOKEN, retry_attempts=1))
         sched = NomadScheduler(client=client)
         dry = sched.dryrun(spec)
-        job_id = sched.schedule(dry)
-        fake.set_running(job_id)
+        # The fake is the servers, the simulator the clients: allocations the fake places run
+        # there, their exits and logs come back through the API; nothing is copied by hand.
         with client_sim.SimCluster(dry.payload["Job"], tmp_path / "nomad", host_env=env) as cluster:
-            cluster.place()
-            cluster.start()
-            codes = cluster.wait(timeout=180)
-            logs = {name: (cluster.stdout(name), cluster.stderr(name)) for name in codes}
-        assert all(c != 0 for c in codes.values()), logs
-        # The failing node first, as its allocation ended first.
-        order = sorted(codes, key=lambda n: (0 if n.endswith("workers[1]") else 1, n))
-        for name in order:
-            group = name.split(".", 1)[1]
-            alloc = fake.alloc_for(job_id, group)["ID"]
-            fake.write_log(alloc, logs[name][0])
-            fake.write_log(alloc, logs[name][1], type="stderr")
-            fake.finish(job_id, group, exit_code=codes[name])
-        st = sched.query([job_id])[job_id]
+            fake.attach_sim(cluster)
+            job_id = sched.schedule(dry)
+            assert job_id == dry.payload["Job"]["ID"]
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
+                st = sched.query([job_id])[job_id]
+                if fake.job_record(job_id)["Status"] == "dead":
+                    break
+                time.sleep(0.5)
+            logs = {a.name: (cluster.stdout(a.name), cluster.stderr(a.name)) for a in cluster.allocations}
+            st = sched.query([job_id])[job_id]
+        assert fake.job_record(job_id)["Status"] == "dead", logs
+        assert {a["ClientStatus"] for a in fake.allocs_of(job_id)} == {"failed"}, logs
     assert st.status is JobStatus.FAILED
     assert re.match(r"FAILED: rank 5 \(node 2, host [^,]+, local rank 1\) exit 1 at \d\d:\d\d:\d\d: "
                     r"ValueError: rank 5 fails on purpose; \d+ other ranks? ended after it", st.describe()), \

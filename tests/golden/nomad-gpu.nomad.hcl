@@ -33,12 +33,16 @@ job "ddp-nomad" {
     }
     reschedule {
       attempts  = 0
+      interval  = "0s"
       unlimited = false
     }
     # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
     # its allocation turns "unknown" and whoever watches the job stops it. Nomad 1.8+.
+    # lost_after (the job's bound plus an hour) keeps Nomad 1.11.2+ from replacing it until then;
+    # replace = false keeps older servers from replacing it at all.
     disconnect {
-      replace = false
+      lost_after = "13h"
+      replace    = false
     }
 
     meta {
@@ -64,7 +68,7 @@ job "ddp-nomad" {
 
       config {
         image = "ghcr.io/example/trainer:2.13.0-cuda13"
-        command = "/bin/bash"
+        entrypoint = ["/bin/bash"]
         args = ["$${NOMAD_TASK_DIR}/halo-entry.sh"]
         network_mode = "host"
         ulimit = [
@@ -549,12 +553,16 @@ EOT
     }
     reschedule {
       attempts  = 0
+      interval  = "0s"
       unlimited = false
     }
     # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
     # its allocation turns "unknown" and whoever watches the job stops it. Nomad 1.8+.
+    # lost_after (the job's bound plus an hour) keeps Nomad 1.11.2+ from replacing it until then;
+    # replace = false keeps older servers from replacing it at all.
     disconnect {
-      replace = false
+      lost_after = "13h"
+      replace    = false
     }
 
     meta {
@@ -571,7 +579,7 @@ EOT
 
       config {
         image = "ghcr.io/example/trainer:2.13.0-cuda13"
-        command = "/bin/bash"
+        entrypoint = ["/bin/bash"]
         args = ["$${NOMAD_TASK_DIR}/halo-entry.sh"]
         network_mode = "host"
         ulimit = [

@@ -29,12 +29,16 @@ job "rl-grpo" {
     }
     reschedule {
       attempts  = 0
+      interval  = "0s"
       unlimited = false
     }
     # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
     # its allocation turns "unknown" and whoever watches the job stops it. Nomad 1.8+.
+    # lost_after (the job's bound plus an hour) keeps Nomad 1.11.2+ from replacing it until then;
+    # replace = false keeps older servers from replacing it at all.
     disconnect {
-      replace = false
+      lost_after = "169h"
+      replace    = false
     }
 
     meta {
@@ -63,7 +67,7 @@ job "rl-grpo" {
 
       config {
         image = "ghcr.io/example/halo-trainer:2026.11"
-        command = "/bin/bash"
+        entrypoint = ["/bin/bash"]
         args = ["$${NOMAD_TASK_DIR}/halo-entry.sh"]
         network_mode = "host"
         ulimit = [
@@ -649,12 +653,16 @@ EOT
     }
     reschedule {
       attempts  = 0
+      interval  = "0s"
       unlimited = false
     }
     # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
     # its allocation turns "unknown" and whoever watches the job stops it. Nomad 1.8+.
+    # lost_after (the job's bound plus an hour) keeps Nomad 1.11.2+ from replacing it until then;
+    # replace = false keeps older servers from replacing it at all.
     disconnect {
-      replace = false
+      lost_after = "169h"
+      replace    = false
     }
 
     meta {
@@ -671,7 +679,7 @@ EOT
 
       config {
         image = "ghcr.io/example/halo-trainer:2026.11"
-        command = "/bin/bash"
+        entrypoint = ["/bin/bash"]
         args = ["$${NOMAD_TASK_DIR}/halo-entry.sh"]
         network_mode = "host"
         ulimit = [
@@ -1266,12 +1274,16 @@ EOT
     }
     reschedule {
       attempts  = 0
+      interval  = "0s"
       unlimited = false
     }
     # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
     # its allocation turns "unknown" and whoever watches the job stops it. Nomad 1.8+.
+    # lost_after (the job's bound plus an hour) keeps Nomad 1.11.2+ from replacing it until then;
+    # replace = false keeps older servers from replacing it at all.
     disconnect {
-      replace = false
+      lost_after = "169h"
+      replace    = false
     }
 
     meta {
@@ -1299,7 +1311,7 @@ EOT
 
       config {
         image = "vllm/vllm-openai:v0.11.0"
-        command = "/bin/bash"
+        entrypoint = ["/bin/bash"]
         args = ["$${NOMAD_TASK_DIR}/halo-server.sh"]
         network_mode = "host"
         ulimit = [

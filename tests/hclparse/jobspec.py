@@ -1,10 +1,14 @@
-"""hcl2json's reading of a rendered Nomad job -> the API job, by jobspec2's field mapping, for
-the subset halo-sched renders. Any block or attribute outside that subset raises: the test then
-says so instead of comparing less than the file holds."""
+"""hcl2json's reading of a rendered Nomad job -> the API job, the way jobspec2 decodes it: by the
+struct tags of Nomad's ``api`` package (nomad_api_fields.json, extracted from the Go source by
+extract_api_fields.py, which names the tag), then jobspec2's normalizeJob. Written against
+Nomad's structs, not against halo-sched's renderer: a block or attribute api's structs do not
+have raises, and whatever the file says reaches the comparison."""
 from __future__ import annotations
 
+import json
 import re
 from fractions import Fraction
+from pathlib import Path
 
 # Go's time.ParseDuration, written here from its documentation rather than taken from halo-sched
 # (whose payload this reading is compared with): a sequence of decimal numbers, each with an
@@ -28,94 +32,78 @@ def _one(blocks: list, what: str) -> dict:
     return blocks[0]
 
 
-def _take(body: dict, known: set[str], what: str) -> dict:
-    unknown = set(body) - known
-    assert not unknown, f"{what}: unexpected {sorted(unknown)}"
-    return body
+# Nomad's api package, as data: every struct's fields with their HCL name, kind and Go type, from
+# the struct tags jobspec2 decodes with (gohcl), extracted from the Go source by
+# extract_api_fields.py; the file names the tag and commit.
+_API = json.loads((Path(__file__).resolve().parent / "nomad_api_fields.json").read_text())
+SOURCE: dict = _API["source"]
+STRUCTS: dict[str, list[dict]] = _API["structs"]
 
 
-def _ns(text: str) -> int:
-    return parse_go_duration(text)
+def _label_field(struct: str) -> str | None:
+    return next((f["field"] for f in STRUCTS.get(struct, []) if f["kind"] == "label"), None)
 
 
-def _task(name: str, body: dict) -> dict:
-    _take(body, {"driver", "kill_timeout", "user", "config", "env", "template", "resources"}, f"task {name}")
-    res = _take(_one(body["resources"], "resources"), {"cpu", "memory", "device"}, "resources")
-    resources: dict = {"CPU": res["cpu"], "MemoryMB": res["memory"]}
-    if "device" in res:
-        resources["Devices"] = [{"Name": dev, **{"Count": _one(b, dev)["count"]}} for dev, b in res["device"].items()]
-    templates = []
-    for t in body.get("template", []):
-        _take(t, {"destination", "change_mode", "perms", "uid", "gid", "left_delimiter", "right_delimiter", "data"},
-              "template")
-        tpl = {"EmbeddedTmpl": t["data"], "DestPath": t["destination"]}
-        if "perms" in t:
-            tpl["Perms"] = t["perms"]
-        if "uid" in t:  # api/tasks.go:955-956@v2.0.5 Template Uid/Gid `hcl:"uid"`/`hcl:"gid"`
-            tpl["Uid"], tpl["Gid"] = t["uid"], t["gid"]
-        tpl["ChangeMode"] = t["change_mode"]
-        if "left_delimiter" in t:
-            tpl["LeftDelim"], tpl["RightDelim"] = t["left_delimiter"], t["right_delimiter"]
-        templates.append(tpl)
-    return {
-        **({"User": body["user"]} if "user" in body else {}),  # api/tasks.go:766@v2.0.5 Task User `hcl:"user"`
-        "Name": name, "Driver": body["driver"], "Config": _one(body["config"], "config"),
-        "Env": _one(body["env"], "env"), "Templates": templates, "Resources": resources,
-        "KillTimeout": _ns(body["kill_timeout"]),
-    }
+def _decode(struct: str, body: dict, label: str | None = None) -> dict:
+    """One HCL body -> the api struct ``struct`` as JSON (Go field names), by its tags."""
+    if struct not in STRUCTS:
+        raise AssertionError(f"api.{struct} has no HCL fields at {SOURCE['tag']}")
+    by_hcl = {f["hcl"]: f for f in STRUCTS[struct] if f["kind"] != "label"}
+    out: dict = {}
+    if label is not None:
+        out[_label_field(struct)] = label
+    for key, value in body.items():
+        f = by_hcl.get(key)
+        assert f is not None, f"{struct}: no field with HCL name {key!r} in api.{struct} at {SOURCE['tag']}"
+        out[f["field"]] = _value(f, value, f"{struct}.{f['field']}")
+    return out
 
 
-def _group(name: str, body: dict) -> dict:
-    _take(body, {"count", "max_run_duration", "restart", "reschedule", "disconnect", "meta", "network", "service", "task"},
-          f"group {name}")
-    restart = _take(_one(body["restart"], "restart"), {"attempts", "mode", "interval", "delay"}, "restart")
-    resched = _take(_one(body["reschedule"], "reschedule"), {"attempts", "unlimited"}, "reschedule")
-    g: dict = {
-        "Name": name, "Count": body["count"],
-        "RestartPolicy": {"Attempts": restart["attempts"], "Mode": restart["mode"],
-                          "Interval": _ns(restart["interval"]), "Delay": _ns(restart["delay"])},
-        "ReschedulePolicy": {"Attempts": resched["attempts"], "Interval": 0, "Unlimited": resched["unlimited"]},
-    }
-    if "disconnect" in body:
-        g["Disconnect"] = {"Replace": _take(_one(body["disconnect"], "disconnect"), {"replace"}, "disconnect")["replace"]}
-    g["Meta"] = _one(body["meta"], "meta")
-    g["Tasks"] = [_task(t, _one(b, t)) for t, b in body["task"].items()]
-    if "max_run_duration" in body:
-        g["MaxRunDuration"] = _ns(body["max_run_duration"])
-    networks = []
-    for net in body.get("network", []):
-        _take(net, {"mode", "port"}, "network")
-        n: dict = {"Mode": net["mode"]}
-        if "port" in net:
-            # jobspec2: a port block with `static` is reserved, one without is dynamic.
-            ports = {label: _take(_one(p, label), {"static"}, f"port {label}") for label, p in net["port"].items()}
-            dynamic = [{"Label": label} for label, p in ports.items() if "static" not in p]
-            reserved = [{"Label": label, "Value": p["static"]} for label, p in ports.items() if "static" in p]
-            if dynamic:
-                n["DynamicPorts"] = dynamic
-            if reserved:
-                n["ReservedPorts"] = reserved
-        networks.append(n)
-    g["Networks"] = networks
-    if "service" in body:
-        g["Services"] = [{"Name": s["name"], "Provider": s["provider"], "PortLabel": s["port"],
-                          **({"Tags": s["tags"]} if "tags" in s else {})} for s in body["service"]]
-    return g
+def _value(f: dict, value, where: str):
+    gotype = f["type"]
+    if f["kind"] != "block":
+        # gohcl decodes a duration attribute from its Go duration text (jobspec2's decoder hook).
+        return parse_go_duration(value) if gotype.lstrip("*") == "time.Duration" else value
+    if gotype.startswith("map[string]"):
+        inner = gotype[len("map[string]"):]
+        assert inner in ("string", "any", "interface{}"), f"{where}: labelled map blocks ({gotype}) are not mapped"
+        return _one(value, where)  # meta, env, config: the body as it is
+    elem = gotype.lstrip("[]*")
+    if gotype.startswith("[]"):
+        if _label_field(elem) is not None:  # labelled blocks: hcl2json gives {label: [body, ...]}
+            return [_decode(elem, body, label) for label, bodies in value.items() for body in bodies]
+        return [_decode(elem, body) for body in value]
+    return _decode(elem, _one(value, where))
+
+
+def _normalize_network_ports(networks: list[dict]) -> None:
+    """jobspec2/parse_job.go normalizeNetworkPorts (v2.0.5): every ``port`` block decodes into
+    DynamicPorts; those with a static value move to ReservedPorts. Keys left empty are dropped
+    (Go's nil slices; the payload omits them)."""
+    for n in networks or []:
+        ports = n.pop("DynamicPorts", None) or []
+        dynamic = [p for p in ports if not p.get("Value")]
+        reserved = [p for p in ports if p.get("Value")]
+        if dynamic:
+            n["DynamicPorts"] = dynamic
+        if reserved:
+            n["ReservedPorts"] = reserved
 
 
 def api_job(doc: dict) -> dict:
-    """The decoded hcl2json document of one ``job`` -> the API job (``{"Job": <this>}``)."""
-    ((job_id, blocks),) = doc["job"].items()
-    body = _take(_one(blocks, "job"), {"type", "datacenters", "namespace", "region", "priority", "constraint", "meta", "group"}, "job")
-    job: dict = {
-        "ID": job_id, "Type": body["type"], "Datacenters": body["datacenters"],
-        "Constraints": [{"Operand": c["operator"], "RTarget": c["value"]} for c in body.get("constraint", [])],
-        "Meta": _one(body["meta"], "meta"),
-        "TaskGroups": [_group(name, _one(b, name)) for name, b in body["group"].items()],
-    }
-    for hcl_key, api_key in (("namespace", "Namespace"), ("region", "Region"), ("priority", "Priority")):
-        if hcl_key in body:
-            job[api_key] = body[hcl_key]
+    """The decoded hcl2json document of one ``job`` -> the API job (``{"Job": <this>}``): the
+    body decoded by api.Job's struct tags, then jobspec2/parse_job.go normalizeJob (v2.0.5): ID
+    and Name default to the block's label; network ports normalized. The defaults normalizeJob
+    and the servers' Canonicalize add to templates and the like are not added: they reach an
+    API payload the same way, so comparing what was written is comparing the jobs."""
+    ((label, blocks),) = doc["job"].items()
+    job = _decode("Job", _one(blocks, "job"))
+    job.setdefault("ID", label)
+    job.setdefault("Name", label)
+    for g in job.get("TaskGroups", []):
+        _normalize_network_ports(g.get("Networks"))
+        for t in g.get("Tasks", []):
+            _normalize_network_ports((t.get("Resources") or {}).get("Networks"))
     return job
 
 

@@ -21,7 +21,8 @@ Public API::
     # leaving the block = cluster.stop(grace=2.0): deregister, kill_signal, SIGKILL the groups
 
     cluster.lose("job.workers[0]")       # its node goes down: lost + same-name replacement, or
-                                         # "unknown" and kept with disconnect { replace = false }
+                                         # "unknown" and kept (lost_after; replace = false < 1.11.2)
+    cluster.advance(3600)                # the servers' clock: expired unknown -> lost + replaced
     cluster.allocations / cluster.alloc(name) -> Allocation (id, index, dir, ports, tasks, client_status)
     Allocation.tasks[name] -> TaskRun (state, pid, exit_code, restarts, env, argv, events, error)
     cluster.unsimulated -> job features present but not acted on (checks, reschedule, ...)
@@ -94,13 +95,21 @@ state): its tasks are stopped, ``Allocation.max_run_exceeded`` is set and the al
 
 Placement (a server's job, modelled only as far as names go): a group with Count N gets
 allocations ``<job>.<group>[0..N-1]``; placing again fills exactly the indexes no live
-allocation holds (``scheduler/reconciler/allocs.go`` ``AllocNameIndex.Next``), and
-``lose(name)`` replaces an allocation lost with its node under the same Name unless the group
-sets ``disconnect { replace = false }`` (``scheduler/reconciler/filters.go``: a running
-allocation on a down node is then "disconnecting" -> ClientStatus unknown, not replaced).
+allocation holds (``scheduler/reconciler/allocs.go`` ``AllocNameIndex.Next``). ``lose(name)``
+follows the servers' reconciler of ``nomad_version`` (2.0.5 by default, PR #27053; or before
+1.11.2, e.g. "1.11.1"): see :meth:`SimCluster.lose` for each rule with its file:line and tag;
+``advance(seconds)`` runs the follow-up evaluations that expire ``unknown`` allocations. A fake
+Nomad API (tests/nomad/fake_api.py ``attach_sim``) can decide instead and drive this cluster:
+``node_died`` and ``kill_alloc`` are its hooks.
 
-Deliberate deviations, all loud: docker and other image drivers are refused (no containers
-here); ``exec`` is refused unless ``exec_as_raw_exec=True`` (Nomad would chroot it and set
+Docker (``docker_images={image: StandInImage}``): the task runs as a host process whose argv is
+the container's Entrypoint + Cmd as :func:`docker_argv` composes them (drivers/docker/driver.go
+v2.0.5 :1053, :1477-1491); the image's ENV replaces the agent's environment; directories are
+host paths (Nomad's would be /local, /alloc, /secrets inside the container); ``ulimit``,
+``shm_size``, ``devices``, ``volumes`` and GPU devices are recorded in ``unsimulated``.
+
+Deliberate deviations, all loud: docker without a stand-in image and other image drivers are
+refused (no containers here); ``exec`` is refused unless ``exec_as_raw_exec=True`` (Nomad would chroot it and set
 NOMAD_TASK_DIR=/local; the simulator can only run it unisolated with host paths); unsupported
 template syntax/functions, HCL expressions other than plain variable references, and job
 features the simulator cannot honour raise :class:`UnsupportedJobError`. Everything runs on one
@@ -133,6 +142,9 @@ __all__ = [
     "TemplateError",
     "TaskStartError",
     "SimCluster",
+    "StandInImage",
+    "SWALLOWING_ENTRYPOINT",
+    "docker_argv",
     "Allocation",
     "TaskRun",
     "ServiceRegistry",
@@ -1421,6 +1433,20 @@ def process_group_members(pgid: int) -> list[int]:
     return members
 
 
+def _kill_env_marked(entry: str) -> None:
+    """SIGKILL every live process of ours whose environment holds ``entry`` (NAME=value)."""
+    want = entry.encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if want in f.read().split(b"\0"):
+                    os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue
+
+
 def _kill_groups(pgids: set[int]) -> None:
     """Last-resort cleanup (weakref.finalize / interpreter exit): SIGKILL every group."""
     for pgid in list(pgids):
@@ -1522,6 +1548,8 @@ class Allocation:
     #: after max_run_duration); otherwise :attr:`client_status` follows the tasks.
     status_override: str | None = None
     client_description: str = ""
+    #: The servers' clock (SimCluster._clock) when it turned unknown; lost_after counts from here.
+    unknown_at: float = 0.0
     service_ids: list[str] = field(default_factory=list)
 
     @property
@@ -1562,6 +1590,52 @@ class Allocation:
         return next((c for c in codes if c != 0), 0)
 
 
+# --------------------------------------------------------------------------------------------
+# Docker: the container's command, from the task config and the image (run as a host process)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StandInImage:
+    """What the docker driver takes from an image's config: ENTRYPOINT, CMD and ENV. No image is
+    pulled: a docker task runs as a host process with the argv :func:`docker_argv` composes."""
+
+    entrypoint: list[str] = field(default_factory=list)
+    cmd: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+#: An image whose entrypoint ignores its arguments and exits 0, as vLLM's server image does with
+#: anything but its own flags: a task that leaves the image's entrypoint in place never runs
+#: its command.
+SWALLOWING_ENTRYPOINT = ["/bin/sh", "-c", "echo 'image entrypoint: started its own program, ignored' \"$@\"; exit 0",
+                         "image-entrypoint"]
+
+
+def docker_argv(config: dict[str, Any], image: StandInImage) -> list[str]:
+    """The container's argv: Entrypoint + Cmd.
+
+    Nomad's side, drivers/docker/driver.go v2.0.5 createContainerConfig: ``Entrypoint:
+    driverConfig.Entrypoint`` (:1053, from the task config alone); ``command`` set -> Cmd =
+    [command] + args (:1477-1488); else args set -> Cmd = args (:1489-1491). Docker's side
+    (moby ``daemon/commit.go`` merge, not in this checkout's sources; documented for
+    ``docker run --entrypoint``): an empty Entrypoint takes the image's ENTRYPOINT and, when
+    the Cmd is empty too, the image's CMD; a set Entrypoint drops both of the image's."""
+    entrypoint = list(config.get("entrypoint") or [])
+    command = config.get("command") or ""
+    args = list(config.get("args") or [])
+    cmd = [command] + args if command else args
+    if not entrypoint:
+        entrypoint = list(image.entrypoint)
+        if not cmd:
+            cmd = list(image.cmd)
+    return entrypoint + cmd
+
+
+#: Docker config keys the simulator acts on, and those it records as unsimulated.
+_DOCKER_CONFIG_KEYS = ("image", "entrypoint", "command", "args", "network_mode")
+_DOCKER_UNSIMULATED_KEYS = ("ulimit", "shm_size", "devices", "volumes")
+
 _SUPPORTED_DRIVERS = ("raw_exec", "exec")
 # Present in real jobs, decided by the servers or by timing the simulator does not model;
 # recorded in SimCluster.unsimulated rather than refused.
@@ -1597,6 +1671,8 @@ class SimCluster:
         variables: dict[str, dict[str, str]] | None = None,
         host_env: dict[str, str] | None = None,
         exec_as_raw_exec: bool = False,
+        docker_images: dict[str, StandInImage] | None = None,
+        nomad_version: str = "2.0.5",
         poll_interval: float = 0.2,
     ) -> None:
         if "Job" in job and "TaskGroups" not in job:
@@ -1613,6 +1689,10 @@ class SimCluster:
         self.region: str = job.get("Region") or "global"
         self.namespace: str = job.get("Namespace") or "default"
         self.exec_as_raw_exec = exec_as_raw_exec
+        #: image name -> stand-in; docker tasks run (as host processes) only for these images.
+        self.docker_images: dict[str, StandInImage] = dict(docker_images or {})
+        #: The servers' lost-node rules (lose()): 2.0.5, or before 1.11.2 (e.g. "1.11.1").
+        self.nomad_version: tuple[int, ...] = tuple(int(p) for p in nomad_version.split("."))
         self.poll_interval = poll_interval
         self.host_env = dict(os.environ if host_env is None else host_env)
         self.registry = ServiceRegistry()
@@ -1628,6 +1708,7 @@ class SimCluster:
         self._used_ports: set[int] = set()
         self._groups = {g["Name"]: g for g in job.get("TaskGroups") or []}
         self._placed: set[str] = set()  # names of live allocations (not lost)
+        self._clock_offset = 0.0  # advance(): the servers' clock runs ahead of the tasks
         self._monitor_error: BaseException | None = None
         # Safety net: a forgotten cluster still takes its process groups down with it.
         self._finalizer = weakref.finalize(self, _kill_groups, self._pgids)
@@ -1681,7 +1762,10 @@ class SimCluster:
     def _validate_task(self, gname: str, task: dict[str, Any]) -> None:
         where = f"group {gname} task {task.get('Name')}"
         driver = task.get("Driver")
-        if driver not in _SUPPORTED_DRIVERS:
+        docker = driver == "docker" and bool(self.docker_images)
+        if docker:
+            self._validate_docker_task(where, task)
+        elif driver not in _SUPPORTED_DRIVERS:
             raise UnsupportedJobError(
                 f"{where}: driver {driver!r} cannot run here (no containers or VMs on this machine); "
                 "render the job with driver raw_exec for the simulator"
@@ -1692,9 +1776,9 @@ class SimCluster:
                 "simulator cannot, pass exec_as_raw_exec=True to run it unisolated with host paths"
             )
         config = task.get("Config") or {}
-        if "command" not in config:
+        if not docker and "command" not in config:
             raise TaskConfigError(f'{where}: failed to parse config: Missing required argument "command"')
-        extra = sorted(set(config) - set(_RAW_EXEC_CONFIG_KEYS))
+        extra = [] if docker else sorted(set(config) - set(_RAW_EXEC_CONFIG_KEYS))
         if extra:
             raise UnsupportedJobError(f"{where}: config keys {extra} are not simulated (command and args only)")
         for key in ("Lifecycle", "Vault", "Artifacts", "VolumeMounts", "CSIPluginConfig", "DispatchPayload", "User"):
@@ -1705,7 +1789,7 @@ class SimCluster:
             raise UnsupportedJobError(
                 f"{where}: task-level networks (deprecated) are not simulated; use a group network"
             )
-        if res.get("Devices"):
+        if res.get("Devices") and not docker:
             raise UnsupportedJobError(f"{where}: devices (e.g. nvidia/gpu) cannot be provided by the simulator")
         if res.get("Cores"):
             self.unsimulated.append(f"{where}: Cores (NOMAD_CPU_CORES not set)")
@@ -1726,6 +1810,24 @@ class SimCluster:
         for svc in task.get("Services") or []:
             if svc.get("Checks"):
                 self.unsimulated.append(f"{where}: service {svc.get('Name')} checks")
+
+    def _validate_docker_task(self, where: str, task: dict[str, Any]) -> None:
+        """A docker task, run as a host process (see :func:`docker_argv`): its image must have a
+        stand-in; host networking only; what a container would add is recorded as unsimulated."""
+        config = task.get("Config") or {}
+        image = config.get("image")
+        if image not in self.docker_images:
+            raise UnsupportedJobError(f"{where}: no stand-in for image {image!r} (docker_images=)")
+        extra = sorted(set(config) - set(_DOCKER_CONFIG_KEYS) - set(_DOCKER_UNSIMULATED_KEYS))
+        if extra:
+            raise UnsupportedJobError(f"{where}: docker config keys {extra} are not simulated")
+        if config.get("network_mode", "host") != "host":
+            raise UnsupportedJobError(f"{where}: docker network_mode {config.get('network_mode')!r} (host only)")
+        for key in _DOCKER_UNSIMULATED_KEYS:
+            if config.get(key):
+                self.unsimulated.append(f"{where}: docker {key}")
+        if (task.get("Resources") or {}).get("Devices"):
+            self.unsimulated.append(f"{where}: devices (no GPUs; NVIDIA_VISIBLE_DEVICES names none)")
 
     # -- variables -------------------------------------------------------------------------------
 
@@ -1778,40 +1880,137 @@ class SimCluster:
             self.allocations.extend(created)
         return created
 
-    def lose(self, alloc_name: str) -> Allocation | None:
-        """The allocation's node goes down (its processes die with it). Nomad's reconciler
-        (scheduler/reconciler/filters.go, reconcile_cluster.go): a running allocation of a group
-        with ``disconnect { replace = false }`` turns ClientStatus "unknown" and is kept; any other
-        becomes "lost" and a replacement with the same Name is placed (reschedule attempts do
-        not apply). Returns the replacement (not started), or None."""
+    # -- lost nodes (the servers' reconciler, by version) -----------------------------------------
+
+    def node_died(self, alloc_name: str, status: str = "lost") -> Allocation:
+        """The allocation's node is gone: its processes die with it, its services and ports go;
+        ClientStatus becomes ``status`` ("lost" or "unknown"), which the servers decide (a fake
+        Nomad API driving this cluster, or :meth:`lose`). A lost allocation gives up its name,
+        so a replacement can take it; calling again turns an unknown one lost."""
+        if status not in ("lost", "unknown"):
+            raise SimError(f"status {status!r}: lost or unknown")
         with self._lock:
             self._check_open()
             alloc = next((a for a in reversed(self.allocations) if a.name == alloc_name), None)
             if alloc is None:
                 raise KeyError(f"no allocation {alloc_name!r}")
-            if alloc.status_override or alloc.terminal:
+            if alloc.status_override not in (None, "unknown") or (alloc.status_override is None and alloc.terminal
+                                                                   and alloc.started):
                 raise SimError(f"{alloc_name} is already {alloc.client_status}")
-            running = alloc.client_status == "running"
             for tr in alloc.tasks.values():
                 if tr.proc is not None:
-                    self._kill(tr, grace=None)
+                    self._kill(tr, grace=0)  # the machine is gone: nothing gets a kill_timeout
                     tr.proc = None
                 tr.state = "dead"
+            # ... and so is every process the allocation started, also those that left the task's
+            # process group (torchrun's workers run in sessions of their own): on this one host,
+            # those whose environment carries the allocation's NOMAD_ALLOC_ID.
+            _kill_env_marked(f"NOMAD_ALLOC_ID={alloc.id}")
             self._deregister_alloc(alloc)
-            if running and (alloc.group.get("Disconnect") or {}).get("Replace") is False:
-                alloc.status_override = "unknown"
-                alloc.client_description = "alloc is unknown since its node is disconnected"
-                return None
-            alloc.status_override = "lost"
-            alloc.client_description = "alloc is lost since its node is down"
-            self._placed.discard(alloc.name)
             for net in alloc.group.get("Networks") or []:
                 for p in net.get("ReservedPorts") or []:
                     self._used_ports.discard(int(p["Value"]))
-            replacement = self._new_alloc(alloc.group, alloc.index)
-            self._placed.add(replacement.name)
-            self.allocations.append(replacement)
-            return replacement
+            if status == "unknown":
+                alloc.status_override = "unknown"
+                alloc.client_description = "alloc is unknown since its node is disconnected"
+                alloc.unknown_at = self._clock()
+            else:
+                alloc.status_override = "lost"
+                alloc.client_description = "alloc is lost since its node is down"
+                self._placed.discard(alloc.name)
+            return alloc
+
+    def _replace(self, alloc: Allocation) -> Allocation:
+        """A replacement under the same Name (reconcile_cluster.go:856-875, v2.0.5: "Add
+        replacements for lost allocs", ``name: alloc.Name``), placed, not started."""
+        replacement = self._new_alloc(alloc.group, alloc.index)
+        self._placed.add(replacement.name)
+        self.allocations.append(replacement)
+        return replacement
+
+    def _new_reconciler(self) -> bool:
+        return self.nomad_version >= (1, 11, 2)  # PR #27053, commit bdf5b27410
+
+    def lose(self, alloc_name: str) -> Allocation | None:
+        """The allocation's node goes down and the servers reconcile it. Returns the replacement
+        (placed, not started), or None while the allocation is kept ``unknown``.
+
+        ``nomad_version`` 2.0.5 (also 1.11.2+; scheduler/reconciler/filters.go):
+        * not yet running: lost and replaced at once (:214-221 disconnected node, :286-291 down);
+        * running, the group has a lost_after: the node is "disconnected" (nomad/heartbeat.go
+          :158-173, :207-224), the allocation "disconnecting" (:232-237): unknown, never
+          rescheduled with replace = false (:538-541); replaced once lost_after has passed
+          (:meth:`advance`: Expired, :188-193, then lost, reconcile_cluster.go:438-440);
+        * running, replace = false, no lost_after: the node is "down"; unknown (:277-284) with a
+          follow-up evaluation now (reconcile_cluster.go:1548-1580, 1639) that finds it Expired
+          (nomad/structs/alloc.go:817-838, lost_after 0) before the replace = false rules
+          (:188-193): lost and replaced at once;
+        * otherwise lost and replaced.
+        Before 1.11.2 (v1.11.1 filters.go:148-175, reconcile_cluster.go:441-447): running with
+        replace = false -> unknown and kept, expired or not; else lost and replaced."""
+        with self._lock:
+            self._check_open()
+            alloc = next((a for a in reversed(self.allocations) if a.name == alloc_name), None)
+            if alloc is None:
+                raise KeyError(f"no allocation {alloc_name!r}")
+            if alloc.status_override or (alloc.terminal and alloc.started):
+                raise SimError(f"{alloc_name} is already {alloc.client_status}")
+            running = alloc.client_status == "running"
+            d = alloc.group.get("Disconnect") or {}
+            lost_after, replace = int(d.get("LostAfter") or 0), d.get("Replace") is not False
+            if not running:
+                keep = False
+            elif self._new_reconciler():
+                keep = lost_after > 0
+            else:
+                keep = not replace
+            self.node_died(alloc_name, "unknown" if keep or (running and not replace) else "lost")
+            if keep:
+                return None
+            if alloc.status_override == "unknown":  # the follow-up evaluation, at once: expired
+                self.node_died(alloc_name, "lost")
+            return self._replace(alloc)
+
+    def advance(self, seconds: float) -> list[Allocation]:
+        """Let ``seconds`` pass for the servers' follow-up evaluations (not for the tasks): an
+        unknown allocation whose lost_after has run out is Expired (nomad/structs/alloc.go
+        :817-838, v2.0.5), lost and replaced (filters.go:188-193, reconcile_cluster.go:438-440);
+        before 1.11.2 one with replace = false stays (v1.11.1 reconcile_cluster.go:441-447).
+        Returns the replacements (placed, not started)."""
+        with self._lock:
+            self._clock_offset += seconds
+            now = self._clock()
+            out = []
+            for alloc in list(self.allocations):
+                if alloc.status_override != "unknown":
+                    continue
+                d = alloc.group.get("Disconnect") or {}
+                lost_after, replace = int(d.get("LostAfter") or 0) / 1e9, d.get("Replace") is not False
+                if alloc.unknown_at + lost_after > now:
+                    continue
+                if self._new_reconciler() or replace:
+                    self.node_died(alloc.name, "lost")
+                    out.append(self._replace(alloc))
+            return out
+
+    def _clock(self) -> float:
+        return time.monotonic() + self._clock_offset
+
+    def kill_alloc(self, alloc_name: str, grace: float | None = None) -> None:
+        """The servers told this allocation to stop (job stopped): kill_signal, kill_timeout,
+        SIGKILL, as :meth:`stop` does for every allocation; services deregistered."""
+        with self._lock:
+            alloc = next((a for a in reversed(self.allocations) if a.name == alloc_name), None)
+            if alloc is None:
+                return
+            for tr in alloc.tasks.values():
+                if tr.proc is not None:
+                    self._kill(tr, grace=grace)
+                    if tr.exit_code is None:
+                        tr.exit_code = tr.proc.returncode
+                    tr.proc = None
+                tr.state = "dead"
+            self._deregister_alloc(alloc)
 
     def _new_alloc(self, g: dict[str, Any], index: int) -> Allocation:
         alloc_id = str(uuid.uuid4())
@@ -1942,10 +2141,18 @@ class SimCluster:
     def _task_env(self, alloc: Allocation, task: dict[str, Any], template_env: dict[str, str]) -> dict[str, str]:
         nodes = self.node_attrs
         env = self._base_env(alloc, task)
-        for k, v in self.host_env.items():
-            if k in DEFAULT_ENV_DENYLIST or k in env:
-                continue
-            env[k] = replace_env(v, nodes, env)
+        if task.get("Driver") == "docker":
+            # An image driver gets none of the agent's environment (client/taskenv/env.go
+            # buildEnv: host env only for non-image drivers); the container starts from the
+            # image's ENV, which the task Env overrides (Docker merges Config.Env over it).
+            image = self.docker_images.get((task.get("Config") or {}).get("image"), StandInImage())
+            for k, v in image.env.items():
+                env.setdefault(k, v)
+        else:
+            for k, v in self.host_env.items():
+                if k in DEFAULT_ENV_DENYLIST or k in env:
+                    continue
+                env[k] = replace_env(v, nodes, env)
         # Nomad interpolates each task Env value against the map as it is being filled, in Go's
         # random map order, so one task var referring to another works only sometimes. The
         # simulator interpolates against the map *before* any task var, the deterministic
@@ -2111,6 +2318,13 @@ class SimCluster:
         variables = hcl_variables(env, self.node_attrs)
         where = f"{tr.alloc.name}/{tr.name}"
         config = tr.spec.get("Config") or {}
+        if tr.spec.get("Driver") == "docker":
+            evaluated = {k: _eval_config_value(config[k], variables, f"{where} {k}")
+                         for k in ("entrypoint", "command", "args") if k in config}
+            argv = docker_argv(evaluated, self.docker_images[config["image"]])
+            if not argv:
+                raise TaskStartError(f"{where}: the container has no command (no entrypoint, command or CMD)")
+            return [self._lookup_bin(tr, argv[0], env)] + argv[1:], env
         command = _eval_config_value(config["command"], variables, f"{where} command")
         args = _eval_config_value(config.get("args") or [], variables, f"{where} args")
         if not isinstance(command, str) or not isinstance(args, list):

@@ -22,6 +22,11 @@ request is applied, or after: ``drop_after_next``); register's EnforceIndex; mov
 allocations to running / complete / failed / killed-by-max_run_duration; nodes joining later
 (which unblocks blocked evaluations); log text; plan/register warnings.
 
+Lost nodes follow Nomad 2.0.5's heartbeat and reconciler (``nomad_version="1.11.1"`` for the rules
+before PR #27053): see :meth:`FakeNomad.node_down`; ``advance(seconds)`` moves the clock for
+lost_after and max_run_duration. ``attach_sim(cluster)`` runs the job's allocations in a
+tests/nomad/client_sim.SimCluster (the clients): exits, logs, node deaths and stops go through it.
+
 Not modelled: blocking queries, deployments, rescheduling and restarts (halo-sched sets both to 0),
 multi-region forwarding, node drain.
 """
@@ -146,7 +151,15 @@ class FakeNomad:
         region: str = "global",
         auto_run: bool = True,
         tls: tuple[str, str] | None = None,
+        nomad_version: str = "2.0.5",
     ):
+        #: The server version whose lost-node rules apply (see node_down): 2.0.5, or e.g. 1.11.1.
+        self.nomad_version: tuple[int, ...] = tuple(int(p) for p in nomad_version.split("."))
+        #: Added to the wall clock (advance()): expiries without sleeping.
+        self.clock_offset_ns = 0
+        self._replace_now: set[str] = set()  # unknown allocations a pre-1.11.2 server replaces at once
+        self._sims: dict[str, Any] = {}  # job ID -> client_sim.SimCluster running its allocations
+        self._sim_allocs: dict[str, Any] = {}  # allocation ID -> client_sim.Allocation
         self.nodes: list[FakeNode] = list(nodes if nodes is not None else [FakeNode("gpu-a"), FakeNode("gpu-b")])
         # token -> "write" | "jobs" (no Variable writes) | "read"; ACLs are enforced as soon as one token exists.
         self.acl_tokens: dict[str, str] = dict(acl_tokens or {})
@@ -265,37 +278,116 @@ class FakeNomad:
             if freed:
                 self._unblock()
 
-    def node_down(self, node_name: str) -> None:
-        """A client misses its heartbeats and is marked down (nomad/heartbeat.go: "down", since no
-        allocation on it sets disconnect.lost_after). The reconciler then classifies each of its
-        allocations (scheduler/reconciler/filters.go):
+    # ------------------------------------------------------------------------- lost nodes
+    # (kept together: Nomad's heartbeat, reconciler and disconnect rules, by version)
 
-        * running, in a group with ``disconnect { replace = false }``: "disconnecting" -> ClientStatus
-          ``unknown`` (reconcile_cluster.go appendUnknownDisconnectingUpdates), kept, not replaced;
-        * otherwise (pending ones too) "lost" -> DesiredStatus stop, ClientStatus ``lost``, and a
-          replacement with the SAME Name up to the group's count ("Add replacements for lost
-          allocs"), whatever the reschedule policy; blocked like any placement when it cannot fit.
-        Terminal allocations are left alone.
-        """
+    def _new_reconciler(self) -> bool:
+        """Whether this server reconciles unknown allocations the PR #27053 way (v1.11.2+)."""
+        return self.nomad_version >= (1, 11, 2)
+
+    @staticmethod
+    def _disconnect(tg: dict) -> tuple[int, bool]:
+        """(lost_after ns, replace) of a group: nomad/structs/structs.go v2.0.5 TaskGroup.Replace
+        (:7705-7712, true without a disconnect block or replace) and GetDisconnectLostAfter
+        (:7716-7724, 0 without)."""
+        d = tg.get("Disconnect") or {}
+        return int(d.get("LostAfter") or 0), d.get("Replace") is not False
+
+    def _group_of(self, alloc: dict) -> tuple[dict | None, dict]:
+        job = self._jobs.get((alloc["Namespace"], alloc["JobID"]))
+        tg = next((g for g in (job or {}).get("TaskGroups") or [] if g["Name"] == alloc["TaskGroup"]), {})
+        return job, tg
+
+    def _mark_lost(self, alloc: dict, description: str) -> None:
+        self._sim_node_died(alloc, "lost")
+        alloc["DesiredStatus"] = "stop"
+        alloc["DesiredDescription"] = description
+        alloc["AllocModifyIndex"] = self._next_index()
+        self._set_client_status(alloc, "lost", description)
+
+    def _mark_unknown(self, alloc: dict, follow_up_at: int | None) -> None:
+        """reconcile_cluster.go v2.0.5 appendUnknownDisconnectingUpdates: ClientStatus unknown,
+        the transition recorded in AllocStates (what alloc.go LastUnknown reads, :843-862), and
+        the follow-up evaluation createTimeoutLaterEvals makes (:1548-1580) at LastUnknown +
+        lost_after (filters.go:591-602 delayByLostAfter; "now" when lost_after is 0)."""
+        now = self._clock()
+        alloc.setdefault("AllocStates", []).append({"Field": "ClientStatus", "Value": "unknown", "Time": now})
+        self._set_client_status(alloc, "unknown", "alloc is unknown since its node is disconnected")
+        if follow_up_at is not None:
+            job, _ = self._group_of(alloc)
+            ev = self._new_eval(job, "max-disconnect-timeout", WaitUntil=follow_up_at,
+                                StatusDescription="created for delayed disconnect timeout")
+            alloc["FollowupEvalID"] = ev["ID"]
+
+    def _expired(self, alloc: dict, now: int) -> bool:
+        """nomad/structs/alloc.go Allocation.Expired. v2.0.5 (:817-838): unknown and LastUnknown +
+        lost_after <= now, so with lost_after 0 an unknown allocation is expired at once. v1.11.1
+        (:785-812): the same, except lost_after 0 with replace = true is never expired."""
+        if alloc["ClientStatus"] != "unknown" or not alloc.get("AllocStates"):
+            return False
+        _, tg = self._group_of(alloc)
+        lost_after, replace = self._disconnect(tg)
+        if not self._new_reconciler() and lost_after == 0 and replace:
+            return False
+        last_unknown = max(st["Time"] for st in alloc["AllocStates"] if st["Value"] == "unknown")
+        return last_unknown + lost_after <= now
+
+    def node_down(self, node_name: str) -> None:
+        """A client misses its heartbeats. ``nomad_version`` picks the rules (2.0.5 by default;
+        anything before 1.11.2 follows v1.11.1). Terminal allocations are left alone.
+
+        The node's new status, nomad/heartbeat.go v2.0.5 :158-173 and disconnectState :207-224
+        (same at v1.11.1): ``disconnected`` when one of its allocations that should run has a
+        lost_after and is not expired, else ``down``. Then the reconciler classifies each
+        allocation on it (scheduler/reconciler/filters.go):
+
+        v2.0.5 (PR #27053, also v1.11.2):
+        * disconnected node, pending allocation: lost, replaced at once (filters.go:214-221);
+        * disconnected node, lost_after 0: lost (:223-230);
+        * disconnected node, running: "disconnecting" (:232-237): ClientStatus unknown and a
+          follow-up evaluation at LastUnknown + lost_after; a replacement at once only with
+          replace = true (updateByReschedulable :538-541 never reschedules it with false);
+        * down node, running, replace = false: "disconnecting" too (:277-284): unknown, with a
+          follow-up evaluation NOW (lost_after 0); that evaluation finds it Expired, which is
+          checked before the replace = false rules (:188-193), so it is lost
+          (reconcile_cluster.go:438-440) and replaced under its name (:856-875);
+        * down node, anything else (pending included): lost and replaced (:286-291).
+
+        v1.11.1 (before PR #27053), filters.go:148-175: disconnected node: running ->
+        unknown (kept unless replace = true), pending -> lost; down node with replace = false:
+        running -> unknown, kept; else lost. An expired unknown allocation with replace = false
+        stays (reconcile_cluster.go:441-447): never replaced.
+
+        A lost allocation's replacement takes the same Name ("Add replacements for lost allocs",
+        reconcile_cluster.go:856-875), whatever the reschedule policy; it is blocked like any
+        placement when it cannot fit. Follow-up evaluations run from :meth:`tick` once due
+        (:meth:`advance` moves the fake's clock)."""
         with self._lock:
             node = next(n for n in self.nodes if n.name == node_name)
-            node.status = "down"
+            now = self._clock()
+            mine = [a for a in sorted(self._allocs.values(), key=lambda a: a["CreateIndex"])
+                    if a["NodeID"] == node.id and a["DesiredStatus"] == "run"
+                    and a["ClientStatus"] in ("pending", "running")]
+            node.status = "disconnected" if any(
+                self._disconnect(self._group_of(a)[1])[0] > 0 and not self._expired(a, now) for a in mine) else "down"
             touched: dict[tuple[str, str], dict] = {}
-            for alloc in sorted(self._allocs.values(), key=lambda a: a["CreateIndex"]):
-                if alloc["NodeID"] != node.id or alloc["DesiredStatus"] != "run":
-                    continue
-                if alloc["ClientStatus"] in ("complete", "failed", "lost", "unknown"):
-                    continue
-                job = self._jobs.get((alloc["Namespace"], alloc["JobID"]))
-                tg = next((g for g in (job or {}).get("TaskGroups") or [] if g["Name"] == alloc["TaskGroup"]), {})
-                replace = (tg.get("Disconnect") or {}).get("Replace")
-                if alloc["ClientStatus"] == "running" and replace is False:
-                    self._set_client_status(alloc, "unknown", "alloc is unknown since its node is disconnected")
+            for alloc in mine:
+                job, tg = self._group_of(alloc)
+                lost_after, replace = self._disconnect(tg)
+                pending = alloc["ClientStatus"] == "pending"
+                # The machine is gone: its processes with it (client/ side, whatever the servers decide).
+                self._sim_node_died(alloc, "unknown" if not pending else "lost")
+                if node.status == "disconnected" and not pending and (lost_after > 0 or not self._new_reconciler()):
+                    self._mark_unknown(alloc, now + lost_after if self._new_reconciler() or lost_after else None)
+                    if replace and not self._new_reconciler():
+                        # v1.11.1: replaced at once; since PR #27053 (its title) an unknown
+                        # allocation with replace = true follows the reschedule block, whose
+                        # 0 attempts (halo-sched's) place nothing before lost_after.
+                        self._replace_now.add(alloc["ID"])
+                elif node.status == "down" and not pending and not replace:
+                    self._mark_unknown(alloc, now if self._new_reconciler() else None)
                 else:
-                    alloc["DesiredStatus"] = "stop"
-                    alloc["DesiredDescription"] = "alloc is lost since its node is down"
-                    alloc["AllocModifyIndex"] = self._next_index()
-                    self._set_client_status(alloc, "lost", "alloc is lost since its node is down")
+                    self._mark_lost(alloc, "alloc is lost since its node is down")
                 if job is not None:
                     touched[(job["Namespace"], job["ID"])] = job
             for job in touched.values():
@@ -304,6 +396,95 @@ class FakeNomad:
                 ev = self._new_eval(job, "node-update", NodeID=node.id)
                 self._process_eval(ev, job)
                 self._touch_job(job["ID"], job["Namespace"])
+            self._run_due_followups()
+
+    # ------------------------------------------------------------------------- a client simulator behind the fake
+    # (kept together: the fake is the servers, a tests/nomad/client_sim.SimCluster the clients)
+
+    def attach_sim(self, cluster: Any) -> None:
+        """Run the allocations of ``cluster``'s job (same job ID) as ``cluster`` runs tasks: an
+        allocation this fake starts is placed and started there under the same name and index;
+        a task's exit there ends the allocation here (exit code, "Terminated" and, non-zero,
+        "Not Restarting" events) on the next request; logs are read from its log files; a node
+        going down kills its processes there; a stop kills them. ``auto_run`` as usual."""
+        with self._lock:
+            self._sims[cluster.job_id] = cluster
+
+    def _sim_start(self, alloc: dict) -> bool:
+        """Start the allocation in the attached simulator; False when it failed to (the failure
+        is recorded as Nomad records a task that could not start: a driver failure)."""
+        sim = self._sims.get(alloc["JobID"])
+        if sim is None:
+            return True
+        group, _, index = alloc["Name"][len(alloc["JobID"]) + 1:].rpartition("[")
+        try:
+            (sim_alloc,) = sim.place([f"{group}[{index}"])
+            self._sim_allocs[alloc["ID"]] = sim_alloc
+            sim.start()
+        except Exception as e:  # noqa: BLE001 - whatever the client would report
+            self._driver_failure(alloc, f"{type(e).__name__}: {e}")
+            return False
+        return True
+
+    def _sim_sync(self) -> None:
+        """Task exits in the simulator -> this fake's allocations (client updates)."""
+        for alloc_id, sim_alloc in list(self._sim_allocs.items()):
+            alloc = self._allocs.get(alloc_id)
+            if (alloc is None or alloc["DesiredStatus"] != "run" or alloc["ClientStatus"] != "running"
+                    or sim_alloc.status_override is not None or not sim_alloc.terminal):
+                continue
+            self._end_alloc(alloc, sim_alloc.exit_code if sim_alloc.exit_code is not None else 1)
+            self._touch_job(alloc["JobID"], alloc["Namespace"])
+
+    def _sim_node_died(self, alloc: dict, status: str) -> None:
+        sim_alloc = self._sim_allocs.get(alloc["ID"])
+        if sim_alloc is not None and sim_alloc.status_override != status:
+            try:
+                self._sims[alloc["JobID"]].node_died(sim_alloc.name, status)
+            except Exception:  # noqa: BLE001 - it had ended there already: nothing left to kill
+                pass
+
+    def _sim_kill(self, alloc: dict) -> None:
+        sim_alloc = self._sim_allocs.get(alloc["ID"])
+        if sim_alloc is not None and sim_alloc.status_override is None:
+            self._sims[alloc["JobID"]].kill_alloc(sim_alloc.name, grace=5.0)
+
+    def _sim_log(self, key: tuple[str, str, str]) -> str | None:
+        sim_alloc = self._sim_allocs.get(key[0])
+        if sim_alloc is None:
+            return None
+        try:
+            with open(sim_alloc.log_path(key[1], key[2]), encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except (OSError, KeyError):
+            return ""
+
+    def advance(self, seconds: float) -> None:
+        """Move the fake's clock forward (lost_after, follow-up evaluations, max_run_duration)."""
+        with self._lock:
+            self.clock_offset_ns += int(seconds * 1e9)
+        self.tick()
+
+    def _run_due_followups(self) -> None:
+        """Follow-up evaluations whose WaitUntil has come (nomad/eval_broker.go delays them until
+        then): the reconciler finds Expired unknown allocations (filters.go:188-193, v2.0.5) and
+        counts them lost (reconcile_cluster.go:438-440), so they are replaced; before v1.11.2 an
+        expired one with replace = false stays unknown (v1.11.1 reconcile_cluster.go:441-447)."""
+        now = self._clock()
+        for ev in sorted(self._evals.values(), key=lambda e: e["CreateIndex"]):
+            if ev["Status"] != "pending" or ev["TriggeredBy"] != "max-disconnect-timeout" or ev["WaitUntil"] > now:
+                continue
+            job = self._jobs.get((ev["Namespace"], ev["JobID"]))
+            for alloc in self._job_allocs(ev["JobID"], ev["Namespace"]):
+                if alloc.get("FollowupEvalID") != ev["ID"] or not self._expired(alloc, now):
+                    continue
+                _, replace = self._disconnect(self._group_of(alloc)[1])
+                if self._new_reconciler() or replace:
+                    self._mark_lost(alloc, "alloc is lost since its node is down")
+            if job is None or job["Stop"]:
+                ev["Status"] = "complete"
+                continue
+            self._process_eval(ev, job)
 
     def tick(self) -> None:
         """Enforce ``max_run_duration`` (Nomad 2.0.3+): client/allocrunner/max_run_duration_hook.go
@@ -313,7 +494,9 @@ class FakeNomad:
         (nomad/structs/alloc.go AllocTimeoutReasonMaxRunDuration). Batch/sysbatch jobs only.
         Called on every request; tests may call it too."""
         with self._lock:
-            now = time.time_ns()
+            self._sim_sync()
+            self._run_due_followups()
+            now = self._clock()
             for alloc in list(self._allocs.values()):
                 if alloc["ClientStatus"] not in ("pending", "running") or alloc["DesiredStatus"] != "run":
                     continue
@@ -362,18 +545,21 @@ class FakeNomad:
         """The group's task exits with ``exit_code`` (non-zero: no restart, the allocation fails)."""
         with self._lock:
             alloc = self._running_alloc(job_id, group, namespace)
-            for task_name, ts in alloc["TaskStates"].items():
-                ts["Events"].append(_event("Terminated", self._now(), f"Exit Code: {exit_code}", ExitCode=exit_code,
-                                           Details={"exit_code": str(exit_code), "signal": "0", "oom_killed": "false"}))
-                if exit_code:
-                    ts["Events"].append(_event("Not Restarting", self._now(), NOT_RESTARTING_MSG, FailsTask=True,
-                                               RestartReason=NOT_RESTARTING_MSG,
-                                               Details={"fails_task": "true", "restart_reason": NOT_RESTARTING_MSG}))
-                self._end_task(ts, failed=bool(exit_code))
-            self._set_client_status(alloc, "failed" if exit_code else "complete",
-                                    "Failed tasks" if exit_code else "All tasks have completed")
+            self._end_alloc(alloc, exit_code)
             self._touch_job(job_id, namespace)
             return copy.deepcopy(alloc)
+
+    def _end_alloc(self, alloc: dict, exit_code: int) -> None:
+        for ts in alloc["TaskStates"].values():
+            ts["Events"].append(_event("Terminated", self._now(), f"Exit Code: {exit_code}", ExitCode=exit_code,
+                                       Details={"exit_code": str(exit_code), "signal": "0", "oom_killed": "false"}))
+            if exit_code:
+                ts["Events"].append(_event("Not Restarting", self._now(), NOT_RESTARTING_MSG, FailsTask=True,
+                                           RestartReason=NOT_RESTARTING_MSG,
+                                           Details={"fails_task": "true", "restart_reason": NOT_RESTARTING_MSG}))
+            self._end_task(ts, failed=bool(exit_code))
+        self._set_client_status(alloc, "failed" if exit_code else "complete",
+                                "Failed tasks" if exit_code else "All tasks have completed")
 
     def fail_driver(self, job_id: str, group: str, message: str = "failed to pull image", namespace: str = "default") -> dict:
         """The group's task never starts: a driver failure (no exit code)."""
@@ -456,9 +642,12 @@ class FakeNomad:
         self._index += 1
         return self._index
 
+    def _clock(self) -> int:
+        return time.time_ns() + self.clock_offset_ns
+
     def _now(self) -> int:
         # Strictly increasing event times, so tests can rely on ordering within one fake.
-        self._last_event_ns = max(time.time_ns(), self._last_event_ns + 1)
+        self._last_event_ns = max(self._clock(), self._last_event_ns + 1)
         return self._last_event_ns
 
     # ------------------------------------------------------------------------- internals: lookup
@@ -495,6 +684,8 @@ class FakeNomad:
         refusal = self._docker_refusal(alloc)
         if refusal is not None:
             self._driver_failure(alloc, refusal)
+            return
+        if not self._sim_start(alloc):
             return
         now = self._now()
         for ts in alloc["TaskStates"].values():
@@ -717,7 +908,8 @@ class FakeNomad:
                    if a["JobVersion"] == job["Version"] and a["DesiredStatus"] == "run"]
         free = {}
         for tg in job.get("TaskGroups") or []:
-            held = {int(a["Name"].rsplit("[", 1)[1].rstrip("]")) for a in current if a["TaskGroup"] == tg["Name"]}
+            held = {int(a["Name"].rsplit("[", 1)[1].rstrip("]")) for a in current
+                    if a["TaskGroup"] == tg["Name"] and a["ID"] not in self._replace_now}
             free[tg["Name"]] = [i for i in range(tg.get("Count", 1)) if i not in held]
         return free
 
@@ -821,6 +1013,7 @@ class FakeNomad:
         self._finish_kill(alloc)
 
     def _finish_kill(self, alloc: dict) -> None:
+        self._sim_kill(alloc)
         collateral = self.stop_collateral.get(alloc["TaskGroup"])
         for ts in alloc["TaskStates"].values():
             if collateral is not None and ts["State"] == "running":
@@ -1233,7 +1426,7 @@ class FakeNomad:
             if alloc_id in self.gc_logs:
                 raise _HTTPError(404, f"state for allocation {alloc_id} not found on client")
             node = next((n for n in self.nodes if n.id == alloc.get("NodeID")), None)
-            if node is not None and node.status == "down":
+            if node is not None and node.status in ("down", "disconnected"):
                 raise _HTTPError(500, f"Unknown node {node.id!r}: no path to node")  # ErrNoNodeConn
             if task not in alloc["TaskStates"]:
                 raise _HTTPError(400, f"unknown task name {task!r}")
@@ -1245,7 +1438,8 @@ class FakeNomad:
         with self._lock:
             alloc = self._allocs.get(key[0])
             ended = alloc is None or alloc["ClientStatus"] in ("complete", "failed", "lost")
-            return self._logs.get(key, ""), ended
+            from_sim = self._sim_log(key)
+            return (self._logs.get(key, "") if from_sim is None else from_sim), ended
 
 
 # ----------------------------------------------------------------------------- status side: helpers

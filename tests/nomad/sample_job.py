@@ -3,7 +3,7 @@
 Tests of the client, the status mapping and the fake API use this instead of the renderer so that
 they do not depend on it: group ``node-0`` (Count 1, node rank 0, reserving the rendezvous port and
 registering a Nomad-native service) and, for N > 1, group ``workers`` (Count N-1; allocation
-``JOB.workers[K]`` is node rank K+1); no restarts, no rescheduling, ``disconnect { replace = false }``,
+``JOB.workers[K]`` is node rank K+1); no restarts, no rescheduling, ``disconnect { lost_after = "169h", replace = false }``,
 ``distinct_hosts``, GPUs requested as ``nvidia/gpu`` devices.
 """
 from __future__ import annotations
@@ -48,7 +48,8 @@ def make_job(
             "Count": 1 if rank == 0 else n_nodes - 1,
             "RestartPolicy": {"Attempts": 0, "Mode": "fail", "Interval": 24 * 3600 * NS_PER_S, "Delay": 15 * NS_PER_S},
             "ReschedulePolicy": {"Attempts": 0, "Unlimited": False},
-            "Disconnect": {"Replace": False},
+            # As rendered without max_run_duration: a week plus an hour (render.lost_after_ns).
+            "Disconnect": {"LostAfter": 169 * 3600 * NS_PER_S, "Replace": False},
             "Tasks": [{
                 "Name": "torchrun",
                 "Driver": driver,

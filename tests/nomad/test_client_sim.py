@@ -579,22 +579,54 @@ def test_group_count_takes_name_indexes_and_fills_the_missing_ones(make_cluster:
     assert {i: c.stdout(f"sim.workers[{i}]").strip() for i in range(3)} == {0: "0", 1: "1", 2: "2"}
 
 
-def test_lost_node_is_replaced_under_its_name_unless_replace_is_false(make_cluster: Callable[..., SimCluster]) -> None:
-    for replace in (None, False):
-        extra = {} if replace is None else {"Disconnect": {"Replace": replace}}
-        c = make_cluster(job(group("workers", [bash_task("t", "sleep 30", KillTimeout=NS // 5)], count=2, **extra)))
+HOUR_NS = 3600 * NS
+
+
+@pytest.mark.parametrize("version, disconnect, kept, after_lost_after", [
+    # Nomad's default (no disconnect block): lost, and replaced whatever the reschedule policy.
+    ("2.0.5", None, False, None),
+    ("1.11.1", None, False, None),
+    # replace = false alone: since PR #27053 unknown, expired at once, replaced; before, kept.
+    ("2.0.5", {"Replace": False}, False, None),
+    ("1.11.1", {"Replace": False}, True, True),
+    # What halo-sched renders: kept until lost_after on 2.0.5, kept for good before 1.11.2.
+    ("2.0.5", {"LostAfter": 2 * HOUR_NS, "Replace": False}, True, False),
+    ("1.11.1", {"LostAfter": 2 * HOUR_NS, "Replace": False}, True, True),
+])
+def test_a_lost_node_by_version(make_cluster: Callable[..., SimCluster], version, disconnect, kept,
+                                after_lost_after) -> None:
+    extra = {} if disconnect is None else {"Disconnect": disconnect}
+    c = make_cluster(job(group("workers", [bash_task("t", "sleep 30", KillTimeout=NS // 5)], count=2, **extra)),
+                     nomad_version=version)
+    c.place()
+    c.start()
+    wait_for(lambda: all(a.client_status == "running" for a in c.allocations))
+    replacement = c.lose("sim.workers[1]")
+    statuses = sorted((a.name, a.client_status) for a in c.allocations)
+    if not kept:
+        assert replacement is not None and replacement.name == "sim.workers[1]" and replacement.index == 1
+        assert statuses == [("sim.workers[0]", "running"), ("sim.workers[1]", "lost"), ("sim.workers[1]", "pending")]
+        return
+    assert replacement is None
+    assert statuses == [("sim.workers[0]", "running"), ("sim.workers[1]", "unknown")]
+    assert c.advance(3600) == []  # within lost_after (or none): still unknown
+    replaced = c.advance(2 * 3600)
+    if after_lost_after:  # kept for good
+        assert replaced == [] and sorted(a.client_status for a in c.allocations) == ["running", "unknown"]
+    else:  # lost_after ran out: expired, lost, replaced under its name
+        assert [a.name for a in replaced] == ["sim.workers[1]"]
+        assert sorted(a.client_status for a in c.allocations) == ["lost", "pending", "running"]
+
+
+def test_a_pending_allocation_on_a_lost_node_is_replaced_at_once(make_cluster: Callable[..., SimCluster]) -> None:
+    # filters.go:214-221 and :286-291 (v2.0.5): it never ran, so nothing disconnects.
+    disconnect = {"LostAfter": 2 * HOUR_NS, "Replace": False}
+    for version in ("2.0.5", "1.11.1"):
+        c = make_cluster(job(group("workers", [bash_task("t", "sleep 30")], count=1, Disconnect=disconnect)),
+                         nomad_version=version)
         c.place()
-        c.start()
-        wait_for(lambda: all(a.client_status == "running" for a in c.allocations))
-        replacement = c.lose("sim.workers[1]")
-        statuses = sorted((a.name, a.client_status) for a in c.allocations)
-        if replace is None:  # Nomad's default: lost, and replaced whatever the reschedule policy
-            assert replacement is not None and replacement.name == "sim.workers[1]" and replacement.index == 1
-            assert statuses == [("sim.workers[0]", "running"), ("sim.workers[1]", "lost"), ("sim.workers[1]", "pending")]
-        else:
-            assert replacement is None
-            assert statuses == [("sim.workers[0]", "running"), ("sim.workers[1]", "unknown")]
-        c.stop(grace=0.5)
+        replacement = c.lose("sim.workers[0]")
+        assert replacement is not None and replacement.name == "sim.workers[0]"
 
 
 def test_wait_timeout(make_cluster: Callable[..., SimCluster]) -> None:

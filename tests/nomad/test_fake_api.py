@@ -123,3 +123,90 @@ def test_max_run_duration_is_timed_from_allocation_creation_even_when_pending():
         assert {(a["ClientStatus"], a["ClientDescription"]) for a in allocs} == {
             ("complete", "allocation exceeded max_run_duration")}
         assert get(fake, "/v1/job/halo-test")["Status"] == "dead"
+
+
+# ---- a lost node, by version: Nomad 2.0.5 (PR #27053, also 1.11.2) and 1.11.1 (before it) ----
+
+def _rendered(nodes: int = 3, max_run_duration: str | None = "2h") -> dict:
+    from pathlib import Path
+
+    import halo_sched
+    from halo_sched.backends.nomad.render import job_payload
+
+    spec = halo_sched.load(Path(__file__).resolve().parents[2] / "examples" / "nomad-gpu.yaml")
+    spec = spec.model_copy(update={"nodes": nodes, "nomad": spec.nomad.model_copy(
+        update={"max_run_duration": max_run_duration, "namespace": None, "volumes": []})})
+    return job_payload(spec, "halo-test")
+
+
+def _cluster(version: str, **kw) -> "FakeNomad":
+    return FakeNomad([FakeNode(n) for n in ("a", "b", "c", "spare")], nomad_version=version, **kw)
+
+
+def test_rendered_job_on_2_0_5_keeps_a_lost_rank_unknown_until_lost_after_then_replaces_it():
+    payload = _rendered(3, "2h")
+    lost_after_s = 3 * 3600  # max_run_duration + the hour (asserted at the end)
+    with _cluster("2.0.5") as fake:
+        register(fake, payload)
+        victim = fake.alloc_for("halo-test", "workers[1]")
+        fake.node_down(victim["NodeName"])
+        # heartbeat.go:158-173, 207-224: a running allocation with lost_after -> "disconnected".
+        assert next(n for n in fake.nodes if n.name == victim["NodeName"]).status == "disconnected"
+        fake.advance(lost_after_s - 60)  # the job's whole life (max_run_duration) and then some
+        now = fake.alloc_for("halo-test", "workers[1]")
+        assert now["ID"] == victim["ID"] and now["ClientStatus"] == "unknown"
+        assert names(fake).count("halo-test.workers[1]") == 1
+        # filters.go:188-193 + reconcile_cluster.go:438-440, 856-875: expired -> lost -> replaced.
+        fake.advance(120)
+        assert next(a for a in fake.allocs_of("halo-test") if a["ID"] == victim["ID"])["ClientStatus"] == "lost"
+        replacement = fake.alloc_for("halo-test", "workers[1]")
+        assert replacement["ID"] != victim["ID"] and replacement["NodeName"] != victim["NodeName"]
+        # ... only after every other rank's max_run_duration had ended it: no world to join.
+        others = [a for a in fake.allocs_of("halo-test") if a["ID"] not in (victim["ID"], replacement["ID"])]
+        assert {(a["ClientStatus"], a["ClientDescription"]) for a in others} == {
+            ("complete", "allocation exceeded max_run_duration")}
+    assert {g["Disconnect"]["LostAfter"] for g in payload["Job"]["TaskGroups"]} == {lost_after_s * 10**9}
+
+
+def test_replace_false_alone_is_replaced_at_once_on_2_0_5_and_kept_on_1_11_1():
+    payload = _rendered(3)
+    for g in payload["Job"]["TaskGroups"]:
+        del g["Disconnect"]["LostAfter"]  # what halo-sched rendered before: replace = false only
+    with _cluster("2.0.5") as fake:
+        register(fake, payload)
+        victim = fake.alloc_for("halo-test", "workers[1]")
+        fake.node_down(victim["NodeName"])
+        assert next(n for n in fake.nodes if n.name == victim["NodeName"]).status == "down"
+        # unknown, follow-up evaluation now, Expired() before replace = false: lost and replaced.
+        assert next(a for a in fake.allocs_of("halo-test") if a["ID"] == victim["ID"])["ClientStatus"] == "lost"
+        assert fake.alloc_for("halo-test", "workers[1]")["NodeName"] == "spare"
+    with _cluster("1.11.1") as fake:
+        register(fake, payload)
+        victim = fake.alloc_for("halo-test", "workers[1]")
+        fake.node_down(victim["NodeName"])
+        fake.advance(30 * 86400)
+        assert fake.alloc_for("halo-test", "workers[1]")["ID"] == victim["ID"]
+        assert fake.alloc_for("halo-test", "workers[1]")["ClientStatus"] == "unknown"
+
+
+def test_rendered_job_on_1_11_1_keeps_a_lost_rank_unknown_past_lost_after():
+    payload = _rendered(3, None)
+    with _cluster("1.11.1") as fake:
+        register(fake, payload)
+        victim = fake.alloc_for("halo-test", "workers[0]")
+        fake.node_down(victim["NodeName"])
+        fake.advance(200 * 3600)  # past the 169 h lost_after: v1.11.1 reconcile_cluster.go:441-447
+        assert fake.alloc_for("halo-test", "workers[0]")["ID"] == victim["ID"]
+        assert fake.alloc_for("halo-test", "workers[0]")["ClientStatus"] == "unknown"
+        assert len(fake.allocs_of("halo-test")) == 3
+
+
+def test_a_pending_allocation_on_a_lost_node_is_replaced_at_once_with_or_without_lost_after():
+    # filters.go:214-221 (disconnected node) and :286-291 (down node), v2.0.5.
+    for version in ("2.0.5", "1.11.1"):
+        with _cluster(version, auto_run=False) as fake:
+            register(fake, _rendered(2))
+            victim = fake.alloc_for("halo-test", "workers")
+            fake.node_down(victim["NodeName"])
+            assert next(a for a in fake.allocs_of("halo-test") if a["ID"] == victim["ID"])["ClientStatus"] == "lost"
+            assert fake.alloc_for("halo-test", "workers")["ID"] != victim["ID"]

@@ -19,13 +19,17 @@ unblocking) fills exactly the missing ones. A batch allocation that finished or 
 counts as existing (``filters.go``: terminal allocations are "untainted"), so its index is never
 reused for a new allocation. A lost-node replacement keeps the lost allocation's Name
 (``reconcile_cluster.go``: "Add replacements for lost allocs", ``name: alloc.Name``), and with
-``disconnect { replace = false }`` (below) a running allocation on a node that went down is marked
-``unknown`` and not replaced at all. Two live allocations of one version never share an index.
+``disconnect { lost_after = <the job's bound>, replace = false }`` (below, :func:`lost_after_ns`)
+a running allocation on a node that went down is marked ``unknown`` and not replaced while the
+job can run. Two live allocations of one version never share an index.
 (``NOMAD_ALLOC_INDEX`` would be ambiguous across versions of an updated job: we never update.)
 
-Both groups: no restarts, no reschedules, and ``disconnect { replace = false }`` (Nomad 1.8+;
-``TaskGroup.Replace()`` in ``nomad/structs/structs.go`` defaults to true, and the reconciler
-replaces lost allocations up to the count whatever the reschedule policy says). Nothing uses a
+Every group: no restarts, no reschedules, and ``disconnect { lost_after, replace = false }``
+(Nomad 1.8+; ``TaskGroup.Replace()`` in ``nomad/structs/structs.go`` defaults to true, and the
+reconciler replaces lost allocations up to the count whatever the reschedule policy says;
+``replace = false`` alone no longer stops it since Nomad 1.11.2: :func:`lost_after_ns` says why).
+Docker tasks run ``entrypoint = ["/bin/bash"]`` with the script as ``args`` and no ``command``,
+so an image's own ENTRYPOINT never runs (``_config_and_resources``). Nothing uses a
 host namespace mode: since Nomad 2.0.4 the docker driver refuses them unless the client allows
 them (``drivers/docker/driver.go`` ``validateNamespace``); shared memory comes from ``shm_size``.
 Options that need client settings are listed by :func:`client_requirements`.
@@ -54,6 +58,7 @@ from ...launch import (
     entry_script,
 )
 from ...models import JobSpec
+from ...values import MAX_TIMEOUT_HOURS
 from ...templating import check, checked_text, checked_int, render_template
 from . import servers as nomad_servers
 
@@ -381,7 +386,13 @@ def _config_and_resources(spec: JobSpec, image: str | None, gpus: int, args: lis
     if nm.driver == "docker":
         config: dict = {
             "image": image,
-            "command": "/bin/bash",
+            # The shell as the container's entrypoint and the script as its command: the image's
+            # own ENTRYPOINT never runs. The docker driver puts `command` and `args` into the
+            # container's Cmd only (drivers/docker/driver.go:1477-1491, v2.0.5) and takes the
+            # Entrypoint from the task config alone (:1053); Docker runs Entrypoint + Cmd, and an
+            # image entrypoint that does not `exec "$@"` (vLLM's starts its server) would swallow
+            # `command = "/bin/bash"`. No `command`: `args` alone become the Cmd (:1489-1491).
+            "entrypoint": ["/bin/bash"],
             "args": args,
             # torchrun and NCCL need the host's interfaces; the rendezvous port is a host port.
             # (network_mode is not a namespace mode the driver restricts; ipc_mode = "host" is,
@@ -406,6 +417,50 @@ def _config_and_resources(spec: JobSpec, image: str | None, gpus: int, args: lis
     return config, resources
 
 
+#: Added to the job's bound in :func:`lost_after_ns`: the allocation's max_run_duration timer
+#: runs on the client from its CreateTime, the unknown allocation's expiry on the servers from
+#: the time they marked it unknown (clocks of different machines), and the survivors' kill
+#: takes up to kill_timeout (30 s). An hour covers skew and kill; it delays nothing a user waits
+#: for (the survivors are gone by then; it only delays when an unwatched Nomad job turns dead).
+LOST_AFTER_MARGIN_NS = 3600 * 10**9
+#: The job's bound when it sets no max_run_duration: a week, the longest wait of any rank
+#: (rendezvous.timeout_s, storage.store_timeout_hours and nccl_timeout_minutes are each at most
+#: a week, spec.MAX_TIMEOUT_HOURS), so a survivor blocked on the lost rank has given up by then.
+UNBOUNDED_JOB_LOST_AFTER_NS = MAX_TIMEOUT_HOURS * 3600 * 10**9
+
+
+def lost_after_ns(spec: JobSpec) -> int:
+    """``disconnect.lost_after`` of every group: the job's lifetime bound plus a margin.
+
+    Why (hashicorp/nomad v2.0.5): ``replace = false`` alone no longer keeps a lost rank from
+    being replaced. Since PR #27053 (v1.11.2, every 2.0.x) a node that misses its heartbeats is
+    marked ``down`` unless one of its running allocations has a ``lost_after``
+    (``nomad/heartbeat.go:158-173``, ``:208-221``: then ``disconnected``). On a down node the
+    running allocation turns ``unknown`` with a follow-up evaluation at once; there, with
+    ``lost_after`` 0, ``Expired()`` is already true (``nomad/structs/alloc.go:817-838``), which
+    the reconciler checks before the replace=false rules (``scheduler/reconciler/filters.go:
+    188-193``), so it counts as lost (``reconcile_cluster.go:439``) and is replaced under its
+    name (``:868``). On a disconnected node it is "disconnecting" (``filters.go:232-237``): marked
+    unknown, never rescheduled with replace = false (``filters.go:538-541``), and a follow-up
+    evaluation waits until lost_after (``reconcile_cluster.go:1548-1580, 1639``); only then is
+    it expired, lost and replaced. So lost_after at least the job's lifetime keeps the rank
+    unreplaced while its world can still run; ``replace = false`` keeps older servers (before
+    1.11.2, ``filters.go`` and ``reconcile_cluster.go:441-447`` at v1.11.1: expired or not, an
+    unknown allocation with replace = false stays) from replacing it ever. Validate
+    (``nomad/structs/group.go:66-98``) accepts it: lost_after >= 0 and no stop_on_client_after.
+
+    The bound: ``nomad.max_run_duration`` when set (a rank lost after the world formed was
+    created before it formed, and every member is stopped by its creation + max_run_duration);
+    else :data:`UNBOUNDED_JOB_LOST_AFTER_NS`. Plus :data:`LOST_AFTER_MARGIN_NS`. A pending
+    allocation on the node is still replaced at once (``filters.go:214-221``): it never joined
+    a world."""
+    bound = spec.nomad.max_run_duration_ns
+    total = (UNBOUNDED_JOB_LOST_AFTER_NS if bound is None else checked_int(bound, "nomad.max_run_duration")) \
+        + LOST_AFTER_MARGIN_NS
+    # A Go time.Duration is an int64 of nanoseconds: the longest one stands for "never".
+    return min(total, 2**63 - 1)
+
+
 def _group(spec: JobSpec, job_id: str, name: str, count: int, entry: str, delims: tuple[str, str]) -> dict:
     group: dict = {
         "Name": name,
@@ -415,7 +470,8 @@ def _group(spec: JobSpec, job_id: str, name: str, count: int, entry: str, delims
         "ReschedulePolicy": {"Attempts": 0, "Interval": 0, "Unlimited": False},
         # ... and no replacement of a rank whose node went down (the reschedule policy does not
         # cover lost allocations): its allocation turns "unknown" and the job's watcher ends it.
-        "Disconnect": {"Replace": False},
+        # Both fields are needed: see lost_after_ns.
+        "Disconnect": {"LostAfter": lost_after_ns(spec), "Replace": False},
         "Meta": ({"halo_node_rank": "0"} if name == LEADER_GROUP
                  else {"halo_node_rank_offset": str(WORKER_RANK_OFFSET)}),
         "Tasks": [_task(spec, job_id, name, entry, delims)],

@@ -11,6 +11,11 @@ registered, so the file is blank and the entry script polls it within the rendez
 rendering ``halo-index-K ADDR`` lines; the entry script picks each index (overlapping
 registrations of one index: the first line wins).
 
+The task's driver config and resources are the trainer's (render._config_and_resources): with
+docker, ``entrypoint = ["/bin/bash"]`` and the server script as ``args``, so an image's own
+ENTRYPOINT (vLLM's starts its server) never swallows it; the group's restart, reschedule and
+``disconnect { lost_after, replace = false }`` are the trainer's too (render.lost_after_ns).
+
 Ending: Nomad ends nothing across groups. The job's watcher stops the job once the trainer's
 groups are complete or a server allocation died (state.py, watchdog.py); and each server also
 ends itself (exit 0) once rank 0's registration is gone from its own template for three looks
