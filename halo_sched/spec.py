@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import SpecError
+from .node.contract import WARNING_CARRIER
 
 NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
 ENV_NAME_RE = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -475,8 +476,8 @@ class Slurm(_Model):
         name = m.group(2)
         if name == "USR1":
             raise ValueError("USR1 is used by NCCL; choose USR2 or HUP for the preemption warning")
-        if name == "URG":
-            raise ValueError("URG carries the warning to every node (the batch script's forward); choose USR2 or HUP")
+        if name == WARNING_CARRIER:
+            raise ValueError(f"{name} carries the warning to every node (the batch script's forward); choose USR2 or HUP")
         if name not in WARNING_SIGNALS:
             raise ValueError(f"{name} cannot be the warning: it must be a signal the trainer can catch while the "
                              f"job goes on, one of {', '.join(WARNING_SIGNALS)} (USR2 recommended)")

@@ -14,7 +14,8 @@ from ...errors import HaloError, SchedulerError
 from ...spec import JobSpec
 from ..base import DryRun, JobState, JobStatus, Scheduler, tail_lines
 from ...node.failures import report_from_files
-from .render import render_sbatch
+from ...launch import compile_launch
+from .render import render_batch, render_sbatch
 from .status import scontrol_job_state
 
 # Ends of one run after which SLURM may requeue the job (sbatch --requeue).
@@ -58,7 +59,7 @@ class SlurmScheduler(Scheduler):
         # --export=ALL on the command line wins over a user's SBATCH_EXPORT=NONE, which would
         # drop them (srun's tasks then inherit the batch step's environment).
         extra = ["--export=ALL"] if dryrun.spec.secret_values() else []
-        for line in self.preemption_check(dryrun.spec, dryrun.text):
+        for line in self.preemption_check(dryrun.spec):
             _say(f"warning: {line}")
         submit_once = getattr(self.transport, "submit_once", None)
         if submit_once is None:  # slurmrestd, pyslurm: one attempt
@@ -67,7 +68,7 @@ class SlurmScheduler(Scheduler):
 
         return submit_once(dryrun.text, extra, token=new_token(), retry_s=self.retry_s, on_retry=_say)
 
-    def preemption_check(self, spec: JobSpec, script: str) -> list[str]:
+    def preemption_check(self, spec: JobSpec) -> list[str]:
         """Lines saying why the job's ``slurm.signal`` warning will not come when the cluster
         preempts it, from ``scontrol show config`` (preemption.py); none without slurm.signal
         (then nothing is asked) or where the cluster sends it."""
@@ -77,7 +78,7 @@ class SlurmScheduler(Scheduler):
 
         show_config = getattr(self.transport, "show_config", None)  # a stand-in transport may have none
         try:
-            text = show_config(_cluster_of(script)) if show_config else None
+            text = show_config(compile_launch(spec).cluster) if show_config else None
         except HaloError as err:
             return [f"could not read the cluster's configuration to check that preemption sends slurm.signal's "
                     f"warning: {err}"]
@@ -98,7 +99,8 @@ class SlurmScheduler(Scheduler):
         refuse the job."""
         from .preemption import describe, parse_config, preemption_notes
 
-        script = render_sbatch(spec)
+        launch = compile_launch(spec)
+        script = render_batch(launch)
         lines = [f"Plan for job {spec.name!r} on SLURM ({self._via()} transport), {spec.all_nodes} "
                  f"node{'s' if spec.all_nodes != 1 else ''}:"]
         ok = True
@@ -114,7 +116,7 @@ class SlurmScheduler(Scheduler):
             lines.append(f"  placement: {'ok' if ok else 'REFUSED'}: {tested[1]}")
         show_config = getattr(self.transport, "show_config", None)
         try:
-            text = show_config(_cluster_of(script)) if show_config else None
+            text = show_config(launch.cluster) if show_config else None
         except HaloError as err:
             text, why = None, f"could not read it: {err}"
         else:
@@ -146,8 +148,7 @@ class SlurmScheduler(Scheduler):
     def record_fields(self, dryrun: DryRun, job_id: str) -> dict:
         """For the job record: the output file as an absolute path, and the cluster (sbatch -M)."""
         cluster, _, num = job_id.rpartition(":")
-        m = re.search(r"^#SBATCH --output=(.*)$", dryrun.text, re.M)
-        out = _expand_output(m.group(1) if m else "slurm-%j.out", dryrun.spec.name, num)
+        out = _expand_output(compile_launch(dryrun.spec).output, dryrun.spec.name, num)
         return {"outputs": [out], "scheduler": {"cluster": cluster or None}}
 
     def _outputs(self, job_id: str, ask: bool = True) -> list[str]:
@@ -196,14 +197,6 @@ class SlurmScheduler(Scheduler):
             raise SchedulerError(f"SLURM does not report an output file for job {job_id} (is it too old?)")
         for path in paths:
             yield from _read(Path(path), follow, lambda: self.describe([job_id])[job_id].status.terminal)
-
-
-def _cluster_of(script: str) -> str | None:
-    """The one cluster a script names (``--clusters=NAME``), else None (the local one)."""
-    from .transport.base import sbatch_options
-
-    names = [v for k, v in sbatch_options(script) if k in ("clusters", "cluster", "M") and v]
-    return names[-1] if names and "," not in names[-1] else None
 
 
 def _expand_output(pattern: str, name: str, job_id: str) -> str:

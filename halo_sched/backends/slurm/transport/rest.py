@@ -42,9 +42,10 @@ from urllib.parse import quote, urlencode, urlsplit
 from halo_sched.backends.base import JobState
 from halo_sched.backends.slurm import status as st
 from halo_sched.errors import MissingDependency, SchedulerError, UsageError
+from halo_sched.node.contract import WARNING_CARRIER
 
 from .base import (
-    SHORT_OPTIONS, WARNING_CARRIER, Transient, Transport, by_cluster, job_environment, retrying, sbatch_options,
+    SHORT_OPTIONS, Transient, Transport, by_cluster, job_environment, retrying, sbatch_options,
     split_cluster, unique, with_cluster,
 )
 
