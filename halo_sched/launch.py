@@ -165,10 +165,10 @@ def _warning_signal(spec: JobSpec) -> str:
 
 
 def _cluster(extra_args) -> str | None:
-    """The one cluster ``--clusters=NAME`` (or an abbreviation, as sbatch takes it) in
-    slurm.extra_args names; None for the local one or several."""
+    """The one cluster ``--clusters=NAME`` (or ``--cluster=NAME``) in slurm.extra_args names,
+    as the transports read it (``names_clusters``); None for the local one or several."""
     names = [value for name, _, value in (a.partition("=") for a in extra_args)
-             if len(name) > 4 and "--clusters".startswith(name) and value]
+             if name in ("--clusters", "--cluster") and value]
     return names[-1] if names and "," not in names[-1] else None
 
 
