@@ -102,6 +102,12 @@ class WarningSignal:
     node's entry script, which hands ``signal`` on to the ranks."""
 
     signal: str
+    #: slurm.signal is set: SLURM sends the warning ``seconds`` before the time limit (sbatch's
+    #: default when None), and to the batch script alone with ``B`` among ``flags``. Unset, only
+    #: ``halo-sched cancel --signal`` warns the job.
+    requested: bool = False
+    flags: str = ""
+    seconds: int | None = None
     carrier: str = WARNING_CARRIER
 
 
@@ -123,6 +129,9 @@ class Launch:
     #: SLURM: the output file's pattern, and the cluster ``--clusters=NAME`` names (None: the local one).
     output: str
     cluster: str | None
+    #: network.interface: the fabric NIC whose address rank 0 and the servers take (None: the
+    #: address the scheduler reaches each node by).
+    interface: str | None
     names: EnvNames = NAMES
     index_tag: str = INDEX_TAG
 
@@ -156,12 +165,13 @@ def _trainer_argv(spec: JobSpec) -> tuple[str, ...]:
     return tuple(head + list(t.args))
 
 
-def _warning_signal(spec: JobSpec) -> str:
+def _warning(spec: JobSpec) -> WarningSignal:
     try:
-        name = spec.slurm.warning[1]
-    except (AttributeError, TypeError):  # not a [B:]SIGNAL[@seconds] at all
-        name = spec.slurm.signal
-    return check(name, "signal name", "slurm.signal")
+        flags, name, secs = spec.slurm.warning
+    except (AttributeError, TypeError):  # not a [B:]SIGNAL[@seconds] at all: refused below
+        flags, name, secs = "", spec.slurm.signal, None
+    return WarningSignal(signal=check(name, "signal name", "slurm.signal"), requested=spec.slurm.signal is not None,
+                         flags=flags, seconds=None if secs is None else checked_int(secs, "slurm.signal"))
 
 
 def _cluster(extra_args) -> str | None:
@@ -217,8 +227,8 @@ def compile_launch(spec: JobSpec, job_id: str | None = None) -> Launch:
         trainer=trainer, servers=tuple(roles),
         rendezvous=Rendezvous(port=None if port is None else checked_int(port, "rendezvous.port"),
                               timeout_s=timeout_s, derived=DERIVED_PORTS, avoid=tuple(avoid)),
-        warning=WarningSignal(_warning_signal(s)), secret_names=tuple(s.secret_names), output=SLURM_OUTPUT,
-        cluster=_cluster(s.slurm.extra_args),
+        warning=_warning(s), secret_names=tuple(s.secret_names), output=SLURM_OUTPUT,
+        cluster=_cluster(s.slurm.extra_args), interface=s.network.interface,
     )
 
 

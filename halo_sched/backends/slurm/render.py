@@ -55,7 +55,8 @@ def cpus_per_task(spec: JobSpec) -> int | None:
     return spec.nproc_per_node * (DEFAULT_CPUS_PER_RANK_GPU if spec.gpus_per_node else DEFAULT_CPUS_PER_RANK_CPU)
 
 
-def sbatch_options(spec: JobSpec) -> list[str]:
+def sbatch_options(launch: Launch) -> list[str]:
+    spec = launch.spec
     s = spec.slurm
     opts = []
     for flag, value, kind in (("partition", s.partition, "SLURM word"), ("account", s.account, "SLURM word"),
@@ -65,16 +66,12 @@ def sbatch_options(spec: JobSpec) -> list[str]:
         if value is not None:
             field = f"slurm.{flag.replace('-', '_')}"
             opts.append(f"--{flag}={checked_int(value, field) if kind is None else check(value, kind, field)}")
-    if s.signal is not None:
+    w = launch.warning
+    if w.requested:
         # B: the batch shell alone gets the warning and forwards it to the steps itself (it must
         # know it was warned to requeue the job; see the template).
-        try:
-            flags, name, secs = s.warning
-        except (AttributeError, TypeError):
-            raise RenderError([("slurm.signal", "not a [B:]SIGNAL[@seconds]")]) from None
-        flags = "".join(sorted(set(flags) | {"B"}))
-        opts.append(f"--signal={flags}:{check(name, 'signal name', 'slurm.signal')}"
-                    + (f"@{checked_int(secs, 'slurm.signal')}" if secs is not None else ""))
+        flags = "".join(sorted(set(w.flags) | {"B"}))
+        opts.append(f"--signal={flags}:{w.signal}" + (f"@{w.seconds}" if w.seconds is not None else ""))
     if s.exclusive:
         opts.append("--exclusive")
     if s.requeue is not None:
@@ -149,7 +146,7 @@ def render_batch(launch: Launch) -> str:
         trainer=launch.trainer,
         servers=servers,
         spec=spec,
-        sbatch_options=sbatch_options(spec),
+        sbatch_options=sbatch_options(launch),
         srun_options=srun_options(launch, launch.trainer.gpus, launch.trainer.image),
         # The mounts and working directory are shared by every role that runs in an image.
         container=next(filter(None, (container(launch, image) for image in
