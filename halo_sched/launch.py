@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .node import source as node_source
 from .node.contract import DERIVED_PORTS, INDEX_TAG, NAMES, WARNING_CARRIER, EnvNames
 from .spec import JobSpec
 from .templating import RenderError, check, checked_int, heredoc_tag, render_template
@@ -234,8 +235,6 @@ def compile_launch(spec: JobSpec, job_id: str | None = None) -> Launch:
 
 def render_entry(launch: Launch) -> str:
     """The per-node entry script, byte-identical for every node and every backend."""
-    from .node import source as node_source
-
     collector = node_source("failure_collector")
     health = node_source("server_health") if launch.servers else ""
     return render_template(

@@ -3,14 +3,13 @@ passed into the templates: no template spells an environment variable of the con
 warning carrier itself, so renaming one changes every script at once."""
 from __future__ import annotations
 
-import dataclasses
 import re
 
 from halo_sched.node.contract import NAMES, WARNING_CARRIER
 from halo_sched.templating import TEMPLATES
 
 # Every name of the contract (and each role variable's prefix), and the carrier alone or as SIG...
-_NAMES = [getattr(NAMES, f.name) for f in dataclasses.fields(NAMES)]
+_NAMES = [v for k, v in vars(type(NAMES)).items() if not k.startswith("_") and isinstance(v, str)]
 _LITERAL = re.compile(r"(?<![A-Za-z0-9_])(%s)(?![A-Za-z0-9_])|(?<![A-Za-z0-9_])(SIG)?%s(?![A-Za-z0-9_])" % (
     "|".join(re.escape(n) for n in sorted(_NAMES, key=len, reverse=True) if not n.endswith("_")),
     re.escape(WARNING_CARRIER)))

@@ -9,8 +9,6 @@ the node-side programs (local supervisor, process helpers) read these too.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 #: The signal that takes the warning (``slurm.signal``'s, or ``halo-sched cancel --signal``) to
 #: every process of a SLURM job's steps. Its default action is to ignore it, so only each node's
 #: entry script acts on it (handing the job's warning signal to its ranks once they handle it);
@@ -29,9 +27,11 @@ DERIVED_PORTS = range(28500, 29500)
 INDEX_TAG = "halo-index-"
 
 
-@dataclass(frozen=True)
 class EnvNames:
-    """Every environment variable the backends and scripts pass between them."""
+    """Every environment variable the backends and scripts pass between them (a namespace of
+    constants: a plain class, which imports faster than a dataclass; no instance attributes)."""
+
+    __slots__ = ()
 
     # ---- a trainer node (the entry script's whole per-node input) ----
     #: The node rank, 0-based.
