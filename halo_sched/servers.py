@@ -1,4 +1,6 @@
-"""Rollout servers beside the trainer (``servers:`` in the job file): the pure wiring.
+"""Rollout servers beside the trainer (``servers:`` in the job file): each role's server script,
+rendered from the launch plan (halo_sched/launch.py: the roles, their node offsets and ports; the
+variable names below are defined once in halo_sched/node/contract.py).
 
 Each role runs one server per node, on nodes of its own. Whatever the scheduler, the interface is:
 

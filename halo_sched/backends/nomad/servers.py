@@ -1,7 +1,7 @@
-"""Server roles (``servers:``) in the Nomad job: their names, services and the trainer's view of
-them (render.py builds the groups from the launch plan with these): one group per role, ``server-NAME``, Count = its
-nodes (constant size, like the trainer's two groups), server index = ``NOMAD_ALLOC_INDEX``
-(sound for the same reasons as the workers' node rank, see render.py).
+"""Server roles (``servers:``) in the Nomad job: their group and service names and the trainer's
+view of them; render.py builds each role's group from the launch plan with these. One group per
+role, ``server-NAME``, Count = its nodes (constant size, like the trainer's two groups), server
+index = ``NOMAD_ALLOC_INDEX`` (sound for the same reasons as the workers' node rank, see render.py).
 
 Each server allocation reserves its static ``port`` (host network) and registers a Nomad-native
 service (``provider = "nomad"``) tagged ``halo-index-${NOMAD_ALLOC_INDEX}``; Nomad interpolates
