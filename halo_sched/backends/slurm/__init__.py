@@ -13,7 +13,6 @@ from typing import Iterator, Sequence
 from ...errors import HaloError, SchedulerError
 from ...spec import JobSpec
 from ..base import DryRun, JobState, JobStatus, Scheduler, tail_lines
-from ...node.failures import report_from_files
 from ...launch import compile_launch
 from .render import render_batch, render_sbatch
 from .status import scontrol_job_state
@@ -142,6 +141,9 @@ class SlurmScheduler(Scheduler):
         for job_id, state in states.items():
             if state.status is JobStatus.FAILED:
                 # Which rank failed first: the failure lines the nodes wrote into the output file.
+                # (Imported here, when a job failed: render and submit need none of it, 10 ms.)
+                from ...node.failures import report_from_files
+
                 state.failure = report_from_files(self._outputs(job_id, ask=False))
         return states
 
