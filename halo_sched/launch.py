@@ -1,11 +1,19 @@
-"""The launch contract: what every node runs, whatever the scheduler.
+"""The launch plan: a validated JobSpec compiled into one immutable, typed description of what
+runs where, and the per-node entry script rendered from it.
 
-One torchrun per node with static rendezvous at node 0. Every node gets the same command and
-environment; the only per-node input is ``HALO_NODE_RANK`` (plus ``HALO_NODE_RANK_OFFSET``, which
-Nomad's worker group adds to its allocation index). Backends supply it (SLURM from
-``$SLURM_NODEID`` inside the task, Nomad from the group and allocation index, local per process) together with rank 0's
-address and port: ``HALO_MASTER_ADDR`` and ``HALO_MASTER_PORT``, or ``HALO_MASTER_ADDR_FILE`` — a file
-whose first line becomes the address and second the port once rank 0 is known, polled until
+:func:`compile_launch` is the only place that turns the job file into launch facts: the trainer's
+node group and each server role with their node offsets, node counts, ports, GPUs and images; the
+environment every rank or server gets (derived, then the user's) and the secret names; the
+rendezvous port or the rule that derives one; the warning signal and its carrier; the SLURM
+output file and cluster; the job's name and id; and the environment variable names the nodes
+read (:data:`halo_sched.node.contract.NAMES`). Every renderer (SLURM, Nomad, local) and every
+template is a view of a :class:`Launch`; nothing is parsed back out of rendered text.
+
+The launch contract itself: one torchrun per node with static rendezvous at node 0. Every node
+gets the same command and environment; the only per-node input is the node rank (plus an offset,
+which Nomad's worker group adds to its allocation index). Backends supply it (SLURM from
+``$SLURM_NODEID`` inside the task, Nomad from the group and allocation index, local per process)
+together with rank 0's address and port, or a file to poll for them until
 ``rendezvous.timeout_s`` runs out.
 
 The port is ``rendezvous.port`` when the job file sets it, on every backend. Unset, each job gets
@@ -20,104 +28,220 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .node import source as node_source
+from .node.contract import DERIVED_PORTS, INDEX_TAG, NAMES, WARNING_CARRIER, EnvNames
 from .models import JobSpec
-from .templating import RenderError, check, checked_int, render_template
+from .templating import RenderError, check, checked_int, heredoc_tag, render_template
 
-from .node_env import (  # noqa: F401 - the backends' per-node interface, named once in node_env.py
-    LOG_DIR_VAR, MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, MASTER_PORT_VAR, NODE_RANK_OFFSET_VAR, NODE_RANK_VAR,
-    SECRETS_DIR_VAR,
-)
-from .servers import entry_vars as server_entry_vars
+#: The SLURM job's one output file (sbatch's filename pattern): every node writes into it.
+SLURM_OUTPUT = "halo-%x-%j.out"
 
-#: Where a job's own master port comes from when ``rendezvous.port`` is unset (SLURM: from the job
-#: id, local: the first free one from a random start): 28500-29499. Below torchrun's customary
-#: 29500 (which hand-written jobs on the same host still take), below SGLang's default 30000, and
-#: below Linux's ephemeral range (32768-60999), from which outgoing connections take their ports.
-DERIVED_PORTS = range(28500, 29500)
+Env = tuple[tuple[str, str], ...]  # (name, value) in order: the derived variables, then the user's
 
 
 @dataclass(frozen=True)
-class LaunchContract:
+class Trainer:
+    """The trainer's node group: nodes 0..nodes-1 of the job, one torchrun each."""
+
+    nodes: int
+    nproc_per_node: int
+    gpus: int  # per node
+    image: str | None
+    env: Env
+    secret_names: tuple[str, ...]
+    setup: tuple[str, ...]
+    #: torchrun's options that are the same on every node (rank and address come at run time).
+    torchrun_args: tuple[str, ...]
+    #: What torchrun runs: ``-m MODULE`` or the script, then the trainer's arguments.
+    argv: tuple[str, ...]
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class ServerRole:
+    """One role of ``servers:``: one server per node, on nodes of its own."""
+
+    index: int  # its place in ``servers:``
+    name: str
+    nodes: int
+    #: Its first node in the whole allocation (after the trainer's nodes and earlier roles').
+    offset: int
+    port: int
+    group_port: int | None
+    gpus: int  # per node
+    image: str | None  # the role's own, else the job's
+    env: Env  # the job's derived fabric/storage env (identical to the ranks'), then the role's
+    secret_names: tuple[str, ...]
+    setup: tuple[str, ...]
+    command: tuple[str, ...]
+    health_path: str
+    # What the trainer's nodes learn of the role (halo_sched/templates/entry_servers.sh.j2).
+    urls_var: str
+    group_port_var: str
+    addrs_var: str
+    addrs_file_var: str
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Rank 0's port: ``port`` when the job file sets it; else each backend derives the job's own
+    (SLURM from its id within ``derived``, skipping ``avoid``; local a free one of ``derived``;
+    Nomad a dynamic port)."""
+
+    port: int | None
+    timeout_s: int
+    derived: range
+    #: Ports a derived port must not take: every server role's port and group port (a group port
+    #: is bound on rank 0 itself; a server port on a host a job may share with node 0).
+    avoid: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class WarningSignal:
+    """The preemption/time-limit warning: ``signal`` is what a trainer gets (``slurm.signal``'s,
+    USR2 by default; torchrun ignores it, the trainer handles it); ``carrier`` takes it to every
+    node's entry script, which hands ``signal`` on to the ranks."""
+
+    signal: str
+    #: slurm.signal is set: SLURM sends the warning ``seconds`` before the time limit (sbatch's
+    #: default when None), and to the batch script alone with ``B`` among ``flags``. Unset, only
+    #: ``halo-sched cancel --signal`` warns the job.
+    requested: bool = False
+    flags: str = ""
+    seconds: int | None = None
+    carrier: str = WARNING_CARRIER
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One job, compiled: what every renderer writes, and nothing else."""
+
+    #: The validated job file, for what only one scheduler's renderer reads (its own section).
     spec: JobSpec
+    name: str
+    #: The scheduler's job id where the renderer writes one (Nomad), else the name.
+    job_id: str
+    trainer: Trainer
+    servers: tuple[ServerRole, ...]
+    rendezvous: Rendezvous
+    warning: WarningSignal
+    #: Every secret the job takes at submit time (the ranks' and the servers'), each once.
+    secret_names: tuple[str, ...]
+    #: SLURM: the output file's pattern, and the cluster ``--clusters=NAME`` names (None: the local one).
+    output: str
+    cluster: str | None
+    #: network.interface: the fabric NIC whose address rank 0 and the servers take (None: the
+    #: address the scheduler reaches each node by).
+    interface: str | None
+    names: EnvNames = NAMES
+    index_tag: str = INDEX_TAG
 
-    def environment(self) -> dict[str, str]:
-        """Environment every rank gets: the spec's DIST_*/NCCL_* first, then the user's (literal)."""
-        env = dict(self.spec.derived_env())
-        if not isinstance(self.spec.env, dict):
-            raise RenderError([("env", "must be a mapping of variable names to text")])
-        env.update(self.spec.env)
-        return env
+    @property
+    def all_nodes(self) -> int:
+        """Trainer nodes plus every server node."""
+        return self.trainer.nodes + sum(r.nodes for r in self.servers)
 
-    def torchrun_args(self) -> list[str]:
-        """torchrun's options that are the same on every node (rank and address come at run time)."""
-        s = self.spec
-        return [
-            f"--nnodes={checked_int(s.nodes, 'nodes')}",
-            f"--nproc_per_node={checked_int(s.nproc_per_node, 'nproc_per_node')}",
+    @property
+    def max_gpus(self) -> int:
+        """The most GPUs any node of the job asks for (trainer or server)."""
+        return max([self.trainer.gpus] + [r.gpus for r in self.servers])
+
+
+def _env(pairs: dict, what: str) -> Env:
+    if not isinstance(pairs, dict):
+        raise RenderError([(what, "must be a mapping of variable names to text")])
+    return tuple(pairs.items())
+
+
+def _trainer_argv(spec: JobSpec) -> tuple[str, ...]:
+    t = spec.trainer
+    if t.module:
+        head = ["-m", check(t.module, "Python module", "trainer.module")]
+    elif isinstance(t.script, str) and t.script and not t.script.startswith("-"):
+        head = [t.script]  # quoted by the template
+    else:  # torchrun would read it as one of its options
+        raise RenderError([("trainer.script", "must be the path of a .py file, not starting with '-'")])
+    if not isinstance(t.args, (list, tuple)):
+        raise RenderError([("trainer.args", "must be a list of arguments")])
+    return tuple(head + list(t.args))
+
+
+def _warning(spec: JobSpec) -> WarningSignal:
+    try:
+        flags, name, secs = spec.slurm.warning
+    except (AttributeError, TypeError):  # not a [B:]SIGNAL[@seconds] at all: refused below
+        flags, name, secs = "", spec.slurm.signal, None
+    return WarningSignal(signal=check(name, "signal name", "slurm.signal"), requested=spec.slurm.signal is not None,
+                         flags=flags, seconds=None if secs is None else checked_int(secs, "slurm.signal"))
+
+
+def _cluster(extra_args) -> str | None:
+    """The one cluster ``--clusters=NAME`` (or ``--cluster=NAME``) in slurm.extra_args names,
+    as the transports read it (``names_clusters``); None for the local one or several."""
+    names = [value for name, _, value in (a.partition("=") for a in extra_args)
+             if name in ("--clusters", "--cluster") and value]
+    return names[-1] if names and "," not in names[-1] else None
+
+
+def compile_launch(spec: JobSpec, job_id: str | None = None) -> Launch:
+    """The launch plan of a validated ``spec``. Every number and every word that a renderer
+    writes where nothing can quote it is checked here as it is taken (whatever the model holds:
+    ``model_copy`` does not validate); the templates' filters check again. ``job_id``: the
+    scheduler's id of this submission where the renderer writes one (Nomad), else the name."""
+    s = spec
+    nodes = checked_int(s.nodes, "nodes")
+    nproc = checked_int(s.nproc_per_node, "nproc_per_node")
+    timeout_s = checked_int(s.rendezvous.timeout_s, "rendezvous.timeout_s")
+    derived = s.derived_env()
+    trainer = Trainer(
+        nodes=nodes, nproc_per_node=nproc, gpus=checked_int(s.gpus_per_node, "gpus_per_node"), image=s.image,
+        env=tuple(derived.items()) + _env(s.env, "env"), secret_names=tuple(s.secret_env), setup=tuple(s.setup),
+        torchrun_args=(
+            f"--nnodes={nodes}",
+            f"--nproc_per_node={nproc}",
             # --node_rank, --master_addr and --master_port follow, from the node's environment
             # A fixed-size world: a restarted node could never rejoin a static rendezvous.
             "--max_restarts=0",
             # Static rendezvous store timeout: bounds how long a node waits for the others.
-            f"--rdzv_conf=timeout={checked_int(s.rendezvous.timeout_s, 'rendezvous.timeout_s')}",
-        ]
-
-    def warning_signal(self) -> str:
-        """The signal a trainer gets as the preemption/time-limit warning (``slurm.signal``'s,
-        USR2 by default). torchrun ignores it; the trainer handles it (``HALO_WARNING_SIGNAL``)."""
-        try:
-            name = self.spec.slurm.warning[1]
-        except (AttributeError, TypeError):  # not a [B:]SIGNAL[@seconds] at all
-            name = self.spec.slurm.signal
-        return check(name, "signal name", "slurm.signal")
-
-    def trainer_argv(self) -> list[str]:
-        t = self.spec.trainer
-        if t.module:
-            head = ["-m", check(t.module, "Python module", "trainer.module")]
-        elif isinstance(t.script, str) and t.script and not t.script.startswith("-"):
-            head = [t.script]  # quoted by the template
-        else:  # torchrun would read it as one of its options
-            raise RenderError([("trainer.script", "must be the path of a .py file, not starting with '-'")])
-        if not isinstance(t.args, (list, tuple)):
-            raise RenderError([("trainer.args", "must be a list of arguments")])
-        return head + list(t.args)
-
-    def entry_script(self) -> str:
-        """The per-node entry script, byte-identical for every node and every backend."""
-        s = self.spec
-        return render_template(
-            "entry.sh.j2",
-            spec=s,
-            env=self.environment(),
-            torchrun_args=self.torchrun_args(),
-            trainer_argv=self.trainer_argv(),
-            warning_signal=self.warning_signal(),
-            node_rank_var=NODE_RANK_VAR,
-            master_addr_var=MASTER_ADDR_VAR,
-            master_addr_file_var=MASTER_ADDR_FILE_VAR,
-            master_port_var=MASTER_PORT_VAR,
-            node_rank_offset_var=NODE_RANK_OFFSET_VAR,
-            secrets_dir_var=SECRETS_DIR_VAR,
-            **failure_report_vars(),
-            **(server_entry_vars(s) if s.servers else {}),
-        )
+            f"--rdzv_conf=timeout={timeout_s}",
+        ),
+        argv=_trainer_argv(s),
+    )
+    roles, offset = [], nodes
+    for i, r in enumerate(s.servers):
+        name = check(r.name, "server name", f"servers[{i}].name")
+        count = checked_int(r.nodes, f"servers[{i}].nodes")
+        roles.append(ServerRole(
+            index=i, name=name, nodes=count, offset=offset, port=checked_int(r.port, f"servers[{i}].port"),
+            group_port=None if r.group_port is None else checked_int(r.group_port, f"servers[{i}].group_port"),
+            gpus=checked_int(r.gpus_per_node, f"servers[{i}].gpus_per_node"), image=r.image or s.image,
+            env=tuple(derived.items()) + _env(r.env, f"servers[{i}].env"), secret_names=tuple(r.secret_env),
+            setup=tuple(r.setup), command=tuple(r.command), health_path=r.health_path,
+            urls_var=NAMES.role_urls(name), group_port_var=NAMES.role_group_port(name),
+            addrs_var=NAMES.role_addrs(name), addrs_file_var=NAMES.role_addrs_file(name),
+        ))
+        offset += count
+    port = s.rendezvous.port
+    avoid = sorted({r.port for r in roles} | {r.group_port for r in roles if r.group_port is not None})
+    return Launch(
+        spec=s, name=check(s.name, "job name", "name"), job_id=check(job_id or s.name, "job id", "name"),
+        trainer=trainer, servers=tuple(roles),
+        rendezvous=Rendezvous(port=None if port is None else checked_int(port, "rendezvous.port"),
+                              timeout_s=timeout_s, derived=DERIVED_PORTS, avoid=tuple(avoid)),
+        warning=_warning(s), secret_names=tuple(s.secret_names), output=SLURM_OUTPUT,
+        cluster=_cluster(s.slurm.extra_args), interface=s.network.interface,
+    )
 
 
-def ports_to_avoid(spec: JobSpec) -> list[int]:
-    """Ports a derived master port must not take: every server role's ``port`` and
-    ``group_port`` (a group port is bound on rank 0 itself; a server port on a host a job may
-    share with node 0, as every node of the test cluster and of the local backend does)."""
-    return sorted({r.port for r in spec.servers} | {r.group_port for r in spec.servers if r.group_port is not None})
-
-
-def failure_report_vars() -> dict:
-    """What ``halo_sched/templates/entry_failure_report.sh.j2`` needs: the collector's source, run on
-    the node."""
-    from .node import source as node_source
-    from .templating import heredoc_tag
-
-    source = node_source("failure_collector")
-    return {"collector": source, "collector_tag": heredoc_tag(source, "HALO_COLLECT_EOF"), "log_dir_var": LOG_DIR_VAR}
+def render_entry(launch: Launch) -> str:
+    """The per-node entry script, byte-identical for every node and every backend."""
+    collector = node_source("failure_collector")
+    health = node_source("server_health") if launch.servers else ""
+    return render_template(
+        "entry.sh.j2", launch=launch, names=launch.names, warning=launch.warning,
+        trainer=launch.trainer, collector=collector, collector_tag=heredoc_tag(collector, "HALO_COLLECT_EOF"),
+        health_source=health, health_tag=heredoc_tag(health, "HALO_HEALTH_EOF"),
+    )
 
 
 def submission_id(spec: JobSpec) -> str:
@@ -133,4 +257,5 @@ def submission_id(spec: JobSpec) -> str:
 
 
 def entry_script(spec: JobSpec) -> str:
-    return LaunchContract(spec).entry_script()
+    """:func:`render_entry` of ``spec``'s plan."""
+    return render_entry(compile_launch(spec))

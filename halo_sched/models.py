@@ -15,6 +15,7 @@ from typing import Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from .errors import SpecError
+from .node.contract import WARNING_CARRIER
 from .values import (
     DEFAULT_WARNING, IFACE_RE, MAX_TIMEOUT_HOURS, MODULE_RE, NAME_RE, NOMAD_MAX_CPU_MHZ, NOMAD_MAX_MEMORY_MB, SBATCH_ARG_RE,
     SBATCH_CONFLICTS, SBATCH_EXACT_PREFIXES, SBATCH_OPTIONS_REFUSED, SBATCH_OPTIONS_SET_BY,
@@ -215,8 +216,8 @@ class Slurm(_Model):
         name = parsed[1]
         if name == "USR1":
             raise ValueError("USR1 is used by NCCL; choose USR2 or HUP for the preemption warning")
-        if name == "URG":
-            raise ValueError("URG carries the warning to every node (the batch script's forward); choose USR2 or HUP")
+        if name == WARNING_CARRIER:
+            raise ValueError(f"{name} carries the warning to every node (the batch script's forward); choose USR2 or HUP")
         if name not in WARNING_SIGNALS:
             raise ValueError(f"{name} cannot be the warning: it must be a signal the trainer can catch while the "
                              f"job goes on, one of {', '.join(WARNING_SIGNALS)} (USR2 recommended)")

@@ -1,4 +1,6 @@
-"""Rollout servers beside the trainer (``servers:`` in the job file): the pure wiring.
+"""Rollout servers beside the trainer (``servers:`` in the job file): each role's server script,
+rendered from the launch plan (halo_sched/launch.py: the roles, their node offsets and ports; the
+variable names below are defined once in halo_sched/node/contract.py).
 
 Each role runs one server per node, on nodes of its own. Whatever the scheduler, the interface is:
 
@@ -21,68 +23,20 @@ with '-' as '_' (names allow only lower-case letters, digits and '-', so two rol
 """
 from __future__ import annotations
 
-from .node_env import (  # noqa: F401 - named once in node_env.py
-    SECRETS_DIR_VAR, SERVER_ADDR_VAR, SERVER_INDEX_VAR, TRAINER_MASTER_FILE_VAR, TRAINER_MASTER_VAR,
-)
-from .node import source as node_source
+from .launch import Launch, ServerRole, compile_launch
 from .models import JobSpec, Server
-from .templating import heredoc_tag, render_template
-#: The tag each Nomad server registration carries (``halo-index-${NOMAD_ALLOC_INDEX}``), and the
-#: first word of each line of an addresses file.
-INDEX_TAG = "halo-index-"
+from .templating import render_template
 
 
-def key(name: str) -> str:
-    return name.upper().replace("-", "_")
-
-
-def urls_var(name: str) -> str:
-    return f"HALO_SERVER_{key(name)}_URLS"
-
-
-def group_port_var(name: str) -> str:
-    return f"HALO_SERVER_{key(name)}_GROUP_PORT"
-
-
-def addrs_var(name: str) -> str:
-    return f"HALO_SERVER_{key(name)}_ADDRS"
-
-
-def addrs_file_var(name: str) -> str:
-    return f"HALO_SERVER_{key(name)}_ADDRS_FILE"
-
-
-def url(addr: str, port: int) -> str:
-    return f"http://[{addr}]:{port}" if ":" in addr else f"http://{addr}:{port}"
-
-
-def server_environment(spec: JobSpec, role: Server) -> dict[str, str]:
-    """What every server of ``role`` gets: the job's derived fabric/storage env (identical to the
-    ranks'), then the role's own (literal)."""
-    env = dict(spec.derived_env())
-    env.update(role.env)
-    return env
+def render_server(launch: Launch, role: ServerRole) -> str:
+    """The per-server-node entry of one role, byte-identical for each of its nodes."""
+    return render_template("server.sh.j2", launch=launch, role=role, names=launch.names)
 
 
 def server_script(spec: JobSpec, role: Server) -> str:
-    """The per-server-node entry of one role, byte-identical for each of its nodes."""
-    return render_template(
-        "server.sh.j2", spec=spec, role=role, env=server_environment(spec, role),
-        index_var=SERVER_INDEX_VAR, addr_var=SERVER_ADDR_VAR,
-        master_var=TRAINER_MASTER_VAR, master_file_var=TRAINER_MASTER_FILE_VAR, secrets_dir_var=SECRETS_DIR_VAR,
-    )
-
-
-def entry_vars(spec: JobSpec) -> dict:
-    """What ``halo_sched/templates/entry_servers.sh.j2`` (inside the trainer's entry) needs."""
-    source = node_source("server_health")
-    roles = [{
-        "name": r.name, "nodes": r.nodes, "port": r.port, "group_port": r.group_port,
-        "health_path": r.health_path, "urls_var": urls_var(r.name), "group_port_var": group_port_var(r.name),
-        "addrs_var": addrs_var(r.name), "addrs_file_var": addrs_file_var(r.name),
-    } for r in spec.servers]
-    return {"server_roles": roles, "health_source": source, "health_tag": heredoc_tag(source, "HALO_HEALTH_EOF"),
-            "index_tag": INDEX_TAG}
+    """:func:`render_server` of ``role`` (one of ``spec.servers``) in ``spec``'s plan."""
+    launch = compile_launch(spec)
+    return render_server(launch, launch.servers[spec.servers.index(role)])
 
 
 def local_addr(role_index: int, server_index: int) -> str:

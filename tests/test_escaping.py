@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import halo_sched
 from halo_sched.errors import SpecError
-from halo_sched.backends.nomad.render import _delimiters, job_payload, render_hcl
+from halo_sched.backends.nomad.render import delimiters, job_payload, render_hcl
 from halo_sched.backends.slurm.render import render_sbatch
 from halo_sched.launch import entry_script
 from halo_sched.templating import (
@@ -71,7 +71,7 @@ def test_shell_heredoc_tag_never_a_line_of_the_body(value):
 @FAST
 @given(TEXT)
 def test_go_template_delimiters_absent(value):
-    left, right = _delimiters(value)
+    left, right = delimiters(value)
     assert left not in value and right not in value
 
 

@@ -13,10 +13,10 @@ import subprocess
 import pytest
 
 import halo_sched
-from halo_sched.backends.local import _launch_plan
+from halo_sched.backends.local import _supervisor_job
 from halo_sched.backends.nomad.render import job_payload
 from halo_sched.backends.slurm.render import render_sbatch
-from halo_sched.launch import entry_script
+from halo_sched.launch import compile_launch, entry_script
 from helpers import HOSTILE_MORE, base_env, fake_bin, records, run_entry, run_sbatch
 
 SPEC = f"""
@@ -50,9 +50,9 @@ def _run_local(spec, tmp_path, port=None):
     bindir, out = fake_bin(tmp_path), tmp_path / "local"
     out.mkdir()
     env = base_env(bindir, out, ENV_NAMES)
-    plan = _launch_plan(spec, tmp_path / "job", [], None, spec.rendezvous.port or port)
-    for node in plan["nodes"]:
-        node_env = {**plan["env"], **{k: v for k, v in node["env"].items() if k != "HALO_LOG_DIR"}}
+    job = _supervisor_job(compile_launch(spec), tmp_path / "job", [], None, spec.rendezvous.port or port)
+    for node in job["nodes"]:
+        node_env = {**job["env"], **{k: v for k, v in node["env"].items() if k != "HALO_LOG_DIR"}}
         r = run_entry(entry_script(spec), tmp_path, node_env, env)
         assert r.returncode == 0, r.stderr
     return records(out)
@@ -262,7 +262,7 @@ def test_local_submit_picks_a_free_port_for_a_job_without_one(monkeypatch):
 def test_local_submit_hands_its_port_to_every_node(tmp_path):
     """The port submit picked is in the job's record and in every node's environment."""
     from halo_sched.backends.local import LocalScheduler
-    from halo_sched.launch import DERIVED_PORTS
+    from halo_sched.node.contract import DERIVED_PORTS
 
     spec = halo_sched.loads(SPEC.replace("port: 29511, ", "").replace("export FROM_SETUP=yes", "sleep 300"))
     sched = LocalScheduler(tmp_path / "state")

@@ -23,13 +23,11 @@ from typing import Iterator, Sequence
 
 from ..errors import SchedulerError, UsageError, shown
 from ..records import Unreadable, home, read_json, read_small
-from ..launch import (
-    DERIVED_PORTS, LOG_DIR_VAR, MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, MASTER_PORT_VAR, NODE_RANK_VAR, entry_script,
-    ports_to_avoid, submission_id,
-)
+from ..launch import Launch, compile_launch, render_entry, submission_id
+from ..node.contract import DERIVED_PORTS, NAMES
 from ..models import JobSpec
-from ..servers import SERVER_ADDR_VAR, SERVER_INDEX_VAR, TRAINER_MASTER_VAR, addrs_var, local_addr, server_script
-from ..templating import check, checked_int, render_template
+from ..servers import local_addr, render_server
+from ..templating import render_template
 from .base import DryRun, JobState, JobStatus, Scheduler, tail_lines
 from .watcher import wait_loop
 # The supervisor's run-time code and the process helpers shared with it live there, once.
@@ -61,7 +59,7 @@ def _free_master_port(spec: JobSpec) -> int:
     of the job's server ports, from a random start (two jobs submitted at once rarely try the
     same one first). torchrun binds it seconds later; a job that lost it in between fails at
     rendezvous, naming the port."""
-    avoid = set(ports_to_avoid(spec))
+    avoid = set(compile_launch(spec).rendezvous.avoid)
     start = secrets.randbelow(len(DERIVED_PORTS))
     for i in range(len(DERIVED_PORTS)):
         port = DERIVED_PORTS[(start + i) % len(DERIVED_PORTS)]
@@ -87,15 +85,10 @@ class LocalScheduler(Scheduler):
     # ---- public API -------------------------------------------------------------------------
 
     def render(self, spec: JobSpec, **opts) -> str:
-        return render_template("local/run.txt.j2", spec=spec, entry=entry_script(spec), master=LOCAL_MASTER,
-                               port=("PORT" if spec.rendezvous.port is None
-                                     else str(checked_int(spec.rendezvous.port, "rendezvous.port"))),
-                               servers=_server_plan(spec),
-                               derived=f"{DERIVED_PORTS.start}-{DERIVED_PORTS.stop - 1}",
-                               server_script=server_script)
+        return render_run(compile_launch(spec))
 
     def dryrun(self, spec: JobSpec, **opts) -> DryRun:
-        return DryRun(self.name, spec, self.render(spec), payload=entry_script(spec))
+        return DryRun(self.name, spec, self.render(spec), payload=render_entry(compile_launch(spec)))
 
     def schedule(self, dryrun: DryRun) -> str:
         spec: JobSpec = dryrun.spec
@@ -109,7 +102,8 @@ class LocalScheduler(Scheduler):
             )
         _check_local_ports(spec)
         master_port = spec.rendezvous.port if spec.rendezvous.port is not None else _free_master_port(spec)
-        servers = _server_plan(spec)
+        launch = compile_launch(spec)
+        servers = _server_nodes(launch)
         # Trainer nodes first, then each server "node": disjoint slices of this machine's GPUs.
         gpu_sets = _gpu_sets_for([spec.gpus_per_node] * spec.nodes + [s["gpus"] for s in servers])
         server_gpus = gpu_sets[spec.nodes:] if gpu_sets else None
@@ -120,13 +114,13 @@ class LocalScheduler(Scheduler):
         d.mkdir()
         (d / "entry.sh").write_text(dryrun.payload)
         (d / "entry.sh").chmod(0o755)
-        for role in spec.servers:
-            (d / f"server-{check(role.name, 'server name', 'servers[].name')}.sh").write_text(server_script(spec, role))
+        for role in launch.servers:
+            (d / f"server-{role.name}.sh").write_text(render_server(launch, role))
         for i, srv in enumerate(servers):
             srv["gpus"] = server_gpus[i] if server_gpus and srv["gpus"] else None
         write_json(d / "job.json", {"name": spec.name, "nodes": spec.nodes, "cwd": os.getcwd(), "gpus": gpu_sets,
                                      "servers": servers, "master_port": master_port,
-                                     "launch": _launch_plan(spec, d, servers, gpu_sets, master_port)})
+                                     "launch": _supervisor_job(launch, d, servers, gpu_sets, master_port)})
         write_json(d / "state.json", {"state": "PENDING", "submitted": time.time()})
         (d / "job.log").touch()
         proc = subprocess.Popen(
@@ -281,29 +275,41 @@ def _read_meta(d: Path) -> tuple[dict | None, str]:
     return meta, ""
 
 
-def _launch_plan(spec: JobSpec, d: Path, servers: list[dict], gpu_sets: list[str] | None, master_port: int) -> dict:
+def render_run(launch: Launch) -> str:
+    """What ``render --backend local`` shows: how each node and server process is started, and
+    the scripts they run."""
+    port = "PORT" if launch.rendezvous.port is None else str(launch.rendezvous.port)
+    derived = launch.rendezvous.derived
+    return render_template("local/run.txt.j2", launch=launch, names=launch.names, entry=render_entry(launch),
+                           master=LOCAL_MASTER, port=port, servers=_server_nodes(launch),
+                           derived=f"{derived.start}-{derived.stop - 1}",
+                           scripts=[(r.name, render_server(launch, r)) for r in launch.servers])
+
+
+def _supervisor_job(launch: Launch, d: Path, servers: list[dict], gpu_sets: list[str] | None,
+                    master_port: int) -> dict:
     """What the supervisor runs, rendered here so that it imports no spec/template code: each
     node's script and the variables it adds to the inherited environment (never a secret: those
     stay in the environment). The supervisor adds the job tag and PATH itself."""
-    common = {MASTER_ADDR_VAR: LOCAL_MASTER, MASTER_PORT_VAR: str(master_port)}
+    common = {NAMES.master_addr: LOCAL_MASTER, NAMES.master_port: str(master_port)}
     for srv in servers:
         common[srv["addrs_var"]] = ",".join(o["addr"] for o in servers if o["role"] == srv["role"])
     nodes = []
-    for rank in range(spec.nodes):
+    for rank in range(launch.trainer.nodes):
         # torchrun's per-rank logs and error files stay in the job directory (ranks/node-K/).
-        env = {NODE_RANK_VAR: str(rank), LOG_DIR_VAR: str(d / "ranks")}
+        env = {NAMES.node_rank: str(rank), NAMES.log_dir: str(d / "ranks")}
         if gpu_sets:
             # Each "node" owns its own GPUs, as on separate hosts; LOCAL_RANK indexes them.
             env["CUDA_VISIBLE_DEVICES"] = gpu_sets[rank]
         nodes.append({"script": "entry.sh", "env": env})
-    plan_servers = []
+    server_runs = []
     for srv in servers:
-        env = {SERVER_INDEX_VAR: str(srv["index"]), SERVER_ADDR_VAR: srv["addr"], TRAINER_MASTER_VAR: LOCAL_MASTER}
+        env = {NAMES.server_index: str(srv["index"]), NAMES.server_addr: srv["addr"], NAMES.trainer_master: LOCAL_MASTER}
         if srv.get("gpus"):
             env["CUDA_VISIBLE_DEVICES"] = srv["gpus"]
-        plan_servers.append({"label": f"server {srv['role']} {srv['index']}", "script": f"server-{srv['role']}.sh",
-                             "env": env, "unset": [MASTER_ADDR_VAR, MASTER_PORT_VAR]})
-    return {"env": common, "unset": [MASTER_ADDR_FILE_VAR], "nodes": nodes, "servers": plan_servers}
+        server_runs.append({"label": f"server {srv['role']} {srv['index']}", "script": f"server-{srv['role']}.sh",
+                             "env": env, "unset": [NAMES.master_addr, NAMES.master_port]})
+    return {"env": common, "unset": [NAMES.master_addr_file], "nodes": nodes, "servers": server_runs}
 
 
 def _visible_gpus() -> list[str] | None:
@@ -321,11 +327,11 @@ def _visible_gpus() -> list[str] | None:
     return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]
 
 
-def _server_plan(spec: JobSpec) -> list[dict]:
+def _server_nodes(launch: Launch) -> list[dict]:
     """Every local server "node": its role, index, loopback address of its own, GPU count."""
-    return [{"role": check(r.name, "server name", "servers[].name"), "index": k, "addr": local_addr(i, k),
-             "port": r.port, "gpus": r.gpus_per_node, "addrs_var": addrs_var(r.name)}
-            for i, r in enumerate(spec.servers) for k in range(r.nodes)]
+    return [{"role": r.name, "index": k, "addr": local_addr(r.index, k), "port": r.port, "gpus": r.gpus,
+             "addrs_var": r.addrs_var}
+            for r in launch.servers for k in range(r.nodes)]
 
 
 def _check_local_ports(spec: JobSpec) -> None:

@@ -19,8 +19,9 @@ import threading
 import time
 from pathlib import Path
 
+from .contract import NAMES
 from .processes import (
-    GRACE_S, JOB_TAG_VAR, become_subreaper, children, start_time, stop_tagged, wait_any, write_json,
+    GRACE_S, become_subreaper, children, start_time, stop_tagged, wait_any, write_json,
 )
 
 CANCEL_MARK = "cancel-requested"  # written by cancel; read by the supervisor and by status
@@ -121,7 +122,7 @@ class _Supervisor:
         # Servers first: they come up while the trainer nodes run their setup; the trainer's entry
         # waits for their health before torchrun. Trainer nodes learn the addresses from the env.
         for srv in plan["servers"]:
-            srv_env = {**env, **srv["env"], JOB_TAG_VAR: str(self.d)}
+            srv_env = {**env, **srv["env"], NAMES.local_job: str(self.d)}
             for var in srv["unset"]:
                 srv_env.pop(var, None)
             p = subprocess.Popen(
@@ -136,7 +137,7 @@ class _Supervisor:
             pumps.append(t)
         for rank, node in enumerate(plan["nodes"]):
             # Each "node" owns its own GPUs (CUDA_VISIBLE_DEVICES in its env), as on separate hosts.
-            node_env = {**env, **node["env"], JOB_TAG_VAR: str(self.d)}
+            node_env = {**env, **node["env"], NAMES.local_job: str(self.d)}
             p = subprocess.Popen(
                 ["bash", str(self.d / node["script"])],
                 env=node_env, cwd=self.meta["cwd"],

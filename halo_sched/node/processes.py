@@ -12,8 +12,9 @@ import signal
 import time
 from pathlib import Path
 
+from .contract import NAMES
+
 GRACE_S = 10.0
-JOB_TAG_VAR = "HALO_LOCAL_JOB"  # in every node's environment: finds the job's processes, however deep
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -97,8 +98,8 @@ def children(pid: int) -> list[int]:
 
 
 def tagged(tag: str) -> list[int]:
-    """Live processes (other than this one) whose environment carries ``HALO_LOCAL_JOB=tag``."""
-    want = f"{JOB_TAG_VAR}={tag}".encode()
+    """Live processes (other than this one) whose environment carries ``NAMES.local_job=tag``."""
+    want = f"{NAMES.local_job}={tag}".encode()
     out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():

@@ -26,7 +26,7 @@ from halo_sched.node.failures import FailureReport, RankFailure, parse_lines
 from . import servers as server_roles
 from .capabilities import ReadsLogTail
 from .render import TASK
-from .state import NodeView, _failure_detail, node_views, server_views
+from .state import NodeView, failure_detail, node_views, server_views
 
 TAIL_BYTES = 65536    # of each log read: the failure lines come last, after the rank's traceback
 MAX_ALLOCS = 64       # allocations read per job; the earliest-dead first
@@ -122,7 +122,7 @@ class FailureLogs:
                 return [], True
             text = self._tail(client, a["ID"], server_roles.TASK, "stderr")
             lines = [ln for ln in (text or "").splitlines() if ln.strip()]
-            error = error_line(lines[-12:]) if lines else _failure_detail(a)
+            error = error_line(lines[-12:]) if lines else failure_detail(a)
             return [AllocFailure(node=None, rank=None, local_rank=None, host=host, exit_code=v.exit_code,
                                  signal=None, time=when, label=f"server {v.server} (Nomad node {host})",
                                  error=error, tail=tuple(lines[-12:]))], text is not None
@@ -139,7 +139,7 @@ class FailureLogs:
             # logs are gone. The task's own events still say how it ended.
             return [AllocFailure(node=v.rank, rank=None, local_rank=None, host=host, exit_code=v.exit_code,
                                  signal=None, time=when, label=f"node {v.rank} (Nomad node {host})",
-                                 error=_failure_detail(a) if v.phase == "failed" else v.detail)], readable
+                                 error=failure_detail(a) if v.phase == "failed" else v.detail)], readable
         return [], readable
 
     def _tail(self, client, alloc_id: str, task: str, kind: str) -> str | None:

@@ -53,10 +53,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ...errors import SpecError
-from ...launch import (
-    MASTER_ADDR_FILE_VAR, MASTER_ADDR_VAR, MASTER_PORT_VAR, NODE_RANK_OFFSET_VAR, NODE_RANK_VAR, SECRETS_DIR_VAR,
-    entry_script,
-)
+from ...launch import Launch, ServerRole, compile_launch, render_entry
+from ...node.contract import NAMES
+from ...servers import render_server
 from ...models import JobSpec
 from ...values import MAX_TIMEOUT_HOURS
 from ...templating import check, checked_text, checked_int, render_template
@@ -79,6 +78,12 @@ WORKER_RANK_OFFSET = 1
 _ALLOC_INDEX_RE = re.compile(r"\[(\d+)\]$")
 
 
+def alloc_index(alloc_name: str) -> int | None:
+    """The name index of an allocation (``JOBID.GROUP[K]`` -> K), None for another name."""
+    m = _ALLOC_INDEX_RE.search(alloc_name)
+    return None if m is None else int(m.group(1))
+
+
 def group_counts(nodes: int) -> dict[str, int]:
     """The task groups of an N-node job and their counts."""
     return {LEADER_GROUP: 1, **({WORKER_GROUP: nodes - 1} if nodes > 1 else {})}
@@ -87,13 +92,13 @@ def group_counts(nodes: int) -> dict[str, int]:
 def node_rank_of(task_group: str, alloc_name: str) -> int | None:
     """The node rank an allocation runs, from its TaskGroup and Name (``JOBID.workers[K]`` -> K+1);
     None for a group this module does not render."""
-    m = _ALLOC_INDEX_RE.search(alloc_name)
-    if m is None:
+    index = alloc_index(alloc_name)
+    if index is None:
         return None
     if task_group == LEADER_GROUP:
         return 0
     if task_group == WORKER_GROUP:
-        return WORKER_RANK_OFFSET + int(m.group(1))
+        return WORKER_RANK_OFFSET + index
     return None
 
 
@@ -107,7 +112,7 @@ def service_name(job_id: str) -> str:
     return f"{base}-rdzv"
 
 
-def _delimiters(text: str) -> tuple[str, str]:
+def delimiters(text: str) -> tuple[str, str]:
     """Go-template delimiters that never occur in ``text``, so the entry renders byte-exact."""
     salt = 0
     while True:
@@ -144,7 +149,7 @@ def secret_wiring(job_id: str, names: list[str]) -> tuple[dict, list[dict]]:
     if not names:
         return {}, []
     names = [check(name, "variable name", "secret_env") for name in names]
-    return {SECRETS_DIR_VAR: "${NOMAD_SECRETS_DIR}"}, [
+    return {NAMES.secrets_dir: "${NOMAD_SECRETS_DIR}"}, [
         {"EmbeddedTmpl": secret_template(job_id, name), "DestPath": f"secrets/halo-secret-{name}", "Perms": SECRET_PERMS,
          "ChangeMode": "noop"} for name in names]
 
@@ -333,7 +338,8 @@ def client_requirements(spec: JobSpec) -> list[str]:
     return [n.line for n in client_needs(job_payload(spec)["Job"]) if not n.default]
 
 
-def _task(spec: JobSpec, job_id: str, group: str, entry: str, delims: tuple[str, str]) -> dict:
+def _task(launch: Launch, group: str, entry: str, delims: tuple[str, str]) -> dict:
+    spec, job_id = launch.spec, launch.job_id
     nm = spec.nomad
     left, right = delims
     templates = [{
@@ -347,28 +353,28 @@ def _task(spec: JobSpec, job_id: str, group: str, entry: str, delims: tuple[str,
     if group == LEADER_GROUP:
         # NOMAD_PORT_<label>: the port's To when set, else its Value, static or dynamic
         # (client/taskenv/env.go addGroupPort/addPorts, v2.0.5); host mode sets no To.
-        env = {NODE_RANK_VAR: "0", MASTER_ADDR_VAR: "${NOMAD_IP_%s}" % PORT_LABEL,
-               MASTER_PORT_VAR: "${NOMAD_PORT_%s}" % PORT_LABEL}
+        env = {NAMES.node_rank: "0", NAMES.master_addr: "${NOMAD_IP_%s}" % PORT_LABEL,
+               NAMES.master_port: "${NOMAD_PORT_%s}" % PORT_LABEL}
     else:
         env = {
             # The entry script adds the two: Nomad's ${} cannot.
-            NODE_RANK_VAR: "${NOMAD_ALLOC_INDEX}",
-            NODE_RANK_OFFSET_VAR: str(WORKER_RANK_OFFSET),
-            MASTER_ADDR_FILE_VAR: nomad_servers.MASTER_FILE_IN_TASK,
+            NAMES.node_rank: "${NOMAD_ALLOC_INDEX}",
+            NAMES.node_rank_offset: str(WORKER_RANK_OFFSET),
+            NAMES.master_addr_file: nomad_servers.MASTER_FILE_IN_TASK,
         }
         # noop: the file is rewritten when rank 0 registers; the entry script polls it.
         templates.append({"EmbeddedTmpl": master_template(job_id), "DestPath": MASTER_FILE, "ChangeMode": "noop"})
 
-    secret_env, secret_templates = secret_wiring(job_id, spec.secret_env)
+    secret_env, secret_templates = secret_wiring(job_id, list(launch.trainer.secret_names))
     env.update(secret_env)
     templates += secret_templates
 
-    if spec.servers:
+    if launch.servers:
         # Each server role's addresses, read from its registrations (halo_sched/backends/nomad/servers.py).
-        server_env, server_templates = nomad_servers.trainer_wiring(spec, job_id)
+        server_env, server_templates = nomad_servers.trainer_wiring(launch)
         env.update(server_env)
         templates += server_templates
-    config, resources = _config_and_resources(spec, spec.image, spec.gpus_per_node, ["${NOMAD_TASK_DIR}/halo-entry.sh"])
+    config, resources = _config_and_resources(spec, launch.trainer.image, launch.trainer.gpus, ["${NOMAD_TASK_DIR}/halo-entry.sh"])
     return {
         "Name": TASK,
         "Driver": nm.driver,
@@ -461,7 +467,8 @@ def lost_after_ns(spec: JobSpec) -> int:
     return min(total, 2**63 - 1)
 
 
-def _group(spec: JobSpec, job_id: str, name: str, count: int, entry: str, delims: tuple[str, str]) -> dict:
+def _group(launch: Launch, name: str, count: int, entry: str, delims: tuple[str, str]) -> dict:
+    spec, job_id = launch.spec, launch.job_id
     group: dict = {
         "Name": name,
         "Count": checked_int(count, "nodes"),
@@ -474,19 +481,17 @@ def _group(spec: JobSpec, job_id: str, name: str, count: int, entry: str, delims
         "Disconnect": {"LostAfter": lost_after_ns(spec), "Replace": False},
         "Meta": ({"halo_node_rank": "0"} if name == LEADER_GROUP
                  else {"halo_node_rank_offset": str(WORKER_RANK_OFFSET)}),
-        "Tasks": [_task(spec, job_id, name, entry, delims)],
+        "Tasks": [_task(launch, name, entry, delims)],
     }
     if spec.nomad.max_run_duration_ns is not None:
         group["MaxRunDuration"] = checked_int(spec.nomad.max_run_duration_ns, "nomad.max_run_duration")
     if name == LEADER_GROUP:
-        rdzv = spec.rendezvous.port
+        rdzv = launch.rendezvous.port
         # Rank 0 binds the weight-sync group ports too (servers[].group_port): reserved here.
         # Sorted by label: HCL keeps port blocks by label, so the two forms stay one job.
         reserved = sorted(
-            ([{"Label": PORT_LABEL, "Value": checked_int(rdzv, "rendezvous.port")}] if rdzv is not None else [])
-            + [{"Label": f"group-{check(r.name, 'server name', 'servers[].name')}",
-                "Value": checked_int(r.group_port, "servers[].group_port")}
-               for r in spec.servers if r.group_port is not None],
+            ([{"Label": PORT_LABEL, "Value": rdzv}] if rdzv is not None else [])
+            + [{"Label": f"group-{r.name}", "Value": r.group_port} for r in launch.servers if r.group_port is not None],
             key=lambda p: p["Label"])
         network: dict = {"Mode": "host"}
         if rdzv is None:
@@ -508,13 +513,19 @@ def _group(spec: JobSpec, job_id: str, name: str, count: int, entry: str, delims
 def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
     """The API payload for ``PUT /v1/jobs`` (and ``/v1/job/<id>/plan``). ``job_id`` defaults to
     the job's name (what ``render`` shows); ``submit`` and ``plan`` pass a fresh :func:`submission_id`."""
+    return payload(compile_launch(spec, job_id))
+
+
+def payload(launch: Launch) -> dict:
+    """:func:`job_payload` of a launch plan."""
+    spec, job_id = launch.spec, launch.job_id
     nm = spec.nomad
-    if nm.driver == "docker" and not spec.image:
+    if nm.driver == "docker" and not launch.trainer.image:
         raise SpecError([("image", "the Nomad docker driver needs an image; set image, or nomad.driver: exec or raw_exec")])
-    if nm.driver != "docker" and spec.image:
+    if nm.driver != "docker" and launch.trainer.image:
         raise SpecError([("image", f"nomad.driver {nm.driver} runs on the host and would ignore the image; "
                                    "use nomad.driver: docker, or remove image")])
-    if spec.secret_names and "." in spec.name:
+    if launch.secret_names and "." in launch.name:
         # The secrets' Variable path carries the job id, and Variable paths allow only
         # [a-zA-Z0-9-_~/] (nomad/structs/variables.go validVariablePath).
         raise SpecError([("name", "with secret_env on Nomad the name may not contain '.' (a Nomad Variable path "
@@ -523,36 +534,30 @@ def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
         raise SpecError([("nomad.user", "with secret_env and nomad.driver exec, give the uid:gid the task runs as: "
                                         "the exec driver runs it as nobody (Nomad drivers/exec/driver.go), and the "
                                         "secret files are readable by their owner only; nobody is usually 65534:65534")])
-    entry = entry_script(spec)
-    delims = _delimiters(entry)
-    # The name and the id end up in paths, service names and Go templates: never anything else.
-    check(spec.name, "job name", "name")
-    job_id = check(job_id or spec.name, "job id", "name")
-    for i, r in enumerate(spec.servers):
-        check(r.name, "server name", f"servers[{i}].name")
+    entry = render_entry(launch)
+    delims = delimiters(entry)
+    # The name and the id end up in paths, service names and Go templates: the plan checked them.
     job: dict = {
         "ID": job_id,
-        "Name": spec.name,
+        "Name": launch.name,
         "Type": "batch",
         "Datacenters": list(nm.datacenters),
         # One node per host: node-sized allocations must never share a client.
         "Constraints": [{"Operand": "distinct_hosts", "RTarget": "true"}],
-        "Meta": {NODES_META: str(checked_int(spec.nodes, "nodes")),
-                 "halo_sched_world_size": str(checked_int(spec.world_size, "nproc_per_node"))},
-        "TaskGroups": [_group(spec, job_id, name, count, entry, delims) for name, count in group_counts(spec.nodes).items()],
+        "Meta": {NODES_META: str(launch.trainer.nodes),
+                 "halo_sched_world_size": str(launch.trainer.nodes * launch.trainer.nproc_per_node)},
+        "TaskGroups": [_group(launch, name, count, entry, delims)
+                       for name, count in group_counts(launch.trainer.nodes).items()],
     }
     if spec.secret_names:
         job["Meta"][SECRETS_META] = variable_path(job_id)
-    if spec.servers:
-        if nm.driver == "docker" and not all(r.image or spec.image for r in spec.servers):
+    if launch.servers:
+        if nm.driver == "docker" and not all(r.image for r in launch.servers):
             raise SpecError([("servers", "the Nomad docker driver needs an image for every server role; set "
                                          "servers[].image or the job's image")])
-        job["Meta"][nomad_servers.SERVERS_META] = nomad_servers.servers_meta(spec)
+        job["Meta"][nomad_servers.SERVERS_META] = nomad_servers.servers_meta(launch)
         policies = {k: v for k, v in job["TaskGroups"][0].items() if k in ("RestartPolicy", "ReschedulePolicy", "Disconnect")}
-        job["TaskGroups"] += [nomad_servers.server_group(spec, job_id, r, master_template(job_id), _delimiters,
-                                                         lambda image, gpus, args: _config_and_resources(spec, image, gpus, args),
-                                                         policies, secret_wiring(job_id, r.secret_env))
-                              for r in spec.servers]
+        job["TaskGroups"] += [_server_group(launch, r, policies) for r in launch.servers]
     secret_owner(spec, job)
     if nm.namespace:
         job["Namespace"] = nm.namespace
@@ -561,6 +566,50 @@ def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
     if nm.priority is not None:
         job["Priority"] = checked_int(nm.priority, "nomad.priority")
     return {"Job": job}
+
+
+def _server_group(launch: Launch, role: ServerRole, policies: dict) -> dict:
+    """The task group of one server role (halo_sched/backends/nomad/servers.py): the trainer's
+    driver config and resources (same fabric devices, same host network), the trainer's
+    ``policies`` (no restarts, reschedules or replacements)."""
+    spec, job_id = launch.spec, launch.job_id
+    entry = render_server(launch, role)
+    left, right = delimiters(entry)
+    config, resources = _config_and_resources(spec, role.image, role.gpus, ["${NOMAD_TASK_DIR}/halo-server.sh"])
+    secret_env, secret_templates = secret_wiring(job_id, list(role.secret_names))
+    task = {
+        "Name": nomad_servers.TASK,
+        "Driver": spec.nomad.driver,
+        "Config": config,
+        "Env": {
+            NAMES.server_index: "${NOMAD_ALLOC_INDEX}",
+            NAMES.server_addr: "${NOMAD_IP_%s}" % nomad_servers.PORT_LABEL,
+            NAMES.trainer_master_file: nomad_servers.MASTER_FILE_IN_TASK,
+            **secret_env,
+        },
+        "Templates": [
+            {"EmbeddedTmpl": entry, "DestPath": nomad_servers.ENTRY_PATH, "Perms": "0755", "ChangeMode": "noop",
+             "LeftDelim": left, "RightDelim": right},
+            # noop: the server script polls it, and stops the server once it is blank again.
+            {"EmbeddedTmpl": master_template(job_id), "DestPath": MASTER_FILE, "ChangeMode": "noop"},
+            *secret_templates,
+        ],
+        "Resources": resources,
+        "KillTimeout": 30_000_000_000,
+    }
+    group = {
+        "Name": nomad_servers.group_name(role.name),
+        "Count": role.nodes,
+        **policies,
+        "Meta": {"halo_server_role": role.name},
+        "Networks": [{"Mode": "host", "ReservedPorts": [{"Label": nomad_servers.PORT_LABEL, "Value": role.port}]}],
+        "Services": [{"Name": nomad_servers.service_name(job_id, role.name), "Provider": "nomad",
+                      "PortLabel": nomad_servers.PORT_LABEL, "Tags": [launch.index_tag + "${NOMAD_ALLOC_INDEX}"]}],
+        "Tasks": [task],
+    }
+    if spec.nomad.max_run_duration_ns is not None:
+        group["MaxRunDuration"] = checked_int(spec.nomad.max_run_duration_ns, "nomad.max_run_duration")
+    return group
 
 
 def go_duration(ns: int) -> str:

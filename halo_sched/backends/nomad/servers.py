@@ -1,6 +1,7 @@
-"""Server roles (``servers:``) in the Nomad job: one group per role, ``server-NAME``, Count = its
-nodes (constant size, like the trainer's two groups), server index = ``NOMAD_ALLOC_INDEX``
-(sound for the same reasons as the workers' node rank, see render.py).
+"""Server roles (``servers:``) in the Nomad job: their group and service names and the trainer's
+view of them; render.py builds each role's group from the launch plan with these. One group per
+role, ``server-NAME``, Count = its nodes (constant size, like the trainer's two groups), server
+index = ``NOMAD_ALLOC_INDEX`` (sound for the same reasons as the workers' node rank, see render.py).
 
 Each server allocation reserves its static ``port`` (host network) and registers a Nomad-native
 service (``provider = "nomad"``) tagged ``halo-index-${NOMAD_ALLOC_INDEX}``; Nomad interpolates
@@ -10,6 +11,11 @@ per role (``nomadService``; consul-template ``dependency/nomad_service.go``: an 
 registered, so the file is blank and the entry script polls it within the rendezvous timeout)
 rendering ``halo-index-K ADDR`` lines; the entry script picks each index (overlapping
 registrations of one index: the first line wins).
+
+The task's driver config and resources are the trainer's (render._config_and_resources): with
+docker, ``entrypoint = ["/bin/bash"]`` and the server script as ``args``, so an image's own
+ENTRYPOINT (vLLM's starts its server) never swallows it; the group's restart, reschedule and
+``disconnect { lost_after, replace = false }`` are the trainer's too (render.lost_after_ns).
 
 The task's driver config and resources are the trainer's (render._config_and_resources): with
 docker, ``entrypoint = ["/bin/bash"]`` and the server script as ``args``, so an image's own
@@ -26,11 +32,8 @@ from __future__ import annotations
 
 import hashlib
 
-from ...servers import (
-    INDEX_TAG, SERVER_ADDR_VAR, SERVER_INDEX_VAR, TRAINER_MASTER_FILE_VAR, addrs_file_var, server_script,
-)
-from ...models import JobSpec, Server
-from ...templating import check, checked_int
+from ...launch import Launch
+from ...templating import check
 
 GROUP_PREFIX = "server-"
 TASK = "server"
@@ -69,62 +72,17 @@ def addrs_template(job_id: str, role: str) -> str:
             "{{ .Address }}\n{{ end }}\n")
 
 
-def trainer_wiring(spec: JobSpec, job_id: str) -> tuple[dict, list[dict]]:
+def trainer_wiring(launch: Launch) -> tuple[dict, list[dict]]:
     """(env, templates) every trainer task gets: one addresses file per role."""
     env, templates = {}, []
-    for r in spec.servers:
-        dest = f"local/halo-server-{check(r.name, 'server name', 'servers[].name')}-addrs"
-        env[addrs_file_var(r.name)] = "${NOMAD_TASK_DIR}/" + dest.split("/", 1)[1]
+    for r in launch.servers:
+        dest = f"local/halo-server-{r.name}-addrs"
+        env[r.addrs_file_var] = "${NOMAD_TASK_DIR}/" + dest.split("/", 1)[1]
         # noop: rewritten as servers register; the entry script polls it.
-        templates.append({"EmbeddedTmpl": addrs_template(job_id, r.name), "DestPath": dest, "ChangeMode": "noop"})
+        templates.append({"EmbeddedTmpl": addrs_template(launch.job_id, r.name), "DestPath": dest, "ChangeMode": "noop"})
     return env, templates
 
 
-def server_group(spec: JobSpec, job_id: str, role: Server, master_template: str, delimiters, task_config,
-                 policies: dict, secrets: tuple[dict, list[dict]]) -> dict:
-    """The task group of one role. ``task_config(image, gpus)`` gives the driver config and
-    resources as the trainer's tasks get them (same fabric devices, same host network);
-    ``secrets`` the env and templates of the role's secret_env (render.secret_wiring)."""
-    entry = server_script(spec, role)
-    left, right = delimiters(entry)
-    config, resources = task_config(role.image or spec.image, role.gpus_per_node, ["${NOMAD_TASK_DIR}/halo-server.sh"])
-    task = {
-        "Name": TASK,
-        "Driver": spec.nomad.driver,
-        "Config": config,
-        "Env": {
-            SERVER_INDEX_VAR: "${NOMAD_ALLOC_INDEX}",
-            SERVER_ADDR_VAR: "${NOMAD_IP_%s}" % PORT_LABEL,
-            TRAINER_MASTER_FILE_VAR: MASTER_FILE_IN_TASK,
-            **secrets[0],
-        },
-        "Templates": [
-            {"EmbeddedTmpl": entry, "DestPath": ENTRY_PATH, "Perms": "0755", "ChangeMode": "noop",
-             "LeftDelim": left, "RightDelim": right},
-            # noop: the server script polls it, and stops the server once it is blank again.
-            {"EmbeddedTmpl": master_template, "DestPath": MASTER_FILE, "ChangeMode": "noop"},
-            *secrets[1],
-        ],
-        "Resources": resources,
-        "KillTimeout": 30_000_000_000,
-    }
-    group = {
-        "Name": group_name(role.name),
-        "Count": checked_int(role.nodes, "servers[].nodes"),
-        **policies,
-        "Meta": {"halo_server_role": role.name},
-        "Networks": [{"Mode": "host", "ReservedPorts": [{"Label": PORT_LABEL,
-                                                          "Value": checked_int(role.port, "servers[].port")}]}],
-        "Services": [{"Name": service_name(job_id, role.name), "Provider": "nomad", "PortLabel": PORT_LABEL,
-                      "Tags": [INDEX_TAG + "${NOMAD_ALLOC_INDEX}"]}],
-        "Tasks": [task],
-    }
-    if spec.nomad.max_run_duration_ns is not None:
-        group["MaxRunDuration"] = checked_int(spec.nomad.max_run_duration_ns, "nomad.max_run_duration")
-    return group
-
-
-def servers_meta(spec: JobSpec) -> str:
+def servers_meta(launch: Launch) -> str:
     """``name:nodes,...``: the roles and their counts, for the state fold."""
-    return ",".join(f"{check(r.name, 'server name', 'servers[].name')}:{checked_int(r.nodes, 'servers[].nodes')}"
-                    for r in spec.servers)
+    return ",".join(f"{r.name}:{r.nodes}" for r in launch.servers)

@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 from halo_sched.backends.base import JobState, JobStatus, NomadDetail
 
-from .render import _ALLOC_INDEX_RE, LEADER_GROUP, NODES_META, WORKER_GROUP, node_rank_of
+from .render import LEADER_GROUP, NODES_META, WORKER_GROUP, alloc_index, node_rank_of
 
 # nomad/structs: AllocTimeoutReasonMaxRunDuration. Matched exactly: free text such as an image
 # name or a log line may contain "max_run_duration" without anything having timed out.
@@ -67,7 +67,7 @@ def _exit_code(alloc: dict) -> int | None:
     return nonzero if nonzero is not None else zero
 
 
-def _failure_detail(alloc: dict) -> str:
+def failure_detail(alloc: dict) -> str:
     """A short "task X: why" for a failed allocation, from its failed task's events."""
     for task, state in sorted((alloc.get("TaskStates") or {}).items()):
         if not (state or {}).get("Failed"):
@@ -252,7 +252,7 @@ def _classify(rank: int, alloc: dict | None) -> NodeView:
     if client == "pending":
         return NodeView(rank, alloc, "stopped" if desired in ("stop", "evict") else "pending", None, who)
     if client == "failed":
-        return NodeView(rank, alloc, "failed", _exit_code(alloc), f"{who}: {_failure_detail(alloc)}",
+        return NodeView(rank, alloc, "failed", _exit_code(alloc), f"{who}: {failure_detail(alloc)}",
                         _finished_time(alloc))
     if client == "lost":
         why = alloc.get("ClientDescription") or "node down"
@@ -304,9 +304,9 @@ def server_views(allocs: Iterable[dict]) -> list[NodeView]:
     latest: dict[tuple[str, int], dict] = {}
     for alloc in sorted(allocs or (), key=_alloc_order):
         role = role_of_group(alloc.get("TaskGroup") or "")
-        m = _ALLOC_INDEX_RE.search(alloc.get("Name") or "")
-        if role and m:
-            latest[(role, int(m.group(1)))] = alloc
+        index = alloc_index(alloc.get("Name") or "")
+        if role and index is not None:
+            latest[(role, index)] = alloc
     views = []
     for (role, k), alloc in sorted(latest.items()):
         v = _classify(k, alloc)

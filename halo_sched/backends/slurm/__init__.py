@@ -13,7 +13,8 @@ from typing import Iterator, Sequence
 from ...errors import HaloError, SchedulerError
 from ...models import JobSpec
 from ..base import DryRun, JobState, JobStatus, Scheduler, tail_lines
-from .render import render_sbatch
+from ...launch import compile_launch
+from .render import render_batch, render_sbatch
 from .capabilities import CancelsOnce, Named, ReadsConfig, SubmitsOnce, TestsOnly
 
 # Ends of one run after which SLURM may requeue the job (sbatch --requeue).
@@ -57,14 +58,14 @@ class SlurmScheduler(Scheduler):
         # --export=ALL on the command line wins over a user's SBATCH_EXPORT=NONE, which would
         # drop them (srun's tasks then inherit the batch step's environment).
         extra = ["--export=ALL"] if dryrun.spec.secret_values() else []
-        for line in self.preemption_check(dryrun.spec, dryrun.text):
+        for line in self.preemption_check(dryrun.spec):
             _say(f"warning: {line}")
         if not isinstance(self.transport, SubmitsOnce):  # slurmrestd, pyslurm: one attempt
             return self.transport.submit(dryrun.text, extra)
         return self.transport.submit_once(dryrun.text, extra, token=dryrun.token, retry_s=self.retry_s,
                                           on_retry=_say)
 
-    def preemption_check(self, spec: JobSpec, script: str) -> list[str]:
+    def preemption_check(self, spec: JobSpec) -> list[str]:
         """Lines saying why the job's ``slurm.signal`` warning will not come when the cluster
         preempts it, from ``scontrol show config`` (preemption.py); none without slurm.signal
         (then nothing is asked) or where the cluster sends it."""
@@ -73,7 +74,7 @@ class SlurmScheduler(Scheduler):
         from .preemption import parse_config, preemption_notes
 
         try:
-            text = self._show_config(script)
+            text = self._show_config(compile_launch(spec).cluster)
         except HaloError as err:
             return [f"could not read the cluster's configuration to check that preemption sends slurm.signal's "
                     f"warning: {err}"]
@@ -94,7 +95,8 @@ class SlurmScheduler(Scheduler):
         refuse the job."""
         from .preemption import describe, parse_config, preemption_notes
 
-        script = render_sbatch(spec)
+        launch = compile_launch(spec)
+        script = render_batch(launch)
         lines = [f"Plan for job {spec.name!r} on SLURM ({self._via()} transport), {spec.all_nodes} "
                  f"node{'s' if spec.all_nodes != 1 else ''}:"]
         ok = True
@@ -108,7 +110,7 @@ class SlurmScheduler(Scheduler):
             ok = tested[0]
             lines.append(f"  placement: {'ok' if ok else 'REFUSED'}: {tested[1]}")
         try:
-            text = self._show_config(script)
+            text = self._show_config(launch.cluster)
         except HaloError as err:
             text, why = None, f"could not read it: {err}"
         else:
@@ -126,16 +128,14 @@ class SlurmScheduler(Scheduler):
             lines += [f"  warning: {n}" for n in notes]
         return ok, "\n".join(lines)
 
-    def _show_config(self, script: str) -> str | None:
-        """``scontrol show config`` of the cluster ``script`` names; None where the transport
-        cannot read it (a stand-in transport may have no way)."""
+    def _show_config(self, cluster: str | None) -> str | None:
+        """``scontrol show config`` of ``cluster`` (the job's ``slurm.clusters``, None for the
+        default); None where the transport cannot read it (a stand-in transport may have no way)."""
         if not isinstance(self.transport, ReadsConfig):
             return None
-        return self.transport.show_config(_cluster_of(script))
+        return self.transport.show_config(cluster)
 
     def query(self, ids: Sequence[str]) -> dict[str, JobState]:
-        from ...node.failures import report_from_files  # not on the render path (start-up memory)
-
         states = self.transport.query(list(ids))
         for job_id, state in states.items():
             if state.status in _MAY_REQUEUE and state.slurm is not None and state.slurm.source == "sacct":
@@ -143,14 +143,16 @@ class SlurmScheduler(Scheduler):
         for job_id, state in states.items():
             if state.status is JobStatus.FAILED:
                 # Which rank failed first: the failure lines the nodes wrote into the output file.
+                # (Imported here, when a job failed: render and submit need none of it, 10 ms.)
+                from ...node.failures import report_from_files
+
                 state.failure = report_from_files(self._outputs(job_id, ask=False))
         return states
 
     def record_fields(self, dryrun: DryRun, job_id: str) -> dict:
         """For the job record: the output file as an absolute path, and the cluster (sbatch -M)."""
         cluster, _, num = job_id.rpartition(":")
-        m = re.search(r"^#SBATCH --output=(.*)$", dryrun.text, re.M)
-        out = _expand_output(m.group(1) if m else "slurm-%j.out", dryrun.spec.name, num)
+        out = _expand_output(compile_launch(dryrun.spec).output, dryrun.spec.name, num)
         return {"outputs": [out], "scheduler": {"cluster": cluster or None}}
 
     def _outputs(self, job_id: str, ask: bool = True) -> list[str]:
@@ -201,14 +203,6 @@ class SlurmScheduler(Scheduler):
             raise SchedulerError(f"SLURM does not report an output file for job {job_id} (is it too old?)")
         for path in paths:
             yield from _read(Path(path), follow, lambda: self.query([job_id])[job_id].status.terminal)
-
-
-def _cluster_of(script: str) -> str | None:
-    """The one cluster a script names (``--clusters=NAME``), else None (the local one)."""
-    from .transport.base import sbatch_options
-
-    names = [v for k, v in sbatch_options(script) if k in ("clusters", "cluster", "M") and v]
-    return names[-1] if names and "," not in names[-1] else None
 
 
 def _expand_output(pattern: str, name: str, job_id: str) -> str:

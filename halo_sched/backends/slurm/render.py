@@ -6,12 +6,10 @@ whatever the model holds (``model_copy`` does not validate), nothing but a valid
 from __future__ import annotations
 
 from ...errors import SpecError
-from ...launch import DERIVED_PORTS, LaunchContract, entry_script, ports_to_avoid
-from ...servers import addrs_var, server_script
+from ...launch import Launch, compile_launch, render_entry
+from ...servers import render_server
 from ...models import JobSpec
 from ...templating import RenderError, check, checked_int, heredoc_tag, render_template, sh_quote
-
-DEFAULT_OUTPUT = "halo-%x-%j.out"
 
 # CPUs each rank gets by default (slurm.cpus_per_task unset, slurm.exclusive false): the node's one
 # task (its torchrun) asks for nproc_per_node x this. Without any, `--ntasks-per-node=1` gets one
@@ -57,7 +55,8 @@ def cpus_per_task(spec: JobSpec) -> int | None:
     return spec.nproc_per_node * (DEFAULT_CPUS_PER_RANK_GPU if spec.gpus_per_node else DEFAULT_CPUS_PER_RANK_CPU)
 
 
-def sbatch_options(spec: JobSpec) -> list[str]:
+def sbatch_options(launch: Launch) -> list[str]:
+    spec = launch.spec
     s = spec.slurm
     opts = []
     for flag, value, kind in (("partition", s.partition, "SLURM word"), ("account", s.account, "SLURM word"),
@@ -67,16 +66,12 @@ def sbatch_options(spec: JobSpec) -> list[str]:
         if value is not None:
             field = f"slurm.{flag.replace('-', '_')}"
             opts.append(f"--{flag}={checked_int(value, field) if kind is None else check(value, kind, field)}")
-    if s.signal is not None:
+    w = launch.warning
+    if w.requested:
         # B: the batch shell alone gets the warning and forwards it to the steps itself (it must
         # know it was warned to requeue the job; see the template).
-        try:
-            flags, name, secs = s.warning
-        except (AttributeError, TypeError):
-            raise RenderError([("slurm.signal", "not a [B:]SIGNAL[@seconds]")]) from None
-        flags = "".join(sorted(set(flags) | {"B"}))
-        opts.append(f"--signal={flags}:{check(name, 'signal name', 'slurm.signal')}"
-                    + (f"@{checked_int(secs, 'slurm.signal')}" if secs is not None else ""))
+        flags = "".join(sorted(set(w.flags) | {"B"}))
+        opts.append(f"--signal={flags}:{w.signal}" + (f"@{w.seconds}" if w.seconds is not None else ""))
     if s.exclusive:
         opts.append("--exclusive")
     if s.requeue is not None:
@@ -85,9 +80,11 @@ def sbatch_options(spec: JobSpec) -> list[str]:
     return opts
 
 
-def container(spec: JobSpec, image: str | None = None) -> dict | None:
-    """pyxis settings the template needs, or None when the job runs on the host."""
-    if not ((image or spec.image) and spec.slurm.container_runtime == "pyxis"):
+def container(launch: Launch, image: str | None) -> dict | None:
+    """pyxis settings the template needs, or None when ``image`` is None or the job does not use
+    pyxis (then it runs on the host)."""
+    spec = launch.spec
+    if not (image and spec.slurm.container_runtime == "pyxis"):
         return None
     mounts = [check(m, "SLURM word", "slurm.container_mounts") for m in spec.slurm.container_mounts]
     if not all(":" in m for m in mounts):
@@ -100,16 +97,14 @@ def container(spec: JobSpec, image: str | None = None) -> dict | None:
     }
 
 
-def srun_options(spec: JobSpec, gpus: int | None = None, image: str | None = None) -> list[str]:
-    """srun options beyond the one-task-per-node shape (shell text, pasted as is: each part from
-    the spec is a checked number or quoted; the template sets the $halo_* variables they name).
-    ``gpus``/``image``: a server role's, instead of the trainer's."""
+def srun_options(launch: Launch, gpus: int, image: str | None) -> list[str]:
+    """srun options beyond the one-task-per-node shape for nodes of ``gpus`` GPUs running in
+    ``image`` (the trainer's or a server role's; shell text, pasted as is: each part is a checked
+    number or quoted; the template sets the $halo_* variables they name)."""
     opts = []
-    gpus = spec.gpus_per_node if gpus is None else gpus
-    image = image or spec.image
     if checked_int(gpus, "gpus_per_node"):
         opts.append(f"--gpus-per-node={gpus}")
-    c = container(spec, image)
+    c = container(launch, image)
     if c:
         # pyxis/enroot: every node's task runs inside the image, in the submit directory (or
         # slurm.container_workdir), so a relative trainer.script resolves as it did on submit.
@@ -124,43 +119,42 @@ def srun_options(spec: JobSpec, gpus: int | None = None, image: str | None = Non
 MAX_ENTRY_BYTES = 128 * 1024 - 1
 
 
-def render_sbatch(spec: JobSpec, output: str = DEFAULT_OUTPUT) -> str:
-    entry = entry_script(spec).rstrip("\n")
+def render_sbatch(spec: JobSpec) -> str:
+    """:func:`render_batch` of ``spec``'s plan."""
+    return render_batch(compile_launch(spec))
+
+
+def render_batch(launch: Launch) -> str:
+    """The sbatch script of ``launch``."""
+    spec = launch.spec
+    entry = render_entry(launch).rstrip("\n")
     size = len(entry.encode())
     if size > MAX_ENTRY_BYTES:
         raise SpecError([("env", f"the node entry script is {size} bytes, over the {MAX_ENTRY_BYTES} that one "
                                  "argument to srun can carry; move large values (env, setup, args) into files")])
     servers = []
-    offset = checked_int(spec.nodes, "nodes")
-    for i, r in enumerate(spec.servers):
-        text = server_script(spec, r).rstrip("\n")
-        nodes = checked_int(r.nodes, f"servers[{i}].nodes")
-        name = check(r.name, "server name", f"servers[{i}].name")
-        servers.append({"name": name, "nodes": nodes, "offset": offset, "addrs_var": addrs_var(name),
-                        "srun_options": srun_options(spec, gpus=r.gpus_per_node, image=r.image),
+    for r in launch.servers:
+        text = render_server(launch, r).rstrip("\n")
+        servers.append({"role": r, "srun_options": srun_options(launch, r.gpus, r.image),
                         "entry": text, "tag": heredoc_tag(text, "HALO_SERVER_EOF")})
-        offset += nodes
+    rdzv = launch.rendezvous
     return render_template(
         "slurm/sbatch.sh.j2",
+        launch=launch,
+        names=launch.names,
+        warning=launch.warning,
+        trainer=launch.trainer,
         servers=servers,
-        all_nodes=offset,
-        max_gpus=max([checked_int(spec.gpus_per_node, "gpus_per_node")]
-                     + [checked_int(r.gpus_per_node, f"servers[{i}].gpus_per_node")
-                        for i, r in enumerate(spec.servers)]),
         spec=spec,
-        sbatch_options=sbatch_options(spec),
-        srun_options=srun_options(spec),
+        sbatch_options=sbatch_options(launch),
+        srun_options=srun_options(launch, launch.trainer.gpus, launch.trainer.image),
         # The mounts and working directory are shared by every role that runs in an image.
-        container=container(spec) or next((container(spec, r.image) for r in spec.servers if r.image), None),
-        warning=LaunchContract(spec).warning_signal(),
+        container=next(filter(None, (container(launch, image) for image in
+                                     [launch.trainer.image] + [r.image for r in launch.servers])), None),
         cpus=cpus_per_task(spec),
         cpus_default=spec.slurm.cpus_per_task is None,
-        port=spec.rendezvous.port,
-        port_base=DERIVED_PORTS.start,
-        port_span=len(DERIVED_PORTS),
-        port_avoid=[p for p in ports_to_avoid(spec) if p in DERIVED_PORTS],
+        port_avoid=[p for p in rdzv.avoid if p in rdzv.derived],
         unset_task_vars=unset_task_vars(),
-        output=output,
         entry=entry,
         tag=heredoc_tag(entry, "HALO_ENTRY_EOF"),
     )

@@ -12,13 +12,6 @@ from halo_sched.backends.base import JobState
 from halo_sched.errors import SchedulerError, UsageError
 from halo_sched.retry import Transient
 
-# The signal that carries the warning where a transport cannot name the batch script alone
-# (slurmrestd): the rendered batch script and node entry take it as the warning
-# (halo_sched/templates/slurm/sbatch.sh.j2, halo_sched/templates/entry.sh.j2), and its default
-# action is to ignore it everywhere else.
-# halo_sched.spec refuses it as slurm.signal.
-WARNING_CARRIER = "URG"
-
 
 class Transport(abc.ABC):
     """What SlurmScheduler needs from SLURM."""
@@ -37,7 +30,8 @@ class Transport(abc.ABC):
     def cancel(self, ids: Sequence[str], signal: str | None = None) -> None:
         """Cancel jobs, or warn them: ``signal`` is the job's warning signal (e.g. ``"USR2"``),
         which its batch script passes on to every rank; a transport that cannot reach the batch
-        script alone sends ``WARNING_CARRIER`` to every process of the job instead."""
+        script alone sends the warning carrier (``halo_sched.node.contract``) to every process of the
+        job instead."""
 
     @abc.abstractmethod
     def job_info(self, job_id: str) -> dict[str, str]:

@@ -42,10 +42,11 @@ from urllib.parse import quote, urlencode, urlsplit
 from halo_sched.backends.base import JobState
 from halo_sched.backends.slurm import status as st
 from halo_sched.errors import MissingDependency, SchedulerError, UsageError
+from halo_sched.node.contract import WARNING_CARRIER
 from halo_sched.retry import SLURM_CALLS, Transient
 
 from .base import (
-    SHORT_OPTIONS, WARNING_CARRIER, Transport, by_cluster, gave_up, job_environment, sbatch_options, split_cluster,
+    SHORT_OPTIONS, Transport, by_cluster, gave_up, job_environment, sbatch_options, split_cluster,
     unique, with_cluster,
 )
 

@@ -1,0 +1,98 @@
+"""The names the submitter's side and the nodes share, each defined once: every environment
+variable halo-sched sets for a node or a server (the node's whole interface to its backend), the
+signal that carries the warning, and the ports a job derives its master port from.
+
+The renderers pass :data:`NAMES` and :data:`WARNING_CARRIER` into every template (through the
+launch plan, ``halo_sched/launch.py``); no template spells one of them itself
+(``tests/test_contract_names.py`` reads every template and fails on one). Standard library only:
+the node-side programs (local supervisor, process helpers) read these too.
+"""
+from __future__ import annotations
+
+#: The signal that takes the warning (``slurm.signal``'s, or ``halo-sched cancel --signal``) to
+#: every process of a SLURM job's steps. Its default action is to ignore it, so only each node's
+#: entry script acts on it (handing the job's warning signal to its ranks once they handle it);
+#: slurmrestd cannot signal the batch script alone, so there it carries the warning to the batch
+#: script too. ``slurm.signal`` may not be this one (halo_sched/spec.py).
+WARNING_CARRIER = "URG"
+
+#: Where a job's own master port comes from when ``rendezvous.port`` is unset (SLURM: from the job
+#: id, local: the first free one from a random start): 28500-29499. Below torchrun's customary
+#: 29500 (which hand-written jobs on the same host still take), below SGLang's default 30000, and
+#: below Linux's ephemeral range (32768-60999), from which outgoing connections take their ports.
+DERIVED_PORTS = range(28500, 29500)
+
+#: The tag each Nomad server registration carries (``halo-index-${NOMAD_ALLOC_INDEX}``), and the
+#: first word of each line of a server addresses file.
+INDEX_TAG = "halo-index-"
+
+
+class EnvNames:
+    """Every environment variable the backends and scripts pass between them (a namespace of
+    constants: a plain class, which imports faster than a dataclass; no instance attributes)."""
+
+    __slots__ = ()
+
+    # ---- a trainer node (the entry script's whole per-node input) ----
+    #: The node rank, 0-based.
+    node_rank: str = "HALO_NODE_RANK"
+    #: Optional, added to the node rank: Nomad's worker group gives its allocation index (0-based)
+    #: and offset 1, since ``${}`` interpolation cannot add. The sum is still range-checked.
+    node_rank_offset: str = "HALO_NODE_RANK_OFFSET"
+    #: Rank 0's address and port ...
+    master_addr: str = "HALO_MASTER_ADDR"
+    master_port: str = "HALO_MASTER_PORT"
+    #: ... or a file whose first line becomes the address and second the port once rank 0 is known.
+    master_addr_file: str = "HALO_MASTER_ADDR_FILE"
+    #: Optional: where each node keeps torchrun's per-rank logs and error files (``DIR/node-K/``);
+    #: without it they go to a temporary directory, removed after the failure report is written.
+    log_dir: str = "HALO_LOG_DIR"
+    #: Optional: a directory holding ``halo-secret-NAME`` files (Nomad) instead of the secrets in
+    #: the environment (SLURM, local).
+    secrets_dir: str = "HALO_SECRETS_DIR"
+    #: Which run of a requeued job this is (0 the first time).
+    restart_count: str = "HALO_RESTART_COUNT"
+    #: The signal each rank gets as the warning (the trainer installs a handler for it).
+    warning_signal: str = "HALO_WARNING_SIGNAL"
+    #: SLURM's step id, kept under a name of ours: each task removes SLURM_STEP_*.
+    slurm_step_id: str = "HALO_SLURM_STEP_ID"
+    #: In every process of a local job: finds them, however deep.
+    local_job: str = "HALO_LOCAL_JOB"
+    #: In torchrun's environment only: finds what it started, however reparented.
+    node_tag: str = "HALO_NODE_TAG"
+
+    # ---- a rollout server node (``servers:``) ----
+    server_index: str = "HALO_SERVER_INDEX"
+    server_addr: str = "HALO_SERVER_ADDR"
+    server_name: str = "HALO_SERVER_NAME"
+    server_port: str = "HALO_SERVER_PORT"
+    server_group_port: str = "HALO_SERVER_GROUP_PORT"
+    trainer_master: str = "HALO_TRAINER_MASTER_ADDR"
+    trainer_master_file: str = "HALO_TRAINER_MASTER_ADDR_FILE"
+
+    # ---- a trainer node's view of each server role: PREFIX + KEY + suffix ----
+    role_prefix: str = "HALO_SERVER_"
+
+    @staticmethod
+    def role_key(role: str) -> str:
+        """A role's name in variable names: upper case, '-' as '_' (role names allow only
+        lower-case letters, digits and '-', so two roles never share one)."""
+        return role.upper().replace("-", "_")
+
+    def role_urls(self, role: str) -> str:
+        """``http://ADDR:PORT`` of each of the role's servers, comma-separated, node order."""
+        return f"{self.role_prefix}{self.role_key(role)}_URLS"
+
+    def role_group_port(self, role: str) -> str:
+        return f"{self.role_prefix}{self.role_key(role)}_GROUP_PORT"
+
+    def role_addrs(self, role: str) -> str:
+        """The role's addresses, comma-separated, server order (SLURM, local)."""
+        return f"{self.role_prefix}{self.role_key(role)}_ADDRS"
+
+    def role_addrs_file(self, role: str) -> str:
+        """A file of ``halo-index-K ADDR`` lines, filled as the servers register (Nomad)."""
+        return f"{self.role_prefix}{self.role_key(role)}_ADDRS_FILE"
+
+
+NAMES = EnvNames()
