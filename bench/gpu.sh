@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU runs behind the README's H200 figures: a 2-node x 1-GPU job on the local backend
+# The GPU runs behind the H200 figures (docs/performance.md, docs/verification.md): a 2-node x 1-GPU job on the local backend
 # (NCCL), its bare-torchrun anchor, and the preflight bandwidth test with its anchor. Run from
 # the repo root on a machine with 2 GPUs whose python3 has CUDA torch; halo-sched runs from the
 # source tree (PYTHONPATH), its pure dependencies already importable.

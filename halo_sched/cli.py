@@ -5,7 +5,7 @@
   them, and the traceback of an internal error);
 - never a traceback, never a hang on bad input.
 
-Exit codes: the one table (README.md, "Exit codes", repeats it; halo_sched/errors.py names them):
+Exit codes: the one table (docs/cli.md, "Exit codes", repeats it; halo_sched/errors.py names them):
 
 ====  =================================================================================
 code  meaning

@@ -1,6 +1,6 @@
 """Errors a user can act on. The CLI maps each to an exit code and a message, never a traceback.
 
-The exit codes themselves are listed once, in ``halo_sched/cli.py``'s docstring (and the README's
+The exit codes themselves are listed once, in ``halo_sched/cli.py``'s docstring (and docs/cli.md's
 "Exit codes" section): 0 success, 1 a job or the scheduler failed, 2 bad input, 3 outcome unknown,
 130 interrupted.
 """

@@ -1,9 +1,10 @@
 """One exit-code table, and every subcommand held to it.
 
-The table is halo_sched/cli.py's docstring (README.md's "Exit codes" repeats it). Here: unknown,
-over-long and malformed job ids on every command that takes one (local, Nomad against the fake
-API, SLURM through a stand-in transport), bad option values, ``submit --dry-run`` with an unset
-``secret_env`` variable, and readers that go away (``| head``) without changing the code.
+The table is halo_sched/cli.py's docstring (docs/cli.md's "Exit codes" repeats it; README.md's
+sums it up). Here: unknown, over-long and malformed job ids on every command that takes one
+(local, Nomad against the fake API, SLURM through a stand-in transport), bad option values,
+``submit --dry-run`` with an unset ``secret_env`` variable, and readers that go away (``| head``)
+without changing the code.
 """
 from __future__ import annotations
 
@@ -53,12 +54,16 @@ def _codes(text: str, row: str) -> set[int]:
 
 def test_one_table_in_the_docstring_the_readme_and_the_constants():
     doc = _codes(cli.__doc__, r"^(\d+)\s{2,}\S")
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("### Exit codes"):]
-    section = section[:section.index("\n#", 1)]
-    documented = _codes(section, r"^\| `?(\d+)`? \|")
+    def table(path, heading):
+        text = (REPO / path).read_text()
+        section = text[text.index(heading):]
+        section = section[:section.index("\n#", 1)]
+        return _codes(section, r"^\| `?(\d+)`? \|")
+
+    full = table("docs/cli.md", "### Exit codes")  # the whole text of each code
+    short = table("README.md", "## Exit codes")  # the front door's summary
     named = {v for k, v in vars(errors).items() if k.startswith("EXIT_")}
-    assert doc == documented == named == {0, 1, 2, 3, 130}
+    assert doc == full == short == named == {0, 1, 2, 3, 130}
     for cls, code in ((errors.SpecError, 2), (errors.UsageError, 2), (errors.UnknownJob, 2),
                       (errors.SchedulerError, 1), (errors.OutcomeUnknown, 3), (errors.MissingDependency, 2)):
         assert cls.exit_code == code, cls

@@ -23,10 +23,10 @@ from helpers import REPO, cli, load_nomad_helper
 fake_api = load_nomad_helper("fake_api")
 FakeNomad, FakeNode = fake_api.FakeNomad, fake_api.FakeNode
 TOKEN = "acl-token-for-tests"
-TOKEN_META = "halo_sched_token"  # the README's Meta.halo_sched_token
+TOKEN_META = "halo_sched_token"  # docs/guarantees.md's Meta.halo_sched_token
 
 #: Faults injected by this file and served to halo-sched (every one reached a request: the
-#: ``fake`` fixture checks that no injected fault was left unused). The README says "16 faults";
+#: ``fake`` fixture checks that no injected fault was left unused). docs/guarantees.md says "16 faults";
 #: the module's last teardown asserts that figure when every test of the file ran.
 FAULTS = {"count": 0}
 README_FAULTS = 16
@@ -198,7 +198,7 @@ def _faults_total(request):
     ours = [i for i in request.session.items if i.module is request.module]
     ran = {r for r in getattr(request.session, "_halo_ran", set()) if r in {i.nodeid for i in ours}}
     if len(ran) == len(ours):
-        assert FAULTS["count"] == README_FAULTS, f"{FAULTS['count']} faults served, the README says {README_FAULTS}"
+        assert FAULTS["count"] == README_FAULTS, f"{FAULTS['count']} faults served, docs/guarantees.md says {README_FAULTS}"
 
 
 @pytest.fixture(autouse=True)

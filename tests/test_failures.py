@@ -7,7 +7,7 @@ import time
 
 from halo_sched.node.failure_collector import collect, error_line, record_line, summary_failures
 
-# srun relays at most 1024 bytes of a line in one piece (slurmstepd io.c); the README promises
+# srun relays at most 1024 bytes of a line in one piece (slurmstepd io.c); docs/guarantees.md promises
 # failure records under 1,000 bytes.
 LINE_MAX = 1000
 from halo_sched.node.failures import FailureReport, RankFailure, first_failure, parse_line, parse_lines

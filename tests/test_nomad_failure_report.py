@@ -18,7 +18,7 @@ from halo_sched.backends.nomad import NomadScheduler
 from halo_sched.backends.nomad.client import NomadClient, NomadConfig
 from helpers import REPO, cli, load_nomad_helper
 
-TAG = "halo-sched-failure"  # the README's line format: `halo-sched-failure {json}`
+TAG = "halo-sched-failure"  # docs/failures.md's line format: `halo-sched-failure {json}`
 
 fake_api = load_nomad_helper("fake_api")
 FakeNomad, FakeNode = fake_api.FakeNomad, fake_api.FakeNode

@@ -32,7 +32,7 @@ from halo_sched.backends.slurm.render import render_sbatch
 from halo_sched.errors import SpecError
 from halo_sched.servers import server_script
 
-# The names the README promises every server (not halo-sched's own constants).
+# The names docs/job-file.md promises every server (not halo-sched's own constants).
 SERVER_INDEX_VAR, TRAINER_MASTER_VAR = "HALO_SERVER_INDEX", "HALO_TRAINER_MASTER_ADDR"
 from hclparse import hcl2json, jobspec
 from helpers import load_nomad_helper

@@ -3,7 +3,7 @@ connection settings, the retries and the error mapping).
 
 Reads and lists are retried under the one retry policy; submit, stop and the secrets' Variable
 ride out outages exactly once (:mod:`halo_sched.exactly_once`). The HTTP API is spoken directly,
-with ``requests``: see the README's Nomad section for why not python-nomad.
+with ``requests``: see docs/nomad.md for why not python-nomad.
 
 This module never imports torch.
 """

@@ -29,7 +29,7 @@ DEFAULT_CPUS_PER_RANK_GPU = 4
 # reads SLURM_CPU_BIND as --cpu-bind, so a rank's own srun would inherit this task's mask; the
 # affinity itself stays). Everything that describes the job, its allocation or the node stays
 # (SLURM_JOB_*, SLURM_RESTART_COUNT, SLURM_CLUSTER_NAME, SLURM_CPUS_ON_NODE, SLURM_CPUS_PER_TASK,
-# SLURMD_NODENAME, ...). README: "A clean rank environment".
+# SLURMD_NODENAME, ...). docs/slurm.md: "A clean rank environment".
 TASK_VARS = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE",
              "SLURM_TASKS_PER_NODE", "SLURM_TASK_PID", "SLURM_GTIDS", "SLURM_STEPID", "SLURM_DISTRIBUTION",
              "SLURM_SRUN_COMM_HOST", "SLURM_SRUN_COMM_PORT", "SLURM_LAUNCH_NODE_IPADDR")
