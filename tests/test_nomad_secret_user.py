@@ -111,11 +111,11 @@ def test_docker_task_with_nomad_user_runs_as_it_and_reads_its_secret(monkeypatch
     # The image's USER is someone else: the task's user replaces it (driver.go:1055).
     status, tr, err, report, owner = _run(monkeypatch, open_dir, {"driver": "docker", "user": "1000:1000"},
                                           image_user="4242:4242")
+    assert status is JobStatus.COMPLETED, err
+    assert _ran(report) == ("1000:1000", hashlib.sha256(VALUE.encode()).hexdigest()), err
     assert tr.spec["User"] == "1000:1000"
     assert owner == (1000, 1000, 0o400), owner  # chmod 0400, then chown to the template's uid/gid
     assert (tr.user.uid, tr.user.gid) == (1000, 1000), tr.events
-    assert status is JobStatus.COMPLETED, err
-    assert _ran(report) == ("1000:1000", hashlib.sha256(VALUE.encode()).hexdigest()), err
     assert "7c2e91d0" not in err
 
 
@@ -137,9 +137,9 @@ def test_exec_task_runs_as_nobody_and_reads_its_secret_rendered_for_nobody(monke
     nobody = pwd.getpwnam("nobody")
     ids = f"{nobody.pw_uid}:{nobody.pw_gid}"
     status, tr, err, report, owner = _run(monkeypatch, open_dir, {"driver": "exec", "user": ids})
-    assert "User" not in tr.spec  # exec takes a host user name; none given: nobody (exec/driver.go:472)
-    assert owner == (nobody.pw_uid, nobody.pw_gid, 0o400), owner
-    assert tr.user.uid == nobody.pw_uid and tr.env["USER"] == "nobody", tr.events
     assert status is JobStatus.COMPLETED, err
     ran_ids, digest = _ran(report)
     assert ran_ids.split(":")[0] == str(nobody.pw_uid) and digest == hashlib.sha256(VALUE.encode()).hexdigest(), err
+    assert "User" not in tr.spec  # exec takes a host user name; none given: nobody (exec/driver.go:472)
+    assert owner == (nobody.pw_uid, nobody.pw_gid, 0o400), owner
+    assert tr.user.uid == nobody.pw_uid and tr.env["USER"] == "nobody", tr.events
