@@ -143,3 +143,30 @@ def test_exec_task_runs_as_nobody_and_reads_its_secret_rendered_for_nobody(monke
     assert "User" not in tr.spec  # exec takes a host user name; none given: nobody (exec/driver.go:472)
     assert owner == (nobody.pw_uid, nobody.pw_gid, 0o400), owner
     assert tr.user.uid == nobody.pw_uid and tr.env["USER"] == "nobody", tr.events
+
+
+def _raw_exec_job(user: str | None) -> dict:
+    task = {"Name": "t", "Driver": "raw_exec", "Config": {"command": "/bin/sh", "args": ["-c", "id -u; id -g; id -G"]}}
+    if user is not None:
+        task["User"] = user
+    return {"ID": "who", "Name": "who", "Type": "batch", "TaskGroups": [{"Name": "g", "Count": 1, "Tasks": [task]}]}
+
+
+@pytest.mark.parametrize("user", [None, "nobody"])
+def test_raw_exec_runs_as_the_agent_unless_user_is_set(open_dir, user):
+    """raw_exec: the agent's user (root) by default; ``user`` goes through the universal
+    executor's setCmdUser (executor_unix.go:61-106 v2.0.5): uid, primary gid, and the user's groups
+    behind one 0 per group (``make`` with a length, then ``append``)."""
+    with client_sim.SimCluster(_raw_exec_job(user), open_dir / "nomad", host_env={"PATH": "/usr/bin:/bin"}) as cluster:
+        cluster.place()
+        cluster.start()
+        assert cluster.wait(timeout=30) == {"who.g[0]": 0}
+        uid, gid, groups = cluster.stdout("who.g[0]").splitlines()
+        env = cluster.alloc("who.g[0]").tasks["t"].env
+    if user is None:
+        assert (uid, gid) == ("0", "0") and "USER" not in env
+    else:
+        nobody = pwd.getpwnam("nobody")
+        assert (uid, gid) == (str(nobody.pw_uid), str(nobody.pw_gid))
+        assert set(groups.split()) == {"0", str(nobody.pw_gid)}, groups
+        assert (env["USER"], env["HOME"]) == ("nobody", nobody.pw_dir)
