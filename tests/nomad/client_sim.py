@@ -24,7 +24,7 @@ Public API::
                                          # "unknown" and kept (lost_after; replace = false < 1.11.2)
     cluster.advance(3600)                # the servers' clock: expired unknown -> lost + replaced
     cluster.allocations / cluster.alloc(name) -> Allocation (id, index, dir, ports, tasks, client_status)
-    Allocation.tasks[name] -> TaskRun (state, pid, exit_code, restarts, env, argv, events, error)
+    Allocation.tasks[name] -> TaskRun (state, pid, exit_code, restarts, env, argv, events, error, user)
     cluster.unsimulated -> job features present but not acted on (checks, reschedule, ...)
 
 Orphaned grandchildren killed by stop() are reparented to PID 1; where PID 1 does not reap
@@ -108,6 +108,17 @@ v2.0.5 :1053, :1477-1491); the image's ENV replaces the agent's environment; dir
 host paths (Nomad's would be /local, /alloc, /secrets inside the container); ``ulimit``,
 ``shm_size``, ``devices``, ``volumes`` and GPU devices are recorded in ``unsimulated``.
 
+Task users and file owners (v2.0.5; see :meth:`SimCluster._task_user`): the process runs as the
+docker task's ``user`` or else the image's USER (drivers/docker/driver.go:1055), exec's
+``nobody`` unless ``user`` is set (drivers/exec/driver.go:472-474; uid only, gid 0:
+executor_linux_cgo.go:242-256), raw_exec's agent user unless ``user`` is set
+(drivers/shared/executor/executor_unix.go:61-106); another user needs the simulator to run as
+root, and a workdir whose parents that user may traverse. Templates are written with ``Perms``
+and chowned afterwards only when ``Uid``/``Gid`` are set and >= 0
+(client/allocrunner/taskrunner/template/template.go:811-826; consul-template v0.42.1
+renderer/renderer.go:103-107). Directories get client/allocdir's modes (0777 through
+``dropDirPermissions``, owner nobody; the workdir, Nomad's alloc_dir, 0711): see ``_new_alloc``.
+
 Deliberate deviations, all loud: docker without a stand-in image and other image drivers are
 refused (no containers here); ``exec`` is refused unless ``exec_as_raw_exec=True`` (Nomad would chroot it and set
 NOMAD_TASK_DIR=/local; the simulator can only run it unisolated with host paths); unsupported
@@ -146,6 +157,8 @@ __all__ = [
     "StandInImage",
     "SWALLOWING_ENTRYPOINT",
     "docker_argv",
+    "docker_user",
+    "TaskUser",
     "Allocation",
     "TaskRun",
     "ServiceRegistry",
