@@ -24,7 +24,7 @@ Public API::
                                          # "unknown" and kept (lost_after; replace = false < 1.11.2)
     cluster.advance(3600)                # the servers' clock: expired unknown -> lost + replaced
     cluster.allocations / cluster.alloc(name) -> Allocation (id, index, dir, ports, tasks, client_status)
-    Allocation.tasks[name] -> TaskRun (state, pid, exit_code, restarts, env, argv, events, error)
+    Allocation.tasks[name] -> TaskRun (state, pid, exit_code, restarts, env, argv, events, error, user)
     cluster.unsimulated -> job features present but not acted on (checks, reschedule, ...)
 
 Orphaned grandchildren killed by stop() are reparented to PID 1; where PID 1 does not reap
@@ -108,6 +108,17 @@ v2.0.5 :1053, :1477-1491); the image's ENV replaces the agent's environment; dir
 host paths (Nomad's would be /local, /alloc, /secrets inside the container); ``ulimit``,
 ``shm_size``, ``devices``, ``volumes`` and GPU devices are recorded in ``unsimulated``.
 
+Task users and file owners (v2.0.5; see :meth:`SimCluster._task_user`): the process runs as the
+docker task's ``user`` or else the image's USER (drivers/docker/driver.go:1055), exec's
+``nobody`` unless ``user`` is set (drivers/exec/driver.go:472-474; uid only, gid 0:
+executor_linux_cgo.go:242-256), raw_exec's agent user unless ``user`` is set
+(drivers/shared/executor/executor_unix.go:61-106); another user needs the simulator to run as
+root, and a workdir whose parents that user may traverse. Templates are written with ``Perms``
+and chowned afterwards only when ``Uid``/``Gid`` are set and >= 0
+(client/allocrunner/taskrunner/template/template.go:811-826; consul-template v0.42.1
+renderer/renderer.go:103-107). Directories get client/allocdir's modes (0777 through
+``dropDirPermissions``, owner nobody; the workdir, Nomad's alloc_dir, 0711): see ``_new_alloc``.
+
 Deliberate deviations, all loud: docker without a stand-in image and other image drivers are
 refused (no containers here); ``exec`` is refused unless ``exec_as_raw_exec=True`` (Nomad would chroot it and set
 NOMAD_TASK_DIR=/local; the simulator can only run it unisolated with host paths); unsupported
@@ -126,6 +137,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import threading
@@ -145,6 +157,8 @@ __all__ = [
     "StandInImage",
     "SWALLOWING_ENTRYPOINT",
     "docker_argv",
+    "docker_user",
+    "TaskUser",
     "Allocation",
     "TaskRun",
     "ServiceRegistry",
@@ -1433,6 +1447,49 @@ def process_group_members(pgid: int) -> list[int]:
     return members
 
 
+def _check_can_become(user: "TaskUser", where: str) -> None:
+    """Running a task as another user takes root here, as it does on a Nomad client."""
+    if os.geteuid() != 0 and (user.uid, user.gid) != (os.geteuid(), os.getegid()):
+        raise UnsupportedJobError(
+            f"{where}: the task runs as uid {user.uid} gid {user.gid} ({user.why}); the simulator "
+            "needs root to start it as that user"
+        )
+
+
+def _check_reachable(path: str, user: "TaskUser", where: str) -> None:
+    """Every directory above the simulator's alloc_dir must let the task's user through, as a
+    Nomad client's data_dir does; pytest's tmp_path (under a 0700 directory) does not."""
+    if user.uid == 0:
+        return
+    gids = {user.gid, *user.groups}
+    cur = os.path.dirname(os.path.abspath(path))
+    while True:
+        st = os.stat(cur)
+        bit = 0o100 if st.st_uid == user.uid else 0o010 if st.st_gid in gids else 0o001
+        if not st.st_mode & bit:
+            raise UnsupportedJobError(
+                f"{where}: uid {user.uid} cannot pass through {cur} (mode {stat.S_IMODE(st.st_mode):o}); "
+                "give the simulator a workdir whose parents any user may traverse"
+            )
+        parent = os.path.dirname(cur)
+        if parent == cur:
+            return
+        cur = parent
+
+
+def _alloc_mkdir(path: str, perms: int) -> None:
+    """client/allocdir/alloc_dir.go:715 ``allocMkdirAll`` (v2.0.5): MkdirAll, then
+    ``dropDirPermissions`` (fs_unix.go:36-63): chmod to perms | 0777 and, when the agent runs as
+    root, chown to nobody."""
+    os.makedirs(path, exist_ok=True)
+    os.chmod(path, perms | 0o777)
+    if os.geteuid() == 0:
+        import pwd
+
+        nobody = pwd.getpwnam("nobody")
+        os.chown(path, nobody.pw_uid, nobody.pw_gid)
+
+
 def _kill_env_marked(entry: str) -> None:
     """SIGKILL every live process of ours whose environment holds ``entry`` (NAME=value)."""
     want = entry.encode()
@@ -1490,6 +1547,10 @@ class _TemplateRun:
     missing_key_error: bool
     dest: str = ""
     content: str | None = None
+    #: The rendered file's owner, -1 = unchanged (the agent's): set only when the template's
+    #: Uid/Gid are >= 0 (template.go:820-826 v2.0.5).
+    uid: int = -1
+    gid: int = -1
 
 
 @dataclass(eq=False)
@@ -1515,6 +1576,8 @@ class TaskRun:
     restart_window_start: float = 0.0
     restart_count_in_window: int = 0
     service_ids: list[str] = field(default_factory=list)
+    #: Who the process runs as (see SimCluster._task_user); None: the agent's own user.
+    user: "TaskUser | None" = None
 
     @property
     def dir(self) -> str:
@@ -1603,6 +1666,10 @@ class StandInImage:
     entrypoint: list[str] = field(default_factory=list)
     cmd: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    #: The image's USER ("uid", "uid:gid", "name" or "name:group"); "" is root. A task ``user``
+    #: replaces it (drivers/docker/driver.go:1055 v2.0.5, ``User: task.User``; Docker falls back
+    #: to the image's USER only when that is empty).
+    user: str = ""
 
 
 #: An image whose entrypoint ignores its arguments and exits 0, as vLLM's server image does with
@@ -1630,6 +1697,59 @@ def docker_argv(config: dict[str, Any], image: StandInImage) -> list[str]:
         if not cmd:
             cmd = list(image.cmd)
     return entrypoint + cmd
+
+
+# --------------------------------------------------------------------------------------------
+# The task's user: who its process runs as, per driver
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TaskUser:
+    """Who a task's process runs as: uid, primary gid, supplementary groups, and the variables
+    the executor sets for that user (``USER``, ``LOGNAME``, ``HOME``; none for docker)."""
+
+    uid: int
+    gid: int
+    groups: list[int] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    why: str = ""
+
+
+def _host_user(name: str, where: str) -> Any:
+    """``helper/users.Lookup`` (helper/users/lookup.go:23 v2.0.5): Go's ``user.Lookup``, a user
+    *name* on the client host (a number is not looked up as a uid)."""
+    import pwd
+
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        raise TaskStartError(f"{where}: failed to identify user {name}: user: unknown user {name}") from None
+
+
+def docker_user(user: str, where: str) -> TaskUser:
+    """The container's user from ``User`` (the task's, else the image's USER): "uid", "uid:gid",
+    "name" or "name:group", as Docker resolves it against the image's /etc/passwd and
+    /etc/group (moby/sys/user ``GetExecUser``, not in these sources). The stand-in image has
+    none of its own, so names resolve on this host; a numeric uid not found there gets gid 0;
+    no supplementary groups (the image's /etc/group names none for it)."""
+    import grp
+    import pwd
+
+    name, _, group = user.partition(":")
+    try:
+        pw = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
+        uid, gid = pw.pw_uid, pw.pw_gid
+    except KeyError:
+        if not name.isdigit():
+            raise TaskStartError(f"{where}: unable to find user {name}: no matching entries in passwd file") from None
+        uid, gid = int(name), 0
+    if group:
+        try:
+            gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise TaskStartError(f"{where}: unable to find group {group}: no matching entries in group file") from None
+    return TaskUser(uid, gid, [], {}, f"docker user {user!r}")
 
 
 #: Docker config keys the simulator acts on, and those it records as unsimulated.
@@ -1680,6 +1800,9 @@ class SimCluster:
         self.job = job
         self.workdir = os.path.abspath(os.fspath(workdir))
         os.makedirs(self.workdir, exist_ok=True)
+        # The client's alloc_dir: 0711, any task user may pass through it (client/client.go:742,
+        # :758 v2.0.5). Its parents are the caller's: see _check_reachable.
+        os.chmod(self.workdir, 0o711)
         self.host_ip = host_ip
         self.job_id: str = job.get("ID") or job.get("Name") or ""
         if not self.job_id:
@@ -1700,6 +1823,10 @@ class SimCluster:
         #: Job features present in the job that the simulator does not act on.
         self.unsimulated: list[str] = []
         self._variables: dict[str, dict[str, str]] = {k: dict(v) for k, v in (variables or {}).items()}
+        #: Where nomadVar/nomadVarExists read when set (path -> items or None): the servers'
+        #: Variables, as the client's template runner queries them (a fake API's attach_sim sets
+        #: it); otherwise set_variable()'s own store.
+        self.variable_source: Callable[[str], dict[str, str] | None] | None = None
         self._lock = threading.RLock()
         self._stop_evt = threading.Event()
         self._monitor: threading.Thread | None = None
@@ -1781,7 +1908,7 @@ class SimCluster:
         extra = [] if docker else sorted(set(config) - set(_RAW_EXEC_CONFIG_KEYS))
         if extra:
             raise UnsupportedJobError(f"{where}: config keys {extra} are not simulated (command and args only)")
-        for key in ("Lifecycle", "Vault", "Artifacts", "VolumeMounts", "CSIPluginConfig", "DispatchPayload", "User"):
+        for key in ("Lifecycle", "Vault", "Artifacts", "VolumeMounts", "CSIPluginConfig", "DispatchPayload"):
             if task.get(key):
                 raise UnsupportedJobError(f"{where}: {key} is not simulated")
         res = task.get("Resources") or {}
@@ -1804,8 +1931,6 @@ class SimCluster:
                 _parse_signal(t.get("ChangeSignal") or "")
             if t.get("Wait") or t.get("Splay"):
                 self.unsimulated.append(f"{tw}: wait/splay timing")
-            if t.get("Uid") not in (None, -1) or t.get("Gid") not in (None, -1):
-                self.unsimulated.append(f"{tw}: uid/gid ownership")
             GoTemplate(t.get("EmbeddedTmpl") or "", t.get("LeftDelim") or "", t.get("RightDelim") or "", name=tw)
         for svc in task.get("Services") or []:
             if svc.get("Checks"):
@@ -2036,14 +2161,26 @@ class SimCluster:
             dir=adir,
             ports=ports,
         )
-        # The allocation directory as the client lays it out.
-        for sub in ("alloc/data", "alloc/logs", "alloc/tmp"):
-            os.makedirs(os.path.join(adir, sub), exist_ok=True)
+        # The allocation directory as the client lays it out, modes and owners included
+        # (client/allocdir, v2.0.5): the alloc dir 0755, the agent's (alloc_dir.go:357); alloc/
+        # 0755 and its logs/, tmp/, data/ 0777 (alloc_dir.go:362-371); the task dir and local/
+        # 0777 (task_dir.go:131-137); tmp/ sticky 0777 (alloc_dir.go:80, task_dir.go:140-145);
+        # secrets/ and private/ 0777 (task_dir.go:325-329; a noexec tmpfs when the agent is
+        # root, fs_linux.go:65-100, not mounted here). Each goes through dropDirPermissions
+        # (fs_unix.go:36-63): mode | 0777, owner nobody when the agent is root. A task of any
+        # user reaches its files; the files' own modes and owners decide who reads them.
+        os.makedirs(adir, exist_ok=True)
+        os.chmod(adir, 0o755)
+        _alloc_mkdir(os.path.join(adir, "alloc"), 0o755)
+        for sub in ("logs", "tmp", "data"):
+            _alloc_mkdir(os.path.join(adir, "alloc", sub), 0o777)
         for t in g.get("Tasks") or []:
             tdir = os.path.join(adir, t["Name"])
-            for sub in ("local", "secrets", "tmp", "private"):
-                os.makedirs(os.path.join(tdir, sub), exist_ok=True)
-            os.chmod(os.path.join(tdir, "secrets"), 0o700)
+            _alloc_mkdir(tdir, 0o777)
+            _alloc_mkdir(os.path.join(tdir, "local"), 0o777)
+            _alloc_mkdir(os.path.join(tdir, "tmp"), stat.S_ISVTX | 0o777)
+            for sub in ("secrets", "private"):
+                _alloc_mkdir(os.path.join(tdir, sub), 0o777)
             alloc.tasks[t["Name"]] = TaskRun(name=t["Name"], alloc=alloc, spec=t)
         return alloc
 
@@ -2206,13 +2343,18 @@ class SimCluster:
                 raise UnsupportedJobError("nomadVar paths with @namespace/region are not simulated")
             return p
 
+        def lookup(path: str) -> dict[str, str] | None:
+            if self.variable_source is not None:
+                return self.variable_source(path)
+            return self._variables.get(path)
+
         def nomad_var_exists(path: Any) -> bool:
-            return var_path(path) in self._variables if path else False
+            return lookup(var_path(path)) is not None if path else False
 
         def nomad_var(path: Any) -> _NomadVarItems | None:
             if not path:
                 return None
-            items = self._variables.get(var_path(path))
+            items = lookup(var_path(path))
             if items is None:
                 raise _Blocked(f"nomadVar {path!r} does not exist")
             return _NomadVarItems({k: _NomadVarItem(k, v) for k, v in items.items()})
@@ -2264,6 +2406,10 @@ class SimCluster:
                     once=bool(t.get("Once")),
                     missing_key_error=bool(t.get("ErrMissingKey")),
                     dest=self._client_path(t.get("DestPath") or "", tr, base_env),
+                    # template.go:820-826 v2.0.5: ct.Uid/ct.Gid only when set and >= 0 (the api
+                    # struct's *int; nil and -1 both mean "leave the agent as owner").
+                    uid=t["Uid"] if t.get("Uid") is not None and t["Uid"] >= 0 else -1,
+                    gid=t["Gid"] if t.get("Gid") is not None and t["Gid"] >= 0 else -1,
                 )
             )
 
@@ -2271,7 +2417,10 @@ class SimCluster:
         return tmpl.compiled.render(self._template_funcs(tr), tmpl.missing_key_error)
 
     @staticmethod
-    def _write_atomic(path: str, content: str, perms: int) -> None:
+    def _write_atomic(path: str, content: str, perms: int, uid: int = -1, gid: int = -1) -> None:
+        """consul-template v0.42.1 renderer.Render: ``AtomicWrite`` (renderer.go:103; temp file,
+        chmod to Perms :195, rename :211), then ``setFileOwnership`` (renderer.go:107,
+        file_ownership.go:27-31: a no-op when both are -1, else os.Chown(path, uid, gid))."""
         parent = os.path.dirname(path)
         os.makedirs(parent, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=parent)
@@ -2288,6 +2437,8 @@ class SimCluster:
             except FileNotFoundError:
                 pass
             raise
+        if uid != -1 or gid != -1:
+            os.chown(path, uid, gid)  # after the chmod, on the renamed file
 
     def _first_render(self, tr: TaskRun) -> bool:
         """Render every template before the task starts; False while a dependency is missing."""
@@ -2298,7 +2449,7 @@ class SimCluster:
         except _Blocked:
             return False
         for tmpl, content in zip(tr.templates, rendered):
-            self._write_atomic(tmpl.dest, content, tmpl.perms)
+            self._write_atomic(tmpl.dest, content, tmpl.perms, tmpl.uid, tmpl.gid)
             tmpl.content = content
         return True
 
@@ -2312,11 +2463,49 @@ class SimCluster:
 
     # -- task lifecycle --------------------------------------------------------------------------
 
+    def _task_user(self, task: dict[str, Any], where: str) -> TaskUser | None:
+        """Who the driver runs the task as; None: the agent's own user (root on a real client).
+
+        * docker: the container's ``User`` is ``task.User`` (drivers/docker/driver.go:1055
+          v2.0.5); when empty Docker takes the image's USER (:class:`StandInImage` ``user``);
+          both empty: root, the agent's user here.
+        * exec: ``user`` defaults to "nobody" (drivers/exec/driver.go:472-474 v2.0.5), looked up
+          by name on the host (helper/users/lookup.go:23). The libcontainer executor sets only
+          ``process.UID`` and USER/LOGNAME/HOME (drivers/shared/executor/
+          executor_linux_cgo.go:242-256): the GID is runc's zero value, 0, with no supplementary
+          groups.
+        * raw_exec: the agent's user unless ``user`` is set (drivers/rawexec/driver.go:436);
+          then the universal executor's setCmdUser (drivers/shared/executor/executor.go:366-368,
+          executor_unix.go:61-106): uid, primary gid, the user's groups, USER/LOGNAME/HOME. Its
+          ``make([]uint32, len(gidStrings))`` followed by ``append`` leaves one 0 per group in
+          front: the root group is among the supplementary groups, as on Nomad.
+        """
+        driver, user = task.get("Driver"), task.get("User") or ""
+        if driver == "docker":
+            image = self.docker_images.get((task.get("Config") or {}).get("image"), StandInImage())
+            user = user or image.user
+            return docker_user(user, where) if user else None
+        if driver == "exec":
+            pw = _host_user(user or "nobody", where)
+            env = {"USER": pw.pw_name, "LOGNAME": pw.pw_name, "HOME": pw.pw_dir}
+            return TaskUser(pw.pw_uid, 0, [], env, f"exec user {pw.pw_name!r}")
+        if driver == "raw_exec" and user:
+            pw = _host_user(user, where)
+            gids = os.getgrouplist(pw.pw_name, pw.pw_gid)
+            env = {"USER": pw.pw_name, "LOGNAME": pw.pw_name, "HOME": pw.pw_dir}
+            return TaskUser(pw.pw_uid, pw.pw_gid, [0] * len(gids) + list(gids), env, f"raw_exec user {pw.pw_name!r}")
+        return None
+
     def _plan(self, tr: TaskRun) -> tuple[list[str], dict[str, str]]:
         """Everything the client does between the last template render and exec."""
         env = self._task_env(tr.alloc, tr.spec, self._template_env(tr))
         variables = hcl_variables(env, self.node_attrs)
         where = f"{tr.alloc.name}/{tr.name}"
+        tr.user = self._task_user(tr.spec, where)
+        if tr.user is not None:
+            _check_can_become(tr.user, where)
+            _check_reachable(tr.dir, tr.user, where)
+            env.update(tr.user.env)  # appended after the task env: they win (exec.Cmd dedup)
         config = tr.spec.get("Config") or {}
         if tr.spec.get("Driver") == "docker":
             evaluated = {k: _eval_config_value(config[k], variables, f"{where} {k}")
@@ -2346,6 +2535,9 @@ class SimCluster:
     def _spawn(self, tr: TaskRun, argv: list[str], env: dict[str, str]) -> None:
         with open(tr.log_path("stdout"), "ab") as out, open(tr.log_path("stderr"), "ab") as err:
             try:
+                who: dict[str, Any] = {}
+                if tr.user is not None:  # setgroups, setgid, setuid in the child (_task_user)
+                    who = {"user": tr.user.uid, "group": tr.user.gid, "extra_groups": tr.user.groups}
                 proc = subprocess.Popen(
                     argv,
                     cwd=tr.dir,
@@ -2354,13 +2546,15 @@ class SimCluster:
                     stdout=out,
                     stderr=err,
                     start_new_session=True,  # own session and process group, like the executor
+                    **who,
                 )
             except OSError as e:
                 raise TaskStartError(f"{tr.alloc.name}/{tr.name}: failed to launch {argv[0]!r}: {e}") from e
         self._pgids.add(proc.pid)
         tr.proc, tr.pid, tr.argv, tr.env = proc, proc.pid, argv, env
         tr.state, tr.exit_code = "running", None
-        tr.event(f"Started pid {proc.pid}")
+        tr.event(f"Started pid {proc.pid}" + (f" as uid {tr.user.uid} gid {tr.user.gid} ({tr.user.why})"
+                                             if tr.user is not None else ""))
         self._register_task_services(tr)
 
     def _kill(self, tr: TaskRun, grace: float | None) -> None:
@@ -2572,7 +2766,7 @@ class SimCluster:
                 continue  # consul-template keeps the old file while a dependency is missing
             if content == tmpl.content:
                 continue
-            self._write_atomic(tmpl.dest, content, tmpl.perms)
+            self._write_atomic(tmpl.dest, content, tmpl.perms, tmpl.uid, tmpl.gid)
             tmpl.content = content
             tr.event(f"Template re-rendered: {tmpl.dest}")
             if tmpl.change_mode == "restart":

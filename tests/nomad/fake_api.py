@@ -406,9 +406,19 @@ class FakeNomad:
         allocation this fake starts is placed and started there under the same name and index;
         a task's exit there ends the allocation here (exit code, "Terminated" and, non-zero,
         "Not Restarting" events) on the next request; logs are read from its log files; a node
-        going down kills its processes there; a stop kills them. ``auto_run`` as usual."""
+        going down kills its processes there; a stop kills them; its templates' nomadVar reads
+        this fake's Variables. ``auto_run`` as usual."""
         with self._lock:
             self._sims[cluster.job_id] = cluster
+        # Its templates read this fake's Variables (nomadVar queries the servers). No lock: the
+        # simulator asks while holding its own, and this fake calls into it holding this one.
+        ns = cluster.namespace
+
+        def variable(path: str) -> dict[str, str] | None:
+            var = self.variables.get((ns, path))
+            return None if var is None else dict(var["Items"])
+
+        cluster.variable_source = variable
 
     def _sim_start(self, alloc: dict) -> bool:
         """Start the allocation in the attached simulator; False when it failed to (the failure
