@@ -19,6 +19,7 @@ from typing import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from halo_sched.backends.jobstate import JobState, JobStatus, SlurmDetail
+from halo_sched.backends.slurm.reasons import pending_reason
 
 # ---------------------------------------------------------------------------------------------
 # State mapping
@@ -189,6 +190,10 @@ def make_state(
     """``detail``: fields of :class:`SlurmDetail` (and ``restarts``) the query read."""
     status = map_state(raw_state)
     reason = _none_if_na(reason) or ""
+    if status.terminal and pending_reason(reason):
+        # A job cancelled while pending keeps the reason it waited for (CANCELLED
+        # reason=PartitionNodeLimit): that explains no end, so it is not shown as if it did.
+        reason = ""
     if raw_state.upper().startswith("COMPLETING") and not reason:
         reason = "completing"
     if status is JobStatus.UNKNOWN and raw_state:
@@ -232,7 +237,11 @@ SEP = "\x1f"
 
 # -O (long) field names. JobArrayID is the display id (123_4, 123_[5-9], 123+1, 123); JobID is
 # the raw one; exit_code is a raw wait status (squeue has no "2:0" form).
-SQUEUE_FIELDS = ("JobArrayID", "JobID", "State", "exit_code", "NumNodes", "Reason", "NodeList", "Requeue", "RestartCnt")
+# SubmitTime/StartTime/Dependency: how long a pending job has waited, when SLURM expects it to
+# start (what ``squeue --start`` shows: the backfill scheduler's estimate, N/A until it has one)
+# and what it depends on (``afterok:12(failed)``).
+SQUEUE_FIELDS = ("JobArrayID", "JobID", "State", "exit_code", "NumNodes", "Reason", "NodeList", "Requeue", "RestartCnt",
+                 "SubmitTime", "StartTime", "Dependency")
 # Rows recorded before Requeue/RestartCnt were asked for still parse.
 _SQUEUE_REQUIRED = 7
 
@@ -279,7 +288,8 @@ def parse_squeue(text: str) -> list[JobState]:
                 reason=row["Reason"],
                 source="squeue",
                 detail={"job_id_raw": row["JobID"], "nodelist": _none_if_na(row["NodeList"]) or "",
-                       **_requeue_info(row.get("Requeue"), row.get("RestartCnt"))},
+                       **_requeue_info(row.get("Requeue"), row.get("RestartCnt")),
+                       **_wait_info(row.get("SubmitTime"), row.get("StartTime"), row.get("Dependency"))},
             )
         )
     return out
@@ -350,12 +360,24 @@ def _requeue_info(requeue: str | None, restarts: str | None) -> dict:
     return info
 
 
+def _wait_info(submitted: str | None, start: str | None, dependency: str | None) -> dict:
+    """When the job was submitted and is expected to start (ISO local times as SLURM prints them),
+    and its dependency; only what SLURM said."""
+    info = {}
+    for key, value in (("submitted", submitted), ("expected_start", start), ("dependency", dependency)):
+        value = _none_if_na(value)
+        if value and value != "Unknown":
+            info[key] = value
+    return info
+
+
 def scontrol_job_state(fields: Mapping[str, str]) -> JobState:
     rc, sig = parse_exit_pair(fields.get("ExitCode"))
     detail = {
         "job_id_raw": fields.get("JobId", ""),
         "nodelist": _none_if_na(fields.get("NodeList")) or "",
         **_requeue_info(fields.get("Requeue"), fields.get("Restarts")),
+        **_wait_info(fields.get("SubmitTime"), fields.get("StartTime"), fields.get("Dependency")),
     }
     derived = parse_exit_pair(fields.get("DerivedExitCode"))
     if derived[0] is not None:

@@ -327,6 +327,17 @@ class CliTransport(Transport):
             raise self._fail("scontrol show config", proc)
         return proc.stdout or ""
 
+    def partitions(self, cluster: str | None = None) -> tuple[list[dict], list[dict]]:
+        """Every partition and node of the cluster (``scontrol --oneliner show partition`` and
+        ``show node``): two calls, made before a submit and by ``plan``."""
+        out = []
+        for what in ("partition", "node"):
+            proc = self._run(["scontrol", *st.cluster_args(cluster), "--oneliner", "show", what])
+            if proc.returncode != 0:
+                raise self._fail(f"scontrol show {what}", proc)
+            out.append([st.parse_scontrol_record(line) for line in (proc.stdout or "").splitlines() if "=" in line])
+        return out[0], out[1]
+
     def test_only(self, script: str, extra_args: Sequence[str] = ()) -> tuple[bool, str]:
         # Submits nothing: sbatch asks slurmctld when and where the job would start.
         proc = self._run(["sbatch", "--test-only", *extra_args], input=script)
