@@ -157,12 +157,26 @@ class JobState:
         if self.raw_state and self.raw_state != self.status.value:
             parts.append(f"raw={self.raw_state}")
         if self.exit_code is not None:
-            parts.append(f"exit={self.exit_code}")
+            parts.append(f"exit={self.exit_code}{_signal_words(self)}")
         if self.reason:
             parts.append(f"reason={self.reason}")
         if self.restarts:  # a requeued job: which run this is
             parts.append(f"run {self.restarts + 1}")
         return " ".join(parts)
+
+
+def _signal_words(state: JobState) -> str:
+    """`` (128+9: killed by signal 9, SIGKILL)`` for an exit code SLURM says is a signal."""
+    sig = state.slurm.signal if state.slurm is not None else None
+    if not sig or state.exit_code != 128 + sig:
+        return ""
+    import signal as signals
+
+    try:
+        name = f", {signals.Signals(sig).name}"
+    except ValueError:
+        name = ""
+    return f" (128+{sig}: killed by signal {sig}{name})"
 
 
 __all__ = ["JobState", "JobStatus", "NomadDetail", "SlurmDetail"]

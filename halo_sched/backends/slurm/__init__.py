@@ -205,10 +205,48 @@ class SlurmScheduler(Scheduler):
             if state.status in _MAY_REQUEUE and state.slurm is not None and state.slurm.source == "sacct":
                 states[job_id] = self._live(job_id, state)
         for job_id, state in states.items():
+            if state.status is JobStatus.FAILED and state.reason.startswith("JobLaunchFailure"):
+                cause = self._launch_cause(job_id)
+                if cause:
+                    state.reason = state.reason[:-1] + f"; slurmd's log: {cause})"
+        for job_id, state in states.items():
             if state.status is JobStatus.FAILED:
                 # Which rank failed first: the failure lines the nodes wrote into the output file.
                 state.failure = report_from_files(self._outputs(job_id, ask=False))
         return states
+
+    def _launch_cause(self, job_id: str) -> str:
+        """slurmd's own words on why a batch script did not launch (``[ID.batch] error: Could
+        not open stdout file ...``), from its log (``SlurmdLogFile`` of ``scontrol show config``,
+        ``%n``/``%h`` the job's batch host) where this host can read it; else empty. Once per job."""
+        cache = self.__dict__.setdefault("_launch_causes", {})
+        if job_id in cache:
+            return cache[job_id]
+        cache[job_id] = ""
+        from .transport.base import split_cluster
+
+        try:
+            cluster, local = split_cluster(job_id)
+            if not isinstance(self.transport, ReadsConfig):
+                return ""
+            config = self.transport.show_config(cluster) or ""
+            m = re.search(r"^SlurmdLogFile\s*=\s*(\S+)", config, re.M)
+            host = self.transport.job_info(job_id).get("BatchHost") or ""
+        except (HaloError, KeyError, TypeError):
+            return ""
+        if not m or m.group(1) == "(null)" or (("%n" in m.group(1) or "%h" in m.group(1)) and not host):
+            return ""
+        path = Path(m.group(1).replace("%n", host).replace("%h", host))
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, path.stat().st_size - 4 * 1024 * 1024))
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        mark = f"[{local.split('_')[0]}.batch] error: "
+        lines = [ln.split(mark, 1)[1].strip() for ln in text.splitlines() if mark in ln]
+        cache[job_id] = "; ".join(dict.fromkeys(lines[:3]))[:300]
+        return cache[job_id]
 
     def record_fields(self, dryrun: DryRun, job_id: str) -> dict:
         """For the job record: the output file as an absolute path, and the cluster (sbatch -M)."""
@@ -288,13 +326,28 @@ class SlurmScheduler(Scheduler):
         return replace(state, status=JobStatus.CANCELLED, raw_state="CANCELLED", nodes_running=None,
                        verdict=f"can never start: {why}; {done}")
 
-    def cancel(self, ids: Sequence[str], signal: str | None = None, **opts) -> None:
+    def cancel(self, ids: Sequence[str], signal: str | None = None, **opts) -> dict[str, str]:
+        """Cancel (or, with ``signal``, warn) jobs. Returns the ids that had already ended, with
+        their state in words: scancel of an ended job succeeds silently, so they are asked first
+        (one query); they are not sent to scancel."""
+        ids = list(ids)
+        ended: dict[str, str] = {}
+        if not signal:
+            try:
+                states = self.transport.query(ids)
+            except HaloError:
+                states = {}
+            ended = {i: st.describe() for i, st in states.items() if st.status.terminal}
+            ids = [i for i in ids if i not in ended]
+        if not ids:
+            return ended
         # With a signal: the batch script gets it (as it gets slurm.signal's warning) and
         # forwards it to every rank; see halo_sched/templates/slurm/sbatch.sh.j2.
         if signal or not isinstance(self.transport, CancelsOnce):
-            self.transport.cancel(list(ids), signal=signal)
+            self.transport.cancel(ids, signal=signal)
         else:
-            self.transport.cancel_once(list(ids), retry_s=self.retry_s, on_retry=_say)
+            self.transport.cancel_once(ids, retry_s=self.retry_s, on_retry=_say)
+        return ended
 
     def progress(self, state: JobState) -> str:
         if state.status is JobStatus.PENDING and not state.verdict:

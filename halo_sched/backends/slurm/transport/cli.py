@@ -26,6 +26,18 @@ from .base import TRANSIENT, Transport, by_cluster, chunks, gave_up, sbatch_opti
 Runner = Callable[[list, "str | None"], subprocess.CompletedProcess]
 
 
+def clean_scancel(stderr: str) -> str:
+    """scancel's error lines as one line: ``scancel: error: Kill job error on job id 5: Invalid
+    job id specified`` -> ``Kill job error on job id 5: Invalid job id specified`` (each line once,
+    the program's own ``scancel:``/``error:`` prefixes dropped)."""
+    lines = []
+    for line in (stderr or "").splitlines():
+        text = re.sub(r"^(?:\s*(?:scancel|error|fatal):\s*)+", "", line.strip(), flags=re.I)
+        if text:
+            lines.append(text)
+    return "; ".join(dict.fromkeys(lines)) or "(no output)"
+
+
 def default_runner(timeout: float = 60.0) -> Runner:
     def run(argv: list, input: str | None = None) -> subprocess.CompletedProcess:
         # Other users' job names in squeue/scontrol output need not be UTF-8: never fail on them.
@@ -97,6 +109,8 @@ class CliTransport(Transport):
     @staticmethod
     def _fail(what: str, proc: subprocess.CompletedProcess) -> SchedulerError:
         msg = (proc.stderr or "").strip() or (proc.stdout or "").strip() or "(no output)"
+        if what == "scancel":
+            return SchedulerError(f"scancel refused (exit {proc.returncode}): {clean_scancel(msg)}")
         return SchedulerError(f"{what} failed (exit {proc.returncode}): {msg}")
 
     # -- submit / cancel ---------------------------------------------------------------------
