@@ -483,8 +483,12 @@ def output_problems(script: str, via: str) -> tuple[list[tuple[str, str]], str]:
         if not value or value == "/dev/null":
             continue
         path = Path(value) if chdir is None or os.path.isabs(value) else Path(chdir) / value
-        directory = Path(_expand_output(str(path), "x", "1")).parent
-        field = "slurm.extra_args " + name if value != "halo-%x-%j.out" else "the submit directory"
+        try:
+            directory = Path(_expand_output(str(path), "x", "1")).parent
+        except FileNotFoundError:  # the submit directory itself was removed
+            problems.append(("submit directory", "the current directory no longer exists: submit from another one"))
+            continue
+        field = "submit directory" if not os.path.isabs(value) and chdir is None else "slurm.extra_args " + name
         if not directory.is_dir():
             problems.append((field, f"output path {value}: directory {directory} does not exist (the job would end "
                                     "FAILED at launch, JobLaunchFailure): create it or submit from another directory"))
