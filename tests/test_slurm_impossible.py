@@ -396,3 +396,21 @@ def test_cluster_queued_job_shows_reason_and_waited_time_at_every_change(slurm_c
     assert any(f"(Dependency); waits for job {blocker} to end (afterany, unfulfilled)" in ln for ln in dep_lines), \
         outs[1]
     assert f"halo-sched: {queued} COMPLETED exit=0" in outs[0]
+
+
+def test_cancel_of_an_ended_job_says_so():
+    done = st.make_state("9", "COMPLETED", exit_rc=0, exit_sig=0, nodes=1, reason="None", source="x")
+    t = Standin(states=[done])
+    assert SlurmScheduler(transport=t).cancel(["9"]) == {"9": "COMPLETED exit=0"}
+    assert t.cancelled == []  # nothing sent to scancel
+
+
+@pytest.mark.slurm
+def test_cluster_cancel_of_a_completed_job(slurm_cluster, tmp_path):
+    job = _sbatch(tmp_path, "-N1", "--wrap", "true")
+    deadline = time.monotonic() + 30
+    while _squeue_state(job) != "COMPLETED" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    proc, _ = _halo(tmp_path, "cancel", job, "--backend", "slurm")
+    assert proc.returncode == 0
+    assert proc.stderr.strip() == f"halo-sched: {job} had already ended (COMPLETED exit=0); nothing to cancel"
