@@ -414,3 +414,19 @@ def test_cluster_cancel_of_a_completed_job(slurm_cluster, tmp_path):
     proc, _ = _halo(tmp_path, "cancel", job, "--backend", "slurm")
     assert proc.returncode == 0
     assert proc.stderr.strip() == f"halo-sched: {job} had already ended (COMPLETED exit=0); nothing to cancel"
+
+
+@pytest.mark.slurm
+def test_cluster_rest_transport_checks_partitions_too(slurm_cluster, tmp_path, monkeypatch):
+    """slurmrestd (GET .../partitions and .../nodes) serves the same limits as scontrol."""
+    from halo_sched.backends.slurm.transport import get_transport
+
+    monkeypatch.chdir(tmp_path)
+    sched = SlurmScheduler(transport=get_transport("rest"))
+    with pytest.raises(SpecError) as err:
+        sched.plan(spec_of(tmp_path, nodes=5))
+    assert err.value.problems == [("nodes", "5 but partition debug has only 3 nodes (PartitionNodeLimit): lower "
+                                            "nodes or pick another slurm.partition")]
+    ok, text = sched.plan(spec_of(tmp_path, nodes=1))
+    assert "partition limits: ok: partition debug: at most 3 nodes" in text
+    assert "output file: unchecked: slurmrestd may run on a host" in text

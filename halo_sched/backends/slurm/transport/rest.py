@@ -812,8 +812,12 @@ def rest_partition_record(p: dict) -> dict:
     maxi = p.get("maximums") if isinstance(p.get("maximums"), dict) else {}
     nodes = p.get("nodes") if isinstance(p.get("nodes"), dict) else {}
     mem = maxi.get("memory_per_node") if maxi else p.get("maximum_memory_per_node")
+    flags = [str(f).upper() for f in (p.get("flags") or []) if isinstance(f, str)]
+    inner = p.get("partition") if isinstance(p.get("partition"), dict) else {}
+    flags += [str(f).upper() for f in (inner.get("state") or []) if isinstance(f, str)]
     return {
         "PartitionName": str(p.get("name") or ""),
+        "Default": "YES" if "DEFAULT" in flags else "NO",
         "MaxNodes": _limit_text(maxi.get("nodes") if maxi else p.get("maximum_nodes_per_job")),
         "TotalNodes": _limit_text(nodes.get("total") if nodes else p.get("total_nodes")),
         "MaxTime": _limit_text(maxi.get("time") if maxi else p.get("max_time_limit")),
