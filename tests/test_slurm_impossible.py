@@ -96,6 +96,11 @@ def test_explain_from_real_records():
     assert reasons.explain("DependencyNeverSatisfied", jobs["615"], part, nodes) == (
         "its dependency can never be met (afterok:614(failed): the job it waits for ended the wrong way; "
         "DependencyNeverSatisfied): fix the dependency in slurm.extra_args and submit again")
+    # The cluster's partition has no MaxTime: the real job record with a time limit, a stand-in MaxTime.
+    timed = {**jobs["612"], "NumNodes": "1-1", "TimeLimit": "02:00:00"}
+    assert reasons.explain("PartitionTimeLimit", timed, {**part, "MaxTime": "01:00:00"}, nodes) == (
+        "slurm.time: 02:00:00 but partition debug allows at most 01:00:00 (PartitionTimeLimit): lower slurm.time "
+        "or pick another slurm.partition")
     # Without the partition (a transport that cannot read it): the reason's own words.
     assert reasons.explain("InvalidQOS", {}, None, []) == "a QOS SLURM does not know (InvalidQOS): fix slurm.qos"
 
