@@ -473,10 +473,14 @@ def cmd_cancel(args) -> int:
         if set(groups) != {"slurm"}:
             raise UsageError("--signal applies to --backend slurm only")
         opts["signal"] = _warning_signal(args.signal, groups["slurm"])
-    done, unknown, where = cancel_known(groups, _scheduler, **opts)
+    ended: dict[str, str] = {}
+    done, unknown, where = cancel_known(groups, _scheduler, ended=ended, **opts)
     what = f"signal {args.signal}" if args.signal else "cancel"
     for job_id in done:
-        _err(f"halo-sched: {what} requested for {job_id}")
+        if job_id in ended:
+            _err(f"halo-sched: {job_id} had already ended ({ended[job_id]}); nothing to cancel")
+        else:
+            _err(f"halo-sched: {what} requested for {job_id}")
     if unknown:
         raise UnknownJob(list(unknown), next(iter(where)) if len(where) == 1 else None,
                          reason=next(iter(unknown.values())) if len(unknown) == 1 else "",

@@ -83,9 +83,11 @@ def unknown_asked(backend: str, sched: Scheduler, ids: Iterable[str]) -> dict[st
 
 
 def cancel_known(groups: dict[str, list[str]], scheduler: Callable[[str], Scheduler],
-                 **opts) -> tuple[list[str], dict[str, str], set[str]]:
+                 ended: dict[str, str] | None = None, **opts) -> tuple[list[str], dict[str, str], set[str]]:
     """Cancel every id of ``groups`` (backend -> ids) that somebody knows: (the ids cancelled,
-    the unknown ones with the scheduler's word on each, the backends those were asked of)."""
+    the unknown ones with the scheduler's word on each, the backends those were asked of).
+    ``ended`` hears the ids that had already ended (with their state in words) where the backend
+    says so (``cancel`` returns them)."""
     unknown_ids: dict[str, str] = {}
     where: set[str] = set()
     done: list[str] = []
@@ -96,7 +98,9 @@ def cancel_known(groups: dict[str, list[str]], scheduler: Callable[[str], Schedu
         where |= {backend} if missing else set()
         ids = [i for i in ids if i not in missing]
         if ids:
-            sched.cancel(ids, **opts)
+            already = sched.cancel(ids, **opts)
+            if ended is not None and isinstance(already, dict):
+                ended.update(already)
             done += ids
     return done, unknown_ids, where
 

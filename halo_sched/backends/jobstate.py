@@ -78,6 +78,11 @@ class SlurmDetail:
     components: dict[str, str] | None = None
     #: A requested array task still inside its pending record ``123_[5-9]``: that record's id.
     pending_array: str | None = None
+    #: When the job was submitted, and when SLURM expects it to start (``squeue --start``; local
+    #: times as SLURM prints them, ``2026-12-01T12:25:13``), and what it depends on.
+    submitted: str | None = None
+    expected_start: str | None = None
+    dependency: str | None = None
 
 
 @dataclass
@@ -127,12 +132,16 @@ class JobState:
     last_known: dict | None = None
     slurm: SlurmDetail | None = None
     nomad: NomadDetail | None = None
+    #: Why the job ended, in words, where halo-sched itself ended it (a SLURM job that can never
+    #: start: what to change in the job file); ``describe`` then says it.
+    verdict: str = ""
 
     def change_key(self) -> tuple:
         """What counts as a change while waiting (a progress line; the watcher's polls go back to
         the shortest interval): the status, the nodes running or placed, the scheduler's word, the
-        run."""
-        return (self.status, self.nodes_running, self.raw_state, self.restarts,
+        run, and why it waits or ended (``reason``: PENDING for Resources, then for Priority, is
+        two states to a person watching)."""
+        return (self.status, self.nodes_running, self.raw_state, self.restarts, self.reason,
                 self.nomad.nodes_placed if self.nomad is not None else None)
 
     def describe(self) -> str:
@@ -140,18 +149,34 @@ class JobState:
         if self.failure is not None and self.failure.first is not None:
             text = f"{self.status.value}: {self.failure.describe()}"
             return text + (f" (raw={self.raw_state})" if self.raw_state and self.raw_state != self.status.value else "")
+        if self.verdict:
+            return f"{self.status.value}: {self.verdict}"
         parts = [self.status.value]
         if self.nodes_total is not None and self.nodes_running is not None and not self.status.terminal:
             parts.append(f"{self.nodes_running}/{self.nodes_total} nodes running")
         if self.raw_state and self.raw_state != self.status.value:
             parts.append(f"raw={self.raw_state}")
         if self.exit_code is not None:
-            parts.append(f"exit={self.exit_code}")
+            parts.append(f"exit={self.exit_code}{_signal_words(self)}")
         if self.reason:
             parts.append(f"reason={self.reason}")
         if self.restarts:  # a requeued job: which run this is
             parts.append(f"run {self.restarts + 1}")
         return " ".join(parts)
+
+
+def _signal_words(state: JobState) -> str:
+    """`` (128+9: killed by signal 9, SIGKILL)`` for an exit code SLURM says is a signal."""
+    sig = state.slurm.signal if state.slurm is not None else None
+    if not sig or state.exit_code != 128 + sig:
+        return ""
+    import signal as signals
+
+    try:
+        name = f", {signals.Signals(sig).name}"
+    except ValueError:
+        name = ""
+    return f" (128+{sig}: killed by signal {sig}{name})"
 
 
 __all__ = ["JobState", "JobStatus", "NomadDetail", "SlurmDetail"]

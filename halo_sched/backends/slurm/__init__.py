@@ -14,11 +14,20 @@ from ...errors import HaloError, SchedulerError
 from ...models import JobSpec
 from ..base import DryRun, JobState, JobStatus, Scheduler, tail_lines
 from ...launch import compile_launch
+from .reasons import never_clears
 from .render import render_batch, render_sbatch
-from .capabilities import CancelsOnce, Named, ReadsConfig, SubmitsOnce, TestsOnly
+from .capabilities import CancelsOnce, Named, ReadsConfig, ReadsPartitions, SubmitsOnce, TestsOnly
 
 # Ends of one run after which SLURM may requeue the job (sbatch --requeue).
 _MAY_REQUEUE = {JobStatus.PREEMPTED, JobStatus.NODE_FAIL}
+
+
+class _NeverStarts(Exception):
+    """Raised inside a wait by a job pending for a reason that never clears."""
+
+    def __init__(self, state: JobState):
+        super().__init__(state.reason)
+        self.state = state
 
 
 def _say(msg: str) -> None:
@@ -58,6 +67,12 @@ class SlurmScheduler(Scheduler):
         # --export=ALL on the command line wins over a user's SBATCH_EXPORT=NONE, which would
         # drop them (srun's tasks then inherit the batch step's environment).
         extra = ["--export=ALL"] if dryrun.spec.secret_values() else []
+        launch = compile_launch(dryrun.spec)
+        problems = self.partition_problems(dryrun.spec, launch.cluster)[0] + output_problems(launch.output, self._via())[0]
+        if problems:
+            from ...errors import SpecError
+
+            raise SpecError(problems, dryrun.spec.job_file.path if dryrun.spec.job_file else None)
         for line in self.preemption_check(dryrun.spec):
             _say(f"warning: {line}")
         if not isinstance(self.transport, SubmitsOnce):  # slurmrestd, pyslurm: one attempt
@@ -97,6 +112,13 @@ class SlurmScheduler(Scheduler):
 
         launch = compile_launch(spec)
         script = render_batch(launch)
+        # What submit refuses (exit 2, naming the field), refused here the same way.
+        problems, checked = self.partition_problems(spec, launch.cluster)
+        out_problems, out_checked = output_problems(launch.output, self._via())
+        if problems or out_problems:
+            from ...errors import SpecError
+
+            raise SpecError(problems + out_problems, spec.job_file.path if spec.job_file else None)
         lines = [f"Plan for job {spec.name!r} on SLURM ({self._via()} transport), {spec.all_nodes} "
                  f"node{'s' if spec.all_nodes != 1 else ''}:"]
         ok = True
@@ -109,6 +131,8 @@ class SlurmScheduler(Scheduler):
         else:
             ok = tested[0]
             lines.append(f"  placement: {'ok' if ok else 'REFUSED'}: {tested[1]}")
+        lines.append(f"  partition limits: {checked}")
+        lines.append(f"  output file: {out_checked}")
         try:
             text = self._show_config(launch.cluster)
         except HaloError as err:
@@ -128,6 +152,47 @@ class SlurmScheduler(Scheduler):
             lines += [f"  warning: {n}" for n in notes]
         return ok, "\n".join(lines)
 
+    def _partitions(self, cluster: str | None) -> tuple[list[dict], list[dict]] | None:
+        if not isinstance(self.transport, ReadsPartitions):
+            return None
+        return self.transport.partitions(cluster)
+
+    def partition_problems(self, spec: JobSpec, cluster: str | None) -> tuple[list[tuple[str, str]], str]:
+        """(field, why) for each way the job exceeds its partition's limits (MaxNodes, the nodes
+        it has, MaxTime, the CPUs and memory of its nodes: SLURM would queue such a job and keep
+        it pending forever), and a line saying what was checked. Nothing where the transport
+        cannot read the partitions (the line says so) or the cluster does not answer."""
+        from .reasons import limit_problems, partition_limits
+        from .render import cpus_per_task
+        from ...values import parse_slurm_mem, parse_slurm_time
+
+        try:
+            got = self._partitions(cluster)
+        except HaloError as err:
+            return [], f"unchecked: could not read the partitions: {_one_line(err)}"
+        if got is None:
+            return [], f"unchecked: the {self._via()} transport cannot read the cluster's partitions"
+        parts, nodes = got
+        name = spec.slurm.partition
+        part = next((p for p in parts if p.get("PartitionName") == name), None) if name else next(
+            (p for p in parts if (p.get("Default") or "").upper() == "YES"), None)
+        if part is None:  # sbatch names an unknown partition itself
+            return [], f"unchecked: no partition {name or '(default)'} among {', '.join(p.get('PartitionName', '') for p in parts)}"
+        limits = partition_limits(part, nodes)
+        cpus = cpus_per_task(spec)
+        problems = limit_problems(
+            limits, nodes=spec.all_nodes,
+            time_s=parse_slurm_time(spec.slurm.time) if spec.slurm.time else None, time_text=spec.slurm.time,
+            cpus_per_task=cpus, mem_mb=parse_slurm_mem(spec.slurm.mem) if spec.slurm.mem else None,
+            cpus_field="slurm.cpus_per_task" if spec.slurm.cpus_per_task is not None else
+            f"slurm.cpus_per_task (unset: {cpus} for nproc_per_node {spec.nproc_per_node})",
+            nodes_field="nodes" if spec.all_nodes == spec.nodes else "nodes (with the servers' nodes)")
+        fmt = lambda v, unit="": "unlimited" if v is None else f"{v}{unit}"  # noqa: E731
+        checked = (f"partition {limits['name']}: at most {fmt(min([x for x in (limits['max_nodes'], limits['total_nodes']) if x is not None], default=None))} nodes, "
+                   f"time {limits['max_time'] or 'unlimited'}, {fmt(limits['cpus_per_node'])} CPUs and "
+                   f"{fmt(limits['mem_mb'], 'M')} memory per node")
+        return problems, ("ok: " if not problems else "") + checked
+
     def _show_config(self, cluster: str | None) -> str | None:
         """``scontrol show config`` of ``cluster`` (the job's ``slurm.clusters``, None for the
         default); None where the transport cannot read it (a stand-in transport may have no way)."""
@@ -141,6 +206,11 @@ class SlurmScheduler(Scheduler):
             if state.status in _MAY_REQUEUE and state.slurm is not None and state.slurm.source == "sacct":
                 states[job_id] = self._live(job_id, state)
         for job_id, state in states.items():
+            if state.status is JobStatus.FAILED and state.reason.startswith("JobLaunchFailure"):
+                cause = self._launch_cause(job_id)
+                if cause:
+                    state.reason = state.reason[:-1] + f"; slurmd's log: {cause})"
+        for job_id, state in states.items():
             if state.status is JobStatus.FAILED:
                 # Which rank failed first: the failure lines the nodes wrote into the output file.
                 # (Imported here, when a job failed: render and submit need none of it, 10 ms.)
@@ -148,6 +218,39 @@ class SlurmScheduler(Scheduler):
 
                 state.failure = report_from_files(self._outputs(job_id, ask=False))
         return states
+
+    def _launch_cause(self, job_id: str) -> str:
+        """slurmd's own words on why a batch script did not launch (``[ID.batch] error: Could
+        not open stdout file ...``), from its log (``SlurmdLogFile`` of ``scontrol show config``,
+        ``%n``/``%h`` the job's batch host) where this host can read it; else empty. Once per job."""
+        cache = self.__dict__.setdefault("_launch_causes", {})
+        if job_id in cache:
+            return cache[job_id]
+        cache[job_id] = ""
+        from .transport.base import split_cluster
+
+        try:
+            cluster, local = split_cluster(job_id)
+            if not isinstance(self.transport, ReadsConfig):
+                return ""
+            config = self.transport.show_config(cluster) or ""
+            m = re.search(r"^SlurmdLogFile\s*=\s*(\S+)", config, re.M)
+            host = self.transport.job_info(job_id).get("BatchHost") or ""
+        except (HaloError, KeyError, TypeError):
+            return ""
+        if not m or m.group(1) == "(null)" or (("%n" in m.group(1) or "%h" in m.group(1)) and not host):
+            return ""
+        path = Path(m.group(1).replace("%n", host).replace("%h", host))
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, path.stat().st_size - 4 * 1024 * 1024))
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        mark = f"[{local.split('_')[0]}.batch] error: "
+        lines = [ln.split(mark, 1)[1].strip() for ln in text.splitlines() if mark in ln]
+        cache[job_id] = "; ".join(dict.fromkeys(lines[:3]))[:300]
+        return cache[job_id]
 
     def record_fields(self, dryrun: DryRun, job_id: str) -> dict:
         """For the job record: the output file as an absolute path, and the cluster (sbatch -M)."""
@@ -179,21 +282,140 @@ class SlurmScheduler(Scheduler):
             return state
         return live if not live.status.terminal and live.status is not JobStatus.UNKNOWN else state
 
-    def cancel(self, ids: Sequence[str], signal: str | None = None, **opts) -> None:
+    def wait(self, job_id: str, timeout: float | None = None, poll: float = 1.0, max_poll: float = 30.0,
+             on_change=None, on_tick=None) -> JobState:
+        """Until the job ends; a job pending for a reason that can never clear (reasons.py:
+        PartitionNodeLimit, DependencyNeverSatisfied, ...) is cancelled at once and the wait ends
+        CANCELLED with what to change in the job file (``verdict``)."""
+        def tick(state: JobState) -> None:
+            if on_tick is not None:
+                on_tick(state)
+            if state.status is JobStatus.PENDING and never_clears(state.reason):
+                raise _NeverStarts(state)
+
+        try:
+            return super().wait(job_id, timeout=timeout, poll=poll, max_poll=max_poll, on_change=on_change,
+                                on_tick=tick)
+        except _NeverStarts as stop:
+            return self.end_impossible(job_id, stop.state)
+
+    def end_impossible(self, job_id: str, state: JobState) -> JobState:
+        """Cancel a job that can never start; its state, CANCELLED, saying why and what to change."""
+        from dataclasses import replace
+
+        from ..watcher import watcher_for
+        from .reasons import explain
+        from .transport.base import split_cluster
+
+        try:
+            job = self.transport.job_info(job_id)
+        except (HaloError, KeyError, TypeError):
+            job = {}
+        part, nodes = None, []
+        try:
+            got = self._partitions(split_cluster(job_id)[0])
+        except HaloError:
+            got = None
+        if got is not None:
+            parts, nodes = got
+            part = next((p for p in parts if p.get("PartitionName") == job.get("Partition")), None)
+        why = explain(state.reason, job, part, nodes)
+        try:
+            self.cancel([job_id])
+            done = "cancelled it"
+        except HaloError as err:
+            done = f"cancelling it failed ({_one_line(err)}): halo-sched cancel {job_id}"
+        watcher_for(self).forget(job_id)
+        return replace(state, status=JobStatus.CANCELLED, raw_state="CANCELLED", nodes_running=None,
+                       verdict=f"can never start: {why}; {done}")
+
+    def cancel(self, ids: Sequence[str], signal: str | None = None, **opts) -> dict[str, str]:
+        """Cancel (or, with ``signal``, warn) jobs. Returns the ids that had already ended, with
+        their state in words: scancel of an ended job succeeds silently, so they are asked first
+        (one query); they are not sent to scancel."""
+        ids = list(ids)
+        ended: dict[str, str] = {}
+        if not signal:
+            try:
+                states = self.transport.query(ids)
+            except HaloError:
+                states = {}
+            ended = {i: st.describe() for i, st in states.items() if st.status.terminal}
+            ids = [i for i in ids if i not in ended]
+        if not ids:
+            return ended
         # With a signal: the batch script gets it (as it gets slurm.signal's warning) and
         # forwards it to every rank; see halo_sched/templates/slurm/sbatch.sh.j2.
         if signal or not isinstance(self.transport, CancelsOnce):
-            self.transport.cancel(list(ids), signal=signal)
+            self.transport.cancel(ids, signal=signal)
         else:
-            self.transport.cancel_once(list(ids), retry_s=self.retry_s, on_retry=_say)
+            self.transport.cancel_once(ids, retry_s=self.retry_s, on_retry=_say)
+        return ended
 
     def progress(self, state: JobState) -> str:
+        if state.status is JobStatus.PENDING and not state.verdict:
+            return self._pending_words(state)
         run = f", run {state.restarts + 1}" if state.restarts else ""
         nodelist = state.slurm.nodelist if state.slurm is not None else None
         if state.status.value == "RUNNING" and state.nodes_total:
             return f"RUNNING on {state.nodes_total} node{'s' if state.nodes_total != 1 else ''}" + (
                 f" ({nodelist})" if nodelist else "") + run
         return state.describe()
+
+    def _pending_words(self, state: JobState) -> str:
+        """``PENDING for 1m05s: waiting for resources (nodes busy) (Resources): needs 1 node, 1 CPU;
+        1 of 3 nodes idle, 0 CPUs free; expected start 12:51:03``."""
+        from .reasons import in_words, reason_word
+
+        d = state.slurm
+        head = "PENDING"
+        waited = _since(d.submitted if d is not None else None)
+        if waited:
+            head += f" for {waited}"
+        words = in_words(state.reason) or "waiting to be scheduled"
+        parts = [words]
+        word = reason_word(state.reason)
+        if word == "Dependency" and d is not None and d.dependency:
+            parts.append(f"waits for {_dependency_words(d.dependency)}")
+        elif word == "Resources":
+            need = self._resources(state)
+            if need:
+                parts.append(need)
+        if d is not None and d.expected_start:
+            parts.append(f"expected start {d.expected_start.replace('T', ' ')} (squeue --start)")
+        if state.restarts:
+            parts.append(f"run {state.restarts + 1}")
+        return f"{head}: " + "; ".join(parts)
+
+    def _resources(self, state: JobState) -> str:
+        """What a job pending for Resources needs, and what its partition has free (read once per
+        job and reason, at most once a minute)."""
+        cache = self.__dict__.setdefault("_need_cache", {})
+        key = (state.id, state.reason)
+        hit = cache.get(key)
+        if hit is not None and time.monotonic() - hit[0] < 60:
+            return hit[1]
+        text = ""
+        try:
+            job = self.transport.job_info(state.id)
+            got = self._partitions((state.slurm.cluster if state.slurm else None))
+        except (HaloError, KeyError, TypeError):
+            got = None
+        if got is not None:
+            from .reasons import _num
+
+            want_nodes, want_cpus = _num(job.get("NumNodes")), _num(job.get("NumCPUs"))
+            part = job.get("Partition")
+            mine = [n for n in got[1] if part in (n.get("Partitions") or "").split(",")]
+            idle = sum(1 for n in mine if (n.get("State") or "").upper().startswith("IDLE"))
+            free = sum(max(0, (_num(n.get("CPUTot")) or 0) - (_num(n.get("CPUAlloc")) or 0)) for n in mine
+                       if not re.match(r"(DOWN|DRAIN|FAIL|MAINT|RESERVED)", (n.get("State") or "").upper()))
+            if want_nodes is not None:
+                text = (f"needs {want_nodes} node{'s' if want_nodes != 1 else ''}"
+                        + (f", {want_cpus} CPU{'s' if want_cpus != 1 else ''}" if want_cpus is not None else "")
+                        + f"; partition {part} has {idle} of {len(mine)} nodes idle, {free} CPUs free")
+        cache[key] = (time.monotonic(), text)
+        return text
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
         """The job's output file (srun --label prefixes each line with its node rank). All nodes
@@ -203,6 +425,69 @@ class SlurmScheduler(Scheduler):
             raise SchedulerError(f"SLURM does not report an output file for job {job_id} (is it too old?)")
         for path in paths:
             yield from _read(Path(path), follow, lambda: self.query([job_id])[job_id].status.terminal)
+
+
+def _one_line(err: object) -> str:
+    return " ".join(str(err).split())
+
+
+def _since(stamp: str | None) -> str:
+    """How long ago a SLURM time (``2026-12-01T12:25:13``, the controller's local time) was:
+    ``1m05s``; empty when unknown."""
+    import datetime as dt
+
+    if not stamp:
+        return ""
+    try:
+        then = dt.datetime.fromisoformat(stamp)
+    except ValueError:
+        return ""
+    secs = int((dt.datetime.now() - then).total_seconds())
+    if secs < 0:
+        return ""
+    if secs < 60:
+        return f"{secs}s"
+    if secs < 3600:
+        return f"{secs // 60}m{secs % 60:02d}s"
+    return f"{secs // 3600}h{secs % 3600 // 60:02d}m"
+
+
+def _dependency_words(dep: str) -> str:
+    """``afterany:620(unfulfilled),afterok:7(failed)`` -> ``job 620 to end (afterany, unfulfilled),
+    job 7 to complete (afterok, failed)``."""
+    kinds = {"after": "to start", "afterany": "to end", "afterok": "to complete", "afternotok": "to fail",
+             "aftercorr": "to end (same task)", "afterburstbuffer": "to end", "singleton": ""}
+    out = []
+    for m in re.finditer(r"(\w+):([\d_+:]+?)(?:\+\d+)?(?:\((\w+)\))?(?=,|\?|$)", dep):
+        kind, ids, how = m.group(1), m.group(2), m.group(3)
+        for job in ids.split(":"):
+            out.append(f"job {job} {kinds.get(kind, '')}".rstrip() + f" ({kind}{', ' + how if how else ''})")
+    if dep.startswith("singleton"):
+        out.append("the other jobs of its name and user to end (singleton)")
+    return ", ".join(out) or dep
+
+
+def output_problems(output: str, via: str) -> tuple[list[tuple[str, str]], str]:
+    """(field, why) when the job's output file (``output``, the plan's sbatch ``--output``
+    pattern; relative to the submit directory, as sbatch resolves it; job files cannot move it)
+    cannot be created: its directory missing or not writable by this user. SLURM would accept
+    the job and fail it at launch (``FAILED exit=181 reason=JobLaunchFailure``; slurmd's log
+    holds the cause). Checked on this host, which sees the cluster's filesystem for the cli and
+    pyslurm transports (they run on a submit host); the rest transport's slurmrestd may not."""
+    if via == "rest":
+        return [], "unchecked: slurmrestd may run on a host that does not share this one's filesystem"
+    try:
+        directory = Path(_expand_output(os.path.abspath(output), "x", "1")).parent
+    except FileNotFoundError:  # the submit directory itself was removed
+        return [("submit directory", "the current directory no longer exists: submit from another one")], "not checked"
+    why = "(the job would end FAILED at launch, JobLaunchFailure)"
+    if not directory.is_dir():
+        return [("submit directory", f"output path {output}: directory {directory} does not exist {why}: create it "
+                                     "or submit from another directory")], f"checked {directory}"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return [("submit directory", f"output path {output}: directory {directory} is not writable by this user "
+                                     f"{why}: submit from a writable directory")], f"checked {directory}"
+    return [], f"ok: writable {directory}"
 
 
 def _expand_output(pattern: str, name: str, job_id: str) -> str:

@@ -44,4 +44,13 @@ class TestsOnly(Protocol):
     def test_only(self, script: str, extra_args: Sequence[str] = ()) -> tuple[bool, str] | None: ...
 
 
-__all__ = ["CancelsOnce", "Named", "ReadsConfig", "SubmitsOnce", "TestsOnly"]
+@runtime_checkable
+class ReadsPartitions(Protocol):
+    """Reads the partitions and nodes of a cluster (``scontrol show partition``/``show node``
+    records as dicts), so a job file can be checked against them before it is submitted; None
+    where it cannot."""
+
+    def partitions(self, cluster: str | None = None) -> tuple[list[dict], list[dict]] | None: ...
+
+
+__all__ = ["CancelsOnce", "Named", "ReadsConfig", "ReadsPartitions", "SubmitsOnce", "TestsOnly"]

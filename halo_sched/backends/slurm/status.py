@@ -19,6 +19,7 @@ from typing import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from halo_sched.backends.jobstate import JobState, JobStatus, SlurmDetail
+from halo_sched.backends.slurm.reasons import pending_reason
 
 # ---------------------------------------------------------------------------------------------
 # State mapping
@@ -175,6 +176,39 @@ def _array_spec_contains(spec: str, index: int) -> bool:
     return False
 
 
+# slurmd's error codes (slurm/slurm_errno.h, ESLURMD_PIPE_ERROR_ON_TASK_SPAWN = 4000 onwards, and
+# their words in src/common/slurm_errno.c, slurm-22-05-11-1). When slurmd cannot launch a batch
+# script, slurmctld keeps slurmd's error code as the job's exit status (FAILED,
+# reason=JobLaunchFailure): squeue -O exit_code prints it (4021), scontrol and sacct read it as a
+# wait status (ExitCode=0:53, "signal" 53 = 4021 & 0x7f, shown by a shell as 128+53 = 181). It is
+# neither the job's exit code nor a signal.
+SLURMD_ERRORS: dict[int, str] = {4000 + i: text for i, text in enumerate((
+    "Pipe error on task spawn", "Kill task failed", "Job already complete", "Invalid accounting frequency requested",
+    "Invalid job credential", "User not found on host", "Group ID not found on host", "Job credential expired",
+    "Job credential revoked", "Job credential replayed", "Slurmd could not create a batch directory or file",
+    "Slurmd could not chown or chmod a batch directory", "Slurmd could not create a batch script",
+    "Slurmd could not chown or chmod a batch script", "Slurmd could not set up environment for batch job",
+    "Slurmd shared memory error", "Slurmd could not set UID or GID", "Slurmd could not set session ID",
+    "Slurmd could not spawn I/O thread", "Slurmd could not fork job", "Slurmd could not execve job",
+    "Slurmd could not connect IO (the output or error file could not be opened)", "Job prolog failed",
+    "Job epilog failed", "Session manager killed", "Too many job steps on node", "Job step already exists",
+    "Job step not running", "Job step is suspended", "Job step is not currently suspended",
+    "Unix socket name exceeded maximum length", "Container runtime not configured or invalid",
+    "Unable to satisfy cpu bind request", "Unable to layout tasks on given cpus"))}
+
+
+def launch_error(raw_status: int | None, signal: int | None) -> int | None:
+    """slurmd's error code behind a JobLaunchFailure: from squeue's raw status (4021), or from
+    the "signal" scontrol/sacct derive from it (53: the codes 4000-4033 have distinct low 7 bits)."""
+    if raw_status in SLURMD_ERRORS:
+        return raw_status
+    if signal is not None:
+        for code in SLURMD_ERRORS:
+            if code & 0x7F == signal:
+                return code
+    return None
+
+
 def make_state(
     display_id: str,
     raw_state: str,
@@ -189,6 +223,16 @@ def make_state(
     """``detail``: fields of :class:`SlurmDetail` (and ``restarts``) the query read."""
     status = map_state(raw_state)
     reason = _none_if_na(reason) or ""
+    launch = None
+    if status.terminal and reason.startswith("JobLaunchFailure"):
+        launch = launch_error((detail or {}).get("raw_exit"), exit_sig)
+        exit_rc = exit_sig = None  # slurmd's error code, not the job's exit code nor a signal
+        why = f"slurmd error {launch}: {SLURMD_ERRORS[launch]}" if launch else "slurmd could not start the batch script"
+        reason = f"JobLaunchFailure ({why}; the job never ran)"
+    if status.terminal and pending_reason(reason):
+        # A job cancelled while pending keeps the reason it waited for (CANCELLED
+        # reason=PartitionNodeLimit): that explains no end, so it is not shown as if it did.
+        reason = ""
     if raw_state.upper().startswith("COMPLETING") and not reason:
         reason = "completing"
     if status is JobStatus.UNKNOWN and raw_state:
@@ -203,7 +247,7 @@ def make_state(
     info = {"source": source}
     if exit_sig:
         info["signal"] = exit_sig
-    info.update(detail or {})
+    info.update({k: v for k, v in (detail or {}).items() if k != "raw_exit"})
     base, task, het = split_job_id(display_id)
     info.setdefault("base_id", base)
     if task is not None:
@@ -232,7 +276,11 @@ SEP = "\x1f"
 
 # -O (long) field names. JobArrayID is the display id (123_4, 123_[5-9], 123+1, 123); JobID is
 # the raw one; exit_code is a raw wait status (squeue has no "2:0" form).
-SQUEUE_FIELDS = ("JobArrayID", "JobID", "State", "exit_code", "NumNodes", "Reason", "NodeList", "Requeue", "RestartCnt")
+# SubmitTime/StartTime/Dependency: how long a pending job has waited, when SLURM expects it to
+# start (what ``squeue --start`` shows: the backfill scheduler's estimate, N/A until it has one)
+# and what it depends on (``afterok:12(failed)``).
+SQUEUE_FIELDS = ("JobArrayID", "JobID", "State", "exit_code", "NumNodes", "Reason", "NodeList", "Requeue", "RestartCnt",
+                 "SubmitTime", "StartTime", "Dependency")
 # Rows recorded before Requeue/RestartCnt were asked for still parse.
 _SQUEUE_REQUIRED = 7
 
@@ -268,6 +316,7 @@ def parse_squeue(text: str) -> list[JobState]:
             continue
         row = dict(zip(SQUEUE_FIELDS, (c.strip() for c in cols)))
         rc, sig = decode_wait_status(row["exit_code"])
+        raw_exit = _int_or_none(row["exit_code"])
         display = row["JobArrayID"] or row["JobID"]
         out.append(
             make_state(
@@ -279,7 +328,9 @@ def parse_squeue(text: str) -> list[JobState]:
                 reason=row["Reason"],
                 source="squeue",
                 detail={"job_id_raw": row["JobID"], "nodelist": _none_if_na(row["NodeList"]) or "",
-                       **_requeue_info(row.get("Requeue"), row.get("RestartCnt"))},
+                       "raw_exit": raw_exit,
+                       **_requeue_info(row.get("Requeue"), row.get("RestartCnt")),
+                       **_wait_info(row.get("SubmitTime"), row.get("StartTime"), row.get("Dependency"))},
             )
         )
     return out
@@ -350,12 +401,24 @@ def _requeue_info(requeue: str | None, restarts: str | None) -> dict:
     return info
 
 
+def _wait_info(submitted: str | None, start: str | None, dependency: str | None) -> dict:
+    """When the job was submitted and is expected to start (ISO local times as SLURM prints them),
+    and its dependency; only what SLURM said."""
+    info = {}
+    for key, value in (("submitted", submitted), ("expected_start", start), ("dependency", dependency)):
+        value = _none_if_na(value)
+        if value and value != "Unknown":
+            info[key] = value
+    return info
+
+
 def scontrol_job_state(fields: Mapping[str, str]) -> JobState:
     rc, sig = parse_exit_pair(fields.get("ExitCode"))
     detail = {
         "job_id_raw": fields.get("JobId", ""),
         "nodelist": _none_if_na(fields.get("NodeList")) or "",
         **_requeue_info(fields.get("Requeue"), fields.get("Restarts")),
+        **_wait_info(fields.get("SubmitTime"), fields.get("StartTime"), fields.get("Dependency")),
     }
     derived = parse_exit_pair(fields.get("DerivedExitCode"))
     if derived[0] is not None:

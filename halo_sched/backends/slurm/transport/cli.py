@@ -26,6 +26,18 @@ from .base import TRANSIENT, Transport, by_cluster, chunks, gave_up, sbatch_opti
 Runner = Callable[[list, "str | None"], subprocess.CompletedProcess]
 
 
+def clean_scancel(stderr: str) -> str:
+    """scancel's error lines as one line: ``scancel: error: Kill job error on job id 5: Invalid
+    job id specified`` -> ``Kill job error on job id 5: Invalid job id specified`` (each line once,
+    the program's own ``scancel:``/``error:`` prefixes dropped)."""
+    lines = []
+    for line in (stderr or "").splitlines():
+        text = re.sub(r"^(?:\s*(?:scancel|error|fatal):\s*)+", "", line.strip(), flags=re.I)
+        if text:
+            lines.append(text)
+    return "; ".join(dict.fromkeys(lines)) or "(no output)"
+
+
 def default_runner(timeout: float = 60.0) -> Runner:
     def run(argv: list, input: str | None = None) -> subprocess.CompletedProcess:
         # Other users' job names in squeue/scontrol output need not be UTF-8: never fail on them.
@@ -97,6 +109,8 @@ class CliTransport(Transport):
     @staticmethod
     def _fail(what: str, proc: subprocess.CompletedProcess) -> SchedulerError:
         msg = (proc.stderr or "").strip() or (proc.stdout or "").strip() or "(no output)"
+        if what == "scancel":
+            return SchedulerError(f"scancel refused (exit {proc.returncode}): {clean_scancel(msg)}")
         return SchedulerError(f"{what} failed (exit {proc.returncode}): {msg}")
 
     # -- submit / cancel ---------------------------------------------------------------------
@@ -326,6 +340,17 @@ class CliTransport(Transport):
         if proc.returncode != 0:
             raise self._fail("scontrol show config", proc)
         return proc.stdout or ""
+
+    def partitions(self, cluster: str | None = None) -> tuple[list[dict], list[dict]]:
+        """Every partition and node of the cluster (``scontrol --oneliner show partition`` and
+        ``show node``): two calls, made before a submit and by ``plan``."""
+        out = []
+        for what in ("partition", "node"):
+            proc = self._run(["scontrol", *st.cluster_args(cluster), "--oneliner", "show", what])
+            if proc.returncode != 0:
+                raise self._fail(f"scontrol show {what}", proc)
+            out.append([st.parse_scontrol_record(line) for line in (proc.stdout or "").splitlines() if "=" in line])
+        return out[0], out[1]
 
     def test_only(self, script: str, extra_args: Sequence[str] = ()) -> tuple[bool, str]:
         # Submits nothing: sbatch asks slurmctld when and where the job would start.

@@ -779,6 +779,14 @@ class RestTransport(Transport):
                     continue
                 raise SchedulerError(f"slurmrestd could not signal job {job_id}: {text or err}")
 
+    def partitions(self, cluster: str | None = None) -> tuple[list[dict], list[dict]]:
+        """Partitions and nodes (``GET .../partitions``, ``.../nodes``) as ``scontrol show``
+        records, for the check before a submit (slurmrestd answers for its own cluster only)."""
+        parts = self._request("GET", f"{self._api()}/partitions").get("partitions") or []
+        nodes = self._request("GET", f"{self._api()}/nodes").get("nodes") or []
+        return [rest_partition_record(p) for p in parts if isinstance(p, dict)], \
+               [rest_node_record(n) for n in nodes if isinstance(n, dict)]
+
     def job_info(self, job_id: str) -> dict:
         _, jobs = self._job(job_id)
         info = rest_job_info(jobs[0])
@@ -789,6 +797,41 @@ class RestTransport(Transport):
 
 # ---------------------------------------------------------------------------------------------
 # Answers (v0.0.38 and v0.0.40+ shapes)
+
+
+def _limit_text(value) -> str:
+    """A partition limit as scontrol prints it: the number, or UNLIMITED (v0.0.38 dumps an
+    unlimited one as -1 or null; v0.0.40+ as ``{infinite: true}``)."""
+    n = _num(value)
+    return "UNLIMITED" if n is None or n < 0 else str(n)
+
+
+def rest_partition_record(p: dict) -> dict:
+    """A slurmrestd partition (v0.0.38 flat fields, v0.0.40+ ``maximums``/``nodes`` objects) ->
+    the ``scontrol show partition`` fields halo_sched.backends.slurm.reasons reads. Times are
+    minutes (read as such by parse_slurm_time)."""
+    maxi = p.get("maximums") if isinstance(p.get("maximums"), dict) else {}
+    nodes = p.get("nodes") if isinstance(p.get("nodes"), dict) else {}
+    mem = maxi.get("memory_per_node") if maxi else p.get("maximum_memory_per_node")
+    flags = [str(f).upper() for f in (p.get("flags") or []) if isinstance(f, str)]
+    inner = p.get("partition") if isinstance(p.get("partition"), dict) else {}
+    flags += [str(f).upper() for f in (inner.get("state") or []) if isinstance(f, str)]
+    return {
+        "PartitionName": str(p.get("name") or ""),
+        "Default": "YES" if "DEFAULT" in flags else "NO",
+        "MaxNodes": _limit_text(maxi.get("nodes") if maxi else p.get("maximum_nodes_per_job")),
+        "TotalNodes": _limit_text(nodes.get("total") if nodes else p.get("total_nodes")),
+        "MaxTime": _limit_text(maxi.get("time") if maxi else p.get("max_time_limit")),
+        "MaxCPUsPerNode": _limit_text(maxi.get("cpus_per_node") if maxi else p.get("maximum_cpus_per_node")),
+        "MaxMemPerNode": _limit_text(mem),
+    }
+
+
+def rest_node_record(n: dict) -> dict:
+    parts = n.get("partitions") or []
+    return {"NodeName": str(n.get("name") or ""), "CPUTot": str(_num(n.get("cpus")) or 0),
+            "RealMemory": str(_num(n.get("real_memory")) or 0),
+            "Partitions": ",".join(parts) if isinstance(parts, list) else str(parts)}
 
 
 def _num(value) -> int | None:
