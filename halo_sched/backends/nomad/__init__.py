@@ -336,14 +336,20 @@ class NomadScheduler(Scheduler):
 
     def wait(self, job_id: str, timeout: float | None = None, poll: float = 1.0, max_poll: float = 30.0,
              on_change: Callable[[JobState], None] | None = None,
-             on_tick: Callable[[JobState], None] | None = None) -> JobState:
+             on_tick: Callable[[JobState], None] | None = None,
+             outage_s: float | None = None,
+             on_outage: Callable[[str], None] | None = None) -> JobState:
         """Until the job ends, through blocking queries; a rank that dies while others run or
-        wait gets the job stopped at once (``reason`` names the rank that died first)."""
+        wait gets the job stopped at once (``reason`` names the rank that died first). Nomad
+        unreachable (no connection, no leader) is waited through for ``outage_s`` seconds
+        (halo_sched/outage.py), then OutcomeUnknown."""
+        from ...outage import Outage
         from .watchdog import watch_job
 
         c, name = self._split(job_id)
         res = watch_job(c, name, timeout=timeout, on_change=_with_id(on_change, job_id),
-                        on_tick=_with_id(on_tick, job_id), poll_s=poll)
+                        on_tick=_with_id(on_tick, job_id), poll_s=poll,
+                        outage=Outage(self.name, job_id, outage_s, on_outage))
         res.state.id = job_id
         state = self._with_failure(c, name, res.state)
         if res.stopped and state.failure is not None:

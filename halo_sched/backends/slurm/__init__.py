@@ -12,7 +12,7 @@ from typing import Iterator, Sequence
 
 from ...errors import HaloError, SchedulerError
 from ...models import JobSpec
-from ..base import DryRun, JobState, JobStatus, Scheduler, tail_lines
+from ..base import DryRun, EndWatch, JobState, JobStatus, Scheduler, tail_lines
 from .render import render_sbatch
 from .capabilities import CancelsOnce, Named, ReadsConfig, SubmitsOnce, TestsOnly
 
@@ -199,8 +199,18 @@ class SlurmScheduler(Scheduler):
         paths = self._outputs(job_id)
         if not paths:
             raise SchedulerError(f"SLURM does not report an output file for job {job_id} (is it too old?)")
-        for path in paths:
-            yield from _read(Path(path), follow, lambda: self.query([job_id])[job_id].status.terminal)
+        if not follow:
+            for path in paths:
+                yield from _read(Path(path), False, lambda: True)
+            return
+        # Following: the job's end comes from squeue/sacct in the background, so the file (on
+        # the shared filesystem) is read and shown on while slurmctld is unreachable.
+        ended = EndWatch(self.name, job_id, lambda: self.query([job_id])[job_id])
+        try:
+            for path in paths:
+                yield from _read(Path(path), follow, ended)
+        finally:
+            ended.close()
 
 
 def _cluster_of(script: str) -> str | None:
