@@ -177,13 +177,15 @@ class Outage:
         """Seconds of the budget left (None while the scheduler answers)."""
         return None if self.since is None else self.budget_s - (self.clock() - self.since)
 
-    def failed(self, err: HaloError) -> None:
-        """The scheduler could not be reached: note it (once per interval), or end the wait
-        with OutcomeUnknown once the budget is spent."""
+    def failed(self, err: HaloError, asked: float | None = None) -> None:
+        """The scheduler could not be reached (by the ask that started at ``asked``, a
+        ``clock()`` value: the outage is counted from there): note it (once per interval), or
+        end the wait with OutcomeUnknown once the budget is spent."""
         now = self.clock()
         self.last_error = err
         if self.since is None:
-            self.since, self.since_wall = now, self.wall()
+            start = now if asked is None else min(asked, now)
+            self.since, self.since_wall = start, self.wall() - (now - start)
         if now - self.since >= self.budget_s:
             raise OutcomeUnknown(self.gave_up_text()) from err
         if self._noted is None or now - self._noted >= self.note_every_s:

@@ -268,6 +268,7 @@ class EndWatch:
         from ..retry import within
 
         while not self._stop.is_set():
+            asked = time.monotonic()
             try:
                 left = self.outage.left()
                 with within(None if left is None else max(0.0, left)):
@@ -277,7 +278,7 @@ class EndWatch:
                     self._error = err
                     return
                 try:
-                    self.outage.failed(err)
+                    self.outage.failed(err, asked)
                 except OutcomeUnknown as gave_up:
                     self._error = gave_up
                     return

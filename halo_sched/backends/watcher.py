@@ -212,13 +212,14 @@ def wait_loop(next_state: Callable[[float | None], JobState], deadline: float | 
     last = None
     while True:
         left = None if deadline is None else deadline - clock()
+        asked = clock()
         try:
             with within(_least(left, outage.left() if outage is not None else None)):
                 state = next_state(left)
         except HaloError as err:
             if outage is None or not is_outage(err):
                 raise
-            outage.failed(err)  # OutcomeUnknown once the budget is spent
+            outage.failed(err, asked)  # OutcomeUnknown once the budget is spent
             left = None if deadline is None else deadline - clock()
             if left is not None and left <= 0:
                 raise OutcomeUnknown(outage.gave_up_text(

@@ -156,7 +156,7 @@ def watch_job(
         except SchedulerError as exc:
             if outage is not None and is_outage(exc):
                 error = exc
-                outage.failed(exc)  # OutcomeUnknown once the budget is spent
+                outage.failed(exc, asked)  # OutcomeUnknown once the budget is spent
                 left = remaining()
                 if left is None or left > 0:
                     sleep(min(RETRY_EVERY_S, left) if left is not None else RETRY_EVERY_S)
