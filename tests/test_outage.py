@@ -246,3 +246,55 @@ def test_logs_follow_ends_outcome_unknown_past_the_budget(tmp_path, monkeypatch)
     assert next(lines) == "line 0\n"
     with pytest.raises(OutcomeUnknown):
         list(lines)
+
+
+# ---- Nomad: its fake API without a leader for a while --------------------------------------------
+
+
+def _nomad_job(tmp_path):
+    import yaml
+
+    from helpers import REPO
+
+    data = yaml.safe_load((REPO / "examples" / "nomad-gpu.yaml").read_text())
+    data["nodes"], data["gpus_per_node"], data["nproc_per_node"] = 2, 8, 8
+    data["nomad"].update(memory=65536, shm_size="8GiB", namespace=None, placement_timeout_s=None)
+    p = tmp_path / "job.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_nomad_watch_waits_through_a_leaderless_window_and_says_so(tmp_path):
+    import os
+    import sys
+    import time
+
+    from helpers import cli, load_nomad_helper
+
+    fake_api = load_nomad_helper("fake_api")
+    nodes = [fake_api.FakeNode(n, docker_volumes_enabled=True) for n in ("gpu-a", "gpu-b")]
+    with fake_api.FakeNomad(nodes, token="tok") as fake:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NOMAD_")}
+        env.update(NOMAD_ADDR=fake.address, NOMAD_TOKEN="tok")
+        r = cli("submit", str(_nomad_job(tmp_path)), "--backend", "nomad", env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+        job_id = r.stdout.split()[-1]
+        # "No cluster leader" for the next 8 reads of the allocations: two asks' worth of retries.
+        fake.fail_next(8, status=500, path_contains="/allocations")
+        watch = subprocess.Popen([sys.executable, "-m", "halo_sched.cli", "watch", job_id, "--backend", "nomad"],
+                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while len(fake.requests_to("/allocations")) < 9 and time.monotonic() < deadline:
+                time.sleep(0.2)  # the window has passed: Nomad answers again
+            for g in ("node-0", "workers"):
+                fake.finish(job_id, g, exit_code=0)
+            out, err = watch.communicate(timeout=90)
+        finally:
+            if watch.poll() is None:
+                watch.kill()
+                watch.wait()
+        assert watch.returncode == 0, err
+        assert "Nomad unreachable since" in err and "answers again" in err and "COMPLETED" in err
+        assert err.count("unreachable since") == 1, err  # one line for the outage, not one per ask
+        assert "Traceback" not in err
