@@ -35,6 +35,10 @@ DEFAULT_OUTAGE_S = 600.0
 NOTE_EVERY_S = 60.0
 #: While the scheduler is unreachable, ask again this often (each ask may itself take a while).
 RETRY_EVERY_S = 5.0
+#: One ask of a wait (its retries included) takes at most this long: a SLURM client command
+#: against a stopped slurmctld fails only after MessageTimeout (10 s by default) and more, three
+#: attempts of it near a minute; the outage is said within this bound instead.
+ASK_LIMIT_S = 30.0
 
 _NAMES = {"slurm": "SLURM", "nomad": "Nomad", "local": "the local backend"}
 
@@ -213,4 +217,4 @@ class Outage:
 
 
 __all__ = ["DEFAULT_OUTAGE_S", "NOTE_EVERY_S", "OUTAGE_ENV", "Outage", "display_name", "is_outage",
-           "outage_budget", "set_default_budget", "set_note_sink", "ASK_BOUND_S"]
+           "ASK_LIMIT_S", "outage_budget", "set_default_budget", "set_note_sink", "ASK_BOUND_S"]

@@ -115,6 +115,8 @@ def test_a_90s_controller_outage_is_waited_through(tmp_path, slurm_cluster_exclu
         missing = [i for i in range(TICKS) if f"tick {i}\n" not in shown]
         assert not missing, f"logs --follow lost lines {missing[:10]}"
         print(submit_err.read_text())
+        print(short_err.read_text())
+        print(follow_err.read_text())
     finally:
         for p in procs:
             if p.poll() is None:

@@ -264,14 +264,14 @@ class EndWatch:
 
     def _run(self) -> None:
         from ..errors import HaloError, OutcomeUnknown
-        from ..outage import RETRY_EVERY_S, is_outage
+        from ..outage import ASK_LIMIT_S, RETRY_EVERY_S, is_outage
         from ..retry import within
 
         while not self._stop.is_set():
             asked = time.monotonic()
             try:
                 left = self.outage.left()
-                with within(None if left is None else max(0.0, left)):
+                with within(ASK_LIMIT_S if left is None else max(0.0, min(left, ASK_LIMIT_S))):
                     state = self._query()
             except HaloError as err:
                 if not is_outage(err):

@@ -25,7 +25,7 @@ import time
 from typing import Callable, Hashable, Sequence
 
 from ..errors import HaloError, OutcomeUnknown
-from ..outage import RETRY_EVERY_S, Outage, clock_text, is_outage
+from ..outage import ASK_LIMIT_S, RETRY_EVERY_S, Outage, clock_text, is_outage
 from ..retry import within
 from .jobstate import JobState, JobStatus
 
@@ -204,7 +204,8 @@ def wait_loop(next_state: Callable[[float | None], JobState], deadline: float | 
     :meth:`JobState.change_key` from the one before, ``on_tick`` every state.
 
     Each ask is bounded by the time left (``halo_sched.retry.within``: retries inside a poll
-    never carry the wait past ``deadline``). With ``outage``, an ask that fails because the
+    never carry the wait past ``deadline``), and with ``outage`` by ``ASK_LIMIT_S`` and the
+    budget left. With ``outage``, an ask that fails because the
     scheduler cannot be reached (:func:`halo_sched.outage.is_outage`) is repeated every
     ``RETRY_EVERY_S`` seconds for ``outage``'s budget, which says so once per interval; then, or
     when ``deadline`` passes first, :class:`~halo_sched.errors.OutcomeUnknown` (exit 3) says what
@@ -214,7 +215,8 @@ def wait_loop(next_state: Callable[[float | None], JobState], deadline: float | 
         left = None if deadline is None else deadline - clock()
         asked = clock()
         try:
-            with within(_least(left, outage.left() if outage is not None else None)):
+            bound = None if outage is None else _least(left, outage.left(), ASK_LIMIT_S)
+            with within(bound if outage is not None else left):
                 state = next_state(left)
         except HaloError as err:
             if outage is None or not is_outage(err):
