@@ -298,3 +298,64 @@ def test_nomad_watch_waits_through_a_leaderless_window_and_says_so(tmp_path):
         assert "Nomad unreachable since" in err and "answers again" in err and "COMPLETED" in err
         assert err.count("unreachable since") == 1, err  # one line for the outage, not one per ask
         assert "Traceback" not in err
+
+
+def _nomad_unreachable():
+    """What the Nomad client raises once its retries are spent on a refused connection."""
+    import requests
+
+    from halo_sched.backends.nomad.transport import NomadAPIError
+
+    err = NomadAPIError("cannot reach Nomad at http://127.0.0.1:1 (read stdout, 4 attempts): it refused the connection")
+    err.__cause__ = requests.ConnectionError("refused")
+    return err
+
+
+def _stream_broke():
+    import requests
+
+    from halo_sched.backends.nomad.transport import NomadAPIError
+
+    err = NomadAPIError("log stream from Nomad at http://127.0.0.1:1 broke (read stdout): reset")
+    err.__cause__ = requests.exceptions.ChunkedEncodingError("reset")
+    return err
+
+
+class LogsClient:
+    """A Nomad stand-in for ``logs --follow``: stdout is ``TEXT``; the first stream breaks after
+    its first two chunks (the server went away), the first reopen is refused, the next one
+    serves from the offset asked."""
+
+    TEXT = "line 0\nline 1\nlin" + "e 2\nline 3\n"
+
+    def __init__(self):
+        self.opened: list[int] = []
+
+    def logs(self, alloc_id, task, type="stdout", follow=False, origin="start", offset=0):  # noqa: A002
+        if type == "stderr":
+            return iter(())
+        self.opened.append(offset)
+        if len(self.opened) == 2:
+            raise _nomad_unreachable()
+
+        def gen():
+            if len(self.opened) == 1:
+                yield "line 0\nline 1\n"
+                yield "lin"
+                raise _stream_broke()
+            yield self.TEXT.encode()[offset:].decode()
+
+        return gen()
+
+
+def test_nomad_logs_follow_reopens_a_broken_stream_where_it_stopped(monkeypatch):
+    from halo_sched.backends.nomad import NomadScheduler
+
+    monkeypatch.setattr(outage_mod, "RETRY_EVERY_S", 0.01)
+    notes: list[str] = []
+    monkeypatch.setattr(outage_mod, "_sink", notes.append)
+    client = LogsClient()
+    lines = list(NomadScheduler()._follow_all(client, {"[node 0] ": {"ID": "a1"}}, "job-1"))
+    assert lines == [f"[node 0] line {i}\n" for i in range(4)]  # every line once, none cut
+    assert client.opened == [0, 17, 17]  # reopened at the bytes shown (the partial "lin" too)
+    assert any("Nomad unreachable since" in n for n in notes) and "answers again" in notes[-1]
