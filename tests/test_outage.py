@@ -359,3 +359,33 @@ def test_nomad_logs_follow_reopens_a_broken_stream_where_it_stopped(monkeypatch)
     assert lines == [f"[node 0] line {i}\n" for i in range(4)]  # every line once, none cut
     assert client.opened == [0, 17, 17]  # reopened at the bytes shown (the partial "lin" too)
     assert any("Nomad unreachable since" in n for n in notes) and "answers again" in notes[-1]
+
+
+class FlakyTransport(DownTransport):
+    """RUNNING, then ``down`` unreachable polls, then COMPLETED."""
+
+    def __init__(self, down: int):
+        self.calls = 0
+        self.down = down
+
+    def query(self, ids):
+        self.calls += 1
+        if 1 < self.calls <= 1 + self.down:
+            raise unreachable()
+        status = JobStatus.RUNNING if self.calls == 1 else JobStatus.COMPLETED
+        return {i: JobState(i, status, raw_state=status.value) for i in ids}
+
+
+def test_job_wait_waits_through_an_outage_and_raises_outcome_unknown_past_its_budget(monkeypatch):
+    from halo_sched.backends import watcher
+    from halo_sched.backends.base import Job
+
+    monkeypatch.setattr(watcher, "RETRY_EVERY_S", 0.01)
+    notes: list[str] = []
+    job = Job(SlurmScheduler(transport=FlakyTransport(down=3)), "9")
+    state = job.wait(poll=0.01, outage_s=600, on_outage=notes.append)
+    assert state.status is JobStatus.COMPLETED
+    assert len(notes) == 2 and "SLURM unreachable since" in notes[0] and "answers again" in notes[1]
+    job = Job(SlurmScheduler(transport=FlakyTransport(down=10**6)), "10")
+    with pytest.raises(OutcomeUnknown, match="past the outage budget of 0 s"):
+        job.wait(poll=0.01, outage_s=0, on_outage=notes.append)
