@@ -389,3 +389,22 @@ def test_job_wait_waits_through_an_outage_and_raises_outcome_unknown_past_its_bu
     job = Job(SlurmScheduler(transport=FlakyTransport(down=10**6)), "10")
     with pytest.raises(OutcomeUnknown, match="past the outage budget of 0 s"):
         job.wait(poll=0.01, outage_s=0, on_outage=notes.append)
+
+
+def test_nomad_status_falls_back_to_the_last_known_state_when_the_server_is_gone(tmp_path):
+    import os
+
+    from helpers import cli, load_nomad_helper
+
+    fake_api = load_nomad_helper("fake_api")
+    nodes = [fake_api.FakeNode(n, docker_volumes_enabled=True) for n in ("gpu-a", "gpu-b")]
+    with fake_api.FakeNomad(nodes, token="tok") as fake:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NOMAD_")}
+        env.update(NOMAD_ADDR=fake.address, NOMAD_TOKEN="tok")
+        job_id = cli("submit", str(_nomad_job(tmp_path)), "--backend", "nomad", env=env, timeout=60).stdout.split()[-1]
+        assert cli("status", job_id, env=env, timeout=60).returncode == 0  # RUNNING, kept in the record
+    # The server is gone (every connection refused).
+    r = cli("status", job_id, env=env, timeout=60)
+    assert r.returncode == 3, r.stderr
+    assert r.stdout.startswith(f"{job_id}\tlast known RUNNING") and "; Nomad unreachable" in r.stdout
+    assert "Nomad did not answer" in r.stderr and "Traceback" not in r.stderr
