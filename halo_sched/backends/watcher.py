@@ -117,7 +117,10 @@ class Watcher:
                 self._cond.wait(wake)
         started = time.monotonic()
         try:
-            states = self._query(ids)
+            # One poll takes at most ASK_LIMIT_S (within any deadline of the asker): a stopped
+            # controller is noticed in that time, not after every retry of every client command.
+            with within(ASK_LIMIT_S):
+                states = self._query(ids)
         except BaseException:
             with self._cond:
                 self._polling = False
@@ -204,8 +207,8 @@ def wait_loop(next_state: Callable[[float | None], JobState], deadline: float | 
     :meth:`JobState.change_key` from the one before, ``on_tick`` every state.
 
     Each ask is bounded by the time left (``halo_sched.retry.within``: retries inside a poll
-    never carry the wait past ``deadline``), and with ``outage`` by ``ASK_LIMIT_S`` and the
-    budget left. With ``outage``, an ask that fails because the
+    never carry the wait past ``deadline``), and with ``outage`` by the budget left (the
+    watcher bounds each poll by ``ASK_LIMIT_S``). With ``outage``, an ask that fails because the
     scheduler cannot be reached (:func:`halo_sched.outage.is_outage`) is repeated every
     ``RETRY_EVERY_S`` seconds for ``outage``'s budget, which says so once per interval; then, or
     when ``deadline`` passes first, :class:`~halo_sched.errors.OutcomeUnknown` (exit 3) says what
@@ -215,8 +218,7 @@ def wait_loop(next_state: Callable[[float | None], JobState], deadline: float | 
         left = None if deadline is None else deadline - clock()
         asked = clock()
         try:
-            bound = None if outage is None else _least(left, outage.left(), ASK_LIMIT_S)
-            with within(bound if outage is not None else left):
+            with within(_least(left, outage.left() if outage is not None else None)):
                 state = next_state(left)
         except HaloError as err:
             if outage is None or not is_outage(err):
