@@ -408,3 +408,30 @@ def test_nomad_status_falls_back_to_the_last_known_state_when_the_server_is_gone
     assert r.returncode == 3, r.stderr
     assert r.stdout.startswith(f"{job_id}\tlast known RUNNING") and "; Nomad unreachable" in r.stdout
     assert "Nomad did not answer" in r.stderr and "Traceback" not in r.stderr
+
+
+class LeftRecordingTransport(DownTransport):
+    """RUNNING twice, then COMPLETED; records the time its caller's deadline leaves each query."""
+
+    def __init__(self):
+        self.left: list[float | None] = []
+
+    def query(self, ids):
+        self.left.append(time_left())
+        status = JobStatus.COMPLETED if len(self.left) >= 3 else JobStatus.RUNNING
+        return {i: JobState(i, status, raw_state=status.value) for i in ids}
+
+
+def test_one_polls_bound_starts_at_the_query_not_at_the_wait_for_its_turn(monkeypatch):
+    """The shared watcher spaces polls (3 s here); the bound of one ask (1 s here) must not be
+    spent waiting for the poll's turn, or a healthy squeue gets no time (and reads as an outage)."""
+    from halo_sched.backends import watcher
+    from halo_sched.backends.base import Job
+
+    monkeypatch.setattr(watcher, "ASK_LIMIT_S", 1.0)
+    fake = LeftRecordingTransport()
+    sched = SlurmScheduler(transport=fake)
+    w = watcher.watcher_for(sched)
+    w.min_interval = w.running_max_interval = w.interval = 3.0
+    assert Job(sched, "11").wait(poll=3.0, outage_s=600).status is JobStatus.COMPLETED
+    assert len(fake.left) == 3 and all(x is not None and x > 0 for x in fake.left), fake.left
