@@ -21,7 +21,12 @@ code  meaning
       malformed job id, an unset ``secret_env`` variable, a missing dependency
 3     outcome unknown: a request may or may not have taken effect (the scheduler stayed
       unreachable after an attempt that may have reached it: the message names the token
-      to look for), or a waited-on job vanished from the scheduler before its end was seen
+      to look for), or a waited-on job vanished from the scheduler before its end was seen;
+      ``submit --wait``/``watch``/``logs --follow``: the scheduler stayed unreachable past
+      the outage budget (``--outage-budget``, ``HALO_OUTAGE_S``, default 600 s) or at
+      ``--timeout``; ``status``: the scheduler did not answer within 10 s and a job's last
+      known state (shown from its record, labelled) is not an end (an end stays 0; an id
+      with no record then is 1)
 130   interrupted (Ctrl-C); a submitted job keeps running
 ====  =================================================================================
 
@@ -43,6 +48,14 @@ from .errors import EXIT_INTERRUPTED, HaloError, UnknownJob, UsageError, shown
 
 def _err(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def _outage_line(line: str) -> None:
+    """A line about the scheduler being unreachable, on a line of its own (a terminal's
+    rewritten progress line is cleared first)."""
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K")
+    _err(f"halo-sched: {line}")
 
 
 def _backend_arg(p: argparse.ArgumentParser, by_id: bool = False) -> None:
@@ -78,6 +91,22 @@ def _limit(text: str) -> int:
 
 def _index(text: str) -> int:
     return _whole(text, 0, "{}: indexes count from 0")
+
+
+def _seconds(text: str) -> float:
+    """``--outage-budget``: seconds, 0 (do not wait through an outage) or more."""
+    from .outage import outage_budget
+
+    try:
+        return outage_budget(float(text))
+    except (ValueError, HaloError):
+        raise argparse.ArgumentTypeError(f"{text!r}: give seconds, 0 to 604800") from None
+
+
+def _outage_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--outage-budget", type=_seconds, default=None, metavar="SECONDS",
+                   help="keep waiting this long while the scheduler is unreachable, then exit 3 "
+                        "(outcome unknown); default $HALO_OUTAGE_S, else 600")
 
 
 def _positive_float(text: str) -> float:
@@ -158,12 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "such as an unset secret_env variable)")
     p.add_argument("--timeout", type=_positive_float, default=None, help="with --wait: stop waiting after this many seconds")
     p.add_argument("--quiet", "-q", action="store_true", help="with --wait: no live logs or progress")
+    _outage_arg(p)
 
     p = command("plan", help="ask the scheduler whether the job can run, submitting nothing (Nomad: each node group's placement; SLURM: sbatch --test-only and the preemption settings)")
     p.add_argument("file", metavar="FILE")
     _backend_arg(p)
 
-    p = command("status", help="state of one or more jobs (one scheduler query); exit 2 naming ids nobody knows")
+    p = command("status", help="state of one or more jobs (one scheduler query; when it does not answer within "
+                               "10 s, each job's last known state, labelled); exit 2 naming ids nobody knows")
     p.add_argument("ids", nargs="+", metavar="ID")
     _backend_arg(p, by_id=True)
     p.add_argument("--json", action="store_true", help="one JSON object per job")
@@ -173,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     _backend_arg(p, by_id=True)
     p.add_argument("--timeout", type=_positive_float, default=None, help="stop watching after this many seconds")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
+    _outage_arg(p)
 
     p = command("logs", help="a job's output, each line tagged [node K rank R]")
     p.add_argument("id", metavar="ID")
@@ -180,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", "-f", action="store_true")
     p.add_argument("--node", type=_index, default=None, metavar="K", help="only node K's lines (0 .. nodes-1)")
     p.add_argument("--rank", type=_index, default=None, metavar="R", help="only global rank R's own lines (0 .. world size-1)")
+    _outage_arg(p)
 
     p = command("list", help="recent jobs from their records, with their state (one scheduler query per backend)")
     p.add_argument("--backend", "-b", default=None, help="only this backend's jobs")
@@ -340,9 +373,12 @@ def cmd_watch(args) -> int:
     backend = _resolve_one(args.id, args.backend)
     sched = _scheduler(backend)
     _refuse_unknown(backend, sched, args.id)
+    from .core import noting
+
     progress = Progress(sched, args.id)
     try:
-        state = sched.wait(args.id, timeout=args.timeout, on_change=None if args.quiet else progress.change,
+        state = sched.wait(args.id, timeout=args.timeout,
+                           on_change=noting(backend, args.id, None if args.quiet else progress.change),
                            on_tick=None if args.quiet else progress.tick)
     except KeyboardInterrupt:
         _err(f"\nhalo-sched: stopped watching; {args.id} keeps running")
@@ -373,16 +409,27 @@ def _refuse_unknown(backend: str, sched, job_id: str) -> None:
 
 
 def cmd_status(args) -> int:
-    from .core import query_and_note, unknown as unknown_of
+    from .core import query_or_last, unknown as unknown_of
+    from .errors import EXIT_OUTCOME_UNKNOWN
 
-    states, unknown = {}, []
+    states, unknown, fallen, where = {}, [], {}, {}
     for backend, ids in _resolve_ids(args.ids, args.backend).items():
-        got = query_and_note(backend, _scheduler(backend), ids)
+        got, last = query_or_last(backend, _scheduler(backend), ids)
         states.update(got)
+        fallen.update(last)
+        where.update(dict.fromkeys(ids, backend))
         unknown += [(i, backend, got[i].reason) for i in unknown_of(backend, got, ids)]
     gone = {i for i, _, _ in unknown}
     for job_id in args.ids:
         if job_id in gone:
+            continue
+        if job_id in fallen:  # the scheduler did not answer: the record's last known state
+            fb = fallen[job_id]
+            if args.json:
+                print(json.dumps({"id": job_id, "status": (fb.last or {}).get("status") or "UNKNOWN",
+                                  "live": False, "last_known": fb.last, "unreachable": fb.why}))
+            else:
+                print(f"{job_id}\t{fb.describe(where[job_id])}")
             continue
         st = states[job_id]
         if args.json:
@@ -405,6 +452,21 @@ def cmd_status(args) -> int:
         backends = sorted({b for _, b, _ in unknown})
         raise UnknownJob([i for i, _, _ in unknown], backends[0] if len(backends) == 1 else None,
                          unknown[0][2] if len(unknown) == 1 else "")
+    if fallen:
+        from .outage import display_name
+
+        names = ", ".join(sorted({display_name(where[i]) for i in fallen}))
+        _err(f"halo-sched: {names} did not answer: showing the last known state from the job record "
+             f"(--debug: why)")
+        from .errors import debug
+
+        if debug():
+            _err(f"  {next(iter(fallen.values())).why}")
+        if any(not fb.last for fb in fallen.values()):
+            return 1  # nothing is known of some id: the scheduler could not be reached
+        # An end seen earlier stays the end; anything else may have changed since.
+        if not all(fb.final for fb in fallen.values()):
+            return EXIT_OUTCOME_UNKNOWN
     return 0
 
 
@@ -662,6 +724,11 @@ def _main(argv: list[str] | None) -> int:
     from .errors import set_debug
 
     set_debug(args.debug)
+    from . import outage
+
+    outage.set_note_sink(_outage_line)
+    if getattr(args, "outage_budget", None) is not None:
+        outage.set_default_budget(args.outage_budget)
     backend_given = "backend" in vars(args)  # the commands that take --backend
     if backend_given and args.backend is None and args.command not in _BY_ID | {"list"}:
         from . import backends

@@ -75,8 +75,12 @@ def unknown_asked(backend: str, sched: Scheduler, ids: Iterable[str]) -> dict[st
     ask = [i for i in dict.fromkeys(ids) if not records.exists(i, backend)]
     if not ask:
         return {}
+    from .outage import ASK_BOUND_S
+    from .retry import within
+
     try:
-        states = sched.query(ask)
+        with within(ASK_BOUND_S):  # an unreachable scheduler must not hold the command here
+            states = sched.query(ask)
     except HaloError:
         return {}
     return {i: states[i].reason for i in unknown(backend, states, ask)}
@@ -143,6 +147,55 @@ def note(backend: str, job_id: str, state: JobState) -> dict | None:
             pass
         return rec
     return None
+
+
+class Fallback(NamedTuple):
+    """A job ``status`` could not ask about (the scheduler unreachable): its record's last known
+    state (``last``: status, describe, at; None without a record) and why it was not asked."""
+
+    id: str
+    last: dict | None
+    why: str
+
+    @property
+    def final(self) -> bool:
+        """The last known state is an end: nothing the scheduler says later can change it."""
+        return bool(self.last) and JobStatus(self.last.get("status", "UNKNOWN")).terminal
+
+    def describe(self, backend: str) -> str:
+        from .outage import clock_text, display_name
+
+        who = display_name(backend)
+        if not self.last:
+            return f"UNKNOWN: {who} unreachable and no job record to fall back on"
+        at = self.last.get("at")
+        when = f" at {clock_text(at)}" if isinstance(at, (int, float)) else ""
+        return f"last known {self.last.get('describe') or self.last.get('status')}{when}; {who} unreachable"
+
+
+def query_or_last(backend: str, sched: Scheduler, ids: Sequence[str],
+                  bound_s: float | None = None) -> tuple[dict[str, JobState], dict[str, Fallback]]:
+    """``status``: :func:`query_and_note` within ``bound_s`` seconds (default
+    ``halo_sched.outage.ASK_BOUND_S``); when the scheduler cannot be reached, each id's last
+    known state from its record instead, labelled as such (``Fallback``); with no last known
+    state for any of them, the scheduler's error."""
+    from .outage import ASK_BOUND_S, is_outage
+    from .retry import within
+
+    try:
+        with within(ASK_BOUND_S if bound_s is None else bound_s):
+            return query_and_note(backend, sched, ids), {}
+    except HaloError as err:
+        if not is_outage(err):
+            raise
+        why = str(err)
+        out = {}
+        for job_id in dict.fromkeys(ids):
+            rec = (records.find(job_id, backend) or [None])[0]
+            out[job_id] = Fallback(job_id, (rec or {}).get("last_state") or None, why)
+        if not any(fb.last for fb in out.values()):
+            raise  # nothing to fall back on: the scheduler could not be reached (exit 1)
+    return {}, out
 
 
 def query_and_note(backend: str, sched: Scheduler, ids: Sequence[str]) -> dict[str, JobState]:
@@ -217,13 +270,29 @@ def recent(backend: str | None, state: str | None, limit: int, scheduler: Callab
 # ---- waiting after a submit ---------------------------------------------------------------------
 
 
+def noting(backend: str, job_id: str,
+           on_change: Callable[[JobState], None] | None) -> Callable[[JobState], None]:
+    """``on_change`` that first keeps each new state in the job's record (its last known)."""
+
+    def changed(state: JobState) -> None:
+        note(backend, job_id, state)
+        if on_change is not None:
+            on_change(state)
+
+    return changed
+
+
+
 def wait_after_submit(sched: Scheduler, spec, job_id: str, timeout: float | None = None,
                       on_change: Callable[[JobState], None] | None = None,
                       on_tick: Callable[[JobState], None] | None = None,
                       on_log: Callable[[str], None] | None = None,
-                      on_log_end: Callable[[HaloError], None] | None = None) -> JobState:
+                      on_log_end: Callable[[HaloError], None] | None = None,
+                      outage_s: float | None = None) -> JobState:
     """``submit --wait``: the backend's guard right after submit (Nomad: placement), then until
-    the job ends (or ``timeout`` seconds). With ``on_log`` and a backend that streams its log
+    the job ends (or ``timeout`` seconds), through a scheduler outage of up to ``outage_s``
+    seconds (halo_sched/outage.py; then OutcomeUnknown). Each state seen on the way is kept in
+    the job's record (``status`` falls back on it while the scheduler is unreachable). With ``on_log`` and a backend that streams its log
     (``streams_logs``), every log line goes there as it comes (``on_log_end`` hears why the
     stream ended early). The final state is kept in the job's record."""
     follower = None
@@ -238,15 +307,23 @@ def wait_after_submit(sched: Scheduler, spec, job_id: str, timeout: float | None
 
         follower = threading.Thread(target=follow, daemon=True)
         follower.start()
-    state = sched.guard_placement(spec, job_id, on_change=on_change)
-    if not state.status.terminal:
-        state = sched.wait(job_id, timeout=timeout, on_change=on_change, on_tick=on_tick)
+    from .outage import is_outage
+
+    on_change = noting(sched.name, job_id, on_change)
+    try:
+        state = sched.guard_placement(spec, job_id, on_change=on_change)
+    except HaloError as err:  # the scheduler went away right after the submit: wait through it
+        if not is_outage(err):
+            raise
+        state = None
+    if state is None or not state.status.terminal:
+        state = sched.wait(job_id, timeout=timeout, on_change=on_change, on_tick=on_tick, outage_s=outage_s)
     if follower is not None:
         follower.join(timeout=5)
     note(sched.name, job_id, state)
     return state
 
 
-__all__ = ["MAX_ID_CHARS", "Row", "backend_of", "backends_of", "cancel_known", "check_id", "job_size",
+__all__ = ["Fallback", "MAX_ID_CHARS", "Row", "noting", "query_or_last", "backend_of", "backends_of", "cancel_known", "check_id", "job_size",
            "known_backend", "note", "query_and_note", "recent", "unknown", "unknown_asked", "wait_after_submit",
            "warning_of"]

@@ -26,6 +26,8 @@ after ``budget_s`` seconds, pausing ``first_wait_s`` then twice as long each tim
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import time
 from dataclasses import dataclass, replace
@@ -38,6 +40,33 @@ from .errors import UsageError
 T = TypeVar("T")
 
 RETRY_ENV = "HALO_SUBMIT_RETRY_S"
+
+#: The end (``time.monotonic()``) of what the current call may take, set by :func:`within`:
+#: every policy stops retrying there and a SLURM client command is cut there (a wait's
+#: ``--timeout``, ``status``'s bound), so no caller waits out retries it has no time for.
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("halo_call_deadline", default=None)
+
+
+@contextlib.contextmanager
+def within(seconds: float | None):
+    """Scheduler calls inside take at most ``seconds`` more (None: no bound added); an outer
+    bound that ends earlier still holds."""
+    if seconds is None:
+        yield
+        return
+    end = time.monotonic() + max(0.0, seconds)
+    outer = _DEADLINE.get()
+    token = _DEADLINE.set(end if outer is None else min(outer, end))
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def time_left() -> float | None:
+    """Seconds left under the innermost :func:`within` (None: unbounded)."""
+    end = _DEADLINE.get()
+    return None if end is None else end - time.monotonic()
 DEFAULT_RETRY_S = 120.0
 
 
@@ -94,7 +123,9 @@ class RetryPolicy:
             return attempt()
 
         def left() -> float | None:
-            return None if self.budget_s is None else self.budget_s - (clock() - start)
+            own = None if self.budget_s is None else self.budget_s - (clock() - start)
+            bound = time_left()  # the caller's deadline (within()), on the real clock
+            return own if bound is None else (bound if own is None else min(own, bound))
 
         def stop(state: RetryCallState) -> bool:
             remaining = left()

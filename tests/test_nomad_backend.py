@@ -365,8 +365,11 @@ def test_status_of_an_unknown_id_does_not_hide_the_others(job_file):
 def test_submit_wait_prints_the_job_id_even_when_watching_fails(job_file):
     with FakeNomad([Client("gpu-a"), Client("gpu-b")], token=TOKEN) as fake:
         fake.fail_next(50, status=500, path_contains="/allocations")
-        r = cli("submit", str(job_file(nodes=2)), "--backend", "nomad", "--wait", env=nomad_env(fake))
-        assert r.returncode == 1 and "Traceback" not in r.stderr
+        # Nomad answering 5xx is an outage: waited through for the budget, then exit 3 (unknown).
+        r = cli("submit", str(job_file(nodes=2)), "--backend", "nomad", "--wait",
+                env=nomad_env(fake, HALO_OUTAGE_S="3"), timeout=120)
+        assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
+        assert "outcome unknown" in r.stderr
         job_id = r.stdout.strip().splitlines()[-1]
         assert fake.job_record(job_id) is not None  # the job was registered: its id is on stdout
 

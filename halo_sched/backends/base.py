@@ -165,12 +165,19 @@ class Scheduler(abc.ABC):
 
     def wait(self, job_id: str, timeout: float | None = None, poll: float = 1.0, max_poll: float = 30.0,
              on_change: Callable[[JobState], None] | None = None,
-             on_tick: Callable[[JobState], None] | None = None) -> JobState:
+             on_tick: Callable[[JobState], None] | None = None,
+             outage_s: float | None = None,
+             on_outage: Callable[[str], None] | None = None) -> JobState:
         """Until the job is terminal (or ``timeout`` seconds pass), on the scheduler's shared
         watcher (:func:`halo_sched.backends.watcher.wait_shared`). A backend may act on what it
-        sees (Nomad stops a job whose rank died)."""
+        sees (Nomad stops a job whose rank died).
+
+        Through a scheduler outage it keeps waiting for ``outage_s`` seconds (None:
+        ``$HALO_OUTAGE_S``, else 600; halo_sched/outage.py), telling ``on_outage`` once per
+        minute (default: the ``halo_sched`` logger); past that, or unreachable when ``timeout``
+        ends, it raises :class:`~halo_sched.errors.OutcomeUnknown` (exit 3)."""
         return wait_shared(self, job_id, timeout=timeout, poll=poll, max_poll=max_poll,
-                           on_change=on_change, on_tick=on_tick)
+                           on_change=on_change, on_tick=on_tick, outage_s=outage_s, on_outage=on_outage)
 
     #: How old a state ``Job.status()`` may return (seconds): handles share one poll within it.
     status_max_age: float = 1.0
@@ -216,9 +223,14 @@ class Job:
         poll: float = 1.0,
         max_poll: float = 30.0,
         on_change: Callable[[JobState], None] | None = None,
+        outage_s: float | None = None,
+        on_outage: Callable[[str], None] | None = None,
     ) -> JobState:
-        """Until the job is terminal (or ``timeout`` seconds pass): :meth:`Scheduler.wait`."""
-        return self.scheduler.wait(self.id, timeout=timeout, poll=poll, max_poll=max_poll, on_change=on_change)
+        """Until the job is terminal (or ``timeout`` seconds pass): :meth:`Scheduler.wait`, which
+        waits through a scheduler outage of up to ``outage_s`` seconds (``$HALO_OUTAGE_S``, else
+        600) and then raises :class:`~halo_sched.errors.OutcomeUnknown`."""
+        return self.scheduler.wait(self.id, timeout=timeout, poll=poll, max_poll=max_poll, on_change=on_change,
+                                   outage_s=outage_s, on_outage=on_outage)
 
     def cancel(self, **opts) -> None:
         self.scheduler.cancel([self.id], **opts)
@@ -226,6 +238,70 @@ class Job:
 
     def logs(self, follow: bool = False) -> Iterator[str]:
         return self.scheduler.logs(self.id, follow=follow)
+
+
+class EndWatch:
+    """``finished()`` for :func:`tail_lines` when the job's end is a scheduler query (SLURM): the
+    query runs in a background thread every ``poll`` seconds, so the file goes on being read and
+    shown while the scheduler is slow or unreachable (the output file is on the shared
+    filesystem, not behind the scheduler). An outage is waited through for its budget
+    (halo_sched/outage.py, said once per interval); past it, ``finished()`` raises
+    :class:`~halo_sched.errors.OutcomeUnknown`, as it raises any other error of the query.
+    A job the scheduler no longer knows (UNKNOWN) ends the follow too: nothing later can say more."""
+
+    def __init__(self, scheduler: str, job_id: str, query: Callable[[], JobState], poll: float = 2.0,
+                 outage_s: float | None = None):
+        from ..outage import Outage
+
+        self.outage = Outage(scheduler, job_id, outage_s)
+        self._query, self.poll = query, poll
+        self._ended = threading.Event()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self.last: JobState | None = None
+        self._thread = threading.Thread(target=self._run, name=f"end-of-{job_id}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from ..errors import HaloError, OutcomeUnknown
+        from ..outage import ASK_LIMIT_S, RETRY_EVERY_S, is_outage
+        from ..retry import within
+
+        while not self._stop.is_set():
+            asked = time.monotonic()
+            try:
+                left = self.outage.left()
+                with within(ASK_LIMIT_S if left is None else max(0.0, min(left, ASK_LIMIT_S))):
+                    state = self._query()
+            except HaloError as err:
+                if not is_outage(err):
+                    self._error = err
+                    return
+                try:
+                    self.outage.failed(err, asked)
+                except OutcomeUnknown as gave_up:
+                    self._error = gave_up
+                    return
+                left = self.outage.left()
+                self._stop.wait(RETRY_EVERY_S if left is None else max(0.0, min(RETRY_EVERY_S, left)))
+                continue
+            except Exception as err:  # noqa: BLE001 - a bug: the reader raises it
+                self._error = err
+                return
+            self.outage.seen(state)
+            self.last = state
+            if state.status.terminal or state.status is JobStatus.UNKNOWN:
+                self._ended.set()
+                return
+            self._stop.wait(self.poll)
+
+    def __call__(self) -> bool:
+        if self._error is not None:
+            raise self._error
+        return self._ended.is_set()
+
+    def close(self) -> None:
+        self._stop.set()
 
 
 def tail_lines(path, follow: bool, finished: Callable[[], bool], poll: float = 0.5) -> Iterator[str]:
@@ -251,5 +327,5 @@ def tail_lines(path, follow: bool, finished: Callable[[], bool], poll: float = 0
             time.sleep(poll)
 
 
-__all__ = ["DryRun", "Job", "JobState", "JobStatus", "NomadDetail", "Plans", "Scheduler", "SlurmDetail",
+__all__ = ["DryRun", "EndWatch", "Job", "JobState", "JobStatus", "NomadDetail", "Plans", "Scheduler", "SlurmDetail",
            "checked_spec", "tail_lines"]

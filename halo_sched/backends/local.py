@@ -172,10 +172,11 @@ class LocalScheduler(Scheduler):
         yield from tail_lines(d / "job.log", follow, lambda: self._state(job_id).status.terminal, poll=0.05)
 
     def wait(self, job_id: str, timeout: float | None = None, poll: float = 1.0, max_poll: float = 30.0,
-             on_change=None, on_tick=None) -> JobState:
+             on_change=None, on_tick=None, outage_s: float | None = None, on_outage=None) -> JobState:
         """Until the job ends: blocks on the supervisor's exit (a pidfd), which follows its last
         state write at once, so the wait returns as the job ends; states in between are read
-        every ``poll`` seconds (a file read: no backoff needed)."""
+        every ``poll`` seconds (a file read: no backoff needed). There is no scheduler to lose:
+        ``outage_s``/``on_outage`` are accepted for the common signature and unused."""
         deadline = None if timeout is None else time.monotonic() + timeout
         first = [True]
 

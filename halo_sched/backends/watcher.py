@@ -24,6 +24,9 @@ import threading
 import time
 from typing import Callable, Hashable, Sequence
 
+from ..errors import HaloError, OutcomeUnknown
+from ..outage import ASK_LIMIT_S, RETRY_EVERY_S, Outage, clock_text, is_outage
+from ..retry import within
 from .jobstate import JobState, JobStatus
 
 _REGISTRY: dict[Hashable, "Watcher"] = {}
@@ -114,7 +117,10 @@ class Watcher:
                 self._cond.wait(wake)
         started = time.monotonic()
         try:
-            states = self._query(ids)
+            # One poll takes at most ASK_LIMIT_S (within any deadline of the asker): a stopped
+            # controller is noticed in that time, not after every retry of every client command.
+            with within(ASK_LIMIT_S):
+                states = self._query(ids)
         except BaseException:
             with self._cond:
                 self._polling = False
@@ -162,9 +168,11 @@ class Watcher:
 def wait_shared(scheduler, job_id: str, timeout: float | None = None, poll: float = 1.0, max_poll: float = 30.0,
                 max_running_poll: float = 3.0,
                 on_change: Callable[[JobState], None] | None = None,
-                on_tick: Callable[[JobState], None] | None = None) -> JobState:
+                on_tick: Callable[[JobState], None] | None = None,
+                outage_s: float | None = None,
+                on_outage: Callable[[str], None] | None = None) -> JobState:
     """``Scheduler.wait`` on the shared watcher: every thread waiting on this scheduler's jobs is
-    answered by the same polls."""
+    answered by the same polls. Through an outage of the scheduler: see :func:`wait_loop`."""
     w = watcher_for(scheduler)
     # The shortest interval and the lowest cap any waiter asked for win (for the watcher's life).
     with w._cond:
@@ -173,25 +181,58 @@ def wait_shared(scheduler, job_id: str, timeout: float | None = None, poll: floa
         w.interval = max(w.min_interval, min(w.interval, w.max_interval))
     deadline = None if timeout is None else time.monotonic() + timeout
     seen = [float("-inf")]
+    outage = Outage(getattr(scheduler, "name", ""), job_id, outage_s, on_outage)
 
     def next_state(_left: float | None) -> JobState:
         state = w.next_state(job_id, seen[0], deadline)
         seen[0] = w._read_at.get(job_id, time.monotonic())
         return state
 
-    return wait_loop(next_state, deadline, on_change, on_tick)
+    return wait_loop(next_state, deadline, on_change, on_tick, outage=outage)
+
+
+def _least(*values: float | None) -> float | None:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
 
 
 def wait_loop(next_state: Callable[[float | None], JobState], deadline: float | None,
               on_change: Callable[[JobState], None] | None = None,
-              on_tick: Callable[[JobState], None] | None = None) -> JobState:
+              on_tick: Callable[[JobState], None] | None = None,
+              outage: Outage | None = None,
+              clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep) -> JobState:
     """The one wait loop: ``next_state(seconds left)`` until the job ends or ``deadline`` (a
-    ``time.monotonic()`` value) passes; ``on_change`` hears each state that differs by
-    :meth:`JobState.change_key` from the one before, ``on_tick`` every state."""
+    ``clock()`` value) passes; ``on_change`` hears each state that differs by
+    :meth:`JobState.change_key` from the one before, ``on_tick`` every state.
+
+    Each ask is bounded by the time left (``halo_sched.retry.within``: retries inside a poll
+    never carry the wait past ``deadline``), and with ``outage`` by the budget left (the
+    watcher bounds each poll by ``ASK_LIMIT_S``). With ``outage``, an ask that fails because the
+    scheduler cannot be reached (:func:`halo_sched.outage.is_outage`) is repeated every
+    ``RETRY_EVERY_S`` seconds for ``outage``'s budget, which says so once per interval; then, or
+    when ``deadline`` passes first, :class:`~halo_sched.errors.OutcomeUnknown` (exit 3) says what
+    is known. Any other error ends the wait at once."""
     last = None
     while True:
-        left = None if deadline is None else deadline - time.monotonic()
-        state = next_state(left)
+        left = None if deadline is None else deadline - clock()
+        asked = clock()
+        try:
+            with within(_least(left, outage.left() if outage is not None else None)):
+                state = next_state(left)
+        except HaloError as err:
+            if outage is None or not is_outage(err):
+                raise
+            outage.failed(err, asked)  # OutcomeUnknown once the budget is spent
+            left = None if deadline is None else deadline - clock()
+            if left is not None and left <= 0:
+                raise OutcomeUnknown(outage.gave_up_text(
+                    f"{outage.who} unreachable at the end of --timeout (since "
+                    f"{clock_text(outage.since_wall or 0)})")) from err
+            sleep(max(0.0, _least(RETRY_EVERY_S, left, outage.left()) or 0.0))
+            continue
+        if outage is not None:
+            outage.seen(state)
         if state.change_key() != last:
             last = state.change_key()
             if on_change:
@@ -202,7 +243,7 @@ def wait_loop(next_state: Callable[[float | None], JobState], deadline: float | 
         # cluster without accounting forgot it), so no later poll can say more.
         if state.status.terminal or state.status is JobStatus.UNKNOWN:
             return state
-        if deadline is not None and time.monotonic() >= deadline:
+        if deadline is not None and clock() >= deadline:
             return state
 
 

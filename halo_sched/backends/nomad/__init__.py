@@ -8,6 +8,7 @@ import json
 import os
 import re
 import sys
+import time
 from typing import Callable, Iterator, Sequence
 
 from ...errors import HaloError, SchedulerError, UsageError
@@ -336,14 +337,20 @@ class NomadScheduler(Scheduler):
 
     def wait(self, job_id: str, timeout: float | None = None, poll: float = 1.0, max_poll: float = 30.0,
              on_change: Callable[[JobState], None] | None = None,
-             on_tick: Callable[[JobState], None] | None = None) -> JobState:
+             on_tick: Callable[[JobState], None] | None = None,
+             outage_s: float | None = None,
+             on_outage: Callable[[str], None] | None = None) -> JobState:
         """Until the job ends, through blocking queries; a rank that dies while others run or
-        wait gets the job stopped at once (``reason`` names the rank that died first)."""
+        wait gets the job stopped at once (``reason`` names the rank that died first). Nomad
+        unreachable (no connection, no leader) is waited through for ``outage_s`` seconds
+        (halo_sched/outage.py), then OutcomeUnknown."""
+        from ...outage import Outage
         from .watchdog import watch_job
 
         c, name = self._split(job_id)
         res = watch_job(c, name, timeout=timeout, on_change=_with_id(on_change, job_id),
-                        on_tick=_with_id(on_tick, job_id), poll_s=poll)
+                        on_tick=_with_id(on_tick, job_id), poll_s=poll,
+                        outage=Outage(self.name, job_id, outage_s, on_outage))
         res.state.id = job_id
         state = self._with_failure(c, name, res.state)
         if res.stopped and state.failure is not None:
@@ -363,24 +370,51 @@ class NomadScheduler(Scheduler):
         tagged = {f"[node {rank}] ": allocs[rank] for rank in sorted(allocs)}
         if follow:
             # One stream per node and kind, merged line by line as they arrive.
-            yield from self._follow_all(c, tagged)
+            yield from self._follow_all(c, tagged, job_id)
             return
         for tag, alloc in tagged.items():
             for kind in ("stdout", "stderr"):
                 yield from _prefixed(tag, c.logs(alloc["ID"], TASK, type=kind, follow=follow))
 
-    def _follow_all(self, c, allocs: dict) -> Iterator[str]:
+    def _follow_all(self, c, allocs: dict, job_id: str = "job") -> Iterator[str]:
+        """Every stream (node rank x stdout/stderr) at once, merged line by line. Nomad's log API
+        is Nomad itself: a stream that breaks because Nomad cannot be reached (a server restart,
+        no leader) is opened again where it stopped (``offset``: the bytes shown so far) for the
+        outage budget (halo_sched/outage.py, one line per interval for all streams); past it,
+        or on any other error, the stream ends with one line saying why."""
         import queue
         import threading
 
+        from ...outage import RETRY_EVERY_S, Outage
+
         q: queue.Queue = queue.Queue()
         done = object()
+        lock = threading.Lock()
+        outage = Outage(self.name, job_id)
+
+        def chunks(alloc_id: str, kind: str) -> Iterator[str]:
+            sent = 0  # bytes of this stream shown so far: where a reopened stream starts
+            while True:
+                asked = time.monotonic()
+                try:
+                    for text in c.logs(alloc_id, TASK, type=kind, follow=True, offset=sent):
+                        with lock:
+                            outage.ok()
+                        sent += len(text.encode("utf-8"))
+                        yield text
+                    return
+                except SchedulerError as err:
+                    if not _resumable(err):
+                        raise
+                    with lock:
+                        outage.failed(err, asked)  # OutcomeUnknown once the budget is spent
+                    time.sleep(RETRY_EVERY_S)
 
         def pump(tag: str, alloc_id: str, kind: str) -> None:
             try:
-                for line in _prefixed(tag, c.logs(alloc_id, TASK, type=kind, follow=True)):
+                for line in _prefixed(tag, chunks(alloc_id, kind)):
                     q.put(line)
-            except SchedulerError as err:
+            except SchedulerError as err:  # OutcomeUnknown (the budget spent) included
                 q.put(f"{tag}halo-sched: log stream ended: {err}\n")
             finally:
                 q.put(done)
@@ -396,6 +430,23 @@ class NomadScheduler(Scheduler):
                 remaining -= 1
             else:
                 yield item
+
+
+def _resumable(err: BaseException) -> bool:
+    """A log stream failed because Nomad could not be reached or the stream broke midway (no
+    HTTP answer, not TLS): opening it again where it stopped is safe."""
+    from ...outage import is_outage
+
+    if is_outage(err):
+        return True
+    if getattr(err, "status", 0) is not None:
+        return False
+    try:
+        import requests
+    except ImportError:  # pragma: no cover
+        return False
+    cause = err.__cause__
+    return isinstance(cause, requests.RequestException) and not isinstance(cause, requests.exceptions.SSLError)
 
 
 def _with_id(callback: Callable[[JobState], None] | None, job_id: str) -> Callable[[JobState], None] | None:

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from halo_sched.backends.base import JobState, JobStatus, NomadDetail
-from halo_sched.errors import SchedulerError
+from halo_sched.errors import OutcomeUnknown, SchedulerError
+from halo_sched.outage import RETRY_EVERY_S, Outage, clock_text, is_outage
+from halo_sched.retry import within
 
 from .state import job_state, ranks_text
 
@@ -98,6 +100,7 @@ def watch_job(
     poll_s: float = 2.0,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    outage: Outage | None = None,
 ) -> WatchResult:
     """Watch until the job is terminal (or placed, with ``until_placed``; or ``timeout`` seconds).
 
@@ -106,6 +109,10 @@ def watch_job(
     ``placement_timeout_s``: the job is stopped. ``wait_s`` 0 polls every ``poll_s`` instead of
     blocking (a server or proxy that ignores ``index`` is detected and polled the same way).
     Transient API errors are retried until a deadline; the last one is raised if none is left.
+    With ``outage`` (halo_sched/outage.py), Nomad being unreachable (no connection, HTTP 5xx such
+    as "No cluster leader") is waited through for its budget, said once per interval; past it, or
+    unreachable when ``timeout`` ends, :class:`OutcomeUnknown`. Each look is bounded by the time
+    left (``halo_sched.retry.within``): retries never carry the watch past ``timeout``.
     """
     start = clock()
     placement_deadline = start + placement_timeout_s if placement_timeout_s is not None else None
@@ -132,7 +139,8 @@ def watch_job(
         blocking = bool(wait_s and index and block > 0)
         asked = clock()
         try:
-            allocs, new_index = client.job_allocations(job_id, index=index if blocking else 0, wait_s=block)
+            with within(_least(left, outage.left() if outage is not None else None)):
+                allocs, new_index = client.job_allocations(job_id, index=index if blocking else 0, wait_s=block)
             calls += 1
             sig = _signature(allocs)
             if blocking and sig == last_sig and clock() - asked < block / 2:
@@ -143,8 +151,24 @@ def watch_job(
                 left = remaining()
                 sleep(poll_s if left is None else max(0.0, min(poll_s, left)))
                 continue
-            state, n = read_state(client, job_id, allocs)
+            with within(_least(remaining(), outage.left() if outage is not None else None)):
+                state, n = read_state(client, job_id, allocs)
         except SchedulerError as exc:
+            if outage is not None and is_outage(exc):
+                error = exc
+                outage.failed(exc, asked)  # OutcomeUnknown once the budget is spent
+                left = remaining()
+                if left is None or left > 0:
+                    sleep(min(RETRY_EVERY_S, left) if left is not None else RETRY_EVERY_S)
+                    continue
+                if deadline is not None and clock() >= deadline:
+                    raise OutcomeUnknown(outage.gave_up_text(
+                        f"{outage.who} unreachable at the end of --timeout (since "
+                        f"{clock_text(outage.since_wall or 0)})")) from exc
+                if last is None:
+                    raise
+                # The placement timeout passed while Nomad was unreachable: act on the last
+                # state seen (below), as for any other error.
             # A leader election must not leave a half-placed job holding GPUs: keep trying until
             # the deadline, then act on the last state seen. Without a deadline, give up (the
             # client has already retried).
@@ -158,6 +182,8 @@ def watch_job(
             state, new_index, n, sig = last, index, 0, last_sig
         else:
             error = None
+            if outage is not None:
+                outage.seen(state)
         calls += n
         last_sig = sig
         last = state
@@ -220,6 +246,11 @@ def watch_job(
             left = remaining()
             sleep(poll_s if left is None else max(0.0, min(poll_s, left)))
         index = new_index
+
+
+def _least(*values: float | None) -> float | None:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
 
 
 def _stop(client: _WatchAPI, job_id: str, why: str) -> None:

@@ -12,7 +12,7 @@ from typing import Iterator, Sequence
 
 from ...errors import HaloError, SchedulerError
 from ...models import JobSpec
-from ..base import DryRun, JobState, JobStatus, Scheduler, tail_lines
+from ..base import DryRun, EndWatch, JobState, JobStatus, Scheduler, tail_lines
 from ...launch import compile_launch
 from .reasons import never_clears
 from .render import render_batch, render_sbatch
@@ -283,7 +283,7 @@ class SlurmScheduler(Scheduler):
         return live if not live.status.terminal and live.status is not JobStatus.UNKNOWN else state
 
     def wait(self, job_id: str, timeout: float | None = None, poll: float = 1.0, max_poll: float = 30.0,
-             on_change=None, on_tick=None) -> JobState:
+             on_change=None, on_tick=None, outage_s: float | None = None, on_outage=None) -> JobState:
         """Until the job ends; a job pending for a reason that can never clear (reasons.py:
         PartitionNodeLimit, DependencyNeverSatisfied, ...) is cancelled at once and the wait ends
         CANCELLED with what to change in the job file (``verdict``)."""
@@ -295,7 +295,7 @@ class SlurmScheduler(Scheduler):
 
         try:
             return super().wait(job_id, timeout=timeout, poll=poll, max_poll=max_poll, on_change=on_change,
-                                on_tick=tick)
+                                on_tick=tick, outage_s=outage_s, on_outage=on_outage)
         except _NeverStarts as stop:
             return self.end_impossible(job_id, stop.state)
 
@@ -423,8 +423,18 @@ class SlurmScheduler(Scheduler):
         paths = self._outputs(job_id)
         if not paths:
             raise SchedulerError(f"SLURM does not report an output file for job {job_id} (is it too old?)")
-        for path in paths:
-            yield from _read(Path(path), follow, lambda: self.query([job_id])[job_id].status.terminal)
+        if not follow:
+            for path in paths:
+                yield from _read(Path(path), False, lambda: True)
+            return
+        # Following: the job's end comes from squeue/sacct in the background, so the file (on
+        # the shared filesystem) is read and shown on while slurmctld is unreachable.
+        ended = EndWatch(self.name, job_id, lambda: self.query([job_id])[job_id])
+        try:
+            for path in paths:
+                yield from _read(Path(path), follow, ended)
+        finally:
+            ended.close()
 
 
 def _one_line(err: object) -> str:

@@ -19,7 +19,7 @@ from halo_sched.backends.jobstate import JobState, SlurmDetail
 from halo_sched.backends.slurm import status as st
 from halo_sched.errors import MissingDependency, SchedulerError
 from halo_sched.exactly_once import TOKEN_PREFIX, run_once
-from halo_sched.retry import SLURM_CALLS, Ambiguous, Transient
+from halo_sched.retry import SLURM_CALLS, Ambiguous, Transient, time_left
 
 from .base import TRANSIENT, Transport, by_cluster, chunks, gave_up, sbatch_options, split_cluster, unique, with_cluster
 
@@ -40,9 +40,14 @@ def clean_scancel(stderr: str) -> str:
 
 def default_runner(timeout: float = 60.0) -> Runner:
     def run(argv: list, input: str | None = None) -> subprocess.CompletedProcess:
+        # A caller's deadline (halo_sched.retry.within: a wait's --timeout, status's bound) cuts
+        # the command there: SLURM's clients themselves keep trying an unreachable controller
+        # for MessageTimeout (10 s by default) before they fail.
+        left = time_left()
+        limit = timeout if left is None else max(0.5, min(timeout, left))
         # Other users' job names in squeue/scontrol output need not be UTF-8: never fail on them.
         return subprocess.run(argv, input=input, capture_output=True, text=True, encoding="utf-8",
-                              errors="replace", timeout=timeout, check=False)
+                              errors="replace", timeout=limit, check=False)
 
     return run
 
