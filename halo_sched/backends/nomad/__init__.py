@@ -24,6 +24,12 @@ def _say(msg: str) -> None:
     print(f"halo-sched: {msg}", file=sys.stderr, flush=True)
 
 
+#: ``list``'s queries (:meth:`NomadScheduler.for_listing`): one attempt, this long to connect and
+#: to answer. A Nomad that is down then costs ``list`` at most LIST_CONNECT_S (plus a DNS lookup).
+LIST_CONNECT_S = 0.5
+LIST_ANSWER_S = 5.0
+
+
 class NomadScheduler(Scheduler):
     """Each submission gets a fresh Nomad job ID (``NAME-YYYYmmdd-HHMMSS-xxxxxx``). The id halo-sched
     reports is ``[REGION:][NAMESPACE/]ID`` when the job file names a region or namespace, so that
@@ -38,6 +44,7 @@ class NomadScheduler(Scheduler):
         self._failure_logs = None  # FailureLogs, built on the first failure seen
         self._secrets_gone: set[tuple[int, str]] = set()  # (client, job) whose Variable this process deleted
         self._secrets_failed: set[tuple[int, str]] = set()  # ... or failed to (and said so)
+        self._config_overrides: dict = {}  # for_listing(): a short connect timeout, no retries
 
     def watcher_key(self):
         # Handles on schedulers of one client share one watcher; without a client object, those
@@ -54,8 +61,19 @@ class NomadScheduler(Scheduler):
         if key not in self._scoped:
             from .client import NomadClient, NomadConfig
 
-            self._scoped[key] = NomadClient(NomadConfig.from_env(namespace=namespace, region=region))
+            self._scoped[key] = NomadClient(NomadConfig.from_env(namespace=namespace, region=region,
+                                                                 **self._config_overrides))
         return self._scoped[key]
+
+    def for_listing(self) -> "NomadScheduler":
+        """``list``: one attempt per request, LIST_CONNECT_S to connect, LIST_ANSWER_S to answer
+        (a client given to the constructor is used as it is)."""
+        if self._client is not None:
+            return self
+        quick = NomadScheduler(retry_s=self.retry_s)
+        quick._config_overrides = {"retry_attempts": 1, "connect_timeout_s": LIST_CONNECT_S,
+                                   "timeout_s": LIST_ANSWER_S}
+        return quick
 
     def _split(self, job_id: str):
         m = _ID_RE.match(job_id)
@@ -85,16 +103,22 @@ class NomadScheduler(Scheduler):
 
     # ---- scheduler calls ----------------------------------------------------------------------
 
-    def _preflight(self, client, spec: JobSpec, payload: dict) -> None:
+    def _preflight(self, client, spec: JobSpec, payload: dict, strict: bool = False) -> None:
         """On stderr: features the server is too old for, and the client settings the job needs
-        (neither shows in Nomad's own plan)."""
+        (neither shows in Nomad's own plan). ``strict`` (``plan``): when nothing answered as a
+        Nomad agent (unreachable, TLS, not Nomad), that error ends the command here."""
         from .plan import version_warnings
 
         try:
             version_lines = version_warnings(payload["Job"], client.server_version())
         except SchedulerError as err:
-            # That line says why; version_warnings(None) would blame the token's permissions.
-            version_lines = [f"could not read the Nomad server version: {err}"]
+            if strict and getattr(err, "kind", None) in ("unreachable", "tls", "not_nomad"):
+                raise
+            # Only what could not be checked, and why in a few words (the request that follows
+            # says the rest): version_warnings(None) would blame the token's permissions.
+            why = getattr(err, "short", None) or str(err).splitlines()[0][:100]
+            version_lines = [f"could not read the Nomad server version ({why}); version checks skipped"] \
+                if version_warnings(payload["Job"], None) else []
         for line in version_lines:
             _say(f"warning: {line}")
         for line in client_requirements(spec):
@@ -138,7 +162,7 @@ class NomadScheduler(Scheduler):
         # A fresh ID, as submit would use: planning under the job's name would diff against
         # whatever job of that name is already there.
         payload = job_payload(spec, submission_id(spec))
-        self._preflight(client, spec, payload)
+        self._preflight(client, spec, payload, strict=True)
         resp = client.plan(payload)
         groups = plan_summary(resp)
         clients_ok, client_lines = self._check_clients(client, payload["Job"])
@@ -152,7 +176,7 @@ class NomadScheduler(Scheduler):
         try:
             nodes, why = client.nodes(), ""
         except HaloError as err:
-            nodes, why = None, str(err).splitlines()[0][:200]
+            nodes, why = None, (getattr(err, "short", None) or str(err).splitlines()[0])[:200]
         return check_clients(client_needs(job), nodes, job.get("Datacenters") or ["*"], why)
 
     def _by_client(self, ids: Sequence[str]) -> list[tuple[object, list[tuple[str, str]]]]:
