@@ -412,8 +412,7 @@ def cmd_list(args) -> int:
     from . import records
     from .core import recent
 
-    rows = recent(args.backend, args.state, args.limit, _scheduler,
-                  on_error=lambda backend, err: _err(f"halo-sched: {backend}: {err}; showing the last known states"))
+    rows = recent(args.backend, args.state, args.limit, _scheduler, on_error=_list_note)
     for r, status, text, known in rows:
         if isinstance(r, records.BadRecord):
             if args.json:
@@ -429,6 +428,17 @@ def cmd_list(args) -> int:
             when = (r.get("submitted_iso") or "")[:19].replace("T", " ")
             print(f"{r['id']}\t{r['backend']}\t{when}\t{text}{'' if known else ' (last known)'}")
     return 0
+
+
+def _list_note(backend: str, err: HaloError) -> None:
+    """``list``: one line of at most 160 characters for a backend that did not answer (its rows
+    show the last known states): the error with its advice when that fits, else the condition."""
+    head, tail = f"halo-sched: {backend}: ", "; states below: last known"
+    text = " ".join(str(err).split())
+    if len(head + text + tail) > 160:
+        text = " ".join(str(getattr(err, "short", "") or text).split())
+    room = 160 - len(head + tail)
+    _err(head + (text if len(text) <= room else text[:room - 3] + "...") + tail)
 
 
 def cmd_logs(args) -> int:

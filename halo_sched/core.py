@@ -166,7 +166,8 @@ class Row(NamedTuple):
 def recent(backend: str | None, state: str | None, limit: int, scheduler: Callable[[str], Scheduler],
            on_error: Callable[[str, HaloError], None]) -> list[Row]:
     """The newest ``limit`` records (0: all; of ``backend`` only, when given) with their states:
-    one scheduler query per backend, each state kept in its record; a job the scheduler forgot
+    one scheduler query per backend (:meth:`~halo_sched.backends.base.Scheduler.for_listing`:
+    bounded, no retries), each state kept in its record; a job the scheduler forgot
     (or a backend that cannot answer: ``on_error`` hears why) shows its last known state; an
     unreadable record file is a row too (status ``UNREADABLE``). ``state``: only rows in it."""
     bad: list = []
@@ -189,7 +190,10 @@ def recent(backend: str | None, state: str | None, limit: int, scheduler: Callab
     states: dict = {}
     for name, rs in by_backend.items():
         try:
-            states[name] = scheduler(name).query([r["id"] for r in rs])  # one query for all of them
+            # One query for all of them, giving up at once when the scheduler is down.
+            sched = scheduler(name)
+            quick = getattr(sched, "for_listing", None)
+            states[name] = (quick() if callable(quick) else sched).query([r["id"] for r in rs])
         except HaloError as err:
             on_error(name, err)
     rows = []

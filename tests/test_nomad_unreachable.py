@@ -254,8 +254,10 @@ def test_a_server_that_is_not_nomad_is_not_taken_for_one(web_server, job_file):
         assert "no Nomad job" not in line and "no job" not in line and "agent:read" not in r.stderr
 
 
-def test_a_connection_nobody_accepts_is_bounded_and_named():
-    # A listening socket whose backlog is full: the connect hangs (its SYNs are dropped).
+@pytest.fixture
+def nobody_accepts():
+    """A loopback port whose listen backlog is full: a connect there hangs (its SYNs are dropped),
+    as with a host that is down or a firewall that drops packets."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(0)
@@ -270,13 +272,49 @@ def test_a_connection_nobody_accepts_is_bounded_and_named():
             except BlockingIOError:
                 pass
             fillers.append(c)
-        cfg = NomadConfig.from_env(env={}, address=f"127.0.0.1:{port}", retry_attempts=1, connect_timeout_s=0.3)
-        with pytest.raises(NomadAPIError) as info:
-            sample_job.read_job(NomadClient(cfg), "x")
-        text = str(info.value)
-        assert f"nothing reached Nomad at http://127.0.0.1:{port}: no connection within 0.3s" in text, text
-        assert len(text) <= LIMIT and info.value.kind == "unreachable"
+        yield port
     finally:
         for c in fillers:
             c.close()
         srv.close()
+
+
+def test_a_connection_nobody_accepts_is_bounded_and_named(nobody_accepts):
+    port = nobody_accepts
+    cfg = NomadConfig.from_env(env={}, address=f"127.0.0.1:{port}", retry_attempts=1, connect_timeout_s=0.3)
+    with pytest.raises(NomadAPIError) as info:
+        sample_job.read_job(NomadClient(cfg), "x")
+    text = str(info.value)
+    assert f"nothing reached Nomad at http://127.0.0.1:{port}: no connection within 0.3s" in text, text
+    assert len(text) <= LIMIT and info.value.kind == "unreachable"
+
+
+# ---- list never waits on a Nomad that is down ---------------------------------------------------
+
+
+def test_list_shows_last_known_states_at_once_when_nomad_is_down(nobody_accepts):
+    from halo_sched import records
+
+    records.write({"id": "train-1", "backend": "nomad", "submitted": 1.0, "name": "train",
+                   "last_state": {"status": "RUNNING", "describe": "RUNNING 2/2 nodes running"}})
+    addr = f"http://127.0.0.1:{nobody_accepts}"
+    t0 = time.monotonic()
+    r = run_cli("list", env_extra={"NOMAD_ADDR": addr})
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    (note,) = short_lines(r.stderr)
+    assert note.startswith("halo-sched: nomad: nothing reached Nomad at") and "no connection within" in note, note
+    assert note.endswith("states below: last known"), note
+    assert "train-1" in r.stdout and "RUNNING 2/2 nodes running (last known)" in r.stdout
+    # Before: 4 attempts of a 10 s connect within a 15 s budget (about 20 s); now one short one.
+    assert took < 6, took
+
+
+def test_list_asks_nomad_once_with_a_short_connect_timeout(monkeypatch):
+    from halo_sched.backends.nomad import LIST_CONNECT_S, NomadScheduler
+
+    monkeypatch.setenv("NOMAD_ADDR", "http://127.0.0.1:4646")
+    quick = NomadScheduler().for_listing()
+    cfg = quick._client_for().config
+    assert cfg.retry_attempts == 1 and cfg.connect_timeout_s == LIST_CONNECT_S <= 0.5
+    assert NomadScheduler()._client_for().config.retry_attempts > 1  # other commands keep their retries

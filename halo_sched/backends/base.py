@@ -149,6 +149,11 @@ class Scheduler(abc.ABC):
     def query(self, ids: Sequence[str]) -> dict[str, JobState]:
         """States of many jobs, with as few scheduler queries as possible."""
 
+    def for_listing(self) -> "Scheduler":
+        """A scheduler whose :meth:`query` gives up at once when the scheduler is down, for
+        ``list`` (the job records hold the last known states). Default: this one."""
+        return self
+
     @abc.abstractmethod
     def cancel(self, ids: Sequence[str], **opts) -> None:
         """Cancel jobs."""
