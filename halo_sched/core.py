@@ -83,22 +83,54 @@ def unknown_asked(backend: str, sched: Scheduler, ids: Iterable[str]) -> dict[st
 
 
 def cancel_known(groups: dict[str, list[str]], scheduler: Callable[[str], Scheduler],
-                 **opts) -> tuple[list[str], dict[str, str], set[str]]:
-    """Cancel every id of ``groups`` (backend -> ids) that somebody knows: (the ids cancelled,
-    the unknown ones with the scheduler's word on each, the backends those were asked of)."""
+                 **opts) -> tuple[list[str], dict[str, str], set[str], dict[str, str]]:
+    """Cancel every id of ``groups`` (backend -> ids) that somebody knows and that has not ended:
+    (the ids cancelled, the unknown ones with the scheduler's word on each, the backends those
+    were asked of, the ids that had already ended with their state in words). A job whose record
+    says it ended is not asked about (nor waited for through an outage); one the scheduler
+    finds ended is left as it is. ``purge`` (Nomad) acts on ended jobs too."""
     unknown_ids: dict[str, str] = {}
     where: set[str] = set()
     done: list[str] = []
+    ended: dict[str, str] = {}
     for backend, ids in groups.items():
+        if not opts.get("purge"):
+            for job_id in ids:
+                words = ended_by_record(backend, job_id)
+                if words is not None:
+                    ended[job_id] = words
+            ids = [i for i in ids if i not in ended]
+        if not ids:
+            continue
         sched = scheduler(backend)
         missing = unknown_asked(backend, sched, ids)
         unknown_ids.update(missing)
         where |= {backend} if missing else set()
         ids = [i for i in ids if i not in missing]
         if ids:
-            sched.cancel(ids, **opts)
-            done += ids
-    return done, unknown_ids, where
+            found = sched.cancel(ids, **opts) or {}
+            ended.update(found)
+            done += [i for i in ids if i not in found]
+    return done, unknown_ids, where, ended
+
+
+#: SLURM may requeue a job that ended so (``--requeue``, the default for batch jobs where
+#: JobRequeue=1): its record's word on them is not final.
+_MAY_RETURN = {"slurm": {JobStatus.NODE_FAIL, JobStatus.PREEMPTED}}
+
+
+def ended_by_record(backend: str, job_id: str) -> str | None:
+    """The job's last known state in words when its record says it ended for good, else None."""
+    for rec in records.find(job_id, backend):
+        last = rec.get("last_state") or {}
+        try:
+            status = JobStatus(last.get("status"))
+        except ValueError:
+            return None
+        if status.terminal and status not in _MAY_RETURN.get(backend, set()):
+            return last.get("describe") or status.value
+        return None
+    return None
 
 
 # ---- what a job's record says -------------------------------------------------------------------
@@ -247,6 +279,6 @@ def wait_after_submit(sched: Scheduler, spec, job_id: str, timeout: float | None
     return state
 
 
-__all__ = ["MAX_ID_CHARS", "Row", "backend_of", "backends_of", "cancel_known", "check_id", "job_size",
+__all__ = ["MAX_ID_CHARS", "Row", "backend_of", "backends_of", "cancel_known", "check_id", "ended_by_record", "job_size",
            "known_backend", "note", "query_and_note", "recent", "unknown", "unknown_asked", "wait_after_submit",
            "warning_of"]

@@ -155,8 +155,9 @@ class Scheduler(abc.ABC):
         return self
 
     @abc.abstractmethod
-    def cancel(self, ids: Sequence[str], **opts) -> None:
-        """Cancel jobs."""
+    def cancel(self, ids: Sequence[str], **opts) -> dict[str, str] | None:
+        """Cancel jobs. May return {id: its state in words} for jobs found already ended (nothing
+        done to them)."""
 
     @abc.abstractmethod
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
@@ -231,6 +232,21 @@ class Job:
 
     def logs(self, follow: bool = False) -> Iterator[str]:
         return self.scheduler.logs(self.id, follow=follow)
+
+
+def missing_output(path, state: JobState | None) -> str:
+    """Why a job's output file is not there, in words true to what its state says: removed after
+    the job ended, not created yet while it waits to start, ..."""
+    status = state.status if state is not None else JobStatus.UNKNOWN
+    if status is JobStatus.COMPLETED:
+        return f"output file {path} is gone: the job COMPLETED, and the file was removed since"
+    if status.terminal:
+        return f"output file {path} is not there: the job ended ({status.value}) and it was removed, or never written"
+    if status is JobStatus.PENDING:
+        return f"output file {path} does not exist yet: the job is PENDING (not started)"
+    if status is JobStatus.UNKNOWN:
+        return f"output file {path} does not exist"
+    return f"output file {path} does not exist although the job is {status.value}: it was removed, or not written yet"
 
 
 def tail_lines(path, follow: bool, finished: Callable[[], bool], poll: float = 0.5) -> Iterator[str]:

@@ -325,19 +325,30 @@ class NomadScheduler(Scheduler):
             state.failure = self._failures().report(c, state, allocs)
         return state
 
-    def cancel(self, ids: Sequence[str], purge: bool = False, **opts) -> None:
-        """Stop each job, riding out outages (``retry_s``); a job already stopped or finished
-        counts as cancelled. Ids Nomad does not know are reported after the others are stopped."""
-        missing = []
+    def cancel(self, ids: Sequence[str], purge: bool = False, **opts) -> dict[str, str]:
+        """Stop each job, riding out outages (``retry_s``). A job already dead (ended) is left as
+        it is, unless ``purge``: returned as {id: its state in words}. Ids Nomad does not know are
+        reported after the others are stopped."""
+        missing, ended = [], {}
         for c, items in self._by_client(ids):
             for job_id, name in items:
-                if not c.stop_job(name, purge=purge, retry_s=self.retry_s, on_retry=_say):
+                stopped = c.stop_job(name, purge=purge, retry_s=self.retry_s, on_retry=_say, unless_dead=not purge)
+                if stopped is None:
+                    ended[job_id] = self._ended_words(job_id)
+                elif not stopped:
                     missing.append(job_id)
                 elif purge:
                     c.delete_variable(variable_path(name))  # the job's secrets go with it
         if missing:
             others = " (the others were stopped)" if len(missing) < len(ids) else ""
             raise SchedulerError(f"no Nomad job {', '.join(map(repr, missing))}{others}")
+        return ended
+
+    def _ended_words(self, job_id: str) -> str:
+        try:
+            return self.query([job_id])[job_id].describe()
+        except HaloError:
+            return "dead"
 
     def guard_placement(self, spec: JobSpec, job_id: str,
                         on_change: Callable[[JobState], None] | None = None) -> JobState:
@@ -377,21 +388,45 @@ class NomadScheduler(Scheduler):
         return state
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
-        """Every node rank's output, each line tagged ``[node K]``."""
+        """Every node rank's output, each line tagged ``[node K]``. A node whose output Nomad no
+        longer keeps (or does not have yet) is named at the end, in one line, after the others'."""
         from .state import latest_allocations
 
         c, name = self._split(job_id)
         allocs = latest_allocations(c.job_allocations(name)[0])
         if not allocs:
-            raise SchedulerError(f"job {job_id!r} has no allocations (yet): nothing to show")
+            state = self._state_or_none(job_id)
+            if state is not None and state.status.terminal:
+                raise SchedulerError(f"job {job_id} ended ({state.status.value}) and Nomad no longer keeps its "
+                                     "allocations (garbage-collected): its output is gone")
+            raise SchedulerError(f"job {job_id} has no allocation yet"
+                                 + (f" ({state.status.value})" if state is not None else "") + ": no output yet")
         tagged = {f"[node {rank}] ": allocs[rank] for rank in sorted(allocs)}
         if follow:
             # One stream per node and kind, merged line by line as they arrive.
             yield from self._follow_all(c, tagged)
             return
-        for tag, alloc in tagged.items():
+        missing: dict[str, list[int]] = {}
+        for rank in sorted(allocs):
+            alloc = allocs[rank]
             for kind in ("stdout", "stderr"):
-                yield from _prefixed(tag, c.logs(alloc["ID"], TASK, type=kind, follow=follow))
+                try:
+                    stream = c.logs(alloc["ID"], TASK, type=kind, follow=False)
+                except SchedulerError as err:
+                    if getattr(err, "status", None) != 404:
+                        raise
+                    missing.setdefault(_why_no_output(alloc, getattr(err, "body", "")), []).append(rank)
+                    break
+                yield from _prefixed(f"[node {rank}] ", stream)
+        if missing:
+            raise SchedulerError("; ".join(f"node{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {why}"
+                                           for why, r in missing.items()))
+
+    def _state_or_none(self, job_id: str) -> JobState | None:
+        try:
+            return self.query([job_id])[job_id]
+        except HaloError:
+            return None
 
     def _follow_all(self, c, allocs: dict) -> Iterator[str]:
         import queue
@@ -420,6 +455,18 @@ class NomadScheduler(Scheduler):
                 remaining -= 1
             else:
                 yield item
+
+
+def _why_no_output(alloc: dict, said: str) -> str:
+    """Why Nomad answered 404 for an allocation's logs (client/fs_endpoint.go, v2.0.5): the task
+    has not started, or the allocation's files are gone (the client or the server garbage-collected
+    it after it ended)."""
+    if "not started" in said:
+        return "no output yet (its task has not started)"
+    status = alloc.get("ClientStatus") or ""
+    if status in ("complete", "failed", "lost"):
+        return f"output gone (allocation {status}; Nomad has removed its files)"
+    return "output gone (Nomad no longer has the allocation's files)"
 
 
 def _with_id(callback: Callable[[JobState], None] | None, job_id: str) -> Callable[[JobState], None] | None:

@@ -12,7 +12,7 @@ from typing import Iterator, Sequence
 
 from ...errors import HaloError, SchedulerError
 from ...models import JobSpec
-from ..base import DryRun, JobState, JobStatus, Scheduler, tail_lines
+from ..base import DryRun, JobState, JobStatus, Scheduler, missing_output, tail_lines
 from .render import render_sbatch
 from .capabilities import CancelsOnce, Named, ReadsConfig, SubmitsOnce, TestsOnly
 
@@ -200,7 +200,8 @@ class SlurmScheduler(Scheduler):
         if not paths:
             raise SchedulerError(f"SLURM does not report an output file for job {job_id} (is it too old?)")
         for path in paths:
-            yield from _read(Path(path), follow, lambda: self.query([job_id])[job_id].status.terminal)
+            yield from _read(Path(path), follow, lambda: self.query([job_id])[job_id].status.terminal,
+                             lambda: self.query([job_id])[job_id])
 
 
 def _cluster_of(script: str) -> str | None:
@@ -218,10 +219,14 @@ def _expand_output(pattern: str, name: str, job_id: str) -> str:
     return str(Path(text) if os.path.isabs(text) else Path.cwd() / text)
 
 
-def _read(path: Path, follow: bool, finished) -> Iterator[str]:
+def _read(path: Path, follow: bool, finished, state_of=None) -> Iterator[str]:
     deadline = time.monotonic() + 30
     while not path.exists():
         if not follow or finished() or time.monotonic() > deadline:
-            raise SchedulerError(f"output file {path} does not exist (yet); logs are read on the submitting host's filesystem")
+            try:
+                state = state_of() if state_of is not None else None
+            except HaloError:
+                state = None
+            raise SchedulerError(f"{missing_output(path, state)}; logs are read on the submitting host's filesystem")
         time.sleep(0.5)
     yield from tail_lines(path, follow, finished)
