@@ -72,7 +72,7 @@ def test_a_refused_connection_says_nothing_reached_nomad(job_file):
     retries = [line for line in lines if "(attempt " in line]
     assert len(retries) >= 2, r.stderr
     for line in retries:
-        assert f"Nomad at http://127.0.0.1:{port} refused the connection (attempt " in line and "retrying in" in line
+        assert f"Nomad at http://127.0.0.1:{port}: connection refused (attempt " in line and "retrying in" in line
     assert "nothing reached Nomad" in lines[-1] and "the job was not submitted" in lines[-1], lines[-1]
     assert "unknown" not in r.stderr and "may have reached" not in r.stderr
     # urllib3's whole story only with --debug.
@@ -110,7 +110,7 @@ def test_a_request_that_may_have_been_applied_leaves_the_outcome_unknown():
 def test_one_attempt_tells_refused_from_dropped():
     cfg = NomadConfig.from_env(env={}, address=f"127.0.0.1:{closed_port()}")
     client = NomadClient(cfg, sleep=lambda s: None)
-    with pytest.raises(Transient, match="refused the connection$"):
+    with pytest.raises(Transient, match=": connection refused$"):
         client._call_once("read job", client._read_job, "x")
     with fake_api.FakeNomad([fake_api.FakeNode("gpu-a")], token=TOKEN) as fake:
         cfg = NomadConfig.from_env(env={}, address=fake.address, token=TOKEN)
@@ -187,8 +187,8 @@ def test_a_misspelt_host_name_says_it_does_not_resolve(monkeypatch, capsys):
     monkeypatch.setenv("NOMAD_ADDR", "http://nomda.example.invalid:4646")
     assert main(["status", "some-job", "--backend", "nomad"]) == 1
     (line,) = short_lines(capsys.readouterr().err)
-    assert "nothing reached Nomad at http://nomda.example.invalid:4646: host name 'nomda.example.invalid' " \
-           "does not resolve" in line and "check NOMAD_ADDR" in line, line
+    assert "nothing reached Nomad at http://nomda.example.invalid:4646: its host name does not resolve" in line, line
+    assert "check NOMAD_ADDR" in line
 
 
 def test_https_at_a_plain_http_server_says_it_does_not_speak_tls(job_file):
@@ -245,10 +245,13 @@ def web_server():
 
 
 def test_a_server_that_is_not_nomad_is_not_taken_for_one(web_server, job_file):
-    for args in (("status", "some-job"), ("cancel", "some-job"), ("plan", str(job_file))):
+    for args in (("status", "some-job"), ("cancel", "some-job"), ("plan", str(job_file)), ("submit", str(job_file)),
+                 ("logs", "some-job")):
         r = run_cli(*args, "--backend", "nomad", env_extra={"NOMAD_ADDR": web_server})
         assert r.returncode == 1, (args, r.stderr)
-        (line,) = short_lines(r.stderr)
+        # (submit first lists the client settings the job needs; it then stops at once: a server
+        # that is not Nomad does not become one by retrying)
+        (line,) = short_lines("\n".join(x for x in r.stderr.splitlines() if "every Nomad client" not in x))
         assert f"{web_server} is not a Nomad agent's API" in line and "check NOMAD_ADDR" in line, line
         # Its 404 is not Nomad saying "no such job", nor a permission problem.
         assert "no Nomad job" not in line and "no job" not in line and "agent:read" not in r.stderr

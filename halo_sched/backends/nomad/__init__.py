@@ -112,11 +112,15 @@ class NomadScheduler(Scheduler):
         try:
             version_lines = version_warnings(payload["Job"], client.server_version())
         except SchedulerError as err:
-            if strict and getattr(err, "kind", None) in ("unreachable", "tls", "not_nomad"):
+            kind = getattr(err, "kind", None)
+            # TLS failures and a server that is not Nomad do not heal: the request that follows
+            # would fail the same way (submit would retry it for nothing). Nothing reached
+            # Nomad: plan stops; submit rides the outage out (its own lines say so).
+            if kind in ("tls", "not_nomad") or (strict and kind == "unreachable"):
                 raise
-            # Only what could not be checked, and why in a few words (the request that follows
-            # says the rest): version_warnings(None) would blame the token's permissions.
-            why = getattr(err, "short", None) or str(err).splitlines()[0][:100]
+            # Only what could not be checked, and why in a few words: version_warnings(None)
+            # would blame the token's permissions.
+            why = {"unreachable": "nothing reached Nomad"}.get(kind) or str(err).splitlines()[0][:100]
             version_lines = [f"could not read the Nomad server version ({why}); version checks skipped"] \
                 if version_warnings(payload["Job"], None) else []
         for line in version_lines:

@@ -250,11 +250,10 @@ def _unreachable(transport: BaseException | None, address: str, connect_s: float
     why = _connect_failure(transport)
     if why is None:
         return None
-    host = urlsplit(address).hostname or address
     if why.startswith("refused"):
         return "connection refused"
     if why.startswith("could not be found"):
-        return f"host name {host!r} does not resolve"
+        return "its host name does not resolve"
     if why.startswith("did not accept"):
         return f"no connection within {connect_s:g}s (host down, or a firewall drops it)"
     return "no connection" + (why[len("could not be connected to"):] or "")
@@ -473,9 +472,9 @@ class NomadHTTP:
                 raise Ambiguous(f"{where} answered HTTP {response.status_code}" + (f" {first!r}" if first else "")) from exc
             if response is None and not isinstance(transport, requests.exceptions.SSLError):
                 # No connection was made (refused, host not found): nothing was sent.
-                why = _connect_failure(transport)
+                why = _unreachable(transport, self.config.address, self.connect_timeout)
                 if why:
-                    raise Transient(f"{where} {why}") from exc
+                    raise Transient(f"{where}: {why}") from exc
                 if isinstance(transport, (requests.ConnectionError, requests.Timeout)):
                     raise Ambiguous(f"{where} {_broken_answer(transport)}") from exc
             raise err from exc
@@ -535,8 +534,8 @@ class NomadHTTP:
                 short = f"the server at {_host_port(cfg.address)} speaks TLS"
                 return NomadAPIError(f"{short}: use NOMAD_ADDR=https://{_host_port(cfg.address)}", kind="tls",
                                      short=short, **err)
-            page = "an HTML page" if body.lstrip().startswith("<") else ("an empty answer" if not body else "a page")
-            short = f"{cfg.address} is not a Nomad agent's API: {method} {path_shown} got HTTP {status} with {page}"
+            page = "an HTML" if body.lstrip().startswith("<") else ("an empty" if not body else "a non-Nomad")
+            short = f"{cfg.address} is not a Nomad agent's API: {method} {path_shown} got {page} HTTP {status}"
             # status None: no answer came from Nomad (a 404 here is not "no such job").
             return NomadAPIError(f"{short}; check NOMAD_ADDR (host, port, no path)", kind="not_nomad",
                                  short=short, **{**err, "status": None})
