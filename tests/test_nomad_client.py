@@ -299,6 +299,14 @@ def test_https_server_is_verified_against_nomad_cacert(self_signed):
         assert "set NOMAD_CACERT to the CA that signed it" in str(info.value) and len(str(info.value)) <= 160
         assert info.value.attempts == 1 and sleeps == []  # a bad certificate is not retried
 
+        # Trusted, but reached under a name the certificate does not carry (it names 127.0.0.1).
+        other_name = NomadClient(NomadConfig.from_env(env={"NOMAD_ADDR": f"https://localhost:{fake.port}",
+                                                           "NOMAD_CACERT": cert}), sleep=sleeps.append)
+        with pytest.raises(NomadAPIError) as info:
+            read_job(other_name, JOB)
+        assert str(info.value) == (f"the TLS certificate at localhost:{fake.port} does not name 'localhost': "
+                                   "put a host name the certificate names in NOMAD_ADDR"), info.value
+
         trusted = NomadClient(NomadConfig.from_env(env={"NOMAD_ADDR": fake.address, "NOMAD_CACERT": cert}))
         register(trusted, make_job(1))
         assert read_job(trusted, JOB)["ID"] == JOB
