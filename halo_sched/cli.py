@@ -440,6 +440,12 @@ def _list_note(backend: str, err: HaloError) -> None:
         text = " ".join(str(getattr(err, "short", "") or text).split())
     room = 160 - len(head + tail)
     _err(head + (text if len(text) <= room else text[:room - 3] + "...") + tail)
+    from .errors import debug
+
+    if debug() and (err.__cause__ or err.__context__):
+        from .exactly_once import _detail
+
+        _err(f"  {_detail(err)}")
 
 
 def cmd_logs(args) -> int:
