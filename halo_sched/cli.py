@@ -12,7 +12,8 @@ code  meaning
 ====  =================================================================================
 0     success: the command did what was asked (``submit --wait``/``watch``: the job
       COMPLETED; ``preflight``: it passed; ``status``: every id was known; ``gc``: every
-      ended job's secrets are gone)
+      ended job's secrets are gone; ``cancel``: each job was cancelled, or had already
+      ended, which it says)
 1     a job or the scheduler failed: the job ended other than COMPLETED or still ran at
       ``--timeout``; the scheduler refused a request or could not be reached, and nothing
       was done; ``preflight`` or ``plan`` failed; ``gc``: a Variable could not be deleted;
@@ -474,8 +475,7 @@ def cmd_list(args) -> int:
     from . import records
     from .core import recent
 
-    rows = recent(args.backend, args.state, args.limit, _scheduler,
-                  on_error=lambda backend, err: _err(f"halo-sched: {backend}: {err}; showing the last known states"))
+    rows = recent(args.backend, args.state, args.limit, _scheduler, on_error=_list_note)
     for r, status, text, known in rows:
         if isinstance(r, records.BadRecord):
             if args.json:
@@ -491,6 +491,23 @@ def cmd_list(args) -> int:
             when = (r.get("submitted_iso") or "")[:19].replace("T", " ")
             print(f"{r['id']}\t{r['backend']}\t{when}\t{text}{'' if known else ' (last known)'}")
     return 0
+
+
+def _list_note(backend: str, err: HaloError) -> None:
+    """``list``: one line of at most 160 characters for a backend that did not answer (its rows
+    show the last known states): the error with its advice when that fits, else the condition."""
+    head, tail = f"halo-sched: {backend}: ", "; states below: last known"
+    text = " ".join(str(err).split())
+    if len(head + text + tail) > 160:
+        text = " ".join(str(getattr(err, "short", "") or text).split())
+    room = 160 - len(head + tail)
+    _err(head + (text if len(text) <= room else text[:room - 3] + "...") + tail)
+    from .errors import debug
+
+    if debug() and (err.__cause__ or err.__context__):
+        from .exactly_once import _detail
+
+        _err(f"  {_detail(err)}")
 
 
 def cmd_logs(args) -> int:
@@ -519,7 +536,7 @@ def _check_node_rank(args, backend: str, sched) -> None:
                          f"(0..{nodes - 1})")
     world = nodes * per_node if nodes and per_node else None
     if args.rank is not None and world and args.rank >= world:
-        raise UsageError(f"--rank {args.rank}: job {shown(args.id)} has {world} ranks (0..{world - 1})")
+        raise UsageError(f"--rank {args.rank}: job {shown(args.id)} has {world} rank{'s' if world != 1 else ''} (0..{world - 1})")
 
 
 def cmd_cancel(args) -> int:
@@ -535,14 +552,15 @@ def cmd_cancel(args) -> int:
         if set(groups) != {"slurm"}:
             raise UsageError("--signal applies to --backend slurm only")
         opts["signal"] = _warning_signal(args.signal, groups["slurm"])
-    ended: dict[str, str] = {}
-    done, unknown, where = cancel_known(groups, _scheduler, ended=ended, **opts)
+    done, unknown, where, ended = cancel_known(groups, _scheduler, **opts)
     what = f"signal {args.signal}" if args.signal else "cancel"
     for job_id in done:
-        if job_id in ended:
-            _err(f"halo-sched: {job_id} had already ended ({ended[job_id]}); nothing to cancel")
-        else:
-            _err(f"halo-sched: {what} requested for {job_id}")
+        _err(f"halo-sched: {what} requested for {job_id}")
+    for job_id, words in ended.items():  # nothing to do: the job is not running (exit 0)
+        words = " ".join(words.split())
+        head, tail = f"halo-sched: {job_id} already ended (", f"); nothing to {'signal' if args.signal else 'cancel'}"
+        room = max(40, 160 - len(head + tail))
+        _err(head + (words if len(words) <= room else words[:room - 3] + "...") + tail)
     if unknown:
         raise UnknownJob(list(unknown), next(iter(where)) if len(where) == 1 else None,
                          reason=next(iter(unknown.values())) if len(unknown) == 1 else "",

@@ -87,26 +87,54 @@ def unknown_asked(backend: str, sched: Scheduler, ids: Iterable[str]) -> dict[st
 
 
 def cancel_known(groups: dict[str, list[str]], scheduler: Callable[[str], Scheduler],
-                 ended: dict[str, str] | None = None, **opts) -> tuple[list[str], dict[str, str], set[str]]:
-    """Cancel every id of ``groups`` (backend -> ids) that somebody knows: (the ids cancelled,
-    the unknown ones with the scheduler's word on each, the backends those were asked of).
-    ``ended`` hears the ids that had already ended (with their state in words) where the backend
-    says so (``cancel`` returns them)."""
+                 **opts) -> tuple[list[str], dict[str, str], set[str], dict[str, str]]:
+    """Cancel every id of ``groups`` (backend -> ids) that somebody knows and that has not ended:
+    (the ids cancelled, the unknown ones with the scheduler's word on each, the backends those
+    were asked of, the ids that had already ended with their state in words). A job whose record
+    says it ended is not asked about (nor waited for through an outage); one the scheduler
+    finds ended is left as it is. ``purge`` (Nomad) acts on ended jobs too."""
     unknown_ids: dict[str, str] = {}
     where: set[str] = set()
     done: list[str] = []
+    ended: dict[str, str] = {}
     for backend, ids in groups.items():
+        if not opts.get("purge"):
+            for job_id in ids:
+                words = ended_by_record(backend, job_id)
+                if words is not None:
+                    ended[job_id] = words
+            ids = [i for i in ids if i not in ended]
+        if not ids:
+            continue
         sched = scheduler(backend)
         missing = unknown_asked(backend, sched, ids)
         unknown_ids.update(missing)
         where |= {backend} if missing else set()
         ids = [i for i in ids if i not in missing]
         if ids:
-            already = sched.cancel(ids, **opts)
-            if ended is not None and isinstance(already, dict):
-                ended.update(already)
-            done += ids
-    return done, unknown_ids, where
+            found = sched.cancel(ids, **opts) or {}
+            ended.update(found)
+            done += [i for i in ids if i not in found]
+    return done, unknown_ids, where, ended
+
+
+#: SLURM may requeue a job that ended so (``--requeue``, the default for batch jobs where
+#: JobRequeue=1): its record's word on them is not final.
+_MAY_RETURN = {"slurm": {JobStatus.NODE_FAIL, JobStatus.PREEMPTED}}
+
+
+def ended_by_record(backend: str, job_id: str) -> str | None:
+    """The job's last known state in words when its record says it ended for good, else None."""
+    for rec in records.find(job_id, backend):
+        last = rec.get("last_state") or {}
+        try:
+            status = JobStatus(last.get("status"))
+        except ValueError:
+            return None
+        if status.terminal and status not in _MAY_RETURN.get(backend, set()):
+            return last.get("describe") or status.value
+        return None
+    return None
 
 
 # ---- what a job's record says -------------------------------------------------------------------
@@ -223,7 +251,8 @@ class Row(NamedTuple):
 def recent(backend: str | None, state: str | None, limit: int, scheduler: Callable[[str], Scheduler],
            on_error: Callable[[str, HaloError], None]) -> list[Row]:
     """The newest ``limit`` records (0: all; of ``backend`` only, when given) with their states:
-    one scheduler query per backend, each state kept in its record; a job the scheduler forgot
+    one scheduler query per backend (:meth:`~halo_sched.backends.base.Scheduler.for_listing`:
+    bounded, no retries), each state kept in its record; a job the scheduler forgot
     (or a backend that cannot answer: ``on_error`` hears why) shows its last known state; an
     unreadable record file is a row too (status ``UNREADABLE``). ``state``: only rows in it."""
     bad: list = []
@@ -246,7 +275,10 @@ def recent(backend: str | None, state: str | None, limit: int, scheduler: Callab
     states: dict = {}
     for name, rs in by_backend.items():
         try:
-            states[name] = scheduler(name).query([r["id"] for r in rs])  # one query for all of them
+            # One query for all of them, giving up at once when the scheduler is down.
+            sched = scheduler(name)
+            quick = getattr(sched, "for_listing", None)
+            states[name] = (quick() if callable(quick) else sched).query([r["id"] for r in rs])
         except HaloError as err:
             on_error(name, err)
     rows = []
@@ -324,6 +356,6 @@ def wait_after_submit(sched: Scheduler, spec, job_id: str, timeout: float | None
     return state
 
 
-__all__ = ["Fallback", "MAX_ID_CHARS", "Row", "noting", "query_or_last", "backend_of", "backends_of", "cancel_known", "check_id", "job_size",
+__all__ = ["Fallback", "MAX_ID_CHARS", "Row", "noting", "query_or_last", "backend_of", "backends_of", "cancel_known", "check_id", "ended_by_record", "job_size",
            "known_backend", "note", "query_and_note", "recent", "unknown", "unknown_asked", "wait_after_submit",
            "warning_of"]

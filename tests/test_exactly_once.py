@@ -268,6 +268,7 @@ def test_nomad_id_taken_by_another_submission_is_not_adopted(fake):
 
 def test_nomad_cancel_is_idempotent_and_rides_out_faults(fake):
     sched = scheduler(fake)
+    fake.auto_run = False  # pending, not dead: a job that already ended is left alone (test_ended_jobs.py)
     job = sched.submit(spec())
     name = job.id
     fake.drop_after_next(1, path_contains=f"/v1/job/{name}", method="DELETE")

@@ -32,8 +32,9 @@ def test_first_failure_is_rank_3_on_node_1(tmp_path, how, record, others):
     last = r.stderr.strip().splitlines()[-1]
     error = "ValueError: rank 3 fails on purpose" if how == "raise" else "rank 3: exiting 3 on purpose"
     code = 1 if how == "raise" else 3
-    assert f"FAILED: rank 3 (node 1, host " in last and f", local rank 1) exit {code} at " in last, last
-    assert error in last or (how == "exit" and "SystemExit: 3" in last), last
+    assert f" [rank 3 (node 1, host " in last and f", local rank 1) exit {code} at " in last, last
+    said = last.split("FAILED: ", 1)[1]  # the rank's own words lead
+    assert said.startswith(error) or (how == "exit" and said.startswith("SystemExit: 3")), last
 
     st = halo_sched.job(job_id, "local").status()
     assert st.status is JobStatus.FAILED and st.failure.first.rank == 3
@@ -51,4 +52,16 @@ def test_first_failure_is_rank_3_on_node_1(tmp_path, how, record, others):
     d = os.path.join(home, "local", job_id)
     assert os.path.getsize(os.path.join(d, "node-1.log")) > 0  # each node's output in its own file
     listed = cli("list").stdout
-    assert job_id in listed and "FAILED: rank 3" in listed
+    assert job_id in listed and "[rank 3 (node 1" in listed
+
+
+def test_a_missing_trainer_script_is_the_first_thing_said(tmp_path):
+    job = example_job(tmp_path, free_port(), nodes=1, nproc_per_node=1, trainer={"script": str(tmp_path / "train.py")})
+    r = cli("submit", str(job), "--backend", "local", "--wait", "--quiet", timeout=120)
+    assert r.returncode == 1, r.stderr[-3000:]
+    last = r.stderr.strip().splitlines()[-1]
+    said = last.split(" FAILED: ", 1)[1]
+    assert said.startswith(f"can't open file '{tmp_path / 'train.py'}': No such file or directory [rank 0 (node 0"), last
+    job_id = r.stdout.strip().splitlines()[-1]
+    st = cli("status", job_id)
+    assert f"FAILED: can't open file '{tmp_path / 'train.py'}': No such file or directory [" in st.stdout, st.stdout

@@ -59,8 +59,8 @@ def test_rank_3_fails_first_and_the_record_outlives_the_scheduler(tmp_path, env)
     assert r.returncode == 1, r.stderr
     job_id = r.stdout.strip().splitlines()[-1]
     last = r.stderr.strip().splitlines()[-1]
-    assert "FAILED: rank 3 (node 1, host " in last and ", local rank 1) exit 1 at " in last, r.stderr
-    assert "ValueError: rank 3 fails on purpose" in last
+    assert " [rank 3 (node 1, host " in last and ", local rank 1) exit 1 at " in last, r.stderr
+    assert "FAILED: ValueError: rank 3 fails on purpose [" in last  # the rank's own words lead
 
     # Someone else's job on the shared cluster: forgetting ours must leave it alone.
     other = subprocess.run(["sbatch", "--parsable", f"--chdir={tmp_path}", "--output=/dev/null", "--wrap", "sleep 120"],
@@ -74,7 +74,7 @@ def test_rank_3_fails_first_and_the_record_outlives_the_scheduler(tmp_path, env)
     assert st["status"] == "UNKNOWN"  # what SLURM says now
     assert st["last_known"]["failure"]["first"]["rank"] == 3  # what the record kept
     text = cli("status", job_id, cwd=tmp_path, env=env).stdout
-    assert "FAILED: rank 3 (node 1" in text and "last known" in text
+    assert "[rank 3 (node 1" in text and "last known" in text
     logs = cli("logs", job_id, "--rank", "3", cwd=tmp_path, env=env)
     assert logs.returncode == 0, logs.stderr
     lines = logs.stdout.splitlines()

@@ -38,8 +38,9 @@ def test_first_failure_is_earliest_not_lowest_rank():
     fs = parse_lines([_line(rank=0, node=0, time=1002.0), _line(rank=5, time=1001.25), _line(rank=3, time=1001.5)])
     assert first_failure(fs).rank == 5
     rep = FailureReport(fs)
-    assert rep.describe().startswith("rank 5 (node 1, host gpu-07, local rank 1) exit 1 at ")
-    assert rep.describe().endswith(": ValueError: boom; 2 other ranks ended after it")
+    # The rank's own words lead; where and how follow.
+    assert rep.describe().startswith("ValueError: boom [rank 5 (node 1, host gpu-07, local rank 1) exit 1 at ")
+    assert rep.describe().endswith("]; 2 other ranks ended after it")
 
 
 def test_a_rank_stopped_by_the_scheduler_never_wins():
@@ -58,7 +59,7 @@ def test_describe_names_a_signal_and_a_node_level_failure():
     f = parse_line(_line(exit_code=137, signal="SIGKILL", error="killed by SIGKILL"))
     assert "killed by SIGKILL (exit 137)" in f.describe()
     n = parse_line(_line(rank=None, local_rank=None, error="DistStoreError: timed out"))
-    assert n.describe().startswith("node 1 (host gpu-07) torchrun exit 1 at ")
+    assert n.describe().startswith("DistStoreError: timed out [node 1 (host gpu-07) torchrun exit 1 at ")
 
 
 SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -151,3 +152,12 @@ def test_a_record_line_fits_in_one_srun_piece_and_keeps_the_newest_tail():
     assert len(huge.encode()) <= LINE_MAX and parse_line(huge).error.startswith("é")
     short = record_line({**rec, "tail": ["a"]})
     assert parse_line(short).tail == ("a",)  # nothing dropped when it fits
+
+
+def test_a_missing_script_leads_with_the_one_useful_line():
+    # What Python writes when torchrun hands it a script that is not there (the rank's stderr).
+    said = "/opt/venv/bin/python3.11: can't open file '/x/train.py': [Errno 2] No such file or directory"
+    f = parse_line(_line(rank=0, node=0, local_rank=0, exit_code=2, error=said))
+    text = FailureReport([f]).describe()
+    assert text.startswith("can't open file '/x/train.py': No such file or directory [rank 0 (node 0, "), text
+    assert "python3.11" not in text and "Errno" not in text

@@ -121,7 +121,8 @@ def test_missing_token_gives_403_with_a_hint_and_no_retry(fake):
     assert isinstance(err, SchedulerError)
     assert err.status == 403
     msg = str(err)
-    assert "403" in msg and "Permission denied" in msg and "NOMAD_TOKEN" in msg and fake.address in msg
+    assert "403" in msg and "no ACL token sent" in msg and "NOMAD_TOKEN" in msg and "submit-job" in msg
+    assert len(msg) <= 160 and err.kind == "forbidden"
     assert len(fake.requests) == 1
 
 
@@ -129,9 +130,9 @@ def test_token_without_write_permission_is_told_apart(fake):
     fake.acl_tokens["read-only"] = "read"
     client = client_for(fake, token="read-only")
     assert read_job(client, JOB) is None  # reads are allowed
-    with pytest.raises(NomadAPIError, match="lacks permission") as info:
+    with pytest.raises(NomadAPIError, match="NOMAD_TOKEN lacks the submit-job capability") as info:
         register(client, make_job(2))
-    assert info.value.status == 403
+    assert info.value.status == 403 and "Permission denied" in str(info.value)
 
 
 def test_environment_token_does_not_leak_past_the_config(monkeypatch):
@@ -196,7 +197,7 @@ def test_unreachable_nomad_fails_after_bounded_attempts():
         read_job(NomadClient(cfg), JOB)
     assert time.monotonic() - start < 3
     assert info.value.attempts == 4 and info.value.status is None
-    assert "cannot reach Nomad" in str(info.value) and f"http://127.0.0.1:{port}" in str(info.value)
+    assert f"nothing reached Nomad at http://127.0.0.1:{port}: connection refused" in str(info.value)
 
 
 def test_400_and_404_are_not_retried(fake):
@@ -293,10 +294,18 @@ def test_https_server_is_verified_against_nomad_cacert(self_signed):
     with FakeNomad([FakeNode("gpu-a")], tls=(cert, key)) as fake:
         sleeps: list[float] = []
         untrusted = NomadClient(NomadConfig.from_env(env={"NOMAD_ADDR": fake.address}), sleep=sleeps.append)
-        with pytest.raises(NomadAPIError, match="TLS verification") as info:
+        with pytest.raises(NomadAPIError, match="is not trusted") as info:
             read_job(untrusted, JOB)
-        assert "NOMAD_CACERT" in str(info.value)
+        assert "set NOMAD_CACERT to the CA that signed it" in str(info.value) and len(str(info.value)) <= 160
         assert info.value.attempts == 1 and sleeps == []  # a bad certificate is not retried
+
+        # Trusted, but reached under a name the certificate does not carry (it names 127.0.0.1).
+        other_name = NomadClient(NomadConfig.from_env(env={"NOMAD_ADDR": f"https://localhost:{fake.port}",
+                                                           "NOMAD_CACERT": cert}), sleep=sleeps.append)
+        with pytest.raises(NomadAPIError) as info:
+            read_job(other_name, JOB)
+        assert str(info.value) == (f"the TLS certificate at localhost:{fake.port} does not name 'localhost': "
+                                   "put a host name the certificate names in NOMAD_ADDR"), info.value
 
         trusted = NomadClient(NomadConfig.from_env(env={"NOMAD_ADDR": fake.address, "NOMAD_CACERT": cert}))
         register(trusted, make_job(1))

@@ -71,8 +71,8 @@ def test_status_names_the_first_failure_from_the_task_logs(tmp_path):
         fail(fake, job_id, "node-0", line(0, 1, T0 + 4.5, "RuntimeError: NCCL timeout"))
         st = sched.query([job_id])[job_id]
         assert st.status is JobStatus.FAILED
-        want = re.compile(r"FAILED: rank 5 \(node 2, host gpu-c, local rank 1\) exit 3 at \d\d:\d\d:\d\d: "
-                          r"ValueError: bad shard 7; 1 other rank ended after it")
+        want = re.compile(r"FAILED: ValueError: bad shard 7 \[rank 5 \(node 2, host gpu-c, local rank 1\) exit 3 at "
+                          r"\d\d:\d\d:\d\d\]; 1 other rank ended after it")
         assert want.match(st.describe()), st.describe()
         # Only the tails of the two failed allocations were read, once each, from the end.
         reads = fake.requests_to("/v1/client/fs/logs/")
@@ -151,13 +151,13 @@ def test_cli_status_wait_and_logs_filter(tmp_path):
             fake.write_log(alloc, f"[rank {2 * node}] step 1\n[rank {2 * node + 1}] step 1\nnode {node} up\n")
         fail(fake, job_id, "workers[0]", line(1, 3, T0, "ValueError: rank three", exit_code=3))
         st = cli("status", job_id, env=env)
-        assert re.search(r"FAILED: rank 3 \(node 1, host gpu-b, local rank 1\) exit 3 at .*: ValueError: rank three",
+        assert re.search(r"FAILED: ValueError: rank three \[rank 3 \(node 1, host gpu-b, local rank 1\) exit 3 at ",
                          st.stdout), st.stdout + st.stderr
         js = json.loads(cli("status", job_id, "--json", env=env).stdout)
         assert js["failure"]["first"]["rank"] == 3 and js["failure"]["others"] == 0
         # watch: the watcher stops the survivors and its last word names the rank.
         w = cli("watch", job_id, "--timeout", "20", "--quiet", env=env)
-        assert w.returncode == 1 and "FAILED: rank 3 (node 1" in w.stderr, w.stderr
+        assert w.returncode == 1 and "FAILED: ValueError: rank three [rank 3 (node 1" in w.stderr, w.stderr
         out = cli("logs", job_id, "--node", "2", "--rank", "5", env=env).stdout.splitlines()
         assert out == ["[node 2 rank 5] step 1"]
         out = cli("logs", job_id, "--node", "1", env=env).stdout.splitlines()
@@ -205,6 +205,6 @@ def test_sim_three_nodes_rank_on_node_2_fails_first(tmp_path):
         assert fake.job_record(job_id)["Status"] == "dead", logs
         assert {a["ClientStatus"] for a in fake.allocs_of(job_id)} == {"failed"}, logs
     assert st.status is JobStatus.FAILED
-    assert re.match(r"FAILED: rank 5 \(node 2, host [^,]+, local rank 1\) exit 1 at \d\d:\d\d:\d\d: "
-                    r"ValueError: rank 5 fails on purpose; \d+ other ranks? ended after it", st.describe()), \
+    assert re.match(r"FAILED: ValueError: rank 5 fails on purpose \[rank 5 \(node 2, host [^,]+, local rank 1\) exit 1 "
+                    r"at \d\d:\d\d:\d\d\]; \d+ other ranks? ended after it", st.describe()), \
         (st.describe(), logs)

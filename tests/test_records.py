@@ -141,7 +141,7 @@ def test_slurm_logs_and_failure_after_the_scheduler_forgot_the_job(tmp_path, mon
 
     monkeypatch.setattr(cli, "_scheduler", lambda name: SlurmScheduler(transport=Failed()))
     assert cli.main(["status", "77"]) == 0
-    assert "FAILED: rank 3 (node 1, host n2, local rank 1) exit 1 at" in capsys.readouterr().out
+    assert "FAILED: ValueError: boom [rank 3 (node 1, host n2, local rank 1) exit 1 at" in capsys.readouterr().out
 
 
 # ---- a bad file fails its own job, never every command ----------------------------------------

@@ -418,7 +418,7 @@ def test_cluster_cancel_of_a_completed_job(slurm_cluster, tmp_path):
         time.sleep(0.5)
     proc, _ = _halo(tmp_path, "cancel", job, "--backend", "slurm")
     assert proc.returncode == 0
-    assert proc.stderr.strip() == f"halo-sched: {job} had already ended (COMPLETED exit=0); nothing to cancel"
+    assert proc.stderr.strip() == f"halo-sched: {job} already ended (COMPLETED exit=0); nothing to cancel"
 
 
 @pytest.mark.slurm

@@ -149,9 +149,15 @@ class Scheduler(abc.ABC):
     def query(self, ids: Sequence[str]) -> dict[str, JobState]:
         """States of many jobs, with as few scheduler queries as possible."""
 
+    def for_listing(self) -> "Scheduler":
+        """A scheduler whose :meth:`query` gives up at once when the scheduler is down, for
+        ``list`` (the job records hold the last known states). Default: this one."""
+        return self
+
     @abc.abstractmethod
-    def cancel(self, ids: Sequence[str], **opts) -> None:
-        """Cancel jobs."""
+    def cancel(self, ids: Sequence[str], **opts) -> dict[str, str] | None:
+        """Cancel jobs. May return {id: its state in words} for jobs found already ended (nothing
+        done to them)."""
 
     @abc.abstractmethod
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
@@ -302,6 +308,21 @@ class EndWatch:
 
     def close(self) -> None:
         self._stop.set()
+
+
+def missing_output(path, state: JobState | None) -> str:
+    """Why a job's output file is not there, in words true to what its state says: removed after
+    the job ended, not created yet while it waits to start, ..."""
+    status = state.status if state is not None else JobStatus.UNKNOWN
+    if status is JobStatus.COMPLETED:
+        return f"output file {path} is gone: the job COMPLETED, and the file was removed since"
+    if status.terminal:
+        return f"output file {path} is not there: the job ended ({status.value}) and it was removed, or never written"
+    if status is JobStatus.PENDING:
+        return f"output file {path} does not exist yet: the job is PENDING (not started)"
+    if status is JobStatus.UNKNOWN:
+        return f"output file {path} does not exist"
+    return f"output file {path} does not exist although the job is {status.value}: it was removed, or not written yet"
 
 
 def tail_lines(path, follow: bool, finished: Callable[[], bool], poll: float = 0.5) -> Iterator[str]:

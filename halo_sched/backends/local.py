@@ -28,7 +28,7 @@ from ..node.contract import DERIVED_PORTS, NAMES
 from ..models import JobSpec
 from ..servers import local_addr, render_server
 from ..templating import render_template
-from .base import DryRun, JobState, JobStatus, Scheduler, tail_lines
+from .base import DryRun, JobState, JobStatus, Scheduler, missing_output, tail_lines
 from .watcher import wait_loop
 # The supervisor's run-time code and the process helpers shared with it live there, once.
 from ..node.local_supervisor import CANCEL_MARK, failure_report
@@ -140,11 +140,14 @@ class LocalScheduler(Scheduler):
     def query(self, ids: Sequence[str]) -> dict[str, JobState]:
         return {i: self._state(i) for i in ids}
 
-    def cancel(self, ids: Sequence[str], **opts) -> None:
+    def cancel(self, ids: Sequence[str], **opts) -> dict[str, str]:
+        """Stop each job; those already ended are left as they are: {id: state in words}."""
+        ended = {}
         for job_id in ids:
             d = self._dir(job_id)
             data, _ = _read_state(d)
             if data is not None and JobStatus(data["state"]).terminal:
+                ended[job_id] = self._state(job_id).describe()
                 continue  # an unreadable state file: the job may run, so cancel it all the same
             # The mark makes the cancel stick even if the supervisor has not set up its handler yet.
             (d / CANCEL_MARK).touch()
@@ -164,11 +167,13 @@ class LocalScheduler(Scheduler):
                 data.update(state="CANCELLED", nodes_running=0, ended=time.time(),
                             reason="cancelled by user (the supervisor was gone)")
                 write_json(d / "state.json", data)
+        return ended
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
         d = self._dir(job_id)
         if not (d / "job.log").exists():
-            raise UsageError(f"local job {job_id!r} has no log yet")
+            # (submit creates it, before the job starts)
+            raise SchedulerError(f"local job {job_id}: {missing_output(d / 'job.log', self._state(job_id))}")
         yield from tail_lines(d / "job.log", follow, lambda: self._state(job_id).status.terminal, poll=0.05)
 
     def wait(self, job_id: str, timeout: float | None = None, poll: float = 1.0, max_poll: float = 30.0,

@@ -12,6 +12,7 @@ victims are what a reader sees first in interleaved logs.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -19,6 +20,17 @@ from typing import Iterable
 from .failure_collector import TAG
 
 _MARK = TAG + " {"
+# What Python prints before its own words when it cannot start a script ("/usr/bin/python3.11: can't
+# open file '/x/train.py': [Errno 2] No such file or directory"), and the errno in brackets.
+_INTERPRETER = re.compile(r"^\S*python[\d.]*:\s+")
+_ERRNO = re.compile(r"\[Errno -?\d+\]\s*")
+
+
+def headline(error: str) -> str:
+    """The words of an error line that say what went wrong, without the interpreter's path and
+    the errno: "can't open file '/x/train.py': No such file or directory"."""
+    text = " ".join(error.split())
+    return _ERRNO.sub("", _INTERPRETER.sub("", text, count=1))
 
 
 @dataclass(frozen=True)
@@ -50,9 +62,13 @@ class RankFailure:
         return f"exit {self.exit_code}" if self.exit_code is not None else "failed"
 
     def describe(self) -> str:
+        """The rank's own words first (the one line a reader needs), then where and how:
+        ``can't open file '/x/train.py': No such file or directory [rank 0 (node 0, ...) exit 2 at
+        12:44:28]``."""
         at = time.strftime("%H:%M:%S", time.localtime(self.time))
         text = f"{self.where()} {'torchrun ' if self.rank is None else ''}{self.how()} at {at}"
-        return f"{text}: {self.error}" if self.error else text
+        error = headline(self.error)
+        return f"{error} [{text}]" if error else text
 
     def to_dict(self) -> dict:
         return {"node": self.node, "rank": self.rank, "local_rank": self.local_rank, "host": self.host,

@@ -25,6 +25,12 @@ def _say(msg: str) -> None:
     print(f"halo-sched: {msg}", file=sys.stderr, flush=True)
 
 
+#: ``list``'s queries (:meth:`NomadScheduler.for_listing`): one attempt, this long to connect and
+#: to answer. A Nomad that is down then costs ``list`` at most LIST_CONNECT_S (plus a DNS lookup).
+LIST_CONNECT_S = 0.5
+LIST_ANSWER_S = 5.0
+
+
 class NomadScheduler(Scheduler):
     """Each submission gets a fresh Nomad job ID (``NAME-YYYYmmdd-HHMMSS-xxxxxx``). The id halo-sched
     reports is ``[REGION:][NAMESPACE/]ID`` when the job file names a region or namespace, so that
@@ -39,6 +45,7 @@ class NomadScheduler(Scheduler):
         self._failure_logs = None  # FailureLogs, built on the first failure seen
         self._secrets_gone: set[tuple[int, str]] = set()  # (client, job) whose Variable this process deleted
         self._secrets_failed: set[tuple[int, str]] = set()  # ... or failed to (and said so)
+        self._config_overrides: dict = {}  # for_listing(): a short connect timeout, no retries
 
     def watcher_key(self):
         # Handles on schedulers of one client share one watcher; without a client object, those
@@ -55,8 +62,19 @@ class NomadScheduler(Scheduler):
         if key not in self._scoped:
             from .client import NomadClient, NomadConfig
 
-            self._scoped[key] = NomadClient(NomadConfig.from_env(namespace=namespace, region=region))
+            self._scoped[key] = NomadClient(NomadConfig.from_env(namespace=namespace, region=region,
+                                                                 **self._config_overrides))
         return self._scoped[key]
+
+    def for_listing(self) -> "NomadScheduler":
+        """``list``: one attempt per request, LIST_CONNECT_S to connect, LIST_ANSWER_S to answer
+        (a client given to the constructor is used as it is)."""
+        if self._client is not None:
+            return self
+        quick = NomadScheduler(retry_s=self.retry_s)
+        quick._config_overrides = {"retry_attempts": 1, "connect_timeout_s": LIST_CONNECT_S,
+                                   "timeout_s": LIST_ANSWER_S}
+        return quick
 
     def _split(self, job_id: str):
         m = _ID_RE.match(job_id)
@@ -86,16 +104,26 @@ class NomadScheduler(Scheduler):
 
     # ---- scheduler calls ----------------------------------------------------------------------
 
-    def _preflight(self, client, spec: JobSpec, payload: dict) -> None:
+    def _preflight(self, client, spec: JobSpec, payload: dict, strict: bool = False) -> None:
         """On stderr: features the server is too old for, and the client settings the job needs
-        (neither shows in Nomad's own plan)."""
+        (neither shows in Nomad's own plan). ``strict`` (``plan``): when nothing answered as a
+        Nomad agent (unreachable, TLS, not Nomad), that error ends the command here."""
         from .plan import version_warnings
 
         try:
             version_lines = version_warnings(payload["Job"], client.server_version())
         except SchedulerError as err:
-            # That line says why; version_warnings(None) would blame the token's permissions.
-            version_lines = [f"could not read the Nomad server version: {err}"]
+            kind = getattr(err, "kind", None)
+            # TLS failures and a server that is not Nomad do not heal: the request that follows
+            # would fail the same way (submit would retry it for nothing). Nothing reached
+            # Nomad: plan stops; submit rides the outage out (its own lines say so).
+            if kind in ("tls", "not_nomad") or (strict and kind == "unreachable"):
+                raise
+            # Only what could not be checked, and why in a few words: version_warnings(None)
+            # would blame the token's permissions.
+            why = {"unreachable": "nothing reached Nomad"}.get(kind) or str(err).splitlines()[0][:100]
+            version_lines = [f"could not read the Nomad server version ({why}); version checks skipped"] \
+                if version_warnings(payload["Job"], None) else []
         for line in version_lines:
             _say(f"warning: {line}")
         for line in client_requirements(spec):
@@ -139,7 +167,7 @@ class NomadScheduler(Scheduler):
         # A fresh ID, as submit would use: planning under the job's name would diff against
         # whatever job of that name is already there.
         payload = job_payload(spec, submission_id(spec))
-        self._preflight(client, spec, payload)
+        self._preflight(client, spec, payload, strict=True)
         resp = client.plan(payload)
         groups = plan_summary(resp)
         clients_ok, client_lines = self._check_clients(client, payload["Job"])
@@ -153,7 +181,7 @@ class NomadScheduler(Scheduler):
         try:
             nodes, why = client.nodes(), ""
         except HaloError as err:
-            nodes, why = None, str(err).splitlines()[0][:200]
+            nodes, why = None, (getattr(err, "short", None) or str(err).splitlines()[0])[:200]
         return check_clients(client_needs(job), nodes, job.get("Datacenters") or ["*"], why)
 
     def _by_client(self, ids: Sequence[str]) -> list[tuple[object, list[tuple[str, str]]]]:
@@ -302,19 +330,30 @@ class NomadScheduler(Scheduler):
             state.failure = self._failures().report(c, state, allocs)
         return state
 
-    def cancel(self, ids: Sequence[str], purge: bool = False, **opts) -> None:
-        """Stop each job, riding out outages (``retry_s``); a job already stopped or finished
-        counts as cancelled. Ids Nomad does not know are reported after the others are stopped."""
-        missing = []
+    def cancel(self, ids: Sequence[str], purge: bool = False, **opts) -> dict[str, str]:
+        """Stop each job, riding out outages (``retry_s``). A job already dead (ended) is left as
+        it is, unless ``purge``: returned as {id: its state in words}. Ids Nomad does not know are
+        reported after the others are stopped."""
+        missing, ended = [], {}
         for c, items in self._by_client(ids):
             for job_id, name in items:
-                if not c.stop_job(name, purge=purge, retry_s=self.retry_s, on_retry=_say):
+                stopped = c.stop_job(name, purge=purge, retry_s=self.retry_s, on_retry=_say, unless_dead=not purge)
+                if stopped is None:
+                    ended[job_id] = self._ended_words(job_id)
+                elif not stopped:
                     missing.append(job_id)
                 elif purge:
                     c.delete_variable(variable_path(name))  # the job's secrets go with it
         if missing:
             others = " (the others were stopped)" if len(missing) < len(ids) else ""
             raise SchedulerError(f"no Nomad job {', '.join(map(repr, missing))}{others}")
+        return ended
+
+    def _ended_words(self, job_id: str) -> str:
+        try:
+            return self.query([job_id])[job_id].describe()
+        except HaloError:
+            return "dead"
 
     def guard_placement(self, spec: JobSpec, job_id: str,
                         on_change: Callable[[JobState], None] | None = None) -> JobState:
@@ -360,21 +399,45 @@ class NomadScheduler(Scheduler):
         return state
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
-        """Every node rank's output, each line tagged ``[node K]``."""
+        """Every node rank's output, each line tagged ``[node K]``. A node whose output Nomad no
+        longer keeps (or does not have yet) is named at the end, in one line, after the others'."""
         from .state import latest_allocations
 
         c, name = self._split(job_id)
         allocs = latest_allocations(c.job_allocations(name)[0])
         if not allocs:
-            raise SchedulerError(f"job {job_id!r} has no allocations (yet): nothing to show")
+            state = self._state_or_none(job_id)
+            if state is not None and state.status.terminal:
+                raise SchedulerError(f"job {job_id} ended ({state.status.value}) and Nomad no longer keeps its "
+                                     "allocations (garbage-collected): its output is gone")
+            raise SchedulerError(f"job {job_id} has no allocation yet"
+                                 + (f" ({state.status.value})" if state is not None else "") + ": no output yet")
         tagged = {f"[node {rank}] ": allocs[rank] for rank in sorted(allocs)}
         if follow:
             # One stream per node and kind, merged line by line as they arrive.
             yield from self._follow_all(c, tagged, job_id)
             return
-        for tag, alloc in tagged.items():
+        missing: dict[str, list[int]] = {}
+        for rank in sorted(allocs):
+            alloc = allocs[rank]
             for kind in ("stdout", "stderr"):
-                yield from _prefixed(tag, c.logs(alloc["ID"], TASK, type=kind, follow=follow))
+                try:
+                    stream = c.logs(alloc["ID"], TASK, type=kind, follow=False)
+                except SchedulerError as err:
+                    if getattr(err, "status", None) != 404:
+                        raise
+                    missing.setdefault(_why_no_output(alloc, getattr(err, "body", "")), []).append(rank)
+                    break
+                yield from _prefixed(f"[node {rank}] ", stream)
+        if missing:
+            raise SchedulerError("; ".join(f"node{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {why}"
+                                           for why, r in missing.items()))
+
+    def _state_or_none(self, job_id: str) -> JobState | None:
+        try:
+            return self.query([job_id])[job_id]
+        except HaloError:
+            return None
 
     def _follow_all(self, c, allocs: dict, job_id: str = "job") -> Iterator[str]:
         """Every stream (node rank x stdout/stderr) at once, merged line by line. Nomad's log API
@@ -447,6 +510,18 @@ def _resumable(err: BaseException) -> bool:
         return False
     cause = err.__cause__
     return isinstance(cause, requests.RequestException) and not isinstance(cause, requests.exceptions.SSLError)
+
+
+def _why_no_output(alloc: dict, said: str) -> str:
+    """Why Nomad answered 404 for an allocation's logs (client/fs_endpoint.go, v2.0.5): the task
+    has not started, or the allocation's files are gone (the client or the server garbage-collected
+    it after it ended)."""
+    if "not started" in said:
+        return "no output yet (its task has not started)"
+    status = alloc.get("ClientStatus") or ""
+    if status in ("complete", "failed", "lost"):
+        return f"output gone (allocation {status}; Nomad has removed its files)"
+    return "output gone (Nomad no longer has the allocation's files)"
 
 
 def _with_id(callback: Callable[[JobState], None] | None, job_id: str) -> Callable[[JobState], None] | None:

@@ -209,8 +209,9 @@ class NomadClient:
         return {v.get("Path") for v in data or [] if isinstance(v, dict) and v.get("Path")}
 
     def stop_job(self, job_id: str, purge: bool = False, retry_s: float | None = None,
-                 on_retry: Callable[[str], None] | None = None) -> bool:
-        """Stop a job, riding out outages; idempotent. False when Nomad does not know the job.
+                 on_retry: Callable[[str], None] | None = None, unless_dead: bool = False) -> bool | None:
+        """Stop a job, riding out outages; idempotent. False when Nomad does not know the job;
+        None (nothing sent) when ``unless_dead`` and the job is already dead (ended).
 
         A deregister is safe to repeat (a second one stops a stopped job again), and for an unknown
         job Nomad answers 200 too (nomad/job_endpoint.go ``Deregister``: ``job == nil`` -> nil),
@@ -219,18 +220,20 @@ class NomadClient:
             self._call_once(f"stop job {job_id!r}", self._deregister, job_id, purge)
             return True
 
-        def exists() -> bool:
+        def read() -> dict | bool:
             try:
-                self._call_once(f"read job {job_id!r}", self._read_job, job_id)
+                return self._call_once(f"read job {job_id!r}", self._read_job, job_id) or {}
             except NomadAPIError as exc:
                 if exc.status == 404:
                     return False
                 raise
-            return True
 
-        if not run_once(f"read job {job_id!r}", exists, lambda: None, retry_s, sleep=self._sleep, on_retry=on_retry,
-                        who="Nomad", not_done="the job was not stopped"):
+        job = run_once(f"read job {job_id!r}", read, lambda: None, retry_s, sleep=self._sleep, on_retry=on_retry,
+                       who="Nomad", not_done="the job was not stopped")
+        if job is False:
             return False
+        if unless_dead and isinstance(job, dict) and job.get("Status") == "dead":
+            return None  # nomad/structs/structs.go JobStatusDead: every allocation ended
         return run_once(f"stop job {job_id!r}", send, lambda: None, retry_s, sleep=self._sleep, on_retry=on_retry,
                         who="Nomad", not_done="the job was not stopped")
 

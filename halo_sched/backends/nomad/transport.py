@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from halo_sched.errors import SchedulerError, UsageError, debug
+from halo_sched.errors import SchedulerError, UsageError
 from halo_sched.retry import NOMAD_CALLS, Ambiguous, RetryPolicy, Transient
 
 DEFAULT_ADDRESS = "http://127.0.0.1:4646"
@@ -75,6 +75,9 @@ class NomadConfig:
     client_key: str | None = None
     skip_verify: bool = False
     timeout_s: float = 10.0
+    # How long to wait for the TCP (and TLS) connection itself; None: ``timeout_s``. ``list`` sets
+    # it short (a Nomad that is down must not hold it up).
+    connect_timeout_s: float | None = None
     # The retry policy for connection errors and HTTP 5xx (halo_sched.retry.NOMAD_CALLS): at most
     # ``retry_attempts`` tries in all, backoff ``retry_base_s * 2**n`` capped at
     # ``retry_max_wait_s``, and no try started past ``retry_total_s``.
@@ -156,14 +159,26 @@ ENFORCE_INDEX_ERR = "Enforcing job modify index"
 
 
 class NomadAPIError(SchedulerError):
-    """A Nomad request failed. ``status`` is the HTTP status (None for connection/TLS errors)."""
+    """A Nomad request failed. ``status`` is the HTTP status (None when no answer came from Nomad:
+    connection and TLS failures, a server that is not a Nomad agent). ``kind`` says which: one of
+    :data:`KINDS`. ``short`` is the condition alone, without the advice (for a note in ``list``)."""
 
-    def __init__(self, message: str, *, status: int | None = None, body: str = "", address: str = "", attempts: int = 1):
+    def __init__(self, message: str, *, status: int | None = None, body: str = "", address: str = "",
+                 attempts: int = 1, kind: str = "http", short: str = ""):
         super().__init__(message)
         self.status = status
         self.body = body
         self.address = address
         self.attempts = attempts
+        self.kind = kind
+        self.short = short or message
+
+
+#: ``NomadAPIError.kind``: nothing reached the server (refused, no such host, connect timeout);
+#: TLS failed (plain HTTP server, untrusted certificate, ...); the server at NOMAD_ADDR is not a
+#: Nomad agent's API; Nomad refused the token (403); the connection broke after the request was
+#: sent; any other HTTP answer.
+KINDS = ("unreachable", "tls", "not_nomad", "forbidden", "broken", "http")
 
 
 class HTTPStatusError(Exception):
@@ -179,6 +194,28 @@ def _unwrap(exc: BaseException) -> tuple[requests.Response | None, BaseException
     if isinstance(exc, HTTPStatusError):
         return exc.response, None
     return None, exc
+
+
+def _host_port(address: str) -> str:
+    parts = urlsplit(address)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname or ""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _causes(exc: BaseException | None) -> list[BaseException]:
+    """``exc`` and the exceptions inside it (urllib3 nests them in ``args``, ``reason`` and the
+    cause chain), outermost first."""
+    out: list[BaseException] = []
+    todo = [exc]
+    while todo and len(out) < 12:
+        e = todo.pop(0)
+        if not isinstance(e, BaseException) or any(e is o for o in out):
+            continue
+        out.append(e)
+        todo += [a for a in getattr(e, "args", ()) if isinstance(a, BaseException)]
+        todo += [getattr(e, "reason", None), e.__cause__, e.__context__]
+    return out
 
 
 def _connect_failure(transport: BaseException | None) -> str | None:
@@ -208,6 +245,57 @@ def _connect_failure(transport: BaseException | None) -> str | None:
     return "could not be connected to"
 
 
+def _unreachable(transport: BaseException | None, address: str, connect_s: float) -> str | None:
+    """The condition, in a few words, when no connection was made (nothing was sent)."""
+    why = _connect_failure(transport)
+    if why is None:
+        return None
+    if why.startswith("refused"):
+        return "connection refused"
+    if why.startswith("could not be found"):
+        return "its host name does not resolve"
+    if why.startswith("did not accept"):
+        return f"no connection within {connect_s:g}s (host down, or a firewall drops it)"
+    return "no connection" + (why[len("could not be connected to"):] or "")
+
+
+# OpenSSL's reasons when the server's first bytes are not a TLS record (a plain-HTTP server).
+_NOT_TLS = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG", "UNKNOWN_PROTOCOL",
+            "HTTP_REQUEST", "NO_PROTOCOLS_AVAILABLE")
+# ... when the server wants a client certificate (mutual TLS).
+_WANTS_CERT = ("CERTIFICATE_REQUIRED", "TLSV13_ALERT_CERTIFICATE_REQUIRED", "SSLV3_ALERT_BAD_CERTIFICATE",
+               "TLSV1_ALERT_UNKNOWN_CA", "SSLV3_ALERT_HANDSHAKE_FAILURE")
+
+
+def _tls_failure(transport: BaseException | None, cfg: "NomadConfig") -> tuple[str, str]:
+    """(the condition, what to do) for a TLS failure."""
+    import ssl
+
+    errs = [e for e in _causes(transport) if isinstance(e, ssl.SSLError)]
+    err = errs[-1] if errs else None
+    reason = (getattr(err, "reason", None) or "").upper()
+    where = _host_port(cfg.address)
+    if reason in _NOT_TLS or "WRONG VERSION NUMBER" in str(err).upper():
+        return (f"the server at {where} does not speak TLS", f"use NOMAD_ADDR=http://{where}")
+    if isinstance(err, ssl.SSLCertVerificationError) or reason == "CERTIFICATE_VERIFY_FAILED":
+        told = " ".join(str(getattr(err, "verify_message", "") or "").split())[:80]
+        if "hostname mismatch" in told.lower() or "ip address mismatch" in told.lower():
+            return (f"the TLS certificate at {where} does not name {urlsplit(cfg.address).hostname!r}",
+                    "put a host name the certificate names in NOMAD_ADDR")
+        if "expired" in told.lower():
+            return (f"the TLS certificate at {where} has expired", "the server needs a new certificate")
+        ca = f"NOMAD_CACERT={cfg.cacert} did not sign it" if cfg.cacert else "set NOMAD_CACERT to the CA that signed it"
+        return (f"the TLS certificate at {where} is not trusted ({told or 'verify failed'})", ca)
+    if reason in _WANTS_CERT:
+        if cfg.cert:
+            return (f"the server at {where} refused the client certificate ({reason.lower()})",
+                    "check NOMAD_CLIENT_CERT/NOMAD_CLIENT_KEY")
+        return (f"the server at {where} wants a client certificate ({reason.lower()})",
+                "set NOMAD_CLIENT_CERT and NOMAD_CLIENT_KEY")
+    told = reason.lower() or " ".join(str(err or transport).split())[:60]
+    return (f"TLS with {where} failed ({told})", "check NOMAD_ADDR and NOMAD_CACERT")
+
+
 def _broken_answer(transport: BaseException | None) -> str:
     """A short account of a transport failure after the connection was made."""
     if isinstance(transport, requests.Timeout):
@@ -224,6 +312,49 @@ def _broken_answer(transport: BaseException | None) -> str:
     return f"closed the connection before answering ({type(inner).__name__})"
 
 
+def _looks_like_nomad(response: requests.Response) -> bool:
+    """Whether an error answer is Nomad's own: Nomad writes its errors as one plain-text message
+    (command/agent/http.go ``wrap``, v2.0.5); an HTML page (a web server, a proxy's error page) or
+    an empty 404 (Nomad's own fallthrough for a path it has no API at, http.go
+    ``handleRootFallthrough``) means NOMAD_ADDR does not point at the API."""
+    body = (response.text or "").lstrip()
+    ctype = (response.headers.get("Content-Type") or "").lower()
+    if not body or body.startswith("<") or "html" in ctype:
+        return False
+    return True
+
+
+def _first_line(text: str, limit: int = 100) -> str:
+    line = " ".join((text.strip().splitlines() or [""])[0].split())
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def needed_capability(method: str, path: str) -> str:
+    """The ACL capability a request needs (Nomad v2.0.5: nomad/job_endpoint.go ``List`` list-jobs,
+    ``GetJob``/``Allocations`` read-job, ``Register``/``Deregister``/``Plan`` submit-job;
+    alloc_endpoint.go and eval_endpoint.go ``List`` read-job; client_fs_endpoint.go logs
+    read-logs; status_endpoint.go ``Members`` and node_endpoint.go ``List`` node:read;
+    command/agent/agent_endpoint.go ``AgentSelfRequest`` agent:read; Variables by path)."""
+    method = method.upper()
+    path = path.split("?", 1)[0]
+    if path.startswith("/v1/var/"):
+        cap = {"GET": "read", "DELETE": "destroy"}.get(method, "write")
+        return f'variables "{cap}" on {path[len("/v1/var/"):]}'
+    if path == "/v1/vars":
+        return 'variables "list" on nomad/jobs/*'
+    if path == "/v1/agent/members" or path.startswith("/v1/node"):
+        return "node:read"
+    if path == "/v1/agent/self":
+        return "agent:read"
+    if path.startswith("/v1/client/fs/logs/"):
+        return "the read-logs capability"
+    if path == "/v1/jobs" and method == "GET":
+        return "the list-jobs capability"
+    if method in ("POST", "PUT", "DELETE"):
+        return "the submit-job capability"
+    return "the read-job capability"
+
+
 def _is_transient(exc: BaseException) -> bool:
     """Retry only what can heal by itself: HTTP 5xx and failures to connect or to get an answer.
 
@@ -232,7 +363,7 @@ def _is_transient(exc: BaseException) -> bool:
     """
     response, transport = _unwrap(exc)
     if response is not None:
-        return response.status_code >= 500
+        return response.status_code >= 500 and response.status_code != 501  # 501: not implemented, never heals
     if isinstance(transport, requests.exceptions.SSLError):
         return False
     return isinstance(transport, requests.ConnectionError)
@@ -273,9 +404,13 @@ class NomadHTTP:
         """One request (no retry); a non-2xx answer raises :class:`HTTPStatusError`, its body read.
         Redirects are not followed: the token header would go with them."""
         cfg = self.config
+        timeout = cfg.timeout_s if timeout is None else timeout
+        if cfg.connect_timeout_s is not None:
+            connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
+            timeout = (min(cfg.connect_timeout_s, connect or cfg.connect_timeout_s), read)
         response = self.session.request(
             method, f"{cfg.address}{path}", params={**self.scope(), **(params or {})}, json=json, stream=stream,
-            timeout=cfg.timeout_s if timeout is None else timeout,
+            timeout=timeout,
             headers={"X-Nomad-Token": cfg.token} if cfg.token else {},
             verify=cfg.verify, cert=cfg.cert, allow_redirects=False,
         )
@@ -337,60 +472,107 @@ class NomadHTTP:
                 raise Ambiguous(f"{where} answered HTTP {response.status_code}" + (f" {first!r}" if first else "")) from exc
             if response is None and not isinstance(transport, requests.exceptions.SSLError):
                 # No connection was made (refused, host not found): nothing was sent.
-                why = _connect_failure(transport)
+                why = _unreachable(transport, self.config.address, self.connect_timeout)
                 if why:
-                    raise Transient(f"{where} {why}") from exc
+                    raise Transient(f"{where}: {why}") from exc
                 if isinstance(transport, (requests.ConnectionError, requests.Timeout)):
                     raise Ambiguous(f"{where} {_broken_answer(transport)}") from exc
             raise err from exc
 
     def not_nomad(self, what: str, exc: BaseException) -> NomadAPIError:
         """A 2xx whose body is not the JSON Nomad sends (a proxy's page, a wrong port, ...)."""
-        return NomadAPIError(
-            f"Nomad at {self.config.address}: {what}: unexpected response ({exc}); is NOMAD_ADDR a Nomad agent?",
-            address=self.config.address,
-        )
+        short = f"{self.config.address} answered with something other than Nomad's JSON ({what})"
+        return NomadAPIError(f"{short}: is NOMAD_ADDR a Nomad agent?", address=self.config.address,
+                             kind="not_nomad", short=short)
 
     def error(self, what: str, exc: BaseException, attempts: int = 1) -> NomadAPIError:
-        """The NomadAPIError for a failed request: the request, the address, the HTTP status and
-        Nomad's words, with a hint for the usual causes (403: the token; TLS: NOMAD_CACERT)."""
+        """The NomadAPIError for a failed request: one short line saying what happened (nothing
+        reached Nomad, TLS failed and why, not a Nomad agent, no permission and which, Nomad's own
+        words) and what to do. The underlying exception is only the error's ``__cause__`` (the
+        CLI shows it with ``--debug``)."""
         cfg = self.config
         response, transport = _unwrap(exc)
-        if response is not None:
-            status = response.status_code
-            body = (response.text or "").strip()
-            shown = body if len(body) <= _BODY_LIMIT else body[:_BODY_LIMIT] + "..."
-            where = f"Nomad at {cfg.address}"
-            ns = self.namespace_hint()
-            if status == 403:
-                if cfg.token:
-                    hint = (f"the ACL token (NOMAD_TOKEN) lacks permission for this request{ns}, "
-                            "or it is not a valid token on this cluster")
-                else:
-                    hint = "no ACL token was sent: set NOMAD_TOKEN to a token allowed to submit jobs" + ns
-                msg = f"{where} refused to {what}: HTTP 403 {shown!r}: {hint}"
-            elif status == 404:
-                msg = f"{where}: {what}: not found (HTTP 404 {shown!r}){ns}"
-            elif status >= 500:
-                tries = f" after {attempts} attempt{'s' if attempts != 1 else ''}"
-                msg = f"{where} failed to {what}{tries}: HTTP {status} {shown!r}"
-            else:
-                msg = f"{where} rejected the request to {what}: HTTP {status} {shown!r}"
-            return NomadAPIError(msg, status=status, body=body, address=cfg.address, attempts=attempts)
-        if isinstance(transport, requests.exceptions.SSLError):
-            msg = (f"TLS verification of Nomad at {cfg.address} failed ({what}): {transport}. Set NOMAD_CACERT to "
-                   "the CA bundle that signed the server certificate (NOMAD_SKIP_VERIFY=true disables the check; "
-                   "insecure)")
-            return NomadAPIError(msg, address=cfg.address, attempts=attempts)
-        # The underlying exception (urllib3's whole chain, hundreds of characters) only with --debug.
-        detail = f" [{type(transport).__name__}: {transport}]" if debug() else ""
-        if isinstance(transport, requests.Timeout) and not isinstance(transport, requests.ConnectionError):
-            msg = f"Nomad at {cfg.address} did not answer within {cfg.timeout_s:g}s ({what}){detail}"
-            return NomadAPIError(msg, address=cfg.address, attempts=attempts)
         tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
-        why = _connect_failure(transport) or _broken_answer(transport)
-        msg = f"cannot reach Nomad at {cfg.address} ({what}, {tries}): it {why}{detail}; check NOMAD_ADDR"
-        return NomadAPIError(msg, address=cfg.address, attempts=attempts)
+        if response is not None:
+            return self._http_error(what, response, tries, attempts)
+        if isinstance(transport, requests.exceptions.SSLError):
+            short, todo = _tls_failure(transport, cfg)
+            return NomadAPIError(f"{short}: {todo}", address=cfg.address, attempts=attempts, kind="tls", short=short)
+        connect_s = self.connect_timeout
+        unreachable = _unreachable(transport, cfg.address, connect_s)
+        if unreachable:
+            short = f"nothing reached Nomad at {cfg.address}: {unreachable}"
+            todo = "check NOMAD_ADDR" + (" or start the agent" if "refused" in unreachable else "")
+            tried = f" ({tries})" if attempts > 1 else ""
+            return NomadAPIError(f"{short}{tried}; {todo}", address=cfg.address, attempts=attempts,
+                                 kind="unreachable", short=short)
+        if isinstance(transport, requests.Timeout):
+            short = f"Nomad at {cfg.address} did not answer within {self.read_timeout:g}s"
+            return NomadAPIError(f"{short} ({what})", address=cfg.address, attempts=attempts, kind="broken",
+                                 short=short)
+        short = f"Nomad at {cfg.address} {_broken_answer(transport)}"
+        hint = ""
+        if urlsplit(cfg.address).scheme == "http" and "before answering" in short:
+            hint = "; if it serves HTTPS only, use https://"
+        return NomadAPIError(f"{short} ({what}, {tries}){hint}", address=cfg.address, attempts=attempts,
+                             kind="broken", short=short)
+
+    def _http_error(self, what: str, response: requests.Response, tries: str, attempts: int) -> NomadAPIError:
+        cfg = self.config
+        status = response.status_code
+        body = (response.text or "").strip()
+        where = f"Nomad at {cfg.address}"
+        ns = self.namespace_hint()
+        request = getattr(response, "request", None)
+        method = getattr(request, "method", None) or "GET"
+        path = urlsplit(getattr(request, "url", None) or "").path or "?"
+        path_shown = path if len(path) <= 40 else path[:37] + "..."
+        err = dict(status=status, body=body, address=cfg.address, attempts=attempts)
+        if not _looks_like_nomad(response):
+            if status == 400 and "https" in body.lower():
+                # Go's TLS server answers plain HTTP so: "Client sent an HTTP request to an HTTPS server."
+                short = f"the server at {_host_port(cfg.address)} speaks TLS"
+                return NomadAPIError(f"{short}: use NOMAD_ADDR=https://{_host_port(cfg.address)}", kind="tls",
+                                     short=short, **err)
+            page = "an HTML" if body.lstrip().startswith("<") else ("an empty" if not body else "a non-Nomad")
+            short = f"{cfg.address} is not a Nomad agent's API: {method} {path_shown} got {page} HTTP {status}"
+            # status None: no answer came from Nomad (a 404 here is not "no such job").
+            return NomadAPIError(f"{short}; check NOMAD_ADDR (host, port, no path)", kind="not_nomad",
+                                 short=short, **{**err, "status": None})
+        said = _first_line(body)
+        if status == 403:
+            # Nomad's address is not in question here (it answered): the token is.
+            need = needed_capability(method, path)
+            if "token not found" in body.lower():
+                short = f"Nomad at {cfg.address} does not know the ACL token in NOMAD_TOKEN (HTTP 403 {said!r})"
+                todo = "use a token of this cluster"
+            elif cfg.token:
+                short = f"Nomad refused to {what} (HTTP 403 {said!r})"
+                todo = f"NOMAD_TOKEN lacks {need}{ns}"
+            else:
+                short = f"Nomad refused to {what} (HTTP 403, no ACL token sent)"
+                todo = f"set NOMAD_TOKEN to a token with {need}{ns}"
+            return NomadAPIError(f"{short}: {todo}", kind="forbidden", short=short, **err)
+        if status == 404:
+            short = f"{where}: {what}: {said} (HTTP 404)"
+            return NomadAPIError(f"{short}{ns}", short=short, **err)
+        if status >= 500:
+            short = f"{where} failed to {what} after {tries}: HTTP {status} {said!r}"
+            return NomadAPIError(short, short=short, **err)
+        # Nomad's own words in full: a rejected job lists every problem.
+        shown = body if len(body) <= _BODY_LIMIT else body[:_BODY_LIMIT] + "..."
+        return NomadAPIError(f"{where} rejected the request to {what}: HTTP {status} {shown!r}",
+                             short=f"{where} rejected the request to {what}: HTTP {status} {said!r}", **err)
+
+    @property
+    def connect_timeout(self) -> float:
+        t = self.config.timeout_s
+        return self.config.connect_timeout_s or (t[0] if isinstance(t, tuple) else t)
+
+    @property
+    def read_timeout(self) -> float:
+        t = self.config.timeout_s
+        return t[1] if isinstance(t, tuple) else t
 
     def namespace_hint(self) -> str:
         return f" (namespace {self.config.namespace!r})" if self.config.namespace else ""

@@ -12,7 +12,7 @@ from typing import Iterator, Sequence
 
 from ...errors import HaloError, SchedulerError
 from ...models import JobSpec
-from ..base import DryRun, EndWatch, JobState, JobStatus, Scheduler, tail_lines
+from ..base import DryRun, EndWatch, JobState, JobStatus, Scheduler, missing_output, tail_lines
 from ...launch import compile_launch
 from .reasons import never_clears
 from .render import render_batch, render_sbatch
@@ -425,14 +425,14 @@ class SlurmScheduler(Scheduler):
             raise SchedulerError(f"SLURM does not report an output file for job {job_id} (is it too old?)")
         if not follow:
             for path in paths:
-                yield from _read(Path(path), False, lambda: True)
+                yield from _read(Path(path), False, lambda: True, lambda: self.query([job_id])[job_id])
             return
         # Following: the job's end comes from squeue/sacct in the background, so the file (on
         # the shared filesystem) is read and shown on while slurmctld is unreachable.
         ended = EndWatch(self.name, job_id, lambda: self.query([job_id])[job_id])
         try:
             for path in paths:
-                yield from _read(Path(path), follow, ended)
+                yield from _read(Path(path), follow, ended, lambda: self.query([job_id])[job_id])
         finally:
             ended.close()
 
@@ -507,10 +507,14 @@ def _expand_output(pattern: str, name: str, job_id: str) -> str:
     return str(Path(text) if os.path.isabs(text) else Path.cwd() / text)
 
 
-def _read(path: Path, follow: bool, finished) -> Iterator[str]:
+def _read(path: Path, follow: bool, finished, state_of=None) -> Iterator[str]:
     deadline = time.monotonic() + 30
     while not path.exists():
         if not follow or finished() or time.monotonic() > deadline:
-            raise SchedulerError(f"output file {path} does not exist (yet); logs are read on the submitting host's filesystem")
+            try:
+                state = state_of() if state_of is not None else None
+            except HaloError:
+                state = None
+            raise SchedulerError(f"{missing_output(path, state)}; logs are read on the submitting host's filesystem")
         time.sleep(0.5)
     yield from tail_lines(path, follow, finished)
