@@ -23,11 +23,11 @@ cluster leader"). A scheduler's real answer (a bad id, HTTP 4xx, a bad certifica
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Callable
 
-from .errors import HaloError, OutcomeUnknown, SchedulerError, UsageError
+from .errors import HaloError, OutcomeUnknown, SchedulerError
+from .retry import seconds_setting
 
 OUTAGE_ENV = "HALO_OUTAGE_S"
 DEFAULT_OUTAGE_S = 600.0
@@ -82,21 +82,9 @@ def set_default_budget(value: float | None) -> None:
 def outage_budget(value: float | None = None) -> float:
     """Seconds to wait through an outage: ``value``, else the CLI's ``--outage-budget``, else
     ``$HALO_OUTAGE_S``, else 600."""
-    where = "outage_s"
     if value is None and _budget is not None:
         return _budget
-    if value is None:
-        raw = os.environ.get(OUTAGE_ENV, "").strip()
-        if not raw:
-            return DEFAULT_OUTAGE_S
-        try:
-            value = float(raw)
-        except ValueError:
-            raise UsageError(f"{OUTAGE_ENV}={raw!r} is not a number of seconds") from None
-        where = OUTAGE_ENV
-    if not (0 <= value <= 7 * 86400) or value != value:
-        raise UsageError(f"{where}={value!r}: use 0..604800 seconds")
-    return float(value)
+    return seconds_setting(value, "outage_s", OUTAGE_ENV, DEFAULT_OUTAGE_S, 7 * 86400)
 
 
 def is_outage(err: BaseException) -> bool:

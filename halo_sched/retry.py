@@ -166,17 +166,22 @@ def submission(retry_s: float | None = None) -> RetryPolicy:
 
 def retry_window(value: float | None = None) -> float:
     """Seconds to keep retrying a submission: ``value``, else ``$HALO_SUBMIT_RETRY_S``, else 120."""
+    return seconds_setting(value, "retry_s", RETRY_ENV, DEFAULT_RETRY_S, 86400)
+
+
+def seconds_setting(value: float | None, name: str, env: str, default: float, most: float) -> float:
+    """A duration setting: ``value`` (the argument ``name``), else the environment variable
+    ``env``, else ``default``; 0..``most`` seconds, else a UsageError naming where it came from."""
+    where = name
     if value is None:
-        raw = os.environ.get(RETRY_ENV, "").strip()
+        raw = os.environ.get(env, "").strip()
         if not raw:
-            return DEFAULT_RETRY_S
+            return default
         try:
             value = float(raw)
         except ValueError:
-            raise UsageError(f"{RETRY_ENV}={raw!r} is not a number of seconds") from None
-        where = RETRY_ENV
-    else:
-        where = "retry_s"
-    if not (0 <= value <= 86400) or value != value:
-        raise UsageError(f"{where}={value!r}: use 0..86400 seconds")
+            raise UsageError(f"{env}={raw!r} is not a number of seconds") from None
+        where = env
+    if not (0 <= value <= most) or value != value:
+        raise UsageError(f"{where}={value!r}: use 0..{most:g} seconds")
     return float(value)
