@@ -148,7 +148,26 @@ def _resolve_one(job_id: str, backend: str | None) -> str:
     return next(iter(_resolve_ids([job_id], backend)))
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Unread:
+    """Stands in for the parser of a command that this run does not parse (see build_parser): its
+    arguments are not built."""
+
+    def add_argument(self, *args, **kw) -> None:
+        pass
+
+
+def _command_in(argv: list[str]) -> str | None:
+    """The command ``argv`` names (its first word that is not an option), if it is one; top-level
+    options (--debug, --version, --help) take no value."""
+    for word in argv:
+        if word == "--" or not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``only`` (a command), that command alone: a run parses one
+    command, and building the other eleven is ~1 ms of start-up (docs/performance.md)."""
     from . import __version__
 
     # --debug is taken before or after the command (argparse.SUPPRESS: a subcommand that does not
@@ -169,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     def command(name: str, **kw) -> argparse.ArgumentParser:
+        if only is not None and name != only:
+            return _Unread()  # type: ignore[return-value]
         return sub.add_parser(name, parents=[debug], **kw)
 
     p = command("validate", help="check job files; exit 2 naming each bad field")
@@ -737,7 +758,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = build_parser()
+    parser = build_parser(only=_command_in(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     from .errors import set_debug
 

@@ -269,3 +269,41 @@ def test_following_logs_into_a_closed_pipe_stops_at_once():
     (d / "job.log").write_text("[node 0] x\n" * 10_000)
     r = run_into_closed_pipe("logs", "--follow", job_id, stderr_closed=False, timeout=30)
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+# ---- the parser a run builds: its command's alone (start-up), parsing as the whole one does ---
+
+
+PARSE_CASES = [
+    ["validate", "a.yaml", "b.yaml"], ["render", "job.yaml", "-b", "nomad", "--format", "json"],
+    ["--debug", "render", "job.yaml"], ["render", "job.yaml", "--debug"],
+    ["submit", "job.yaml", "--backend", "slurm", "--wait", "--timeout", "5"], ["status", "a", "b"],
+    ["list", "--limit", "0", "--json"], ["cancel", "x", "--purge"], ["logs", "x", "--node", "1"],
+    ["preflight", "job.yaml", "--size", "4M"], ["gc"], ["schema"], ["watch", "x"], ["plan", "job.yaml"],
+]
+
+
+@pytest.mark.parametrize("argv", PARSE_CASES, ids=lambda a: " ".join(a))
+def test_the_command_alone_parses_as_the_whole_parser(argv):
+    only = cli._command_in(argv)
+    assert only in cli.COMMANDS
+    assert vars(cli.build_parser(only=only).parse_args(argv)) == vars(cli.build_parser().parse_args(argv))
+
+
+@pytest.mark.parametrize("command", sorted(cli.COMMANDS))
+def test_the_command_alone_has_the_same_help_and_errors(command, capsys):
+    def run(parser, argv):
+        with pytest.raises(SystemExit) as exc:
+            parser.parse_args(argv)
+        out = capsys.readouterr()
+        return exc.value.code, out.out, out.err
+
+    for argv in ([command, "--help"], [command, "--no-such-option"]):
+        assert run(cli.build_parser(only=command), argv) == run(cli.build_parser(), argv)
+
+
+def test_only_a_named_command_narrows_the_parser():
+    assert cli._command_in(["--debug", "render", "x"]) == "render"
+    # no command, or not one: the whole parser (its help lists every command; its error names the choices)
+    for argv in ([], ["--help"], ["--version"], ["rendr", "x"], ["--", "render"]):
+        assert cli._command_in(argv) is None

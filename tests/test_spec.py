@@ -10,6 +10,7 @@ import pytest
 import halo_sched
 from halo_sched.errors import SpecError
 from halo_sched.spec import JobSpec, parse_go_duration, parse_size
+from helpers import REPO
 
 MIN = """
 name: ok
@@ -181,6 +182,22 @@ def test_cli_never_imports_torch():
     code = "import sys, halo_sched.cli, halo_sched.backends.slurm.render, halo_sched.backends.nomad.render, halo_sched.backends.local; print('torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False"
+
+
+# What `render` must not load (docs/performance.md: start-up and peak memory): the scheduler's
+# transports and parsers, job records, the exactly-once machinery, the other backends, and the
+# libraries only they use.
+NOT_FOR_RENDER = ("torch", "tenacity", "requests", "unicodedata", "halo_sched.records", "halo_sched.core",
+                  "halo_sched.exactly_once", "halo_sched.backends.slurm.transport", "halo_sched.backends.slurm.status",
+                  "halo_sched.backends.nomad", "halo_sched.backends.local", "halo_sched.node.failures")
+
+
+def test_render_loads_only_what_rendering_needs():
+    code = ("import contextlib, io, sys\nfrom halo_sched import cli\nwith contextlib.redirect_stdout(io.StringIO()):\n"
+            "    rc = cli.main(['render', 'examples/ddp-gpu.yaml', '--backend', 'slurm'])\n"
+            f"print(rc, sorted(set(sys.modules) & set({NOT_FOR_RENDER!r})))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.stdout.split(None, 1) == ["0", "[]\n"], r.stdout + r.stderr
 
 
 def test_image_on_slurm_uses_pyxis_unless_disabled():
