@@ -27,7 +27,6 @@ import time
 from typing import Callable
 
 from .errors import HaloError, OutcomeUnknown, SchedulerError
-from .retry import seconds_setting
 
 OUTAGE_ENV = "HALO_OUTAGE_S"
 DEFAULT_OUTAGE_S = 600.0
@@ -82,6 +81,8 @@ def set_default_budget(value: float | None) -> None:
 def outage_budget(value: float | None = None) -> float:
     """Seconds to wait through an outage: ``value``, else the CLI's ``--outage-budget``, else
     ``$HALO_OUTAGE_S``, else 600."""
+    from .retry import seconds_setting  # not at import: retry loads tenacity, which render never needs
+
     if value is None and _budget is not None:
         return _budget
     return seconds_setting(value, "outage_s", OUTAGE_ENV, DEFAULT_OUTAGE_S, 7 * 86400)
