@@ -31,11 +31,12 @@ import contextvars
 import os
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, TypeVar
-
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from .errors import UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tenacity import RetryCallState
 
 T = TypeVar("T")
 
@@ -116,6 +117,9 @@ class RetryPolicy:
         ``give_up(last, attempts)`` (raised from it) when given."""
         start = clock()
         tries = 0
+
+        # tenacity only when a call is made: the waiting code imports this module, and render never calls.
+        from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
         def one() -> T:
             nonlocal tries
