@@ -22,7 +22,6 @@ cluster leader"). A scheduler's real answer (a bad id, HTTP 4xx, a bad certifica
 """
 from __future__ import annotations
 
-import logging
 import time
 from typing import Callable
 
@@ -41,7 +40,6 @@ ASK_LIMIT_S = 30.0
 
 _NAMES = {"slurm": "SLURM", "nomad": "Nomad", "local": "the local backend"}
 
-log = logging.getLogger("halo_sched")
 _sink: Callable[[str], None] | None = None
 
 
@@ -55,8 +53,10 @@ def set_note_sink(sink: Callable[[str], None] | None) -> None:
 def _default_note(line: str) -> None:
     if _sink is not None:
         _sink(line)
-    else:
-        log.warning("%s", line)
+    else:  # the library's callers: the halo_sched logger (imported here: the CLI never needs it)
+        import logging
+
+        logging.getLogger("halo_sched").warning("%s", line)
 
 
 def display_name(scheduler: str) -> str:
