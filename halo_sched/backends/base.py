@@ -6,8 +6,9 @@ submits it (the only I/O); ``query(ids)`` answers for many jobs with one schedul
 What a backend may do beyond that is declared as a :class:`typing.Protocol` below and checked
 with ``isinstance``.
 
-Imports: this module imports the job states (jobstate.py) and the shared watcher (watcher.py),
-which import nothing back; the job records (records.py) on submit.
+Imports: this module imports the job states (jobstate.py); the shared watcher (watcher.py) when
+a job is waited on, the job records (records.py) on submit (render needs neither); none of them
+imports anything back.
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 from .jobstate import JobState, JobStatus, NomadDetail, SlurmDetail
-from .watcher import wait_shared, watcher_for
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..spec import JobSpec
@@ -182,6 +182,8 @@ class Scheduler(abc.ABC):
         ``$HALO_OUTAGE_S``, else 600; halo_sched/outage.py), telling ``on_outage`` once per
         minute (default: the ``halo_sched`` logger); past that, or unreachable when ``timeout``
         ends, it raises :class:`~halo_sched.errors.OutcomeUnknown` (exit 3)."""
+        from .watcher import wait_shared  # not on the render path
+
         return wait_shared(self, job_id, timeout=timeout, poll=poll, max_poll=max_poll,
                            on_change=on_change, on_tick=on_tick, outage_s=outage_s, on_outage=on_outage)
 
@@ -221,6 +223,8 @@ class Job:
         within ``status_max_age`` seconds; a finished job's state is never asked for again."""
         if self.scheduler.status_max_age <= 0:  # a backend whose query loads no scheduler
             return self.scheduler.query([self.id])[self.id]
+        from .watcher import watcher_for
+
         return watcher_for(self.scheduler).state(self.id, self.scheduler.status_max_age)
 
     def wait(
@@ -240,6 +244,8 @@ class Job:
 
     def cancel(self, **opts) -> None:
         self.scheduler.cancel([self.id], **opts)
+        from .watcher import watcher_for
+
         watcher_for(self.scheduler).forget(self.id)  # the next status() asks the scheduler
 
     def logs(self, follow: bool = False) -> Iterator[str]:

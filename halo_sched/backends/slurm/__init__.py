@@ -14,7 +14,6 @@ from ...errors import HaloError, SchedulerError
 from ...models import JobSpec
 from ..base import DryRun, EndWatch, JobState, JobStatus, Scheduler, missing_output, tail_lines
 from ...launch import compile_launch
-from .reasons import never_clears
 from .render import render_batch, render_sbatch
 from .capabilities import CancelsOnce, Named, ReadsConfig, ReadsPartitions, SubmitsOnce, TestsOnly
 
@@ -287,6 +286,8 @@ class SlurmScheduler(Scheduler):
         """Until the job ends; a job pending for a reason that can never clear (reasons.py:
         PartitionNodeLimit, DependencyNeverSatisfied, ...) is cancelled at once and the wait ends
         CANCELLED with what to change in the job file (``verdict``)."""
+        from .reasons import never_clears  # not on the render path
+
         def tick(state: JobState) -> None:
             if on_tick is not None:
                 on_tick(state)
