@@ -176,7 +176,8 @@ class CliTransport(Transport):
                     return with_cluster(here if cluster else None, job_id.strip())
             return None
 
-        return run_once("sbatch", send, lookup, retry_s, token=comment, on_retry=on_retry)
+        return run_once("sbatch", send, lookup, retry_s, token=comment, on_retry=on_retry, who="SLURM",
+                        not_done="nothing was submitted")
 
     def _parse_id(self, proc: subprocess.CompletedProcess) -> str:
         # "123", or "123;CLUSTER" when sbatch chose a cluster (-M): keep the cluster, or every
@@ -205,7 +206,8 @@ class CliTransport(Transport):
                     if proc.returncode != 0 and done:
                         raise self._fail("scancel", subprocess.CompletedProcess(argv, proc.returncode, "", "\n".join(done)))
 
-                run_once("scancel", send, lambda: None, retry_s, on_retry=on_retry)
+                run_once("scancel", send, lambda: None, retry_s, on_retry=on_retry, who="SLURM",
+                         not_done="nothing was cancelled")
 
     def cancel(self, ids: Sequence[str], signal: str | None = None) -> None:
         # --batch: the signal goes to the batch script alone, exactly as slurm.signal's warning
