@@ -11,6 +11,7 @@ returns ``CLUSTER:ID``. Every later squeue/sacct/scontrol/scancel for that id ge
 """
 from __future__ import annotations
 
+import copy
 import re
 import subprocess
 from typing import Callable, Sequence
@@ -78,6 +79,13 @@ class CliTransport(Transport):
         self._forced_accounting = accounting
         self._accounting: dict[str | None, bool] = {}  # per cluster (None: the local one)
         self.policy = SLURM_CALLS.with_(attempts=retries, first_wait_s=retry_wait)
+
+    def for_listing(self) -> "CliTransport":
+        """The same clients, each call tried once (``list``: its caller bounds the whole query
+        with :func:`halo_sched.retry.within`, which the default runner obeys)."""
+        quick = copy.copy(self)
+        quick.policy = self.policy.with_(attempts=1)
+        return quick
 
     # -- plumbing ----------------------------------------------------------------------------
 
