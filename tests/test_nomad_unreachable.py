@@ -192,6 +192,55 @@ def test_a_misspelt_host_name_says_it_does_not_resolve(monkeypatch, capsys):
     assert "check NOMAD_ADDR" in line
 
 
+def test_watch_ends_at_once_when_nomad_addr_never_resolved(monkeypatch, capsys):
+    # A job with a record, NOMAD_ADDR misspelt: a name that never resolved since the command
+    # started is a typo, not an outage: exit 3 in seconds with the DNS line, not the whole budget.
+    import socket
+
+    from halo_sched import records
+    from halo_sched.cli import main
+
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, *args, **kw):
+        if host == "nomda.example.invalid":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, *args, **kw)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setenv("NOMAD_ADDR", "http://nomda.example.invalid:4646")
+    records.write({"id": "train-1", "backend": "nomad", "submitted": 1.0, "name": "train",
+                   "last_state": {"status": "RUNNING", "describe": "RUNNING 2/2 nodes running"}})
+    t0 = time.monotonic()
+    assert main(["watch", "train-1", "--backend", "nomad", "--outage-budget", "30"]) == 3
+    took = time.monotonic() - t0
+    lines = short_lines(capsys.readouterr().err)
+    assert lines[-1] == ("halo-sched: train-1: outcome unknown: nothing reached Nomad at "
+                         "http://nomda.example.invalid:4646: its host name does not resolve; check NOMAD_ADDR"), lines
+    assert not any("waiting up to" in line for line in lines), lines  # no outage announced
+    assert took < 20, took  # before: the whole budget
+
+
+def test_a_name_that_resolved_before_is_an_outage_to_wait_through():
+    # DNS can fail for a while during a failover: once the address answered in this process,
+    # "does not resolve" is waited through like any outage.
+    from halo_sched.backends.nomad import transport
+
+    addr = "http://nomad.cluster.example.invalid:4646"
+    err = NomadAPIError(f"nothing reached Nomad at {addr}: its host name does not resolve; check NOMAD_ADDR",
+                        address=addr, kind="unreachable",
+                        short=f"nothing reached Nomad at {addr}: its host name does not resolve")
+    assert transport.never_resolved(err)
+    transport._ANSWERED.add(addr)
+    try:
+        assert not transport.never_resolved(err)
+    finally:
+        transport._ANSWERED.discard(addr)
+    refused = NomadAPIError("x", address="http://127.0.0.1:1", kind="unreachable",
+                            short="nothing reached Nomad at http://127.0.0.1:1: connection refused")
+    assert not transport.never_resolved(refused)  # a refused connection: an outage (or a stopped agent)
+
+
 def test_https_at_a_plain_http_server_says_it_does_not_speak_tls(job_file):
     with fake_api.FakeNomad([fake_api.FakeNode("gpu-a")]) as fake:  # plain HTTP
         addr = f"https://127.0.0.1:{fake.port}"

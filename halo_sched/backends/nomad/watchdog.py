@@ -24,6 +24,7 @@ from halo_sched.outage import ASK_LIMIT_S, RETRY_EVERY_S, Outage, clock_text, is
 from halo_sched.retry import within
 
 from .state import job_state, ranks_text
+from .transport import never_resolved
 
 
 class _WatchAPI(Protocol):
@@ -163,6 +164,10 @@ def watch_job(
                 state, n = read_state(client, job_id, allocs)
         except SchedulerError as exc:
             if outage is not None and is_outage(exc):
+                if never_resolved(exc):
+                    # NOMAD_ADDR names a host that never resolved since this command started:
+                    # a typo, not an outage (one that resolved before is waited through).
+                    raise OutcomeUnknown(f"{outage.job_id}: outcome unknown: {exc.short}; check NOMAD_ADDR") from exc
                 error = exc
                 outage.failed(exc, asked)  # OutcomeUnknown once the budget is spent
                 if deadline is not None and clock() >= deadline:
