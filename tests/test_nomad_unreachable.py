@@ -211,8 +211,9 @@ def test_watch_ends_at_once_when_nomad_addr_never_resolved(monkeypatch, capsys):
     monkeypatch.setenv("NOMAD_ADDR", "http://nomda.example.invalid:4646")
     records.write({"id": "train-1", "backend": "nomad", "submitted": 1.0, "name": "train",
                    "last_state": {"status": "RUNNING", "describe": "RUNNING 2/2 nodes running"}})
+    monkeypatch.setenv("HALO_OUTAGE_S", "30")
     t0 = time.monotonic()
-    assert main(["watch", "train-1", "--backend", "nomad", "--outage-budget", "30"]) == 3
+    assert main(["watch", "train-1", "--backend", "nomad"]) == 3
     took = time.monotonic() - t0
     lines = short_lines(capsys.readouterr().err)
     assert lines[-1] == ("halo-sched: train-1: outcome unknown: nothing reached Nomad at "
