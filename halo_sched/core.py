@@ -343,7 +343,7 @@ def wait_after_submit(sched: Scheduler, spec, job_id: str, timeout: float | None
 
     on_change = noting(sched.name, job_id, on_change)
     try:
-        state = sched.guard_placement(spec, job_id, on_change=on_change)
+        state = sched.guard_placement(spec, job_id, on_change=on_change, outage_s=outage_s)
     except HaloError as err:  # the scheduler went away right after the submit: wait through it
         if not is_outage(err):
             raise

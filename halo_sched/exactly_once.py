@@ -23,6 +23,7 @@ This module knows no scheduler; the SLURM transport and the Nomad client call it
 from __future__ import annotations
 
 import math
+import re
 import secrets
 import time
 from typing import Callable, TypeVar
@@ -122,14 +123,43 @@ def run_once(
         return policy.call(attempt, sleep=sleep, clock=clock, before_retry=announce)
     except Transient:
         pass
-    tries = f"{attempts} attempt{'s' if attempts != 1 else ''} over {window:g} s"
+    # One short line each (LINE_LIMIT with the CLI's "halo-sched: " before it): what happened,
+    # the token where it matters, what to do; the last error only in a few words (its whole text
+    # and the exceptions behind it are the error's cause: ``--debug``).
+    span = f"{window:g} s"
     if must_look:
         raise OutcomeUnknown(
-            f"{what}: {who} stayed unreachable for {window:g} s after an attempt that may have reached it "
-            f"({_short(last)}); whether it took effect is unknown"
-            + (f": look for token {token}" if token else "")
-        ) from last
+            f"{what}: outcome unknown (may have reached {who}): "
+            + (f"look for token {token}" if token else f"ask {who} once it answers")) from last
+    todo = f"; {not_done}: retry once {who} answers"
     if not reached:
-        raise SchedulerError(f"{what}: nothing reached {who} in {tries} ({_short(last)}); {not_done}") from last
-    raise SchedulerError(f"{what}: {who} did not take the earlier attempt (looked up: not there), then "
-                         f"failed again ({_short(last)}; {tries}); {not_done}") from last
+        raise SchedulerError(_fit(f"{what}: nothing reached {who}", _cause(last, who), f" for {span}", todo)) from last
+    raise SchedulerError(_fit(f"{what}: {who} never got it", "then " + _cause(last, who),
+                              f" for {span}", todo)) from last
+
+
+#: The longest final line of :func:`run_once` (the CLI puts "halo-sched: " before it: 160 in all).
+LINE_LIMIT = 148
+
+
+def _cause(err: BaseException | None, who: str) -> str:
+    """The last error in a few words: without the client's ``sbatch: error:`` prefixes and the
+    ``Nomad at ADDRESS:`` the retry lines already named."""
+    text = " ".join(str(err).split()) if err is not None else ""
+    text = re.sub(r"^(?:[a-z]+: (?:error: )?)+(?:Batch job submission failed: )?", "", text)
+    text = re.sub(rf"^{re.escape(who)} at \S+?:? (?=\S)", "", text)
+    return text.rstrip(".")
+
+
+def _fit(head: str, cause: str, span: str, tail: str, limit: int = LINE_LIMIT) -> str:
+    """``head (cause for span)tail`` within ``limit`` characters: head and tail are whole (what
+    happened, what to do); the span goes first when room is short, then the cause is cut, and the
+    parenthesis is left out when no room is left for it."""
+    room = limit - len(head) - len(tail) - 3
+    if len(cause) + len(span) <= room:
+        return f"{head} ({cause}{span}){tail}"
+    if room < 12:
+        return head + tail
+    if len(cause) > room:
+        cause = cause[:room - 3].rstrip() + "..."
+    return f"{head} ({cause}){tail}"

@@ -100,7 +100,7 @@ def test_nothing_is_resent_while_the_lookup_cannot_tell():
 
 def test_unknown_outcome_at_the_deadline_names_the_token():
     s = Script(["lost"], lookups=["down"] * 100)
-    with pytest.raises(OutcomeUnknown, match="may have reached it.*whether it took effect is unknown.*token tok") as info:
+    with pytest.raises(OutcomeUnknown, match=r"outcome unknown \(may have reached the scheduler\): look for token tok") as info:
         run(s, retry_s=10)
     assert s.sent == 1 and s.t <= 10
     assert info.value.exit_code == 3  # outcome unknown: neither success (0) nor "nothing was done" (1)
@@ -115,8 +115,8 @@ def test_what_cannot_succeed_fails_at_once():
 
 def test_retries_stop_at_the_window():
     s = Script(["transient"] * 1000)
-    with pytest.raises(SchedulerError, match=r"submit: nothing reached the scheduler in \d+ attempts over 30 s "
-                                             r"\(controller unreachable\); it did not take effect") as info:
+    with pytest.raises(SchedulerError, match=r"^submit: nothing reached the scheduler \(controller unreachable for 30 s\); "
+                                             r"it did not take effect: retry once the scheduler answers$") as info:
         run(s, retry_s=30)
     assert 29.9 <= s.t <= 30.0 and s.applied == 0
     assert not isinstance(info.value, OutcomeUnknown) and info.value.exit_code == 1
@@ -127,9 +127,55 @@ def test_an_attempt_looked_up_and_not_found_then_unreachable_did_not_take_effect
     # Lost (ambiguous), looked up: not there; then the scheduler is unreachable to the end. The
     # earlier attempt is known not to have taken effect: no "unknown", exit 1.
     s = Script(["dropped"] + ["transient"] * 1000)
-    with pytest.raises(SchedulerError, match="did not take the earlier attempt.*it did not take effect") as info:
+    with pytest.raises(SchedulerError, match=r"never got it \(then controller unreachable for 20 s\); it did not take effect") as info:
         run(s, retry_s=20)
     assert not isinstance(info.value, OutcomeUnknown) and s.looked == 1
+
+
+# What the real clients say, at their longest: a Nomad job id of a long name and a long
+# address, sbatch's whole refusal. The final line stays one short line with the CLI's prefix.
+LONG_WHAT = "register job 'ddp-pretrain-20261201-130455-ab12cd'"
+NOMAD_REFUSED = "Nomad at https://nomad-server-1.cluster.example.internal:4646: connection refused"
+SBATCH_DOWN = ("sbatch: error: Batch job submission failed: Unable to contact slurm controller "
+               "(connect failure)")
+
+
+@pytest.mark.parametrize("what,who,err,kind", [
+    (LONG_WHAT, "Nomad", NOMAD_REFUSED, "unreached"), (LONG_WHAT, "Nomad", NOMAD_REFUSED, "unknown"),
+    (LONG_WHAT, "Nomad", NOMAD_REFUSED, "not-there"), ("sbatch", "SLURM", SBATCH_DOWN, "unreached"),
+    ("sbatch", "SLURM", SBATCH_DOWN, "unknown"), ("scancel", "SLURM", SBATCH_DOWN, "unreached")])
+def test_the_final_line_is_short_keeps_the_token_and_says_what_to_do(what, who, err, kind, monkeypatch):
+    from halo_sched import errors
+
+    monkeypatch.setattr(errors, "_debug", False)
+    token = ("halo-token:" if who == "SLURM" else "") + "0123456789abcdef01234567"
+    sends = {"unreached": ["transient"] * 1000, "unknown": ["lost"],
+             "not-there": ["dropped"] + ["transient"] * 1000}[kind]
+    s = Script(sends, lookups=["answer"] if kind == "not-there" else ["down"] * 1000)
+
+    def send():
+        try:
+            return s.send()
+        except Transient:
+            raise Transient(err) from OSError("urllib3 story " * 40)
+
+    t = [0.0]
+    with pytest.raises(SchedulerError) as info:
+        run_once(what, send, s.lookup, 120, token=token, who=who, not_done="nothing was submitted",
+                 sleep=lambda d: t.__setitem__(0, t[0] + d), clock=lambda: t[0])
+    line = "halo-sched: " + str(info.value)
+    assert "\n" not in line and len(line) <= 160, (len(line), line)
+    assert line.startswith(f"halo-sched: {what}: ") and "urllib3" not in line
+    if kind == "unknown":
+        assert isinstance(info.value, OutcomeUnknown) and info.value.exit_code == 3
+        assert f"outcome unknown (may have reached {who}): look for token {token}" in line and f"look for token {token}" in line
+    else:
+        assert not isinstance(info.value, OutcomeUnknown) and "unknown" not in line
+        assert f"nothing was submitted: retry once {who} answers" in line
+        assert ("connection refused)" if who == "Nomad" else "Unable to contact slurm controller") in line
+        assert ("nothing reached " + who) in line if kind == "unreached" else "never got it (then " in line
+    if kind != "unknown" and who == "SLURM":
+        assert "(Unable to contact slurm controller (connect failure) for 120 s)" in line  # room for the span
 
 
 def test_each_retry_is_one_short_line_and_the_cause_only_with_debug(monkeypatch):

@@ -74,6 +74,7 @@ def test_a_refused_connection_says_nothing_reached_nomad(job_file):
     for line in retries:
         assert f"Nomad at http://127.0.0.1:{port}: connection refused (attempt " in line and "retrying in" in line
     assert "nothing reached Nomad" in lines[-1] and "the job was not submitted" in lines[-1], lines[-1]
+    assert len(lines[-1]) <= 160 and "retry once Nomad answers" in lines[-1], lines[-1]
     assert "unknown" not in r.stderr and "may have reached" not in r.stderr
     # urllib3's whole story only with --debug.
     assert "HTTPConnection" not in r.stderr and "Max retries" not in r.stderr and "Errno" not in r.stderr
@@ -98,7 +99,7 @@ def test_a_request_that_may_have_been_applied_leaves_the_outcome_unknown():
             lines.append(line)
             fake.close()
 
-        with pytest.raises(OutcomeUnknown, match="whether it took effect is unknown: look for token tok-1") as info:
+        with pytest.raises(OutcomeUnknown, match=r"outcome unknown \(may have reached Nomad\): look for token tok-1$") as info:
             client.submit_job(payload, "tok-1", retry_s=2, on_retry=on_retry)
         assert info.value.exit_code == 3
         assert lines and all(len(line) < 200 and "\n" not in line for line in lines), lines
@@ -189,6 +190,56 @@ def test_a_misspelt_host_name_says_it_does_not_resolve(monkeypatch, capsys):
     (line,) = short_lines(capsys.readouterr().err)
     assert "nothing reached Nomad at http://nomda.example.invalid:4646: its host name does not resolve" in line, line
     assert "check NOMAD_ADDR" in line
+
+
+def test_watch_ends_at_once_when_nomad_addr_never_resolved(monkeypatch, capsys):
+    # A job with a record, NOMAD_ADDR misspelt: a name that never resolved since the command
+    # started is a typo, not an outage: exit 3 in seconds with the DNS line, not the whole budget.
+    import socket
+
+    from halo_sched import records
+    from halo_sched.cli import main
+
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, *args, **kw):
+        if host == "nomda.example.invalid":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, *args, **kw)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setenv("NOMAD_ADDR", "http://nomda.example.invalid:4646")
+    records.write({"id": "train-1", "backend": "nomad", "submitted": 1.0, "name": "train",
+                   "last_state": {"status": "RUNNING", "describe": "RUNNING 2/2 nodes running"}})
+    monkeypatch.setenv("HALO_OUTAGE_S", "30")
+    t0 = time.monotonic()
+    assert main(["watch", "train-1", "--backend", "nomad"]) == 3
+    took = time.monotonic() - t0
+    lines = short_lines(capsys.readouterr().err)
+    assert lines[-1] == ("halo-sched: train-1: outcome unknown: nothing reached Nomad at "
+                         "http://nomda.example.invalid:4646: its host name does not resolve; check NOMAD_ADDR"), lines
+    assert not any("waiting up to" in line for line in lines), lines  # no outage announced
+    assert took < 20, took  # before: the whole budget
+
+
+def test_a_name_that_resolved_before_is_an_outage_to_wait_through():
+    # DNS can fail for a while during a failover: once the address answered in this process,
+    # "does not resolve" is waited through like any outage.
+    from halo_sched.backends.nomad import transport
+
+    addr = "http://nomad.cluster.example.invalid:4646"
+    err = NomadAPIError(f"nothing reached Nomad at {addr}: its host name does not resolve; check NOMAD_ADDR",
+                        address=addr, kind="unreachable",
+                        short=f"nothing reached Nomad at {addr}: its host name does not resolve")
+    assert transport.never_resolved(err)
+    transport._ANSWERED.add(addr)
+    try:
+        assert not transport.never_resolved(err)
+    finally:
+        transport._ANSWERED.discard(addr)
+    refused = NomadAPIError("x", address="http://127.0.0.1:1", kind="unreachable",
+                            short="nothing reached Nomad at http://127.0.0.1:1: connection refused")
+    assert not transport.never_resolved(refused)  # a refused connection: an outage (or a stopped agent)
 
 
 def test_https_at_a_plain_http_server_says_it_does_not_speak_tls(job_file):

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import re
 
-import halo_sched
 from halo_sched.backends.base import JobStatus
 from halo_sched.backends.nomad import NomadScheduler
 from halo_sched.backends.nomad.client import NomadClient, NomadConfig
+from halo_sched.spec import JobSpec
 from helpers import free_port, load_nomad_helper
 
 fake_api = load_nomad_helper("fake_api")
@@ -19,7 +19,7 @@ TOKEN = "tok-srv"
 
 def spec(server_nodes=1):
     port = free_port()
-    return halo_sched.spec.JobSpec.model_validate({
+    return JobSpec.model_validate({
         "name": "rl", "nodes": 2, "nproc_per_node": 1,
         "trainer": {"script": "train.py"},
         "rendezvous": {"port": free_port(), "timeout_s": 30},

@@ -164,9 +164,11 @@ class Scheduler(abc.ABC):
         """Lines of the job's output, each prefixed with its node where the backend splits them."""
 
     def guard_placement(self, spec: JobSpec, job_id: str,
-                        on_change: Callable[[JobState], None] | None = None) -> JobState:
+                        on_change: Callable[[JobState], None] | None = None,
+                        outage_s: float | None = None) -> JobState:
         """A backend's own guard right after submit (Nomad: stop a job that does not place in
-        time). Returns the job's state; ``--wait`` then waits until it is terminal."""
+        time), waiting through a scheduler outage as :meth:`wait` does (``outage_s``). Returns
+        the job's state; ``--wait`` then waits until it is terminal."""
         return self.query([job_id])[job_id]
 
     def wait(self, job_id: str, timeout: float | None = None, poll: float = 1.0, max_poll: float = 30.0,

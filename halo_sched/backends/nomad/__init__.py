@@ -356,17 +356,22 @@ class NomadScheduler(Scheduler):
             return "dead"
 
     def guard_placement(self, spec: JobSpec, job_id: str,
-                        on_change: Callable[[JobState], None] | None = None) -> JobState:
+                        on_change: Callable[[JobState], None] | None = None,
+                        outage_s: float | None = None) -> JobState:
         """Right after submit, with ``nomad.placement_timeout_s``: watch until every rank started,
-        stopping the job when the timeout passes first (or a rank dies meanwhile)."""
+        stopping the job when the timeout passes first (or a rank dies meanwhile). Nomad
+        unreachable is waited through for ``outage_s`` (halo_sched/outage.py, as :meth:`wait`):
+        whether the job placed is judged once Nomad answers again; past the budget,
+        OutcomeUnknown (exit 3)."""
         timeout = spec.nomad.placement_timeout_s
         if timeout is None:
-            return super().guard_placement(spec, job_id, on_change)
+            return super().guard_placement(spec, job_id, on_change, outage_s)
+        from ...outage import Outage
         from .watchdog import watch_job
 
         c, name = self._split(job_id)
         res = watch_job(c, name, placement_timeout_s=timeout, until_placed=True,
-                        on_change=_with_id(on_change, job_id))
+                        on_change=_with_id(on_change, job_id), outage=Outage(self.name, job_id, outage_s))
         if res.timed_out:
             _say(res.describe())
         res.state.id = job_id

@@ -196,6 +196,18 @@ def _unwrap(exc: BaseException) -> tuple[requests.Response | None, BaseException
     return None, exc
 
 
+#: Addresses that answered (any HTTP answer) in this process: a host name that stops resolving
+#: after that is an outage (DNS during a failover); one that never resolved is a typo.
+_ANSWERED: set[str] = set()
+
+
+def never_resolved(err: BaseException) -> bool:
+    """Whether ``err`` says NOMAD_ADDR's host name does not resolve and that address never
+    answered in this process (a misspelt NOMAD_ADDR, not an outage to wait through)."""
+    return (isinstance(err, NomadAPIError) and err.kind == "unreachable"
+            and err.short.endswith("its host name does not resolve") and err.address not in _ANSWERED)
+
+
 def _host_port(address: str) -> str:
     parts = urlsplit(address)
     port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -414,6 +426,7 @@ class NomadHTTP:
             headers={"X-Nomad-Token": cfg.token} if cfg.token else {},
             verify=cfg.verify, cert=cfg.cert, allow_redirects=False,
         )
+        _ANSWERED.add(cfg.address)
         if not response.ok:
             try:
                 response.content  # read the error body before the connection is released

@@ -20,10 +20,11 @@ from typing import Any, Callable, Protocol
 
 from halo_sched.backends.base import JobState, JobStatus, NomadDetail
 from halo_sched.errors import OutcomeUnknown, SchedulerError
-from halo_sched.outage import RETRY_EVERY_S, Outage, clock_text, is_outage
+from halo_sched.outage import ASK_LIMIT_S, RETRY_EVERY_S, Outage, clock_text, is_outage
 from halo_sched.retry import within
 
 from .state import job_state, ranks_text
+from .transport import never_resolved
 
 
 class _WatchAPI(Protocol):
@@ -132,6 +133,14 @@ def watch_job(
         ends = [d for d in (deadline, None if placed else placement_deadline) if d is not None]
         return min(ends) - clock() if ends else None
 
+    def ask_bound() -> float | None:
+        """How long one look may take: the time left, and the outage's budget. Past the placement
+        deadline only after an outage (judged once Nomad answers): --timeout and the budget."""
+        left = remaining()
+        if left is not None and left <= 0 and outage is not None:
+            left = _least(None if deadline is None else deadline - clock(), ASK_LIMIT_S)
+        return _least(left, outage.left() if outage is not None else None)
+
     last_sig: tuple | None = None
     while True:
         left = remaining()
@@ -139,7 +148,7 @@ def watch_job(
         blocking = bool(wait_s and index and block > 0)
         asked = clock()
         try:
-            with within(_least(left, outage.left() if outage is not None else None)):
+            with within(ask_bound()):
                 allocs, new_index = client.job_allocations(job_id, index=index if blocking else 0, wait_s=block)
             calls += 1
             sig = _signature(allocs)
@@ -151,24 +160,25 @@ def watch_job(
                 left = remaining()
                 sleep(poll_s if left is None else max(0.0, min(poll_s, left)))
                 continue
-            with within(_least(remaining(), outage.left() if outage is not None else None)):
+            with within(ask_bound()):
                 state, n = read_state(client, job_id, allocs)
         except SchedulerError as exc:
             if outage is not None and is_outage(exc):
+                if never_resolved(exc):
+                    # NOMAD_ADDR names a host that never resolved since this command started:
+                    # a typo, not an outage (one that resolved before is waited through).
+                    raise OutcomeUnknown(f"{outage.job_id}: outcome unknown: {exc.short}; check NOMAD_ADDR") from exc
                 error = exc
                 outage.failed(exc, asked)  # OutcomeUnknown once the budget is spent
-                left = remaining()
-                if left is None or left > 0:
-                    sleep(min(RETRY_EVERY_S, left) if left is not None else RETRY_EVERY_S)
-                    continue
                 if deadline is not None and clock() >= deadline:
                     raise OutcomeUnknown(outage.gave_up_text(
                         f"{outage.who} unreachable at the end of --timeout (since "
                         f"{clock_text(outage.since_wall or 0)})")) from exc
-                if last is None:
-                    raise
-                # The placement timeout passed while Nomad was unreachable: act on the last
-                # state seen (below), as for any other error.
+                # Whether the job placed cannot be seen while Nomad is unreachable: the placement
+                # timeout is judged once it answers again (the wait goes on, within the budget).
+                pause = _least(RETRY_EVERY_S, None if deadline is None else deadline - clock(), outage.left())
+                sleep(max(0.0, pause))
+                continue
             # A leader election must not leave a half-placed job holding GPUs: keep trying until
             # the deadline, then act on the last state seen. Without a deadline, give up (the
             # client has already retried).

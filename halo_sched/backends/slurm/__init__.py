@@ -35,11 +35,20 @@ def _say(msg: str) -> None:
     print(f"halo-sched: {msg}", file=sys.stderr, flush=True)
 
 
+#: ``list``'s query (:meth:`SlurmScheduler.for_listing`): one attempt of each client command, all
+#: of them within this many seconds. Slurm 22.05's squeue and sacct take no timeout of their own
+#: (src/squeue/opts.c, src/sacct/options.c: no such option); against a stopped slurmctld squeue
+#: waits MessageTimeout (10 s by default) before it fails, and a healthy one answers in well
+#: under a second, so the command is cut here and the rows show their last known states.
+LIST_ASK_S = 2.0
+
+
 class SlurmScheduler(Scheduler):
     name = "slurm"
 
     def __init__(self, transport=None, transport_name: str | None = None):
         self._transport = transport
+        self._list_bound: float | None = None  # for_listing(): the whole query's bound
         self._transport_name = transport_name or os.environ.get("HALO_SLURM_TRANSPORT", "cli")
         # Handles on schedulers of one transport share one watcher (one squeue/sacct per poll);
         # without a transport object, those that reach the same cluster the same way.
@@ -199,7 +208,36 @@ class SlurmScheduler(Scheduler):
             return None
         return self.transport.show_config(cluster)
 
+    def for_listing(self) -> "SlurmScheduler":
+        """``list``: one attempt of each client command, LIST_ASK_S for the whole query, the
+        cause in one short line when SLURM did not answer (the transport's ``for_listing``; one
+        that has none is used as it is)."""
+        quick = getattr(self.transport, "for_listing", None)
+        if not callable(quick):
+            return self
+        listing = SlurmScheduler(transport=quick())
+        listing._watcher_key = self._watcher_key
+        listing._list_bound = LIST_ASK_S
+        return listing
+
     def query(self, ids: Sequence[str]) -> dict[str, JobState]:
+        if self._list_bound is None:
+            return self._query(ids)
+        from ...outage import is_outage
+        from ...retry import within
+
+        try:
+            with within(self._list_bound):
+                return self._query(ids)
+        except SchedulerError as err:
+            if not is_outage(err):
+                raise
+            cause = " ".join(str(err.__cause__ or err).split())
+            cause = re.sub(r"^(?:[a-z]+: (?:error: )?)+", "", cause)
+            cause = cause if len(cause) <= 80 else cause[:77] + "..."
+            raise SchedulerError(f"SLURM did not answer within {self._list_bound:g} s ({cause})") from err
+
+    def _query(self, ids: Sequence[str]) -> dict[str, JobState]:
         states = self.transport.query(list(ids))
         for job_id, state in states.items():
             if state.status in _MAY_REQUEUE and state.slurm is not None and state.slurm.source == "sacct":

@@ -11,6 +11,7 @@ returns ``CLUSTER:ID``. Every later squeue/sacct/scontrol/scancel for that id ge
 """
 from __future__ import annotations
 
+import copy
 import re
 import subprocess
 from typing import Callable, Sequence
@@ -78,6 +79,13 @@ class CliTransport(Transport):
         self._forced_accounting = accounting
         self._accounting: dict[str | None, bool] = {}  # per cluster (None: the local one)
         self.policy = SLURM_CALLS.with_(attempts=retries, first_wait_s=retry_wait)
+
+    def for_listing(self) -> "CliTransport":
+        """The same clients, each call tried once (``list``: its caller bounds the whole query
+        with :func:`halo_sched.retry.within`, which the default runner obeys)."""
+        quick = copy.copy(self)
+        quick.policy = self.policy.with_(attempts=1)
+        return quick
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -176,7 +184,8 @@ class CliTransport(Transport):
                     return with_cluster(here if cluster else None, job_id.strip())
             return None
 
-        return run_once("sbatch", send, lookup, retry_s, token=comment, on_retry=on_retry)
+        return run_once("sbatch", send, lookup, retry_s, token=comment, on_retry=on_retry, who="SLURM",
+                        not_done="nothing was submitted")
 
     def _parse_id(self, proc: subprocess.CompletedProcess) -> str:
         # "123", or "123;CLUSTER" when sbatch chose a cluster (-M): keep the cluster, or every
@@ -205,7 +214,8 @@ class CliTransport(Transport):
                     if proc.returncode != 0 and done:
                         raise self._fail("scancel", subprocess.CompletedProcess(argv, proc.returncode, "", "\n".join(done)))
 
-                run_once("scancel", send, lambda: None, retry_s, on_retry=on_retry)
+                run_once("scancel", send, lambda: None, retry_s, on_retry=on_retry, who="SLURM",
+                         not_done="nothing was cancelled")
 
     def cancel(self, ids: Sequence[str], signal: str | None = None) -> None:
         # --batch: the signal goes to the batch script alone, exactly as slurm.signal's warning
