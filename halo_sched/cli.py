@@ -520,15 +520,15 @@ def _list_note(backend: str, err: HaloError) -> None:
     head, tail = f"halo-sched: {backend}: ", "; states below: last known"
     text = " ".join(str(err).split())
     if len(head + text + tail) > 160:
-        text = " ".join(str(getattr(err, "short", "") or text).split())
+        text = " ".join((err.short or text).split())
     room = 160 - len(head + tail)
     _err(head + (text if len(text) <= room else text[:room - 3] + "...") + tail)
     from .errors import debug
 
     if debug() and (err.__cause__ or err.__context__):
-        from .exactly_once import _detail
+        from .errors import cause_chain
 
-        _err(f"  {_detail(err)}")
+        _err(f"  {cause_chain(err)}")
 
 
 def cmd_logs(args) -> int:
@@ -798,9 +798,9 @@ def _main(argv: list[str] | None) -> int:
 
         _err(f"halo-sched: {err}")
         if debug() and (err.__cause__ or err.__context__):
-            from .exactly_once import _detail
+            from .errors import cause_chain
 
-            _err(f"  {_detail(err)}")
+            _err(f"  {cause_chain(err)}")
         return err.exit_code
     except KeyboardInterrupt:
         _err("halo-sched: interrupted")

@@ -277,8 +277,7 @@ def recent(backend: str | None, state: str | None, limit: int, scheduler: Callab
         try:
             # One query for all of them, giving up at once when the scheduler is down.
             sched = scheduler(name)
-            quick = getattr(sched, "for_listing", None)
-            states[name] = (quick() if callable(quick) else sched).query([r["id"] for r in rs])
+            states[name] = sched.for_listing().query([r["id"] for r in rs])
         except HaloError as err:
             on_error(name, err)
     rows = []

@@ -40,6 +40,23 @@ class HaloError(Exception):
 
     exit_code = EXIT_FAILED
 
+    @property
+    def short(self) -> str:
+        """The condition alone, without advice, for a one-line note (``list``): the whole message
+        unless a subclass knows a shorter one."""
+        return str(self)
+
+
+def cause_chain(err: BaseException) -> str:
+    """The exceptions behind ``err`` (its ``__cause__``/``__context__`` chain), for ``--debug``;
+    empty when there are none."""
+    out, seen, e = [], set(), err.__cause__ or err.__context__
+    while e is not None and id(e) not in seen and len(out) < 6:
+        seen.add(id(e))
+        out.append(f"{type(e).__name__}: {e}")
+        e = e.__cause__ or e.__context__
+    return "; caused by ".join(out)
+
 
 class SpecError(HaloError):
     """The job file (or options) are invalid. Each problem names its field."""

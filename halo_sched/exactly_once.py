@@ -28,7 +28,7 @@ import secrets
 import time
 from typing import Callable, TypeVar
 
-from .errors import OutcomeUnknown, SchedulerError, debug
+from .errors import OutcomeUnknown, SchedulerError, cause_chain, debug
 from .retry import Ambiguous, Transient, submission
 
 T = TypeVar("T")
@@ -46,16 +46,6 @@ def _short(err: BaseException, limit: int = 160) -> str:
     """One line of at most ``limit`` characters: a retry line or the last error of a message."""
     text = " ".join(str(err).split()) or type(err).__name__
     return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _detail(err: BaseException) -> str:
-    """The exceptions behind ``err`` (its ``__cause__`` chain), for ``--debug``."""
-    out, seen, e = [], set(), err.__cause__ or err.__context__
-    while e is not None and id(e) not in seen and len(out) < 6:
-        seen.add(id(e))
-        out.append(f"{type(e).__name__}: {e}")
-        e = e.__cause__ or e.__context__
-    return "; caused by ".join(out)
 
 
 def run_once(
@@ -115,8 +105,8 @@ def run_once(
         step = "looking it up, then retrying" if must_look else "retrying"
         pause_text = f"{pause:.0f}" if pause >= 1 else f"{pause:.1f}"
         line = f"{what}: {_short(last)} (attempt {attempts}; {step} in {pause_text} s, {math.ceil(left or 0)} s left)"
-        if debug() and _detail(last):
-            line += f"\n  {_detail(last)}"
+        if debug() and cause_chain(last):
+            line += f"\n  {cause_chain(last)}"
         on_retry(line)
 
     try:

@@ -171,7 +171,11 @@ class NomadAPIError(SchedulerError):
         self.address = address
         self.attempts = attempts
         self.kind = kind
-        self.short = short or message
+        self._short = short or message
+
+    @property
+    def short(self) -> str:
+        return self._short
 
 
 #: ``NomadAPIError.kind``: nothing reached the server (refused, no such host, connect timeout);

@@ -15,7 +15,7 @@ from ...models import JobSpec
 from ..base import DryRun, EndWatch, JobState, JobStatus, Scheduler, missing_output, tail_lines
 from ...launch import compile_launch
 from .render import render_batch, render_sbatch
-from .capabilities import CancelsOnce, Named, ReadsConfig, ReadsPartitions, SubmitsOnce, TestsOnly
+from .capabilities import CancelsOnce, Lists, Named, ReadsConfig, ReadsPartitions, SubmitsOnce, TestsOnly
 
 # Ends of one run after which SLURM may requeue the job (sbatch --requeue).
 _MAY_REQUEUE = {JobStatus.PREEMPTED, JobStatus.NODE_FAIL}
@@ -212,10 +212,9 @@ class SlurmScheduler(Scheduler):
         """``list``: one attempt of each client command, LIST_ASK_S for the whole query, the
         cause in one short line when SLURM did not answer (the transport's ``for_listing``; one
         that has none is used as it is)."""
-        quick = getattr(self.transport, "for_listing", None)
-        if not callable(quick):
+        if not isinstance(self.transport, Lists):
             return self
-        listing = SlurmScheduler(transport=quick())
+        listing = SlurmScheduler(transport=self.transport.for_listing())
         listing._watcher_key = self._watcher_key
         listing._list_bound = LIST_ASK_S
         return listing

@@ -54,3 +54,10 @@ class ReadsPartitions(Protocol):
 
 
 __all__ = ["CancelsOnce", "Named", "ReadsConfig", "ReadsPartitions", "SubmitsOnce", "TestsOnly"]
+
+
+@runtime_checkable
+class Lists(Protocol):
+    """A transport with a bounded variant for ``list`` (one attempt of each call; cli.py)."""
+
+    def for_listing(self) -> "Lists": ...
