@@ -133,6 +133,10 @@ class Launch:
     #: network.interface: the fabric NIC whose address rank 0 and the servers take (None: the
     #: address the scheduler reaches each node by).
     interface: str | None
+    #: Hosts the job must not run on: the node ledger's active entries (halo_sched/ledger.py) unless
+    #: the job file sets ``avoid_ledgered_nodes: false``. SLURM ``--exclude``, a Nomad constraint
+    #: on ``${node.unique.name}``; the local backend runs on one host and ignores it.
+    exclude_hosts: tuple[str, ...] = ()
     names: EnvNames = NAMES
     index_tag: str = INDEX_TAG
 
@@ -183,11 +187,29 @@ def _cluster(extra_args) -> str | None:
     return names[-1] if names and "," not in names[-1] else None
 
 
-def compile_launch(spec: JobSpec, job_id: str | None = None) -> Launch:
+def _exclude_hosts(spec: JobSpec, given) -> tuple[str, ...]:
+    """The hosts to keep off, each a checked host name: it lands on an ``#SBATCH`` line and in a
+    Nomad constraint."""
+    from . import ledger
+
+    if given is not None:
+        hosts = tuple(given)
+    elif getattr(spec, "avoid_ledgered_nodes", True):
+        hosts = ledger.active_hosts()
+    else:
+        return ()
+    for h in hosts:
+        if not ledger.valid_host(h):
+            raise RenderError([("exclude_hosts", f"{h!r} is not a host name")])
+    return tuple(sorted(set(hosts)))
+
+
+def compile_launch(spec: JobSpec, job_id: str | None = None, exclude_hosts=None) -> Launch:
     """The launch plan of a validated ``spec``. Every number and every word that a renderer
     writes where nothing can quote it is checked here as it is taken (whatever the model holds:
     ``model_copy`` does not validate); the templates' filters check again. ``job_id``: the
-    scheduler's id of this submission where the renderer writes one (Nomad), else the name."""
+    scheduler's id of this submission where the renderer writes one (Nomad), else the name.
+    ``exclude_hosts``: the hosts to keep off; None: the node ledger's (``avoid_ledgered_nodes``)."""
     s = spec
     nodes = checked_int(s.nodes, "nodes")
     nproc = checked_int(s.nproc_per_node, "nproc_per_node")
@@ -230,6 +252,7 @@ def compile_launch(spec: JobSpec, job_id: str | None = None) -> Launch:
                               timeout_s=timeout_s, derived=DERIVED_PORTS, avoid=tuple(avoid)),
         warning=_warning(s), secret_names=tuple(s.secret_names), output=SLURM_OUTPUT,
         cluster=_cluster(s.slurm.extra_args), interface=s.network.interface,
+        exclude_hosts=_exclude_hosts(s, exclude_hosts),
     )
 
 

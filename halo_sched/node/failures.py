@@ -179,3 +179,10 @@ def report_from_files(paths: Iterable) -> FailureReport | None:
             except OSError:
                 continue
     return report_from_lines(lines())
+
+
+def classify(report, status=None):
+    """Whose fault the failure is: the node's, the job's or unknown (see failure_classes.py)."""
+    from .failure_classes import classify as _classify
+
+    return _classify(report, status)
