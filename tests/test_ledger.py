@@ -1,0 +1,188 @@
+"""The node ledger (halo_sched/ledger.py): written by whoever sees a node fault, safe under
+concurrent writers, a bad or newer file skipped with one warning and never fatal; `halo-sched
+nodes`; and new jobs kept off its hosts (SLURM --exclude, Nomad constraints), through the
+launch plan. Every test runs with its own empty HALO_SCHED_HOME (tests/conftest.py)."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+
+import pytest
+
+import halo_sched
+from halo_sched import ledger, records
+from halo_sched.backends.jobstate import JobState, JobStatus
+from halo_sched.errors import UsageError
+from halo_sched.launch import compile_launch
+from halo_sched.node.failures import FailureReport, RankFailure
+from helpers import REPO, cli
+
+NCCL = ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, "
+        "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5")
+
+
+def _env():
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def test_add_is_once_per_job_and_host_and_expires(monkeypatch):
+    e = ledger.add("h2", "NCCL network error", "101", "slurm", now=1000.0, hours=1)
+    assert (e.host, e.job, e.since, e.expires) == ("h2", "101", 1000.0, 4600.0)
+    assert ledger.add("h2", "other words", "101", "slurm", now=2000.0) == e  # seen again: unchanged
+    ledger.add("h2", "GPU Xid error", "102", "slurm", now=1500.0, hours=1)
+    assert [x.job for x in ledger.active(now=4000.0)] == ["101", "102"]
+    assert ledger.active_hosts(now=4000.0) == ("h2",)
+    assert [x.job for x in ledger.active(now=4700.0)] == ["102"]
+    assert ledger.active(now=5200.0) == []
+    data = json.loads(ledger.path().read_text())
+    assert data["version"] == ledger.VERSION and len(data["entries"]) == 2
+    assert ledger.clear("h2") == 2 and ledger.entries() == []
+    monkeypatch.setenv(ledger.EXPIRY_ENV, "0.5")
+    e = ledger.add("h3", "x", "1", "nomad")
+    assert e.expires - e.since == pytest.approx(1800.0)
+
+
+def _writer(home: str, worker: int, n: int) -> None:
+    os.environ["HALO_SCHED_HOME"] = home
+    for i in range(n):
+        assert ledger.add(f"host-{worker}-{i}", "NCCL network error", f"job-{worker}-{i}", "slurm") is not None
+
+
+def test_concurrent_writers_all_land(tmp_path, monkeypatch):
+    """Four processes adding 25 entries each at once: 100 entries, one whole file, no temp left."""
+    home = tmp_path / "shared-home"
+    monkeypatch.setenv("HALO_SCHED_HOME", str(home))
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(str(home), w, 25)) for w in range(4)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + 120
+    for p in procs:
+        p.join(max(1.0, deadline - time.monotonic()))
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.kill()
+    assert not alive, "a writer did not finish within 120 s"
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    hosts = {e.host for e in ledger.active()}
+    assert len(hosts) == 100, f"{100 - len(hosts)} entries lost"
+    assert not [p.name for p in home.iterdir() if p.name.startswith(".tmp-")]
+
+
+@pytest.mark.parametrize("text, why", [
+    ('{"version": 1, "entries": [', "truncated JSON"),
+    ("[1, 2]", "not a ledger"),
+    ('{"version": 1, "entries": [{"host": "h1"}]}', "an entry lacks"),
+    ('{"version": 1, "entries": [{"host": "h1 --x", "reason": "", "job": "1", "backend": "slurm", '
+     '"since": 1, "expires": 9e99}]}', "wrong type"),
+    ('{"version": 2, "entries": [{"host": "h1", "future": true}]}', "written by a newer halo-sched (ledger version 2"),
+])
+def test_a_bad_or_newer_file_is_skipped_with_one_warning_never_fatal(text, why, capsys, tmp_path):
+    ledger._warned.clear()
+    ledger.path().parent.mkdir(parents=True, exist_ok=True)
+    ledger.path().write_text(text)
+    assert ledger.active() == [] and ledger.active() == []
+    err = capsys.readouterr().err
+    assert err.count("halo-sched: warning: skipping the node ledger") == 1 and why in err, err
+    # Rendering a job still works, avoiding nothing; a writer leaves the file as it is.
+    spec = halo_sched.load(REPO / "examples" / "ddp-cpu.yaml")
+    assert "--exclude" not in halo_sched.render(spec, "slurm")
+    assert ledger.add("h9", "x", "1", "slurm") is None
+    assert ledger.path().read_text() == text
+    r = cli("render", str(REPO / "examples" / "ddp-cpu.yaml"), "--backend", "slurm", env=_env())
+    assert r.returncode == 0 and r.stderr.count("skipping the node ledger") == 1, r.stderr
+
+
+def _failed(host="h2", error=NCCL, status=JobStatus.FAILED):
+    f = RankFailure(node=1, rank=1, local_rank=0, host=host, exit_code=1, signal=None, time=1.8e9, error=error)
+    return JobState("4242", status, raw_state=status.value, failure=FailureReport([f]))
+
+
+def _record(job_id="4242", backend="slurm"):
+    rec = {"version": 1, "id": job_id, "backend": backend, "name": "t", "submitted": time.time(), "spec": {"slurm": {}},
+           "outputs": [], "scheduler": {}}
+    records.write(rec)
+    return rec
+
+
+def test_a_record_update_that_sees_a_node_fault_ledgers_the_host_once():
+    rec = _record()
+    records.update_state(rec, _failed())
+    records.update_state(rec, _failed())
+    (e,) = ledger.active()
+    assert (e.host, e.job, e.backend, e.reason, e.by) == ("h2", "4242", "slurm", "NCCL network error", "nccl-system")
+    last = records.find("4242", "slurm")[0]["last_state"]
+    assert last["failure_class"] == {"class": "node", "reason": "NCCL network error", "host": "h2", "by": "nccl-system"}
+    assert last["describe"].startswith("FAILED (node fault: host h2, NCCL network error): ")
+    # A job's own fault ledgers nothing, and says so in the record.
+    rec2 = _record("4243")
+    records.update_state(rec2, _failed(host="h3", error="ValueError: boom"))
+    assert ledger.active_hosts() == ("h2",)
+    assert records.find("4243", "slurm")[0]["last_state"]["failure_class"]["class"] == "job"
+
+
+def test_nodes_command_lists_clears_and_refuses_bad_input():
+    ledger.add("h2", "GPU Xid error", "77", "slurm")
+    r = cli("nodes", env=_env())
+    assert r.returncode == 0 and "h2" in r.stdout and "GPU Xid error" in r.stdout and "77@slurm" in r.stdout, r
+    r = cli("nodes", "--json", env=_env())
+    row = json.loads(r.stdout)
+    assert (row["host"], row["job"], row["backend"]) == ("h2", "77", "slurm") and row["expires"] > row["since"]
+    r = cli("nodes", "clear", "h9", env=_env())
+    assert r.returncode == 2 and "'h9' is not in the node ledger" in r.stderr, r.stderr
+    r = cli("nodes", "clear", "h2;reboot", env=_env())
+    assert r.returncode == 2 and "HOST: 'h2;reboot' is not a host name" in r.stderr and "Traceback" not in r.stderr
+    r = cli("nodes", env={**_env(), ledger.EXPIRY_ENV: "-3"})
+    assert r.returncode == 2 and f"{ledger.EXPIRY_ENV}: '-3' is not a positive number" in r.stderr, r.stderr
+    r = cli("nodes", "clear", "h2", env=_env())
+    assert r.returncode == 0 and ledger.active() == []
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_expiry_must_be_a_positive_number(value):
+    with pytest.raises(UsageError, match="positive number"):
+        ledger.expiry_hours(value)
+
+
+def test_slurm_render_excludes_ledgered_hosts_with_a_comment():
+    spec = halo_sched.load(REPO / "examples" / "ddp-cpu.yaml")
+    empty = halo_sched.render(spec, "slurm")
+    ledger.add("n2", "GPU Xid error", "1", "slurm")
+    ledger.add("n1", "NCCL network error", "2", "slurm")
+    assert compile_launch(spec).exclude_hosts == ("n1", "n2")
+    text = halo_sched.render(spec, "slurm")
+    assert "#SBATCH --exclude=n1,n2\n" in text
+    assert "# Kept off the hosts of the node ledger (`halo-sched nodes`)" in text
+    # Nothing else changes; the job file can turn it off.
+    assert [ln for ln in text.splitlines() if ln not in empty.splitlines()] == [
+        ln for ln in text.splitlines() if "ledger" in ln or "--exclude" in ln or "nodes clear" in ln]
+    off = spec.model_copy(update={"avoid_ledgered_nodes": False})
+    assert halo_sched.render(off, "slurm") == empty
+    # The user's own --exclude joins the ledger's (sbatch keeps only the last one).
+    own = spec.model_copy(update={"slurm": spec.slurm.model_copy(update={"extra_args": ["--exclude=n7"]})})
+    text = halo_sched.render(own, "slurm")
+    assert "#SBATCH --exclude=n7,n1,n2\n" in text and text.count("--exclude=") == 1
+
+
+def test_nomad_render_constrains_node_name_and_the_hcl_says_the_same():
+    from hclparse import hcl2json, jobspec
+
+    from halo_sched.backends.nomad.render import job_payload, render_hcl
+
+    spec = halo_sched.load(REPO / "examples" / "nomad-gpu.yaml")
+    ledger.add("gpu-b", "node lost (Nomad allocation lost)", "j-1", "nomad")
+    job = job_payload(spec, "j")["Job"]
+    assert {"LTarget": "${node.unique.name}", "RTarget": "gpu-b", "Operand": "!="} in job["Constraints"]
+    hcl = render_hcl(spec, "j")
+    assert "# Kept off the hosts of the node ledger" in hcl
+    parsed = jobspec.api_job(hcl2json.load(hcl))
+    assert jobspec.comparable(parsed) == jobspec.comparable(job)
+
+
+def test_local_backend_ignores_the_ledger():
+    spec = halo_sched.load(REPO / "examples" / "ddp-cpu.yaml")
+    empty = halo_sched.render(spec, "local")
+    ledger.add("n1", "GPU Xid error", "1", "slurm")
+    assert halo_sched.render(spec, "local") == empty
