@@ -60,8 +60,12 @@ def test_unknown_is_its_own_class():
 
 
 def test_slurm_node_fail_is_the_nodes_fault():
-    c = classify(FailureReport([rank(error="RuntimeError: Connection reset by peer", host="h3")]), JobStatus.NODE_FAIL)
+    c = classify(FailureReport([rank(error="NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.",
+                                     host="h3")]), JobStatus.NODE_FAIL)
     assert c.node and c.by == "node-fail" and c.host == "h3"
+    # A peer that crashed on a Python exception is a victim, not the failed node: no host blamed.
+    c = classify(FailureReport([rank(error="ValueError: store timeout", host="h1")]), JobStatus.NODE_FAIL)
+    assert c.node and c.host == "" and c.describe() == "node fault: node failed (NODE_FAIL)"
     assert classify(None, "NODE_FAIL").node
 
 

@@ -186,3 +186,39 @@ def test_local_backend_ignores_the_ledger():
     empty = halo_sched.render(spec, "local")
     ledger.add("n1", "GPU Xid error", "1", "slurm")
     assert halo_sched.render(spec, "local") == empty
+
+
+def test_nomad_lost_allocation_ledgers_its_node_and_the_next_job_keeps_off_it(tmp_path):
+    """Through the fake Nomad API (its placement honours ``${node.unique.name} != NAME``): a node
+    goes down under a running job; `status` (core.query_and_note) ledgers it; the next job's
+    payload carries the constraint and is placed on the other nodes."""
+    from helpers import load_nomad_helper
+
+    from halo_sched import core
+    from halo_sched.backends.nomad import NomadScheduler
+    from halo_sched.backends.nomad.client import NomadClient, NomadConfig
+    from halo_sched.backends.nomad.render import job_payload
+
+    fake_api = load_nomad_helper("fake_api")
+    spec = halo_sched.load(REPO / "examples" / "nomad-gpu.yaml")
+    spec = spec.model_copy(update={"nodes": 3, "gpus_per_node": 2, "nproc_per_node": 2, "nomad": spec.nomad.model_copy(
+        update={"namespace": None, "memory": 65536, "shm_size": "8GiB"})})
+    with fake_api.FakeNomad([fake_api.FakeNode(f"gpu-{c}", docker_volumes_enabled=True) for c in "abc"],
+                            token="tok") as fake:
+        sched = NomadScheduler(client=NomadClient(NomadConfig(address=fake.address, token="tok", retry_attempts=1)))
+        job_id = sched.submit(spec).id
+        fake.set_running(job_id)
+        victim = fake.alloc_for(job_id, "workers[1]")["NodeName"]
+        fake.node_down(victim)
+        st = core.query_and_note("nomad", sched, [job_id])[job_id]
+        assert f"(node fault: host {victim}, node " in st.describe(), st.describe()
+        (e,) = ledger.active()
+        assert (e.host, e.job, e.backend, e.by) == (victim, job_id, "nomad", "node-lost")
+        core.query_and_note("nomad", sched, [job_id])  # seen again: still one entry
+        assert len(ledger.active()) == 1
+        payload = job_payload(spec, "next")["Job"]
+        assert {"LTarget": "${node.unique.name}", "RTarget": victim, "Operand": "!="} in payload["Constraints"]
+        fake.add_node(fake_api.FakeNode("gpu-d", docker_volumes_enabled=True))
+        next_id = sched.submit(spec).id
+        placed = {a["NodeName"] for a in fake.allocs_of(next_id)}
+        assert placed and victim not in placed, placed

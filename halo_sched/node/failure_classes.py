@@ -204,17 +204,25 @@ def classify(report: Any = None, status: Any = None) -> Classification:
     status = getattr(status, "value", status)
     first = getattr(report, "first", report) if report is not None else None
     host = str(getattr(first, "host", "") or "") if first is not None else ""
+    # A Nomad allocation whose node went down or disconnected (failure_logs.AllocFailure): the
+    # report makes it the cause, and it names the node.
+    verb = getattr(first, "verb", "") if first is not None else ""
+    if verb in ("lost", "disconnected"):
+        return Classification(NODE, f"node {verb} (Nomad allocation {'lost' if verb == 'lost' else 'unknown'})",
+                              host, "node-lost")
     if status == "NODE_FAIL":
-        return Classification(NODE, "node failed (SLURM NODE_FAIL)", host, "node-fail")
+        # SLURM's NODE_FAIL names no node, and the first failure line is usually a healthy peer
+        # that crashed waiting for the dead one: blame a host only where its own output says
+        # so (an Xid, an NCCL/network error on that rank).
+        p = match(_texts(first), NODE) if first is not None else None
+        if p is not None and p.name == "peer-reset":  # what a victim of the dead node says
+            p = None
+        return Classification(NODE, "node failed (NODE_FAIL)" + (f", {p.reason}" if p else ""),
+                              host if p else "", "node-fail")
     if first is None:
         if status == "OUT_OF_MEMORY":
             return Classification(JOB, "out of memory (the process)", "", "out-of-memory")
         return Classification(UNKNOWN)
-    # A Nomad allocation whose node went down or disconnected (failure_logs.AllocFailure).
-    verb = getattr(first, "verb", "")
-    if verb in ("lost", "disconnected"):
-        return Classification(NODE, f"node {verb} (Nomad allocation {'lost' if verb == 'lost' else 'unknown'})",
-                              host, "node-lost")
     if _is_hung(first, report):
         culprit = _culprit_host(first, report)
         if culprit:
