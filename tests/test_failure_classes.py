@@ -96,3 +96,27 @@ def test_status_line_leads_with_a_node_fault_and_keeps_a_job_fault_as_it_was():
     assert text.startswith("FAILED (node fault: host h2, NCCL network error): torch.distributed.DistBackendError"), text
     text = JobState("7", JobStatus.FAILED, failure=FailureReport([rank(error="ValueError: boom")])).describe()
     assert text.startswith("FAILED: ValueError: boom ["), text
+
+
+def test_the_schedulers_node_name_is_blamed_over_torchruns_fqdn():
+    """sbatch refuses an --exclude naming a node it does not know: the ledger takes SLURM's name
+    (SLURMD_NODENAME, written by the collector), not torchrun's host."""
+    import json
+
+    from halo_sched.node import failure_collector
+    from halo_sched.node.failures import parse_line
+
+    rec = {"node": 1, "rank": 1, "local_rank": 0, "host": "node2.cluster.example", "exit_code": 1, "signal": None,
+           "time": T0, "error": "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.", "tail": [],
+           "stopped": False, "node_name": "node2"}
+    f = parse_line(failure_collector.TAG + " " + json.dumps(rec))
+    assert f.node_name == "node2" and classify(FailureReport([f])).host == "node2"
+
+
+def test_the_collector_writes_slurms_node_name(tmp_path, monkeypatch):
+    from halo_sched.node import failure_collector
+
+    (tmp_path / "torchrun.err").write_text("")
+    monkeypatch.setenv("SLURMD_NODENAME", "node3")
+    (rec,) = failure_collector.collect(1, 1, str(tmp_path), 1, host="node3.example")
+    assert rec["node_name"] == "node3" and rec["host"] == "node3.example"

@@ -88,7 +88,7 @@ def test_a_bad_or_newer_file_is_skipped_with_one_warning_never_fatal(text, why, 
     assert err.count("halo-sched: warning: skipping the node ledger") == 1 and why in err, err
     # Rendering a job still works, avoiding nothing; a writer leaves the file as it is.
     spec = halo_sched.load(REPO / "examples" / "ddp-cpu.yaml")
-    assert "--exclude" not in halo_sched.render(spec, "slurm")
+    assert "#SBATCH --exclude" not in halo_sched.render(spec, "slurm")
     assert ledger.add("h9", "x", "1", "slurm") is None
     assert ledger.path().read_text() == text
     r = cli("render", str(REPO / "examples" / "ddp-cpu.yaml"), "--backend", "slurm", env=_env())
@@ -151,19 +151,22 @@ def test_slurm_render_excludes_ledgered_hosts_with_a_comment():
     empty = halo_sched.render(spec, "slurm")
     ledger.add("n2", "GPU Xid error", "1", "slurm")
     ledger.add("n1", "NCCL network error", "2", "slurm")
-    assert compile_launch(spec).exclude_hosts == ("n1", "n2")
+    ledger.add("gpu-x", "node lost (Nomad allocation lost)", "j", "nomad")  # another scheduler's node
+    assert compile_launch(spec).exclude_hosts("slurm") == ("n1", "n2")
+    assert compile_launch(spec).exclude_hosts("nomad") == ("gpu-x",)
     text = halo_sched.render(spec, "slurm")
     assert "#SBATCH --exclude=n1,n2\n" in text
     assert "# Kept off the hosts of the node ledger (`halo-sched nodes`)" in text
     # Nothing else changes; the job file can turn it off.
     assert [ln for ln in text.splitlines() if ln not in empty.splitlines()] == [
-        ln for ln in text.splitlines() if "ledger" in ln or "--exclude" in ln or "nodes clear" in ln]
+        ln for ln in text.splitlines() if "node ledger" in ln or "#SBATCH --exclude" in ln or "nodes clear" in ln
+        or "avoid_ledgered_nodes" in ln]
     off = spec.model_copy(update={"avoid_ledgered_nodes": False})
     assert halo_sched.render(off, "slurm") == empty
     # The user's own --exclude joins the ledger's (sbatch keeps only the last one).
     own = spec.model_copy(update={"slurm": spec.slurm.model_copy(update={"extra_args": ["--exclude=n7"]})})
     text = halo_sched.render(own, "slurm")
-    assert "#SBATCH --exclude=n7,n1,n2\n" in text and text.count("--exclude=") == 1
+    assert "#SBATCH --exclude=n7,n1,n2\n" in text and text.count("#SBATCH --exclude=") == 1
 
 
 def test_nomad_render_constrains_node_name_and_the_hcl_says_the_same():
@@ -173,8 +176,10 @@ def test_nomad_render_constrains_node_name_and_the_hcl_says_the_same():
 
     spec = halo_sched.load(REPO / "examples" / "nomad-gpu.yaml")
     ledger.add("gpu-b", "node lost (Nomad allocation lost)", "j-1", "nomad")
+    ledger.add("node7", "GPU Xid error", "99", "slurm")  # a SLURM node: not Nomad's business
     job = job_payload(spec, "j")["Job"]
-    assert {"LTarget": "${node.unique.name}", "RTarget": "gpu-b", "Operand": "!="} in job["Constraints"]
+    assert [c for c in job["Constraints"] if "LTarget" in c] == [
+        {"LTarget": "${node.unique.name}", "RTarget": "gpu-b", "Operand": "!="}]
     hcl = render_hcl(spec, "j")
     assert "# Kept off the hosts of the node ledger" in hcl
     parsed = jobspec.api_job(hcl2json.load(hcl))
@@ -211,7 +216,10 @@ def test_nomad_lost_allocation_ledgers_its_node_and_the_next_job_keeps_off_it(tm
         victim = fake.alloc_for(job_id, "workers[1]")["NodeName"]
         fake.node_down(victim)
         st = core.query_and_note("nomad", sched, [job_id])[job_id]
-        assert f"(node fault: host {victim}, node " in st.describe(), st.describe()
+        assert st.status is JobStatus.NODE_FAIL and f"(Nomad node {victim}) disconnected" in st.describe()
+        assert st.failure_class().describe() == f"node fault: host {victim}, node disconnected (Nomad allocation unknown)"
+        cls = records.find(job_id, "nomad")[0]["last_state"]["failure_class"]
+        assert (cls["class"], cls["host"]) == ("node", victim)
         (e,) = ledger.active()
         assert (e.host, e.job, e.backend, e.by) == (victim, job_id, "nomad", "node-lost")
         core.query_and_note("nomad", sched, [job_id])  # seen again: still one entry

@@ -203,7 +203,9 @@ def classify(report: Any = None, status: Any = None) -> Classification:
     job's. Without a report and without such a status, the cause is unknown."""
     status = getattr(status, "value", status)
     first = getattr(report, "first", report) if report is not None else None
-    host = str(getattr(first, "host", "") or "") if first is not None else ""
+    # The scheduler's name for the node where the failure line carries it (what --exclude and a
+    # Nomad constraint take), else torchrun's host.
+    host = str(getattr(first, "node_name", "") or getattr(first, "host", "") or "") if first is not None else ""
     # A Nomad allocation whose node went down or disconnected (failure_logs.AllocFailure): the
     # report makes it the cause, and it names the node.
     verb = getattr(first, "verb", "") if first is not None else ""

@@ -527,7 +527,7 @@ def exclude_constraints(launch: Launch) -> list[dict]:
     v2.0.5: set_contains, set_contains_all, set_contains_any; ``scheduler/feasible/feasible.go``
     checks ``!=``/``not`` per value), hence one each."""
     return [{"LTarget": NODE_NAME_TARGET, "RTarget": check(h, "SLURM word", "exclude_hosts"), "Operand": "!="}
-            for h in launch.exclude_hosts]
+            for h in launch.exclude_hosts("nomad")]
 
 
 def payload(launch: Launch) -> dict:
