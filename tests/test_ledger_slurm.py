@@ -64,3 +64,22 @@ def test_a_node_fault_on_slurm_is_ledgered_and_the_next_job_excludes_that_node(t
 
     assert cli("nodes", "clear", host, env=env).returncode == 0
     assert "#SBATCH --exclude" not in cli("render", str(job), "--backend", "slurm", cwd=tmp_path, env=env).stdout
+
+
+def test_a_ledgered_host_slurm_does_not_know_never_stops_a_submit(tmp_path, env):
+    """A ledger entry naming a node this cluster lacks (another cluster's, or one removed): sbatch
+    would refuse the whole job ("Invalid node name specified"); submit says so once and submits
+    it without the exclusion."""
+    from halo_sched import ledger
+
+    ledger.add("ghost-node-9", "GPU Xid error", "1", "slurm")
+    shutil.copy(REPO / "tests" / "trainers" / "node_fault.py", tmp_path / "node_fault.py")
+    job = example_job(tmp_path, free_port(), nodes=1, nproc_per_node=1, trainer={"script": "node_fault.py", "args": []})
+    r = cli("submit", str(job), "--backend", "slurm", cwd=tmp_path, env=env)
+    try:
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.count("SLURM does not know a host of the node ledger (ghost-node-9)") == 1, r.stderr
+    finally:
+        job_id = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
+        if job_id:
+            subprocess.run(["scancel", job_id], env=env, capture_output=True, timeout=60)
