@@ -63,16 +63,16 @@ PATTERNS: tuple[Pattern, ...] = (
     Pattern("ecc", NODE, "GPU ECC error",
             r"uncorrectable ECC error encountered",
             "RuntimeError: CUDA error: uncorrectable ECC error encountered",
-            "cudaGetErrorString(cudaErrorECCUncorrectable), raised by torch's C10_CUDA_CHECK "
-            "(c10/cuda/CUDAException.h)"),
+            "CUDA runtime's cudaGetErrorString(cudaErrorECCUncorrectable) after torch's \"CUDA error: \" "
+            "(C10_CUDA_CHECK, c10/cuda/CUDAException.cpp c10_cuda_check_implementation)"),
     Pattern("cuda-launch", NODE, "CUDA device error",
             r"CUDA error: unspecified launch failure",
             "RuntimeError: CUDA error: unspecified launch failure",
-            "cudaGetErrorString(cudaErrorLaunchFailure) via c10/cuda/CUDAException.h"),
+            "cudaGetErrorString(cudaErrorLaunchFailure) via C10_CUDA_CHECK (c10/cuda/CUDAException.cpp)"),
     Pattern("cuda-illegal-address", NODE, "CUDA device error",
             r"CUDA error: an illegal memory access was encountered",
             "RuntimeError: CUDA error: an illegal memory access was encountered",
-            "cudaGetErrorString(cudaErrorIllegalAddress) via c10/cuda/CUDAException.h (also an Xid 13/31 on "
+            "cudaGetErrorString(cudaErrorIllegalAddress) via C10_CUDA_CHECK (c10/cuda/CUDAException.cpp); an Xid 13/31 on "
             "the node; a kernel bug in user code can cause it too)"),
     Pattern("nccl-ib", NODE, "NCCL network error",
             r"NCCL WARN NET/(?:IB|Socket|OFI)",
@@ -95,8 +95,8 @@ PATTERNS: tuple[Pattern, ...] = (
             r"Connection reset by peer|Connection closed by (?:remote )?peer|No route to host",
             "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
             "[10.0.0.2]:62261",
-            "gloo/transport/tcp/pair.cc (Pair::read: 'Connection closed by peer'); c10d TCPStore/ProcessGroupGloo "
-            "surface ECONNRESET as strerror 'Connection reset by peer'"),
+            "gloo/transport/tcp/pair.cc (Pair::read on EOF: GLOO_ERROR_MSG(\"Connection closed by peer \", "
+            "peer_.str())); ECONNRESET's strerror 'Connection reset by peer' from gloo and c10d's TCPStore"),
     # --- the job's own ----------------------------------------------------------------------
     Pattern("cuda-oom", JOB, "out of memory (GPU, the process)",
             r"CUDA out of memory|OutOfMemoryError",
