@@ -449,6 +449,8 @@ def cmd_status(args) -> int:
                 **({"restarts": st.restarts} if st.restarts is not None else {}),
                 # Which rank failed first, and every failure the nodes reported.
                 **({"failure": st.failure.to_dict()} if st.failure is not None else {}),
+                # Whose fault: node, job or unknown (docs/failures.md, "Whose fault").
+                **({"failure_class": cls.to_dict()} if (cls := st.failure_class()) is not None else {}),
                 **({"last_known": st.last_known} if st.last_known is not None else {}),
             }))
         elif st.last_known is not None:

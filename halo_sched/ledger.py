@@ -236,8 +236,8 @@ def observe(job: str, backend: str, classification) -> Entry | None:
     """A job was seen to fail as a node would: ledger its host (never raises: a record update
     must not fail over the ledger)."""
     host = getattr(classification, "host", "")
-    if not getattr(classification, "node", False) or not host:
-        return None
+    if not getattr(classification, "node", False) or not host or backend == "local":
+        return None  # the local backend runs on this one host: nothing to avoid
     try:
         return add(host, classification.reason, job, backend, by=getattr(classification, "by", ""))
     except UsageError as err:  # a bad expiry in the environment: said once, nothing written

@@ -121,6 +121,11 @@ def test_a_record_update_that_sees_a_node_fault_ledgers_the_host_once():
     records.update_state(rec2, _failed(host="h3", error="ValueError: boom"))
     assert ledger.active_hosts() == ("h2",)
     assert records.find("4243", "slurm")[0]["last_state"]["failure_class"]["class"] == "job"
+    # The local backend runs on this one host: its node faults are classified, never ledgered.
+    rec3 = _record("local-1", "local")
+    records.update_state(rec3, _failed(host="thishost"))
+    assert records.find("local-1", "local")[0]["last_state"]["failure_class"]["class"] == "node"
+    assert ledger.active_hosts() == ("h2",)
 
 
 def test_nodes_command_lists_clears_and_refuses_bad_input():
