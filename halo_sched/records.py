@@ -282,12 +282,8 @@ def update_state(record: dict, state) -> None:
     if state.failure is not None and state.failure.first is not None:
         last["failure"] = state.failure.to_dict()
     cls = state.failure_class()
-    if cls is not None:
+    if cls is not None:  # whose fault (the node ledger hears of a node's: core.keep_state)
         last["failure_class"] = cls.to_dict()
-        if cls.node:  # the node ledger hears of it once per job and host (halo_sched/ledger.py)
-            from . import ledger
-
-            ledger.observe(record.get("id") or "", record.get("backend") or "", cls)
     old = record.get("last_state") or {}
     if {k: v for k, v in old.items() if k != "at"} == {k: v for k, v in last.items() if k != "at"}:
         return

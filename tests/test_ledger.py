@@ -108,22 +108,24 @@ def _record(job_id="4242", backend="slurm"):
 
 
 def test_a_record_update_that_sees_a_node_fault_ledgers_the_host_once():
-    rec = _record()
-    records.update_state(rec, _failed())
-    records.update_state(rec, _failed())
+    from halo_sched.core import note
+
+    _record()
+    note("slurm", "4242", _failed())
+    note("slurm", "4242", _failed())
     (e,) = ledger.active()
     assert (e.host, e.job, e.backend, e.reason, e.by) == ("h2", "4242", "slurm", "NCCL network error", "nccl-system")
     last = records.find("4242", "slurm")[0]["last_state"]
     assert last["failure_class"] == {"class": "node", "reason": "NCCL network error", "host": "h2", "by": "nccl-system"}
     assert last["describe"].startswith("FAILED (node fault: host h2, NCCL network error): ")
     # A job's own fault ledgers nothing, and says so in the record.
-    rec2 = _record("4243")
-    records.update_state(rec2, _failed(host="h3", error="ValueError: boom"))
+    _record("4243")
+    note("slurm", "4243", _failed(host="h3", error="ValueError: boom"))
     assert ledger.active_hosts() == ("h2",)
     assert records.find("4243", "slurm")[0]["last_state"]["failure_class"]["class"] == "job"
     # The local backend runs on this one host: its node faults are classified, never ledgered.
-    rec3 = _record("local-1", "local")
-    records.update_state(rec3, _failed(host="thishost"))
+    _record("local-1", "local")
+    note("local", "local-1", _failed(host="thishost"))
     assert records.find("local-1", "local")[0]["last_state"]["failure_class"]["class"] == "node"
     assert ledger.active_hosts() == ("h2",)
 
