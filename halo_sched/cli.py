@@ -646,8 +646,12 @@ def cmd_nodes(args) -> int:
             _err(f"halo-sched: the node ledger is empty (new jobs avoid no host) [{ledger.path()}]")
             return 0
         fmt = "%Y-%m-%d %H:%M:%S"
+
+        def safe(text: str) -> str:  # the file is data: nothing in it drives the terminal
+            return "".join(c if c.isprintable() else "?" for c in text)[:200]
+
         table = [("HOST", "REASON", "JOB", "SINCE", "EXPIRES")] + [
-            (e.host, e.reason, f"{e.job}@{e.backend}", time.strftime(fmt, time.localtime(e.since)),
+            (e.host, safe(e.reason), safe(f"{e.job}@{e.backend}"), time.strftime(fmt, time.localtime(e.since)),
              time.strftime(fmt, time.localtime(e.expires))) for e in rows]
         widths = [max(len(r[i]) for r in table) for i in range(4)]
         for r in table:

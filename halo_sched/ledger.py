@@ -247,5 +247,17 @@ def observe(job: str, backend: str, classification) -> Entry | None:
     return None
 
 
-__all__ = ["DEFAULT_EXPIRY_HOURS", "EXPIRY_ENV", "Entry", "VERSION", "active", "active_hosts", "add", "check_host",
+class Ledger:
+    """The node ledger as one object, for code that prefers one (the module's functions)."""
+
+    add = staticmethod(add)
+    active = staticmethod(active)
+    active_hosts = staticmethod(active_hosts)
+    clear = staticmethod(clear)
+    entries = staticmethod(entries)
+    observe = staticmethod(observe)
+    path = staticmethod(path)
+
+
+__all__ = ["DEFAULT_EXPIRY_HOURS", "Ledger", "EXPIRY_ENV", "Entry", "VERSION", "active", "active_hosts", "add", "check_host",
            "clear", "entries", "expiry_hours", "observe", "path", "valid_host"]

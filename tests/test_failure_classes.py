@@ -120,3 +120,9 @@ def test_the_collector_writes_slurms_node_name(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURMD_NODENAME", "node3")
     (rec,) = failure_collector.collect(1, 1, str(tmp_path), 1, host="node3.example")
     assert rec["node_name"] == "node3" and rec["host"] == "node3.example"
+
+
+def test_a_preflight_failure_kind_is_that_nodes_fault():
+    gate = types.SimpleNamespace(kind="PREFLIGHT", host="h4", node_name="", error="no interface ib0", tail=())
+    c = classify(gate)
+    assert c.node and c.host == "h4" and c.by == "preflight", c

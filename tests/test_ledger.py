@@ -137,6 +137,10 @@ def test_nodes_command_lists_clears_and_refuses_bad_input():
     r = cli("nodes", "--json", env=_env())
     row = json.loads(r.stdout)
     assert (row["host"], row["job"], row["backend"]) == ("h2", "77", "slurm") and row["expires"] > row["since"]
+    ledger.add("h3", "evil \x1b[31mred\x07", "j\x1b]0;title\x07", "slurm")  # a hand-edited file is data
+    r = cli("nodes", env=_env())
+    assert "\x1b" not in r.stdout and "\x07" not in r.stdout and "evil ?[31mred?" in r.stdout, r.stdout
+    ledger.clear("h3")
     r = cli("nodes", "clear", "h9", env=_env())
     assert r.returncode == 2 and "'h9' is not in the node ledger" in r.stderr, r.stderr
     r = cli("nodes", "clear", "h2;reboot", env=_env())

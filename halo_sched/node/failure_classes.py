@@ -187,13 +187,18 @@ def _culprit_host(*objs: Any) -> str:
     return ""
 
 
-def _is_hung(*objs: Any) -> bool:
+def _kind_is(want: str, *objs: Any) -> bool:
+    """Whether a failure (or its report) carries ``kind`` ``want`` (a string or an enum's value)."""
     for obj in objs:
         kind = getattr(obj, "kind", None)
         kind = getattr(kind, "value", kind)
-        if isinstance(kind, str) and kind.upper() == "HUNG":
+        if isinstance(kind, str) and kind.upper() == want:
             return True
     return False
+
+
+def _is_hung(*objs: Any) -> bool:
+    return _kind_is("HUNG", *objs)
 
 
 def classify(report: Any = None, status: Any = None) -> Classification:
@@ -230,6 +235,9 @@ def classify(report: Any = None, status: Any = None) -> Classification:
         if culprit:
             return Classification(NODE, "hung (this node was the culprit)", culprit, "hung")
         return Classification(UNKNOWN, "hung (no culprit node)", "", "hung")
+    if _kind_is("PREFLIGHT", first, report):
+        # A preflight gate's failure (its line, or a kind the gate sets): that node's fault.
+        return Classification(NODE, "preflight check failed", host, "preflight")
     p = match(_texts(first))
     if p is not None:
         return Classification(p.kind, p.reason, host if p.kind == NODE else "", p.name)
