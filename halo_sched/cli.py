@@ -259,6 +259,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=_positive_float, default=None, help="cancel the test job after this many seconds")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
 
+    p = command("nodes", help="the node ledger: hosts that failed a job as a node would, which new jobs avoid "
+                              "until they expire; `nodes clear HOST` forgets one (exit 2 if the ledger does not know it)")
+    p.add_argument("action", nargs="?", choices=("clear",), metavar="clear", help="forget HOST")
+    p.add_argument("host", nargs="?", metavar="HOST")
+    p.add_argument("--json", action="store_true", help="one JSON object per entry")
+
     command("gc", help="Nomad: delete the secrets (Variables) of every recorded job that ended or that Nomad no "
                        "longer knows; prints each removed Variable; exit 1 if one could not be deleted")
 
@@ -464,6 +470,8 @@ def cmd_status(args) -> int:
                 **({"restarts": st.restarts} if st.restarts is not None else {}),
                 # Which rank failed first, and every failure the nodes reported.
                 **({"failure": st.failure.to_dict()} if st.failure is not None else {}),
+                # Whose fault: node, job or unknown (docs/failures.md, "Whose fault").
+                **({"failure_class": cls.to_dict()} if (cls := st.failure_class()) is not None else {}),
                 **({"last_known": st.last_known} if st.last_known is not None else {}),
             }))
         elif st.last_known is not None:
@@ -642,6 +650,47 @@ def cmd_preflight(args) -> int:
     return 0 if rep.passed else 1
 
 
+def cmd_nodes(args) -> int:
+    """``nodes``: the active ledger entries; ``nodes clear HOST``: forget HOST."""
+    from . import ledger
+
+    if args.action is None:
+        if args.host is not None:
+            raise UsageError(f"nodes: unexpected {shown(args.host)} (did you mean `nodes clear {shown(args.host)}`?)")
+        ledger.expiry_hours()  # a bad HALO_SCHED_NODE_EXPIRY_HOURS is said here, exit 2
+        rows = ledger.active()
+        if args.json:
+            for e in rows:
+                print(json.dumps(e.to_dict(), sort_keys=True))
+            return 0
+        if not rows:
+            _err(f"halo-sched: the node ledger is empty (new jobs avoid no host) [{ledger.path()}]")
+            return 0
+        fmt = "%Y-%m-%d %H:%M:%S"
+
+        def safe(text: str) -> str:  # the file is data: nothing in it drives the terminal
+            return "".join(c if c.isprintable() else "?" for c in text)[:200]
+
+        table = [("HOST", "REASON", "JOB", "SINCE", "EXPIRES")] + [
+            (e.host, safe(e.reason), safe(f"{e.job}@{e.backend}"), time.strftime(fmt, time.localtime(e.since)),
+             time.strftime(fmt, time.localtime(e.expires))) for e in rows]
+        widths = [max(len(r[i]) for r in table) for i in range(4)]
+        for r in table:
+            print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[4])
+        return 0
+    if args.host is None:
+        raise UsageError("nodes clear: HOST is required")
+    host = ledger.check_host(args.host)
+    gone = ledger.clear(host)
+    if not gone:
+        raise UsageError(f"nodes clear: HOST {host!r} is not in the node ledger")
+    if args.json:
+        print(json.dumps({"host": host, "cleared": gone}))
+    else:
+        _err(f"halo-sched: {host}: forgot {gone} ledger {'entry' if gone == 1 else 'entries'}; new jobs may run there")
+    return 0
+
+
 def cmd_schema(args) -> int:
     from .spec import json_schema
 
@@ -671,7 +720,7 @@ COMMANDS = {
     "gc": cmd_gc,
     "validate": cmd_validate, "render": cmd_render, "submit": cmd_submit, "plan": cmd_plan,
     "status": cmd_status, "watch": cmd_watch, "logs": cmd_logs, "cancel": cmd_cancel, "schema": cmd_schema,
-    "preflight": cmd_preflight, "list": cmd_list,
+    "preflight": cmd_preflight, "list": cmd_list, "nodes": cmd_nodes,
 }
 
 

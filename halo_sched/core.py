@@ -166,13 +166,25 @@ def warning_of(job_id: str) -> str | None:
 # ---- states kept in the records -----------------------------------------------------------------
 
 
+def keep_state(rec: dict, state: JobState) -> None:
+    """Keep ``state`` in the job's record ``rec``; a node's fault also goes into the node ledger
+    (halo_sched/ledger.py: once per job and host), so new jobs avoid that host."""
+    try:
+        records.update_state(rec, state)
+    except OSError:
+        pass
+    cls = state.failure_class()
+    if cls is not None and cls.node:
+        from . import ledger
+
+        ledger.observe(rec.get("id") or "", rec.get("backend") or "", cls)
+
+
 def note(backend: str, job_id: str, state: JobState) -> dict | None:
-    """Keep ``state`` in the job's record (when the scheduler knows it); return the record."""
+    """Keep ``state`` in the job's record (when the scheduler knows it), and a node's fault in
+    the node ledger; return the record."""
     for rec in records.find(job_id, backend):
-        try:
-            records.update_state(rec, state)
-        except OSError:
-            pass
+        keep_state(rec, state)
         return rec
     return None
 
@@ -288,10 +300,7 @@ def recent(backend: str | None, state: str | None, limit: int, scheduler: Callab
         st = states.get(r["backend"], {}).get(r["id"])
         last = r.get("last_state") or {}
         if st is not None and st.status is not JobStatus.UNKNOWN:
-            try:
-                records.update_state(r, st)
-            except OSError:
-                pass
+            keep_state(r, st)
             rows.append(Row(r, st.status.value, st.describe(), True))
         else:  # the scheduler forgot it (or did not answer): what we saw last
             rows.append(Row(r, last.get("status") or "UNKNOWN", last.get("describe") or "UNKNOWN", False))
@@ -356,5 +365,5 @@ def wait_after_submit(sched: Scheduler, spec, job_id: str, timeout: float | None
 
 
 __all__ = ["Fallback", "MAX_ID_CHARS", "Row", "noting", "query_or_last", "backend_of", "backends_of", "cancel_known", "check_id", "ended_by_record", "job_size",
-           "known_backend", "note", "query_and_note", "recent", "unknown", "unknown_asked", "wait_after_submit",
+           "keep_state", "known_backend", "note", "query_and_note", "recent", "unknown", "unknown_asked", "wait_after_submit",
            "warning_of"]

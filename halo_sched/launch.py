@@ -133,8 +133,19 @@ class Launch:
     #: network.interface: the fabric NIC whose address rank 0 and the servers take (None: the
     #: address the scheduler reaches each node by).
     interface: str | None
+    #: Hosts the job must not run on, as ``(backend, host)`` (``*``: every backend): the node
+    #: ledger's active entries (halo_sched/ledger.py) unless the job file sets
+    #: ``avoid_ledgered_nodes: false``. Each backend takes its own (:meth:`exclude_hosts`): SLURM
+    #: ``--exclude``, a Nomad constraint on ``${node.unique.name}``; the local backend runs on
+    #: one host and ignores them. A host another scheduler named means nothing here (sbatch
+    #: refuses an ``--exclude`` naming a node it does not know).
+    excluded: tuple[tuple[str, str], ...] = ()
     names: EnvNames = NAMES
     index_tag: str = INDEX_TAG
+
+    def exclude_hosts(self, backend: str) -> tuple[str, ...]:
+        """The hosts ``backend``'s job keeps off, sorted, each once."""
+        return tuple(sorted({h for b, h in self.excluded if b in (backend, "*")}))
 
     @property
     def all_nodes(self) -> int:
@@ -183,11 +194,30 @@ def _cluster(extra_args) -> str | None:
     return names[-1] if names and "," not in names[-1] else None
 
 
-def compile_launch(spec: JobSpec, job_id: str | None = None) -> Launch:
+def _excluded(spec: JobSpec, given) -> tuple[tuple[str, str], ...]:
+    """The hosts to keep off, as (backend, host), each host a checked host name: it lands on an
+    ``#SBATCH`` line and in a Nomad constraint."""
+    from . import ledger
+
+    if given is not None:
+        pairs = [("*", h) for h in given]
+    elif getattr(spec, "avoid_ledgered_nodes", True):
+        pairs = [(e.backend, e.host) for e in ledger.active()]
+    else:
+        return ()
+    for _, h in pairs:
+        if not ledger.valid_host(h):
+            raise RenderError([("exclude_hosts", f"{h!r} is not a host name")])
+    return tuple(sorted(set(pairs)))
+
+
+def compile_launch(spec: JobSpec, job_id: str | None = None, exclude_hosts=None) -> Launch:
     """The launch plan of a validated ``spec``. Every number and every word that a renderer
     writes where nothing can quote it is checked here as it is taken (whatever the model holds:
     ``model_copy`` does not validate); the templates' filters check again. ``job_id``: the
-    scheduler's id of this submission where the renderer writes one (Nomad), else the name."""
+    scheduler's id of this submission where the renderer writes one (Nomad), else the name.
+    ``exclude_hosts``: hosts to keep off on every backend; None: the node ledger's, each on its
+    own backend (``avoid_ledgered_nodes``)."""
     s = spec
     nodes = checked_int(s.nodes, "nodes")
     nproc = checked_int(s.nproc_per_node, "nproc_per_node")
@@ -230,6 +260,7 @@ def compile_launch(spec: JobSpec, job_id: str | None = None) -> Launch:
                               timeout_s=timeout_s, derived=DERIVED_PORTS, avoid=tuple(avoid)),
         warning=_warning(s), secret_names=tuple(s.secret_names), output=SLURM_OUTPUT,
         cluster=_cluster(s.slurm.extra_args), interface=s.network.interface,
+        excluded=_excluded(s, exclude_hosts),
     )
 
 

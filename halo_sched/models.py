@@ -563,6 +563,11 @@ class JobSpec(_Model):
     network: Network = Field(default_factory=Network)
     slurm: Slurm = Field(default_factory=Slurm)
     nomad: Nomad = Field(default_factory=Nomad)
+    avoid_ledgered_nodes: bool = Field(
+        True,
+        description="Keep off the hosts in the node ledger (`halo-sched nodes`): SLURM --exclude, a Nomad "
+                    "constraint on ${node.unique.name}; false: run anywhere.",
+    )
     parallelism: Parallelism | None = Field(None, description="Parallel layout (tp, ep, ...), checked at validate time.")
     servers: list[Server] = Field(
         default_factory=list,

@@ -281,6 +281,9 @@ def update_state(record: dict, state) -> None:
             "exit_code": state.exit_code}
     if state.failure is not None and state.failure.first is not None:
         last["failure"] = state.failure.to_dict()
+    cls = state.failure_class()
+    if cls is not None:  # whose fault (the node ledger hears of a node's: core.keep_state)
+        last["failure_class"] = cls.to_dict()
     old = record.get("last_state") or {}
     if {k: v for k, v in old.items() if k != "at"} == {k: v for k, v in last.items() if k != "at"}:
         return

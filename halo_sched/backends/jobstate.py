@@ -49,6 +49,9 @@ _TERMINAL = {
     JobStatus.OUT_OF_MEMORY,
 }
 
+#: States that are a failure to classify even without a failure report (the scheduler's word).
+_CLASSIFIED = {JobStatus.FAILED, JobStatus.NODE_FAIL, JobStatus.OUT_OF_MEMORY}
+
 
 @dataclass
 class SlurmDetail:
@@ -144,10 +147,26 @@ class JobState:
         return (self.status, self.nodes_running, self.raw_state, self.restarts, self.reason,
                 self.nomad.nodes_placed if self.nomad is not None else None)
 
+    def failure_class(self):
+        """Whose fault the failure is (halo_sched/node/failure_classes.py), for a job that failed
+        (FAILED, NODE_FAIL, OUT_OF_MEMORY, TIMEOUT with a failure report); None otherwise."""
+        if self.status not in _CLASSIFIED and self.failure is None:
+            return None
+        if not self.status.terminal and self.failure is None:
+            return None
+        from ..node.failure_classes import classify
+
+        return classify(self.failure, self.status)
+
     def describe(self) -> str:
         """The state in words, one line: ``FAILED: rank 3 (node 1, ...) exit 1 ...``."""
         if self.failure is not None and self.failure.first is not None:
-            text = f"{self.status.value}: {self.failure.describe()}"
+            cls = self.failure_class()
+            # A node's fault leads the line (the host to avoid); a job's own is the rank's words.
+            # NODE_FAIL says it already, and its first failure names the node.
+            node = cls is not None and cls.node and self.status is not JobStatus.NODE_FAIL
+            head = f"{self.status.value} ({cls.describe()})" if node else self.status.value
+            text = f"{head}: {self.failure.describe()}"
             return text + (f" (raw={self.raw_state})" if self.raw_state and self.raw_state != self.status.value else "")
         if self.verdict:
             return f"{self.status.value}: {self.verdict}"

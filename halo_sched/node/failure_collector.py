@@ -166,6 +166,12 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
             "time": stopped_at if stopped_at is not None else now,
             "error": error_line(tail[-TAIL_LINES:]), "tail": tail[-TAIL_LINES:], "stopped": stopped_at is not None,
         })
+    # The scheduler's name for this node (SLURM sets SLURMD_NODENAME in every task): what sbatch's
+    # node options take. torchrun's host is the machine's FQDN and may differ from it.
+    node_name = os.environ.get("SLURMD_NODENAME", "")
+    if node_name:
+        for r in out:
+            r["node_name"] = node_name
     return out
 
 

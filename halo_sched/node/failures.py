@@ -48,6 +48,9 @@ class RankFailure:
     tail: tuple[str, ...] = ()
     #: Stopped by the scheduler or its agent after something else failed (a victim, never the cause).
     stopped: bool = False
+    #: The scheduler's name for the node (SLURM's SLURMD_NODENAME, Nomad's NodeName), where known:
+    #: what the node ledger records and ``--exclude`` takes (``host`` is torchrun's FQDN).
+    node_name: str = ""
 
     def where(self) -> str:
         host = f"host {self.host}" if self.host else ""
@@ -73,7 +76,8 @@ class RankFailure:
     def to_dict(self) -> dict:
         return {"node": self.node, "rank": self.rank, "local_rank": self.local_rank, "host": self.host,
                 "exit_code": self.exit_code, "signal": self.signal, "time": self.time, "error": self.error,
-                "tail": list(self.tail), "stopped": self.stopped}
+                "tail": list(self.tail), "stopped": self.stopped,
+                **({"node_name": self.node_name} if self.node_name else {})}
 
 
 def _int(v) -> int | None:
@@ -102,6 +106,7 @@ def parse_line(line: str) -> RankFailure | None:
         signal=data.get("signal") if isinstance(data.get("signal"), str) else None,
         time=float(data["time"]), error=str(data.get("error") or ""),
         tail=tuple(str(t) for t in tail), stopped=bool(data.get("stopped")),
+        node_name=data.get("node_name") if isinstance(data.get("node_name"), str) else "",
     )
 
 
@@ -179,3 +184,10 @@ def report_from_files(paths: Iterable) -> FailureReport | None:
             except OSError:
                 continue
     return report_from_lines(lines())
+
+
+def classify(report, status=None):
+    """Whose fault the failure is: the node's, the job's or unknown (see failure_classes.py)."""
+    from .failure_classes import classify as _classify
+
+    return _classify(report, status)

@@ -98,8 +98,8 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-199233ca"
-        right_delimiter = "halo-199233ca]]"
+        left_delimiter  = "[[halo-563ceeb6"
+        right_delimiter = "halo-563ceeb6]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -465,6 +465,12 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
             "time": stopped_at if stopped_at is not None else now,
             "error": error_line(tail[-TAIL_LINES:]), "tail": tail[-TAIL_LINES:], "stopped": stopped_at is not None,
         })
+    # The scheduler's name for this node (SLURM sets SLURMD_NODENAME in every task): what sbatch's
+    # node options take. torchrun's host is the machine's FQDN and may differ from it.
+    node_name = os.environ.get("SLURMD_NODENAME", "")
+    if node_name:
+        for r in out:
+            r["node_name"] = node_name
     return out
 
 
@@ -609,8 +615,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-199233ca"
-        right_delimiter = "halo-199233ca]]"
+        left_delimiter  = "[[halo-563ceeb6"
+        right_delimiter = "halo-563ceeb6]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -976,6 +982,12 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
             "time": stopped_at if stopped_at is not None else now,
             "error": error_line(tail[-TAIL_LINES:]), "tail": tail[-TAIL_LINES:], "stopped": stopped_at is not None,
         })
+    # The scheduler's name for this node (SLURM sets SLURMD_NODENAME in every task): what sbatch's
+    # node options take. torchrun's host is the machine's FQDN and may differ from it.
+    node_name = os.environ.get("SLURMD_NODENAME", "")
+    if node_name:
+        for r in out:
+            r["node_name"] = node_name
     return out
 
 

@@ -97,8 +97,8 @@ job "rl-grpo" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-75c36827"
-        right_delimiter = "halo-75c36827]]"
+        left_delimiter  = "[[halo-7b705bd4"
+        right_delimiter = "halo-7b705bd4]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -561,6 +561,12 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
             "time": stopped_at if stopped_at is not None else now,
             "error": error_line(tail[-TAIL_LINES:]), "tail": tail[-TAIL_LINES:], "stopped": stopped_at is not None,
         })
+    # The scheduler's name for this node (SLURM sets SLURMD_NODENAME in every task): what sbatch's
+    # node options take. torchrun's host is the machine's FQDN and may differ from it.
+    node_name = os.environ.get("SLURMD_NODENAME", "")
+    if node_name:
+        for r in out:
+            r["node_name"] = node_name
     return out
 
 
@@ -709,8 +715,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-75c36827"
-        right_delimiter = "halo-75c36827]]"
+        left_delimiter  = "[[halo-7b705bd4"
+        right_delimiter = "halo-7b705bd4]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -1173,6 +1179,12 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
             "time": stopped_at if stopped_at is not None else now,
             "error": error_line(tail[-TAIL_LINES:]), "tail": tail[-TAIL_LINES:], "stopped": stopped_at is not None,
         })
+    # The scheduler's name for this node (SLURM sets SLURMD_NODENAME in every task): what sbatch's
+    # node options take. torchrun's host is the machine's FQDN and may differ from it.
+    node_name = os.environ.get("SLURMD_NODENAME", "")
+    if node_name:
+        for r in out:
+            r["node_name"] = node_name
     return out
 
 

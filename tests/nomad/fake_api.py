@@ -139,6 +139,13 @@ def _distinct_hosts(job: dict, tg: dict) -> bool:
     return False
 
 
+def _excluded_names(job: dict, tg: dict) -> set[str]:
+    """Node names ruled out by ``${node.unique.name} != NAME`` constraints (scheduler/feasible/
+    feasible.go v2.0.5 checkConstraint: ``!=``/``not`` compare the node's value to RTarget)."""
+    return {str(c.get("RTarget")) for c in (job.get("Constraints") or []) + (tg.get("Constraints") or [])
+            if c.get("LTarget") == "${node.unique.name}" and c.get("Operand") in ("!=", "not")}
+
+
 class FakeNomad:
     """The fake server and its cluster. Use as a context manager or call :meth:`start`/:meth:`close`."""
 
@@ -845,9 +852,13 @@ class FakeNomad:
             metric["DimensionExhausted"][dimension] = metric["DimensionExhausted"].get(dimension, 0) + 1
 
         distinct = _distinct_hosts(job, tg)
+        excluded = _excluded_names(job, tg)
         for node in candidates:
             metric["NodesEvaluated"] += 1
             # Feasibility (filters) first, then bin-packing (exhaustion), as Nomad's iterators do.
+            if node.name in excluded:
+                filtered("${node.unique.name} != " + node.name)
+                continue
             if distinct and node.id in job_nodes:
                 filtered("distinct_hosts")
                 continue

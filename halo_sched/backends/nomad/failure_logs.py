@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 from halo_sched.backends.base import JobState, JobStatus
@@ -133,7 +133,9 @@ class FailureLogs:
             readable = readable or text is not None
             failures = parse_lines(ln for ln in (text or "").splitlines() if TAG in ln)
             if failures:
-                return failures, True
+                # Nomad's name for the node (what a ${node.unique.name} constraint matches).
+                name = a.get("NodeName") or ""
+                return [f if f.node_name or not name else replace(f, node_name=name) for f in failures], True
         if v.phase in ("failed", "timeout"):
             # No failure line: the entry script died before torchrun, the driver failed, or the
             # logs are gone. The task's own events still say how it ended.

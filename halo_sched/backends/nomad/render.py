@@ -516,6 +516,20 @@ def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
     return payload(compile_launch(spec, job_id))
 
 
+#: The node attribute a ledgered host is matched on: the client's name (``nomad node status``),
+#: which is what failure reports and the ledger carry (an allocation's ``NodeName``).
+NODE_NAME_TARGET = "${node.unique.name}"
+
+
+def exclude_constraints(launch: Launch) -> list[dict]:
+    """One ``${node.unique.name} != HOST`` constraint per host of the node ledger (the launch
+    plan's ``exclude_hosts``). Nomad has no negated set operator (``nomad/structs/structs.go``
+    v2.0.5: set_contains, set_contains_all, set_contains_any; ``scheduler/feasible/feasible.go``
+    checks ``!=``/``not`` per value), hence one each."""
+    return [{"LTarget": NODE_NAME_TARGET, "RTarget": check(h, "SLURM word", "exclude_hosts"), "Operand": "!="}
+            for h in launch.exclude_hosts("nomad")]
+
+
 def payload(launch: Launch) -> dict:
     """:func:`job_payload` of a launch plan."""
     spec, job_id = launch.spec, launch.job_id
@@ -543,7 +557,7 @@ def payload(launch: Launch) -> dict:
         "Type": "batch",
         "Datacenters": list(nm.datacenters),
         # One node per host: node-sized allocations must never share a client.
-        "Constraints": [{"Operand": "distinct_hosts", "RTarget": "true"}],
+        "Constraints": [{"Operand": "distinct_hosts", "RTarget": "true"}] + exclude_constraints(launch),
         "Meta": {NODES_META: str(launch.trainer.nodes),
                  "halo_sched_world_size": str(launch.trainer.nodes * launch.trainer.nproc_per_node)},
         "TaskGroups": [_group(launch, name, count, entry, delims)

@@ -83,10 +83,24 @@ class SlurmScheduler(Scheduler):
             raise SpecError(problems, dryrun.spec.job_file.path if dryrun.spec.job_file else None)
         for line in self.preemption_check(dryrun.spec):
             _say(f"warning: {line}")
+        try:
+            return self._submit(dryrun, dryrun.text, extra)
+        except HaloError as err:
+            ledgered = launch.exclude_hosts("slurm")
+            if not ledgered or "Invalid node name" not in str(err):
+                raise
+        # sbatch refused the whole job over a node name it does not know (slurmctld "Invalid node
+        # name specified": nothing was submitted): a ledger entry of another cluster, or a node
+        # since removed. The node ledger never stops a job: submit it without the exclusion.
+        _say(f"warning: SLURM does not know a host of the node ledger ({', '.join(ledgered)}); submitting "
+             "without the ledger's --exclude (`halo-sched nodes clear HOST` forgets one)")
+        text = render_batch(compile_launch(dryrun.spec, exclude_hosts=()))
+        return self._submit(dryrun, text, extra)
+
+    def _submit(self, dryrun: DryRun, text: str, extra: list[str]) -> str:
         if not isinstance(self.transport, SubmitsOnce):  # slurmrestd, pyslurm: one attempt
-            return self.transport.submit(dryrun.text, extra)
-        return self.transport.submit_once(dryrun.text, extra, token=dryrun.token, retry_s=self.retry_s,
-                                          on_retry=_say)
+            return self.transport.submit(text, extra)
+        return self.transport.submit_once(text, extra, token=dryrun.token, retry_s=self.retry_s, on_retry=_say)
 
     def preemption_check(self, spec: JobSpec) -> list[str]:
         """Lines saying why the job's ``slurm.signal`` warning will not come when the cluster

@@ -76,8 +76,21 @@ def sbatch_options(launch: Launch) -> list[str]:
         opts.append("--exclusive")
     if s.requeue is not None:
         opts.append("--requeue" if s.requeue else "--no-requeue")
-    opts.extend(check(a, "sbatch option", "slurm.extra_args") for a in s.extra_args)
+    opts.extend(check(a, "sbatch option", "slurm.extra_args") for a in s.extra_args
+                if not (launch.exclude_hosts("slurm") and a.startswith("--exclude=")))
     return opts
+
+
+def exclude_option(launch: Launch) -> str | None:
+    """``--exclude=h1,h2``: the node ledger's hosts (the launch plan's ``exclude_hosts``), joined
+    with any ``--exclude=`` of slurm.extra_args (sbatch keeps only the last one given)."""
+    ledgered = launch.exclude_hosts("slurm")
+    if not ledgered:
+        return None
+    own = [h for a in launch.spec.slurm.extra_args if a.startswith("--exclude=")
+           for h in check(a, "sbatch option", "slurm.extra_args").partition("=")[2].split(",") if h]
+    hosts = list(dict.fromkeys(own + list(ledgered)))
+    return "--exclude=" + ",".join(check(h, "SLURM word", "exclude_hosts") for h in hosts)
 
 
 def container(launch: Launch, image: str | None) -> dict | None:
@@ -147,6 +160,7 @@ def render_batch(launch: Launch) -> str:
         servers=servers,
         spec=spec,
         sbatch_options=sbatch_options(launch),
+        exclude_option=exclude_option(launch),
         srun_options=srun_options(launch, launch.trainer.gpus, launch.trainer.image),
         # The mounts and working directory are shared by every role that runs in an image.
         container=next(filter(None, (container(launch, image) for image in

@@ -1,0 +1,249 @@
+"""Whose fault a failure is: the node's, the job's, or unknown. Patterns as data, one place.
+
+A **node** failure is one a healthy node would not have had: the node was lost or declared dead by
+the scheduler (SLURM ``NODE_FAIL``, a Nomad allocation ``lost``/``unknown``), the network or NCCL
+failed under the rank, the GPU reported an ECC/Xid or device error, a preflight check failed on
+that node, or the job hung with that node as the culprit. Running the same job elsewhere may
+succeed; running it there again likely fails the same way, so the host goes into the node ledger
+(halo_sched/ledger.py) and new jobs avoid it.
+
+A **job** failure is the job's own: a Python exception in user code, a bad argument, the process
+running out of memory. Running it elsewhere fails the same way.
+
+**unknown** is its own class (nothing matched): it is never taken for a node fault, never retried
+by default.
+
+Only the first failure is classified (:attr:`FailureReport.first`): its peers fail moments later
+with "Connection reset by peer" and the like because it died, and are not the cause. Each
+:class:`Pattern` carries a real message it matches (``example``) and where that message comes
+from (``source``); tests/test_failure_classes.py checks every one. Standard library only: this
+module runs wherever the failure report is read.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+NODE = "node"
+JOB = "job"
+UNKNOWN = "unknown"
+CLASSES = (NODE, JOB, UNKNOWN)
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """One kind of message: what it says about whose fault a failure is."""
+
+    name: str
+    kind: str  # NODE or JOB
+    reason: str  # in words, as ``status`` shows it
+    regex: str
+    example: str  # a real message it matches
+    source: str  # where that message is written
+
+    def search(self, text: str) -> bool:
+        return re.search(self.regex, text) is not None
+
+
+#: Checked in this order over the first failure's error line and the tail of its output; the
+#: first that matches decides. Node patterns come first: an NCCL error reaches Python as an
+#: exception (``torch.distributed.DistBackendError: NCCL error in: ...``), and it is the NCCL part
+#: that says whose fault it is.
+PATTERNS: tuple[Pattern, ...] = (
+    Pattern("preflight", NODE, "preflight check failed",
+            r'halo-sched-preflight-node \{.*"fatal": ?true',
+            'halo-sched-preflight-node {"node": 1, "host": "h2", "checks": [{"check": "interface", "ok": false, '
+            '"detail": "no interface ib0", "fix": "set network.interface", "fatal": true}]}',
+            "halo_sched/node/trainers/preflight_bw.py (NODE_MARK line, a check with fatal true)"),
+    Pattern("xid", NODE, "GPU Xid error",
+            r"NVRM: Xid \(",
+            "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.",
+            "NVIDIA kernel driver (dmesg); Xid catalogue: docs.nvidia.com/deploy/xid-errors"),
+    Pattern("ecc", NODE, "GPU ECC error",
+            r"uncorrectable ECC error encountered",
+            "RuntimeError: CUDA error: uncorrectable ECC error encountered",
+            "CUDA runtime's cudaGetErrorString(cudaErrorECCUncorrectable) after torch's \"CUDA error: \" "
+            "(C10_CUDA_CHECK, c10/cuda/CUDAException.cpp c10_cuda_check_implementation)"),
+    Pattern("cuda-launch", NODE, "CUDA device error",
+            r"CUDA error: unspecified launch failure",
+            "RuntimeError: CUDA error: unspecified launch failure",
+            "cudaGetErrorString(cudaErrorLaunchFailure) via C10_CUDA_CHECK (c10/cuda/CUDAException.cpp)"),
+    Pattern("cuda-illegal-address", NODE, "CUDA device error",
+            r"CUDA error: an illegal memory access was encountered",
+            "RuntimeError: CUDA error: an illegal memory access was encountered",
+            "cudaGetErrorString(cudaErrorIllegalAddress) via C10_CUDA_CHECK (c10/cuda/CUDAException.cpp); an Xid 13/31 on "
+            "the node; a kernel bug in user code can cause it too)"),
+    Pattern("nccl-ib", NODE, "NCCL network error",
+            r"NCCL WARN NET/(?:IB|Socket|OFI)",
+            "h2:22890:22900 [0] transport/net_ib.cc:2470 NCCL WARN NET/IB : Got completion from peer "
+            "10.77.0.1<35162> with status=12 opcode=129 len=65536",
+            "NCCL src/transport/net_ib.cc (WARN lines on a failed work completion)"),
+    Pattern("nccl-system", NODE, "NCCL network error",
+            r"unhandled system error|remote process exited or there was a network error|ncclSystemError|"
+            r"ncclRemoteError",
+            "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, "
+            "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5",
+            "NCCL src/init.cc ncclGetErrorString(ncclSystemError / ncclRemoteError), wrapped by torch's "
+            "C10D_NCCL_CHECK (torch/csrc/distributed/c10d/NCCLUtils.hpp)"),
+    Pattern("nccl-cuda", NODE, "CUDA device error",
+            r"unhandled cuda error",
+            "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp"
+            ":1970, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.20.5",
+            "NCCL src/init.cc ncclGetErrorString(ncclUnhandledCudaError)"),
+    Pattern("peer-reset", NODE, "network error (connection to a peer lost)",
+            r"Connection reset by peer|Connection closed by (?:remote )?peer|No route to host",
+            "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+            "[10.0.0.2]:62261",
+            "gloo/transport/tcp/pair.cc (Pair::read on EOF: GLOO_ERROR_MSG(\"Connection closed by peer \", "
+            "peer_.str())); ECONNRESET's strerror 'Connection reset by peer' from gloo and c10d's TCPStore"),
+    # --- the job's own ----------------------------------------------------------------------
+    Pattern("cuda-oom", JOB, "out of memory (GPU, the process)",
+            r"CUDA out of memory|OutOfMemoryError",
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+            "of 79.15 GiB of which 1.06 GiB is free.",
+            "c10/cuda/CUDACachingAllocator.cpp (TORCH_CHECK_WITH(OutOfMemoryError, ..., 'CUDA out of memory. "
+            "Tried to allocate ...'))"),
+    Pattern("host-oom", JOB, "out of memory (the process)",
+            r"MemoryError|Killed process \d+ .*out of memory|oom-kill|OUT_OF_MEMORY",
+            "MemoryError",
+            "CPython (PyErr_NoMemory); the kernel's OOM killer ('Killed process 1234 (python) total-vm...'); "
+            "SLURM's OUT_OF_MEMORY state"),
+    Pattern("bad-argument", JOB, "bad argument",
+            r"error: (?:unrecognized arguments|the following arguments are required|argument \S+:)|"
+            r"can't open file|No module named",
+            "train.py: error: unrecognized arguments: --lr=0.1",
+            "CPython Lib/argparse.py (ArgumentParser.error); the interpreter's \"can't open file\"; "
+            "ModuleNotFoundError"),
+    Pattern("python-exception", JOB, "Python exception",
+            r"(?m)^(?:\[rank\d+\]:\s*)?(?:[\w.]+\.)?\w*(?:Error|Exception)(?::|$)|Traceback \(most recent call last\)",
+            "ValueError: rank 3 fails on purpose",
+            "CPython traceback printing (the last line names the exception)"),
+)
+
+
+@dataclass(frozen=True)
+class Classification:
+    """Whose fault a failure is, why (in words), and the host to blame (node class only)."""
+
+    kind: str  # NODE, JOB or UNKNOWN
+    reason: str = ""
+    host: str = ""
+    #: The pattern that decided (its ``name``), or how else it was decided (``node-lost``, ``hung``).
+    by: str = ""
+
+    @property
+    def node(self) -> bool:
+        return self.kind == NODE
+
+    def describe(self) -> str:
+        """``node fault: host h2, NCCL network error`` / ``job fault: Python exception`` / ``unknown cause``."""
+        if self.kind == UNKNOWN:
+            return "unknown cause"
+        bits = [f"host {self.host}"] if self.host else []
+        if self.reason:
+            bits.append(self.reason)
+        return f"{self.kind} fault" + (f": {', '.join(bits)}" if bits else "")
+
+    def to_dict(self) -> dict:
+        return {"class": self.kind, "reason": self.reason, "host": self.host, "by": self.by}
+
+
+def _texts(first: Any) -> list[str]:
+    out = []
+    for value in (getattr(first, "error", ""), *(getattr(first, "tail", ()) or ())):
+        if isinstance(value, str) and value:
+            out.append(value)
+    return out
+
+
+def match(texts: Iterable[str], kind: str | None = None) -> Pattern | None:
+    """The first pattern (of ``kind``, when given) any of ``texts`` matches."""
+    texts = list(texts)
+    for p in PATTERNS:
+        if kind is not None and p.kind != kind:
+            continue
+        if any(p.search(t) for t in texts):
+            return p
+    return None
+
+
+def _culprit_host(*objs: Any) -> str:
+    """A hang's culprit host, read defensively from whatever the HUNG failure carries
+    (``culprit_host``, or ``culprit`` as a mapping or object with ``host``)."""
+    for obj in objs:
+        if obj is None:
+            continue
+        host = getattr(obj, "culprit_host", None)
+        if isinstance(host, str) and host:
+            return host
+        culprit = getattr(obj, "culprit", None)
+        if isinstance(culprit, dict):
+            host = culprit.get("host")
+        elif culprit is not None:
+            host = getattr(culprit, "host", None)
+        if isinstance(host, str) and host:
+            return host
+    return ""
+
+
+def _kind_is(want: str, *objs: Any) -> bool:
+    """Whether a failure (or its report) carries ``kind`` ``want`` (a string or an enum's value)."""
+    for obj in objs:
+        kind = getattr(obj, "kind", None)
+        kind = getattr(kind, "value", kind)
+        if isinstance(kind, str) and kind.upper() == want:
+            return True
+    return False
+
+
+def _is_hung(*objs: Any) -> bool:
+    return _kind_is("HUNG", *objs)
+
+
+def classify(report: Any = None, status: Any = None) -> Classification:
+    """The class of a failed job: ``report`` is its :class:`~halo_sched.node.failures.FailureReport`
+    (or one :class:`~halo_sched.node.failures.RankFailure`), ``status`` its JobStatus (or the
+    status's name): ``NODE_FAIL`` is a node fault whatever the ranks said, ``OUT_OF_MEMORY`` the
+    job's. Without a report and without such a status, the cause is unknown."""
+    status = getattr(status, "value", status)
+    first = getattr(report, "first", report) if report is not None else None
+    # The scheduler's name for the node where the failure line carries it (what --exclude and a
+    # Nomad constraint take), else torchrun's host.
+    host = str(getattr(first, "node_name", "") or getattr(first, "host", "") or "") if first is not None else ""
+    # A Nomad allocation whose node went down or disconnected (failure_logs.AllocFailure): the
+    # report makes it the cause, and it names the node.
+    verb = getattr(first, "verb", "") if first is not None else ""
+    if verb in ("lost", "disconnected"):
+        return Classification(NODE, f"node {verb} (Nomad allocation {'lost' if verb == 'lost' else 'unknown'})",
+                              host, "node-lost")
+    if status == "NODE_FAIL":
+        # SLURM's NODE_FAIL names no node, and the first failure line is usually a healthy peer
+        # that crashed waiting for the dead one: blame a host only where its own output says
+        # so (an Xid, an NCCL/network error on that rank).
+        p = match(_texts(first), NODE) if first is not None else None
+        if p is not None and p.name == "peer-reset":  # what a victim of the dead node says
+            p = None
+        return Classification(NODE, "node failed (NODE_FAIL)" + (f", {p.reason}" if p else ""),
+                              host if p else "", "node-fail")
+    if first is None:
+        if status == "OUT_OF_MEMORY":
+            return Classification(JOB, "out of memory (the process)", "", "out-of-memory")
+        return Classification(UNKNOWN)
+    if _is_hung(first, report):
+        culprit = _culprit_host(first, report)
+        if culprit:
+            return Classification(NODE, "hung (this node was the culprit)", culprit, "hung")
+        return Classification(UNKNOWN, "hung (no culprit node)", "", "hung")
+    if _kind_is("PREFLIGHT", first, report):
+        # A preflight gate's failure (its line, or a kind the gate sets): that node's fault.
+        return Classification(NODE, "preflight check failed", host, "preflight")
+    p = match(_texts(first))
+    if p is not None:
+        return Classification(p.kind, p.reason, host if p.kind == NODE else "", p.name)
+    if status == "OUT_OF_MEMORY":
+        return Classification(JOB, "out of memory (the process)", "", "out-of-memory")
+    return Classification(UNKNOWN)
+
+
+__all__ = ["CLASSES", "Classification", "JOB", "NODE", "PATTERNS", "Pattern", "UNKNOWN", "classify", "match"]

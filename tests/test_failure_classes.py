@@ -1,0 +1,128 @@
+"""Whose fault a failure is: every pattern of halo_sched/node/failure_classes.py with the real
+message it carries, the scheduler's own word (NODE_FAIL, a lost Nomad allocation), a hang with a
+culprit, and unknown as a class of its own."""
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from halo_sched.backends.jobstate import JobState, JobStatus
+from halo_sched.node import failure_classes as fc
+from halo_sched.node.failures import FailureReport, RankFailure, classify
+
+T0 = 1_800_000_000.0
+
+
+def rank(error="", tail=(), host="h2", t=T0, rank=3, **kw):
+    return RankFailure(node=1, rank=rank, local_rank=1, host=host, exit_code=1, signal=None, time=t, error=error,
+                       tail=tuple(tail), **kw)
+
+
+@pytest.mark.parametrize("pattern", fc.PATTERNS, ids=lambda p: p.name)
+def test_each_pattern_matches_its_real_message_and_decides(pattern):
+    # In the error line, as the collector writes it, and in the output's tail alone.
+    for f in (rank(error=pattern.example), rank(error="exit 1", tail=["some line", pattern.example])):
+        c = classify(FailureReport([f]))
+        assert (c.kind, c.by) == (pattern.kind, pattern.name), (pattern.example, c)
+        assert c.host == ("h2" if pattern.kind == fc.NODE else "")
+    assert pattern.kind in (fc.NODE, fc.JOB) and pattern.source
+
+
+def test_the_nccl_part_of_a_python_exception_decides():
+    # torch raises NCCL errors as Python exceptions; the network fault is what matters.
+    f = rank(error="torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
+                   "ProcessGroupNCCL.cpp:3780, unhandled system error (run with NCCL_DEBUG=INFO for details), "
+                   "NCCL version 2.28.9",
+             tail=["Traceback (most recent call last):", "NCCL WARN NET/IB : Got completion from peer"])
+    c = classify(FailureReport([f]))
+    assert c.node and c.reason == "NCCL network error" and c.host == "h2", c
+
+
+def test_only_the_first_failure_counts_not_its_victims():
+    cause = rank(error="ValueError: bad shard 7", host="h1", t=T0, rank=0)
+    victim = rank(error="RuntimeError: Connection reset by peer", host="h2", t=T0 + 2)
+    c = classify(FailureReport([victim, cause]))
+    assert (c.kind, c.by) == (fc.JOB, "python-exception"), c
+
+
+def test_job_faults_bad_argument_and_oom():
+    assert classify(FailureReport([rank(error="train.py: error: the following arguments are required: --data")])).by \
+        == "bad-argument"
+    assert classify(None, JobStatus.OUT_OF_MEMORY).kind == fc.JOB
+    assert classify(FailureReport([rank(error="")]), "OUT_OF_MEMORY").reason == "out of memory (the process)"
+
+
+def test_unknown_is_its_own_class():
+    c = classify(FailureReport([rank(error="exit 1")]))
+    assert c.kind == fc.UNKNOWN and not c.node and c.describe() == "unknown cause"
+    assert classify(None, JobStatus.FAILED).kind == fc.UNKNOWN
+
+
+def test_slurm_node_fail_is_the_nodes_fault():
+    c = classify(FailureReport([rank(error="NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.",
+                                     host="h3")]), JobStatus.NODE_FAIL)
+    assert c.node and c.by == "node-fail" and c.host == "h3"
+    # A peer that crashed on a Python exception is a victim, not the failed node: no host blamed.
+    c = classify(FailureReport([rank(error="ValueError: store timeout", host="h1")]), JobStatus.NODE_FAIL)
+    assert c.node and c.host == "" and c.describe() == "node fault: node failed (NODE_FAIL)"
+    assert classify(None, "NODE_FAIL").node
+
+
+def test_nomad_lost_allocation_is_the_nodes_fault():
+    from halo_sched.backends.nomad.failure_logs import AllocFailure
+
+    lost = AllocFailure(node=1, rank=None, local_rank=None, host="gpu-b", exit_code=None, signal=None, time=T0,
+                        label="node 1 (Nomad node gpu-b)", verb="lost", error="allocation 1234abcd lost: node down")
+    c = classify(FailureReport([lost], cause=lost), JobStatus.NODE_FAIL)
+    assert c.node and c.host == "gpu-b"
+    c = classify(FailureReport([lost], cause=lost), JobStatus.FAILED)
+    assert c.node and c.by == "node-lost" and c.host == "gpu-b", c
+
+
+def test_hung_with_a_culprit_host_is_that_nodes_fault_read_defensively():
+    hung = types.SimpleNamespace(kind="HUNG", host="h1", error="no progress for 600 s", tail=(),
+                                 culprit={"rank": 5, "node": 1, "host": "h2"})
+    c = classify(hung)
+    assert c.node and c.host == "h2" and c.by == "hung", c
+    # No culprit named: not blamed on any node.
+    assert classify(types.SimpleNamespace(kind="HUNG", host="h1", error="", tail=())).kind == fc.UNKNOWN
+
+
+def test_status_line_leads_with_a_node_fault_and_keeps_a_job_fault_as_it_was():
+    nccl = rank(error="torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+                      "NCCLUtils.hpp:317, unhandled system error (run with NCCL_DEBUG=INFO for details)")
+    text = JobState("7", JobStatus.FAILED, failure=FailureReport([nccl])).describe()
+    assert text.startswith("FAILED (node fault: host h2, NCCL network error): torch.distributed.DistBackendError"), text
+    text = JobState("7", JobStatus.FAILED, failure=FailureReport([rank(error="ValueError: boom")])).describe()
+    assert text.startswith("FAILED: ValueError: boom ["), text
+
+
+def test_the_schedulers_node_name_is_blamed_over_torchruns_fqdn():
+    """sbatch refuses an --exclude naming a node it does not know: the ledger takes SLURM's name
+    (SLURMD_NODENAME, written by the collector), not torchrun's host."""
+    import json
+
+    from halo_sched.node import failure_collector
+    from halo_sched.node.failures import parse_line
+
+    rec = {"node": 1, "rank": 1, "local_rank": 0, "host": "node2.cluster.example", "exit_code": 1, "signal": None,
+           "time": T0, "error": "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.", "tail": [],
+           "stopped": False, "node_name": "node2"}
+    f = parse_line(failure_collector.TAG + " " + json.dumps(rec))
+    assert f.node_name == "node2" and classify(FailureReport([f])).host == "node2"
+
+
+def test_the_collector_writes_slurms_node_name(tmp_path, monkeypatch):
+    from halo_sched.node import failure_collector
+
+    (tmp_path / "torchrun.err").write_text("")
+    monkeypatch.setenv("SLURMD_NODENAME", "node3")
+    (rec,) = failure_collector.collect(1, 1, str(tmp_path), 1, host="node3.example")
+    assert rec["node_name"] == "node3" and rec["host"] == "node3.example"
+
+
+def test_a_preflight_failure_kind_is_that_nodes_fault():
+    gate = types.SimpleNamespace(kind="PREFLIGHT", host="h4", node_name="", error="no interface ib0", tail=())
+    c = classify(gate)
+    assert c.node and c.host == "h4" and c.by == "preflight", c
