@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 import halo_sched
+import halo_sched.spec
 from halo_sched.backends.base import JobStatus
 from halo_sched.backends.nomad import NomadScheduler
 from halo_sched.backends.nomad.client import NomadClient, NomadConfig

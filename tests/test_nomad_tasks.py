@@ -12,6 +12,7 @@ import time
 import pytest
 
 import halo_sched
+import halo_sched.spec
 from halo_sched.backends.nomad.render import job_payload
 from helpers import HOSTILE_MORE, REPO, free_port, load_nomad_helper
 
