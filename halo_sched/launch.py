@@ -117,7 +117,9 @@ def failure_report_vars() -> dict:
     from .templating import heredoc_tag
 
     source = node_source("failure_collector")
-    return {"collector": source, "collector_tag": heredoc_tag(source, "HALO_COLLECT_EOF"), "log_dir_var": LOG_DIR_VAR}
+    monitor = node_source("hang_monitor")
+    return {"collector": source, "collector_tag": heredoc_tag(source, "HALO_COLLECT_EOF"), "log_dir_var": LOG_DIR_VAR,
+            "monitor": monitor, "monitor_tag": heredoc_tag(monitor, "HALO_MONITOR_EOF")}
 
 
 def submission_id(spec: JobSpec) -> str:
