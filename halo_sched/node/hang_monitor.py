@@ -256,7 +256,8 @@ class Monitor:
                     return ""
         return ""
 
-    def fire(self) -> None:
+    def fire(self) -> bool:
+        """Take the stacks, write the report and end torchrun; False when the hang went away."""
         detected = time.time()
         state = {}
         for pid, info in self.live().items():
@@ -292,8 +293,15 @@ class Monitor:
                 if threads and any(t[-1][2] == "<module>" for t in threads):
                     state[pid]["threads"], state[pid]["how"] = threads, f"signal {self.stack_signal} (SIGRTMIN+{self.stack_signal - signal.SIGRTMIN}), rank kept running"
                     del sizes[pid]
-        # 2. Let the other nodes' monitors take theirs before anything here ends.
+        # 2. Let the other nodes' monitors take theirs before anything here ends. A hang must
+        # last through this: a rank that progressed meanwhile, or torchrun's end, calls it off.
         self._sleep_while_running(SETTLE_S)
+        if not _alive(self.torchrun) or any(
+                self.activity(self.ranks[pid])[0] > st["last"] for pid, st in state.items() if _alive(pid)):
+            sys.stderr.write(f"halo-sched: node {self.node}: progress again (or torchrun ended) within "
+                             f"{SETTLE_S:g} s: not a hang\n")
+            sys.stderr.flush()
+            return False
         # 3. The rest: SIGABRT, which PYTHONFAULTHANDLER turns into a dump on the rank's stderr.
         aborted = []
         for pid in state:
@@ -351,7 +359,7 @@ class Monitor:
         try:
             os.kill(self.torchrun, signal.SIGTERM)
         except OSError:
-            return
+            return True
         end = time.monotonic() + 10
         while _alive(self.torchrun) and time.monotonic() < end:
             time.sleep(0.2)
@@ -360,6 +368,7 @@ class Monitor:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        return True
 
 
 def main(argv: list[str]) -> int:
@@ -367,9 +376,11 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))  # torchrun ended: nothing to watch
     m = Monitor(int(node), int(torchrun), progress_dir, log_dir, int(nproc), float(timeout_s),
                 float(first_step_s), int(sig) if sig.isdigit() else 0)
-    if m.watch():
+    while m.watch():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish the report, bounded by its own waits
-        m.fire()
+        if m.fire():
+            break
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
     return 0
 
 
