@@ -31,8 +31,10 @@ def main() -> None:
     if dist.get_rank() == 0:
         with open(os.environ["HALO_BENCH_OUT"], "w") as f:
             f.write(f"{rate}\n")
-    dist.destroy_process_group()
+    dist.barrier()
 
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()
+    os._exit(0)  # as examples/train_ddp.py: no interpreter shutdown under gloo (README)

@@ -37,7 +37,7 @@ def test_a_stuck_rank_ends_the_job_as_hung_naming_it(tmp_path, stuck, node, help
     job_id = r.stdout.strip().splitlines()[-1]
     last = r.stderr.strip().splitlines()[-1]
     assert f"FAILED: HUNG after step 4: rank {stuck} (node {node}, host " in last, last
-    assert f"in hang.py:42 (time.sleep(3600))" in last and "3 ranks waiting in all_reduce" in last, last
+    assert f"in hang.py:43 (time.sleep(3600))" in last and "3 ranks waiting in all_reduce" in last, last
     assert "the only rank not inside a collective" in last, last
 
     st = halo_sched.job(job_id, "local").status()
@@ -55,7 +55,7 @@ def test_a_stuck_rank_ends_the_job_as_hung_naming_it(tmp_path, stuck, node, help
     assert s["failure"]["kind"] == "HUNG" and s["failure"]["first"]["rank"] == stuck
     # Every rank's stack is kept with the job's logs.
     stacks = open(os.path.join(_job_dir(job_id), "ranks", f"node-{node}", "hang-stacks.txt")).read()
-    assert f"==== rank {stuck} (node {node}" in stacks and 'hang.py", line 42 in main' in stacks, stacks
+    assert f"==== rank {stuck} (node {node}" in stacks and 'hang.py", line 43 in main' in stacks, stacks
     how = "SIGRTMIN+5" if helper else "SIGABRT"
     assert how in stacks.split(f"==== rank {stuck} ")[1].splitlines()[0], stacks
 
@@ -78,3 +78,24 @@ def test_no_false_hang(tmp_path, case):
     job_id = r.stdout.strip().splitlines()[-1]
     log = open(os.path.join(_job_dir(job_id), "job.log"), errors="replace").read()
     assert "halo-sched-failure" not in log and "taking their stacks" not in log, log[-3000:]
+
+
+def test_status_names_the_straggler_while_the_job_runs(tmp_path):
+    # Rank 1 computes 0.6 s a step, the others 0.1 s; each rank reports after its compute, before
+    # the step's all_reduce (where the others wait for rank 1).
+    args = ["--steps", "400", "--step-time", "0.1", "--slow-rank", "1", "--slow-time", "0.6", "--report-before"]
+    job = example_job(tmp_path, free_port(), trainer={"script": TRAINER, "args": args}, hang={"timeout_s": 30})
+    r = cli("submit", str(job), "--backend", "local", "--quiet")
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.strip().splitlines()[-1]
+    try:
+        deadline, text = time.monotonic() + 120, ""
+        while time.monotonic() < deadline:
+            text = cli("status", job_id).stdout
+            if "slowest" in text and "node 1: step" in text:
+                break
+            time.sleep(2)
+        assert "slowest: rank 1 (node 0) reports " in text, text
+        assert "node 0: step " in text and "s/step" in text, text
+    finally:
+        cli("cancel", job_id)

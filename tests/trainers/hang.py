@@ -24,6 +24,7 @@ def main() -> None:
     ap.add_argument("--slow-time", type=float, default=1.0)
     ap.add_argument("--first-step-delay", type=float, default=0.0)
     ap.add_argument("--no-helper", action="store_true")
+    ap.add_argument("--report-before", action="store_true", help="report after the compute, before the all_reduce")
     args = ap.parse_args()
     if args.no_helper:
         def report(step: int) -> None:
@@ -41,8 +42,11 @@ def main() -> None:
             print(f"rank {rank}: stuck at step {step}", flush=True)
             time.sleep(3600)  # the hang
         time.sleep(args.slow_time if rank == args.slow_rank else args.step_time)
+        if args.report_before:
+            report(step)
         dist.all_reduce(t)
-        report(step)
+        if not args.report_before:
+            report(step)
     dist.barrier()
     print(f"rank {rank}: done", flush=True)
 
