@@ -44,6 +44,8 @@ def _job(tmp: Path, name: str, trainer: dict, hang) -> Path:
 def _submit(job: Path, env: dict) -> str:
     r = subprocess.run([PY, "-m", "halo_sched.cli", "submit", str(job), "--backend", "local", "--wait", "--quiet"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    if r.returncode:
+        print("  " + (r.stderr.strip().splitlines() or ["(no output)"])[-1][:300], flush=True)
     return r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
 
 
@@ -116,6 +118,9 @@ def monitor_cost(seconds: float) -> None:
         for i in range(n):
             progress.report(i)
         print(f"progress.report(): {1e6 * (time.perf_counter() - t) / n:.2f} us per call")
+        del os.environ["HALO_PROGRESS_DIR"], os.environ["RANK"]
+        os.close(progress._fd)
+        progress._fd = None
 
 
 def detection(timeout_s: int) -> None:

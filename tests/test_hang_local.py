@@ -95,7 +95,7 @@ def test_status_names_the_straggler_while_the_job_runs(tmp_path):
             if "slowest" in text and "node 1: step" in text:
                 break
             time.sleep(2)
-        assert "slowest: rank 1 (node 0) reports " in text, text
+        assert "slowest: rank 1 (node 0), " in text and " s behind the median rank each step" in text, text
         assert "node 0: step " in text and "s/step" in text, text
     finally:
         cli("cancel", job_id)

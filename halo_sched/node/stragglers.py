@@ -89,8 +89,8 @@ def summary(progress: dict[tuple[int, int], list[tuple[int, float]]]) -> dict:
 
 
 def describe(s: dict) -> str:
-    """``node 0: step 120, 0.21 s/step; node 1: ...; slowest: rank 1 (node 0) 0.80 s behind the median
-    rank per step (3.8x the median step time's 10%), over the last 50 steps``."""
+    """``node 0: step 63, 0.60 s/step; node 1: ...; slowest: rank 1 (node 0), 0.50 s behind the median
+    rank each step (83% of the 0.60 s step), over the last 50 steps``."""
     if not s["nodes"]:
         return ""
     parts = [f"node {k}: step {v['step']}" + (f", {v['step_time']:.2f} s/step" if v["step_time"] else "")
@@ -98,6 +98,7 @@ def describe(s: dict) -> str:
     text = "; ".join(parts)
     sl = s["slowest"]
     if sl:
-        text += (f"; slowest: rank {sl['rank']} (node {sl['node']}) reports {sl['delay']:.2f} s after the median "
-                 f"rank, {sl['delay'] / s['step_time']:.1f}x the median step time, over the last {sl['steps']} steps")
+        text += (f"; slowest: rank {sl['rank']} (node {sl['node']}), {sl['delay']:.2f} s behind the median rank each "
+                 f"step ({100 * sl['delay'] / s['step_time']:.0f}% of the {s['step_time']:.2f} s step), "
+                 f"over the last {sl['steps']} steps")
     return text
