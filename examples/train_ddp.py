@@ -4,6 +4,9 @@ checks that the world formed as the job file says (one all_reduce over every ran
 Runs on CPU with gloo (default) or on GPUs with NCCL (``--device cuda``). Started by torchrun, so
 RANK/WORLD_SIZE/LOCAL_RANK/GROUP_RANK (the node rank) come from the environment.
 
+Progress: each rank reports its step after it (``report_progress``), so that halo-sched's hang
+monitor ends a job one of whose ranks stopped (``hang.timeout_s``) and names that rank.
+
 Preemption: the warning signal (``HALO_WARNING_SIGNAL``, USR2 by default; torchrun ignores it)
 makes every rank stop at the same step, save a checkpoint (``--checkpoint-dir``) and exit 0; the
 next run (``HALO_RESTART_COUNT`` > 0 after a requeue) resumes from it.
@@ -20,6 +23,14 @@ import time
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+try:  # halo-sched's progress helper (it also lets the hang monitor read this rank's stack live)
+    from halo_sched.node.progress import report as report_progress
+except ImportError:  # halo-sched not installed on the node: the protocol is one line (README: "Hangs")
+    def report_progress(step: int) -> None:
+        if "HALO_PROGRESS_DIR" in os.environ:
+            with open(f"{os.environ['HALO_PROGRESS_DIR']}/rank-{os.environ['RANK']}", "a") as f:
+                f.write(f"{step} {time.time()}\n")
 
 
 def main() -> int:
@@ -121,6 +132,7 @@ def main() -> int:
         if args.fail_rank == rank:
             print(f"rank {rank}: failing on purpose (--fail-rank)", file=sys.stderr, flush=True)
             sys.exit(3)
+        report_progress(step)  # the hang monitor's evidence that this rank still steps
 
     if stopped:
         if args.fail_on_warning == rank:

@@ -267,10 +267,12 @@ def compile_launch(spec: JobSpec, job_id: str | None = None, exclude_hosts=None)
 def render_entry(launch: Launch) -> str:
     """The per-node entry script, byte-identical for every node and every backend."""
     collector = node_source("failure_collector")
+    monitor = node_source("hang_monitor")
     health = node_source("server_health") if launch.servers else ""
     return render_template(
         "entry.sh.j2", launch=launch, names=launch.names, warning=launch.warning,
         trainer=launch.trainer, collector=collector, collector_tag=heredoc_tag(collector, "HALO_COLLECT_EOF"),
+        monitor=monitor, monitor_tag=heredoc_tag(monitor, "HALO_MONITOR_EOF"),
         health_source=health, health_tag=heredoc_tag(health, "HALO_HEALTH_EOF"),
     )
 

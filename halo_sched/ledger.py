@@ -1,6 +1,6 @@
 """The node ledger: hosts that failed a job as a node would, for a while, so new jobs avoid them.
 
-``$HALO_SCHED_HOME/nodes.json`` (see :func:`halo_sched.records.home`)::
+``$HALO_SCHED_HOME/nodes.json`` (see :func:`halo_sched.store.home`)::
 
     {"version": 1,
      "entries": [{"host": "h2", "reason": "NCCL network error", "job": "1234", "backend": "slurm",
@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from . import records
+from . import store
 from .errors import UsageError
 
 VERSION = 1
@@ -47,11 +47,11 @@ MAX_HOST_CHARS = 253
 
 
 def path() -> Path:
-    return records.home() / "nodes.json"
+    return store.home() / "nodes.json"
 
 
 def _lock_path() -> Path:
-    return records.home() / "nodes.lock"
+    return store.home() / "nodes.lock"
 
 
 def valid_host(host: Any) -> bool:
@@ -129,10 +129,10 @@ def _entry(d: Any) -> Entry:
 def _load() -> list[Entry]:
     """The entries in the file (none when there is no file); Corrupt when it cannot be used."""
     try:
-        data = records.read_json(path(), MAX_BYTES)
+        data = store.read_json(path(), MAX_BYTES)
     except FileNotFoundError:
         return []
-    except records.Unreadable as err:
+    except store.Unreadable as err:
         raise Corrupt(str(err)) from None
     except OSError as err:
         raise Corrupt(err.strerror or type(err).__name__) from None
@@ -191,7 +191,7 @@ def _save(items: list[Entry]) -> None:
     import json
 
     data = {"version": VERSION, "entries": [e.to_dict() for e in items]}
-    records._atomic_write(path(), (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+    store.atomic_write(path(), (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
 
 
 def add(host: str, reason: str, job: str, backend: str, *, by: str = "", now: float | None = None,

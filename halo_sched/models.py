@@ -532,11 +532,51 @@ class Server(_Model):
         return v
 
 
+class Hang(_Model):
+    """Hang detection: a monitor beside torchrun on every node ends the job as HUNG when no rank of
+    its node made progress for ``timeout_s`` (README: "Hangs")."""
+
+    timeout_s: int = Field(
+        300, ge=10, le=7 * 86400,
+        description="Seconds without progress (a rank's report, see halo_sched/node/progress.py) before the job ends "
+                    "as HUNG. Default 300: half of NCCL's 600 s collective timeout, a sixth of gloo's 1800 s, and far "
+                    "above a healthy step. At least 10 (the monitor polls each second).",
+    )
+    first_step_s: int | None = Field(
+        None, ge=10, le=7 * 86400,
+        description="Before a rank's first progress report (imports, loading, the first step; a trainer without the "
+                    "protocol: always) the rank counts as hung after this long with no output. Default: 2 x timeout_s.",
+    )
+
+    @property
+    def first_step_limit(self) -> int:
+        return self.first_step_s if self.first_step_s is not None else 2 * self.timeout_s
+
+
 class JobFile(NamedTuple):
     """The job file a spec was loaded from: its absolute path and the SHA-256 of the bytes read."""
 
     path: str
     sha256: str
+
+
+def _check_hang(spec: "JobSpec") -> None:
+    """hang.timeout_s (and first_step_s) must be shorter than the job's time limit, where one is set."""
+    if spec.hang is None:
+        return
+    limits = []
+    if spec.slurm.time is not None:
+        secs = parse_slurm_time(spec.slurm.time)
+        if secs is not None:
+            limits.append((f"slurm.time ({spec.slurm.time}, {secs} s)", secs))
+    if spec.nomad.max_run_duration is not None:
+        limits.append((f"nomad.max_run_duration ({spec.nomad.max_run_duration})",
+                       parse_go_duration(spec.nomad.max_run_duration) / 1e9))
+    for what, secs in limits:
+        for name, value in (("timeout_s", spec.hang.timeout_s), ("first_step_s", spec.hang.first_step_s)):
+            if value is not None and value >= secs:
+                raise ValueError(f"hang.{name}: {value} s is beyond the job's time limit, {what}; "
+                                 "the job would end before a hang could be seen")
 
 
 class JobSpec(_Model):
@@ -567,6 +607,9 @@ class JobSpec(_Model):
         True,
         description="Keep off the hosts in the node ledger (`halo-sched nodes`): SLURM --exclude, a Nomad "
                     "constraint on ${node.unique.name}; false: run anywhere.",
+    )
+    hang: Hang | None = Field(
+        default_factory=Hang, description="Hang detection (on by default; `hang: null` turns it off).",
     )
     parallelism: Parallelism | None = Field(None, description="Parallel layout (tp, ep, ...), checked at validate time.")
     servers: list[Server] = Field(
@@ -621,6 +664,7 @@ class JobSpec(_Model):
             raise ValueError(f"secret_env: {', '.join(both)} is also set in env (or derived by halo-sched); "
                              "a variable is either a literal in env or a secret taken at submit time")
         _check_servers(self, derived)
+        _check_hang(self)
         clash = sorted(derived & set(self.env))
         if clash:
             raise ValueError(

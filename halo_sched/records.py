@@ -18,11 +18,8 @@ Secrets never reach a record: the spec holds ``secret_env`` names only, never va
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -30,14 +27,8 @@ from urllib.parse import quote, unquote
 
 VERSION = 1
 
-
-def home() -> Path:
-    """halo-sched's state directory: job records (``jobs/``) and the local backend's jobs (``local/``)."""
-    env = os.environ.get("HALO_SCHED_HOME")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "halo-sched"
+# The state directory and its files (store.py), named here too for the record's readers.
+from .store import MAX_RECORD_BYTES, Unreadable, atomic_write, home, read_json, read_small  # noqa: E402,F401 - re-exported
 
 
 def jobs_dir() -> Path:
@@ -53,98 +44,13 @@ def path_for(job_id: str, backend: str) -> Path:
     return jobs_dir() / f"{_stem(job_id, backend)}.json"
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:  # the rename itself survives a crash once the directory is synced
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
-
-
 def write(record: dict) -> Path:
     p = path_for(record["id"], record["backend"])
-    _atomic_write(p, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
+    atomic_write(p, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
     return p
 
 
 #: A record is a few kB (the resolved spec is the largest part); anything this big is not one.
-MAX_RECORD_BYTES = 4 << 20
-
-
-class Unreadable(ValueError):
-    """A file of the store that cannot be used: not a regular file, too big, not JSON, wrong types."""
-
-
-def read_small(path: Path, limit: int | None = None) -> bytes:
-    """The bytes of a small regular file, never blocking: a FIFO, device or directory of that name
-    is :class:`Unreadable` (checked with lstat, then opened O_NONBLOCK and checked again, so a
-    file swapped in between cannot block either), and so is a file over ``limit`` bytes.
-    A missing file raises FileNotFoundError; other OSErrors propagate."""
-    import stat
-
-    limit = MAX_RECORD_BYTES if limit is None else limit
-    try:
-        st = os.lstat(path)
-    except OSError as err:
-        if err.errno == errno.ENAMETOOLONG:
-            raise FileNotFoundError(errno.ENOENT, "no such file (name too long)", str(path)) from None
-        raise
-    if not stat.S_ISREG(st.st_mode):
-        raise Unreadable("not a regular file")
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC  # POSIX, as is the whole tool
-    try:
-        fd = os.open(path, flags)
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise Unreadable("not a regular file") from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise Unreadable("not a regular file")
-        chunks, size = [], 0
-        while True:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                raise Unreadable(f"larger than {limit} bytes")
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-def read_json(path: Path, limit: int | None = None) -> Any:
-    """A small JSON file (see :func:`read_small`); bad JSON is :class:`Unreadable` with a short reason."""
-    data = read_small(path, limit)
-    try:
-        return json.loads(data)
-    except UnicodeDecodeError:
-        raise Unreadable("not UTF-8 text") from None
-    except json.JSONDecodeError as err:
-        if err.pos >= len(data.rstrip()) or err.msg.startswith("Unterminated string"):
-            raise Unreadable(f"truncated JSON ({len(data)} bytes)") from None
-        raise Unreadable(f"not valid JSON ({err.msg}, byte {err.pos})") from None
-    except ValueError as err:  # a number too long to convert, for one
-        raise Unreadable(f"not valid JSON ({err})") from None
 
 
 _STR = (str, type(None))
@@ -295,6 +201,8 @@ def update_state(record: dict, state) -> None:
 
 
 def _git(cwd: Path, *args: str) -> str | None:
+    import subprocess  # on submit only: render reads the ledger, not this
+
     try:
         out = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
@@ -376,11 +284,11 @@ def save_new(record: dict, rendered: str) -> Path:
     stem = _stem(record["id"], record["backend"])
     diff = record.pop("_diff", "")
     rendered_path = jobs_dir() / f"{stem}.rendered"
-    _atomic_write(rendered_path, rendered.encode())
+    atomic_write(rendered_path, rendered.encode())
     record["rendered_file"] = str(rendered_path)
     if diff:
         diff_path = jobs_dir() / f"{stem}.diff"
-        _atomic_write(diff_path, diff.encode())
+        atomic_write(diff_path, diff.encode())
         record["git"]["diff_file"] = str(diff_path)
     return write(record)
 

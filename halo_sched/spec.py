@@ -83,9 +83,10 @@ def problems_from(err: ValidationError) -> list[tuple[tuple, str]]:
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
             # Checks across fields (model validators) name their field as "field: message".
-            m = re.fullmatch(r"([a-z_]+): (.*)", msg, re.S)
-            if m and e["type"] == "value_error" and m.group(1) in _fields_at(loc):
-                loc, msg = loc + (m.group(1),), m.group(2)
+            # (or a field of a section, "hang.timeout_s: message").
+            m = re.fullmatch(r"([a-z_]+(?:\.[a-z_]+)?): (.*)", msg, re.S)
+            if m and e["type"] == "value_error" and m.group(1).split(".")[0] in _fields_at(loc):
+                loc, msg = loc + tuple(m.group(1).split(".")), m.group(2)
         if e["type"] == "extra_forbidden":
             msg = "unknown key" + _did_you_mean(loc) + " (see `halo-sched schema` for the fields this section accepts)"
         elif e["type"] == "missing":

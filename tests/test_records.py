@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from halo_sched import cli, records
+from halo_sched import cli, records, store
 from halo_sched.backends.base import JobState, JobStatus
 from halo_sched.backends.slurm import SlurmScheduler
 from helpers import REPO, example_job
@@ -212,7 +212,7 @@ def test_a_fifo_named_like_a_record_never_blocks():
 
 
 def test_a_huge_record_is_refused_unread(monkeypatch):
-    monkeypatch.setattr(records, "MAX_RECORD_BYTES", 1000)
+    monkeypatch.setattr(store, "MAX_RECORD_BYTES", 1000)
     (records.jobs_dir()).mkdir(parents=True)
     (records.jobs_dir() / "big@local.json").write_text(json.dumps({"id": "big", "backend": "local", "pad": "x" * 5000}))
     bad = []

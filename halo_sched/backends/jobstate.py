@@ -138,6 +138,9 @@ class JobState:
     #: Why the job ended, in words, where halo-sched itself ended it (a SLURM job that can never
     #: start: what to change in the job file); ``describe`` then says it.
     verdict: str = ""
+    #: While it runs, where the ranks' progress reports can be read (local): each node's step and
+    #: step time and the slowest rank (halo_sched/node/stragglers.py).
+    progress: str = ""
 
     def change_key(self) -> tuple:
         """What counts as a change while waiting (a progress line; the watcher's polls go back to
@@ -181,6 +184,8 @@ class JobState:
             parts.append(f"reason={self.reason}")
         if self.restarts:  # a requeued job: which run this is
             parts.append(f"run {self.restarts + 1}")
+        if self.progress and not self.status.terminal:
+            parts.append(f"({self.progress})")
         return " ".join(parts)
 
 

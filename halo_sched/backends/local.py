@@ -235,6 +235,10 @@ class LocalScheduler(Scheduler):
         )
         if status is JobStatus.FAILED:
             st.failure = failure_report(d)
+        if status is JobStatus.RUNNING:
+            from ..node import stragglers
+
+            st.progress = stragglers.describe(stragglers.summary(stragglers.read(d / "ranks")))
         if not status.terminal:
             sup = self._supervisor(d)
             if sup is None and time.time() - data.get("submitted", 0) < START_GRACE_S:

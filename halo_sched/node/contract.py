@@ -61,6 +61,12 @@ class EnvNames:
     #: In torchrun's environment only: finds what it started, however reparented.
     node_tag: str = "HALO_NODE_TAG"
 
+    # ---- hang detection (``hang:``; node/hang_monitor.py, node/progress.py) ----
+    #: The directory each rank appends ``STEP UNIX_TIME`` lines to (``rank-$RANK``).
+    progress_dir: str = "HALO_PROGRESS_DIR"
+    #: The signal on which a rank registers faulthandler, so the monitor can read its stack live.
+    stack_signal: str = "HALO_STACK_SIGNAL"
+
     # ---- a rollout server node (``servers:``) ----
     server_index: str = "HALO_SERVER_INDEX"
     server_addr: str = "HALO_SERVER_ADDR"

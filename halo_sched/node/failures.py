@@ -51,6 +51,17 @@ class RankFailure:
     #: The scheduler's name for the node (SLURM's SLURMD_NODENAME, Nomad's NodeName), where known:
     #: what the node ledger records and ``--exclude`` takes (``host`` is torchrun's FQDN).
     node_name: str = ""
+    #: "EXIT" (the rank ended badly) or "HUNG" (the node's hang monitor found it without progress).
+    kind: str = "EXIT"
+    #: HUNG only: the last step it reported (None: never), when it last progressed, where its main
+    #: thread was ("train.py:57" and that line's code), the collective it waited in (None: none),
+    #: and whether its stack could be read at all (``error`` says why not).
+    step: int | None = None
+    last_progress: float | None = None
+    where_in: str = ""
+    code: str = ""
+    waiting_in: str | None = None
+    stack_read: bool = False
 
     def where(self) -> str:
         host = f"host {self.host}" if self.host else ""
@@ -77,7 +88,19 @@ class RankFailure:
         return {"node": self.node, "rank": self.rank, "local_rank": self.local_rank, "host": self.host,
                 "exit_code": self.exit_code, "signal": self.signal, "time": self.time, "error": self.error,
                 "tail": list(self.tail), "stopped": self.stopped,
-                **({"node_name": self.node_name} if self.node_name else {})}
+                **({"node_name": self.node_name} if self.node_name else {}),
+                **({"kind": self.kind, "step": self.step, "last_progress": self.last_progress, "where_in": self.where_in,
+                    "code": self.code, "waiting_in": self.waiting_in, "stack_read": self.stack_read}
+                   if self.kind == "HUNG" else {})}
+
+    def stalled_for(self) -> float:
+        return self.time - self.last_progress if self.last_progress is not None else 0.0
+
+    def in_code(self) -> str:
+        """``train.py:57 (time.sleep(600))``, or why the stack is unknown."""
+        if not self.stack_read:
+            return f"stack not read ({self.error})" if self.error else "stack not read"
+        return f"in {self.where_in}" + (f" ({self.code})" if self.code else "")
 
 
 def _int(v) -> int | None:
@@ -100,7 +123,16 @@ def parse_line(line: str) -> RankFailure | None:
     if node is None:
         return None
     tail = data.get("tail") if isinstance(data.get("tail"), list) else []
-    return RankFailure(
+    hung = data.get("kind") == "HUNG"
+    last = data.get("last_progress")
+    hang = {} if not hung else {
+        "kind": "HUNG", "step": _int(data.get("step")),
+        "last_progress": float(last) if isinstance(last, (int, float)) and not isinstance(last, bool) else None,
+        "where_in": str(data.get("where") or ""), "code": str(data.get("code") or ""),
+        "waiting_in": data.get("waiting_in") if isinstance(data.get("waiting_in"), str) else None,
+        "stack_read": bool(data.get("stack_read")),
+    }
+    return RankFailure(**hang,
         node=node, rank=_int(data.get("rank")), local_rank=_int(data.get("local_rank")),
         host=str(data.get("host") or ""), exit_code=_int(data.get("exit_code")),
         signal=data.get("signal") if isinstance(data.get("signal"), str) else None,
@@ -144,16 +176,35 @@ class FailureReport:
     cause: RankFailure | None = None
 
     @property
+    def hung(self) -> list[RankFailure]:
+        """The ranks the nodes' hang monitors reported, one each (a later line for a rank wins)."""
+        out: dict[tuple, RankFailure] = {}
+        for f in self.failures:
+            if f.kind == "HUNG":
+                out[(f.node, f.rank)] = f
+        return list(out.values())
+
+    @property
+    def kind(self) -> str:
+        return "HUNG" if self.hung and self.cause is None else "EXIT"
+
+    @property
     def first(self) -> RankFailure | None:
+        if self.cause is None and self.hung:
+            return culprit(self.hung)[0]
         return self.cause if self.cause is not None else first_failure(self.failures)
 
     def others(self) -> int:
+        if self.kind == "HUNG":
+            return len(self.hung) - 1
         return len(self.failures) - 1 if self.failures else 0
 
     def describe(self) -> str:
         first = self.first
         if first is None:
             return ""
+        if self.kind == "HUNG":
+            return describe_hang(self.hung)
         text = first.describe()
         n = self.others()
         if n:
@@ -163,8 +214,65 @@ class FailureReport:
     def to_dict(self) -> dict:
         first = self.first
         return {"first": first.to_dict() if first else None,
+                "kind": self.kind,
+                **({"why": culprit(self.hung)[1]} if self.kind == "HUNG" else {}),
                 "others": self.others(),
                 "failures": [f.to_dict() for f in sorted(self.failures, key=_order)]}
+
+
+def culprit(hung: list[RankFailure]) -> tuple[RankFailure, str]:
+    """The rank that stopped first among every node's HUNG lines, and why it looks guilty.
+
+    In a synchronous job every rank stops within one step of the culprit, often with the same
+    step and the same last report (they all left the previous step's collective together): the
+    stacks decide first. The ranks not inside a collective (whose stack was read) are the
+    suspects; among the suspects, or among all when there are none, the lowest step (never
+    reported counts lowest), then the oldest last progress, then the lowest rank."""
+    free = [f for f in hung if f.stack_read and f.waiting_in is None]
+    pool = free or hung
+
+    def order(f: RankFailure) -> tuple:
+        return (f.step if f.step is not None else -1, f.last_progress or 0.0, f.rank if f.rank is not None else -1)
+
+    pick = min(pool, key=order)
+    if len(free) == 1:
+        return pick, "the only rank not inside a collective"
+    steps = {f.step for f in pool}
+    if free:
+        why = "not inside a collective"
+    else:
+        why = "no stack showed a rank outside a collective"
+    if len(steps) > 1:
+        return pick, f"{why}; the lowest step"
+    return pick, f"{why}; the oldest last progress"
+
+
+def describe_hang(hung: list[RankFailure]) -> str:
+    """``HUNG after step 118: rank 3 (node 1, host h2) made no progress for 300 s, in train.py:57
+    (time.sleep(600)); 15 ranks waiting in all_reduce``."""
+    c, why = culprit(hung)
+    step = f" after step {c.step}" if c.step is not None else " before its first progress report"
+    text = f"HUNG{step}: {c.where()} made no progress for {c.stalled_for():.0f} s, {c.in_code()} [{why}]"
+    waiting: dict[str, int] = {}
+    unread = 0
+    busy = 0
+    for f in hung:
+        if f is c:
+            continue
+        if f.waiting_in:
+            waiting[f.waiting_in] = waiting.get(f.waiting_in, 0) + 1
+        elif not f.stack_read:
+            unread += 1
+        else:
+            busy += 1
+    parts = []
+    for i, (what, n) in enumerate(sorted(waiting.items(), key=lambda kv: -kv[1])):
+        parts.append(f"{n} {'rank' if n == 1 else 'ranks'} waiting in {what}" if i == 0 else f"{n} in {what}")
+    if busy:
+        parts.append(f"{busy} more {'rank' if busy == 1 else 'ranks'} outside a collective")
+    if unread:
+        parts.append(f"{unread} {'rank' if unread == 1 else 'ranks'} whose stack was not read")
+    return text + ("; " + ", ".join(parts) if parts else "")
 
 
 def report_from_lines(lines: Iterable[str]) -> FailureReport | None:

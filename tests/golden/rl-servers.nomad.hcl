@@ -97,8 +97,8 @@ job "rl-grpo" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-7b705bd4"
-        right_delimiter = "halo-7b705bd4]]"
+        left_delimiter  = "[[halo-104e1b70"
+        right_delimiter = "halo-104e1b70]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -364,6 +364,7 @@ halo_run() {
   HALO_NODE_TAG=$halo_node_tag "$@" 2>&3 &
   halo_pid=$!
   halo_torchrun=$halo_pid
+  halo_hang_start "$halo_pid"
   [ -z "$halo_warned_at" ] || halo_deliver  # warned during setup: hand it on once a rank handles it
   # SLURM signals every process of the step and the local backend the node's process group, so
   # torchrun has the signal already; Nomad signals this shell alone (executor_unix.go
@@ -376,6 +377,7 @@ halo_run() {
     # wait returns early (>128) when the trap ran; torchrun is still stopping: wait again.
     [ "$halo_trapped" = 1 ] && [ "$halo_rc" -gt 128 ] || break
   done
+  halo_hang_stop
   # The warning's deliverer ends within 0.2 s of torchrun (its last words come before the sweep's).
   [ -z "$halo_deliverer" ] || wait "$halo_deliverer" 2> /dev/null || true
   # A stop request from here on waits for the sweep, then takes effect (as it did before: the
@@ -608,6 +610,645 @@ HALO_COLLECT_EOF
   fi
   [ -n "$${HALO_LOG_DIR:-}" ] || rm -rf "$halo_log_root"
   return "$halo_rc"
+}
+
+# ---- Hang detection (hang.timeout_s; halo_sched/node/hang_monitor.py, progress.py) ----
+# Each rank may append "STEP UNIX_TIME" lines to $HALO_PROGRESS_DIR/rank-$RANK after its steps
+# (docs/failures.md: "Hangs"). A monitor beside torchrun ends the node when no rank progressed for
+# hang.timeout_s=300s (600s before a rank's first report, judged by its output),
+# after taking every rank's stack: SIGRTMIN+5 where the rank registered faulthandler on it
+# (HALO_STACK_SIGNAL; progress.report() does), else SIGABRT with PYTHONFAULTHANDLER.
+# Each stays as the user set it.
+export HALO_PROGRESS_DIR=$halo_log_dir/progress
+mkdir -p "$HALO_PROGRESS_DIR"
+export HALO_STACK_SIGNAL=$(kill -l RTMIN+5)
+export PYTHONFAULTHANDLER=$${PYTHONFAULTHANDLER:-1}
+# NCCL's flight recorder: each rank's last collectives, dumped beside the logs on NCCL's timeout.
+# (torch 2.13 reads these older names too, with a deprecation warning; TORCH_FR_* set wins.)
+if [ -z "$${TORCH_FR_BUFFER_SIZE:-}$${TORCH_FR_DUMP_TEMP_FILE:-}" ]; then
+  export TORCH_NCCL_TRACE_BUFFER_SIZE=$${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}
+  export TORCH_NCCL_DEBUG_INFO_TEMP_FILE=$${TORCH_NCCL_DEBUG_INFO_TEMP_FILE:-$halo_log_dir/nccl_trace_rank_}
+fi
+export TORCH_NCCL_DUMP_ON_TIMEOUT=$${TORCH_NCCL_DUMP_ON_TIMEOUT:-1}
+halo_monitor=
+halo_hang_start() {
+  local halo_py halo_pkg=$halo_log_dir/.monitor/halo_node
+  mkdir -p "$halo_pkg" && : > "$halo_pkg/__init__.py"
+  cat > "$halo_pkg/failure_collector.py" << 'HALO_COLLECT_EOF'
+"""Run on each node by the entry script after torchrun exits non-zero: one failure line per rank.
+
+Standard library only: it runs under the node's Python (the one torchrun runs under), where
+halo-sched itself need not be installed. The entry script passes it, as text, to that Python.
+
+Inputs, from torchrun's own files (``torch/distributed/elastic/multiprocessing/api.py``,
+``DefaultLogsSpecs.reify``): with ``--log-dir=DIR --tee=3``, each worker's stdout/stderr land in
+``DIR/<run_id>_<random>/attempt_<n>/<local_rank>/{stdout,stderr}.log`` and its
+``TORCHELASTIC_ERROR_FILE`` is ``error.json`` beside them (written only by a trainer decorated
+with ``@record``). Exit codes and signals come from torchrun's failure summary on its stderr
+(``ChildFailedError.format_msg``: ``rank : 3 (local_rank: 1)``, ``exitcode : -9 (pid: 12)
+(SIGKILL)``), which the entry script tees into ``DIR/torchrun.err``.
+
+Output: ``halo-sched-failure {json}`` on stderr, one per failed rank, or one for the node when
+torchrun itself failed (rendezvous timeout, killed) and no rank is named. The keys are those of
+:class:`halo_sched.node.failures.RankFailure`.
+"""
+from __future__ import annotations
+
+import datetime
+import glob
+import json
+import os
+import re
+import socket
+import sys
+import time
+
+TAG = "halo-sched-failure"
+TAIL_LINES = 12
+
+_BLOCK = re.compile(
+    r"time\s*:\s*(?P<time>\S+)\s*\n\s*host\s*:\s*(?P<host>\S*)\s*\n\s*rank\s*:\s*(?P<rank>\d+)\s*"
+    r"\(local_rank:\s*(?P<local_rank>\d+)\)\s*\n\s*exitcode\s*:\s*(?P<exit>-?\d+)[^\n]*?(?:\((?P<sig>SIG\w+)\))?[ \t]*\n"
+)
+# The line that names an error in a traceback or a torchrun log: "ValueError: ...", "torch.x.Y: ...".
+_ERROR = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt|Timeout|Failure)\b.*")
+# torch prefixes a worker's uncaught exception lines with "[rankN]: ".
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s*")
+_SIGNALS = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
+            9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
+# How torchrun stops a node's other workers once one has failed (api.py ``_close``).
+_STOP_SIGNALS = ("SIGTERM",)
+
+
+def _tail(path: str, n: int = TAIL_LINES) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+    return [line[:400] for line in lines if line.strip()][-n:]
+
+
+def error_line(lines: list[str]) -> str:
+    """The line that says what went wrong: the last ``SomethingError: ...`` line, else the last line."""
+    for line in reversed(lines):
+        text = _RANK_PREFIX.sub("", line.strip())
+        if _ERROR.match(text):
+            return text
+    return _RANK_PREFIX.sub("", lines[-1].strip()) if lines else ""
+
+
+def summary_failures(text: str) -> dict[int, dict]:
+    """torchrun's failure summary, per global rank: time (epoch), host, local rank, exit, signal."""
+    out = {}
+    for m in _BLOCK.finditer(text):
+        try:
+            # ProcessFailure.timestamp_isoformat: local time, "YYYY-MM-DD_HH:MM:SS", whole seconds.
+            when = datetime.datetime.strptime(m["time"], "%Y-%m-%d_%H:%M:%S").timestamp()
+        except ValueError:
+            when = None
+        code = int(m["exit"])
+        out[int(m["rank"])] = {
+            "time": when, "host": m["host"], "local_rank": int(m["local_rank"]),
+            # A negative exit code is torch's way to say "killed by signal -code".
+            "exit_code": 128 - code if code < 0 else code,
+            "signal": m["sig"] or (_SIGNALS.get(-code, f"SIG{-code}") if code < 0 else None),
+        }
+    return out
+
+
+def _rank_dirs(log_dir: str) -> dict[int, str]:
+    """local rank -> its directory in the latest attempt torchrun made under ``log_dir``."""
+    attempts = sorted(glob.glob(os.path.join(log_dir, "*", "attempt_*")), key=os.path.getmtime)
+    if not attempts:
+        return {}
+    out = {}
+    for d in glob.glob(os.path.join(attempts[-1], "*")):
+        if os.path.basename(d).isdigit():
+            out[int(os.path.basename(d))] = d
+    return out
+
+
+def _error_file(path: str) -> tuple[str, float] | None:
+    """(message, time) from a worker's error.json (``@record``); the file's mtime is the precise time."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        when = os.stat(path).st_mtime
+    except (OSError, ValueError):
+        return None
+    msg = data.get("message")
+    if isinstance(msg, dict):
+        msg = msg.get("message") or ""
+    lines = str(msg or "").strip().splitlines()
+    return (lines[-1] if lines else ""), when
+
+
+def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | None = None,
+            host: str | None = None, now: float | None = None) -> list[dict]:
+    """Failure records for one node whose torchrun exited with ``rc`` (non-zero)."""
+    host = host or socket.gethostname()
+    now = time.time() if now is None else now
+    try:
+        with open(os.path.join(log_dir, "torchrun.err"), errors="replace") as f:
+            agent_text = f.read()
+    except OSError:
+        agent_text = ""
+    summary = summary_failures(agent_text)
+    dirs = _rank_dirs(log_dir)
+    out = []
+    for rank, info in sorted(summary.items()):
+        lr = info["local_rank"]
+        d = dirs.get(lr, "")
+        tail = _tail(os.path.join(d, "stderr.log")) if d else []
+        detected = info["time"] if info["time"] is not None else now
+        when, error = detected, ""
+        from_file = _error_file(os.path.join(d, "error.json")) if d else None
+        if from_file:
+            error, when = from_file
+        elif tail and info["signal"] is None:
+            # The traceback was the last thing the rank wrote: its mtime is the time of death, to
+            # the nanosecond, where torchrun's summary has whole seconds (and is later).
+            try:
+                mtime = os.stat(os.path.join(d, "stderr.log")).st_mtime
+            except OSError:
+                mtime = None
+            if mtime is not None and detected - 5 <= mtime <= detected + 1:
+                when = mtime
+        if not error:
+            error = error_line(tail) or (f"killed by {info['signal']}" if info["signal"] else "")
+        out.append({
+            "node": node, "rank": rank, "local_rank": lr, "host": info["host"] or host,
+            "exit_code": info["exit_code"], "signal": info["signal"], "time": when,
+            "error": error, "tail": tail, "stopped": False,
+        })
+    # When one worker fails, torchrun stops the node's other workers with SIGTERM: those are
+    # victims (not SIGKILL: the kernel's OOM killer ends a rank that way). A victim's summary time
+    # is the whole second of detection and can read earlier than the real failure's precise one.
+    own = [r for r in out if r["signal"] not in _STOP_SIGNALS]
+    if own:
+        for r in out:
+            if r["signal"] in _STOP_SIGNALS:
+                r["stopped"] = True
+    if not out:
+        # torchrun failed before or without a worker failure (rendezvous, store timeout, a
+        # signal that stopped it): the node is what failed.
+        tail = [line for line in _tail(os.path.join(log_dir, "torchrun.err"), 40) if not line.startswith("[rank ")]
+        code = rc
+        sig = _SIGNALS.get(code - 128) if code > 128 else None
+        out.append({
+            "node": node, "rank": None, "local_rank": None, "host": host, "exit_code": code, "signal": sig,
+            "time": stopped_at if stopped_at is not None else now,
+            "error": error_line(tail[-TAIL_LINES:]), "tail": tail[-TAIL_LINES:], "stopped": stopped_at is not None,
+        })
+    # The scheduler's name for this node (SLURM sets SLURMD_NODENAME in every task): what sbatch's
+    # node options take. torchrun's host is the machine's FQDN and may differ from it.
+    node_name = os.environ.get("SLURMD_NODENAME", "")
+    if node_name:
+        for r in out:
+            r["node_name"] = node_name
+    return out
+
+
+# srun relays a task's output in pieces of at most 1024 bytes (SLURM_IO_MAX_MSG_LEN; slurmstepd
+# io.c _task_build_message cuts a longer line) and labels each piece: a longer line reaches the
+# output file cut in two, and neither half parses. Each record's line stays below that.
+LINE_MAX = 1000
+
+
+def record_line(rec: dict) -> str:
+    """``TAG {json}`` in at most LINE_MAX bytes: the oldest tail lines go first, then the error's end."""
+    rec = {**rec, "tail": list(rec.get("tail") or [])}
+    while True:
+        text = f"{TAG} {json.dumps(rec, separators=(',', ':'))}\n"  # ASCII: bytes == characters
+        if len(text) <= LINE_MAX:
+            return text
+        if rec["tail"]:
+            rec["tail"].pop(0)
+        elif rec.get("error"):
+            rec["error"] = rec["error"][:len(rec["error"]) // 2]
+        else:
+            return text  # not reached: the other fields are short
+
+
+def main(argv: list[str]) -> int:
+    node, nproc, log_dir, rc = int(argv[0]), int(argv[1]), argv[2], int(argv[3])
+    # EPOCHREALTIME uses the locale's decimal point.
+    stopped_at = float(argv[4].replace(",", ".")) if len(argv) > 4 and argv[4] else None
+    for rec in collect(node, nproc, log_dir, rc, stopped_at):
+        sys.stderr.write(record_line(rec))
+    sys.stderr.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
+HALO_COLLECT_EOF
+  cat > "$halo_pkg/hang_monitor.py" << 'HALO_MONITOR_EOF'
+"""The hang monitor: runs on each node beside torchrun, ends the job when its ranks stop progressing.
+
+Started by the entry script (``entry_hang.sh.j2``) right after torchrun, under the Python torchrun
+runs under; standard library only (halo-sched need not be installed on the node). It polls once a
+second and reads nothing but ``stat`` of a few files while the ranks are healthy.
+
+When is a node hung? Every live rank of the node (torchrun's children that carry ``RANK``) is
+stalled at once:
+
+* a rank that reports progress (``$HALO_PROGRESS_DIR/rank-R`` exists, see ``progress.py``) is
+  stalled after ``timeout_s`` without a report;
+* a rank that has not reported yet (still importing, loading, before its first step, or a trainer
+  without the protocol) is stalled after ``first_step_s`` with no new output on its stdout/stderr
+  (torchrun's ``--tee`` files), counted from when the monitor first saw it.
+
+In a synchronous job one stuck rank stops every rank within a step, so every node's monitor
+fires within about a poll and a step of the others. Then, on each node:
+
+1. every rank that registered ``faulthandler`` on ``HALO_STACK_SIGNAL`` (the helper in
+   ``progress.py`` does) dumps its stack without ending (SigCgt in ``/proc/PID/status`` says who);
+2. the monitor waits ``SETTLE_S`` so that the other nodes' monitors take theirs before anything
+   here ends (ending a rank makes its peers fail in their collective, losing their stacks);
+3. the ranks whose stack is still unknown get ``SIGABRT``: with ``PYTHONFAULTHANDLER`` (set by the
+   entry script) Python prints every thread's stack to the rank's stderr as it dies;
+4. one ``halo-sched-failure`` line of kind ``HUNG`` per local rank goes to the node's output (step,
+   last progress, top of stack, the collective it waits in, or why its stack could not be read),
+   every stack to ``DIR/hang-stacks.txt`` and the node's output;
+5. torchrun gets SIGTERM (SIGKILL 10 s later): the node exits non-zero and the scheduler ends the job.
+
+Which rank is the culprit is decided where all nodes' lines meet (``failures.FailureReport``).
+"""
+from __future__ import annotations
+
+import glob
+import linecache
+import os
+import re
+import signal
+import socket
+import sys
+import time
+
+from .failure_collector import record_line  # on the node: a package of the two files (entry_hang.sh.j2)
+
+POLL_S = 1.0
+SETTLE_S = 10.0
+ABORT_WAIT_S = 5.0
+STACK_WAIT_S = 3.0
+
+#: Functions of torch.distributed in which a rank waits for its peers.
+COLLECTIVES = frozenset("""
+all_reduce all_gather all_gather_into_tensor all_gather_object all_to_all all_to_all_single barrier
+monitored_barrier broadcast broadcast_object_list gather gather_object reduce reduce_scatter
+reduce_scatter_tensor scatter scatter_object_list send recv isend irecv batch_isend_irecv wait
+_all_gather_base _reduce_scatter_base all_reduce_coalesced
+""".split())
+_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.+?)\s*$')
+_THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+|^Stack \(most recent call first\)")
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    s = _stat(pid)
+    return s is not None and s[0] not in ("Z", "X")
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            items = f.read().split(b"\0")
+    except OSError:
+        return {}
+    out = {}
+    for item in items:
+        k, sep, v = item.partition(b"=")
+        if sep and k in (b"RANK", b"LOCAL_RANK"):
+            out[k.decode()] = v.decode(errors="replace")
+    return out
+
+
+def _handles(pid: int, signum: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool((int(line.split()[1], 16) >> (signum - 1)) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+def _last_step(path: str) -> int | None:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 512))
+            lines = f.read().decode(errors="replace").split("\n")
+    except OSError:
+        return None
+    for line in reversed(lines):
+        head = line.split(" ", 1)[0]
+        if head.lstrip("-").isdigit():
+            return int(head)
+    return None
+
+
+def parse_stacks(text: str) -> list[list[tuple[str, int, str]]]:
+    """The threads of the last faulthandler dump in ``text``: each a list of (file, line,
+    function), most recent call first. Lines may carry torchrun's ``[rank N] `` prefix."""
+    threads: list[list[tuple[str, int, str]]] = []
+    cur = None
+    for raw in text.splitlines():
+        line = re.sub(r"^\[(?:rank\d+|rank \d+)\]:?\s?", "", raw)
+        if "Fatal Python error" in line:
+            threads, cur = [], None  # a later dump replaces an earlier one
+            continue
+        if _THREAD.match(line.strip()):
+            cur = []
+            threads.append(cur)
+            continue
+        m = _FRAME.match(line)
+        if m and cur is not None:
+            cur.append((m["file"], int(m["line"]), m["func"]))
+        elif cur is not None and cur and not line.strip():
+            cur = None
+    return [t for t in threads if t]
+
+
+def main_thread(threads: list[list[tuple[str, int, str]]]) -> list[tuple[str, int, str]]:
+    """The main thread: the one whose outermost frame is a module's top level."""
+    for t in threads:
+        if t and t[-1][2] == "<module>":
+            return t
+    return threads[-1] if threads else []
+
+
+def _library(path: str) -> bool:
+    return ("site-packages" in path or "dist-packages" in path or "/lib/python" in path
+            or path.startswith("<"))
+
+
+def classify(frames: list[tuple[str, int, str]], cwd: str | None = None) -> dict:
+    """Where a rank is: ``waiting_in`` (a collective, or None), the top user frame and its code."""
+    waiting = None
+    for path, _, func in frames:
+        if "torch/distributed/" in path.replace("\\", "/") and func in COLLECTIVES:
+            waiting = func
+            break
+        if "torch/autograd/" in path and func in ("backward", "_engine_run_backward"):
+            waiting = "backward"
+            break
+    user = next((f for f in frames if not _library(f[0])), frames[0] if frames else None)
+    where = code = ""
+    if user:
+        path, line, func = user
+        where = f"{os.path.basename(path)}:{line}"
+        full = path if os.path.isabs(path) or not cwd else os.path.join(cwd, path)
+        code = linecache.getline(full, line).split("  #", 1)[0].strip()[:80]
+        if not code:
+            code = func
+    return {"waiting_in": waiting, "where": where, "code": code}
+
+
+class Monitor:
+    def __init__(self, node: int, torchrun: int, progress_dir: str, log_dir: str, nproc: int,
+                 timeout_s: float, first_step_s: float, stack_signal: int, host: str | None = None):
+        self.node, self.torchrun, self.progress_dir, self.log_dir = node, torchrun, progress_dir, log_dir
+        self.nproc, self.timeout_s, self.first_step_s = nproc, timeout_s, first_step_s
+        self.stack_signal, self.host = stack_signal, host or socket.gethostname()
+        self.ranks: dict[int, dict] = {}  # pid -> {rank, local_rank, seen, out, cwd}
+
+    # ---- watching -------------------------------------------------------------------------
+    def _discover(self) -> None:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in self.ranks:
+                continue
+            s = _stat(int(entry))
+            if not s or int(s[1]) != self.torchrun:
+                continue
+            env = _environ(int(entry))
+            if "RANK" not in env:
+                continue
+            try:
+                cwd = os.readlink(f"/proc/{entry}/cwd")
+            except OSError:
+                cwd = None
+            self.ranks[int(entry)] = {"rank": int(env["RANK"]), "local_rank": int(env.get("LOCAL_RANK", -1)),
+                                      "seen": time.time(), "out": [], "cwd": cwd}
+
+    def _outputs(self, info: dict) -> list[str]:
+        if not info["out"]:
+            info["out"] = sorted(glob.glob(os.path.join(self.log_dir, "*", "attempt_*", str(info["local_rank"]),
+                                                        "std*.log")))
+        return info["out"]
+
+    def activity(self, info: dict) -> tuple[float, float, bool]:
+        """(last activity, its limit, reports progress)."""
+        t = _mtime(os.path.join(self.progress_dir, f"rank-{info['rank']}"))
+        if t is not None:
+            return t, self.timeout_s, True
+        times = [info["seen"]] + [m for m in map(_mtime, self._outputs(info)) if m is not None]
+        return max(times), self.first_step_s, False
+
+    def live(self) -> dict[int, dict]:
+        return {pid: i for pid, i in self.ranks.items() if _alive(pid)}
+
+    def hung(self, now: float) -> bool:
+        live = self.live()
+        if not live:
+            return False
+        return all(now - last >= limit for last, limit, _ in (self.activity(i) for i in live.values()))
+
+    def watch(self) -> bool:
+        """Poll until the node hangs (True) or torchrun ends (False)."""
+        while _alive(self.torchrun):
+            if len(self.live()) < self.nproc:
+                self._discover()
+            if self.hung(time.time()):
+                return True
+            time.sleep(POLL_S)
+        return False
+
+    # ---- on a hang --------------------------------------------------------------------------
+    def _sleep_while_running(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and _alive(self.torchrun):
+            time.sleep(0.2)
+
+    def _stack_file(self, rank: int) -> str:
+        return os.path.join(self.progress_dir, f"rank-{rank}.stack")
+
+    def _stderr_text(self, info: dict) -> str:
+        for p in self._outputs(info):
+            if p.endswith("stderr.log"):
+                try:
+                    with open(p, "rb") as f:
+                        f.seek(0, os.SEEK_END)
+                        f.seek(max(0, f.tell() - 65536))
+                        return f.read().decode(errors="replace")
+                except OSError:
+                    return ""
+        return ""
+
+    def fire(self) -> bool:
+        """Take the stacks, write the report and end torchrun; False when the hang went away."""
+        detected = time.time()
+        state = {}
+        for pid, info in self.live().items():
+            last, _, reports = self.activity(info)
+            step = _last_step(os.path.join(self.progress_dir, f"rank-{info['rank']}")) if reports else None
+            state[pid] = {"last": last, "reports": reports, "step": step, "threads": None, "how": None, "why": None}
+        sys.stderr.write(f"halo-sched: node {self.node}: no rank made progress for {self.timeout_s:g} s; "
+                         "taking their stacks\n")
+        sys.stderr.flush()
+        # 1. Stacks without ending the ranks, where the rank registered faulthandler.
+        sizes = {}
+        for pid, info in self.live().items():
+            if self.stack_signal and _handles(pid, self.stack_signal):
+                sizes[pid] = os.path.getsize(self._stack_file(info["rank"])) if os.path.exists(
+                    self._stack_file(info["rank"])) else 0
+                try:
+                    os.kill(pid, self.stack_signal)
+                except OSError:
+                    sizes.pop(pid)
+        end = time.monotonic() + STACK_WAIT_S
+        while sizes and time.monotonic() < end:
+            time.sleep(0.2)
+            for pid in list(sizes):
+                path = self._stack_file(self.ranks[pid]["rank"])
+                try:
+                    with open(path, errors="replace") as f:
+                        f.seek(sizes[pid])
+                        text = f.read()
+                except OSError:
+                    continue
+                threads = parse_stacks(text)
+                # Complete once the main thread's outermost frame (<module>) is in.
+                if threads and any(t[-1][2] == "<module>" for t in threads):
+                    state[pid]["threads"], state[pid]["how"] = threads, f"signal {self.stack_signal} (SIGRTMIN+{self.stack_signal - signal.SIGRTMIN}), rank kept running"
+                    del sizes[pid]
+        # 2. Let the other nodes' monitors take theirs before anything here ends. A hang must
+        # last through this: a rank that progressed meanwhile, or torchrun's end, calls it off.
+        self._sleep_while_running(SETTLE_S)
+        if not _alive(self.torchrun) or any(
+                self.activity(self.ranks[pid])[0] > st["last"] for pid, st in state.items() if _alive(pid)):
+            sys.stderr.write(f"halo-sched: node {self.node}: progress again (or torchrun ended) within "
+                             f"{SETTLE_S:g} s: not a hang\n")
+            sys.stderr.flush()
+            return False
+        # 3. The rest: SIGABRT, which PYTHONFAULTHANDLER turns into a dump on the rank's stderr.
+        aborted = []
+        for pid in state:
+            if state[pid]["threads"] is None:
+                if not _alive(pid):
+                    state[pid]["why"] = "the rank had already ended"
+                    continue
+                try:
+                    os.kill(pid, signal.SIGABRT)
+                    aborted.append(pid)
+                except OSError as e:
+                    state[pid]["why"] = f"SIGABRT failed: {e.strerror}"
+        end = time.monotonic() + ABORT_WAIT_S
+        while any(_alive(p) for p in aborted) and time.monotonic() < end:
+            time.sleep(0.2)
+        time.sleep(0.3)  # torchrun's tee thread flushes the last lines
+        for pid in aborted:
+            threads = parse_stacks(self._stderr_text(self.ranks[pid]))
+            if threads:
+                state[pid]["threads"], state[pid]["how"] = threads, "SIGABRT with PYTHONFAULTHANDLER"
+            elif _alive(pid):
+                state[pid]["why"] = "the rank did not react to SIGABRT (uninterruptible sleep? faulthandler disabled?)"
+            else:
+                state[pid]["why"] = "no stack on its stderr after SIGABRT (PYTHONFAULTHANDLER unset or disabled?)"
+        # 4. The report: one line per rank, every stack kept.
+        dump = []
+        for pid, st in sorted(state.items(), key=lambda kv: self.ranks[kv[0]]["rank"]):
+            info = self.ranks[pid]
+            frames = main_thread(st["threads"]) if st["threads"] else []
+            where = classify(frames, info["cwd"]) if frames else {"waiting_in": None, "where": "", "code": ""}
+            rec = {
+                "kind": "HUNG", "node": self.node, "rank": info["rank"], "local_rank": info["local_rank"],
+                "host": self.host, "exit_code": None, "signal": None, "time": detected,
+                "step": st["step"], "last_progress": st["last"], "reports": st["reports"],
+                "stalled_s": round(detected - st["last"], 1), "stack_read": bool(frames),
+                "error": st["why"] or "", **where, "tail": [f"{os.path.basename(f)}:{n} in {fn}" for f, n, fn in frames[:8]],
+            }
+            sys.stderr.write(record_line(rec))
+            dump.append(f"==== rank {info['rank']} (node {self.node}, host {self.host}, local rank "
+                        f"{info['local_rank']}, pid {pid}): "
+                        + (f"stack by {st['how']}" if st["threads"] else f"no stack: {st['why']}"))
+            for t in st["threads"] or []:
+                dump.append("  thread" + (" (main)" if t is frames else "") + ":")
+                dump.extend(f"    File \"{f}\", line {n} in {fn}" for f, n, fn in t)
+        sys.stderr.flush()
+        text = "\n".join(dump) + "\n"
+        try:
+            with open(os.path.join(os.path.dirname(self.progress_dir), "hang-stacks.txt"), "a") as f:
+                f.write(text)
+        except OSError:
+            pass
+        sys.stderr.write("".join(f"halo-sched: node {self.node}: {line}\n" for line in dump))
+        sys.stderr.flush()
+        # 5. End the node: torchrun stops its ranks and exits non-zero.
+        try:
+            os.kill(self.torchrun, signal.SIGTERM)
+        except OSError:
+            return True
+        end = time.monotonic() + 10
+        while _alive(self.torchrun) and time.monotonic() < end:
+            time.sleep(0.2)
+        for pid in [self.torchrun] + list(self.live()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        return True
+
+
+def main(argv: list[str]) -> int:
+    node, torchrun, progress_dir, log_dir, nproc, timeout_s, first_step_s, sig = argv[:8]
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))  # torchrun ended: nothing to watch
+    m = Monitor(int(node), int(torchrun), progress_dir, log_dir, int(nproc), float(timeout_s),
+                float(first_step_s), int(sig) if sig.isdigit() else 0)
+    while m.watch():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish the report, bounded by its own waits
+        if m.fire():
+            break
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
+HALO_MONITOR_EOF
+  halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
+  case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
+  # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
+  PYTHONPATH=$halo_log_dir/.monitor $halo_py -m halo_node.hang_monitor "$halo_rank" "$1" "$HALO_PROGRESS_DIR" "$halo_log_dir" \
+    8 300 600 "$HALO_STACK_SIGNAL" < /dev/null &
+  halo_monitor=$!
+}
+# After torchrun: a monitor that fired finishes its report (bounded by its own waits); one that
+# did not ends at once.
+halo_hang_stop() {
+  [ -n "$halo_monitor" ] || return 0
+  kill -TERM "$halo_monitor" 2> /dev/null || true
+  wait "$halo_monitor" 2> /dev/null || wait "$halo_monitor" 2> /dev/null || true
+  halo_monitor=
 }
 
 echo "halo-sched: node $halo_rank of 2 on $(hostname): master $HALO_MASTER_ADDR:$HALO_MASTER_PORT" >&2
@@ -715,8 +1356,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-7b705bd4"
-        right_delimiter = "halo-7b705bd4]]"
+        left_delimiter  = "[[halo-104e1b70"
+        right_delimiter = "halo-104e1b70]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -982,6 +1623,7 @@ halo_run() {
   HALO_NODE_TAG=$halo_node_tag "$@" 2>&3 &
   halo_pid=$!
   halo_torchrun=$halo_pid
+  halo_hang_start "$halo_pid"
   [ -z "$halo_warned_at" ] || halo_deliver  # warned during setup: hand it on once a rank handles it
   # SLURM signals every process of the step and the local backend the node's process group, so
   # torchrun has the signal already; Nomad signals this shell alone (executor_unix.go
@@ -994,6 +1636,7 @@ halo_run() {
     # wait returns early (>128) when the trap ran; torchrun is still stopping: wait again.
     [ "$halo_trapped" = 1 ] && [ "$halo_rc" -gt 128 ] || break
   done
+  halo_hang_stop
   # The warning's deliverer ends within 0.2 s of torchrun (its last words come before the sweep's).
   [ -z "$halo_deliverer" ] || wait "$halo_deliverer" 2> /dev/null || true
   # A stop request from here on waits for the sweep, then takes effect (as it did before: the
@@ -1226,6 +1869,645 @@ HALO_COLLECT_EOF
   fi
   [ -n "$${HALO_LOG_DIR:-}" ] || rm -rf "$halo_log_root"
   return "$halo_rc"
+}
+
+# ---- Hang detection (hang.timeout_s; halo_sched/node/hang_monitor.py, progress.py) ----
+# Each rank may append "STEP UNIX_TIME" lines to $HALO_PROGRESS_DIR/rank-$RANK after its steps
+# (docs/failures.md: "Hangs"). A monitor beside torchrun ends the node when no rank progressed for
+# hang.timeout_s=300s (600s before a rank's first report, judged by its output),
+# after taking every rank's stack: SIGRTMIN+5 where the rank registered faulthandler on it
+# (HALO_STACK_SIGNAL; progress.report() does), else SIGABRT with PYTHONFAULTHANDLER.
+# Each stays as the user set it.
+export HALO_PROGRESS_DIR=$halo_log_dir/progress
+mkdir -p "$HALO_PROGRESS_DIR"
+export HALO_STACK_SIGNAL=$(kill -l RTMIN+5)
+export PYTHONFAULTHANDLER=$${PYTHONFAULTHANDLER:-1}
+# NCCL's flight recorder: each rank's last collectives, dumped beside the logs on NCCL's timeout.
+# (torch 2.13 reads these older names too, with a deprecation warning; TORCH_FR_* set wins.)
+if [ -z "$${TORCH_FR_BUFFER_SIZE:-}$${TORCH_FR_DUMP_TEMP_FILE:-}" ]; then
+  export TORCH_NCCL_TRACE_BUFFER_SIZE=$${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}
+  export TORCH_NCCL_DEBUG_INFO_TEMP_FILE=$${TORCH_NCCL_DEBUG_INFO_TEMP_FILE:-$halo_log_dir/nccl_trace_rank_}
+fi
+export TORCH_NCCL_DUMP_ON_TIMEOUT=$${TORCH_NCCL_DUMP_ON_TIMEOUT:-1}
+halo_monitor=
+halo_hang_start() {
+  local halo_py halo_pkg=$halo_log_dir/.monitor/halo_node
+  mkdir -p "$halo_pkg" && : > "$halo_pkg/__init__.py"
+  cat > "$halo_pkg/failure_collector.py" << 'HALO_COLLECT_EOF'
+"""Run on each node by the entry script after torchrun exits non-zero: one failure line per rank.
+
+Standard library only: it runs under the node's Python (the one torchrun runs under), where
+halo-sched itself need not be installed. The entry script passes it, as text, to that Python.
+
+Inputs, from torchrun's own files (``torch/distributed/elastic/multiprocessing/api.py``,
+``DefaultLogsSpecs.reify``): with ``--log-dir=DIR --tee=3``, each worker's stdout/stderr land in
+``DIR/<run_id>_<random>/attempt_<n>/<local_rank>/{stdout,stderr}.log`` and its
+``TORCHELASTIC_ERROR_FILE`` is ``error.json`` beside them (written only by a trainer decorated
+with ``@record``). Exit codes and signals come from torchrun's failure summary on its stderr
+(``ChildFailedError.format_msg``: ``rank : 3 (local_rank: 1)``, ``exitcode : -9 (pid: 12)
+(SIGKILL)``), which the entry script tees into ``DIR/torchrun.err``.
+
+Output: ``halo-sched-failure {json}`` on stderr, one per failed rank, or one for the node when
+torchrun itself failed (rendezvous timeout, killed) and no rank is named. The keys are those of
+:class:`halo_sched.node.failures.RankFailure`.
+"""
+from __future__ import annotations
+
+import datetime
+import glob
+import json
+import os
+import re
+import socket
+import sys
+import time
+
+TAG = "halo-sched-failure"
+TAIL_LINES = 12
+
+_BLOCK = re.compile(
+    r"time\s*:\s*(?P<time>\S+)\s*\n\s*host\s*:\s*(?P<host>\S*)\s*\n\s*rank\s*:\s*(?P<rank>\d+)\s*"
+    r"\(local_rank:\s*(?P<local_rank>\d+)\)\s*\n\s*exitcode\s*:\s*(?P<exit>-?\d+)[^\n]*?(?:\((?P<sig>SIG\w+)\))?[ \t]*\n"
+)
+# The line that names an error in a traceback or a torchrun log: "ValueError: ...", "torch.x.Y: ...".
+_ERROR = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt|Timeout|Failure)\b.*")
+# torch prefixes a worker's uncaught exception lines with "[rankN]: ".
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s*")
+_SIGNALS = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
+            9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
+# How torchrun stops a node's other workers once one has failed (api.py ``_close``).
+_STOP_SIGNALS = ("SIGTERM",)
+
+
+def _tail(path: str, n: int = TAIL_LINES) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+    return [line[:400] for line in lines if line.strip()][-n:]
+
+
+def error_line(lines: list[str]) -> str:
+    """The line that says what went wrong: the last ``SomethingError: ...`` line, else the last line."""
+    for line in reversed(lines):
+        text = _RANK_PREFIX.sub("", line.strip())
+        if _ERROR.match(text):
+            return text
+    return _RANK_PREFIX.sub("", lines[-1].strip()) if lines else ""
+
+
+def summary_failures(text: str) -> dict[int, dict]:
+    """torchrun's failure summary, per global rank: time (epoch), host, local rank, exit, signal."""
+    out = {}
+    for m in _BLOCK.finditer(text):
+        try:
+            # ProcessFailure.timestamp_isoformat: local time, "YYYY-MM-DD_HH:MM:SS", whole seconds.
+            when = datetime.datetime.strptime(m["time"], "%Y-%m-%d_%H:%M:%S").timestamp()
+        except ValueError:
+            when = None
+        code = int(m["exit"])
+        out[int(m["rank"])] = {
+            "time": when, "host": m["host"], "local_rank": int(m["local_rank"]),
+            # A negative exit code is torch's way to say "killed by signal -code".
+            "exit_code": 128 - code if code < 0 else code,
+            "signal": m["sig"] or (_SIGNALS.get(-code, f"SIG{-code}") if code < 0 else None),
+        }
+    return out
+
+
+def _rank_dirs(log_dir: str) -> dict[int, str]:
+    """local rank -> its directory in the latest attempt torchrun made under ``log_dir``."""
+    attempts = sorted(glob.glob(os.path.join(log_dir, "*", "attempt_*")), key=os.path.getmtime)
+    if not attempts:
+        return {}
+    out = {}
+    for d in glob.glob(os.path.join(attempts[-1], "*")):
+        if os.path.basename(d).isdigit():
+            out[int(os.path.basename(d))] = d
+    return out
+
+
+def _error_file(path: str) -> tuple[str, float] | None:
+    """(message, time) from a worker's error.json (``@record``); the file's mtime is the precise time."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        when = os.stat(path).st_mtime
+    except (OSError, ValueError):
+        return None
+    msg = data.get("message")
+    if isinstance(msg, dict):
+        msg = msg.get("message") or ""
+    lines = str(msg or "").strip().splitlines()
+    return (lines[-1] if lines else ""), when
+
+
+def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | None = None,
+            host: str | None = None, now: float | None = None) -> list[dict]:
+    """Failure records for one node whose torchrun exited with ``rc`` (non-zero)."""
+    host = host or socket.gethostname()
+    now = time.time() if now is None else now
+    try:
+        with open(os.path.join(log_dir, "torchrun.err"), errors="replace") as f:
+            agent_text = f.read()
+    except OSError:
+        agent_text = ""
+    summary = summary_failures(agent_text)
+    dirs = _rank_dirs(log_dir)
+    out = []
+    for rank, info in sorted(summary.items()):
+        lr = info["local_rank"]
+        d = dirs.get(lr, "")
+        tail = _tail(os.path.join(d, "stderr.log")) if d else []
+        detected = info["time"] if info["time"] is not None else now
+        when, error = detected, ""
+        from_file = _error_file(os.path.join(d, "error.json")) if d else None
+        if from_file:
+            error, when = from_file
+        elif tail and info["signal"] is None:
+            # The traceback was the last thing the rank wrote: its mtime is the time of death, to
+            # the nanosecond, where torchrun's summary has whole seconds (and is later).
+            try:
+                mtime = os.stat(os.path.join(d, "stderr.log")).st_mtime
+            except OSError:
+                mtime = None
+            if mtime is not None and detected - 5 <= mtime <= detected + 1:
+                when = mtime
+        if not error:
+            error = error_line(tail) or (f"killed by {info['signal']}" if info["signal"] else "")
+        out.append({
+            "node": node, "rank": rank, "local_rank": lr, "host": info["host"] or host,
+            "exit_code": info["exit_code"], "signal": info["signal"], "time": when,
+            "error": error, "tail": tail, "stopped": False,
+        })
+    # When one worker fails, torchrun stops the node's other workers with SIGTERM: those are
+    # victims (not SIGKILL: the kernel's OOM killer ends a rank that way). A victim's summary time
+    # is the whole second of detection and can read earlier than the real failure's precise one.
+    own = [r for r in out if r["signal"] not in _STOP_SIGNALS]
+    if own:
+        for r in out:
+            if r["signal"] in _STOP_SIGNALS:
+                r["stopped"] = True
+    if not out:
+        # torchrun failed before or without a worker failure (rendezvous, store timeout, a
+        # signal that stopped it): the node is what failed.
+        tail = [line for line in _tail(os.path.join(log_dir, "torchrun.err"), 40) if not line.startswith("[rank ")]
+        code = rc
+        sig = _SIGNALS.get(code - 128) if code > 128 else None
+        out.append({
+            "node": node, "rank": None, "local_rank": None, "host": host, "exit_code": code, "signal": sig,
+            "time": stopped_at if stopped_at is not None else now,
+            "error": error_line(tail[-TAIL_LINES:]), "tail": tail[-TAIL_LINES:], "stopped": stopped_at is not None,
+        })
+    # The scheduler's name for this node (SLURM sets SLURMD_NODENAME in every task): what sbatch's
+    # node options take. torchrun's host is the machine's FQDN and may differ from it.
+    node_name = os.environ.get("SLURMD_NODENAME", "")
+    if node_name:
+        for r in out:
+            r["node_name"] = node_name
+    return out
+
+
+# srun relays a task's output in pieces of at most 1024 bytes (SLURM_IO_MAX_MSG_LEN; slurmstepd
+# io.c _task_build_message cuts a longer line) and labels each piece: a longer line reaches the
+# output file cut in two, and neither half parses. Each record's line stays below that.
+LINE_MAX = 1000
+
+
+def record_line(rec: dict) -> str:
+    """``TAG {json}`` in at most LINE_MAX bytes: the oldest tail lines go first, then the error's end."""
+    rec = {**rec, "tail": list(rec.get("tail") or [])}
+    while True:
+        text = f"{TAG} {json.dumps(rec, separators=(',', ':'))}\n"  # ASCII: bytes == characters
+        if len(text) <= LINE_MAX:
+            return text
+        if rec["tail"]:
+            rec["tail"].pop(0)
+        elif rec.get("error"):
+            rec["error"] = rec["error"][:len(rec["error"]) // 2]
+        else:
+            return text  # not reached: the other fields are short
+
+
+def main(argv: list[str]) -> int:
+    node, nproc, log_dir, rc = int(argv[0]), int(argv[1]), argv[2], int(argv[3])
+    # EPOCHREALTIME uses the locale's decimal point.
+    stopped_at = float(argv[4].replace(",", ".")) if len(argv) > 4 and argv[4] else None
+    for rec in collect(node, nproc, log_dir, rc, stopped_at):
+        sys.stderr.write(record_line(rec))
+    sys.stderr.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
+HALO_COLLECT_EOF
+  cat > "$halo_pkg/hang_monitor.py" << 'HALO_MONITOR_EOF'
+"""The hang monitor: runs on each node beside torchrun, ends the job when its ranks stop progressing.
+
+Started by the entry script (``entry_hang.sh.j2``) right after torchrun, under the Python torchrun
+runs under; standard library only (halo-sched need not be installed on the node). It polls once a
+second and reads nothing but ``stat`` of a few files while the ranks are healthy.
+
+When is a node hung? Every live rank of the node (torchrun's children that carry ``RANK``) is
+stalled at once:
+
+* a rank that reports progress (``$HALO_PROGRESS_DIR/rank-R`` exists, see ``progress.py``) is
+  stalled after ``timeout_s`` without a report;
+* a rank that has not reported yet (still importing, loading, before its first step, or a trainer
+  without the protocol) is stalled after ``first_step_s`` with no new output on its stdout/stderr
+  (torchrun's ``--tee`` files), counted from when the monitor first saw it.
+
+In a synchronous job one stuck rank stops every rank within a step, so every node's monitor
+fires within about a poll and a step of the others. Then, on each node:
+
+1. every rank that registered ``faulthandler`` on ``HALO_STACK_SIGNAL`` (the helper in
+   ``progress.py`` does) dumps its stack without ending (SigCgt in ``/proc/PID/status`` says who);
+2. the monitor waits ``SETTLE_S`` so that the other nodes' monitors take theirs before anything
+   here ends (ending a rank makes its peers fail in their collective, losing their stacks);
+3. the ranks whose stack is still unknown get ``SIGABRT``: with ``PYTHONFAULTHANDLER`` (set by the
+   entry script) Python prints every thread's stack to the rank's stderr as it dies;
+4. one ``halo-sched-failure`` line of kind ``HUNG`` per local rank goes to the node's output (step,
+   last progress, top of stack, the collective it waits in, or why its stack could not be read),
+   every stack to ``DIR/hang-stacks.txt`` and the node's output;
+5. torchrun gets SIGTERM (SIGKILL 10 s later): the node exits non-zero and the scheduler ends the job.
+
+Which rank is the culprit is decided where all nodes' lines meet (``failures.FailureReport``).
+"""
+from __future__ import annotations
+
+import glob
+import linecache
+import os
+import re
+import signal
+import socket
+import sys
+import time
+
+from .failure_collector import record_line  # on the node: a package of the two files (entry_hang.sh.j2)
+
+POLL_S = 1.0
+SETTLE_S = 10.0
+ABORT_WAIT_S = 5.0
+STACK_WAIT_S = 3.0
+
+#: Functions of torch.distributed in which a rank waits for its peers.
+COLLECTIVES = frozenset("""
+all_reduce all_gather all_gather_into_tensor all_gather_object all_to_all all_to_all_single barrier
+monitored_barrier broadcast broadcast_object_list gather gather_object reduce reduce_scatter
+reduce_scatter_tensor scatter scatter_object_list send recv isend irecv batch_isend_irecv wait
+_all_gather_base _reduce_scatter_base all_reduce_coalesced
+""".split())
+_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.+?)\s*$')
+_THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+|^Stack \(most recent call first\)")
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    s = _stat(pid)
+    return s is not None and s[0] not in ("Z", "X")
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            items = f.read().split(b"\0")
+    except OSError:
+        return {}
+    out = {}
+    for item in items:
+        k, sep, v = item.partition(b"=")
+        if sep and k in (b"RANK", b"LOCAL_RANK"):
+            out[k.decode()] = v.decode(errors="replace")
+    return out
+
+
+def _handles(pid: int, signum: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool((int(line.split()[1], 16) >> (signum - 1)) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+def _last_step(path: str) -> int | None:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 512))
+            lines = f.read().decode(errors="replace").split("\n")
+    except OSError:
+        return None
+    for line in reversed(lines):
+        head = line.split(" ", 1)[0]
+        if head.lstrip("-").isdigit():
+            return int(head)
+    return None
+
+
+def parse_stacks(text: str) -> list[list[tuple[str, int, str]]]:
+    """The threads of the last faulthandler dump in ``text``: each a list of (file, line,
+    function), most recent call first. Lines may carry torchrun's ``[rank N] `` prefix."""
+    threads: list[list[tuple[str, int, str]]] = []
+    cur = None
+    for raw in text.splitlines():
+        line = re.sub(r"^\[(?:rank\d+|rank \d+)\]:?\s?", "", raw)
+        if "Fatal Python error" in line:
+            threads, cur = [], None  # a later dump replaces an earlier one
+            continue
+        if _THREAD.match(line.strip()):
+            cur = []
+            threads.append(cur)
+            continue
+        m = _FRAME.match(line)
+        if m and cur is not None:
+            cur.append((m["file"], int(m["line"]), m["func"]))
+        elif cur is not None and cur and not line.strip():
+            cur = None
+    return [t for t in threads if t]
+
+
+def main_thread(threads: list[list[tuple[str, int, str]]]) -> list[tuple[str, int, str]]:
+    """The main thread: the one whose outermost frame is a module's top level."""
+    for t in threads:
+        if t and t[-1][2] == "<module>":
+            return t
+    return threads[-1] if threads else []
+
+
+def _library(path: str) -> bool:
+    return ("site-packages" in path or "dist-packages" in path or "/lib/python" in path
+            or path.startswith("<"))
+
+
+def classify(frames: list[tuple[str, int, str]], cwd: str | None = None) -> dict:
+    """Where a rank is: ``waiting_in`` (a collective, or None), the top user frame and its code."""
+    waiting = None
+    for path, _, func in frames:
+        if "torch/distributed/" in path.replace("\\", "/") and func in COLLECTIVES:
+            waiting = func
+            break
+        if "torch/autograd/" in path and func in ("backward", "_engine_run_backward"):
+            waiting = "backward"
+            break
+    user = next((f for f in frames if not _library(f[0])), frames[0] if frames else None)
+    where = code = ""
+    if user:
+        path, line, func = user
+        where = f"{os.path.basename(path)}:{line}"
+        full = path if os.path.isabs(path) or not cwd else os.path.join(cwd, path)
+        code = linecache.getline(full, line).split("  #", 1)[0].strip()[:80]
+        if not code:
+            code = func
+    return {"waiting_in": waiting, "where": where, "code": code}
+
+
+class Monitor:
+    def __init__(self, node: int, torchrun: int, progress_dir: str, log_dir: str, nproc: int,
+                 timeout_s: float, first_step_s: float, stack_signal: int, host: str | None = None):
+        self.node, self.torchrun, self.progress_dir, self.log_dir = node, torchrun, progress_dir, log_dir
+        self.nproc, self.timeout_s, self.first_step_s = nproc, timeout_s, first_step_s
+        self.stack_signal, self.host = stack_signal, host or socket.gethostname()
+        self.ranks: dict[int, dict] = {}  # pid -> {rank, local_rank, seen, out, cwd}
+
+    # ---- watching -------------------------------------------------------------------------
+    def _discover(self) -> None:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in self.ranks:
+                continue
+            s = _stat(int(entry))
+            if not s or int(s[1]) != self.torchrun:
+                continue
+            env = _environ(int(entry))
+            if "RANK" not in env:
+                continue
+            try:
+                cwd = os.readlink(f"/proc/{entry}/cwd")
+            except OSError:
+                cwd = None
+            self.ranks[int(entry)] = {"rank": int(env["RANK"]), "local_rank": int(env.get("LOCAL_RANK", -1)),
+                                      "seen": time.time(), "out": [], "cwd": cwd}
+
+    def _outputs(self, info: dict) -> list[str]:
+        if not info["out"]:
+            info["out"] = sorted(glob.glob(os.path.join(self.log_dir, "*", "attempt_*", str(info["local_rank"]),
+                                                        "std*.log")))
+        return info["out"]
+
+    def activity(self, info: dict) -> tuple[float, float, bool]:
+        """(last activity, its limit, reports progress)."""
+        t = _mtime(os.path.join(self.progress_dir, f"rank-{info['rank']}"))
+        if t is not None:
+            return t, self.timeout_s, True
+        times = [info["seen"]] + [m for m in map(_mtime, self._outputs(info)) if m is not None]
+        return max(times), self.first_step_s, False
+
+    def live(self) -> dict[int, dict]:
+        return {pid: i for pid, i in self.ranks.items() if _alive(pid)}
+
+    def hung(self, now: float) -> bool:
+        live = self.live()
+        if not live:
+            return False
+        return all(now - last >= limit for last, limit, _ in (self.activity(i) for i in live.values()))
+
+    def watch(self) -> bool:
+        """Poll until the node hangs (True) or torchrun ends (False)."""
+        while _alive(self.torchrun):
+            if len(self.live()) < self.nproc:
+                self._discover()
+            if self.hung(time.time()):
+                return True
+            time.sleep(POLL_S)
+        return False
+
+    # ---- on a hang --------------------------------------------------------------------------
+    def _sleep_while_running(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and _alive(self.torchrun):
+            time.sleep(0.2)
+
+    def _stack_file(self, rank: int) -> str:
+        return os.path.join(self.progress_dir, f"rank-{rank}.stack")
+
+    def _stderr_text(self, info: dict) -> str:
+        for p in self._outputs(info):
+            if p.endswith("stderr.log"):
+                try:
+                    with open(p, "rb") as f:
+                        f.seek(0, os.SEEK_END)
+                        f.seek(max(0, f.tell() - 65536))
+                        return f.read().decode(errors="replace")
+                except OSError:
+                    return ""
+        return ""
+
+    def fire(self) -> bool:
+        """Take the stacks, write the report and end torchrun; False when the hang went away."""
+        detected = time.time()
+        state = {}
+        for pid, info in self.live().items():
+            last, _, reports = self.activity(info)
+            step = _last_step(os.path.join(self.progress_dir, f"rank-{info['rank']}")) if reports else None
+            state[pid] = {"last": last, "reports": reports, "step": step, "threads": None, "how": None, "why": None}
+        sys.stderr.write(f"halo-sched: node {self.node}: no rank made progress for {self.timeout_s:g} s; "
+                         "taking their stacks\n")
+        sys.stderr.flush()
+        # 1. Stacks without ending the ranks, where the rank registered faulthandler.
+        sizes = {}
+        for pid, info in self.live().items():
+            if self.stack_signal and _handles(pid, self.stack_signal):
+                sizes[pid] = os.path.getsize(self._stack_file(info["rank"])) if os.path.exists(
+                    self._stack_file(info["rank"])) else 0
+                try:
+                    os.kill(pid, self.stack_signal)
+                except OSError:
+                    sizes.pop(pid)
+        end = time.monotonic() + STACK_WAIT_S
+        while sizes and time.monotonic() < end:
+            time.sleep(0.2)
+            for pid in list(sizes):
+                path = self._stack_file(self.ranks[pid]["rank"])
+                try:
+                    with open(path, errors="replace") as f:
+                        f.seek(sizes[pid])
+                        text = f.read()
+                except OSError:
+                    continue
+                threads = parse_stacks(text)
+                # Complete once the main thread's outermost frame (<module>) is in.
+                if threads and any(t[-1][2] == "<module>" for t in threads):
+                    state[pid]["threads"], state[pid]["how"] = threads, f"signal {self.stack_signal} (SIGRTMIN+{self.stack_signal - signal.SIGRTMIN}), rank kept running"
+                    del sizes[pid]
+        # 2. Let the other nodes' monitors take theirs before anything here ends. A hang must
+        # last through this: a rank that progressed meanwhile, or torchrun's end, calls it off.
+        self._sleep_while_running(SETTLE_S)
+        if not _alive(self.torchrun) or any(
+                self.activity(self.ranks[pid])[0] > st["last"] for pid, st in state.items() if _alive(pid)):
+            sys.stderr.write(f"halo-sched: node {self.node}: progress again (or torchrun ended) within "
+                             f"{SETTLE_S:g} s: not a hang\n")
+            sys.stderr.flush()
+            return False
+        # 3. The rest: SIGABRT, which PYTHONFAULTHANDLER turns into a dump on the rank's stderr.
+        aborted = []
+        for pid in state:
+            if state[pid]["threads"] is None:
+                if not _alive(pid):
+                    state[pid]["why"] = "the rank had already ended"
+                    continue
+                try:
+                    os.kill(pid, signal.SIGABRT)
+                    aborted.append(pid)
+                except OSError as e:
+                    state[pid]["why"] = f"SIGABRT failed: {e.strerror}"
+        end = time.monotonic() + ABORT_WAIT_S
+        while any(_alive(p) for p in aborted) and time.monotonic() < end:
+            time.sleep(0.2)
+        time.sleep(0.3)  # torchrun's tee thread flushes the last lines
+        for pid in aborted:
+            threads = parse_stacks(self._stderr_text(self.ranks[pid]))
+            if threads:
+                state[pid]["threads"], state[pid]["how"] = threads, "SIGABRT with PYTHONFAULTHANDLER"
+            elif _alive(pid):
+                state[pid]["why"] = "the rank did not react to SIGABRT (uninterruptible sleep? faulthandler disabled?)"
+            else:
+                state[pid]["why"] = "no stack on its stderr after SIGABRT (PYTHONFAULTHANDLER unset or disabled?)"
+        # 4. The report: one line per rank, every stack kept.
+        dump = []
+        for pid, st in sorted(state.items(), key=lambda kv: self.ranks[kv[0]]["rank"]):
+            info = self.ranks[pid]
+            frames = main_thread(st["threads"]) if st["threads"] else []
+            where = classify(frames, info["cwd"]) if frames else {"waiting_in": None, "where": "", "code": ""}
+            rec = {
+                "kind": "HUNG", "node": self.node, "rank": info["rank"], "local_rank": info["local_rank"],
+                "host": self.host, "exit_code": None, "signal": None, "time": detected,
+                "step": st["step"], "last_progress": st["last"], "reports": st["reports"],
+                "stalled_s": round(detected - st["last"], 1), "stack_read": bool(frames),
+                "error": st["why"] or "", **where, "tail": [f"{os.path.basename(f)}:{n} in {fn}" for f, n, fn in frames[:8]],
+            }
+            sys.stderr.write(record_line(rec))
+            dump.append(f"==== rank {info['rank']} (node {self.node}, host {self.host}, local rank "
+                        f"{info['local_rank']}, pid {pid}): "
+                        + (f"stack by {st['how']}" if st["threads"] else f"no stack: {st['why']}"))
+            for t in st["threads"] or []:
+                dump.append("  thread" + (" (main)" if t is frames else "") + ":")
+                dump.extend(f"    File \"{f}\", line {n} in {fn}" for f, n, fn in t)
+        sys.stderr.flush()
+        text = "\n".join(dump) + "\n"
+        try:
+            with open(os.path.join(os.path.dirname(self.progress_dir), "hang-stacks.txt"), "a") as f:
+                f.write(text)
+        except OSError:
+            pass
+        sys.stderr.write("".join(f"halo-sched: node {self.node}: {line}\n" for line in dump))
+        sys.stderr.flush()
+        # 5. End the node: torchrun stops its ranks and exits non-zero.
+        try:
+            os.kill(self.torchrun, signal.SIGTERM)
+        except OSError:
+            return True
+        end = time.monotonic() + 10
+        while _alive(self.torchrun) and time.monotonic() < end:
+            time.sleep(0.2)
+        for pid in [self.torchrun] + list(self.live()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        return True
+
+
+def main(argv: list[str]) -> int:
+    node, torchrun, progress_dir, log_dir, nproc, timeout_s, first_step_s, sig = argv[:8]
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))  # torchrun ended: nothing to watch
+    m = Monitor(int(node), int(torchrun), progress_dir, log_dir, int(nproc), float(timeout_s),
+                float(first_step_s), int(sig) if sig.isdigit() else 0)
+    while m.watch():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish the report, bounded by its own waits
+        if m.fire():
+            break
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
+HALO_MONITOR_EOF
+  halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
+  case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
+  # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
+  PYTHONPATH=$halo_log_dir/.monitor $halo_py -m halo_node.hang_monitor "$halo_rank" "$1" "$HALO_PROGRESS_DIR" "$halo_log_dir" \
+    8 300 600 "$HALO_STACK_SIGNAL" < /dev/null &
+  halo_monitor=$!
+}
+# After torchrun: a monitor that fired finishes its report (bounded by its own waits); one that
+# did not ends at once.
+halo_hang_stop() {
+  [ -n "$halo_monitor" ] || return 0
+  kill -TERM "$halo_monitor" 2> /dev/null || true
+  wait "$halo_monitor" 2> /dev/null || wait "$halo_monitor" 2> /dev/null || true
+  halo_monitor=
 }
 
 echo "halo-sched: node $halo_rank of 2 on $(hostname): master $HALO_MASTER_ADDR:$HALO_MASTER_PORT" >&2

@@ -1,0 +1,387 @@
+"""The hang monitor: runs on each node beside torchrun, ends the job when its ranks stop progressing.
+
+Started by the entry script (``entry_hang.sh.j2``) right after torchrun, under the Python torchrun
+runs under; standard library only (halo-sched need not be installed on the node). It polls once a
+second and reads nothing but ``stat`` of a few files while the ranks are healthy.
+
+When is a node hung? Every live rank of the node (torchrun's children that carry ``RANK``) is
+stalled at once:
+
+* a rank that reports progress (``$HALO_PROGRESS_DIR/rank-R`` exists, see ``progress.py``) is
+  stalled after ``timeout_s`` without a report;
+* a rank that has not reported yet (still importing, loading, before its first step, or a trainer
+  without the protocol) is stalled after ``first_step_s`` with no new output on its stdout/stderr
+  (torchrun's ``--tee`` files), counted from when the monitor first saw it.
+
+In a synchronous job one stuck rank stops every rank within a step, so every node's monitor
+fires within about a poll and a step of the others. Then, on each node:
+
+1. every rank that registered ``faulthandler`` on ``HALO_STACK_SIGNAL`` (the helper in
+   ``progress.py`` does) dumps its stack without ending (SigCgt in ``/proc/PID/status`` says who);
+2. the monitor waits ``SETTLE_S`` so that the other nodes' monitors take theirs before anything
+   here ends (ending a rank makes its peers fail in their collective, losing their stacks);
+3. the ranks whose stack is still unknown get ``SIGABRT``: with ``PYTHONFAULTHANDLER`` (set by the
+   entry script) Python prints every thread's stack to the rank's stderr as it dies;
+4. one ``halo-sched-failure`` line of kind ``HUNG`` per local rank goes to the node's output (step,
+   last progress, top of stack, the collective it waits in, or why its stack could not be read),
+   every stack to ``DIR/hang-stacks.txt`` and the node's output;
+5. torchrun gets SIGTERM (SIGKILL 10 s later): the node exits non-zero and the scheduler ends the job.
+
+Which rank is the culprit is decided where all nodes' lines meet (``failures.FailureReport``).
+"""
+from __future__ import annotations
+
+import glob
+import linecache
+import os
+import re
+import signal
+import socket
+import sys
+import time
+
+from .failure_collector import record_line  # on the node: a package of the two files (entry_hang.sh.j2)
+
+POLL_S = 1.0
+SETTLE_S = 10.0
+ABORT_WAIT_S = 5.0
+STACK_WAIT_S = 3.0
+
+#: Functions of torch.distributed in which a rank waits for its peers.
+COLLECTIVES = frozenset("""
+all_reduce all_gather all_gather_into_tensor all_gather_object all_to_all all_to_all_single barrier
+monitored_barrier broadcast broadcast_object_list gather gather_object reduce reduce_scatter
+reduce_scatter_tensor scatter scatter_object_list send recv isend irecv batch_isend_irecv wait
+_all_gather_base _reduce_scatter_base all_reduce_coalesced
+""".split())
+_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.+?)\s*$')
+_THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+|^Stack \(most recent call first\)")
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    s = _stat(pid)
+    return s is not None and s[0] not in ("Z", "X")
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            items = f.read().split(b"\0")
+    except OSError:
+        return {}
+    out = {}
+    for item in items:
+        k, sep, v = item.partition(b"=")
+        if sep and k in (b"RANK", b"LOCAL_RANK"):
+            out[k.decode()] = v.decode(errors="replace")
+    return out
+
+
+def _handles(pid: int, signum: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool((int(line.split()[1], 16) >> (signum - 1)) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+def _last_step(path: str) -> int | None:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 512))
+            lines = f.read().decode(errors="replace").split("\n")
+    except OSError:
+        return None
+    for line in reversed(lines):
+        head = line.split(" ", 1)[0]
+        if head.lstrip("-").isdigit():
+            return int(head)
+    return None
+
+
+def parse_stacks(text: str) -> list[list[tuple[str, int, str]]]:
+    """The threads of the last faulthandler dump in ``text``: each a list of (file, line,
+    function), most recent call first. Lines may carry torchrun's ``[rank N] `` prefix."""
+    threads: list[list[tuple[str, int, str]]] = []
+    cur = None
+    for raw in text.splitlines():
+        line = re.sub(r"^\[(?:rank\d+|rank \d+)\]:?\s?", "", raw)
+        if "Fatal Python error" in line:
+            threads, cur = [], None  # a later dump replaces an earlier one
+            continue
+        if _THREAD.match(line.strip()):
+            cur = []
+            threads.append(cur)
+            continue
+        m = _FRAME.match(line)
+        if m and cur is not None:
+            cur.append((m["file"], int(m["line"]), m["func"]))
+        elif cur is not None and cur and not line.strip():
+            cur = None
+    return [t for t in threads if t]
+
+
+def main_thread(threads: list[list[tuple[str, int, str]]]) -> list[tuple[str, int, str]]:
+    """The main thread: the one whose outermost frame is a module's top level."""
+    for t in threads:
+        if t and t[-1][2] == "<module>":
+            return t
+    return threads[-1] if threads else []
+
+
+def _library(path: str) -> bool:
+    return ("site-packages" in path or "dist-packages" in path or "/lib/python" in path
+            or path.startswith("<"))
+
+
+def classify(frames: list[tuple[str, int, str]], cwd: str | None = None) -> dict:
+    """Where a rank is: ``waiting_in`` (a collective, or None), the top user frame and its code."""
+    waiting = None
+    for path, _, func in frames:
+        if "torch/distributed/" in path.replace("\\", "/") and func in COLLECTIVES:
+            waiting = func
+            break
+        if "torch/autograd/" in path and func in ("backward", "_engine_run_backward"):
+            waiting = "backward"
+            break
+    user = next((f for f in frames if not _library(f[0])), frames[0] if frames else None)
+    where = code = ""
+    if user:
+        path, line, func = user
+        where = f"{os.path.basename(path)}:{line}"
+        full = path if os.path.isabs(path) or not cwd else os.path.join(cwd, path)
+        code = linecache.getline(full, line).split("  #", 1)[0].strip()[:80]
+        if not code:
+            code = func
+    return {"waiting_in": waiting, "where": where, "code": code}
+
+
+class Monitor:
+    def __init__(self, node: int, torchrun: int, progress_dir: str, log_dir: str, nproc: int,
+                 timeout_s: float, first_step_s: float, stack_signal: int, host: str | None = None):
+        self.node, self.torchrun, self.progress_dir, self.log_dir = node, torchrun, progress_dir, log_dir
+        self.nproc, self.timeout_s, self.first_step_s = nproc, timeout_s, first_step_s
+        self.stack_signal, self.host = stack_signal, host or socket.gethostname()
+        self.ranks: dict[int, dict] = {}  # pid -> {rank, local_rank, seen, out, cwd}
+
+    # ---- watching -------------------------------------------------------------------------
+    def _discover(self) -> None:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in self.ranks:
+                continue
+            s = _stat(int(entry))
+            if not s or int(s[1]) != self.torchrun:
+                continue
+            env = _environ(int(entry))
+            if "RANK" not in env:
+                continue
+            try:
+                cwd = os.readlink(f"/proc/{entry}/cwd")
+            except OSError:
+                cwd = None
+            self.ranks[int(entry)] = {"rank": int(env["RANK"]), "local_rank": int(env.get("LOCAL_RANK", -1)),
+                                      "seen": time.time(), "out": [], "cwd": cwd}
+
+    def _outputs(self, info: dict) -> list[str]:
+        if not info["out"]:
+            info["out"] = sorted(glob.glob(os.path.join(self.log_dir, "*", "attempt_*", str(info["local_rank"]),
+                                                        "std*.log")))
+        return info["out"]
+
+    def activity(self, info: dict) -> tuple[float, float, bool]:
+        """(last activity, its limit, reports progress)."""
+        t = _mtime(os.path.join(self.progress_dir, f"rank-{info['rank']}"))
+        if t is not None:
+            return t, self.timeout_s, True
+        times = [info["seen"]] + [m for m in map(_mtime, self._outputs(info)) if m is not None]
+        return max(times), self.first_step_s, False
+
+    def live(self) -> dict[int, dict]:
+        return {pid: i for pid, i in self.ranks.items() if _alive(pid)}
+
+    def hung(self, now: float) -> bool:
+        live = self.live()
+        if not live:
+            return False
+        return all(now - last >= limit for last, limit, _ in (self.activity(i) for i in live.values()))
+
+    def watch(self) -> bool:
+        """Poll until the node hangs (True) or torchrun ends (False)."""
+        while _alive(self.torchrun):
+            if len(self.live()) < self.nproc:
+                self._discover()
+            if self.hung(time.time()):
+                return True
+            time.sleep(POLL_S)
+        return False
+
+    # ---- on a hang --------------------------------------------------------------------------
+    def _sleep_while_running(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and _alive(self.torchrun):
+            time.sleep(0.2)
+
+    def _stack_file(self, rank: int) -> str:
+        return os.path.join(self.progress_dir, f"rank-{rank}.stack")
+
+    def _stderr_text(self, info: dict) -> str:
+        for p in self._outputs(info):
+            if p.endswith("stderr.log"):
+                try:
+                    with open(p, "rb") as f:
+                        f.seek(0, os.SEEK_END)
+                        f.seek(max(0, f.tell() - 65536))
+                        return f.read().decode(errors="replace")
+                except OSError:
+                    return ""
+        return ""
+
+    def fire(self) -> bool:
+        """Take the stacks, write the report and end torchrun; False when the hang went away."""
+        detected = time.time()
+        state = {}
+        for pid, info in self.live().items():
+            last, _, reports = self.activity(info)
+            step = _last_step(os.path.join(self.progress_dir, f"rank-{info['rank']}")) if reports else None
+            state[pid] = {"last": last, "reports": reports, "step": step, "threads": None, "how": None, "why": None}
+        sys.stderr.write(f"halo-sched: node {self.node}: no rank made progress for {self.timeout_s:g} s; "
+                         "taking their stacks\n")
+        sys.stderr.flush()
+        # 1. Stacks without ending the ranks, where the rank registered faulthandler.
+        sizes = {}
+        for pid, info in self.live().items():
+            if self.stack_signal and _handles(pid, self.stack_signal):
+                sizes[pid] = os.path.getsize(self._stack_file(info["rank"])) if os.path.exists(
+                    self._stack_file(info["rank"])) else 0
+                try:
+                    os.kill(pid, self.stack_signal)
+                except OSError:
+                    sizes.pop(pid)
+        end = time.monotonic() + STACK_WAIT_S
+        while sizes and time.monotonic() < end:
+            time.sleep(0.2)
+            for pid in list(sizes):
+                path = self._stack_file(self.ranks[pid]["rank"])
+                try:
+                    with open(path, errors="replace") as f:
+                        f.seek(sizes[pid])
+                        text = f.read()
+                except OSError:
+                    continue
+                threads = parse_stacks(text)
+                # Complete once the main thread's outermost frame (<module>) is in.
+                if threads and any(t[-1][2] == "<module>" for t in threads):
+                    state[pid]["threads"], state[pid]["how"] = threads, f"signal {self.stack_signal} (SIGRTMIN+{self.stack_signal - signal.SIGRTMIN}), rank kept running"
+                    del sizes[pid]
+        # 2. Let the other nodes' monitors take theirs before anything here ends. A hang must
+        # last through this: a rank that progressed meanwhile, or torchrun's end, calls it off.
+        self._sleep_while_running(SETTLE_S)
+        if not _alive(self.torchrun) or any(
+                self.activity(self.ranks[pid])[0] > st["last"] for pid, st in state.items() if _alive(pid)):
+            sys.stderr.write(f"halo-sched: node {self.node}: progress again (or torchrun ended) within "
+                             f"{SETTLE_S:g} s: not a hang\n")
+            sys.stderr.flush()
+            return False
+        # 3. The rest: SIGABRT, which PYTHONFAULTHANDLER turns into a dump on the rank's stderr.
+        aborted = []
+        for pid in state:
+            if state[pid]["threads"] is None:
+                if not _alive(pid):
+                    state[pid]["why"] = "the rank had already ended"
+                    continue
+                try:
+                    os.kill(pid, signal.SIGABRT)
+                    aborted.append(pid)
+                except OSError as e:
+                    state[pid]["why"] = f"SIGABRT failed: {e.strerror}"
+        end = time.monotonic() + ABORT_WAIT_S
+        while any(_alive(p) for p in aborted) and time.monotonic() < end:
+            time.sleep(0.2)
+        time.sleep(0.3)  # torchrun's tee thread flushes the last lines
+        for pid in aborted:
+            threads = parse_stacks(self._stderr_text(self.ranks[pid]))
+            if threads:
+                state[pid]["threads"], state[pid]["how"] = threads, "SIGABRT with PYTHONFAULTHANDLER"
+            elif _alive(pid):
+                state[pid]["why"] = "the rank did not react to SIGABRT (uninterruptible sleep? faulthandler disabled?)"
+            else:
+                state[pid]["why"] = "no stack on its stderr after SIGABRT (PYTHONFAULTHANDLER unset or disabled?)"
+        # 4. The report: one line per rank, every stack kept.
+        dump = []
+        for pid, st in sorted(state.items(), key=lambda kv: self.ranks[kv[0]]["rank"]):
+            info = self.ranks[pid]
+            frames = main_thread(st["threads"]) if st["threads"] else []
+            where = classify(frames, info["cwd"]) if frames else {"waiting_in": None, "where": "", "code": ""}
+            rec = {
+                "kind": "HUNG", "node": self.node, "rank": info["rank"], "local_rank": info["local_rank"],
+                "host": self.host, "exit_code": None, "signal": None, "time": detected,
+                "step": st["step"], "last_progress": st["last"], "reports": st["reports"],
+                "stalled_s": round(detected - st["last"], 1), "stack_read": bool(frames),
+                "error": st["why"] or "", **where, "tail": [f"{os.path.basename(f)}:{n} in {fn}" for f, n, fn in frames[:8]],
+            }
+            sys.stderr.write(record_line(rec))
+            dump.append(f"==== rank {info['rank']} (node {self.node}, host {self.host}, local rank "
+                        f"{info['local_rank']}, pid {pid}): "
+                        + (f"stack by {st['how']}" if st["threads"] else f"no stack: {st['why']}"))
+            for t in st["threads"] or []:
+                dump.append("  thread" + (" (main)" if t is frames else "") + ":")
+                dump.extend(f"    File \"{f}\", line {n} in {fn}" for f, n, fn in t)
+        sys.stderr.flush()
+        text = "\n".join(dump) + "\n"
+        try:
+            with open(os.path.join(os.path.dirname(self.progress_dir), "hang-stacks.txt"), "a") as f:
+                f.write(text)
+        except OSError:
+            pass
+        sys.stderr.write("".join(f"halo-sched: node {self.node}: {line}\n" for line in dump))
+        sys.stderr.flush()
+        # 5. End the node: torchrun stops its ranks and exits non-zero.
+        try:
+            os.kill(self.torchrun, signal.SIGTERM)
+        except OSError:
+            return True
+        end = time.monotonic() + 10
+        while _alive(self.torchrun) and time.monotonic() < end:
+            time.sleep(0.2)
+        for pid in [self.torchrun] + list(self.live()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        return True
+
+
+def main(argv: list[str]) -> int:
+    node, torchrun, progress_dir, log_dir, nproc, timeout_s, first_step_s, sig = argv[:8]
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))  # torchrun ended: nothing to watch
+    m = Monitor(int(node), int(torchrun), progress_dir, log_dir, int(nproc), float(timeout_s),
+                float(first_step_s), int(sig) if sig.isdigit() else 0)
+    while m.watch():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish the report, bounded by its own waits
+        if m.fire():
+            break
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,107 @@
+"""halo-sched's state directory and the small files in it, read and written safely: the job
+records (records.py), the node ledger (ledger.py) and the local backend's jobs live here. Nothing
+else: it loads fast (the render path reads the ledger through it).
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any
+
+#: The largest file of the store read whole (a job record, the ledger).
+MAX_RECORD_BYTES = 4 << 20
+
+
+def home() -> Path:
+    """halo-sched's state directory: job records (``jobs/``) and the local backend's jobs (``local/``)."""
+    env = os.environ.get("HALO_SCHED_HOME")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "halo-sched"
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:  # the rename itself survives a crash once the directory is synced
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+class Unreadable(ValueError):
+    """A file of the store that cannot be used: not a regular file, too big, not JSON, wrong types."""
+
+
+def read_small(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of a small regular file, never blocking: a FIFO, device or directory of that name
+    is :class:`Unreadable` (checked with lstat, then opened O_NONBLOCK and checked again, so a
+    file swapped in between cannot block either), and so is a file over ``limit`` bytes.
+    A missing file raises FileNotFoundError; other OSErrors propagate."""
+    limit = MAX_RECORD_BYTES if limit is None else limit
+    try:
+        st = os.lstat(path)
+    except OSError as err:
+        if err.errno == errno.ENAMETOOLONG:
+            raise FileNotFoundError(errno.ENOENT, "no such file (name too long)", str(path)) from None
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        raise Unreadable("not a regular file")
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC  # POSIX, as is the whole tool
+    try:
+        fd = os.open(path, flags)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise Unreadable("not a regular file") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Unreadable("not a regular file")
+        chunks, size = [], 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise Unreadable(f"larger than {limit} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_json(path: Path, limit: int | None = None) -> Any:
+    """A small JSON file (see :func:`read_small`); bad JSON is :class:`Unreadable` with a short reason."""
+    data = read_small(path, limit)
+    try:
+        return json.loads(data)
+    except UnicodeDecodeError:
+        raise Unreadable("not UTF-8 text") from None
+    except json.JSONDecodeError as err:
+        if err.pos >= len(data.rstrip()) or err.msg.startswith("Unterminated string"):
+            raise Unreadable(f"truncated JSON ({len(data)} bytes)") from None
+        raise Unreadable(f"not valid JSON ({err.msg}, byte {err.pos})") from None
+    except ValueError as err:  # a number too long to convert, for one
+        raise Unreadable(f"not valid JSON ({err})") from None

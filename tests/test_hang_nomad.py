@@ -1,0 +1,86 @@
+"""Nomad reports a HUNG job as the other backends do: the hang monitors' lines, read from the
+ended allocations' task logs through the fake API (issue 21). The lines are those the node-side
+monitor writes (record_line); the whole monitor runs for real in test_hang_local/slurm."""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+
+import pytest
+
+from halo_sched.backends.base import JobStatus
+from halo_sched.backends.nomad import NomadScheduler
+from halo_sched.backends.nomad.client import NomadClient, NomadConfig
+from halo_sched.models import JobSpec
+from halo_sched.node.failure_collector import record_line
+from helpers import REPO, free_port, load_nomad_helper
+from test_nomad_failure_report import TOKEN, FakeNode, FakeNomad, fail, nodes, submit
+
+T0 = 1_800_000_000.0
+
+
+def hung(node, rank, waiting, where="train.py:44", code="dist.all_reduce(t)"):
+    return record_line({"kind": "HUNG", "node": node, "rank": rank, "local_rank": rank % 2,
+                        "host": f"gpu-{'abc'[node]}", "exit_code": None, "signal": None, "time": T0 + 300,
+                        "step": 117, "last_progress": T0, "stack_read": True, "error": "",
+                        "waiting_in": waiting, "where": where, "code": code, "tail": []})
+
+
+def test_a_hung_job_on_nomad_names_the_rank_outside_a_collective(tmp_path):
+    with FakeNomad(nodes(), token=TOKEN) as fake:
+        sched, job_id = submit(fake, tmp_path)
+        for group, node in (("node-0", 0), ("workers[0]", 1), ("workers[1]", 2)):
+            lines = "".join(hung(node, r, None if r == 5 else "all_reduce",
+                                 *(("train.py:57", "time.sleep(600)") if r == 5 else ()))
+                            for r in (2 * node, 2 * node + 1))
+            fail(fake, job_id, group, lines)
+        st = sched.query([job_id])[job_id]
+        assert st.status is JobStatus.FAILED and st.failure.kind == "HUNG"
+        want = re.compile(r"FAILED: HUNG after step 117: rank 5 \(node 2, host gpu-c, local rank 1\) made no progress "
+                          r"for 300 s, in train.py:57 \(time.sleep\(600\)\) \[the only rank not inside a collective\]; "
+                          r"5 ranks waiting in all_reduce")
+        assert want.match(st.describe()), st.describe()
+
+
+@pytest.mark.torch
+def test_sim_a_stuck_rank_ends_the_nomad_job_as_hung(tmp_path):
+    """Real torchrun in the client simulator: 2 nodes x 2 ranks, rank 3 (node 1) stops after step
+    4 while the others wait in an all_reduce; both nodes' monitors end their allocations and the
+    status, read through the fake API, names rank 3."""
+    client_sim = load_nomad_helper("client_sim")
+    spec = JobSpec.model_validate({
+        "name": "sim-hang", "nodes": 2, "nproc_per_node": 2,
+        "trainer": {"script": str(REPO / "tests" / "trainers" / "hang.py"), "args": ["--stuck-rank", "3"]},
+        "env": {"OMP_NUM_THREADS": "1"},
+        "rendezvous": {"port": free_port(), "timeout_s": 60},
+        "nomad": {"driver": "raw_exec"},
+        "hang": {"timeout_s": 15},
+    })
+    env = dict(os.environ)
+    env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
+    with FakeNomad([FakeNode(f"sim-{i}", gpus=0) for i in range(2)], token=TOKEN) as fake:
+        client = NomadClient(NomadConfig(address=fake.address, token=TOKEN, retry_attempts=1))
+        sched = NomadScheduler(client=client)
+        dry = sched.dryrun(spec)
+        with client_sim.SimCluster(dry.payload["Job"], tmp_path / "nomad", host_env=env) as cluster:
+            fake.attach_sim(cluster)
+            job_id = sched.schedule(dry)
+            deadline = time.monotonic() + 150
+            while time.monotonic() < deadline:
+                st = sched.query([job_id])[job_id]  # as a watcher polls: the fake follows the simulator
+                if fake.job_record(job_id)["Status"] == "dead":
+                    break
+                time.sleep(0.5)
+            ended = time.time()
+            logs = {a.name: cluster.stderr(a.name)[-3000:] for a in cluster.allocations}
+            st = sched.query([job_id])[job_id]
+        assert fake.job_record(job_id)["Status"] == "dead", logs
+    assert st.status is JobStatus.FAILED and st.failure is not None and st.failure.kind == "HUNG", (st.describe(), logs)
+    assert re.match(r"FAILED: HUNG after step 4: rank 3 \(node 1, host [^,]+, local rank 1\) made no progress for "
+                    r"\d+ s, in hang.py:43 \(time.sleep\(3600\)\) \[the only rank not inside a collective\]; "
+                    r"3 ranks waiting in all_reduce", st.describe()), (st.describe(), logs)
+    took = ended - st.failure.first.last_progress
+    print(f"Nomad simulator: job dead {took:.1f} s after the last progress (timeout_s 15)")
+    assert took <= 15 + 30, took

@@ -1,0 +1,110 @@
+"""Hang detection without torch: the job file's `hang` section, the HUNG lines and the culprit rule,
+the monitor's stack parsing, and the progress helper (issue 21)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from halo_sched.launch import entry_script
+from halo_sched.node import hang_monitor, progress
+from halo_sched.node.failure_collector import record_line
+from halo_sched.node.failures import report_from_lines
+from halo_sched.spec import from_dict
+from helpers import cli
+
+BASE = "name: t\nnodes: 2\nnproc_per_node: 2\ntrainer: {script: x.py}\n"
+
+
+@pytest.mark.parametrize("extra, field, words", [
+    ("hang: {timeout_s: 0}\n", "hang.timeout_s", "greater than or equal to 10"),
+    ("hang: {timeout_s: -5}\n", "hang.timeout_s", "greater than or equal to 10"),
+    ("hang: {timeout_s: abc}\n", "hang.timeout_s", "valid integer"),
+    ("hang: {timeout_s: 2.5}\n", "hang.timeout_s", "valid integer"),
+    ("hang: {timeout_s: 3600}\nslurm: {time: '01:00:00'}\n", "hang.timeout_s", "beyond the job's time limit, slurm.time"),
+    ("hang: {timeout_s: 60}\nnomad: {max_run_duration: 30s}\n", "hang.timeout_s", "beyond the job's time limit, nomad.max_run_duration"),
+    ("hang: {timeout_s: 60, first_step_s: 4000}\nslurm: {time: '60'}\n", "hang.first_step_s", "beyond the job's time limit"),
+    ("hang: {timeout: 60}\n", "hang.timeout", "unknown key"),
+])
+def test_bad_hang_values_exit_2_naming_the_field(tmp_path, extra, field, words):
+    p = tmp_path / "job.yaml"
+    p.write_text(BASE + extra)
+    r = cli("validate", str(p))
+    assert r.returncode == 2, r
+    assert f"  {field} (line" in r.stderr and words in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_hang_is_on_by_default_and_off_with_null():
+    on = from_dict({"name": "t", "nodes": 2, "nproc_per_node": 2, "trainer": {"script": "x.py"}})
+    assert on.hang.timeout_s == 300 and on.hang.first_step_limit == 600
+    script = entry_script(on)
+    assert "halo_node.hang_monitor" in script and "export HALO_PROGRESS_DIR=" in script
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in script  # gloo: no flight recorder
+    gpu = from_dict({"name": "t", "nodes": 2, "nproc_per_node": 2, "gpus_per_node": 2, "trainer": {"script": "x.py"}})
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE=${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}" in entry_script(gpu)  # unless set
+    off = from_dict({"name": "t", "nodes": 2, "nproc_per_node": 2, "trainer": {"script": "x.py"}, "hang": None})
+    assert "halo_node.hang_monitor" not in entry_script(off) and "HALO_PROGRESS_DIR" not in entry_script(off)
+
+
+def _hung(rank, node, step, last, waiting, read=True, where="train.py:44", code="dist.all_reduce(t)"):
+    return record_line({"kind": "HUNG", "node": node, "rank": rank, "local_rank": rank % 2, "host": f"h{node}",
+                        "exit_code": None, "signal": None, "time": 1000.0, "step": step, "last_progress": last,
+                        "stack_read": read, "error": "" if read else "the rank had already ended",
+                        "waiting_in": waiting, "where": where, "code": code, "tail": []})
+
+
+def test_the_culprit_is_the_only_rank_outside_a_collective_across_nodes():
+    lines = [_hung(r, r // 2, 117, 700.0, "all_reduce") for r in (0, 1, 2)]
+    lines.append(_hung(3, 1, 117, 700.0, None, where="train.py:57", code="time.sleep(600)"))
+    # A victim's exit line (torchrun stopped it after the monitor ended the node) changes nothing.
+    lines.append('halo-sched-failure {"node":1,"rank":2,"host":"h1","exit_code":1,"signal":"SIGTERM","time":1001.0}')
+    rep = report_from_lines(lines)
+    assert rep.kind == "HUNG" and rep.first.rank == 3
+    assert rep.describe() == ("HUNG after step 117: rank 3 (node 1, host h1, local rank 1) made no progress for 300 s, "
+                              "in train.py:57 (time.sleep(600)) [the only rank not inside a collective]; "
+                              "3 ranks waiting in all_reduce")
+    assert rep.to_dict()["kind"] == "HUNG" and rep.to_dict()["first"]["rank"] == 3
+
+
+def test_without_a_free_rank_the_lowest_step_then_the_oldest_progress():
+    rep = report_from_lines([_hung(0, 0, 50, 700.0, "all_reduce"), _hung(1, 0, 49, 690.0, "all_reduce"),
+                             _hung(2, 1, 49, 680.0, "all_reduce", read=False), _hung(3, 1, 50, 600.0, "barrier")])
+    assert rep.first.rank == 2  # step 49 and the older progress of the two at 49
+    text = rep.describe()
+    assert "rank 2 (node 1" in text and "stack not read (the rank had already ended)" in text, text
+    assert "the oldest last progress" in text or "the lowest step" in text
+
+
+def test_stack_parsing_finds_the_main_thread_and_its_collective(tmp_path):
+    src = tmp_path / "train.py"
+    src.write_text("\n" * 56 + "        time.sleep(600)  # stuck\n")
+    dump = (f"[rank3]: Fatal Python error: Aborted\n\nThread 0x00007f01 (most recent call first):\n"
+            f'  File "/usr/lib/python3.11/threading.py", line 327 in wait\n'
+            f'  File "/usr/lib/python3.11/threading.py", line 995 in _bootstrap\n\n'
+            f"Current thread 0x00007f00 (most recent call first):\n"
+            f'  File "{src}", line 57 in main\n  File "{src}", line 80 in <module>\n')
+    threads = hang_monitor.parse_stacks(dump)
+    main = hang_monitor.main_thread(threads)
+    assert main[0][1:] == (57, "main")
+    assert hang_monitor.classify(main) == {"waiting_in": None, "where": "train.py:57", "code": "time.sleep(600)"}
+    waiting = [("/x/site-packages/torch/distributed/distributed_c10d.py", 3252, "all_reduce"),
+               ("/x/site-packages/torch/distributed/c10d_logger.py", 83, "wrapper"), (str(src), 44, "main")]
+    assert hang_monitor.classify(waiting)["waiting_in"] == "all_reduce"
+
+
+def test_progress_helper_appends_step_lines_and_registers_the_stack_signal(tmp_path, monkeypatch):
+    monkeypatch.setenv("HALO_PROGRESS_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("HALO_STACK_SIGNAL", str(signal.SIGRTMIN + 5))
+    monkeypatch.setattr(progress, "_fd", None)
+    progress.report(1)
+    progress.report(2)
+    lines = (tmp_path / "rank-5").read_text().splitlines()
+    assert [int(l.split()[0]) for l in lines] == [1, 2] and float(lines[-1].split()[1]) > 1.7e9
+    assert hang_monitor._last_step(str(tmp_path / "rank-5")) == 2
+    assert hang_monitor._handles(os.getpid(), signal.SIGRTMIN + 5)
+    import faulthandler
+    faulthandler.unregister(signal.SIGRTMIN + 5)
