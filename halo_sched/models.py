@@ -539,6 +539,16 @@ class JobFile(NamedTuple):
     sha256: str
 
 
+class Preflight(_Model):
+    """The preflight gate inside the job (docs/preflight.md)."""
+
+    gate: bool = Field(
+        False,
+        description="Run the node checks of `halo-sched preflight` (network interface, GPUs, RDMA devices) on every "
+                    "node after setup, before torchrun; a failing node fails the attempt as a node fault (ledgered).",
+    )
+
+
 class JobSpec(_Model):
     """One multi-node torchrun job: the same on every backend."""
 
@@ -568,6 +578,7 @@ class JobSpec(_Model):
         description="Keep off the hosts in the node ledger (`halo-sched nodes`): SLURM --exclude, a Nomad "
                     "constraint on ${node.unique.name}; false: run anywhere.",
     )
+    preflight: Preflight = Field(default_factory=Preflight)
     parallelism: Parallelism | None = Field(None, description="Parallel layout (tp, ep, ...), checked at validate time.")
     servers: list[Server] = Field(
         default_factory=list,
