@@ -54,6 +54,7 @@ def test_the_gate_fails_a_node_with_a_missing_interface_before_torchrun_local(tm
     logs = cli("logs", job_id).stdout
     assert "node 1: preflight gate: this node failed its checks" in logs, logs[-3000:]
     assert "world of" not in logs  # the trainer never ran on node 1's say-so
+    print(f"gate failure on local: {took:.1f} s from submit to FAILED")
     assert took < 90, took
 
 
@@ -64,3 +65,35 @@ def test_a_passing_gate_lets_the_job_run(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     logs = cli("logs", r.stdout.strip().splitlines()[-1]).stdout
     assert re.search(r"node 1: preflight gate passed in \d+ s", logs), logs[-3000:]
+
+
+@pytest.mark.slurm
+@pytest.mark.torch
+def test_the_gate_fails_a_node_on_slurm_and_the_node_is_ledgered(tmp_path, slurm_cluster):
+    env = {**os.environ, **slurm_cluster, "PYTHONPATH": str(REPO)}
+    env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
+    job = _job(tmp_path, True)
+    start = time.monotonic()
+    r = cli("submit", str(job), "--backend", "slurm", "--wait", "--quiet", "--timeout", "240", cwd=tmp_path, env=env)
+    took = time.monotonic() - start
+    assert r.returncode == 1, r.stderr[-3000:]
+    job_id = r.stdout.strip().splitlines()[-1]
+    st = json.loads(cli("status", job_id, "--json", cwd=tmp_path, env=env).stdout)
+    fc = st["failure_class"]
+    assert fc["class"] == "node" and fc["by"] == "preflight", st
+    # SLURM's own name for the node that ran node rank 1.
+    shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=env, capture_output=True, text=True,
+                           timeout=60).stdout
+    nodes = re.search(r"(?<![A-Za-z])NodeList=(\S+)", shown).group(1)
+    names = subprocess.run(["scontrol", "show", "hostnames", nodes], env=env, capture_output=True, text=True,
+                           timeout=60).stdout.split()
+    assert fc["host"] == names[1], (fc, names)
+    ledger = [json.loads(ln) for ln in cli("nodes", "--json", env=env).stdout.splitlines()]
+    assert [(e["host"], e["job"], e["backend"]) for e in ledger] == [(names[1], job_id, "slurm")], ledger
+    logs = cli("logs", job_id, cwd=tmp_path, env=env).stdout
+    assert "world of" not in logs, logs[-3000:]
+    print(f"gate failure on slurm: {took:.1f} s from submit to FAILED")
+    assert took < 200, took
+    # The next job keeps off it.
+    rendered = cli("render", str(job), "--backend", "slurm", cwd=tmp_path, env=env)
+    assert f"#SBATCH --exclude={names[1]}\n" in rendered.stdout, rendered.stdout[:1500]
