@@ -97,3 +97,15 @@ def test_the_gate_fails_a_node_on_slurm_and_the_node_is_ledgered(tmp_path, slurm
     # The next job keeps off it.
     rendered = cli("render", str(job), "--backend", "slurm", cwd=tmp_path, env=env)
     assert f"#SBATCH --exclude={names[1]}\n" in rendered.stdout, rendered.stdout[:1500]
+
+
+def test_the_gate_reaches_nomad_inside_the_entry_template(tmp_path):
+    from halo_sched.backends.nomad.render import job_payload
+    from halo_sched.launch import entry_script
+    from halo_sched.spec import load
+
+    spec = load(str(example_job(tmp_path, free_port(), image="pytorch/pytorch:2.3.0", preflight={"gate": True})))
+    entry = entry_script(spec)
+    assert "--gate --node=" in entry
+    for g in job_payload(spec)["Job"]["TaskGroups"]:
+        assert g["Tasks"][0]["Templates"][0]["EmbeddedTmpl"] == entry  # byte for byte, Nomad's delimiters apart
