@@ -28,6 +28,9 @@ SCRUBBED = "***"
 #: (job, backend, event) whose delivery failed in this process: one bounded try per process
 #: (``submit --wait`` observes the final state more than once); a later process tries again.
 _given_up: set[tuple[str, str, str]] = set()
+#: Variables whose webhook did not answer in this process: ``list`` over many jobs waits on a dead
+#: webhook once, not once per job.
+_dead: set[str] = set()
 
 
 def event_of(state) -> str | None:
@@ -74,7 +77,7 @@ def send(rec: dict, event: str, line: str, attempt: int | None = None) -> bool:
     if not url.startswith(("http://", "https://")):
         return False  # not set here (or not a URL): a later observer that has it sends
     key = (rec["id"], rec["backend"], event)
-    if key in _given_up:
+    if key in _given_up or n["webhook_env"] in _dead:
         return False
     try:
         marker = _marker(rec, event)
@@ -94,6 +97,7 @@ def send(rec: dict, event: str, line: str, attempt: int | None = None) -> bool:
             why = _deliver(url, body)
             if why:
                 _given_up.add(key)
+                _dead.add(n["webhook_env"])
                 print(f"halo-sched: warning: notify: the {event} notification of {rec['id']} was not delivered to "
                       f"${n['webhook_env']}'s webhook after {TRIES} tries ({why}); a later status, watch or list "
                       f"with {n['webhook_env']} set tries again", file=sys.stderr)

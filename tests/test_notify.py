@@ -175,3 +175,55 @@ def test_the_on_key_is_written_quoted(tmp_path):
     job.write_text(head + "notify:\n  webhook_env: HOOK_URL\n  on: [failed]\n")
     r = cli("validate", str(job), timeout=60)
     assert r.returncode == 2 and "key 'on' is read by YAML as a boolean" in r.stderr, r.stderr
+
+
+def _rec(job_id: str) -> dict:
+    return {"id": job_id, "backend": "local", "name": "n",
+            "spec": {"secret_env": ["MY_TOKEN"], "notify": {"webhook_env": "HOOK_URL", "on": ["completed", "retried"]}}}
+
+
+def test_concurrent_observers_send_once(monkeypatch):
+    from halo_sched import notify
+
+    slow = Receiver()
+    orig = slow.server.RequestHandlerClass.do_POST
+
+    def do_post(self):
+        time.sleep(1)  # a slow webhook: every observer arrives while the first is sending
+        orig(self)
+
+    slow.server.RequestHandlerClass.do_POST = do_post
+    try:
+        monkeypatch.setenv("HOOK_URL", slow.url)
+        monkeypatch.setenv("MY_TOKEN", SECRET)
+        rec = _rec("j-concurrent")
+        sent = []
+        threads = [threading.Thread(target=lambda: sent.append(notify.send(rec, "completed", "COMPLETED")))
+                   for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert sent.count(True) == 1 and len(slow.posts) == 1, (sent, slow.posts)
+        assert notify.send(rec, "completed", "COMPLETED") is False and len(slow.posts) == 1
+        # Another event of the same job is its own.
+        assert notify.send(rec, "retried", f"attempt 1 failed; token {SECRET}") is True
+        assert [b["state"] for _, b in slow.posts] == ["completed", "retried"]
+        assert SECRET not in slow.posts[1][1]["line"]
+    finally:
+        slow.close()
+
+
+def test_a_dead_webhook_is_waited_on_once_per_process(monkeypatch):
+    from halo_sched import notify
+
+    monkeypatch.setattr(notify, "_given_up", set())
+    monkeypatch.setattr(notify, "_dead", set())
+    dead = Receiver(code=503)
+    try:
+        monkeypatch.setenv("HOOK_URL", dead.url)
+        start = time.monotonic()
+        assert not any(notify.send(_rec(f"j{i}"), "completed", "COMPLETED") for i in range(5))
+        assert len(dead.posts) == 3 and time.monotonic() - start < 15
+    finally:
+        dead.close()
