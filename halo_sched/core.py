@@ -178,6 +178,11 @@ def keep_state(rec: dict, state: JobState) -> None:
         from . import ledger
 
         ledger.observe(rec.get("id") or "", rec.get("backend") or "", cls)
+    spec = rec.get("spec")
+    if isinstance(spec, dict) and spec.get("notify"):  # a webhook to tell (halo_sched/notify.py: once per event)
+        from . import notify
+
+        notify.observe(rec, state)
 
 
 def note(backend: str, job_id: str, state: JobState) -> dict | None:

@@ -264,16 +264,37 @@ def compile_launch(spec: JobSpec, job_id: str | None = None, exclude_hosts=None)
     )
 
 
+@dataclass(frozen=True)
+class _Gate:
+    fabric: str
+    gdr: int
+
+
+def needs_gdr(spec: JobSpec) -> bool:
+    """Whether the job needs GPUDirect RDMA (/dev/gdrdrv): cross-node expert parallelism."""
+    from .layout import Layout
+
+    lay = Layout.of(spec)
+    return bool(spec.network.cross_node_expert_parallel or (lay and lay.ep_crosses_nodes and spec.network.fabric == "efa"))
+
+
+def _gate(spec: JobSpec) -> _Gate:
+    """What the preflight gate checks beyond the node's interface: as ``halo-sched preflight``."""
+    return _Gate(fabric=str(spec.network.fabric), gdr=int(needs_gdr(spec)))  # fabric: quoted by the template
+
+
 def render_entry(launch: Launch) -> str:
     """The per-node entry script, byte-identical for every node and every backend."""
     collector = node_source("failure_collector")
     monitor = node_source("hang_monitor")
     health = node_source("server_health") if launch.servers else ""
+    gate = node_source("trainers.preflight_bw") if launch.spec.preflight.gate is True else ""
     return render_template(
         "entry.sh.j2", launch=launch, names=launch.names, warning=launch.warning,
         trainer=launch.trainer, collector=collector, collector_tag=heredoc_tag(collector, "HALO_COLLECT_EOF"),
         monitor=monitor, monitor_tag=heredoc_tag(monitor, "HALO_MONITOR_EOF"),
         health_source=health, health_tag=heredoc_tag(health, "HALO_HEALTH_EOF"),
+        gate_source=gate, gate_tag=heredoc_tag(gate, "HALO_GATE_EOF"), gate=_gate(launch.spec),
     )
 
 

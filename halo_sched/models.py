@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from .errors import SpecError
 from .node.contract import WARNING_CARRIER
 from .values import (
-    DEFAULT_WARNING, IFACE_RE, MAX_TIMEOUT_HOURS, MODULE_RE, NAME_RE, NOMAD_MAX_CPU_MHZ, NOMAD_MAX_MEMORY_MB, SBATCH_ARG_RE,
+    DEFAULT_WARNING, ENV_NAME_RE, IFACE_RE, MAX_TIMEOUT_HOURS, MODULE_RE, NAME_RE, NOMAD_MAX_CPU_MHZ, NOMAD_MAX_MEMORY_MB, SBATCH_ARG_RE,
     SBATCH_CONFLICTS, SBATCH_EXACT_PREFIXES, SBATCH_OPTIONS_REFUSED, SBATCH_OPTIONS_SET_BY,
     SBATCH_SHORT_OPTIONS, SERVER_NAME_RE, SLURM_CONSTRAINT_RE, SLURM_DEFAULT_WARNING_S, SLURM_MAX_CPUS_PER_TASK,
     SLURM_TIME_RE, SLURM_WARNING_EARLY_S, SLURM_WORD_RE, WARNING_SIGNALS, check_arg_size,
@@ -579,6 +579,67 @@ def _check_hang(spec: "JobSpec") -> None:
                                  "the job would end before a hang could be seen")
 
 
+class Preflight(_Model):
+    """The preflight gate inside the job (docs/preflight.md)."""
+
+    gate: bool = Field(
+        False,
+        description="Run the node checks of `halo-sched preflight` (network interface, GPUs, RDMA devices) on every "
+                    "node after setup, before torchrun; a failing node fails the attempt as a node fault (ledgered).",
+    )
+
+
+NOTIFY_EVENTS = ("failed", "hung", "retried", "completed")
+
+
+class Notify(_Model):
+    """Webhook notifications (docs/failures.md, "Notifications"): the URL is a secret, taken by
+    name from the environment of the process that observes the state change; never stored."""
+
+    webhook_env: str = Field(
+        description="Name of the variable holding the webhook URL (http or https) in the submitter's environment "
+                    "(and in that of any later halo-sched process that should notify: status, watch, list).",
+    )
+    on: list[Literal["failed", "hung", "retried", "completed"]] = Field(
+        default_factory=lambda: list(NOTIFY_EVENTS), min_length=1,
+        description='Events that send one JSON POST each: failed, hung, retried, completed. Write the key quoted, '
+                    '"on": YAML reads a bare on as true.',
+    )
+
+    @field_validator("webhook_env")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not ENV_NAME_RE.fullmatch(v):
+            raise ValueError(f"{v[:40]!r} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        return v
+
+    @field_validator("on")
+    @classmethod
+    def _once(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+    def url(self, environ: dict[str, str] | None = None) -> str:
+        """The webhook URL from ``environ`` (default: this process's); a SpecError naming
+        ``notify.webhook_env`` when it is unset or not an http(s) URL. No error shows the value."""
+        from urllib.parse import urlsplit
+
+        environ = os.environ if environ is None else environ
+        if self.webhook_env not in environ:
+            raise SpecError([("notify.webhook_env", f"{self.webhook_env} is not set in the environment of this "
+                                                    "process; export the webhook URL in it before submitting")])
+        value = environ[self.webhook_env]
+        try:
+            parts = urlsplit(value)
+            ok = parts.scheme in ("http", "https") and bool(parts.hostname) and not any(c in value for c in "\r\n\x00 ")
+            parts.port  # noqa: B018 - a bad port raises
+        except ValueError:
+            ok = False
+        if not ok:
+            raise SpecError([("notify.webhook_env", f"{self.webhook_env}'s value is not an http:// or https:// URL "
+                                                    "with a host (the value is not shown)")])
+        return value
+
+
 class JobSpec(_Model):
     """One multi-node torchrun job: the same on every backend."""
 
@@ -611,6 +672,8 @@ class JobSpec(_Model):
     hang: Hang | None = Field(
         default_factory=Hang, description="Hang detection (on by default; `hang: null` turns it off).",
     )
+    preflight: Preflight = Field(default_factory=Preflight)
+    notify: Notify | None = Field(None, description="Webhook notifications of the job's state changes.")
     parallelism: Parallelism | None = Field(None, description="Parallel layout (tp, ep, ...), checked at validate time.")
     servers: list[Server] = Field(
         default_factory=list,
@@ -715,6 +778,8 @@ class JobSpec(_Model):
                 bad.append((f, str(err).replace(f"{k}'s value", f"{k}'s value in the environment", 1)))
         if bad:
             raise SpecError(bad)
+        if self.notify is not None:
+            self.notify.url(environ)  # checked at submit; the URL itself goes nowhere
         return {k: environ[k] for k in self.secret_names}
 
     def derived_env(self) -> dict[str, str]:

@@ -39,11 +39,11 @@ DEFAULT_ITERS = 3
 
 def preflight_spec(spec, size: int, iters: int = DEFAULT_ITERS):
     """The job with its trainer replaced by the bandwidth test; all else as written."""
-    from .layout import Layout
     from .models import Trainer
 
-    lay = Layout.of(spec)
-    gdr = spec.network.cross_node_expert_parallel or bool(lay and lay.ep_crosses_nodes and spec.network.fabric == "efa")
+    from .launch import needs_gdr
+
+    gdr = needs_gdr(spec)
     args = [
         "--size", str(size), "--iters", str(iters),
         "--device", "cuda" if spec.gpus_per_node else "cpu",

@@ -216,7 +216,44 @@ def emit(mark: str, data: dict) -> None:
 # ---- the speed test ---------------------------------------------------------------------------
 
 
+FAILURE_TAG = "halo-sched-failure"  # halo_sched/node/failures.py TAG: every backend reads these lines
+
+
+def gate(argv: list[str]) -> int:
+    """The job's own preflight gate (``preflight: {gate: true}``): the node checks above, run by
+    the entry script on each node after setup and before torchrun, no process group. Prints this
+    node's NODE_MARK line; a fatal check also prints one failure line (the failure report's
+    format, the NODE_MARK line in its tail, so the submitter classifies it a node fault and
+    ledgers the node) and returns 1: the attempt fails in seconds, before the training starts."""
+    ap = argparse.ArgumentParser(prog="halo-sched gate")
+    ap.add_argument("--node", type=int, required=True)
+    ap.add_argument("--interface", default="")
+    ap.add_argument("--fabric", default="default")
+    ap.add_argument("--gdr", type=int, default=0)
+    ap.add_argument("--gpus-per-node", type=int, default=0)
+    ap.add_argument("--nproc-per-node", type=int, default=1)
+    args = ap.parse_args(argv)
+    host, _ = host_identity()
+    checks = [{**c, "node": args.node, "host": host} for c in node_checks(args)]
+    line = f"{NODE_MARK} {json.dumps({'node': args.node, 'host': host, 'checks': checks}, separators=(',', ': '), sort_keys=True)}"
+    print(line, file=sys.stderr, flush=True)
+    fatal = [c for c in checks if c["fatal"]]
+    if not fatal:
+        return 0
+    c = fatal[0]
+    record = {"node": args.node, "rank": None, "host": host, "exit_code": 1, "time": time.time(),
+              "error": f"preflight gate: {c['check']}: {c['detail']}; fix: {c['fix']}", "tail": [line]}
+    name = os.environ.get("SLURMD_NODENAME", "")
+    if name:
+        record["node_name"] = name  # SLURM's name for the node: what the ledger and --exclude take
+    print(f"{FAILURE_TAG} {json.dumps(record, separators=(',', ':'))}", file=sys.stderr, flush=True)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--gate"]:
+        return gate(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="1G", help="bytes per transfer: 4M, 1G, ... (binary units)")
     ap.add_argument("--iters", type=int, default=3, help="timed repetitions of each test (the median is reported)")

@@ -1,0 +1,111 @@
+"""preflight.gate: each node's own checks run inside the job, after setup and before torchrun; a
+node whose interface is missing fails the attempt in seconds as a node fault (the preflight
+pattern of halo_sched/node/failure_classes.py), and torchrun never starts."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import REPO, cli, example_job, free_port
+
+# Node 1's setup points gloo at an interface this host does not have, as a node whose NIC is
+# missing or named otherwise would (the gate checks the interface the node's ranks will use).
+BAD_NODE_1 = 'if [ "$halo_rank" = 1 ]; then export GLOO_SOCKET_IFNAME=nosuchif0; fi'
+
+
+def _job(tmp_path, gate: bool, nodes_var: str = "halo_rank"):
+    setup = [BAD_NODE_1.replace("halo_rank", nodes_var)]
+    return example_job(tmp_path, free_port(), nproc_per_node=1, setup=setup,
+                       preflight={"gate": gate})
+
+
+def test_the_gate_is_off_by_default_and_renders_only_when_asked(tmp_path):
+    off = cli("render", str(example_job(tmp_path, free_port())), "--backend", "local")
+    assert off.returncode == 0 and "preflight gate" not in off.stdout
+    on = cli("render", str(_job(tmp_path, True)), "--backend", "local")
+    assert on.returncode == 0 and "--gate --node=" in on.stdout, on.stderr[-2000:]
+
+
+@pytest.mark.parametrize("bad", [{"gate": "yes"}, {"gate": True, "min_busbw": 1}, ["gate"]])
+def test_a_bad_preflight_field_is_exit_2_naming_it(tmp_path, bad):
+    job = example_job(tmp_path, free_port(), preflight=bad)
+    r = cli("validate", str(job))
+    assert r.returncode == 2 and "preflight" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.torch
+def test_the_gate_fails_a_node_with_a_missing_interface_before_torchrun_local(tmp_path):
+    start = time.monotonic()
+    r = cli("submit", str(_job(tmp_path, True)), "--backend", "local", "--wait", "--quiet", "--timeout", "120")
+    took = time.monotonic() - start
+    assert r.returncode == 1, r.stderr[-3000:]
+    job_id = r.stdout.strip().splitlines()[-1]
+    st = json.loads(cli("status", job_id, "--json").stdout)
+    assert st["failure_class"]["class"] == "node" and st["failure_class"]["by"] == "preflight", st
+    first = st["failure"]["first"]
+    assert first["node"] == 1 and "preflight gate: interface nosuchif0: no interface nosuchif0" in first["error"]
+    logs = cli("logs", job_id).stdout
+    assert "node 1: preflight gate: this node failed its checks" in logs, logs[-3000:]
+    assert "world of" not in logs  # the trainer never ran on node 1's say-so
+    print(f"gate failure on local: {took:.1f} s from submit to FAILED")
+    assert took < 90, took
+
+
+@pytest.mark.torch
+def test_a_passing_gate_lets_the_job_run(tmp_path):
+    job = example_job(tmp_path, free_port(), nproc_per_node=1, preflight={"gate": True})
+    r = cli("submit", str(job), "--backend", "local", "--wait", "--quiet", "--timeout", "120")
+    assert r.returncode == 0, r.stderr[-3000:]
+    logs = cli("logs", r.stdout.strip().splitlines()[-1]).stdout
+    assert re.search(r"node 1: preflight gate passed in \d+ s", logs), logs[-3000:]
+
+
+@pytest.mark.slurm
+@pytest.mark.torch
+def test_the_gate_fails_a_node_on_slurm_and_the_node_is_ledgered(tmp_path, slurm_cluster):
+    env = {**os.environ, **slurm_cluster, "PYTHONPATH": str(REPO)}
+    env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
+    job = _job(tmp_path, True)
+    start = time.monotonic()
+    r = cli("submit", str(job), "--backend", "slurm", "--wait", "--quiet", "--timeout", "240", cwd=tmp_path, env=env)
+    took = time.monotonic() - start
+    assert r.returncode == 1, r.stderr[-3000:]
+    job_id = r.stdout.strip().splitlines()[-1]
+    st = json.loads(cli("status", job_id, "--json", cwd=tmp_path, env=env).stdout)
+    fc = st["failure_class"]
+    assert fc["class"] == "node" and fc["by"] == "preflight", st
+    # SLURM's own name for the node that ran node rank 1.
+    shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=env, capture_output=True, text=True,
+                           timeout=60).stdout
+    nodes = re.search(r"(?<![A-Za-z])NodeList=(\S+)", shown).group(1)
+    names = subprocess.run(["scontrol", "show", "hostnames", nodes], env=env, capture_output=True, text=True,
+                           timeout=60).stdout.split()
+    assert fc["host"] == names[1], (fc, names)
+    ledger = [json.loads(ln) for ln in cli("nodes", "--json", env=env).stdout.splitlines()]
+    assert [(e["host"], e["job"], e["backend"]) for e in ledger] == [(names[1], job_id, "slurm")], ledger
+    logs = cli("logs", job_id, cwd=tmp_path, env=env).stdout
+    assert "world of" not in logs, logs[-3000:]
+    print(f"gate failure on slurm: {took:.1f} s from submit to FAILED")
+    assert took < 200, took
+    # The next job keeps off it.
+    rendered = cli("render", str(job), "--backend", "slurm", cwd=tmp_path, env=env)
+    assert f"#SBATCH --exclude={names[1]}\n" in rendered.stdout, rendered.stdout[:1500]
+
+
+def test_the_gate_reaches_nomad_inside_the_entry_template(tmp_path):
+    from halo_sched.backends.nomad.render import job_payload
+    from halo_sched.launch import entry_script
+    from halo_sched.spec import load
+
+    spec = load(str(example_job(tmp_path, free_port(), image="pytorch/pytorch:2.3.0", preflight={"gate": True})))
+    entry = entry_script(spec)
+    assert "--gate --node=" in entry
+    for g in job_payload(spec)["Job"]["TaskGroups"]:
+        assert g["Tasks"][0]["Templates"][0]["EmbeddedTmpl"] == entry  # byte for byte, Nomad's delimiters apart
