@@ -375,11 +375,42 @@ def _wait_after_submit(args, spec, sched, job_id: str) -> int:
         sys.stderr.write(line)
         sys.stderr.flush()
 
+    if getattr(spec, "retry", None) is not None:  # a run: the next attempt after a listed failure
+        return _wait_run(args, spec, sched, job_id)
     state = wait_after_submit(
         sched, spec, job_id, timeout=args.timeout,
         on_change=None if args.quiet else progress.change, on_tick=None if args.quiet else progress.tick,
         on_log=log if streams else None, on_log_end=lambda err: _err(f"halo-sched: log stream ended: {err}"))
     return _report_end(job_id, state, args.timeout)
+
+
+def _wait_run(args, spec, sched, job_id: str) -> int:
+    """``submit --wait`` of a job with ``retry:``: each attempt waited on as a plain job is, the
+    next one submitted after a failure ``retry.on`` lists (halo_sched/runs.py); the run's
+    attempts and GPU-hours at the end."""
+    from .core import wait_after_submit
+    from .runs import attempts_of, describe_rows, wait_run
+
+    def one(attempt_id: str, observe) -> "object":
+        progress = Progress(sched, attempt_id)
+
+        def changed(st) -> None:
+            observe(st)
+            if not args.quiet:
+                progress.change(st)
+
+        return wait_after_submit(sched, spec, attempt_id, timeout=args.timeout, on_change=changed,
+                                 on_tick=None if args.quiet else progress.tick)
+
+    def retried(old: str, state, why: str, new: str) -> None:
+        _err(f"halo-sched: {old} {state.describe()}")
+        _err(f"halo-sched: retrying ({why} fault) as {new}")
+
+    last_id, state = wait_run(sched, spec, job_id, one, retried)
+    rc = _report_end(last_id, state, args.timeout)
+    for line in describe_rows(attempts_of(job_id, sched.name)):
+        _err(f"halo-sched: {job_id}: {line.strip()}")
+    return rc
 
 
 def _report_end(job_id: str, state, timeout: float | None) -> int:
@@ -458,6 +489,7 @@ def cmd_status(args) -> int:
                                   "live": False, "last_known": fb.last, "unreachable": fb.why}))
             else:
                 print(f"{job_id}\t{fb.describe(where[job_id])}")
+                _print_run(job_id, where[job_id])
             continue
         st = states[job_id]
         if args.json:
@@ -478,6 +510,8 @@ def cmd_status(args) -> int:
             print(f"{job_id}\t{st.last_known['describe']} (last known: the scheduler no longer knows the job)")
         else:
             print(f"{job_id}\t{st.describe()}")
+        if not args.json:
+            _print_run(job_id, where[job_id])
     if unknown:
         backends = sorted({b for _, b, _ in unknown})
         raise UnknownJob([i for i, _, _ in unknown], backends[0] if len(backends) == 1 else None,
@@ -500,6 +534,20 @@ def cmd_status(args) -> int:
     return 0
 
 
+def _print_run(job_id: str, backend: str) -> None:
+    """``status RUN``: under a run's first attempt, each attempt (its outcome, cause, excluded
+    hosts, node-hours and GPU-hours) and the run's totals, from the job records."""
+    from . import records
+    from .runs import attempts_of, describe_rows
+
+    rec = (records.find(job_id, backend) or [{}])[0]
+    run = rec.get("run")
+    if not isinstance(run, dict) or run.get("id") != job_id:
+        return
+    for line in describe_rows(attempts_of(job_id, backend)):
+        print(f"{job_id}\t{line.strip()}")
+
+
 def cmd_list(args) -> int:
     from . import records
     from .core import recent
@@ -515,6 +563,7 @@ def cmd_list(args) -> int:
         elif args.json:
             print(json.dumps({"id": r["id"], "backend": r["backend"], "name": r.get("name"), "status": status,
                               "describe": text, "live": known, "submitted": r.get("submitted_iso"),
+                              **({"run": r["run"]} if isinstance(r.get("run"), dict) else {}),
                               "submit_dir": r.get("submit_dir"), "record": str(records.path_for(r["id"], r["backend"]))}))
         else:
             when = (r.get("submitted_iso") or "")[:19].replace("T", " ")

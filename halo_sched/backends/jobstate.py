@@ -138,6 +138,11 @@ class JobState:
     #: Why the job ended, in words, where halo-sched itself ended it (a SLURM job that can never
     #: start: what to change in the job file); ``describe`` then says it.
     verdict: str = ""
+    #: When the job started and ended by the scheduler's own clock (epoch seconds), where the
+    #: backend reports them (local: the supervisor's times); a run's GPU-hours are counted from
+    #: them (halo_sched/runs.py).
+    started_at: float | None = None
+    ended_at: float | None = None
 
     def change_key(self) -> tuple:
         """What counts as a change while waiting (a progress line; the watcher's polls go back to

@@ -1,0 +1,82 @@
+"""retry: in the job file (validation, exit 2 naming the field), what a retry attempt renders
+(HALO_RESTART_COUNT carried on, the culprit host excluded), and which failures start another
+attempt (halo_sched/runs.py), with stand-in states: no scheduler, no torch."""
+from __future__ import annotations
+
+import pytest
+
+import halo_sched
+from halo_sched.backends.jobstate import JobState, JobStatus
+from halo_sched.node.failure_classes import Classification
+from halo_sched.runs import next_spec, retry_kind, wants_retry
+from helpers import cli, example_job
+
+
+@pytest.mark.parametrize("retry, field", [
+    ({"attempts": 0}, "retry.attempts"),
+    ({"attempts": 21}, "retry.attempts"),
+    ({"attempts": 2, "on": ["node", "oom"]}, "retry.on"),
+    ({"attempts": 2, "on": "node"}, "retry.on"),
+    ({"attempts": 2, "bogus": 1}, "retry.bogus"),
+])
+def test_a_bad_retry_is_exit_2_naming_the_field(tmp_path, retry, field):
+    job = example_job(tmp_path, 29500, retry=retry)
+    r = cli("validate", str(job), timeout=60)
+    assert r.returncode == 2 and field in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def _spec(tmp_path, **retry):
+    return halo_sched.load(example_job(tmp_path, 29500, retry=retry or {"attempts": 3, "on": ["node"]}))
+
+
+def test_a_retry_attempt_carries_the_count_on_and_excludes_the_culprit(tmp_path):
+    spec = _spec(tmp_path)
+    first = halo_sched.render(spec, "slurm")
+    assert 'export HALO_RESTART_COUNT="${SLURM_RESTART_COUNT:-0}"' in first and "--exclude" not in first
+    again = halo_sched.render(next_spec(spec, "42", 2, ("n2", "n1"), None), "slurm")
+    assert 'export HALO_RESTART_COUNT="$((2 + ${SLURM_RESTART_COUNT:-0}))"' in again
+    assert "#SBATCH --exclude=n1,n2\n" in again
+    spec = spec.model_copy(update={"image": "python:3.11"})
+    nomad = halo_sched.render(next_spec(spec, "42", 1, ("n2",), None), "nomad")
+    assert '"n2"' in nomad and "node.unique.name" in nomad
+
+
+def _failed(cls: Classification | None, status=JobStatus.FAILED) -> JobState:
+    st = JobState("1", status)
+    st.failure_class = lambda: cls  # the classification under test, as the failure report gives it
+    return st
+
+
+NODE = Classification("node", "NCCL network error", "n1", "nccl-ib")
+PREFLIGHT = Classification("node", "preflight check failed", "n1", "preflight")
+JOB = Classification("job", "Python exception", "", "python-exception")
+UNKNOWN = Classification("unknown")
+
+
+@pytest.mark.parametrize("on, cls, attempt, retried", [
+    (["node"], NODE, 0, True),
+    (["node"], NODE, 2, False),  # the third of 3 attempts: none left
+    (["node"], JOB, 0, False),
+    (["node", "hang", "preflight"], UNKNOWN, 0, False),
+    (["preflight"], NODE, 0, False),
+    (["preflight"], PREFLIGHT, 0, True),
+    (["node"], PREFLIGHT, 0, True),  # a preflight failure is a node fault
+    (["hang"], Classification("hung", "no progress", "n1", "hung"), 0, True),
+    (["node"], Classification("hung", "no progress", "n1", "hung"), 0, False),
+])
+def test_which_failures_start_another_attempt(tmp_path, on, cls, attempt, retried):
+    spec = _spec(tmp_path, attempts=3, on=on)
+    assert wants_retry(spec, _failed(cls), attempt)[0] is retried
+
+
+def test_no_retry_without_the_field_or_after_success(tmp_path):
+    spec = halo_sched.load(example_job(tmp_path, 29500))
+    assert spec.retry is None and not wants_retry(spec, _failed(NODE), 0)[0]
+    assert not wants_retry(_spec(tmp_path), _failed(None, JobStatus.COMPLETED), 0)[0]
+
+
+def test_retry_kind_reads_a_record_class_defensively():
+    assert retry_kind({"class": "node", "by": "xid"}) == "node"
+    assert retry_kind({"class": "node", "by": "preflight"}) == "preflight"
+    assert retry_kind({"class": "HUNG"}) == "hang"
+    assert retry_kind({"class": "job"}) is None and retry_kind({}) is None and retry_kind(None) is None
