@@ -80,3 +80,21 @@ def test_retry_kind_reads_a_record_class_defensively():
     assert retry_kind({"class": "node", "by": "preflight"}) == "preflight"
     assert retry_kind({"class": "HUNG"}) == "hang"
     assert retry_kind({"class": "job"}) is None and retry_kind({}) is None and retry_kind(None) is None
+
+
+def test_slurm_start_and_end_times_count_only_once_they_happened():
+    """squeue's StartTime is an estimate while a job waits and EndTime its time limit while it
+    runs: started_at/ended_at are taken only once they are facts."""
+    import time
+
+    from halo_sched.backends.slurm.status import SEP, parse_squeue
+
+    def row(state: str) -> str:
+        return SEP.join(["7", "7", state, "0", "2", "None", "n[1-2]", "0", "0", "2026-12-01T10:00:00",
+                         "2026-12-01T10:00:05", "(null)", "2026-12-01T10:30:05"]) + SEP
+
+    start = time.mktime(time.strptime("2026-12-01T10:00:05", "%Y-%m-%dT%H:%M:%S"))
+    done, running, pending = (parse_squeue(row(s))[0] for s in ("COMPLETED", "RUNNING", "PENDING"))
+    assert (done.started_at, done.ended_at) == (start, start + 1800)
+    assert (running.started_at, running.ended_at) == (start, None)
+    assert (pending.started_at, pending.ended_at) == (None, None)
