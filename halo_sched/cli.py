@@ -384,7 +384,7 @@ def _wait_after_submit(args, spec, sched, job_id: str) -> int:
     return _report_end(job_id, state, args.timeout)
 
 
-def _wait_run(args, spec, sched, job_id: str) -> int:
+def _wait_run(args, spec, sched, job_id: str, watching: bool = False) -> int:
     """``submit --wait`` of a job with ``retry:``: each attempt waited on as a plain job is, the
     next one submitted after a failure ``retry.on`` lists (halo_sched/runs.py); the run's
     attempts and GPU-hours at the end."""
@@ -399,6 +399,11 @@ def _wait_run(args, spec, sched, job_id: str) -> int:
             if not args.quiet:
                 progress.change(st)
 
+        if attempt_id == job_id and watching:  # watch: a job submitted earlier, no placement guard
+            from .core import noting
+
+            return sched.wait(attempt_id, timeout=args.timeout, on_change=noting(sched.name, attempt_id, changed),
+                              on_tick=None if args.quiet else progress.tick)
         return wait_after_submit(sched, spec, attempt_id, timeout=args.timeout, on_change=changed,
                                  on_tick=None if args.quiet else progress.tick)
 
@@ -406,10 +411,17 @@ def _wait_run(args, spec, sched, job_id: str) -> int:
         _err(f"halo-sched: {old} {state.describe()}")
         _err(f"halo-sched: retrying ({why} fault) as {new}")
 
+    from . import records
+
+    run_id = ((records.find(job_id, sched.name) or [{}])[0].get("run") or {}).get("id") or job_id
     last_id, state = wait_run(sched, spec, job_id, one, retried)
+    if watching:
+        from .core import note
+
+        note(sched.name, last_id, state)
     rc = _report_end(last_id, state, args.timeout)
-    for line in describe_rows(attempts_of(job_id, sched.name)):
-        _err(f"halo-sched: {job_id}: {line.strip()}")
+    for line in describe_rows(attempts_of(run_id, sched.name)):
+        _err(f"halo-sched: {run_id}: {line.strip()}")
     return rc
 
 
@@ -434,6 +446,13 @@ def cmd_watch(args) -> int:
     _refuse_unknown(backend, sched, args.id)
     from .core import noting
 
+    spec = _run_spec(backend, args.id)
+    if spec is not None:  # an attempt of a run with retry: the next attempt after a listed failure
+        try:
+            return _wait_run(args, spec, sched, args.id, watching=True)
+        except KeyboardInterrupt:
+            _err(f"\nhalo-sched: stopped watching; the run's current attempt keeps running (halo-sched list)")
+            return EXIT_INTERRUPTED
     progress = Progress(sched, args.id)
     try:
         state = sched.wait(args.id, timeout=args.timeout,
@@ -443,6 +462,20 @@ def cmd_watch(args) -> int:
         _err(f"\nhalo-sched: stopped watching; {args.id} keeps running")
         return EXIT_INTERRUPTED
     return _report_end(args.id, state, args.timeout)
+
+
+def _run_spec(backend: str, job_id: str):
+    """The spec of a recorded job that has ``retry:`` (``watch`` then retries as ``submit --wait``
+    would), with its job file and git state as recorded; None otherwise."""
+    from . import records
+
+    rec = (records.find(job_id, backend) or [{}])[0]
+    data = rec.get("spec")
+    if not isinstance(data, dict) or not data.get("retry"):
+        return None
+    from .spec import from_dict
+
+    return from_dict(data, source=f"the record of {job_id}")
 
 
 def cmd_plan(args) -> int:

@@ -57,3 +57,17 @@ def test_a_python_exception_is_not_retried(tmp_path):
     assert "retrying" not in r.stderr and "ValueError: bad learning rate" in r.stderr, r.stderr[-3000:]
     assert (tmp_path / "attempts.log").read_text().split() == ["0"]
     assert "run: 1 attempts" in r.stderr
+
+
+def test_watch_retries_a_run_submitted_without_wait(tmp_path):
+    """No process waited when the first attempt failed: ``watch`` later finds it failed as a
+    node would and submits the next attempt, as ``submit --wait`` would have."""
+    job = _job(tmp_path, "node_fault_once.py", {"attempts": 2, "on": ["node"]})
+    r = cli("submit", str(job), "--backend", "local", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    run_id = r.stdout.strip().splitlines()[-1]
+    w = cli("watch", run_id, "--quiet", "--timeout", "120", cwd=tmp_path)
+    assert w.returncode == 0 and "retrying (node fault) as " in w.stderr, w.stderr[-3000:]
+    assert f"{run_id}: run: 2 attempts" in w.stderr, w.stderr[-3000:]
+    counts = sorted(line.split()[0] for line in (tmp_path / "attempts.log").read_text().splitlines())
+    assert counts == ["0", "0", "1", "1"], counts
