@@ -37,8 +37,10 @@ def test_a_retry_attempt_carries_the_count_on_and_excludes_the_culprit(tmp_path)
     assert 'export HALO_RESTART_COUNT="$((2 + ${SLURM_RESTART_COUNT:-0}))"' in again
     assert "#SBATCH --exclude=n1,n2\n" in again
     spec = spec.model_copy(update={"image": "python:3.11"})
-    nomad = halo_sched.render(next_spec(spec, "42", 1, ("n2",), None), "nomad")
+    nomad = halo_sched.render(next_spec(spec, "42", 1, ("n2",), None), "nomad", format="json")
     assert '"n2"' in nomad and "node.unique.name" in nomad
+    assert '"HALO_RESTART_COUNT": "1"' in nomad
+    assert '"HALO_RESTART_COUNT": "' not in halo_sched.render(spec, "nomad", format="json")
 
 
 def _failed(cls: Classification | None, status=JobStatus.FAILED) -> JobState:
