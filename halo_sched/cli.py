@@ -538,6 +538,8 @@ def cmd_status(args) -> int:
                 # Whose fault: node, job or unknown (docs/failures.md, "Whose fault").
                 **({"failure_class": cls.to_dict()} if (cls := st.failure_class()) is not None else {}),
                 **({"last_known": st.last_known} if st.last_known is not None else {}),
+                # A run's first attempt (retry:): each attempt with its hours, and the totals.
+                **_run_json(st.id, where[job_id]),
             }))
         elif st.last_known is not None:
             print(f"{job_id}\t{st.last_known['describe']} (last known: the scheduler no longer knows the job)")
@@ -565,6 +567,20 @@ def cmd_status(args) -> int:
         if not all(fb.final for fb in fallen.values()):
             return EXIT_OUTCOME_UNKNOWN
     return 0
+
+
+def _run_json(job_id: str, backend: str) -> dict:
+    """``status --json RUN``: ``{"run": {"id", "attempts": [...], "totals": {...}}}``; {} otherwise."""
+    from . import records
+    from .runs import attempts_of, totals
+
+    run = (records.find(job_id, backend) or [{}])[0].get("run")
+    if not isinstance(run, dict):
+        return {}
+    if run.get("id") != job_id:  # a later attempt: which run and which attempt it is
+        return {"run": {"id": run.get("id"), "attempt": run.get("attempt")}}
+    rows = attempts_of(job_id, backend)
+    return {"run": {"id": job_id, "attempt": 0, "attempts": [a.to_dict() for a in rows], "totals": totals(rows)}}
 
 
 def _print_run(job_id: str, backend: str) -> None:

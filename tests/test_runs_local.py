@@ -46,6 +46,10 @@ def test_a_node_fault_is_retried_and_the_run_completes(tmp_path):
     assert all(a.clock == "scheduler" and a.wall_s and a.wall_s > 0 for a in rows), rows
     t = totals(rows)
     assert t["node_hours"] > t["node_hours_lost"] > 0 and t["gpu_hours"] == 0  # a CPU job: GPU-hours 0
+    js = json.loads(cli("status", run_id, "--json", cwd=tmp_path).stdout)["run"]
+    assert [a["status"] for a in js["attempts"]] == ["FAILED", "COMPLETED"] and js["totals"]["attempts"] == 2, js
+    later = json.loads(cli("status", rows[1].id, "--json", cwd=tmp_path).stdout)["run"]
+    assert later == {"id": run_id, "attempt": 1}, later
     listed = [json.loads(ln) for ln in cli("list", "--json", cwd=tmp_path).stdout.splitlines()]
     assert sorted((x["run"]["id"], x["run"]["attempt"]) for x in listed) == [(run_id, 0), (run_id, 1)], listed
 
@@ -71,3 +75,20 @@ def test_watch_retries_a_run_submitted_without_wait(tmp_path):
     assert f"{run_id}: run: 2 attempts" in w.stderr, w.stderr[-3000:]
     counts = sorted(line.split()[0] for line in (tmp_path / "attempts.log").read_text().splitlines())
     assert counts == ["0", "0", "1", "1"], counts
+
+
+def test_the_python_run_retries_and_counts_its_attempts(tmp_path, monkeypatch):
+    import halo_sched
+    from halo_sched.backends.base import JobStatus
+    from halo_sched.runs import Run
+
+    job = _job(tmp_path, "node_fault_once.py", {"attempts": 2, "on": ["node"]})
+    monkeypatch.chdir(tmp_path)
+    run = Run.submit(halo_sched.load(job), "local")
+    retried = []
+    state = run.wait(timeout_per_attempt=120, on_retry=lambda old, st, why, new: retried.append((old, why, new)))
+    assert state.status is JobStatus.COMPLETED and retried and retried[0][0] == run.id and retried[0][1] == "node"
+    assert run.current.id == retried[0][2] != run.id
+    rows = run.attempts()
+    assert [(a.number, a.status) for a in rows] == [(0, "FAILED"), (1, "COMPLETED")], rows
+    assert "NCCL network error" in rows[0].cause and run.totals()["node_hours_lost"] > 0
