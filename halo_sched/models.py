@@ -601,8 +601,8 @@ class JobSpec(_Model):
     )
     retry: Retry | None = Field(
         None,
-        description="Automatic retry: {attempts: N, on: [node, hang, preflight]}; a watcher (submit --wait, watch, "
-                    "Run.wait) resubmits. Default: no retry.",
+        description="Automatic retry: {attempts: N, \"on\": [node, hang, preflight]} (quote \"on\": YAML 1.1 "
+                    "reads it as true); a watcher (submit --wait, watch, Run.wait) resubmits. Default: no retry.",
     )
     parallelism: Parallelism | None = Field(None, description="Parallel layout (tp, ep, ...), checked at validate time.")
     servers: list[Server] = Field(

@@ -100,3 +100,14 @@ def test_slurm_start_and_end_times_count_only_once_they_happened():
     assert (done.started_at, done.ended_at) == (start, start + 1800)
     assert (running.started_at, running.ended_at) == (start, None)
     assert (pending.started_at, pending.ended_at) == (None, None)
+
+
+
+def test_retry_on_is_written_quoted_in_yaml():
+    """YAML 1.1 reads a plain ``on`` as true, and the loader refuses a key that is not a name
+    (exit 2, "quote it"): the job file writes ``"on"``, as docs/failures.md shows."""
+    head = "name: j\nnodes: 1\nnproc_per_node: 1\ntrainer: {script: t.py}\n"
+    spec = halo_sched.loads(head + 'retry:\n  attempts: 2\n  "on": [node, preflight]\n')
+    assert spec.retry.on == ["node", "preflight"]
+    with pytest.raises(halo_sched.errors.SpecError, match="read by YAML as a boolean.*quote it"):
+        halo_sched.loads(head + "retry: {attempts: 2, on: [node]}\n")
