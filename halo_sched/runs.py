@@ -180,7 +180,9 @@ def row_of(rec: dict) -> AttemptRow:
     last = rec.get("last_state") or {}
     cls = last.get("failure_class") or {}
     cause = ""
-    if cls:
+    if cls.get("class") == "unknown":
+        cause = "unknown cause"
+    elif cls:
         bits = [b for b in (cls.get("class") and f"{cls.get('class')} fault", cls.get("host") and f"host {cls['host']}",
                             cls.get("reason")) if b]
         cause = ", ".join(bits)
