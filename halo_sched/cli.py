@@ -616,7 +616,9 @@ def cmd_list(args) -> int:
                               "submit_dir": r.get("submit_dir"), "record": str(records.path_for(r["id"], r["backend"]))}))
         else:
             when = (r.get("submitted_iso") or "")[:19].replace("T", " ")
-            print(f"{r['id']}\t{r['backend']}\t{when}\t{text}{'' if known else ' (last known)'}")
+            run = r.get("run") if isinstance(r.get("run"), dict) else None
+            of_run = f" [run {run.get('id')}, attempt {int(run.get('attempt') or 0) + 1}]" if run else ""
+            print(f"{r['id']}\t{r['backend']}\t{when}\t{text}{'' if known else ' (last known)'}{of_run}")
     return 0
 
 

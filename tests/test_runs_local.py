@@ -52,6 +52,8 @@ def test_a_node_fault_is_retried_and_the_run_completes(tmp_path):
     assert later == {"id": run_id, "attempt": 1}, later
     listed = [json.loads(ln) for ln in cli("list", "--json", cwd=tmp_path).stdout.splitlines()]
     assert sorted((x["run"]["id"], x["run"]["attempt"]) for x in listed) == [(run_id, 0), (run_id, 1)], listed
+    text = cli("list", cwd=tmp_path).stdout
+    assert f"[run {run_id}, attempt 1]" in text and f"[run {run_id}, attempt 2]" in text, text
 
 
 def test_a_python_exception_is_not_retried(tmp_path):
