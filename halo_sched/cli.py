@@ -617,7 +617,10 @@ def cmd_list(args) -> int:
         else:
             when = (r.get("submitted_iso") or "")[:19].replace("T", " ")
             run = r.get("run") if isinstance(r.get("run"), dict) else None
-            of_run = f" [run {run.get('id')}, attempt {int(run.get('attempt') or 0) + 1}]" if run else ""
+            from .runs import number
+
+            rid = "".join(c for c in str(run.get("id"))[:256] if c.isprintable()) if run else ""
+            of_run = f" [run {rid}, attempt {number(run.get('attempt')) + 1}]" if run else ""
             print(f"{r['id']}\t{r['backend']}\t{when}\t{text}{'' if known else ' (last known)'}{of_run}")
     return 0
 

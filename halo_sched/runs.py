@@ -112,20 +112,20 @@ def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable]
     attempt's (id, final state)."""
     rec = (records.find(job_id, sched.name) or [{}])[0]
     run_id = (rec.get("run") or {}).get("id") or job_id
-    number = int((rec.get("run") or {}).get("attempt") or 0)
-    exclude = tuple((rec.get("run") or {}).get("excluded") or ())
+    count = number((rec.get("run") or {}).get("attempt"))
+    exclude = tuple(h for h in (rec.get("run") or {}).get("excluded") or () if isinstance(h, str))
     git = rec.get("git")
     current = job_id
     while True:
         state = wait(current, lambda st, cur=current: _observe(sched.name, cur, st))
         _observe(sched.name, current, state)
-        again, why = wants_retry(spec, state, number)
+        again, why = wants_retry(spec, state, count)
         if not again:
             return current, state
         host = culprit(state)
         exclude = exclude + ((host,) if host else ())
-        number += 1
-        new = sched.submit(next_spec(spec, run_id, number, exclude, git)).id
+        count += 1
+        new = sched.submit(next_spec(spec, run_id, count, exclude, git)).id
         if on_retry is not None:
             on_retry(current, state, why, new)
         current = new
@@ -176,9 +176,14 @@ def _wall(rec: dict) -> tuple[float | None, str]:
     return None, ""
 
 
+def number(value) -> int:
+    """A record's count (attempt, nodes, GPUs) as an int; 0 for anything a hand edit left there."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
 def row_of(rec: dict) -> AttemptRow:
-    last = rec.get("last_state") or {}
-    cls = last.get("failure_class") or {}
+    last = rec.get("last_state") if isinstance(rec.get("last_state"), dict) else {}
+    cls = last.get("failure_class") if isinstance(last.get("failure_class"), dict) else {}
     cause = ""
     if cls.get("class") == "unknown":
         cause = "unknown cause"
@@ -186,14 +191,15 @@ def row_of(rec: dict) -> AttemptRow:
         bits = [b for b in (cls.get("class") and f"{cls.get('class')} fault", cls.get("host") and f"host {cls['host']}",
                             cls.get("reason")) if b]
         cause = ", ".join(bits)
-    spec = rec.get("spec") or {}
-    servers = spec.get("servers") or []
-    nodes = int(rec.get("nodes") or spec.get("nodes") or 0) + sum(int(s.get("nodes") or 0) for s in servers)
-    gpus = int(spec.get("gpus_per_node") or 0)
+    spec = rec.get("spec") if isinstance(rec.get("spec"), dict) else {}
+    servers = spec.get("servers") if isinstance(spec.get("servers"), list) else []
+    nodes = number(rec.get("nodes") or spec.get("nodes")) + sum(number(s.get("nodes")) for s in servers
+                                                                if isinstance(s, dict))
+    gpus = number(spec.get("gpus_per_node"))
     wall, clock = _wall(rec)
-    run = rec.get("run") or {}
-    return AttemptRow(int(run.get("attempt") or 0), rec["id"], rec["backend"], last.get("status") or "UNKNOWN",
-                      cause, list(run.get("excluded") or []), nodes, gpus, wall, clock)
+    run = rec.get("run") if isinstance(rec.get("run"), dict) else {}
+    return AttemptRow(number(run.get("attempt")), rec["id"], rec["backend"], last.get("status") or "UNKNOWN",
+                      cause, [h for h in run.get("excluded") if isinstance(h, str)] if isinstance(run.get("excluded"), list) else [], nodes, gpus, wall, clock)
 
 
 def attempts_of(run_id: str, backend: str | None = None) -> list[AttemptRow]:

@@ -111,3 +111,15 @@ def test_retry_on_is_written_quoted_in_yaml():
     assert spec.retry.on == ["node", "preflight"]
     with pytest.raises(halo_sched.errors.SpecError, match="read by YAML as a boolean.*quote it"):
         halo_sched.loads(head + "retry: {attempts: 2, on: [node]}\n")
+
+
+def test_a_hand_edited_run_record_never_breaks_status_or_list(tmp_path):
+    """Counts in a run record that are not counts read as 0: no traceback from the hours."""
+    from halo_sched.runs import row_of, totals
+
+    rec = {"id": "9", "backend": "slurm", "nodes": "two", "spec": {"gpus_per_node": None, "servers": "x"},
+           "run": {"id": "9", "attempt": "first", "excluded": "node2"},
+           "last_state": {"status": "FAILED", "started_at": 10, "ended_at": 3610, "failure_class": "node"}}
+    row = row_of(rec)
+    assert (row.number, row.nodes, row.gpus_per_node, row.wall_s, row.hosts_excluded) == (0, 0, 0, 3600.0, [])
+    assert totals([row])["gpu_hours"] == 0
