@@ -375,11 +375,54 @@ def _wait_after_submit(args, spec, sched, job_id: str) -> int:
         sys.stderr.write(line)
         sys.stderr.flush()
 
+    if getattr(spec, "retry", None) is not None:  # a run: the next attempt after a listed failure
+        return _wait_run(args, spec, sched, job_id)
     state = wait_after_submit(
         sched, spec, job_id, timeout=args.timeout,
         on_change=None if args.quiet else progress.change, on_tick=None if args.quiet else progress.tick,
         on_log=log if streams else None, on_log_end=lambda err: _err(f"halo-sched: log stream ended: {err}"))
     return _report_end(job_id, state, args.timeout)
+
+
+def _wait_run(args, spec, sched, job_id: str, watching: bool = False) -> int:
+    """``submit --wait`` of a job with ``retry:``: each attempt waited on as a plain job is, the
+    next one submitted after a failure ``retry.on`` lists (halo_sched/runs.py); the run's
+    attempts and GPU-hours at the end."""
+    from .core import wait_after_submit
+    from .runs import attempts_of, describe_rows, wait_run
+
+    def one(attempt_id: str, observe) -> "object":
+        progress = Progress(sched, attempt_id)
+
+        def changed(st) -> None:
+            observe(st)
+            if not args.quiet:
+                progress.change(st)
+
+        if attempt_id == job_id and watching:  # watch: a job submitted earlier, no placement guard
+            from .core import noting
+
+            return sched.wait(attempt_id, timeout=args.timeout, on_change=noting(sched.name, attempt_id, changed),
+                              on_tick=None if args.quiet else progress.tick)
+        return wait_after_submit(sched, spec, attempt_id, timeout=args.timeout, on_change=changed,
+                                 on_tick=None if args.quiet else progress.tick)
+
+    def retried(old: str, state, why: str, new: str) -> None:
+        _err(f"halo-sched: {old} {state.describe()}")
+        _err(f"halo-sched: retrying ({why} fault) as {new}")
+
+    from . import records
+
+    run_id = ((records.find(job_id, sched.name) or [{}])[0].get("run") or {}).get("id") or job_id
+    last_id, state = wait_run(sched, spec, job_id, one, retried)
+    if watching:
+        from .core import note
+
+        note(sched.name, last_id, state)
+    rc = _report_end(last_id, state, args.timeout)
+    for line in describe_rows(attempts_of(run_id, sched.name)):
+        _err(f"halo-sched: {run_id}: {line.strip()}")
+    return rc
 
 
 def _report_end(job_id: str, state, timeout: float | None) -> int:
@@ -403,6 +446,13 @@ def cmd_watch(args) -> int:
     _refuse_unknown(backend, sched, args.id)
     from .core import noting
 
+    spec = _run_spec(backend, args.id)
+    if spec is not None:  # an attempt of a run with retry: the next attempt after a listed failure
+        try:
+            return _wait_run(args, spec, sched, args.id, watching=True)
+        except KeyboardInterrupt:
+            _err("\nhalo-sched: stopped watching; the run's current attempt keeps running (halo-sched list)")
+            return EXIT_INTERRUPTED
     progress = Progress(sched, args.id)
     try:
         state = sched.wait(args.id, timeout=args.timeout,
@@ -412,6 +462,20 @@ def cmd_watch(args) -> int:
         _err(f"\nhalo-sched: stopped watching; {args.id} keeps running")
         return EXIT_INTERRUPTED
     return _report_end(args.id, state, args.timeout)
+
+
+def _run_spec(backend: str, job_id: str):
+    """The spec of a recorded job that has ``retry:`` (``watch`` then retries as ``submit --wait``
+    would), with its job file and git state as recorded; None otherwise."""
+    from . import records
+
+    rec = (records.find(job_id, backend) or [{}])[0]
+    data = rec.get("spec")
+    if not isinstance(data, dict) or not data.get("retry"):
+        return None
+    from .spec import from_dict
+
+    return from_dict(data, source=f"the record of {job_id}")
 
 
 def cmd_plan(args) -> int:
@@ -458,6 +522,7 @@ def cmd_status(args) -> int:
                                   "live": False, "last_known": fb.last, "unreachable": fb.why}))
             else:
                 print(f"{job_id}\t{fb.describe(where[job_id])}")
+                _print_run(job_id, where[job_id])
             continue
         st = states[job_id]
         if args.json:
@@ -473,11 +538,15 @@ def cmd_status(args) -> int:
                 # Whose fault: node, job or unknown (docs/failures.md, "Whose fault").
                 **({"failure_class": cls.to_dict()} if (cls := st.failure_class()) is not None else {}),
                 **({"last_known": st.last_known} if st.last_known is not None else {}),
+                # A run's first attempt (retry:): each attempt with its hours, and the totals.
+                **_run_json(st.id, where[job_id]),
             }))
         elif st.last_known is not None:
             print(f"{job_id}\t{st.last_known['describe']} (last known: the scheduler no longer knows the job)")
         else:
             print(f"{job_id}\t{st.describe()}")
+        if not args.json:
+            _print_run(job_id, where[job_id])
     if unknown:
         backends = sorted({b for _, b, _ in unknown})
         raise UnknownJob([i for i, _, _ in unknown], backends[0] if len(backends) == 1 else None,
@@ -500,6 +569,34 @@ def cmd_status(args) -> int:
     return 0
 
 
+def _run_json(job_id: str, backend: str) -> dict:
+    """``status --json RUN``: ``{"run": {"id", "attempts": [...], "totals": {...}}}``; {} otherwise."""
+    from . import records
+    from .runs import attempts_of, totals
+
+    run = (records.find(job_id, backend) or [{}])[0].get("run")
+    if not isinstance(run, dict):
+        return {}
+    if run.get("id") != job_id:  # a later attempt: which run and which attempt it is
+        return {"run": {"id": run.get("id"), "attempt": run.get("attempt")}}
+    rows = attempts_of(job_id, backend)
+    return {"run": {"id": job_id, "attempt": 0, "attempts": [a.to_dict() for a in rows], "totals": totals(rows)}}
+
+
+def _print_run(job_id: str, backend: str) -> None:
+    """``status RUN``: under a run's first attempt, each attempt (its outcome, cause, excluded
+    hosts, node-hours and GPU-hours) and the run's totals, from the job records."""
+    from . import records
+    from .runs import attempts_of, describe_rows
+
+    rec = (records.find(job_id, backend) or [{}])[0]
+    run = rec.get("run")
+    if not isinstance(run, dict) or run.get("id") != job_id:
+        return
+    for line in describe_rows(attempts_of(job_id, backend)):
+        print(f"{job_id}\t{line.strip()}")
+
+
 def cmd_list(args) -> int:
     from . import records
     from .core import recent
@@ -515,10 +612,16 @@ def cmd_list(args) -> int:
         elif args.json:
             print(json.dumps({"id": r["id"], "backend": r["backend"], "name": r.get("name"), "status": status,
                               "describe": text, "live": known, "submitted": r.get("submitted_iso"),
+                              **({"run": r["run"]} if isinstance(r.get("run"), dict) else {}),
                               "submit_dir": r.get("submit_dir"), "record": str(records.path_for(r["id"], r["backend"]))}))
         else:
             when = (r.get("submitted_iso") or "")[:19].replace("T", " ")
-            print(f"{r['id']}\t{r['backend']}\t{when}\t{text}{'' if known else ' (last known)'}")
+            run = r.get("run") if isinstance(r.get("run"), dict) else None
+            from .runs import number
+
+            rid = "".join(c for c in str(run.get("id"))[:256] if c.isprintable()) if run else ""
+            of_run = f" [run {rid}, attempt {number(run.get('attempt')) + 1}]" if run else ""
+            print(f"{r['id']}\t{r['backend']}\t{when}\t{text}{'' if known else ' (last known)'}{of_run}")
     return 0
 
 

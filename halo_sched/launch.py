@@ -142,6 +142,9 @@ class Launch:
     excluded: tuple[tuple[str, str], ...] = ()
     names: EnvNames = NAMES
     index_tag: str = INDEX_TAG
+    #: Which attempt of its run this submission is (halo_sched/runs.py; 0: the first): the ranks'
+    #: HALO_RESTART_COUNT starts there (SLURM adds its own requeues, SLURM_RESTART_COUNT).
+    restart_count: int = 0
 
     def exclude_hosts(self, backend: str) -> tuple[str, ...]:
         """The hosts ``backend``'s job keeps off, sorted, each once."""
@@ -199,11 +202,16 @@ def _excluded(spec: JobSpec, given) -> tuple[tuple[str, str], ...]:
     ``#SBATCH`` line and in a Nomad constraint."""
     from . import ledger
 
+    attempt = getattr(spec, "_attempt", None)
+    culprits = [("*", h) for h in (attempt.exclude if attempt is not None else ())]
     if given is not None:
         pairs = [("*", h) for h in given]
     elif getattr(spec, "avoid_ledgered_nodes", True):
         pairs = [(e.backend, e.host) for e in ledger.active()]
     else:
+        pairs = []
+    pairs += culprits  # a retry keeps off the hosts its run's earlier attempts failed on
+    if not pairs:
         return ()
     for _, h in pairs:
         if not ledger.valid_host(h):
@@ -261,6 +269,7 @@ def compile_launch(spec: JobSpec, job_id: str | None = None, exclude_hosts=None)
         warning=_warning(s), secret_names=tuple(s.secret_names), output=SLURM_OUTPUT,
         cluster=_cluster(s.slurm.extra_args), interface=s.network.interface,
         excluded=_excluded(s, exclude_hosts),
+        restart_count=checked_int(s._attempt.number, "retry") if getattr(s, "_attempt", None) is not None else 0,
     )
 
 

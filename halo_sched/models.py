@@ -553,6 +553,35 @@ class Hang(_Model):
         return self.first_step_s if self.first_step_s is not None else 2 * self.timeout_s
 
 
+#: The failure classes ``retry.on`` may name (docs/failures.md, "Retry"): ``node`` is any node
+#: fault (the ledger's), ``preflight`` a failed preflight check only, ``hang`` a HUNG job.
+RETRY_CLASSES = ("node", "hang", "preflight")
+#: The most attempts a run may have: past that, a node fault is not what is failing the run.
+MAX_ATTEMPTS = 20
+
+
+class Retry(_Model):
+    """``retry: {attempts: N, on: [node, hang, preflight]}``: run the job again after a failure of
+    a listed class, up to ``attempts`` attempts in all (the first included)."""
+
+    attempts: int = Field(ge=1, le=MAX_ATTEMPTS, description=f"Attempts in all, the first included (1-{MAX_ATTEMPTS}).")
+    on: list[Literal["node", "hang", "preflight"]] = Field(
+        default_factory=lambda: ["node"],
+        description="Failure classes that start another attempt: node, hang, preflight. Job-class and unknown "
+                    "failures are never retried.")
+
+
+class Attempt(NamedTuple):
+    """Which attempt of which run a submission is (set by halo_sched/runs.py, never by a job
+    file): its run id (the first attempt's job id), its number (0 for the first: the ranks'
+    HALO_RESTART_COUNT), the hosts it must keep off, and the run's git state (recorded once)."""
+
+    run_id: str
+    number: int
+    exclude: tuple[str, ...] = ()
+    git: dict | None = None
+
+
 class JobFile(NamedTuple):
     """The job file a spec was loaded from: its absolute path and the SHA-256 of the bytes read."""
 
@@ -645,6 +674,8 @@ class JobSpec(_Model):
 
     #: Set by :func:`load` (and kept by :func:`validated`); the job record keeps it.
     _job_file: JobFile | None = PrivateAttr(default=None)
+    #: Set by halo_sched/runs.py for a retry attempt (kept by :func:`validated`).
+    _attempt: Attempt | None = PrivateAttr(default=None)
 
     name: str = Field(description="Job name (letters, digits, _ . -; at most 63).")
     nodes: int = Field(ge=1, le=4096, description="Number of nodes: one torchrun per node.")
@@ -674,6 +705,11 @@ class JobSpec(_Model):
     )
     preflight: Preflight = Field(default_factory=Preflight)
     notify: Notify | None = Field(None, description="Webhook notifications of the job's state changes.")
+    retry: Retry | None = Field(
+        None,
+        description="Automatic retry: {attempts: N, \"on\": [node, hang, preflight]} (quote \"on\": YAML 1.1 "
+                    "reads it as true); a watcher (submit --wait, watch, Run.wait) resubmits. Default: no retry.",
+    )
     parallelism: Parallelism | None = Field(None, description="Parallel layout (tp, ep, ...), checked at validate time.")
     servers: list[Server] = Field(
         default_factory=list,

@@ -117,9 +117,13 @@ def _payload(rec: dict, event: str, line: str, attempt: int | None, url: str) ->
     secrets += [os.environ[k] for k in names if isinstance(k, str) and os.environ.get(k)]
     for s in sorted(set(secrets), key=len, reverse=True):  # a failure line may quote a secret
         line = line.replace(s, SCRUBBED)
+    run = rec.get("run") if isinstance(rec.get("run"), dict) else {}  # a retried run's attempt (runs.py)
+    number = run.get("attempt")
     data = {
-        "run": rec.get("run") or rec["id"], "job": rec["id"], "backend": rec["backend"], "name": rec.get("name"),
-        "attempt": rec.get("attempt") or attempt or 1, "state": event, "line": line[:2000], "time": time.time(),
+        "run": run.get("id") or rec["id"], "job": rec["id"], "backend": rec["backend"], "name": rec.get("name"),
+        # 1-based: the record's attempt number is 0 for a run's first
+        "attempt": number + 1 if isinstance(number, int) else attempt or 1,
+        "state": event, "line": line[:2000], "time": time.time(),
     }
     return json.dumps(data, sort_keys=True).encode()
 

@@ -187,6 +187,10 @@ def update_state(record: dict, state) -> None:
             "exit_code": state.exit_code}
     if state.failure is not None and state.failure.first is not None:
         last["failure"] = state.failure.to_dict()
+    for key in ("started_at", "ended_at"):  # the scheduler's own clock: a run's GPU-hours
+        value = getattr(state, key, None)
+        if isinstance(value, (int, float)):
+            last[key] = value
     cls = state.failure_class()
     if cls is not None:  # whose fault (the node ledger hears of a node's: core.keep_state)
         last["failure_class"] = cls.to_dict()
@@ -273,6 +277,16 @@ def build(backend: str, spec, job_id: str, fields: dict | None = None, job_file=
         "scheduler": {},
     }
     rec.update(fields or {})
+    attempt = getattr(spec, "_attempt", None)
+    if attempt is not None or getattr(spec, "retry", None) is not None:
+        # One logical run (halo_sched/runs.py): the first attempt's id names it.
+        rec["run"] = {"id": attempt.run_id if attempt is not None else job_id,
+                      "attempt": attempt.number if attempt is not None else 0,
+                      "excluded": list(attempt.exclude) if attempt is not None else []}
+    if attempt is not None and attempt.git is not None:  # the run's git state, as first recorded
+        rec["git"] = dict(attempt.git)
+        rec["_diff"] = ""
+        return rec
     git = git_result() if git_result is not None else git_state(_trainer_tree(spec))
     rec["git"] = git and {k: v for k, v in git.items() if k != "diff"}
     rec["_diff"] = git["diff"] if git and git["dirty"] else ""

@@ -434,4 +434,5 @@ def validated(spec: Any) -> JobSpec:
     if errors:
         raise SpecError(errors)
     checked._job_file = spec._job_file
+    checked._attempt = spec._attempt
     return checked

@@ -141,6 +141,11 @@ class JobState:
     #: While it runs, where the ranks' progress reports can be read (local): each node's step and
     #: step time and the slowest rank (halo_sched/node/stragglers.py).
     progress: str = ""
+    #: When the job started and ended by the scheduler's own clock (epoch seconds), where the
+    #: backend reports them (local: the supervisor's times); a run's GPU-hours are counted from
+    #: them (halo_sched/runs.py).
+    started_at: float | None = None
+    ended_at: float | None = None
 
     def change_key(self) -> tuple:
         """What counts as a change while waiting (a progress line; the watcher's polls go back to

@@ -232,6 +232,7 @@ class LocalScheduler(Scheduler):
         st = JobState(
             job_id, status, raw_state=data["state"], exit_code=data.get("exit_code"),
             nodes_total=meta["nodes"], nodes_running=data.get("nodes_running", 0), reason=data.get("reason", ""),
+            started_at=data.get("started"), ended_at=data.get("ended") if status.terminal else None,
         )
         if status is JobStatus.FAILED:
             st.failure = failure_report(d)
@@ -302,6 +303,8 @@ def _supervisor_job(launch: Launch, d: Path, servers: list[dict], gpu_sets: list
     node's script and the variables it adds to the inherited environment (never a secret: those
     stay in the environment). The supervisor adds the job tag and PATH itself."""
     common = {NAMES.master_addr: LOCAL_MASTER, NAMES.master_port: str(master_port)}
+    if launch.restart_count:  # a retry of its run: the ranks learn which attempt this is
+        common[NAMES.restart_count] = str(launch.restart_count)
     for srv in servers:
         common[srv["addrs_var"]] = ",".join(o["addr"] for o in servers if o["role"] == srv["role"])
     nodes = []

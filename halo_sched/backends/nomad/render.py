@@ -365,6 +365,8 @@ def _task(launch: Launch, group: str, entry: str, delims: tuple[str, str]) -> di
         # noop: the file is rewritten when rank 0 registers; the entry script polls it.
         templates.append({"EmbeddedTmpl": master_template(job_id), "DestPath": MASTER_FILE, "ChangeMode": "noop"})
 
+    if launch.restart_count:  # a retry of its run (halo_sched/runs.py): the ranks learn which attempt
+        env[NAMES.restart_count] = str(launch.restart_count)
     secret_env, secret_templates = secret_wiring(job_id, list(launch.trainer.secret_names))
     env.update(secret_env)
     templates += secret_templates

@@ -279,8 +279,9 @@ SEP = "\x1f"
 # SubmitTime/StartTime/Dependency: how long a pending job has waited, when SLURM expects it to
 # start (what ``squeue --start`` shows: the backfill scheduler's estimate, N/A until it has one)
 # and what it depends on (``afterok:12(failed)``).
+# EndTime: when a job that ended ended (for one still running, its time limit: not read then).
 SQUEUE_FIELDS = ("JobArrayID", "JobID", "State", "exit_code", "NumNodes", "Reason", "NodeList", "Requeue", "RestartCnt",
-                 "SubmitTime", "StartTime", "Dependency")
+                 "SubmitTime", "StartTime", "Dependency", "EndTime")
 # Rows recorded before Requeue/RestartCnt were asked for still parse.
 _SQUEUE_REQUIRED = 7
 
@@ -318,7 +319,7 @@ def parse_squeue(text: str) -> list[JobState]:
         rc, sig = decode_wait_status(row["exit_code"])
         raw_exit = _int_or_none(row["exit_code"])
         display = row["JobArrayID"] or row["JobID"]
-        out.append(
+        out.append(with_times(
             make_state(
                 display,
                 row["State"],
@@ -331,9 +332,36 @@ def parse_squeue(text: str) -> list[JobState]:
                        "raw_exit": raw_exit,
                        **_requeue_info(row.get("Requeue"), row.get("RestartCnt")),
                        **_wait_info(row.get("SubmitTime"), row.get("StartTime"), row.get("Dependency"))},
-            )
+            ), row.get("StartTime"), row.get("EndTime"))
         )
     return out
+
+
+def _epoch(text: str | None) -> float | None:
+    """SLURM's ``2026-12-01T12:25:13`` (the controller's local time, read as this host's) as epoch
+    seconds; None for N/A, Unknown, or anything else."""
+    import time as _time
+
+    value = _none_if_na(text)
+    if not value:
+        return None
+    try:
+        return _time.mktime(_time.strptime(value.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
+def with_times(state: JobState, start: str | None, end: str | None) -> JobState:
+    """The job's start (once it ran: for a pending job StartTime is an estimate) and end (once it
+    ended: before, EndTime is the time limit) by SLURM's clock: ``started_at``/``ended_at``, which
+    a run's GPU-hours are counted from (halo_sched/runs.py)."""
+    if state.status in (JobStatus.PENDING, JobStatus.UNKNOWN):
+        return state
+    state.started_at = _epoch(start)
+    if state.status.terminal and state.started_at is not None:
+        ended = _epoch(end)
+        state.ended_at = ended if ended is not None and ended >= state.started_at else None
+    return state
 
 
 def squeue_invalid_id(stderr: str) -> bool:
@@ -423,7 +451,7 @@ def scontrol_job_state(fields: Mapping[str, str]) -> JobState:
     derived = parse_exit_pair(fields.get("DerivedExitCode"))
     if derived[0] is not None:
         detail["derived_exit_code"] = _exit_code(*derived)
-    return make_state(
+    return with_times(make_state(
         scontrol_display_id(fields),
         fields.get("JobState", ""),
         exit_rc=rc,
@@ -432,7 +460,7 @@ def scontrol_job_state(fields: Mapping[str, str]) -> JobState:
         reason=fields.get("Reason"),
         source="scontrol",
         detail=detail,
-    )
+    ), fields.get("StartTime"), fields.get("EndTime"))
 
 
 def parse_scontrol_states(text: str) -> list[JobState]:

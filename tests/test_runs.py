@@ -1,0 +1,150 @@
+"""retry: in the job file (validation, exit 2 naming the field), what a retry attempt renders
+(HALO_RESTART_COUNT carried on, the culprit host excluded), and which failures start another
+attempt (halo_sched/runs.py), with stand-in states: no scheduler, no torch."""
+from __future__ import annotations
+
+import pytest
+
+import halo_sched
+from halo_sched.backends.jobstate import JobState, JobStatus
+from halo_sched.node.failure_classes import Classification
+from halo_sched.runs import next_spec, retry_kind, wants_retry
+from helpers import cli, example_job
+
+
+@pytest.mark.parametrize("retry, field", [
+    ({"attempts": 0}, "retry.attempts"),
+    ({"attempts": 21}, "retry.attempts"),
+    ({"attempts": 2, "on": ["node", "oom"]}, "retry.on"),
+    ({"attempts": 2, "on": "node"}, "retry.on"),
+    ({"attempts": 2, "bogus": 1}, "retry.bogus"),
+])
+def test_a_bad_retry_is_exit_2_naming_the_field(tmp_path, retry, field):
+    job = example_job(tmp_path, 29500, retry=retry)
+    r = cli("validate", str(job), timeout=60)
+    assert r.returncode == 2 and field in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def _spec(tmp_path, **retry):
+    return halo_sched.load(example_job(tmp_path, 29500, retry=retry or {"attempts": 3, "on": ["node"]}))
+
+
+def test_a_retry_attempt_carries_the_count_on_and_excludes_the_culprit(tmp_path):
+    spec = _spec(tmp_path)
+    first = halo_sched.render(spec, "slurm")
+    assert 'export HALO_RESTART_COUNT="${SLURM_RESTART_COUNT:-0}"' in first and "--exclude" not in first
+    again = halo_sched.render(next_spec(spec, "42", 2, ("n2", "n1"), None), "slurm")
+    assert 'export HALO_RESTART_COUNT="$((2 + ${SLURM_RESTART_COUNT:-0}))"' in again
+    assert "#SBATCH --exclude=n1,n2\n" in again
+    spec = spec.model_copy(update={"image": "python:3.11"})
+    nomad = halo_sched.render(next_spec(spec, "42", 1, ("n2",), None), "nomad", format="json")
+    assert '"n2"' in nomad and "node.unique.name" in nomad
+    assert '"HALO_RESTART_COUNT": "1"' in nomad
+    assert '"HALO_RESTART_COUNT": "' not in halo_sched.render(spec, "nomad", format="json")
+
+
+def _failed(cls: Classification | None, status=JobStatus.FAILED) -> JobState:
+    st = JobState("1", status)
+    st.failure_class = lambda: cls  # the classification under test, as the failure report gives it
+    return st
+
+
+NODE = Classification("node", "NCCL network error", "n1", "nccl-ib")
+PREFLIGHT = Classification("node", "preflight check failed", "n1", "preflight")
+JOB = Classification("job", "Python exception", "", "python-exception")
+UNKNOWN = Classification("unknown")
+
+
+@pytest.mark.parametrize("on, cls, attempt, retried", [
+    (["node"], NODE, 0, True),
+    (["node"], NODE, 2, False),  # the third of 3 attempts: none left
+    (["node"], JOB, 0, False),
+    (["node", "hang", "preflight"], UNKNOWN, 0, False),
+    (["preflight"], NODE, 0, False),
+    (["preflight"], PREFLIGHT, 0, True),
+    (["node"], PREFLIGHT, 0, True),  # a preflight failure is a node fault
+    (["hang"], Classification("hung", "no progress", "n1", "hung"), 0, True),
+    (["node"], Classification("hung", "no progress", "n1", "hung"), 0, False),
+])
+def test_which_failures_start_another_attempt(tmp_path, on, cls, attempt, retried):
+    spec = _spec(tmp_path, attempts=3, on=on)
+    assert wants_retry(spec, _failed(cls), attempt)[0] is retried
+
+
+def test_no_retry_without_the_field_or_after_success(tmp_path):
+    spec = halo_sched.load(example_job(tmp_path, 29500))
+    assert spec.retry is None and not wants_retry(spec, _failed(NODE), 0)[0]
+    assert not wants_retry(_spec(tmp_path), _failed(None, JobStatus.COMPLETED), 0)[0]
+
+
+def test_retry_kind_reads_a_record_class_defensively():
+    assert retry_kind({"class": "node", "by": "xid"}) == "node"
+    assert retry_kind({"class": "node", "by": "preflight"}) == "preflight"
+    assert retry_kind({"class": "HUNG"}) == "hang"
+    assert retry_kind({"class": "job"}) is None and retry_kind({}) is None and retry_kind(None) is None
+
+
+def test_slurm_start_and_end_times_count_only_once_they_happened():
+    """squeue's StartTime is an estimate while a job waits and EndTime its time limit while it
+    runs: started_at/ended_at are taken only once they are facts."""
+    import time
+
+    from halo_sched.backends.slurm.status import SEP, parse_squeue
+
+    def row(state: str) -> str:
+        return SEP.join(["7", "7", state, "0", "2", "None", "n[1-2]", "0", "0", "2026-12-01T10:00:00",
+                         "2026-12-01T10:00:05", "(null)", "2026-12-01T10:30:05"]) + SEP
+
+    start = time.mktime(time.strptime("2026-12-01T10:00:05", "%Y-%m-%dT%H:%M:%S"))
+    done, running, pending = (parse_squeue(row(s))[0] for s in ("COMPLETED", "RUNNING", "PENDING"))
+    assert (done.started_at, done.ended_at) == (start, start + 1800)
+    assert (running.started_at, running.ended_at) == (start, None)
+    assert (pending.started_at, pending.ended_at) == (None, None)
+
+
+
+def test_retry_on_is_written_quoted_in_yaml():
+    """YAML 1.1 reads a plain ``on`` as true, and the loader refuses a key that is not a name
+    (exit 2, "quote it"): the job file writes ``"on"``, as docs/failures.md shows."""
+    head = "name: j\nnodes: 1\nnproc_per_node: 1\ntrainer: {script: t.py}\n"
+    spec = halo_sched.loads(head + 'retry:\n  attempts: 2\n  "on": [node, preflight]\n')
+    assert spec.retry.on == ["node", "preflight"]
+    with pytest.raises(halo_sched.errors.SpecError, match="read by YAML as a boolean.*quote it"):
+        halo_sched.loads(head + "retry: {attempts: 2, on: [node]}\n")
+
+
+def test_a_hand_edited_run_record_never_breaks_status_or_list(tmp_path):
+    """Counts in a run record that are not counts read as 0: no traceback from the hours."""
+    from halo_sched.runs import row_of, totals
+
+    rec = {"id": "9", "backend": "slurm", "nodes": "two", "spec": {"gpus_per_node": None, "servers": "x"},
+           "run": {"id": "9", "attempt": "first", "excluded": "node2"},
+           "last_state": {"status": "FAILED", "started_at": 10, "ended_at": 3610, "failure_class": "node"}}
+    row = row_of(rec)
+    assert (row.number, row.nodes, row.gpus_per_node, row.wall_s, row.hosts_excluded) == (0, 0, 0, 3600.0, [])
+    assert totals([row])["gpu_hours"] == 0
+
+
+def test_a_retry_sends_the_retried_notification_once_per_new_attempt(tmp_path, monkeypatch):
+    # The resubmitting process is the only one that knows a retry happened: it sends `retried`
+    # (notify.send dedupes per job and event; here its calls are recorded).
+    from halo_sched import notify, records, runs
+
+    spec = _spec(tmp_path, attempts=3, on=["node"])
+    sent = []
+    monkeypatch.setattr(notify, "send", lambda rec, event, line, attempt=None: sent.append((rec["id"], event, line)))
+    monkeypatch.setattr(records, "find", lambda job_id, backend=None: [{"id": job_id, "backend": "slurm"}])
+    monkeypatch.setattr(runs, "_observe", lambda *a: None)
+
+    class Sched:
+        name = "slurm"
+        ids = iter(["j2", "j3"])
+
+        def submit(self, spec):
+            return type("J", (), {"id": next(self.ids)})()
+
+    ends = {"j1": _failed(NODE), "j2": _failed(NODE), "j3": JobState("j3", JobStatus.COMPLETED)}
+    last, state = runs.wait_run(Sched(), spec, "j1", lambda job_id, observe: ends[job_id])
+    assert (last, state.status) == ("j3", JobStatus.COMPLETED)
+    assert [(job, event) for job, event, _ in sent] == [("j1", "retried"), ("j2", "retried")]
+    assert sent[0][2].startswith("attempt 2 (j2) after node: ")

@@ -1,0 +1,96 @@
+"""Automatic retry and one logical run on the local backend, with real torchrun: a node fault
+on the first attempt starts a second one (HALO_RESTART_COUNT 1) that completes; a Python
+exception is not retried; ``status RUN`` shows each attempt with its node-hours and GPU-hours."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from helpers import REPO, cli, example_job, free_port
+
+pytestmark = pytest.mark.torch
+
+
+def _job(tmp_path, trainer: str, retry: dict):
+    shutil.copy(REPO / "tests" / "trainers" / trainer, tmp_path / trainer)
+    return example_job(tmp_path, free_port(), nproc_per_node=1, retry=retry,
+                       trainer={"script": trainer, "args": []})
+
+
+def test_a_node_fault_is_retried_and_the_run_completes(tmp_path):
+    job = _job(tmp_path, "node_fault_once.py", {"attempts": 2, "on": ["node"]})
+    r = cli("submit", str(job), "--backend", "local", "--wait", "--quiet", "--timeout", "120", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run_id = r.stdout.strip().splitlines()[-1]
+    assert "retrying (node fault) as " in r.stderr, r.stderr[-3000:]
+    # Each rank saw its attempt's number: 0 on the first (2 nodes), 1 on the second.
+    counts = sorted(line.split()[0] for line in (tmp_path / "attempts.log").read_text().splitlines())
+    assert counts == ["0", "0", "1", "1"], counts
+
+    st = cli("status", run_id, cwd=tmp_path)
+    assert st.returncode == 0, st.stderr
+    lines = st.stdout.splitlines()
+    assert "FAILED (node fault" in lines[0], lines
+    a1 = [ln for ln in lines if "\tattempt 1: " in ln]
+    a2 = [ln for ln in lines if "\tattempt 2: " in ln]
+    assert len(a1) == 1 and "FAILED (node fault" in a1[0] and "NCCL network error" in a1[0], lines
+    assert len(a2) == 1 and " COMPLETED;" in a2[0] and "2 nodes x " in a2[0], lines
+    assert any("\trun: 2 attempts, " in ln and "GPU-h (0.0000 lost to failures)" in ln for ln in lines), lines
+
+    from halo_sched.runs import attempts_of, totals
+
+    rows = attempts_of(run_id, "local")
+    assert [a.status for a in rows] == ["FAILED", "COMPLETED"] and rows[0].id == run_id
+    assert all(a.clock == "scheduler" and a.wall_s and a.wall_s > 0 for a in rows), rows
+    t = totals(rows)
+    assert t["node_hours"] > t["node_hours_lost"] > 0 and t["gpu_hours"] == 0  # a CPU job: GPU-hours 0
+    js = json.loads(cli("status", run_id, "--json", cwd=tmp_path).stdout)["run"]
+    assert [a["status"] for a in js["attempts"]] == ["FAILED", "COMPLETED"] and js["totals"]["attempts"] == 2, js
+    later = json.loads(cli("status", rows[1].id, "--json", cwd=tmp_path).stdout)["run"]
+    assert later == {"id": run_id, "attempt": 1}, later
+    listed = [json.loads(ln) for ln in cli("list", "--json", cwd=tmp_path).stdout.splitlines()]
+    assert sorted((x["run"]["id"], x["run"]["attempt"]) for x in listed) == [(run_id, 0), (run_id, 1)], listed
+    text = cli("list", cwd=tmp_path).stdout
+    assert f"[run {run_id}, attempt 1]" in text and f"[run {run_id}, attempt 2]" in text, text
+
+
+def test_a_python_exception_is_not_retried(tmp_path):
+    job = _job(tmp_path, "raise_always.py", {"attempts": 3, "on": ["node", "hang", "preflight"]})
+    r = cli("submit", str(job), "--backend", "local", "--wait", "--quiet", "--timeout", "120", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "retrying" not in r.stderr and "ValueError: bad learning rate" in r.stderr, r.stderr[-3000:]
+    assert (tmp_path / "attempts.log").read_text().split() == ["0"]
+    assert "run: 1 attempts" in r.stderr
+
+
+def test_watch_retries_a_run_submitted_without_wait(tmp_path):
+    """No process waited when the first attempt failed: ``watch`` later finds it failed as a
+    node would and submits the next attempt, as ``submit --wait`` would have."""
+    job = _job(tmp_path, "node_fault_once.py", {"attempts": 2, "on": ["node"]})
+    r = cli("submit", str(job), "--backend", "local", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    run_id = r.stdout.strip().splitlines()[-1]
+    w = cli("watch", run_id, "--quiet", "--timeout", "120", cwd=tmp_path)
+    assert w.returncode == 0 and "retrying (node fault) as " in w.stderr, w.stderr[-3000:]
+    assert f"{run_id}: run: 2 attempts" in w.stderr, w.stderr[-3000:]
+    counts = sorted(line.split()[0] for line in (tmp_path / "attempts.log").read_text().splitlines())
+    assert counts == ["0", "0", "1", "1"], counts
+
+
+def test_the_python_run_retries_and_counts_its_attempts(tmp_path, monkeypatch):
+    import halo_sched
+    from halo_sched.backends.base import JobStatus
+    from halo_sched.runs import Run
+
+    job = _job(tmp_path, "node_fault_once.py", {"attempts": 2, "on": ["node"]})
+    monkeypatch.chdir(tmp_path)
+    run = Run.submit(halo_sched.load(job), "local")
+    retried = []
+    state = run.wait(timeout_per_attempt=120, on_retry=lambda old, st, why, new: retried.append((old, why, new)))
+    assert state.status is JobStatus.COMPLETED and retried and retried[0][0] == run.id and retried[0][1] == "node"
+    assert run.current.id == retried[0][2] != run.id
+    rows = run.attempts()
+    assert [(a.number, a.status) for a in rows] == [(0, "FAILED"), (1, "COMPLETED")], rows
+    assert "NCCL network error" in rows[0].cause and run.totals()["node_hours_lost"] > 0
