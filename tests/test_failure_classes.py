@@ -126,3 +126,20 @@ def test_a_preflight_failure_kind_is_that_nodes_fault():
     gate = types.SimpleNamespace(kind="PREFLIGHT", host="h4", node_name="", error="no interface ib0", tail=())
     c = classify(gate)
     assert c.node and c.host == "h4" and c.by == "preflight", c
+
+
+def test_a_hang_reports_culprit_outside_a_collective_is_its_nodes_fault():
+    # As node/hang_monitor.py writes it: the report's first failure is the culprit its rule chose.
+    from halo_sched.node.failures import RankFailure
+
+    def hung(waiting_in, stack_read=True):
+        return RankFailure(node=1, rank=3, local_rank=1, host="vm", exit_code=None, signal=None, time=1.0,
+                           error="no progress", node_name="node2", kind="HUNG", step=4, last_progress=0.5,
+                           where_in="hang.py:43", code="time.sleep(3600)", waiting_in=waiting_in,
+                           stack_read=stack_read)
+
+    c = classify(FailureReport([hung(None)]))
+    assert c.node and c.host == "node2" and c.by == "hung", c
+    # Inside a collective, or its stack unread: no evidence against its node.
+    assert classify(FailureReport([hung("all_reduce")])).kind == fc.UNKNOWN
+    assert classify(FailureReport([hung(None, stack_read=False)])).kind == fc.UNKNOWN

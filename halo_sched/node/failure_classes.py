@@ -232,6 +232,10 @@ def classify(report: Any = None, status: Any = None) -> Classification:
         return Classification(UNKNOWN)
     if _is_hung(first, report):
         culprit = _culprit_host(first, report)
+        if not culprit and getattr(first, "stack_read", False) and getattr(first, "waiting_in", "") is None:
+            # The hang report's first failure is the culprit its rule chose (node/failures.py);
+            # with its stack read and outside any collective, the evidence points at its node.
+            culprit = host
         if culprit:
             return Classification(NODE, "hung (this node was the culprit)", culprit, "hung")
         return Classification(UNKNOWN, "hung (no culprit node)", "", "hung")
