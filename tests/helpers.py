@@ -175,6 +175,18 @@ def begin_test_ports() -> None:
     _test_ports = []
 
 
+def slurm_env(cluster: dict, pythonpath: bool = False) -> dict:
+    """The environment a test talks to the local SLURM cluster with: ``cluster``'s settings, and
+    this venv first on PATH (sbatch exports the environment to the tasks: their torchrun is this
+    venv's); with ``pythonpath``, this checkout on PYTHONPATH too."""
+    e = dict(os.environ)
+    e.update(cluster)
+    e["PATH"] = f"{os.path.dirname(sys.executable)}:{e['PATH']}"
+    if pythonpath:
+        e["PYTHONPATH"] = str(REPO)
+    return e
+
+
 def cli(*args, cwd=REPO, env=None, timeout=300) -> subprocess.CompletedProcess:
     """Run the installed CLI as a user would (python -m keeps it on this interpreter)."""
     return subprocess.run([sys.executable, "-m", "halo_sched.cli", *args], cwd=cwd, env=env,

@@ -6,21 +6,17 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 
-from helpers import REPO, cli, example_job, free_port, write_tool
+from helpers import REPO, cli, example_job, free_port, slurm_env, write_tool
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
 
 @pytest.fixture
 def env(slurm_cluster):
-    e = dict(os.environ)
-    e.update(slurm_cluster)
-    e["PATH"] = f"{os.path.dirname(sys.executable)}:{e['PATH']}"
-    return e
+    return slurm_env(slurm_cluster)
 
 
 # A stand-in for squeue/scontrol/sacct through which SLURM has forgotten one job, as after

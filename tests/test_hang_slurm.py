@@ -3,14 +3,12 @@ mid-training while the others wait in an all_reduce; the job ends as HUNG naming
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import sys
 import time
 
 import pytest
 
-from helpers import REPO, cli, example_job, free_port
+from helpers import REPO, cli, example_job, free_port, slurm_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 TIMEOUT_S = 15
@@ -18,10 +16,7 @@ TIMEOUT_S = 15
 
 @pytest.fixture
 def env(slurm_cluster):
-    e = dict(os.environ)
-    e.update(slurm_cluster)
-    e["PATH"] = f"{os.path.dirname(sys.executable)}:{e['PATH']}"
-    return e
+    return slurm_env(slurm_cluster)
 
 
 @pytest.mark.parametrize("stuck, node, helper", [(3, 1, True), (0, 0, False)])

@@ -5,26 +5,20 @@ itself accepts (`--test-only`: it names a node the cluster knows)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 
-from helpers import REPO, cli, example_job, free_port
+from helpers import REPO, cli, example_job, free_port, slurm_env
 
 pytestmark = [pytest.mark.slurm]
 
 
 @pytest.fixture
 def env(slurm_cluster):
-    e = dict(os.environ)
-    e.update(slurm_cluster)
-    e["PATH"] = f"{os.path.dirname(sys.executable)}:{e['PATH']}"
-    e["PYTHONPATH"] = str(REPO)
-    return e
+    return slurm_env(slurm_cluster, pythonpath=True)
 
 
 def test_a_node_fault_on_slurm_is_ledgered_and_the_next_job_excludes_that_node(tmp_path, env):

@@ -6,26 +6,20 @@ ledger; ``status RUN`` shows both attempts with their node-hours and GPU-hours, 
 SLURM's own start and end times. A Python exception is not retried."""
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import sys
 import time
 
 import pytest
 
-from helpers import REPO, cli, example_job, free_port
+from helpers import REPO, cli, example_job, free_port, slurm_env
 
 pytestmark = [pytest.mark.slurm]
 
 
 @pytest.fixture
 def env(slurm_cluster):
-    e = dict(os.environ)
-    e.update(slurm_cluster)
-    e["PATH"] = f"{os.path.dirname(sys.executable)}:{e['PATH']}"
-    e["PYTHONPATH"] = str(REPO)
-    return e
+    return slurm_env(slurm_cluster, pythonpath=True)
 
 
 def _job(tmp_path, trainer: str, retry: dict):

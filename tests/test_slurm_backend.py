@@ -3,24 +3,18 @@ three slurmd "nodes" on this machine, all at NodeAddr 127.0.0.1, real torchrun w
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 
 import pytest
 
-from helpers import HOSTILE_MORE, REPO, cli, example_job, free_port
+from helpers import HOSTILE_MORE, REPO, cli, example_job, free_port, slurm_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
 
 @pytest.fixture
 def env(slurm_cluster):
-    e = dict(os.environ)
-    e.update(slurm_cluster)
-    # sbatch exports this environment to the tasks: their torchrun is this venv's.
-    e["PATH"] = f"{os.path.dirname(sys.executable)}:{e['PATH']}"
-    return e
+    return slurm_env(slurm_cluster)
 
 
 def _job(tmp_path, **overrides):

@@ -14,7 +14,6 @@ Receipt is proven by each rank itself: its signal handler appends one line per s
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, cli, example_job, free_port, slurm_jwt
+from helpers import REPO, cli, example_job, free_port, slurm_env, slurm_jwt
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
@@ -35,9 +34,7 @@ _submitted: list[str] = []
 
 @pytest.fixture
 def env(slurm_cluster):
-    e = dict(os.environ)
-    e.update(slurm_cluster)
-    e["PATH"] = f"{os.path.dirname(sys.executable)}:{e['PATH']}"  # the tasks' torchrun is this venv's
+    e = slurm_env(slurm_cluster)
     yield e
     # These trainers run until warned: a failed test must not leave one holding the nodes.
     if _submitted:

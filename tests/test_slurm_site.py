@@ -5,15 +5,13 @@ at submit. The trainer is examples/train_ddp.py (gloo)."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import sys
 import time
 
 import pytest
 import yaml
 
-from helpers import REPO, cli
+from helpers import REPO, cli, slurm_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
@@ -23,9 +21,7 @@ _submitted: list[str] = []
 
 @pytest.fixture
 def env(slurm_cluster):
-    e = dict(os.environ)
-    e.update(slurm_cluster)
-    e["PATH"] = f"{os.path.dirname(sys.executable)}:{e['PATH']}"  # the tasks' torchrun is this venv's
+    e = slurm_env(slurm_cluster)
     yield e
     if _submitted:  # a failed test must not leave its jobs holding the nodes
         cli("cancel", *_submitted, "--backend", "slurm", env=e)
