@@ -171,8 +171,8 @@ class JobState:
         if self.failure is not None and self.failure.first is not None:
             cls = self.failure_class()
             # A node's fault leads the line (the host to avoid); a job's own is the rank's words.
-            # NODE_FAIL says it already, and its first failure names the node.
-            node = cls is not None and cls.node and self.status is not JobStatus.NODE_FAIL
+            # NODE_FAIL says it already, and its first failure names the node; so does a HUNG line.
+            node = cls is not None and cls.node and self.status is not JobStatus.NODE_FAIL and cls.by != "hung"
             head = f"{self.status.value} ({cls.describe()})" if node else self.status.value
             text = f"{head}: {self.failure.describe()}"
             return text + (f" (raw={self.raw_state})" if self.raw_state and self.raw_state != self.status.value else "")
