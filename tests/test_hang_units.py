@@ -108,3 +108,23 @@ def test_progress_helper_appends_step_lines_and_registers_the_stack_signal(tmp_p
     assert hang_monitor._handles(os.getpid(), signal.SIGRTMIN + 5)
     import faulthandler
     faulthandler.unregister(signal.SIGRTMIN + 5)
+
+
+def test_a_rank_that_ended_before_its_dump_is_placed_by_its_traceback():
+    # A peer's end breaks the all_reduce a rank waits in before this node's monitor signals it:
+    # its traceback says where it was (as hang_monitor reads it; a dump's format is not there).
+    from halo_sched.node.hang_monitor import classify as where, parse_stacks, parse_traceback
+
+    text = """[rank2]: Traceback (most recent call last):
+[rank2]:   File "/tmp/hs/hang.py", line 55, in <module>
+[rank2]:     main()
+[rank2]:   File "/tmp/hs/hang.py", line 40, in main
+[rank2]:     dist.all_reduce(t)
+[rank2]:   File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2501, in all_reduce
+[rank2]:     work = group.allreduce([tensor], opts)
+[rank2]: RuntimeError: Connection closed by peer [127.0.0.1]:29500
+"""
+    assert parse_stacks(text) == []
+    frames = parse_traceback(text)
+    assert frames[0][2] == "all_reduce" and frames[-1] == ("/tmp/hs/hang.py", 55, "<module>")
+    assert where(frames, "/tmp/hs")["waiting_in"] == "all_reduce"

@@ -45,6 +45,8 @@ from .failure_collector import record_line  # on the node: a package of the two 
 POLL_S = 1.0
 SETTLE_S = 10.0
 ABORT_WAIT_S = 5.0
+#: After the aborted ranks are gone: how long their dumps may take to reach their log files.
+FLUSH_WAIT_S = 5.0
 STACK_WAIT_S = 3.0
 
 #: Functions of torch.distributed in which a rank waits for its peers.
@@ -56,6 +58,8 @@ _all_gather_base _reduce_scatter_base all_reduce_coalesced
 """.split())
 _FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.+?)\s*$')
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+|^Stack \(most recent call first\)")
+#: A frame of a Python traceback (most recent call last), as a rank that ended with an exception prints it.
+_TB_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -138,6 +142,22 @@ def parse_stacks(text: str) -> list[list[tuple[str, int, str]]]:
         elif cur is not None and cur and not line.strip():
             cur = None
     return [t for t in threads if t]
+
+
+def parse_traceback(text: str) -> list[tuple[str, int, str]]:
+    """The frames of the last Python traceback in ``text``, most recent call first (as a dump's):
+    where a rank was when it ended with an exception, e.g. a peer's end breaking the collective
+    it waited in. Empty when there is none."""
+    frames: list[tuple[str, int, str]] = []
+    for raw in text.splitlines():
+        line = re.sub(r"^\[(?:rank\d+|rank \d+)\]:?\s?", "", raw)
+        if line.startswith("Traceback (most recent call last):"):
+            frames = []
+            continue
+        m = _TB_FRAME.match(line)
+        if m:
+            frames.append((m["file"], int(m["line"]), m["func"]))
+    return frames[::-1]
 
 
 def main_thread(threads: list[list[tuple[str, int, str]]]) -> list[tuple[str, int, str]]:
@@ -306,7 +326,13 @@ class Monitor:
         for pid in state:
             if state[pid]["threads"] is None:
                 if not _alive(pid):
-                    state[pid]["why"] = "the rank had already ended"
+                    # Ended before this node's turn (a peer's end broke its collective): where it
+                    # was is in the traceback it printed as it ended, if it printed one.
+                    frames = parse_traceback(self._stderr_text(self.ranks[pid]))
+                    if frames:
+                        state[pid]["threads"], state[pid]["how"] = [frames], "its traceback as it ended"
+                    else:
+                        state[pid]["why"] = "the rank had already ended"
                     continue
                 try:
                     os.kill(pid, signal.SIGABRT)
@@ -316,11 +342,28 @@ class Monitor:
         end = time.monotonic() + ABORT_WAIT_S
         while any(_alive(p) for p in aborted) and time.monotonic() < end:
             time.sleep(0.2)
-        time.sleep(0.3)  # torchrun's tee thread flushes the last lines
+        # torchrun's tee thread copies the dump into the rank's log file after the rank is gone:
+        # look again until every dump is in or FLUSH_WAIT_S passes (on a loaded node this takes
+        # seconds, not the 0.3 s it takes on an idle one).
+        got: dict[int, list] = {}
+        end = time.monotonic() + FLUSH_WAIT_S
+        while True:
+            for pid in aborted:
+                if pid not in got:
+                    threads = parse_stacks(self._stderr_text(self.ranks[pid]))
+                    if threads and any(t[-1][2] == "<module>" for t in threads):
+                        got[pid] = threads
+            if len(got) == len(aborted) or time.monotonic() >= end:
+                break
+            time.sleep(0.2)
         for pid in aborted:
-            threads = parse_stacks(self._stderr_text(self.ranks[pid]))
+            threads = got.get(pid) or parse_stacks(self._stderr_text(self.ranks[pid]))
             if threads:
                 state[pid]["threads"], state[pid]["how"] = threads, "SIGABRT with PYTHONFAULTHANDLER"
+            elif parse_traceback(self._stderr_text(self.ranks[pid])):
+                # It ended with an exception before the signal's dump (a peer ended first).
+                state[pid]["threads"] = [parse_traceback(self._stderr_text(self.ranks[pid]))]
+                state[pid]["how"] = "its traceback as it ended"
             elif _alive(pid):
                 state[pid]["why"] = "the rank did not react to SIGABRT (uninterruptible sleep? faulthandler disabled?)"
             else:
