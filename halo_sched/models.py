@@ -590,8 +590,11 @@ class JobFile(NamedTuple):
 
 
 def _check_hang(spec: "JobSpec") -> None:
-    """hang.timeout_s (and first_step_s) must be shorter than the job's time limit, where one is set."""
-    if spec.hang is None:
+    """hang.timeout_s (and first_step_s) must be shorter than the job's time limit, where one is set
+    and the job file sets ``hang:`` itself. The default (on, 300 s) is not held against a shorter
+    limit: such a job ends at its limit before a hang could be seen, and a short test job need not
+    say ``hang: null``."""
+    if spec.hang is None or "hang" not in spec.model_fields_set:
         return
     limits = []
     if spec.slurm.time is not None:

@@ -37,6 +37,14 @@ def test_bad_hang_values_exit_2_naming_the_field(tmp_path, extra, field, words):
     assert "Traceback" not in r.stderr
 
 
+def test_the_default_hang_is_not_held_against_a_short_time_limit():
+    # A 2-minute job that does not mention hang: valid (it ends at its limit before the default
+    # 300 s could pass); the same limit with hang set explicitly is refused (above).
+    short = from_dict({"name": "t", "nodes": 1, "nproc_per_node": 1, "trainer": {"script": "x.py"},
+                       "slurm": {"time": "2"}})
+    assert short.hang.timeout_s == 300
+
+
 def test_hang_is_on_by_default_and_off_with_null():
     on = from_dict({"name": "t", "nodes": 2, "nproc_per_node": 2, "trainer": {"script": "x.py"}})
     assert on.hang.timeout_s == 300 and on.hang.first_step_limit == 600
