@@ -100,6 +100,12 @@ def _isolated_state(request, tmp_path, monkeypatch):
 
     with watcher._REGISTRY_LOCK:
         watcher._REGISTRY.clear()
+    # The CLI sets, for its process, where outage notes go and the outage budget: a test that
+    # runs cli.main() in-process must not decide them for the next test.
+    from halo_sched import outage
+
+    monkeypatch.setattr(outage, "_sink", None)
+    monkeypatch.setattr(outage, "_budget", None)
     helpers.begin_test_ports()
     uses_slurm = "slurm_cluster" in request.fixturenames
     with cluster_lock(exclusive="slurm_cluster_exclusive" in request.fixturenames) if uses_slurm else _nothing():

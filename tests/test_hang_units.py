@@ -136,3 +136,4 @@ def test_a_rank_that_ended_before_its_dump_is_placed_by_its_traceback():
     frames = parse_traceback(text)
     assert frames[0][2] == "all_reduce" and frames[-1] == ("/tmp/hs/hang.py", 55, "<module>")
     assert where(frames, "/tmp/hs")["waiting_in"] == "all_reduce"
+

@@ -374,6 +374,14 @@ class Monitor:
             info = self.ranks[pid]
             frames = main_thread(st["threads"]) if st["threads"] else []
             where = classify(frames, info["cwd"]) if frames else {"waiting_in": None, "where": "", "code": ""}
+            if where["waiting_in"] is None:
+                # Another node's monitor ended its ranks first: this rank's collective failed
+                # ("Connection closed by peer") and its dump caught it handling that. The traceback
+                # it printed says which collective it had been waiting in.
+                tb = parse_traceback(self._stderr_text(info))
+                was = classify(tb, info["cwd"]) if tb else None
+                if was is not None and was["waiting_in"] is not None:
+                    where = was
             rec = {
                 "kind": "HUNG", "node": self.node, "rank": info["rank"], "local_rank": info["local_rank"],
                 "host": self.host, "exit_code": None, "signal": None, "time": detected,

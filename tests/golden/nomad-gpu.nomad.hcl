@@ -98,8 +98,8 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-323c3dff"
-        right_delimiter = "halo-323c3dff]]"
+        left_delimiter  = "[[halo-fbc34bf0"
+        right_delimiter = "halo-fbc34bf0]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -1127,6 +1127,14 @@ class Monitor:
             info = self.ranks[pid]
             frames = main_thread(st["threads"]) if st["threads"] else []
             where = classify(frames, info["cwd"]) if frames else {"waiting_in": None, "where": "", "code": ""}
+            if where["waiting_in"] is None:
+                # Another node's monitor ended its ranks first: this rank's collective failed
+                # ("Connection closed by peer") and its dump caught it handling that. The traceback
+                # it printed says which collective it had been waiting in.
+                tb = parse_traceback(self._stderr_text(info))
+                was = classify(tb, info["cwd"]) if tb else None
+                if was is not None and was["waiting_in"] is not None:
+                    where = was
             rec = {
                 "kind": "HUNG", "node": self.node, "rank": info["rank"], "local_rank": info["local_rank"],
                 "host": self.host, "exit_code": None, "signal": None, "time": detected,
@@ -1299,8 +1307,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-323c3dff"
-        right_delimiter = "halo-323c3dff]]"
+        left_delimiter  = "[[halo-fbc34bf0"
+        right_delimiter = "halo-fbc34bf0]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -2328,6 +2336,14 @@ class Monitor:
             info = self.ranks[pid]
             frames = main_thread(st["threads"]) if st["threads"] else []
             where = classify(frames, info["cwd"]) if frames else {"waiting_in": None, "where": "", "code": ""}
+            if where["waiting_in"] is None:
+                # Another node's monitor ended its ranks first: this rank's collective failed
+                # ("Connection closed by peer") and its dump caught it handling that. The traceback
+                # it printed says which collective it had been waiting in.
+                tb = parse_traceback(self._stderr_text(info))
+                was = classify(tb, info["cwd"]) if tb else None
+                if was is not None and was["waiting_in"] is not None:
+                    where = was
             rec = {
                 "kind": "HUNG", "node": self.node, "rank": info["rank"], "local_rank": info["local_rank"],
                 "host": self.host, "exit_code": None, "signal": None, "time": detected,

@@ -97,8 +97,8 @@ job "rl-grpo" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-a45e7695"
-        right_delimiter = "halo-a45e7695]]"
+        left_delimiter  = "[[halo-2b3643bf"
+        right_delimiter = "halo-2b3643bf]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -1223,6 +1223,14 @@ class Monitor:
             info = self.ranks[pid]
             frames = main_thread(st["threads"]) if st["threads"] else []
             where = classify(frames, info["cwd"]) if frames else {"waiting_in": None, "where": "", "code": ""}
+            if where["waiting_in"] is None:
+                # Another node's monitor ended its ranks first: this rank's collective failed
+                # ("Connection closed by peer") and its dump caught it handling that. The traceback
+                # it printed says which collective it had been waiting in.
+                tb = parse_traceback(self._stderr_text(info))
+                was = classify(tb, info["cwd"]) if tb else None
+                if was is not None and was["waiting_in"] is not None:
+                    where = was
             rec = {
                 "kind": "HUNG", "node": self.node, "rank": info["rank"], "local_rank": info["local_rank"],
                 "host": self.host, "exit_code": None, "signal": None, "time": detected,
@@ -1399,8 +1407,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-a45e7695"
-        right_delimiter = "halo-a45e7695]]"
+        left_delimiter  = "[[halo-2b3643bf"
+        right_delimiter = "halo-2b3643bf]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -2525,6 +2533,14 @@ class Monitor:
             info = self.ranks[pid]
             frames = main_thread(st["threads"]) if st["threads"] else []
             where = classify(frames, info["cwd"]) if frames else {"waiting_in": None, "where": "", "code": ""}
+            if where["waiting_in"] is None:
+                # Another node's monitor ended its ranks first: this rank's collective failed
+                # ("Connection closed by peer") and its dump caught it handling that. The traceback
+                # it printed says which collective it had been waiting in.
+                tb = parse_traceback(self._stderr_text(info))
+                was = classify(tb, info["cwd"]) if tb else None
+                if was is not None and was["waiting_in"] is not None:
+                    where = was
             rec = {
                 "kind": "HUNG", "node": self.node, "rank": info["rank"], "local_rank": info["local_rank"],
                 "host": self.host, "exit_code": None, "signal": None, "time": detected,
