@@ -98,8 +98,8 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-fbc34bf0"
-        right_delimiter = "halo-fbc34bf0]]"
+        left_delimiter  = "[[halo-f7f5413f"
+        right_delimiter = "halo-f7f5413f]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -1067,10 +1067,12 @@ class Monitor:
                     del sizes[pid]
         # 2. Let the other nodes' monitors take theirs before anything here ends. A hang must
         # last through this: a rank that progressed meanwhile, or torchrun's end, calls it off.
+        # torchrun ending meanwhile does not call it off: every rank here had stalled, so another
+        # node's monitor ended its ranks and this node's collectives broke; what this node saw is
+        # still its part of the report (its ranks' last tracebacks say where they waited).
         self._sleep_while_running(SETTLE_S)
-        if not _alive(self.torchrun) or any(
-                self.activity(self.ranks[pid])[0] > st["last"] for pid, st in state.items() if _alive(pid)):
-            sys.stderr.write(f"halo-sched: node {self.node}: progress again (or torchrun ended) within "
+        if any(self.activity(self.ranks[pid])[0] > st["last"] for pid, st in state.items() if _alive(pid)):
+            sys.stderr.write(f"halo-sched: node {self.node}: progress again within "
                              f"{SETTLE_S:g} s: not a hang\n")
             sys.stderr.flush()
             return False
@@ -1307,8 +1309,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-fbc34bf0"
-        right_delimiter = "halo-fbc34bf0]]"
+        left_delimiter  = "[[halo-f7f5413f"
+        right_delimiter = "halo-f7f5413f]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -2276,10 +2278,12 @@ class Monitor:
                     del sizes[pid]
         # 2. Let the other nodes' monitors take theirs before anything here ends. A hang must
         # last through this: a rank that progressed meanwhile, or torchrun's end, calls it off.
+        # torchrun ending meanwhile does not call it off: every rank here had stalled, so another
+        # node's monitor ended its ranks and this node's collectives broke; what this node saw is
+        # still its part of the report (its ranks' last tracebacks say where they waited).
         self._sleep_while_running(SETTLE_S)
-        if not _alive(self.torchrun) or any(
-                self.activity(self.ranks[pid])[0] > st["last"] for pid, st in state.items() if _alive(pid)):
-            sys.stderr.write(f"halo-sched: node {self.node}: progress again (or torchrun ended) within "
+        if any(self.activity(self.ranks[pid])[0] > st["last"] for pid, st in state.items() if _alive(pid)):
+            sys.stderr.write(f"halo-sched: node {self.node}: progress again within "
                              f"{SETTLE_S:g} s: not a hang\n")
             sys.stderr.flush()
             return False
