@@ -413,6 +413,10 @@ def json_schema() -> dict:
     return JobSpec.model_json_schema()
 
 
+def _dumped(value: Any) -> Any:
+    return value.model_dump(warnings=False) if hasattr(value, "model_dump") else value
+
+
 def validated(spec: Any) -> JobSpec:
     """``spec`` validated again, as a job file is (``from_dict``: the fields, then the layout
     rules; its notes are not repeated), whatever built it: ``model_copy(update=...)`` and
@@ -424,6 +428,13 @@ def validated(spec: Any) -> JobSpec:
         data = spec.model_dump(warnings=False)
     except Exception as err:  # noqa: BLE001 - a value no job file could hold
         raise SpecError([("", f"the spec holds a value that cannot be read back ({type(err).__name__})")]) from None
+    # A section the spec never set and that still holds its default stays unset, as in the job
+    # file: some rules hold only what a job file says (the hang default against a short time limit).
+    defaults = JobSpec.model_fields
+    for key in [k for k in data if k not in spec.model_fields_set and not defaults[k].is_required()]:
+        default = defaults[key].get_default(call_default_factory=True)
+        if _dumped(default) == data[key]:
+            del data[key]
     try:
         checked = JobSpec.model_validate(data)
     except ValidationError as err:

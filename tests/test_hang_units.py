@@ -12,7 +12,7 @@ from halo_sched.launch import entry_script
 from halo_sched.node import hang_monitor, progress
 from halo_sched.node.failure_collector import record_line
 from halo_sched.node.failures import report_from_lines
-from halo_sched.spec import from_dict
+from halo_sched.spec import from_dict, validated
 from helpers import cli
 
 BASE = "name: t\nnodes: 2\nnproc_per_node: 2\ntrainer: {script: x.py}\n"
@@ -43,6 +43,22 @@ def test_the_default_hang_is_not_held_against_a_short_time_limit():
     short = from_dict({"name": "t", "nodes": 1, "nproc_per_node": 1, "trainer": {"script": "x.py"},
                        "slurm": {"time": "2"}})
     assert short.hang.timeout_s == 300
+    # Every path a rendered job takes validates the spec again (spec.validated): the default stays a
+    # default there too.
+    assert validated(short).hang.timeout_s == 300
+    assert "hang" not in validated(short).model_fields_set
+
+
+def test_a_short_job_without_hang_renders(tmp_path):
+    p = tmp_path / "job.yaml"
+    p.write_text("name: t\nnodes: 2\nnproc_per_node: 1\ntrainer: {script: x.py}\nimage: python:3.11\n"
+                 "slurm: {time: '2'}\nnomad: {max_run_duration: 2m}\n")
+    for backend in ("slurm", "nomad"):
+        r = cli("render", str(p), "--backend", backend)
+        assert r.returncode == 0, r.stderr
+    p.write_text(p.read_text() + "hang: {timeout_s: 300}\n")
+    r = cli("render", str(p), "--backend", "slurm")
+    assert r.returncode == 2 and "hang.timeout_s (line 8): 300 s is beyond" in r.stderr, r.stderr
 
 
 def test_hang_is_on_by_default_and_off_with_null():

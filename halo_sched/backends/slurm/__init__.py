@@ -42,6 +42,12 @@ def _say(msg: str) -> None:
 #: under a second, so the command is cut here and the rows show their last known states.
 LIST_ASK_S = 2.0
 
+#: ``submit`` reads the partition limits first (a job that can never fit is refused, not queued);
+#: one attempt, cut after this many seconds. A controller that does not answer must not hold the
+#: submit silently (scontrol waits out MessageTimeout, then the transport retries): the check is
+#: skipped with one line saying so, and the exactly-once submit that follows says each retry.
+SUBMIT_CHECK_S = 5.0
+
 
 class SlurmScheduler(Scheduler):
     name = "slurm"
@@ -76,7 +82,10 @@ class SlurmScheduler(Scheduler):
         # drop them (srun's tasks then inherit the batch step's environment).
         extra = ["--export=ALL"] if dryrun.spec.secret_values() else []
         launch = compile_launch(dryrun.spec)
-        problems = self.partition_problems(dryrun.spec, launch.cluster)[0] + output_problems(launch.output, self._via())[0]
+        problems, checked = self.partition_problems(dryrun.spec, launch.cluster, bound_s=SUBMIT_CHECK_S)
+        if checked.startswith("unchecked: could not read"):
+            _say(f"partition limits {checked}; submitting without that check")
+        problems += output_problems(launch.output, self._via())[0]
         if problems:
             from ...errors import SpecError
 
@@ -174,22 +183,38 @@ class SlurmScheduler(Scheduler):
             lines += [f"  warning: {n}" for n in notes]
         return ok, "\n".join(lines)
 
-    def _partitions(self, cluster: str | None) -> tuple[list[dict], list[dict]] | None:
-        if not isinstance(self.transport, ReadsPartitions):
+    def _partitions(self, cluster: str | None, bound_s: float | None = None) -> tuple[list[dict], list[dict]] | None:
+        transport = self.transport
+        if not isinstance(transport, ReadsPartitions):
             return None
-        return self.transport.partitions(cluster)
+        if bound_s is None:
+            return transport.partitions(cluster)
+        from ...retry import within
 
-    def partition_problems(self, spec: JobSpec, cluster: str | None) -> tuple[list[tuple[str, str]], str]:
+        if isinstance(transport, Lists):  # one attempt of each call
+            transport = transport.for_listing()
+        started = time.monotonic()
+        try:
+            with within(bound_s):
+                return transport.partitions(cluster)
+        except HaloError as err:
+            if time.monotonic() - started >= bound_s - 0.5:
+                raise SchedulerError(f"SLURM did not answer within {bound_s:g} s") from err
+            raise
+
+    def partition_problems(self, spec: JobSpec, cluster: str | None,
+                           bound_s: float | None = None) -> tuple[list[tuple[str, str]], str]:
         """(field, why) for each way the job exceeds its partition's limits (MaxNodes, the nodes
         it has, MaxTime, the CPUs and memory of its nodes: SLURM would queue such a job and keep
         it pending forever), and a line saying what was checked. Nothing where the transport
-        cannot read the partitions (the line says so) or the cluster does not answer."""
+        cannot read the partitions (the line says so) or the cluster does not answer (within
+        ``bound_s``, one attempt, where given)."""
         from .reasons import limit_problems, partition_limits
         from .render import cpus_per_task
         from ...values import parse_slurm_mem, parse_slurm_time
 
         try:
-            got = self._partitions(cluster)
+            got = self._partitions(cluster, bound_s)
         except HaloError as err:
             return [], f"unchecked: could not read the partitions: {_one_line(err)}"
         if got is None:

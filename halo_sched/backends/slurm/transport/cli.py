@@ -98,7 +98,7 @@ class CliTransport(Transport):
                 "(or use the 'rest' transport)"
             ) from e
         except subprocess.TimeoutExpired as e:
-            raise Transient(f"{argv[0]} timed out after {e.timeout}s") from e
+            raise Transient(f"{argv[0]} timed out after {e.timeout:.1f} s") from e
         except OSError as e:  # not executable, permission denied, ...
             raise MissingDependency(f"cannot run {argv[0]}: {e}") from e
 
