@@ -54,11 +54,14 @@ def step_rate(pairs: int, steps: int) -> None:
         tmp = Path(d)
         env = {**os.environ, "PYTHONPATH": str(REPO), "HALO_SCHED_HOME": str(tmp / "home")}
         trainer = {"script": str(REPO / "bench" / "hang_trainer.py"), "args": ["200", str(steps)]}
-        rates = {"on": [], "off": []}
+        rates = {"on": [], "off": [], "reports": []}
         for i in range(pairs):
-            for mode in (("on", "off") if i % 2 == 0 else ("off", "on")):
+            modes = ["on", "off", "reports"]
+            for mode in modes[i % 3:] + modes[:i % 3]:
                 out = tmp / f"rate-{mode}-{i}"
-                job = _job(tmp, f"rate-{mode}", trainer, {"timeout_s": 300} if mode == "on" else None)
+                # "reports": the trainer writes its progress reports, but the job runs no monitor.
+                tr = {**trainer, "args": trainer["args"] + [str(tmp / f"prog-{i}")]} if mode == "reports" else trainer
+                job = _job(tmp, f"rate-{mode}", tr, {"timeout_s": 300} if mode == "on" else None)
                 for _ in range(3):  # a run that failed (a port taken meanwhile, a loaded machine) is run again
                     _submit(job, {**env, "HALO_BENCH_OUT": str(out)})
                     if out.exists():
@@ -67,8 +70,20 @@ def step_rate(pairs: int, steps: int) -> None:
                 rates[mode].append(float(out.read_text()))
                 print(f"  pair {i}: {mode:3s} {rates[mode][-1]:8.1f} steps/s", flush=True)
         on, off = statistics.median(rates["on"]), statistics.median(rates["off"])
+        rep = statistics.median(rates["reports"])
         print(f"step rate, monitor on: {on:.1f}/s, off: {off:.1f}/s (medians of {pairs}); ratio {on / off:.3f}x")
-        print(f"  on:  {sorted(round(r, 1) for r in rates['on'])}\n  off: {sorted(round(r, 1) for r in rates['off'])}")
+        print(f"  reports written, no monitor: {rep:.1f}/s; ratio {rep / off:.3f}x")
+        for mode, got in rates.items():
+            print(f"  {mode:7s} {sorted(round(r, 1) for r in got)}")
+        # One job, monitor on, blocks of steps with and without the report: the report's cost on
+        # the trainer's step without the spread between runs (which the medians above carry).
+        out = tmp / "rate-ab"
+        job = _job(tmp, "rate-ab", {**trainer, "args": ["200", str(steps * 4)]}, {"timeout_s": 300})
+        _submit(job, {**env, "HALO_BENCH_OUT": str(out), "HALO_BENCH_AB": "250"})
+        if out.exists():
+            with_, without = map(float, out.read_text().split())
+            print(f"one job, monitor on, blocks of 250 steps: with reports {with_:.1f}/s, without {without:.1f}/s; "
+                  f"ratio {with_ / without:.3f}x")
 
 
 _FAKE_RANK = """

@@ -1,9 +1,17 @@
 """The bench's healthy trainer (bench/hang.py): gloo, a small step (a matmul and one all_reduce),
 a progress report after each step (a no-op when the job runs with `hang: null`). Rank 0 writes
-its steps per second over the timed steps to $HALO_BENCH_OUT."""
+its steps per second over the timed steps to $HALO_BENCH_OUT.
+
+    hang_trainer.py WARMUP STEPS [PROGRESS_DIR]
+
+PROGRESS_DIR: report there although the job has no monitor (`hang: null`). With $HALO_BENCH_AB=N
+the timed steps run in blocks of N, reporting in every other block only; rank 0 then writes the
+median steps per second of the blocks with reports and of those without (one run, one process:
+the report's own cost, free of the run-to-run spread)."""
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 
@@ -15,22 +23,35 @@ from halo_sched.node.progress import report
 
 def main() -> None:
     warmup, steps = int(sys.argv[1]), int(sys.argv[2])
+    if len(sys.argv) > 3:  # "progress only": reports written, no monitor (the job has hang: null)
+        os.environ["HALO_PROGRESS_DIR"] = sys.argv[3]
+        os.makedirs(sys.argv[3], exist_ok=True)
+    block = int(os.environ.get("HALO_BENCH_AB", "0"))
     dist.init_process_group("gloo")
     a = torch.randn(64, 64)
     t = torch.zeros(256)
-    start = 0.0
-    for step in range(warmup + steps):
-        if step == warmup:
-            dist.barrier()
-            start = time.perf_counter()
+    for step in range(warmup):
         (a @ a).sum()
         dist.all_reduce(t)
         report(step)
     dist.barrier()
-    rate = steps / (time.perf_counter() - start)
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    blocks = [(block, i % 2 == 0) for i in range(2 * (steps // (2 * block)))] if block else [(steps, True)]
+    step = warmup
+    for n, reporting in blocks:
+        start = time.perf_counter()
+        for _ in range(n):
+            (a @ a).sum()
+            dist.all_reduce(t)
+            if reporting:
+                report(step)
+            step += 1
+        rates[reporting].append(n / (time.perf_counter() - start))
+    dist.barrier()
     if dist.get_rank() == 0:
         with open(os.environ["HALO_BENCH_OUT"], "w") as f:
-            f.write(f"{rate}\n")
+            f.write(f"{statistics.median(rates[True])} {statistics.median(rates[False])}\n" if block
+                    else f"{rates[True][0]}\n")
     dist.barrier()
 
 

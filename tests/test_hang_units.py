@@ -119,19 +119,80 @@ def test_stack_parsing_finds_the_main_thread_and_its_collective(tmp_path):
     assert hang_monitor.classify(waiting)["waiting_in"] == "all_reduce"
 
 
-def test_progress_helper_appends_step_lines_and_registers_the_stack_signal(tmp_path, monkeypatch):
+@pytest.fixture
+def fresh_progress(monkeypatch):
+    """progress.py as a new process finds it (its file is opened on the first report)."""
+    for name, value in (("_fd", None), ("_ring", None), ("_count", 0)):
+        monkeypatch.setattr(progress, name, value)
+    yield progress
+    if progress._fd is not None:
+        os.close(progress._fd)
+
+
+def test_progress_helper_writes_step_lines_and_registers_the_stack_signal(tmp_path, monkeypatch, fresh_progress):
     monkeypatch.setenv("HALO_PROGRESS_DIR", str(tmp_path))
     monkeypatch.setenv("RANK", "5")
     monkeypatch.setenv("HALO_STACK_SIGNAL", str(signal.SIGRTMIN + 5))
-    monkeypatch.setattr(progress, "_fd", None)
     progress.report(1)
     progress.report(2)
-    lines = (tmp_path / "rank-5").read_text().splitlines()
-    assert [int(l.split()[0]) for l in lines] == [1, 2] and float(lines[-1].split()[1]) > 1.7e9
-    assert hang_monitor._last_step(str(tmp_path / "rank-5")) == 2
+    got = hang_monitor.read_reports(str(tmp_path / "rank-5"), 10)
+    assert [s for s, _ in got] == [1, 2] and got[-1][1] > 1.7e9
+    assert hang_monitor.last_report(str(tmp_path / "rank-5"))[0] == 2
     assert hang_monitor._handles(os.getpid(), signal.SIGRTMIN + 5)
     import faulthandler
     faulthandler.unregister(signal.SIGRTMIN + 5)
+
+
+def test_a_report_makes_no_system_call_and_keeps_the_last_slots(tmp_path, monkeypatch, fresh_progress):
+    # A write per step updated the file's times on every step: 0.976x a short step's rate (bench/hang.py).
+    monkeypatch.setenv("HALO_PROGRESS_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("HALO_STACK_SIGNAL", raising=False)
+    progress.report(0)
+    writes = []
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: writes.append(fd) or real_write(fd, data))
+    for step in range(1, 300):
+        progress.report(step)
+    assert progress._fd not in writes
+    got = hang_monitor.read_reports(str(tmp_path / "rank-0"), 1000)
+    assert [s for s, _ in got] == list(range(300 - progress.SLOTS, 300))  # the ring wrapped, oldest first
+    assert (tmp_path / "rank-0").stat().st_size == progress.SLOTS * progress.WIDTH
+    # The stragglers' window fits in the ring.
+    from halo_sched.node import stragglers
+    assert stragglers.WINDOW + 1 <= progress.SLOTS
+
+
+def test_a_new_process_starts_its_reports_afresh(tmp_path, monkeypatch, fresh_progress):
+    # torchrun restarted the rank: the new process's reports are its own, not mixed with the old.
+    monkeypatch.setenv("HALO_PROGRESS_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "1")
+    (tmp_path / "rank-1").write_text("".join(f"{s} {1.8e9 + s:.3f}\n" for s in range(500)))
+    progress.report(40)
+    assert hang_monitor.read_reports(str(tmp_path / "rank-1"), 10)[-1][0] == 40
+    assert len(hang_monitor.read_reports(str(tmp_path / "rank-1"), 10)) == 1
+
+
+def test_appended_lines_and_torn_or_empty_slots_read_as_the_protocol_says(tmp_path):
+    # The one-line protocol (a trainer without the helper) appends; only the tail of a long file is read.
+    appended = tmp_path / "rank-2"
+    appended.write_text("".join(f"{s} {1.7e9 + s * 0.5}\n" for s in range(20000)))
+    got = hang_monitor.read_reports(str(appended), 51)
+    assert [s for s, _ in got] == list(range(19949, 20000))
+    # A slot never written (zeros) or cut mid-rewrite reads as nothing; the rest by time.
+    ring = tmp_path / "rank-3"
+    ring.write_bytes(b"%13d %17.3f\n" % (7, 1.7e9 + 7) + b"%13d 17\n" % 12 + b"%13d %17.3f\n" % (6, 1.7e9 + 6)
+                     + b"%13d\0" % 8 + b"\0" * 64)
+    assert hang_monitor.read_reports(str(ring), 10) == [(12, 17.0), (6, 1.7e9 + 6), (7, 1.7e9 + 7)]
+    assert hang_monitor.read_reports(str(tmp_path / "none"), 10) == [] and hang_monitor.last_report(str(tmp_path / "none")) is None
+
+
+def test_the_monitor_reads_the_time_a_rank_wrote_not_the_files_mtime(tmp_path):
+    # The ring is rewritten in memory: its mtime says little. An old report in a just-touched file is old.
+    mon = hang_monitor.Monitor(0, os.getpid(), str(tmp_path), str(tmp_path), 1, 60, 600, 0, host="h")
+    (tmp_path / "rank-0").write_bytes(b"%13d %17.3f\n" % (3, 1000.0))
+    last, limit, reports = mon.activity({"rank": 0, "local_rank": 0, "seen": 0.0, "out": [], "cwd": None})
+    assert (last, limit, reports) == (1000.0, 60, True)
 
 
 def test_a_rank_that_ended_before_its_dump_is_placed_by_its_traceback():

@@ -1,7 +1,8 @@
 """Who is slow, from the progress files (``progress.py``) the submitter can read while a job runs.
 
-Each rank's file holds one ``STEP UNIX_TIME`` line per reported step. Per node: the current step
-(the lowest of its ranks) and the median step time over the last ``WINDOW`` steps. The slowest rank:
+Each rank's file holds a ``STEP UNIX_TIME`` line per reported step (its last ones, read by
+``hang_monitor.read_reports``). Per node: the current step (the lowest of its ranks) and the
+median step time over the last ``WINDOW`` steps. The slowest rank:
 in a synchronous job every rank steps at the same pace (each waits for the slowest in the step's
 collective), so a straggler shows only in *when* it reports a step against the others, and only
 when ranks report before the step's collective (after their own compute): its median delay behind
@@ -10,37 +11,15 @@ collective report together: no straggler can be seen (``describe`` says so). Sta
 """
 from __future__ import annotations
 
-import os
 import re
 import statistics
 from pathlib import Path
 
+from .hang_monitor import read_reports
+
 WINDOW = 50
 #: A rank is named the straggler when it reports this share of a step time or more behind the median rank.
 THRESHOLD = 0.1
-
-
-def _tail(path: Path, n: int = WINDOW + 1) -> list[tuple[int, float]]:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 64 * (n + 2)))
-            lines = f.read().decode(errors="replace").splitlines()[1:] if f.tell() > 64 * (n + 2) else None
-    except OSError:
-        return []
-    if lines is None:
-        try:
-            lines = path.read_text(errors="replace").splitlines()
-        except OSError:
-            return []
-    out = []
-    for line in lines[-n:]:
-        parts = line.split()
-        try:
-            out.append((int(parts[0]), float(parts[1])))
-        except (IndexError, ValueError):
-            continue
-    return out
 
 
 def read(log_root: Path) -> dict[tuple[int, int], list[tuple[int, float]]]:
@@ -50,7 +29,7 @@ def read(log_root: Path) -> dict[tuple[int, int], list[tuple[int, float]]]:
         m = re.fullmatch(r"node-(\d+)", p.parent.parent.name)
         r = re.fullmatch(r"rank-(\d+)", p.name)
         if m and r:
-            reports = _tail(p)
+            reports = read_reports(str(p), WINDOW + 1)
             if reports:
                 out[(int(m[1]), int(r[1]))] = reports
     return out

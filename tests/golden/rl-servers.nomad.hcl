@@ -97,8 +97,8 @@ job "rl-grpo" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-5908b475"
-        right_delimiter = "halo-5908b475]]"
+        left_delimiter  = "[[halo-e0b40875"
+        right_delimiter = "halo-e0b40875]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -956,19 +956,43 @@ def _mtime(path: str) -> float | None:
         return None
 
 
-def _last_step(path: str) -> int | None:
+#: A report file this large or smaller is read whole (progress.py's ring is one 4 KiB page);
+#: a larger one holds appended lines, and only its tail is read.
+_WHOLE_BYTES = 8192
+
+
+def read_reports(path: str, n: int = 1) -> list[tuple[int, float]]:
+    """A rank's last ``n`` progress reports, ``(step, unix_time)``, oldest first: every line of
+    its file that reads as a step and a time (progress.py's ring of lines rewritten in place, or
+    lines a trainer appended), ordered by time. A line being rewritten as it is read, or a slot
+    not written yet, reads as nothing."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 512))
-            lines = f.read().decode(errors="replace").split("\n")
+            size = f.tell()
+            f.seek(0 if size <= _WHOLE_BYTES else size - 64 * (n + 2))
+            lines = f.read().split(b"\n")
     except OSError:
-        return None
-    for line in reversed(lines):
-        head = line.split(" ", 1)[0]
-        if head.lstrip("-").isdigit():
-            return int(head)
-    return None
+        return []
+    if size > _WHOLE_BYTES:
+        lines = lines[1:]  # the first may be cut
+    out = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        try:
+            out.append((int(parts[0]), float(parts[1])))
+        except ValueError:
+            continue
+    out.sort(key=lambda r: (r[1], r[0]))
+    return out[-n:]
+
+
+def last_report(path: str) -> tuple[int, float] | None:
+    """A rank's last progress report, ``(step, unix_time)``; None before its first."""
+    got = read_reports(path)
+    return got[-1] if got else None
 
 
 def parse_stacks(text: str) -> list[list[tuple[str, int, str]]]:
@@ -1078,9 +1102,9 @@ class Monitor:
 
     def activity(self, info: dict) -> tuple[float, float, bool]:
         """(last activity, its limit, reports progress)."""
-        t = _mtime(os.path.join(self.progress_dir, f"rank-{info['rank']}"))
-        if t is not None:
-            return t, self.timeout_s, True
+        last = last_report(os.path.join(self.progress_dir, f"rank-{info['rank']}"))
+        if last is not None:  # the time the rank wrote: a ring rewritten in memory leaves no mtime
+            return last[1], self.timeout_s, True
         times = [info["seen"]] + [m for m in map(_mtime, self._outputs(info)) if m is not None]
         return max(times), self.first_step_s, False
 
@@ -1130,7 +1154,8 @@ class Monitor:
         state = {}
         for pid, info in self.live().items():
             last, _, reports = self.activity(info)
-            step = _last_step(os.path.join(self.progress_dir, f"rank-{info['rank']}")) if reports else None
+            got = last_report(os.path.join(self.progress_dir, f"rank-{info['rank']}")) if reports else None
+            step = got[0] if got else None
             state[pid] = {"last": last, "reports": reports, "step": step, "threads": None, "how": None, "why": None}
         sys.stderr.write(f"halo-sched: node {self.node}: no rank made progress for {self.timeout_s:g} s; "
                          "taking their stacks\n")
@@ -1409,8 +1434,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-5908b475"
-        right_delimiter = "halo-5908b475]]"
+        left_delimiter  = "[[halo-e0b40875"
+        right_delimiter = "halo-e0b40875]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -2268,19 +2293,43 @@ def _mtime(path: str) -> float | None:
         return None
 
 
-def _last_step(path: str) -> int | None:
+#: A report file this large or smaller is read whole (progress.py's ring is one 4 KiB page);
+#: a larger one holds appended lines, and only its tail is read.
+_WHOLE_BYTES = 8192
+
+
+def read_reports(path: str, n: int = 1) -> list[tuple[int, float]]:
+    """A rank's last ``n`` progress reports, ``(step, unix_time)``, oldest first: every line of
+    its file that reads as a step and a time (progress.py's ring of lines rewritten in place, or
+    lines a trainer appended), ordered by time. A line being rewritten as it is read, or a slot
+    not written yet, reads as nothing."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 512))
-            lines = f.read().decode(errors="replace").split("\n")
+            size = f.tell()
+            f.seek(0 if size <= _WHOLE_BYTES else size - 64 * (n + 2))
+            lines = f.read().split(b"\n")
     except OSError:
-        return None
-    for line in reversed(lines):
-        head = line.split(" ", 1)[0]
-        if head.lstrip("-").isdigit():
-            return int(head)
-    return None
+        return []
+    if size > _WHOLE_BYTES:
+        lines = lines[1:]  # the first may be cut
+    out = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        try:
+            out.append((int(parts[0]), float(parts[1])))
+        except ValueError:
+            continue
+    out.sort(key=lambda r: (r[1], r[0]))
+    return out[-n:]
+
+
+def last_report(path: str) -> tuple[int, float] | None:
+    """A rank's last progress report, ``(step, unix_time)``; None before its first."""
+    got = read_reports(path)
+    return got[-1] if got else None
 
 
 def parse_stacks(text: str) -> list[list[tuple[str, int, str]]]:
@@ -2390,9 +2439,9 @@ class Monitor:
 
     def activity(self, info: dict) -> tuple[float, float, bool]:
         """(last activity, its limit, reports progress)."""
-        t = _mtime(os.path.join(self.progress_dir, f"rank-{info['rank']}"))
-        if t is not None:
-            return t, self.timeout_s, True
+        last = last_report(os.path.join(self.progress_dir, f"rank-{info['rank']}"))
+        if last is not None:  # the time the rank wrote: a ring rewritten in memory leaves no mtime
+            return last[1], self.timeout_s, True
         times = [info["seen"]] + [m for m in map(_mtime, self._outputs(info)) if m is not None]
         return max(times), self.first_step_s, False
 
@@ -2442,7 +2491,8 @@ class Monitor:
         state = {}
         for pid, info in self.live().items():
             last, _, reports = self.activity(info)
-            step = _last_step(os.path.join(self.progress_dir, f"rank-{info['rank']}")) if reports else None
+            got = last_report(os.path.join(self.progress_dir, f"rank-{info['rank']}")) if reports else None
+            step = got[0] if got else None
             state[pid] = {"last": last, "reports": reports, "step": step, "threads": None, "how": None, "why": None}
         sys.stderr.write(f"halo-sched: node {self.node}: no rank made progress for {self.timeout_s:g} s; "
                          "taking their stacks\n")
