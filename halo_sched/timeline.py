@@ -340,7 +340,7 @@ def note_width(rows: list[Row]) -> int:
 def columns_for(width: int, rows: list[Row]) -> int:
     """How many cells fit a line of ``width`` characters beside the labels and notes (a narrow
     line keeps at least 10 cells and cuts the notes)."""
-    return max(10, width - label_width(rows) - min(note_width(rows), max(12, width // 4)) - 2)
+    return max(10, width - label_width(rows) - min(note_width(rows), max(12, width // 3)) - 2)
 
 
 def _axis(lay: Layout, glyphs_unicode: bool) -> tuple[str, str]:
