@@ -117,7 +117,9 @@ def _parse(line: bytes) -> tuple[int, float] | None:
 
 
 def _parse_all(data: bytes) -> list[tuple[int, float]]:
-    return [p for line in data.split(b"\n") if (p := _parse(line)) is not None]
+    """The reports of whole lines in ``data`` (what follows the last new line may be a line the
+    rank is still writing: ``12 17961`` would read as a time in 1975)."""
+    return [p for line in data.split(b"\n")[:-1] if (p := _parse(line)) is not None]
 
 
 def _first_at(f, size: int, edge: float) -> tuple[int, float] | None:
@@ -150,7 +152,7 @@ def _first_at(f, size: int, edge: float) -> tuple[int, float] | None:
     lines = data.split(b"\n")
     if lo > 0:
         lines = lines[1:]
-    for line in lines[:-1] if len(data) == hi - lo + 1024 else lines:
+    for line in lines[:-1]:
         p = _parse(line)
         if p is not None and p[1] >= edge:
             return p
@@ -171,7 +173,7 @@ def read_rank(path: Path, edges: list[float] | None = None) -> list[tuple[int, f
                     data = data[data.find(b"\n") + 1:]
                 return _parse_all(data)
             f.seek(0)
-            head = _parse_all(f.read(512).rsplit(b"\n", 1)[0])
+            head = _parse_all(f.read(512))
             f.seek(max(0, size - 512))
             tail = _parse_all(f.read(512).split(b"\n", 1)[-1])
             found = {p for e in edges if (p := _first_at(f, size, e)) is not None}
@@ -227,20 +229,26 @@ def span(tl: Timeline) -> tuple[float, float, bool]:
     return t0, t1, running
 
 
-def _failures_by_rank(report) -> tuple[dict[tuple[int, int], object], object]:
+def _failures_by_rank(report) -> tuple[dict[tuple[int, int], object], dict[int, object], object]:
     """(node, rank) -> its failure (a HUNG line wins over an exit line for the same rank: the
-    monitor's end of it is what the exit reports), and the culprit."""
+    monitor's end of it is what the exit reports); node -> a failure of the node's torchrun that
+    names no rank (the earliest); and the culprit."""
     if report is None:
-        return {}, None
+        return {}, {}, None
     out: dict[tuple[int, int], object] = {}
+    nodes: dict[int, object] = {}
     for f in report.failures:
-        if f.rank is None or f.node is None:
+        if f.node is None:
+            continue
+        if f.rank is None:
+            if f.node not in nodes or f.time < nodes[f.node].time:
+                nodes[f.node] = f
             continue
         key = (f.node, f.rank)
         old = out.get(key)
         if old is None or (f.kind == "HUNG" and old.kind != "HUNG") or (f.kind == old.kind and f.time < old.time):
             out[key] = f
-    return out, report.first
+    return out, nodes, report.first
 
 
 def _note(f, last: tuple[int, float] | None, culprit: bool, history: bool) -> str:
@@ -263,7 +271,7 @@ def layout(tl: Timeline, columns: int) -> Layout:
     columns = max(1, columns)
     t0, t1, running = span(tl)
     col_s = (t1 - t0) / columns
-    fails, first = _failures_by_rank(tl.report)
+    fails, node_fails, first = _failures_by_rank(tl.report)
     hosts = dict(tl.hosts)
     for f in getattr(tl.report, "failures", None) or []:
         if f.node is not None and f.host and f.node not in hosts:
@@ -275,8 +283,9 @@ def layout(tl: Timeline, columns: int) -> Layout:
     rows = []
     for key in keys:
         pts = sorted(tl.progress.get(key, []), key=lambda p: (p[1], p[0]))
-        f = fails.get(key)
-        culprit = first is not None and f is not None and (first.node, first.rank) == key
+        f = fails.get(key) or node_fails.get(key[0])  # a rank of a node whose torchrun failed as a whole
+        culprit = first is not None and f is not None and (
+            (first.node, first.rank) == key if first.rank is not None else f is first)
         end = f.time if f is not None else t1
         cells = [NONE] * columns
         end_col = _col(end, t0, col_s, columns) if end < t1 else columns
@@ -564,7 +573,8 @@ def main(job_id: str, backend: str, sched, svg: str | None = None, width: int | 
     width = width or shutil.get_terminal_size((100, 24)).columns
     tl, files = gather(job_id, backend, sched)
     if not has_anything(tl):
-        print(f"job {job_id}: no progress reported yet" + (f" ({printable(tl.state, 300)})" if tl.state else "")
+        what = "no progress reports or failures to draw" if tl.end is not None else "no progress reported yet"
+        print(f"job {job_id}: {what}" + (f" ({printable(tl.state, 300)})" if tl.state else "")
               + (f"; {tl.note}" if tl.note else ""))
         return 0
     cols = columns_for(width, layout(tl, 10).rows)

@@ -204,3 +204,20 @@ def test_a_job_without_progress_yet_says_so(tmp_path):
 def test_width_must_be_positive():
     r = cli("timeline", "x", "--width", "0", timeout=60)
     assert r.returncode == 2 and "--width" in r.stderr
+
+
+def test_a_node_whose_torchrun_failed_without_naming_a_rank_marks_its_ranks():
+    t0 = 1000.0
+    progress = {(n, r): [(s, t0 + s) for s in range(10)] for n, r in ((0, 0), (1, 1))}
+    fails = [RankFailure(1, None, None, "h2", 1, None, t0 + 12.5, error="torchrun: rendezvous failed")]
+    lay = T.layout(T.Timeline("j", start=t0, end=t0 + 20, progress=progress, report=FailureReport(fails)), 20)
+    r0, r1 = lay.rows
+    assert "".join(r1.cells) == T.STEP * 10 + T.QUIET * 2 + T.EXIT + T.NONE * 7 and r1.culprit
+    assert "".join(r0.cells) == T.STEP * 10 + T.QUIET * 10 and not r0.culprit
+    assert lay.hosts[1] == "h2"
+
+
+def test_a_line_the_rank_is_still_writing_is_not_read(tmp_path):
+    p = tmp_path / "rank-0"
+    p.write_bytes(b"0 1000.0\n1 1001.0\n2 10")  # "2 10": the rest of the line not written yet
+    assert T.read_rank(p) == [(0, 1000.0), (1, 1001.0)]
