@@ -135,7 +135,7 @@ def _state_name(text: str) -> str:
 # ---- job ids: the core knows which backend each went to ------------------------------------------
 
 # Commands that take job ids: without --backend, each id's job record says where it went.
-_BY_ID = {"status", "watch", "logs", "cancel"}
+_BY_ID = {"status", "watch", "logs", "cancel", "timeline"}
 
 
 def _resolve_ids(ids, backend: str | None) -> dict[str, list[str]]:
@@ -264,6 +264,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("action", nargs="?", choices=("clear",), metavar="clear", help="forget HOST")
     p.add_argument("host", nargs="?", metavar="HOST")
     p.add_argument("--json", action="store_true", help="one JSON object per entry")
+
+    p = command("timeline", help="each rank's progress, stall, failure or hang over the job's wall time, "
+                                 "drawn in the terminal (and as SVG with --svg)")
+    p.add_argument("id", metavar="ID")
+    _backend_arg(p, by_id=True)
+    p.add_argument("--svg", default=None, metavar="FILE", help="also write the timeline to FILE as an SVG image")
+    p.add_argument("--width", type=_positive_int, default=None, metavar="N",
+                   help="characters per line (default: the terminal's width, else 100)")
 
     command("gc", help="Nomad: delete the secrets (Variables) of every recorded job that ended or that Nomad no "
                        "longer knows; prints each removed Variable; exit 1 if one could not be deleted")
@@ -794,6 +802,15 @@ def cmd_nodes(args) -> int:
     return 0
 
 
+def cmd_timeline(args) -> int:
+    from .timeline import main as timeline
+
+    backend = _resolve_one(args.id, args.backend)
+    sched = _scheduler(backend)
+    _refuse_unknown(backend, sched, args.id)
+    return timeline(args.id, backend, sched, args.svg, args.width)
+
+
 def cmd_schema(args) -> int:
     from .spec import json_schema
 
@@ -823,7 +840,7 @@ COMMANDS = {
     "gc": cmd_gc,
     "validate": cmd_validate, "render": cmd_render, "submit": cmd_submit, "plan": cmd_plan,
     "status": cmd_status, "watch": cmd_watch, "logs": cmd_logs, "cancel": cmd_cancel, "schema": cmd_schema,
-    "preflight": cmd_preflight, "list": cmd_list, "nodes": cmd_nodes,
+    "preflight": cmd_preflight, "list": cmd_list, "nodes": cmd_nodes, "timeline": cmd_timeline,
 }
 
 
