@@ -544,11 +544,19 @@ def load_progress(tl: Timeline, files: dict[tuple[int, int], Path], columns: int
     """Read the ranks' reports for ``columns`` columns (None: their first and last only, which is
     enough to know the timeline's span)."""
     if columns is None:
-        tl.progress = {k: read_rank(p, [float("inf")]) for k, p in files.items()}
-        return
-    t0, t1, _ = span(tl)
-    edges = edges_of(t0, t1, columns)
-    tl.progress = {k: read_rank(p, edges) for k, p in files.items()}
+        edges = [float("inf")]
+    else:
+        t0, t1, _ = span(tl)
+        edges = edges_of(t0, t1, columns)
+    tl.progress = {k: _reports(p, edges) for k, p in files.items()}
+
+
+def _reports(path: Path, edges: list[float]) -> list[tuple[int, float]]:
+    """A rank's reports: those of its file (progress.py's ring of its last steps, or lines a
+    trainer appended) and of ``rank-R.history`` beside it (the helper's reports every
+    ``HISTORY_S`` seconds), in time order."""
+    got = set(read_rank(path, edges)) | set(read_rank(path.with_name(path.name + ".history"), edges))
+    return sorted(got, key=lambda p: (p[1], p[0]))
 
 
 def has_anything(tl: Timeline) -> bool:

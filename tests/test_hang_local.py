@@ -67,10 +67,13 @@ def test_no_false_hang(tmp_path, case):
         args, setup = ["--steps", "5", "--slow-rank", "1", "--slow-time", "6"], []
     else:
         # 15 s of setup and 15 s silent before the first step, both longer than timeout_s=10 (the
-        # monitor starts after setup; before its first report a rank has first_step_s = 2 x 10 s).
+        # monitor starts after setup; before its first report a rank is held to first_step_s,
+        # 45 s here: the silence plus torch's import and the rendezvous, which on a loaded 2-core
+        # machine took more than the default 2 x timeout_s = 20 s less the 15 s silence).
         args, setup = ["--steps", "5", "--first-step-delay", "15"], ["sleep 15"]
+    hang = {"timeout_s": 10} if case == "slow-rank" else {"timeout_s": 10, "first_step_s": 45}
     job = example_job(tmp_path, free_port(), trainer={"script": TRAINER, "args": args},
-                      hang={"timeout_s": 10}, setup=setup)
+                      hang=hang, setup=setup)
     t0 = time.monotonic()
     r = cli("submit", str(job), "--backend", "local", "--wait", "--quiet", timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -122,11 +122,12 @@ def test_stack_parsing_finds_the_main_thread_and_its_collective(tmp_path):
 @pytest.fixture
 def fresh_progress(monkeypatch):
     """progress.py as a new process finds it (its file is opened on the first report)."""
-    for name, value in (("_fd", None), ("_ring", None), ("_count", 0)):
+    for name, value in (("_fd", None), ("_ring", None), ("_count", 0), ("_history", None), ("_next_history", 0.0)):
         monkeypatch.setattr(progress, name, value)
     yield progress
-    if progress._fd is not None:
-        os.close(progress._fd)
+    for fd in (progress._fd, progress._history):
+        if fd is not None:
+            os.close(fd)
 
 
 def test_progress_helper_writes_step_lines_and_registers_the_stack_signal(tmp_path, monkeypatch, fresh_progress):
@@ -154,13 +155,28 @@ def test_a_report_makes_no_system_call_and_keeps_the_last_slots(tmp_path, monkey
     monkeypatch.setattr(os, "write", lambda fd, data: writes.append(fd) or real_write(fd, data))
     for step in range(1, 300):
         progress.report(step)
-    assert progress._fd not in writes
+    assert progress._fd not in writes and progress._history not in writes  # its one history line came first
     got = hang_monitor.read_reports(str(tmp_path / "rank-0"), 1000)
     assert [s for s, _ in got] == list(range(300 - progress.SLOTS, 300))  # the ring wrapped, oldest first
     assert (tmp_path / "rank-0").stat().st_size == progress.SLOTS * progress.WIDTH
     # The stragglers' window fits in the ring.
     from halo_sched.node import stragglers
     assert stragglers.WINDOW + 1 <= progress.SLOTS
+
+
+def test_the_history_keeps_a_line_every_half_second_and_the_timeline_reads_both(tmp_path, monkeypatch, fresh_progress):
+    from halo_sched import timeline
+
+    monkeypatch.setenv("HALO_PROGRESS_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "4")
+    clock = iter(1.8e9 + 0.1 * i for i in range(10_000))
+    monkeypatch.setattr(progress.time, "time", lambda: next(clock))
+    for step in range(600):  # 60 s of 0.1 s steps
+        progress.report(step)
+    history = hang_monitor.read_reports(str(tmp_path / "rank-4.history"), 10_000)
+    assert len(history) == 120 and history[0][0] == 0 and all(b[0] - a[0] == 5 for a, b in zip(history, history[1:]))
+    both = timeline._reports(tmp_path / "rank-4", [float("inf")])
+    assert [s for s, _ in both if s < 472] == list(range(0, 472, 5)) and [s for s, _ in both][-128:] == list(range(472, 600))
 
 
 def test_a_new_process_starts_its_reports_afresh(tmp_path, monkeypatch, fresh_progress):

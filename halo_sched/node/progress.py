@@ -17,7 +17,9 @@ two steps should report the same step again now and then.
 of ``SLOTS`` fixed-width lines (one page) mapped into memory and rewritten in place, so a report
 costs about half a microsecond and never touches the file system's metadata (a ``write`` per
 step updated the file's times, measurably on a short step: docs/failures.md, "Hangs"). It keeps
-the last ``SLOTS`` reports, enough for the stragglers' window. On its first call it also
+the last ``SLOTS`` reports, enough for the stragglers' window; the longer history (``halo-sched
+timeline``) is ``rank-$RANK.history``, the same lines appended at most every ``HISTORY_S``
+seconds (one ``write`` per interval, about 230 KB an hour). On its first call it also
 registers :mod:`faulthandler` on ``HALO_STACK_SIGNAL``, so that the monitor can read this rank's
 Python stack without ending it (written to ``rank-$RANK.stack`` beside the reports). Copy this
 file beside a trainer to use it where halo-sched is not installed. Standard library only.
@@ -30,8 +32,12 @@ import time
 #: The ring: SLOTS lines of WIDTH bytes each, ``"%13d %17.3f\\n"`` (step, Unix time), one page.
 SLOTS = 128
 WIDTH = 32
+#: At most one history line per this many seconds (``rank-$RANK.history``).
+HISTORY_S = 0.5
 _ring = None  # the mapped file, or False where it could not be mapped (then one write per report)
 _fd: int | None = None
+_history: int | None = None
+_next_history = 0.0
 _count = 0
 _stack = None  # the file faulthandler writes to: kept open for the life of the process
 
@@ -39,25 +45,32 @@ _stack = None  # the file faulthandler writes to: kept open for the life of the 
 def report(step: int) -> None:
     """Say that this rank finished ``step``. Costs about half a microsecond (no system call);
     does nothing outside halo-sched (no ``HALO_PROGRESS_DIR``)."""
-    global _count
+    global _count, _next_history
     if _fd is None and not _open():
         return
-    line = b"%13d %17.3f\n" % (step, time.time())
-    if _ring:
-        at = (_count % SLOTS) * WIDTH
-        try:
-            _ring[at:at + WIDTH] = line
-        except IndexError:  # a step of more than 13 digits: the line would not fit its slot
-            return
-        _count += 1
-    else:
+    now = time.time()
+    line = b"%13d %17.3f\n" % (step, now)
+    if not _ring:
         os.write(_fd, line)
+        return
+    at = (_count % SLOTS) * WIDTH
+    try:
+        _ring[at:at + WIDTH] = line
+    except IndexError:  # a step of more than 13 digits: the line would not fit its slot
+        return
+    _count += 1
+    if now >= _next_history and _history is not None:
+        _next_history = now + HISTORY_S
+        try:
+            os.write(_history, line)
+        except OSError:  # a full disk ends the history, never the trainer
+            pass
 
 
 def _open() -> bool:
     """Open this process's report file (a new process starts it afresh: a restarted rank's
     reports are its own). False outside halo-sched."""
-    global _fd, _ring, _count
+    global _fd, _ring, _count, _history, _next_history
     d = os.environ.get("HALO_PROGRESS_DIR")
     if not d:
         return False
@@ -69,6 +82,8 @@ def _open() -> bool:
 
         os.ftruncate(_fd, SLOTS * WIDTH)
         _ring = mmap.mmap(_fd, SLOTS * WIDTH)
+        _history = os.open(base + ".history", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        _next_history = 0.0
     except (ImportError, OSError, ValueError):  # a file system that cannot map files: lines appended
         os.ftruncate(_fd, 0)
         os.lseek(_fd, 0, os.SEEK_END)
