@@ -70,6 +70,18 @@ def test_min_busbw_renders_the_bandwidth_test_only_when_set(tmp_path):
         assert '--master-addr="$HALO_MASTER_ADDR" --master-port="$HALO_MASTER_PORT"' in r.stdout
 
 
+def test_rendering_a_floor_imports_no_torch(tmp_path):
+    job = example_job(tmp_path, free_port(), image="pytorch/pytorch:2.3.0",
+                      preflight={"gate": True, "min_busbw": "5GB/s"})
+    code = ("import sys, halo_sched\n"
+            "for b in ('local', 'slurm', 'nomad'):\n"
+            f"    assert '--min-busbw=5.0' in halo_sched.render(halo_sched.load({str(job)!r}), b), b\n"
+            "print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0 and r.stdout.strip() == "False", (r.stdout, r.stderr[-2000:])
+
+
 def test_which_node_a_slow_pair_fails():
     from halo_sched.node.trainers.preflight_bw import busbw_verdict
 
@@ -206,6 +218,21 @@ def test_a_node_below_min_busbw_is_ledgered_on_slurm(tmp_path, slurm_cluster):
     print(f"busbw gate failure on slurm: {took:.1f} s from submit to FAILED; {err[:200]}")
     rendered = cli("render", str(job), "--backend", "slurm", cwd=tmp_path, env=env)
     assert f"#SBATCH --exclude={names[1]}\n" in rendered.stdout, rendered.stdout[:1500]
+
+
+@pytest.mark.slurm
+@pytest.mark.torch
+def test_a_floor_the_nodes_meet_lets_the_job_train_on_slurm(tmp_path, slurm_cluster):
+    """The gate's store on rank 0's port is gone before torchrun listens there."""
+    env = {**os.environ, **slurm_cluster, "PYTHONPATH": str(REPO)}
+    env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
+    job = example_job(tmp_path, free_port(), nproc_per_node=1, preflight={"gate": True, "min_busbw": "1MB/s"},
+                      trainer={"script": str(REPO / "examples" / "train_ddp.py"), "args": ["--steps", "5"]})
+    r = cli("submit", str(job), "--backend", "slurm", "--wait", "--quiet", "--timeout", "240", cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    logs = cli("logs", r.stdout.strip().splitlines()[-1], cwd=tmp_path, env=env).stdout
+    assert len(re.findall(r'"check": "busbw","detail": "[0-9.]+ GB/s, at least preflight.min_busbw', logs)) == 2, logs[-3000:]
+    assert "replicas in sync: True" in logs, logs[-3000:]
 
 
 def test_the_gate_reaches_nomad_inside_the_entry_template(tmp_path):
