@@ -17,7 +17,7 @@ FAST_TESTS := not slurm and not torch and not long
 HCL_PARSER := tests/hclparse/node_modules/@cdktf/hcl2json/package.json
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test test-fast install hcl-parser cluster-up cluster-down bench clean
+.PHONY: demo test test-fast install hcl-parser cluster-up cluster-down bench bench-failures clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,10 @@ cluster-down:
 
 bench: $(BIN)/.installed .bench/torchx/torchx
 	$(BIN)/python bench/run.py
+
+# Recovery after a node fault and what the preflight gate saves (real torchrun, ~4 minutes on 2 cores).
+bench-failures: $(BIN)/.installed
+	$(BIN)/python bench/run.py --failures
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis tests/hclparse/node_modules

@@ -1,10 +1,16 @@
 """Speed, side by side with what users would pick instead (issue 13). Ratios are measured in one
 run, each pair alternating (medians); never asserted in tests.
 
-    make bench          # or: python bench/run.py [--quick | --startup]
+    make bench          # or: python bench/run.py [--quick | --startup | --failures]
 
 ``--startup``: the start-up and peak-memory rows alone, medians of 15 (what changes to the
 render path move).
+
+``--failures`` (``make bench-failures``, about 4 minutes on 2 cores; 2 with ``--quick``): the rows of
+bench/failures.py alone, recovery after a node fault with automatic retry vs a person
+resubmitting (the notice time ASSUMED, ``--notice-min``, default 15), and node-hours a preflight
+gate saves against a job that loads and fails at its first collective. Real torchrun on the local
+backend; not in plain ``make bench``: they take minutes, not seconds.
 
 Rows: `render` start-up vs the import floor (`import pydantic, jinja2, yaml`) and vs TorchX's
 dry run (installed by `make bench` into .bench/torchx, never into the project's environment);
@@ -311,6 +317,17 @@ def main() -> int:
           flush=True)
     if "--startup" in sys.argv:
         startup(15)
+        return 0
+    if "--failures" in sys.argv:
+        sys.path.insert(0, str(REPO / "bench"))
+        import failures
+
+        notice = float(sys.argv[sys.argv.index("--notice-min") + 1]) if "--notice-min" in sys.argv else 15.0
+        for r in failures.measure(1 if quick else 2, notice, 30.0, emit=lambda line: print(line, flush=True)):
+            row(*r)
+        print("\n| what | halo-sched | anchor | ratio | goal |\n|---|---|---|---|---|")
+        for r in rows:
+            print("| " + " | ".join(r) + " |")
         return 0
     startup(n)
     local_launch(2 if quick else 4)

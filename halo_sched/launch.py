@@ -277,6 +277,8 @@ def compile_launch(spec: JobSpec, job_id: str | None = None, exclude_hosts=None)
 class _Gate:
     fabric: str
     gdr: int
+    min_busbw: str = ""  # GB/s as digits, "" without preflight.min_busbw
+    busbw_size: str = ""
 
 
 def needs_gdr(spec: JobSpec) -> bool:
@@ -289,7 +291,11 @@ def needs_gdr(spec: JobSpec) -> bool:
 
 def _gate(spec: JobSpec) -> _Gate:
     """What the preflight gate checks beyond the node's interface: as ``halo-sched preflight``."""
-    return _Gate(fabric=str(spec.network.fabric), gdr=int(needs_gdr(spec)))  # fabric: quoted by the template
+    floor = spec.preflight.min_busbw_gbps() if spec.preflight.gate is True else None
+    return _Gate(fabric=str(spec.network.fabric), gdr=int(needs_gdr(spec)),  # fabric: quoted by the template
+                 min_busbw="" if floor is None else repr(float(floor)),
+                 # GPUs: a size in NCCL's bandwidth regime; CPUs (gloo): one a 2-core host times in ~0.1 s.
+                 busbw_size="256M" if spec.gpus_per_node else "64M")
 
 
 def render_entry(launch: Launch) -> str:

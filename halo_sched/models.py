@@ -619,6 +619,46 @@ class Preflight(_Model):
         description="Run the node checks of `halo-sched preflight` (network interface, GPUs, RDMA devices) on every "
                     "node after setup, before torchrun; a failing node fails the attempt as a node fault (ledgered).",
     )
+    min_busbw: str | None = Field(
+        None,
+        description='A bus-bandwidth floor for the gate, a positive number with its unit: "5GB/s" or "800MB/s" '
+                    "(decimal, as nccl-tests prints: 1 GB/s = 10^9 bytes/s). The gate then also times a send/recv "
+                    "from every node to node 0 before torchrun; a node below the floor fails the attempt as a node "
+                    "fault, naming the measured and required figures. Needs gate: true.",
+    )
+
+    @field_validator("min_busbw", mode="before")
+    @classmethod
+    def _busbw(cls, v: Any) -> Any:
+        if v is not None:
+            busbw_gbps(v)  # raises ValueError naming the format
+        return v
+
+    @model_validator(mode="after")
+    def _busbw_needs_gate(self) -> "Preflight":
+        if self.min_busbw is not None and self.gate is not True:
+            raise ValueError("preflight.min_busbw needs preflight.gate: true (the floor is checked by the gate "
+                             "inside the job); set gate: true or drop min_busbw")
+        return self
+
+    def min_busbw_gbps(self) -> float | None:
+        """min_busbw in GB/s (10^9 bytes/s), or None."""
+        return None if self.min_busbw is None else busbw_gbps(self.min_busbw)
+
+
+_BUSBW_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([GM])B/s")
+
+
+def busbw_gbps(text: str) -> float:
+    """'5GB/s' -> 5.0, '800MB/s' -> 0.8, '1.5 GB/s' -> 1.5: decimal units, the unit required."""
+    m = _BUSBW_RE.fullmatch(text.strip()) if isinstance(text, str) else None
+    if m is None or len(text) > 40:
+        raise ValueError(f"{str(text)[:40]!r} is not a bandwidth: write a positive number with its unit, "
+                         'e.g. "5GB/s" or "800MB/s" (decimal: 1 GB/s = 10^9 bytes/s)')
+    value = float(m.group(1)) / (1 if m.group(2) == "G" else 1000)
+    if not 0 < value < 1e6:
+        raise ValueError(f"{text.strip()!r}: the floor must be above 0 and below 1,000,000 GB/s")
+    return value
 
 
 NOTIFY_EVENTS = ("failed", "hung", "retried", "completed")

@@ -25,11 +25,19 @@ CASES = [
     ("rl-servers.yaml", "slurm", {}, "rl-servers.sbatch"),
     ("rl-servers.yaml", "nomad", {"format": "hcl"}, "rl-servers.nomad.hcl"),
     ("rl-servers.yaml", "nomad", {"format": "json"}, "rl-servers.nomad.json"),
+    # The preflight gate with a bandwidth floor: the one rendering that min_busbw changes.
+    ("ddp-gpu.yaml+gate", "slurm", {}, "ddp-gpu-gate-busbw.sbatch"),
 ]
+# Cases named "EXAMPLE+VARIANT": the example with these fields set on top.
+VARIANTS = {"gate": {"preflight": {"gate": True, "min_busbw": "20GB/s"}}}
 
 
 def _rendered(example, backend, opts) -> str:
-    return halo_sched.render(halo_sched.load(REPO / "examples" / example), backend, **opts)
+    name, _, variant = example.partition("+")
+    spec = halo_sched.load(REPO / "examples" / name)
+    if variant:
+        spec = type(spec).model_validate({**spec.model_dump(exclude_unset=True), **VARIANTS[variant]})
+    return halo_sched.render(spec, backend, **opts)
 
 
 def test_regenerating_golden_files_fails_the_run():

@@ -219,6 +219,99 @@ def emit(mark: str, data: dict) -> None:
 FAILURE_TAG = "halo-sched-failure"  # halo_sched/node/failures.py TAG: every backend reads these lines
 
 
+def busbw_verdict(pairs: dict[int, float], floor: float) -> dict[int, tuple[float, bool]]:
+    """Each node's bus bandwidth and whether it is below ``floor`` (GB/s), from ``pairs``: node i's
+    send/recv to node 0 in GB/s, for i = 1..N-1. Node i's figure is its pair's; node 0's is its
+    best pair (node 0 is slow only if every pair is). With 3 or more nodes and every pair slow,
+    node 0, their one common end, is the node that fails, alone. With 2 nodes there is one pair
+    and nothing tells its ends apart: node 1 fails (one node, the same one every time, so one node
+    is ledgered; node 0 is stopped with the job, as for any node that fails, and its own line says
+    it was below the floor too). A node below the floor that is not failed says so, not fatal."""
+    if not pairs:
+        return {}
+    out = {i: (v, v < floor) for i, v in pairs.items()}
+    best = max(pairs.values())
+    all_slow = best < floor
+    if all_slow and len(pairs) >= 2:
+        out = {i: (v, False) for i, v in pairs.items()}
+    out[0] = (best, all_slow and len(pairs) >= 2)
+    return dict(sorted(out.items()))
+
+
+def gate_busbw(args, host: str) -> tuple[dict[int, tuple[float, bool]], str]:
+    """The bandwidth part of the gate: one process per node (no torchrun), its own process group
+    on rank 0's address and port, then a warm-up and a timed send/recv of ``--size`` bytes from
+    each node to node 0 in turn (median of ``--iters``; completion forced by reading the result).
+    Returns every node's (GB/s, below the floor) and how it was measured. Node 0's store closes
+    before the other nodes return, so no torchrun agent started next can reach this store."""
+    # This process only: c10's warning (with a C++ stack) when node 0's store closes under the
+    # wait below is the expected end, not news.
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    import torch
+    import torch.distributed as dist
+
+    rank, world = args.node, args.nodes
+    timeout = datetime.timedelta(seconds=args.timeout_s)
+    base = dist.TCPStore(args.master_addr, args.master_port, world, rank == 0, timeout=timeout,
+                         wait_for_workers=True)
+    store = dist.PrefixStore("halo-sched-gate", base)
+    cuda = args.gpus_per_node > 0
+    if cuda:
+        torch.cuda.set_device(0)
+        dev = torch.device("cuda", 0)
+        dist.init_process_group("nccl", store=store, rank=rank, world_size=world, timeout=timeout, device_id=dev)
+    else:
+        dev = torch.device("cpu")
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    size = parse_bytes(args.size)
+    n = max(1, size // 4)
+    pairs: dict[int, float] = {}
+    for src in range(1, world):
+        if rank in (0, src):
+            v = torch.rand(n, device=dev) if rank == src else torch.zeros(n, device=dev)
+            warm = torch.rand(max(1, n >> 10), device=dev)
+        dist.barrier()
+        if rank == src:  # warm-up: NCCL connects a pair at its first transfer
+            dist.send(warm, 0)
+        elif rank == 0:
+            dist.recv(warm, src)
+            warm.sum().item()
+        samples = []
+        for _ in range(args.iters):
+            dist.barrier()
+            t0 = time.perf_counter()
+            if rank == src:
+                dist.send(v, 0)
+            elif rank == 0:
+                dist.recv(v, src)
+                v.sum().item()  # forces completion: recv returns before the data has arrived
+                samples.append(time.perf_counter() - t0)
+        if rank == 0:
+            pairs[src] = round(n * 4 / statistics.median(samples) / 1e9, 3)
+        if rank in (0, src):
+            del v, warm
+    verdict = [busbw_verdict(pairs, args.min_busbw) if rank == 0 else None]
+    dist.broadcast_object_list(verdict, src=0)
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 0:
+        del store, base  # the store's server stops here
+    else:
+        # Wait (bounded) until node 0's store is gone: then a torchrun agent of this node finds
+        # nothing at the port until node 0's own torchrun listens there.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                base.check(["halo-sched-gate-closed"])
+            except Exception:  # noqa: BLE001 - the connection closed: what we wait for
+                break
+            time.sleep(0.1)
+        del store, base
+    how = (f"send/recv to node 0, {size / 2**20:g} MiB, median of {args.iters}, "
+           f"{'nccl' if cuda else 'gloo'}, one process per node")
+    return {int(k): v for k, v in verdict[0].items()}, how
+
+
 def gate(argv: list[str]) -> int:
     """The job's own preflight gate (``preflight: {gate: true}``): the node checks above, run by
     the entry script on each node after setup and before torchrun, no process group. Prints this
@@ -232,9 +325,42 @@ def gate(argv: list[str]) -> int:
     ap.add_argument("--gdr", type=int, default=0)
     ap.add_argument("--gpus-per-node", type=int, default=0)
     ap.add_argument("--nproc-per-node", type=int, default=1)
+    # preflight.min_busbw: the bandwidth floor (GB/s); 0: no bandwidth test.
+    ap.add_argument("--min-busbw", type=float, default=0.0)
+    ap.add_argument("--nodes", type=int, default=1)
+    ap.add_argument("--master-addr", default="")
+    ap.add_argument("--master-port", type=int, default=0)
+    ap.add_argument("--size", default="64M")
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--timeout-s", type=float, default=600)
     args = ap.parse_args(argv)
     host, _ = host_identity()
     checks = [{**c, "node": args.node, "host": host} for c in node_checks(args)]
+    if args.min_busbw > 0 and args.nodes > 1 and not any(c["fatal"] for c in checks):
+        try:
+            figures, how = gate_busbw(args, host)
+        except Exception as e:  # noqa: BLE001 - a peer gone mid-test: not this node's figure
+            print(f"halo-sched gate: node {args.node}: the bandwidth test did not complete: "
+                  f"{type(e).__name__}: {str(e)[:300]}", file=sys.stderr, flush=True)
+            return 3
+        got, slow = figures.get(args.node, (0.0, True))
+        floor = f"{args.min_busbw:g} GB/s"
+        if slow:
+            checks.append({**_check(
+                "busbw", False, f"node {args.node} ({host}) measured {got:g} GB/s, below preflight.min_busbw "
+                f"{floor} ({how}; every node: {', '.join(f'{k}: {v[0]:g}' for k, v in figures.items())} GB/s)",
+                "check this node's fabric link (NIC, cable, switch port) or lower preflight.min_busbw; "
+                "halo-sched preflight measures every pair", fatal=True), "node": args.node, "host": host})
+        elif got < args.min_busbw:
+            checks.append({**_check(
+                "busbw", False, f"node {args.node} ({host}) measured {got:g} GB/s, below preflight.min_busbw {floor}, "
+                f"but its slow pair is blamed on the other end ({how}; every node: "
+                f"{', '.join(f'{k}: {v[0]:g}' for k, v in figures.items())} GB/s)",
+                "if the next attempt fails the same way on a new node, this node is the slow one"),
+                "node": args.node, "host": host})
+        else:
+            checks.append({**_check("busbw", True, f"{got:g} GB/s, at least preflight.min_busbw {floor} ({how})"),
+                           "node": args.node, "host": host})
     line = f"{NODE_MARK} {json.dumps({'node': args.node, 'host': host, 'checks': checks}, separators=(',', ': '), sort_keys=True)}"
     print(line, file=sys.stderr, flush=True)
     fatal = [c for c in checks if c["fatal"]]
