@@ -2,10 +2,10 @@
 
 Where it comes from:
 
-* progress: each rank's file of ``STEP UNIX_TIME`` lines (the progress protocol,
-  ``halo_sched/node/progress.py``), under the job's log root as ``node-K/progress/rank-R``. The file
-  is already the whole history (one line per reported step, appended by the rank): nothing more is
-  written on the node for the timeline. It is read boundedly: a file up to :data:`WHOLE_BYTES` whole,
+* progress: each rank's ``STEP UNIX_TIME`` lines (the progress protocol,
+  ``halo_sched/node/progress.py``), under the job's log root as ``node-K/progress/rank-R``: lines
+  the trainer appended (the whole history), or the helper's ring of the last 128 reports and its
+  ``rank-R.history`` (a line every 0.5 s at most), read together. A file is read boundedly: up to :data:`WHOLE_BYTES` whole,
   a larger one only where a column starts (a binary search on time per column edge, a few hundred
   small reads), which says exactly whether a rank reported within each column however long the job.
   Reachable where the log root is: local, the job directory; SLURM and Nomad keep it on the nodes
@@ -294,8 +294,10 @@ def layout(tl: Timeline, columns: int) -> Layout:
             cells[c] = fill
         if tl.history:
             pace = _pace(pts)
-            for (_, ta), (_, tb) in zip(pts, pts[1:]):
-                if pace is not None and tb - ta <= BRIDGE * pace:
+            for (sa, ta), (sb, tb) in zip(pts, pts[1:]):
+                # Steps made over the gap at no worse than BRIDGE x the rank's pace: progress (the
+                # helper's history has a line every 0.5 s, many steps apart).
+                if pace is not None and tb - ta <= BRIDGE * pace * max(1, sb - sa):
                     for c in range(_col(ta, t0, col_s, columns), _col(tb, t0, col_s, columns) + 1):
                         if c < end_col:
                             cells[c] = STEP

@@ -80,6 +80,19 @@ def test_steps_longer_than_a_column_draw_as_steady_progress_and_a_long_pause_doe
     assert T.STEP in cells[82:]
 
 
+def test_the_helpers_history_draws_as_steady_progress_and_a_stall_in_it_does_not():
+    # progress.report()'s history: a line every 0.5 s of 0.01 s steps, then the ring's last 128
+    # steps; 100 columns of 0.2 s over 20 s, a 5 s stall (one step) at 12 s.
+    t0 = 1000.0
+    history = [(50 * i, t0 + 0.5 * i) for i in range(25)] + [(1201 + 50 * i, t0 + 17.5 + 0.5 * i) for i in range(2)]
+    ring = [(s, t0 + 17.5 + 0.01 * (s - 1201)) for s in range(1201, 1329)]
+    lay = T.layout(T.Timeline("j", start=t0, end=t0 + 20, progress={(0, 0): sorted(set(history + ring), key=lambda p: p[1])}), 100)
+    cells = "".join(lay.rows[0].cells)
+    assert cells[:61] == T.STEP * 61, cells  # 0 .. 12 s: 50 steps every 0.5 s
+    assert set(cells[62:87]) == {T.QUIET}, cells  # 12 -> 17.5 s: one step in 5.5 s
+    assert cells[87:94] == T.STEP * 7, cells
+
+
 def test_a_running_job_ends_now_and_says_so():
     t0 = time.time() - 30
     tl = T.Timeline("j", start=t0, end=None, now=t0 + 30, progress={(0, 0): [(s, t0 + s) for s in range(25)]})
