@@ -38,7 +38,7 @@ Imports stay lazy: start-up must not pay for backends it does not use, and never
 
 This module parses the command line and runs the command it names; the commands themselves are in
 halo_sched/commands/ (``COMMANDS`` below says which module holds each; only that one is imported),
-what they write to the terminal in halo_sched/console.py. A new command: its arguments in
+what they write to the terminal in halo_sched/commands/__init__.py. A new command: its arguments in
 ``build_parser``, its function ``cmd_NAME(args, scheduler)`` in a module of halo_sched/commands/,
 its line in ``COMMANDS``.
 """
@@ -48,7 +48,7 @@ import argparse
 import os
 import sys
 
-from .console import PipeGuard, outage_line, say
+from .commands import PipeGuard, outage_line, say
 from .errors import EXIT_INTERRUPTED, HaloError, shown
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..console import Progress, say
+from . import Progress, say
 from ..errors import UsageError
 
 

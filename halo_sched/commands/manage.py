@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from ..console import say
+from . import say
 from ..errors import UnknownJob, UsageError, shown
 from .jobids import resolve_ids
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..console import PipeGuard, say
+from . import PipeGuard, say
 from ..errors import HaloError, UnknownJob, UsageError, shown
 from .jobids import refuse_unknown, resolve_ids, resolve_one
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ..console import Progress, say
+from . import Progress, say
 from ..errors import EXIT_INTERRUPTED
 from .jobids import refuse_unknown, resolve_one
 
