@@ -22,9 +22,18 @@ from ..base import DryRun, EndWatch, JobState, JobStatus, Scheduler
 from ...launch import compile_launch
 from .render import render_batch, render_sbatch
 from .capabilities import CancelsOnce, Lists, SubmitsOnce
-from .outputs import expand_output, launch_cause, output_files, output_problems, read_output
 
 __all__ = ["LIST_ASK_S", "SUBMIT_CHECK_S", "SlurmScheduler", "output_problems"]
+
+
+def __getattr__(name: str):
+    """``output_problems`` (outputs.py) is importable from here too, without putting outputs.py
+    on the render path: it is imported when first asked for."""
+    if name == "output_problems":
+        from .outputs import output_problems
+
+        return output_problems
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # Ends of one run after which SLURM may requeue the job (sbatch --requeue).
 _MAY_REQUEUE = {JobStatus.PREEMPTED, JobStatus.NODE_FAIL}
@@ -78,7 +87,8 @@ class SlurmScheduler(Scheduler):
         return render_sbatch(spec)
 
     def schedule(self, dryrun: DryRun) -> str:
-        from . import checks  # checks.py and pending.py: not on the render path
+        from . import checks  # checks.py, outputs.py and pending.py: not on the render path
+        from .outputs import output_problems
 
         # secret_env: the values travel in sbatch's environment, by name, never in the script.
         # --export=ALL on the command line wins over a user's SBATCH_EXPORT=NONE, which would
@@ -173,12 +183,15 @@ class SlurmScheduler(Scheduler):
                 # Which rank failed first: the failure lines the nodes wrote into the output file.
                 # (Imported here, when a job failed: render and submit need none of it, 10 ms.)
                 from ...node.failures import report_from_files
+                from .outputs import output_files
 
                 state.failure = report_from_files(output_files(self.transport, job_id, ask=False))
         return states
 
     def _launch_cause(self, job_id: str) -> str:
         """outputs.launch_cause, once per job."""
+        from .outputs import launch_cause
+
         cache = self.__dict__.setdefault("_launch_causes", {})
         if job_id not in cache:
             cache[job_id] = ""
@@ -187,6 +200,8 @@ class SlurmScheduler(Scheduler):
 
     def record_fields(self, dryrun: DryRun, job_id: str) -> dict:
         """For the job record: the output file as an absolute path, and the cluster (sbatch -M)."""
+        from .outputs import expand_output
+
         cluster, _, num = job_id.rpartition(":")
         out = expand_output(compile_launch(dryrun.spec).output, dryrun.spec.name, num)
         return {"outputs": [out], "scheduler": {"cluster": cluster or None}}
@@ -267,6 +282,8 @@ class SlurmScheduler(Scheduler):
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
         """The job's output file (srun --label prefixes each line with its node rank). All nodes
         write into that one file; ``halo-sched logs --node K`` splits it on read."""
+        from .outputs import output_files, read_output
+
         paths = output_files(self.transport, job_id)
         if not paths:
             raise SchedulerError(f"SLURM does not report an output file for job {job_id} (is it too old?)")
