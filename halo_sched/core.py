@@ -1,6 +1,6 @@
 """The orchestration the commands share with the library, once: which backend a job id went to,
 which ids nobody knows, waiting after a submit, and keeping each state the scheduler reports in
-the job's record (``status``, ``list``). The CLI (cli.py) parses arguments, calls these and
+the job's record (``status``, ``list``). The CLI (cli.py parses arguments; commands/ holds the commands) calls these and
 prints; the submit sequence itself is :meth:`halo_sched.backends.base.Scheduler.submit`.
 """
 from __future__ import annotations

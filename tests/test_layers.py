@@ -100,3 +100,80 @@ def test_importing_every_node_module_loads_nothing_else():
                and m.split(".")[0] not in ("__main__", "_distutils_hack", "sitecustomize", "usercustomize")
                and not m.startswith("_sysconfigdata_")]
     assert foreign == []
+
+
+# ---- the command line: halo_sched/cli.py parses and dispatches; halo_sched/commands/ holds the
+# commands, and its __init__.py what both write to the terminal ----------------------------------
+
+PKG = REPO / "halo_sched"
+
+
+def _imported(path, repo=REPO):
+    """(line, module) for each import of ``path``, and for ``from X import y`` also ``X.y`` (it
+    may be a module: ``from .. import cli``)."""
+    found = set()
+    for line, name, _ in _imports(path, repo):
+        found.add((line, name))
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            base = {n for ln, n in found if ln == node.lineno}
+            found |= {(node.lineno, f"{b}.{a.name}") for b in base for a in node.names}
+    return found
+
+
+def _cli_layer_violations(repo=REPO) -> list[str]:
+    pkg = repo / "halo_sched"
+    shared = pkg / "commands" / "__init__.py"
+    out = []
+    for path in sorted(pkg.rglob("*.py")):
+        rel = path.relative_to(repo).as_posix()
+        in_commands = path.is_relative_to(pkg / "commands")
+        for line, name in sorted(_imported(path, repo)):
+            if name == "halo_sched.cli" and in_commands:
+                out.append(f"{rel}:{line} imports halo_sched.cli (it runs the commands, not the other way)")
+            if (name == "halo_sched.commands" or name.startswith("halo_sched.commands.")) and not in_commands \
+                    and path != pkg / "cli.py":
+                out.append(f"{rel}:{line} imports {name} (only the command line runs commands)")
+            if path == shared and name.split(".")[0] not in sys.stdlib_module_names | {"__future__"}:
+                out.append(f"{rel}:{line} imports {name} (it is on every command's start-up path)")
+    return out
+
+
+def test_the_command_line_layers():
+    """The library never imports the commands (halo_sched/commands/ is the CLI's); the commands
+    never import halo_sched.cli (which imports them); halo_sched/commands/__init__.py, loaded at
+    every start-up, imports only the standard library."""
+    assert (PKG / "commands" / "__init__.py").is_file()
+    assert _cli_layer_violations() == []
+
+
+def test_the_command_line_layer_check_reports_each_kind(tmp_path):
+    pkg = tmp_path / "halo_sched"
+    (pkg / "commands").mkdir(parents=True)
+    for rel in ("__init__.py", "cli.py"):
+        (pkg / rel).write_text("")
+    (pkg / "commands" / "__init__.py").write_text("import sys\nimport yaml\n")
+    (pkg / "commands" / "x.py").write_text("def f():\n    from .. import cli\n")
+    (pkg / "core.py").write_text("from .commands import show\n")
+    assert _cli_layer_violations(tmp_path) == [
+        "halo_sched/commands/__init__.py:2 imports yaml (it is on every command's start-up path)",
+        "halo_sched/commands/x.py:2 imports halo_sched.cli (it runs the commands, not the other way)",
+        "halo_sched/core.py:1 imports halo_sched.commands (only the command line runs commands)",
+        "halo_sched/core.py:1 imports halo_sched.commands.show (only the command line runs commands)",
+    ]
+
+
+def test_each_command_is_found_and_start_up_imports_none():
+    """Every line of cli.COMMANDS names a function of halo_sched/commands/; importing the CLI loads
+    none of the command modules (each is imported when its command runs)."""
+    code = (
+        "import json, sys\nfrom halo_sched import cli\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('halo_sched.commands.'))\n"
+        "found = {name: callable(cli._command(name)) for name in cli.COMMANDS}\n"
+        "print(json.dumps([loaded, found]))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    loaded, found = json.loads(r.stdout)
+    assert loaded == []
+    assert found and all(found.values()), found

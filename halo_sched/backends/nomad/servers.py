@@ -1,5 +1,5 @@
 """Server roles (``servers:``) in the Nomad job: their group and service names and the trainer's
-view of them; render.py builds each role's group from the launch plan with these. One group per
+view of them; groups.py builds each role's group from the launch plan with these. One group per
 role, ``server-NAME``, Count = its nodes (constant size, like the trainer's two groups), server
 index = ``NOMAD_ALLOC_INDEX`` (sound for the same reasons as the workers' node rank, see render.py).
 
@@ -12,15 +12,15 @@ registered, so the file is blank and the entry script polls it within the rendez
 rendering ``halo-index-K ADDR`` lines; the entry script picks each index (overlapping
 registrations of one index: the first line wins).
 
-The task's driver config and resources are the trainer's (render._config_and_resources): with
+The task's driver config and resources are the trainer's (groups._config_and_resources): with
 docker, ``entrypoint = ["/bin/bash"]`` and the server script as ``args``, so an image's own
 ENTRYPOINT (vLLM's starts its server) never swallows it; the group's restart, reschedule and
-``disconnect { lost_after, replace = false }`` are the trainer's too (render.lost_after_ns).
+``disconnect { lost_after, replace = false }`` are the trainer's too (groups.lost_after_ns).
 
-The task's driver config and resources are the trainer's (render._config_and_resources): with
+The task's driver config and resources are the trainer's (groups._config_and_resources): with
 docker, ``entrypoint = ["/bin/bash"]`` and the server script as ``args``, so an image's own
 ENTRYPOINT (vLLM's starts its server) never swallows it; the group's restart, reschedule and
-``disconnect { lost_after, replace = false }`` are the trainer's too (render.lost_after_ns).
+``disconnect { lost_after, replace = false }`` are the trainer's too (groups.lost_after_ns).
 
 Ending: Nomad ends nothing across groups. The job's watcher stops the job once the trainer's
 groups are complete or a server allocation died (state.py, watchdog.py); and each server also

@@ -127,7 +127,8 @@ def in_words(reason: str | None) -> str:
 # What to change, from the job's and its partition's fields (scontrol show job/partition/node)
 
 
-def _num(value: str | None) -> int | None:
+def leading_int(value: str | None) -> int | None:
+    """The number a SLURM field starts with (``8``, ``8(x2)``, ``64000M``); None without one."""
     m = re.match(r"^\s*(\d+)", value or "")
     return int(m.group(1)) if m else None
 
@@ -136,7 +137,7 @@ def _limit(value: str | None) -> int | None:
     """A partition limit; None when UNLIMITED/INFINITE/absent."""
     if not value or value.strip().upper() in ("UNLIMITED", "INFINITE", "NONE", "N/A", "(NULL)"):
         return None
-    return _num(value)
+    return leading_int(value)
 
 
 def _seconds(value: str | None) -> int | None:
@@ -155,8 +156,8 @@ def node_sizes(nodes: list[Mapping[str, str]], partition: str) -> list[tuple[int
     out = []
     for n in nodes:
         if partition in (n.get("Partitions") or "").split(","):
-            cpus = _num(n.get("CPUTot")) or 0
-            out.append((cpus, _num(n.get("RealMemory")) or 0))
+            cpus = leading_int(n.get("CPUTot")) or 0
+            out.append((cpus, leading_int(n.get("RealMemory")) or 0))
     return out
 
 
@@ -165,7 +166,7 @@ def partition_limits(part: Mapping[str, str], nodes: list[Mapping[str, str]]) ->
     name = part.get("PartitionName", "")
     sizes = node_sizes(nodes, name)
     max_nodes = _limit(part.get("MaxNodes"))
-    total = _num(part.get("TotalNodes"))
+    total = leading_int(part.get("TotalNodes"))
     per_node_cpus = _limit(part.get("MaxCPUsPerNode"))
     cpus = max((c for c, _ in sizes), default=None)
     if per_node_cpus is not None and cpus is not None:
@@ -214,10 +215,10 @@ def explain(reason: str, job: Mapping[str, str], part: Mapping[str, str] | None,
     if part is not None:
         problems = limit_problems(
             partition_limits(part, nodes),
-            nodes=_num(job.get("NumNodes")),
+            nodes=leading_int(job.get("NumNodes")),
             time_s=_seconds(job.get("TimeLimit")), time_text=job.get("TimeLimit"),
-            cpus_per_task=_num(job.get("CPUs/Task")),
-            mem_mb=_num(job.get("MinMemoryNode")) or None)
+            cpus_per_task=leading_int(job.get("CPUs/Task")),
+            mem_mb=leading_int(job.get("MinMemoryNode")) or None)
         # The one that SLURM named first, then the others.
         problems.sort(key=lambda p: f"({word})" not in p[1])
         if problems:

@@ -1,0 +1,275 @@
+"""The task groups of a Nomad job, from the launch plan: the trainer's (node-0 and workers, see
+render.py for the shape) and one per server role, each with its task: driver config and
+resources, environment, the entry script and the templates it reads (rank 0's address, the
+secrets, the servers' addresses), and the policies that keep a rank from being restarted,
+rescheduled or replaced (``lost_after_ns``)."""
+from __future__ import annotations
+
+import hashlib
+
+from ...launch import Launch, ServerRole
+from ...models import JobSpec
+from ...node.contract import NAMES
+from ...servers import render_server
+from ...templating import checked_int, checked_text
+from ...values import MAX_TIMEOUT_HOURS
+from . import servers as nomad_servers
+from .names import (
+    ENTRY_PATH, LEADER_GROUP, MASTER_FILE, PORT_LABEL, TASK, WORKER_RANK_OFFSET, service_name,
+)
+from .secrets import secret_wiring
+
+
+def delimiters(text: str) -> tuple[str, str]:
+    """Go-template delimiters that never occur in ``text``, so the entry renders byte-exact."""
+    salt = 0
+    while True:
+        h = hashlib.sha256(f"{salt}:{text}".encode()).hexdigest()[:8]
+        left, right = f"[[halo-{h}", f"halo-{h}]]"
+        if left not in text and right not in text:
+            return left, right
+        salt += 1
+
+
+def master_template(job_id: str) -> str:
+    """Rank 0's address on the first line and its port on the second, from node-0's service
+    registration; blank until it registers. The registration carries the port the rendezvous
+    label was given, static or dynamic (nomad v2.0.5 ``client/serviceregistration/address.go``
+    GetAddress, host mode: the label's AllocatedPortMapping, HostIP and Value), and the template
+    gives it as ``.Port`` (consul-template v0.42.1, Nomad 2.0.5's, ``dependency/nomad_service.go``).
+    The file is written whole (``renderer/renderer.go`` AtomicWrite: a temporary file renamed into
+    place), so a reader never sees the address without the port. Server tasks read the first line."""
+    # Instance 0 explicitly: during a redeploy two registrations of the service can overlap.
+    return (
+        f'{{{{ with nomadService "{service_name(job_id)}" }}}}'
+        # The final newline: a heredoc in the HCL would add one (the two forms stay one job).
+        "{{ with index . 0 }}{{ .Address }}\n{{ .Port }}{{ end }}{{ end }}\n"
+    )
+
+
+def driver_config_literal(value: str) -> str:
+    """``value`` as a docker driver config string the client leaves literal: the client decodes
+    the whole config as HCL2 JSON (``hclutils.ParseHclInterface`` in the task runner), so
+    ``${`` would interpolate and ``%{`` run a directive; ``$${`` and ``%%{`` are HCL's escapes."""
+    return value.replace("${", "$${").replace("%{", "%%{")
+
+
+def _task(launch: Launch, group: str, entry: str, delims: tuple[str, str]) -> dict:
+    spec, job_id = launch.spec, launch.job_id
+    nm = spec.nomad
+    left, right = delims
+    templates = [{
+        "EmbeddedTmpl": entry,
+        "DestPath": ENTRY_PATH,
+        "Perms": "0755",
+        "ChangeMode": "noop",
+        "LeftDelim": left,
+        "RightDelim": right,
+    }]
+    if group == LEADER_GROUP:
+        # NOMAD_PORT_<label>: the port's To when set, else its Value, static or dynamic
+        # (client/taskenv/env.go addGroupPort/addPorts, v2.0.5); host mode sets no To.
+        env = {NAMES.node_rank: "0", NAMES.master_addr: "${NOMAD_IP_%s}" % PORT_LABEL,
+               NAMES.master_port: "${NOMAD_PORT_%s}" % PORT_LABEL}
+    else:
+        env = {
+            # The entry script adds the two: Nomad's ${} cannot.
+            NAMES.node_rank: "${NOMAD_ALLOC_INDEX}",
+            NAMES.node_rank_offset: str(WORKER_RANK_OFFSET),
+            NAMES.master_addr_file: nomad_servers.MASTER_FILE_IN_TASK,
+        }
+        # noop: the file is rewritten when rank 0 registers; the entry script polls it.
+        templates.append({"EmbeddedTmpl": master_template(job_id), "DestPath": MASTER_FILE, "ChangeMode": "noop"})
+
+    if launch.restart_count:  # a retry of its run (halo_sched/runs.py): the ranks learn which attempt
+        env[NAMES.restart_count] = str(launch.restart_count)
+    secret_env, secret_templates = secret_wiring(job_id, list(launch.trainer.secret_names))
+    env.update(secret_env)
+    templates += secret_templates
+
+    if launch.servers:
+        # Each server role's addresses, read from its registrations (halo_sched/backends/nomad/servers.py).
+        server_env, server_templates = nomad_servers.trainer_wiring(launch)
+        env.update(server_env)
+        templates += server_templates
+    config, resources = _config_and_resources(spec, launch.trainer.image, launch.trainer.gpus, ["${NOMAD_TASK_DIR}/halo-entry.sh"])
+    return {
+        "Name": TASK,
+        "Driver": nm.driver,
+        "Config": config,
+        "Env": env,
+        "Templates": templates,
+        "Resources": resources,
+        "KillTimeout": 30_000_000_000,
+    }
+
+
+def _config_and_resources(spec: JobSpec, image: str | None, gpus: int, args: list[str]) -> tuple[dict, dict]:
+    """The driver config and resources of a node-sized task (trainer node or server node)."""
+    nm = spec.nomad
+    if nm.driver == "docker":
+        config: dict = {
+            "image": image,
+            # The shell as the container's entrypoint and the script as its command: the image's
+            # own ENTRYPOINT never runs. The docker driver puts `command` and `args` into the
+            # container's Cmd only (drivers/docker/driver.go:1477-1491, v2.0.5) and takes the
+            # Entrypoint from the task config alone (:1053); Docker runs Entrypoint + Cmd, and an
+            # image entrypoint that does not `exec "$@"` (vLLM's starts its server) would swallow
+            # `command = "/bin/bash"`. No `command`: `args` alone become the Cmd (:1489-1491).
+            "entrypoint": ["/bin/bash"],
+            "args": args,
+            # torchrun and NCCL need the host's interfaces; the rendezvous port is a host port.
+            # (network_mode is not a namespace mode the driver restricts; ipc_mode = "host" is,
+            # since 2.0.4: shared memory comes from shm_size instead.)
+            "network_mode": "host",
+            # The docker driver's ulimit is a list(map(string)); an HCL block is a list of one.
+            "ulimit": [{"memlock": "-1", "stack": "67108864"}],
+        }
+        if nm.shm_bytes is not None:
+            config["shm_size"] = checked_int(nm.shm_bytes, "nomad.shm_size")
+        if nm.volumes:
+            config["volumes"] = [driver_config_literal(checked_text(v, "nomad.volumes")) for v in nm.volumes]
+        if spec.network.fabric == "efa":
+            devices = ["/dev/infiniband"] + (["/dev/gdrdrv"] if spec.network.cross_node_expert_parallel else [])
+            config["devices"] = [{"host_path": d, "container_path": d} for d in devices]
+    else:
+        config = {"command": "/bin/bash", "args": args}
+
+    resources: dict = {"CPU": checked_int(nm.cpu, "nomad.cpu"), "MemoryMB": checked_int(nm.memory, "nomad.memory")}
+    if checked_int(gpus, "gpus_per_node"):
+        resources["Devices"] = [{"Name": "nvidia/gpu", "Count": gpus}]
+    return config, resources
+
+
+#: Added to the job's bound in :func:`lost_after_ns`: the allocation's max_run_duration timer
+#: runs on the client from its CreateTime, the unknown allocation's expiry on the servers from
+#: the time they marked it unknown (clocks of different machines), and the survivors' kill
+#: takes up to kill_timeout (30 s). An hour covers skew and kill; it delays nothing a user waits
+#: for (the survivors are gone by then; it only delays when an unwatched Nomad job turns dead).
+LOST_AFTER_MARGIN_NS = 3600 * 10**9
+
+
+#: The job's bound when it sets no max_run_duration: a week, the longest wait of any rank
+#: (rendezvous.timeout_s, storage.store_timeout_hours and nccl_timeout_minutes are each at most
+#: a week, spec.MAX_TIMEOUT_HOURS), so a survivor blocked on the lost rank has given up by then.
+UNBOUNDED_JOB_LOST_AFTER_NS = MAX_TIMEOUT_HOURS * 3600 * 10**9
+
+
+def lost_after_ns(spec: JobSpec) -> int:
+    """``disconnect.lost_after`` of every group: the job's lifetime bound plus a margin.
+
+    Why (hashicorp/nomad v2.0.5): ``replace = false`` alone no longer keeps a lost rank from
+    being replaced. Since PR #27053 (v1.11.2, every 2.0.x) a node that misses its heartbeats is
+    marked ``down`` unless one of its running allocations has a ``lost_after``
+    (``nomad/heartbeat.go:158-173``, ``:208-221``: then ``disconnected``). On a down node the
+    running allocation turns ``unknown`` with a follow-up evaluation at once; there, with
+    ``lost_after`` 0, ``Expired()`` is already true (``nomad/structs/alloc.go:817-838``), which
+    the reconciler checks before the replace=false rules (``scheduler/reconciler/filters.go:
+    188-193``), so it counts as lost (``reconcile_cluster.go:439``) and is replaced under its
+    name (``:868``). On a disconnected node it is "disconnecting" (``filters.go:232-237``): marked
+    unknown, never rescheduled with replace = false (``filters.go:538-541``), and a follow-up
+    evaluation waits until lost_after (``reconcile_cluster.go:1548-1580, 1639``); only then is
+    it expired, lost and replaced. So lost_after at least the job's lifetime keeps the rank
+    unreplaced while its world can still run; ``replace = false`` keeps older servers (before
+    1.11.2, ``filters.go`` and ``reconcile_cluster.go:441-447`` at v1.11.1: expired or not, an
+    unknown allocation with replace = false stays) from replacing it ever. Validate
+    (``nomad/structs/group.go:66-98``) accepts it: lost_after >= 0 and no stop_on_client_after.
+
+    The bound: ``nomad.max_run_duration`` when set (a rank lost after the world formed was
+    created before it formed, and every member is stopped by its creation + max_run_duration);
+    else :data:`UNBOUNDED_JOB_LOST_AFTER_NS`. Plus :data:`LOST_AFTER_MARGIN_NS`. A pending
+    allocation on the node is still replaced at once (``filters.go:214-221``): it never joined
+    a world."""
+    bound = spec.nomad.max_run_duration_ns
+    total = (UNBOUNDED_JOB_LOST_AFTER_NS if bound is None else checked_int(bound, "nomad.max_run_duration")) \
+        + LOST_AFTER_MARGIN_NS
+    # A Go time.Duration is an int64 of nanoseconds: the longest one stands for "never".
+    return min(total, 2**63 - 1)
+
+
+def trainer_group(launch: Launch, name: str, count: int, entry: str, delims: tuple[str, str]) -> dict:
+    spec, job_id = launch.spec, launch.job_id
+    group: dict = {
+        "Name": name,
+        "Count": checked_int(count, "nodes"),
+        # A fixed-size torchrun world never re-forms around a replaced rank: no restarts, no reschedules.
+        "RestartPolicy": {"Attempts": 0, "Mode": "fail", "Interval": 86_400_000_000_000, "Delay": 15_000_000_000},
+        "ReschedulePolicy": {"Attempts": 0, "Interval": 0, "Unlimited": False},
+        # ... and no replacement of a rank whose node went down (the reschedule policy does not
+        # cover lost allocations): its allocation turns "unknown" and the job's watcher ends it.
+        # Both fields are needed: see lost_after_ns.
+        "Disconnect": {"LostAfter": lost_after_ns(spec), "Replace": False},
+        "Meta": ({"halo_node_rank": "0"} if name == LEADER_GROUP
+                 else {"halo_node_rank_offset": str(WORKER_RANK_OFFSET)}),
+        "Tasks": [_task(launch, name, entry, delims)],
+    }
+    if spec.nomad.max_run_duration_ns is not None:
+        group["MaxRunDuration"] = checked_int(spec.nomad.max_run_duration_ns, "nomad.max_run_duration")
+    if name == LEADER_GROUP:
+        rdzv = launch.rendezvous.port
+        # Rank 0 binds the weight-sync group ports too (servers[].group_port): reserved here.
+        # Sorted by label: HCL keeps port blocks by label, so the two forms stay one job.
+        reserved = sorted(
+            ([{"Label": PORT_LABEL, "Value": rdzv}] if rdzv is not None else [])
+            + [{"Label": f"group-{r.name}", "Value": r.group_port} for r in launch.servers if r.group_port is not None],
+            key=lambda p: p["Label"])
+        network: dict = {"Mode": "host"}
+        if rdzv is None:
+            # rendezvous.port unset: Nomad picks the port, one the node has free and none of this
+            # group's reserved ports (nomad/structs/network.go AssignPorts: dynamic ports skip the
+            # node's used ports, the ask's reserved ports and those already offered; v2.0.5),
+            # from the client's dynamic range (20000-32000 by default). Two jobs' node-0 can then
+            # share a client, which a static port forbids.
+            network["DynamicPorts"] = [{"Label": PORT_LABEL}]
+        if reserved:
+            network["ReservedPorts"] = reserved
+        group["Networks"] = [network]
+        group["Services"] = [{"Name": service_name(job_id), "Provider": "nomad", "PortLabel": PORT_LABEL}]
+    else:
+        group["Networks"] = [{"Mode": "host"}]
+    return group
+
+
+def server_group(launch: Launch, role: ServerRole, policies: dict) -> dict:
+    """The task group of one server role (halo_sched/backends/nomad/servers.py): the trainer's
+    driver config and resources (same fabric devices, same host network), the trainer's
+    ``policies`` (no restarts, reschedules or replacements)."""
+    spec, job_id = launch.spec, launch.job_id
+    entry = render_server(launch, role)
+    left, right = delimiters(entry)
+    config, resources = _config_and_resources(spec, role.image, role.gpus, ["${NOMAD_TASK_DIR}/halo-server.sh"])
+    secret_env, secret_templates = secret_wiring(job_id, list(role.secret_names))
+    task = {
+        "Name": nomad_servers.TASK,
+        "Driver": spec.nomad.driver,
+        "Config": config,
+        "Env": {
+            NAMES.server_index: "${NOMAD_ALLOC_INDEX}",
+            NAMES.server_addr: "${NOMAD_IP_%s}" % nomad_servers.PORT_LABEL,
+            NAMES.trainer_master_file: nomad_servers.MASTER_FILE_IN_TASK,
+            **secret_env,
+        },
+        "Templates": [
+            {"EmbeddedTmpl": entry, "DestPath": nomad_servers.ENTRY_PATH, "Perms": "0755", "ChangeMode": "noop",
+             "LeftDelim": left, "RightDelim": right},
+            # noop: the server script polls it, and stops the server once it is blank again.
+            {"EmbeddedTmpl": master_template(job_id), "DestPath": MASTER_FILE, "ChangeMode": "noop"},
+            *secret_templates,
+        ],
+        "Resources": resources,
+        "KillTimeout": 30_000_000_000,
+    }
+    group = {
+        "Name": nomad_servers.group_name(role.name),
+        "Count": role.nodes,
+        **policies,
+        "Meta": {"halo_server_role": role.name},
+        "Networks": [{"Mode": "host", "ReservedPorts": [{"Label": nomad_servers.PORT_LABEL, "Value": role.port}]}],
+        "Services": [{"Name": nomad_servers.service_name(job_id, role.name), "Provider": "nomad",
+                      "PortLabel": nomad_servers.PORT_LABEL, "Tags": [launch.index_tag + "${NOMAD_ALLOC_INDEX}"]}],
+        "Tasks": [task],
+    }
+    if spec.nomad.max_run_duration_ns is not None:
+        group["MaxRunDuration"] = checked_int(spec.nomad.max_run_duration_ns, "nomad.max_run_duration")
+    return group
+

@@ -1,0 +1,67 @@
+"""The names in a rendered Nomad job that other modules read back: the task and group names, the
+job meta keys, which node rank an allocation runs (its group and name index), the rendezvous
+service's name and the secrets Variable's path. render.py explains the job's shape."""
+from __future__ import annotations
+
+import hashlib
+import re
+
+from . import servers as nomad_servers
+
+TASK = "torchrun"
+PORT_LABEL = "rdzv"
+ENTRY_PATH = "local/halo-entry.sh"
+MASTER_FILE = nomad_servers.MASTER_FILE
+NODES_META = "halo_sched_nodes"
+#: Job meta naming the job's secrets Variable (its path; never a value): whoever sees the job
+#: ended deletes that Variable (``NomadScheduler``), and only for jobs that carry this key.
+SECRETS_META = "halo_sched_secrets"
+#: Node rank 0: count 1, the rendezvous port and service.
+LEADER_GROUP = "node-0"
+#: Node ranks 1..N-1: count N-1, node rank = 1 + the allocation's name index.
+WORKER_GROUP = "workers"
+WORKER_RANK_OFFSET = 1
+
+_ALLOC_INDEX_RE = re.compile(r"\[(\d+)\]$")
+
+
+def alloc_index(alloc_name: str) -> int | None:
+    """The name index of an allocation (``JOBID.GROUP[K]`` -> K), None for another name."""
+    m = _ALLOC_INDEX_RE.search(alloc_name)
+    return None if m is None else int(m.group(1))
+
+
+def group_counts(nodes: int) -> dict[str, int]:
+    """The task groups of an N-node job and their counts."""
+    return {LEADER_GROUP: 1, **({WORKER_GROUP: nodes - 1} if nodes > 1 else {})}
+
+
+def node_rank_of(task_group: str, alloc_name: str) -> int | None:
+    """The node rank an allocation runs, from its TaskGroup and Name (``JOBID.workers[K]`` -> K+1);
+    None for a group this module does not render."""
+    index = alloc_index(alloc_name)
+    if index is None:
+        return None
+    if task_group == LEADER_GROUP:
+        return 0
+    if task_group == WORKER_GROUP:
+        return WORKER_RANK_OFFSET + index
+    return None
+
+
+def service_name(job_id: str) -> str:
+    """The rendezvous service of one job: DNS-like (lower case, digits, '-'), at most 63
+    characters, and distinct for distinct job ids (a hash keeps it so when the id is folded)."""
+    base = "".join(c if c.isalnum() else "-" for c in job_id.lower()).strip("-") or "job"
+    if base != job_id or len(base) > 58:
+        digest = hashlib.sha256(job_id.encode()).hexdigest()[:8]
+        base = f"{base[:49].rstrip('-')}-{digest}"
+    return f"{base}-rdzv"
+
+
+def variable_path(job_id: str) -> str:
+    """The Nomad Variable holding a job's secrets. A task's workload identity may read
+    ``nomad/jobs/<job>`` (and below) of its own namespace without any policy (acl/acl.go
+    ``matchingVariablesCapabilitySet``: the implicit read/list for the claim's job)."""
+    return f"nomad/jobs/{job_id}"
+

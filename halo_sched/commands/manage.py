@@ -1,0 +1,118 @@
+"""The commands that change things: ``cancel`` (or warn, ``--signal``), ``nodes`` (the node
+ledger; ``nodes clear HOST``) and ``gc`` (Nomad: the secrets of ended jobs)."""
+from __future__ import annotations
+
+import json
+import time
+
+from . import say
+from ..errors import UnknownJob, UsageError, shown
+from .jobids import resolve_ids
+
+
+def cmd_cancel(args, scheduler) -> int:
+    from ..core import cancel_known
+
+    groups = resolve_ids(args.ids, args.backend)
+    opts: dict = {}
+    if args.purge:
+        if set(groups) != {"nomad"}:
+            raise UsageError("--purge applies to --backend nomad only")
+        opts["purge"] = True
+    if args.signal:
+        if set(groups) != {"slurm"}:
+            raise UsageError("--signal applies to --backend slurm only")
+        opts["signal"] = _warning_signal(args.signal, groups["slurm"])
+    done, unknown, where, ended = cancel_known(groups, scheduler, **opts)
+    what = f"signal {args.signal}" if args.signal else "cancel"
+    for job_id in done:
+        say(f"halo-sched: {what} requested for {job_id}")
+    for job_id, words in ended.items():  # nothing to do: the job is not running (exit 0)
+        words = " ".join(words.split())
+        head, tail = f"halo-sched: {job_id} already ended (", f"); nothing to {'signal' if args.signal else 'cancel'}"
+        room = max(40, 160 - len(head + tail))
+        say(head + (words if len(words) <= room else words[:room - 3] + "...") + tail)
+    if unknown:
+        raise UnknownJob(list(unknown), next(iter(where)) if len(where) == 1 else None,
+                         reason=next(iter(unknown.values())) if len(unknown) == 1 else "",
+                         others_done=" (the others were cancelled)" if done else "")
+    return 0
+
+
+def _warning_signal(given: str, ids: list[str]) -> str:
+    """``cancel --signal``'s signal, which must be each job's warning signal: the batch script
+    traps that one alone, and any other would end it (and the job) by its default action."""
+    from ..core import warning_of
+    from ..values import WARNING_SIGNALS, parse_warning
+
+    asked = parse_warning(given.upper())
+    name = asked[1] if asked and not asked[0] and asked[2] is None else None
+    if name not in WARNING_SIGNALS:
+        raise UsageError(f"--signal {given}: the warning is one of {', '.join(WARNING_SIGNALS)} "
+                         "(the job's slurm.signal, USR2 when unset)")
+    for job_id in ids:
+        theirs = warning_of(job_id)
+        if theirs is not None and theirs != name:
+            raise UsageError(f"--signal {given}: job {job_id}'s warning is {theirs} (slurm.signal); its batch "
+                             f"script would end on {name}: send {theirs}")
+    return name
+
+
+def cmd_nodes(args, scheduler) -> int:
+    """``nodes``: the active ledger entries; ``nodes clear HOST``: forget HOST."""
+    from .. import ledger
+
+    if args.action is None:
+        if args.host is not None:
+            raise UsageError(f"nodes: unexpected {shown(args.host)} (did you mean `nodes clear {shown(args.host)}`?)")
+        ledger.expiry_hours()  # a bad HALO_SCHED_NODE_EXPIRY_HOURS is said here, exit 2
+        rows = ledger.active()
+        if args.json:
+            for e in rows:
+                print(json.dumps(e.to_dict(), sort_keys=True))
+            return 0
+        if not rows:
+            say(f"halo-sched: the node ledger is empty (new jobs avoid no host) [{ledger.path()}]")
+            return 0
+        fmt = "%Y-%m-%d %H:%M:%S"
+
+        def safe(text: str) -> str:  # the file is data: nothing in it drives the terminal
+            return "".join(c if c.isprintable() else "?" for c in text)[:200]
+
+        table = [("HOST", "REASON", "JOB", "SINCE", "EXPIRES")] + [
+            (e.host, safe(e.reason), safe(f"{e.job}@{e.backend}"), time.strftime(fmt, time.localtime(e.since)),
+             time.strftime(fmt, time.localtime(e.expires))) for e in rows]
+        widths = [max(len(r[i]) for r in table) for i in range(4)]
+        for r in table:
+            print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[4])
+        return 0
+    if args.host is None:
+        raise UsageError("nodes clear: HOST is required")
+    host = ledger.check_host(args.host)
+    gone = ledger.clear(host)
+    if not gone:
+        raise UsageError(f"nodes clear: HOST {host!r} is not in the node ledger")
+    if args.json:
+        print(json.dumps({"host": host, "cleared": gone}))
+    else:
+        say(f"halo-sched: {host}: forgot {gone} ledger {'entry' if gone == 1 else 'entries'}; new jobs may run there")
+    return 0
+
+
+def cmd_gc(args, scheduler) -> int:
+    """The logic is the Nomad backend's (``collect_secrets``); this only picks the records."""
+    from .. import records
+
+    ids = [r["id"] for r in records.load_all() if r.get("backend") == "nomad"]
+    if not ids:
+        say("halo-sched: gc: no Nomad job records; nothing to delete")
+        return 0
+    removed, kept, failed, notes = scheduler("nomad").collect_secrets(ids)
+    for job_id, path in removed:
+        print(f"{job_id}\t{path}", flush=True)
+    for line in notes + failed:
+        say(f"halo-sched: gc: {line}")
+    say(f"halo-sched: gc: deleted the secrets of {len(removed)} ended job{'s' * (len(removed) != 1)}"
+         + (f"; kept those of {len(kept)} job{'s' * (len(kept) != 1)} still pending or running" if kept else ""))
+    return 1 if failed else 0
+

@@ -1,0 +1,191 @@
+"""The commands that read jobs: ``status`` (with a run's attempts), ``list`` (recent job records
+with their states) and ``logs`` (a job's output, by node or rank)."""
+from __future__ import annotations
+
+import json
+import sys
+
+from . import PipeGuard, say
+from ..errors import HaloError, UnknownJob, UsageError, shown
+from .jobids import refuse_unknown, resolve_ids, resolve_one
+
+
+def cmd_status(args, scheduler) -> int:
+    from ..core import query_or_last, unknown as unknown_of
+    from ..errors import EXIT_OUTCOME_UNKNOWN
+
+    states, unknown, fallen, where = {}, [], {}, {}
+    for backend, ids in resolve_ids(args.ids, args.backend).items():
+        got, last = query_or_last(backend, scheduler(backend), ids)
+        states.update(got)
+        fallen.update(last)
+        where.update(dict.fromkeys(ids, backend))
+        unknown += [(i, backend, got[i].reason) for i in unknown_of(backend, got, ids)]
+    gone = {i for i, _, _ in unknown}
+    for job_id in args.ids:
+        if job_id in gone:
+            continue
+        if job_id in fallen:  # the scheduler did not answer: the record's last known state
+            fb = fallen[job_id]
+            if args.json:
+                print(json.dumps({"id": job_id, "status": (fb.last or {}).get("status") or "UNKNOWN",
+                                  "live": False, "last_known": fb.last, "unreachable": fb.why}))
+            else:
+                print(f"{job_id}\t{fb.describe(where[job_id])}")
+                _print_run(job_id, where[job_id])
+            continue
+        st = states[job_id]
+        if args.json:
+            print(json.dumps({
+                "id": st.id, "status": st.status.value, "raw_state": st.raw_state, "exit_code": st.exit_code,
+                "nodes_total": st.nodes_total, "nodes_running": st.nodes_running, "reason": st.reason,
+                # Nomad: per node rank, the allocation that runs it (alloc id, node, client status).
+                **({"nodes": st.nomad.nodes} if st.nomad is not None else {}),
+                # SLURM: how many times the job was requeued (the run is restarts + 1).
+                **({"restarts": st.restarts} if st.restarts is not None else {}),
+                # Which rank failed first, and every failure the nodes reported.
+                **({"failure": st.failure.to_dict()} if st.failure is not None else {}),
+                # Whose fault: node, job or unknown (docs/failures.md, "Whose fault").
+                **({"failure_class": cls.to_dict()} if (cls := st.failure_class()) is not None else {}),
+                **({"last_known": st.last_known} if st.last_known is not None else {}),
+                # A run's first attempt (retry:): each attempt with its hours, and the totals.
+                **_run_json(st.id, where[job_id]),
+            }))
+        elif st.last_known is not None:
+            print(f"{job_id}\t{st.last_known['describe']} (last known: the scheduler no longer knows the job)")
+        else:
+            print(f"{job_id}\t{st.describe()}")
+        if not args.json:
+            _print_run(job_id, where[job_id])
+    if unknown:
+        backends = sorted({b for _, b, _ in unknown})
+        raise UnknownJob([i for i, _, _ in unknown], backends[0] if len(backends) == 1 else None,
+                         unknown[0][2] if len(unknown) == 1 else "")
+    if fallen:
+        from ..outage import display_name
+
+        names = ", ".join(sorted({display_name(where[i]) for i in fallen}))
+        say(f"halo-sched: {names} did not answer: showing the last known state from the job record "
+             f"(--debug: why)")
+        from ..errors import debug
+
+        if debug():
+            say(f"  {next(iter(fallen.values())).why}")
+        if any(not fb.last for fb in fallen.values()):
+            return 1  # nothing is known of some id: the scheduler could not be reached
+        # An end seen earlier stays the end; anything else may have changed since.
+        if not all(fb.final for fb in fallen.values()):
+            return EXIT_OUTCOME_UNKNOWN
+    return 0
+
+
+def _run_json(job_id: str, backend: str) -> dict:
+    """``status --json RUN``: ``{"run": {"id", "attempts": [...], "totals": {...}}}``; {} otherwise."""
+    from .. import records
+    from ..runs import attempts_of, totals
+
+    run = (records.find(job_id, backend) or [{}])[0].get("run")
+    if not isinstance(run, dict):
+        return {}
+    if run.get("id") != job_id:  # a later attempt: which run and which attempt it is
+        return {"run": {"id": run.get("id"), "attempt": run.get("attempt")}}
+    rows = attempts_of(job_id, backend)
+    return {"run": {"id": job_id, "attempt": 0, "attempts": [a.to_dict() for a in rows], "totals": totals(rows)}}
+
+
+def _print_run(job_id: str, backend: str) -> None:
+    """``status RUN``: under a run's first attempt, each attempt (its outcome, cause, excluded
+    hosts, node-hours and GPU-hours) and the run's totals, from the job records."""
+    from .. import records
+    from ..runs import attempts_of, describe_rows
+
+    rec = (records.find(job_id, backend) or [{}])[0]
+    run = rec.get("run")
+    if not isinstance(run, dict) or run.get("id") != job_id:
+        return
+    for line in describe_rows(attempts_of(job_id, backend)):
+        print(f"{job_id}\t{line.strip()}")
+
+
+def cmd_list(args, scheduler) -> int:
+    from .. import records
+    from ..core import recent
+
+    rows = recent(args.backend, args.state, args.limit, scheduler, on_error=_list_note)
+    for r, status, text, known in rows:
+        if isinstance(r, records.BadRecord):
+            if args.json:
+                print(json.dumps({"id": r.id, "backend": r.backend, "status": status, "describe": text, "live": False,
+                                  "record": str(r.path), "error": r.reason}))
+            else:
+                print(f"{r.id}\t{r.backend}\t\t{text}")
+        elif args.json:
+            print(json.dumps({"id": r["id"], "backend": r["backend"], "name": r.get("name"), "status": status,
+                              "describe": text, "live": known, "submitted": r.get("submitted_iso"),
+                              **({"run": r["run"]} if isinstance(r.get("run"), dict) else {}),
+                              "submit_dir": r.get("submit_dir"), "record": str(records.path_for(r["id"], r["backend"]))}))
+        else:
+            when = (r.get("submitted_iso") or "")[:19].replace("T", " ")
+            run = r.get("run") if isinstance(r.get("run"), dict) else None
+            from ..runs import number
+
+            rid = "".join(c for c in str(run.get("id"))[:256] if c.isprintable()) if run else ""
+            of_run = f" [run {rid}, attempt {number(run.get('attempt')) + 1}]" if run else ""
+            print(f"{r['id']}\t{r['backend']}\t{when}\t{text}{'' if known else ' (last known)'}{of_run}")
+    return 0
+
+
+def _list_note(backend: str, err: HaloError) -> None:
+    """``list``: one line of at most 160 characters for a backend that did not answer (its rows
+    show the last known states): the error with its advice when that fits, else the condition."""
+    head, tail = f"halo-sched: {backend}: ", "; states below: last known"
+    text = " ".join(str(err).split())
+    if len(head + text + tail) > 160:
+        text = " ".join((err.short or text).split())
+    room = 160 - len(head + tail)
+    say(head + (text if len(text) <= room else text[:room - 3] + "...") + tail)
+    from ..errors import debug
+
+    if debug() and (err.__cause__ or err.__context__):
+        from ..errors import cause_chain
+
+        say(f"  {cause_chain(err)}")
+
+
+def cmd_logs(args, scheduler) -> int:
+    from ..logtags import select
+
+    backend = resolve_one(args.id, args.backend)
+    sched = scheduler(backend)
+    refuse_unknown(backend, sched, args.id)
+    if args.node is not None or args.rank is not None:
+        _check_node_rank(args, backend, sched)
+    for line in select(sched.logs(args.id, follow=args.follow), args.node, args.rank):
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        if isinstance(sys.stdout, PipeGuard) and sys.stdout.broken:
+            break  # the reader went away (| head): nothing more to show
+    return 0
+
+
+def _check_node_rank(args, backend: str, sched) -> None:
+    """``--node``/``--rank`` inside the job (its record's size, else the scheduler's node count)."""
+    from ..core import job_size
+
+    nodes, per_node = job_size(backend, sched, args.id)
+    if args.node is not None and nodes and args.node >= nodes:
+        raise UsageError(f"--node {args.node}: job {shown(args.id)} has {nodes} node{'s' if nodes != 1 else ''} "
+                         f"(0..{nodes - 1})")
+    world = nodes * per_node if nodes and per_node else None
+    if args.rank is not None and world and args.rank >= world:
+        raise UsageError(f"--rank {args.rank}: job {shown(args.id)} has {world} rank{'s' if world != 1 else ''} (0..{world - 1})")
+
+
+
+def cmd_timeline(args, scheduler) -> int:
+    from ..timeline import main as timeline
+
+    backend = resolve_one(args.id, args.backend)
+    sched = scheduler(backend)
+    refuse_unknown(backend, sched, args.id)
+    return timeline(args.id, backend, sched, args.svg, args.width)
