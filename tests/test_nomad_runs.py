@@ -242,3 +242,41 @@ def test_status_run_counts_gpu_hours_from_nomads_task_times(tmp_path):
         assert (row.clock, row.wall_s, row.node_hours, row.gpu_hours) == ("scheduler", 1800.0, 1.0, 4.0)
         rec = json.loads(cli("status", job_id, "--json", env=env).stdout)
         assert rec["run"]["attempts"][0]["clock"] == "scheduler", rec
+
+
+# ---- the preflight gate on Nomad ---------------------------------------------------------------
+
+# Node 1's setup points gloo at an interface this host does not have, on the run's first attempt
+# only, as a node whose NIC is missing would (tests/test_preflight_gate.py does the same on local
+# and SLURM): the gate, inside the rendered task's entry script, checks the interface its ranks
+# will use.
+BAD_NODE_1_ONCE = ('if [ "$halo_rank" = 1 ] && [ "${HALO_RESTART_COUNT:-0}" = 0 ]; then '
+                   'export GLOO_SOCKET_IFNAME=nosuchif0; fi')
+
+
+@pytest.mark.torch
+def test_the_gate_fails_a_nomad_node_as_a_preflight_node_fault_ledgered_and_retried(tmp_path):
+    with _cluster(tmp_path) as (fake, env, sims):
+        r = cli("submit", _job(tmp_path, setup=[BAD_NODE_1_ONCE], preflight={"gate": True},
+                               retry={"attempts": 2, "on": ["preflight"]}),
+                "--backend", "nomad", "--wait", "--quiet", "--timeout", "180", cwd=tmp_path, env=env, timeout=420)
+        assert r.returncode == 0, r.stderr[-4000:]
+        run_id = r.stdout.strip().splitlines()[-1]
+        assert re.search(r"FAILED \(node fault: host n1, preflight check failed\): preflight gate: interface "
+                         r"nosuchif0: no interface nosuchif0", r.stderr), r.stderr[-3000:]
+        assert "retrying (preflight fault) as " in r.stderr, r.stderr[-3000:]
+        # The gate ran in the simulated task (its entry script, before torchrun) and failed it.
+        bad = next(a for a in sims[0].allocations if a.name.endswith(".workers[0]"))
+        text = sims[0].stderr(bad.name)
+        assert "node 1: preflight gate: this node failed its checks" in text and "torchrun not started" in text, text
+        assert fake.alloc_for(run_id, "workers")["ClientStatus"] == "failed"
+        assert _nodes_of(fake, run_id)["workers[0]"] == "n1"
+        first = json.loads(cli("status", run_id, "--json", env=env).stdout)
+        assert first["failure_class"] == {"class": "node", "reason": "preflight check failed", "host": "n1",
+                                          "by": "preflight"}, first
+        ledger = [json.loads(ln) for ln in cli("nodes", "--json", env=env).stdout.splitlines()]
+        assert [(e["host"], e["by"], e["job"]) for e in ledger] == [("n1", "preflight", run_id)], ledger
+        second = r.stderr.split("retrying (preflight fault) as ", 1)[1].split()[0]
+        assert set(_nodes_of(fake, second).values()) == {"n0", "n2"}
+        later = sims[1].stderr(f"{second}.node-0[0]") + sims[1].stderr(f"{second}.workers[0]")
+        assert later.count("preflight gate passed") == 2, later[-3000:]
