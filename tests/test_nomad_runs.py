@@ -41,7 +41,7 @@ def _env(tmp_path, fake) -> dict:
     return env
 
 
-def _job(tmp_path, trainer: str | None = None, **extra) -> str:
+def _job(tmp_path, trainer: str | None = None, trainer_spec: dict | None = None, **extra) -> str:
     data = {"name": "nomad-run", "nodes": 2, "nproc_per_node": 1,
             "trainer": {"script": str(REPO / "examples" / "train_ddp.py"), "args": ["--steps", "5"]},
             "env": {"OMP_NUM_THREADS": "1"}, "rendezvous": {"timeout_s": 60},
@@ -49,6 +49,8 @@ def _job(tmp_path, trainer: str | None = None, **extra) -> str:
     if trainer:
         shutil.copy(REPO / "tests" / "trainers" / trainer, tmp_path / trainer)
         data["trainer"] = {"script": str(tmp_path / trainer), "args": []}
+    if trainer_spec:
+        data["trainer"] = trainer_spec
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(data))
     return str(path)
@@ -108,9 +110,10 @@ def test_a_node_fault_on_nomad_is_retried_off_that_node_and_the_run_completes(tm
         assert set(second_nodes.values()) == {"n0", "n2"} and len(second_nodes) == 2, second_nodes
         assert all(a["ClientStatus"] == "complete" for a in fake.allocs_of(second)), fake.allocs_of(second)
         # Each attempt's ranks saw their attempt's number (HALO_RESTART_COUNT in the task's Env).
-        seen = sorted(ln.split()[0] for p in (tmp_path / "nomad").rglob("attempts.log")
-                      for ln in p.read_text().splitlines())
-        assert seen == ["0", "0", "1", "1"], seen
+        rows = [ln.split() for p in (tmp_path / "nomad").rglob("attempts.log") for ln in p.read_text().splitlines()]
+        assert sorted(r[0] for r in rows) == ["0", "0", "1", "1"], rows
+        # Recovery: the first attempt's ranks starting (node 1's fails at once) to the second's.
+        recovery = min(float(r[3]) for r in rows if r[0] == "1") - max(float(r[3]) for r in rows if r[0] == "0")
         assert "HALO_RESTART_COUNT" not in fake.job_record(run_id)["TaskGroups"][1]["Tasks"][0]["Env"]
         assert job["TaskGroups"][1]["Tasks"][0]["Env"]["HALO_RESTART_COUNT"] == "1"
 
@@ -136,7 +139,7 @@ def test_a_node_fault_on_nomad_is_retried_off_that_node_and_the_run_completes(tm
         for row in rows:
             start, end, done = task_times(fake.allocs_of(row.id))
             assert done and row.wall_s == pytest.approx(end - start, abs=1e-3), (row, start, end)
-        print(f"Nomad retry: whole run {took:.1f} s; attempts {[a.to_dict() for a in rows]}")
+        print(f"Nomad retry: recovery {recovery:.1f} s, whole run {took:.1f} s; attempts {[a.to_dict() for a in rows]}")
 
 
 @pytest.mark.torch
@@ -280,3 +283,54 @@ def test_the_gate_fails_a_nomad_node_as_a_preflight_node_fault_ledgered_and_retr
         assert set(_nodes_of(fake, second).values()) == {"n0", "n2"}
         later = sims[1].stderr(f"{second}.node-0[0]") + sims[1].stderr(f"{second}.workers[0]")
         assert later.count("preflight gate passed") == 2, later[-3000:]
+
+
+LONG_ON_FIRST_ATTEMPT = '''\
+import os, pathlib, sys, time
+pathlib.Path(sys.argv[1], f"up-{os.environ['HALO_RESTART_COUNT']}-{os.environ['GROUP_RANK']}").touch()
+if os.environ["HALO_RESTART_COUNT"] == "0":
+    time.sleep(300)
+'''
+
+
+@pytest.mark.torch
+def test_a_node_lost_on_nomad_is_the_culprit_and_the_next_attempt_keeps_off_it(tmp_path):
+    """The simulated node running node rank 1 goes down (fake_api.node_down: Nomad 2.0.5's
+    heartbeat and reconciler, the allocation ``unknown``): the watcher reads NODE_FAIL naming
+    that Nomad node, stops the survivor, and the waiting process retries off it."""
+    import subprocess
+
+    (tmp_path / "long.py").write_text(LONG_ON_FIRST_ATTEMPT)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    with _cluster(tmp_path) as (fake, env, sims):
+        job = _job(tmp_path, retry={"attempts": 2, "on": ["node"]},
+                   trainer_spec={"script": str(tmp_path / "long.py"), "args": [str(marks)]})
+        proc = subprocess.Popen([sys.executable, "-m", "halo_sched.cli", "submit", job, "--backend", "nomad", "--wait",
+                                 "--quiet", "--timeout", "180"], cwd=tmp_path, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 120
+            while not (marks / "up-0-1").exists() and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.3)
+            assert (marks / "up-0-1").exists(), proc.poll()
+            run_id = sims[0].job_id
+            victim = fake.alloc_for(run_id, "workers")["NodeName"]
+            fake.node_down(victim)
+            out, err = proc.communicate(timeout=240)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 0, err[-4000:]
+        assert re.search(rf"NODE_FAIL: node 1 \(Nomad node {victim}\) disconnected at ", err), err[-3000:]
+        assert "retrying (node fault) as " in err, err[-3000:]
+        second = err.split("retrying (node fault) as ", 1)[1].split()[0]
+        assert {"LTarget": "${node.unique.name}", "RTarget": victim, "Operand": "!="} in \
+            fake.job_record(second)["Constraints"]
+        assert victim not in _nodes_of(fake, second).values() and (marks / "up-1-1").exists()
+        ledger = [json.loads(ln) for ln in cli("nodes", "--json", env=env).stdout.splitlines()]
+        assert [(e["host"], e["by"]) for e in ledger] == [(victim, "node-lost")], ledger
+        # Kept off as the run's culprit, not only as a ledgered host (the ledger can be off).
+        a2 = [ln for ln in cli("status", run_id, env=env).stdout.splitlines() if "\tattempt 2: " in ln]
+        assert len(a2) == 1 and f"excluded {victim}" in a2[0] and " COMPLETED;" in a2[0], a2
