@@ -462,7 +462,10 @@ class FakeNomad:
         return True
 
     def _sim_sync(self) -> None:
-        """Task exits in the simulator -> this fake's allocations (client updates)."""
+        """Task exits in the simulator -> this fake's allocations (client updates). Deviation: the
+        task's FinishedAt is when this fake takes the exit in (at most allocSyncIntv, 200 ms, after
+        it while a blocking query waits; else at the next request), where a Nomad client sets it
+        when the task dies (client/allocrunner/taskrunner/task_runner.go) and sends it later."""
         for alloc_id, sim_alloc in list(self._sim_allocs.items()):
             alloc = self._allocs.get(alloc_id)
             if (alloc is None or alloc["DesiredStatus"] != "run" or alloc["ClientStatus"] != "running"
