@@ -11,7 +11,8 @@ Where the retry happens: in the process that waits on the run (``submit --wait``
 
 Cost: each attempt's node-hours are nodes x wall time, GPU-hours nodes x gpus_per_node x wall
 time; the wall time is the scheduler's own start and end where the backend reports them
-(``JobState.started_at``/``ended_at``: local, the supervisor's times), else the times the waiting
+(``JobState.started_at``/``ended_at``: local, the supervisor's times; SLURM, StartTime/EndTime;
+Nomad, the allocations' task StartedAt/FinishedAt), else the times the waiting
 process saw the attempt running and ended (``clock: observed``).
 """
 from __future__ import annotations
@@ -93,6 +94,30 @@ def _observe(backend: str, job_id: str, state: JobState) -> None:
         return
 
 
+def _settle_times(sched: Scheduler, ids: list[str]) -> None:
+    """The earlier attempts whose record has the scheduler's start but not its end, asked once
+    more as the run ends (Nomad: the wait on a failed attempt returns once the watcher stopped
+    the survivors, before their tasks' FinishedAt; by the last attempt's end they have one).
+    One query for them all; a scheduler that does not answer leaves the observed times."""
+    from .errors import HaloError
+
+    missing = []
+    for job_id in ids:
+        last = ((records.find(job_id, sched.name) or [{}])[0].get("last_state") or {})
+        if isinstance(last.get("started_at"), (int, float)) and not isinstance(last.get("ended_at"), (int, float)):
+            missing.append(job_id)
+    if not missing:
+        return
+    try:
+        states = sched.query(missing)
+    except HaloError:
+        return
+    from .core import note
+
+    for job_id, st in states.items():
+        note(sched.name, job_id, st)
+
+
 def next_spec(spec, run_id: str, number: int, exclude: tuple[str, ...], git: dict | None):
     """The spec of attempt ``number`` of run ``run_id``: the same spec, keeping off ``exclude``."""
     from .models import Attempt
@@ -116,12 +141,15 @@ def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable]
     exclude = tuple(h for h in (rec.get("run") or {}).get("excluded") or () if isinstance(h, str))
     git = rec.get("git")
     current = job_id
+    earlier: list[str] = []
     while True:
         state = wait(current, lambda st, cur=current: _observe(sched.name, cur, st))
         _observe(sched.name, current, state)
         again, why = wants_retry(spec, state, count)
         if not again:
+            _settle_times(sched, earlier)
             return current, state
+        earlier.append(current)
         host = culprit(state)
         exclude = exclude + ((host,) if host else ())
         count += 1

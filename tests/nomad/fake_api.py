@@ -98,6 +98,12 @@ class _HTTPError(Exception):
         self.text = text
 
 
+#: Go's zero time.Time as encoding/json writes it (time.Time.MarshalJSON, RFC 3339): what Nomad
+#: sends for a TaskState's StartedAt/FinishedAt/LastRestart not set yet (nomad/structs/structs.go
+#: v2.0.5 TaskState: plain time.Time fields, never null).
+ZERO_TIME = "0001-01-01T00:00:00Z"
+
+
 def _rfc3339(ns: int) -> str:
     seconds, frac = divmod(ns, 1_000_000_000)
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{frac:09d}Z"
@@ -141,7 +147,8 @@ def _distinct_hosts(job: dict, tg: dict) -> bool:
 
 def _excluded_names(job: dict, tg: dict) -> set[str]:
     """Node names ruled out by ``${node.unique.name} != NAME`` constraints (scheduler/feasible/
-    feasible.go v2.0.5 checkConstraint: ``!=``/``not`` compare the node's value to RTarget)."""
+    feasible.go v2.0.5: resolveTarget gives the node's Name for ``${node.unique.name}``
+    (:1110-1111); checkConstraint's ``!=``/``not`` hold where it differs from RTarget (:1148-1149))."""
     return {str(c.get("RTarget")) for c in (job.get("Constraints") or []) + (tg.get("Constraints") or [])
             if c.get("LTarget") == "${node.unique.name}" and c.get("Operand") in ("!=", "not")}
 
@@ -166,6 +173,8 @@ class FakeNomad:
         self.clock_offset_ns = 0
         self._replace_now: set[str] = set()  # unknown allocations a pre-1.11.2 server replaces at once
         self._sims: dict[str, Any] = {}  # job ID -> client_sim.SimCluster running its allocations
+        #: attach_sims(): makes a SimCluster for each job registered from then on.
+        self._sim_factory: Any = None
         self._sim_allocs: dict[str, Any] = {}  # allocation ID -> client_sim.Allocation
         self.nodes: list[FakeNode] = list(nodes if nodes is not None else [FakeNode("gpu-a"), FakeNode("gpu-b")])
         # token -> "write" | "jobs" (no Variable writes) | "read"; ACLs are enforced as soon as one token exists.
@@ -427,6 +436,15 @@ class FakeNomad:
 
         cluster.variable_source = variable
 
+    def attach_sims(self, factory: Any) -> None:
+        """Run every job registered from now on in a simulator of its own: ``factory(job)`` (the
+        registered ``Job`` as sent) returns a client_sim.SimCluster, attached as by
+        :meth:`attach_sim` before the job's first placement. Nomad's clients run any job's
+        allocations; the simulator runs one job per SimCluster, so a waiting process that
+        registers the next attempt of a run (a new job) gets a new one. The caller stops them."""
+        with self._lock:
+            self._sim_factory = factory
+
     def _sim_start(self, alloc: dict) -> bool:
         """Start the allocation in the attached simulator; False when it failed to (the failure
         is recorded as Nomad records a task that could not start: a driver failure)."""
@@ -444,7 +462,10 @@ class FakeNomad:
         return True
 
     def _sim_sync(self) -> None:
-        """Task exits in the simulator -> this fake's allocations (client updates)."""
+        """Task exits in the simulator -> this fake's allocations (client updates). Deviation: the
+        task's FinishedAt is when this fake takes the exit in (at most allocSyncIntv, 200 ms, after
+        it while a blocking query waits; else at the next request), where a Nomad client sets it
+        when the task dies (client/allocrunner/taskrunner/task_runner.go) and sends it later."""
         for alloc_id, sim_alloc in list(self._sim_allocs.items()):
             alloc = self._allocs.get(alloc_id)
             if (alloc is None or alloc["DesiredStatus"] != "run" or alloc["ClientStatus"] != "running"
@@ -624,6 +645,19 @@ class FakeNomad:
                 raise ValueError(f"unknown variant {variant!r}")
             self._touch_job(job_id, namespace)
             return copy.deepcopy(alloc)
+
+    def set_task_times(self, job_id: str, started_ns: int, finished_ns: int | None = None,
+                       namespace: str = "default") -> None:
+        """Every task of the job's allocations started (and, given, finished) at these times by
+        the clients' clocks: TaskState.StartedAt/FinishedAt (nomad/structs/structs.go v2.0.5),
+        RFC 3339 with nanoseconds as Go's time.Time.MarshalJSON writes them."""
+        with self._lock:
+            for alloc in self._job_allocs(job_id, namespace):
+                for ts in alloc["TaskStates"].values():
+                    ts["StartedAt"] = _rfc3339(started_ns)
+                    if finished_ns is not None:
+                        ts["FinishedAt"] = _rfc3339(finished_ns)
+                alloc["ModifyIndex"] = self._next_index()
 
     def write_log(self, alloc_id: str, text: str, task: str = "torchrun", type: str = "stdout") -> None:  # noqa: A002
         with self._lock:
@@ -1012,8 +1046,8 @@ class FakeNomad:
             "ClientStatus": "pending", "ClientDescription": "No tasks have started",
             "TaskStates": {
                 task["Name"]: {
-                    "State": "pending", "Failed": False, "Restarts": 0, "LastRestart": None, "StartedAt": None,
-                    "FinishedAt": None, "Events": [_event("Received", now, "Task received by client")],
+                    "State": "pending", "Failed": False, "Restarts": 0, "LastRestart": ZERO_TIME,
+                    "StartedAt": ZERO_TIME, "FinishedAt": ZERO_TIME, "Events": [_event("Received", now, "Task received by client")],
                 }
                 for task in tg.get("Tasks") or []
             },
@@ -1284,8 +1318,16 @@ class FakeNomad:
         with self._lock:
             if not min_index or self._index > min_index:
                 return answer()
+        next_sync = time.monotonic() + 0.2
         while not self._closing.wait(0.01):
             with self._lock:
+                # The clients' updates reach the servers while the query blocks (client/client.go
+                # v2.0.5 allocSync: batched every allocSyncIntv, 200 ms, :112-114, :2397) and wake
+                # it: an attached simulator's task exits are taken in here, not only on the next
+                # request.
+                if time.monotonic() >= next_sync:
+                    self._sim_sync()
+                    next_sync = time.monotonic() + 0.2
                 changed = max((max(a["ModifyIndex"], a.get("AllocModifyIndex", 0))
                                for a in self._job_allocs(job_id, namespace)), default=0)
                 if changed > min_index or time.monotonic() >= deadline:
@@ -1361,6 +1403,8 @@ class FakeNomad:
                     ev["Status"] = "canceled"
                     ev["StatusDescription"] = "evaluation superseded by a newer job version"
         self._jobs[key] = job
+        if self._sim_factory is not None and job["ID"] not in self._sims:
+            self.attach_sim(self._sim_factory(copy.deepcopy(body["Job"])))
         ev = self._new_eval(job, "job-register")
         self._process_eval(ev, job)
         return {"EvalID": ev["ID"], "EvalCreateIndex": ev["CreateIndex"], "JobModifyIndex": job["JobModifyIndex"],
@@ -1451,7 +1495,8 @@ class FakeNomad:
                 raise _HTTPError(500, f"Unknown node {node.id!r}: no path to node")  # ErrNoNodeConn
             if task not in alloc["TaskStates"]:
                 raise _HTTPError(400, f"unknown task name {task!r}")
-            if not alloc["TaskStates"][task].get("StartedAt"):
+            # client/fs_endpoint.go v2.0.5 :446 ``taskState.StartedAt.IsZero()``
+            if alloc["TaskStates"][task].get("StartedAt") in (None, "", ZERO_TIME):
                 raise _HTTPError(404, f"task {task!r} not started yet. No logs available")
             return (alloc_id, task, kind), query.get("plain", "").lower() in ("true", "1", "t")
 

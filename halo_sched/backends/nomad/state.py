@@ -95,6 +95,70 @@ def _finished_time(alloc: dict) -> int:
     return max(times) if times else int(alloc.get("ModifyTime") or 0)
 
 
+def go_time(text) -> float | None:
+    """A Go ``time.Time`` as Nomad's JSON carries it (RFC 3339 with up to nanoseconds, ``Z`` or an
+    offset: time.Time.MarshalJSON) as epoch seconds; None for the zero time
+    (``0001-01-01T00:00:00Z``: a TaskState's StartedAt/FinishedAt not set yet), null, or anything
+    else."""
+    import datetime as _dt
+    import re as _re
+
+    if not isinstance(text, str):
+        return None
+    m = _re.fullmatch(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)", text.strip())
+    if not m or int(m.group(1)) <= 1:
+        return None
+    year, month, day, hour, minute, sec = (int(g) for g in m.groups()[:6])
+    frac = float("0." + m.group(7)) if m.group(7) else 0.0
+    zone = m.group(8)
+    offset = 0 if zone == "Z" else (1 if zone[0] == "+" else -1) * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
+    try:
+        when = _dt.datetime(year, month, day, hour, minute, sec, tzinfo=_dt.timezone.utc)
+    except ValueError:
+        return None
+    return when.timestamp() - offset + frac
+
+
+def task_times(allocs: Iterable[dict]) -> tuple[float | None, float | None, bool]:
+    """(first task start, last task finish, every started task finished) over ``allocs``, by the
+    Nomad clients' own clocks: each TaskState's ``StartedAt`` and ``FinishedAt``
+    (nomad/structs/structs.go v2.0.5 TaskState: StartedAt "the time the task is started. It is
+    updated each time the task starts", FinishedAt "the time at which the task transitioned to
+    dead and will not be started again"; zero until then). The allocation stubs carry them
+    (nomad/structs/alloc.go Allocation.Stub: TaskStates unless ``task_states=false``)."""
+    starts, ends, open_ = [], [], False
+    for alloc in allocs or ():
+        # A node that went down never reports its tasks' end: the allocation ends when the
+        # servers marked it lost or unknown (its ModifyTime, ns; nomad/structs/alloc.go).
+        gone = alloc.get("ClientStatus") in ("lost", "unknown")
+        for ts in (alloc.get("TaskStates") or {}).values():
+            ts = ts or {}
+            started, finished = go_time(ts.get("StartedAt")), go_time(ts.get("FinishedAt"))
+            if started is not None:
+                starts.append(started)
+                if finished is None and gone and alloc.get("ModifyTime"):
+                    finished = int(alloc["ModifyTime"]) / 1e9
+                if finished is None:
+                    open_ = True
+            if finished is not None:
+                ends.append(finished)
+    return (min(starts) if starts else None, max(ends) if ends else None, not open_)
+
+
+def with_task_times(state: JobState, allocs: Iterable[dict]) -> JobState:
+    """The job's start and end by Nomad's clock (``started_at``/``ended_at``, what a run's
+    GPU-hours count, halo_sched/runs.py): its first task's StartedAt, once a rank ran; its last
+    task's FinishedAt, once the job ended and every task that started has finished (a rank still
+    being killed after the job failed has not: the end is taken when it has)."""
+    if state.status in (JobStatus.PENDING, JobStatus.UNKNOWN):
+        return state
+    start, end, all_done = task_times(allocs)
+    state.started_at = start
+    if state.status.terminal and start is not None and all_done and end is not None and end >= start:
+        state.ended_at = end
+    return state
+
+
 def nodes_total(job: dict | None) -> int | None:
     """N: from ``Meta.halo_sched_nodes`` (the renderer's word), else the groups' counts."""
     if not job:
@@ -379,11 +443,11 @@ def job_state(job: dict | None, allocs: Iterable[dict], evals: Iterable[dict], j
         detail.servers_expected = _servers_expected(job)
 
     def state(status: JobStatus, reason: str = "", exit_code: int | None = None) -> JobState:
-        return JobState(
+        return with_task_times(JobState(
             id=job_id, status=status,
             raw_state=(job or {}).get("Status") or ("not found" if job is None else ""),
             exit_code=exit_code, nodes_total=n, nodes_running=running, reason=reason, nomad=detail,
-        )
+        ), allocs)
 
     if job is None:
         return state(JobStatus.UNKNOWN, f"Nomad has no job {job_id!r}: never registered in this namespace/region, "

@@ -1,0 +1,336 @@
+"""Retry, runs and GPU-hours on Nomad, end to end: the fake Nomad API as the servers
+(tests/nomad/fake_api.py: placement with Nomad 2.0.5's ``${node.unique.name} !=`` feasibility)
+and the client simulator as the clients (tests/nomad/client_sim.py, attached to every job the
+waiting process registers: real entry scripts, torchrun and the trainer).
+
+* A 2-node job with ``retry: {attempts: 2, "on": [node]}`` whose node 1 prints an NCCL NET/IB
+  error on the first attempt only (tests/trainers/node_fault_once.py): ``submit --wait`` submits
+  the second attempt as a new Nomad job with a constraint keeping off the culprit's Nomad node;
+  the fake places it on the other two nodes only; the node is in the ledger; the run ends
+  COMPLETED; ``status RUN`` shows both attempts. A Python exception is not retried.
+* Each attempt's wall time is Nomad's own: the allocations' task ``StartedAt``/``FinishedAt``.
+* ``preflight: {gate: true}``: a node whose interface is missing fails the attempt in the
+  simulator as a node fault ``by: preflight``, ledgered under its Nomad node name.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import sys
+import time
+
+import pytest
+import yaml
+
+from halo_sched.backends.base import JobStatus
+from halo_sched.backends.nomad.state import go_time, job_state, task_times
+from helpers import REPO, cli, load_nomad_helper
+
+fake_api = load_nomad_helper("fake_api")
+FakeNomad, FakeNode = fake_api.FakeNomad, fake_api.FakeNode
+TOKEN = "tok-runs"
+
+
+def _env(tmp_path, fake) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NOMAD_")}
+    env.update(NOMAD_ADDR=fake.address, NOMAD_TOKEN=TOKEN, HALO_SCHED_HOME=str(tmp_path / "home"))
+    env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
+    return env
+
+
+def _job(tmp_path, trainer: str | None = None, trainer_spec: dict | None = None, **extra) -> str:
+    data = {"name": "nomad-run", "nodes": 2, "nproc_per_node": 1,
+            "trainer": {"script": str(REPO / "examples" / "train_ddp.py"), "args": ["--steps", "5"]},
+            "env": {"OMP_NUM_THREADS": "1"}, "rendezvous": {"timeout_s": 60},
+            "nomad": {"driver": "raw_exec"}, **extra}
+    if trainer:
+        shutil.copy(REPO / "tests" / "trainers" / trainer, tmp_path / trainer)
+        data["trainer"] = {"script": str(tmp_path / trainer), "args": []}
+    if trainer_spec:
+        data["trainer"] = trainer_spec
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+@contextlib.contextmanager
+def _cluster(tmp_path, names=("n0", "n1", "n2")):
+    """The fake with three client nodes, each job it registers run by a simulator of its own."""
+    client_sim = load_nomad_helper("client_sim")
+    sims: list = []
+    with FakeNomad([FakeNode(n, gpus=0) for n in names], token=TOKEN) as fake:
+        env = _env(tmp_path, fake)
+
+        def make(job: dict):
+            sim = client_sim.SimCluster(job, tmp_path / "nomad" / job["ID"], host_env=env)
+            sims.append(sim)
+            return sim
+
+        fake.attach_sims(make)
+        try:
+            yield fake, env, sims
+        finally:
+            for sim in sims:
+                sim.stop()
+
+
+def _nodes_of(fake, job_id: str) -> dict[str, str]:
+    return {a["Name"].split(".", 1)[1]: a["NodeName"] for a in fake.allocs_of(job_id)}
+
+
+@pytest.mark.torch
+def test_a_node_fault_on_nomad_is_retried_off_that_node_and_the_run_completes(tmp_path):
+    with _cluster(tmp_path) as (fake, env, sims):
+        began = time.monotonic()
+        r = cli("submit", _job(tmp_path, "node_fault_once.py", retry={"attempts": 2, "on": ["node"]}),
+                "--backend", "nomad", "--wait", "--quiet", "--timeout", "180", cwd=tmp_path, env=env, timeout=420)
+        took = time.monotonic() - began
+        logs = {a.name: a for s in sims for a in s.allocations}
+        assert r.returncode == 0, (r.stderr[-4000:], {n: s.stderr(n)[-1500:] for s in sims for n in
+                                                      (a.name for a in s.allocations)})
+        run_id = r.stdout.strip().splitlines()[-1]
+        m = re.search(r"FAILED \(node fault: host (\S+), NCCL network error\)", r.stderr)
+        assert m and "retrying (node fault) as " in r.stderr, r.stderr[-3000:]
+        culprit = m.group(1)
+        # The run's lines at the end of the wait: the failed attempt's end is Nomad's too (its
+        # survivor was still being stopped when its wait returned: asked again as the run ended).
+        ended = [ln for ln in r.stderr.splitlines() if f"halo-sched: {run_id}: attempt " in ln]
+        assert len(ended) == 2 and not any("(observed)" in ln for ln in ended), r.stderr[-3000:]
+        second = r.stderr.split("retrying (node fault) as ", 1)[1].split()[0]
+        # The culprit is the Nomad node that ran node rank 1 (workers[0]) of the first attempt.
+        first_nodes, second_nodes = _nodes_of(fake, run_id), _nodes_of(fake, second)
+        assert first_nodes["workers[0]"] == culprit == "n1", first_nodes
+        # The second attempt is a new Nomad job whose constraint keeps off it; the fake placed it
+        # on the other two nodes only.
+        job = fake.job_record(second)
+        assert {"LTarget": "${node.unique.name}", "RTarget": "n1", "Operand": "!="} in job["Constraints"], job
+        assert set(second_nodes.values()) == {"n0", "n2"} and len(second_nodes) == 2, second_nodes
+        assert all(a["ClientStatus"] == "complete" for a in fake.allocs_of(second)), fake.allocs_of(second)
+        # Each attempt's ranks saw their attempt's number (HALO_RESTART_COUNT in the task's Env).
+        rows = [ln.split() for p in (tmp_path / "nomad").rglob("attempts.log") for ln in p.read_text().splitlines()]
+        assert sorted(r[0] for r in rows) == ["0", "0", "1", "1"], rows
+        # Recovery: the first attempt's ranks starting (node 1's fails at once) to the second's.
+        recovery = min(float(r[3]) for r in rows if r[0] == "1") - max(float(r[3]) for r in rows if r[0] == "0")
+        assert "HALO_RESTART_COUNT" not in fake.job_record(run_id)["TaskGroups"][1]["Tasks"][0]["Env"]
+        assert job["TaskGroups"][1]["Tasks"][0]["Env"]["HALO_RESTART_COUNT"] == "1"
+
+        nodes = cli("nodes", env=env).stdout
+        assert "n1" in nodes and f"{run_id}@nomad" in nodes, nodes
+        st = cli("status", run_id, cwd=tmp_path, env=env)
+        assert st.returncode == 0, st.stderr
+        lines = st.stdout.splitlines()
+        a1 = [ln for ln in lines if "\tattempt 1: " in ln]
+        a2 = [ln for ln in lines if "\tattempt 2: " in ln]
+        assert len(a1) == 1 and "host n1, NCCL network error" in a1[0] and " FAILED " in a1[0], lines
+        assert len(a2) == 1 and f"{second} COMPLETED;" in a2[0] and "excluded n1" in a2[0], lines
+        assert any("\trun: 2 attempts, " in ln for ln in lines), lines
+        # Both attempts' wall times are Nomad's (task StartedAt/FinishedAt), not the watcher's.
+        assert "(observed)" not in st.stdout, lines
+
+        from halo_sched.runs import attempts_of
+
+        os.environ["HALO_SCHED_HOME"] = env["HALO_SCHED_HOME"]  # the records the CLI wrote
+        rows = attempts_of(run_id, "nomad")
+        assert [a.status for a in rows] == ["FAILED", "COMPLETED"] and [a.id for a in rows] == [run_id, second]
+        assert all(a.clock == "scheduler" and a.nodes == 2 for a in rows), rows
+        for row in rows:
+            start, end, done = task_times(fake.allocs_of(row.id))
+            assert done and row.wall_s == pytest.approx(end - start, abs=1e-3), (row, start, end)
+        print(f"Nomad retry: recovery {recovery:.1f} s, whole run {took:.1f} s; attempts {[a.to_dict() for a in rows]}")
+
+
+@pytest.mark.torch
+def test_a_python_exception_on_nomad_is_not_retried(tmp_path):
+    with _cluster(tmp_path) as (fake, env, sims):
+        r = cli("submit", _job(tmp_path, "raise_always.py", retry={"attempts": 2, "on": ["node"]}),
+                "--backend", "nomad", "--wait", "--quiet", "--timeout", "180", cwd=tmp_path, env=env, timeout=420)
+        assert r.returncode == 1 and "retrying" not in r.stderr, r.stderr[-3000:]
+        assert "ValueError: bad learning rate" in r.stderr, r.stderr[-3000:]
+        assert len(sims) == 1  # one job registered: no second attempt
+        assert "empty" in cli("nodes", env=env).stderr
+
+
+def test_the_fake_places_off_a_node_the_constraint_names(tmp_path):
+    """scheduler/feasible/feasible.go v2.0.5: ``${node.unique.name}`` resolves to the node's Name
+    (:1110-1111) and ``!=`` holds where the values differ (:1148-1149); a node it rules out is
+    counted under ConstraintFiltered by the constraint's text, and a group no node is left for is
+    blocked."""
+    import halo_sched
+    from halo_sched.backends.nomad import NomadScheduler
+    from halo_sched.backends.nomad.client import NomadClient, NomadConfig
+    from halo_sched.runs import next_spec
+
+    spec = halo_sched.load(_job(tmp_path))
+    with FakeNomad([FakeNode(n, gpus=0) for n in ("n0", "n1", "n2")], token=TOKEN) as fake:
+        sched = NomadScheduler(client=NomadClient(NomadConfig(address=fake.address, token=TOKEN, retry_attempts=1)))
+        job_id = sched.schedule(sched.dryrun(next_spec(spec, "r", 1, ("n0",), None)))
+        assert set(_nodes_of(fake, job_id).values()) == {"n1", "n2"}
+        job_id = sched.schedule(sched.dryrun(next_spec(spec, "r", 1, ("n0", "n2"), None)))
+        assert set(_nodes_of(fake, job_id).values()) == {"n1"}  # node-0 placed; workers blocked
+        st = sched.query([job_id])[job_id]
+        assert st.status is JobStatus.PARTIAL and "${node.unique.name} != n0: 1" in st.reason, st.reason
+
+
+# ---- GPU-hours from Nomad's own times ---------------------------------------------------------
+
+
+def _alloc(name, status, started, finished, node="n1"):
+    return {"ID": name + "-id", "Name": f"j.{name}", "TaskGroup": name.split("[")[0], "NodeName": node,
+            "ClientStatus": status, "DesiredStatus": "run", "JobVersion": 0, "CreateIndex": 1, "ModifyTime": 0,
+            "TaskStates": {"torchrun": {"State": "dead" if finished != fake_api.ZERO_TIME else "running",
+                                        "Failed": False, "StartedAt": started, "FinishedAt": finished,
+                                        "Events": []}}}
+
+
+def test_nomad_times_are_the_tasks_started_and_finished_at():
+    assert go_time(fake_api.ZERO_TIME) is None and go_time(None) is None and go_time("yesterday") is None
+    assert go_time("2027-01-15T08:00:00.5Z") == 1_800_000_000.5
+    assert go_time("2027-01-15T09:00:00+01:00") == 1_800_000_000.0
+    job = {"ID": "j", "Status": "dead", "Stop": False, "Meta": {"halo_sched_nodes": "2"}}
+    done = [_alloc("node-0[0]", "complete", "2027-01-15T08:00:00Z", "2027-01-15T08:30:00Z"),
+            _alloc("workers[0]", "complete", "2027-01-15T08:00:02Z", "2027-01-15T08:30:01Z")]
+    st = job_state(job, done, [], "j")
+    assert st.status is JobStatus.COMPLETED
+    assert (st.started_at, st.ended_at) == (1_800_000_000.0, 1_800_000_000.0 + 1801)
+    # Still running: a start, no end (FinishedAt is Go's zero time until the task is dead).
+    running = [_alloc("node-0[0]", "running", "2027-01-15T08:00:00Z", fake_api.ZERO_TIME),
+               _alloc("workers[0]", "running", "2027-01-15T08:00:02Z", fake_api.ZERO_TIME)]
+    st = job_state({**job, "Status": "running"}, running, [], "j")
+    assert st.status is JobStatus.RUNNING and (st.started_at, st.ended_at) == (1_800_000_000.0, None)
+    # Failed while the survivor is still being stopped: no end until every task that ran ended.
+    mixed = [_alloc("node-0[0]", "running", "2027-01-15T08:00:00Z", fake_api.ZERO_TIME),
+             {**_alloc("workers[0]", "failed", "2027-01-15T08:00:02Z", "2027-01-15T08:10:00Z")}]
+    st = job_state({**job, "Status": "running"}, mixed, [], "j")
+    assert st.status is JobStatus.FAILED and st.ended_at is None
+    # A lost node never reports its task's end: the allocation's ModifyTime stands in.
+    lost = [_alloc("node-0[0]", "failed", "2027-01-15T08:00:00Z", "2027-01-15T08:05:00Z"),
+            {**_alloc("workers[0]", "lost", "2027-01-15T08:00:02Z", fake_api.ZERO_TIME),
+             "ModifyTime": int((1_800_000_000 + 600) * 1e9)}]
+    st = job_state(job, lost, [], "j")
+    assert st.status is JobStatus.NODE_FAIL and st.ended_at == 1_800_000_000.0 + 600
+    # Never started: neither.
+    pending = [_alloc("node-0[0]", "pending", fake_api.ZERO_TIME, fake_api.ZERO_TIME)]
+    assert job_state({**job, "Status": "pending"}, pending, [], "j").started_at is None
+
+
+def test_status_run_counts_gpu_hours_from_nomads_task_times(tmp_path):
+    """A 2-node, 4-GPU job whose allocations' tasks ran exactly 30 minutes by Nomad's clock (a
+    test that takes seconds): ``status`` records Nomad's start and end, and the run's row is
+    2 nodes x 0.5 h = 1 node-h, 4 GPU-h, clock "scheduler"."""
+    from halo_sched.runs import attempts_of
+
+    data = yaml.safe_load((REPO / "examples" / "nomad-gpu.yaml").read_text())
+    data.update(nodes=2, gpus_per_node=4, nproc_per_node=4, retry={"attempts": 2, "on": ["node"]})
+    data["nomad"].update(memory=65536, shm_size="8GiB", namespace=None)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with FakeNomad([FakeNode(n, docker_volumes_enabled=True) for n in ("g0", "g1")], token=TOKEN) as fake:
+        env = _env(tmp_path, fake)
+        r = cli("submit", str(path), "--backend", "nomad", env=env)
+        assert r.returncode == 0, r.stderr
+        job_id = r.stdout.split()[-1]
+        fake.set_running(job_id)
+        for group in ("node-0", "workers"):
+            fake.finish(job_id, group, 0)
+        t0 = 1_800_000_000 * 10**9
+        fake.set_task_times(job_id, started_ns=t0, finished_ns=t0 + 1800 * 10**9)
+        st = cli("status", job_id, env=env)
+        assert st.returncode == 0 and "COMPLETED" in st.stdout, st.stdout + st.stderr
+        assert "attempt 1: " in st.stdout and "2 nodes x 1800s: 1.0000 node-h, 4.0000 GPU-h" in st.stdout, st.stdout
+        os.environ["HALO_SCHED_HOME"] = env["HALO_SCHED_HOME"]
+        (row,) = attempts_of(job_id, "nomad")
+        assert (row.clock, row.wall_s, row.node_hours, row.gpu_hours) == ("scheduler", 1800.0, 1.0, 4.0)
+        rec = json.loads(cli("status", job_id, "--json", env=env).stdout)
+        assert rec["run"]["attempts"][0]["clock"] == "scheduler", rec
+
+
+# ---- the preflight gate on Nomad ---------------------------------------------------------------
+
+# Node 1's setup points gloo at an interface this host does not have, on the run's first attempt
+# only, as a node whose NIC is missing would (tests/test_preflight_gate.py does the same on local
+# and SLURM): the gate, inside the rendered task's entry script, checks the interface its ranks
+# will use.
+BAD_NODE_1_ONCE = ('if [ "$halo_rank" = 1 ] && [ "${HALO_RESTART_COUNT:-0}" = 0 ]; then '
+                   'export GLOO_SOCKET_IFNAME=nosuchif0; fi')
+
+
+@pytest.mark.torch
+def test_the_gate_fails_a_nomad_node_as_a_preflight_node_fault_ledgered_and_retried(tmp_path):
+    with _cluster(tmp_path) as (fake, env, sims):
+        r = cli("submit", _job(tmp_path, setup=[BAD_NODE_1_ONCE], preflight={"gate": True},
+                               retry={"attempts": 2, "on": ["preflight"]}),
+                "--backend", "nomad", "--wait", "--quiet", "--timeout", "180", cwd=tmp_path, env=env, timeout=420)
+        assert r.returncode == 0, r.stderr[-4000:]
+        run_id = r.stdout.strip().splitlines()[-1]
+        assert re.search(r"FAILED \(node fault: host n1, preflight check failed\): preflight gate: interface "
+                         r"nosuchif0: no interface nosuchif0", r.stderr), r.stderr[-3000:]
+        assert "retrying (preflight fault) as " in r.stderr, r.stderr[-3000:]
+        # The gate ran in the simulated task (its entry script, before torchrun) and failed it.
+        bad = next(a for a in sims[0].allocations if a.name.endswith(".workers[0]"))
+        text = sims[0].stderr(bad.name)
+        assert "node 1: preflight gate: this node failed its checks" in text and "torchrun not started" in text, text
+        assert fake.alloc_for(run_id, "workers")["ClientStatus"] == "failed"
+        assert _nodes_of(fake, run_id)["workers[0]"] == "n1"
+        first = json.loads(cli("status", run_id, "--json", env=env).stdout)
+        assert first["failure_class"] == {"class": "node", "reason": "preflight check failed", "host": "n1",
+                                          "by": "preflight"}, first
+        ledger = [json.loads(ln) for ln in cli("nodes", "--json", env=env).stdout.splitlines()]
+        assert [(e["host"], e["by"], e["job"]) for e in ledger] == [("n1", "preflight", run_id)], ledger
+        second = r.stderr.split("retrying (preflight fault) as ", 1)[1].split()[0]
+        assert set(_nodes_of(fake, second).values()) == {"n0", "n2"}
+        later = sims[1].stderr(f"{second}.node-0[0]") + sims[1].stderr(f"{second}.workers[0]")
+        assert later.count("preflight gate passed") == 2, later[-3000:]
+
+
+LONG_ON_FIRST_ATTEMPT = '''\
+import os, pathlib, sys, time
+pathlib.Path(sys.argv[1], f"up-{os.environ['HALO_RESTART_COUNT']}-{os.environ['GROUP_RANK']}").touch()
+if os.environ["HALO_RESTART_COUNT"] == "0":
+    time.sleep(300)
+'''
+
+
+@pytest.mark.torch
+def test_a_node_lost_on_nomad_is_the_culprit_and_the_next_attempt_keeps_off_it(tmp_path):
+    """The simulated node running node rank 1 goes down (fake_api.node_down: Nomad 2.0.5's
+    heartbeat and reconciler, the allocation ``unknown``): the watcher reads NODE_FAIL naming
+    that Nomad node, stops the survivor, and the waiting process retries off it."""
+    import subprocess
+
+    (tmp_path / "long.py").write_text(LONG_ON_FIRST_ATTEMPT)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    with _cluster(tmp_path) as (fake, env, sims):
+        job = _job(tmp_path, retry={"attempts": 2, "on": ["node"]},
+                   trainer_spec={"script": str(tmp_path / "long.py"), "args": [str(marks)]})
+        proc = subprocess.Popen([sys.executable, "-m", "halo_sched.cli", "submit", job, "--backend", "nomad", "--wait",
+                                 "--quiet", "--timeout", "180"], cwd=tmp_path, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 120
+            while not (marks / "up-0-1").exists() and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.3)
+            assert (marks / "up-0-1").exists(), proc.poll()
+            run_id = sims[0].job_id
+            victim = fake.alloc_for(run_id, "workers")["NodeName"]
+            fake.node_down(victim)
+            out, err = proc.communicate(timeout=240)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 0, err[-4000:]
+        assert re.search(rf"NODE_FAIL: node 1 \(Nomad node {victim}\) disconnected at ", err), err[-3000:]
+        assert "retrying (node fault) as " in err, err[-3000:]
+        second = err.split("retrying (node fault) as ", 1)[1].split()[0]
+        assert {"LTarget": "${node.unique.name}", "RTarget": victim, "Operand": "!="} in \
+            fake.job_record(second)["Constraints"]
+        assert victim not in _nodes_of(fake, second).values() and (marks / "up-1-1").exists()
+        ledger = [json.loads(ln) for ln in cli("nodes", "--json", env=env).stdout.splitlines()]
+        assert [(e["host"], e["by"]) for e in ledger] == [(victim, "node-lost")], ledger
+        # Kept off as the run's culprit, not only as a ledgered host (the ledger can be off).
+        a2 = [ln for ln in cli("status", run_id, env=env).stdout.splitlines() if "\tattempt 2: " in ln]
+        assert len(a2) == 1 and f"excluded {victim}" in a2[0] and " COMPLETED;" in a2[0], a2
