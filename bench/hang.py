@@ -69,12 +69,13 @@ def step_rate(pairs: int, steps: int) -> None:
                     print(f"  pair {i}: {mode} failed; again", flush=True)
                 rates[mode].append(float(out.read_text()))
                 print(f"  pair {i}: {mode:3s} {rates[mode][-1]:8.1f} steps/s", flush=True)
-        on, off = statistics.median(rates["on"]), statistics.median(rates["off"])
-        rep = statistics.median(rates["reports"])
-        print(f"step rate, monitor on: {on:.1f}/s, off: {off:.1f}/s (medians of {pairs}); ratio {on / off:.3f}x")
-        print(f"  reports written, no monitor: {rep:.1f}/s; ratio {rep / off:.3f}x")
-        for mode, got in rates.items():
-            print(f"  {mode:7s} {sorted(round(r, 1) for r in got)}")
+        if pairs:
+            on, off = statistics.median(rates["on"]), statistics.median(rates["off"])
+            rep = statistics.median(rates["reports"])
+            print(f"step rate, monitor on: {on:.1f}/s, off: {off:.1f}/s (medians of {pairs}); ratio {on / off:.3f}x")
+            print(f"  reports written, no monitor: {rep:.1f}/s; ratio {rep / off:.3f}x")
+            for mode, got in rates.items():
+                print(f"  {mode:7s} {sorted(round(r, 1) for r in got)}")
         # One job, monitor on, blocks of steps with and without the report: the report's cost on
         # the trainer's step without the spread between runs (which the medians above carry).
         out = tmp / "rate-ab"
@@ -132,10 +133,18 @@ def monitor_cost(seconds: float) -> None:
         t = time.perf_counter()
         for i in range(n):
             progress.report(i)
-        print(f"progress.report(): {1e6 * (time.perf_counter() - t) / n:.2f} us per call")
+        print(f"progress.report(): {1e6 * (time.perf_counter() - t) / n:.2f} us per call (the ring)")
+        line_fd = os.open(os.path.join(d, "appended"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        t = time.perf_counter()
+        for i in range(n):
+            os.write(line_fd, f"{i} {time.time():.3f}\n".encode())
+        print(f"  a write() per report instead: {1e6 * (time.perf_counter() - t) / n:.2f} us per call")
+        os.close(line_fd)
         del os.environ["HALO_PROGRESS_DIR"], os.environ["RANK"]
-        os.close(progress._fd)
-        progress._fd = None
+        progress._ring.close()
+        for fd in (progress._fd, progress._history):
+            os.close(fd)
+        progress._fd = progress._ring = progress._history = None
 
 
 def detection(timeout_s: int) -> None:
@@ -159,8 +168,10 @@ if __name__ == "__main__":
     ap.add_argument("--timeout-s", type=int, default=30)
     ap.add_argument("--skip-detection", action="store_true")
     ap.add_argument("--skip-rate", action="store_true")
+    ap.add_argument("--skip-cost", action="store_true", help="not the monitor's CPU and report()'s cost")
     a = ap.parse_args()
-    monitor_cost(30.0)
+    if not a.skip_cost:
+        monitor_cost(30.0)
     if not a.skip_rate:
         step_rate(a.pairs, a.steps)
     if not a.skip_detection:
