@@ -57,7 +57,7 @@ def _output(tmp_path, job_id) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def _wait_for_training(tmp_path, job_id, env, timeout=90) -> None:
+def _wait_for_training(tmp_path, job_id, env, timeout=180) -> None:  # pending time included
     deadline = time.monotonic() + timeout
     # srun --label "0: ", then maybe torchrun's "[rank 0] " line prefix.
     while not re.search(r"^0: (\[rank 0\] )?step +0 ", _output(tmp_path, job_id), re.M):

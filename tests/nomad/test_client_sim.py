@@ -53,7 +53,7 @@ def job(*groups: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {"ID": "sim", "Name": "sim", "Type": "batch", "Datacenters": ["dc1"], "TaskGroups": list(groups), **extra}
 
 
-def wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+def wait_for(cond: Callable[[], bool], timeout: float = 20.0) -> None:  # generous: a loaded CI host
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
