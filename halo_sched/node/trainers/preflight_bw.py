@@ -238,6 +238,35 @@ def busbw_verdict(pairs: dict[int, float], floor: float) -> dict[int, tuple[floa
     return dict(sorted(out.items()))
 
 
+def time_pair(rank: int, src: int, n: int, dev, iters: int, sync) -> list[float]:
+    """Seconds of each of ``iters`` sends of ``n`` fp32 elements from rank ``src`` to rank 0, as
+    rank 0 sees them (other ranks: an empty list), after one small warm-up transfer (NCCL connects
+    a pair at its first). ``sync`` lines every rank up before each transfer."""
+    import torch
+    import torch.distributed as dist
+
+    if rank in (0, src):
+        v = torch.rand(n, device=dev) if rank == src else torch.zeros(n, device=dev)
+        warm = torch.rand(max(1, n >> 10), device=dev)
+    sync()
+    if rank == src:
+        dist.send(warm, 0)
+    elif rank == 0:
+        dist.recv(warm, src)
+        warm.sum().item()
+    samples = []
+    for _ in range(iters):
+        sync()
+        t0 = time.perf_counter()
+        if rank == src:
+            dist.send(v, 0)
+        elif rank == 0:
+            dist.recv(v, src)
+            v.sum().item()  # forces completion: recv returns before the data has arrived
+            samples.append(time.perf_counter() - t0)
+    return samples
+
+
 def gate_busbw(args, host: str) -> tuple[dict[int, tuple[float, bool]], str]:
     """The bandwidth part of the gate: one process per node (no torchrun), its own process group
     on rank 0's address and port, then a warm-up and a timed send/recv of ``--size`` bytes from
@@ -267,29 +296,9 @@ def gate_busbw(args, host: str) -> tuple[dict[int, tuple[float, bool]], str]:
     n = max(1, size // 4)
     pairs: dict[int, float] = {}
     for src in range(1, world):
-        if rank in (0, src):
-            v = torch.rand(n, device=dev) if rank == src else torch.zeros(n, device=dev)
-            warm = torch.rand(max(1, n >> 10), device=dev)
-        dist.barrier()
-        if rank == src:  # warm-up: NCCL connects a pair at its first transfer
-            dist.send(warm, 0)
-        elif rank == 0:
-            dist.recv(warm, src)
-            warm.sum().item()
-        samples = []
-        for _ in range(args.iters):
-            dist.barrier()
-            t0 = time.perf_counter()
-            if rank == src:
-                dist.send(v, 0)
-            elif rank == 0:
-                dist.recv(v, src)
-                v.sum().item()  # forces completion: recv returns before the data has arrived
-                samples.append(time.perf_counter() - t0)
+        samples = time_pair(rank, src, n, dev, args.iters, dist.barrier)
         if rank == 0:
             pairs[src] = round(n * 4 / statistics.median(samples) / 1e9, 3)
-        if rank in (0, src):
-            del v, warm
     verdict = [busbw_verdict(pairs, args.min_busbw) if rank == 0 else None]
     dist.broadcast_object_list(verdict, src=0)
     dist.barrier()
@@ -453,29 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     n_pair = max(1, size // 4)  # fp32 elements
     pairs = []
     for label, src in peers:
-        if rank in (0, src):
-            v = torch.rand(n_pair, device=dev) if rank == src else torch.zeros(n_pair, device=dev)
-            warm = torch.rand(max(1, n_pair >> 10), device=dev)
-        sync()
-        if rank == src:  # warm-up: NCCL connects a pair at its first transfer
-            dist.send(warm, 0)
-        elif rank == 0:
-            dist.recv(warm, src)
-            warm.sum().item()
-        samples = []
-        for _ in range(args.iters):
-            sync()
-            t0 = time.perf_counter()
-            if rank == src:
-                dist.send(v, 0)
-            elif rank == 0:
-                dist.recv(v, src)
-                v.sum().item()  # forces completion: recv returns before the data has arrived
-                samples.append(time.perf_counter() - t0)
+        samples = time_pair(rank, src, n_pair, dev, args.iters, sync)
         if rank == 0:
             pairs.append({"src": label, "dst": 0, "src_rank": src, "bytes": n_pair * 4, "seconds": samples})
-        if rank in (0, src):
-            del v, warm
 
     # all_gather across every rank: each contributes size/world bytes, the output is size bytes.
     chunk = max(1, size // (4 * world))
