@@ -292,6 +292,10 @@ class SlurmScheduler(Scheduler):
                 from ...node.failures import report_from_files
 
                 state.failure = report_from_files(self._outputs(job_id, ask=False))
+            elif state.status is JobStatus.RUNNING:  # the slowest rank, from the nodes' copies (progress.py)
+                from .progress import stragglers_line
+
+                state.progress = stragglers_line(self._outputs(job_id, ask=False), job_id)
         return states
 
     def _launch_cause(self, job_id: str) -> str:
@@ -436,7 +440,7 @@ class SlurmScheduler(Scheduler):
         nodelist = state.slurm.nodelist if state.slurm is not None else None
         if state.status.value == "RUNNING" and state.nodes_total:
             return f"RUNNING on {state.nodes_total} node{'s' if state.nodes_total != 1 else ''}" + (
-                f" ({nodelist})" if nodelist else "") + run
+                f" ({nodelist})" if nodelist else "") + run + (f" ({state.progress})" if state.progress else "")
         return state.describe()
 
     def _pending_words(self, state: JobState) -> str:
