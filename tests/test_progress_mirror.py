@@ -99,15 +99,9 @@ def test_a_copy_that_fails_halfway_leaves_the_old_copy_and_no_temporary_file(tmp
     assert not [p for p in copy.parent.iterdir() if p.name.startswith(".")]
 
 
-def test_a_long_history_goes_in_bounded_copies_of_whole_lines_then_only_what_is_new(tmp_path, monkeypatch):
-    src = tmp_path / "p"
-    src.mkdir()
-    hist = src / "rank-0.history"
-    lines = [b"%d %.3f\n" % (s, 1.7e9 + s) for s in range(20000)]  # about 400 KB: a long job
-    hist.write_bytes(b"".join(lines))
-    dst = tmp_path / "m"
-    m = hang_monitor.Mirror(str(src), str(dst), 0)
-    written = []
+def _counting(monkeypatch) -> list[int]:
+    """The sizes of the writes the mirror makes."""
+    written: list[int] = []
     real_open = open
 
     class Counting:
@@ -129,25 +123,77 @@ def test_a_long_history_goes_in_bounded_copies_of_whole_lines_then_only_what_is_
         return Counting(f) if "w" in mode or "a" in mode else f
 
     monkeypatch.setattr(hang_monitor, "open", spy, raising=False)
+    return written
+
+
+def test_a_long_history_is_copied_a_line_a_copy(tmp_path, monkeypatch):
+    """A history past 8 KiB (about two minutes of a rank's) grows the copy by its newest line at
+    each copy, whatever its length: the copy stays small, and each copy reads 64 KiB at most."""
+    src = tmp_path / "p"
+    src.mkdir()
+    hist = src / "rank-0.history"
+    lines = [b"%d %.3f\n" % (s, 1.7e9 + s) for s in range(20000)]  # about 400 KB: a long job
+    hist.write_bytes(b"".join(lines))
+    dst = tmp_path / "m"
+    m = hang_monitor.Mirror(str(src), str(dst), 0)
+    written = _counting(monkeypatch)
     copy = dst / "node-0" / "progress" / "rank-0.history"
     m.copy()
-    assert 0 < sum(written) <= hang_monitor.MIRROR_CHUNK and copy.read_bytes().endswith(b"\n")
-    for _ in range(10):
-        m.copy()
-    assert copy.read_bytes() == hist.read_bytes()
+    assert copy.read_bytes() == lines[0] + lines[-1] and sum(written) == len(lines[0] + lines[-1])
     written.clear()
     m.copy()
     assert written == []  # nothing new: nothing written
-    new = b"20000 1700020000.000\n20001 1700020001.000\n"
+    new = [b"20000 1700020000.000\n", b"20001 1700020001.000\n"]
     with open(hist, "ab") as f:
-        f.write(new + b"20002 17000")  # the last line half written: not copied yet
+        f.write(b"".join(new) + b"20002 17000")  # the last line half written: not copied yet
     m.copy()
-    assert written == [len(new)]
-    assert copy.read_bytes() == hist.read_bytes()[:-len(b"20002 17000")]
+    assert written == [len(new[1])] and copy.read_bytes() == lines[0] + lines[-1] + new[1]
+    with open(hist, "ab") as f:
+        f.write(b"20020.000\n")
+    m.copy()
+    assert copy.read_bytes().endswith(new[1] + b"20002 1700020020.000\n")
     # The rank restarted: its history starts afresh, and so does the copy.
     hist.write_bytes(b"0 1700030000.000\n")
     m.copy()
     assert copy.read_bytes() == b"0 1700030000.000\n"
+    # What the timeline reads of it: the first and the newest steps.
+    assert timeline.read_rank(copy) == [(0, 1700030000.0)]
+
+
+def test_a_short_history_is_copied_whole_then_grows_by_a_line(tmp_path):
+    src = tmp_path / "p"
+    src.mkdir()
+    hist = src / "rank-0.history"
+    lines = [b"%d %.3f\n" % (s, 1.7e9 + s) for s in range(100)]
+    hist.write_bytes(b"".join(lines))
+    m = hang_monitor.Mirror(str(src), str(tmp_path / "m"), 0)
+    m.copy()
+    copy = tmp_path / "m" / "node-0" / "progress" / "rank-0.history"
+    assert copy.read_bytes() == b"".join(lines)
+    more = [b"%d %.3f\n" % (s, 1.7e9 + s) for s in range(100, 1000)]
+    with open(hist, "ab") as f:
+        f.write(b"".join(more))
+    m.copy()
+    assert copy.read_bytes() == b"".join(lines) + more[-1]
+
+
+def test_a_trainers_own_long_file_is_copied_as_its_last_lines_and_a_history(tmp_path, monkeypatch):
+    """Lines a trainer appends, one a step (no helper): the copy is the file's last 8 KiB of whole
+    lines, enough for the stragglers' window; a history of a line a copy goes beside it."""
+    src = tmp_path / "p"
+    src.mkdir()
+    own = src / "rank-0"
+    lines = [b"%d %.3f\n" % (s, 1.7e9 + s) for s in range(5000)]
+    own.write_bytes(b"".join(lines))
+    dst = tmp_path / "m"
+    written = _counting(monkeypatch)
+    hang_monitor.Mirror(str(src), str(dst), 0).copy()
+    copy = dst / "node-0" / "progress" / "rank-0"
+    assert len(copy.read_bytes()) <= 8192 and copy.read_bytes().endswith(lines[-1])
+    assert copy.read_bytes().startswith(lines[-len(copy.read_bytes().splitlines())])
+    assert (dst / "node-0" / "progress" / "rank-0.history").read_bytes() == lines[0] + lines[-1]
+    assert sum(written) <= 8192 + 100
+    assert len(stragglers.read(dst)[(0, 0)]) == stragglers.WINDOW + 1
 
 
 def test_a_directory_that_cannot_be_written_is_said_once_and_the_monitor_goes_on(tmp_path):

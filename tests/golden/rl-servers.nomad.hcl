@@ -97,8 +97,8 @@ job "rl-grpo" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-ece930b3"
-        right_delimiter = "halo-ece930b3]]"
+        left_delimiter  = "[[halo-cf2343f5"
+        right_delimiter = "halo-cf2343f5]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -1072,9 +1072,7 @@ def classify(frames: list[tuple[str, int, str]], cwd: str | None = None) -> dict
 
 #: How often the progress files are copied into the mirror directory (``Mirror``).
 MIRROR_S = 5.0
-#: The most bytes one file sends the mirror per copy: a file this large or smaller is copied
-#: whole; a larger one is taken as lines appended (the history) and only its new whole lines go,
-#: at most this many bytes a copy (a history grows about 640 bytes in ``MIRROR_S``).
+#: The most bytes of a long file read per copy (a history grows about 640 bytes in ``MIRROR_S``).
 MIRROR_CHUNK = 65536
 _MIRRORED = re.compile(r"rank-\d+(?:\.history)?")
 
@@ -1086,17 +1084,21 @@ class Mirror:
     read that. SLURM keeps the node's own progress directory in a temporary directory on the
     node; the mirror goes beside the job's output file (docs/failures.md, "Stragglers").
 
-    Bounded: every ``MIRROR_S`` seconds at most, a file of ``_WHOLE_BYTES`` or less (the ring, one
-    page) is copied whole when its bytes changed, by a write to a temporary name and a rename
-    (a reader sees the old copy or the new, never half of one); a larger one (the history, or
-    lines a trainer appends) only gets its new whole lines appended, ``MIRROR_CHUNK`` bytes at
-    most. A copy that cannot be written is said once on stderr and tried again later: the
-    mirror never ends or slows the job."""
+    Bounded, every ``MIRROR_S`` seconds at most: a file of ``_WHOLE_BYTES`` or less (the ring, one
+    page; a history's first minutes) is copied whole when its bytes changed, by a write to a
+    temporary name and a rename (a reader sees the old copy or the new, never half of one); of a
+    longer ``rank-R`` (lines a trainer appends, one a step) its last ``_WHOLE_BYTES`` of whole lines
+    the same way (the stragglers' window); of a longer history only the newest whole line is
+    appended at each copy, reading ``MIRROR_CHUNK`` bytes at most, so the copy grows a line every
+    ``MIRROR_S`` (about 23 KB an hour), not the node's two a second; a trainer's own long
+    ``rank-R`` without a history gets such a history too. A copy that cannot be written is said
+    once on stderr and tried again later: the mirror never ends or slows the job."""
 
     def __init__(self, src: str, dst: str, node: int):
         self.src, self.node = src, node
         self.dst = os.path.join(dst, f"node-{node}", "progress")
-        self.sent: dict[str, tuple[int, int, bytes | None]] = {}  # name -> (inode, bytes sent, whole copy)
+        # copy's name -> (its source's inode, source bytes taken, the bytes of a whole copy or None)
+        self.sent: dict[str, tuple[int, int, bytes | None]] = {}
         self.next = 0.0
         self.said = False
 
@@ -1115,7 +1117,7 @@ class Mirror:
             if names:
                 os.makedirs(self.dst, exist_ok=True)
             for name in names:
-                self._one(name)
+                self._one(name, names)
         except OSError as e:
             if not self.said:
                 self.said = True
@@ -1124,33 +1126,58 @@ class Mirror:
                                  "the job goes on\n")
                 sys.stderr.flush()
 
-    def _one(self, name: str) -> None:
+    def _one(self, name: str, names: list[str]) -> None:
         try:
             f = open(os.path.join(self.src, name), "rb")
         except OSError:
             return  # gone meanwhile (a restarting rank)
         with f:
             st = os.fstat(f.fileno())
-            ino, done, whole = self.sent.get(name, (-1, 0, None))
-            if st.st_size <= _WHOLE_BYTES:
+            if st.st_size <= _WHOLE_BYTES or not name.endswith(".history"):
+                f.seek(max(0, st.st_size - _WHOLE_BYTES))
                 data = f.read(_WHOLE_BYTES)
+                if st.st_size > _WHOLE_BYTES:
+                    data = data[data.find(b"\n") + 1:]  # the first line may be cut
                 data = data[:data.rfind(b"\n") + 1]  # whole lines only (a slot not written yet is nothing)
-                if data != whole or ino != st.st_ino:
+                if self.sent.get(name, (None, 0, None))[::2] != (st.st_ino, data):
                     self._replace(name, data)
-                self.sent[name] = (st.st_ino, len(data), data)
-                return
-            fresh = ino != st.st_ino or st.st_size < done
+                self.sent[name] = (st.st_ino, st.st_size if st.st_size > _WHOLE_BYTES else len(data), data)
+                if st.st_size <= _WHOLE_BYTES or name + ".history" in names:
+                    return
+                name += ".history"  # a trainer's own lines, one a step: a history of them as well
+            self._thin(f, st, name)
+
+    def _thin(self, f, st: os.stat_result, name: str) -> None:
+        """Append the newest whole line of ``f`` past what was taken (its first one too when the
+        copy starts afresh: a new file, or one that was started again)."""
+        ino, done, _ = self.sent.get(name, (-1, 0, None))
+        fresh = ino != st.st_ino or st.st_size < done
+        if fresh:
+            done = 0
+        if st.st_size - done > MIRROR_CHUNK:  # far behind: the newest lines are what matters
+            head = b""
             if fresh:
-                done = 0
+                f.seek(0)
+                head = f.read(256).split(b"\n", 1)[0] + b"\n"
+            done = st.st_size - MIRROR_CHUNK
             f.seek(done)
             data = f.read(MIRROR_CHUNK)
-            data = data[:data.rfind(b"\n") + 1]
-            if fresh:
-                self._replace(name, data)
-            elif data:
-                with open(os.path.join(self.dst, name), "ab") as out:
-                    out.write(data)
-            self.sent[name] = (st.st_ino, done + len(data), None)
+            data = data[data.find(b"\n") + 1:]
+            done += MIRROR_CHUNK - len(data)
+        else:
+            f.seek(done)
+            data = f.read(MIRROR_CHUNK)
+            head = b""
+        cut = data.rfind(b"\n") + 1
+        lines = data[:cut].splitlines(keepends=True)
+        keep = (lines[:1] if fresh and not head else [head] if head else []) + lines[-1:]
+        keep = list(dict.fromkeys(keep))
+        if fresh:
+            self._replace(name, b"".join(keep))
+        elif keep:
+            with open(os.path.join(self.dst, name), "ab") as out:
+                out.write(b"".join(keep))
+        self.sent[name] = (st.st_ino, done + cut, None)
 
     def _replace(self, name: str, data: bytes) -> None:
         tmp = os.path.join(self.dst, f".{name}.{os.getpid()}.tmp")  # never read as a rank's file
@@ -1544,8 +1571,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-ece930b3"
-        right_delimiter = "halo-ece930b3]]"
+        left_delimiter  = "[[halo-cf2343f5"
+        right_delimiter = "halo-cf2343f5]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -2519,9 +2546,7 @@ def classify(frames: list[tuple[str, int, str]], cwd: str | None = None) -> dict
 
 #: How often the progress files are copied into the mirror directory (``Mirror``).
 MIRROR_S = 5.0
-#: The most bytes one file sends the mirror per copy: a file this large or smaller is copied
-#: whole; a larger one is taken as lines appended (the history) and only its new whole lines go,
-#: at most this many bytes a copy (a history grows about 640 bytes in ``MIRROR_S``).
+#: The most bytes of a long file read per copy (a history grows about 640 bytes in ``MIRROR_S``).
 MIRROR_CHUNK = 65536
 _MIRRORED = re.compile(r"rank-\d+(?:\.history)?")
 
@@ -2533,17 +2558,21 @@ class Mirror:
     read that. SLURM keeps the node's own progress directory in a temporary directory on the
     node; the mirror goes beside the job's output file (docs/failures.md, "Stragglers").
 
-    Bounded: every ``MIRROR_S`` seconds at most, a file of ``_WHOLE_BYTES`` or less (the ring, one
-    page) is copied whole when its bytes changed, by a write to a temporary name and a rename
-    (a reader sees the old copy or the new, never half of one); a larger one (the history, or
-    lines a trainer appends) only gets its new whole lines appended, ``MIRROR_CHUNK`` bytes at
-    most. A copy that cannot be written is said once on stderr and tried again later: the
-    mirror never ends or slows the job."""
+    Bounded, every ``MIRROR_S`` seconds at most: a file of ``_WHOLE_BYTES`` or less (the ring, one
+    page; a history's first minutes) is copied whole when its bytes changed, by a write to a
+    temporary name and a rename (a reader sees the old copy or the new, never half of one); of a
+    longer ``rank-R`` (lines a trainer appends, one a step) its last ``_WHOLE_BYTES`` of whole lines
+    the same way (the stragglers' window); of a longer history only the newest whole line is
+    appended at each copy, reading ``MIRROR_CHUNK`` bytes at most, so the copy grows a line every
+    ``MIRROR_S`` (about 23 KB an hour), not the node's two a second; a trainer's own long
+    ``rank-R`` without a history gets such a history too. A copy that cannot be written is said
+    once on stderr and tried again later: the mirror never ends or slows the job."""
 
     def __init__(self, src: str, dst: str, node: int):
         self.src, self.node = src, node
         self.dst = os.path.join(dst, f"node-{node}", "progress")
-        self.sent: dict[str, tuple[int, int, bytes | None]] = {}  # name -> (inode, bytes sent, whole copy)
+        # copy's name -> (its source's inode, source bytes taken, the bytes of a whole copy or None)
+        self.sent: dict[str, tuple[int, int, bytes | None]] = {}
         self.next = 0.0
         self.said = False
 
@@ -2562,7 +2591,7 @@ class Mirror:
             if names:
                 os.makedirs(self.dst, exist_ok=True)
             for name in names:
-                self._one(name)
+                self._one(name, names)
         except OSError as e:
             if not self.said:
                 self.said = True
@@ -2571,33 +2600,58 @@ class Mirror:
                                  "the job goes on\n")
                 sys.stderr.flush()
 
-    def _one(self, name: str) -> None:
+    def _one(self, name: str, names: list[str]) -> None:
         try:
             f = open(os.path.join(self.src, name), "rb")
         except OSError:
             return  # gone meanwhile (a restarting rank)
         with f:
             st = os.fstat(f.fileno())
-            ino, done, whole = self.sent.get(name, (-1, 0, None))
-            if st.st_size <= _WHOLE_BYTES:
+            if st.st_size <= _WHOLE_BYTES or not name.endswith(".history"):
+                f.seek(max(0, st.st_size - _WHOLE_BYTES))
                 data = f.read(_WHOLE_BYTES)
+                if st.st_size > _WHOLE_BYTES:
+                    data = data[data.find(b"\n") + 1:]  # the first line may be cut
                 data = data[:data.rfind(b"\n") + 1]  # whole lines only (a slot not written yet is nothing)
-                if data != whole or ino != st.st_ino:
+                if self.sent.get(name, (None, 0, None))[::2] != (st.st_ino, data):
                     self._replace(name, data)
-                self.sent[name] = (st.st_ino, len(data), data)
-                return
-            fresh = ino != st.st_ino or st.st_size < done
+                self.sent[name] = (st.st_ino, st.st_size if st.st_size > _WHOLE_BYTES else len(data), data)
+                if st.st_size <= _WHOLE_BYTES or name + ".history" in names:
+                    return
+                name += ".history"  # a trainer's own lines, one a step: a history of them as well
+            self._thin(f, st, name)
+
+    def _thin(self, f, st: os.stat_result, name: str) -> None:
+        """Append the newest whole line of ``f`` past what was taken (its first one too when the
+        copy starts afresh: a new file, or one that was started again)."""
+        ino, done, _ = self.sent.get(name, (-1, 0, None))
+        fresh = ino != st.st_ino or st.st_size < done
+        if fresh:
+            done = 0
+        if st.st_size - done > MIRROR_CHUNK:  # far behind: the newest lines are what matters
+            head = b""
             if fresh:
-                done = 0
+                f.seek(0)
+                head = f.read(256).split(b"\n", 1)[0] + b"\n"
+            done = st.st_size - MIRROR_CHUNK
             f.seek(done)
             data = f.read(MIRROR_CHUNK)
-            data = data[:data.rfind(b"\n") + 1]
-            if fresh:
-                self._replace(name, data)
-            elif data:
-                with open(os.path.join(self.dst, name), "ab") as out:
-                    out.write(data)
-            self.sent[name] = (st.st_ino, done + len(data), None)
+            data = data[data.find(b"\n") + 1:]
+            done += MIRROR_CHUNK - len(data)
+        else:
+            f.seek(done)
+            data = f.read(MIRROR_CHUNK)
+            head = b""
+        cut = data.rfind(b"\n") + 1
+        lines = data[:cut].splitlines(keepends=True)
+        keep = (lines[:1] if fresh and not head else [head] if head else []) + lines[-1:]
+        keep = list(dict.fromkeys(keep))
+        if fresh:
+            self._replace(name, b"".join(keep))
+        elif keep:
+            with open(os.path.join(self.dst, name), "ab") as out:
+                out.write(b"".join(keep))
+        self.sent[name] = (st.st_ino, done + cut, None)
 
     def _replace(self, name: str, data: bytes) -> None:
         tmp = os.path.join(self.dst, f".{name}.{os.getpid()}.tmp")  # never read as a rank's file
