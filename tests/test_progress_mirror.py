@@ -242,3 +242,15 @@ def test_a_fresh_job_without_copies_reads_as_nothing(tmp_path):
     assert stragglers_line([str(tmp_path / "halo-t-7.out")], "7") == ""
     assert stragglers_line([], "7") == ""
     assert mirror_root([str(tmp_path / "x.out")], "../7") is None
+
+
+def test_watch_line_of_a_running_slurm_job_carries_the_stragglers():
+    from halo_sched.backends.base import JobState, JobStatus
+    from halo_sched.backends.slurm import SlurmScheduler
+
+    sched = SlurmScheduler.__new__(SlurmScheduler)  # progress() asks no scheduler for a running job
+    st = JobState("9", JobStatus.RUNNING, "RUNNING", nodes_total=2, nodes_running=2,
+                  progress="node 0: step 3; slowest: rank 1 (node 0)")
+    assert sched.progress(st) == "RUNNING on 2 nodes (node 0: step 3; slowest: rank 1 (node 0))"
+    st.progress = ""
+    assert sched.progress(st) == "RUNNING on 2 nodes"

@@ -46,6 +46,7 @@ def test_status_names_the_straggler_of_a_running_slurm_job(tmp_path, slurm_clust
         # `timeline` draws the steps from them while the job runs.
         t = cli("timeline", job_id, "--backend", "slurm", "--width", "100", cwd=tmp_path,
                 env={**env, "NO_COLOR": "1"}, timeout=120)
+        print(t.stdout)
         assert t.returncode == 0 and "█" in t.stdout and "stays on the nodes" not in t.stdout, t.stdout + t.stderr
     finally:
         cli("cancel", job_id, "--backend", "slurm", cwd=tmp_path, env=env)
