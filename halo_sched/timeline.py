@@ -8,8 +8,10 @@ Where it comes from:
   ``rank-R.history`` (a line every 0.5 s at most), read together. A file is read boundedly: up to :data:`WHOLE_BYTES` whole,
   a larger one only where a column starts (a binary search on time per column edge, a few hundred
   small reads), which says exactly whether a rank reported within each column however long the job.
-  Reachable where the log root is: local, the job directory; SLURM and Nomad keep it on the nodes
-  (a temporary directory unless ``HALO_LOG_DIR`` is on a shared filesystem), so there the rows show
+  Reachable where the log root is: local, the job directory; SLURM, the copies each node's hang
+  monitor keeps beside the job's output file (``OUTPUT_DIR/.halo-progress/JOB_ID``, the same layout;
+  ``backends/slurm/progress.py``); Nomad keeps it on the nodes (a temporary directory unless
+  ``HALO_LOG_DIR`` is on a shared filesystem), so there (and on SLURM without a copy) the rows show
   what the nodes' failure lines say (the last step and when it was reported) and no step history;
 * failures and hangs: the ``halo-sched-failure`` lines the nodes wrote into the job's output
   (``node/failures.py``), with the culprit as ``FailureReport.first`` names it;
@@ -65,7 +67,7 @@ class Timeline:
     hosts: dict[int, str] = field(default_factory=dict)
     #: Every (node, rank) the job has (from its size), reported or not.
     ranks: set[tuple[int, int]] = field(default_factory=set)
-    #: Whether the ranks' step history could be read (False: SLURM, Nomad).
+    #: Whether the ranks' step history could be read (False: Nomad, SLURM without the nodes' copy).
     history: bool = True
     #: Why not, in words.
     note: str = ""
@@ -534,12 +536,25 @@ def gather(job_id: str, backend: str, sched, now: float | None = None) -> tuple[
         # Local: every node ran on this host.
         tl.hosts = {n: socket.gethostname() for n, _ in set(tl.ranks) | set(files)}
         load_progress(tl, files, None)
+    elif backend == "slurm" and (files := _slurm_mirror(rec, job_id)):
+        # The copies each node's hang monitor keeps beside the job's output file.
+        load_progress(tl, files, None)
     else:
         tl.history = False
         tl.note = (f"the ranks' step history stays on the nodes with {backend} (under each node's log directory, "
-                   "a temporary one unless HALO_LOG_DIR is on a shared filesystem); each row shows what the "
-                   "nodes' failure lines say")
+                   "a temporary one unless HALO_LOG_DIR is on a shared filesystem"
+                   + ("; the hang monitor's copy beside the job's output file was not found" if backend == "slurm"
+                      else "") + "); each row shows what the nodes' failure lines say")
     return tl, files
+
+
+def _slurm_mirror(rec: dict, job_id: str) -> dict[tuple[int, int], Path]:
+    """The progress files SLURM's nodes copied beside the job's output file (``backends/slurm/progress.py``)."""
+    from .backends.slurm.progress import mirror_root
+
+    outputs = rec.get("outputs")
+    root = mirror_root([str(o) for o in outputs], job_id) if isinstance(outputs, list) else None
+    return progress_files(root) if root is not None else {}
 
 
 def load_progress(tl: Timeline, files: dict[tuple[int, int], Path], columns: int | None) -> None:

@@ -1,6 +1,7 @@
 """``halo-sched timeline`` of a SLURM job that hung (real local cluster, torchrun, gloo, 2 nodes x
-2 ranks; tests/trainers/hang.py): the step history stays on the nodes, so each row shows what the
-nodes' HUNG lines say, from the job's start by SLURM's clock to the monitor's detection."""
+2 ranks; tests/trainers/hang.py): each node's hang monitor copies its ranks' progress files beside
+the job's output file, so each row shows the rank's steps, then its stall and the monitor's
+detection, from the job's start by SLURM's clock."""
 from __future__ import annotations
 
 import re
@@ -30,6 +31,7 @@ def test_timeline_of_a_slurm_job_that_hangs(tmp_path, slurm_cluster):
     assert sorted(rows) == [0, 1, 2, 3], text
     assert rows[3].startswith(" ▶rank 3") and "CULPRIT: HUNG" in rows[3], text
     for ln in rows.values():
-        assert re.search(r"░+·+H", ln), ln  # ran (steps not seen here), stalled from its last report, hung
-    assert f"job {job_id} (ddp-cpu) on slurm: FAILED" in text and "stays on the nodes with slurm" in text, text
+        assert re.search(r"█+·+H", ln), ln  # steps (from the nodes' copies), the stall from the last report, hung
+    assert f"job {job_id} (ddp-cpu) on slurm: FAILED" in text and "stays on the nodes" not in text, text
+    assert "culprit: HUNG after step 19: rank 3 (node 1" in text, text
     assert (tmp_path / "t.svg").read_text().startswith("<?xml")

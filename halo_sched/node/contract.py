@@ -66,6 +66,10 @@ class EnvNames:
     progress_dir: str = "HALO_PROGRESS_DIR"
     #: The signal on which a rank registers faulthandler, so the monitor can read its stack live.
     stack_signal: str = "HALO_STACK_SIGNAL"
+    #: Optional: a directory the submitter can read (SLURM: beside the job's output file), into
+    #: which each node's hang monitor copies its ranks' progress files every few seconds, as
+    #: ``DIR/node-K/progress/rank-R`` and ``rank-R.history`` (``hang_monitor.Mirror``).
+    progress_mirror: str = "HALO_PROGRESS_MIRROR"
 
     # ---- a rollout server node (``servers:``) ----
     server_index: str = "HALO_SERVER_INDEX"

@@ -219,10 +219,135 @@ def classify(frames: list[tuple[str, int, str]], cwd: str | None = None) -> dict
     return {"waiting_in": waiting, "where": where, "code": code}
 
 
+#: How often the progress files are copied into the mirror directory (``Mirror``).
+MIRROR_S = 5.0
+#: The most bytes of a long file read per copy (a history grows about 640 bytes in ``MIRROR_S``).
+MIRROR_CHUNK = 65536
+_MIRRORED = re.compile(r"rank-\d+(?:\.history)?")
+
+
+class Mirror:
+    """Copies a node's progress files (each rank's ring ``rank-R`` and its ``rank-R.history``)
+    into a directory the submitter can read, as ``DST/node-K/progress/``: the layout of a local
+    job's log root, so that ``stragglers.read`` and ``timeline.progress_files`` read it as they
+    read that. SLURM keeps the node's own progress directory in a temporary directory on the
+    node; the mirror goes beside the job's output file (docs/failures.md, "Stragglers").
+
+    Bounded, every ``MIRROR_S`` seconds at most: a file of ``_WHOLE_BYTES`` or less (the ring, one
+    page; a history's first minutes) is copied whole when its bytes changed, by a write to a
+    temporary name and a rename (a reader sees the old copy or the new, never half of one); of a
+    longer ``rank-R`` (lines a trainer appends, one a step) its last ``_WHOLE_BYTES`` of whole lines
+    the same way (the stragglers' window); of a longer history only the newest whole line is
+    appended at each copy, reading ``MIRROR_CHUNK`` bytes at most, so the copy grows a line every
+    ``MIRROR_S`` (about 23 KB an hour), not the node's two a second; a trainer's own long
+    ``rank-R`` without a history gets such a history too. A copy that cannot be written is said
+    once on stderr and tried again later: the mirror never ends or slows the job."""
+
+    def __init__(self, src: str, dst: str, node: int):
+        self.src, self.node = src, node
+        self.dst = os.path.join(dst, f"node-{node}", "progress")
+        # copy's name -> (its source's inode, source bytes taken, the bytes of a whole copy or None)
+        self.sent: dict[str, tuple[int, int, bytes | None]] = {}
+        self.next = 0.0
+        self.said = False
+
+    def maybe(self, now: float) -> None:
+        if now >= self.next:
+            self.next = now + MIRROR_S
+            self.copy()
+
+    def copy(self) -> None:
+        """Copy what changed since the last copy."""
+        try:
+            names = sorted(n for n in os.listdir(self.src) if _MIRRORED.fullmatch(n))
+        except OSError:
+            return  # no rank has reported yet
+        try:
+            if names:
+                os.makedirs(self.dst, exist_ok=True)
+            for name in names:
+                self._one(name, names)
+        except OSError as e:
+            if not self.said:
+                self.said = True
+                sys.stderr.write(f"halo-sched: node {self.node}: cannot copy the ranks' progress into {self.dst} "
+                                 f"({e.strerror or e}); `halo-sched status` and `timeline` will not show it; "
+                                 "the job goes on\n")
+                sys.stderr.flush()
+
+    def _one(self, name: str, names: list[str]) -> None:
+        try:
+            f = open(os.path.join(self.src, name), "rb")
+        except OSError:
+            return  # gone meanwhile (a restarting rank)
+        with f:
+            st = os.fstat(f.fileno())
+            if st.st_size <= _WHOLE_BYTES or not name.endswith(".history"):
+                f.seek(max(0, st.st_size - _WHOLE_BYTES))
+                data = f.read(_WHOLE_BYTES)
+                if st.st_size > _WHOLE_BYTES:
+                    data = data[data.find(b"\n") + 1:]  # the first line may be cut
+                data = data[:data.rfind(b"\n") + 1]  # whole lines only (a slot not written yet is nothing)
+                if self.sent.get(name, (None, 0, None))[::2] != (st.st_ino, data):
+                    self._replace(name, data)
+                self.sent[name] = (st.st_ino, st.st_size if st.st_size > _WHOLE_BYTES else len(data), data)
+                if st.st_size <= _WHOLE_BYTES or name + ".history" in names:
+                    return
+                name += ".history"  # a trainer's own lines, one a step: a history of them as well
+            self._thin(f, st, name)
+
+    def _thin(self, f, st: os.stat_result, name: str) -> None:
+        """Append the newest whole line of ``f`` past what was taken (its first one too when the
+        copy starts afresh: a new file, or one that was started again)."""
+        ino, done, _ = self.sent.get(name, (-1, 0, None))
+        fresh = ino != st.st_ino or st.st_size < done
+        if fresh:
+            done = 0
+        if st.st_size - done > MIRROR_CHUNK:  # far behind: the newest lines are what matters
+            head = b""
+            if fresh:
+                f.seek(0)
+                head = f.read(256).split(b"\n", 1)[0] + b"\n"
+            done = st.st_size - MIRROR_CHUNK
+            f.seek(done)
+            data = f.read(MIRROR_CHUNK)
+            data = data[data.find(b"\n") + 1:]
+            done += MIRROR_CHUNK - len(data)
+        else:
+            f.seek(done)
+            data = f.read(MIRROR_CHUNK)
+            head = b""
+        cut = data.rfind(b"\n") + 1
+        lines = data[:cut].splitlines(keepends=True)
+        keep = (lines[:1] if fresh and not head else [head] if head else []) + lines[-1:]
+        keep = list(dict.fromkeys(keep))
+        if fresh:
+            self._replace(name, b"".join(keep))
+        elif keep:
+            with open(os.path.join(self.dst, name), "ab") as out:
+                out.write(b"".join(keep))
+        self.sent[name] = (st.st_ino, done + cut, None)
+
+    def _replace(self, name: str, data: bytes) -> None:
+        tmp = os.path.join(self.dst, f".{name}.{os.getpid()}.tmp")  # never read as a rank's file
+        try:
+            with open(tmp, "wb") as out:
+                out.write(data)
+            os.replace(tmp, os.path.join(self.dst, name))
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+
 class Monitor:
     def __init__(self, node: int, torchrun: int, progress_dir: str, log_dir: str, nproc: int,
-                 timeout_s: float, first_step_s: float, stack_signal: int, host: str | None = None):
+                 timeout_s: float, first_step_s: float, stack_signal: int, host: str | None = None,
+                 mirror: str | None = None):
         self.node, self.torchrun, self.progress_dir, self.log_dir = node, torchrun, progress_dir, log_dir
+        self.mirror = Mirror(progress_dir, mirror, node) if mirror else None
         self.nproc, self.timeout_s, self.first_step_s = nproc, timeout_s, first_step_s
         self.stack_signal, self.host = stack_signal, host or socket.gethostname()
         self.ranks: dict[int, dict] = {}  # pid -> {rank, local_rank, seen, out, cwd}
@@ -275,6 +400,8 @@ class Monitor:
                 self._discover()
             if self.hung(time.time()):
                 return True
+            if self.mirror is not None:
+                self.mirror.maybe(time.monotonic())
             time.sleep(POLL_S)
         return False
 
@@ -449,15 +576,22 @@ class Monitor:
 
 
 def main(argv: list[str]) -> int:
+    """``NODE TORCHRUN_PID PROGRESS_DIR LOG_DIR NPROC TIMEOUT_S FIRST_STEP_S SIGNAL [MIRROR_DIR]``
+    (an empty MIRROR_DIR: no mirror)."""
     node, torchrun, progress_dir, log_dir, nproc, timeout_s, first_step_s, sig = argv[:8]
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))  # torchrun ended: nothing to watch
     m = Monitor(int(node), int(torchrun), progress_dir, log_dir, int(nproc), float(timeout_s),
-                float(first_step_s), int(sig) if sig.isdigit() else 0)
-    while m.watch():
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish the report, bounded by its own waits
-        if m.fire():
-            break
-        signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+                float(first_step_s), int(sig) if sig.isdigit() else 0, mirror=argv[8] if len(argv) > 8 else None)
+    try:
+        while m.watch():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish the report, bounded by its own waits
+            if m.fire():
+                break
+            signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+    finally:
+        if m.mirror is not None:  # the ranks' last reports, as the job ends
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            m.mirror.copy()
     return 0
 
 

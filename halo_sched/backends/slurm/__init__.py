@@ -186,6 +186,11 @@ class SlurmScheduler(Scheduler):
                 from .outputs import output_files
 
                 state.failure = report_from_files(output_files(self.transport, job_id, ask=False))
+            elif state.status is JobStatus.RUNNING:  # the slowest rank, from the nodes' copies (progress.py)
+                from .outputs import output_files
+                from .progress import stragglers_line
+
+                state.progress = stragglers_line(output_files(self.transport, job_id, ask=False), job_id)
         return states
 
     def _launch_cause(self, job_id: str) -> str:
@@ -276,7 +281,7 @@ class SlurmScheduler(Scheduler):
         nodelist = state.slurm.nodelist if state.slurm is not None else None
         if state.status.value == "RUNNING" and state.nodes_total:
             return f"RUNNING on {state.nodes_total} node{'s' if state.nodes_total != 1 else ''}" + (
-                f" ({nodelist})" if nodelist else "") + run
+                f" ({nodelist})" if nodelist else "") + run + (f" ({state.progress})" if state.progress else "")
         return state.describe()
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:

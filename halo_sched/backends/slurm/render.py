@@ -10,6 +10,7 @@ from ...launch import Launch, compile_launch, render_entry
 from ...servers import render_server
 from ...models import JobSpec
 from ...templating import RenderError, check, checked_int, heredoc_tag, render_template, sh_quote
+from .progress import mirror_shell
 
 # CPUs each rank gets by default (slurm.cpus_per_task unset, slurm.exclusive false): the node's one
 # task (its torchrun) asks for nproc_per_node x this. Without any, `--ntasks-per-node=1` gets one
@@ -169,6 +170,8 @@ def render_batch(launch: Launch) -> str:
         cpus_default=spec.slurm.cpus_per_task is None,
         port_avoid=[p for p in rdzv.avoid if p in rdzv.derived],
         unset_task_vars=unset_task_vars(),
+        # The hang monitor's copy of the ranks' progress, beside the output file (progress.py).
+        progress_mirror=mirror_shell(launch.output) if spec.hang else None,
         entry=entry,
         tag=heredoc_tag(entry, "HALO_ENTRY_EOF"),
     )
