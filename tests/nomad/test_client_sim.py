@@ -412,9 +412,11 @@ def test_change_mode_restart_restarts_the_task(make_cluster: Callable[..., SimCl
 
 
 def test_change_mode_signal(make_cluster: Callable[..., SimCluster]) -> None:
-    script = "trap 'echo got-hup' HUP; echo ready; while true; do sleep 0.05; done"
+    # SIGUSR1, not SIGHUP: a shell cannot trap a signal ignored when it started (bash: "Signals
+    # ignored upon entry to the shell cannot be trapped"), and under nohup SIGHUP is.
+    script = "trap 'echo got-hup' USR1; echo ready; while true; do sleep 0.05; done"
     tmpl = {"EmbeddedTmpl": '{{ if nomadVarExists "cfg/a" }}yes{{ end }}', "DestPath": "local/a",
-            "ChangeMode": "signal", "ChangeSignal": "SIGHUP"}
+            "ChangeMode": "signal", "ChangeSignal": "SIGUSR1"}
     c = make_cluster(job(group("g", [bash_task("t", script, Templates=[tmpl])])))
     c.place()
     c.start()
