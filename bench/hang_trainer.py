@@ -5,9 +5,10 @@ its steps per second over the timed steps to $HALO_BENCH_OUT.
     hang_trainer.py WARMUP STEPS [PROGRESS_DIR]
 
 PROGRESS_DIR: report there although the job has no monitor (`hang: null`). With $HALO_BENCH_AB=N
-the timed steps run in blocks of N, reporting in every other block only; rank 0 then writes the
+the timed steps run in blocks of N, reporting in half of them (ABBA order); rank 0 then writes the
 median steps per second of the blocks with reports and of those without (one run, one process:
-the report's own cost, free of the run-to-run spread)."""
+the report's own cost, free of the run-to-run spread). $HALO_BENCH_WRITE=1: report() appends a line
+with one write() per report, as before its ring."""
 from __future__ import annotations
 
 import os
@@ -27,6 +28,8 @@ def main() -> None:
         os.environ["HALO_PROGRESS_DIR"] = sys.argv[3]
         os.makedirs(sys.argv[3], exist_ok=True)
     block = int(os.environ.get("HALO_BENCH_AB", "0"))
+    if os.environ.get("HALO_BENCH_WRITE"):  # report() as before its ring: one write() per report
+        sys.modules["mmap"] = None  # its import fails: report() falls back to appending lines
     dist.init_process_group("gloo")
     a = torch.randn(64, 64)
     t = torch.zeros(256)
@@ -36,7 +39,8 @@ def main() -> None:
         report(step)
     dist.barrier()
     rates: dict[bool, list[float]] = {True: [], False: []}
-    blocks = [(block, i % 2 == 0) for i in range(2 * (steps // (2 * block)))] if block else [(steps, True)]
+    # ABBA ABBA ...: a drift over the run, or what a block does to the next, falls on both sides alike.
+    blocks = [(block, i % 4 in (0, 3)) for i in range(4 * (steps // (4 * block)))] if block else [(steps, True)]
     step = warmup
     for n, reporting in blocks:
         start = time.perf_counter()

@@ -9,7 +9,7 @@ import os
 import stat
 import sys
 
-import halo_sched
+import halo_sched.spec  # the module itself: `import halo_sched` loads it lazily, on first use
 from halo_sched.backends.nomad.render import job_payload
 from helpers import REPO, free_port, load_nomad_helper
 

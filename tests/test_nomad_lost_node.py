@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-import halo_sched
+import halo_sched.spec  # the module itself: `import halo_sched` loads it lazily, on first use
 from halo_sched.backends.base import JobStatus
 from halo_sched.backends.nomad import NomadScheduler
 from halo_sched.backends.nomad.client import NomadClient, NomadConfig
