@@ -4,10 +4,13 @@ and the client simulator as the clients (tests/nomad/client_sim.py, attached to 
 waiting process registers: real entry scripts, torchrun and the trainer).
 
 * A 2-node job with ``retry: {attempts: 2, "on": [node]}`` whose node 1 prints an NCCL NET/IB
-  error on the first attempt only (tests/trainers/node_fault_once.py): ``submit --wait`` submits
-  the second attempt as a new Nomad job with a constraint keeping off the culprit's Nomad node;
-  the fake places it on the other two nodes only; the node is in the ledger; the run ends
-  COMPLETED; ``status RUN`` shows both attempts. A Python exception is not retried.
+  error on the first attempt only (tests/trainers/node_fault_once.py): ``submit --wait``
+  registers the second attempt as a new version of the same Nomad job (``JOB~vN``) with a
+  constraint keeping off the culprit's Nomad node; the fake places that version on the other
+  two nodes only; the node is in the ledger; the run ends COMPLETED; ``status RUN`` shows both
+  attempts, each from its version's allocations. A Python exception is not retried.
+* Exactly once: a second register of the next attempt against the JobModifyIndex the first one
+  read is refused by Nomad's EnforceIndex; halo-sched registers nothing more.
 * Each attempt's wall time is Nomad's own: the allocations' task ``StartedAt``/``FinishedAt``.
 * ``preflight: {gate: true}``: a node whose interface is missing fails the attempt in the
   simulator as a node fault ``by: preflight``, ledgered under its Nomad node name.
@@ -65,7 +68,7 @@ def _cluster(tmp_path, names=("n0", "n1", "n2")):
         env = _env(tmp_path, fake)
 
         def make(job: dict):
-            sim = client_sim.SimCluster(job, tmp_path / "nomad" / job["ID"], host_env=env)
+            sim = client_sim.SimCluster(job, tmp_path / "nomad" / f"{job['ID']}~v{job.get('Version', 0)}", host_env=env)
             sims.append(sim)
             return sim
 
@@ -77,8 +80,14 @@ def _cluster(tmp_path, names=("n0", "n1", "n2")):
                 sim.stop()
 
 
-def _nodes_of(fake, job_id: str) -> dict[str, str]:
-    return {a["Name"].split(".", 1)[1]: a["NodeName"] for a in fake.allocs_of(job_id)}
+def _allocs(fake, attempt_id: str) -> list[dict]:
+    """The allocations of one attempt: ``JOB~vN``, version N of the job; a plain id, version 0."""
+    job_id, _, version = attempt_id.partition("~v")
+    return [a for a in fake.allocs_of(job_id) if a["JobVersion"] == int(version or 0)]
+
+
+def _nodes_of(fake, attempt_id: str) -> dict[str, str]:
+    return {a["Name"].split(".", 1)[1]: a["NodeName"] for a in _allocs(fake, attempt_id)}
 
 
 @pytest.mark.torch
@@ -103,18 +112,28 @@ def test_a_node_fault_on_nomad_is_retried_off_that_node_and_the_run_completes(tm
         # The culprit is the Nomad node that ran node rank 1 (workers[0]) of the first attempt.
         first_nodes, second_nodes = _nodes_of(fake, run_id), _nodes_of(fake, second)
         assert first_nodes["workers[0]"] == culprit == "n1", first_nodes
-        # The second attempt is a new Nomad job whose constraint keeps off it; the fake placed it
-        # on the other two nodes only.
-        job = fake.job_record(second)
+        # The second attempt is a new version of the same Nomad job (the watcher's stop of the
+        # first made version 1: a stop is a version too, nomad/fsm.go handleJobDeregister
+        # v2.0.5), whose constraint keeps off the culprit; the fake placed it on the other two
+        # nodes only. One Nomad job in all: its registered versions are the attempts.
+        assert second == f"{run_id}~v2", (run_id, second)
+        first_job, job = fake.registered_versions(run_id)
+        assert (first_job["Version"], job["Version"]) == (0, 2), (first_job["Version"], job["Version"])
+        assert fake.job_record(run_id)["Version"] == 2 and len(sims) == 2
         assert {"LTarget": "${node.unique.name}", "RTarget": "n1", "Operand": "!="} in job["Constraints"], job
+        assert job["Meta"]["halo_sched_attempt"] == "1" and "halo_sched_attempt" not in first_job["Meta"]
         assert set(second_nodes.values()) == {"n0", "n2"} and len(second_nodes) == 2, second_nodes
-        assert all(a["ClientStatus"] == "complete" for a in fake.allocs_of(second)), fake.allocs_of(second)
+        assert all(a["ClientStatus"] == "complete" for a in _allocs(fake, second)), _allocs(fake, second)
+        # The first version's allocations stay as they ended (filters.go filterOldTerminalAllocs):
+        # the failed rank failed, none replaced.
+        assert len(_allocs(fake, run_id)) == 2 and _allocs(fake, run_id)[0]["JobVersion"] == 0
+        assert any(a["ClientStatus"] == "failed" for a in _allocs(fake, run_id)), _allocs(fake, run_id)
         # Each attempt's ranks saw their attempt's number (HALO_RESTART_COUNT in the task's Env).
         rows = [ln.split() for p in (tmp_path / "nomad").rglob("attempts.log") for ln in p.read_text().splitlines()]
         assert sorted(r[0] for r in rows) == ["0", "0", "1", "1"], rows
         # Recovery: the first attempt's ranks starting (node 1's fails at once) to the second's.
         recovery = min(float(r[3]) for r in rows if r[0] == "1") - max(float(r[3]) for r in rows if r[0] == "0")
-        assert "HALO_RESTART_COUNT" not in fake.job_record(run_id)["TaskGroups"][1]["Tasks"][0]["Env"]
+        assert "HALO_RESTART_COUNT" not in first_job["TaskGroups"][1]["Tasks"][0]["Env"]
         assert job["TaskGroups"][1]["Tasks"][0]["Env"]["HALO_RESTART_COUNT"] == "1"
 
         nodes = cli("nodes", env=env).stdout
@@ -137,7 +156,7 @@ def test_a_node_fault_on_nomad_is_retried_off_that_node_and_the_run_completes(tm
         assert [a.status for a in rows] == ["FAILED", "COMPLETED"] and [a.id for a in rows] == [run_id, second]
         assert all(a.clock == "scheduler" and a.nodes == 2 for a in rows), rows
         for row in rows:
-            start, end, done = task_times(fake.allocs_of(row.id))
+            start, end, done = task_times(_allocs(fake, row.id))
             assert done and row.wall_s == pytest.approx(end - start, abs=1e-3), (row, start, end)
         print(f"Nomad retry: recovery {recovery:.1f} s, whole run {took:.1f} s; attempts {[a.to_dict() for a in rows]}")
 
@@ -272,7 +291,7 @@ def test_the_gate_fails_a_nomad_node_as_a_preflight_node_fault_ledgered_and_retr
         bad = next(a for a in sims[0].allocations if a.name.endswith(".workers[0]"))
         text = sims[0].stderr(bad.name)
         assert "node 1: preflight gate: this node failed its checks" in text and "torchrun not started" in text, text
-        assert fake.alloc_for(run_id, "workers")["ClientStatus"] == "failed"
+        assert next(a for a in _allocs(fake, run_id) if a["TaskGroup"] == "workers")["ClientStatus"] == "failed"
         assert _nodes_of(fake, run_id)["workers[0]"] == "n1"
         first = json.loads(cli("status", run_id, "--json", env=env).stdout)
         assert first["failure_class"] == {"class": "node", "reason": "preflight check failed", "host": "n1",
@@ -281,7 +300,8 @@ def test_the_gate_fails_a_nomad_node_as_a_preflight_node_fault_ledgered_and_retr
         assert [(e["host"], e["by"], e["job"]) for e in ledger] == [("n1", "preflight", run_id)], ledger
         second = r.stderr.split("retrying (preflight fault) as ", 1)[1].split()[0]
         assert set(_nodes_of(fake, second).values()) == {"n0", "n2"}
-        later = sims[1].stderr(f"{second}.node-0[0]") + sims[1].stderr(f"{second}.workers[0]")
+        assert second.startswith(f"{run_id}~v")  # a new version of the same job, run by its own simulator
+        later = sims[1].stderr(f"{run_id}.node-0[0]") + sims[1].stderr(f"{run_id}.workers[0]")
         assert later.count("preflight gate passed") == 2, later[-3000:]
 
 
@@ -327,7 +347,7 @@ def test_a_node_lost_on_nomad_is_the_culprit_and_the_next_attempt_keeps_off_it(t
         assert "retrying (node fault) as " in err, err[-3000:]
         second = err.split("retrying (node fault) as ", 1)[1].split()[0]
         assert {"LTarget": "${node.unique.name}", "RTarget": victim, "Operand": "!="} in \
-            fake.job_record(second)["Constraints"]
+            fake.registered_versions(run_id)[-1]["Constraints"]
         assert victim not in _nodes_of(fake, second).values() and (marks / "up-1-1").exists()
         ledger = [json.loads(ln) for ln in cli("nodes", "--json", env=env).stdout.splitlines()]
         assert [(e["host"], e["by"]) for e in ledger] == [(victim, "node-lost")], ledger
