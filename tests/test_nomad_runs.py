@@ -266,6 +266,165 @@ def test_status_run_counts_gpu_hours_from_nomads_task_times(tmp_path):
         assert rec["run"]["attempts"][0]["clock"] == "scheduler", rec
 
 
+def _gpu_job(tmp_path) -> str:
+    data = yaml.safe_load((REPO / "examples" / "nomad-gpu.yaml").read_text())
+    data.update(nodes=2, gpus_per_node=4, nproc_per_node=4, retry={"attempts": 3, "on": ["node"]})
+    data["nomad"].update(memory=65536, shm_size="8GiB", namespace=None)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _scheduler(fake):
+    from halo_sched.backends.nomad import NomadScheduler
+    from halo_sched.backends.nomad.client import NomadClient, NomadConfig
+
+    return NomadScheduler(client=NomadClient(NomadConfig(address=fake.address, token=TOKEN, retry_attempts=1)),
+                          retry_s=5)
+
+
+def test_status_run_counts_each_versions_gpu_hours_from_its_own_allocations(tmp_path, monkeypatch):
+    """Attempt 1 (version 0) ran 10 minutes and failed, attempt 2 (a new version of the same
+    job, keeping off g1) 30 minutes by Nomad's clocks: ``status RUN`` shows each attempt's wall
+    time and GPU-hours from the allocations of its own version (2 nodes x 4 GPUs: 1.3333 and
+    4.0000 GPU-h), not from the job's allocations of every version."""
+    import halo_sched
+    from halo_sched.runs import attempts_of, next_spec
+
+    path = _gpu_job(tmp_path)
+    with FakeNomad([FakeNode(n, docker_volumes_enabled=True) for n in ("g0", "g1", "g2")], token=TOKEN) as fake:
+        env = _env(tmp_path, fake)
+        monkeypatch.setenv("HALO_SCHED_HOME", env["HALO_SCHED_HOME"])
+        r = cli("submit", path, "--backend", "nomad", env=env)
+        assert r.returncode == 0, r.stderr
+        job_id = r.stdout.split()[-1]
+        fake.set_running(job_id)
+        fake.finish(job_id, "workers", 1)
+        fake.finish(job_id, "node-0", 0)
+        t0 = 1_800_000_000 * 10**9
+        fake.set_task_times(job_id, started_ns=t0, finished_ns=t0 + 600 * 10**9)
+        assert cli("status", job_id, env=env).returncode == 0  # the record keeps attempt 1's end
+        culprit = fake.alloc_for(job_id, "workers")["NodeName"]
+        spec = halo_sched.load(path)
+        second = _scheduler(fake).submit_attempt(next_spec(spec, job_id, 1, (culprit,), None), job_id).id
+        assert second == f"{job_id}~v1", second  # nothing stopped the job in between: version 1
+        assert culprit not in _nodes_of(fake, second).values() and len(_nodes_of(fake, second)) == 2
+        # Version 0's allocations, terminal, are left as they ended (filters.go
+        # filterOldTerminalAllocs): not stopped, not replaced.
+        assert [(a["ClientStatus"], a["DesiredStatus"]) for a in sorted(_allocs(fake, job_id), key=lambda a: a["TaskGroup"])] \
+            == [("complete", "run"), ("failed", "run")], _allocs(fake, job_id)
+        fake.set_running(job_id)
+        for group in ("node-0", "workers"):
+            fake.finish(job_id, group, 0)
+        fake.set_task_times(job_id, started_ns=t0 + 900 * 10**9, finished_ns=t0 + 2700 * 10**9, version=1)
+        # The attempt's own status (what the waiting process notes as it ends), then the run's.
+        mine = cli("status", second, env=env)
+        assert mine.returncode == 0 and "COMPLETED" in mine.stdout, mine.stdout + mine.stderr
+        st = cli("status", job_id, env=env)
+        assert st.returncode == 0, st.stderr
+        lines = st.stdout.splitlines()
+        a1 = [ln for ln in lines if "attempt 1: " in ln]
+        a2 = [ln for ln in lines if "attempt 2: " in ln]
+        assert len(a1) == 1 and f"{job_id} FAILED" in a1[0] and "2 nodes x 600s: 0.3333 node-h, 1.3333 GPU-h" in a1[0], lines
+        assert len(a2) == 1 and f"{second} COMPLETED;" in a2[0], lines
+        assert "2 nodes x 1800s: 1.0000 node-h, 4.0000 GPU-h" in a2[0] and f"excluded {culprit}" in a2[0], lines
+        assert any("run: 2 attempts, 1.3333 node-h (0.3333 lost), 5.3333 GPU-h (1.3333 lost" in ln for ln in lines), lines
+        rows = attempts_of(job_id, "nomad")
+        assert [(a.id, a.clock, a.wall_s) for a in rows] == [(job_id, "scheduler", 600.0), (second, "scheduler", 1800.0)]
+        # Each attempt's id reads its own version: the first stays FAILED after the second completed.
+        states = _scheduler(fake).query([job_id, second])
+        assert (states[job_id].status, states[second].status) == (JobStatus.FAILED, JobStatus.COMPLETED), states
+
+
+def _failed_first_attempt(tmp_path, fake, env):
+    r = cli("submit", _gpu_job(tmp_path), "--backend", "nomad", env=env)
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.split()[-1]
+    fake.set_running(job_id)
+    fake.finish(job_id, "workers", 1)
+    fake.finish(job_id, "node-0", 0)
+    return job_id
+
+
+def test_two_processes_registering_the_next_attempt_register_one_version(tmp_path, monkeypatch):
+    """Two processes waiting on one run both read the job (JobModifyIndex M) before either
+    registers attempt 2: the first registers version 1; the second's register, against M, is
+    refused by Nomad (EnforceIndex: "Enforcing job modify index M: job exists with conflicting
+    job modify index: N"), and the job read back carries the other's token: it registers
+    nothing and says so. A process that reads the job after the first registered is stopped
+    before any request by the job's attempt in Meta."""
+    import halo_sched
+    from halo_sched.errors import SchedulerError
+    from halo_sched.runs import next_spec
+
+    with FakeNomad([FakeNode(n, docker_volumes_enabled=True) for n in ("g0", "g1", "g2")], token=TOKEN) as fake:
+        env = _env(tmp_path, fake)
+        monkeypatch.setenv("HALO_SCHED_HOME", env["HALO_SCHED_HOME"])
+        job_id = _failed_first_attempt(tmp_path, fake, env)
+        spec = halo_sched.load(str(tmp_path / "job.yaml"))
+        one, two = _scheduler(fake), _scheduler(fake)
+        stale = two._client_for().read_job(job_id)  # read before the other registered
+        first = one.submit_attempt(next_spec(spec, job_id, 1, ("g1",), None), job_id).id
+        assert first == f"{job_id}~v1"
+        monkeypatch.setattr(type(two._client_for()), "read_job", lambda self, name: copy_of(stale))
+        with pytest.raises(SchedulerError) as exc:
+            two.submit_attempt(next_spec(spec, job_id, 1, ("g1",), None), job_id)
+        assert "registered again by another process" in str(exc.value), exc.value
+        refused = [q for q in fake.requests_to(f"/v1/job/{job_id}", "POST")]
+        assert len(refused) == 2, refused
+        assert [v["Version"] for v in fake.registered_versions(job_id)] == [0, 1]
+        monkeypatch.undo()
+        monkeypatch.setenv("HALO_SCHED_HOME", env["HALO_SCHED_HOME"])
+        with pytest.raises(SchedulerError, match="already at attempt 2 of its run"):
+            _scheduler(fake).submit_attempt(next_spec(spec, job_id, 1, ("g1",), None), job_id)
+        assert len(fake.requests_to(f"/v1/job/{job_id}", "POST")) == 2
+        assert [v["Version"] for v in fake.registered_versions(job_id)] == [0, 1]
+
+
+def test_the_real_enforce_index_refusal_text():
+    """The fake's refusal of a register against a stale JobModifyIndex is Nomad's
+    (nomad/structs/job.go Job.EnforceIndex v2.0.5, a plain error: HTTP 500 with its text), and
+    a register against the current one is the job's next version."""
+    import requests
+
+    job = {"ID": "j", "Type": "batch", "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t", "Driver": "raw_exec"}]}]}
+    with FakeNomad([FakeNode("n0", gpus=0)], token=TOKEN) as fake:
+        def post(path, body):
+            return requests.post(f"{fake.address}{path}", json=body, headers={"X-Nomad-Token": TOKEN}, timeout=10)
+
+        assert post("/v1/jobs", {"Job": job}).status_code == 200
+        index = fake.job_record("j")["JobModifyIndex"]
+        ok = post("/v1/job/j", {"Job": job, "EnforceIndex": True, "JobModifyIndex": index})
+        assert ok.status_code == 200 and ok.json()["JobModifyIndex"] == fake.job_record("j")["JobModifyIndex"] > index
+        late = post("/v1/job/j", {"Job": job, "EnforceIndex": True, "JobModifyIndex": index})
+        now = fake.job_record("j")["JobModifyIndex"]
+        assert late.status_code == 500 and late.text.strip() == (
+            f"Enforcing job modify index {index}: job exists with conflicting job modify index: {now}"), late.text
+        assert fake.job_record("j")["Version"] == 1 and [v["Version"] for v in fake.registered_versions("j")] == [0, 1]
+
+
+def test_a_register_answered_too_late_is_found_by_its_token_not_registered_twice(tmp_path, monkeypatch):
+    """The connection drops after Nomad applied the new version: the read-back finds the job
+    with this register's token, so the attempt is that version and no second register is sent."""
+    import halo_sched
+    from halo_sched.runs import next_spec
+
+    with FakeNomad([FakeNode(n, docker_volumes_enabled=True) for n in ("g0", "g1", "g2")], token=TOKEN) as fake:
+        env = _env(tmp_path, fake)
+        monkeypatch.setenv("HALO_SCHED_HOME", env["HALO_SCHED_HOME"])
+        job_id = _failed_first_attempt(tmp_path, fake, env)
+        spec = halo_sched.load(str(tmp_path / "job.yaml"))
+        fake.drop_after_next(1, path_contains=f"/v1/job/{job_id}", method="POST")
+        second = _scheduler(fake).submit_attempt(next_spec(spec, job_id, 1, ("g1",), None), job_id).id
+        assert second == f"{job_id}~v1"
+        assert len(fake.requests_to(f"/v1/job/{job_id}", "POST")) == 1
+        assert [v["Version"] for v in fake.registered_versions(job_id)] == [0, 1]
+
+
+def copy_of(job: dict) -> dict:
+    return json.loads(json.dumps(job))
+
+
 # ---- the preflight gate on Nomad ---------------------------------------------------------------
 
 # Node 1's setup points gloo at an interface this host does not have, on the run's first attempt
