@@ -122,6 +122,13 @@ def test_a_node_fault_on_nomad_is_retried_off_that_node_and_the_run_completes(tm
         assert fake.job_record(run_id)["Version"] == 2 and len(sims) == 2
         assert {"LTarget": "${node.unique.name}", "RTarget": "n1", "Operand": "!="} in job["Constraints"], job
         assert job["Meta"]["halo_sched_attempt"] == "1" and "halo_sched_attempt" not in first_job["Meta"]
+        # Its node-0 registers a rendezvous service of its own: the old version's node-0, being
+        # stopped, may still have one registered under the job's name.
+        services = [{tg["Name"]: s["Name"] for tg in j["TaskGroups"] for s in tg.get("Services") or []}
+                    for j in (first_job, job)]
+        assert services[0]["node-0"] != services[1]["node-0"], services
+        reads = [t["EmbeddedTmpl"] for t in job["TaskGroups"][1]["Tasks"][0]["Templates"] if t["EmbeddedTmpl"].startswith("{{ with nomadService")]
+        assert len(reads) == 1 and f'nomadService "{services[1]["node-0"]}"' in reads[0], reads
         assert set(second_nodes.values()) == {"n0", "n2"} and len(second_nodes) == 2, second_nodes
         assert all(a["ClientStatus"] == "complete" for a in _allocs(fake, second)), _allocs(fake, second)
         # The first version's allocations stay as they ended (filters.go filterOldTerminalAllocs):
