@@ -343,6 +343,43 @@ def test_status_run_counts_each_versions_gpu_hours_from_its_own_allocations(tmp_
         assert (states[job_id].status, states[second].status) == (JobStatus.FAILED, JobStatus.COMPLETED), states
 
 
+def test_a_later_attempts_secrets_outlive_the_status_of_the_earlier_one(tmp_path, monkeypatch):
+    """``secret_env`` on Nomad is a Variable per job ID, deleted once the job is seen ended. The
+    next attempt is the same job ID: ``status`` of the ended first attempt (version 0) must not
+    delete the Variable the next version's tasks read; that version's own end does."""
+    import halo_sched
+    from halo_sched.runs import next_spec
+
+    data = yaml.safe_load(open(_gpu_job(tmp_path)).read())
+    data["secret_env"] = ["HF_TOKEN"]
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(data))
+    with FakeNomad([FakeNode(n, docker_volumes_enabled=True) for n in ("g0", "g1", "g2")], token=TOKEN) as fake:
+        env = {**_env(tmp_path, fake), "HF_TOKEN": "hf-secret-value"}
+        monkeypatch.setenv("HALO_SCHED_HOME", env["HALO_SCHED_HOME"])
+        monkeypatch.setenv("HF_TOKEN", "hf-secret-value")
+        r = cli("submit", str(tmp_path / "job.yaml"), "--backend", "nomad", env=env)
+        assert r.returncode == 0, r.stderr
+        job_id = r.stdout.split()[-1]
+        key = ("default", f"nomad/jobs/{job_id}")
+        fake.set_running(job_id)
+        fake.finish(job_id, "workers", 1)
+        fake.finish(job_id, "node-0", 0)
+        # One process throughout, as ``submit --wait`` is: it saw attempt 1 end (Variable deleted)...
+        sched = _scheduler(fake)
+        assert sched.query([job_id])[job_id].status is JobStatus.FAILED and key not in fake.variables
+        spec = halo_sched.load(str(tmp_path / "job.yaml"))
+        second = sched.submit_attempt(next_spec(spec, job_id, 1, ("g1",), None), job_id).id
+        assert fake.variables[key]["Items"] == {"HF_TOKEN": "hf-secret-value"}
+        for which in (job_id, second):  # the ended first attempt, then the running second
+            st = cli("status", which, env=env)
+            assert st.returncode == 0 and key in fake.variables, (which, st.stdout, st.stderr)
+        fake.set_running(job_id)
+        for group in ("node-0", "workers"):
+            fake.finish(job_id, group, 0)
+        # ... and deletes it again at the end of the attempt it wrote it for.
+        assert sched.query([second])[second].status is JobStatus.COMPLETED and key not in fake.variables
+
+
 def _failed_first_attempt(tmp_path, fake, env):
     r = cli("submit", _gpu_job(tmp_path), "--backend", "nomad", env=env)
     assert r.returncode == 0, r.stderr

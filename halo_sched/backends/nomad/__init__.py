@@ -25,6 +25,28 @@ _ID_RE = re.compile(r"^(?:([A-Za-z0-9_-]+):)?(?:([A-Za-z0-9_-]+)/)?([A-Za-z0-9][
 ATTEMPT_META = "halo_sched_attempt"
 
 
+def _key(c, name: str) -> tuple[int, str]:
+    """A job's key in the secrets caches: the client that reaches it (a version's view is the
+    job's client) and the job ID."""
+    return id(getattr(c, "base", c)), name
+
+
+def _superseded(c, job: dict | None) -> bool:
+    """Whether a later version of ``job`` (a stub) is a later attempt of its run, which still
+    needs the job's secrets Variable though the attempt ``c`` reads has ended. The plain id is
+    version 0: superseded once halo-sched registered an attempt (its Meta). ``JOB~vN``: the job is
+    at a later version that is not only a stop of N (a stop is a version of its own, one past the
+    stopped one: nomad/fsm.go handleJobDeregister -> state_store.go upsertJobImpl, v2.0.5)."""
+    if not job:
+        return False
+    if not isinstance(c, _Version):
+        return ATTEMPT_META in (job.get("Meta") or {})
+    version = job.get("Version")
+    if not isinstance(version, int):
+        return False
+    return version > c.version + (1 if job.get("Stop") else 0)
+
+
 class _Version:
     """One version of a Nomad job as halo-sched's id ``JOB~vN`` names it (a retry attempt,
     :meth:`NomadScheduler.submit_attempt`): the client, with the job's allocations narrowed to
@@ -217,7 +239,10 @@ class NomadScheduler(Scheduler):
             raise SchedulerError(f"job {name!r} is already at attempt {int(had) + 1} of its run (version "
                                  f"{job.get('Version')}); not registering attempt {spec._attempt.number + 1}")
         if secrets:
+            # The previous attempt's end deleted it (its tasks had read it): written again.
             client.put_variable(variable_path(name), secrets, retry_s=self.retry_s, on_retry=_say)
+            self._secrets_gone.discard(_key(client, name))
+            self._secrets_failed.discard(_key(client, name))
         resp = client.reregister_job(payload, token, int(job.get("JobModifyIndex") or 0), retry_s=self.retry_s,
                                      on_retry=_say) or {}
         for w in (resp.get("Warnings") or "").splitlines():
@@ -304,14 +329,15 @@ class NomadScheduler(Scheduler):
                 st.failure = self._failures().report(c, st, allocs.get(name, []))
                 out[i] = st
             self._forget_ended_secrets(c, [(i, name) for i, name in items if out[i].status.terminal
-                                           and SECRETS_META in ((jobs.get(name) or {}).get("Meta") or {})])
+                                           and SECRETS_META in ((jobs.get(name) or {}).get("Meta") or {})
+                                           and not _superseded(c, jobs.get(name))])
         return out
 
     def _forget_ended_secrets(self, c, ended: list[tuple[str, str]]) -> None:
         """Delete the Variables of these ended jobs. For several (``list``), one metadata listing
         first, so that jobs whose Variable is already gone cost no request; where listing is not
         allowed, each is deleted all the same (a delete of nothing succeeds)."""
-        ended = [(i, name) for i, name in ended if (id(c), name) not in self._secrets_gone]
+        ended = [(i, name) for i, name in ended if _key(c, name) not in self._secrets_gone]
         if len(ended) > 1:
             try:
                 present = c.variable_paths("nomad/jobs/")
@@ -328,7 +354,7 @@ class NomadScheduler(Scheduler):
         missing Variable with success, nomad/state/state_store_variables.go:400-401@v2.0.5). Its
         tasks read it once, when they start, so nothing needs it any more. Never fails the
         command: a failed delete is one warning line; ``halo-sched gc`` tries again."""
-        key = (id(c), name)
+        key = _key(c, name)
         if key in self._secrets_gone:
             return True
         if key in self._secrets_failed:
@@ -352,13 +378,14 @@ class NomadScheduler(Scheduler):
 
     def _forget_secrets_if_ended(self, c, job_id: str, name: str, state: JobState) -> None:
         """After a wait: the job's Variable goes when the job ended and carries one."""
-        if not state.status.terminal or (id(c), name) in self._secrets_gone:
+        if not state.status.terminal or _key(c, name) in self._secrets_gone:
             return
         try:
             stubs = c.job_stubs([name])
         except HaloError:
             stubs = None  # unknown: delete anyway (a missing Variable is no error)
-        if stubs is None or any(SECRETS_META in (j.get("Meta") or {}) for j in stubs if j.get("ID") == name):
+        if stubs is None or any(SECRETS_META in (j.get("Meta") or {}) and not _superseded(c, j)
+                                for j in stubs if j.get("ID") == name):
             self._forget_secrets(c, job_id, name)
 
     def collect_secrets(self, ids: Sequence[str]) -> tuple[list[tuple[str, str]], list[str], list[str], list[str]]:
