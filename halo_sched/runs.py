@@ -153,7 +153,11 @@ def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable]
         host = culprit(state)
         exclude = exclude + ((host,) if host else ())
         count += 1
-        new = sched.submit(next_spec(spec, run_id, count, exclude, git)).id
+        # Nomad: a new version of the same job (its id names the version); SLURM, local: a new
+        # job (Scheduler.submit_attempt's default, which is submit).
+        nxt = next_spec(spec, run_id, count, exclude, git)
+        resubmit = getattr(sched, "submit_attempt", None)
+        new = (resubmit(nxt, current) if resubmit is not None else sched.submit(nxt)).id
         if on_retry is not None:
             on_retry(current, state, why, new)
         _notify_retried(sched.name, current, state, why, new, count)

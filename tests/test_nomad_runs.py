@@ -4,10 +4,13 @@ and the client simulator as the clients (tests/nomad/client_sim.py, attached to 
 waiting process registers: real entry scripts, torchrun and the trainer).
 
 * A 2-node job with ``retry: {attempts: 2, "on": [node]}`` whose node 1 prints an NCCL NET/IB
-  error on the first attempt only (tests/trainers/node_fault_once.py): ``submit --wait`` submits
-  the second attempt as a new Nomad job with a constraint keeping off the culprit's Nomad node;
-  the fake places it on the other two nodes only; the node is in the ledger; the run ends
-  COMPLETED; ``status RUN`` shows both attempts. A Python exception is not retried.
+  error on the first attempt only (tests/trainers/node_fault_once.py): ``submit --wait``
+  registers the second attempt as a new version of the same Nomad job (``JOB~vN``) with a
+  constraint keeping off the culprit's Nomad node; the fake places that version on the other
+  two nodes only; the node is in the ledger; the run ends COMPLETED; ``status RUN`` shows both
+  attempts, each from its version's allocations. A Python exception is not retried.
+* Exactly once: a second register of the next attempt against the JobModifyIndex the first one
+  read is refused by Nomad's EnforceIndex; halo-sched registers nothing more.
 * Each attempt's wall time is Nomad's own: the allocations' task ``StartedAt``/``FinishedAt``.
 * ``preflight: {gate: true}``: a node whose interface is missing fails the attempt in the
   simulator as a node fault ``by: preflight``, ledgered under its Nomad node name.
@@ -65,7 +68,7 @@ def _cluster(tmp_path, names=("n0", "n1", "n2")):
         env = _env(tmp_path, fake)
 
         def make(job: dict):
-            sim = client_sim.SimCluster(job, tmp_path / "nomad" / job["ID"], host_env=env)
+            sim = client_sim.SimCluster(job, tmp_path / "nomad" / f"{job['ID']}~v{job.get('Version', 0)}", host_env=env)
             sims.append(sim)
             return sim
 
@@ -77,8 +80,14 @@ def _cluster(tmp_path, names=("n0", "n1", "n2")):
                 sim.stop()
 
 
-def _nodes_of(fake, job_id: str) -> dict[str, str]:
-    return {a["Name"].split(".", 1)[1]: a["NodeName"] for a in fake.allocs_of(job_id)}
+def _allocs(fake, attempt_id: str) -> list[dict]:
+    """The allocations of one attempt: ``JOB~vN``, version N of the job; a plain id, version 0."""
+    job_id, _, version = attempt_id.partition("~v")
+    return [a for a in fake.allocs_of(job_id) if a["JobVersion"] == int(version or 0)]
+
+
+def _nodes_of(fake, attempt_id: str) -> dict[str, str]:
+    return {a["Name"].split(".", 1)[1]: a["NodeName"] for a in _allocs(fake, attempt_id)}
 
 
 @pytest.mark.torch
@@ -103,18 +112,35 @@ def test_a_node_fault_on_nomad_is_retried_off_that_node_and_the_run_completes(tm
         # The culprit is the Nomad node that ran node rank 1 (workers[0]) of the first attempt.
         first_nodes, second_nodes = _nodes_of(fake, run_id), _nodes_of(fake, second)
         assert first_nodes["workers[0]"] == culprit == "n1", first_nodes
-        # The second attempt is a new Nomad job whose constraint keeps off it; the fake placed it
-        # on the other two nodes only.
-        job = fake.job_record(second)
+        # The second attempt is a new version of the same Nomad job (the watcher's stop of the
+        # first made version 1: a stop is a version too, nomad/fsm.go handleJobDeregister
+        # v2.0.5), whose constraint keeps off the culprit; the fake placed it on the other two
+        # nodes only. One Nomad job in all: its registered versions are the attempts.
+        assert second == f"{run_id}~v2", (run_id, second)
+        first_job, job = fake.registered_versions(run_id)
+        assert (first_job["Version"], job["Version"]) == (0, 2), (first_job["Version"], job["Version"])
+        assert fake.job_record(run_id)["Version"] == 2 and len(sims) == 2
         assert {"LTarget": "${node.unique.name}", "RTarget": "n1", "Operand": "!="} in job["Constraints"], job
+        assert job["Meta"]["halo_sched_attempt"] == "1" and "halo_sched_attempt" not in first_job["Meta"]
+        # Its node-0 registers a rendezvous service of its own: the old version's node-0, being
+        # stopped, may still have one registered under the job's name.
+        services = [{tg["Name"]: s["Name"] for tg in j["TaskGroups"] for s in tg.get("Services") or []}
+                    for j in (first_job, job)]
+        assert services[0]["node-0"] != services[1]["node-0"], services
+        reads = [t["EmbeddedTmpl"] for t in job["TaskGroups"][1]["Tasks"][0]["Templates"] if t["EmbeddedTmpl"].startswith("{{ with nomadService")]
+        assert len(reads) == 1 and f'nomadService "{services[1]["node-0"]}"' in reads[0], reads
         assert set(second_nodes.values()) == {"n0", "n2"} and len(second_nodes) == 2, second_nodes
-        assert all(a["ClientStatus"] == "complete" for a in fake.allocs_of(second)), fake.allocs_of(second)
+        assert all(a["ClientStatus"] == "complete" for a in _allocs(fake, second)), _allocs(fake, second)
+        # The first version's allocations stay as they ended (filters.go filterOldTerminalAllocs):
+        # the failed rank failed, none replaced.
+        assert len(_allocs(fake, run_id)) == 2 and _allocs(fake, run_id)[0]["JobVersion"] == 0
+        assert any(a["ClientStatus"] == "failed" for a in _allocs(fake, run_id)), _allocs(fake, run_id)
         # Each attempt's ranks saw their attempt's number (HALO_RESTART_COUNT in the task's Env).
         rows = [ln.split() for p in (tmp_path / "nomad").rglob("attempts.log") for ln in p.read_text().splitlines()]
         assert sorted(r[0] for r in rows) == ["0", "0", "1", "1"], rows
         # Recovery: the first attempt's ranks starting (node 1's fails at once) to the second's.
         recovery = min(float(r[3]) for r in rows if r[0] == "1") - max(float(r[3]) for r in rows if r[0] == "0")
-        assert "HALO_RESTART_COUNT" not in fake.job_record(run_id)["TaskGroups"][1]["Tasks"][0]["Env"]
+        assert "HALO_RESTART_COUNT" not in first_job["TaskGroups"][1]["Tasks"][0]["Env"]
         assert job["TaskGroups"][1]["Tasks"][0]["Env"]["HALO_RESTART_COUNT"] == "1"
 
         nodes = cli("nodes", env=env).stdout
@@ -137,7 +163,7 @@ def test_a_node_fault_on_nomad_is_retried_off_that_node_and_the_run_completes(tm
         assert [a.status for a in rows] == ["FAILED", "COMPLETED"] and [a.id for a in rows] == [run_id, second]
         assert all(a.clock == "scheduler" and a.nodes == 2 for a in rows), rows
         for row in rows:
-            start, end, done = task_times(fake.allocs_of(row.id))
+            start, end, done = task_times(_allocs(fake, row.id))
             assert done and row.wall_s == pytest.approx(end - start, abs=1e-3), (row, start, end)
         print(f"Nomad retry: recovery {recovery:.1f} s, whole run {took:.1f} s; attempts {[a.to_dict() for a in rows]}")
 
@@ -247,6 +273,202 @@ def test_status_run_counts_gpu_hours_from_nomads_task_times(tmp_path):
         assert rec["run"]["attempts"][0]["clock"] == "scheduler", rec
 
 
+def _gpu_job(tmp_path) -> str:
+    data = yaml.safe_load((REPO / "examples" / "nomad-gpu.yaml").read_text())
+    data.update(nodes=2, gpus_per_node=4, nproc_per_node=4, retry={"attempts": 3, "on": ["node"]})
+    data["nomad"].update(memory=65536, shm_size="8GiB", namespace=None)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _scheduler(fake):
+    from halo_sched.backends.nomad import NomadScheduler
+    from halo_sched.backends.nomad.client import NomadClient, NomadConfig
+
+    return NomadScheduler(client=NomadClient(NomadConfig(address=fake.address, token=TOKEN, retry_attempts=1)),
+                          retry_s=5)
+
+
+def test_status_run_counts_each_versions_gpu_hours_from_its_own_allocations(tmp_path, monkeypatch):
+    """Attempt 1 (version 0) ran 10 minutes and failed, attempt 2 (a new version of the same
+    job, keeping off g1) 30 minutes by Nomad's clocks: ``status RUN`` shows each attempt's wall
+    time and GPU-hours from the allocations of its own version (2 nodes x 4 GPUs: 1.3333 and
+    4.0000 GPU-h), not from the job's allocations of every version."""
+    import halo_sched
+    from halo_sched.runs import attempts_of, next_spec
+
+    path = _gpu_job(tmp_path)
+    with FakeNomad([FakeNode(n, docker_volumes_enabled=True) for n in ("g0", "g1", "g2")], token=TOKEN) as fake:
+        env = _env(tmp_path, fake)
+        monkeypatch.setenv("HALO_SCHED_HOME", env["HALO_SCHED_HOME"])
+        r = cli("submit", path, "--backend", "nomad", env=env)
+        assert r.returncode == 0, r.stderr
+        job_id = r.stdout.split()[-1]
+        fake.set_running(job_id)
+        fake.finish(job_id, "workers", 1)
+        fake.finish(job_id, "node-0", 0)
+        t0 = 1_800_000_000 * 10**9
+        fake.set_task_times(job_id, started_ns=t0, finished_ns=t0 + 600 * 10**9)
+        assert cli("status", job_id, env=env).returncode == 0  # the record keeps attempt 1's end
+        culprit = fake.alloc_for(job_id, "workers")["NodeName"]
+        spec = halo_sched.load(path)
+        second = _scheduler(fake).submit_attempt(next_spec(spec, job_id, 1, (culprit,), None), job_id).id
+        assert second == f"{job_id}~v1", second  # nothing stopped the job in between: version 1
+        assert culprit not in _nodes_of(fake, second).values() and len(_nodes_of(fake, second)) == 2
+        # Version 0's allocations, terminal, are left as they ended (filters.go
+        # filterOldTerminalAllocs): not stopped, not replaced.
+        assert [(a["ClientStatus"], a["DesiredStatus"]) for a in sorted(_allocs(fake, job_id), key=lambda a: a["TaskGroup"])] \
+            == [("complete", "run"), ("failed", "run")], _allocs(fake, job_id)
+        fake.set_running(job_id)
+        for group in ("node-0", "workers"):
+            fake.finish(job_id, group, 0)
+        fake.set_task_times(job_id, started_ns=t0 + 900 * 10**9, finished_ns=t0 + 2700 * 10**9, version=1)
+        # The attempt's own status (what the waiting process notes as it ends), then the run's.
+        mine = cli("status", second, env=env)
+        assert mine.returncode == 0 and "COMPLETED" in mine.stdout, mine.stdout + mine.stderr
+        st = cli("status", job_id, env=env)
+        assert st.returncode == 0, st.stderr
+        lines = st.stdout.splitlines()
+        a1 = [ln for ln in lines if "attempt 1: " in ln]
+        a2 = [ln for ln in lines if "attempt 2: " in ln]
+        assert len(a1) == 1 and f"{job_id} FAILED" in a1[0] and "2 nodes x 600s: 0.3333 node-h, 1.3333 GPU-h" in a1[0], lines
+        assert len(a2) == 1 and f"{second} COMPLETED;" in a2[0], lines
+        assert "2 nodes x 1800s: 1.0000 node-h, 4.0000 GPU-h" in a2[0] and f"excluded {culprit}" in a2[0], lines
+        assert any("run: 2 attempts, 1.3333 node-h (0.3333 lost), 5.3333 GPU-h (1.3333 lost" in ln for ln in lines), lines
+        rows = attempts_of(job_id, "nomad")
+        assert [(a.id, a.clock, a.wall_s) for a in rows] == [(job_id, "scheduler", 600.0), (second, "scheduler", 1800.0)]
+        # Each attempt's id reads its own version: the first stays FAILED after the second completed.
+        states = _scheduler(fake).query([job_id, second])
+        assert (states[job_id].status, states[second].status) == (JobStatus.FAILED, JobStatus.COMPLETED), states
+
+
+def test_a_later_attempts_secrets_outlive_the_status_of_the_earlier_one(tmp_path, monkeypatch):
+    """``secret_env`` on Nomad is a Variable per job ID, deleted once the job is seen ended. The
+    next attempt is the same job ID: ``status`` of the ended first attempt (version 0) must not
+    delete the Variable the next version's tasks read; that version's own end does."""
+    import halo_sched
+    from halo_sched.runs import next_spec
+
+    data = yaml.safe_load(open(_gpu_job(tmp_path)).read())
+    data["secret_env"] = ["HF_TOKEN"]
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(data))
+    with FakeNomad([FakeNode(n, docker_volumes_enabled=True) for n in ("g0", "g1", "g2")], token=TOKEN) as fake:
+        env = {**_env(tmp_path, fake), "HF_TOKEN": "hf-secret-value"}
+        monkeypatch.setenv("HALO_SCHED_HOME", env["HALO_SCHED_HOME"])
+        monkeypatch.setenv("HF_TOKEN", "hf-secret-value")
+        r = cli("submit", str(tmp_path / "job.yaml"), "--backend", "nomad", env=env)
+        assert r.returncode == 0, r.stderr
+        job_id = r.stdout.split()[-1]
+        key = ("default", f"nomad/jobs/{job_id}")
+        fake.set_running(job_id)
+        fake.finish(job_id, "workers", 1)
+        fake.finish(job_id, "node-0", 0)
+        # One process throughout, as ``submit --wait`` is: it saw attempt 1 end (Variable deleted)...
+        sched = _scheduler(fake)
+        assert sched.query([job_id])[job_id].status is JobStatus.FAILED and key not in fake.variables
+        spec = halo_sched.load(str(tmp_path / "job.yaml"))
+        second = sched.submit_attempt(next_spec(spec, job_id, 1, ("g1",), None), job_id).id
+        assert fake.variables[key]["Items"] == {"HF_TOKEN": "hf-secret-value"}
+        for which in (job_id, second):  # the ended first attempt, then the running second
+            st = cli("status", which, env=env)
+            assert st.returncode == 0 and key in fake.variables, (which, st.stdout, st.stderr)
+        fake.set_running(job_id)
+        for group in ("node-0", "workers"):
+            fake.finish(job_id, group, 0)
+        # ... and deletes it again at the end of the attempt it wrote it for.
+        assert sched.query([second])[second].status is JobStatus.COMPLETED and key not in fake.variables
+
+
+def _failed_first_attempt(tmp_path, fake, env):
+    r = cli("submit", _gpu_job(tmp_path), "--backend", "nomad", env=env)
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.split()[-1]
+    fake.set_running(job_id)
+    fake.finish(job_id, "workers", 1)
+    fake.finish(job_id, "node-0", 0)
+    return job_id
+
+
+def test_two_processes_registering_the_next_attempt_register_one_version(tmp_path, monkeypatch):
+    """Two processes waiting on one run both read the job (JobModifyIndex M) before either
+    registers attempt 2: the first registers version 1; the second's register, against M, is
+    refused by Nomad (EnforceIndex: "Enforcing job modify index M: job exists with conflicting
+    job modify index: N"), and the job read back carries the other's token: it registers
+    nothing and says so. A process that reads the job after the first registered is stopped
+    before any request by the job's attempt in Meta."""
+    import halo_sched
+    from halo_sched.errors import SchedulerError
+    from halo_sched.runs import next_spec
+
+    with FakeNomad([FakeNode(n, docker_volumes_enabled=True) for n in ("g0", "g1", "g2")], token=TOKEN) as fake:
+        env = _env(tmp_path, fake)
+        monkeypatch.setenv("HALO_SCHED_HOME", env["HALO_SCHED_HOME"])
+        job_id = _failed_first_attempt(tmp_path, fake, env)
+        spec = halo_sched.load(str(tmp_path / "job.yaml"))
+        one, two = _scheduler(fake), _scheduler(fake)
+        stale = two._client_for().read_job(job_id)  # read before the other registered
+        first = one.submit_attempt(next_spec(spec, job_id, 1, ("g1",), None), job_id).id
+        assert first == f"{job_id}~v1"
+        monkeypatch.setattr(type(two._client_for()), "read_job", lambda self, name: copy_of(stale))
+        with pytest.raises(SchedulerError) as exc:
+            two.submit_attempt(next_spec(spec, job_id, 1, ("g1",), None), job_id)
+        assert "registered again by another process" in str(exc.value), exc.value
+        refused = [q for q in fake.requests_to(f"/v1/job/{job_id}", "POST")]
+        assert len(refused) == 2, refused
+        assert [v["Version"] for v in fake.registered_versions(job_id)] == [0, 1]
+        monkeypatch.undo()
+        monkeypatch.setenv("HALO_SCHED_HOME", env["HALO_SCHED_HOME"])
+        with pytest.raises(SchedulerError, match="already at attempt 2 of its run"):
+            _scheduler(fake).submit_attempt(next_spec(spec, job_id, 1, ("g1",), None), job_id)
+        assert len(fake.requests_to(f"/v1/job/{job_id}", "POST")) == 2
+        assert [v["Version"] for v in fake.registered_versions(job_id)] == [0, 1]
+
+
+def test_the_real_enforce_index_refusal_text():
+    """The fake's refusal of a register against a stale JobModifyIndex is Nomad's
+    (nomad/structs/job.go Job.EnforceIndex v2.0.5, a plain error: HTTP 500 with its text), and
+    a register against the current one is the job's next version."""
+    import requests
+
+    job = {"ID": "j", "Type": "batch", "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t", "Driver": "raw_exec"}]}]}
+    with FakeNomad([FakeNode("n0", gpus=0)], token=TOKEN) as fake:
+        def post(path, body):
+            return requests.post(f"{fake.address}{path}", json=body, headers={"X-Nomad-Token": TOKEN}, timeout=10)
+
+        assert post("/v1/jobs", {"Job": job}).status_code == 200
+        index = fake.job_record("j")["JobModifyIndex"]
+        ok = post("/v1/job/j", {"Job": job, "EnforceIndex": True, "JobModifyIndex": index})
+        assert ok.status_code == 200 and ok.json()["JobModifyIndex"] == fake.job_record("j")["JobModifyIndex"] > index
+        late = post("/v1/job/j", {"Job": job, "EnforceIndex": True, "JobModifyIndex": index})
+        now = fake.job_record("j")["JobModifyIndex"]
+        assert late.status_code == 500 and late.text.strip() == (
+            f"Enforcing job modify index {index}: job exists with conflicting job modify index: {now}"), late.text
+        assert fake.job_record("j")["Version"] == 1 and [v["Version"] for v in fake.registered_versions("j")] == [0, 1]
+
+
+def test_a_register_answered_too_late_is_found_by_its_token_not_registered_twice(tmp_path, monkeypatch):
+    """The connection drops after Nomad applied the new version: the read-back finds the job
+    with this register's token, so the attempt is that version and no second register is sent."""
+    import halo_sched
+    from halo_sched.runs import next_spec
+
+    with FakeNomad([FakeNode(n, docker_volumes_enabled=True) for n in ("g0", "g1", "g2")], token=TOKEN) as fake:
+        env = _env(tmp_path, fake)
+        monkeypatch.setenv("HALO_SCHED_HOME", env["HALO_SCHED_HOME"])
+        job_id = _failed_first_attempt(tmp_path, fake, env)
+        spec = halo_sched.load(str(tmp_path / "job.yaml"))
+        fake.drop_after_next(1, path_contains=f"/v1/job/{job_id}", method="POST")
+        second = _scheduler(fake).submit_attempt(next_spec(spec, job_id, 1, ("g1",), None), job_id).id
+        assert second == f"{job_id}~v1"
+        assert len(fake.requests_to(f"/v1/job/{job_id}", "POST")) == 1
+        assert [v["Version"] for v in fake.registered_versions(job_id)] == [0, 1]
+
+
+def copy_of(job: dict) -> dict:
+    return json.loads(json.dumps(job))
+
+
 # ---- the preflight gate on Nomad ---------------------------------------------------------------
 
 # Node 1's setup points gloo at an interface this host does not have, on the run's first attempt
@@ -272,7 +494,7 @@ def test_the_gate_fails_a_nomad_node_as_a_preflight_node_fault_ledgered_and_retr
         bad = next(a for a in sims[0].allocations if a.name.endswith(".workers[0]"))
         text = sims[0].stderr(bad.name)
         assert "node 1: preflight gate: this node failed its checks" in text and "torchrun not started" in text, text
-        assert fake.alloc_for(run_id, "workers")["ClientStatus"] == "failed"
+        assert next(a for a in _allocs(fake, run_id) if a["TaskGroup"] == "workers")["ClientStatus"] == "failed"
         assert _nodes_of(fake, run_id)["workers[0]"] == "n1"
         first = json.loads(cli("status", run_id, "--json", env=env).stdout)
         assert first["failure_class"] == {"class": "node", "reason": "preflight check failed", "host": "n1",
@@ -281,7 +503,8 @@ def test_the_gate_fails_a_nomad_node_as_a_preflight_node_fault_ledgered_and_retr
         assert [(e["host"], e["by"], e["job"]) for e in ledger] == [("n1", "preflight", run_id)], ledger
         second = r.stderr.split("retrying (preflight fault) as ", 1)[1].split()[0]
         assert set(_nodes_of(fake, second).values()) == {"n0", "n2"}
-        later = sims[1].stderr(f"{second}.node-0[0]") + sims[1].stderr(f"{second}.workers[0]")
+        assert second.startswith(f"{run_id}~v")  # a new version of the same job, run by its own simulator
+        later = sims[1].stderr(f"{run_id}.node-0[0]") + sims[1].stderr(f"{run_id}.workers[0]")
         assert later.count("preflight gate passed") == 2, later[-3000:]
 
 
@@ -327,7 +550,7 @@ def test_a_node_lost_on_nomad_is_the_culprit_and_the_next_attempt_keeps_off_it(t
         assert "retrying (node fault) as " in err, err[-3000:]
         second = err.split("retrying (node fault) as ", 1)[1].split()[0]
         assert {"LTarget": "${node.unique.name}", "RTarget": victim, "Operand": "!="} in \
-            fake.job_record(second)["Constraints"]
+            fake.registered_versions(run_id)[-1]["Constraints"]
         assert victim not in _nodes_of(fake, second).values() and (marks / "up-1-1").exists()
         ledger = [json.loads(ln) for ln in cli("nodes", "--json", env=env).stdout.splitlines()]
         assert [(e["host"], e["by"]) for e in ledger] == [(victim, "node-lost")], ledger

@@ -141,6 +141,12 @@ class Scheduler(abc.ABC):
                               spec.job_file, git)
         return Job(self, job_id)
 
+    def submit_attempt(self, spec: JobSpec, previous_id: str) -> "Job":
+        """The next attempt of a run (halo_sched/runs.py) after attempt ``previous_id`` failed:
+        ``spec`` carries the attempt (number, hosts to keep off). Default: a submission of its
+        own (SLURM, local); Nomad registers a new version of the same job instead."""
+        return self.submit(spec)
+
     def record_fields(self, dryrun: DryRun, job_id: str) -> dict:
         """What the job's record keeps of where it went (``outputs``, ``scheduler``)."""
         return {}

@@ -173,6 +173,8 @@ class FakeNomad:
         self.clock_offset_ns = 0
         self._replace_now: set[str] = set()  # unknown allocations a pre-1.11.2 server replaces at once
         self._sims: dict[str, Any] = {}  # job ID -> client_sim.SimCluster running its allocations
+        # allocation ID -> the SimCluster that runs it (a job's versions each run in their own)
+        self._sim_of_alloc: dict[str, Any] = {}
         #: attach_sims(): makes a SimCluster for each job registered from then on.
         self._sim_factory: Any = None
         self._sim_allocs: dict[str, Any] = {}  # allocation ID -> client_sim.Allocation
@@ -200,6 +202,9 @@ class FakeNomad:
         self._index = 10
         self._last_event_ns = 0
         self._jobs: dict[tuple[str, str], dict] = {}
+        # Each register's job as applied, in order (``nomad job history`` lists the versions;
+        # a stop's versions, which only flip Stop, are not kept here).
+        self._registered: dict[tuple[str, str], list[dict]] = {}
         # (namespace, path) -> the Variable (Items and metadata), for /v1/var/<path>.
         self.variables: dict[tuple[str, str], dict] = {}
         self._allocs: dict[str, dict] = {}
@@ -441,7 +446,9 @@ class FakeNomad:
         registered ``Job`` as sent) returns a client_sim.SimCluster, attached as by
         :meth:`attach_sim` before the job's first placement. Nomad's clients run any job's
         allocations; the simulator runs one job per SimCluster, so a waiting process that
-        registers the next attempt of a run (a new job) gets a new one. The caller stops them."""
+        registers the next attempt of a run (a new version of the job) gets a new one: each
+        version's allocations run in the simulator of that version (its tasks' Env), the older
+        version's go on being stopped in theirs. The caller stops them."""
         with self._lock:
             self._sim_factory = factory
 
@@ -455,6 +462,7 @@ class FakeNomad:
         try:
             (sim_alloc,) = sim.place([f"{group}[{index}"])
             self._sim_allocs[alloc["ID"]] = sim_alloc
+            self._sim_of_alloc[alloc["ID"]] = sim
             sim.start()
         except Exception as e:  # noqa: BLE001 - whatever the client would report
             self._driver_failure(alloc, f"{type(e).__name__}: {e}")
@@ -478,14 +486,14 @@ class FakeNomad:
         sim_alloc = self._sim_allocs.get(alloc["ID"])
         if sim_alloc is not None and sim_alloc.status_override != status:
             try:
-                self._sims[alloc["JobID"]].node_died(sim_alloc.name, status)
+                self._sim_of_alloc[alloc["ID"]].node_died(sim_alloc.name, status)
             except Exception:  # noqa: BLE001 - it had ended there already: nothing left to kill
                 pass
 
     def _sim_kill(self, alloc: dict) -> None:
         sim_alloc = self._sim_allocs.get(alloc["ID"])
         if sim_alloc is not None and sim_alloc.status_override is None:
-            self._sims[alloc["JobID"]].kill_alloc(sim_alloc.name, grace=5.0)
+            self._sim_of_alloc[alloc["ID"]].kill_alloc(sim_alloc.name, grace=5.0)
 
     def _sim_log(self, key: tuple[str, str, str]) -> str | None:
         sim_alloc = self._sim_allocs.get(key[0])
@@ -647,12 +655,15 @@ class FakeNomad:
             return copy.deepcopy(alloc)
 
     def set_task_times(self, job_id: str, started_ns: int, finished_ns: int | None = None,
-                       namespace: str = "default") -> None:
-        """Every task of the job's allocations started (and, given, finished) at these times by
-        the clients' clocks: TaskState.StartedAt/FinishedAt (nomad/structs/structs.go v2.0.5),
-        RFC 3339 with nanoseconds as Go's time.Time.MarshalJSON writes them."""
+                       namespace: str = "default", version: int | None = None) -> None:
+        """Every task of the job's allocations (of one job version, given) started (and, given,
+        finished) at these times by the clients' clocks: TaskState.StartedAt/FinishedAt
+        (nomad/structs/structs.go v2.0.5), RFC 3339 with nanoseconds as Go's
+        time.Time.MarshalJSON writes them."""
         with self._lock:
             for alloc in self._job_allocs(job_id, namespace):
+                if version is not None and alloc["JobVersion"] != version:
+                    continue
                 for ts in alloc["TaskStates"].values():
                     ts["StartedAt"] = _rfc3339(started_ns)
                     if finished_ns is not None:
@@ -670,6 +681,11 @@ class FakeNomad:
         with self._lock:
             job = self._jobs.get((namespace, job_id))
             return copy.deepcopy(job) if job else None
+
+    def registered_versions(self, job_id: str, namespace: str = "default") -> list[dict]:
+        """The job as each register left it (its Version, Meta, Constraints, tasks' Env), in order."""
+        with self._lock:
+            return copy.deepcopy(self._registered.get((namespace, job_id), []))
 
     def allocs_of(self, job_id: str, namespace: str = "default") -> list[dict]:
         with self._lock:
@@ -1379,6 +1395,8 @@ class FakeNomad:
         if body.get("EnforceIndex"):
             # nomad/job_endpoint.go Register -> nomad/structs/job.go Job.EnforceIndex; a plain
             # error, so the HTTP layer answers 500 with its text (command/agent/http.go wrap).
+            # v2.0.5 checks it again inside the write (nomad/state/state_store.go upsertJobImpl),
+            # so of two registers against the same JobModifyIndex exactly one is applied.
             want = int(body.get("JobModifyIndex") or 0)
             if old is not None and want == 0:
                 raise _HTTPError(500, "Enforcing job modify index 0: job already exists")
@@ -1388,23 +1406,37 @@ class FakeNomad:
             if old is None and want != 0:
                 raise _HTTPError(500, f"Enforcing job modify index {want}: job does not exist")
         idx = self._next_index()
+        # A re-register is a new Version with JobModifyIndex = its raft index, CreateIndex kept
+        # (state_store.go upsertJobImpl v2.0.5); a dead job registered again is pending again
+        # (getJobStatus: its new evaluation is not terminal).
         job.update({
             "Stop": False, "Status": "pending", "StatusDescription": "", "Stable": False,
             "Version": (old["Version"] + 1) if old else 0, "SubmitTime": time.time_ns(),
             "CreateIndex": old["CreateIndex"] if old else idx, "ModifyIndex": idx, "JobModifyIndex": idx,
         })
         if old:
-            # A new version replaces the old one's allocations (a destructive update).
+            # A new version replaces the old one's allocations (a destructive update; the
+            # description is scheduler/structs/const.go StatusAllocUpdating, v2.0.5). A batch
+            # job's allocations of an older version that are terminal (complete, failed, lost,
+            # or already told to stop: Allocation.TerminalStatus) are left as they are, neither
+            # stopped nor replaced: scheduler/reconciler/filters.go filterOldTerminalAllocs
+            # (v2.0.5) sets them aside before anything is computed, so the new version places
+            # every group's Count afresh (_free_indexes counts the new version's allocations
+            # only) and the old ones keep their ClientStatus and DesiredStatus.
+            batch = job.get("Type", "batch") == "batch"
             for alloc in self._job_allocs(job["ID"], job["Namespace"]):
-                if alloc["DesiredStatus"] == "run":
+                terminal = alloc["DesiredStatus"] != "run" or alloc["ClientStatus"] in ("complete", "failed", "lost")
+                if alloc["DesiredStatus"] == "run" and not (batch and terminal):
                     self._kill_alloc(alloc, "alloc is being updated due to job update")
             for ev in self._evals.values():
                 if ev["JobID"] == job["ID"] and ev["Namespace"] == job["Namespace"] and ev["Status"] == "blocked":
                     ev["Status"] = "canceled"
                     ev["StatusDescription"] = "evaluation superseded by a newer job version"
         self._jobs[key] = job
-        if self._sim_factory is not None and job["ID"] not in self._sims:
-            self.attach_sim(self._sim_factory(copy.deepcopy(body["Job"])))
+        self._registered.setdefault(key, []).append(copy.deepcopy(job))
+        if self._sim_factory is not None:
+            # A new version runs in a simulator of its own (the tasks as this version has them).
+            self.attach_sim(self._sim_factory({**copy.deepcopy(body["Job"]), "Version": job["Version"]}))
         ev = self._new_eval(job, "job-register")
         self._process_eval(ev, job)
         return {"EvalID": ev["ID"], "EvalCreateIndex": ev["CreateIndex"], "JobModifyIndex": job["JobModifyIndex"],

@@ -18,7 +18,56 @@ from ..base import DryRun, JobState, Scheduler
 from .capabilities import Configured
 from .render import SECRETS_META, TASK, client_requirements, job_payload, render_hcl, variable_path
 
-_ID_RE = re.compile(r"^(?:([A-Za-z0-9_-]+):)?(?:([A-Za-z0-9_-]+)/)?([A-Za-z0-9][A-Za-z0-9_.-]*)\Z")
+_ID_RE = re.compile(r"^(?:([A-Za-z0-9_-]+):)?(?:([A-Za-z0-9_-]+)/)?([A-Za-z0-9][A-Za-z0-9_.-]*)(?:~v(\d{1,9}))?\Z")
+
+#: Job.Meta key of a version halo-sched registered as a retry attempt of its run (the attempt's
+#: number); absent from a job's first version (attempt 0).
+ATTEMPT_META = "halo_sched_attempt"
+
+
+def _key(c, name: str) -> tuple[int, str]:
+    """A job's key in the secrets caches: the client that reaches it (a version's view is the
+    job's client) and the job ID."""
+    return id(getattr(c, "base", c)), name
+
+
+def _superseded(c, job: dict | None) -> bool:
+    """Whether a later version of ``job`` (a stub) is a later attempt of its run, which still
+    needs the job's secrets Variable though the attempt ``c`` reads has ended. The plain id is
+    version 0: superseded once halo-sched registered an attempt (its Meta). ``JOB~vN``: the job is
+    at a later version that is not only a stop of N (a stop is a version of its own, one past the
+    stopped one: nomad/fsm.go handleJobDeregister -> state_store.go upsertJobImpl, v2.0.5)."""
+    if not job:
+        return False
+    if not isinstance(c, _Version):
+        return ATTEMPT_META in (job.get("Meta") or {})
+    version = job.get("Version")
+    if not isinstance(version, int):
+        return False
+    return version > c.version + (1 if job.get("Stop") else 0)
+
+
+class _Version:
+    """One version of a Nomad job as halo-sched's id ``JOB~vN`` names it (a retry attempt,
+    :meth:`NomadScheduler.submit_attempt`): the client, with the job's allocations narrowed to
+    those of version N (an allocation carries its ``JobVersion``, nomad/structs/structs.go
+    v2.0.5). Everything else (the job, its stop, logs) is the job's."""
+
+    def __init__(self, client, version: int):
+        self.base, self.version = client, version
+
+    def __getattr__(self, name):
+        return getattr(self.base, name)
+
+    def _mine(self, allocs):
+        return [a for a in allocs or [] if a.get("JobVersion") == self.version]
+
+    def job_allocations(self, job_id: str, index: int = 0, wait_s: float | None = None):
+        allocs, idx = self.base.job_allocations(job_id, index=index, wait_s=wait_s)
+        return self._mine(allocs), idx
+
+    def allocation_stubs(self, job_ids):
+        return self._mine(self.base.allocation_stubs(job_ids))
 
 
 def _say(msg: str) -> None:
@@ -80,8 +129,9 @@ class NomadScheduler(Scheduler):
         m = _ID_RE.match(job_id)
         if not m:
             raise UsageError(f"{job_id!r} is not a Nomad job id ([REGION:][NAMESPACE/]ID)")
-        region, namespace, name = m.groups()
-        return self._client_for(namespace, region), name
+        region, namespace, name, version = m.groups()
+        c = self._client_for(namespace, region)
+        return (c if version is None else _Version(c, int(version))), name
 
     # ---- rendering ----------------------------------------------------------------------------
 
@@ -155,10 +205,67 @@ class NomadScheduler(Scheduler):
         job_id = dryrun.payload["Job"]["ID"]
         return f"{region + ':' if region else ''}{namespace + '/' if namespace else ''}{job_id}"
 
+    def submit_attempt(self, spec: JobSpec, previous_id: str):
+        """The run's next attempt as a NEW VERSION of the same Nomad job (``nomad job history``
+        lists the attempts): the same job ID re-registered with the attempt's spec (its
+        ``${node.unique.name} != HOST`` constraints, ``HALO_RESTART_COUNT`` in the tasks' Env),
+        Meta ``halo_sched_attempt`` = its number and a fresh submission token. Exactly once:
+        registered only while the job is still at the previous attempt (its Meta), and against
+        the ``JobModifyIndex`` read then (``EnforceIndex``, :meth:`NomadClient.reregister_job`),
+        so that of two processes waiting on the run only one registers it. Its id is
+        ``JOB~vN`` (N: the job's version), its record one of its own."""
+        from ... import records
+        from ...exactly_once import new_token
+        from ..base import Job
+        from .client import TOKEN_META
+
+        m = _ID_RE.match(previous_id)
+        if not m or spec._attempt is None:
+            raise UsageError(f"{previous_id!r} is not a Nomad job id of a run")
+        region, namespace, name, _ = m.groups()
+        prefix = f"{region + ':' if region else ''}{namespace + '/' if namespace else ''}"
+        nm = spec.nomad
+        client = self._client_for(namespace, region)
+        payload = job_payload(spec, name)
+        token = payload["Job"]["Meta"][TOKEN_META] = new_token()
+        payload["Job"]["Meta"][ATTEMPT_META] = str(spec._attempt.number)
+        dry = DryRun(self.name, spec, json.dumps(payload, indent=2, ensure_ascii=False) + "\n", payload, token)
+        secrets = spec.secret_values()
+        git = records.git_state_started(spec)
+        self._preflight(client, spec, payload)
+        job = client.read_job(name)
+        had = (job.get("Meta") or {}).get(ATTEMPT_META) or "0"
+        if had != str(spec._attempt.number - 1):
+            raise SchedulerError(f"job {name!r} is already at attempt {int(had) + 1} of its run (version "
+                                 f"{job.get('Version')}); not registering attempt {spec._attempt.number + 1}")
+        if secrets:
+            # The previous attempt's end deleted it (its tasks had read it): written again.
+            client.put_variable(variable_path(name), secrets, retry_s=self.retry_s, on_retry=_say)
+            self._secrets_gone.discard(_key(client, name))
+            self._secrets_failed.discard(_key(client, name))
+        resp = client.reregister_job(payload, token, int(job.get("JobModifyIndex") or 0), retry_s=self.retry_s,
+                                     on_retry=_say) or {}
+        for w in (resp.get("Warnings") or "").splitlines():
+            if w.strip():
+                _say(f"nomad warning: {w.strip()}")
+        # The register's answer has no Version (JobRegisterResponse, nomad/structs/structs.go
+        # v2.0.5): the job read back, ours by its token.
+        version = resp.get("Version")
+        if not isinstance(version, int):
+            back = client.read_job(name)
+            if (back.get("Meta") or {}).get(TOKEN_META) != token:
+                raise SchedulerError(f"job {name!r} was registered again by another process right after this "
+                                     "attempt's version; its version is unknown")
+            version = back.get("Version")
+        job_id = f"{prefix}{name}~v{version}"
+        records.record_submit(self.name, spec, dry.text, job_id, self.record_fields(dry, job_id), spec.job_file, git)
+        return Job(self, job_id)
+
     def record_fields(self, dryrun: DryRun, job_id: str) -> dict:
         m = _ID_RE.match(job_id)
-        region, namespace, name = m.groups() if m else (None, None, job_id)
-        return {"scheduler": {"region": region, "namespace": namespace, "job": name}}
+        region, namespace, name, version = m.groups() if m else (None, None, job_id, None)
+        return {"scheduler": {"region": region, "namespace": namespace, "job": name,
+                              **({"version": int(version)} if version is not None else {})}}
 
     def plan(self, spec: JobSpec) -> tuple[bool, str]:
         from .plan import format_plan, plan_summary
@@ -205,6 +312,12 @@ class NomadScheduler(Scheduler):
             allocs: dict[str, list] = {}
             for a in c.allocation_stubs(known) if known else ():
                 allocs.setdefault(a.get("JobID"), []).append(a)
+            if not isinstance(c, _Version):
+                # A job halo-sched re-registered as its run's next attempt: its plain id is the
+                # run's first attempt, version 0 (``JOB~vN`` names the later ones).
+                for n in known:
+                    if ATTEMPT_META in (jobs[n].get("Meta") or {}):
+                        allocs[n] = [a for a in allocs.get(n, []) if a.get("JobVersion") == 0]
             states = {n: job_state(jobs.get(n), allocs.get(n, []), [], n) for n in names}
             unplaced = [n for n in known if states[n].nomad.nodes_placed < (states[n].nodes_total or 0)]
             evals: dict[str, list] = {}
@@ -216,14 +329,15 @@ class NomadScheduler(Scheduler):
                 st.failure = self._failures().report(c, st, allocs.get(name, []))
                 out[i] = st
             self._forget_ended_secrets(c, [(i, name) for i, name in items if out[i].status.terminal
-                                           and SECRETS_META in ((jobs.get(name) or {}).get("Meta") or {})])
+                                           and SECRETS_META in ((jobs.get(name) or {}).get("Meta") or {})
+                                           and not _superseded(c, jobs.get(name))])
         return out
 
     def _forget_ended_secrets(self, c, ended: list[tuple[str, str]]) -> None:
         """Delete the Variables of these ended jobs. For several (``list``), one metadata listing
         first, so that jobs whose Variable is already gone cost no request; where listing is not
         allowed, each is deleted all the same (a delete of nothing succeeds)."""
-        ended = [(i, name) for i, name in ended if (id(c), name) not in self._secrets_gone]
+        ended = [(i, name) for i, name in ended if _key(c, name) not in self._secrets_gone]
         if len(ended) > 1:
             try:
                 present = c.variable_paths("nomad/jobs/")
@@ -240,7 +354,7 @@ class NomadScheduler(Scheduler):
         missing Variable with success, nomad/state/state_store_variables.go:400-401@v2.0.5). Its
         tasks read it once, when they start, so nothing needs it any more. Never fails the
         command: a failed delete is one warning line; ``halo-sched gc`` tries again."""
-        key = (id(c), name)
+        key = _key(c, name)
         if key in self._secrets_gone:
             return True
         if key in self._secrets_failed:
@@ -264,13 +378,14 @@ class NomadScheduler(Scheduler):
 
     def _forget_secrets_if_ended(self, c, job_id: str, name: str, state: JobState) -> None:
         """After a wait: the job's Variable goes when the job ended and carries one."""
-        if not state.status.terminal or (id(c), name) in self._secrets_gone:
+        if not state.status.terminal or _key(c, name) in self._secrets_gone:
             return
         try:
             stubs = c.job_stubs([name])
         except HaloError:
             stubs = None  # unknown: delete anyway (a missing Variable is no error)
-        if stubs is None or any(SECRETS_META in (j.get("Meta") or {}) for j in stubs if j.get("ID") == name):
+        if stubs is None or any(SECRETS_META in (j.get("Meta") or {}) and not _superseded(c, j)
+                                for j in stubs if j.get("ID") == name):
             self._forget_secrets(c, job_id, name)
 
     def collect_secrets(self, ids: Sequence[str]) -> tuple[list[tuple[str, str]], list[str], list[str], list[str]]:

@@ -152,6 +152,57 @@ class NomadClient:
         return run_once(what, send, lookup, retry_s, token=token, sleep=self._sleep, on_retry=on_retry,
                         who="Nomad", not_done="the job was not submitted")
 
+    def read_job(self, job_id: str) -> dict:
+        """The whole job (``GET /v1/job/:id``): Version, JobModifyIndex, Meta."""
+        return self._call(f"read job {job_id!r}", self._read_job, job_id)
+
+    def reregister_job(self, payload: dict, token: str, job_modify_index: int, retry_s: float | None = None,
+                       on_retry: Callable[[str], None] | None = None) -> dict:
+        """Register a NEW VERSION of an existing job, exactly once: check-and-set on the job's
+        ``JobModifyIndex`` as read before (``EnforceIndex``; nomad/state/state_store.go
+        ``upsertJobImpl`` v2.0.5 checks it inside the write, nomad/structs/job.go ``Job.EnforceIndex``:
+        "Enforcing job modify index N: job exists with conflicting job modify index: M" when the
+        job was registered again since). ``token`` is in ``Job.Meta[halo_sched_token]``: after a
+        failure that may have reached Nomad, or a conflict, the job is read back; our token in it
+        means our register took effect (the job's new version); another's means another process
+        registered a version since, and this one registers nothing (a SchedulerError)."""
+        body = self._with_scope(payload)
+        job_id = body["Job"]["ID"]
+        if (body["Job"].get("Meta") or {}).get(TOKEN_META) != token:
+            raise UsageError(f"the job payload must carry its submission token in Meta.{TOKEN_META}")
+        if not isinstance(job_modify_index, int) or job_modify_index <= 0:
+            raise UsageError("a new version is registered against the job's JobModifyIndex (> 0)")
+        body = {**body, "EnforceIndex": True, "JobModifyIndex": job_modify_index}
+        what = f"register a new version of job {job_id!r}"
+
+        def send() -> dict:
+            try:
+                return self._call_once(what, self._request, "POST", _job_path(job_id), json=body)
+            except NomadAPIError as exc:
+                if exc.status == 500 and ENFORCE_INDEX_ERR in exc.body:
+                    # Ours, sent before and answered too late, or another's: the read-back tells.
+                    raise Ambiguous(f"Nomad refused the version ({exc.body.strip()})") from exc
+                raise
+
+        def lookup() -> dict | None:
+            try:
+                job = self._call_once(f"read job {job_id!r}", self._read_job, job_id)
+            except NomadAPIError as exc:
+                if exc.status == 404:
+                    raise SchedulerError(f"Nomad no longer has job {job_id!r}; no new version was registered") from exc
+                raise
+            if (job.get("Meta") or {}).get(TOKEN_META) == token:
+                return {"JobModifyIndex": job.get("JobModifyIndex"), "Version": job.get("Version"), "Warnings": "",
+                        "found_after_retry": True}
+            if job.get("JobModifyIndex") != job_modify_index:
+                raise SchedulerError(f"job {job_id!r} was registered again by another process since it was read "
+                                     f"(JobModifyIndex {job_modify_index} -> {job.get('JobModifyIndex')}, version "
+                                     f"{job.get('Version')}); this one registered nothing")
+            return None
+
+        return run_once(what, send, lookup, retry_s, token=token, sleep=self._sleep, on_retry=on_retry,
+                        who="Nomad", not_done="no new version was registered")
+
     def put_variable(self, path: str, items: dict[str, str], retry_s: float | None = None,
                      on_retry: Callable[[str], None] | None = None) -> None:
         """Write a Nomad Variable (``PUT /v1/var/:path``, nomad/variables_endpoint.go ``Apply``,

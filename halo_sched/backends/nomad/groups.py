@@ -31,6 +31,14 @@ def delimiters(text: str) -> tuple[str, str]:
         salt += 1
 
 
+def rdzv_service_key(launch: Launch, job_id: str) -> str:
+    """What node-0's rendezvous service is named after: the job ID; for a retry attempt, which
+    is a new version of the same job (NomadScheduler.submit_attempt), the ID and the attempt, so
+    that the new version's workers never read a registration the old version's node-0 left while
+    it was being stopped."""
+    return f"{job_id}-attempt{launch.restart_count}" if launch.restart_count else job_id
+
+
 def master_template(job_id: str) -> str:
     """Rank 0's address on the first line and its port on the second, from node-0's service
     registration; blank until it registers. The registration carries the port the rendezvous
@@ -79,7 +87,7 @@ def _task(launch: Launch, group: str, entry: str, delims: tuple[str, str]) -> di
             NAMES.master_addr_file: nomad_servers.MASTER_FILE_IN_TASK,
         }
         # noop: the file is rewritten when rank 0 registers; the entry script polls it.
-        templates.append({"EmbeddedTmpl": master_template(job_id), "DestPath": MASTER_FILE, "ChangeMode": "noop"})
+        templates.append({"EmbeddedTmpl": master_template(rdzv_service_key(launch, job_id)), "DestPath": MASTER_FILE, "ChangeMode": "noop"})
 
     if launch.restart_count:  # a retry of its run (halo_sched/runs.py): the ranks learn which attempt
         env[NAMES.restart_count] = str(launch.restart_count)
@@ -224,7 +232,7 @@ def trainer_group(launch: Launch, name: str, count: int, entry: str, delims: tup
         if reserved:
             network["ReservedPorts"] = reserved
         group["Networks"] = [network]
-        group["Services"] = [{"Name": service_name(job_id), "Provider": "nomad", "PortLabel": PORT_LABEL}]
+        group["Services"] = [{"Name": service_name(rdzv_service_key(launch, job_id)), "Provider": "nomad", "PortLabel": PORT_LABEL}]
     else:
         group["Networks"] = [{"Mode": "host"}]
     return group
@@ -253,7 +261,7 @@ def server_group(launch: Launch, role: ServerRole, policies: dict) -> dict:
             {"EmbeddedTmpl": entry, "DestPath": nomad_servers.ENTRY_PATH, "Perms": "0755", "ChangeMode": "noop",
              "LeftDelim": left, "RightDelim": right},
             # noop: the server script polls it, and stops the server once it is blank again.
-            {"EmbeddedTmpl": master_template(job_id), "DestPath": MASTER_FILE, "ChangeMode": "noop"},
+            {"EmbeddedTmpl": master_template(rdzv_service_key(launch, job_id)), "DestPath": MASTER_FILE, "ChangeMode": "noop"},
             *secret_templates,
         ],
         "Resources": resources,

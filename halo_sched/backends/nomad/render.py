@@ -11,8 +11,8 @@ node made the job O(N) and the server state O(N^2), since every allocation carri
 (hashicorp/nomad#27442, #6306).
 
 Why the allocation index is a sound node rank here (hashicorp/nomad, ``scheduler/reconciler``):
-each submission is a fresh job ID (:func:`submission_id`) registered once and never updated, so
-there is one job version. Names come from ``AllocNameIndex`` (``allocs.go``): a bitmap of the
+each submission is a fresh job ID (:func:`submission_id`), registered again only as the next
+attempt of its run (a new version: NomadScheduler.submit_attempt). Names come from ``AllocNameIndex`` (``allocs.go``): a bitmap of the
 indexes the group's existing allocations hold; ``Next(n)`` hands out the free indexes in
 0..count-1 first, so the first placement takes 0..count-1 and a later evaluation (a blocked one
 unblocking) fills exactly the missing ones. A batch allocation that finished or failed still
@@ -21,8 +21,13 @@ reused for a new allocation. A lost-node replacement keeps the lost allocation's
 (``reconcile_cluster.go``: "Add replacements for lost allocs", ``name: alloc.Name``), and with
 ``disconnect { lost_after = <the job's bound>, replace = false }`` (groups.py, :func:`lost_after_ns`)
 a running allocation on a node that went down is marked ``unknown`` and not replaced while the
-job can run. Two live allocations of one version never share an index.
-(``NOMAD_ALLOC_INDEX`` would be ambiguous across versions of an updated job: we never update.)
+job can run. Two live allocations of one version never share an index. A new version (a retry
+attempt) is registered once the old version's allocations are terminal or being stopped: a batch
+job's terminal allocations of an older version are set aside before the reconciler computes
+anything (``filters.go`` filterOldTerminalAllocs, v2.0.5), and the name index is built from what
+is left (``reconcile_cluster.go``: ``newAllocNameIndex(..., untainted.union(migrate,
+rescheduleNow, lost))``), so the new version's allocations take 0..count-1 afresh; the entry
+script reads its version's own index.
 
 Every group: no restarts, no reschedules, and ``disconnect { lost_after, replace = false }``
 (Nomad 1.8+; ``TaskGroup.Replace()`` in ``nomad/structs/structs.go`` defaults to true, and the
