@@ -21,6 +21,11 @@ from .render import SECRETS_META, TASK, client_requirements, job_payload, render
 _ID_RE = re.compile(r"^(?:([A-Za-z0-9_-]+):)?(?:([A-Za-z0-9_-]+)/)?([A-Za-z0-9][A-Za-z0-9_.-]*)\Z")
 
 
+#: A query of at most this many jobs (``status ID``, ``watch``, ``--wait``) also reads the running
+#: allocations' progress files for the stragglers line (progress.py).
+PROGRESS_JOBS = 4
+
+
 def _say(msg: str) -> None:
     print(f"halo-sched: {msg}", file=sys.stderr, flush=True)
 
@@ -215,9 +220,10 @@ class NomadScheduler(Scheduler):
                 st = job_state(jobs.get(name), allocs.get(name, []), evals.get(name, []), i)
                 # Which rank failed first: the failure lines in the dead allocations' logs.
                 st.failure = self._failures().report(c, st, allocs.get(name, []))
-                if st.status is JobStatus.RUNNING and isinstance(c, ReadsAllocFiles):
+                if st.status is JobStatus.RUNNING and len(ids) <= PROGRESS_JOBS and isinstance(c, ReadsAllocFiles):
                     # The slowest rank, from the running allocations' progress files (progress.py):
-                    # one bounded pass for all the jobs of this query.
+                    # one bounded pass for all the jobs of this query; a listing of many jobs
+                    # keeps its three calls.
                     from .progress import PASS_S, stragglers_line
 
                     deadline = deadline or time.monotonic() + PASS_S
