@@ -14,6 +14,8 @@ It behaves like a Nomad server for the calls halo-sched makes, with Nomad's fiel
   framed, from the start or (``origin=end``) the last ``offset`` bytes, optionally following
   until the allocation ends; 404 before the task started or after the client's GC, 500 when the
   node is down (client/fs_endpoint.go, nomad/client_fs_endpoint.go).
+* ``GET /v1/client/fs/ls/<alloc>?path=`` and ``/v1/client/fs/cat/<alloc>?path=``: an allocation's
+  files, from the attached simulator's allocation directory (``fs_ls``/``fs_cat``).
 * ``GET|PUT|DELETE /v1/var/<path>``: Nomad Variables (``variables`` holds them).
 
 Knobs for tests: HTTPS with a given certificate; ACL tokens (403 without a good one; every
