@@ -539,6 +539,9 @@ def gather(job_id: str, backend: str, sched, now: float | None = None) -> tuple[
     elif backend == "slurm" and (files := _slurm_mirror(rec, job_id)):
         # The copies each node's hang monitor keeps beside the job's output file.
         load_progress(tl, files, None)
+    elif backend == "nomad" and (files := _nomad_copy(sched, job_id)):
+        # The allocations' files, read through the clients' fs API (backends/nomad/progress.py).
+        load_progress(tl, files, None)
     else:
         tl.history = False
         tl.note = (f"the ranks' step history stays on the nodes with {backend} (under each node's log directory, "
@@ -554,6 +557,25 @@ def _slurm_mirror(rec: dict, job_id: str) -> dict[tuple[int, int], Path]:
 
     outputs = rec.get("outputs")
     root = mirror_root([str(o) for o in outputs], job_id) if isinstance(outputs, list) else None
+    return progress_files(root) if root is not None else {}
+
+
+def _nomad_copy(sched, job_id: str) -> dict[tuple[int, int], Path]:
+    """The progress files of the job's allocations, copied through Nomad's fs API; {} when the
+    client cannot read files or none could be read."""
+    from .backends.nomad.capabilities import ReadsAllocFiles
+    from .backends.nomad.progress import timeline_root
+    from .errors import HaloError
+
+    split = getattr(sched, "_split", None)
+    try:
+        c, name = split(job_id) if split is not None else (None, "")
+        if not isinstance(c, ReadsAllocFiles):
+            return {}
+        allocs, _ = c.job_allocations(name)
+    except HaloError:
+        return {}
+    root = timeline_root(c, allocs)
     return progress_files(root) if root is not None else {}
 
 

@@ -83,7 +83,8 @@ def test_leader_and_worker_shape():
     # the service's registration (address, then port).
     assert leader["Networks"][0] == {"Mode": "host", "DynamicPorts": [{"Label": "rdzv"}]}
     assert leader["Tasks"][0]["Env"] == {"HALO_NODE_RANK": "0", "HALO_MASTER_ADDR": "${NOMAD_IP_rdzv}",
-                                         "HALO_MASTER_PORT": "${NOMAD_PORT_rdzv}"}
+                                         "HALO_MASTER_PORT": "${NOMAD_PORT_rdzv}",
+                                         "HALO_LOG_DIR": "${NOMAD_TASK_DIR}/halo-logs"}
     set_port = job_payload(spec.model_copy(update={"rendezvous": spec.rendezvous.model_copy(update={"port": 29500})}),
                            "ddp-nomad-1")["Job"]["TaskGroups"][0]
     assert set_port["Networks"][0] == {"Mode": "host", "ReservedPorts": [{"Label": "rdzv", "Value": 29500}]}
@@ -91,7 +92,8 @@ def test_leader_and_worker_shape():
     t = workers["Tasks"][0]
     assert "Services" not in workers and "ReservedPorts" not in workers["Networks"][0]
     assert t["Env"] == {"HALO_NODE_RANK": "${NOMAD_ALLOC_INDEX}", "HALO_NODE_RANK_OFFSET": "1",
-                        "HALO_MASTER_ADDR_FILE": "${NOMAD_TASK_DIR}/halo-master-addr"}
+                        "HALO_MASTER_ADDR_FILE": "${NOMAD_TASK_DIR}/halo-master-addr",
+                        "HALO_LOG_DIR": "${NOMAD_TASK_DIR}/halo-logs"}
     master = t["Templates"][1]["EmbeddedTmpl"]
     assert 'nomadService "ddp-nomad-1-rdzv"' in master and "index . 0" in master
     assert "{{ .Address }}\n{{ .Port }}" in master

@@ -91,6 +91,7 @@ job "ddp-nomad" {
         HALO_NODE_RANK = "0"
         HALO_MASTER_ADDR = "$${NOMAD_IP_rdzv}"
         HALO_MASTER_PORT = "$${NOMAD_PORT_rdzv}"
+        HALO_LOG_DIR = "$${NOMAD_TASK_DIR}/halo-logs"
       }
 
       template {
@@ -1464,6 +1465,7 @@ EOT
         HALO_NODE_RANK = "$${NOMAD_ALLOC_INDEX}"
         HALO_NODE_RANK_OFFSET = "1"
         HALO_MASTER_ADDR_FILE = "$${NOMAD_TASK_DIR}/halo-master-addr"
+        HALO_LOG_DIR = "$${NOMAD_TASK_DIR}/halo-logs"
       }
 
       template {

@@ -89,6 +89,7 @@ job "rl-grpo" {
         HALO_NODE_RANK = "0"
         HALO_MASTER_ADDR = "$${NOMAD_IP_rdzv}"
         HALO_MASTER_PORT = "$${NOMAD_PORT_rdzv}"
+        HALO_LOG_DIR = "$${NOMAD_TASK_DIR}/halo-logs"
         HALO_SERVER_VLLM_ADDRS_FILE = "$${NOMAD_TASK_DIR}/halo-server-vllm-addrs"
       }
 
@@ -1563,6 +1564,7 @@ EOT
         HALO_NODE_RANK = "$${NOMAD_ALLOC_INDEX}"
         HALO_NODE_RANK_OFFSET = "1"
         HALO_MASTER_ADDR_FILE = "$${NOMAD_TASK_DIR}/halo-master-addr"
+        HALO_LOG_DIR = "$${NOMAD_TASK_DIR}/halo-logs"
         HALO_SERVER_VLLM_ADDRS_FILE = "$${NOMAD_TASK_DIR}/halo-server-vllm-addrs"
       }
 

@@ -14,6 +14,8 @@ It behaves like a Nomad server for the calls halo-sched makes, with Nomad's fiel
   framed, from the start or (``origin=end``) the last ``offset`` bytes, optionally following
   until the allocation ends; 404 before the task started or after the client's GC, 500 when the
   node is down (client/fs_endpoint.go, nomad/client_fs_endpoint.go).
+* ``GET /v1/client/fs/ls/<alloc>?path=`` and ``/v1/client/fs/cat/<alloc>?path=``: an allocation's
+  files, from the attached simulator's allocation directory (``fs_ls``/``fs_cat``).
 * ``GET|PUT|DELETE /v1/var/<path>``: Nomad Variables (``variables`` holds them).
 
 Knobs for tests: HTTPS with a given certificate; ACL tokens (403 without a good one; every
@@ -36,8 +38,10 @@ import base64
 import copy
 import fnmatch
 import json
+import os
 import re
 import ssl
+import stat
 import threading
 import time
 import uuid
@@ -1532,12 +1536,117 @@ class FakeNomad:
                 raise _HTTPError(404, f"task {task!r} not started yet. No logs available")
             return (alloc_id, task, kind), query.get("plain", "").lower() in ("true", "1", "t")
 
+    # -- fs/ls and fs/cat: an allocation's files, read from the simulator's allocation directory
+
+    def _fs_alloc_dir(self, alloc_id: str) -> str:
+        """The checks before a client reads an allocation's files, and that allocation's directory
+        in the simulator (client_sim.Allocation.dir: its task directories ``<task>/local``,
+        ``<task>/tmp``... and the shared ``alloc/`` beside them, as client/allocdir lays them out).
+        command/agent/fs_endpoint.go (v2.0.5): an empty alloc id is 400 "must provide a valid alloc
+        id"; nomad/client_fs_endpoint.go (v2.0.5): an allocation the servers do not know is 404,
+        a node they cannot reach 500 (as for logs); client/fs_endpoint.go (v2.0.5) List/stream:
+        an allocation the client garbage-collected is 404."""
+        if not alloc_id:
+            raise _HTTPError(400, "must provide a valid alloc id")
+        with self._lock:
+            if alloc_id not in self._allocs:
+                raise _HTTPError(404, f"Unknown allocation {alloc_id!r}")
+            alloc = self._allocs[alloc_id]
+            node = next((n for n in self.nodes if n.id == alloc.get("NodeID")), None)
+            if node is not None and node.status in ("down", "disconnected"):
+                raise _HTTPError(500, f"Unknown node {node.id!r}: no path to node")  # ErrNoNodeConn
+            sim_alloc = self._sim_allocs.get(alloc_id)
+            if alloc_id in self.gc_logs or sim_alloc is None:
+                raise _HTTPError(404, f"Unknown allocation {alloc_id!r}")
+            return os.path.realpath(sim_alloc.dir)
+
+    @staticmethod
+    def _fs_escapes(base: str, path: str) -> bool:
+        """helper/escapingfs/escapes.go PathEscapesAllocDir (v2.0.5): the path, joined to a
+        placeholder two levels deep, must not climb out of it (PathEscapesAllocViaRelative); and
+        where it exists, its symlinks resolved, it must stay under the allocation directory
+        (pathEscapesBaseViaSymlink; a path that does not exist passes this check)."""
+        placeholder = "/alloc-dir/alloc-id"
+        # Go's filepath.Join cleans the joined path: "/x" joins as "x" would.
+        rel = os.path.relpath(os.path.normpath(placeholder + "/" + path), placeholder)
+        if rel.startswith(".."):
+            return True
+        full = os.path.join(base, path.lstrip("/"))
+        if not os.path.lexists(full):
+            return False
+        resolved = os.path.realpath(full)
+        return not resolved.lower().startswith(base.lower())
+
+    def fs_ls(self, alloc_id: str, path: str) -> list[dict]:
+        """``GET /v1/client/fs/ls/<alloc>?path=``. command/agent/fs_endpoint.go DirectoryListRequest
+        (v2.0.5): no path lists "/"; an error whose text says "no such file or directory" is 404,
+        any other error 500. client/allocdir/alloc_dir.go List (v2.0.5): "Path escapes the alloc
+        directory" when it does; os.ReadDir's entries (sorted by name) as AllocFileInfo."""
+        base = self._fs_alloc_dir(alloc_id)
+        path = path or "/"
+        if self._fs_escapes(base, path):
+            raise _HTTPError(500, "Path escapes the alloc directory")
+        full = os.path.join(base, path.lstrip("/"))
+        try:
+            names = sorted(os.listdir(full))
+        except FileNotFoundError:
+            raise _HTTPError(404, f"open {full}: no such file or directory") from None
+        except NotADirectoryError:
+            raise _HTTPError(500, f"readdirent {full}: not a directory") from None
+        except OSError as err:
+            raise _HTTPError(500, f"open {full}: {err.strerror}") from None
+        out = []
+        for name in names:
+            try:
+                st = os.lstat(os.path.join(full, name))
+            except OSError:
+                continue
+            out.append({"Name": name, "IsDir": stat.S_ISDIR(st.st_mode), "Size": st.st_size,
+                        "FileMode": stat.filemode(st.st_mode), "ModTime": _go_time(st.st_mtime),
+                        "ContentType": ""})
+        return out
+
+    def fs_cat(self, alloc_id: str, path: str) -> bytes:
+        """``GET /v1/client/fs/cat/<alloc>?path=``: the whole file. command/agent/fs_endpoint.go
+        FileCatRequest (v2.0.5): no path is 400 "must provide a file name". client/fs_endpoint.go
+        stream (v2.0.5): the file's Stat failing (no such file, or a path escaping the allocation
+        directory: client/allocdir/alloc_dir.go Stat) is 400 with the error's text, a directory
+        400 'file "P" is a directory'; alloc_dir.go ReadAt refuses the task's secrets/ and private/
+        directories (the stream's error: 500)."""
+        if not path:
+            raise _HTTPError(400, "must provide a file name")
+        base = self._fs_alloc_dir(alloc_id)
+        if self._fs_escapes(base, path):
+            raise _HTTPError(400, "Path escapes the alloc directory")
+        full = os.path.join(base, path.lstrip("/"))
+        try:
+            st = os.stat(full)
+        except OSError as err:
+            raise _HTTPError(400, f"stat {full}: {(err.strerror or str(err)).lower()}") from None
+        if stat.S_ISDIR(st.st_mode):
+            raise _HTTPError(400, f"file {path!r} is a directory".replace("'", '"'))
+        for task in os.listdir(base):
+            for sub, word in (("secrets", "secret"), ("private", "private")):
+                if full.lower().startswith(os.path.join(base, task, sub).lower()):
+                    raise _HTTPError(500, f"Reading {word} file prohibited: {path}")
+        try:
+            with open(full, "rb") as f:
+                return f.read()
+        except OSError as err:
+            raise _HTTPError(500, f"open {full}: {err.strerror}") from None
+
     def _log_text(self, key: tuple[str, str, str]) -> tuple[str, bool]:
         with self._lock:
             alloc = self._allocs.get(key[0])
             ended = alloc is None or alloc["ClientStatus"] in ("complete", "failed", "lost")
             from_sim = self._sim_log(key)
             return (self._logs.get(key, "") if from_sim is None else from_sim), ended
+
+
+def _go_time(t: float) -> str:
+    """A Unix time as Go's time.Time marshals to JSON (RFC 3339, nanoseconds, UTC here)."""
+    ns = int(t * 1e9)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // 10**9)) + f".{ns % 10**9:09d}Z"
 
 
 # ----------------------------------------------------------------------------- status side: helpers
@@ -1700,6 +1809,9 @@ class _Handler(BaseHTTPRequestHandler):
                 record.status = 200
                 self._serve_logs(split.path.rsplit("/", 1)[-1], query)
                 return
+            if split.path.startswith(("/v1/client/fs/cat/", "/v1/client/fs/ls/")):
+                self._serve_fs(split.path, query, record)
+                return
             status, payload = fake._handle(method, split.path, query, body)
             if drop_after is not None:
                 if drop_after[2] is not None:
@@ -1740,6 +1852,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("X-Nomad-KnownLeader", "true")
         self.end_headers()
         self.wfile.write(data)
+
+    def _serve_fs(self, path: str, query: dict[str, str], record: RecordedRequest) -> None:
+        """``fs/ls`` (JSON list) and ``fs/cat`` (the file's bytes): FakeNomad.fs_ls / fs_cat."""
+        kind, _, alloc_id = path[len("/v1/client/fs/"):].partition("/")
+        if kind == "ls":
+            payload = self.fake.fs_ls(alloc_id, query.get("path", ""))
+            record.status = 200
+            self._send(200, json.dumps(payload).encode(), "application/json")
+            return
+        data = self.fake.fs_cat(alloc_id, query.get("path", ""))
+        record.status = 200
+        # command/agent/fs_endpoint.go FsRequest (v2.0.5): cat goes through wrapUntrustedContent,
+        # which forces a Content-Type that no browser renders.
+        self._send(200, data, "text/plain")
 
     def _serve_logs(self, alloc_id: str, query: dict[str, str]) -> None:
         fake = self.fake

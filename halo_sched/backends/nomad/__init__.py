@@ -14,8 +14,8 @@ from typing import Callable, Iterator, Sequence
 from ...errors import HaloError, SchedulerError, UsageError
 from ...launch import submission_id
 from ...models import JobSpec
-from ..base import DryRun, JobState, Scheduler
-from .capabilities import Configured
+from ..base import DryRun, JobState, JobStatus, Scheduler
+from .capabilities import Configured, ReadsAllocFiles
 from .render import SECRETS_META, TASK, client_requirements, job_payload, render_hcl, variable_path
 
 _ID_RE = re.compile(r"^(?:([A-Za-z0-9_-]+):)?(?:([A-Za-z0-9_-]+)/)?([A-Za-z0-9][A-Za-z0-9_.-]*)(?:~v(\d{1,9}))?\Z")
@@ -68,6 +68,11 @@ class _Version:
 
     def allocation_stubs(self, job_ids):
         return self._mine(self.base.allocation_stubs(job_ids))
+
+
+#: A query of at most this many jobs (``status ID``, ``watch``, ``--wait``) also reads the running
+#: allocations' progress files for the stragglers line (progress.py).
+PROGRESS_JOBS = 4
 
 
 def _say(msg: str) -> None:
@@ -305,6 +310,7 @@ class NomadScheduler(Scheduler):
         from .state import job_state
 
         out = {}
+        deadline = None
         for c, items in self._by_client(ids):
             names = [name for _, name in items]
             jobs = {j.get("ID"): j for j in c.job_stubs(names)}
@@ -327,6 +333,14 @@ class NomadScheduler(Scheduler):
                 st = job_state(jobs.get(name), allocs.get(name, []), evals.get(name, []), i)
                 # Which rank failed first: the failure lines in the dead allocations' logs.
                 st.failure = self._failures().report(c, st, allocs.get(name, []))
+                if st.status is JobStatus.RUNNING and len(ids) <= PROGRESS_JOBS and isinstance(c, ReadsAllocFiles):
+                    # The slowest rank, from the running allocations' progress files (progress.py):
+                    # one bounded pass for all the jobs of this query; a listing of many jobs
+                    # keeps its three calls.
+                    from .progress import PASS_S, stragglers_line
+
+                    deadline = deadline or time.monotonic() + PASS_S
+                    st.progress = stragglers_line(c, allocs.get(name, []), deadline)
                 out[i] = st
             self._forget_ended_secrets(c, [(i, name) for i, name in items if out[i].status.terminal
                                            and SECRETS_META in ((jobs.get(name) or {}).get("Meta") or {})

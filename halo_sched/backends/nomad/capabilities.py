@@ -22,4 +22,15 @@ class ReadsLogTail(Protocol):
                  nbytes: int = 65536) -> str | None: ...
 
 
-__all__ = ["Configured", "ReadsLogTail"]
+@runtime_checkable
+class ReadsAllocFiles(Protocol):
+    """A client that lists and reads an allocation's files (Nomad's fs/ls and fs/cat), bounded:
+    None when it cannot (progress.py reads the ranks' progress files with it)."""
+
+    def fs_list(self, alloc_id: str, path: str, timeout_s: float = 2.0) -> list[dict] | None: ...
+
+    def fs_cat(self, alloc_id: str, path: str, max_bytes: int = 65536,
+               timeout_s: float = 2.0) -> bytes | None: ...
+
+
+__all__ = ["Configured", "ReadsAllocFiles", "ReadsLogTail"]

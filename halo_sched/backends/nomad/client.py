@@ -443,6 +443,39 @@ class NomadClient:
             return None
         return data[-nbytes:].decode("utf-8", "replace")
 
+    def fs_list(self, alloc_id: str, path: str, timeout_s: float = 2.0) -> list[dict] | None:
+        """The entries (AllocFileInfo: Name, IsDir, Size...) of a directory of an allocation,
+        ``path`` relative to the allocation directory (``GET /v1/client/fs/ls/:alloc_id``,
+        command/agent/fs_endpoint.go, v2.0.5; needs read-fs). One attempt within ``timeout_s``;
+        None on any failure (404 no such directory, 403, a client the servers cannot reach)."""
+        try:
+            response = self._get(f"/v1/client/fs/ls/{quote(alloc_id, safe='')}", {"path": path},
+                                 min(self.config.timeout_s, timeout_s))
+            entries = response.json()
+        except (HTTPStatusError, requests.RequestException, ValueError):
+            return None
+        return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else None
+
+    def fs_cat(self, alloc_id: str, path: str, max_bytes: int = 65536, timeout_s: float = 2.0) -> bytes | None:
+        """The first ``max_bytes`` bytes of a file of an allocation (``GET /v1/client/fs/cat``:
+        the whole file, streamed; the rest is not read). One attempt; None on any failure (the
+        client answers 400 for a missing file, client/fs_endpoint.go stream, v2.0.5)."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            response = self._get(f"/v1/client/fs/cat/{quote(alloc_id, safe='')}", {"path": path},
+                                 min(self.config.timeout_s, timeout_s), stream=True)
+            try:
+                data = b""
+                for chunk in response.iter_content(chunk_size=16384):
+                    data += chunk
+                    if len(data) >= max_bytes or time.monotonic() > deadline:
+                        break
+            finally:
+                response.close()
+        except (HTTPStatusError, requests.RequestException):
+            return None
+        return data[:max_bytes]
+
     def _iter_text(self, response: requests.Response, what: str) -> Iterator[str]:
         # Decode incrementally: a multi-byte UTF-8 character can straddle two network chunks.
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")

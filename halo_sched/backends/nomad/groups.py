@@ -17,6 +17,7 @@ from . import servers as nomad_servers
 from .names import (
     ENTRY_PATH, LEADER_GROUP, MASTER_FILE, PORT_LABEL, TASK, WORKER_RANK_OFFSET, service_name,
 )
+from .progress import LOG_DIR_IN_TASK
 from .secrets import secret_wiring
 
 
@@ -89,6 +90,10 @@ def _task(launch: Launch, group: str, entry: str, delims: tuple[str, str]) -> di
         # noop: the file is rewritten when rank 0 registers; the entry script polls it.
         templates.append({"EmbeddedTmpl": master_template(rdzv_service_key(launch, job_id)), "DestPath": MASTER_FILE, "ChangeMode": "noop"})
 
+    # The entry script keeps its logs and the ranks' progress files inside the task directory,
+    # where the client serves them (fs/ls, fs/cat) to `status` and `timeline` (progress.py); the
+    # allocation's directory goes with the allocation. A user's own HALO_LOG_DIR (env) wins.
+    env[NAMES.log_dir] = LOG_DIR_IN_TASK
     if launch.restart_count:  # a retry of its run (halo_sched/runs.py): the ranks learn which attempt
         env[NAMES.restart_count] = str(launch.restart_count)
     secret_env, secret_templates = secret_wiring(job_id, list(launch.trainer.secret_names))
