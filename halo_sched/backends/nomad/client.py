@@ -121,36 +121,7 @@ class NomadClient:
         the job is read back: the job with our token means the earlier attempt took effect.
         A 4xx fails at once with Nomad's words.
         """
-        body = self._with_scope(payload)
-        job_id = body["Job"]["ID"]
-        if (body["Job"].get("Meta") or {}).get(TOKEN_META) != token:
-            raise UsageError(f"the job payload must carry its submission token in Meta.{TOKEN_META}")
-        body = {**body, "EnforceIndex": True, "JobModifyIndex": 0}
-        what = f"register job {job_id!r}"
-
-        def send() -> dict:
-            try:
-                return self._call_once(what, self._request, "POST", "/v1/jobs", json=body)
-            except NomadAPIError as exc:
-                if exc.status == 500 and ENFORCE_INDEX_ERR in exc.body:
-                    raise Ambiguous(f"Nomad says the job already exists ({exc.body.strip()})") from exc
-                raise
-
-        def lookup() -> dict | None:
-            try:
-                job = self._call_once(f"read job {job_id!r}", self._read_job, job_id)
-            except NomadAPIError as exc:
-                if exc.status == 404:
-                    return None
-                raise
-            if (job.get("Meta") or {}).get(TOKEN_META) != token:
-                raise SchedulerError(f"Nomad already has a job {job_id!r} that this submission did not create; "
-                                     "nothing was submitted (submit again for a fresh id)")
-            return {"EvalID": job.get("EvalID", ""), "JobModifyIndex": job.get("JobModifyIndex"), "Warnings": "",
-                    "found_after_retry": True}
-
-        return run_once(what, send, lookup, retry_s, token=token, sleep=self._sleep, on_retry=on_retry,
-                        who="Nomad", not_done="the job was not submitted")
+        return self._register_once(payload, token, 0, retry_s, on_retry)
 
     def read_job(self, job_id: str) -> dict:
         """The whole job (``GET /v1/job/:id``): Version, JobModifyIndex, Meta."""
@@ -166,42 +137,55 @@ class NomadClient:
         failure that may have reached Nomad, or a conflict, the job is read back; our token in it
         means our register took effect (the job's new version); another's means another process
         registered a version since, and this one registers nothing (a SchedulerError)."""
+        if not isinstance(job_modify_index, int) or job_modify_index <= 0:
+            raise UsageError("a new version is registered against the job's JobModifyIndex (> 0)")
+        return self._register_once(payload, token, job_modify_index, retry_s, on_retry)
+
+    def _register_once(self, payload: dict, token: str, index: int, retry_s: float | None,
+                       on_retry: Callable[[str], None] | None) -> dict:
+        """One register, exactly once (submit_job: ``index`` 0, create only; reregister_job: the
+        job's JobModifyIndex as read before, a new version). After a failure that may have reached
+        Nomad, or Nomad's EnforceIndex refusal, the job is read back and its token decides."""
         body = self._with_scope(payload)
         job_id = body["Job"]["ID"]
         if (body["Job"].get("Meta") or {}).get(TOKEN_META) != token:
             raise UsageError(f"the job payload must carry its submission token in Meta.{TOKEN_META}")
-        if not isinstance(job_modify_index, int) or job_modify_index <= 0:
-            raise UsageError("a new version is registered against the job's JobModifyIndex (> 0)")
-        body = {**body, "EnforceIndex": True, "JobModifyIndex": job_modify_index}
-        what = f"register a new version of job {job_id!r}"
+        body = {**body, "EnforceIndex": True, "JobModifyIndex": index}
+        what = f"register job {job_id!r}" if index == 0 else f"register a new version of job {job_id!r}"
+        path = "/v1/jobs" if index == 0 else _job_path(job_id)
 
         def send() -> dict:
             try:
-                return self._call_once(what, self._request, "POST", _job_path(job_id), json=body)
+                return self._call_once(what, self._request, "POST", path, json=body)
             except NomadAPIError as exc:
                 if exc.status == 500 and ENFORCE_INDEX_ERR in exc.body:
                     # Ours, sent before and answered too late, or another's: the read-back tells.
-                    raise Ambiguous(f"Nomad refused the version ({exc.body.strip()})") from exc
+                    raise Ambiguous(f"Nomad refused the register ({exc.body.strip()})") from exc
                 raise
 
         def lookup() -> dict | None:
             try:
                 job = self._call_once(f"read job {job_id!r}", self._read_job, job_id)
             except NomadAPIError as exc:
-                if exc.status == 404:
-                    raise SchedulerError(f"Nomad no longer has job {job_id!r}; no new version was registered") from exc
-                raise
+                if exc.status != 404:
+                    raise
+                if index == 0:
+                    return None  # not there: send it
+                raise SchedulerError(f"Nomad no longer has job {job_id!r}; no new version was registered") from exc
             if (job.get("Meta") or {}).get(TOKEN_META) == token:
-                return {"JobModifyIndex": job.get("JobModifyIndex"), "Version": job.get("Version"), "Warnings": "",
-                        "found_after_retry": True}
-            if job.get("JobModifyIndex") != job_modify_index:
+                return {"EvalID": job.get("EvalID", ""), "JobModifyIndex": job.get("JobModifyIndex"),
+                        "Version": job.get("Version"), "Warnings": "", "found_after_retry": True}
+            if index == 0:
+                raise SchedulerError(f"Nomad already has a job {job_id!r} that this submission did not create; "
+                                     "nothing was submitted (submit again for a fresh id)")
+            if job.get("JobModifyIndex") != index:
                 raise SchedulerError(f"job {job_id!r} was registered again by another process since it was read "
-                                     f"(JobModifyIndex {job_modify_index} -> {job.get('JobModifyIndex')}, version "
+                                     f"(JobModifyIndex {index} -> {job.get('JobModifyIndex')}, version "
                                      f"{job.get('Version')}); this one registered nothing")
             return None
 
-        return run_once(what, send, lookup, retry_s, token=token, sleep=self._sleep, on_retry=on_retry,
-                        who="Nomad", not_done="no new version was registered")
+        return run_once(what, send, lookup, retry_s, token=token, sleep=self._sleep, on_retry=on_retry, who="Nomad",
+                        not_done="the job was not submitted" if index == 0 else "no new version was registered")
 
     def put_variable(self, path: str, items: dict[str, str], retry_s: float | None = None,
                      on_retry: Callable[[str], None] | None = None) -> None:
