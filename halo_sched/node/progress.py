@@ -16,7 +16,7 @@ two steps should report the same step again now and then.
 :func:`report` below writes the same lines without a system call per step: the file is a ring
 of ``SLOTS`` fixed-width lines (one page) mapped into memory and rewritten in place, so a report
 costs about half a microsecond and never touches the file system's metadata (a ``write`` per
-step updated the file's times, measurably on a short step: docs/failures.md, "Hangs"). It keeps
+step costs 1-2 us and updates the file's times each step; docs/failures.md, "Hangs"). It keeps
 the last ``SLOTS`` reports, enough for the stragglers' window; the longer history (``halo-sched
 timeline``) is ``rank-$RANK.history``, the same lines appended at most every ``HISTORY_S``
 seconds (one ``write`` per interval, about 230 KB an hour). On its first call it also
