@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import halo_sched
+import halo_sched.spec  # the module itself: `import halo_sched` loads it lazily, on first use
 from halo_sched.errors import SpecError
 from halo_sched.backends.nomad.render import delimiters, job_payload, render_hcl
 from halo_sched.backends.slurm.render import render_sbatch
@@ -122,7 +122,7 @@ def test_nomad_job_carries_user_text_only_in_the_entry_template(value, arg):
     job = job_payload(spec)["Job"]
     entry = entry_script(spec)
     runtime = {"0", "1", "${NOMAD_IP_rdzv}", "${NOMAD_PORT_rdzv}", "${NOMAD_ALLOC_INDEX}",
-               "${NOMAD_TASK_DIR}/halo-master-addr"}
+               "${NOMAD_TASK_DIR}/halo-master-addr", "${NOMAD_TASK_DIR}/halo-logs"}
     for g in job["TaskGroups"]:
         t = g["Tasks"][0]
         # Env and args hold only names Nomad defines; no user text is runtime-interpolated.

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-import halo_sched
+import halo_sched.spec  # the module itself: `import halo_sched` loads it lazily, on first use
 from halo_sched import preflight
 from halo_sched.node.trainers import preflight_bw
 from helpers import REPO, cli, example_job, free_port
