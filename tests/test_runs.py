@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-import halo_sched
+import halo_sched.errors  # the module itself: `import halo_sched` loads it lazily
 from halo_sched.backends.jobstate import JobState, JobStatus
 from halo_sched.node.failure_classes import Classification
 from halo_sched.runs import next_spec, retry_kind, wants_retry

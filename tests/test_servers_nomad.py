@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-import halo_sched.spec  # the module itself: `import halo_sched` loads it lazily, on first use
+import halo_sched.errors
+import halo_sched.spec  # the modules themselves: `import halo_sched` loads them lazily, on first use
 from halo_sched.backends.nomad.render import job_payload, render_hcl, variable_path
 from halo_sched.launch import submission_id
 from halo_sched.backends.nomad.servers import service_name
