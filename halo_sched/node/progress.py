@@ -59,7 +59,7 @@ def report(step: int) -> None:
     except IndexError:  # a step of more than 13 digits: the line would not fit its slot
         return
     _count += 1
-    if now >= _next_history and _history is not None:
+    if now >= _next_history:  # _open() opened the history with the ring
         _next_history = now + HISTORY_S
         try:
             os.write(_history, line)
