@@ -81,8 +81,18 @@ def _run_nomad(spec, tmp_path, dynamic_port=None):
         assert tpl["LeftDelim"] not in tpl["EmbeddedTmpl"] and tpl["RightDelim"] not in tpl["EmbeddedTmpl"]
         for index in range(g["Count"]):
             port = str(spec.rendezvous.port or dynamic_port)
-            node_env = {k: v.replace("${NOMAD_IP_rdzv}", "127.0.0.1").replace("${NOMAD_ALLOC_INDEX}", str(index))
-                        .replace("${NOMAD_PORT_rdzv}", port) for k, v in task["Env"].items()}
+            task_dir = tmp_path / f"{g['Name']}-{index}-local"
+            task_dir.mkdir()
+            # What the client interpolates into this task's Env (the task directory too: left
+            # as written, "${NOMAD_TASK_DIR}/halo-logs" is a relative path, made in the cwd).
+            client = {"${NOMAD_IP_rdzv}": "127.0.0.1", "${NOMAD_ALLOC_INDEX}": str(index),
+                      "${NOMAD_PORT_rdzv}": port, "${NOMAD_TASK_DIR}": str(task_dir)}
+            node_env = {}
+            for k, v in task["Env"].items():
+                for var, value in client.items():
+                    v = v.replace(var, value)
+                assert "${NOMAD_" not in v, (k, v)
+                node_env[k] = v
             if "HALO_MASTER_ADDR_FILE" in node_env:
                 addr = tmp_path / f"{g['Name']}-{index}-master"
                 # What the nomadService template renders once rank 0 is up: address, then port.
