@@ -27,11 +27,14 @@ This module knows no scheduler; it renders ``halo_sched/templates/entry.sh.j2``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .node import source as node_source
 from .node.contract import DERIVED_PORTS, INDEX_TAG, NAMES, WARNING_CARRIER, EnvNames
-from .models import JobSpec
 from .templating import RenderError, check, checked_int, heredoc_tag, render_template
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .models import JobSpec
 
 #: The SLURM job's one output file (sbatch's filename pattern): every node writes into it.
 SLURM_OUTPUT = "halo-%x-%j.out"

@@ -120,7 +120,7 @@ def _settle_times(sched: Scheduler, ids: list[str]) -> None:
 
 def next_spec(spec, run_id: str, number: int, exclude: tuple[str, ...], git: dict | None):
     """The spec of attempt ``number`` of run ``run_id``: the same spec, keeping off ``exclude``."""
-    from .models import Attempt
+    from .jobfile_rules import Attempt
 
     nxt = spec.model_copy()
     nxt._job_file = spec._job_file

@@ -23,9 +23,13 @@ with '-' as '_' (names allow only lower-case letters, digits and '-', so two rol
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .launch import Launch, ServerRole, compile_launch
-from .models import JobSpec, Server
 from .templating import render_template
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .models import JobSpec, Server
 
 
 def render_server(launch: Launch, role: ServerRole) -> str:

@@ -19,13 +19,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from ..errors import SchedulerError, UsageError, shown
 from ..records import Unreadable, home, read_json, read_small
 from ..launch import Launch, compile_launch, render_entry, submission_id
 from ..node.contract import DERIVED_PORTS, NAMES
-from ..models import JobSpec
 from ..servers import local_addr, render_server
 from ..templating import render_template
 from .base import DryRun, JobState, JobStatus, Scheduler, missing_output, tail_lines
@@ -33,6 +32,9 @@ from .watcher import wait_loop
 # The supervisor's run-time code and the process helpers shared with it live there, once.
 from ..node.local_supervisor import CANCEL_MARK, failure_report
 from ..node.processes import same_process, start_time, stop_tagged, tagged, wait_exit, write_json
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..models import JobSpec
 
 LOCAL_MASTER = "127.0.0.1"
 START_GRACE_S = 30.0  # a job this young with no supervisor pid yet is still starting

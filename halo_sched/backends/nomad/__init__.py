@@ -9,14 +9,16 @@ import os
 import re
 import sys
 import time
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ...errors import HaloError, SchedulerError, UsageError
 from ...launch import submission_id
-from ...models import JobSpec
 from ..base import DryRun, JobState, JobStatus, Scheduler
 from .capabilities import Configured, ReadsAllocFiles
 from .render import SECRETS_META, TASK, client_requirements, job_payload, render_hcl, variable_path
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ...models import JobSpec
 
 _ID_RE = re.compile(r"^(?:([A-Za-z0-9_-]+):)?(?:([A-Za-z0-9_-]+)/)?([A-Za-z0-9][A-Za-z0-9_.-]*)(?:~v(\d{1,9}))?\Z")
 
@@ -229,7 +231,6 @@ class NomadScheduler(Scheduler):
             raise UsageError(f"{previous_id!r} is not a Nomad job id of a run")
         region, namespace, name, _ = m.groups()
         prefix = f"{region + ':' if region else ''}{namespace + '/' if namespace else ''}"
-        nm = spec.nomad
         client = self._client_for(namespace, region)
         payload = job_payload(spec, name)
         token = payload["Job"]["Meta"][TOKEN_META] = new_token()

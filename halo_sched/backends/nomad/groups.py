@@ -6,9 +6,9 @@ rescheduled or replaced (``lost_after_ns``)."""
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 from ...launch import Launch, ServerRole
-from ...models import JobSpec
 from ...node.contract import NAMES
 from ...servers import render_server
 from ...templating import checked_int, checked_text
@@ -19,6 +19,9 @@ from .names import (
 )
 from .progress import LOG_DIR_IN_TASK
 from .secrets import secret_wiring
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ...models import JobSpec
 
 
 def delimiters(text: str) -> tuple[str, str]:

@@ -56,9 +56,10 @@ filters check again.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ...errors import SpecError
 from ...launch import Launch, compile_launch, render_entry
-from ...models import JobSpec
 from ...templating import check, checked_int, render_template
 from . import servers as nomad_servers
 from .client_settings import ClientNeed, client_needs
@@ -71,6 +72,9 @@ from .names import (
     WORKER_RANK_OFFSET, alloc_index, group_counts, node_rank_of, service_name, variable_path,
 )
 from .secrets import SECRET_PERMS, secret_owner, secret_template, secret_wiring
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ...models import JobSpec
 
 # The names other modules and tests import from here, wherever they are defined.
 __all__ = [

@@ -3,10 +3,14 @@ job's Nomad Variable (``variable_path``) into files of the task's secrets direct
 read those files."""
 from __future__ import annotations
 
-from ...models import JobSpec
+from typing import TYPE_CHECKING
+
 from ...node.contract import NAMES
 from ...templating import check, checked_int
 from .names import variable_path
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ...models import JobSpec
 
 #: The secret files' mode: their owner reads them (secret_owner says who that is).
 SECRET_PERMS = "0400"

@@ -14,14 +14,16 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from ...errors import HaloError, SchedulerError
-from ...models import JobSpec
 from ..base import DryRun, EndWatch, JobState, JobStatus, Scheduler
 from ...launch import compile_launch
 from .render import render_batch, render_sbatch
 from .capabilities import CancelsOnce, Lists, SubmitsOnce
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ...models import JobSpec
 
 __all__ = ["LIST_ASK_S", "SUBMIT_CHECK_S", "SlurmScheduler", "output_problems"]
 

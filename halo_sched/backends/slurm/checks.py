@@ -6,13 +6,16 @@ What the transport can read of the cluster (partitions, ``scontrol show config``
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from ...errors import HaloError, SchedulerError
 from ...launch import compile_launch
-from ...models import JobSpec
 from .capabilities import Lists, Named, ReadsConfig, ReadsPartitions, TestsOnly
 from .outputs import output_problems
 from .render import render_batch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ...models import JobSpec
 
 
 def one_line(err: object) -> str:

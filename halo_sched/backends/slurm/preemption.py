@@ -18,8 +18,11 @@ GraceTime; this reads the cluster-wide settings.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-from ...models import JobSpec
+if TYPE_CHECKING:  # pragma: no cover
+    from ...models import JobSpec
+
 
 _LINE_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*=\s?(.*?)\s*$")
 # PreemptParameters=send_user_signal is read from this release on.

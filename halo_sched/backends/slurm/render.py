@@ -5,12 +5,16 @@ a full-match pattern (or as a number) as it is written, and again by the templat
 whatever the model holds (``model_copy`` does not validate), nothing but a valid value is written."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ...errors import SpecError
 from ...launch import Launch, compile_launch, render_entry
 from ...servers import render_server
-from ...models import JobSpec
 from ...templating import RenderError, check, checked_int, heredoc_tag, render_template, sh_quote
 from .progress import mirror_shell
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ...models import JobSpec
 
 # CPUs each rank gets by default (slurm.cpus_per_task unset, slurm.exclusive false): the node's one
 # task (its torchrun) asks for nproc_per_node x this. Without any, `--ntasks-per-node=1` gets one
