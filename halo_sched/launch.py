@@ -26,8 +26,7 @@ This module knows no scheduler; it renders ``halo_sched/templates/entry.sh.j2``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .node import source as node_source
 from .node.contract import DERIVED_PORTS, INDEX_TAG, NAMES, WARNING_CARRIER, EnvNames
@@ -42,8 +41,7 @@ SLURM_OUTPUT = "halo-%x-%j.out"
 Env = tuple[tuple[str, str], ...]  # (name, value) in order: the derived variables, then the user's
 
 
-@dataclass(frozen=True)
-class Trainer:
+class Trainer(NamedTuple):
     """The trainer's node group: nodes 0..nodes-1 of the job, one torchrun each."""
 
     nodes: int
@@ -60,8 +58,7 @@ class Trainer:
     offset: int = 0
 
 
-@dataclass(frozen=True)
-class ServerRole:
+class ServerRole(NamedTuple):
     """One role of ``servers:``: one server per node, on nodes of its own."""
 
     index: int  # its place in ``servers:``
@@ -85,8 +82,7 @@ class ServerRole:
     addrs_file_var: str
 
 
-@dataclass(frozen=True)
-class Rendezvous:
+class Rendezvous(NamedTuple):
     """Rank 0's port: ``port`` when the job file sets it; else each backend derives the job's own
     (SLURM from its id within ``derived``, skipping ``avoid``; local a free one of ``derived``;
     Nomad a dynamic port)."""
@@ -99,8 +95,7 @@ class Rendezvous:
     avoid: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class WarningSignal:
+class WarningSignal(NamedTuple):
     """The preemption/time-limit warning: ``signal`` is what a trainer gets (``slurm.signal``'s,
     USR2 by default; torchrun ignores it, the trainer handles it); ``carrier`` takes it to every
     node's entry script, which hands ``signal`` on to the ranks."""
@@ -115,8 +110,7 @@ class WarningSignal:
     carrier: str = WARNING_CARRIER
 
 
-@dataclass(frozen=True)
-class Launch:
+class Launch(NamedTuple):
     """One job, compiled: what every renderer writes, and nothing else."""
 
     #: The validated job file, for what only one scheduler's renderer reads (its own section).
@@ -276,8 +270,7 @@ def compile_launch(spec: JobSpec, job_id: str | None = None, exclude_hosts=None)
     )
 
 
-@dataclass(frozen=True)
-class _Gate:
+class _Gate(NamedTuple):
     fabric: str
     gdr: int
     min_busbw: str = ""  # GB/s as digits, "" without preflight.min_busbw

@@ -21,16 +21,14 @@ trainer reads the same layout the rules passed. No torch, no I/O.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class LayoutWarning(UserWarning):
     """A layout that runs but not as the user likely means (HSDP inside one domain)."""
 
 
-@dataclass(frozen=True)
-class Layout:
+class Layout(NamedTuple):
     world: int
     nodes: int
     per_node: int

@@ -29,9 +29,8 @@ import os
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import store
 from .errors import UsageError
@@ -82,8 +81,7 @@ def expiry_hours(value: Any = None) -> float:
     return hours
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
     host: str
     reason: str
     job: str
@@ -96,7 +94,7 @@ class Entry:
         return self.expires > (time.time() if now is None else now)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return self._asdict()
 
 
 class Corrupt(ValueError):

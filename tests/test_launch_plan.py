@@ -2,7 +2,6 @@
 reads; what a backend needs after rendering comes from it, never from the rendered text."""
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ servers:
 
 def test_the_plan_is_immutable_and_holds_each_fact():
     launch = compile_launch(halo_sched.loads(SPEC + "slurm: {signal: 'HUP@60', extra_args: ['--clusters=far']}\n"))
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         launch.name = "other"  # type: ignore[misc]
     hash(launch.trainer), hash(launch.servers), hash(launch.rendezvous)  # all-tuple fields: hashable
     assert [(r.name, r.offset, r.nodes, r.port, r.gpus, r.image) for r in launch.servers] == [
