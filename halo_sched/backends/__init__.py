@@ -8,7 +8,7 @@ import importlib
 import os
 
 from ..errors import UsageError
-from .base import DryRun, Job, JobState, JobStatus, Scheduler
+from .base import DryRun, Job, Scheduler
 
 BUILTIN = {
     "local": "halo_sched.backends.local:LocalScheduler",
@@ -19,6 +19,15 @@ BUILTIN = {
 DEFAULT = "local"
 
 __all__ = ["BUILTIN", "DEFAULT", "DryRun", "Job", "JobState", "JobStatus", "Scheduler", "default", "get", "names"]
+
+
+def __getattr__(name: str):
+    """JobState and JobStatus, named here too: imported when first asked for (base.py)."""
+    if name in ("JobState", "JobStatus"):
+        from . import jobstate
+
+        return getattr(jobstate, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def default() -> str:

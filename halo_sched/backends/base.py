@@ -21,10 +21,19 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
-from .jobstate import JobState, JobStatus, NomadDetail, SlurmDetail
-
 if TYPE_CHECKING:  # pragma: no cover
     from ..spec import JobSpec
+    from .jobstate import JobState
+
+
+def __getattr__(name: str):
+    """The job states (jobstate.py) are named here too, and imported when first asked for: a
+    scheduler's render path (`halo-sched render`) reads no job state."""
+    if name in ("JobState", "JobStatus", "NomadDetail", "SlurmDetail"):
+        from . import jobstate
+
+        return getattr(jobstate, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _new_token() -> str:
@@ -310,7 +319,7 @@ class EndWatch:
                 return
             self.outage.seen(state)
             self.last = state
-            if state.status.terminal or state.status is JobStatus.UNKNOWN:
+            if state.status.terminal or state.status.value == "UNKNOWN":
                 self._ended.set()
                 return
             self._stop.wait(self.poll)
@@ -327,6 +336,8 @@ class EndWatch:
 def missing_output(path, state: JobState | None) -> str:
     """Why a job's output file is not there, in words true to what its state says: removed after
     the job ended, not created yet while it waits to start, ..."""
+    from .jobstate import JobStatus
+
     status = state.status if state is not None else JobStatus.UNKNOWN
     if status is JobStatus.COMPLETED:
         return f"output file {path} is gone: the job COMPLETED, and the file was removed since"

@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 from ...errors import HaloError, SchedulerError
-from ..base import DryRun, EndWatch, JobState, JobStatus, Scheduler
+from ..base import DryRun, EndWatch, Scheduler
 from ...launch import compile_launch
 from .render import render_batch, render_sbatch
 from .capabilities import CancelsOnce, Lists, SubmitsOnce
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...models import JobSpec
+    from ..jobstate import JobState
 
 __all__ = ["LIST_ASK_S", "SUBMIT_CHECK_S", "SlurmScheduler", "output_problems"]
 
@@ -37,8 +38,8 @@ def __getattr__(name: str):
         return output_problems
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-# Ends of one run after which SLURM may requeue the job (sbatch --requeue).
-_MAY_REQUEUE = {JobStatus.PREEMPTED, JobStatus.NODE_FAIL}
+# Ends of one run after which SLURM may requeue the job (sbatch --requeue): JobStatus values.
+_MAY_REQUEUE = {"PREEMPTED", "NODE_FAIL"}
 
 
 def _say(msg: str) -> None:
@@ -171,9 +172,11 @@ class SlurmScheduler(Scheduler):
             raise SchedulerError(f"SLURM did not answer within {self._list_bound:g} s ({cause})") from err
 
     def _query(self, ids: Sequence[str]) -> dict[str, JobState]:
+        from ..jobstate import JobStatus
+
         states = self.transport.query(list(ids))
         for job_id, state in states.items():
-            if state.status in _MAY_REQUEUE and state.slurm is not None and state.slurm.source == "sacct":
+            if state.status.value in _MAY_REQUEUE and state.slurm is not None and state.slurm.source == "sacct":
                 states[job_id] = self._live(job_id, state)
         for job_id, state in states.items():
             if state.status is JobStatus.FAILED and state.reason.startswith("JobLaunchFailure"):
@@ -216,6 +219,7 @@ class SlurmScheduler(Scheduler):
     def _live(self, job_id: str, state: JobState) -> JobState:
         """sacct records a requeued run's end (PREEMPTED, NODE_FAIL) before the job is pending
         again; slurmctld itself shows such a job as REQUEUED/PENDING at once, so ask it."""
+        from ..jobstate import JobStatus
         from .status import scontrol_job_state
 
         try:
@@ -229,6 +233,7 @@ class SlurmScheduler(Scheduler):
         """Until the job ends; a job pending for a reason that can never clear (reasons.py:
         PartitionNodeLimit, DependencyNeverSatisfied, ...) is cancelled at once and the wait ends
         CANCELLED with what to change in the job file (``verdict``)."""
+        from ..jobstate import JobStatus
         from .pending import NeverStarts
         from .reasons import never_clears  # not on the render path
 
@@ -275,6 +280,8 @@ class SlurmScheduler(Scheduler):
         return ended
 
     def progress(self, state: JobState) -> str:
+        from ..jobstate import JobStatus
+
         if state.status is JobStatus.PENDING and not state.verdict:
             from .pending import pending_words
 
