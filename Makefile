@@ -19,10 +19,10 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: demo test test-fast install hcl-parser cluster-up cluster-down bench bench-failures clean
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)") "$(TORCH)"
-	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[train,dev]"
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[train,dev]"
 	touch $@
 
 # Node.js from Debian's packages when missing, then the pinned parser (package-lock.json).

@@ -69,6 +69,13 @@ def test_the_compiled_validator_is_current():
         "halo_sched/jobfile_validator.py is stale: run python -m halo_sched.jobfile_codegen"
 
 
+def test_the_test_environment_pins_the_pydantic_core_it_was_generated_with():
+    pins = dict(line.split("==") for line in (REPO / "constraints.txt").read_text().splitlines()
+                if line and not line.startswith("#"))
+    assert pins["pydantic-core"] == jobfile_validator.PYDANTIC_CORE, \
+        "constraints.txt and halo_sched/jobfile_validator.py name different pydantic-core versions"
+
+
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_every_example_reads_the_same_both_ways(path):
     with warnings.catch_warnings():
@@ -178,7 +185,7 @@ def job_files(draw):
                 if draw(st.booleans()) and path[-1] in node and len(path) > 1:
                     del node[path[-1]]
                 else:
-                    node[path[-1]] = draw(VALUES)
+                    node[path[-1]] = copy.deepcopy(draw(VALUES))  # a later path may write into it
     return data
 
 
