@@ -1,11 +1,13 @@
 """Shared test helpers: fake torchrun/srun/scontrol that record what a node would really run."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -221,6 +223,47 @@ def load_nomad_helper(name: str):
     sys.modules[mod_name] = module
     spec.loader.exec_module(module)
     return module
+
+
+#: The token the fake Nomad API is started with in the simulator tests (nomad_sim_job).
+SIM_TOKEN = "tok-sim"
+
+
+@contextlib.contextmanager
+def nomad_sim_job(tmp_path: Path, fields: dict, nodes: int = 2):
+    """A job submitted to the fake Nomad API (tests/nomad/fake_api.py, the servers) whose
+    allocations run for real in the client simulator (tests/nomad/client_sim.py, the clients) on
+    ``nodes`` CPU nodes: the job file's ``fields`` over 2 processes a node, raw_exec, a free
+    rendezvous port (60 s timeout) and one thread per rank. Yields (fake, scheduler, cluster,
+    job id); the simulator's exits and logs come back through the API, nothing copied by hand."""
+    from halo_sched.backends.nomad import NomadScheduler
+    from halo_sched.backends.nomad.client import NomadClient, NomadConfig
+    from halo_sched.models import JobSpec
+
+    fake_api, client_sim = load_nomad_helper("fake_api"), load_nomad_helper("client_sim")
+    spec = JobSpec.model_validate({"nproc_per_node": 2, "env": {"OMP_NUM_THREADS": "1"},
+                                   "rendezvous": {"port": free_port(), "timeout_s": 60},
+                                   "nomad": {"driver": "raw_exec"}, **fields})
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    with fake_api.FakeNomad([fake_api.FakeNode(f"sim-{i}", gpus=0) for i in range(nodes)], token=SIM_TOKEN) as fake:
+        sched = NomadScheduler(client=NomadClient(NomadConfig(address=fake.address, token=SIM_TOKEN, retry_attempts=1)))
+        dry = sched.dryrun(spec)
+        with client_sim.SimCluster(dry.payload["Job"], tmp_path / "nomad", host_env=env) as cluster:
+            fake.attach_sim(cluster)
+            job_id = sched.schedule(dry)
+            assert job_id == dry.payload["Job"]["ID"]
+            yield fake, sched, cluster, job_id
+
+
+def wait_dead(fake, sched, job_id: str, timeout: float) -> None:
+    """Query the job as a watcher polls (the fake follows the simulator) until Nomad has it dead,
+    at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sched.query([job_id])
+        if fake.job_record(job_id)["Status"] == "dead":
+            return
+        time.sleep(0.5)
 
 
 def live_group_members(pgid: int) -> list[int]:

@@ -3,20 +3,15 @@ ended allocations' task logs through the fake API (issue 21). The lines are thos
 monitor writes (record_line); the whole monitor runs for real in test_hang_local/slurm."""
 from __future__ import annotations
 
-import os
 import re
-import sys
 import time
 
 import pytest
 
 from halo_sched.backends.base import JobStatus
-from halo_sched.backends.nomad import NomadScheduler
-from halo_sched.backends.nomad.client import NomadClient, NomadConfig
-from halo_sched.models import JobSpec
 from halo_sched.node.failure_collector import record_line
-from helpers import REPO, free_port, load_nomad_helper
-from test_nomad_failure_report import TOKEN, FakeNode, FakeNomad, fail, nodes, submit
+from helpers import REPO, nomad_sim_job, wait_dead
+from test_nomad_failure_report import TOKEN, FakeNomad, fail, nodes, submit
 
 T0 = 1_800_000_000.0
 
@@ -49,33 +44,13 @@ def test_sim_a_stuck_rank_ends_the_nomad_job_as_hung(tmp_path):
     """Real torchrun in the client simulator: 2 nodes x 2 ranks, rank 3 (node 1) stops after step
     4 while the others wait in an all_reduce; both nodes' monitors end their allocations and the
     status, read through the fake API, names rank 3."""
-    client_sim = load_nomad_helper("client_sim")
-    spec = JobSpec.model_validate({
-        "name": "sim-hang", "nodes": 2, "nproc_per_node": 2,
-        "trainer": {"script": str(REPO / "tests" / "trainers" / "hang.py"), "args": ["--stuck-rank", "3"]},
-        "env": {"OMP_NUM_THREADS": "1"},
-        "rendezvous": {"port": free_port(), "timeout_s": 60},
-        "nomad": {"driver": "raw_exec"},
-        "hang": {"timeout_s": 15},
-    })
-    env = dict(os.environ)
-    env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
-    with FakeNomad([FakeNode(f"sim-{i}", gpus=0) for i in range(2)], token=TOKEN) as fake:
-        client = NomadClient(NomadConfig(address=fake.address, token=TOKEN, retry_attempts=1))
-        sched = NomadScheduler(client=client)
-        dry = sched.dryrun(spec)
-        with client_sim.SimCluster(dry.payload["Job"], tmp_path / "nomad", host_env=env) as cluster:
-            fake.attach_sim(cluster)
-            job_id = sched.schedule(dry)
-            deadline = time.monotonic() + 150
-            while time.monotonic() < deadline:
-                st = sched.query([job_id])[job_id]  # as a watcher polls: the fake follows the simulator
-                if fake.job_record(job_id)["Status"] == "dead":
-                    break
-                time.sleep(0.5)
-            ended = time.time()
-            logs = {a.name: cluster.stderr(a.name)[-3000:] for a in cluster.allocations}
-            st = sched.query([job_id])[job_id]
+    fields = {"name": "sim-hang", "nodes": 2, "hang": {"timeout_s": 15},
+              "trainer": {"script": str(REPO / "tests" / "trainers" / "hang.py"), "args": ["--stuck-rank", "3"]}}
+    with nomad_sim_job(tmp_path, fields) as (fake, sched, cluster, job_id):
+        wait_dead(fake, sched, job_id, 150)
+        ended = time.time()
+        logs = {a.name: cluster.stderr(a.name)[-3000:] for a in cluster.allocations}
+        st = sched.query([job_id])[job_id]
         assert fake.job_record(job_id)["Status"] == "dead", logs
     assert st.status is JobStatus.FAILED and st.failure is not None and st.failure.kind == "HUNG", (st.describe(), logs)
     assert re.match(r"FAILED: HUNG after step 4: rank 3 \(node 1, host [^,]+, local rank 1\) made no progress for "

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 
 import pytest
 import yaml
@@ -17,7 +16,7 @@ import halo_sched.spec
 from halo_sched.backends.base import JobStatus
 from halo_sched.backends.nomad import NomadScheduler
 from halo_sched.backends.nomad.client import NomadClient, NomadConfig
-from helpers import REPO, cli, load_nomad_helper
+from helpers import REPO, cli, load_nomad_helper, nomad_sim_job, wait_dead
 
 TAG = "halo-sched-failure"  # docs/failures.md's line format: `halo-sched-failure {json}`
 
@@ -170,39 +169,13 @@ def test_sim_three_nodes_rank_on_node_2_fails_first(tmp_path):
     """Real torchrun in the client simulator: 3 nodes x 2 ranks, rank 5 (node 2, local rank 1)
     raises; the others fail after it. The simulator's task logs and exit codes then stand in
     for the Nomad client's, served through the fake API: status names rank 5 on node 2."""
-    import sys
-
-    from helpers import free_port
-
-    client_sim = load_nomad_helper("client_sim")
-    spec = halo_sched.spec.JobSpec.model_validate({
-        "name": "sim-fail", "nodes": 3, "nproc_per_node": 2,
-        "trainer": {"script": str(REPO / "tests" / "trainers" / "first_failure.py"),
-                    "args": ["--fail-rank", "5", "--how", "raise", "--timeout", "8"]},
-        "env": {"OMP_NUM_THREADS": "1"},
-        "rendezvous": {"port": free_port(), "timeout_s": 60},
-        "nomad": {"driver": "raw_exec"},
-    })
-    env = dict(os.environ)
-    env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
-    with FakeNomad([FakeNode(f"sim-{i}", gpus=0) for i in range(3)], token=TOKEN) as fake:
-        client = NomadClient(NomadConfig(address=fake.address, token=TOKEN, retry_attempts=1))
-        sched = NomadScheduler(client=client)
-        dry = sched.dryrun(spec)
-        # The fake is the servers, the simulator the clients: allocations the fake places run
-        # there, their exits and logs come back through the API; nothing is copied by hand.
-        with client_sim.SimCluster(dry.payload["Job"], tmp_path / "nomad", host_env=env) as cluster:
-            fake.attach_sim(cluster)
-            job_id = sched.schedule(dry)
-            assert job_id == dry.payload["Job"]["ID"]
-            deadline = time.monotonic() + 180
-            while time.monotonic() < deadline:
-                st = sched.query([job_id])[job_id]
-                if fake.job_record(job_id)["Status"] == "dead":
-                    break
-                time.sleep(0.5)
-            logs = {a.name: (cluster.stdout(a.name), cluster.stderr(a.name)) for a in cluster.allocations}
-            st = sched.query([job_id])[job_id]
+    fields = {"name": "sim-fail", "nodes": 3,
+              "trainer": {"script": str(REPO / "tests" / "trainers" / "first_failure.py"),
+                          "args": ["--fail-rank", "5", "--how", "raise", "--timeout", "8"]}}
+    with nomad_sim_job(tmp_path, fields, nodes=3) as (fake, sched, cluster, job_id):
+        wait_dead(fake, sched, job_id, 180)
+        logs = {a.name: (cluster.stdout(a.name), cluster.stderr(a.name)) for a in cluster.allocations}
+        st = sched.query([job_id])[job_id]
         assert fake.job_record(job_id)["Status"] == "dead", logs
         assert {a["ClientStatus"] for a in fake.allocs_of(job_id)} == {"failed"}, logs
     assert st.status is JobStatus.FAILED

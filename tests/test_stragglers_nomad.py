@@ -5,21 +5,16 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import time
 
 import pytest
 
-from halo_sched.backends.nomad import NomadScheduler
-from halo_sched.backends.nomad.client import NomadClient, NomadConfig
-from halo_sched.models import JobSpec
-from helpers import REPO, cli, free_port, load_nomad_helper
-from test_nomad_failure_report import TOKEN, FakeNode, FakeNomad
+from helpers import REPO, SIM_TOKEN, cli, nomad_sim_job
 
 
 def nomad_env(fake):
     env = {k: v for k, v in os.environ.items() if not k.startswith("NOMAD_")}
-    env.update(NOMAD_ADDR=fake.address, NOMAD_TOKEN=TOKEN)
+    env.update(NOMAD_ADDR=fake.address, NOMAD_TOKEN=SIM_TOKEN)
     return env
 
 
@@ -27,56 +22,41 @@ def nomad_env(fake):
 def test_sim_status_names_the_straggler_and_timeline_draws_steps_on_nomad(tmp_path):
     # Rank 1 computes 0.6 s a step, the others 0.1 s; each rank reports after its compute, before
     # the step's all_reduce (as test_hang_local's straggler test).
-    client_sim = load_nomad_helper("client_sim")
     args = ["--steps", "400", "--step-time", "0.1", "--slow-rank", "1", "--slow-time", "0.6", "--report-before"]
-    spec = JobSpec.model_validate({
-        "name": "sim-strag", "nodes": 2, "nproc_per_node": 2,
-        "trainer": {"script": str(REPO / "tests" / "trainers" / "hang.py"), "args": args},
-        "env": {"OMP_NUM_THREADS": "1"},
-        "rendezvous": {"port": free_port(), "timeout_s": 60},
-        "nomad": {"driver": "raw_exec"},
-        "hang": {"timeout_s": 30},
-    })
-    env = dict(os.environ)
-    env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
-    with FakeNomad([FakeNode(f"sim-{i}", gpus=0) for i in range(2)], token=TOKEN) as fake:
-        client = NomadClient(NomadConfig(address=fake.address, token=TOKEN, retry_attempts=1))
-        sched = NomadScheduler(client=client)
-        dry = sched.dryrun(spec)
-        with client_sim.SimCluster(dry.payload["Job"], tmp_path / "nomad", host_env=env) as cluster:
-            fake.attach_sim(cluster)
-            job_id = sched.schedule(dry)
-            deadline, text, took = time.monotonic() + 150, "", 0.0
-            while time.monotonic() < deadline:
-                t0 = time.monotonic()
-                text = cli("status", job_id, "--backend", "nomad", env=nomad_env(fake), timeout=60).stdout
-                took = time.monotonic() - t0
-                m = re.search(r"over the last (\d+) steps", text)
-                if m and int(m[1]) >= 5 and "node 1: step" in text:
-                    break
-                time.sleep(2)
-            logs = {a.name: cluster.stderr(a.name)[-2000:] for a in cluster.allocations}
-            print(text)
-            assert "slowest: rank 1 (node 0), " in text and " s behind the median rank each step" in text, (text, logs)
-            assert "RUNNING" in text and "node 0: step " in text and "s/step" in text, text
-            print(f"status took {took:.1f} s")
-            # A client that cannot serve the files: the line goes, the status stays (no error).
-            fake.drop_next(20, "/v1/client/fs/")
-            r = cli("status", job_id, "--backend", "nomad", env=nomad_env(fake), timeout=60)
-            assert r.returncode == 0 and "RUNNING" in r.stdout and "slowest" not in r.stdout, (r.stdout, r.stderr)
-            fake.fail_next(20, 403, "Permission denied", "/v1/client/fs/")
-            r = cli("status", job_id, "--backend", "nomad", env=nomad_env(fake), timeout=60)
-            assert r.returncode == 0 and "RUNNING" in r.stdout and "slowest" not in r.stdout, (r.stdout, r.stderr)
-            with fake._lock:
-                fake._drop_queue.clear()
-                fake._fail_queue.clear()
-            t = cli("timeline", job_id, "--backend", "nomad", "--width", "100", env=nomad_env(fake), timeout=120)
-            print(t.stdout)
-            assert t.returncode == 0, t.stderr
-            rows = {int(m[1]): ln for ln in t.stdout.splitlines() if (m := re.match(r" .rank (\d+) ", ln))}
-            assert sorted(rows) == [0, 1, 2, 3], t.stdout
-            assert "stays on the nodes" not in t.stdout, t.stdout
-            assert all(re.search(r"\d", ln.split("rank", 1)[1][3:]) or "█" in ln for ln in rows.values()), t.stdout
+    fields = {"name": "sim-strag", "nodes": 2, "hang": {"timeout_s": 30},
+              "trainer": {"script": str(REPO / "tests" / "trainers" / "hang.py"), "args": args}}
+    with nomad_sim_job(tmp_path, fields) as (fake, sched, cluster, job_id):
+        deadline, text, took = time.monotonic() + 150, "", 0.0
+        while time.monotonic() < deadline:
+            t0 = time.monotonic()
+            text = cli("status", job_id, "--backend", "nomad", env=nomad_env(fake), timeout=60).stdout
+            took = time.monotonic() - t0
+            m = re.search(r"over the last (\d+) steps", text)
+            if m and int(m[1]) >= 5 and "node 1: step" in text:
+                break
+            time.sleep(2)
+        logs = {a.name: cluster.stderr(a.name)[-2000:] for a in cluster.allocations}
+        print(text)
+        assert "slowest: rank 1 (node 0), " in text and " s behind the median rank each step" in text, (text, logs)
+        assert "RUNNING" in text and "node 0: step " in text and "s/step" in text, text
+        print(f"status took {took:.1f} s")
+        # A client that cannot serve the files: the line goes, the status stays (no error).
+        fake.drop_next(20, "/v1/client/fs/")
+        r = cli("status", job_id, "--backend", "nomad", env=nomad_env(fake), timeout=60)
+        assert r.returncode == 0 and "RUNNING" in r.stdout and "slowest" not in r.stdout, (r.stdout, r.stderr)
+        fake.fail_next(20, 403, "Permission denied", "/v1/client/fs/")
+        r = cli("status", job_id, "--backend", "nomad", env=nomad_env(fake), timeout=60)
+        assert r.returncode == 0 and "RUNNING" in r.stdout and "slowest" not in r.stdout, (r.stdout, r.stderr)
+        with fake._lock:
+            fake._drop_queue.clear()
+            fake._fail_queue.clear()
+        t = cli("timeline", job_id, "--backend", "nomad", "--width", "100", env=nomad_env(fake), timeout=120)
+        print(t.stdout)
+        assert t.returncode == 0, t.stderr
+        rows = {int(m[1]): ln for ln in t.stdout.splitlines() if (m := re.match(r" .rank (\d+) ", ln))}
+        assert sorted(rows) == [0, 1, 2, 3], t.stdout
+        assert "stays on the nodes" not in t.stdout, t.stdout
+        assert all(re.search(r"\d", ln.split("rank", 1)[1][3:]) or "█" in ln for ln in rows.values()), t.stdout
 
 
 class SlowClient:
