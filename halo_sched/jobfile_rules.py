@@ -624,8 +624,8 @@ class JobSpecMethods:
 class View:
     """A validated section as the compiled validator builds it (pydantic-core sets ``__dict__``,
     the fields set and the extras, as it does for a model): read-only, with the section's
-    methods from its mixin. Private attributes (``_job_file``, ``_attempt``) may be set once
-    read, as on the models."""
+    methods from its mixin. Its private attributes (``_job_file``, ``_attempt``) may be set, as
+    on the models; nothing else."""
 
     __slots__ = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
     #: The private attributes of the section and their defaults (the generated classes set them).

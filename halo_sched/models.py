@@ -29,7 +29,7 @@ class _Model(BaseModel):
     # strict: YAML already gives native types, and `nodes: true` or `port: "29500"` is a mistake.
     # defer_build: a model's validator is built when it first validates, not at import. Validating a
     # job file builds JobSpec's alone (its sections inlined), not one more per section model as well
-    # (docs/performance.md, "Start-up": ~9 ms of `render`).
+    # (~9 ms of a submit; render and validate build none: halo_sched/jobfile_validator.py).
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False, strict=True, defer_build=True)
 
 
