@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from .errors import SpecError
 from .node.contract import WARNING_CARRIER
@@ -26,8 +26,8 @@ from .values import (
     parse_slurm_mem, parse_slurm_time, parse_warning, sbatch_option_owner,
 )
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .models import JobSpec, Network, Nomad, Preflight, Server, Slurm, Trainer
+# A section here is the model (halo_sched/models.py) or its View: one of either kind, never imported.
+Section = Any
 
 #: The most attempts a run may have: past that, a node fault is not what is failing the run.
 MAX_ATTEMPTS = 20
@@ -51,7 +51,7 @@ class JobFile(NamedTuple):
     sha256: str
 
 
-def check_hang(spec: "JobSpec") -> None:
+def check_hang(spec: Section) -> None:
     """hang.timeout_s (and first_step_s) must be shorter than the job's time limit, where one is set
     and the job file sets ``hang:`` itself. The default (on, 300 s) is not held against a shorter
     limit: such a job ends at its limit before a hang could be seen, and a short test job need not
@@ -91,7 +91,7 @@ def busbw_gbps(text: str) -> float:
 NOTIFY_EVENTS = ("failed", "hung", "retried", "completed")
 
 
-def cpu_notes(spec: "JobSpec") -> list[tuple[str, str]]:
+def cpu_notes(spec: Section) -> list[tuple[str, str]]:
     """(field, message): SLURM CPUs that cannot give each rank one of its own. slurm.cpus_per_task
     is the node's one torchrun's; under task/affinity its ranks and their DataLoader workers are
     all bound to those CPUs. (Unset, each rank gets its own: backends/slurm/render.py.)"""
@@ -104,7 +104,7 @@ def cpu_notes(spec: "JobSpec") -> list[tuple[str, str]]:
                                     f"{'four CPUs' if spec.gpus_per_node else 'one CPU'} per rank")]
 
 
-def check_servers(spec: "JobSpec", derived: set[str]) -> None:
+def check_servers(spec: Section, derived: set[str]) -> None:
     """Checks across server roles and the job (the first problem, as "servers: ...")."""
     rdzv = spec.rendezvous.port  # None: each backend derives the job's own around the ports below
     seen: dict[str, int] = {}
@@ -163,7 +163,7 @@ def trainer_args(v: list[str]) -> list[str]:
     return v
 
 
-def trainer_one_of(self) -> "Trainer":
+def trainer_one_of(self: Section) -> Section:
     if (self.script is None) == (self.module is None):
         raise ValueError("set exactly one of trainer.script or trainer.module")
     return self
@@ -182,7 +182,7 @@ def network_iface(v: str | None) -> str | None:
     raise ValueError(f"{what}: {bad!r} is not allowed in one (letters, digits and _ . : @ - are)")
 
 
-def network_ep(self) -> "Network":
+def network_ep(self: Section) -> Section:
     if self.cross_node_expert_parallel and self.fabric != "efa":
         raise ValueError("cross_node_expert_parallel: applies to fabric: efa only (other fabrics use NCCL defaults)")
     return self
@@ -278,7 +278,7 @@ def slurm_extra(v: list[str]) -> list[str]:
     return v
 
 
-def slurm_extra_conflicts(self) -> "Slurm":
+def slurm_extra_conflicts(self: Section) -> Section:
     for a in self.extra_args:
         name = a.partition("=")[0]
         for option, field in SBATCH_CONFLICTS:
@@ -347,7 +347,7 @@ def nomad_vols(v: list[str]) -> list[str]:
     return v
 
 
-def nomad_docker_only(self) -> "Nomad":
+def nomad_docker_only(self: Section) -> Section:
     if self.driver != "docker":
         for field, value in (("shm_size", self.shm_size), ("volumes", self.volumes)):
             if value:
@@ -355,7 +355,7 @@ def nomad_docker_only(self) -> "Nomad":
     return self
 
 
-def nomad_shm_fits(self) -> "Nomad":
+def nomad_shm_fits(self: Section) -> Section:
     if self.shm_bytes is not None and self.shm_bytes >= self.memory * 1024 * 1024:
         raise ValueError(
             f"shm_size: {self.shm_size} must be smaller than memory ({self.memory} MB): "
@@ -390,7 +390,7 @@ def setup_lines(v: Any) -> Any:
     return v.splitlines() if isinstance(v, str) else v
 
 
-def server_process_size(self) -> "Server":
+def server_process_size(self: Section) -> Section:
     check_process_size(self.env, self.command, "command", "command")
     return self
 
@@ -408,7 +408,7 @@ def preflight_busbw(v: Any) -> Any:
     return v
 
 
-def preflight_busbw_needs_gate(self) -> "Preflight":
+def preflight_busbw_needs_gate(self: Section) -> Section:
     if self.min_busbw is not None and self.gate is not True:
         raise ValueError("preflight.min_busbw needs preflight.gate: true (the floor is checked by the gate "
                          "inside the job); set gate: true or drop min_busbw")
@@ -441,7 +441,7 @@ def job_setup(v: list[str]) -> list[str]:
     return v
 
 
-def job_cross_checks(self) -> "JobSpec":
+def job_cross_checks(self: Section) -> Section:
     check_process_size(self.env, self.trainer.args, "trainer", "trainer.args")
     if self.gpus_per_node and self.nproc_per_node > self.gpus_per_node:
         raise ValueError(
