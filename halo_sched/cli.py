@@ -45,7 +45,6 @@ its line in ``COMMANDS``.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from .commands import PipeGuard, outage_line, say
@@ -295,10 +294,6 @@ def _command(name: str):
     return getattr(importlib.import_module(f"{__package__}.commands.{module}"), function)
 
 
-# Commands that build the job file's models (render and validate read it without them).
-_MODEL_COMMANDS = {"submit", "plan", "preflight", "schema"}
-
-
 def _show_layout_warnings() -> None:
     """Layout warnings (parallelism that runs but does nothing) as one stderr line each, every time."""
     import warnings
@@ -353,22 +348,6 @@ def _main(argv: list[str] | None) -> int:
         if args.backend not in backends.BUILTIN and args.backend not in backends.names():
             parser.error(f"argument --backend: unknown backend {args.backend!r} (choose from {', '.join(backends.names())})")
     _show_layout_warnings()
-    # pydantic reads every installed package's metadata for plugins when it builds a model's
-    # validator (~30 ms of start-up with torch installed); the job file's models use none. Only
-    # while this process builds JobSpec's (now: the models build theirs when first used, so it
-    # must happen here): the environment the nodes inherit is left as it was. `render` and
-    # `validate` build no model (halo_sched/jobfile_validator.py), except to report a bad file.
-    no_plugins = "PYDANTIC_DISABLE_PLUGINS" not in os.environ
-    if no_plugins and args.command in _MODEL_COMMANDS:
-        os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
-        try:
-            from .models import JobSpec
-
-            JobSpec.model_rebuild()
-        except Exception:  # noqa: S110 - the command imports it again and reports the error its way
-            pass
-        finally:
-            os.environ.pop("PYDANTIC_DISABLE_PLUGINS", None)
     try:
         return _command(args.command)(args, _scheduler)
     except HaloError as err:

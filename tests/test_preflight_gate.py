@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
 
-from helpers import REPO, cli, example_job, free_port
+from helpers import REPO, cli, example_job, free_port, slurm_env
 
 # Node 1's setup points gloo at an interface this host does not have, as a node whose NIC is
 # missing or named otherwise would (the gate checks the interface the node's ranks will use).
@@ -159,12 +158,10 @@ def test_a_passing_gate_lets_the_job_run(tmp_path):
     assert re.search(r"node 1: preflight gate passed in \d+ s", logs), logs[-3000:]
 
 
-@pytest.mark.slurm
-@pytest.mark.torch
-def test_the_gate_fails_a_node_on_slurm_and_the_node_is_ledgered(tmp_path, slurm_cluster):
-    env = {**os.environ, **slurm_cluster, "PYTHONPATH": str(REPO)}
-    env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
-    job = _job(tmp_path, True)
+def _failed_at_the_gate_on_slurm(tmp_path, env, job):
+    """Submit ``job`` to the SLURM cluster and wait: it fails at the gate as a node fault (by
+    preflight) of node rank 1, which the ledger then holds and the next render excludes. Returns
+    (seconds from submit to FAILED, the job id, its status JSON)."""
     start = time.monotonic()
     r = cli("submit", str(job), "--backend", "slurm", "--wait", "--quiet", "--timeout", "240", cwd=tmp_path, env=env)
     took = time.monotonic() - start
@@ -182,50 +179,38 @@ def test_the_gate_fails_a_node_on_slurm_and_the_node_is_ledgered(tmp_path, slurm
     assert fc["host"] == names[1], (fc, names)
     ledger = [json.loads(ln) for ln in cli("nodes", "--json", env=env).stdout.splitlines()]
     assert [(e["host"], e["job"], e["backend"]) for e in ledger] == [(names[1], job_id, "slurm")], ledger
+    # The next job keeps off it.
+    rendered = cli("render", str(job), "--backend", "slurm", cwd=tmp_path, env=env)
+    assert f"#SBATCH --exclude={names[1]}\n" in rendered.stdout, rendered.stdout[:1500]
+    return took, job_id, st
+
+
+@pytest.mark.slurm
+@pytest.mark.torch
+def test_the_gate_fails_a_node_on_slurm_and_the_node_is_ledgered(tmp_path, slurm_cluster):
+    env = slurm_env(slurm_cluster, pythonpath=True)
+    took, job_id, _ = _failed_at_the_gate_on_slurm(tmp_path, env, _job(tmp_path, True))
     logs = cli("logs", job_id, cwd=tmp_path, env=env).stdout
     assert "world of" not in logs, logs[-3000:]
     print(f"gate failure on slurm: {took:.1f} s from submit to FAILED")
     assert took < 200, took
-    # The next job keeps off it.
-    rendered = cli("render", str(job), "--backend", "slurm", cwd=tmp_path, env=env)
-    assert f"#SBATCH --exclude={names[1]}\n" in rendered.stdout, rendered.stdout[:1500]
 
 
 @pytest.mark.slurm
 @pytest.mark.torch
 def test_a_node_below_min_busbw_is_ledgered_on_slurm(tmp_path, slurm_cluster):
-    env = {**os.environ, **slurm_cluster, "PYTHONPATH": str(REPO)}
-    env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
-    job = _busbw_job(tmp_path, "900000GB/s")
-    start = time.monotonic()
-    r = cli("submit", str(job), "--backend", "slurm", "--wait", "--quiet", "--timeout", "240", cwd=tmp_path, env=env)
-    took = time.monotonic() - start
-    assert r.returncode == 1, r.stderr[-3000:]
-    job_id = r.stdout.strip().splitlines()[-1]
-    st = json.loads(cli("status", job_id, "--json", cwd=tmp_path, env=env).stdout)
-    fc = st["failure_class"]
-    assert fc["class"] == "node" and fc["by"] == "preflight", st
+    env = slurm_env(slurm_cluster, pythonpath=True)
+    took, _, st = _failed_at_the_gate_on_slurm(tmp_path, env, _busbw_job(tmp_path, "900000GB/s"))
     err = st["failure"]["first"]["error"]
     assert re.search(r"busbw: node 1 \(\S+\) measured [0-9.]+ GB/s, below preflight.min_busbw 900000 GB/s", err), err
-    shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=env, capture_output=True, text=True,
-                           timeout=60).stdout
-    nodes = re.search(r"(?<![A-Za-z])NodeList=(\S+)", shown).group(1)
-    names = subprocess.run(["scontrol", "show", "hostnames", nodes], env=env, capture_output=True, text=True,
-                           timeout=60).stdout.split()
-    assert fc["host"] == names[1], (fc, names)
-    ledger = [json.loads(ln) for ln in cli("nodes", "--json", env=env).stdout.splitlines()]
-    assert [(e["host"], e["job"]) for e in ledger] == [(names[1], job_id)], ledger
     print(f"busbw gate failure on slurm: {took:.1f} s from submit to FAILED; {err[:200]}")
-    rendered = cli("render", str(job), "--backend", "slurm", cwd=tmp_path, env=env)
-    assert f"#SBATCH --exclude={names[1]}\n" in rendered.stdout, rendered.stdout[:1500]
 
 
 @pytest.mark.slurm
 @pytest.mark.torch
 def test_a_floor_the_nodes_meet_lets_the_job_train_on_slurm(tmp_path, slurm_cluster):
     """The gate's store on rank 0's port is gone before torchrun listens there."""
-    env = {**os.environ, **slurm_cluster, "PYTHONPATH": str(REPO)}
-    env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
+    env = slurm_env(slurm_cluster, pythonpath=True)
     job = example_job(tmp_path, free_port(), nproc_per_node=1, preflight={"gate": True, "min_busbw": "1MB/s"},
                       trainer={"script": str(REPO / "examples" / "train_ddp.py"), "args": ["--steps", "5"]})
     r = cli("submit", str(job), "--backend", "slurm", "--wait", "--quiet", "--timeout", "240", cwd=tmp_path, env=env)
