@@ -237,6 +237,13 @@ def test_backend_specific_render_errors_name_the_field():
         render_sbatch(big)
     assert ei.value.problems[0][0] == "env" and "one argument to srun" in ei.value.problems[0][1]
     assert "BIG" in halo_sched.render(big, "local")  # the local backend writes the entry to a file
+    # The part that holds most of it is named: here the trainer's arguments (hypothesis found the
+    # refusal naming env for 80,000 bytes of args).
+    args = halo_sched.loads(MIN.replace("trainer: {script: train.py}", "trainer: {script: train.py, args: "
+                                        f"['{'L' * 70_000}', '{'L' * 70_000}']}}"))
+    with pytest.raises(SpecError) as ei:
+        render_sbatch(args)
+    assert ei.value.problems[0][0] == "trainer.args" and "trainer.args puts 140000 bytes" in ei.value.problems[0][1]
 
 
 def test_yaml_merge_keys_still_work():

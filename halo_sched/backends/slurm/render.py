@@ -142,14 +142,25 @@ def render_sbatch(spec: JobSpec) -> str:
     return render_batch(compile_launch(spec))
 
 
+def _largest_part(spec: JobSpec) -> tuple[str, int]:
+    """(field, bytes) of the job file's part that puts the most into the entry script."""
+    parts = {"env": sum(len(k.encode()) + len(v.encode()) for k, v in spec.env.items()),
+             "setup": sum(len(line.encode()) for line in spec.setup),
+             "trainer.args": sum(len(a.encode()) for a in spec.trainer.args)}
+    field = max(parts, key=parts.__getitem__)
+    return field, parts[field]
+
+
 def render_batch(launch: Launch) -> str:
     """The sbatch script of ``launch``."""
     spec = launch.spec
     entry = render_entry(launch).rstrip("\n")
     size = len(entry.encode())
     if size > MAX_ENTRY_BYTES:
-        raise SpecError([("env", f"the node entry script is {size} bytes, over the {MAX_ENTRY_BYTES} that one "
-                                 "argument to srun can carry; move large values (env, setup, args) into files")])
+        field, held = _largest_part(spec)
+        raise SpecError([(field, f"the node entry script is {size} bytes, over the {MAX_ENTRY_BYTES} that one "
+                                 f"argument to srun can carry ({field} puts {held} bytes in it, the most of env, "
+                                 "setup and trainer.args); move large values into files")])
     servers = []
     for r in launch.servers:
         text = render_server(launch, r).rstrip("\n")
