@@ -211,6 +211,36 @@ def test_the_monitor_reads_the_time_a_rank_wrote_not_the_files_mtime(tmp_path):
     assert (last, limit, reports) == (1000.0, 60, True)
 
 
+def test_the_settle_wait_ends_settle_s_after_the_stall_began_not_after_this_node_saw_it(tmp_path, monkeypatch):
+    """Every node of one stall sends its SIGABRTs at nearly the same instant: a node whose poll saw
+    the stall 0.7 s late waits 0.7 s less (counted from its own detection, it lost its ranks to the
+    first node's aborts before it could take their stacks: a CI run of test_hang_slurm)."""
+    import subprocess
+    import time
+
+    rank = subprocess.Popen(["sleep", "30"])
+    try:
+        mon = hang_monitor.Monitor(0, os.getpid(), str(tmp_path), str(tmp_path), 1, 20, 40, 0, host="h")
+        mon.ranks[rank.pid] = {"rank": 0, "local_rank": 0, "seen": 0.0, "out": [], "cwd": None}
+        (tmp_path / "rank-0").write_bytes(b"%13d %17.3f\n" % (4, time.time() - 20 - 0.7))
+        waits = []
+
+        class Stop(Exception):
+            pass
+
+        def settle(seconds):
+            waits.append(seconds)
+            raise Stop
+
+        monkeypatch.setattr(mon, "_sleep_while_running", settle)
+        with pytest.raises(Stop):
+            mon.fire()
+        assert hang_monitor.SETTLE_S - 0.7 - 0.5 < waits[0] < hang_monitor.SETTLE_S - 0.7 + 0.1, waits
+    finally:
+        rank.kill()
+        rank.wait()
+
+
 def test_a_rank_that_ended_before_its_dump_is_placed_by_its_traceback():
     # A peer's end breaks the all_reduce a rank waits in before this node's monitor signals it:
     # its traceback says where it was (as hang_monitor reads it; a dump's format is not there).

@@ -430,8 +430,10 @@ class Monitor:
         """Take the stacks, write the report and end torchrun; False when the hang went away."""
         detected = time.time()
         state = {}
+        stalled = 0.0  # when the last of this node's ranks went past its limit: the hang's start
         for pid, info in self.live().items():
-            last, _, reports = self.activity(info)
+            last, limit, reports = self.activity(info)
+            stalled = max(stalled, last + limit)
             got = last_report(os.path.join(self.progress_dir, f"rank-{info['rank']}")) if reports else None
             step = got[0] if got else None
             state[pid] = {"last": last, "reports": reports, "step": step, "threads": None, "how": None, "why": None}
@@ -469,7 +471,12 @@ class Monitor:
         # torchrun ending meanwhile does not call it off: every rank here had stalled, so another
         # node's monitor ended its ranks and this node's collectives broke; what this node saw is
         # still its part of the report (its ranks' last tracebacks say where they waited).
-        self._sleep_while_running(SETTLE_S)
+        # The wait ends SETTLE_S after the stall began, not after this node saw it: every node of
+        # one stall (its ranks' last reports end the same collective, within milliseconds) then
+        # sends its SIGABRTs at nearly the same instant, whatever the phase of its poll. Counted
+        # from each node's own detection, a node polling up to POLL_S later lost its ranks to the
+        # first node's aborts (their collective broke) before it could take their stacks.
+        self._sleep_while_running(min(SETTLE_S, max(0.0, stalled + SETTLE_S - time.time())))
         if any(self.activity(self.ranks[pid])[0] > st["last"] for pid, st in state.items() if _alive(pid)):
             sys.stderr.write(f"halo-sched: node {self.node}: progress again within "
                              f"{SETTLE_S:g} s: not a hang\n")
