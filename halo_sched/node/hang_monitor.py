@@ -471,11 +471,8 @@ class Monitor:
         # torchrun ending meanwhile does not call it off: every rank here had stalled, so another
         # node's monitor ended its ranks and this node's collectives broke; what this node saw is
         # still its part of the report (its ranks' last tracebacks say where they waited).
-        # The wait ends SETTLE_S after the stall began, not after this node saw it: every node of
-        # one stall (its ranks' last reports end the same collective, within milliseconds) then
-        # sends its SIGABRTs at nearly the same instant, whatever the phase of its poll. Counted
-        # from each node's own detection, a node polling up to POLL_S later lost its ranks to the
-        # first node's aborts (their collective broke) before it could take their stacks.
+        # Until SETTLE_S after the stall began (the same on every node of it), not after this
+        # node's poll saw it: the nodes then abort together (docs/failures.md, "Hangs").
         self._sleep_while_running(min(SETTLE_S, max(0.0, stalled + SETTLE_S - time.time())))
         if any(self.activity(self.ranks[pid])[0] > st["last"] for pid, st in state.items() if _alive(pid)):
             sys.stderr.write(f"halo-sched: node {self.node}: progress again within "

@@ -99,8 +99,8 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-2e3052a1"
-        right_delimiter = "halo-2e3052a1]]"
+        left_delimiter  = "[[halo-dadc1224"
+        right_delimiter = "halo-dadc1224]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -1186,8 +1186,10 @@ class Monitor:
         """Take the stacks, write the report and end torchrun; False when the hang went away."""
         detected = time.time()
         state = {}
+        stalled = 0.0  # when the last of this node's ranks went past its limit: the hang's start
         for pid, info in self.live().items():
-            last, _, reports = self.activity(info)
+            last, limit, reports = self.activity(info)
+            stalled = max(stalled, last + limit)
             got = last_report(os.path.join(self.progress_dir, f"rank-{info['rank']}")) if reports else None
             step = got[0] if got else None
             state[pid] = {"last": last, "reports": reports, "step": step, "threads": None, "how": None, "why": None}
@@ -1225,7 +1227,9 @@ class Monitor:
         # torchrun ending meanwhile does not call it off: every rank here had stalled, so another
         # node's monitor ended its ranks and this node's collectives broke; what this node saw is
         # still its part of the report (its ranks' last tracebacks say where they waited).
-        self._sleep_while_running(SETTLE_S)
+        # Until SETTLE_S after the stall began (the same on every node of it), not after this
+        # node's poll saw it: the nodes then abort together (docs/failures.md, "Hangs").
+        self._sleep_while_running(min(SETTLE_S, max(0.0, stalled + SETTLE_S - time.time())))
         if any(self.activity(self.ranks[pid])[0] > st["last"] for pid, st in state.items() if _alive(pid)):
             sys.stderr.write(f"halo-sched: node {self.node}: progress again within "
                              f"{SETTLE_S:g} s: not a hang\n")
@@ -1473,8 +1477,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-2e3052a1"
-        right_delimiter = "halo-2e3052a1]]"
+        left_delimiter  = "[[halo-dadc1224"
+        right_delimiter = "halo-dadc1224]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -2560,8 +2564,10 @@ class Monitor:
         """Take the stacks, write the report and end torchrun; False when the hang went away."""
         detected = time.time()
         state = {}
+        stalled = 0.0  # when the last of this node's ranks went past its limit: the hang's start
         for pid, info in self.live().items():
-            last, _, reports = self.activity(info)
+            last, limit, reports = self.activity(info)
+            stalled = max(stalled, last + limit)
             got = last_report(os.path.join(self.progress_dir, f"rank-{info['rank']}")) if reports else None
             step = got[0] if got else None
             state[pid] = {"last": last, "reports": reports, "step": step, "threads": None, "how": None, "why": None}
@@ -2599,7 +2605,9 @@ class Monitor:
         # torchrun ending meanwhile does not call it off: every rank here had stalled, so another
         # node's monitor ended its ranks and this node's collectives broke; what this node saw is
         # still its part of the report (its ranks' last tracebacks say where they waited).
-        self._sleep_while_running(SETTLE_S)
+        # Until SETTLE_S after the stall began (the same on every node of it), not after this
+        # node's poll saw it: the nodes then abort together (docs/failures.md, "Hangs").
+        self._sleep_while_running(min(SETTLE_S, max(0.0, stalled + SETTLE_S - time.time())))
         if any(self.activity(self.ranks[pid])[0] > st["last"] for pid, st in state.items() if _alive(pid)):
             sys.stderr.write(f"halo-sched: node {self.node}: progress again within "
                              f"{SETTLE_S:g} s: not a hang\n")
