@@ -295,6 +295,7 @@ class EndWatch:
         from ..errors import HaloError, OutcomeUnknown
         from ..outage import ASK_LIMIT_S, RETRY_EVERY_S, is_outage
         from ..retry import within
+        from .jobstate import JobStatus
 
         while not self._stop.is_set():
             asked = time.monotonic()
@@ -319,7 +320,7 @@ class EndWatch:
                 return
             self.outage.seen(state)
             self.last = state
-            if state.status.terminal or state.status.value == "UNKNOWN":
+            if state.status.terminal or state.status is JobStatus.UNKNOWN:
                 self._ended.set()
                 return
             self._stop.wait(self.poll)

@@ -38,9 +38,6 @@ def __getattr__(name: str):
         return output_problems
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-# Ends of one run after which SLURM may requeue the job (sbatch --requeue): JobStatus values.
-_MAY_REQUEUE = {"PREEMPTED", "NODE_FAIL"}
-
 
 def _say(msg: str) -> None:
     import sys
@@ -176,7 +173,9 @@ class SlurmScheduler(Scheduler):
 
         states = self.transport.query(list(ids))
         for job_id, state in states.items():
-            if state.status.value in _MAY_REQUEUE and state.slurm is not None and state.slurm.source == "sacct":
+            # Ends of one run after which SLURM may requeue the job (sbatch --requeue).
+            requeued = state.status in (JobStatus.PREEMPTED, JobStatus.NODE_FAIL)
+            if requeued and state.slurm is not None and state.slurm.source == "sacct":
                 states[job_id] = self._live(job_id, state)
         for job_id, state in states.items():
             if state.status is JobStatus.FAILED and state.reason.startswith("JobLaunchFailure"):
