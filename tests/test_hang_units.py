@@ -241,6 +241,81 @@ def test_the_settle_wait_ends_settle_s_after_the_stall_began_not_after_this_node
         rank.wait()
 
 
+RANK_PY = """import sys
+
+
+def wait_for_peer():
+    return sys.stdin.read()  # the collective: returns when the peer is gone
+
+
+if not wait_for_peer():
+    raise RuntimeError("Connection closed by peer")
+"""
+
+
+def test_a_late_node_still_dumps_its_ranks_in_their_collective_when_another_node_aborts_first(tmp_path, monkeypatch, capsys):
+    """Two nodes of one stall, one rank each, each waiting on the other (a pipe here, a socket in
+    gloo); node 1's monitor wakes 0.5 s after node 0's. Once its peer is gone a rank leaves its
+    wait and ends with an error, and a dump then no longer says where it waited (a CI run of
+    test_hang_slurm: node 1's rank 3 was dumped inside torch's excepthook). Both ranks must be
+    dumped in their wait, and neither node may end before the other's report is written."""
+    import subprocess
+    import threading
+    import time
+
+    for name, value in (("SETTLE_S", 1.0), ("STOP_SYNC_S", 1.0), ("LINGER_S", 0.5)):
+        monkeypatch.setattr(hang_monitor, name, value)
+    (tmp_path / "rank.py").write_text(RANK_PY)
+    to_0, to_1 = os.pipe(), os.pipe()
+    stalled = time.time() + 0.5
+    procs, monitors, ended = [], [], {}
+    try:
+        for node, (inbox, outbox) in enumerate([(to_0, to_1), (to_1, to_0)]):
+            logs = tmp_path / f"n{node}" / "x" / "attempt_0" / "0"
+            logs.mkdir(parents=True)
+            torchrun = subprocess.Popen(["sleep", "60"])
+            with open(logs / "stderr.log", "wb") as err:
+                rank = subprocess.Popen([os.sys.executable, "rank.py"], cwd=tmp_path, stdin=inbox[0], stderr=err,
+                                        pass_fds=(outbox[1],), env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+            procs += [rank, torchrun]
+            (tmp_path / f"p{node}").mkdir()
+            (tmp_path / f"p{node}" / f"rank-{node}").write_bytes(b"%13d %17.3f\n" % (4, stalled - 10))
+            mon = hang_monitor.Monitor(node, torchrun.pid, str(tmp_path / f"p{node}"), str(tmp_path / f"n{node}"),
+                                       1, 10, 60, 0, host="h")
+            mon.ranks[rank.pid] = {"rank": node, "local_rank": 0, "seen": 0.0, "out": [], "cwd": str(tmp_path)}
+            monitors.append(mon)
+        for fd in (*to_0, *to_1):
+            os.close(fd)
+        late, calls = monitors[1]._sleep_while_running, []
+
+        def sleep(seconds):
+            calls.append(seconds)
+            late(seconds + (0.5 if len(calls) == 1 else 0.0))
+
+        monkeypatch.setattr(monitors[1], "_sleep_while_running", sleep)
+
+        def run(mon):
+            mon.fire()
+            ended[mon.node] = time.time()
+
+        threads = [threading.Thread(target=run, args=(m,)) for m in monitors]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        recs = [json.loads(line.split(" ", 1)[1]) for line in capsys.readouterr().err.splitlines()
+                if line.startswith("halo-sched-failure ")]
+        assert sorted(r["rank"] for r in recs) == [0, 1], recs
+        for r in recs:
+            assert (r["stack_read"], r["error"], r["where"], r["code"]) == (True, "", "rank.py:5", "return sys.stdin.read()"), r
+        # A node's end ends the others' step: each stays until the last abort plus LINGER_S.
+        assert min(ended.values()) >= stalled + 1.0 + 1.0 + 0.5, (ended, stalled)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 def test_a_rank_that_ended_before_its_dump_is_placed_by_its_traceback():
     # A peer's end breaks the all_reduce a rank waits in before this node's monitor signals it:
     # its traceback says where it was (as hang_monitor reads it; a dump's format is not there).

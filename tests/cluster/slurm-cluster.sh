@@ -103,7 +103,9 @@ SlurmdParameters=config_overrides
 ReturnToService=2
 # Finished jobs must stay visible to squeue/scontrol for a while (there is no sacct here).
 MinJobAge=300
-# Time limits are enforced to the minute, and killed jobs go quickly.
+# Time limits are enforced to the minute, and killed jobs go quickly. KillWait (30 s by default)
+# is also how long a node's tasks outlive another's failure under --kill-on-bad-exit: 2 s is
+# harsher than most sites, on purpose (a hung job's monitors must finish within it).
 OverTimeLimit=0
 KillWait=2
 InactiveLimit=0

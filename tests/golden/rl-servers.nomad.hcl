@@ -98,8 +98,8 @@ job "rl-grpo" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-d6afb698"
-        right_delimiter = "halo-d6afb698]]"
+        left_delimiter  = "[[halo-7f7e0b32"
+        right_delimiter = "halo-7f7e0b32]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -872,12 +872,17 @@ fires within about a poll and a step of the others. Then, on each node:
    ``progress.py`` does) dumps its stack without ending (SigCgt in ``/proc/PID/status`` says who);
 2. the monitor waits ``SETTLE_S`` so that the other nodes' monitors take theirs before anything
    here ends (ending a rank makes its peers fail in their collective, losing their stacks);
-3. the ranks whose stack is still unknown get ``SIGABRT``: with ``PYTHONFAULTHANDLER`` (set by the
-   entry script) Python prints every thread's stack to the rank's stderr as it dies;
+3. the ranks whose stack is still unknown are stopped (``SIGSTOP``), and ``STOP_SYNC_S`` later, when
+   every node of the stall has stopped its own, get ``SIGABRT`` and ``SIGCONT``: with
+   ``PYTHONFAULTHANDLER`` (set by the entry script) Python prints every thread's stack to the rank's
+   stderr as it dies. A stopped rank cannot see its peers on other nodes die, so no node's aborts
+   break another node's ranks before their dumps;
 4. one ``halo-sched-failure`` line of kind ``HUNG`` per local rank goes to the node's output (step,
    last progress, top of stack, the collective it waits in, or why its stack could not be read),
    every stack to ``DIR/hang-stacks.txt`` and the node's output;
-5. torchrun gets SIGTERM (SIGKILL 10 s later): the node exits non-zero and the scheduler ends the job.
+5. the monitor stays until ``LINGER_S`` after the aborts, so that this node's end (which ends the
+   whole job: srun's ``--kill-on-bad-exit``) cannot kill another node's monitor mid-report; then
+   torchrun gets SIGTERM (SIGKILL 10 s later): the node exits non-zero and the scheduler ends the job.
 
 Which rank is the culprit is decided where all nodes' lines meet (``failures.FailureReport``).
 """
@@ -896,9 +901,15 @@ from .failure_collector import record_line  # on the node: a package of the two 
 
 POLL_S = 1.0
 SETTLE_S = 10.0
+#: From stopping the ranks to aborting them: longer than any node's lag behind the others (its
+#: poll of the settle wait, a loaded node's scheduling).
+STOP_SYNC_S = 2.0
 ABORT_WAIT_S = 5.0
 #: After the aborted ranks are gone: how long their dumps may take to reach their log files.
 FLUSH_WAIT_S = 5.0
+#: After the aborts, how long every node stays: another node's monitor may still be reading its
+#: dumps (FLUSH_WAIT_S at most) when this node's end makes srun end the step.
+LINGER_S = FLUSH_WAIT_S + 1.0
 STACK_WAIT_S = 3.0
 
 #: Functions of torch.distributed in which a rank waits for its peers.
@@ -1260,8 +1271,8 @@ class Monitor:
     # ---- on a hang --------------------------------------------------------------------------
     def _sleep_while_running(self, seconds: float) -> None:
         end = time.monotonic() + seconds
-        while time.monotonic() < end and _alive(self.torchrun):
-            time.sleep(0.2)
+        while (left := end - time.monotonic()) > 0 and _alive(self.torchrun):
+            time.sleep(min(0.2, left))  # wakes at the end, not up to 0.2 s after: the nodes act together
 
     def _stack_file(self, rank: int) -> str:
         return os.path.join(self.progress_dir, f"rank-{rank}.stack")
@@ -1332,23 +1343,46 @@ class Monitor:
             sys.stderr.flush()
             return False
         # 3. The rest: SIGABRT, which PYTHONFAULTHANDLER turns into a dump on the rank's stderr.
-        aborted = []
-        for pid in state:
-            if state[pid]["threads"] is None:
-                if not _alive(pid):
-                    # Ended before this node's turn (a peer's end broke its collective): where it
-                    # was is in the traceback it printed as it ended, if it printed one.
-                    frames = parse_traceback(self._stderr_text(self.ranks[pid]))
-                    if frames:
-                        state[pid]["threads"], state[pid]["how"] = [frames], "its traceback as it ended"
-                    else:
-                        state[pid]["why"] = "the rank had already ended"
-                    continue
+        # Each node's wake can lag the others' by its poll and its load, and a rank whose peer died
+        # first leaves its collective at once (a CI run: node 0's aborts came 0.1 s before node
+        # 1's, and rank 3 was dumped inside torch's excepthook, its traceback held in a StringIO).
+        # So: stop them, wait until every node has stopped its own, then abort. A stopped rank
+        # cannot see its peers' sockets close; the SIGABRT sent while it is stopped is pending and
+        # is taken as it resumes, before a broken collective can unwind to Python.
+        abort_at = stalled + SETTLE_S + STOP_SYNC_S
+        aborted, stopped = [], []
+        try:
+            for pid in state:
+                if state[pid]["threads"] is None and _alive(pid):
+                    try:
+                        os.kill(pid, signal.SIGSTOP)
+                        stopped.append(pid)
+                    except OSError:
+                        pass
+            if stopped:
+                self._sleep_while_running(min(STOP_SYNC_S, max(0.0, abort_at - time.time())))
+            for pid in state:
+                if state[pid]["threads"] is None:
+                    if not _alive(pid):
+                        # Ended before this node's turn (a peer's end broke its collective): where it
+                        # was is in the traceback it printed as it ended, if it printed one.
+                        frames = parse_traceback(self._stderr_text(self.ranks[pid]))
+                        if frames:
+                            state[pid]["threads"], state[pid]["how"] = [frames], "its traceback as it ended"
+                        else:
+                            state[pid]["why"] = "the rank had already ended"
+                        continue
+                    try:
+                        os.kill(pid, signal.SIGABRT)
+                        aborted.append(pid)
+                    except OSError as e:
+                        state[pid]["why"] = f"SIGABRT failed: {e.strerror}"
+        finally:
+            for pid in stopped:  # never leave a rank stopped
                 try:
-                    os.kill(pid, signal.SIGABRT)
-                    aborted.append(pid)
-                except OSError as e:
-                    state[pid]["why"] = f"SIGABRT failed: {e.strerror}"
+                    os.kill(pid, signal.SIGCONT)
+                except OSError:
+                    pass
         end = time.monotonic() + ABORT_WAIT_S
         while any(_alive(p) for p in aborted) and time.monotonic() < end:
             time.sleep(0.2)
@@ -1415,7 +1449,9 @@ class Monitor:
             pass
         sys.stderr.write("".join(f"halo-sched: node {self.node}: {line}\n" for line in dump))
         sys.stderr.flush()
-        # 5. End the node: torchrun stops its ranks and exits non-zero.
+        # 5. Stay until every node's report is written (this node's end ends the step), then end
+        # the node: torchrun stops its ranks and exits non-zero.
+        time.sleep(max(0.0, min(abort_at + LINGER_S - time.time(), STOP_SYNC_S + LINGER_S)))
         try:
             os.kill(self.torchrun, signal.SIGTERM)
         except OSError:
@@ -1577,8 +1613,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-d6afb698"
-        right_delimiter = "halo-d6afb698]]"
+        left_delimiter  = "[[halo-7f7e0b32"
+        right_delimiter = "halo-7f7e0b32]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -2351,12 +2387,17 @@ fires within about a poll and a step of the others. Then, on each node:
    ``progress.py`` does) dumps its stack without ending (SigCgt in ``/proc/PID/status`` says who);
 2. the monitor waits ``SETTLE_S`` so that the other nodes' monitors take theirs before anything
    here ends (ending a rank makes its peers fail in their collective, losing their stacks);
-3. the ranks whose stack is still unknown get ``SIGABRT``: with ``PYTHONFAULTHANDLER`` (set by the
-   entry script) Python prints every thread's stack to the rank's stderr as it dies;
+3. the ranks whose stack is still unknown are stopped (``SIGSTOP``), and ``STOP_SYNC_S`` later, when
+   every node of the stall has stopped its own, get ``SIGABRT`` and ``SIGCONT``: with
+   ``PYTHONFAULTHANDLER`` (set by the entry script) Python prints every thread's stack to the rank's
+   stderr as it dies. A stopped rank cannot see its peers on other nodes die, so no node's aborts
+   break another node's ranks before their dumps;
 4. one ``halo-sched-failure`` line of kind ``HUNG`` per local rank goes to the node's output (step,
    last progress, top of stack, the collective it waits in, or why its stack could not be read),
    every stack to ``DIR/hang-stacks.txt`` and the node's output;
-5. torchrun gets SIGTERM (SIGKILL 10 s later): the node exits non-zero and the scheduler ends the job.
+5. the monitor stays until ``LINGER_S`` after the aborts, so that this node's end (which ends the
+   whole job: srun's ``--kill-on-bad-exit``) cannot kill another node's monitor mid-report; then
+   torchrun gets SIGTERM (SIGKILL 10 s later): the node exits non-zero and the scheduler ends the job.
 
 Which rank is the culprit is decided where all nodes' lines meet (``failures.FailureReport``).
 """
@@ -2375,9 +2416,15 @@ from .failure_collector import record_line  # on the node: a package of the two 
 
 POLL_S = 1.0
 SETTLE_S = 10.0
+#: From stopping the ranks to aborting them: longer than any node's lag behind the others (its
+#: poll of the settle wait, a loaded node's scheduling).
+STOP_SYNC_S = 2.0
 ABORT_WAIT_S = 5.0
 #: After the aborted ranks are gone: how long their dumps may take to reach their log files.
 FLUSH_WAIT_S = 5.0
+#: After the aborts, how long every node stays: another node's monitor may still be reading its
+#: dumps (FLUSH_WAIT_S at most) when this node's end makes srun end the step.
+LINGER_S = FLUSH_WAIT_S + 1.0
 STACK_WAIT_S = 3.0
 
 #: Functions of torch.distributed in which a rank waits for its peers.
@@ -2739,8 +2786,8 @@ class Monitor:
     # ---- on a hang --------------------------------------------------------------------------
     def _sleep_while_running(self, seconds: float) -> None:
         end = time.monotonic() + seconds
-        while time.monotonic() < end and _alive(self.torchrun):
-            time.sleep(0.2)
+        while (left := end - time.monotonic()) > 0 and _alive(self.torchrun):
+            time.sleep(min(0.2, left))  # wakes at the end, not up to 0.2 s after: the nodes act together
 
     def _stack_file(self, rank: int) -> str:
         return os.path.join(self.progress_dir, f"rank-{rank}.stack")
@@ -2811,23 +2858,46 @@ class Monitor:
             sys.stderr.flush()
             return False
         # 3. The rest: SIGABRT, which PYTHONFAULTHANDLER turns into a dump on the rank's stderr.
-        aborted = []
-        for pid in state:
-            if state[pid]["threads"] is None:
-                if not _alive(pid):
-                    # Ended before this node's turn (a peer's end broke its collective): where it
-                    # was is in the traceback it printed as it ended, if it printed one.
-                    frames = parse_traceback(self._stderr_text(self.ranks[pid]))
-                    if frames:
-                        state[pid]["threads"], state[pid]["how"] = [frames], "its traceback as it ended"
-                    else:
-                        state[pid]["why"] = "the rank had already ended"
-                    continue
+        # Each node's wake can lag the others' by its poll and its load, and a rank whose peer died
+        # first leaves its collective at once (a CI run: node 0's aborts came 0.1 s before node
+        # 1's, and rank 3 was dumped inside torch's excepthook, its traceback held in a StringIO).
+        # So: stop them, wait until every node has stopped its own, then abort. A stopped rank
+        # cannot see its peers' sockets close; the SIGABRT sent while it is stopped is pending and
+        # is taken as it resumes, before a broken collective can unwind to Python.
+        abort_at = stalled + SETTLE_S + STOP_SYNC_S
+        aborted, stopped = [], []
+        try:
+            for pid in state:
+                if state[pid]["threads"] is None and _alive(pid):
+                    try:
+                        os.kill(pid, signal.SIGSTOP)
+                        stopped.append(pid)
+                    except OSError:
+                        pass
+            if stopped:
+                self._sleep_while_running(min(STOP_SYNC_S, max(0.0, abort_at - time.time())))
+            for pid in state:
+                if state[pid]["threads"] is None:
+                    if not _alive(pid):
+                        # Ended before this node's turn (a peer's end broke its collective): where it
+                        # was is in the traceback it printed as it ended, if it printed one.
+                        frames = parse_traceback(self._stderr_text(self.ranks[pid]))
+                        if frames:
+                            state[pid]["threads"], state[pid]["how"] = [frames], "its traceback as it ended"
+                        else:
+                            state[pid]["why"] = "the rank had already ended"
+                        continue
+                    try:
+                        os.kill(pid, signal.SIGABRT)
+                        aborted.append(pid)
+                    except OSError as e:
+                        state[pid]["why"] = f"SIGABRT failed: {e.strerror}"
+        finally:
+            for pid in stopped:  # never leave a rank stopped
                 try:
-                    os.kill(pid, signal.SIGABRT)
-                    aborted.append(pid)
-                except OSError as e:
-                    state[pid]["why"] = f"SIGABRT failed: {e.strerror}"
+                    os.kill(pid, signal.SIGCONT)
+                except OSError:
+                    pass
         end = time.monotonic() + ABORT_WAIT_S
         while any(_alive(p) for p in aborted) and time.monotonic() < end:
             time.sleep(0.2)
@@ -2894,7 +2964,9 @@ class Monitor:
             pass
         sys.stderr.write("".join(f"halo-sched: node {self.node}: {line}\n" for line in dump))
         sys.stderr.flush()
-        # 5. End the node: torchrun stops its ranks and exits non-zero.
+        # 5. Stay until every node's report is written (this node's end ends the step), then end
+        # the node: torchrun stops its ranks and exits non-zero.
+        time.sleep(max(0.0, min(abort_at + LINGER_S - time.time(), STOP_SYNC_S + LINGER_S)))
         try:
             os.kill(self.torchrun, signal.SIGTERM)
         except OSError:
