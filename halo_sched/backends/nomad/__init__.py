@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ...errors import HaloError, SchedulerError, UsageError
 from ...launch import submission_id
-from ..base import DryRun, JobState, JobStatus, Scheduler
+from ..base import DryRun, Scheduler
 from .capabilities import Configured, ReadsAllocFiles
 from .render import SECRETS_META, TASK, client_requirements, job_payload, render_hcl, variable_path
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...models import JobSpec
+    from ..jobstate import JobState  # rendering reads no job state: imported where a state is made
 
 _ID_RE = re.compile(r"^(?:([A-Za-z0-9_-]+):)?(?:([A-Za-z0-9_-]+)/)?([A-Za-z0-9][A-Za-z0-9_.-]*)(?:~v(\d{1,9}))?\Z")
 
@@ -308,6 +309,7 @@ class NomadScheduler(Scheduler):
     def query(self, ids: Sequence[str]) -> dict[str, JobState]:
         """At most three calls per namespace/region, whatever the number of jobs: job stubs,
         allocation stubs, and (only when some rank is unplaced) the evaluations saying why."""
+        from ..jobstate import JobStatus
         from .state import job_state
 
         out = {}
