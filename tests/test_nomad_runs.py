@@ -97,7 +97,6 @@ def test_a_node_fault_on_nomad_is_retried_off_that_node_and_the_run_completes(tm
         r = cli("submit", _job(tmp_path, "node_fault_once.py", retry={"attempts": 2, "on": ["node"]}),
                 "--backend", "nomad", "--wait", "--quiet", "--timeout", "180", cwd=tmp_path, env=env, timeout=420)
         took = time.monotonic() - began
-        logs = {a.name: a for s in sims for a in s.allocations}
         assert r.returncode == 0, (r.stderr[-4000:], {n: s.stderr(n)[-1500:] for s in sims for n in
                                                       (a.name for a in s.allocations)})
         run_id = r.stdout.strip().splitlines()[-1]
@@ -557,3 +556,29 @@ def test_a_node_lost_on_nomad_is_the_culprit_and_the_next_attempt_keeps_off_it(t
         # Kept off as the run's culprit, not only as a ledgered host (the ledger can be off).
         a2 = [ln for ln in cli("status", run_id, env=env).stdout.splitlines() if "\tattempt 2: " in ln]
         assert len(a2) == 1 and f"excluded {victim}" in a2[0] and " COMPLETED;" in a2[0], a2
+
+
+def test_logs_of_each_attempt_are_its_own_versions_output(tmp_path, monkeypatch):
+    """The plain id is the run's first attempt (version 0), ``JOB~vN`` version N (docs/nomad.md,
+    "Retry"): ``logs`` of each shows the output of its own version's allocations, as ``status``
+    reads their states, not the newest allocation of each rank whatever its version."""
+    import halo_sched
+    from halo_sched.runs import next_spec
+
+    with FakeNomad([FakeNode(n, docker_volumes_enabled=True) for n in ("g0", "g1", "g2")], token=TOKEN) as fake:
+        env = _env(tmp_path, fake)
+        monkeypatch.setenv("HALO_SCHED_HOME", env["HALO_SCHED_HOME"])
+        job_id = _failed_first_attempt(tmp_path, fake, env)
+        for a in _allocs(fake, job_id):
+            fake.write_log(a["ID"], f"first attempt, {a['TaskGroup']}\n")
+        culprit = fake.alloc_for(job_id, "workers")["NodeName"]
+        second = _scheduler(fake).submit_attempt(
+            next_spec(halo_sched.load(_gpu_job(tmp_path)), job_id, 1, (culprit,), None), job_id).id
+        fake.set_running(job_id)
+        for a in _allocs(fake, second):
+            fake.write_log(a["ID"], f"second attempt, {a['TaskGroup']}\n")
+        for which, mine, other in ((job_id, "first", "second"), (second, "second", "first")):
+            r = cli("logs", which, env=env)
+            assert r.returncode == 0, (which, r.stderr)
+            assert f"[node 0] {mine} attempt, node-0" in r.stdout and f"[node 1] {mine} attempt, workers" in r.stdout, r.stdout
+            assert f"{other} attempt" not in r.stdout, (which, r.stdout)

@@ -50,6 +50,15 @@ def _superseded(c, job: dict | None) -> bool:
     return version > c.version + (1 if job.get("Stop") else 0)
 
 
+def _own_allocations(c, job: dict | None, allocs: list[dict]) -> list[dict]:
+    """The allocations of the attempt the id of ``c`` names, of those of its job: ``JOB~vN``'s
+    client narrowed them to version N already; a job halo-sched re-registered as its run's next
+    attempt (its Meta) has its plain id name the run's first attempt, version 0."""
+    if isinstance(c, _Version) or ATTEMPT_META not in ((job or {}).get("Meta") or {}):
+        return allocs
+    return [a for a in allocs if a.get("JobVersion") == 0]
+
+
 class _Version:
     """One version of a Nomad job as halo-sched's id ``JOB~vN`` names it (a retry attempt,
     :meth:`NomadScheduler.submit_attempt`): the client, with the job's allocations narrowed to
@@ -321,12 +330,8 @@ class NomadScheduler(Scheduler):
             allocs: dict[str, list] = {}
             for a in c.allocation_stubs(known) if known else ():
                 allocs.setdefault(a.get("JobID"), []).append(a)
-            if not isinstance(c, _Version):
-                # A job halo-sched re-registered as its run's next attempt: its plain id is the
-                # run's first attempt, version 0 (``JOB~vN`` names the later ones).
-                for n in known:
-                    if ATTEMPT_META in (jobs[n].get("Meta") or {}):
-                        allocs[n] = [a for a in allocs.get(n, []) if a.get("JobVersion") == 0]
+            for n in known:
+                allocs[n] = _own_allocations(c, jobs[n], allocs.get(n, []))
             states = {n: job_state(jobs.get(n), allocs.get(n, []), [], n) for n in names}
             unplaced = [n for n in known if states[n].nomad.nodes_placed < (states[n].nodes_total or 0)]
             evals: dict[str, list] = {}
@@ -541,7 +546,10 @@ class NomadScheduler(Scheduler):
         from .state import latest_allocations
 
         c, name = self._split(job_id)
-        allocs = latest_allocations(c.job_allocations(name)[0])
+        got = c.job_allocations(name)[0]
+        if len({a.get("JobVersion") for a in got}) > 1:  # the job has run more than one version
+            got = _own_allocations(c, c.read_job(name), got)
+        allocs = latest_allocations(got)
         if not allocs:
             state = self._state_or_none(job_id)
             if state is not None and state.status.terminal:
