@@ -134,6 +134,20 @@ def test_job_info_of_unknown_job(cli):
         cli.job_info("999999")
 
 
+def test_every_daemon_of_the_cluster_runs_in_its_state_directory(slurm_cluster):
+    """A daemon keeps the directory it was started in. Started from a test run's checkout,
+    slurmrestd outlived it (a shared cluster outlives runs) and died on the next run's first job
+    submit ("getcwd failed"), failing every REST test of that run."""
+    import os
+    from pathlib import Path
+
+    state = Path(slurm_cluster["SLURM_CONF"]).parent.parent
+    daemons = {p.stem: int(p.read_text().split()[0]) for p in (state / "run").glob("*.pid")}
+    assert any(name.startswith("slurmrestd") for name in daemons), daemons
+    cwds = {name: os.readlink(f"/proc/{pid}/cwd") for name, pid in daemons.items()}
+    assert all(c == "/" or c.startswith(f"{state}/") for c in cwds.values()), (state, cwds)
+
+
 def test_rest_transport_with_jwt(cli, workdir, slurm_cluster):
     """slurmrestd 22.05 (v0.0.38) with a JWT acts as the token's user; #SBATCH lines are
     translated into job properties because slurmrestd ignores them."""

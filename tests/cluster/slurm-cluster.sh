@@ -173,7 +173,10 @@ start_slurmd() {
 #    X-SLURM-USER-TOKEN (from `scontrol token`); requests act as the token's user. With
 #    SLURM_JWT=daemon set, rest_auth/local requests fail (slurmctld: "jwt_decode failure").
 # slurmrestd refuses to run as root or SlurmUser, hence the package's `slurm` user. It does
-# not daemonize, so we keep its pid ourselves.
+# not daemonize, so we keep its pid ourselves, and it keeps the directory it was started in:
+# started from the log directory, never from the caller's (a test run's checkout, deleted
+# after the run: slurmrestd 22.05 calls getcwd on a job submit and died there, "getcwd
+# failed", failing every REST test of the next run).
 start_one_slurmrestd() {
     local name=$1 listen=$2 auth=$3 jwt=$4 pid
     pid=$(pid_from "$STATE/run/slurmrestd-$name.pid")
@@ -182,8 +185,8 @@ start_one_slurmrestd() {
     chown slurm "$STATE/log/slurmrestd-$name.log"
     local envs=(SLURM_CONF="$CONF")
     [[ $jwt == 1 ]] && envs+=(SLURM_JWT=daemon)
-    setsid setpriv --reuid=slurm --regid=slurm --init-groups -- \
-        env "${envs[@]}" slurmrestd -a "$auth" -s openapi/v0.0.38 "$listen" \
+    (cd "$STATE/log" && exec setsid setpriv --reuid=slurm --regid=slurm --init-groups -- \
+        env "${envs[@]}" slurmrestd -a "$auth" -s openapi/v0.0.38 "$listen") \
         >>"$STATE/log/slurmrestd-$name.log" 2>&1 </dev/null &
     echo $! >"$STATE/run/slurmrestd-$name.pid"
 }
