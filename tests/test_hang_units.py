@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 
 import pytest
 
@@ -275,7 +276,7 @@ def test_a_late_node_still_dumps_its_ranks_in_their_collective_when_another_node
             logs.mkdir(parents=True)
             torchrun = subprocess.Popen(["sleep", "60"])
             with open(logs / "stderr.log", "wb") as err:
-                rank = subprocess.Popen([os.sys.executable, "rank.py"], cwd=tmp_path, stdin=inbox[0], stderr=err,
+                rank = subprocess.Popen([sys.executable, "rank.py"], cwd=tmp_path, stdin=inbox[0], stderr=err,
                                         pass_fds=(outbox[1],), env={**os.environ, "PYTHONFAULTHANDLER": "1"})
             procs += [rank, torchrun]
             (tmp_path / f"p{node}").mkdir()

@@ -422,6 +422,11 @@ class Monitor:
         while (left := end - time.monotonic()) > 0 and _alive(self.torchrun):
             time.sleep(min(0.2, left))  # wakes at the end, not up to 0.2 s after: the nodes act together
 
+    def _wait_until(self, when: float, most: float) -> None:
+        """Until the wall-clock time ``when`` (one instant for every node of a stall, as each
+        node reckons it from its ranks' last activity), ``most`` seconds at most, while torchrun runs."""
+        self._sleep_while_running(min(most, max(0.0, when - time.time())))
+
     def _stack_file(self, rank: int) -> str:
         return os.path.join(self.progress_dir, f"rank-{rank}.stack")
 
@@ -484,7 +489,7 @@ class Monitor:
         # still its part of the report (its ranks' last tracebacks say where they waited).
         # Until SETTLE_S after the stall began (the same on every node of it), not after this
         # node's poll saw it: the nodes then abort together (docs/failures.md, "Hangs").
-        self._sleep_while_running(min(SETTLE_S, max(0.0, stalled + SETTLE_S - time.time())))
+        self._wait_until(stalled + SETTLE_S, SETTLE_S)
         if any(self.activity(self.ranks[pid])[0] > st["last"] for pid, st in state.items() if _alive(pid)):
             sys.stderr.write(f"halo-sched: node {self.node}: progress again within "
                              f"{SETTLE_S:g} s: not a hang\n")
@@ -508,7 +513,7 @@ class Monitor:
                     except OSError:
                         pass
             if stopped:
-                self._sleep_while_running(min(STOP_SYNC_S, max(0.0, abort_at - time.time())))
+                self._wait_until(abort_at, STOP_SYNC_S)
             for pid in state:
                 if state[pid]["threads"] is None:
                     if not _alive(pid):
