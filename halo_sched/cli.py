@@ -77,6 +77,21 @@ def _positive_int(text: str) -> int:
     return _whole(text, 1, "{} is not a positive number")
 
 
+def _since(text: str) -> float:
+    """``list --since``: an age (30m, 12h, 7d) or an ISO date/time, as the epoch seconds it means."""
+    import re
+    import time
+    from datetime import datetime
+
+    m = re.fullmatch(r"(\d{1,6})([smhd])", text.strip())
+    if m:
+        return time.time() - int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except (ValueError, OverflowError, OSError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an age (30m, 12h, 7d) or an ISO date/time") from None
+
+
 def _limit(text: str) -> int:
     """``list --limit``: a positive count, or 0 for all (as documented)."""
     return _whole(text, 0, "{}: give a positive count (or 0 for every record)")
@@ -221,6 +236,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--state", type=_state_name, default=None,
                    help="only jobs in this state (RUNNING, FAILED, ...; UNREADABLE: records that cannot be read)")
     p.add_argument("--limit", type=_limit, default=50, help="the newest N records (default 50; 0: all)")
+    p.add_argument("--name", default=None, help="only jobs of this name (the job file's name)")
+    p.add_argument("--run", default=None, metavar="RUN", help="only the attempts of this run (its first attempt's id)")
+    p.add_argument("--since", type=_since, default=None, metavar="WHEN",
+                   help="only jobs submitted since WHEN: an ISO date/time (2026-12-01, 2026-12-01T08:00) or an age "
+                        "(30m, 12h, 7d)")
     p.add_argument("--json", action="store_true", help="one JSON object per job")
 
     p = command("cancel", help="cancel jobs")
@@ -256,6 +276,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     command("gc", help="Nomad: delete the secrets (Variables) of every recorded job that ended or that Nomad no "
                        "longer knows; prints each removed Variable; exit 1 if one could not be deleted")
 
+    p = command("export", help="write what the history store holds (job records, the node ledger, notifications): "
+                               "one JSON object per line, each with its kind")
+    p.add_argument("--json", action="store_true", help="one JSON document instead: {schema, jobs, ledger, notifications}")
+
     command("schema", help="print the job file's JSON Schema")
     return ap
 
@@ -282,6 +306,7 @@ COMMANDS = {
     "cancel": "manage:cmd_cancel",
     "nodes": "manage:cmd_nodes",
     "gc": "manage:cmd_gc",
+    "export": "manage:cmd_export",
     "timeline": "show:cmd_timeline",
 }
 

@@ -171,8 +171,13 @@ def keep_state(rec: dict, state: JobState) -> None:
     (halo_sched/ledger.py: once per job and host), so new jobs avoid that host."""
     try:
         records.update_state(rec, state)
-    except OSError:
-        pass
+    except (OSError, HaloError) as err:  # the store busy or broken: this command still reports the state
+        from .errors import debug
+
+        if debug():
+            import sys
+
+            print(f"halo-sched: warning: the record of {shown(rec.get('id'))} was not updated: {err}", file=sys.stderr)
     cls = state.failure_class()
     if cls is not None and cls.node:
         from . import ledger
@@ -266,40 +271,30 @@ class Row(NamedTuple):
 
 
 def recent(backend: str | None, state: str | None, limit: int, scheduler: Callable[[str], Scheduler],
-           on_error: Callable[[str, HaloError], None]) -> list[Row]:
-    """The newest ``limit`` records (0: all; of ``backend`` only, when given) with their states:
-    one scheduler query per backend (:meth:`~halo_sched.backends.base.Scheduler.for_listing`:
-    bounded, no retries), each state kept in its record; a job the scheduler forgot
-    (or a backend that cannot answer: ``on_error`` hears why) shows its last known state; an
-    unreadable record file is a row too (status ``UNREADABLE``). ``state``: only rows in it."""
-    bad: list = []
-
-    def on_bad(b) -> None:  # one warning line each, and a row below
-        records.warn_bad(b)
-        bad.append(b)
-
-    recs = [r for r in records.load_all(on_bad) if not backend or r["backend"] == backend]
-    bad = [b for b in bad if not backend or b.backend == backend]
-    # Newest first, the unreadable ones by their file's time.
-    items = sorted([(r.get("submitted") or 0, 0, r) for r in recs] + [(b.mtime, 1, b) for b in bad],
-                   key=lambda t: t[0], reverse=True)
-    if limit:
-        items = items[:limit]
+           on_error: Callable[[str, HaloError], None], name: str | None = None, run: str | None = None,
+           since: float | None = None) -> list[Row]:
+    """The newest ``limit`` records (0: all) matching ``backend``, ``name``, ``run`` and ``since``
+    (read by index: records.page, never the whole history) with their states: one scheduler
+    query per backend (:meth:`~halo_sched.backends.base.Scheduler.for_listing`: bounded, no
+    retries), each state kept in its record; a job the scheduler forgot (or a backend that cannot
+    answer: ``on_error`` hears why) shows its last known state; an unreadable record is a row too
+    (status ``UNREADABLE``). ``state``: only rows in it."""
+    items = records.page(limit, backend=backend, name=name, run=run, since=since)
     by_backend: dict[str, list[dict]] = {}
-    for _, is_bad, r in items:
-        if not is_bad:
+    for r in items:
+        if not isinstance(r, records.BadRecord):
             by_backend.setdefault(r["backend"], []).append(r)
     states: dict = {}
-    for name, rs in by_backend.items():
+    for name_, rs in by_backend.items():
         try:
             # One query for all of them, giving up at once when the scheduler is down.
-            sched = scheduler(name)
-            states[name] = sched.for_listing().query([r["id"] for r in rs])
+            sched = scheduler(name_)
+            states[name_] = sched.for_listing().query([r["id"] for r in rs])
         except HaloError as err:
-            on_error(name, err)
+            on_error(name_, err)
     rows = []
-    for _, is_bad, r in items:
-        if is_bad:
+    for r in items:
+        if isinstance(r, records.BadRecord):
             rows.append(Row(r, "UNREADABLE", f"UNREADABLE record ({r.reason})", False))
             continue
         st = states.get(r["backend"], {}).get(r["id"])

@@ -1,26 +1,21 @@
 """The node ledger: hosts that failed a job as a node would, for a while, so new jobs avoid them.
 
-``$HALO_SCHED_HOME/nodes.json`` (see :func:`halo_sched.store.home`)::
-
-    {"version": 1,
-     "entries": [{"host": "h2", "reason": "NCCL network error", "job": "1234", "backend": "slurm",
-                  "by": "nccl-system", "since": 1764590000.0, "expires": 1764676400.0}]}
+One table of the history store (halo_sched/db.py): an entry per (host, job, backend) with the
+reason, the failure class's ``by``, ``since`` and ``expires``.
 
 Who writes: whichever halo-sched process observes a node-class failure (halo_sched/node/
 failure_classes.py) where job records are updated (``status``, ``submit --wait``, ``watch``,
-``list``: :func:`halo_sched.records.update_state`). One entry per job and host: seeing the same
-failure again changes nothing. An entry lasts ``HALO_SCHED_NODE_EXPIRY_HOURS`` (default 24) from
-when it was first written; expired entries are dropped at the next write.
+``list``: :func:`halo_sched.core.keep_state`). One entry per job and host: seeing the same
+failure again changes nothing (``INSERT OR IGNORE`` in one transaction, so concurrent observers
+land once and never lose each other's entries). An entry lasts ``HALO_SCHED_NODE_EXPIRY_HOURS``
+(default 24, at most ten years) from when it was first written; expired entries are dropped at
+the next write.
 
-Concurrency: every change takes an exclusive ``fcntl.flock`` on ``nodes.lock`` beside the file,
-reads the file, changes it and writes a temporary file in the same directory, fsynced and
-renamed over ``nodes.json`` (atomic on POSIX). Readers take no lock: they always see a whole file,
-the old one or the new one. Two processes adding at once both land (tests/test_ledger.py).
-
-A file that is torn, not JSON, of the wrong shape, or written by a newer version (``version`` >
-:data:`VERSION`) is reported with one warning line and treated as empty: never fatal to
-``submit`` or ``render``. A writer then leaves such a file alone (it would lose a newer
-version's entries) and warns instead; ``halo-sched nodes clear`` says so.
+Earlier releases kept the ledger in ``$HALO_SCHED_HOME/nodes.json``: the store imports it once
+(renamed ``nodes.json.imported`` after). A file that is torn, not JSON, of the wrong shape, or
+written by a newer version is not imported: one warning line per process says why, and it stays
+as it is. An entry whose times are not finite, or that would last more than ten years, is
+dropped on import (a hand edit must not fence a host off for ever).
 """
 from __future__ import annotations
 
@@ -46,11 +41,15 @@ MAX_HOST_CHARS = 253
 
 
 def path() -> Path:
+    """Where the ledger is (the history store)."""
+    from . import db
+
+    return db.path()
+
+
+def legacy_path() -> Path:
+    """Where earlier releases kept it (imported into the store: :func:`import_file`)."""
     return store.home() / "nodes.json"
-
-
-def _lock_path() -> Path:
-    return store.home() / "nodes.lock"
 
 
 def valid_host(host: Any) -> bool:
@@ -81,6 +80,10 @@ def expiry_hours(value: Any = None) -> float:
     return hours
 
 
+#: The longest an entry may last: an expiry past it (a hand edit, ``Infinity``) is not an entry.
+MAX_SPAN_S = 10 * 365 * 24 * 3600.0
+
+
 class Entry(NamedTuple):
     host: str
     reason: str
@@ -98,17 +101,17 @@ class Entry(NamedTuple):
 
 
 class Corrupt(ValueError):
-    """The ledger file cannot be used (why in words); it is skipped."""
+    """The ledger file of an earlier release cannot be used (why in words); it is not imported."""
 
 
 _warned: set[str] = set()
 
 
-def _warn(why: str) -> None:
+def _warn(why: str, where: Path | None = None) -> None:
     if why in _warned:
         return
     _warned.add(why)
-    print(f"halo-sched: warning: skipping the node ledger {path()}: {why}", file=sys.stderr, flush=True)
+    print(f"halo-sched: warning: skipping the node ledger {where or path()}: {why}", file=sys.stderr, flush=True)
 
 
 def _entry(d: Any) -> Entry:
@@ -117,17 +120,24 @@ def _entry(d: Any) -> Entry:
     try:
         e = Entry(host=d["host"], reason=d["reason"], job=d["job"], backend=d["backend"],
                   since=float(d["since"]), expires=float(d["expires"]), by=d.get("by", ""))
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):
         raise Corrupt("an entry lacks host, reason, job, backend, since or expires") from None
     if not valid_host(e.host) or not all(isinstance(x, str) for x in (e.reason, e.job, e.backend, e.by)):
         raise Corrupt("an entry has a field of the wrong type")
     return e
 
 
-def _load() -> list[Entry]:
-    """The entries in the file (none when there is no file); Corrupt when it cannot be used."""
+def _sane(e: Entry) -> bool:
+    """Finite times, an expiry after the start and at most ten years after it."""
+    return (math.isfinite(e.since) and math.isfinite(e.expires) and 0 <= e.since
+            and e.since <= e.expires <= e.since + MAX_SPAN_S)
+
+
+def _load_legacy() -> list[Entry]:
+    """The entries of an earlier release's ``nodes.json`` (none without one); Corrupt when it
+    cannot be used."""
     try:
-        data = store.read_json(path(), MAX_BYTES)
+        data = store.read_json(legacy_path(), MAX_BYTES)
     except FileNotFoundError:
         return []
     except store.Unreadable as err:
@@ -144,13 +154,63 @@ def _load() -> list[Entry]:
     return [_entry(d) for d in data["entries"]]
 
 
-def entries() -> list[Entry]:
-    """Every entry, expired or not; a bad file is reported once and reads as empty."""
+def import_file(con) -> int:
+    """Import ``nodes.json`` of an earlier release (db.py calls this under its import lock); how
+    many entries. A file that cannot be used stays where it is and says why at every reading."""
+    where = legacy_path()
     try:
-        return _load()
+        items = _load_legacy()
     except Corrupt as err:
-        _warn(str(err))
+        con.execute("BEGIN IMMEDIATE")
+        con.execute("INSERT OR REPLACE INTO meta VALUES ('ledger_legacy_error', ?)", (str(err)[:300],))
+        con.execute("COMMIT")
+        return 0
+    if not where.exists():
+        return 0
+    sane = [e for e in items if _sane(e)]
+    if len(sane) < len(items):
+        _warn(f"{len(items) - len(sane)} entr{'y' if len(items) - len(sane) == 1 else 'ies'} with times that are not "
+              f"finite or last more than ten years: not imported", where)
+    con.execute("BEGIN IMMEDIATE")
+    try:
+        con.executemany("INSERT OR IGNORE INTO ledger (host, job, backend, reason, by, since, expires) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        [(e.host, e.job, e.backend, e.reason, e.by, e.since, e.expires) for e in sane])
+        con.execute("DELETE FROM meta WHERE key = 'ledger_legacy_error'")
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    try:
+        os.replace(where, where.with_name("nodes.json.imported"))
+    except OSError:
+        pass
+    return len(sane)
+
+
+def _rows() -> list[tuple]:
+    from . import db
+
+    if not db.exists():  # nothing recorded here: reading the ledger (render) creates no store
         return []
+    if legacy_path().exists():
+        why = db.read("SELECT value FROM meta WHERE key = 'ledger_legacy_error'")
+        if why:
+            _warn(why[0][0], legacy_path())
+    return db.read("SELECT host, reason, job, backend, since, expires, by FROM ledger")
+
+
+def entries() -> list[Entry]:
+    """Every entry, expired or not (a row that is not sane, from a hand edit of the store, is skipped)."""
+    out = []
+    for row in _rows():
+        try:
+            e = _entry(dict(zip(("host", "reason", "job", "backend", "since", "expires", "by"), row)))
+        except Corrupt:
+            continue
+        if _sane(e):
+            out.append(e)
+    return out
 
 
 def active(now: float | None = None) -> list[Entry]:
@@ -164,70 +224,36 @@ def active_hosts(now: float | None = None) -> tuple[str, ...]:
     return tuple(sorted({e.host for e in active(now)}))
 
 
-class _Locked:
-    """An exclusive lock on the ledger for one read-change-write."""
-
-    def __enter__(self):
-        import fcntl
-
-        lp = _lock_path()
-        lp.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(lp, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        import fcntl
-
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-        finally:
-            os.close(self.fd)
-
-
-def _save(items: list[Entry]) -> None:
-    import json
-
-    data = {"version": VERSION, "entries": [e.to_dict() for e in items]}
-    store.atomic_write(path(), (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
-
-
 def add(host: str, reason: str, job: str, backend: str, *, by: str = "", now: float | None = None,
         hours: float | None = None) -> Entry | None:
     """Ledger ``host`` for the failure of ``job`` on ``backend``; the entry (the one already there
-    for this job and host, unchanged), or None when the file cannot be written over (corrupt or
-    newer: warned) or ``host`` is not a host name."""
+    for this job and host, unchanged), or None when ``host`` is not a host name."""
     if not valid_host(host):
         return None
+    from . import db
+
     now = time.time() if now is None else now
     hours = expiry_hours() if hours is None else hours
-    with _Locked():
-        try:
-            items = _load()
-        except Corrupt as err:
-            _warn(f"{err}; not recording {host}")
-            return None
-        for e in items:
-            if e.host == host and e.job == job and e.backend == backend:
-                return e
+    reason, by = str(reason)[:300], str(by)[:60]
+    with db.write() as con:
+        row = con.execute("SELECT host, reason, job, backend, since, expires, by FROM ledger "
+                          "WHERE host = ? AND job = ? AND backend = ?", (host, job, backend)).fetchone()
+        if row is not None:
+            return Entry(*row[:6], by=row[6])
+        con.execute("DELETE FROM ledger WHERE expires <= ?", (now,))
         new = Entry(host=host, reason=reason, job=job, backend=backend, since=now, expires=now + hours * 3600, by=by)
-        _save([e for e in items if e.active(now)] + [new])
+        con.execute("INSERT INTO ledger (host, job, backend, reason, by, since, expires) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (host, job, backend, reason, by, new.since, new.expires))
         return new
 
 
 def clear(host: str) -> int:
     """Forget every entry of ``host``; how many there were (0: the ledger does not know it)."""
     check_host(host)
-    with _Locked():
-        try:
-            items = _load()
-        except Corrupt as err:
-            raise UsageError(f"the node ledger {path()} cannot be changed: {err}") from None
-        keep = [e for e in items if e.host != host]
-        gone = len(items) - len(keep)
-        if gone:
-            _save(keep)
-        return gone
+    from . import db
+
+    with db.write() as con:
+        return con.execute("DELETE FROM ledger WHERE host = ?", (host,)).rowcount
 
 
 def observe(job: str, backend: str, classification) -> Entry | None:
@@ -245,17 +271,6 @@ def observe(job: str, backend: str, classification) -> Entry | None:
     return None
 
 
-class Ledger:
-    """The node ledger as one object, for code that prefers one (the module's functions)."""
-
-    add = staticmethod(add)
-    active = staticmethod(active)
-    active_hosts = staticmethod(active_hosts)
-    clear = staticmethod(clear)
-    entries = staticmethod(entries)
-    observe = staticmethod(observe)
-    path = staticmethod(path)
-
-
-__all__ = ["DEFAULT_EXPIRY_HOURS", "Ledger", "EXPIRY_ENV", "Entry", "VERSION", "active", "active_hosts", "add", "check_host",
-           "clear", "entries", "expiry_hours", "observe", "path", "valid_host"]
+__all__ = ["DEFAULT_EXPIRY_HOURS", "EXPIRY_ENV", "Entry", "VERSION", "active", "active_hosts", "add", "check_host",
+           "clear", "entries", "expiry_hours", "import_file", "legacy_path", "observe", "path",
+           "valid_host"]

@@ -1,20 +1,20 @@
 """One record per submitted job, so that every command works from the job id alone.
 
-``submit`` writes ``$HALO_SCHED_HOME/jobs/<id>@<backend>.json`` (default home:
-``$XDG_STATE_HOME/halo-sched``, else ``~/.local/state/halo-sched``): the backend and scheduler id,
-where it went (cluster, region, namespace), its output files as absolute paths, a copy of what was
-submitted, the job file's hash, the resolved spec, the submit time and directory, and what ran
-(git commit, dirty tree with its diff beside the record). ``status``/``logs``/``cancel`` then find
-the backend without ``--backend``; ``logs`` finds the output after the scheduler forgot the job;
-``list`` shows recent jobs with their last known state.
+``submit`` writes the job's record into the history store (halo_sched/db.py,
+``$HALO_SCHED_HOME/halo-sched.db``; default home: ``$XDG_STATE_HOME/halo-sched``, else
+``~/.local/state/halo-sched``): the backend and scheduler id, where it went (cluster, region,
+namespace), its output files as absolute paths, a copy of what was submitted, the job file's hash,
+the resolved spec, the submit time and directory, and what ran (git commit, dirty tree with its
+diff beside the store in ``rendered/``). ``status``/``logs``/``cancel`` then find the backend
+without ``--backend``; ``logs`` finds the output after the scheduler forgot the job; ``list``
+shows a page of recent jobs with their last known state.
 
-Concurrency: one file per record, never a shared index. Each write goes to a temporary file in the
-same directory, is fsynced and renamed over the record (atomic on POSIX), so two submits at once
-write two whole records, and a crash mid-write leaves a ``.tmp-*`` file that readers ignore.
-Reading never trusts a file: one that is torn, has the wrong types, is not a regular file (a FIFO
-would block a plain open) or is too big is skipped with one warning line, and ``list`` shows it as
-unreadable; no bad record can fail a command about another job.
-Secrets never reach a record: the spec holds ``secret_env`` names only, never values.
+Concurrency: a record changes only inside one store transaction that reads it, changes what it
+knows (:func:`update`: the last state, a run's observed times) and writes it back, so concurrent
+observers never lose each other's updates. Reading never trusts a record: one with the wrong
+types (or an imported file that was torn, not a regular file, too big) is skipped with one
+warning line and ``list`` shows it as unreadable; no bad record can fail a command about another
+job. Secrets never reach a record: the spec holds ``secret_env`` names only, never values.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 from urllib.parse import quote, unquote
 
 VERSION = 1
@@ -32,7 +32,13 @@ from .store import MAX_RECORD_BYTES, Unreadable, atomic_write, home, read_json, 
 
 
 def jobs_dir() -> Path:
+    """Where earlier releases kept one JSON file per job (imported into the store: db.py)."""
     return home() / "jobs"
+
+
+def rendered_dir() -> Path:
+    """The text each job was submitted as, and its dirty tree's diff, named from the store."""
+    return home() / "rendered"
 
 
 def _stem(job_id: str, backend: str) -> str:
@@ -41,13 +47,61 @@ def _stem(job_id: str, backend: str) -> str:
 
 
 def path_for(job_id: str, backend: str) -> Path:
+    """The file an earlier release kept this job's record in."""
     return jobs_dir() / f"{_stem(job_id, backend)}.json"
 
 
-def write(record: dict) -> Path:
-    p = path_for(record["id"], record["backend"])
-    atomic_write(p, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
-    return p
+def ref(job_id: str, backend: str) -> str:
+    """Where the record is, for a person: the store and the record's key in it."""
+    from . import db
+
+    return f"{db.path()}#{_stem(job_id, backend)}"
+
+
+def _columns(record: dict) -> tuple:
+    last = record.get("last_state") if isinstance(record.get("last_state"), dict) else {}
+    run = record.get("run") if isinstance(record.get("run"), dict) else {}
+    submitted = record.get("submitted")
+    attempt = run.get("attempt")
+    return (submitted if isinstance(submitted, (int, float)) and not isinstance(submitted, bool) else 0.0,
+            record.get("name") if isinstance(record.get("name"), str) else None,
+            last.get("status") if isinstance(last.get("status"), str) else None,
+            run.get("id") if isinstance(run.get("id"), str) else None,
+            attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None)
+
+
+def _put(con, record: dict) -> None:
+    from . import db
+
+    con.execute("INSERT OR REPLACE INTO jobs (id, backend, submitted, name, status, run_id, attempt, data, bad) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)",
+                (record["id"], record["backend"], *_columns(record), db.dumps(record)))
+
+
+def write(record: dict) -> str:
+    """Store ``record`` whole (a new job's; anything that changes a stored one uses :func:`update`)."""
+    from . import db
+
+    with db.write() as con:
+        _put(con, record)
+    return ref(record["id"], record["backend"])
+
+
+def update(job_id: str, backend: str, change: Callable[[dict], bool]) -> dict | None:
+    """Read-modify-write of one record in one transaction: ``change(record)`` edits the stored
+    record in place and says whether it changed anything; the record as stored after (None: no
+    usable record)."""
+    from . import db
+
+    with db.write() as con:
+        row = con.execute("SELECT data FROM jobs WHERE id = ? AND backend = ? AND data IS NOT NULL",
+                          (job_id, backend)).fetchone()
+        rec = _parse(row[0]) if row else None
+        if rec is None or _problem(rec) is not None:
+            return None
+        if change(rec):
+            _put(con, rec)
+        return rec
 
 
 #: A record is a few kB (the resolved spec is the largest part); anything this big is not one.
@@ -86,7 +140,8 @@ def _problem(data: Any) -> str | None:
 
 
 class BadRecord(NamedTuple):
-    """A record file that cannot be used: its id and backend as its name says, and why."""
+    """A record that cannot be used: its id and backend (for an imported file, as its name said),
+    where it is, and why."""
 
     path: Path
     id: str
@@ -112,73 +167,118 @@ def warn_bad(bad: BadRecord) -> None:
     if key in _reported:
         return
     _reported.add(key)
-    print(f"halo-sched: warning: skipping unreadable job record {bad.path.name}: {bad.reason}", file=sys.stderr,
-          flush=True)
+    from .errors import shown
+
+    print(f"halo-sched: warning: skipping unreadable job record {shown(_stem(bad.id, bad.backend), 120)}: "
+          f"{bad.reason}", file=sys.stderr, flush=True)
 
 
-def _read(p: Path, on_bad: Callable[[BadRecord], None] | None = warn_bad) -> dict | None:
-    """The record in ``p``; None when there is none or it is unusable (then ``on_bad`` hears why)."""
+def _parse(text: str) -> Any:
     try:
-        data = read_json(p)
-        why = _problem(data)
-    except FileNotFoundError:
+        return json.loads(text)
+    except (ValueError, TypeError):
         return None
-    except (OSError, Unreadable) as err:
-        why = str(err) if isinstance(err, Unreadable) else (err.strerror or type(err).__name__)
-    if why is None:
-        return data
+
+
+def _row(row: tuple, on_bad: Callable[[BadRecord], None] | None) -> dict | None:
+    """The record of a ``(id, backend, submitted, data, bad)`` row; None when unusable (then
+    ``on_bad`` hears why)."""
+    job_id, backend, submitted, data, bad = row
+    rec = None
+    if bad is None:
+        rec = _parse(data) if isinstance(data, str) else None
+        bad = "not a JSON object" if rec is None else _problem(rec)
+    if bad is None:
+        return rec
     if on_bad is not None:
-        try:
-            mtime = os.lstat(p).st_mtime
-        except OSError:
-            mtime = 0.0
-        on_bad(BadRecord(p, *_from_name(p), why, mtime))
+        on_bad(BadRecord(Path(ref(job_id, backend)), job_id, backend, bad, float(submitted or 0)))
     return None
 
 
-def _record_files(d: Path) -> list[Path]:
-    try:
-        return sorted(p for p in d.glob("*.json") if not p.name.startswith("."))
-    except OSError:
+_COLS = "id, backend, submitted, data, bad"
+
+
+def _select(where: str = "", args: tuple = (), tail: str = "") -> list[tuple]:
+    from . import db
+
+    if not db.exists():  # nothing was ever recorded here: a reader creates no store
         return []
+    return db.read(f"SELECT {_COLS} FROM jobs {where} {tail}", args)
 
 
 def load_all(on_bad: Callable[[BadRecord], None] | None = warn_bad) -> list[dict]:
-    """Every usable record, newest first. Temporary files are skipped; an unusable record file
-    (torn, wrong types, not a regular file, too big) is skipped and passed to ``on_bad`` (by
-    default: one short warning line on stderr)."""
-    d = jobs_dir()
-    if not d.is_dir():
-        return []
-    out = [r for p in _record_files(d) if (r := _read(p, on_bad)) is not None]
-    return sorted(out, key=lambda r: r.get("submitted") or 0, reverse=True)
+    """Every usable record, newest first (the whole history: commands use :func:`page`); an
+    unusable one is passed to ``on_bad`` (by default: one short warning line on stderr)."""
+    return [r for row in _select(tail="ORDER BY submitted DESC") if (r := _row(row, on_bad)) is not None]
+
+
+def page(limit: int = 50, backend: str | None = None, status: str | None = None, name: str | None = None,
+         run: str | None = None, since: float | None = None,
+         on_bad: Callable[[BadRecord], None] | None = warn_bad) -> list[dict | BadRecord]:
+    """One page of ``list``: the newest ``limit`` records (0: all) matching every filter given,
+    newest first, read by index (the rest of the history is never loaded). Unusable records are
+    items too (:class:`BadRecord`), after ``on_bad`` heard of them."""
+    conds, args = [], []
+    for column, value in (("backend", backend), ("status", status), ("name", name), ("run_id", run)):
+        if value is not None:
+            conds.append(f"{column} = ?")
+            args.append(value)
+    if since is not None:
+        conds.append("submitted >= ?")
+        args.append(since)
+    where = ("WHERE " + " AND ".join(conds)) if conds else ""
+    tail = "ORDER BY submitted DESC" + (" LIMIT ?" if limit else "")
+    out: list[dict | BadRecord] = []
+    bad: list[BadRecord] = []
+
+    def seen(b: BadRecord) -> None:
+        bad.append(b)
+        if on_bad is not None:
+            on_bad(b)
+
+    for row in _select(where, tuple(args) + ((limit,) if limit else ()), tail):
+        rec = _row(row, seen)
+        out.append(rec if rec is not None else bad[-1])
+    return out
 
 
 def find(job_id: str, backend: str | None = None,
          on_bad: Callable[[BadRecord], None] | None = warn_bad) -> list[dict]:
     """Records of ``job_id`` (one per backend that has such an id); unusable ones go to ``on_bad``."""
-    d = jobs_dir()
     if backend:
-        r = _read(path_for(job_id, backend), on_bad)
-        return [r] if r and r["id"] == job_id and r["backend"] == backend else []
-    prefix = quote(job_id, safe="") + "@"
-    if len(prefix) > 255 or not d.is_dir():  # no file can have that name
-        return []
-    return [r for p in _record_files(d) if p.name.startswith(prefix) and _from_name(p)[0] == job_id
-            and (r := _read(p, on_bad)) is not None and r["id"] == job_id]
+        rows = _select("WHERE id = ? AND backend = ?", (job_id, backend))
+    else:
+        rows = _select("WHERE id = ?", (job_id,), "ORDER BY backend")
+    return [r for row in rows if (r := _row(row, on_bad)) is not None and r["id"] == job_id]
+
+
+def of_run(run_id: str, backend: str | None = None) -> list[dict]:
+    """The usable records of every attempt of run ``run_id``, by attempt number (by index)."""
+    if backend:
+        rows = _select("WHERE run_id = ? AND backend = ?", (run_id, backend), "ORDER BY attempt")
+    else:
+        rows = _select("WHERE run_id = ?", (run_id,), "ORDER BY attempt")
+    return [r for row in rows if (r := _row(row, None)) is not None]
 
 
 def exists(job_id: str, backend: str) -> bool:
-    """Whether a record file (usable or not) names this job."""
-    try:
-        os.lstat(path_for(job_id, backend))
-    except OSError:
-        return False
-    return True
+    """Whether a record (usable or not) names this job."""
+    return bool(_select("WHERE id = ? AND backend = ?", (job_id, backend)))
+
+
+def _same(old: Any, new: dict) -> bool:
+    return isinstance(old, dict) and {k: v for k, v in old.items() if k != "at"} == {k: v for k, v in new.items()
+                                                                                  if k != "at"}
+
+
+#: States a SLURM job may leave again (requeue): a later observation may follow them.
+_MAY_RETURN = {"NODE_FAIL", "PREEMPTED", "REQUEUED"}
 
 
 def update_state(record: dict, state) -> None:
-    """Keep ``state`` as the record's last known one (only when the scheduler still knows the job)."""
+    """Keep ``state`` as the record's last known one (only when the scheduler still knows the
+    job), in one transaction with the stored record (never over a newer end another process kept),
+    and in ``record`` too."""
     from .backends.jobstate import JobStatus
 
     if state.status is JobStatus.UNKNOWN:
@@ -194,11 +294,95 @@ def update_state(record: dict, state) -> None:
     cls = state.failure_class()
     if cls is not None:  # whose fault (the node ledger hears of a node's: core.keep_state)
         last["failure_class"] = cls.to_dict()
-    old = record.get("last_state") or {}
-    if {k: v for k, v in old.items() if k != "at"} == {k: v for k, v in last.items() if k != "at"}:
+    from . import db
+
+    last = db.clean(last)
+    if _same(record.get("last_state"), last):
+        return  # what the record already says (the common case in list): no write
+
+    def change(rec: dict) -> bool:
+        old = rec.get("last_state") if isinstance(rec.get("last_state"), dict) else {}
+        if _same(old, last):
+            return False
+        try:
+            was_end = JobStatus(old.get("status")).terminal
+        except ValueError:
+            was_end = False
+        if was_end and not state.status.terminal and old.get("status") not in _MAY_RETURN:
+            return False  # an observation older than the end another process already kept
+        rec["last_state"] = last
+        return True
+
+    stored = update(record["id"], record["backend"], change)
+    if stored is not None:
+        record["last_state"] = stored.get("last_state")
+
+
+def import_files(con) -> int:
+    """Import earlier releases' record files (``jobs/*.json``) into the store (db.py calls this
+    under its import lock): each file is read once (bounded, never blocking), stored (an unusable
+    one as a row saying why), and moved to ``jobs/imported/`` after its row committed. A record
+    the store already holds is replaced only by a file that knows a later state. How many files."""
+    d = jobs_dir()
+    try:
+        names = sorted(e.name for e in os.scandir(d) if e.name.endswith(".json") and not e.name.startswith("."))
+    except OSError:
+        return 0
+    done = d / "imported"
+    moved = 0
+    for chunk in range(0, len(names), 500):
+        batch = names[chunk:chunk + 500]
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            for name in batch:
+                _import_one(con, d / name)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        done.mkdir(exist_ok=True)
+        for name in batch:
+            try:
+                os.replace(d / name, done / name)
+                moved += 1
+            except OSError:
+                pass
+    return moved
+
+
+def _import_one(con, p: Path) -> None:
+    from . import db
+
+    job_id, backend = _from_name(p)
+    try:
+        data = read_json(p)
+        why = _problem(data)
+    except FileNotFoundError:
         return
-    record["last_state"] = last
-    write(record)
+    except (OSError, Unreadable) as err:
+        data, why = None, (str(err) if isinstance(err, Unreadable) else (err.strerror or type(err).__name__))
+    if why is None:
+        job_id, backend = data["id"], data["backend"]
+    if not job_id:
+        return
+    row = con.execute("SELECT data, bad FROM jobs WHERE id = ? AND backend = ?", (job_id, backend)).fetchone()
+    if why is not None:
+        if row is None:
+            try:
+                mtime = os.lstat(p).st_mtime
+            except OSError:
+                mtime = 0.0
+            con.execute("INSERT INTO jobs (id, backend, submitted, data, bad) VALUES (?, ?, ?, NULL, ?)",
+                        (job_id, backend, mtime, why[:200]))
+        return
+    if row is not None and row[1] is None:
+        have = _parse(row[0]) or {}
+        at_have = ((have.get("last_state") or {}) if isinstance(have.get("last_state"), dict) else {}).get("at") or 0
+        at_file = (data.get("last_state") or {}).get("at") or 0
+        if not (isinstance(at_file, (int, float)) and isinstance(at_have, (int, float)) and at_file > at_have):
+            return
+    con.execute("INSERT OR REPLACE INTO jobs (id, backend, submitted, name, status, run_id, attempt, data, bad) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)", (job_id, backend, *_columns(data), db.dumps(data)))
 
 
 # ---- building a record at submit ------------------------------------------------------------
@@ -293,22 +477,22 @@ def build(backend: str, spec, job_id: str, fields: dict | None = None, job_file=
     return rec
 
 
-def save_new(record: dict, rendered: str) -> Path:
+def save_new(record: dict, rendered: str) -> str:
     """Write a new record, with the submitted text (and the dirty tree's diff) beside it."""
     stem = _stem(record["id"], record["backend"])
     diff = record.pop("_diff", "")
-    rendered_path = jobs_dir() / f"{stem}.rendered"
+    rendered_path = rendered_dir() / f"{stem}.rendered"
     atomic_write(rendered_path, rendered.encode())
     record["rendered_file"] = str(rendered_path)
     if diff:
-        diff_path = jobs_dir() / f"{stem}.diff"
+        diff_path = rendered_dir() / f"{stem}.diff"
         atomic_write(diff_path, diff.encode())
         record["git"]["diff_file"] = str(diff_path)
     return write(record)
 
 
 def record_submit(backend: str, spec, rendered: str, job_id: str, fields: dict | None = None, job_file=None,
-                  git_result: Callable[[], dict | None] | None = None) -> Path | None:
+                  git_result: Callable[[], dict | None] | None = None) -> str | None:
     """Write the record of a job just submitted (``rendered``: the text submitted); a failure to
     write it is a warning, not an error (the job runs either way)."""
     import sys
@@ -316,5 +500,12 @@ def record_submit(backend: str, spec, rendered: str, job_id: str, fields: dict |
     try:
         return save_new(build(backend, spec, job_id, fields, job_file, git_result), rendered)
     except (OSError, ValueError, TypeError) as err:
-        print(f"halo-sched: warning: could not write the job record under {jobs_dir()}: {err}", file=sys.stderr)
+        print(f"halo-sched: warning: could not write the job record under {home()}: {err}", file=sys.stderr)
+        return None
+    except Exception as err:  # the store (db.StoreError): the job runs either way, its id is printed
+        from .errors import HaloError
+
+        if not isinstance(err, HaloError):
+            raise
+        print(f"halo-sched: warning: the job record was not kept: {err}", file=sys.stderr)
         return None

@@ -6,8 +6,15 @@ record of its own; the record's ``run`` says ``{"id": RUN, "attempt": n, "exclud
 own requeues, ``SLURM_RESTART_COUNT``), the same spec, the run's git state as first recorded, and
 the hosts every earlier attempt failed on excluded (on top of the node ledger's).
 
-Where the retry happens: in the process that waits on the run (``submit --wait``,
+Where the retry happens: in a process that waits on the run (``submit --wait``, ``watch``,
 :meth:`Run.wait`). Without one, a failed attempt stays failed (docs/failures.md, "Retry").
+Exactly one next attempt per failed attempt, however many processes wait on the run: the one
+that submits it first claims the failed attempt in the history store (a ``successors`` row,
+inserted in one transaction: halo_sched/db.py); the others wait for the claimant to record the
+new attempt's id and then follow it. A waiter always starts from the run's newest attempt, so
+watching a run that already went on (or ended) never submits anything for an attempt that has a
+successor. A claim whose process died before it submitted (same host, process gone) or that
+outlived :data:`CLAIM_S` can be taken over.
 
 Cost: each attempt's node-hours are nodes x wall time, GPU-hours nodes x gpus_per_node x wall
 time; the wall time is the scheduler's own start and end where the backend reports them
@@ -17,12 +24,18 @@ process saw the attempt running and ended (``clock: observed``).
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from . import records
 from .backends.base import Job, JobState, JobStatus, Scheduler
+from .errors import HaloError
+
+#: How long a claim to submit a failed attempt's successor holds without its successor's id
+#: (a submit through an outage is bounded well below it: halo_sched/outage.py).
+CLAIM_S = 900.0
 
 #: How a failure class (a record's ``last_state.failure_class``, or a Classification) maps onto
 #: the names ``retry.on`` takes.
@@ -72,26 +85,32 @@ def culprit(state: JobState) -> str:
 
 def _observe(backend: str, job_id: str, state: JobState) -> None:
     """Keep, in the attempt's record, when the waiting process saw it running and ended (the
-    fallback clock when the scheduler reports neither)."""
-    for rec in records.find(job_id, backend):
+    fallback clock when the scheduler reports neither): one transaction, so concurrent observers
+    and state updates never lose each other's writes."""
+    from .backends.jobstate import JobStatus as S
+
+    if not (state.status is S.RUNNING or state.status.terminal):
+        return
+    now = time.time()
+
+    def change(rec: dict) -> bool:
         run = rec.get("run")
         if not isinstance(run, dict):
-            return
-        now = time.time()
+            return False
         changed = False
-        if state.status is JobStatus.RUNNING and "observed_start" not in run:
+        if state.status is S.RUNNING and "observed_start" not in run:
             run["observed_start"] = now
             changed = True
         if state.status.terminal and "observed_end" not in run:
             run.setdefault("observed_start", now)
             run["observed_end"] = now
             changed = True
-        if changed:
-            try:
-                records.write(rec)
-            except OSError:
-                pass
-        return
+        return changed
+
+    try:
+        records.update(job_id, backend, change)
+    except (OSError, HaloError):
+        pass
 
 
 def _settle_times(sched: Scheduler, ids: list[str]) -> None:
@@ -99,8 +118,6 @@ def _settle_times(sched: Scheduler, ids: list[str]) -> None:
     more as the run ends (Nomad: the wait on a failed attempt returns once the watcher stopped
     the survivors, before their tasks' FinishedAt; by the last attempt's end they have one).
     One query for them all; a scheduler that does not answer leaves the observed times."""
-    from .errors import HaloError
-
     missing = []
     for job_id in ids:
         last = ((records.find(job_id, sched.name) or [{}])[0].get("last_state") or {})
@@ -128,40 +145,140 @@ def next_spec(spec, run_id: str, number: int, exclude: tuple[str, ...], git: dic
     return nxt
 
 
+def _me() -> str:
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _gone(claimant: str) -> bool:
+    """Whether the process of a claim is known to be gone (on this host only: elsewhere, the lease)."""
+    import socket
+
+    host, _, pid = claimant.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def successor(run_id: str, backend: str, job_id: str) -> str | None:
+    """The attempt submitted after ``job_id`` failed, when one was."""
+    from . import db
+
+    if not db.exists():
+        return None
+    rows = db.read("SELECT job FROM successors WHERE run_id = ? AND backend = ? AND from_job = ? AND job IS NOT NULL",
+                   (run_id, backend, job_id))
+    if rows:
+        return rows[0][0]
+    # Runs recorded before successors were: the record of the next attempt number.
+    recs = records.of_run(run_id, backend)
+    numbers = {r["id"]: number((r.get("run") or {}).get("attempt")) for r in recs}
+    if job_id in numbers:
+        later = [r["id"] for r in recs if numbers[r["id"]] == numbers[job_id] + 1]
+        if len(later) == 1:
+            return later[0]
+    return None
+
+
+def claim(run_id: str, backend: str, job_id: str) -> tuple[bool, str | None]:
+    """Claim the right to submit ``job_id``'s successor: (True, None) when this process holds it
+    now; (False, id) when the successor exists; (False, None) when another live process holds it."""
+    from . import db
+
+    now = time.time()
+    with db.write() as con:
+        row = con.execute("SELECT job, claimed_by, claimed_until FROM successors WHERE run_id = ? AND backend = ? "
+                          "AND from_job = ?", (run_id, backend, job_id)).fetchone()
+        if row is None:
+            con.execute("INSERT INTO successors (run_id, backend, from_job, job, claimed_by, claimed_until) "
+                        "VALUES (?, ?, ?, NULL, ?, ?)", (run_id, backend, job_id, _me(), now + CLAIM_S))
+            return True, None
+        if row[0]:
+            return False, row[0]
+        if row[2] < now or _gone(row[1]):
+            con.execute("UPDATE successors SET claimed_by = ?, claimed_until = ? WHERE run_id = ? AND backend = ? "
+                        "AND from_job = ?", (_me(), now + CLAIM_S, run_id, backend, job_id))
+            return True, None
+        return False, None
+
+
+def _settle_claim(run_id: str, backend: str, job_id: str, new: str | None) -> None:
+    """Record the successor a claim submitted, or (``new`` None: the submit failed) give the claim up."""
+    from . import db
+
+    with db.write() as con:
+        if new is None:
+            con.execute("DELETE FROM successors WHERE run_id = ? AND backend = ? AND from_job = ? AND job IS NULL "
+                        "AND claimed_by = ?", (run_id, backend, job_id, _me()))
+        else:
+            con.execute("UPDATE successors SET job = ? WHERE run_id = ? AND backend = ? AND from_job = ?",
+                        (new, run_id, backend, job_id))
+
+
 def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable], JobState],
-             on_retry: Callable[[str, JobState, str, str], None] | None = None) -> tuple[str, JobState]:
-    """Wait on the run that ``job_id`` (its first attempt) starts; after a failure ``retry.on``
-    lists, submit the next attempt and wait on it, until one ends otherwise or the attempts run
-    out. ``wait(job_id, observe)`` waits on one attempt, calling ``observe(state)`` on each new
-    state. ``on_retry(old_id, state, why, new_id)`` hears of each retry. Returns the last
+             on_retry: Callable[[str, JobState, str, str], None] | None = None,
+             on_follow: Callable[[str, str], None] | None = None, poll_s: float = 0.5) -> tuple[str, JobState]:
+    """Wait on the run that ``job_id`` (an attempt of it) belongs to, from its newest attempt;
+    after a failure ``retry.on`` lists, submit the next attempt (or follow the one another
+    process submitted: see the module's doc) and wait on it, until one ends otherwise or the
+    attempts run out. ``wait(job_id, observe)`` waits on one attempt, calling ``observe(state)``
+    on each new state. ``on_retry(old_id, state, why, new_id)`` hears of each attempt this
+    process submitted, ``on_follow(old_id, new_id)`` of each it found submitted. Returns the last
     attempt's (id, final state)."""
-    rec = (records.find(job_id, sched.name) or [{}])[0]
-    run_id = (rec.get("run") or {}).get("id") or job_id
-    count = number((rec.get("run") or {}).get("attempt"))
-    exclude = tuple(h for h in (rec.get("run") or {}).get("excluded") or () if isinstance(h, str))
-    git = rec.get("git")
+    first = (records.find(job_id, sched.name) or [{}])[0]
+    run_id = (first.get("run") or {}).get("id") or job_id
     current = job_id
     earlier: list[str] = []
+    # What this process knows of the attempt waited on, should its record say less (a record
+    # that could not be written): the count only grows, the excluded hosts only add up.
+    count = number((first.get("run") or {}).get("attempt"))
+    exclude: tuple[str, ...] = ()
     while True:
+        while (nxt := successor(run_id, sched.name, current)) is not None:
+            earlier.append(current)
+            if on_follow is not None:
+                on_follow(current, nxt)
+            current, count = nxt, count + 1
+        rec = (records.find(current, sched.name) or [{}])[0]
+        run = rec.get("run") if isinstance(rec.get("run"), dict) else {}
+        count = max(count, number(run.get("attempt")))
+        exclude = tuple(dict.fromkeys(exclude + tuple(h for h in run.get("excluded") or () if isinstance(h, str))))
         state = wait(current, lambda st, cur=current: _observe(sched.name, cur, st))
         _observe(sched.name, current, state)
         again, why = wants_retry(spec, state, count)
         if not again:
             _settle_times(sched, earlier)
             return current, state
-        earlier.append(current)
+        mine, new = claim(run_id, sched.name, current)
+        while not mine and new is None:  # another process is submitting it: follow what it records
+            time.sleep(poll_s)
+            mine, new = claim(run_id, sched.name, current)
+        if not mine:
+            continue  # the successor exists: the loop's head follows it
         host = culprit(state)
-        exclude = exclude + ((host,) if host else ())
-        count += 1
+        nxt_spec = next_spec(spec, run_id, count + 1, exclude + ((host,) if host else ()), first.get("git"))
         # Nomad: a new version of the same job (its id names the version); SLURM, local: a new
         # job (Scheduler.submit_attempt's default, which is submit).
-        nxt = next_spec(spec, run_id, count, exclude, git)
         resubmit = getattr(sched, "submit_attempt", None)
-        new = (resubmit(nxt, current) if resubmit is not None else sched.submit(nxt)).id
+        try:
+            new = (resubmit(nxt_spec, current) if resubmit is not None else sched.submit(nxt_spec)).id
+        except BaseException:
+            _settle_claim(run_id, sched.name, current, None)
+            raise
+        _settle_claim(run_id, sched.name, current, new)
         if on_retry is not None:
             on_retry(current, state, why, new)
-        _notify_retried(sched.name, current, state, why, new, count)
-        current = new
+        _notify_retried(sched.name, current, state, why, new, count + 1)
+        earlier.append(current)
+        exclude = exclude + ((host,) if host else ())
+        current, count = new, count + 1
 
 
 def _notify_retried(backend: str, old: str, state: JobState, why: str, new: str, attempt: int) -> None:
@@ -246,9 +363,8 @@ def row_of(rec: dict) -> AttemptRow:
 
 def attempts_of(run_id: str, backend: str | None = None) -> list[AttemptRow]:
     """Every attempt of run ``run_id`` (its first attempt's id), in order, from the job records."""
-    rows = [row_of(r) for r in records.load_all(lambda b: None)
-            if isinstance(r.get("run"), dict) and r["run"].get("id") == run_id
-            and (backend is None or r["backend"] == backend)]
+    rows = [row_of(r) for r in records.of_run(run_id, backend)
+            if isinstance(r.get("run"), dict) and r["run"].get("id") == run_id]
     return sorted(rows, key=lambda a: a.number)
 
 

@@ -36,8 +36,7 @@ def test_add_is_once_per_job_and_host_and_expires(monkeypatch):
     assert ledger.active_hosts(now=4000.0) == ("h2",)
     assert [x.job for x in ledger.active(now=4700.0)] == ["102"]
     assert ledger.active(now=5200.0) == []
-    data = json.loads(ledger.path().read_text())
-    assert data["version"] == ledger.VERSION and len(data["entries"]) == 2
+    assert len(ledger.entries()) == 2 and ledger.path().name == "halo-sched.db"
     assert ledger.clear("h2") == 2 and ledger.entries() == []
     monkeypatch.setenv(ledger.EXPIRY_ENV, "0.5")
     e = ledger.add("h3", "x", "1", "nomad")
@@ -79,20 +78,35 @@ def test_concurrent_writers_all_land(tmp_path, monkeypatch):
      '"since": 1, "expires": 9e99}]}', "wrong type"),
     ('{"version": 2, "entries": [{"host": "h1", "future": true}]}', "written by a newer halo-sched (ledger version 2"),
 ])
-def test_a_bad_or_newer_file_is_skipped_with_one_warning_never_fatal(text, why, capsys, tmp_path):
+def test_an_earlier_releases_bad_or_newer_file_is_not_imported_and_says_so_never_fatal(text, why, capsys, tmp_path):
     ledger._warned.clear()
-    ledger.path().parent.mkdir(parents=True, exist_ok=True)
-    ledger.path().write_text(text)
+    ledger.legacy_path().parent.mkdir(parents=True, exist_ok=True)
+    ledger.legacy_path().write_text(text)
     assert ledger.active() == [] and ledger.active() == []
     err = capsys.readouterr().err
     assert err.count("halo-sched: warning: skipping the node ledger") == 1 and why in err, err
-    # Rendering a job still works, avoiding nothing; a writer leaves the file as it is.
+    # Rendering a job still works, avoiding nothing; the store takes new entries; the file stays.
     spec = halo_sched.load(REPO / "examples" / "ddp-cpu.yaml")
     assert "#SBATCH --exclude" not in halo_sched.render(spec, "slurm")
-    assert ledger.add("h9", "x", "1", "slurm") is None
-    assert ledger.path().read_text() == text
+    assert ledger.add("h9", "x", "1", "slurm") is not None
+    assert ledger.legacy_path().read_text() == text
     r = cli("render", str(REPO / "examples" / "ddp-cpu.yaml"), "--backend", "slurm", env=_env())
     assert r.returncode == 0 and r.stderr.count("skipping the node ledger") == 1, r.stderr
+
+
+def test_an_earlier_releases_ledger_is_imported_once_without_entries_that_never_expire(capsys):
+    ledger._warned.clear()
+    entry = {"host": "h1", "reason": "NCCL network error", "job": "1", "backend": "slurm", "since": 1000.0,
+             "expires": 4600.0, "by": "nccl-system"}
+    forever = [dict(entry, host=f"h{i}", expires=e) for i, e in ((2, 1e300), (3, float("inf")), (4, float("nan")))]
+    ledger.legacy_path().parent.mkdir(parents=True, exist_ok=True)
+    ledger.legacy_path().write_text(json.dumps({"version": 1, "entries": [entry, *forever]}))
+    assert [e.host for e in ledger.entries()] == ["h1"]
+    assert "3 entries with times that are not finite or last more than ten years" in capsys.readouterr().err
+    assert not ledger.legacy_path().exists() and ledger.legacy_path().with_name("nodes.json.imported").exists()
+    assert ledger.active_hosts(now=2000.0) == ("h1",) and ledger.active_hosts(now=5000.0) == ()
+    r = cli("nodes", "--json", env=_env())
+    assert r.returncode == 0 and "Infinity" not in r.stdout and "NaN" not in r.stdout, r.stdout
 
 
 def _failed(host="h2", error=NCCL, status=JobStatus.FAILED):

@@ -103,7 +103,7 @@ def cmd_gc(args, scheduler) -> int:
     """The logic is the Nomad backend's (``collect_secrets``); this only picks the records."""
     from .. import records
 
-    ids = [r["id"] for r in records.load_all() if r.get("backend") == "nomad"]
+    ids = [r["id"] for r in records.page(0, backend="nomad") if not isinstance(r, records.BadRecord)]
     if not ids:
         say("halo-sched: gc: no Nomad job records; nothing to delete")
         return 0
@@ -115,4 +115,32 @@ def cmd_gc(args, scheduler) -> int:
     say(f"halo-sched: gc: deleted the secrets of {len(removed)} ended job{'s' * (len(removed) != 1)}"
          + (f"; kept those of {len(kept)} job{'s' * (len(kept) != 1)} still pending or running" if kept else ""))
     return 1 if failed else 0
+
+
+def cmd_export(args, scheduler) -> int:
+    """Every job record (newest first, an unusable one with why), ledger entry and notification
+    of the history store, as JSON: what it holds stays inspectable and portable."""
+    import json
+
+    from .. import db, ledger, records
+
+    jobs = []
+    for r in records.page(0, on_bad=None):
+        if isinstance(r, records.BadRecord):
+            jobs.append({"id": r.id, "backend": r.backend, "unreadable": r.reason})
+        else:
+            jobs.append(r)
+    entries = [e.to_dict() for e in ledger.entries()]
+    notes = [{"job": j, "backend": b, "event": e, "state": st, "tries": n, "last_error": why,
+              "payload": json.loads(p)}
+             for j, b, e, st, n, why, p in (db.read("SELECT job, backend, event, state, tries, last_error, payload "
+                                                     "FROM outbox ORDER BY created") if db.exists() else [])]
+    if args.json:
+        print(json.dumps({"schema": db.SCHEMA_VERSION, "jobs": jobs, "ledger": entries, "notifications": notes},
+                         allow_nan=False))
+        return 0
+    for kind, items in (("job", jobs), ("ledger", entries), ("notification", notes)):
+        for item in items:
+            print(json.dumps({"kind": kind, **item}, allow_nan=False))
+    return 0
 

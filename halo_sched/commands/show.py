@@ -57,6 +57,7 @@ def cmd_status(args, scheduler) -> int:
             print(f"{job_id}\t{st.describe()}")
         if not args.json:
             _print_run(job_id, where[job_id])
+        _print_undelivered(job_id, where[job_id])
     if unknown:
         backends = sorted({b for _, b, _ in unknown})
         raise UnknownJob([i for i, _, _ in unknown], backends[0] if len(backends) == 1 else None,
@@ -77,6 +78,14 @@ def cmd_status(args, scheduler) -> int:
         if not all(fb.final for fb in fallen.values()):
             return EXIT_OUTCOME_UNKNOWN
     return 0
+
+
+def _print_undelivered(job_id: str, backend: str) -> None:
+    """A notification that a delivery tried and could not deliver is said (never lost silently)."""
+    from ..notify import undelivered_lines
+
+    for line in undelivered_lines(job_id, backend):
+        say(f"halo-sched: {job_id}: {line}")
 
 
 def _run_json(job_id: str, backend: str) -> dict:
@@ -111,7 +120,8 @@ def cmd_list(args, scheduler) -> int:
     from .. import records
     from ..core import recent
 
-    rows = recent(args.backend, args.state, args.limit, scheduler, on_error=_list_note)
+    rows = recent(args.backend, args.state, args.limit, scheduler, on_error=_list_note, name=args.name, run=args.run,
+                  since=args.since)
     for r, status, text, known in rows:
         if isinstance(r, records.BadRecord):
             if args.json:
@@ -123,7 +133,7 @@ def cmd_list(args, scheduler) -> int:
             print(json.dumps({"id": r["id"], "backend": r["backend"], "name": r.get("name"), "status": status,
                               "describe": text, "live": known, "submitted": r.get("submitted_iso"),
                               **({"run": r["run"]} if isinstance(r.get("run"), dict) else {}),
-                              "submit_dir": r.get("submit_dir"), "record": str(records.path_for(r["id"], r["backend"]))}))
+                              "submit_dir": r.get("submit_dir"), "record": records.ref(r["id"], r["backend"])}))
         else:
             when = (r.get("submitted_iso") or "")[:19].replace("T", " ")
             run = r.get("run") if isinstance(r.get("run"), dict) else None

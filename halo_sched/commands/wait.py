@@ -24,12 +24,14 @@ def cmd_submit(args, scheduler) -> int:
         return 0
     job_id = sched.submit(spec).id  # the one submit pipeline (backends/base.py), as the library's
     rc = 0
+    args.current = job_id  # a run's attempt being waited on (a retry moves it on)
     try:
         say(f"halo-sched: submitted {spec.name} to {args.backend} as {job_id}")
         if args.wait:
             rc = _wait_after_submit(args, spec, sched, job_id)
     except KeyboardInterrupt:
-        say(f"\nhalo-sched: stopped waiting; {job_id} keeps running (halo-sched cancel {job_id} --backend {args.backend})")
+        now = args.current
+        say(f"\nhalo-sched: stopped waiting; {now} keeps running (halo-sched cancel {now} --backend {args.backend})")
         rc = EXIT_INTERRUPTED
     finally:
         # The job exists whatever happened while waiting: its id is always the last line.
@@ -55,7 +57,27 @@ def _wait_after_submit(args, spec, sched, job_id: str) -> int:
         sched, spec, job_id, timeout=args.timeout,
         on_change=None if args.quiet else progress.change, on_tick=None if args.quiet else progress.tick,
         on_log=log if streams else None, on_log_end=lambda err: say(f"halo-sched: log stream ended: {err}"))
-    return _report_end(job_id, state, args.timeout)
+    rc = _report_end(job_id, state, args.timeout)
+    _notify_note(job_id, sched.name)
+    return rc
+
+
+def _notify_note(job_id: str, backend: str, wait_s: float = 1.0) -> None:
+    """After the end: a notification delivered within ``wait_s`` is not mentioned; one that failed
+    is said; one still on its way is said to go on in the background (never waited for longer)."""
+    import time
+
+    from ..notify import outcomes, undelivered_lines
+
+    deadline = time.monotonic() + wait_s
+    while any(state == "pending" for _, state, _, _ in outcomes(job_id, backend)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    lines = undelivered_lines(job_id, backend)
+    for line in lines:
+        say(f"halo-sched: {job_id}: {line}")
+    if not lines and any(state == "pending" for _, state, _, _ in outcomes(job_id, backend)):
+        say(f"halo-sched: {job_id}: notify: delivery goes on in the background (halo-sched status {job_id} shows "
+            f"its outcome)")
 
 
 def _wait_run(args, spec, sched, job_id: str, watching: bool = False) -> int:
@@ -65,6 +87,8 @@ def _wait_run(args, spec, sched, job_id: str, watching: bool = False) -> int:
     from ..core import wait_after_submit
     from ..runs import attempts_of, describe_rows, wait_run
 
+    submitted_here = set() if watching else {job_id}  # the attempts this process submitted
+
     def one(attempt_id: str, observe) -> "object":
         progress = Progress(sched, attempt_id)
 
@@ -73,7 +97,7 @@ def _wait_run(args, spec, sched, job_id: str, watching: bool = False) -> int:
             if not args.quiet:
                 progress.change(st)
 
-        if attempt_id == job_id and watching:  # watch: a job submitted earlier, no placement guard
+        if attempt_id not in submitted_here:  # submitted earlier or elsewhere: no placement guard
             from ..core import noting
 
             return sched.wait(attempt_id, timeout=args.timeout, on_change=noting(sched.name, attempt_id, changed),
@@ -82,13 +106,19 @@ def _wait_run(args, spec, sched, job_id: str, watching: bool = False) -> int:
                                  on_tick=None if args.quiet else progress.tick)
 
     def retried(old: str, state, why: str, new: str) -> None:
+        args.current = new
+        submitted_here.add(new)
         say(f"halo-sched: {old} {state.describe()}")
         say(f"halo-sched: retrying ({why} fault) as {new}")
+
+    def followed(old: str, new: str) -> None:
+        args.current = new
+        say(f"halo-sched: {old} was followed by {new} (the run's next attempt)")
 
     from .. import records
 
     run_id = ((records.find(job_id, sched.name) or [{}])[0].get("run") or {}).get("id") or job_id
-    last_id, state = wait_run(sched, spec, job_id, one, retried)
+    last_id, state = wait_run(sched, spec, job_id, one, retried, followed)
     if watching:
         from ..core import note
 
@@ -96,6 +126,7 @@ def _wait_run(args, spec, sched, job_id: str, watching: bool = False) -> int:
     rc = _report_end(last_id, state, args.timeout)
     for line in describe_rows(attempts_of(run_id, sched.name)):
         say(f"halo-sched: {run_id}: {line.strip()}")
+    _notify_note(last_id, sched.name)
     return rc
 
 
@@ -122,10 +153,11 @@ def cmd_watch(args, scheduler) -> int:
 
     spec = _run_spec(backend, args.id)
     if spec is not None:  # an attempt of a run with retry: the next attempt after a listed failure
+        args.current = args.id
         try:
             return _wait_run(args, spec, sched, args.id, watching=True)
         except KeyboardInterrupt:
-            say("\nhalo-sched: stopped watching; the run's current attempt keeps running (halo-sched list)")
+            say(f"\nhalo-sched: stopped watching; {args.current} (the run's current attempt) keeps running")
             return EXIT_INTERRUPTED
     progress = Progress(sched, args.id)
     try:
