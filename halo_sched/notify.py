@@ -186,8 +186,9 @@ def start_delivery() -> bool:
         return False
 
 
-def _claim(con) -> tuple | None:
-    """One pending row this process can deliver, claimed for LEASE_S (in one transaction)."""
+def _claim(con, tried: set[int]) -> tuple | None:
+    """One pending row this process can deliver and has not tried yet, claimed for LEASE_S (in
+    one transaction)."""
     envs = [n for n in {r[0] for r in con.execute("SELECT DISTINCT webhook_env FROM outbox WHERE state = 'pending'")}
             if os.environ.get(n)]
     if not envs:
@@ -196,9 +197,10 @@ def _claim(con) -> tuple | None:
     marks = ",".join("?" * len(envs))
     con.execute("BEGIN IMMEDIATE")
     try:
+        skip = ",".join(str(int(i)) for i in tried) or "-1"
         row = con.execute(f"SELECT rowid, job, backend, event, webhook_env, payload, tries FROM outbox WHERE state = 'pending' "
-                          f"AND claimed_until < ? AND webhook_env IN ({marks}) ORDER BY created LIMIT 1",
-                          (now, *envs)).fetchone()
+                          f"AND claimed_until < ? AND webhook_env IN ({marks}) AND rowid NOT IN ({skip}) "
+                          f"ORDER BY created LIMIT 1", (now, *envs)).fetchone()
         if row is not None:
             con.execute("UPDATE outbox SET claimed_until = ? WHERE rowid = ?", (now + LEASE_S, row[0]))
         con.execute("COMMIT")
@@ -215,11 +217,13 @@ def deliver_pending(max_rows: int = 100) -> int:
 
     con = db.connection()
     done = 0
+    tried: set[int] = set()
     for _ in range(max_rows):
-        row = _claim(con)
+        row = _claim(con, tried)
         if row is None:
             break
         rowid, _job, _backend, _event, env_name, payload, tries = row
+        tried.add(rowid)
         why, used = _deliver(os.environ.get(env_name, ""), payload.encode())
         tries += used
         with db.write() as c:
@@ -262,7 +266,7 @@ def _within(seconds: float, call) -> str:
     t = threading.Thread(target=lambda: box.append(_safe(call, seconds)), daemon=True)
     t.start()
     t.join(seconds)
-    return box[0] if box else f"no answer within {seconds:g} s"
+    return box[0] if box else f"no answer within {seconds:.2g} s"
 
 
 def _safe(call, seconds: float) -> str:

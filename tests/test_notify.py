@@ -55,6 +55,30 @@ def receiver():
     r.close()
 
 
+def _posts(receiver: "Receiver", n: int, seconds: float = 60) -> list:
+    """The receiver's posts once it has ``n`` (delivery runs in the background), or what it has
+    after ``seconds``; then a moment more, so that an extra post would show."""
+    deadline = time.monotonic() + seconds
+    while len(receiver.posts) < n and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    return list(receiver.posts)
+
+
+def _settled(job_id: str, until=lambda rows: True, seconds: float = 60) -> list:
+    """The job's notifications (event, state, tries, claimed_until) once no delivery holds one and
+    ``until(rows)`` holds (in the test's store), or as they are after ``seconds``."""
+    from halo_sched import db
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        rows = db.read("SELECT event, state, tries, claimed_until FROM outbox WHERE job = ?", (job_id,))
+        if rows and all(r[3] < time.time() for r in rows) and until(rows):
+            return rows
+        time.sleep(0.2)
+    return rows
+
+
 def _env(url: str) -> dict:
     return {**os.environ, "HOOK_URL": url, "MY_TOKEN": SECRET}
 
@@ -96,7 +120,7 @@ def test_one_post_per_event_and_no_secret_anywhere(tmp_path, receiver):
     st = cli("status", job_id, env=env)
     ls = cli("list", env=env)
     assert st.returncode == 0 and ls.returncode == 0
-    assert len(receiver.posts) == 1, receiver.posts
+    assert len(_posts(receiver, 1)) == 1, receiver.posts
     path, body = receiver.posts[0]
     assert path == "/hooks/s3cr3t-path-7a1b"
     assert body["job"] == job_id and body["run"] == job_id and body["state"] == "completed" and body["attempt"] == 1
@@ -116,7 +140,7 @@ def test_a_failure_is_one_post_with_its_line_and_the_secret_scrubbed(tmp_path, r
     assert r.returncode == 1, r.stderr[-3000:]
     job_id = r.stdout.strip().splitlines()[-1]
     cli("status", job_id, env=env)
-    assert [b["state"] for _, b in receiver.posts] == ["failed"], receiver.posts
+    assert [b["state"] for _, b in _posts(receiver, 1)] == ["failed"], receiver.posts
     line = receiver.posts[0][1]["line"]
     assert "rank fails, token ***" in line and SECRET not in line, line
     _nothing_written_holds(receiver.url, r.stderr, secret=False)
@@ -128,24 +152,73 @@ def test_an_unreachable_webhook_is_bounded_never_fails_the_command_and_a_later_o
     try:
         env = _env(bad.url)
         job = _job(tmp_path, ["completed"])
-        start = time.monotonic()
         r = cli("submit", str(job), "--backend", "local", "--wait", "--quiet", "--timeout", "120", env=env)
         assert r.returncode == 0, r.stderr[-3000:]
-        assert "was not delivered" in r.stderr and "HTTP 500" in r.stderr, r.stderr[-2000:]
-        assert len(bad.posts) == 3  # the bound: 3 tries
         job_id = r.stdout.strip().splitlines()[-1]
-        # Without the variable: nothing sent, nothing marked.
+        assert [(e, st, n) for e, st, n, _ in _settled(job_id, lambda rows: rows[0][2] == 3)] == [
+            ("completed", "pending", 3)]
+        assert len(bad.posts) == 3  # the bound: 3 tries
+        # Never lost silently: status says it was not delivered, and why.
         quiet = {k: v for k, v in env.items() if k != "HOOK_URL"}
-        assert cli("status", job_id, env=quiet).returncode == 0 and len(bad.posts) == 3
+        st = cli("status", job_id, env=quiet)
+        assert st.returncode == 0 and "notification is not delivered yet (3 tries: HTTP 500)" in st.stderr, st.stderr
+        time.sleep(2)
+        assert len(bad.posts) == 3  # without the variable: nothing sent
         bad.code = 200
         st = cli("status", job_id, env=env)
-        assert st.returncode == 0 and "not delivered" not in st.stderr
+        assert st.returncode == 0
+        assert [(e, s_) for e, s_, _, _ in _settled(job_id, lambda rows: rows[0][1] != "pending")] == [
+            ("completed", "delivered")]
         cli("status", job_id, env=env)
-        assert len(bad.posts) == 4 and [b["state"] for _, b in bad.posts] == ["completed"] * 4
-        assert time.monotonic() - start < 150
+        assert len(_posts(bad, 4)) == 4 and [b["state"] for _, b in bad.posts] == ["completed"] * 4
+        st = cli("status", job_id, env=env)
+        assert "not delivered" not in st.stderr
         _nothing_written_holds(bad.url, r.stderr, st.stderr)
     finally:
         bad.close()
+
+
+@pytest.mark.torch
+def test_a_slow_webhook_never_holds_submit_wait(tmp_path):
+    """The issue's webhook: it takes the POST and answers one byte every 2 s. submit --wait of a
+    job that fails at once returns while the webhook is still answering."""
+    gate = threading.Event()
+    finished: list[float] = []  # one per try the webhook saw end (the sender gave up on it)
+    slow = Receiver()
+
+    def do_post(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        slow.posts.append((self.path, json.loads(self.rfile.read(n) or b"null")))
+        self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+        for _ in range(40):  # one byte every 2 s, until the test ends
+            if gate.wait(2):
+                break
+            try:
+                self.wfile.write(b"X")
+                self.wfile.flush()
+            except OSError:
+                break
+        finished.append(time.monotonic())
+
+    slow.server.RequestHandlerClass.do_POST = do_post
+    try:
+        env = _env(slow.url)
+        job = _job(tmp_path, ["failed"], script=FAILS)
+        r = cli("submit", str(job), "--backend", "local", "--wait", "--quiet", "--timeout", "120", env=env)
+        tries_seen = len(slow.posts)
+        assert r.returncode == 1, r.stderr[-3000:]
+        # The command ended before the delivery had used its tries (3 of 3 s each, with pauses
+        # between): waiting on them would have taken over 10 s after the job's end.
+        assert tries_seen < 3, (tries_seen, finished)
+        job_id = r.stdout.strip().splitlines()[-1]
+        # The delivery gave up each try at its deadline (3 s: resolve, connect, send and read together).
+        rows = _settled(job_id, lambda rows: rows[0][2] == 3)
+        assert rows[0][1] == "pending" and rows[0][2] == 3, rows
+        st = cli("status", job_id, env={k: v for k, v in env.items() if k != "HOOK_URL"})
+        assert "3 tries: no answer within" in st.stderr, st.stderr
+    finally:
+        gate.set()
+        slow.close()
 
 
 @pytest.mark.parametrize("notify, env, says", [
@@ -185,48 +258,119 @@ def _rec(job_id: str) -> dict:
             "spec": {"secret_env": ["MY_TOKEN"], "notify": {"webhook_env": "HOOK_URL", "on": ["completed", "retried"]}}}
 
 
-def test_concurrent_observers_send_once(monkeypatch):
+def test_concurrent_observers_queue_once_and_one_delivery_sends_it(monkeypatch):
     from halo_sched import notify
 
-    slow = Receiver()
-    orig = slow.server.RequestHandlerClass.do_POST
-
-    def do_post(self):
-        time.sleep(1)  # a slow webhook: every observer arrives while the first is sending
-        orig(self)
-
-    slow.server.RequestHandlerClass.do_POST = do_post
+    r = Receiver()
     try:
-        monkeypatch.setenv("HOOK_URL", slow.url)
+        monkeypatch.setenv("HOOK_URL", r.url)
         monkeypatch.setenv("MY_TOKEN", SECRET)
         rec = _rec("j-concurrent")
-        sent = []
-        threads = [threading.Thread(target=lambda: sent.append(notify.send(rec, "completed", "COMPLETED")))
+        queued = []
+        threads = [threading.Thread(target=lambda: queued.append(notify.send(rec, "completed", "COMPLETED", start=False)))
                    for _ in range(6)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(30)
-        assert sent.count(True) == 1 and len(slow.posts) == 1, (sent, slow.posts)
-        assert notify.send(rec, "completed", "COMPLETED") is False and len(slow.posts) == 1
-        # Another event of the same job is its own.
-        assert notify.send(rec, "retried", f"attempt 1 failed; token {SECRET}") is True
-        assert [b["state"] for _, b in slow.posts] == ["completed", "retried"]
-        assert SECRET not in slow.posts[1][1]["line"]
+        assert queued.count(True) == 1, queued
+        assert notify.deliver_pending() == 1 and notify.deliver_pending() == 0 and len(r.posts) == 1
+        assert notify.send(rec, "completed", "COMPLETED", start=False) is False
+        # Another event of the same job is its own; a secret it quotes is scrubbed before it is queued.
+        assert notify.send(rec, "retried", f"attempt 1 failed; token {SECRET}", start=False) is True
+        assert notify.deliver_pending() == 1
+        assert [b["state"] for _, b in r.posts] == ["completed", "retried"]
+        assert SECRET not in r.posts[1][1]["line"]
+        from halo_sched import db
+
+        assert SECRET not in json.dumps(db.read("SELECT * FROM outbox"))
     finally:
-        slow.close()
+        r.close()
 
 
-def test_a_dead_webhook_is_waited_on_once_per_process(monkeypatch):
+class Redirecting(Receiver):
+    """Answers every POST on /from with ``code`` and Location ``to``; keeps every request."""
+
+    def __init__(self, code: int, to: str):
+        super().__init__()
+        owner = self
+        self.gets: list[str] = []
+        self.headers: list[dict] = []
+        base = self.server.RequestHandlerClass
+
+        class Handler(base):
+            def do_POST(self):  # noqa: N802
+                owner.headers.append(dict(self.headers))
+                if self.path == "/from":
+                    n = int(self.headers.get("Content-Length") or 0)
+                    self.rfile.read(n)
+                    self.send_response(code)
+                    self.send_header("Location", to.replace("PORT", str(owner.server.server_address[1])))
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                base.do_POST(self)
+
+            def do_GET(self):  # noqa: N802
+                owner.gets.append(self.path)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server.RequestHandlerClass = Handler
+        self.port = self.server.server_address[1]
+
+
+@pytest.mark.parametrize("code, to, delivered, why", [
+    (302, "http://127.0.0.1:PORT/to", False, "HTTP 302 redirect not followed"),
+    (303, "http://127.0.0.1:PORT/to", False, "HTTP 303 redirect not followed"),
+    (307, "http://127.0.0.1:PORT/to", True, ""),
+    (308, "/to", True, ""),
+    (307, "ftp://127.0.0.1:PORT/to", False, "not an http:// or https:// URL"),
+])
+def test_redirects_keep_the_post_or_are_not_followed(monkeypatch, code, to, delivered, why):
     from halo_sched import notify
 
-    monkeypatch.setattr(notify, "_given_up", set())
-    monkeypatch.setattr(notify, "_dead", set())
-    dead = Receiver(code=503)
+    r = Redirecting(code, to)
     try:
-        monkeypatch.setenv("HOOK_URL", dead.url)
-        start = time.monotonic()
-        assert not any(notify.send(_rec(f"j{i}"), "completed", "COMPLETED") for i in range(5))
-        assert len(dead.posts) == 3 and time.monotonic() - start < 15
+        monkeypatch.setenv("HOOK_URL", f"http://127.0.0.1:{r.port}/from")
+        notify.send(_rec("j-redirect"), "completed", "COMPLETED", start=False)
+        assert notify.deliver_pending() == int(delivered)
+        assert r.gets == []  # a POST never became a bodiless GET
+        if delivered:
+            assert [(p, b["state"]) for p, b in r.posts] == [("/to", "completed")]
+        else:
+            assert r.posts == [] and len(r.headers) == 1  # refused at once: no retry can fix it
+            assert notify.outcomes("j-redirect", "local")[0][3].startswith(why)
     finally:
-        dead.close()
+        r.close()
+
+
+def test_an_upper_case_scheme_is_sent_and_user_info_becomes_an_authorization_header(monkeypatch):
+    from halo_sched import notify
+
+    r = Redirecting(200, "")
+    try:
+        monkeypatch.setenv("HOOK_URL", f"HTTP://hook-user:p%40ss@127.0.0.1:{r.port}/x")
+        notify.send(_rec("j-auth"), "completed", "COMPLETED", start=False)
+        assert notify.deliver_pending() == 1 and [p for p, _ in r.posts] == ["/x"]
+        import base64
+
+        assert r.headers[0]["Authorization"] == "Basic " + base64.b64encode(b"hook-user:p@ss").decode()
+    finally:
+        r.close()
+
+
+def test_one_deadline_bounds_a_try_even_a_name_lookup_that_never_returns(monkeypatch):
+    from halo_sched import notify
+
+    def stuck(*a, **k):
+        time.sleep(60)
+
+    monkeypatch.setattr(notify, "TRY_S", 1.0)
+    monkeypatch.setattr(notify, "BUDGET_S", 4.0)
+    monkeypatch.setattr("socket.getaddrinfo", stuck)
+    start = time.monotonic()
+    why, tries = notify._deliver("http://hooks.example.invalid/x", b"{}")
+    assert why.startswith("no answer within") and tries >= 2
+    assert time.monotonic() - start < 10
