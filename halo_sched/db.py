@@ -15,10 +15,11 @@ is not a database, or one locked beyond :data:`BUSY_S`, is a :class:`StoreError`
 and what to do (exit 2), never a traceback.
 
 Records written by earlier releases (one JSON file per job in ``jobs/``, the ledger in
-``nodes.json``) are imported by the first command that opens the store, under a lock, each file
-at most once; a torn or hostile file costs only itself (it is kept as an unreadable row saying
-why). The files are moved to ``jobs/imported/`` (and ``nodes.json.imported``) once their import
-committed. A JSON record dropped into ``jobs/`` later is imported the same way.
+``nodes.json``) are imported before they are first read (:func:`imported`, called by their
+owners, records.py and ledger.py), under a lock, each file at most once; a torn or hostile file
+costs only itself (it is kept as an unreadable row saying why). The files are moved to
+``jobs/imported/`` (and ``nodes.json.imported``) once their import committed. A JSON record
+dropped into ``jobs/`` later is imported the same way.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import sqlite3
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from . import store
 from .errors import UsageError
@@ -176,17 +177,14 @@ def _statements(script: str) -> list[str]:
 
 
 def connection() -> sqlite3.Connection:
-    """This thread's connection to the store of the current ``HALO_SCHED_HOME`` (opened, migrated
-    and with earlier releases' files imported on first use in this process, thread or home)."""
+    """This thread's connection to the store of the current ``HALO_SCHED_HOME`` (opened and
+    migrated on first use in this process, thread or home)."""
     where = path()
     key = (os.getpid(), str(where))
     con = getattr(_local, "con", None)
     if con is None or getattr(_local, "key", None) != key:
         con = _open(where)
-        _local.con, _local.key = con, key
-        _import_legacy(con)
-    else:
-        _import_legacy(con, quick=True)
+        _local.con, _local.key, _local.stamps = con, key, {}
     return con
 
 
@@ -232,46 +230,44 @@ def read(sql: str, args: tuple = ()) -> list[tuple]:
 # ---- earlier releases' files ------------------------------------------------------------------
 
 
-def _dir_stamp(d: Path) -> str:
+def _stamp(p: Path) -> str:
     try:
-        st = os.stat(d)
+        st = os.stat(p)
     except OSError:
         return ""
     return f"{st.st_mtime_ns}:{st.st_ino}"
 
 
-def _legacy_stamp() -> str:
-    home = store.home()
-    return _dir_stamp(home / "jobs") + "|" + _dir_stamp(home / "nodes.json")
-
-
-def _import_legacy(con: sqlite3.Connection, quick: bool = False) -> None:
-    """Import ``jobs/*.json`` and ``nodes.json`` when they changed since the last import (one or
-    two ``stat`` calls when nothing did)."""
-    stamp = _legacy_stamp()
-    if stamp == "|":
+def imported(name: str, source: Path, do_import: Callable[[sqlite3.Connection], object]) -> None:
+    """Import an earlier release's files at ``source`` (a directory or a file) with
+    ``do_import(con)`` when they changed since the last import (one ``stat`` when they did not):
+    under an exclusive lock, so one process imports and the others then find nothing to do. The
+    owner of each kind of file calls this before it reads (records.py: ``jobs/``, ledger.py:
+    ``nodes.json``)."""
+    stamp = _stamp(source)
+    if not stamp:
         return
-    if quick and getattr(_local, "stamp", None) == stamp:
+    con = connection()
+    if _local.stamps.get(name) == stamp:
         return
-    row = con.execute("SELECT value FROM meta WHERE key = 'legacy_stamp'").fetchone()
+    row = con.execute("SELECT value FROM meta WHERE key = ?", (f"imported:{name}",)).fetchone()
     if row is not None and row[0] == stamp:
-        _local.stamp = stamp
+        _local.stamps[name] = stamp
         return
     import fcntl
 
-    lock = store.home() / "import.lock"
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(store.home() / "import.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # one importer; the others then find nothing left to do
-        from . import ledger, records
-
-        records.import_files(con)
-        ledger.import_file(con)
-        stamp = _legacy_stamp()
-        con.execute("BEGIN IMMEDIATE")
-        con.execute("INSERT OR REPLACE INTO meta VALUES ('legacy_stamp', ?)", (stamp,))
-        con.execute("COMMIT")
-        _local.stamp = stamp
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            do_import(con)
+            stamp = _stamp(source)
+            con.execute("BEGIN IMMEDIATE")
+            con.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (f"imported:{name}", stamp))
+            con.execute("COMMIT")
+        except sqlite3.Error as err:
+            raise _problem(err, path()) from None
+        _local.stamps[name] = stamp
     finally:
         os.close(fd)
 
@@ -304,5 +300,5 @@ def dumps(value) -> str:
     return json.dumps(clean(value), sort_keys=True, allow_nan=False, ensure_ascii=False)
 
 
-__all__ = ["BUSY_S", "FILE_NAME", "SCHEMA_VERSION", "StoreError", "clean", "connection", "dumps", "exists", "path",
-           "read", "write"]
+__all__ = ["BUSY_S", "FILE_NAME", "SCHEMA_VERSION", "StoreError", "clean", "connection", "dumps", "exists", "imported",
+           "path", "read", "write"]

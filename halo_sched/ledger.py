@@ -155,7 +155,7 @@ def _load_legacy() -> list[Entry]:
 
 
 def import_file(con) -> int:
-    """Import ``nodes.json`` of an earlier release (db.py calls this under its import lock); how
+    """Import ``nodes.json`` of an earlier release (db.imported calls this under its import lock); how
     many entries. A file that cannot be used stays where it is and says why at every reading."""
     where = legacy_path()
     try:
@@ -188,11 +188,20 @@ def import_file(con) -> int:
     return len(sane)
 
 
+def _store():
+    """The history store, with an earlier release's ``nodes.json`` imported first (db.imported)."""
+    from . import db
+
+    db.imported("ledger", legacy_path(), import_file)
+    return db
+
+
 def _rows() -> list[tuple]:
     from . import db
 
     if not db.exists():  # nothing recorded here: reading the ledger (render) creates no store
         return []
+    db = _store()
     if legacy_path().exists():
         why = db.read("SELECT value FROM meta WHERE key = 'ledger_legacy_error'")
         if why:
@@ -230,12 +239,10 @@ def add(host: str, reason: str, job: str, backend: str, *, by: str = "", now: fl
     for this job and host, unchanged), or None when ``host`` is not a host name."""
     if not valid_host(host):
         return None
-    from . import db
-
     now = time.time() if now is None else now
     hours = expiry_hours() if hours is None else hours
     reason, by = str(reason)[:300], str(by)[:60]
-    with db.write() as con:
+    with _store().write() as con:
         row = con.execute("SELECT host, reason, job, backend, since, expires, by FROM ledger "
                           "WHERE host = ? AND job = ? AND backend = ?", (host, job, backend)).fetchone()
         if row is not None:
@@ -250,9 +257,7 @@ def add(host: str, reason: str, job: str, backend: str, *, by: str = "", now: fl
 def clear(host: str) -> int:
     """Forget every entry of ``host``; how many there were (0: the ledger does not know it)."""
     check_host(host)
-    from . import db
-
-    with db.write() as con:
+    with _store().write() as con:
         return con.execute("DELETE FROM ledger WHERE host = ?", (host,)).rowcount
 
 

@@ -70,6 +70,14 @@ def _columns(record: dict) -> tuple:
             attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None)
 
 
+def _store():
+    """The history store, with an earlier release's record files imported first (db.imported)."""
+    from . import db
+
+    db.imported("jobs", jobs_dir(), import_files)
+    return db
+
+
 def _put(con, record: dict) -> None:
     from . import db
 
@@ -80,9 +88,7 @@ def _put(con, record: dict) -> None:
 
 def write(record: dict) -> str:
     """Store ``record`` whole (a new job's; anything that changes a stored one uses :func:`update`)."""
-    from . import db
-
-    with db.write() as con:
+    with _store().write() as con:
         _put(con, record)
     return ref(record["id"], record["backend"])
 
@@ -91,9 +97,7 @@ def update(job_id: str, backend: str, change: Callable[[dict], bool]) -> dict | 
     """Read-modify-write of one record in one transaction: ``change(record)`` edits the stored
     record in place and says whether it changed anything; the record as stored after (None: no
     usable record)."""
-    from . import db
-
-    with db.write() as con:
+    with _store().write() as con:
         row = con.execute("SELECT data FROM jobs WHERE id = ? AND backend = ? AND data IS NOT NULL",
                           (job_id, backend)).fetchone()
         rec = _parse(row[0]) if row else None
@@ -203,7 +207,7 @@ def _select(where: str = "", args: tuple = (), tail: str = "") -> list[tuple]:
 
     if not db.exists():  # nothing was ever recorded here: a reader creates no store
         return []
-    return db.read(f"SELECT {_COLS} FROM jobs {where} {tail}", args)
+    return _store().read(f"SELECT {_COLS} FROM jobs {where} {tail}", args)
 
 
 def load_all(on_bad: Callable[[BadRecord], None] | None = warn_bad) -> list[dict]:
@@ -319,8 +323,8 @@ def update_state(record: dict, state) -> None:
 
 
 def import_files(con) -> int:
-    """Import earlier releases' record files (``jobs/*.json``) into the store (db.py calls this
-    under its import lock): each file is read once (bounded, never blocking), stored (an unusable
+    """Import earlier releases' record files (``jobs/*.json``) into the store (db.imported calls
+    this under its import lock): each file is read once (bounded, never blocking), stored (an unusable
     one as a row saying why), and moved to ``jobs/imported/`` after its row committed. A record
     the store already holds is replaced only by a file that knows a later state. How many files."""
     d = jobs_dir()
