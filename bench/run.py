@@ -6,6 +6,9 @@ run, each pair alternating (medians); never asserted in tests.
 ``--startup``: the start-up and peak-memory rows alone, medians of 15 (what changes to the
 render path move).
 
+``--history [--records N]``: ``status ID`` and ``list`` at N job records (default 50,000) against
+50, side by side (bench/history.py; the two state directories are made once).
+
 ``--failures`` (``make bench-failures``, about 4 minutes on 2 cores; 2 with ``--quick``): the rows of
 bench/failures.py alone, recovery after a node fault with automatic retry vs a person
 resubmitting (the notice time ASSUMED, ``--notice-min``, default 15), and node-hours a preflight
@@ -328,6 +331,16 @@ def main() -> int:
           flush=True)
     if "--startup" in sys.argv:
         startup(15)
+        return 0
+    if "--history" in sys.argv:
+        sys.path.insert(0, str(REPO / "bench"))
+        import history
+
+        big = int(sys.argv[sys.argv.index("--records") + 1]) if "--records" in sys.argv else 50_000
+        history.measure(run, side_by_side, row, n, big)
+        print("\n| what | halo-sched | anchor | ratio | goal |\n|---|---|---|---|---|")
+        for r in rows:
+            print("| " + " | ".join(r) + " |")
         return 0
     if "--failures" in sys.argv:
         sys.path.insert(0, str(REPO / "bench"))
