@@ -19,8 +19,10 @@ the old one or the new one. Two processes adding at once both land (tests/test_l
 
 A file that is torn, not JSON, of the wrong shape, or written by a newer version (``version`` >
 :data:`VERSION`) is reported with one warning line and treated as empty: never fatal to
-``submit`` or ``render``. A writer then leaves such a file alone (it would lose a newer
-version's entries) and warns instead; ``halo-sched nodes clear`` says so.
+``submit`` or ``render``; so is one with an entry whose times are not finite or are more than
+:data:`MAX_EXPIRY_HOURS` apart (``"expires": Infinity`` would fence a host off for ever). A
+writer then leaves such a file alone (it would lose a newer version's entries) and warns
+instead; ``halo-sched nodes clear`` says so.
 """
 from __future__ import annotations
 
@@ -43,6 +45,9 @@ MAX_BYTES = 4 << 20
 #: node name). Nothing else can reach ``--exclude=`` or a Nomad constraint.
 HOST_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62}))*")
 MAX_HOST_CHARS = 253
+#: The longest expiry (ten years), and the latest time an entry may start (2**34 s: year 2514).
+MAX_EXPIRY_HOURS = 24 * 365 * 10
+MAX_TIME = float(2 ** 34)
 
 
 def path() -> Path:
@@ -76,7 +81,7 @@ def expiry_hours(value: Any = None) -> float:
         hours = float(value)
     except (TypeError, ValueError):
         hours = float("nan")
-    if not math.isfinite(hours) or hours <= 0 or hours > 24 * 365 * 10:
+    if not math.isfinite(hours) or hours <= 0 or hours > MAX_EXPIRY_HOURS:
         raise UsageError(f"{field}: {value!r} is not a positive number of hours (at most ten years)")
     return hours
 
@@ -121,6 +126,11 @@ def _entry(d: Any) -> Entry:
         raise Corrupt("an entry lacks host, reason, job, backend, since or expires") from None
     if not valid_host(e.host) or not all(isinstance(x, str) for x in (e.reason, e.job, e.backend, e.by)):
         raise Corrupt("an entry has a field of the wrong type")
+    # Times are read, not trusted: Infinity, NaN or 1e300 would fence a host off for ever, and
+    # overflow every clock that shows it. An entry lasts at most the longest expiry.
+    if not (0 <= e.since < MAX_TIME and e.since <= e.expires <= e.since + MAX_EXPIRY_HOURS * 3600):
+        raise Corrupt(f"an entry of {e.host} has since/expires out of range (at most {MAX_EXPIRY_HOURS / 24 / 365:g} "
+                      "years apart)")
     return e
 
 

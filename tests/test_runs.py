@@ -103,14 +103,22 @@ def test_slurm_start_and_end_times_count_only_once_they_happened():
 
 
 
-def test_retry_on_is_written_quoted_in_yaml():
-    """YAML 1.1 reads a plain ``on`` as true, and the loader refuses a key that is not a name
-    (exit 2, "quote it"): the job file writes ``"on"``, as docs/failures.md shows."""
+def test_retry_on_is_written_bare_or_quoted_in_yaml():
+    """YAML 1.1 reads a plain ``on`` as true; as a key, the loader keeps the name written, so
+    ``on:`` works as it does in CI workflows, and so does ``"on":``."""
     head = "name: j\nnodes: 1\nnproc_per_node: 1\ntrainer: {script: t.py}\n"
     spec = halo_sched.loads(head + 'retry:\n  attempts: 2\n  "on": [node, preflight]\n')
     assert spec.retry.on == ["node", "preflight"]
-    with pytest.raises(halo_sched.errors.SpecError, match="read by YAML as a boolean.*quote it"):
-        halo_sched.loads(head + "retry: {attempts: 2, on: [node]}\n")
+    assert halo_sched.loads(head + "retry: {attempts: 2, on: [node]}\n").retry.on == ["node"]
+    assert halo_sched.loads(head + "retry:\n  attempts: 2\n  on: [hang]\n").retry.on == ["hang"]
+
+
+def test_retry_on_nothing_is_refused():
+    """``on: []`` would validate a retry that can never happen (as ``notify.on: []`` is refused)."""
+    head = "name: j\nnodes: 1\nnproc_per_node: 1\ntrainer: {script: t.py}\n"
+    with pytest.raises(halo_sched.errors.SpecError) as ei:
+        halo_sched.loads(head + "retry: {attempts: 2, on: []}\n")
+    assert [f for f, _ in ei.value.problems] == ["retry.on (line 5)"], ei.value.problems
 
 
 def test_a_hand_edited_run_record_never_breaks_status_or_list(tmp_path):
