@@ -126,6 +126,17 @@ def _parse(line: bytes) -> tuple[int, float] | None:
     return (step, t) if 0 <= t < MAX_TIME else None
 
 
+def _time(value) -> float | None:
+    """A time read from a file or a scheduler (epoch seconds) that every clock can show, or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    return value if 0 <= value < MAX_TIME else None
+
+
 def _parse_all(data: bytes) -> list[tuple[int, float]]:
     """The reports of whole lines in ``data`` (what follows the last new line may be a line the
     rank is still writing: ``12 17961`` would read as a time in 1975)."""
@@ -535,12 +546,13 @@ def gather(job_id: str, backend: str, sched, now: float | None = None) -> tuple[
 
         tl.state = state.describe()
         tl.cancelled = state.status is JobStatus.CANCELLED
-        tl.start = state.started_at
+        tl.start = _time(state.started_at)
         if state.status.terminal:
             ends = [f.time for f in getattr(report, "failures", None) or []]
-            tl.end = state.ended_at if state.ended_at is not None else (max(ends) if ends else now)
-    if tl.start is None and isinstance(rec.get("submitted"), (int, float)):
-        tl.start = float(rec["submitted"])
+            end = _time(state.ended_at)
+            tl.end = end if end is not None else (max(ends) if ends else now)
+    if tl.start is None:
+        tl.start = _time(rec.get("submitted"))
     nodes, per = rec.get("nodes"), rec.get("nproc_per_node")
     if isinstance(nodes, int) and isinstance(per, int) and 0 < nodes * per <= 100000:
         tl.ranks = {(r // per, r) for r in range(nodes * per)}

@@ -290,3 +290,20 @@ def test_times_from_a_job_beyond_any_clock_are_not_read(tmp_path):
     assert T.read_rank(p) == [(0, 1000.0), (3, 1003.0)]
     for t in ("1e300", "1e20", "-5", "Infinity", "NaN", "1" + "0" * 400):
         assert parse_line('halo-sched-failure {"node": 0, "rank": 0, "time": %s}' % t) is None, t
+
+
+@pytest.mark.parametrize("submitted", [1e300, float("inf")])
+def test_a_record_time_beyond_any_clock_is_not_the_start(tmp_path, submitted):
+    """The job record is a file: ``submitted`` 1e300 overflowed ``localtime`` (internal error)."""
+    from halo_sched import records
+
+    d = tmp_path / "halo-home" / "local" / "odd-1"
+    (d / "ranks" / "node-0" / "progress").mkdir(parents=True)
+    (d / "state.json").write_text(json.dumps({"state": "FAILED"}))
+    (d / "job.json").write_text(json.dumps({"nodes": 1, "nproc_per_node": 1}))
+    (d / "ranks" / "node-0" / "progress" / "rank-0").write_text("".join(f"{s} {1000 + s}.0\n" for s in range(5)))
+    records.write({"version": 1, "id": "odd-1", "backend": "local", "name": "odd", "submitted": submitted,
+                   "spec": {"slurm": {}}, "outputs": [], "scheduler": {}, "nodes": 1, "nproc_per_node": 1})
+    r = cli("timeline", "odd-1", "--width", "80", timeout=60)
+    assert r.returncode == 0 and "internal error" not in r.stderr, r.stderr
+    assert "rank 0" in r.stdout
