@@ -133,6 +133,22 @@ def test_a_hand_edited_run_record_never_breaks_status_or_list(tmp_path):
     assert totals([row])["gpu_hours"] == 0
 
 
+@pytest.mark.parametrize("nodes, started, ended", [(10 ** 400, 10, 3610), (2, 0, float("inf")), (2, -1e308, 1e308)])
+def test_counts_and_times_beyond_bounds_in_a_run_record_are_not_hours(nodes, started, ended):
+    """A record is a file: 10**400 nodes (OverflowError turning the hours into a float) or an
+    Infinity time (infinite GPU-hours) is no count and no clock."""
+    import math
+
+    from halo_sched.runs import row_of, totals
+
+    rec = {"id": "9", "backend": "slurm", "nodes": nodes, "spec": {"gpus_per_node": 8},
+           "run": {"id": "9", "attempt": 0, "excluded": []},
+           "last_state": {"status": "FAILED", "started_at": started, "ended_at": ended}}
+    row = row_of(rec)
+    t = totals([row])
+    assert all(math.isfinite(v) for v in (row.node_hours, row.gpu_hours, t["gpu_hours"], t["node_hours"])), (row, t)
+
+
 def test_a_retry_sends_the_retried_notification_once_per_new_attempt(tmp_path, monkeypatch):
     # The resubmitting process is the only one that knows a retry happened: it sends `retried`
     # (notify.send dedupes per job and event; here its calls are recorded).
