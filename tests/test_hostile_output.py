@@ -242,3 +242,19 @@ def test_a_reader_that_goes_away_changes_nothing():
     r = subprocess.run(["bash", "-c", f'set -o pipefail; "$0" -m halo_sched.cli list | head -1', sys.executable],
                        cwd=REPO, capture_output=True, timeout=60, preexec_fn=_limited)
     assert r.returncode == 0 and r.stderr == b"", r.stderr
+
+
+def test_render_and_dry_run_print_the_job_byte_for_byte(tmp_path):
+    """A rendered job is the user's own job file made script: printed as it is (an invisible
+    character in an env value is submitted as it is, so ``render > file`` keeps it too)."""
+    import halo_sched
+
+    job = tmp_path / "job.yaml"
+    job.write_text("name: j\nnodes: 2\nnproc_per_node: 1\ntrainer: {script: t.py}\n"
+                   'env: {GREETING: "a\\u200bb\\u202ec"}\n', encoding="utf-8")
+    want = halo_sched.render(halo_sched.load(job), "slurm")
+    assert "a\u200bb\u202ec" in want
+    r = run("render", str(job), "--backend", "slurm")
+    assert r.returncode == 0 and r.stdout.decode("utf-8") == (want if want.endswith("\n") else want + "\n")
+    r = run("submit", "--dry-run", str(job), "--backend", "slurm")
+    assert r.returncode == 0 and "a\u200bb\u202ec" in r.stdout.decode("utf-8")

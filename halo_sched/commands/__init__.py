@@ -36,7 +36,7 @@ def outage_line(line: str) -> None:
     """A line about the scheduler being unreachable, on a line of its own (a terminal's
     rewritten progress line is cleared first)."""
     if sys.stderr.isatty():
-        control(sys.stderr, "\r\033[K")
+        raw(sys.stderr, "\r\033[K")
     say(f"halo-sched: {line}")
 
 
@@ -56,7 +56,7 @@ class Progress:
     def change(self, state) -> None:
         line = self._line(state)
         if self.tty:
-            control(self.stream, "\r\033[K")
+            raw(self.stream, "\r\033[K")
             self.stream.write(line + ("\n" if state.status.terminal else ""))
         else:
             self.stream.write(line + "\n")
@@ -64,7 +64,7 @@ class Progress:
 
     def tick(self, state) -> None:
         if self.tty and not state.status.terminal:
-            control(self.stream, "\r\033[K")
+            raw(self.stream, "\r\033[K")
             self.stream.write(self._line(state))
             self.stream.flush()
 
@@ -76,8 +76,9 @@ class PipeGuard:
     - Escaped: every text a job produced (a rank's error line, a host name, a log line) can hold
       terminal control sequences; each write goes through ``escape`` (the CLI passes
       ``halo_sched.node.text.escape_controls``), so none reaches a terminal, whichever path it
-      took. Halo-sched's own control sequences (the rewritten progress line) go through
-      :meth:`control`.
+      took. What must reach the stream as it is goes through :meth:`raw`: halo-sched's own
+      control sequences (the rewritten progress line), and a rendered job (``render``,
+      ``submit --dry-run``), which is the user's own job file made script, byte for byte.
     - A reader that goes away (``| head``): the stream's descriptor is pointed at /dev/null (as
       Python's documentation of SIGPIPE advises) and everything after is discarded; the command
       carries on to its own exit code, which a pipeline under ``set -o pipefail`` then sees.
@@ -129,9 +130,10 @@ class PipeGuard:
     def write(self, text: str) -> int:
         return self._write(self._escape(text))
 
-    def control(self, sequence: str) -> None:
-        """Write halo-sched's own terminal control ``sequence`` as it is (never a job's text)."""
-        self._write(sequence)
+    def raw(self, text: str) -> None:
+        """Write ``text`` as it is: halo-sched's own terminal control, or a rendered job (never
+        a job's output)."""
+        self._write(text)
 
     def flush(self) -> None:
         if not self.broken:
@@ -152,9 +154,9 @@ class PipeGuard:
         return getattr(self._stream, name)
 
 
-def control(stream, sequence: str) -> None:
-    """Write a terminal control ``sequence`` of halo-sched's own to ``stream``, past its escaping."""
-    (stream.control if isinstance(stream, PipeGuard) else stream.write)(sequence)
+def raw(stream, text: str) -> None:
+    """Write ``text`` to ``stream`` past its escaping (see :meth:`PipeGuard.raw`)."""
+    (stream.raw if isinstance(stream, PipeGuard) else stream.write)(text)
 
 
 def json_line(value) -> str:
