@@ -15,7 +15,7 @@ from ...templating import checked_int, checked_text
 from ...values import MAX_TIMEOUT_HOURS
 from . import servers as nomad_servers
 from .names import (
-    ENTRY_PATH, LEADER_GROUP, MASTER_FILE, PORT_LABEL, TASK, WORKER_RANK_OFFSET, attempt_key, service_name,
+    ENTRY_PATH, LEADER_GROUP, MASTER_FILE, PORT_LABEL, TASK, WORKER_RANK_OFFSET, service_name,
 )
 from .progress import LOG_DIR_IN_TASK
 from .secrets import secret_wiring
@@ -36,9 +36,9 @@ def delimiters(text: str) -> tuple[str, str]:
 
 
 def rdzv_service_key(launch: Launch, job_id: str) -> str:
-    """What node-0's rendezvous service is named after (names.attempt_key): the new version's
+    """What node-0's rendezvous service is named after (servers.attempt_key): the new version's
     workers never read a registration an earlier attempt's node-0 left."""
-    return attempt_key(job_id, launch.restart_count)
+    return nomad_servers.attempt_key(job_id, launch.restart_count)
 
 
 def master_template(job_id: str) -> str:
@@ -279,7 +279,8 @@ def server_group(launch: Launch, role: ServerRole, policies: dict) -> dict:
         **policies,
         "Meta": {"halo_server_role": role.name},
         "Networks": [{"Mode": "host", "ReservedPorts": [{"Label": nomad_servers.PORT_LABEL, "Value": role.port}]}],
-        "Services": [{"Name": nomad_servers.service_name(attempt_key(job_id, launch.restart_count), role.name),
+        # The attempt's own name: an earlier attempt's registration may outlive its stop.
+        "Services": [{"Name": nomad_servers.service_name(rdzv_service_key(launch, job_id), role.name),
                       "Provider": "nomad",
                       "PortLabel": nomad_servers.PORT_LABEL, "Tags": [launch.index_tag + "${NOMAD_ALLOC_INDEX}"]}],
         "Tasks": [task],

@@ -49,21 +49,6 @@ def node_rank_of(task_group: str, alloc_name: str) -> int | None:
     return None
 
 
-def attempt_key(job_id: str, attempt: int) -> str:
-    """What a job's service registrations are named after: the job ID; for a retry attempt, which
-    is a new version of the same job (NomadScheduler.submit_attempt), the ID and the attempt.
-    Nomad deletes a Nomad-native registration only when its allocation is client-terminal
-    (complete, failed, lost) or garbage-collected (nomad/state/state_store_service_registration.go
-    ``deregisterServicesForTerminalAllocs``, nomad/state/state_store.go ``DeleteEval`` -> allocs,
-    v2.0.5); the client deregisters in its PreKill/Postrun hooks
-    (client/allocrunner/group_service_hook.go), which a lost node never runs. An allocation of a
-    node that went down stays ``unknown`` (its group has ``lost_after``) after the job's stop, so
-    its registration stays under the old name through the retry, and ``nomadService`` lists
-    registrations ordered by ID (alloc UUIDs): the next attempt would read the dead node's. Under
-    a name of its own, it never reads an earlier attempt's."""
-    return f"{job_id}-attempt{attempt}" if attempt else job_id
-
-
 def service_name(job_id: str) -> str:
     """The rendezvous service of one job: DNS-like (lower case, digits, '-'), at most 63
     characters, and distinct for distinct job ids (a hash keeps it so when the id is folded)."""

@@ -13,7 +13,7 @@ rendering ``halo-index-K ADDR`` lines; the entry script picks each index (overla
 registrations of one index: the first line wins).
 
 A retry attempt is a new version of the same job: its services are named after the job ID and
-the attempt (names.attempt_key), so its trainer never reads a registration an earlier attempt's
+the attempt (attempt_key), so its trainer never reads a registration an earlier attempt's
 server left on a node that went down (an ``unknown`` allocation keeps its registration until it is
 lost or garbage-collected, nomad/state/state_store_service_registration.go, v2.0.5).
 
@@ -56,8 +56,23 @@ def role_of_group(task_group: str) -> str | None:
     return task_group[len(GROUP_PREFIX):] if task_group.startswith(GROUP_PREFIX) else None
 
 
+def attempt_key(job_id: str, attempt: int) -> str:
+    """What a job's service registrations are named after: the job ID; for a retry attempt, which
+    is a new version of the same job (NomadScheduler.submit_attempt), the ID and the attempt.
+    Nomad deletes a Nomad-native registration only when its allocation is client-terminal
+    (complete, failed, lost) or garbage-collected (nomad/state/state_store_service_registration.go
+    ``deregisterServicesForTerminalAllocs``, nomad/state/state_store.go ``DeleteEval`` -> allocs,
+    v2.0.5); the client deregisters in its PreKill/Postrun hooks
+    (client/allocrunner/group_service_hook.go), which a lost node never runs. An allocation of a
+    node that went down stays ``unknown`` (its group has ``lost_after``) after the job's stop, so
+    its registration stays under the old name through the retry, and ``nomadService`` lists
+    registrations ordered by ID (alloc UUIDs): the next attempt would read the dead node's. Under
+    a name of its own, it never reads an earlier attempt's."""
+    return f"{job_id}-attempt{attempt}" if attempt else job_id
+
+
 def service_name(job_id: str, role: str) -> str:
-    """A DNS-like service name (at most 63) per job (an attempt's: names.attempt_key) and role,
+    """A DNS-like service name (at most 63) per job (an attempt's: attempt_key) and role,
     distinct for distinct pairs."""
     check(role, "server name", "servers[].name")
     base = "".join(c if c.isalnum() else "-" for c in job_id.lower()).strip("-") or "job"
@@ -77,8 +92,6 @@ def addrs_template(job_id: str, role: str) -> str:
 
 def trainer_wiring(launch: Launch) -> tuple[dict, list[dict]]:
     """(env, templates) every trainer task gets: one addresses file per role."""
-    from .names import attempt_key  # names.py reads this module's constants at import
-
     env, templates = {}, []
     for r in launch.servers:
         dest = f"local/halo-server-{r.name}-addrs"
