@@ -32,7 +32,10 @@ code  meaning
 ====  =================================================================================
 
 A reader that goes away (``| head``) changes nothing: the command finishes with its own code,
-its further output discarded (``logs`` stops reading).
+its further output discarded (``logs`` stops reading). A closed stdout (``>&-``) or one that
+cannot be written (a full disk) loses only the output: the command does what it was asked and
+exits with its own code, saying so on stderr. Everything written to the terminal passes through
+``halo_sched.node.text.escape_controls`` (a job's text never drives the terminal).
 
 Imports stay lazy: start-up must not pay for backends it does not use, and never imports torch.
 
@@ -90,6 +93,17 @@ def _since(text: str) -> float:
         return datetime.fromisoformat(text.strip()).timestamp()
     except (ValueError, OverflowError, OSError):
         raise argparse.ArgumentTypeError(f"{text!r} is not an age (30m, 12h, 7d) or an ISO date/time") from None
+
+
+#: ``timeline --width``: wider than any terminal, and a bound on the rows built (ranks x width).
+MAX_WIDTH = 1000
+
+
+def _width(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_WIDTH:
+        raise argparse.ArgumentTypeError(f"{value}: at most {MAX_WIDTH} characters per line")
+    return value
 
 
 def _limit(text: str) -> int:
@@ -270,8 +284,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("id", metavar="ID")
     _backend_arg(p, by_id=True)
     p.add_argument("--svg", default=None, metavar="FILE", help="also write the timeline to FILE as an SVG image")
-    p.add_argument("--width", type=_positive_int, default=None, metavar="N",
-                   help="characters per line (default: the terminal's width, else 100)")
+    p.add_argument("--width", type=_width, default=None, metavar="N",
+                   help=f"characters per line, at most {MAX_WIDTH} (default: the terminal's width, else 100)")
 
     command("gc", help="Nomad: delete the secrets (Variables) of every recorded job that ended or that Nomad no "
                        "longer knows; prints each removed Variable; exit 1 if one could not be deleted")
@@ -337,9 +351,28 @@ def _show_layout_warnings() -> None:
     warnings.showwarning = show
 
 
+def _reopen_closed() -> None:
+    """Descriptors 0-2 that the caller closed (``>&-``) are opened on /dev/null: otherwise the
+    next file opened (a job record) would take descriptor 1, and a child that inherits stdout
+    (sbatch, git, a local node) would write into it."""
+    import os
+
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from .node.text import escape_controls
+
+    _reopen_closed()
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = PipeGuard(sys.stdout), PipeGuard(sys.stderr)
+    sys.stdout, sys.stderr = PipeGuard(sys.stdout, escape_controls), PipeGuard(sys.stderr, escape_controls)
     try:
         return _main(argv)
     except SystemExit as exc:  # argparse's --help and usage errors
@@ -348,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
         for guard in (sys.stdout, sys.stderr):
             if isinstance(guard, PipeGuard):
                 guard.flush()
+        out = sys.stdout
+        if isinstance(out, PipeGuard) and out.dropped:  # its action stands, and so does its exit code
+            say(f"halo-sched: warning: stdout {out.lost}: this command's output was not written")
         sys.stdout, sys.stderr = saved
 
 
@@ -374,6 +410,10 @@ def _main(argv: list[str] | None) -> int:
             parser.error(f"argument --backend: unknown backend {args.backend!r} (choose from {', '.join(backends.names())})")
     _show_layout_warnings()
     try:
+        if args.command not in ("validate", "schema"):  # the rest read or keep state
+            from .store import check_home
+
+            check_home()
         return _command(args.command)(args, _scheduler)
     except HaloError as err:
         from .errors import debug

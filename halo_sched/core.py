@@ -299,11 +299,23 @@ def recent(backend: str | None, state: str | None, limit: int, scheduler: Callab
             continue
         st = states.get(r["backend"], {}).get(r["id"])
         last = r.get("last_state") or {}
-        if st is not None and st.status is not JobStatus.UNKNOWN:
-            keep_state(r, st)
-            rows.append(Row(r, st.status.value, st.describe(), True))
-        else:  # the scheduler forgot it (or did not answer): what we saw last
-            rows.append(Row(r, last.get("status") or "UNKNOWN", last.get("describe") or "UNKNOWN", False))
+        try:
+            if st is not None and st.status is not JobStatus.UNKNOWN:
+                keep_state(r, st)
+                rows.append(Row(r, st.status.value, st.describe(), True))
+                continue
+        except Exception as err:  # noqa: BLE001 - one job's record or state costs that job only
+            from .errors import debug
+
+            if debug():
+                raise
+            import sys
+
+            why = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+            print(f"halo-sched: warning: {r['id']}@{r['backend']}: its state cannot be shown ({why}); "
+                  "its last known one is", file=sys.stderr, flush=True)
+        # The scheduler forgot it (or did not answer): what we saw last.
+        rows.append(Row(r, last.get("status") or "UNKNOWN", last.get("describe") or "UNKNOWN", False))
     return [row for row in rows if not state or row.status == state]
 
 

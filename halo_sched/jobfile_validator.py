@@ -1123,6 +1123,7 @@ SCHEMA = {
                                                         'type': 'literal',
                                                         'expected': ['node', 'hang', 'preflight'],
                                                     },
+                                                    'min_length': 1,
                                                 },
                                                 'default_factory': lambda: ['node'],
                                                 'default_factory_takes_data': False,

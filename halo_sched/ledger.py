@@ -38,6 +38,9 @@ MAX_BYTES = 4 << 20
 #: node name). Nothing else can reach ``--exclude=`` or a Nomad constraint.
 HOST_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62}))*")
 MAX_HOST_CHARS = 253
+#: The longest expiry (ten years), and the latest time an entry may start (2**34 s: year 2514).
+MAX_EXPIRY_HOURS = 24 * 365 * 10
+MAX_TIME = float(2 ** 34)
 
 
 def path() -> Path:
@@ -75,13 +78,9 @@ def expiry_hours(value: Any = None) -> float:
         hours = float(value)
     except (TypeError, ValueError):
         hours = float("nan")
-    if not math.isfinite(hours) or hours <= 0 or hours > 24 * 365 * 10:
+    if not math.isfinite(hours) or hours <= 0 or hours > MAX_EXPIRY_HOURS:
         raise UsageError(f"{field}: {value!r} is not a positive number of hours (at most ten years)")
     return hours
-
-
-#: The longest an entry may last: an expiry past it (a hand edit, ``Infinity``) is not an entry.
-MAX_SPAN_S = 10 * 365 * 24 * 3600.0
 
 
 class Entry(NamedTuple):
@@ -120,7 +119,7 @@ def _entry(d: Any) -> Entry:
     try:
         e = Entry(host=d["host"], reason=d["reason"], job=d["job"], backend=d["backend"],
                   since=float(d["since"]), expires=float(d["expires"]), by=d.get("by", ""))
-    except (KeyError, TypeError, ValueError, OverflowError):
+    except (KeyError, TypeError, ValueError, OverflowError):  # noqa: B014
         raise Corrupt("an entry lacks host, reason, job, backend, since or expires") from None
     if not valid_host(e.host) or not all(isinstance(x, str) for x in (e.reason, e.job, e.backend, e.by)):
         raise Corrupt("an entry has a field of the wrong type")
@@ -128,9 +127,10 @@ def _entry(d: Any) -> Entry:
 
 
 def _sane(e: Entry) -> bool:
-    """Finite times, an expiry after the start and at most ten years after it."""
-    return (math.isfinite(e.since) and math.isfinite(e.expires) and 0 <= e.since
-            and e.since <= e.expires <= e.since + MAX_SPAN_S)
+    """Times are read, not trusted: Infinity, NaN or 1e300 would fence a host off for ever and
+    overflow every clock that shows it. An entry starts before MAX_TIME and lasts at most the
+    longest expiry."""
+    return 0 <= e.since < MAX_TIME and e.since <= e.expires <= e.since + MAX_EXPIRY_HOURS * 3600
 
 
 def _load_legacy() -> list[Entry]:
@@ -169,8 +169,9 @@ def import_file(con) -> int:
         return 0
     sane = [e for e in items if _sane(e)]
     if len(sane) < len(items):
-        _warn(f"{len(items) - len(sane)} entr{'y' if len(items) - len(sane) == 1 else 'ies'} with times that are not "
-              f"finite or last more than ten years: not imported", where)
+        n = len(items) - len(sane)
+        _warn(f"{n} entr{'y' if n == 1 else 'ies'} with since/expires out of range (not finite, or more than "
+              f"{MAX_EXPIRY_HOURS / 24 / 365:g} years apart): not imported", where)
     con.execute("BEGIN IMMEDIATE")
     try:
         con.executemany("INSERT OR IGNORE INTO ledger (host, job, backend, reason, by, since, expires) "

@@ -263,7 +263,7 @@ class Retry(_Model):
 
     attempts: int = Field(ge=1, le=MAX_ATTEMPTS, description=f"Attempts in all, the first included (1-{MAX_ATTEMPTS}).")
     on: list[Literal["node", "hang", "preflight"]] = Field(
-        default_factory=lambda: ["node"],
+        default_factory=lambda: ["node"], min_length=1,
         description="Failure classes that start another attempt: node, hang, preflight. Job-class and unknown "
                     "failures are never retried.")
 
@@ -298,8 +298,7 @@ class Notify(NotifyMethods, _Model):
     )
     on: list[Literal["failed", "hung", "retried", "completed"]] = Field(
         default_factory=lambda: list(NOTIFY_EVENTS), min_length=1,
-        description='Events that send one JSON POST each: failed, hung, retried, completed. Write the key quoted, '
-                    '"on": YAML reads a bare on as true.',
+        description="Events that send one JSON POST each: failed, hung, retried, completed.",
     )
 
     _name = field_validator("webhook_env")(staticmethod(rules.notify_name))
@@ -344,8 +343,8 @@ class JobSpec(JobSpecMethods, _Model):
     notify: Notify | None = Field(None, description="Webhook notifications of the job's state changes.")
     retry: Retry | None = Field(
         None,
-        description="Automatic retry: {attempts: N, \"on\": [node, hang, preflight]} (quote \"on\": YAML 1.1 "
-                    "reads it as true); a watcher (submit --wait, watch, Run.wait) resubmits. Default: no retry.",
+        description="Automatic retry: {attempts: N, on: [node, hang, preflight]}; a watcher (submit --wait, watch, "
+                    "Run.wait) resubmits. Default: no retry.",
     )
     parallelism: Parallelism | None = Field(None, description="Parallel layout (tp, ep, ...), checked at validate time.")
     servers: list[Server] = Field(

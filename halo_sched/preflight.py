@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from .errors import UsageError
 from .node import source_path
+from .node.text import valid_data
 from .node.trainers import preflight_bw
 
 SCRIPT = source_path("trainers.preflight_bw")
@@ -80,17 +82,55 @@ def parse_lines(lines: Iterable[str]) -> tuple[dict | None, dict[int, dict]]:
         if not m:
             continue
         try:
-            data = json.loads(m.group(2))
-        except ValueError:
+            # A rank printed it: no NaN/Infinity (1e400 is one too), no lone surrogate.
+            data = valid_data(json.loads(m.group(2), parse_constant=_not_a_number, parse_float=_finite))
+        except (ValueError, RecursionError):
             continue
         if not isinstance(data, dict):
             continue
         if m.group(1) == RESULT_MARK:
-            if isinstance(data.get("pairs"), list) and isinstance(data.get("all_gather"), dict):
+            if _valid_result(data):
                 result = data  # the last one wins (a requeued job prints again)
-        elif isinstance(data.get("node"), int) and isinstance(data.get("checks"), list):
+        elif _int(data.get("node")) and _valid_checks(data.get("checks")):
             nodes[data["node"]] = data
     return result, nodes
+
+
+def _not_a_number(text: str):
+    raise ValueError(f"{text} is not a number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is not finite")
+    return value
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 31
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e15
+
+
+def _valid_checks(checks) -> bool:
+    """The node checks as the report reads them (every key it uses, of its type)."""
+    return isinstance(checks, list) and all(
+        isinstance(c, dict) and isinstance(c.get("check"), str) and isinstance(c.get("ok"), bool)
+        and isinstance(c.get("detail", ""), str) and isinstance(c.get("fix", ""), str)
+        and isinstance(c.get("host"), (str, type(None))) and (c.get("node") is None or _int(c.get("node")))
+        for c in checks)
+
+
+def _valid_result(data: dict) -> bool:
+    """Rank 0's result as the report reads it; anything else is not one (never a verdict)."""
+    pairs, ag = data.get("pairs"), data.get("all_gather")
+    return (isinstance(pairs, list) and isinstance(ag, dict) and _int(ag.get("ranks")) and _number(ag.get("mib_s"))
+            and all(isinstance(p, dict) and _int(p.get("src")) and _int(p.get("dst")) and _number(p.get("mib_s"))
+                    and _number(p.get("bytes")) for p in pairs)
+            and _valid_checks(data.get("checks")))
 
 
 @dataclass
@@ -273,4 +313,4 @@ def _read_logs(sched, job_id: str) -> list[str]:
 
 
 def as_json(rep: Report) -> str:
-    return json.dumps(rep.to_json())
+    return json.dumps(rep.to_json(), allow_nan=False)  # parse_lines let no NaN in

@@ -323,21 +323,34 @@ class AttemptRow:
                 "node_hours": round(self.node_hours, 6), "gpu_hours": round(self.gpu_hours, 6)}
 
 
+def _when(value) -> float | None:
+    """A time of a record (epoch seconds) within [0, 2**34), else None: Infinity, NaN or 1e300
+    are no clock's, and would make the hours infinite or not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    return value if 0 <= value < 2 ** 34 else None
+
+
 def _wall(rec: dict) -> tuple[float | None, str]:
     last = rec.get("last_state") or {}
-    s, e = last.get("started_at"), last.get("ended_at")
-    if isinstance(s, (int, float)) and isinstance(e, (int, float)) and e >= s:
-        return float(e - s), "scheduler"
+    s, e = _when(last.get("started_at")), _when(last.get("ended_at"))
+    if s is not None and e is not None and e >= s:
+        return e - s, "scheduler"
     run = rec.get("run") or {}
-    s, e = run.get("observed_start"), run.get("observed_end")
-    if isinstance(s, (int, float)) and isinstance(e, (int, float)) and e >= s:
-        return float(e - s), "observed"
+    s, e = _when(run.get("observed_start")), _when(run.get("observed_end"))
+    if s is not None and e is not None and e >= s:
+        return e - s, "observed"
     return None, ""
 
 
 def number(value) -> int:
-    """A record's count (attempt, nodes, GPUs) as an int; 0 for anything a hand edit left there."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+    """A record's count (attempt, nodes, GPUs) as an int; 0 for anything a hand edit left there
+    (10**400 is an int too, and no float can hold its hours)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2 ** 31 else 0
 
 
 def row_of(rec: dict) -> AttemptRow:

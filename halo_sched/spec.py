@@ -281,6 +281,11 @@ def _unique_key_loader():
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: SafeLoader merges below
                 continue
+            if key_node.tag == "tag:yaml.org,2002:bool" and key_node.style is None:
+                # YAML 1.1 reads a plain on/off/yes/no as a boolean, also as a key: `retry: {on: [node]}`
+                # would be {True: [...]}. A key is a name: it keeps the words written (the base
+                # constructor below reads the same node, now a str).
+                key_node.tag = "tag:yaml.org,2002:str"
             key = loader.construct_object(key_node, deep=deep)
             try:
                 duplicate = key in seen

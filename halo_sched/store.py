@@ -25,6 +25,28 @@ def home() -> Path:
     return Path(base) / "halo-sched"
 
 
+def check_home() -> Path:
+    """:func:`home`, refused (exit 2, naming the variable it came from) when it names something
+    that is not a directory (a file, or a path through one): every command that keeps state
+    would otherwise fail deep inside with NotADirectoryError."""
+    from .errors import UsageError
+
+    where = home()
+    var = "HALO_SCHED_HOME" if os.environ.get("HALO_SCHED_HOME") else (
+        "XDG_STATE_HOME" if os.environ.get("XDG_STATE_HOME") else "the state directory")
+    try:
+        st = os.stat(where)
+    except FileNotFoundError:
+        return where  # made when first written
+    except OSError as err:  # ENOTDIR: a file on the way; EACCES; ELOOP
+        raise UsageError(f"{var}: {str(where)[:200]!r} cannot be used as halo-sched's state directory "
+                         f"({err.strerror or err})") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"{var}: {str(where)[:200]!r} is not a directory (halo-sched keeps its job records "
+                         "there); name a directory")
+    return where
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
@@ -96,7 +118,7 @@ def read_json(path: Path, limit: int | None = None) -> Any:
     """A small JSON file (see :func:`read_small`); bad JSON is :class:`Unreadable` with a short reason."""
     data = read_small(path, limit)
     try:
-        return json.loads(data)
+        value = json.loads(data)
     except UnicodeDecodeError:
         raise Unreadable("not UTF-8 text") from None
     except json.JSONDecodeError as err:
@@ -105,3 +127,12 @@ def read_json(path: Path, limit: int | None = None) -> Any:
         raise Unreadable(f"not valid JSON ({err.msg}, byte {err.pos})") from None
     except ValueError as err:  # a number too long to convert, for one
         raise Unreadable(f"not valid JSON ({err})") from None
+    except RecursionError:
+        raise Unreadable("nested too deeply") from None
+    if b"\\ud" in data.lower() or b"\xed" in data:
+        # A lone surrogate, escaped ("\ud800") or as raw bytes (json decodes bytes with
+        # surrogatepass): U+FFFD, so that no str read here fails a later write or print.
+        from .node.text import valid_data
+
+        value = valid_data(value)
+    return value

@@ -37,12 +37,15 @@ WHOLE_BYTES = 1 << 20
 BRIDGE = 3.0
 
 # Cell kinds.
+#: The latest time a report may carry (2**34 s: year 2514), as a failure line (node/failures.py).
+MAX_TIME = float(2 ** 34)
+
 NONE, STEP, QUIET, UNSEEN, HUNG, EXIT, STOPPED = " ", "P", "Q", "U", "H", "X", "S"
 
 GLYPHS_UNICODE = {NONE: " ", STEP: "█", QUIET: "·", UNSEEN: "░", HUNG: "H", EXIT: "X", STOPPED: "s"}
 GLYPHS_ASCII = {NONE: " ", STEP: "#", QUIET: ".", UNSEEN: "~", HUNG: "H", EXIT: "X", STOPPED: "s"}
 LEGEND = [(STEP, "progress reported"), (QUIET, "no progress"), (UNSEEN, "running, steps not recorded here"),
-          (HUNG, "hung (monitor fired)"), (EXIT, "failed"), (STOPPED, "stopped after another failed")]
+          (HUNG, "hung (monitor fired)"), (EXIT, "failed"), (STOPPED, "stopped (after another failed, or by a cancel)")]
 
 
 @dataclass
@@ -71,6 +74,8 @@ class Timeline:
     history: bool = True
     #: Why not, in words.
     note: str = ""
+    #: The job was cancelled: its ranks' ends are the cancel's (SIGTERM), not a failure with a culprit.
+    cancelled: bool = False
 
 
 @dataclass
@@ -111,11 +116,25 @@ def _parse(line: bytes) -> tuple[int, float] | None:
     parts = line.split()
     if len(parts) < 2:
         return None
+    if len(parts[0]) > 19:  # a step beyond 2**63 is no step
+        return None
     try:
         step, t = int(parts[0]), float(parts[1])
     except ValueError:
         return None
-    return (step, t) if t == t and abs(t) != float("inf") else None
+    # The rank wrote it: a time outside [0, 2**34) s (1e300 overflows every clock) is no report.
+    return (step, t) if 0 <= t < MAX_TIME else None
+
+
+def _time(value) -> float | None:
+    """A time read from a file or a scheduler (epoch seconds) that every clock can show, or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    return value if 0 <= value < MAX_TIME else None
 
 
 def _parse_all(data: bytes) -> list[tuple[int, float]]:
@@ -253,13 +272,15 @@ def _failures_by_rank(report) -> tuple[dict[tuple[int, int], object], dict[int, 
     return out, nodes, report.first
 
 
-def _note(f, last: tuple[int, float] | None, culprit: bool, history: bool) -> str:
+def _note(f, last: tuple[int, float] | None, culprit: bool, history: bool, cancelled: bool = False) -> str:
     step = f.step if f is not None and f.kind == "HUNG" else (last[0] if last else None)
     where = f"step {step}" if step is not None else ("no reports" if history else "")
     if f is None:
         return where
     if f.kind == "HUNG":
         what = "HUNG" + (f" in {f.waiting_in}" if f.waiting_in and not culprit else "")
+    elif cancelled:
+        what = "stopped by the cancel"
     elif f.stopped:
         what = "stopped"
     else:
@@ -274,6 +295,8 @@ def layout(tl: Timeline, columns: int) -> Layout:
     t0, t1, running = span(tl)
     col_s = (t1 - t0) / columns
     fails, node_fails, first = _failures_by_rank(tl.report)
+    if tl.cancelled:
+        first = None  # a cancel is not a failure: no rank is its culprit
     hosts = dict(tl.hosts)
     for f in getattr(tl.report, "failures", None) or []:
         if f.node is not None and f.host and f.node not in hosts:
@@ -313,9 +336,11 @@ def layout(tl: Timeline, columns: int) -> Layout:
                 for c in range(_col(last, t0, col_s, columns) + 1, end_col):
                     cells[c] = QUIET
         if f is not None:
-            cells[min(end_col, columns - 1)] = HUNG if f.kind == "HUNG" else (STOPPED if f.stopped else EXIT)
-        rows.append(Row(key[0], key[1], cells, _note(f, pts[-1] if pts else None, culprit, tl.history), culprit))
-    failure = tl.report.describe() if tl.report is not None and tl.report.first is not None else ""
+            stopped = f.stopped or tl.cancelled
+            cells[min(end_col, columns - 1)] = HUNG if f.kind == "HUNG" else (STOPPED if stopped else EXIT)
+        rows.append(Row(key[0], key[1], cells, _note(f, pts[-1] if pts else None, culprit, tl.history, tl.cancelled),
+                        culprit))
+    failure = tl.report.describe() if tl.report is not None and tl.report.first is not None and not tl.cancelled else ""
     title = f"job {tl.job_id}" + (f" ({tl.name})" if tl.name and tl.name not in tl.job_id else "") + (
         f" on {tl.backend}" if tl.backend else "")
     return Layout(title, tl.state, t0, t1, running, columns, rows, hosts, failure, tl.note)
@@ -517,13 +542,17 @@ def gather(job_id: str, backend: str, sched, now: float | None = None) -> tuple[
         report = report_from_files(rec["outputs"])
     tl = Timeline(job_id, name=str(rec.get("name") or ""), backend=backend, now=now, report=report)
     if state is not None:
+        from .backends.jobstate import JobStatus
+
         tl.state = state.describe()
-        tl.start = state.started_at
+        tl.cancelled = state.status is JobStatus.CANCELLED
+        tl.start = _time(state.started_at)
         if state.status.terminal:
             ends = [f.time for f in getattr(report, "failures", None) or []]
-            tl.end = state.ended_at if state.ended_at is not None else (max(ends) if ends else now)
-    if tl.start is None and isinstance(rec.get("submitted"), (int, float)):
-        tl.start = float(rec["submitted"])
+            end = _time(state.ended_at)
+            tl.end = end if end is not None else (max(ends) if ends else now)
+    if tl.start is None:
+        tl.start = _time(rec.get("submitted"))
     nodes, per = rec.get("nodes"), rec.get("nproc_per_node")
     if isinstance(nodes, int) and isinstance(per, int) and 0 < nodes * per <= 100000:
         tl.ranks = {(r // per, r) for r in range(nodes * per)}
@@ -617,7 +646,8 @@ def main(job_id: str, backend: str, sched, svg: str | None = None, width: int | 
 
     from .errors import UsageError, shown
 
-    width = width or shutil.get_terminal_size((100, 24)).columns
+    # $COLUMNS sets the terminal's width too: bounded as --width is (cells are built ranks x width).
+    width = width or min(shutil.get_terminal_size((100, 24)).columns, 1000)
     tl, files = gather(job_id, backend, sched)
     if not has_anything(tl):
         what = "no progress reports or failures to draw" if tl.end is not None else "no progress reported yet"

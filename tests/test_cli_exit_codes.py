@@ -307,3 +307,19 @@ def test_only_a_named_command_narrows_the_parser():
     # no command, or not one: the whole parser (its help lists every command; its error names the choices)
     for argv in ([], ["--help"], ["--version"], ["rendr", "x"], ["--", "render"]):
         assert cli._command_in(argv) is None
+
+
+@pytest.mark.parametrize("under", ["", "/sub"])
+def test_a_state_directory_that_is_a_file_is_exit_2_naming_the_variable(tmp_path, under):
+    """HALO_SCHED_HOME naming a file (or a path through one): every command that keeps state
+    says so, exit 2, not ``internal error: NotADirectoryError``."""
+    import helpers
+
+    f = tmp_path / "a-file"
+    f.write_text("")
+    env = {**os.environ, "HALO_SCHED_HOME": f"{f}{under}"}
+    for args in (["list"], ["status", "j-1"], ["nodes"], ["submit", "examples/ddp-cpu.yaml", "--backend", "local"]):
+        r = helpers.cli(*args, env=env, timeout=60)
+        assert r.returncode == 2, (args, r.returncode, r.stderr)
+        assert f"HALO_SCHED_HOME: '{f}{under}'" in r.stderr and "internal error" not in r.stderr, r.stderr
+    assert helpers.cli("validate", "examples/ddp-cpu.yaml", env=env, timeout=60).returncode == 0

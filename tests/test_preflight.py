@@ -89,6 +89,27 @@ def test_parse_lines_reads_any_backend_prefix_and_skips_torn_lines():
     assert nodes == {1: node}
 
 
+@pytest.mark.parametrize("bad", [
+    {"pairs": [{**RESULT["pairs"][0], "mib_s": "NaN"}]},  # spelled as JSON's NaN below
+    {"pairs": [{**RESULT["pairs"][0], "mib_s": "1e400"}]},  # a float beyond range: Infinity
+    {"pairs": [{**RESULT["pairs"][0], "mib_s": "fast"}]},
+    {"pairs": [{"src": 1}]},
+    {"all_gather": {"ranks": 6}},
+    {"checks": [{"check": "nic"}]},
+    {"checks": "none"},
+])
+def test_a_result_line_a_rank_forged_or_broke_is_no_result(bad):
+    """Rank output is evidence, not a verdict: a result whose figures are not finite numbers
+    (NaN passes every ``<`` floor) or whose fields the report reads are missing is skipped;
+    ``--json`` output stays strict JSON."""
+    text = json.dumps({**RESULT, **bad}).replace('"NaN"', "NaN").replace('"1e400"', "1e400")
+    result, _ = preflight.parse_lines([f"0: {preflight.RESULT_MARK} {text}\n"])
+    assert result is None
+    rep = preflight.Report("j", "local", "COMPLETED", 3, 4194304, 300.0, result, {})
+    assert not rep.passed
+    json.loads(preflight.as_json(rep), parse_constant=lambda c: pytest.fail(c))
+
+
 def test_verdict_names_the_slowest_pair_and_fails_below_min():
     rep = preflight.Report("j", "local", "COMPLETED", 3, 4194304, None, RESULT, {})
     assert rep.passed and rep.slowest_pair["src"] == 2

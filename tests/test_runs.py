@@ -103,14 +103,22 @@ def test_slurm_start_and_end_times_count_only_once_they_happened():
 
 
 
-def test_retry_on_is_written_quoted_in_yaml():
-    """YAML 1.1 reads a plain ``on`` as true, and the loader refuses a key that is not a name
-    (exit 2, "quote it"): the job file writes ``"on"``, as docs/failures.md shows."""
+def test_retry_on_is_written_bare_or_quoted_in_yaml():
+    """YAML 1.1 reads a plain ``on`` as true; as a key, the loader keeps the name written, so
+    ``on:`` works as it does in CI workflows, and so does ``"on":``."""
     head = "name: j\nnodes: 1\nnproc_per_node: 1\ntrainer: {script: t.py}\n"
     spec = halo_sched.loads(head + 'retry:\n  attempts: 2\n  "on": [node, preflight]\n')
     assert spec.retry.on == ["node", "preflight"]
-    with pytest.raises(halo_sched.errors.SpecError, match="read by YAML as a boolean.*quote it"):
-        halo_sched.loads(head + "retry: {attempts: 2, on: [node]}\n")
+    assert halo_sched.loads(head + "retry: {attempts: 2, on: [node]}\n").retry.on == ["node"]
+    assert halo_sched.loads(head + "retry:\n  attempts: 2\n  on: [hang]\n").retry.on == ["hang"]
+
+
+def test_retry_on_nothing_is_refused():
+    """``on: []`` would validate a retry that can never happen (as ``notify.on: []`` is refused)."""
+    head = "name: j\nnodes: 1\nnproc_per_node: 1\ntrainer: {script: t.py}\n"
+    with pytest.raises(halo_sched.errors.SpecError) as ei:
+        halo_sched.loads(head + "retry: {attempts: 2, on: []}\n")
+    assert [f for f, _ in ei.value.problems] == ["retry.on (line 5)"], ei.value.problems
 
 
 def test_a_hand_edited_run_record_never_breaks_status_or_list(tmp_path):
@@ -123,6 +131,22 @@ def test_a_hand_edited_run_record_never_breaks_status_or_list(tmp_path):
     row = row_of(rec)
     assert (row.number, row.nodes, row.gpus_per_node, row.wall_s, row.hosts_excluded) == (0, 0, 0, 3600.0, [])
     assert totals([row])["gpu_hours"] == 0
+
+
+@pytest.mark.parametrize("nodes, started, ended", [(10 ** 400, 10, 3610), (2, 0, float("inf")), (2, -1e308, 1e308)])
+def test_counts_and_times_beyond_bounds_in_a_run_record_are_not_hours(nodes, started, ended):
+    """A record is a file: 10**400 nodes (OverflowError turning the hours into a float) or an
+    Infinity time (infinite GPU-hours) is no count and no clock."""
+    import math
+
+    from halo_sched.runs import row_of, totals
+
+    rec = {"id": "9", "backend": "slurm", "nodes": nodes, "spec": {"gpus_per_node": 8},
+           "run": {"id": "9", "attempt": 0, "excluded": []},
+           "last_state": {"status": "FAILED", "started_at": started, "ended_at": ended}}
+    row = row_of(rec)
+    t = totals([row])
+    assert all(math.isfinite(v) for v in (row.node_hours, row.gpu_hours, t["gpu_hours"], t["node_hours"])), (row, t)
 
 
 def test_a_retry_sends_the_retried_notification_once_per_new_attempt(tmp_path, monkeypatch):

@@ -146,3 +146,41 @@ def test_state_dead_server_is_a_dead_rank_and_completed_trainer_leaves_servers_t
     done = [_alloc("node-0", "j.node-0[0]", "complete"), _alloc("workers", "j.workers[0]", "complete")]
     st = job_state(job, done + [_alloc("server-vllm", "j.server-vllm[0]", "running")], [], "j")
     assert st.status is JobStatus.COMPLETED and st.nomad.servers_running == 1
+
+
+def test_a_retry_attempt_never_reads_an_earlier_attempts_server_registration(tmp_path):
+    """A retry is a new version of the same Nomad job. A server whose node went down leaves its
+    allocation ``unknown`` and its registration in place after the stop (Nomad deletes one only
+    for a client-terminal or collected allocation: tests/nomad/client_sim.py node_died), and
+    ``nomadService`` lists registrations in ID order: under the role's one name, the next
+    attempt's trainer would read the dead server first. Each attempt's services have a name of
+    their own, and its trainer's template asks for that name."""
+    from halo_sched.runs import next_spec
+
+    spec = spec_for(tmp_path, server_nodes=1)
+    job_id = submission_id(spec)
+    first = job_payload(spec, job_id)["Job"]
+    second = job_payload(next_spec(spec, job_id, 1, (), None), job_id)["Job"]
+    assert first["ID"] == second["ID"]  # one job, two versions
+
+    def server_service(job):
+        (g,) = [g for g in job["TaskGroups"] if g["Name"] == "server-rollout-a"]
+        (svc,) = g["Services"]
+        return svc["Name"]
+
+    def trainer_template(job):
+        (t,) = [t for t in job["TaskGroups"][0]["Tasks"][0]["Templates"]
+                if t["DestPath"] == "local/halo-server-rollout-a-addrs"]
+        return t["EmbeddedTmpl"]
+
+    old, new = server_service(first), server_service(second)
+    assert old != new
+    registry = client_sim.ServiceRegistry()
+    for reg_id, name, addr in (("_nomad-task-0000-dead", old, "10.9.9.9"), ("_nomad-task-ffff-live", new, "10.0.0.2")):
+        registry.register({"ID": reg_id, "ServiceName": name, "Namespace": "default", "Tags": ["halo-index-0"],
+                           "Address": addr, "Port": 8000})
+    funcs = {"nomadService": lambda q: [client_sim._NomadService(r) for r in registry.get(q)]}
+    text = client_sim.GoTemplate(trainer_template(second)).render(funcs)
+    assert text.split() == ["halo-index-0", "10.0.0.2"], text
+    # The first attempt's trainer read its own name (the plain one: rendered jobs unchanged).
+    assert client_sim.GoTemplate(trainer_template(first)).render(funcs).split() == ["halo-index-0", "10.9.9.9"]

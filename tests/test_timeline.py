@@ -234,3 +234,76 @@ def test_a_line_the_rank_is_still_writing_is_not_read(tmp_path):
     p = tmp_path / "rank-0"
     p.write_bytes(b"0 1000.0\n1 1001.0\n2 10")  # "2 10": the rest of the line not written yet
     assert T.read_rank(p) == [(0, 1000.0), (1, 1001.0)]
+
+
+def test_a_cancelled_job_names_no_culprit():
+    """A cancel stops every rank with SIGTERM; the collector reports each (``SignalException ...
+    signal: 15``). Those ends are the cancel's: no rank is a culprit, and none is drawn as failed."""
+    t0 = 1000.0
+    progress = {(0, r): [(s, t0 + s) for s in range(10)] for r in range(2)}
+    fails = [RankFailure(0, r, r, "h", 1, None, t0 + 10.5 + r,
+                         error="torch.distributed.elastic.multiprocessing.api.SignalException: Process 7 got signal: 15")
+             for r in range(2)]
+    tl = T.Timeline("j", state="CANCELLED", start=t0, end=t0 + 20, progress=progress, report=FailureReport(fails),
+                    cancelled=True)
+    lay = T.layout(tl, 20)
+    assert not any(r.culprit for r in lay.rows) and lay.failure == ""
+    assert all(T.EXIT not in r.cells and T.STOPPED in r.cells for r in lay.rows)
+    text = T.render_text(lay, width=100)
+    assert "culprit" not in text.lower() and "SignalException" not in text, text
+    assert all("stopped by the cancel" in r.note for r in lay.rows)
+
+
+@pytest.mark.parametrize("args, env", [(["--width", "100000000"], {}), ([], {"COLUMNS": "100000000"})])
+def test_a_huge_width_is_bounded(tmp_path, args, env):
+    """``--width`` past the bound is exit 2 naming the option; $COLUMNS is bounded the same way.
+    The child runs under 1 GiB of address space: a timeline 10^8 cells wide would not fit."""
+    import resource
+
+    d = tmp_path / "halo-home" / "local" / "wide-1"
+    (d / "ranks" / "node-0" / "progress").mkdir(parents=True)
+    (d / "state.json").write_text(json.dumps({"state": "FAILED", "submitted": 1000.0}))
+    (d / "job.json").write_text(json.dumps({"nodes": 1, "nproc_per_node": 1}))
+    (d / "ranks" / "node-0" / "progress" / "rank-0").write_text("".join(f"{s} {1000 + s}.0\n" for s in range(20)))
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    r = subprocess.run([sys.executable, "-m", "halo_sched.cli", "timeline", "wide-1", "--backend", "local", *args],
+                       cwd=REPO, capture_output=True, text=True, timeout=60, preexec_fn=limited,
+                       env={**os.environ, **env})
+    assert "internal error" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    if args:
+        assert r.returncode == 2 and "argument --width: 100000000: at most 1000" in r.stderr, r.stderr
+    else:
+        assert r.returncode == 0 and "rank 0" in r.stdout, (r.stdout, r.stderr)
+        assert max(len(line) for line in r.stdout.splitlines()) <= 1000, r.stderr
+
+
+def test_times_from_a_job_beyond_any_clock_are_not_read(tmp_path):
+    """A progress file or a failure line is the job's: a time of 1e300 (``localtime`` overflows)
+    or 1e20 is no report."""
+    from halo_sched.node.failures import parse_line
+
+    p = tmp_path / "rank-0"
+    p.write_bytes(b"0 1000.0\n1 1e300\n2 1e20\n3 1003.0\n")
+    assert T.read_rank(p) == [(0, 1000.0), (3, 1003.0)]
+    for t in ("1e300", "1e20", "-5", "Infinity", "NaN", "1" + "0" * 400):
+        assert parse_line('halo-sched-failure {"node": 0, "rank": 0, "time": %s}' % t) is None, t
+
+
+@pytest.mark.parametrize("submitted", [1e300, float("inf")])
+def test_a_record_time_beyond_any_clock_is_not_the_start(tmp_path, submitted):
+    """The job record is a file: ``submitted`` 1e300 overflowed ``localtime`` (internal error)."""
+    from halo_sched import records
+
+    d = tmp_path / "halo-home" / "local" / "odd-1"
+    (d / "ranks" / "node-0" / "progress").mkdir(parents=True)
+    (d / "state.json").write_text(json.dumps({"state": "FAILED"}))
+    (d / "job.json").write_text(json.dumps({"nodes": 1, "nproc_per_node": 1}))
+    (d / "ranks" / "node-0" / "progress" / "rank-0").write_text("".join(f"{s} {1000 + s}.0\n" for s in range(5)))
+    records.write({"version": 1, "id": "odd-1", "backend": "local", "name": "odd", "submitted": submitted,
+                   "spec": {"slurm": {}}, "outputs": [], "scheduler": {}, "nodes": 1, "nproc_per_node": 1})
+    r = cli("timeline", "odd-1", "--width", "80", timeout=60)
+    assert r.returncode == 0 and "internal error" not in r.stderr, r.stderr
+    assert "rank 0" in r.stdout

@@ -20,6 +20,8 @@ tests replace). Errors are raised as ``HaloError``; the CLI prints them and exit
 from __future__ import annotations
 
 import io
+import json
+import math
 import os
 import sys
 import time
@@ -34,7 +36,7 @@ def outage_line(line: str) -> None:
     """A line about the scheduler being unreachable, on a line of its own (a terminal's
     rewritten progress line is cleared first)."""
     if sys.stderr.isatty():
-        sys.stderr.write("\r\033[K")
+        raw(sys.stderr, "\r\033[K")
     say(f"halo-sched: {line}")
 
 
@@ -54,27 +56,45 @@ class Progress:
     def change(self, state) -> None:
         line = self._line(state)
         if self.tty:
-            self.stream.write("\r\033[K" + line + ("\n" if state.status.terminal else ""))
+            raw(self.stream, "\r\033[K")
+            self.stream.write(line + ("\n" if state.status.terminal else ""))
         else:
             self.stream.write(line + "\n")
         self.stream.flush()
 
     def tick(self, state) -> None:
         if self.tty and not state.status.terminal:
-            self.stream.write("\r\033[K" + self._line(state))
+            raw(self.stream, "\r\033[K")
+            self.stream.write(self._line(state))
             self.stream.flush()
 
 
 class PipeGuard:
-    """sys.stdout or sys.stderr, minus the broken pipe: when the reader goes away (``| head``),
-    the stream's descriptor is pointed at /dev/null (as Python's documentation of SIGPIPE
-    advises) and everything after is discarded. The command itself carries on to its own exit
-    code, which a pipeline under ``set -o pipefail`` then sees; no write, flush or interpreter
-    exit raises BrokenPipeError. ``broken`` tells a command that streams (``logs``) to stop."""
+    """sys.stdout or sys.stderr for the CLI: whatever a command writes reaches the terminal
+    escaped, and a stream that cannot be written never breaks the command.
 
-    def __init__(self, stream):
-        self._stream = stream
-        self.broken = False
+    - Escaped: every text a job produced (a rank's error line, a host name, a log line) can hold
+      terminal control sequences; each write goes through ``escape`` (the CLI passes
+      ``halo_sched.node.text.escape_controls``), so none reaches a terminal, whichever path it
+      took. What must reach the stream as it is goes through :meth:`raw`: halo-sched's own
+      control sequences (the rewritten progress line), and a rendered job (``render``,
+      ``submit --dry-run``), which is the user's own job file made script, byte for byte.
+    - A reader that goes away (``| head``): the stream's descriptor is pointed at /dev/null (as
+      Python's documentation of SIGPIPE advises) and everything after is discarded; the command
+      carries on to its own exit code, which a pipeline under ``set -o pipefail`` then sees.
+      ``broken`` tells a command that streams (``logs``) to stop.
+    - A closed stream (``>&-``: Python then has None for it) or one that fails to write (a full
+      disk): the output is discarded, ``lost`` says so, and the CLI says it once on stderr; the
+      command's action and exit code stand.
+    """
+
+    def __init__(self, stream, escape):
+        self._stream, self._escape = stream, escape
+        self.broken = stream is None
+        #: Why output cannot be written (None: it can, or the reader went away, which is no
+        #: fault); ``dropped``: some was lost for that reason.
+        self.lost: str | None = "is closed" if stream is None else None
+        self.dropped = False
 
     def _discard(self) -> None:
         self.broken = True
@@ -92,21 +112,65 @@ class PipeGuard:
         except (OSError, ValueError):
             pass
 
-    def write(self, text: str) -> int:
+    def _failed(self, err: Exception) -> None:
+        if not isinstance(err, BrokenPipeError):
+            self.lost = f"cannot be written ({getattr(err, 'strerror', None) or err})"
+        self._discard()
+
+    def _write(self, text: str) -> int:
         if not self.broken:
             try:
                 return self._stream.write(text)
-            except BrokenPipeError:
-                self._discard()
+            except (OSError, ValueError) as err:  # ValueError: the stream was closed
+                self._failed(err)
+        if self.lost and text:
+            self.dropped = True
         return len(text)
+
+    def write(self, text: str) -> int:
+        return self._write(self._escape(text))
+
+    def raw(self, text: str) -> None:
+        """Write ``text`` as it is: halo-sched's own terminal control, or a rendered job (never
+        a job's output)."""
+        self._write(text)
 
     def flush(self) -> None:
         if not self.broken:
             try:
                 self._stream.flush()
-            except BrokenPipeError:
-                self._discard()
+            except (OSError, ValueError) as err:
+                self._failed(err)
+
+    def isatty(self) -> bool:
+        if self.broken:
+            return False
+        try:
+            return self._stream.isatty()
+        except (OSError, ValueError):
+            return False
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
 
+
+def raw(stream, text: str) -> None:
+    """Write ``text`` to ``stream`` past its escaping (see :meth:`PipeGuard.raw`)."""
+    (stream.raw if isinstance(stream, PipeGuard) else stream.write)(text)
+
+
+def json_line(value) -> str:
+    """One JSON document on one line for stdout: strict JSON whatever the value holds (a number
+    that is not finite, read from a file, is null: ``Infinity`` and ``NaN`` are not JSON), and
+    ASCII (so no text a job produced can drive a terminal)."""
+    return json.dumps(_finite(value))
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from . import Progress, say
+from . import Progress, raw, say
 from ..errors import UsageError
 
 
@@ -35,7 +35,7 @@ def cmd_render(args, scheduler) -> int:
             raise UsageError("--format applies to --backend nomad only")
         opts["format"] = args.format
     text = scheduler(args.backend).render(spec, **opts)
-    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    raw(sys.stdout, text if text.endswith("\n") else text + "\n")  # byte for byte what would be submitted
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from . import say
+from . import json_line, say
 from ..errors import UnknownJob, UsageError, shown
 from .jobids import resolve_ids
 
@@ -69,7 +69,7 @@ def cmd_nodes(args, scheduler) -> int:
         rows = ledger.active()
         if args.json:
             for e in rows:
-                print(json.dumps(e.to_dict(), sort_keys=True))
+                print(json_line(e.to_dict()))
             return 0
         if not rows:
             say(f"halo-sched: the node ledger is empty (new jobs avoid no host) [{ledger.path()}]")
@@ -93,7 +93,7 @@ def cmd_nodes(args, scheduler) -> int:
     if not gone:
         raise UsageError(f"nodes clear: HOST {host!r} is not in the node ledger")
     if args.json:
-        print(json.dumps({"host": host, "cleared": gone}))
+        print(json_line({"host": host, "cleared": gone}))
     else:
         say(f"halo-sched: {host}: forgot {gone} ledger {'entry' if gone == 1 else 'entries'}; new jobs may run there")
     return 0

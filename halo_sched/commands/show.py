@@ -2,10 +2,9 @@
 with their states) and ``logs`` (a job's output, by node or rank)."""
 from __future__ import annotations
 
-import json
 import sys
 
-from . import PipeGuard, say
+from . import PipeGuard, json_line, say
 from ..errors import HaloError, UnknownJob, UsageError, shown
 from .jobids import refuse_unknown, resolve_ids, resolve_one
 
@@ -25,39 +24,11 @@ def cmd_status(args, scheduler) -> int:
     for job_id in args.ids:
         if job_id in gone:
             continue
-        if job_id in fallen:  # the scheduler did not answer: the record's last known state
-            fb = fallen[job_id]
-            if args.json:
-                print(json.dumps({"id": job_id, "status": (fb.last or {}).get("status") or "UNKNOWN",
-                                  "live": False, "last_known": fb.last, "unreachable": fb.why}))
-            else:
-                print(f"{job_id}\t{fb.describe(where[job_id])}")
-                _print_run(job_id, where[job_id])
-            continue
-        st = states[job_id]
-        if args.json:
-            print(json.dumps({
-                "id": st.id, "status": st.status.value, "raw_state": st.raw_state, "exit_code": st.exit_code,
-                "nodes_total": st.nodes_total, "nodes_running": st.nodes_running, "reason": st.reason,
-                # Nomad: per node rank, the allocation that runs it (alloc id, node, client status).
-                **({"nodes": st.nomad.nodes} if st.nomad is not None else {}),
-                # SLURM: how many times the job was requeued (the run is restarts + 1).
-                **({"restarts": st.restarts} if st.restarts is not None else {}),
-                # Which rank failed first, and every failure the nodes reported.
-                **({"failure": st.failure.to_dict()} if st.failure is not None else {}),
-                # Whose fault: node, job or unknown (docs/failures.md, "Whose fault").
-                **({"failure_class": cls.to_dict()} if (cls := st.failure_class()) is not None else {}),
-                **({"last_known": st.last_known} if st.last_known is not None else {}),
-                # A run's first attempt (retry:): each attempt with its hours, and the totals.
-                **_run_json(st.id, where[job_id]),
-            }))
-        elif st.last_known is not None:
-            print(f"{job_id}\t{st.last_known['describe']} (last known: the scheduler no longer knows the job)")
-        else:
-            print(f"{job_id}\t{st.describe()}")
-        if not args.json:
-            _print_run(job_id, where[job_id])
-        _print_undelivered(job_id, where[job_id])
+        try:
+            _show_status(args, job_id, where[job_id], states.get(job_id), fallen.get(job_id))
+            _print_undelivered(job_id, where[job_id])
+        except Exception as err:  # noqa: BLE001 - one job that cannot be shown costs itself only
+            _unshowable(args.json, job_id, where[job_id], err)
     if unknown:
         backends = sorted({b for _, b, _ in unknown})
         raise UnknownJob([i for i, _, _ in unknown], backends[0] if len(backends) == 1 else None,
@@ -80,12 +51,57 @@ def cmd_status(args, scheduler) -> int:
     return 0
 
 
-def _print_undelivered(job_id: str, backend: str) -> None:
-    """A notification that a delivery tried and could not deliver is said (never lost silently)."""
-    from ..notify import undelivered_lines
+def _show_status(args, job_id: str, backend: str, state, fallen) -> None:
+    """``status``'s lines (or JSON object) for one job: its state, or (``fallen``) the last known
+    one from its record when the scheduler did not answer; a run's attempts."""
+    if fallen is not None:  # the scheduler did not answer: the record's last known state
+        fb = fallen
+        if args.json:
+            print(json_line({"id": job_id, "status": (fb.last or {}).get("status") or "UNKNOWN",
+                             "live": False, "last_known": fb.last, "unreachable": fb.why}))
+        else:
+            print(f"{job_id}\t{fb.describe(backend)}")
+            _print_run(job_id, backend)
+        return
+    st = state
+    if args.json:
+        print(json_line({
+            "id": st.id, "status": st.status.value, "raw_state": st.raw_state, "exit_code": st.exit_code,
+            "nodes_total": st.nodes_total, "nodes_running": st.nodes_running, "reason": st.reason,
+            # Nomad: per node rank, the allocation that runs it (alloc id, node, client status).
+            **({"nodes": st.nomad.nodes} if st.nomad is not None else {}),
+            # SLURM: how many times the job was requeued (the run is restarts + 1).
+            **({"restarts": st.restarts} if st.restarts is not None else {}),
+            # Which rank failed first, and every failure the nodes reported.
+            **({"failure": st.failure.to_dict()} if st.failure is not None else {}),
+            # Whose fault: node, job or unknown (docs/failures.md, "Whose fault").
+            **({"failure_class": cls.to_dict()} if (cls := st.failure_class()) is not None else {}),
+            **({"last_known": st.last_known} if st.last_known is not None else {}),
+            # A run's first attempt (retry:): each attempt with its hours, and the totals.
+            **_run_json(st.id, backend),
+        }))
+    elif st.last_known is not None:
+        print(f"{job_id}\t{st.last_known['describe']} (last known: the scheduler no longer knows the job)")
+    else:
+        print(f"{job_id}\t{st.describe()}")
+    if not args.json:
+        _print_run(job_id, backend)
 
-    for line in undelivered_lines(job_id, backend):
-        say(f"halo-sched: {job_id}: {line}")
+
+def _unshowable(as_json: bool, job_id: str, backend: str, err: Exception) -> None:
+    """A job whose record or state cannot be shown (a bug, or a record no check foresaw): its
+    row says so and the other jobs are shown; ``--debug`` raises it instead."""
+    from ..errors import debug
+
+    if debug():
+        raise err
+    why = f"{type(err).__name__}: {' '.join(str(err).split())[:160]}"
+    if as_json:
+        print(json_line({"id": job_id, "backend": backend, "status": "UNREADABLE", "live": False,
+                         "error": f"cannot be shown ({why})"}))
+    else:
+        print(f"{job_id}\t{backend}\t\tUNREADABLE (cannot be shown: {why})")
+    say(f"halo-sched: warning: {job_id}@{backend} cannot be shown ({why}; --debug shows the traceback)")
 
 
 def _run_json(job_id: str, backend: str) -> dict:
@@ -123,26 +139,37 @@ def cmd_list(args, scheduler) -> int:
     rows = recent(args.backend, args.state, args.limit, scheduler, on_error=_list_note, name=args.name, run=args.run,
                   since=args.since)
     for r, status, text, known in rows:
-        if isinstance(r, records.BadRecord):
-            if args.json:
-                print(json.dumps({"id": r.id, "backend": r.backend, "status": status, "describe": text, "live": False,
-                                  "record": str(r.path), "error": r.reason}))
-            else:
-                print(f"{r.id}\t{r.backend}\t\t{text}")
-        elif args.json:
-            print(json.dumps({"id": r["id"], "backend": r["backend"], "name": r.get("name"), "status": status,
-                              "describe": text, "live": known, "submitted": r.get("submitted_iso"),
-                              **({"run": r["run"]} if isinstance(r.get("run"), dict) else {}),
-                              "submit_dir": r.get("submit_dir"), "record": records.ref(r["id"], r["backend"])}))
-        else:
-            when = (r.get("submitted_iso") or "")[:19].replace("T", " ")
-            run = r.get("run") if isinstance(r.get("run"), dict) else None
-            from ..runs import number
-
-            rid = "".join(c for c in str(run.get("id"))[:256] if c.isprintable()) if run else ""
-            of_run = f" [run {rid}, attempt {number(run.get('attempt')) + 1}]" if run else ""
-            print(f"{r['id']}\t{r['backend']}\t{when}\t{text}{'' if known else ' (last known)'}{of_run}")
+        try:
+            _list_row(args, r, status, text, known)
+        except Exception as err:  # noqa: BLE001 - one record that cannot be shown costs itself only
+            _unshowable(args.json, r.id if isinstance(r, records.BadRecord) else r["id"],
+                        r.backend if isinstance(r, records.BadRecord) else r["backend"], err)
     return 0
+
+
+def _list_row(args, r, status: str, text: str, known: bool) -> None:
+    """``list``'s line (or JSON object) for one record."""
+    from .. import records
+
+    if isinstance(r, records.BadRecord):
+        if args.json:
+            print(json_line({"id": r.id, "backend": r.backend, "status": status, "describe": text, "live": False,
+                             "record": str(r.path), "error": r.reason}))
+        else:
+            print(f"{r.id}\t{r.backend}\t\t{text}")
+    elif args.json:
+        print(json_line({"id": r["id"], "backend": r["backend"], "name": r.get("name"), "status": status,
+                         "describe": text, "live": known, "submitted": r.get("submitted_iso"),
+                         **({"run": r["run"]} if isinstance(r.get("run"), dict) else {}),
+                         "submit_dir": r.get("submit_dir"), "record": records.ref(r["id"], r["backend"])}))
+    else:
+        when = (r.get("submitted_iso") or "")[:19].replace("T", " ")
+        run = r.get("run") if isinstance(r.get("run"), dict) else None
+        from ..runs import number
+
+        rid = "".join(c for c in str(run.get("id"))[:256] if c.isprintable()) if run else ""
+        of_run = f" [run {rid}, attempt {number(run.get('attempt')) + 1}]" if run else ""
+        print(f"{r['id']}\t{r['backend']}\t{when}\t{text}{'' if known else ' (last known)'}{of_run}")
 
 
 def _list_note(backend: str, err: HaloError) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from . import Progress, say
+from . import Progress, raw, say
 from ..errors import EXIT_INTERRUPTED
 from .jobids import refuse_unknown, resolve_one
 
@@ -16,7 +16,7 @@ def cmd_submit(args, scheduler) -> int:
     sched = scheduler(args.backend)
     if args.dry_run:
         dry = sched.dryrun(spec)
-        sys.stdout.write(dry.text if dry.text.endswith("\n") else dry.text + "\n")
+        raw(sys.stdout, dry.text if dry.text.endswith("\n") else dry.text + "\n")  # byte for byte
         sys.stdout.flush()
         # What submit would refuse before sending anything, refused here too (exit 2): an unset
         # secret_env variable names its field; no value is ever shown.

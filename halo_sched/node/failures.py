@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from .failure_collector import TAG
+from .text import escape_controls, valid_data
 
 _MARK = TAG + " {"
 # What Python prints before its own words when it cannot start a script ("/usr/bin/python3.11: can't
@@ -30,7 +31,7 @@ def headline(error: str) -> str:
     """The words of an error line that say what went wrong, without the interpreter's path and
     the errno: "can't open file '/x/train.py': No such file or directory"."""
     text = " ".join(error.split())
-    return _ERRNO.sub("", _INTERPRETER.sub("", text, count=1))
+    return escape_controls(_ERRNO.sub("", _INTERPRETER.sub("", text, count=1)))
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,33 @@ class RankFailure:
         return f"in {self.where_in}" + (f" ({self.code})" if self.code else "")
 
 
+#: Bounds of what a failure line may say (a line is a rank's output: anything can be in it). A time
+#: outside [0, 2**34) s (year 2514) is no time of a job's (``localtime`` overflows on 1e300), a whole
+#: number outside +-2**53 no exit code, rank or step; texts are cut (the collector writes 400
+#: characters of an error, 12 lines of tail).
+MAX_TIME = float(2 ** 34)
+MAX_INT = 2 ** 53
+MAX_TEXT = 2000
+MAX_TAIL = 50
+
+
 def _int(v) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and -MAX_INT < v < MAX_INT else None
+
+
+def _time(v) -> float | None:
+    """A time of the job's (epoch seconds), or None: finite and within [0, MAX_TIME)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        t = float(v)
+    except OverflowError:  # an int beyond a float's range
+        return None
+    return t if 0 <= t < MAX_TIME else None
+
+
+def _text(v, limit: int = MAX_TEXT) -> str:
+    return str(v or "")[:limit]
 
 
 def parse_line(line: str) -> RankFailure | None:
@@ -115,30 +141,32 @@ def parse_line(line: str) -> RankFailure | None:
         return None
     try:
         data = json.loads(line[i + len(TAG) + 1:])
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
-    if not isinstance(data, dict) or not isinstance(data.get("time"), (int, float)):
+    # A lone surrogate ("\ud800" in the JSON) becomes U+FFFD here, before the text can reach a
+    # record, a terminal, JSON output or a webhook (none of which can carry it).
+    data = valid_data(data)
+    if not isinstance(data, dict) or _time(data.get("time")) is None:
         return None
     node = _int(data.get("node"))
     if node is None:
         return None
     tail = data.get("tail") if isinstance(data.get("tail"), list) else []
     hung = data.get("kind") == "HUNG"
-    last = data.get("last_progress")
     hang = {} if not hung else {
         "kind": "HUNG", "step": _int(data.get("step")),
-        "last_progress": float(last) if isinstance(last, (int, float)) and not isinstance(last, bool) else None,
-        "where_in": str(data.get("where") or ""), "code": str(data.get("code") or ""),
-        "waiting_in": data.get("waiting_in") if isinstance(data.get("waiting_in"), str) else None,
+        "last_progress": _time(data.get("last_progress")),
+        "where_in": _text(data.get("where"), 400), "code": _text(data.get("code"), 400),
+        "waiting_in": data.get("waiting_in")[:200] if isinstance(data.get("waiting_in"), str) else None,
         "stack_read": bool(data.get("stack_read")),
     }
     return RankFailure(**hang,
         node=node, rank=_int(data.get("rank")), local_rank=_int(data.get("local_rank")),
-        host=str(data.get("host") or ""), exit_code=_int(data.get("exit_code")),
-        signal=data.get("signal") if isinstance(data.get("signal"), str) else None,
-        time=float(data["time"]), error=str(data.get("error") or ""),
-        tail=tuple(str(t) for t in tail), stopped=bool(data.get("stopped")),
-        node_name=data.get("node_name") if isinstance(data.get("node_name"), str) else "",
+        host=_text(data.get("host"), 253), exit_code=_int(data.get("exit_code")),
+        signal=data.get("signal")[:40] if isinstance(data.get("signal"), str) else None,
+        time=_time(data["time"]), error=_text(data.get("error")),
+        tail=tuple(_text(t) for t in tail[-MAX_TAIL:]), stopped=bool(data.get("stopped")),
+        node_name=data.get("node_name")[:253] if isinstance(data.get("node_name"), str) else "",
     )
 
 

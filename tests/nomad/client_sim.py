@@ -1211,6 +1211,13 @@ class _Exec:
                 return obj[name]
             if self.missing_key_error:
                 raise TemplateError(f'template: {self.name}: map has no entry for key "{name}"')
+            if isinstance(obj, _NomadVarItems):
+                # Nomad renders with missingkey=zero unless the template sets error_on_missing_key
+                # (consul-template v0.42.1 template/template.go:275-279; Nomad v2.0.5
+                # client/allocrunner/taskrunner/template/template.go:790): the zero value of the
+                # map's element type, a NomadVarItem (dependency/nomad_var_structs.go:67), which
+                # prints as its empty Value (:135). Only a map of interface{} gives "<no value>".
+                return _NomadVarItem("", "")
             return None
         raise TemplateError(f"template: {self.name}: can't evaluate field {name} in type {_go_type(obj)}")
 
@@ -2008,10 +2015,19 @@ class SimCluster:
     # -- lost nodes (the servers' reconciler, by version) -----------------------------------------
 
     def node_died(self, alloc_name: str, status: str = "lost") -> Allocation:
-        """The allocation's node is gone: its processes die with it, its services and ports go;
-        ClientStatus becomes ``status`` ("lost" or "unknown"), which the servers decide (a fake
-        Nomad API driving this cluster, or :meth:`lose`). A lost allocation gives up its name,
-        so a replacement can take it; calling again turns an unknown one lost."""
+        """The allocation's node is gone: its processes die with it, its ports go; ClientStatus
+        becomes ``status`` ("lost" or "unknown"), which the servers decide (a fake Nomad API
+        driving this cluster, or :meth:`lose`). A lost allocation gives up its name, so a
+        replacement can take it; calling again turns an unknown one lost.
+
+        Its service registrations stay while it is ``unknown``: the client that would deregister
+        them (client/allocrunner/group_service_hook.go PreKill/Postrun, v2.0.5) is gone, and the
+        servers delete a registration only for an allocation that is client-terminal (complete,
+        failed, lost: nomad/state/state_store_service_registration.go
+        ``deregisterServicesForTerminalAllocs``, called from state_store.go
+        ``nestedUpdateAllocFromClient`` and ``upsertAllocsImpl``; nomad/structs/alloc.go
+        ``terminalAllocationStatuses``) or garbage-collected (state_store.go ``DeleteEval``). So
+        an unknown allocation's registration is still served, in ID order, until it is lost."""
         if status not in ("lost", "unknown"):
             raise SimError(f"status {status!r}: lost or unknown")
         with self._lock:
@@ -2031,7 +2047,8 @@ class SimCluster:
             # process group (torchrun's workers run in sessions of their own): on this one host,
             # those whose environment carries the allocation's NOMAD_ALLOC_ID.
             _kill_env_marked(f"NOMAD_ALLOC_ID={alloc.id}")
-            self._deregister_alloc(alloc)
+            if status == "lost":  # client-terminal: the servers delete its registrations
+                self._deregister_alloc(alloc)
             for net in alloc.group.get("Networks") or []:
                 for p in net.get("ReservedPorts") or []:
                     self._used_ports.discard(int(p["Value"]))

@@ -445,8 +445,8 @@ def test_env_template_and_nomad_variables(make_cluster: Callable[..., SimCluster
     assert tr.state == "pending" and tr.pid is None
     c.set_variable("cfg/y", {"key": "v"})
     assert c.wait(timeout=10) == {"sim.g[0]": 0}
-    # a missing key of an existing variable renders "<no value>"
-    assert c.stdout("sim.g[0]") == "10.0.0.1:29500 absent v/<no value>\n"
+    # a missing key of an existing variable renders empty: the zero NomadVarItem (missingkey=zero)
+    assert c.stdout("sim.g[0]") == "10.0.0.1:29500 absent v/\n"
 
 
 def test_restart_policy(make_cluster: Callable[..., SimCluster]) -> None:
@@ -618,6 +618,27 @@ def test_a_lost_node_by_version(make_cluster: Callable[..., SimCluster], version
     else:  # lost_after ran out: expired, lost, replaced under its name
         assert [a.name for a in replaced] == ["sim.workers[1]"]
         assert sorted(a.client_status for a in c.allocations) == ["lost", "pending", "running"]
+
+
+def test_an_unknown_allocation_keeps_its_service_registration_until_it_is_lost(
+        make_cluster: Callable[..., SimCluster]) -> None:
+    """The servers delete a Nomad-native registration only for a client-terminal allocation
+    (nomad/state/state_store_service_registration.go deregisterServicesForTerminalAllocs, v2.0.5):
+    an unknown one keeps its registration, served to every reader, until it is lost."""
+    svc = {"Name": "srv", "Provider": "nomad", "PortLabel": "http"}
+    net = [{"Mode": "host", "DynamicPorts": [{"Label": "http"}]}]
+    c = make_cluster(job(group("workers", [bash_task("t", "sleep 30", KillTimeout=NS // 5)], count=2,
+                               Services=[svc], Networks=net,
+                               Disconnect={"LostAfter": 2 * HOUR_NS, "Replace": False})))
+    c.place()
+    c.start()
+    wait_for(lambda: all(a.client_status == "running" for a in c.allocations))
+    lost = c.alloc("sim.workers[1]")
+    assert len(c.services("srv")) == 2
+    assert c.lose("sim.workers[1]") is None and lost.client_status == "unknown"
+    assert [r["AllocID"] for r in c.services("srv")].count(lost.id) == 1  # its process is dead; still served
+    c.advance(3 * 3600)  # lost_after ran out: lost (client-terminal), its registration deleted
+    assert lost.client_status == "lost" and lost.id not in [r["AllocID"] for r in c.services("srv")]
 
 
 def test_a_pending_allocation_on_a_lost_node_is_replaced_at_once(make_cluster: Callable[..., SimCluster]) -> None:

@@ -36,11 +36,9 @@ def delimiters(text: str) -> tuple[str, str]:
 
 
 def rdzv_service_key(launch: Launch, job_id: str) -> str:
-    """What node-0's rendezvous service is named after: the job ID; for a retry attempt, which
-    is a new version of the same job (NomadScheduler.submit_attempt), the ID and the attempt, so
-    that the new version's workers never read a registration the old version's node-0 left while
-    it was being stopped."""
-    return f"{job_id}-attempt{launch.restart_count}" if launch.restart_count else job_id
+    """What node-0's rendezvous service is named after (servers.attempt_key): the new version's
+    workers never read a registration an earlier attempt's node-0 left."""
+    return nomad_servers.attempt_key(job_id, launch.restart_count)
 
 
 def master_template(job_id: str) -> str:
@@ -281,7 +279,9 @@ def server_group(launch: Launch, role: ServerRole, policies: dict) -> dict:
         **policies,
         "Meta": {"halo_server_role": role.name},
         "Networks": [{"Mode": "host", "ReservedPorts": [{"Label": nomad_servers.PORT_LABEL, "Value": role.port}]}],
-        "Services": [{"Name": nomad_servers.service_name(job_id, role.name), "Provider": "nomad",
+        # The attempt's own name: an earlier attempt's registration may outlive its stop.
+        "Services": [{"Name": nomad_servers.service_name(rdzv_service_key(launch, job_id), role.name),
+                      "Provider": "nomad",
                       "PortLabel": nomad_servers.PORT_LABEL, "Tags": [launch.index_tag + "${NOMAD_ALLOC_INDEX}"]}],
         "Tasks": [task],
     }

@@ -19,7 +19,11 @@ SECRET_PERMS = "0400"
 def secret_template(job_id: str, name: str) -> str:
     """``+VALUE`` when the job's Variable has the item ``name``, else empty: guarded per path
     (``nomadVarExists`` never blocks) and per key (a range over the items: ``.NAME`` on a missing
-    key would render "<no value>"), consul-template ``template/nomad_funcs.go``."""
+    key renders empty, as does an item whose value is empty; the ``+`` tells the two apart),
+    consul-template ``template/nomad_funcs.go``. Empty, not "<no value>": Nomad renders with
+    ``missingkey=zero`` (consul-template v0.42.1 ``template/template.go:275-279``, unless the
+    template sets ``error_on_missing_key``), and the zero of a ``NomadVarItems`` entry is a
+    ``NomadVarItem`` that prints as its empty Value (``dependency/nomad_var_structs.go:67, 135``)."""
     path = variable_path(check(job_id, "job id", "name"))
     name = check(name, "variable name", "secret_env")
     return (f'{{{{ if nomadVarExists "{path}" }}}}{{{{ with nomadVar "{path}" }}}}'
@@ -31,7 +35,7 @@ def secret_wiring(job_id: str, names: list[str]) -> tuple[dict, list[dict]]:
     """(env, templates) of a task that gets the secrets ``names`` (secret_env of the job or of a
     server role): they come from the Nomad Variable submit writes; the entry script reads one
     file per name and fails naming a missing one. Never a bare nomadVar: on a missing path it
-    blocks the allocation forever; a missing item renders "<no value>"."""
+    blocks the allocation forever; a missing item renders empty, like an empty value."""
     if not names:
         return {}, []
     names = [check(name, "variable name", "secret_env") for name in names]

@@ -12,10 +12,10 @@ registered, so the file is blank and the entry script polls it within the rendez
 rendering ``halo-index-K ADDR`` lines; the entry script picks each index (overlapping
 registrations of one index: the first line wins).
 
-The task's driver config and resources are the trainer's (groups._config_and_resources): with
-docker, ``entrypoint = ["/bin/bash"]`` and the server script as ``args``, so an image's own
-ENTRYPOINT (vLLM's starts its server) never swallows it; the group's restart, reschedule and
-``disconnect { lost_after, replace = false }`` are the trainer's too (groups.lost_after_ns).
+A retry attempt is a new version of the same job: its services are named after the job ID and
+the attempt (attempt_key), so its trainer never reads a registration an earlier attempt's
+server left on a node that went down (an ``unknown`` allocation keeps its registration until it is
+lost or garbage-collected, nomad/state/state_store_service_registration.go, v2.0.5).
 
 The task's driver config and resources are the trainer's (groups._config_and_resources): with
 docker, ``entrypoint = ["/bin/bash"]`` and the server script as ``args``, so an image's own
@@ -26,7 +26,9 @@ Ending: Nomad ends nothing across groups. The job's watcher stops the job once t
 groups are complete or a server allocation died (state.py, watchdog.py); and each server also
 ends itself (exit 0) once rank 0's registration is gone from its own template for three looks
 (halo_sched/templates/server.sh.j2): a batch allocation deregisters its services when it stops
-(``client/allocrunner/groupservice_hook.go`` PreKill/Postrun).
+(``client/allocrunner/group_service_hook.go`` PreKill/Postrun, v2.0.5); on a node that went down
+nothing runs those hooks, and the registration stays until the servers mark the allocation lost
+or collect it (nomad/state/state_store_service_registration.go ``deregisterServicesForTerminalAllocs``).
 """
 from __future__ import annotations
 
@@ -54,8 +56,24 @@ def role_of_group(task_group: str) -> str | None:
     return task_group[len(GROUP_PREFIX):] if task_group.startswith(GROUP_PREFIX) else None
 
 
+def attempt_key(job_id: str, attempt: int) -> str:
+    """What a job's service registrations are named after: the job ID; for a retry attempt, which
+    is a new version of the same job (NomadScheduler.submit_attempt), the ID and the attempt.
+    Nomad deletes a Nomad-native registration only when its allocation is client-terminal
+    (complete, failed, lost) or garbage-collected (nomad/state/state_store_service_registration.go
+    ``deregisterServicesForTerminalAllocs``, nomad/state/state_store.go ``DeleteEval`` -> allocs,
+    v2.0.5); the client deregisters in its PreKill/Postrun hooks
+    (client/allocrunner/group_service_hook.go), which a lost node never runs. An allocation of a
+    node that went down stays ``unknown`` (its group has ``lost_after``) after the job's stop, so
+    its registration stays under the old name through the retry, and ``nomadService`` lists
+    registrations ordered by ID (alloc UUIDs): the next attempt would read the dead node's. Under
+    a name of its own, it never reads an earlier attempt's."""
+    return f"{job_id}-attempt{attempt}" if attempt else job_id
+
+
 def service_name(job_id: str, role: str) -> str:
-    """A DNS-like service name (at most 63) per job and role, distinct for distinct pairs."""
+    """A DNS-like service name (at most 63) per job (an attempt's: attempt_key) and role,
+    distinct for distinct pairs."""
     check(role, "server name", "servers[].name")
     base = "".join(c if c.isalnum() else "-" for c in job_id.lower()).strip("-") or "job"
     name = f"{base}-srv-{role}"
@@ -79,7 +97,8 @@ def trainer_wiring(launch: Launch) -> tuple[dict, list[dict]]:
         dest = f"local/halo-server-{r.name}-addrs"
         env[r.addrs_file_var] = "${NOMAD_TASK_DIR}/" + dest.split("/", 1)[1]
         # noop: rewritten as servers register; the entry script polls it.
-        templates.append({"EmbeddedTmpl": addrs_template(launch.job_id, r.name), "DestPath": dest, "ChangeMode": "noop"})
+        key = attempt_key(launch.job_id, launch.restart_count)  # the attempt's own registrations only
+        templates.append({"EmbeddedTmpl": addrs_template(key, r.name), "DestPath": dest, "ChangeMode": "noop"})
     return env, templates
 
 
