@@ -51,6 +51,14 @@ def cmd_status(args, scheduler) -> int:
     return 0
 
 
+def _print_undelivered(job_id: str, backend: str) -> None:
+    """A notification that a delivery tried and could not deliver is said (never lost silently)."""
+    from ..notify import undelivered_lines
+
+    for line in undelivered_lines(job_id, backend):
+        say(f"halo-sched: {job_id}: {line}")
+
+
 def _show_status(args, job_id: str, backend: str, state, fallen) -> None:
     """``status``'s lines (or JSON object) for one job: its state, or (``fallen``) the last known
     one from its record when the scheduler did not answer; a run's attempts."""
