@@ -172,3 +172,41 @@ def test_a_retry_sends_the_retried_notification_once_per_new_attempt(tmp_path, m
     assert (last, state.status) == ("j3", JobStatus.COMPLETED)
     assert [(job, event) for job, event, _ in sent] == [("j1", "retried"), ("j2", "retried")]
     assert sent[0][2].startswith("attempt 2 (j2) after node: ")
+
+
+def test_ctrl_c_during_a_retried_runs_wait_names_the_attempt_that_keeps_running(tmp_path, monkeypatch, capsys):
+    """After a retry, the attempt running when the wait is interrupted is the new one (the first
+    attempt had already failed): the message names it, and the id line still names the run."""
+    from halo_sched import cli, records
+    from halo_sched.backends.base import Scheduler
+
+    job = example_job(tmp_path, 29500, retry={"attempts": 3, "on": ["node"]})
+
+    class Fake(Scheduler):
+        name = "slurm"
+        ids = iter(["j1", "j2"])
+        cancel = logs = render = schedule = None
+
+        def _submit(self, spec):
+            job_id = next(self.ids)
+            a = getattr(spec, "_attempt", None)
+            records.write({"id": job_id, "backend": "slurm", "submitted": 1.0, "name": "t",
+                           "run": {"id": "j1", "attempt": a.number if a else 0, "excluded": []}})
+            return type("J", (), {"id": job_id})()
+
+        def submit(self, spec):
+            return self._submit(spec)
+
+        def query(self, ids):
+            return {i: _failed(NODE) if i == "j1" else JobState(i, JobStatus.RUNNING) for i in ids}
+
+        def wait(self, job_id, timeout=None, on_change=None, on_tick=None, outage_s=None, **kw):
+            if job_id == "j2":
+                raise KeyboardInterrupt
+            return self.query([job_id])[job_id]
+
+    monkeypatch.setattr(cli, "_scheduler", lambda name: Fake())
+    rc = cli.main(["submit", str(job), "--backend", "slurm", "--wait", "--quiet"])
+    out, err = capsys.readouterr()
+    assert rc == 130 and "stopped waiting; j2 keeps running (halo-sched cancel j2" in err, err
+    assert out.strip().splitlines()[-1] == "j1"
