@@ -468,7 +468,7 @@ cmd_status() {
         if ! ip netns list 2>/dev/null | grep -q "^$i\b"; then echo "$h: no namespace $i"; rc=1; continue; fi
         state=linked
         [[ $(cat "/sys/class/net/$(veth_mgmt "$h")/operstate" 2>/dev/null) == up ]] || state=cut
-        delay=$(sed -n 's/.*--delay-ms \([0-9]*\).*/\1/p' "/proc/$(pid_from "$STATE/run/delay-$h.pid")/cmdline" 2>/dev/null | tr -d '\0' || true)
+        delay=$(tr '\0' ' ' <"/proc/$(pid_from "$STATE/run/delay-$h.pid")/cmdline" 2>/dev/null | sed -n 's/.*--delay-ms \([0-9]*\).*/\1 ms/p' || true)
         [[ -z $(pid_from "$STATE/run/delay-$h.pid") ]] && delay=$(ip netns exec "$i" tc qdisc show dev data0 2>/dev/null | sed -n 's/.*delay \([0-9.]*ms\).*/\1/p')
         p=$(pid_from "$STATE/run/slurmd-$h.pid")
         pid_alive "$p" || rc=1

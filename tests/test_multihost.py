@@ -1,0 +1,66 @@
+"""halo-sched across real network boundaries (issue 31): a SLURM cluster of four hosts in network
+namespaces (tests/cluster/multihost.sh), each host with mgmt0 (10.77.0.0/24, SLURM's NodeAddr, the
+host name resolves to it) and data0 (10.78.0.0/24, the training network). Real torchrun and gloo,
+2 nodes x 2 ranks; the interfaces' byte counters say where the ranks' traffic went."""
+from __future__ import annotations
+
+import re
+import shutil
+import time
+
+import pytest
+
+from cluster.multihost_fixtures import _rig_session, rig, veth_bytes  # noqa: F401  (the fixtures)
+from helpers import REPO, cli, example_job, slurm_env
+
+pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+
+MB = 1 << 20
+
+
+def submit(tmp_path, rig, **fields) -> tuple[str, dict]:
+    env = slurm_env(rig.env)
+    shutil.copy(REPO / "tests" / "trainers" / "net_probe.py", tmp_path / "net_probe.py")
+    shutil.copy(REPO / "tests" / "trainers" / "hang.py", tmp_path / "hang.py")
+    fields.setdefault("trainer", {"script": "net_probe.py", "args": ["--steps", "10"]})
+    job = example_job(tmp_path, 29500, **fields)
+    r = cli("submit", str(job), "--backend", "slurm", "--quiet", cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout.strip().splitlines()[-1], env
+
+
+def wait_end(job_id: str, tmp_path, env, timeout: float) -> tuple[str, float]:
+    t0 = time.monotonic()
+    r = cli("watch", job_id, "--backend", "slurm", "--quiet", "--timeout", str(int(timeout)), cwd=tmp_path, env=env,
+            timeout=timeout + 60)
+    return r.stdout + r.stderr, time.monotonic() - t0
+
+
+def output(job_id: str, tmp_path) -> str:
+    return "".join(p.read_text(errors="replace") for p in tmp_path.glob(f"*{job_id.split(':')[-1]}*.out"))
+
+
+def traffic(before, after) -> dict[str, int]:
+    """Bytes sent by all hosts together, per network, between two readings."""
+    out = {"mgmt0": 0, "data0": 0}
+    for (h, net), v in after.items():
+        out[net] += v["sent"] - before[(h, net)]["sent"]
+    return out
+
+
+def test_interface_data0_carries_rank0_address_and_collectives(tmp_path, rig):
+    before = veth_bytes()
+    job_id, env = submit(tmp_path, rig, network={"interface": "data0"})
+    text, took = wait_end(job_id, tmp_path, env, 240)
+    after = veth_bytes()
+    out = output(job_id, tmp_path)
+    print(text, out, sep="\n")
+    assert "COMPLETED" in text, text + out
+    master = re.search(r"master (\S+):(\d+)", out)
+    assert master and master[1].startswith("10.78.0."), out
+    assert re.findall(r"net-probe rank \d+ host (h\d) master_addr (\S+) gloo_ifname (\S+)", out) and all(
+        a == master[1] and i == "data0" for _, a, i in re.findall(r"net-probe rank \d+ host (h\d) master_addr (\S+) gloo_ifname (\S+)", out)), out
+    t = traffic(before, after)
+    print(f"bytes sent: {t}, {took:.1f} s")
+    # 10 all_reduces of 4 MiB across two hosts: tens of MiB on data0; SLURM's own messages on mgmt0.
+    assert t["data0"] > 40 * MB and t["mgmt0"] < 4 * MB, t
