@@ -64,3 +64,23 @@ def test_interface_data0_carries_rank0_address_and_collectives(tmp_path, rig):
     print(f"bytes sent: {t}, {took:.1f} s")
     # 10 all_reduces of 4 MiB across two hosts: tens of MiB on data0; SLURM's own messages on mgmt0.
     assert t["data0"] > 40 * MB and t["mgmt0"] < 4 * MB, t
+
+
+def test_without_interface_rank0_is_nodeaddr_and_gloo_binds_the_host_name(tmp_path, rig):
+    """No network.interface: rank 0's address is the first node's NodeAddr (mgmt0 here) and gloo
+    binds the address the host's own name resolves to (mgmt0 too): docs/slurm.md says so, the
+    rendered script's comment says so, and so does the job's output."""
+    env = slurm_env(rig.env)
+    job = example_job(tmp_path, 29500, trainer={"script": "net_probe.py", "args": ["--steps", "10"]})
+    r = cli("render", str(job), "--backend", "slurm", cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "network.interface unset" in r.stdout and "NodeAddr" in r.stdout, r.stdout
+    before = veth_bytes()
+    job_id, env = submit(tmp_path, rig)
+    text, _ = wait_end(job_id, tmp_path, env, 240)
+    t = traffic(before, veth_bytes())
+    out = output(job_id, tmp_path)
+    print(text, out, t, sep="\n")
+    assert "COMPLETED" in text, text + out
+    assert re.search(r"master 10\.77\.0\.\d+:", out), out
+    assert t["mgmt0"] > 40 * MB and t["data0"] < 1 * MB, t
