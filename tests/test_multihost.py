@@ -84,3 +84,59 @@ def test_without_interface_rank0_is_nodeaddr_and_gloo_binds_the_host_name(tmp_pa
     assert "COMPLETED" in text, text + out
     assert re.search(r"master 10\.77\.0\.\d+:", out), out
     assert t["mgmt0"] > 40 * MB and t["data0"] < 1 * MB, t
+
+
+def gate_failure(tmp_path, rig, timeout: float = 240) -> tuple[dict, float, str]:
+    """Submit a 2-node job on h0,h1 naming data0 with the preflight gate, wait for its end; returns
+    its status JSON, the seconds from submit to the end, and the job's output."""
+    import json
+
+    t0 = time.monotonic()
+    job_id, env = submit(tmp_path, rig, network={"interface": "data0"}, preflight={"gate": True},
+                         slurm={"extra_args": ["--nodelist=h0,h1"]})
+    text, _ = wait_end(job_id, tmp_path, env, timeout)
+    took = time.monotonic() - t0
+    st = json.loads(cli("status", job_id, "--backend", "slurm", "--json", cwd=tmp_path, env=env).stdout)
+    out = output(job_id, tmp_path)
+    print(text, out, json.dumps(st, indent=1)[:3000], f"{took:.1f} s", sep="\n")
+    assert "net-probe rank" not in out, out  # stopped before training
+    return st, took, out
+
+
+def test_the_gate_stops_a_job_whose_interface_one_host_lacks(tmp_path, rig):
+    rename = "ip link set {0} down && ip link set {0} name {1} && ip link set {1} up"
+    assert rig.exec("h1", "bash", "-c", rename.format("data0", "data1")).returncode == 0
+    try:
+        st, took, out = gate_failure(tmp_path, rig)
+    finally:
+        rig.exec("h1", "bash", "-c", rename.format("data1", "data0"))
+    fc, first = st["failure_class"], st["failure"]["first"]
+    assert fc["class"] == "node" and fc["by"] == "preflight" and fc["host"] == "h1", st
+    assert first["node"] == 1 and "no interface data0 on this node (it has" in first["error"], first
+    assert took < 120, took
+
+
+def test_the_gate_stops_a_job_whose_host_has_no_link_on_the_interface(tmp_path, rig):
+    """h1's data0 keeps its name, address and routes, but its cable is pulled (cut on data0
+    alone): its carrier says so, and the gate fails h1 before torchrun."""
+    rig.sh("cut", "h1", "data0")
+    st, took, out = gate_failure(tmp_path, rig)
+    fc, first = st["failure_class"], st["failure"]["first"]
+    assert fc["class"] == "node" and fc["by"] == "preflight" and fc["host"] == "h1", st
+    assert first["node"] == 1 and "interface data0: data0 (10.78.0.11) has no link" in first["error"], first
+    assert took < 120, took
+
+
+def test_the_gate_stops_a_job_whose_hosts_cannot_reach_each_other_on_the_interface(tmp_path, rig):
+    """h1's data0 is up with a carrier, on another subnet (a VLAN misconfigured): no route to
+    rank 0's address on data0. The gate fails h1, naming data0 and rank 0's address."""
+    readdress = "ip addr flush dev data0 && ip addr add {0}/24 dev data0"
+    assert rig.exec("h1", "bash", "-c", readdress.format("10.78.1.11")).returncode == 0
+    try:
+        st, took, out = gate_failure(tmp_path, rig)
+    finally:
+        rig.exec("h1", "bash", "-c", readdress.format("10.78.0.11"))
+    fc, first = st["failure_class"], st["failure"]["first"]
+    assert fc["class"] == "node" and fc["by"] == "preflight" and fc["host"] == "h1", st
+    assert first["node"] == 1 and "reach rank 0 on data0: cannot reach rank 0's address 10.78.0.10:" in first["error"], first
+    assert took < 120, took

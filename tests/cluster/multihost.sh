@@ -7,6 +7,7 @@
 #   eval "$(tests/cluster/multihost.sh env)"   # SLURM_CONF etc. for your shell
 #   tests/cluster/multihost.sh cut h1          # h1 stops answering on both networks (nothing killed)
 #   tests/cluster/multihost.sh heal h1
+#   tests/cluster/multihost.sh cut h1 data0    # one network only
 #   tests/cluster/multihost.sh delay h1 50     # +50 ms on every packet h1 sends on data0 (0: none)
 #   tests/cluster/multihost.sh exec h1 CMD...  # a command on h1 (its network, hostname, hosts file)
 #   tests/cluster/multihost.sh status          # exit 1 if anything is missing or dead
@@ -406,19 +407,27 @@ cmd_down() {
 # cut: this machine's ends of the host's two veth pairs go down, so the host's own interfaces lose
 # their carrier: its packets are dropped at its NICs and nothing reaches it, while every process
 # on it runs on, as behind a pulled cable. Its addresses and routes stay.
+# `cut HOST data0` (or mgmt0) cuts that network alone.
+links_of() {
+    case ${2:-both} in
+        both) veth_mgmt "$1"; veth_data "$1" ;;
+        mgmt0) veth_mgmt "$1" ;;
+        data0) veth_data "$1" ;;
+        *) die "no network '$2' (mgmt0 or data0)" ;;
+    esac
+}
+
 cmd_cut() {
-    local h=$1
+    local h=$1 l
     host_index "$h" >/dev/null
-    ip link set "$(veth_mgmt "$h")" down
-    ip link set "$(veth_data "$h")" down
-    log "cut $h: mgmt0 and data0 carry nothing"
+    for l in $(links_of "$h" "${2:-}"); do ip link set "$l" down; done
+    log "cut $h (${2:-mgmt0 and data0}): its link carries nothing"
 }
 
 cmd_heal() {
-    local h=$1
+    local h=$1 l
     host_index "$h" >/dev/null
-    ip link set "$(veth_mgmt "$h")" up
-    ip link set "$(veth_data "$h")" up
+    for l in $(links_of "$h" "${2:-}"); do ip link set "$l" up; done
     log "healed $h"
 }
 
@@ -484,8 +493,8 @@ case ${1:-} in
     down) cmd_down ;;
     env) print_env ;;
     status) cmd_status ;;
-    cut) [[ $# == 2 ]] || die "usage: $0 cut HOST"; cmd_cut "$2" ;;
-    heal) [[ $# == 2 ]] || die "usage: $0 heal HOST"; cmd_heal "$2" ;;
+    cut) [[ $# == 2 || $# == 3 ]] || die "usage: $0 cut HOST [mgmt0|data0]"; cmd_cut "$2" "${3:-}" ;;
+    heal) [[ $# == 2 || $# == 3 ]] || die "usage: $0 heal HOST [mgmt0|data0]"; cmd_heal "$2" "${3:-}" ;;
     delay) [[ $# == 3 ]] || die "usage: $0 delay HOST MS"; cmd_delay "$2" "$3" ;;
     exec) [[ $# -ge 3 ]] || die "usage: $0 exec HOST CMD..."; h=$2; shift 2; host_index "$h" >/dev/null; on_host "$h" "$@" ;;
     *) echo "usage: $0 up|down|env|status|cut HOST|heal HOST|delay HOST MS|exec HOST CMD..." >&2; exit 2 ;;
