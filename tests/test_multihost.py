@@ -18,6 +18,12 @@ pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 MB = 1 << 20
 
 
+def cli_argv() -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "halo_sched.cli"]
+
+
 def submit(tmp_path, rig, **fields) -> tuple[str, dict]:
     env = slurm_env(rig.env)
     shutil.copy(REPO / "tests" / "trainers" / "net_probe.py", tmp_path / "net_probe.py")
@@ -140,3 +146,90 @@ def test_the_gate_stops_a_job_whose_hosts_cannot_reach_each_other_on_the_interfa
     assert fc["class"] == "node" and fc["by"] == "preflight" and fc["host"] == "h1", st
     assert first["node"] == 1 and "reach rank 0 on data0: cannot reach rank 0's address 10.78.0.10:" in first["error"], first
     assert took < 120, took
+
+
+def _status(job_id, tmp_path, env) -> dict:
+    import json
+
+    r = cli("status", job_id, "--backend", "slurm", "--json", cwd=tmp_path, env=env, timeout=60)
+    try:
+        return json.loads(r.stdout)
+    except ValueError:
+        return {}
+
+
+def _job_hosts(job_id, env) -> list[str]:
+    import subprocess
+
+    from halo_sched.backends.slurm.down_nodes import expand_hostlist
+
+    q = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%N"], env=env, capture_output=True, text=True, timeout=30)
+    return expand_hostlist(q.stdout.strip())
+
+
+def test_a_host_cut_mid_training_is_named_ledgered_and_the_retry_completes_without_it(tmp_path, rig):
+    import json
+    import subprocess
+
+    env = slurm_env(rig.env)
+    shutil.copy(REPO / "tests" / "trainers" / "hang.py", tmp_path / "hang.py")
+    job = example_job(tmp_path, 29500, trainer={"script": "hang.py", "args": ["--steps", "150", "--step-time", "0.2"]},
+                      rendezvous={"port": 29500, "timeout_s": 60}, hang={"timeout_s": 30},
+                      retry={"attempts": 2, "on": ["node", "hang"]})
+    submit = subprocess.Popen([*cli_argv(), "submit", str(job), "--backend", "slurm", "--wait", "--quiet",
+                               "--timeout", "400"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        job_id, hosts = None, []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (job_id and len(hosts) == 2):
+            time.sleep(1)
+            q = subprocess.run(["squeue", "-h", "-o", "%i|%Z|%T"], env=env, capture_output=True, text=True, timeout=30)
+            mine = [ln.split("|") for ln in q.stdout.splitlines() if ln.split("|")[1:2] == [str(tmp_path)]]
+            if mine and mine[0][2] == "RUNNING":
+                job_id = mine[0][0]
+                hosts = _job_hosts(job_id, env)
+        assert job_id and len(hosts) == 2, (job_id, hosts)
+        # Training: both nodes past step 10 (the nodes' progress copies, as status reads them).
+        deadline = time.monotonic() + 120
+        text = ""
+        while time.monotonic() < deadline:
+            text = cli("status", job_id, "--backend", "slurm", cwd=tmp_path, env=env).stdout
+            steps = [int(s) for s in re.findall(r"node \d: step (\d+)", text)]
+            if len(steps) == 2 and min(steps) >= 10:
+                break
+            time.sleep(2)
+        assert "RUNNING" in text and len(steps) == 2, text
+        victim = hosts[1]
+        rig.cut(victim)
+        cut_at = time.monotonic()
+        st = {}
+        while time.monotonic() < cut_at + 150:
+            st = _status(job_id, tmp_path, env)
+            if st.get("status") not in (None, "RUNNING", "PENDING", "COMPLETING"):
+                break
+            time.sleep(1)
+        took = time.monotonic() - cut_at
+        print(json.dumps(st, indent=1)[:3000], f"attempt 1 ended {took:.1f} s after the cut", sep="\n")
+        assert took <= 30 + 30, took  # hang.timeout_s + 30 s, or SLURM's own node failure first
+        fc = st["failure_class"]
+        assert fc["class"] == "node" and fc["host"] == victim, st
+        first = st["failure"]["first"]
+        assert first["node"] == 1 and f"({victim})" in first["error"] and "ranks 2, 3" in first["error"], first
+        # Nothing of the job is left on the host that stayed up.
+        deadline = time.monotonic() + 20
+        while rig.job_pids(hosts[0], "hang.py") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert rig.job_pids(hosts[0], "hang.py") == [], f"left running on {hosts[0]}"
+        out, err = submit.communicate(timeout=400)
+    finally:
+        if submit.poll() is None:
+            submit.kill()
+            submit.communicate()
+    print(out, err[-3000:])
+    assert submit.returncode == 0 and "COMPLETED" in out + err, out + err[-3000:]
+    ledger = [json.loads(ln) for ln in cli("nodes", "--json", env=env).stdout.splitlines()]
+    assert [e["host"] for e in ledger] == [victim], ledger
+    run = _status(job_id, tmp_path, env)["run"]
+    second = run["attempts"][1]
+    assert second["status"] == "COMPLETED" and victim in second["excluded"], run

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -119,10 +120,39 @@ class Rig:
     def exec(self, host: str, *cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
         return run_script("exec", host, *cmd, timeout=timeout)
 
-    def reset(self) -> None:
+    def reset(self, timeout: float = 90) -> None:
+        """Every host linked, undelayed, and idle in SLURM again (a cut host was marked DOWN; its
+        slurmd registers again once healed, ReturnToService=2)."""
         for h in HOSTS:
             run_script("heal", h)
             run_script("delay", h, "0")
+        env = {**os.environ, **self.env}
+        deadline = time.monotonic() + timeout
+        out = ""
+        while time.monotonic() < deadline:
+            out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env=env, capture_output=True, text=True,
+                                 timeout=30).stdout
+            bad = [ln.split()[0] for ln in out.splitlines() if len(ln.split()) == 2
+                   and not re.fullmatch(r"idle|allocated|mixed|completing", ln.split()[1])]
+            if not bad and len(out.split()) == 2 * len(HOSTS):
+                return
+            for n in bad:
+                subprocess.run(["scontrol", "update", f"NodeName={n}", "State=RESUME"], env=env,
+                               capture_output=True, timeout=30)
+            time.sleep(1)
+        raise AssertionError(f"the rig's hosts are not idle again after {timeout:.0f} s: {out}")
+
+    def job_pids(self, host: str, marker: str) -> list[int]:
+        """Live processes in ``host``'s network namespace whose command line holds ``marker``."""
+        p = subprocess.run(["ip", "netns", "pids", f"halo-{host}"], capture_output=True, text=True, timeout=30)
+        out = []
+        for pid in p.stdout.split():
+            try:
+                if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    out.append(int(pid))
+            except OSError:
+                pass
+        return out
 
 
 @pytest.fixture(scope="session")
