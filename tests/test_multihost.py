@@ -233,3 +233,42 @@ def test_a_host_cut_mid_training_is_named_ledgered_and_the_retry_completes_witho
     run = _status(job_id, tmp_path, env)["run"]
     second = run["attempts"][1]
     assert second["status"] == "COMPLETED" and victim in second["excluded"], run
+
+
+def test_a_host_cut_during_rendezvous_is_named_within_the_rendezvous_timeout(tmp_path, rig):
+    """Node 1's setup takes 15 s, so node 0's torchrun waits in the rendezvous; h1 is cut then and
+    never joins. The job must end within rendezvous.timeout_s + 30 s, naming h1."""
+    import subprocess
+
+    env = slurm_env(rig.env)
+    shutil.copy(REPO / "tests" / "trainers" / "net_probe.py", tmp_path / "net_probe.py")
+    job = example_job(tmp_path, 29500, trainer={"script": "net_probe.py", "args": ["--steps", "5"]},
+                      rendezvous={"port": 29500, "timeout_s": 60}, hang={"timeout_s": 30},
+                      setup=['if [ "$HALO_NODE_RANK" = 1 ]; then sleep 15; fi'],
+                      slurm={"extra_args": ["--nodelist=h0,h1"]})
+    r = cli("submit", str(job), "--backend", "slurm", "--quiet", cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    job_id = r.stdout.strip().splitlines()[-1]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "node 0 of 2 on h0" not in output(job_id, tmp_path):
+        time.sleep(0.5)
+    assert "node 0 of 2 on h0" in output(job_id, tmp_path), output(job_id, tmp_path)
+    time.sleep(2)  # node 0's torchrun is in the rendezvous, node 1 still in its setup
+    rig.cut("h1")
+    cut_at = time.monotonic()
+    st = {}
+    while time.monotonic() < cut_at + 150:
+        st = _status(job_id, tmp_path, env)
+        if st.get("status") not in (None, "RUNNING", "PENDING", "COMPLETING"):
+            break
+        time.sleep(1)
+    took = time.monotonic() - cut_at
+    out = output(job_id, tmp_path)
+    print(out[-3000:], st, f"ended {took:.1f} s after the cut", sep="\n")
+    assert took <= 60 + 30, took
+    assert "net-probe rank" not in out  # nobody trained
+    fc = st["failure_class"]
+    assert fc["class"] == "node" and fc["host"] == "h1", st
+    assert "(h1)" in st["failure"]["first"]["error"], st
+    assert rig.job_pids("h0", "net_probe.py") == [] and rig.job_pids("h0", "torchrun") == []
+    subprocess.run(["scancel", job_id], env=env, capture_output=True, timeout=30)

@@ -112,10 +112,10 @@ def down_nodes(transport, job_id: str, nodelist: str | None, outputs) -> list[Do
         if not flags & set(DOWN_STATES):
             continue
         ranks = _ranks_of(outputs, index)
-        held = (f"ranks {', '.join(map(str, ranks[:_MAX_RANKS_SHOWN]))}{', ...' if len(ranks) > _MAX_RANKS_SHOWN else ''}"
-                if ranks else "no rank started yet")
+        held = (f"it held ranks {', '.join(map(str, ranks[:_MAX_RANKS_SHOWN]))}{', ...' if len(ranks) > _MAX_RANKS_SHOWN else ''}"
+                if ranks else "none of its ranks had started")
         reason = str(rec.get("Reason") or "").split("[")[0].strip()
-        error = f"SLURM marked node {index} ({host}) {state}{f' ({reason})' if reason else ''}; it held {held}"
+        error = f"SLURM marked node {index} ({host}) {state}{f' ({reason})' if reason else ''}; {held}"
         out.append(DownNode(node=index, rank=None, local_rank=None, host=host, exit_code=None, signal=None,
                             time=time.time(), error=error[:500], node_name=host, ranks=ranks))
     return out
