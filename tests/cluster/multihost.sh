@@ -319,6 +319,7 @@ cmd_up() {
     [[ $(id -u) == 0 ]] || die "needs root (network namespaces, bridges)"
     take_lock
     if healthy; then
+        write_hosts  # rewritten in place: the hosts' bind mounts see it
         log "already up"
         print_env
         return 0
