@@ -4,9 +4,11 @@ host name resolves to it) and data0 (10.78.0.0/24, the training network). Real t
 2 nodes x 2 ranks; the interfaces' byte counters say where the ranks' traffic went."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 
@@ -307,3 +309,44 @@ def test_a_slow_link_makes_a_rank_on_that_host_the_straggler(tmp_path, rig):
     assert "RUNNING" in text, text
     m = re.search(r"slowest: rank (\d+) \(node (\d+)\), ([0-9.]+) s behind", text)
     assert m and m[2] == "1" and int(m[1]) in (2, 3), text
+
+
+def test_the_rig_refuses_a_network_this_machine_routes(rig):
+    from cluster.multihost_fixtures import run_script
+
+    p = run_script("up", env={**os.environ, "HALO_MULTIHOST_DATA_NET": "127.78.0.0/24"})
+    assert p.returncode != 0, p.stdout + p.stderr
+    assert "network 127.78.0.0/24 overlaps 127.0.0.0/8, which this machine already routes" in p.stderr, p.stderr
+    assert run_script("status").returncode == 0  # the running rig was not touched
+
+
+def test_down_after_a_crash_leaves_nothing_and_up_rebuilds(rig):
+    import signal
+    import subprocess
+
+    from cluster.multihost_fixtures import run_script
+
+    state = Path(rig.env["HALO_MULTIHOST_DIR"])
+    # A crash: the controller and one host's anchor die, their pid files stay.
+    for name in ("slurmctld", "anchor-h3"):
+        os.kill(int((state / "run" / f"{name}.pid").read_text()), signal.SIGKILL)
+    t0 = time.monotonic()
+    p = run_script("down")
+    took_down = time.monotonic() - t0
+    assert p.returncode == 0, p.stdout + p.stderr
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    assert not re.search(r"^halo-h\d", netns, re.M) and "halo-mgmt" not in links and "hm-h" not in links, netns + links
+    left = [d.name for d in Path("/proc").iterdir() if d.name.isdigit() and _mentions(d, str(state))]
+    assert left == [], left
+    t0 = time.monotonic()
+    p = run_script("up", timeout=300)
+    print(f"down after a crash {took_down:.1f} s, up {time.monotonic() - t0:.1f} s")
+    assert p.returncode == 0 and run_script("status").returncode == 0, p.stdout + p.stderr
+
+
+def _mentions(d: Path, text: str) -> bool:
+    try:
+        return text.encode() in (d / "cmdline").read_bytes() or text.encode() in (d / "environ").read_bytes()
+    except OSError:
+        return False

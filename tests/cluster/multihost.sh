@@ -318,6 +318,7 @@ cmd_up() {
     done
     [[ $(id -u) == 0 ]] || die "needs root (network namespaces, bridges)"
     take_lock
+    check_networks
     if healthy; then
         write_hosts  # rewritten in place: the hosts' bind mounts see it
         log "already up"
@@ -326,7 +327,6 @@ cmd_up() {
     fi
     # Whatever a crashed or half-made rig left is removed first.
     down_all quiet
-    check_networks
     install_packages
     install -d "$STATE" "$STATE/etc" "$STATE/log" "$STATE/run" "$STATE/spool/ctld"
     local h
