@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A SLURM cluster of four hosts on one machine, each host its own network namespace and hostname,
 # for tests where the wrong interface, a cut link and a slow link really happen (issue 31). See
-# tests/cluster/README.md, "The multi-host rig".
+# tests/cluster/multihost.md.
 #
 #   tests/cluster/multihost.sh up             # namespaces, bridges, munged, slurmctld, 4 x slurmd
 #   eval "$(tests/cluster/multihost.sh env)"   # SLURM_CONF etc. for your shell
