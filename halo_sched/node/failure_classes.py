@@ -217,6 +217,8 @@ def classify(report: Any = None, status: Any = None) -> Classification:
     if verb in ("lost", "disconnected"):
         return Classification(NODE, f"node {verb} (Nomad allocation {'lost' if verb == 'lost' else 'unknown'})",
                               host, "node-lost")
+    if verb == "down":  # a node SLURM itself marked down (backends/slurm/down_nodes.py)
+        return Classification(NODE, "node failed (NODE_FAIL), SLURM marked it down", host, "node-fail")
     if status == "NODE_FAIL":
         # SLURM's NODE_FAIL names no node, and the first failure line is usually a healthy peer
         # that crashed waiting for the dead one: blame a host only where its own output says

@@ -190,6 +190,20 @@ class SlurmScheduler(Scheduler):
                 from .outputs import output_files
 
                 state.failure = report_from_files(output_files(self.transport, job_id, ask=False))
+            elif state.status is JobStatus.NODE_FAIL:
+                # The node SLURM lost is named by its own record (down_nodes.py), not by the
+                # failure lines: a host cut off writes none, its peers' blame nobody.
+                from ...node.failures import FailureReport, report_from_files
+                from .down_nodes import down_nodes
+                from .outputs import output_files
+
+                files = output_files(self.transport, job_id, ask=False)
+                report = report_from_files(files) or FailureReport()
+                down = down_nodes(self.transport, job_id, state.slurm.nodelist if state.slurm else None, files)
+                if down:
+                    report.failures[:0] = down
+                    report.cause = down[0]
+                state.failure = report if report.failures else None
             elif state.status is JobStatus.RUNNING:  # the slowest rank, from the nodes' copies (progress.py)
                 from .outputs import output_files
                 from .progress import stragglers_line

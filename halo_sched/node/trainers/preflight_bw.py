@@ -41,6 +41,8 @@ NODE_MARK = "halo-sched-preflight-node"
 SAME_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "DIST_", "HALO_PARALLEL_")
 SAME_ENV_NAMES = ("NVLINK_DOMAIN_SIZE",)
 LOOPBACK = ("127.", "localhost", "::1")
+#: The gate's reachability check gives up after this long (or rendezvous.timeout_s, if shorter).
+REACH_TIMEOUT_S = 20.0
 
 
 def parse_bytes(text: str) -> int:
@@ -97,7 +99,60 @@ def check_interface(name: str) -> dict:
         return _check(what, False, f"{name} exists but has no IP address",
                       f"bring {name} up with an address on the fabric, or set network.interface to the NIC that has one",
                       fatal=True)
+    # A NIC whose link is down (cable pulled, switch port off) keeps its address and routes: only
+    # its carrier tells (Documentation/ABI/testing/sysfs-class-net: operstate, carrier).
+    state = _read(f"/sys/class/net/{name}/operstate")
+    carrier = _read(f"/sys/class/net/{name}/carrier")
+    if state in ("down", "lowerlayerdown") or carrier == "0":
+        return _check(what, False, f"{name} ({', '.join(addrs)}) has no link (operstate {state or '?'}, carrier "
+                      f"{carrier or '?'})", f"check {name}'s cable and switch port on this node", fatal=True)
     return _check(what, True, f"{name} {', '.join(addrs)}")
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def check_reach(name: str, addr: str, port: int, timeout: float) -> dict:
+    """This node reaches rank 0's address through ``name``: a TCP connection to ``addr:port`` from
+    that interface (SO_BINDTODEVICE) that is accepted or refused within ``timeout`` seconds; a
+    refusal is rank 0's host answering (its torchrun may not listen yet), so both pass. No route,
+    an unreachable host or silence until the deadline fail."""
+    what = f"reach rank 0 on {name}"
+    deadline = time.monotonic() + timeout
+    last: OSError | None = None
+    while True:
+        try:
+            family, kind, proto, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+        except OSError as e:
+            return _check(what, False, f"rank 0's address {addr} does not resolve: {e}",
+                          "set network.interface to the NIC the nodes share", fatal=True)
+        s = socket.socket(family, kind, proto)
+        try:
+            try:
+                s.setsockopt(socket.SOL_SOCKET, 25, name.encode())  # SO_BINDTODEVICE
+            except OSError:
+                pass
+            s.settimeout(max(0.2, min(5.0, deadline - time.monotonic())))
+            s.connect(sockaddr)
+            return _check(what, True, f"{addr}:{port} answers on {name}")
+        except ConnectionRefusedError:
+            return _check(what, True, f"{addr} answers on {name} (port {port} not open yet)")
+        except OSError as e:
+            last = e
+        finally:
+            s.close()
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+    why = last.strerror if last and last.strerror else (type(last).__name__ if last else "no answer")
+    return _check(what, False, f"cannot reach rank 0's address {addr}:{port} on {name} within {timeout:g} s ({why})",
+                  f"check that {name} on this node and on node 0 are on one network (address, subnet, link), or set "
+                  "network.interface to the NIC the nodes share", fatal=True)
 
 
 def check_gpus(want: int, nproc: int) -> dict:
@@ -345,6 +400,11 @@ def gate(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     host, _ = host_identity()
     checks = [{**c, "node": args.node, "host": host} for c in node_checks(args)]
+    # Every other node reaches rank 0's address on the interface the ranks will use.
+    if (args.node != 0 and args.interface and args.master_addr and args.master_port
+            and not any(c["fatal"] for c in checks)):
+        checks.append({**check_reach(args.interface, args.master_addr, args.master_port,
+                                     min(args.timeout_s, REACH_TIMEOUT_S)), "node": args.node, "host": host})
     if args.min_busbw > 0 and args.nodes > 1 and not any(c["fatal"] for c in checks):
         try:
             figures, how = gate_busbw(args, host)
