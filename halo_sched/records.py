@@ -168,6 +168,16 @@ def find(job_id: str, backend: str | None = None,
             and (r := _read(p, on_bad)) is not None and r["id"] == job_id]
 
 
+def failure_key(job_id: str, backend: str) -> str:
+    """The job's failure key (``failure_key``, made at submit: the key its nodes sign their
+    failure lines with, halo_sched/node/failures.py); '' without a record that has one."""
+    for rec in find(job_id, backend, on_bad=None):
+        key = rec.get("failure_key")
+        if isinstance(key, str):
+            return key
+    return ""
+
+
 def exists(job_id: str, backend: str) -> bool:
     """Whether a record file (usable or not) names this job."""
     try:

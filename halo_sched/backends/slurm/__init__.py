@@ -189,7 +189,10 @@ class SlurmScheduler(Scheduler):
                 from ...node.failures import report_from_files
                 from .outputs import output_files
 
-                state.failure = report_from_files(output_files(self.transport, job_id, ask=False))
+                from ...records import failure_key
+
+                state.failure = report_from_files(output_files(self.transport, job_id, ask=False),
+                                                  failure_key(job_id, self.name))
             elif state.status is JobStatus.RUNNING:  # the slowest rank, from the nodes' copies (progress.py)
                 from .outputs import output_files
                 from .progress import stragglers_line

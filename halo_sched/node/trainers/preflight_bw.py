@@ -381,7 +381,14 @@ def gate(argv: list[str]) -> int:
     name = os.environ.get("SLURMD_NODENAME", "")
     if name:
         record["node_name"] = name  # SLURM's name for the node: what the ledger and --exclude take
-    print(f"{FAILURE_TAG} {json.dumps(record, separators=(',', ':'))}", file=sys.stderr, flush=True)
+    body = json.dumps(record, separators=(',', ':'))
+    key = os.environ.pop("HALO_FAILURE_KEY", "")  # the job's key (node/failure_collector.py sign)
+    if key:
+        import hashlib
+        import hmac
+
+        body = f'{body[:-1]},"mac":"{hmac.new(key.encode(), body.encode(), hashlib.sha256).hexdigest()}"}}'
+    print(f"{FAILURE_TAG} {body}", file=sys.stderr, flush=True)
     return 1
 
 
