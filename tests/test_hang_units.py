@@ -74,8 +74,11 @@ def test_hang_is_on_by_default_and_off_with_null():
     assert "halo_node.hang_monitor" not in entry_script(off) and "HALO_PROGRESS_DIR" not in entry_script(off)
 
 
+KEY = "4b" * 32  # the job's failure key: these lines are signed as a node's monitor signs them
+
+
 def _hung(rank, node, step, last, waiting, read=True, where="train.py:44", code="dist.all_reduce(t)"):
-    return record_line({"kind": "HUNG", "node": node, "rank": rank, "local_rank": rank % 2, "host": f"h{node}",
+    return record_line(key=KEY, rec={"kind": "HUNG", "node": node, "rank": rank, "local_rank": rank % 2, "host": f"h{node}",
                         "exit_code": None, "signal": None, "time": 1000.0, "step": step, "last_progress": last,
                         "stack_read": read, "error": "" if read else "the rank had already ended",
                         "waiting_in": waiting, "where": where, "code": code, "tail": []})
@@ -86,7 +89,7 @@ def test_the_culprit_is_the_only_rank_outside_a_collective_across_nodes():
     lines.append(_hung(3, 1, 117, 700.0, None, where="train.py:57", code="time.sleep(600)"))
     # A victim's exit line (torchrun stopped it after the monitor ended the node) changes nothing.
     lines.append('halo-sched-failure {"node":1,"rank":2,"host":"h1","exit_code":1,"signal":"SIGTERM","time":1001.0}')
-    rep = report_from_lines(lines)
+    rep = report_from_lines(lines, KEY)
     assert rep.kind == "HUNG" and rep.first.rank == 3
     assert rep.describe() == ("HUNG after step 117: rank 3 (node 1, host h1, local rank 1) made no progress for 300 s, "
                               "in train.py:57 (time.sleep(600)) [the only rank not inside a collective]; "
@@ -95,7 +98,7 @@ def test_the_culprit_is_the_only_rank_outside_a_collective_across_nodes():
 
 
 def test_without_a_free_rank_the_lowest_step_then_the_oldest_progress():
-    rep = report_from_lines([_hung(0, 0, 50, 700.0, "all_reduce"), _hung(1, 0, 49, 690.0, "all_reduce"),
+    rep = report_from_lines(key=KEY, lines=[_hung(0, 0, 50, 700.0, "all_reduce"), _hung(1, 0, 49, 690.0, "all_reduce"),
                              _hung(2, 1, 49, 680.0, "all_reduce", read=False), _hung(3, 1, 50, 600.0, "barrier")])
     assert rep.first.rank == 2  # step 49 and the older progress of the two at 49
     text = rep.describe()
