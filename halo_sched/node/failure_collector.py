@@ -21,7 +21,7 @@ all the text a line carries, on the whole text before anything is cut (a cut sec
 no later scrub can find). Trust: the line ends with ``"mac"``, an HMAC-SHA256 of the rest under the
 job's failure key (``HALO_FAILURE_KEY``, made at submit; the entry script takes it out of the
 environment before torchrun starts, so a rank cannot read it from its own): the submitter takes a
-line as a verdict (the first failure, the culprit, the node ledger) only when it verifies.
+line as a verdict (the first failure, the culprit, a ledger entry) only when it verifies.
 """
 from __future__ import annotations
 

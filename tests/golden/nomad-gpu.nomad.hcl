@@ -99,8 +99,8 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-4e80195f"
-        right_delimiter = "halo-4e80195f]]"
+        left_delimiter  = "[[halo-ca6d0d6c"
+        right_delimiter = "halo-ca6d0d6c]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -327,7 +327,7 @@ all the text a line carries, on the whole text before anything is cut (a cut sec
 no later scrub can find). Trust: the line ends with ``"mac"``, an HMAC-SHA256 of the rest under the
 job's failure key (``HALO_FAILURE_KEY``, made at submit; the entry script takes it out of the
 environment before torchrun starts, so a rank cannot read it from its own): the submitter takes a
-line as a verdict (the first failure, the culprit, the node ledger) only when it verifies.
+line as a verdict (the first failure, the culprit, a ledger entry) only when it verifies.
 """
 from __future__ import annotations
 
@@ -666,7 +666,7 @@ all the text a line carries, on the whole text before anything is cut (a cut sec
 no later scrub can find). Trust: the line ends with ``"mac"``, an HMAC-SHA256 of the rest under the
 job's failure key (``HALO_FAILURE_KEY``, made at submit; the entry script takes it out of the
 environment before torchrun starts, so a rank cannot read it from its own): the submitter takes a
-line as a verdict (the first failure, the culprit, the node ledger) only when it verifies.
+line as a verdict (the first failure, the culprit, a ledger entry) only when it verifies.
 """
 from __future__ import annotations
 
@@ -1728,8 +1728,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-4e80195f"
-        right_delimiter = "halo-4e80195f]]"
+        left_delimiter  = "[[halo-ca6d0d6c"
+        right_delimiter = "halo-ca6d0d6c]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -1956,7 +1956,7 @@ all the text a line carries, on the whole text before anything is cut (a cut sec
 no later scrub can find). Trust: the line ends with ``"mac"``, an HMAC-SHA256 of the rest under the
 job's failure key (``HALO_FAILURE_KEY``, made at submit; the entry script takes it out of the
 environment before torchrun starts, so a rank cannot read it from its own): the submitter takes a
-line as a verdict (the first failure, the culprit, the node ledger) only when it verifies.
+line as a verdict (the first failure, the culprit, a ledger entry) only when it verifies.
 """
 from __future__ import annotations
 
@@ -2295,7 +2295,7 @@ all the text a line carries, on the whole text before anything is cut (a cut sec
 no later scrub can find). Trust: the line ends with ``"mac"``, an HMAC-SHA256 of the rest under the
 job's failure key (``HALO_FAILURE_KEY``, made at submit; the entry script takes it out of the
 environment before torchrun starts, so a rank cannot read it from its own): the submitter takes a
-line as a verdict (the first failure, the culprit, the node ledger) only when it verifies.
+line as a verdict (the first failure, the culprit, a ledger entry) only when it verifies.
 """
 from __future__ import annotations
 

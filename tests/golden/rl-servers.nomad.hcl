@@ -98,8 +98,8 @@ job "rl-grpo" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-eebb66d7"
-        right_delimiter = "halo-eebb66d7]]"
+        left_delimiter  = "[[halo-c043dc06"
+        right_delimiter = "halo-c043dc06]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -423,7 +423,7 @@ all the text a line carries, on the whole text before anything is cut (a cut sec
 no later scrub can find). Trust: the line ends with ``"mac"``, an HMAC-SHA256 of the rest under the
 job's failure key (``HALO_FAILURE_KEY``, made at submit; the entry script takes it out of the
 environment before torchrun starts, so a rank cannot read it from its own): the submitter takes a
-line as a verdict (the first failure, the culprit, the node ledger) only when it verifies.
+line as a verdict (the first failure, the culprit, a ledger entry) only when it verifies.
 """
 from __future__ import annotations
 
@@ -762,7 +762,7 @@ all the text a line carries, on the whole text before anything is cut (a cut sec
 no later scrub can find). Trust: the line ends with ``"mac"``, an HMAC-SHA256 of the rest under the
 job's failure key (``HALO_FAILURE_KEY``, made at submit; the entry script takes it out of the
 environment before torchrun starts, so a rank cannot read it from its own): the submitter takes a
-line as a verdict (the first failure, the culprit, the node ledger) only when it verifies.
+line as a verdict (the first failure, the culprit, a ledger entry) only when it verifies.
 """
 from __future__ import annotations
 
@@ -1828,8 +1828,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-eebb66d7"
-        right_delimiter = "halo-eebb66d7]]"
+        left_delimiter  = "[[halo-c043dc06"
+        right_delimiter = "halo-c043dc06]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -2153,7 +2153,7 @@ all the text a line carries, on the whole text before anything is cut (a cut sec
 no later scrub can find). Trust: the line ends with ``"mac"``, an HMAC-SHA256 of the rest under the
 job's failure key (``HALO_FAILURE_KEY``, made at submit; the entry script takes it out of the
 environment before torchrun starts, so a rank cannot read it from its own): the submitter takes a
-line as a verdict (the first failure, the culprit, the node ledger) only when it verifies.
+line as a verdict (the first failure, the culprit, a ledger entry) only when it verifies.
 """
 from __future__ import annotations
 
@@ -2492,7 +2492,7 @@ all the text a line carries, on the whole text before anything is cut (a cut sec
 no later scrub can find). Trust: the line ends with ``"mac"``, an HMAC-SHA256 of the rest under the
 job's failure key (``HALO_FAILURE_KEY``, made at submit; the entry script takes it out of the
 environment before torchrun starts, so a rank cannot read it from its own): the submitter takes a
-line as a verdict (the first failure, the culprit, the node ledger) only when it verifies.
+line as a verdict (the first failure, the culprit, a ledger entry) only when it verifies.
 """
 from __future__ import annotations
 

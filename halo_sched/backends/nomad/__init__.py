@@ -97,7 +97,7 @@ LIST_CONNECT_S = 0.5
 LIST_ANSWER_S = 5.0
 
 
-def with_failure_key(payload: dict) -> dict:
+def with_failure_key(payload: dict, key: str | None = None) -> dict:
     """The job as registered: ``payload`` (the dry run's, which holds no key) with the job's
     failure key (``Scheduler.submit`` puts it in this process's environment) in the Env of each
     trainer task; their entry script takes it out of the environment before torchrun starts.
@@ -106,7 +106,7 @@ def with_failure_key(payload: dict) -> dict:
 
     from ...node.contract import NAMES
 
-    key = os.environ.get(NAMES.failure_key, "")
+    key = os.environ.get(NAMES.failure_key, "") if key is None else key
     if not key:
         return payload
     payload = copy.deepcopy(payload)
