@@ -114,9 +114,13 @@ def _payload(rec: dict, event: str, line: str, attempt: int | None, url: str) ->
     secrets = [url]
     spec = rec.get("spec") if isinstance(rec.get("spec"), dict) else {}
     names = list(spec.get("secret_env") or []) + [k for r in spec.get("servers") or [] for k in r.get("secret_env") or []]
-    secrets += [os.environ[k] for k in names if isinstance(k, str) and os.environ.get(k)]
-    for s in sorted(set(secrets), key=len, reverse=True):  # a failure line may quote a secret
-        line = line.replace(s, SCRUBBED)
+    # The second layer: the nodes scrubbed their lines already (node/failure_collector.py), with
+    # every value; here only what this process holds. A value too short to scrub is left as is
+    # there and here (submit warned): as a substring it would mangle the line ("exit" -> "e***it").
+    from .node.failure_collector import MIN_SECRET_CHARS, scrub
+
+    secrets += [os.environ[k] for k in names if isinstance(k, str) and len(os.environ.get(k, "")) >= MIN_SECRET_CHARS]
+    line = scrub(line, sorted(set(secrets), key=len, reverse=True))  # a failure line may quote a secret
     run = rec.get("run") if isinstance(rec.get("run"), dict) else {}  # a retried run's attempt (runs.py)
     number = run.get("attempt")
     data = {

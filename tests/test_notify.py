@@ -230,3 +230,15 @@ def test_a_dead_webhook_is_waited_on_once_per_process(monkeypatch):
         assert len(dead.posts) == 3 and time.monotonic() - start < 15
     finally:
         dead.close()
+
+
+def test_the_observers_scrub_leaves_text_alone_for_a_value_too_short_to_scrub(monkeypatch):
+    # Issue 28: a secret_env value "x" turned "exit" into "e***it" in the webhook's line.
+    from halo_sched import notify
+
+    monkeypatch.setenv("MY_TOKEN", "x")
+    body = json.loads(notify._payload(_rec("j1"), "failed", "exit 3: rank x said x", None, "http://127.0.0.1:9/h"))
+    assert body["line"] == "exit 3: rank x said x"
+    monkeypatch.setenv("MY_TOKEN", "a-long-enough-secret")
+    body = json.loads(notify._payload(_rec("j1"), "failed", "auth a-long-enough-secret failed", None, "http://h/"))
+    assert body["line"] == "auth *** failed"
