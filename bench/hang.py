@@ -116,7 +116,7 @@ def monitor_cost(seconds: float) -> None:
         time.sleep(1.0)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         mon = subprocess.Popen([PY, "-m", "halo_sched.node.hang_monitor", "0", str(parent.pid), str(prog), d,
-                                "4", "300", "600", "0"], cwd=REPO)
+                                "4", "300", "600", "0"], cwd=REPO, stdin=subprocess.DEVNULL)
         time.sleep(seconds)
         mon.terminate()
         mon.wait()

@@ -43,8 +43,8 @@ MAX_REDIRECTS = 3
 MAX_LINE = 2000
 SCRUBBED = "***"
 #: Secret values shorter than this are not scrubbed as substrings (a value ``x`` would turn
-#: ``exit`` into ``e***it``); submit warns about them.
-MIN_SCRUB_CHARS = 6
+#: ``exit`` into ``e***it``); submit warns about them. The nodes' rule (node/failure_collector.py).
+from .node.failure_collector import MIN_SECRET_CHARS as MIN_SCRUB_CHARS  # noqa: E402
 
 
 def event_of(state) -> str | None:
@@ -105,18 +105,17 @@ def _secret_values(rec: dict) -> list[str]:
     return [os.environ[k] for k in names if isinstance(k, str) and len(os.environ.get(k, "")) >= MIN_SCRUB_CHARS]
 
 
-def scrub(line: str, secrets: list[str]) -> str:
-    for s in sorted(set(secrets), key=len, reverse=True):  # a failure line may quote a secret
-        line = line.replace(s, SCRUBBED)
-    return line
-
-
 def _payload(rec: dict, event: str, line: str, attempt: int | None) -> str:
+    # The second layer: the nodes scrubbed their lines already (node/failure_collector.py), with
+    # every value; here only what this process holds. A value too short to scrub is left as is
+    # there and here (submit warned): as a substring it would mangle the line ("exit" -> "e***it").
     from . import db
+    from .node.failure_collector import scrub
 
     n = _config(rec) or {}
     url = os.environ.get(n.get("webhook_env") or "", "")
-    line = scrub(line, _secret_values(rec) + ([url] if len(url) >= MIN_SCRUB_CHARS else []))
+    secrets = _secret_values(rec) + ([url] if len(url) >= MIN_SCRUB_CHARS else [])
+    line = scrub(line, sorted(set(secrets), key=len, reverse=True))  # a failure line may quote a secret
     run = rec.get("run") if isinstance(rec.get("run"), dict) else {}  # a retried run's attempt (runs.py)
     number = run.get("attempt")
     data = {

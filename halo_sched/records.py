@@ -265,6 +265,16 @@ def of_run(run_id: str, backend: str | None = None) -> list[dict]:
     return [r for row in rows if (r := _row(row, None)) is not None]
 
 
+def failure_key(job_id: str, backend: str) -> str:
+    """The job's failure key (``failure_key``, made at submit: the key its nodes sign their
+    failure lines with, halo_sched/node/failures.py); '' without a record that has one."""
+    for rec in find(job_id, backend, on_bad=None):
+        key = rec.get("failure_key")
+        if isinstance(key, str):
+            return key
+    return ""
+
+
 def exists(job_id: str, backend: str) -> bool:
     """Whether a record (usable or not) names this job."""
     return bool(_select("WHERE id = ? AND backend = ?", (job_id, backend)))

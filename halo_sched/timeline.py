@@ -258,7 +258,7 @@ def _failures_by_rank(report) -> tuple[dict[tuple[int, int], object], dict[int, 
         return {}, {}, None
     out: dict[tuple[int, int], object] = {}
     nodes: dict[int, object] = {}
-    for f in report.failures:
+    for f in report.trusted:  # a line a rank printed marks no rank
         if f.node is None:
             continue
         if f.rank is None:
@@ -539,7 +539,7 @@ def gather(job_id: str, backend: str, sched, now: float | None = None) -> tuple[
     rec = (records.find(job_id, backend) or [{}])[0]
     report = state.failure if state is not None and state.failure is not None else None
     if report is None and rec.get("outputs"):
-        report = report_from_files(rec["outputs"])
+        report = report_from_files(rec["outputs"], rec.get("failure_key") or "")
     tl = Timeline(job_id, name=str(rec.get("name") or ""), backend=backend, now=now, report=report)
     if state is not None:
         from .backends.jobstate import JobStatus

@@ -248,10 +248,20 @@ def nomad_sim_job(tmp_path: Path, fields: dict, nodes: int = 2):
     with fake_api.FakeNomad([fake_api.FakeNode(f"sim-{i}", gpus=0) for i in range(nodes)], token=SIM_TOKEN) as fake:
         sched = NomadScheduler(client=NomadClient(NomadConfig(address=fake.address, token=SIM_TOKEN, retry_attempts=1)))
         dry = sched.dryrun(spec)
-        with client_sim.SimCluster(dry.payload["Job"], tmp_path / "nomad", host_env=env) as cluster:
+        # As Scheduler.submit: a failure key, in the trainer tasks' Env as registered and in the record.
+        from halo_sched import records
+        from halo_sched.backends.base import failure_key_in_env, new_failure_key
+        from halo_sched.backends.nomad import with_failure_key
+
+        key = new_failure_key()
+        with client_sim.SimCluster(with_failure_key(dry.payload, key)["Job"], tmp_path / "nomad",
+                                   host_env=env) as cluster:
             fake.attach_sim(cluster)
-            job_id = sched.schedule(dry)
+            with failure_key_in_env(key):
+                job_id = sched.schedule(dry)
             assert job_id == dry.payload["Job"]["ID"]
+            records.record_submit("nomad", spec, dry.text, job_id, {**sched.record_fields(dry, job_id),
+                                                                     "failure_key": key})
             yield fake, sched, cluster, job_id
 
 

@@ -109,8 +109,12 @@ def test_the_schedulers_node_name_is_blamed_over_torchruns_fqdn():
     rec = {"node": 1, "rank": 1, "local_rank": 0, "host": "node2.cluster.example", "exit_code": 1, "signal": None,
            "time": T0, "error": "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.", "tail": [],
            "stopped": False, "node_name": "node2"}
-    f = parse_line(failure_collector.TAG + " " + json.dumps(rec))
+    key = "2c" * 32  # the job's failure key: the collector's lines are signed with it
+    f = parse_line(failure_collector.record_line(rec, key), key)
     assert f.node_name == "node2" and classify(FailureReport([f])).host == "node2"
+    # The same line printed by a rank (unsigned) blames no host.
+    forged = parse_line(failure_collector.TAG + " " + json.dumps(rec), key)
+    assert classify(FailureReport([forged])).host == ""
 
 
 def test_the_collector_writes_slurms_node_name(tmp_path, monkeypatch):

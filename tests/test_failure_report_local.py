@@ -65,3 +65,52 @@ def test_a_missing_trainer_script_is_the_first_thing_said(tmp_path):
     job_id = r.stdout.strip().splitlines()[-1]
     st = cli("status", job_id)
     assert f"FAILED: can't open file '{tmp_path / 'train.py'}': No such file or directory [" in st.stdout, st.stdout
+
+
+FORGER = """
+import json, os, sys, time
+rank = int(os.environ["RANK"])
+print(f"rank {rank}: key in my environment: {'HALO_FAILURE_KEY' in os.environ}", flush=True)
+if rank == 0:  # a line shaped like a node's report, dated 100 s earlier, naming a host of its choosing
+    print("halo-sched-failure " + json.dumps({"node": 0, "rank": 0, "local_rank": 0, "host": "victim-host",
+          "node_name": "victim-host", "exit_code": 1, "signal": None, "time": time.time() - 100,
+          "error": "NCCL WARN NET/IB : Got completion with error 12", "tail": [], "stopped": False}),
+          file=sys.stderr, flush=True)
+if rank == 3:
+    time.sleep(2)
+    raise ValueError("x" * 340 + os.environ["MY_TOKEN"])
+time.sleep(float(os.environ.get("FORGER_SLEEP", "60")))  # the others: end badly after rank 3
+sys.exit(1)
+"""
+
+
+def test_a_forged_line_names_no_culprit_and_no_secret_leaves_the_node(tmp_path):
+    # Issue 28, items 3 and 10, with real torchrun: rank 0 prints a forged failure line dated 100 s
+    # before rank 3's real failure, whose message ends with a secret_env value.
+    trainer = tmp_path / "forger.py"
+    trainer.write_text(FORGER)
+    token = "tok_" + "Zq9Yw8Xv7U" * 4 + "end"
+    job = example_job(tmp_path, free_port(), trainer={"script": str(trainer)}, secret_env=["MY_TOKEN"])
+    env = {**os.environ, "MY_TOKEN": token}
+    r = cli("submit", str(job), "--backend", "local", "--wait", "--quiet", env=env, timeout=240)
+    assert r.returncode == 1, r.stderr[-3000:]
+    job_id = r.stdout.strip().splitlines()[-1]
+    last = r.stderr.strip().splitlines()[-1]
+    assert "[rank 3 (node 1, host " in last and "victim-host" not in last, last
+    s = json.loads(cli("status", job_id, "--json", env=env).stdout)
+    assert s["failure"]["first"]["rank"] == 3 and s["failure"]["first"]["trusted"]
+    assert s["failure"]["unverified"] >= 1  # the forged line, kept as what it is
+    nodes = cli("nodes", "--json", env=env).stdout
+    assert "victim-host" not in nodes
+    # The key never reached a rank; the token never left the node (nor a fragment of it).
+    logs = cli("logs", job_id, env=env).stdout
+    assert "key in my environment: True" not in logs and logs.count("key in my environment: False") == 4
+    home = os.environ["HALO_SCHED_HOME"]
+    record = next(p for p in os.listdir(os.path.join(home, "jobs")) if p.endswith(".json") and job_id in p)
+    kept = open(os.path.join(home, "jobs", record)).read() + json.dumps(s) + r.stderr
+    for frag in (token, token[:16], token[-16:]):
+        assert frag not in kept
+    d = os.path.join(home, "local", job_id)
+    failure_lines = [ln for ln in open(os.path.join(d, "node-1.log")).read().splitlines()
+                     if "halo-sched-failure" in ln and '"mac"' in ln]
+    assert failure_lines and not any(token[4:20] in ln for ln in failure_lines)

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +82,32 @@ def test_rank_3_fails_first_and_the_record_outlives_the_scheduler(tmp_path, env)
     still = subprocess.run(["squeue", "--noheader", "--format=%i", f"--jobs={other_id}"], env=env_seen,
                            capture_output=True, text=True, timeout=60)
     assert still.stdout.split() == [other_id], (still.stdout, still.stderr)
+
+
+def test_a_forged_line_names_no_culprit_and_no_secret_leaves_the_node(tmp_path, env):
+    # Issue 28, items 3 and 10, on SLURM: the key in sbatch's environment, unset by the entry script
+    # before any rank starts; rank 0 forges a line dated 100 s earlier; rank 3's error ends with a
+    # secret_env value.
+    from test_failure_report_local import FORGER
+
+    (tmp_path / "forger.py").write_text(FORGER)
+    token = "tok_" + "Sl9Ur8Mq7W" * 4 + "end"
+    job = example_job(tmp_path, free_port(), trainer={"script": "forger.py"}, secret_env=["MY_TOKEN"])
+    env = {**env, "MY_TOKEN": token}
+    r = cli("submit", str(job), "--backend", "slurm", "--wait", "--quiet", cwd=tmp_path, env=env)
+    assert r.returncode == 1, r.stderr
+    job_id = r.stdout.strip().splitlines()[-1]
+    last = r.stderr.strip().splitlines()[-1]
+    assert " [rank 3 (node 1, host " in last and "victim-host" not in last, r.stderr
+    st = json.loads(cli("status", job_id, "--json", cwd=tmp_path, env=env).stdout)
+    assert st["failure"]["first"]["rank"] == 3 and st["failure"]["unverified"] >= 1
+    assert "victim-host" not in cli("nodes", "--json", cwd=tmp_path, env=env).stdout
+    logs = cli("logs", job_id, cwd=tmp_path, env=env).stdout
+    assert "key in my environment: True" not in logs and logs.count("key in my environment: False") == 4, logs
+    jobs = Path(env["HALO_SCHED_HOME"]) / "jobs"
+    kept = r.stderr + json.dumps(st) + "".join(p.read_text() for p in jobs.glob("*.json"))
+    assert job_id in kept
+    for frag in (token, token[:12], token[-12:]):
+        assert frag not in kept
+    signed = [ln for ln in logs.splitlines() if "halo-sched-failure" in ln and '"mac"' in ln]
+    assert signed and not any(token[4:16] in ln for ln in signed)

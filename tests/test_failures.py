@@ -10,13 +10,27 @@ from halo_sched.node.failure_collector import collect, error_line, record_line, 
 # srun relays at most 1024 bytes of a line in one piece (slurmstepd io.c); docs/guarantees.md promises
 # failure records under 1,000 bytes.
 LINE_MAX = 1000
-from halo_sched.node.failures import FailureReport, RankFailure, first_failure, parse_line, parse_lines
+from halo_sched.node import failures
+from halo_sched.node.failure_collector import sign
+from halo_sched.node.failures import FailureReport, RankFailure, first_failure
+
+#: The job's failure key in these tests: the lines below are signed with it, as a node's are.
+KEY = "5e" * 32
+
+
+def parse_line(line, key=KEY):
+    return failures.parse_line(line, key)
+
+
+def parse_lines(lines, key=KEY):
+    return failures.parse_lines(lines, key)
 
 
 def _line(prefix="", **kw) -> str:
     rec = {"node": 1, "rank": 3, "local_rank": 1, "host": "gpu-07", "exit_code": 1, "signal": None,
            "time": 1000.5, "error": "ValueError: boom", "tail": ["x"], "stopped": False, **kw}
-    return f"{prefix}halo-sched-failure {json.dumps(rec)}\n"
+    body = json.dumps(rec)
+    return f'{prefix}halo-sched-failure {body[:-1]},"mac":"{sign(body, KEY)}"}}\n'
 
 
 def test_parse_line_ignores_any_prefix_and_rejects_partial_records():
@@ -117,7 +131,7 @@ def test_collector_reads_torchruns_files(tmp_path):
     # torchrun SIGTERMed rank 2 after rank 3 failed: a victim, even where its whole-second summary
     # time (or, here, its error file) reads earlier than rank 3's precise one.
     assert recs[2]["stopped"] and not recs[3]["stopped"]
-    assert first_failure(parse_lines(record_line(r) for r in recs.values())).rank == 3
+    assert first_failure(parse_lines(record_line(r, KEY) for r in recs.values())).rank == 3
 
 
 def test_a_node_whose_ranks_were_all_sigtermed_keeps_them_as_causes(tmp_path):
@@ -161,3 +175,111 @@ def test_a_missing_script_leads_with_the_one_useful_line():
     text = FailureReport([f]).describe()
     assert text.startswith("can't open file '/x/train.py': No such file or directory [rank 0 (node 0, "), text
     assert "python3.11" not in text and "Errno" not in text
+
+
+# ---- issue 28: a rank's output is evidence, not a verdict; secrets never leave the node ----
+
+
+def test_a_forged_line_dated_earlier_is_shown_but_picks_no_first_failure_and_no_ledger_host():
+    from halo_sched.node.failure_classes import classify
+
+    real = _line(rank=3, time=1000.5, error="ValueError: boom")
+    forged = (f"[rank 0]: halo-sched-failure " + json.dumps({
+        "node": 0, "rank": 0, "local_rank": 0, "host": "victim-host", "node_name": "victim-host", "exit_code": 1,
+        "signal": None, "time": 900.5, "error": "NCCL WARN NET/IB : Got completion with error 12", "tail": [],
+        "stopped": False}) + "\n")
+    wrong_key = _line(rank=1, time=800.0, host="other").replace(sign(json.dumps(
+        {"node": 1, "rank": 1, "local_rank": 1, "host": "other", "exit_code": 1, "signal": None, "time": 800.0,
+         "error": "ValueError: boom", "tail": ["x"], "stopped": False}), KEY), "0" * 64)
+    rep = failures.report_from_lines([forged, wrong_key, real], KEY)
+    assert rep.first.rank == 3 and rep.first.host == "gpu-07"
+    assert classify(rep).host != "victim-host"
+    assert [f.trusted for f in sorted(rep.failures, key=lambda f: f.time)] == [False, False, True]
+    assert rep.to_dict()["unverified"] == 2 and rep.others() == 0
+    # Only forged lines: shown as text, naming nobody.
+    alone = failures.report_from_lines([forged], KEY)
+    assert alone.first is None and classify(alone).host == "" and "unverified" in alone.describe()
+    # Without the job's key nothing verifies (a job submitted before keys: no verdict from its lines).
+    assert failures.report_from_lines([real], "").first is None
+
+
+def test_a_node_signs_its_lines_with_the_key_from_its_environment(monkeypatch):
+    monkeypatch.setenv("HALO_FAILURE_KEY", KEY)
+    rec = {"node": 0, "rank": 2, "local_rank": 0, "host": "h", "exit_code": 1, "signal": None, "time": 5.0,
+           "error": "ValueError: x", "tail": ["a"], "stopped": False}
+    line = record_line(rec)
+    assert parse_line(line).trusted and not parse_line(line, "6f" * 32).trusted
+    assert not parse_line(line.replace('"rank":2', '"rank":1')).trusted  # any change breaks it
+    monkeypatch.delenv("HALO_FAILURE_KEY")
+    assert '"mac"' not in record_line(rec) and not parse_line(record_line(rec)).trusted
+
+
+def _rank_dir(tmp_path, stderr: str):
+    (tmp_path / "torchrun.err").write_text(SUMMARY)
+    d = tmp_path / "none_ab12" / "attempt_0" / "1"
+    d.mkdir(parents=True)
+    (d / "stderr.log").write_text(stderr)
+    return d
+
+
+def test_secret_env_values_are_scrubbed_on_the_node_before_any_cut(tmp_path, monkeypatch):
+    token = "tok_" + "A1b2C3d4" * 5 + "zz"  # 46 characters
+    monkeypatch.setenv("MY_TOKEN", token)
+    monkeypatch.setenv("HALO_SECRET_NAMES", "MY_TOKEN")
+    # 340 x: the token fits the collector's 400-character cut; 380 x: the cut leaves a fragment.
+    for n in (340, 354, 380):
+        d = tmp_path / str(n)
+        d.mkdir()
+        _rank_dir(d, f"Traceback (most recent call last):\nValueError: {'x' * n}{token}\n")
+        recs = collect(1, 2, str(d), 1, host="h")
+        line = record_line(next(r for r in recs if r["rank"] == 3), KEY)
+        for frag in (token, token[:8], token[-8:]):
+            assert frag not in line, (n, frag)
+        assert "ValueError: " + "x" * 20 in line
+    # error.json's message (a trainer with @record) as well.
+    (tmp_path / "json").mkdir()
+    d = _rank_dir(tmp_path / "json", "")
+    (d / "error.json").write_text(json.dumps({"message": {"message": f"RuntimeError: auth {token} refused"}}))
+    rec = next(r for r in collect(1, 2, str(tmp_path / "json"), 1, host="h") if r["rank"] == 3)
+    assert rec["error"] == "RuntimeError: auth *** refused"
+    # What the hang monitor hands record_line is scrubbed there.
+    assert token not in record_line({"node": 0, "rank": 0, "time": 1.0, "error": token, "code": f"f('{token}')",
+                                     "tail": [token]}, KEY)
+
+
+def test_a_short_secret_value_mangles_no_text_and_submit_warns(monkeypatch, capsys):
+    from halo_sched.backends.base import warn_short_secrets
+
+    monkeypatch.setenv("X", "x")
+    monkeypatch.setenv("HALO_SECRET_NAMES", "X")
+    line = record_line({"node": 0, "rank": 0, "time": 1.0, "error": "exit 3", "tail": ["exit"]}, KEY)
+    assert '"error":"exit 3"' in line and "***" not in line
+    warn_short_secrets({"X": "x", "LONG": "a-long-enough-value"})
+    err = capsys.readouterr().err
+    assert "secret_env X is 1 characters long" in err and "LONG" not in err
+
+
+DUMP_312 = """[rank3]: step 41
+Fatal Python error: Aborted
+
+Thread 0x00007f6c1cbff6c0 (most recent call first):
+  File "/usr/lib/python3.12/threading.py", line 359 in wait
+  File "/usr/lib/python3.12/threading.py", line 1030 in _bootstrap
+
+Current thread 0x00007f6c2a0b8740 (most recent call first):
+  File "/work/train.py", line 57 in step
+  File "/work/train.py", line 80 in <module>
+
+Extension modules: numpy._core._multiarray_umath, numpy.linalg._umath_linalg, torch._C, torch._C._dynamo.autograd_compiler, torch._C._dynamo.eval_frame (total: 13)
+"""
+
+
+def test_the_error_of_a_rank_aborted_with_a_stack_dump_is_its_frame_not_the_trailer(tmp_path):
+    assert error_line(DUMP_312.splitlines()) == "Fatal Python error: Aborted, in train.py:57 (step)"
+    # A traceback after the dump is what the rank said last; one before it is not.
+    assert error_line((DUMP_312 + "ValueError: later\n").splitlines()) == "ValueError: later"
+    assert error_line(("ValueError: earlier\n" + DUMP_312).splitlines()).startswith("Fatal Python error: Aborted")
+    # Through the collector: the dump is longer than the tail it keeps.
+    _rank_dir(tmp_path, DUMP_312)
+    rec = next(r for r in collect(1, 2, str(tmp_path), 1, host="h") if r["rank"] == 3)
+    assert rec["error"] == "Fatal Python error: Aborted, in train.py:57 (step)"

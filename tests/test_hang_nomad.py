@@ -11,13 +11,13 @@ import pytest
 from halo_sched.backends.base import JobStatus
 from halo_sched.node.failure_collector import record_line
 from helpers import REPO, nomad_sim_job, wait_dead
-from test_nomad_failure_report import TOKEN, FakeNomad, fail, nodes, submit
+from test_nomad_failure_report import KEY, TOKEN, FakeNomad, fail, nodes, submit
 
 T0 = 1_800_000_000.0
 
 
 def hung(node, rank, waiting, where="train.py:44", code="dist.all_reduce(t)"):
-    return record_line({"kind": "HUNG", "node": node, "rank": rank, "local_rank": rank % 2,
+    return record_line(key=KEY, rec={"kind": "HUNG", "node": node, "rank": rank, "local_rank": rank % 2,
                         "host": f"gpu-{'abc'[node]}", "exit_code": None, "signal": None, "time": T0 + 300,
                         "step": 117, "last_progress": T0, "stack_read": True, "error": "",
                         "waiting_in": waiting, "where": where, "code": code, "tail": []})

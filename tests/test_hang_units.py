@@ -74,8 +74,11 @@ def test_hang_is_on_by_default_and_off_with_null():
     assert "halo_node.hang_monitor" not in entry_script(off) and "HALO_PROGRESS_DIR" not in entry_script(off)
 
 
+KEY = "4b" * 32  # the job's failure key: these lines are signed as a node's monitor signs them
+
+
 def _hung(rank, node, step, last, waiting, read=True, where="train.py:44", code="dist.all_reduce(t)"):
-    return record_line({"kind": "HUNG", "node": node, "rank": rank, "local_rank": rank % 2, "host": f"h{node}",
+    return record_line(key=KEY, rec={"kind": "HUNG", "node": node, "rank": rank, "local_rank": rank % 2, "host": f"h{node}",
                         "exit_code": None, "signal": None, "time": 1000.0, "step": step, "last_progress": last,
                         "stack_read": read, "error": "" if read else "the rank had already ended",
                         "waiting_in": waiting, "where": where, "code": code, "tail": []})
@@ -86,7 +89,7 @@ def test_the_culprit_is_the_only_rank_outside_a_collective_across_nodes():
     lines.append(_hung(3, 1, 117, 700.0, None, where="train.py:57", code="time.sleep(600)"))
     # A victim's exit line (torchrun stopped it after the monitor ended the node) changes nothing.
     lines.append('halo-sched-failure {"node":1,"rank":2,"host":"h1","exit_code":1,"signal":"SIGTERM","time":1001.0}')
-    rep = report_from_lines(lines)
+    rep = report_from_lines(lines, KEY)
     assert rep.kind == "HUNG" and rep.first.rank == 3
     assert rep.describe() == ("HUNG after step 117: rank 3 (node 1, host h1, local rank 1) made no progress for 300 s, "
                               "in train.py:57 (time.sleep(600)) [the only rank not inside a collective]; "
@@ -95,7 +98,7 @@ def test_the_culprit_is_the_only_rank_outside_a_collective_across_nodes():
 
 
 def test_without_a_free_rank_the_lowest_step_then_the_oldest_progress():
-    rep = report_from_lines([_hung(0, 0, 50, 700.0, "all_reduce"), _hung(1, 0, 49, 690.0, "all_reduce"),
+    rep = report_from_lines(key=KEY, lines=[_hung(0, 0, 50, 700.0, "all_reduce"), _hung(1, 0, 49, 690.0, "all_reduce"),
                              _hung(2, 1, 49, 680.0, "all_reduce", read=False), _hung(3, 1, 50, 600.0, "barrier")])
     assert rep.first.rank == 2  # step 49 and the older progress of the two at 49
     text = rep.describe()
@@ -123,8 +126,9 @@ def test_stack_parsing_finds_the_main_thread_and_its_collective(tmp_path):
 @pytest.fixture
 def fresh_progress(monkeypatch):
     """progress.py as a new process finds it (its file is opened on the first report)."""
-    for name, value in (("_fd", None), ("_ring", None), ("_count", 0), ("_history", None), ("_next_history", 0.0)):
-        monkeypatch.setattr(progress, name, value)
+    for name, value in (("_fd", None), ("_ring", None), ("_count", 0), ("_history", None), ("_next_history", 0.0),
+                        ("_mask", 0), ("_prev", -2), ("_written", (-2, 0.0)), ("_looking", False)):
+        monkeypatch.setattr(progress, name, value, raising=False)
     yield progress
     for fd in (progress._fd, progress._history):
         if fd is not None:
@@ -150,19 +154,50 @@ def test_a_report_makes_no_system_call_and_keeps_the_last_slots(tmp_path, monkey
     monkeypatch.setenv("HALO_PROGRESS_DIR", str(tmp_path))
     monkeypatch.setenv("RANK", "0")
     monkeypatch.delenv("HALO_STACK_SIGNAL", raising=False)
+    clock = iter(1.8e9 + 0.05 * i for i in range(10_000))  # 50 ms steps: each one written
+    monkeypatch.setattr(progress.time, "time", lambda: next(clock))
     progress.report(0)
     writes = []
     real_write = os.write
     monkeypatch.setattr(os, "write", lambda fd, data: writes.append(fd) or real_write(fd, data))
     for step in range(1, 300):
         progress.report(step)
-    assert progress._fd not in writes and progress._history not in writes  # its one history line came first
+    assert progress._fd not in writes  # the history's line every 0.5 s is the only write
     got = hang_monitor.read_reports(str(tmp_path / "rank-0"), 1000)
     assert [s for s, _ in got] == list(range(300 - progress.SLOTS, 300))  # the ring wrapped, oldest first
     assert (tmp_path / "rank-0").stat().st_size == progress.SLOTS * progress.WIDTH
     # The stragglers' window fits in the ring.
     from halo_sched.node import stragglers
     assert stragglers.WINDOW + 1 <= progress.SLOTS
+
+
+def test_fast_steps_are_written_about_every_gap_s_the_same_steps_on_every_rank(tmp_path, monkeypatch, fresh_progress):
+    # Issue 28: after its collective a rank runs cold, and a written line cost 10-15 us a 0.6 ms step.
+    monkeypatch.setenv("HALO_PROGRESS_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("HALO_STACK_SIGNAL", raising=False)
+    now = [1.8e9]
+    monkeypatch.setattr(progress.time, "time", lambda: now[0])
+    started = []
+    monkeypatch.setattr(progress, "_look_start", lambda: started.append(1), raising=False)
+    for step in range(3000):
+        now[0] += 0.0006
+        progress.report(step)
+    got = [s for s, _ in hang_monitor.read_reports(str(tmp_path / "rank-0"), 1000)]
+    # 0.6 ms steps: a stride of 32 (19 ms); every written step a multiple of it, so that a rank
+    # whose stride came out 16 or 64 still shares every other or every one of its steps.
+    assert got[-1] == 2976 and all(s % 32 == 0 for s in got[-80:]) and started
+    # A step reported again (an evaluation between two steps) and a jump are written at once.
+    progress.report(2999)
+    progress.report(5000)
+    assert [s for s, _ in hang_monitor.read_reports(str(tmp_path / "rank-0"), 2)] == [2999, 5000]
+    # Steps that slow down: the look, a second after the last written one, makes the next written.
+    for step in range(5001, 5010):
+        now[0] += 0.3
+        progress.look(now[0])
+        progress.report(step)
+    step, when = hang_monitor.last_report(str(tmp_path / "rank-0"))
+    assert step == 5009 and abs(when - now[0]) < 0.001
 
 
 def test_the_history_keeps_a_line_every_half_second_and_the_timeline_reads_both(tmp_path, monkeypatch, fresh_progress):

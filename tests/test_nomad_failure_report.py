@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from unittest import mock
 
 import pytest
 import yaml
@@ -16,6 +17,7 @@ import halo_sched.spec
 from halo_sched.backends.base import JobStatus
 from halo_sched.backends.nomad import NomadScheduler
 from halo_sched.backends.nomad.client import NomadClient, NomadConfig
+from halo_sched.node.failure_collector import sign
 from helpers import REPO, cli, load_nomad_helper, nomad_sim_job, wait_dead
 
 TAG = "halo-sched-failure"  # docs/failures.md's line format: `halo-sched-failure {json}`
@@ -23,6 +25,7 @@ TAG = "halo-sched-failure"  # docs/failures.md's line format: `halo-sched-failur
 fake_api = load_nomad_helper("fake_api")
 FakeNomad, FakeNode = fake_api.FakeNomad, fake_api.FakeNode
 TOKEN = "tok-fail"
+KEY = "7a" * 32  # the jobs' failure key here (submit below): the canned lines are signed with it
 T0 = 1_800_000_000.0  # failure times in the canned lines: 2027-01-15 08:00:00 UTC
 
 
@@ -40,17 +43,19 @@ def spec_file(tmp_path, n=3):
     return p
 
 
-def line(node, rank, t, error, exit_code=1, stopped=False, host=None):
+def line(node, rank, t, error, exit_code=1, stopped=False, host=None, key=KEY):
     rec = {"node": node, "rank": rank, "local_rank": None if rank is None else rank % 2,
            "host": host or f"gpu-{'abc'[node]}", "exit_code": exit_code, "signal": None, "time": t,
            "error": error, "tail": [error], "stopped": stopped}
-    return f"{TAG} {json.dumps(rec, separators=(',', ':'))}\n"
+    body = json.dumps(rec, separators=(',', ':'))
+    return f'{TAG} {body[:-1]},"mac":"{sign(body, key)}"}}\n'  # as a node's collector signs it
 
 
 def submit(fake, tmp_path, n=3):
     client = NomadClient(NomadConfig(address=fake.address, token=TOKEN, retry_attempts=1))
     sched = NomadScheduler(client=client)
-    job_id = sched.schedule(sched.dryrun(halo_sched.load(spec_file(tmp_path, n))))
+    with mock.patch("halo_sched.backends.base.new_failure_key", return_value=KEY):  # the whole submit: a record
+        job_id = sched.submit(halo_sched.load(spec_file(tmp_path, n))).id
     fake.set_running(job_id)
     return sched, job_id
 
@@ -149,7 +154,9 @@ def test_cli_status_wait_and_logs_filter(tmp_path):
         for g, node in (("node-0", 0), ("workers[0]", 1), ("workers[1]", 2)):
             alloc = fake.alloc_for(job_id, g)["ID"]
             fake.write_log(alloc, f"[rank {2 * node}] step 1\n[rank {2 * node + 1}] step 1\nnode {node} up\n")
-        fail(fake, job_id, "workers[0]", line(1, 3, T0, "ValueError: rank three", exit_code=3))
+        # The key this submit made (its record): what the job's nodes would sign with.
+        key = json.loads(next((tmp_path / "home" / "jobs").glob("*.json")).read_text())["failure_key"]
+        fail(fake, job_id, "workers[0]", line(1, 3, T0, "ValueError: rank three", exit_code=3, key=key))
         st = cli("status", job_id, env=env)
         assert re.search(r"FAILED: ValueError: rank three \[rank 3 \(node 1, host gpu-b, local rank 1\) exit 3 at ",
                          st.stdout), st.stdout + st.stderr
@@ -182,3 +189,28 @@ def test_sim_three_nodes_rank_on_node_2_fails_first(tmp_path):
     assert re.match(r"FAILED: ValueError: rank 5 fails on purpose \[rank 5 \(node 2, host [^,]+, local rank 1\) exit 1 "
                     r"at \d\d:\d\d:\d\d\]; \d+ other ranks? ended after it", st.describe()), \
         (st.describe(), logs)
+
+
+@pytest.mark.torch
+def test_sim_a_forged_line_names_no_culprit_and_no_rank_holds_the_key(tmp_path):
+    """Issue 28 on Nomad (client simulator, real torchrun): rank 0 prints a failure line dated 100 s
+    before rank 3's real failure; the key reached the entry script in the task's Env, not a rank."""
+    from test_failure_report_local import FORGER
+
+    trainer = tmp_path / "forger.py"
+    trainer.write_text(FORGER)
+    fields = {"name": "sim-forge", "nodes": 2, "trainer": {"script": str(trainer)}}
+    os.environ["MY_TOKEN"] = "tok_" + "nomadsecret" * 3  # read by the trainer only (no secret_env here)
+    os.environ["FORGER_SLEEP"] = "6"  # Nomad ends no group when another fails: node 0 fails on its own
+    try:
+        with nomad_sim_job(tmp_path, fields, nodes=2) as (fake, sched, cluster, job_id):
+            wait_dead(fake, sched, job_id, 180)
+            logs = "".join(cluster.stdout(a.name) + cluster.stderr(a.name) for a in cluster.allocations)
+            st = sched.query([job_id])[job_id]
+    finally:
+        del os.environ["MY_TOKEN"], os.environ["FORGER_SLEEP"]
+    assert st.status is JobStatus.FAILED
+    first = st.failure.first
+    assert first is not None and first.rank == 3 and first.host != "victim-host", (st.describe(), logs)
+    assert st.failure.unverified and "victim-host" not in st.describe()
+    assert "key in my environment: True" not in logs and logs.count("key in my environment: False") == 4, logs

@@ -377,3 +377,16 @@ def test_one_deadline_bounds_a_try_even_a_name_lookup_that_never_returns(monkeyp
     why, tries = notify._deliver("http://hooks.example.invalid/x", b"{}")
     assert why.startswith("no answer within") and tries >= 2
     assert time.monotonic() - start < 10
+
+
+def test_the_observers_scrub_leaves_text_alone_for_a_value_too_short_to_scrub(monkeypatch):
+    # Issue 28: a secret_env value "x" turned "exit" into "e***it" in the webhook's line.
+    from halo_sched import notify
+
+    monkeypatch.setenv("HOOK_URL", "http://127.0.0.1:9/h")
+    monkeypatch.setenv("MY_TOKEN", "x")
+    body = json.loads(notify._payload(_rec("j1"), "failed", "exit 3: rank x said x", None))
+    assert body["line"] == "exit 3: rank x said x"
+    monkeypatch.setenv("MY_TOKEN", "a-long-enough-secret")
+    body = json.loads(notify._payload(_rec("j1"), "failed", "auth a-long-enough-secret failed", None))
+    assert body["line"] == "auth *** failed"

@@ -230,3 +230,19 @@ def test_the_gate_reaches_nomad_inside_the_entry_template(tmp_path):
     assert "--gate --node=" in entry
     for g in job_payload(spec)["Job"]["TaskGroups"]:
         assert g["Tasks"][0]["Templates"][0]["EmbeddedTmpl"] == entry  # byte for byte, Nomad's delimiters apart
+
+
+def test_the_gates_signed_line_fits_one_srun_piece_and_verifies():
+    # The mac's 72 bytes took a busbw failure line past srun's 1,024 (seen: a torn line, the node
+    # not ledgered on SLURM). The line stays under 1,000 bytes; its error gives way, not the check line.
+    from halo_sched.node.failures import parse_line
+    from halo_sched.node.trainers.preflight_bw import FAILURE_TAG, NODE_MARK, failure_body
+
+    key = "9e" * 32
+    check = f'{NODE_MARK} {{"checks": [{{"check": "busbw", "detail": "{"d" * 380}", "fatal": true}}], "node": 1}}'
+    record = {"node": 1, "rank": None, "host": "vm", "exit_code": 1, "time": 5.0,
+              "error": "preflight gate: busbw: " + "e" * 500, "tail": [check], "node_name": "node2"}
+    line = f"1: {FAILURE_TAG} {failure_body(record, key)}\n"
+    assert len(line.encode()) <= 1000
+    f = parse_line(line, key)
+    assert f.trusted and f.tail == (check,) and f.error.startswith("preflight gate: busbw: eee")

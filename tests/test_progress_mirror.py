@@ -229,7 +229,7 @@ def test_the_sbatch_script_sets_the_mirror_beside_the_output_file_only_with_a_mo
     spec = halo_sched.load(REPO / "examples" / "ddp-cpu.yaml")
     text = halo_sched.render(spec, "slurm")
     assert 'export HALO_PROGRESS_MIRROR="$PWD"/.halo-progress/"$SLURM_JOB_ID"\n' in text
-    assert '"${HALO_PROGRESS_MIRROR:-}" < /dev/null &' in text
+    assert '"${HALO_PROGRESS_MIRROR:-}" <<< "$halo_failure_key" &' in text  # the job's key on its stdin
     off = type(spec).model_validate({**spec.model_dump(exclude_unset=True), "hang": None})
     assert "HALO_PROGRESS_MIRROR=" not in halo_sched.render(off, "slurm")
     # A directory in the output path is quoted as a value; one with %-codes gets no mirror.

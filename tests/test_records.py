@@ -136,11 +136,14 @@ class ForgetfulTransport(CountingTransport):
 
 
 def test_slurm_logs_and_failure_after_the_scheduler_forgot_the_job(tmp_path, monkeypatch, capsys):
+    from halo_sched.node.failure_collector import record_line
+
     out = tmp_path / "halo-j-77.out"
     fail = {"node": 1, "rank": 3, "local_rank": 1, "host": "n2", "exit_code": 1, "signal": None,
             "time": 1000.0, "error": "ValueError: boom", "tail": [], "stopped": False}
-    out.write_text("0: [rank 0] hello\n1: [rank 3] bye\n1: halo-sched-failure " + json.dumps(fail) + "\n")
-    records.write({"id": "77", "backend": "slurm", "submitted": 1.0, "outputs": [str(out)]})
+    key = "3d" * 32  # the job's failure key (its record): the node signed its line with it
+    out.write_text("0: [rank 0] hello\n1: [rank 3] bye\n1: " + record_line(fail, key, []))
+    records.write({"id": "77", "backend": "slurm", "submitted": 1.0, "outputs": [str(out)], "failure_key": key})
     monkeypatch.setattr(cli, "_scheduler", lambda name: SlurmScheduler(transport=ForgetfulTransport()))
     assert cli.main(["logs", "77", "--rank", "3"]) == 0
     assert capsys.readouterr().out == "[node 1 rank 3] bye\n"

@@ -58,6 +58,47 @@ class DryRun:
     token: str = field(default_factory=_new_token)
 
 
+def new_failure_key() -> str:
+    """A job's failure key: its nodes sign their failure lines with it (node/failures.py). It
+    travels in the environment the backend submits with (SLURM: sbatch's, as secret_env values
+    do; local: the supervisor's; Nomad: the trainer tasks' Env, added after the dry run) and in
+    the job's record, never in a rendered file, a log line or a repr."""
+    import secrets
+
+    return secrets.token_hex(32)
+
+
+@contextlib.contextmanager
+def failure_key_in_env(key: str):
+    """``key`` as this process's ``HALO_FAILURE_KEY`` while the backend submits."""
+    from ..node.contract import NAMES
+
+    old = os.environ.get(NAMES.failure_key)
+    os.environ[NAMES.failure_key] = key
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(NAMES.failure_key, None)
+        else:
+            os.environ[NAMES.failure_key] = old
+
+
+def warn_short_secrets(values: dict) -> None:
+    """One warning line per secret_env value too short to scrub from failure reports: as a
+    substring it would mangle ordinary text (a value "x" turns "exit" into "e***it"), so it is
+    left as is wherever the job's output goes (the record, status, the webhook)."""
+    import sys
+
+    from ..node.failure_collector import MIN_SECRET_CHARS
+
+    for name, value in values.items():
+        if 0 < len(value) < MIN_SECRET_CHARS:
+            print(f"halo-sched: warning: secret_env {name} is {len(value)} characters long, too short to scrub "
+                  f"from failure lines and notifications without mangling other text (at least {MIN_SECRET_CHARS}); "
+                  "it is not scrubbed", file=sys.stderr)
+
+
 #: The methods that take a spec from their caller: each validates it again first (see below).
 SPEC_ENTRY_POINTS = ("render", "dryrun", "submit", "plan")
 _checking = threading.local()
@@ -143,10 +184,12 @@ class Scheduler(abc.ABC):
         from .. import records
 
         dry = self.dryrun(spec, **opts)
-        spec.secret_values()
+        warn_short_secrets(spec.secret_values())
         git = records.git_state_started(spec)
-        job_id = self.schedule(dry)
-        records.record_submit(self.name, spec, dry.text, job_id, self.record_fields(dry, job_id),
+        key = new_failure_key()
+        with failure_key_in_env(key):
+            job_id = self.schedule(dry)
+        records.record_submit(self.name, spec, dry.text, job_id, {**self.record_fields(dry, job_id), "failure_key": key},
                               spec.job_file, git)
         return Job(self, job_id)
 

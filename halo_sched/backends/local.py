@@ -237,7 +237,9 @@ class LocalScheduler(Scheduler):
             started_at=data.get("started"), ended_at=data.get("ended") if status.terminal else None,
         )
         if status is JobStatus.FAILED:
-            st.failure = failure_report(d)
+            from ..records import failure_key
+
+            st.failure = failure_report(d, failure_key(job_id, self.name))
         if status is JobStatus.RUNNING:
             from ..node import stragglers
 

@@ -128,8 +128,8 @@ def cmd_export(args, scheduler) -> int:
     for r in records.page(0, on_bad=None):
         if isinstance(r, records.BadRecord):
             jobs.append({"id": r.id, "backend": r.backend, "unreadable": r.reason})
-        else:
-            jobs.append(r)
+        else:  # the job's failure key stays in the store: it is what a node's failure line is checked with
+            jobs.append({k: v for k, v in r.items() if k != "failure_key"})
     entries = [e.to_dict() for e in ledger.entries()]
     notes = [{"job": j, "backend": b, "event": e, "state": st, "tries": n, "last_error": why,
               "payload": json.loads(p)}

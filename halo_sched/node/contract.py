@@ -60,6 +60,12 @@ class EnvNames:
     local_job: str = "HALO_LOCAL_JOB"
     #: In torchrun's environment only: finds what it started, however reparented.
     node_tag: str = "HALO_NODE_TAG"
+    #: The job's failure key, made at submit: the node-side reporters sign their failure lines
+    #: with it (node/failure_collector.py); the entry and server scripts take it out of the
+    #: environment first thing, so no rank or server inherits it.
+    failure_key: str = "HALO_FAILURE_KEY"
+    #: The secret_env names of this node (space-separated): the reporters scrub their values.
+    secret_names: str = "HALO_SECRET_NAMES"
 
     # ---- hang detection (``hang:``; node/hang_monitor.py, node/progress.py) ----
     #: The directory each rank appends ``STEP UNIX_TIME`` lines to (``rank-$RANK``).

@@ -14,11 +14,21 @@ with ``@record``). Exit codes and signals come from torchrun's failure summary o
 Output: ``halo-sched-failure {json}`` on stderr, one per failed rank, or one for the node when
 torchrun itself failed (rendezvous timeout, killed) and no rank is named. The keys are those of
 :class:`halo_sched.node.failures.RankFailure`.
+
+Two things make a line fit to leave the node (issue 28). Secrets: every ``secret_env`` value (the
+names in ``HALO_SECRET_NAMES``, the values in this node's environment) is replaced by ``***`` in
+all the text a line carries, on the whole text before anything is cut (a cut secret is a fragment
+no later scrub can find). Trust: the line ends with ``"mac"``, an HMAC-SHA256 of the rest under the
+job's failure key (``HALO_FAILURE_KEY``, made at submit; the entry script takes it out of the
+environment before torchrun starts, so a rank cannot read it from its own): the submitter takes a
+line as a verdict (the first failure, the culprit, a ledger entry) only when it verifies.
 """
 from __future__ import annotations
 
 import datetime
 import glob
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -28,6 +38,16 @@ import time
 
 TAG = "halo-sched-failure"
 TAIL_LINES = 12
+#: The characters a tail line keeps (after the secrets are scrubbed from the whole line).
+LINE_CHARS = 400
+#: The names of the secret_env variables on this node (space-separated); their values are in the environment.
+SECRET_NAMES_VAR = "HALO_SECRET_NAMES"
+#: The job's failure key (halo_sched/node/contract.py ``failure_key``).
+KEY_VAR = "HALO_FAILURE_KEY"
+SCRUBBED = "***"
+#: A secret value shorter than this is not scrubbed: as a substring it would mangle ordinary text
+#: (a value "x" turned "exit" into "e***it"); submit warns about it.
+MIN_SECRET_CHARS = 6
 
 _BLOCK = re.compile(
     r"time\s*:\s*(?P<time>\S+)\s*\n\s*host\s*:\s*(?P<host>\S*)\s*\n\s*rank\s*:\s*(?P<rank>\d+)\s*"
@@ -43,24 +63,76 @@ _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7
 _STOP_SIGNALS = ("SIGTERM",)
 
 
-def _tail(path: str, n: int = TAIL_LINES) -> list[str]:
+def secret_values(environ=None) -> list[str]:
+    """The values to scrub: each secret_env variable's value in this environment, longest first
+    (one value inside another is replaced whole), those too short to scrub left out."""
+    environ = os.environ if environ is None else environ
+    values = {environ.get(n, "") for n in environ.get(SECRET_NAMES_VAR, "").split()}
+    return sorted((v for v in values if len(v) >= MIN_SECRET_CHARS), key=len, reverse=True)
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    """``text`` with every one of ``secrets`` replaced by ``***``."""
+    for value in secrets:
+        if value in text:
+            text = text.replace(value, SCRUBBED)
+    return text
+
+
+def _tail(path: str, n: int = TAIL_LINES, secrets: list[str] | None = None) -> list[str]:
+    """The last ``n`` non-empty lines of the file's last 16 KiB, each scrubbed whole and then cut
+    to LINE_CHARS. The first line is dropped when the read began inside it: it may begin inside a
+    secret, whose fragment no scrub would find."""
+    secrets = secret_values() if secrets is None else secrets
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 16384))
-            lines = f.read().decode("utf-8", "replace").splitlines()
+            start = max(0, f.tell() - 16384)
+            f.seek(start)
+            data = f.read()
     except OSError:
         return []
-    return [line[:400] for line in lines if line.strip()][-n:]
+    lines = data.decode("utf-8", "replace").splitlines()
+    if start and lines:
+        lines = lines[1:]
+    return [scrub(line, secrets)[:LINE_CHARS] for line in lines if line.strip()][-n:]
 
 
-def error_line(lines: list[str]) -> str:
-    """The line that says what went wrong: the last ``SomethingError: ...`` line, else the last line."""
-    for line in reversed(lines):
-        text = _RANK_PREFIX.sub("", line.strip())
-        if _ERROR.match(text):
-            return text
-    return _RANK_PREFIX.sub("", lines[-1].strip()) if lines else ""
+# faulthandler's dump (a rank aborted by the hang monitor, a segfault): its first line, the
+# current thread's header, a frame, and what follows it (Python 3.12: "Extension modules: ...").
+_FATAL = re.compile(r"^Fatal Python error: .+")
+_CURRENT = re.compile(r"^Current thread 0x[0-9a-fA-F]+")
+_DUMP_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.+?)\s*$')
+
+
+def _dump_line(texts: list[str]) -> str:
+    """``Fatal Python error: Aborted, in train.py:57 (main)`` from the last faulthandler dump in
+    ``texts`` (the current thread's innermost frame), or '' when there is none."""
+    fatal = max((i for i, t in enumerate(texts) if _FATAL.match(t)), default=-1)
+    current = max((i for i, t in enumerate(texts) if _CURRENT.match(t)), default=-1)
+    if fatal < 0 and current < 0:
+        return ""
+    frame = None
+    if current >= 0:
+        frame = next((m for t in texts[current + 1:] if (m := _DUMP_FRAME.match(t))), None)
+    where = f"in {os.path.basename(frame['file'])}:{frame['line']} ({frame['func']})" if frame else ""
+    head = texts[fatal] if fatal >= 0 else "Fatal Python error"
+    return f"{head}, {where}" if where else head
+
+
+def error_line(lines: list[str], recent: int = TAIL_LINES) -> str:
+    """The line that says what went wrong: the last ``SomethingError: ...`` line of the last
+    ``recent``; but when a faulthandler dump came after it (or there is none), the dump's fatal
+    error and the frame it was in, never its last line (Python 3.12's "Extension modules: ...");
+    else the last line."""
+    texts = [_RANK_PREFIX.sub("", line.strip()) for line in lines]
+    last_error = max((i for i, t in enumerate(texts) if i >= len(texts) - recent and _ERROR.match(t)), default=-1)
+    last_dump = max((i for i, t in enumerate(texts) if _FATAL.match(t) or _CURRENT.match(t)), default=-1)
+    if last_dump > last_error:
+        return _dump_line(texts)
+    if last_error >= 0:
+        return texts[last_error]
+    return texts[-1] if texts else ""
 
 
 def summary_failures(text: str) -> dict[int, dict]:
@@ -94,7 +166,7 @@ def _rank_dirs(log_dir: str) -> dict[int, str]:
     return out
 
 
-def _error_file(path: str) -> tuple[str, float] | None:
+def _error_file(path: str, secrets: list[str]) -> tuple[str, float] | None:
     """(message, time) from a worker's error.json (``@record``); the file's mtime is the precise time."""
     try:
         with open(path) as f:
@@ -105,7 +177,7 @@ def _error_file(path: str) -> tuple[str, float] | None:
     msg = data.get("message")
     if isinstance(msg, dict):
         msg = msg.get("message") or ""
-    lines = str(msg or "").strip().splitlines()
+    lines = scrub(str(msg or ""), secrets).strip().splitlines()
     return (lines[-1] if lines else ""), when
 
 
@@ -121,14 +193,17 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
         agent_text = ""
     summary = summary_failures(agent_text)
     dirs = _rank_dirs(log_dir)
+    secrets = secret_values()
     out = []
     for rank, info in sorted(summary.items()):
         lr = info["local_rank"]
         d = dirs.get(lr, "")
-        tail = _tail(os.path.join(d, "stderr.log")) if d else []
+        # The error may be a faulthandler dump's, longer than the tail: read further for it.
+        lines = _tail(os.path.join(d, "stderr.log"), 400, secrets) if d else []
+        tail = lines[-TAIL_LINES:]
         detected = info["time"] if info["time"] is not None else now
         when, error = detected, ""
-        from_file = _error_file(os.path.join(d, "error.json")) if d else None
+        from_file = _error_file(os.path.join(d, "error.json"), secrets) if d else None
         if from_file:
             error, when = from_file
         elif tail and info["signal"] is None:
@@ -141,7 +216,7 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
             if mtime is not None and detected - 5 <= mtime <= detected + 1:
                 when = mtime
         if not error:
-            error = error_line(tail) or (f"killed by {info['signal']}" if info["signal"] else "")
+            error = error_line(lines) or (f"killed by {info['signal']}" if info["signal"] else "")
         out.append({
             "node": node, "rank": rank, "local_rank": lr, "host": info["host"] or host,
             "exit_code": info["exit_code"], "signal": info["signal"], "time": when,
@@ -158,7 +233,7 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
     if not out:
         # torchrun failed before or without a worker failure (rendezvous, store timeout, a
         # signal that stopped it): the node is what failed.
-        tail = [line for line in _tail(os.path.join(log_dir, "torchrun.err"), 40) if not line.startswith("[rank ")]
+        tail = [line for line in _tail(os.path.join(log_dir, "torchrun.err"), 40, secrets) if not line.startswith("[rank ")]
         code = rc
         sig = _SIGNALS.get(code - 128) if code > 128 else None
         out.append({
@@ -181,11 +256,33 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
 LINE_MAX = 1000
 
 
-def record_line(rec: dict) -> str:
-    """``TAG {json}`` in at most LINE_MAX bytes: the oldest tail lines go first, then the error's end."""
-    rec = {**rec, "tail": list(rec.get("tail") or [])}
+def _scrubbed(value, secrets: list[str]):
+    if isinstance(value, str):
+        return scrub(value, secrets)
+    if isinstance(value, list):
+        return [_scrubbed(v, secrets) for v in value]
+    return value
+
+
+def sign(body: str, key: str) -> str:
+    """The line's ``mac``: HMAC-SHA256 of its JSON text without it, under the job's failure key."""
+    return hmac.new(key.encode(), body.encode(), hashlib.sha256).hexdigest()
+
+
+def record_line(rec: dict, key: str | None = None, secrets: list[str] | None = None) -> str:
+    """``TAG {json}`` in at most LINE_MAX bytes: the oldest tail lines go first, then the error's
+    end. Every secret_env value is scrubbed from its text first (``secrets``: this environment's),
+    and the line is signed with ``key`` (this environment's ``HALO_FAILURE_KEY``; none: unsigned,
+    a line no submitter takes as a verdict)."""
+    secrets = secret_values() if secrets is None else secrets
+    key = os.environ.get(KEY_VAR, "") if key is None else key
+    rec = {k: _scrubbed(v, secrets) for k, v in rec.items() if k != "mac"}
+    rec["tail"] = list(rec.get("tail") or [])
     while True:
-        text = f"{TAG} {json.dumps(rec, separators=(',', ':'))}\n"  # ASCII: bytes == characters
+        body = json.dumps(rec, separators=(',', ':'))  # ASCII: bytes == characters
+        if key:
+            body = f'{body[:-1]},"mac":"{sign(body, key)}"}}'
+        text = f"{TAG} {body}\n"
         if len(text) <= LINE_MAX:
             return text
         if rec["tail"]:

@@ -8,21 +8,30 @@ with ``--label``; Nomad: each allocation's task log), whatever prefix the line g
 The first failure is the earliest by time, not the lowest rank: in a torchrun world one dead rank
 makes its peers fail moments later (a closed connection, a collective timing out), and those
 victims are what a reader sees first in interleaved logs.
+
+Any rank can print a line that looks like one of these (issue 28: a forged line dated earlier
+became the first failure and put a host of its choosing in the node ledger). A line is
+``trusted`` only when its ``mac`` verifies under the job's failure key (failure_collector.sign):
+only trusted lines pick the first failure, the culprit of a hang and what the ledger gets; the
+others are kept as what they are, text from the job's output, shown as unverified.
 """
 from __future__ import annotations
 
+import hmac
 import json
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from .failure_collector import TAG
+from .failure_collector import TAG, sign
 from .text import escape_controls, valid_data
 
 _MARK = TAG + " {"
 # What Python prints before its own words when it cannot start a script ("/usr/bin/python3.11: can't
 # open file '/x/train.py': [Errno 2] No such file or directory"), and the errno in brackets.
+# A signed line's JSON ends with its mac (failure_collector.record_line).
+_MAC = re.compile(r',"mac":"([0-9a-f]{64})"\}\s*$')
 _INTERPRETER = re.compile(r"^\S*python[\d.]*:\s+")
 _ERRNO = re.compile(r"\[Errno -?\d+\]\s*")
 
@@ -63,6 +72,9 @@ class RankFailure:
     code: str = ""
     waiting_in: str | None = None
     stack_read: bool = False
+    #: halo-sched's own word: built by its code, or read from a line whose mac verified under the
+    #: job's key (parse_line). False: a line any rank could have printed, never a verdict.
+    trusted: bool = True
 
     def where(self) -> str:
         host = f"host {self.host}" if self.host else ""
@@ -88,7 +100,7 @@ class RankFailure:
     def to_dict(self) -> dict:
         return {"node": self.node, "rank": self.rank, "local_rank": self.local_rank, "host": self.host,
                 "exit_code": self.exit_code, "signal": self.signal, "time": self.time, "error": self.error,
-                "tail": list(self.tail), "stopped": self.stopped,
+                "tail": list(self.tail), "stopped": self.stopped, "trusted": self.trusted,
                 **({"node_name": self.node_name} if self.node_name else {}),
                 **({"kind": self.kind, "step": self.step, "last_progress": self.last_progress, "where_in": self.where_in,
                     "code": self.code, "waiting_in": self.waiting_in, "stack_read": self.stack_read}
@@ -133,14 +145,25 @@ def _text(v, limit: int = MAX_TEXT) -> str:
     return str(v or "")[:limit]
 
 
-def parse_line(line: str) -> RankFailure | None:
+def verified(raw: str, key: str) -> bool:
+    """Whether the JSON text ``raw`` of a failure line carries a mac that verifies under ``key``."""
+    m = _MAC.search(raw)
+    if not key or not m:
+        return False
+    body = raw[:m.start()] + "}"
+    return hmac.compare_digest(sign(body, key), m[1])
+
+
+def parse_line(line: str, key: str = "") -> RankFailure | None:
     """The failure a line carries, or None. Any prefix before the tag is ignored (``[node 1] ``,
-    SLURM's ``1: ``); a line that is not a whole, well-formed record is not a failure."""
+    SLURM's ``1: ``); a line that is not a whole, well-formed record is not a failure. It is
+    ``trusted`` when its mac verifies under ``key``, the job's failure key."""
     i = line.find(_MARK)
     if i < 0:
         return None
+    raw = line[i + len(TAG) + 1:].strip()
     try:
-        data = json.loads(line[i + len(TAG) + 1:])
+        data = json.loads(raw)
     except (ValueError, RecursionError):
         return None
     # A lone surrogate ("\ud800" in the JSON) becomes U+FFFD here, before the text can reach a
@@ -167,14 +190,15 @@ def parse_line(line: str) -> RankFailure | None:
         time=_time(data["time"]), error=_text(data.get("error")),
         tail=tuple(_text(t) for t in tail[-MAX_TAIL:]), stopped=bool(data.get("stopped")),
         node_name=data.get("node_name")[:253] if isinstance(data.get("node_name"), str) else "",
+        trusted=verified(raw, key),
     )
 
 
-def parse_lines(lines: Iterable[str]) -> list[RankFailure]:
+def parse_lines(lines: Iterable[str], key: str = "") -> list[RankFailure]:
     """Every failure in ``lines``, once each (a line read twice, e.g. stdout and stderr, counts once)."""
     seen, out = set(), []
     for line in lines:
-        f = parse_line(line)
+        f = parse_line(line, key)
         if f is not None and f not in seen:
             seen.add(f)
             out.append(f)
@@ -188,8 +212,9 @@ def _order(f: RankFailure) -> tuple:
 
 
 def first_failure(failures: Iterable[RankFailure]) -> RankFailure | None:
-    """The failure that came first: a victim the scheduler stopped never wins over a real one."""
-    failures = list(failures)
+    """The failure that came first: a victim the scheduler stopped never wins over a real one;
+    only trusted lines count (one a rank printed is no verdict)."""
+    failures = [f for f in failures if f.trusted]
     real = [f for f in failures if not f.stopped] or failures
     return min(real, key=_order) if real else None
 
@@ -204,10 +229,20 @@ class FailureReport:
     cause: RankFailure | None = None
 
     @property
+    def trusted(self) -> list[RankFailure]:
+        """The failures halo-sched's node-side code reported (a scheduler's own word, such as a
+        lost node, is trusted too): the only ones that decide anything."""
+        return [f for f in self.failures if f.trusted]
+
+    @property
+    def unverified(self) -> list[RankFailure]:
+        return [f for f in self.failures if not f.trusted]
+
+    @property
     def hung(self) -> list[RankFailure]:
         """The ranks the nodes' hang monitors reported, one each (a later line for a rank wins)."""
         out: dict[tuple, RankFailure] = {}
-        for f in self.failures:
+        for f in self.trusted:
             if f.kind == "HUNG":
                 out[(f.node, f.rank)] = f
         return list(out.values())
@@ -225,12 +260,18 @@ class FailureReport:
     def others(self) -> int:
         if self.kind == "HUNG":
             return len(self.hung) - 1
-        return len(self.failures) - 1 if self.failures else 0
+        return len(self.trusted) - 1 if self.trusted else 0
 
     def describe(self) -> str:
         first = self.first
         if first is None:
-            return ""
+            odd = self.unverified
+            if not odd:
+                return ""
+            # Text from the job's output, shown as such: it names no rank and no host as the cause.
+            said = headline(odd[0].error)[:200]
+            return (f"{len(odd)} unverified failure {'line' if len(odd) == 1 else 'lines'} in the job's output "
+                    f"(not written by halo-sched's node code){': ' + repr(said) if said else ''}")
         if self.kind == "HUNG":
             return describe_hang(self.hung)
         text = first.describe()
@@ -245,6 +286,7 @@ class FailureReport:
                 "kind": self.kind,
                 **({"why": culprit(self.hung)[1]} if self.kind == "HUNG" else {}),
                 "others": self.others(),
+                **({"unverified": len(self.unverified)} if self.unverified else {}),
                 "failures": [f.to_dict() for f in sorted(self.failures, key=_order)]}
 
 
@@ -303,12 +345,12 @@ def describe_hang(hung: list[RankFailure]) -> str:
     return text + ("; " + ", ".join(parts) if parts else "")
 
 
-def report_from_lines(lines: Iterable[str]) -> FailureReport | None:
-    failures = parse_lines(lines)
+def report_from_lines(lines: Iterable[str], key: str = "") -> FailureReport | None:
+    failures = parse_lines(lines, key)
     return FailureReport(failures) if failures else None
 
 
-def report_from_files(paths: Iterable) -> FailureReport | None:
+def report_from_files(paths: Iterable, key: str = "") -> FailureReport | None:
     """The failures found in these files (missing ones skipped); read whole, line by line."""
     def lines():
         for p in paths:
@@ -319,7 +361,7 @@ def report_from_files(paths: Iterable) -> FailureReport | None:
                             yield line
             except OSError:
                 continue
-    return report_from_lines(lines())
+    return report_from_lines(lines(), key)
 
 
 def classify(report, status=None):

@@ -45,7 +45,7 @@ import socket
 import sys
 import time
 
-from .failure_collector import record_line  # on the node: a package of the two files (entry_hang.sh.j2)
+from .failure_collector import record_line, scrub, secret_values  # on the node: a package of the two files (entry_hang.sh.j2)
 
 POLL_S = 1.0
 SETTLE_S = 10.0
@@ -356,12 +356,13 @@ class Mirror:
 class Monitor:
     def __init__(self, node: int, torchrun: int, progress_dir: str, log_dir: str, nproc: int,
                  timeout_s: float, first_step_s: float, stack_signal: int, host: str | None = None,
-                 mirror: str | None = None):
+                 mirror: str | None = None, key: str = ""):
         self.node, self.torchrun, self.progress_dir, self.log_dir = node, torchrun, progress_dir, log_dir
         self.mirror = Mirror(progress_dir, mirror, node) if mirror else None
         self.nproc, self.timeout_s, self.first_step_s = nproc, timeout_s, first_step_s
         self.stack_signal, self.host = stack_signal, host or socket.gethostname()
         self.ranks: dict[int, dict] = {}  # pid -> {rank, local_rank, seen, out, cwd}
+        self.key = key  # the job's failure key, which signs this node's HUNG lines
 
     # ---- watching -------------------------------------------------------------------------
     def _discover(self) -> None:
@@ -586,7 +587,7 @@ class Monitor:
                 "stalled_s": round(detected - st["last"], 1), "stack_read": bool(frames),
                 "error": st["why"] or "", **where, "tail": [f"{os.path.basename(f)}:{n} in {fn}" for f, n, fn in frames[:8]],
             }
-            sys.stderr.write(record_line(rec))
+            sys.stderr.write(record_line(rec, self.key))
             dump.append(f"==== rank {info['rank']} (node {self.node}, host {self.host}, local rank "
                         f"{info['local_rank']}, pid {pid}): "
                         + (f"stack by {st['how']}" if st["threads"] else f"no stack: {st['why']}"))
@@ -594,6 +595,8 @@ class Monitor:
                 dump.append("  thread" + (" (main)" if t is frames else "") + ":")
                 dump.extend(f"    File \"{f}\", line {n} in {fn}" for f, n, fn in t)
         sys.stderr.flush()
+        secrets = secret_values()
+        dump = [scrub(line, secrets) for line in dump]
         text = "\n".join(dump) + "\n"
         try:
             with open(os.path.join(os.path.dirname(self.progress_dir), "hang-stacks.txt"), "a") as f:
@@ -620,13 +623,22 @@ class Monitor:
         return True
 
 
+def _read_key() -> str:
+    try:
+        return (sys.stdin.readline() if sys.stdin is not None else "").strip()
+    except (OSError, ValueError):
+        return ""
+
+
 def main(argv: list[str]) -> int:
     """``NODE TORCHRUN_PID PROGRESS_DIR LOG_DIR NPROC TIMEOUT_S FIRST_STEP_S SIGNAL [MIRROR_DIR]``
-    (an empty MIRROR_DIR: no mirror)."""
+    (an empty MIRROR_DIR: no mirror); the job's failure key on stdin (its first line), never in
+    the environment, where a rank of the same user could read it (/proc/PID/environ)."""
     node, torchrun, progress_dir, log_dir, nproc, timeout_s, first_step_s, sig = argv[:8]
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))  # torchrun ended: nothing to watch
     m = Monitor(int(node), int(torchrun), progress_dir, log_dir, int(nproc), float(timeout_s),
-                float(first_step_s), int(sig) if sig.isdigit() else 0, mirror=argv[8] if len(argv) > 8 else None)
+                float(first_step_s), int(sig) if sig.isdigit() else 0, mirror=argv[8] if len(argv) > 8 else None,
+                key=_read_key())
     try:
         while m.watch():
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish the report, bounded by its own waits

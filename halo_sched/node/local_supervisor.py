@@ -27,11 +27,15 @@ from .processes import (
 CANCEL_MARK = "cancel-requested"  # written by cancel; read by the supervisor and by status
 
 
-def failure_report(d: Path):
-    """Which rank failed first: from the failure lines the nodes wrote into their output."""
+def failure_report(d: Path, key: str | None = None):
+    """Which rank failed first: from the failure lines the nodes wrote into their output, trusted
+    when signed with the job's failure key (``key``; None: this process's ``HALO_FAILURE_KEY``,
+    which the supervisor was started with)."""
+    from .failure_collector import KEY_VAR
     from .failures import report_from_files  # loaded on failure only
 
-    return report_from_files(sorted(d.glob("node-*.log")) or [d / "job.log"])
+    key = os.environ.get(KEY_VAR, "") if key is None else key
+    return report_from_files(sorted(d.glob("node-*.log")) or [d / "job.log"], key)
 
 
 # ---- the supervisor (runs detached) ---------------------------------------------------------

@@ -99,8 +99,8 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-366d6bc1"
-        right_delimiter = "halo-366d6bc1]]"
+        left_delimiter  = "[[halo-ca6d0d6c"
+        right_delimiter = "halo-ca6d0d6c]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -108,6 +108,10 @@ job "ddp-nomad" {
 # HALO_NODE_RANK_OFFSET) and the master address and port (HALO_MASTER_ADDR and
 # HALO_MASTER_PORT, or HALO_MASTER_ADDR_FILE to poll until rank 0 is known).
 set -e
+# The job's failure key: this node's reporters sign their failure lines with it, and a line a rank
+# prints is no verdict because no rank can read it from its environment (docs/failures.md).
+halo_failure_key=$${HALO_FAILURE_KEY:-}
+unset HALO_FAILURE_KEY
 halo_fail() {
   echo "halo-sched: node $halo_rank: $*" >&2
   exit 1
@@ -299,7 +303,7 @@ halo_run() {
     halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
     case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
     # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
-    $halo_py - "$halo_rank" 8 "$halo_log_dir" "$halo_rc" "$halo_stopped_at" << 'HALO_COLLECT_EOF' ||
+    HALO_FAILURE_KEY=$halo_failure_key $halo_py - "$halo_rank" 8 "$halo_log_dir" "$halo_rc" "$halo_stopped_at" << 'HALO_COLLECT_EOF' ||
 """Run on each node by the entry script after torchrun exits non-zero: one failure line per rank.
 
 Standard library only: it runs under the node's Python (the one torchrun runs under), where
@@ -316,11 +320,21 @@ with ``@record``). Exit codes and signals come from torchrun's failure summary o
 Output: ``halo-sched-failure {json}`` on stderr, one per failed rank, or one for the node when
 torchrun itself failed (rendezvous timeout, killed) and no rank is named. The keys are those of
 :class:`halo_sched.node.failures.RankFailure`.
+
+Two things make a line fit to leave the node (issue 28). Secrets: every ``secret_env`` value (the
+names in ``HALO_SECRET_NAMES``, the values in this node's environment) is replaced by ``***`` in
+all the text a line carries, on the whole text before anything is cut (a cut secret is a fragment
+no later scrub can find). Trust: the line ends with ``"mac"``, an HMAC-SHA256 of the rest under the
+job's failure key (``HALO_FAILURE_KEY``, made at submit; the entry script takes it out of the
+environment before torchrun starts, so a rank cannot read it from its own): the submitter takes a
+line as a verdict (the first failure, the culprit, a ledger entry) only when it verifies.
 """
 from __future__ import annotations
 
 import datetime
 import glob
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -330,6 +344,16 @@ import time
 
 TAG = "halo-sched-failure"
 TAIL_LINES = 12
+#: The characters a tail line keeps (after the secrets are scrubbed from the whole line).
+LINE_CHARS = 400
+#: The names of the secret_env variables on this node (space-separated); their values are in the environment.
+SECRET_NAMES_VAR = "HALO_SECRET_NAMES"
+#: The job's failure key (halo_sched/node/contract.py ``failure_key``).
+KEY_VAR = "HALO_FAILURE_KEY"
+SCRUBBED = "***"
+#: A secret value shorter than this is not scrubbed: as a substring it would mangle ordinary text
+#: (a value "x" turned "exit" into "e***it"); submit warns about it.
+MIN_SECRET_CHARS = 6
 
 _BLOCK = re.compile(
     r"time\s*:\s*(?P<time>\S+)\s*\n\s*host\s*:\s*(?P<host>\S*)\s*\n\s*rank\s*:\s*(?P<rank>\d+)\s*"
@@ -345,24 +369,76 @@ _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7
 _STOP_SIGNALS = ("SIGTERM",)
 
 
-def _tail(path: str, n: int = TAIL_LINES) -> list[str]:
+def secret_values(environ=None) -> list[str]:
+    """The values to scrub: each secret_env variable's value in this environment, longest first
+    (one value inside another is replaced whole), those too short to scrub left out."""
+    environ = os.environ if environ is None else environ
+    values = {environ.get(n, "") for n in environ.get(SECRET_NAMES_VAR, "").split()}
+    return sorted((v for v in values if len(v) >= MIN_SECRET_CHARS), key=len, reverse=True)
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    """``text`` with every one of ``secrets`` replaced by ``***``."""
+    for value in secrets:
+        if value in text:
+            text = text.replace(value, SCRUBBED)
+    return text
+
+
+def _tail(path: str, n: int = TAIL_LINES, secrets: list[str] | None = None) -> list[str]:
+    """The last ``n`` non-empty lines of the file's last 16 KiB, each scrubbed whole and then cut
+    to LINE_CHARS. The first line is dropped when the read began inside it: it may begin inside a
+    secret, whose fragment no scrub would find."""
+    secrets = secret_values() if secrets is None else secrets
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 16384))
-            lines = f.read().decode("utf-8", "replace").splitlines()
+            start = max(0, f.tell() - 16384)
+            f.seek(start)
+            data = f.read()
     except OSError:
         return []
-    return [line[:400] for line in lines if line.strip()][-n:]
+    lines = data.decode("utf-8", "replace").splitlines()
+    if start and lines:
+        lines = lines[1:]
+    return [scrub(line, secrets)[:LINE_CHARS] for line in lines if line.strip()][-n:]
 
 
-def error_line(lines: list[str]) -> str:
-    """The line that says what went wrong: the last ``SomethingError: ...`` line, else the last line."""
-    for line in reversed(lines):
-        text = _RANK_PREFIX.sub("", line.strip())
-        if _ERROR.match(text):
-            return text
-    return _RANK_PREFIX.sub("", lines[-1].strip()) if lines else ""
+# faulthandler's dump (a rank aborted by the hang monitor, a segfault): its first line, the
+# current thread's header, a frame, and what follows it (Python 3.12: "Extension modules: ...").
+_FATAL = re.compile(r"^Fatal Python error: .+")
+_CURRENT = re.compile(r"^Current thread 0x[0-9a-fA-F]+")
+_DUMP_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.+?)\s*$')
+
+
+def _dump_line(texts: list[str]) -> str:
+    """``Fatal Python error: Aborted, in train.py:57 (main)`` from the last faulthandler dump in
+    ``texts`` (the current thread's innermost frame), or '' when there is none."""
+    fatal = max((i for i, t in enumerate(texts) if _FATAL.match(t)), default=-1)
+    current = max((i for i, t in enumerate(texts) if _CURRENT.match(t)), default=-1)
+    if fatal < 0 and current < 0:
+        return ""
+    frame = None
+    if current >= 0:
+        frame = next((m for t in texts[current + 1:] if (m := _DUMP_FRAME.match(t))), None)
+    where = f"in {os.path.basename(frame['file'])}:{frame['line']} ({frame['func']})" if frame else ""
+    head = texts[fatal] if fatal >= 0 else "Fatal Python error"
+    return f"{head}, {where}" if where else head
+
+
+def error_line(lines: list[str], recent: int = TAIL_LINES) -> str:
+    """The line that says what went wrong: the last ``SomethingError: ...`` line of the last
+    ``recent``; but when a faulthandler dump came after it (or there is none), the dump's fatal
+    error and the frame it was in, never its last line (Python 3.12's "Extension modules: ...");
+    else the last line."""
+    texts = [_RANK_PREFIX.sub("", line.strip()) for line in lines]
+    last_error = max((i for i, t in enumerate(texts) if i >= len(texts) - recent and _ERROR.match(t)), default=-1)
+    last_dump = max((i for i, t in enumerate(texts) if _FATAL.match(t) or _CURRENT.match(t)), default=-1)
+    if last_dump > last_error:
+        return _dump_line(texts)
+    if last_error >= 0:
+        return texts[last_error]
+    return texts[-1] if texts else ""
 
 
 def summary_failures(text: str) -> dict[int, dict]:
@@ -396,7 +472,7 @@ def _rank_dirs(log_dir: str) -> dict[int, str]:
     return out
 
 
-def _error_file(path: str) -> tuple[str, float] | None:
+def _error_file(path: str, secrets: list[str]) -> tuple[str, float] | None:
     """(message, time) from a worker's error.json (``@record``); the file's mtime is the precise time."""
     try:
         with open(path) as f:
@@ -407,7 +483,7 @@ def _error_file(path: str) -> tuple[str, float] | None:
     msg = data.get("message")
     if isinstance(msg, dict):
         msg = msg.get("message") or ""
-    lines = str(msg or "").strip().splitlines()
+    lines = scrub(str(msg or ""), secrets).strip().splitlines()
     return (lines[-1] if lines else ""), when
 
 
@@ -423,14 +499,17 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
         agent_text = ""
     summary = summary_failures(agent_text)
     dirs = _rank_dirs(log_dir)
+    secrets = secret_values()
     out = []
     for rank, info in sorted(summary.items()):
         lr = info["local_rank"]
         d = dirs.get(lr, "")
-        tail = _tail(os.path.join(d, "stderr.log")) if d else []
+        # The error may be a faulthandler dump's, longer than the tail: read further for it.
+        lines = _tail(os.path.join(d, "stderr.log"), 400, secrets) if d else []
+        tail = lines[-TAIL_LINES:]
         detected = info["time"] if info["time"] is not None else now
         when, error = detected, ""
-        from_file = _error_file(os.path.join(d, "error.json")) if d else None
+        from_file = _error_file(os.path.join(d, "error.json"), secrets) if d else None
         if from_file:
             error, when = from_file
         elif tail and info["signal"] is None:
@@ -443,7 +522,7 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
             if mtime is not None and detected - 5 <= mtime <= detected + 1:
                 when = mtime
         if not error:
-            error = error_line(tail) or (f"killed by {info['signal']}" if info["signal"] else "")
+            error = error_line(lines) or (f"killed by {info['signal']}" if info["signal"] else "")
         out.append({
             "node": node, "rank": rank, "local_rank": lr, "host": info["host"] or host,
             "exit_code": info["exit_code"], "signal": info["signal"], "time": when,
@@ -460,7 +539,7 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
     if not out:
         # torchrun failed before or without a worker failure (rendezvous, store timeout, a
         # signal that stopped it): the node is what failed.
-        tail = [line for line in _tail(os.path.join(log_dir, "torchrun.err"), 40) if not line.startswith("[rank ")]
+        tail = [line for line in _tail(os.path.join(log_dir, "torchrun.err"), 40, secrets) if not line.startswith("[rank ")]
         code = rc
         sig = _SIGNALS.get(code - 128) if code > 128 else None
         out.append({
@@ -483,11 +562,33 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
 LINE_MAX = 1000
 
 
-def record_line(rec: dict) -> str:
-    """``TAG {json}`` in at most LINE_MAX bytes: the oldest tail lines go first, then the error's end."""
-    rec = {**rec, "tail": list(rec.get("tail") or [])}
+def _scrubbed(value, secrets: list[str]):
+    if isinstance(value, str):
+        return scrub(value, secrets)
+    if isinstance(value, list):
+        return [_scrubbed(v, secrets) for v in value]
+    return value
+
+
+def sign(body: str, key: str) -> str:
+    """The line's ``mac``: HMAC-SHA256 of its JSON text without it, under the job's failure key."""
+    return hmac.new(key.encode(), body.encode(), hashlib.sha256).hexdigest()
+
+
+def record_line(rec: dict, key: str | None = None, secrets: list[str] | None = None) -> str:
+    """``TAG {json}`` in at most LINE_MAX bytes: the oldest tail lines go first, then the error's
+    end. Every secret_env value is scrubbed from its text first (``secrets``: this environment's),
+    and the line is signed with ``key`` (this environment's ``HALO_FAILURE_KEY``; none: unsigned,
+    a line no submitter takes as a verdict)."""
+    secrets = secret_values() if secrets is None else secrets
+    key = os.environ.get(KEY_VAR, "") if key is None else key
+    rec = {k: _scrubbed(v, secrets) for k, v in rec.items() if k != "mac"}
+    rec["tail"] = list(rec.get("tail") or [])
     while True:
-        text = f"{TAG} {json.dumps(rec, separators=(',', ':'))}\n"  # ASCII: bytes == characters
+        body = json.dumps(rec, separators=(',', ':'))  # ASCII: bytes == characters
+        if key:
+            body = f'{body[:-1]},"mac":"{sign(body, key)}"}}'
+        text = f"{TAG} {body}\n"
         if len(text) <= LINE_MAX:
             return text
         if rec["tail"]:
@@ -558,11 +659,21 @@ with ``@record``). Exit codes and signals come from torchrun's failure summary o
 Output: ``halo-sched-failure {json}`` on stderr, one per failed rank, or one for the node when
 torchrun itself failed (rendezvous timeout, killed) and no rank is named. The keys are those of
 :class:`halo_sched.node.failures.RankFailure`.
+
+Two things make a line fit to leave the node (issue 28). Secrets: every ``secret_env`` value (the
+names in ``HALO_SECRET_NAMES``, the values in this node's environment) is replaced by ``***`` in
+all the text a line carries, on the whole text before anything is cut (a cut secret is a fragment
+no later scrub can find). Trust: the line ends with ``"mac"``, an HMAC-SHA256 of the rest under the
+job's failure key (``HALO_FAILURE_KEY``, made at submit; the entry script takes it out of the
+environment before torchrun starts, so a rank cannot read it from its own): the submitter takes a
+line as a verdict (the first failure, the culprit, a ledger entry) only when it verifies.
 """
 from __future__ import annotations
 
 import datetime
 import glob
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -572,6 +683,16 @@ import time
 
 TAG = "halo-sched-failure"
 TAIL_LINES = 12
+#: The characters a tail line keeps (after the secrets are scrubbed from the whole line).
+LINE_CHARS = 400
+#: The names of the secret_env variables on this node (space-separated); their values are in the environment.
+SECRET_NAMES_VAR = "HALO_SECRET_NAMES"
+#: The job's failure key (halo_sched/node/contract.py ``failure_key``).
+KEY_VAR = "HALO_FAILURE_KEY"
+SCRUBBED = "***"
+#: A secret value shorter than this is not scrubbed: as a substring it would mangle ordinary text
+#: (a value "x" turned "exit" into "e***it"); submit warns about it.
+MIN_SECRET_CHARS = 6
 
 _BLOCK = re.compile(
     r"time\s*:\s*(?P<time>\S+)\s*\n\s*host\s*:\s*(?P<host>\S*)\s*\n\s*rank\s*:\s*(?P<rank>\d+)\s*"
@@ -587,24 +708,76 @@ _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7
 _STOP_SIGNALS = ("SIGTERM",)
 
 
-def _tail(path: str, n: int = TAIL_LINES) -> list[str]:
+def secret_values(environ=None) -> list[str]:
+    """The values to scrub: each secret_env variable's value in this environment, longest first
+    (one value inside another is replaced whole), those too short to scrub left out."""
+    environ = os.environ if environ is None else environ
+    values = {environ.get(n, "") for n in environ.get(SECRET_NAMES_VAR, "").split()}
+    return sorted((v for v in values if len(v) >= MIN_SECRET_CHARS), key=len, reverse=True)
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    """``text`` with every one of ``secrets`` replaced by ``***``."""
+    for value in secrets:
+        if value in text:
+            text = text.replace(value, SCRUBBED)
+    return text
+
+
+def _tail(path: str, n: int = TAIL_LINES, secrets: list[str] | None = None) -> list[str]:
+    """The last ``n`` non-empty lines of the file's last 16 KiB, each scrubbed whole and then cut
+    to LINE_CHARS. The first line is dropped when the read began inside it: it may begin inside a
+    secret, whose fragment no scrub would find."""
+    secrets = secret_values() if secrets is None else secrets
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 16384))
-            lines = f.read().decode("utf-8", "replace").splitlines()
+            start = max(0, f.tell() - 16384)
+            f.seek(start)
+            data = f.read()
     except OSError:
         return []
-    return [line[:400] for line in lines if line.strip()][-n:]
+    lines = data.decode("utf-8", "replace").splitlines()
+    if start and lines:
+        lines = lines[1:]
+    return [scrub(line, secrets)[:LINE_CHARS] for line in lines if line.strip()][-n:]
 
 
-def error_line(lines: list[str]) -> str:
-    """The line that says what went wrong: the last ``SomethingError: ...`` line, else the last line."""
-    for line in reversed(lines):
-        text = _RANK_PREFIX.sub("", line.strip())
-        if _ERROR.match(text):
-            return text
-    return _RANK_PREFIX.sub("", lines[-1].strip()) if lines else ""
+# faulthandler's dump (a rank aborted by the hang monitor, a segfault): its first line, the
+# current thread's header, a frame, and what follows it (Python 3.12: "Extension modules: ...").
+_FATAL = re.compile(r"^Fatal Python error: .+")
+_CURRENT = re.compile(r"^Current thread 0x[0-9a-fA-F]+")
+_DUMP_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.+?)\s*$')
+
+
+def _dump_line(texts: list[str]) -> str:
+    """``Fatal Python error: Aborted, in train.py:57 (main)`` from the last faulthandler dump in
+    ``texts`` (the current thread's innermost frame), or '' when there is none."""
+    fatal = max((i for i, t in enumerate(texts) if _FATAL.match(t)), default=-1)
+    current = max((i for i, t in enumerate(texts) if _CURRENT.match(t)), default=-1)
+    if fatal < 0 and current < 0:
+        return ""
+    frame = None
+    if current >= 0:
+        frame = next((m for t in texts[current + 1:] if (m := _DUMP_FRAME.match(t))), None)
+    where = f"in {os.path.basename(frame['file'])}:{frame['line']} ({frame['func']})" if frame else ""
+    head = texts[fatal] if fatal >= 0 else "Fatal Python error"
+    return f"{head}, {where}" if where else head
+
+
+def error_line(lines: list[str], recent: int = TAIL_LINES) -> str:
+    """The line that says what went wrong: the last ``SomethingError: ...`` line of the last
+    ``recent``; but when a faulthandler dump came after it (or there is none), the dump's fatal
+    error and the frame it was in, never its last line (Python 3.12's "Extension modules: ...");
+    else the last line."""
+    texts = [_RANK_PREFIX.sub("", line.strip()) for line in lines]
+    last_error = max((i for i, t in enumerate(texts) if i >= len(texts) - recent and _ERROR.match(t)), default=-1)
+    last_dump = max((i for i, t in enumerate(texts) if _FATAL.match(t) or _CURRENT.match(t)), default=-1)
+    if last_dump > last_error:
+        return _dump_line(texts)
+    if last_error >= 0:
+        return texts[last_error]
+    return texts[-1] if texts else ""
 
 
 def summary_failures(text: str) -> dict[int, dict]:
@@ -638,7 +811,7 @@ def _rank_dirs(log_dir: str) -> dict[int, str]:
     return out
 
 
-def _error_file(path: str) -> tuple[str, float] | None:
+def _error_file(path: str, secrets: list[str]) -> tuple[str, float] | None:
     """(message, time) from a worker's error.json (``@record``); the file's mtime is the precise time."""
     try:
         with open(path) as f:
@@ -649,7 +822,7 @@ def _error_file(path: str) -> tuple[str, float] | None:
     msg = data.get("message")
     if isinstance(msg, dict):
         msg = msg.get("message") or ""
-    lines = str(msg or "").strip().splitlines()
+    lines = scrub(str(msg or ""), secrets).strip().splitlines()
     return (lines[-1] if lines else ""), when
 
 
@@ -665,14 +838,17 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
         agent_text = ""
     summary = summary_failures(agent_text)
     dirs = _rank_dirs(log_dir)
+    secrets = secret_values()
     out = []
     for rank, info in sorted(summary.items()):
         lr = info["local_rank"]
         d = dirs.get(lr, "")
-        tail = _tail(os.path.join(d, "stderr.log")) if d else []
+        # The error may be a faulthandler dump's, longer than the tail: read further for it.
+        lines = _tail(os.path.join(d, "stderr.log"), 400, secrets) if d else []
+        tail = lines[-TAIL_LINES:]
         detected = info["time"] if info["time"] is not None else now
         when, error = detected, ""
-        from_file = _error_file(os.path.join(d, "error.json")) if d else None
+        from_file = _error_file(os.path.join(d, "error.json"), secrets) if d else None
         if from_file:
             error, when = from_file
         elif tail and info["signal"] is None:
@@ -685,7 +861,7 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
             if mtime is not None and detected - 5 <= mtime <= detected + 1:
                 when = mtime
         if not error:
-            error = error_line(tail) or (f"killed by {info['signal']}" if info["signal"] else "")
+            error = error_line(lines) or (f"killed by {info['signal']}" if info["signal"] else "")
         out.append({
             "node": node, "rank": rank, "local_rank": lr, "host": info["host"] or host,
             "exit_code": info["exit_code"], "signal": info["signal"], "time": when,
@@ -702,7 +878,7 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
     if not out:
         # torchrun failed before or without a worker failure (rendezvous, store timeout, a
         # signal that stopped it): the node is what failed.
-        tail = [line for line in _tail(os.path.join(log_dir, "torchrun.err"), 40) if not line.startswith("[rank ")]
+        tail = [line for line in _tail(os.path.join(log_dir, "torchrun.err"), 40, secrets) if not line.startswith("[rank ")]
         code = rc
         sig = _SIGNALS.get(code - 128) if code > 128 else None
         out.append({
@@ -725,11 +901,33 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
 LINE_MAX = 1000
 
 
-def record_line(rec: dict) -> str:
-    """``TAG {json}`` in at most LINE_MAX bytes: the oldest tail lines go first, then the error's end."""
-    rec = {**rec, "tail": list(rec.get("tail") or [])}
+def _scrubbed(value, secrets: list[str]):
+    if isinstance(value, str):
+        return scrub(value, secrets)
+    if isinstance(value, list):
+        return [_scrubbed(v, secrets) for v in value]
+    return value
+
+
+def sign(body: str, key: str) -> str:
+    """The line's ``mac``: HMAC-SHA256 of its JSON text without it, under the job's failure key."""
+    return hmac.new(key.encode(), body.encode(), hashlib.sha256).hexdigest()
+
+
+def record_line(rec: dict, key: str | None = None, secrets: list[str] | None = None) -> str:
+    """``TAG {json}`` in at most LINE_MAX bytes: the oldest tail lines go first, then the error's
+    end. Every secret_env value is scrubbed from its text first (``secrets``: this environment's),
+    and the line is signed with ``key`` (this environment's ``HALO_FAILURE_KEY``; none: unsigned,
+    a line no submitter takes as a verdict)."""
+    secrets = secret_values() if secrets is None else secrets
+    key = os.environ.get(KEY_VAR, "") if key is None else key
+    rec = {k: _scrubbed(v, secrets) for k, v in rec.items() if k != "mac"}
+    rec["tail"] = list(rec.get("tail") or [])
     while True:
-        text = f"{TAG} {json.dumps(rec, separators=(',', ':'))}\n"  # ASCII: bytes == characters
+        body = json.dumps(rec, separators=(',', ':'))  # ASCII: bytes == characters
+        if key:
+            body = f'{body[:-1]},"mac":"{sign(body, key)}"}}'
+        text = f"{TAG} {body}\n"
         if len(text) <= LINE_MAX:
             return text
         if rec["tail"]:
@@ -801,7 +999,7 @@ import socket
 import sys
 import time
 
-from .failure_collector import record_line  # on the node: a package of the two files (entry_hang.sh.j2)
+from .failure_collector import record_line, scrub, secret_values  # on the node: a package of the two files (entry_hang.sh.j2)
 
 POLL_S = 1.0
 SETTLE_S = 10.0
@@ -1112,12 +1310,13 @@ class Mirror:
 class Monitor:
     def __init__(self, node: int, torchrun: int, progress_dir: str, log_dir: str, nproc: int,
                  timeout_s: float, first_step_s: float, stack_signal: int, host: str | None = None,
-                 mirror: str | None = None):
+                 mirror: str | None = None, key: str = ""):
         self.node, self.torchrun, self.progress_dir, self.log_dir = node, torchrun, progress_dir, log_dir
         self.mirror = Mirror(progress_dir, mirror, node) if mirror else None
         self.nproc, self.timeout_s, self.first_step_s = nproc, timeout_s, first_step_s
         self.stack_signal, self.host = stack_signal, host or socket.gethostname()
         self.ranks: dict[int, dict] = {}  # pid -> {rank, local_rank, seen, out, cwd}
+        self.key = key  # the job's failure key, which signs this node's HUNG lines
 
     # ---- watching -------------------------------------------------------------------------
     def _discover(self) -> None:
@@ -1342,7 +1541,7 @@ class Monitor:
                 "stalled_s": round(detected - st["last"], 1), "stack_read": bool(frames),
                 "error": st["why"] or "", **where, "tail": [f"{os.path.basename(f)}:{n} in {fn}" for f, n, fn in frames[:8]],
             }
-            sys.stderr.write(record_line(rec))
+            sys.stderr.write(record_line(rec, self.key))
             dump.append(f"==== rank {info['rank']} (node {self.node}, host {self.host}, local rank "
                         f"{info['local_rank']}, pid {pid}): "
                         + (f"stack by {st['how']}" if st["threads"] else f"no stack: {st['why']}"))
@@ -1350,6 +1549,8 @@ class Monitor:
                 dump.append("  thread" + (" (main)" if t is frames else "") + ":")
                 dump.extend(f"    File \"{f}\", line {n} in {fn}" for f, n, fn in t)
         sys.stderr.flush()
+        secrets = secret_values()
+        dump = [scrub(line, secrets) for line in dump]
         text = "\n".join(dump) + "\n"
         try:
             with open(os.path.join(os.path.dirname(self.progress_dir), "hang-stacks.txt"), "a") as f:
@@ -1376,13 +1577,22 @@ class Monitor:
         return True
 
 
+def _read_key() -> str:
+    try:
+        return (sys.stdin.readline() if sys.stdin is not None else "").strip()
+    except (OSError, ValueError):
+        return ""
+
+
 def main(argv: list[str]) -> int:
     """``NODE TORCHRUN_PID PROGRESS_DIR LOG_DIR NPROC TIMEOUT_S FIRST_STEP_S SIGNAL [MIRROR_DIR]``
-    (an empty MIRROR_DIR: no mirror)."""
+    (an empty MIRROR_DIR: no mirror); the job's failure key on stdin (its first line), never in
+    the environment, where a rank of the same user could read it (/proc/PID/environ)."""
     node, torchrun, progress_dir, log_dir, nproc, timeout_s, first_step_s, sig = argv[:8]
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))  # torchrun ended: nothing to watch
     m = Monitor(int(node), int(torchrun), progress_dir, log_dir, int(nproc), float(timeout_s),
-                float(first_step_s), int(sig) if sig.isdigit() else 0, mirror=argv[8] if len(argv) > 8 else None)
+                float(first_step_s), int(sig) if sig.isdigit() else 0, mirror=argv[8] if len(argv) > 8 else None,
+                key=_read_key())
     try:
         while m.watch():
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish the report, bounded by its own waits
@@ -1404,7 +1614,7 @@ HALO_MONITOR_EOF
   # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
   PYTHONPATH=$halo_log_dir/.monitor $halo_py -m halo_node.hang_monitor "$halo_rank" "$1" "$HALO_PROGRESS_DIR" "$halo_log_dir" \
     8 300 600 "$HALO_STACK_SIGNAL" \
-    "$${HALO_PROGRESS_MIRROR:-}" < /dev/null &
+    "$${HALO_PROGRESS_MIRROR:-}" <<< "$halo_failure_key" &  # the key on stdin: not in its environment
   halo_monitor=$!
 }
 # After torchrun: a monitor that fired finishes its report (bounded by its own waits); one that
@@ -1518,8 +1728,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-366d6bc1"
-        right_delimiter = "halo-366d6bc1]]"
+        left_delimiter  = "[[halo-ca6d0d6c"
+        right_delimiter = "halo-ca6d0d6c]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
@@ -1527,6 +1737,10 @@ EOT
 # HALO_NODE_RANK_OFFSET) and the master address and port (HALO_MASTER_ADDR and
 # HALO_MASTER_PORT, or HALO_MASTER_ADDR_FILE to poll until rank 0 is known).
 set -e
+# The job's failure key: this node's reporters sign their failure lines with it, and a line a rank
+# prints is no verdict because no rank can read it from its environment (docs/failures.md).
+halo_failure_key=$${HALO_FAILURE_KEY:-}
+unset HALO_FAILURE_KEY
 halo_fail() {
   echo "halo-sched: node $halo_rank: $*" >&2
   exit 1
@@ -1718,7 +1932,7 @@ halo_run() {
     halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
     case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
     # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
-    $halo_py - "$halo_rank" 8 "$halo_log_dir" "$halo_rc" "$halo_stopped_at" << 'HALO_COLLECT_EOF' ||
+    HALO_FAILURE_KEY=$halo_failure_key $halo_py - "$halo_rank" 8 "$halo_log_dir" "$halo_rc" "$halo_stopped_at" << 'HALO_COLLECT_EOF' ||
 """Run on each node by the entry script after torchrun exits non-zero: one failure line per rank.
 
 Standard library only: it runs under the node's Python (the one torchrun runs under), where
@@ -1735,11 +1949,21 @@ with ``@record``). Exit codes and signals come from torchrun's failure summary o
 Output: ``halo-sched-failure {json}`` on stderr, one per failed rank, or one for the node when
 torchrun itself failed (rendezvous timeout, killed) and no rank is named. The keys are those of
 :class:`halo_sched.node.failures.RankFailure`.
+
+Two things make a line fit to leave the node (issue 28). Secrets: every ``secret_env`` value (the
+names in ``HALO_SECRET_NAMES``, the values in this node's environment) is replaced by ``***`` in
+all the text a line carries, on the whole text before anything is cut (a cut secret is a fragment
+no later scrub can find). Trust: the line ends with ``"mac"``, an HMAC-SHA256 of the rest under the
+job's failure key (``HALO_FAILURE_KEY``, made at submit; the entry script takes it out of the
+environment before torchrun starts, so a rank cannot read it from its own): the submitter takes a
+line as a verdict (the first failure, the culprit, a ledger entry) only when it verifies.
 """
 from __future__ import annotations
 
 import datetime
 import glob
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -1749,6 +1973,16 @@ import time
 
 TAG = "halo-sched-failure"
 TAIL_LINES = 12
+#: The characters a tail line keeps (after the secrets are scrubbed from the whole line).
+LINE_CHARS = 400
+#: The names of the secret_env variables on this node (space-separated); their values are in the environment.
+SECRET_NAMES_VAR = "HALO_SECRET_NAMES"
+#: The job's failure key (halo_sched/node/contract.py ``failure_key``).
+KEY_VAR = "HALO_FAILURE_KEY"
+SCRUBBED = "***"
+#: A secret value shorter than this is not scrubbed: as a substring it would mangle ordinary text
+#: (a value "x" turned "exit" into "e***it"); submit warns about it.
+MIN_SECRET_CHARS = 6
 
 _BLOCK = re.compile(
     r"time\s*:\s*(?P<time>\S+)\s*\n\s*host\s*:\s*(?P<host>\S*)\s*\n\s*rank\s*:\s*(?P<rank>\d+)\s*"
@@ -1764,24 +1998,76 @@ _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7
 _STOP_SIGNALS = ("SIGTERM",)
 
 
-def _tail(path: str, n: int = TAIL_LINES) -> list[str]:
+def secret_values(environ=None) -> list[str]:
+    """The values to scrub: each secret_env variable's value in this environment, longest first
+    (one value inside another is replaced whole), those too short to scrub left out."""
+    environ = os.environ if environ is None else environ
+    values = {environ.get(n, "") for n in environ.get(SECRET_NAMES_VAR, "").split()}
+    return sorted((v for v in values if len(v) >= MIN_SECRET_CHARS), key=len, reverse=True)
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    """``text`` with every one of ``secrets`` replaced by ``***``."""
+    for value in secrets:
+        if value in text:
+            text = text.replace(value, SCRUBBED)
+    return text
+
+
+def _tail(path: str, n: int = TAIL_LINES, secrets: list[str] | None = None) -> list[str]:
+    """The last ``n`` non-empty lines of the file's last 16 KiB, each scrubbed whole and then cut
+    to LINE_CHARS. The first line is dropped when the read began inside it: it may begin inside a
+    secret, whose fragment no scrub would find."""
+    secrets = secret_values() if secrets is None else secrets
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 16384))
-            lines = f.read().decode("utf-8", "replace").splitlines()
+            start = max(0, f.tell() - 16384)
+            f.seek(start)
+            data = f.read()
     except OSError:
         return []
-    return [line[:400] for line in lines if line.strip()][-n:]
+    lines = data.decode("utf-8", "replace").splitlines()
+    if start and lines:
+        lines = lines[1:]
+    return [scrub(line, secrets)[:LINE_CHARS] for line in lines if line.strip()][-n:]
 
 
-def error_line(lines: list[str]) -> str:
-    """The line that says what went wrong: the last ``SomethingError: ...`` line, else the last line."""
-    for line in reversed(lines):
-        text = _RANK_PREFIX.sub("", line.strip())
-        if _ERROR.match(text):
-            return text
-    return _RANK_PREFIX.sub("", lines[-1].strip()) if lines else ""
+# faulthandler's dump (a rank aborted by the hang monitor, a segfault): its first line, the
+# current thread's header, a frame, and what follows it (Python 3.12: "Extension modules: ...").
+_FATAL = re.compile(r"^Fatal Python error: .+")
+_CURRENT = re.compile(r"^Current thread 0x[0-9a-fA-F]+")
+_DUMP_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.+?)\s*$')
+
+
+def _dump_line(texts: list[str]) -> str:
+    """``Fatal Python error: Aborted, in train.py:57 (main)`` from the last faulthandler dump in
+    ``texts`` (the current thread's innermost frame), or '' when there is none."""
+    fatal = max((i for i, t in enumerate(texts) if _FATAL.match(t)), default=-1)
+    current = max((i for i, t in enumerate(texts) if _CURRENT.match(t)), default=-1)
+    if fatal < 0 and current < 0:
+        return ""
+    frame = None
+    if current >= 0:
+        frame = next((m for t in texts[current + 1:] if (m := _DUMP_FRAME.match(t))), None)
+    where = f"in {os.path.basename(frame['file'])}:{frame['line']} ({frame['func']})" if frame else ""
+    head = texts[fatal] if fatal >= 0 else "Fatal Python error"
+    return f"{head}, {where}" if where else head
+
+
+def error_line(lines: list[str], recent: int = TAIL_LINES) -> str:
+    """The line that says what went wrong: the last ``SomethingError: ...`` line of the last
+    ``recent``; but when a faulthandler dump came after it (or there is none), the dump's fatal
+    error and the frame it was in, never its last line (Python 3.12's "Extension modules: ...");
+    else the last line."""
+    texts = [_RANK_PREFIX.sub("", line.strip()) for line in lines]
+    last_error = max((i for i, t in enumerate(texts) if i >= len(texts) - recent and _ERROR.match(t)), default=-1)
+    last_dump = max((i for i, t in enumerate(texts) if _FATAL.match(t) or _CURRENT.match(t)), default=-1)
+    if last_dump > last_error:
+        return _dump_line(texts)
+    if last_error >= 0:
+        return texts[last_error]
+    return texts[-1] if texts else ""
 
 
 def summary_failures(text: str) -> dict[int, dict]:
@@ -1815,7 +2101,7 @@ def _rank_dirs(log_dir: str) -> dict[int, str]:
     return out
 
 
-def _error_file(path: str) -> tuple[str, float] | None:
+def _error_file(path: str, secrets: list[str]) -> tuple[str, float] | None:
     """(message, time) from a worker's error.json (``@record``); the file's mtime is the precise time."""
     try:
         with open(path) as f:
@@ -1826,7 +2112,7 @@ def _error_file(path: str) -> tuple[str, float] | None:
     msg = data.get("message")
     if isinstance(msg, dict):
         msg = msg.get("message") or ""
-    lines = str(msg or "").strip().splitlines()
+    lines = scrub(str(msg or ""), secrets).strip().splitlines()
     return (lines[-1] if lines else ""), when
 
 
@@ -1842,14 +2128,17 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
         agent_text = ""
     summary = summary_failures(agent_text)
     dirs = _rank_dirs(log_dir)
+    secrets = secret_values()
     out = []
     for rank, info in sorted(summary.items()):
         lr = info["local_rank"]
         d = dirs.get(lr, "")
-        tail = _tail(os.path.join(d, "stderr.log")) if d else []
+        # The error may be a faulthandler dump's, longer than the tail: read further for it.
+        lines = _tail(os.path.join(d, "stderr.log"), 400, secrets) if d else []
+        tail = lines[-TAIL_LINES:]
         detected = info["time"] if info["time"] is not None else now
         when, error = detected, ""
-        from_file = _error_file(os.path.join(d, "error.json")) if d else None
+        from_file = _error_file(os.path.join(d, "error.json"), secrets) if d else None
         if from_file:
             error, when = from_file
         elif tail and info["signal"] is None:
@@ -1862,7 +2151,7 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
             if mtime is not None and detected - 5 <= mtime <= detected + 1:
                 when = mtime
         if not error:
-            error = error_line(tail) or (f"killed by {info['signal']}" if info["signal"] else "")
+            error = error_line(lines) or (f"killed by {info['signal']}" if info["signal"] else "")
         out.append({
             "node": node, "rank": rank, "local_rank": lr, "host": info["host"] or host,
             "exit_code": info["exit_code"], "signal": info["signal"], "time": when,
@@ -1879,7 +2168,7 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
     if not out:
         # torchrun failed before or without a worker failure (rendezvous, store timeout, a
         # signal that stopped it): the node is what failed.
-        tail = [line for line in _tail(os.path.join(log_dir, "torchrun.err"), 40) if not line.startswith("[rank ")]
+        tail = [line for line in _tail(os.path.join(log_dir, "torchrun.err"), 40, secrets) if not line.startswith("[rank ")]
         code = rc
         sig = _SIGNALS.get(code - 128) if code > 128 else None
         out.append({
@@ -1902,11 +2191,33 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
 LINE_MAX = 1000
 
 
-def record_line(rec: dict) -> str:
-    """``TAG {json}`` in at most LINE_MAX bytes: the oldest tail lines go first, then the error's end."""
-    rec = {**rec, "tail": list(rec.get("tail") or [])}
+def _scrubbed(value, secrets: list[str]):
+    if isinstance(value, str):
+        return scrub(value, secrets)
+    if isinstance(value, list):
+        return [_scrubbed(v, secrets) for v in value]
+    return value
+
+
+def sign(body: str, key: str) -> str:
+    """The line's ``mac``: HMAC-SHA256 of its JSON text without it, under the job's failure key."""
+    return hmac.new(key.encode(), body.encode(), hashlib.sha256).hexdigest()
+
+
+def record_line(rec: dict, key: str | None = None, secrets: list[str] | None = None) -> str:
+    """``TAG {json}`` in at most LINE_MAX bytes: the oldest tail lines go first, then the error's
+    end. Every secret_env value is scrubbed from its text first (``secrets``: this environment's),
+    and the line is signed with ``key`` (this environment's ``HALO_FAILURE_KEY``; none: unsigned,
+    a line no submitter takes as a verdict)."""
+    secrets = secret_values() if secrets is None else secrets
+    key = os.environ.get(KEY_VAR, "") if key is None else key
+    rec = {k: _scrubbed(v, secrets) for k, v in rec.items() if k != "mac"}
+    rec["tail"] = list(rec.get("tail") or [])
     while True:
-        text = f"{TAG} {json.dumps(rec, separators=(',', ':'))}\n"  # ASCII: bytes == characters
+        body = json.dumps(rec, separators=(',', ':'))  # ASCII: bytes == characters
+        if key:
+            body = f'{body[:-1]},"mac":"{sign(body, key)}"}}'
+        text = f"{TAG} {body}\n"
         if len(text) <= LINE_MAX:
             return text
         if rec["tail"]:
@@ -1977,11 +2288,21 @@ with ``@record``). Exit codes and signals come from torchrun's failure summary o
 Output: ``halo-sched-failure {json}`` on stderr, one per failed rank, or one for the node when
 torchrun itself failed (rendezvous timeout, killed) and no rank is named. The keys are those of
 :class:`halo_sched.node.failures.RankFailure`.
+
+Two things make a line fit to leave the node (issue 28). Secrets: every ``secret_env`` value (the
+names in ``HALO_SECRET_NAMES``, the values in this node's environment) is replaced by ``***`` in
+all the text a line carries, on the whole text before anything is cut (a cut secret is a fragment
+no later scrub can find). Trust: the line ends with ``"mac"``, an HMAC-SHA256 of the rest under the
+job's failure key (``HALO_FAILURE_KEY``, made at submit; the entry script takes it out of the
+environment before torchrun starts, so a rank cannot read it from its own): the submitter takes a
+line as a verdict (the first failure, the culprit, a ledger entry) only when it verifies.
 """
 from __future__ import annotations
 
 import datetime
 import glob
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -1991,6 +2312,16 @@ import time
 
 TAG = "halo-sched-failure"
 TAIL_LINES = 12
+#: The characters a tail line keeps (after the secrets are scrubbed from the whole line).
+LINE_CHARS = 400
+#: The names of the secret_env variables on this node (space-separated); their values are in the environment.
+SECRET_NAMES_VAR = "HALO_SECRET_NAMES"
+#: The job's failure key (halo_sched/node/contract.py ``failure_key``).
+KEY_VAR = "HALO_FAILURE_KEY"
+SCRUBBED = "***"
+#: A secret value shorter than this is not scrubbed: as a substring it would mangle ordinary text
+#: (a value "x" turned "exit" into "e***it"); submit warns about it.
+MIN_SECRET_CHARS = 6
 
 _BLOCK = re.compile(
     r"time\s*:\s*(?P<time>\S+)\s*\n\s*host\s*:\s*(?P<host>\S*)\s*\n\s*rank\s*:\s*(?P<rank>\d+)\s*"
@@ -2006,24 +2337,76 @@ _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7
 _STOP_SIGNALS = ("SIGTERM",)
 
 
-def _tail(path: str, n: int = TAIL_LINES) -> list[str]:
+def secret_values(environ=None) -> list[str]:
+    """The values to scrub: each secret_env variable's value in this environment, longest first
+    (one value inside another is replaced whole), those too short to scrub left out."""
+    environ = os.environ if environ is None else environ
+    values = {environ.get(n, "") for n in environ.get(SECRET_NAMES_VAR, "").split()}
+    return sorted((v for v in values if len(v) >= MIN_SECRET_CHARS), key=len, reverse=True)
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    """``text`` with every one of ``secrets`` replaced by ``***``."""
+    for value in secrets:
+        if value in text:
+            text = text.replace(value, SCRUBBED)
+    return text
+
+
+def _tail(path: str, n: int = TAIL_LINES, secrets: list[str] | None = None) -> list[str]:
+    """The last ``n`` non-empty lines of the file's last 16 KiB, each scrubbed whole and then cut
+    to LINE_CHARS. The first line is dropped when the read began inside it: it may begin inside a
+    secret, whose fragment no scrub would find."""
+    secrets = secret_values() if secrets is None else secrets
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 16384))
-            lines = f.read().decode("utf-8", "replace").splitlines()
+            start = max(0, f.tell() - 16384)
+            f.seek(start)
+            data = f.read()
     except OSError:
         return []
-    return [line[:400] for line in lines if line.strip()][-n:]
+    lines = data.decode("utf-8", "replace").splitlines()
+    if start and lines:
+        lines = lines[1:]
+    return [scrub(line, secrets)[:LINE_CHARS] for line in lines if line.strip()][-n:]
 
 
-def error_line(lines: list[str]) -> str:
-    """The line that says what went wrong: the last ``SomethingError: ...`` line, else the last line."""
-    for line in reversed(lines):
-        text = _RANK_PREFIX.sub("", line.strip())
-        if _ERROR.match(text):
-            return text
-    return _RANK_PREFIX.sub("", lines[-1].strip()) if lines else ""
+# faulthandler's dump (a rank aborted by the hang monitor, a segfault): its first line, the
+# current thread's header, a frame, and what follows it (Python 3.12: "Extension modules: ...").
+_FATAL = re.compile(r"^Fatal Python error: .+")
+_CURRENT = re.compile(r"^Current thread 0x[0-9a-fA-F]+")
+_DUMP_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.+?)\s*$')
+
+
+def _dump_line(texts: list[str]) -> str:
+    """``Fatal Python error: Aborted, in train.py:57 (main)`` from the last faulthandler dump in
+    ``texts`` (the current thread's innermost frame), or '' when there is none."""
+    fatal = max((i for i, t in enumerate(texts) if _FATAL.match(t)), default=-1)
+    current = max((i for i, t in enumerate(texts) if _CURRENT.match(t)), default=-1)
+    if fatal < 0 and current < 0:
+        return ""
+    frame = None
+    if current >= 0:
+        frame = next((m for t in texts[current + 1:] if (m := _DUMP_FRAME.match(t))), None)
+    where = f"in {os.path.basename(frame['file'])}:{frame['line']} ({frame['func']})" if frame else ""
+    head = texts[fatal] if fatal >= 0 else "Fatal Python error"
+    return f"{head}, {where}" if where else head
+
+
+def error_line(lines: list[str], recent: int = TAIL_LINES) -> str:
+    """The line that says what went wrong: the last ``SomethingError: ...`` line of the last
+    ``recent``; but when a faulthandler dump came after it (or there is none), the dump's fatal
+    error and the frame it was in, never its last line (Python 3.12's "Extension modules: ...");
+    else the last line."""
+    texts = [_RANK_PREFIX.sub("", line.strip()) for line in lines]
+    last_error = max((i for i, t in enumerate(texts) if i >= len(texts) - recent and _ERROR.match(t)), default=-1)
+    last_dump = max((i for i, t in enumerate(texts) if _FATAL.match(t) or _CURRENT.match(t)), default=-1)
+    if last_dump > last_error:
+        return _dump_line(texts)
+    if last_error >= 0:
+        return texts[last_error]
+    return texts[-1] if texts else ""
 
 
 def summary_failures(text: str) -> dict[int, dict]:
@@ -2057,7 +2440,7 @@ def _rank_dirs(log_dir: str) -> dict[int, str]:
     return out
 
 
-def _error_file(path: str) -> tuple[str, float] | None:
+def _error_file(path: str, secrets: list[str]) -> tuple[str, float] | None:
     """(message, time) from a worker's error.json (``@record``); the file's mtime is the precise time."""
     try:
         with open(path) as f:
@@ -2068,7 +2451,7 @@ def _error_file(path: str) -> tuple[str, float] | None:
     msg = data.get("message")
     if isinstance(msg, dict):
         msg = msg.get("message") or ""
-    lines = str(msg or "").strip().splitlines()
+    lines = scrub(str(msg or ""), secrets).strip().splitlines()
     return (lines[-1] if lines else ""), when
 
 
@@ -2084,14 +2467,17 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
         agent_text = ""
     summary = summary_failures(agent_text)
     dirs = _rank_dirs(log_dir)
+    secrets = secret_values()
     out = []
     for rank, info in sorted(summary.items()):
         lr = info["local_rank"]
         d = dirs.get(lr, "")
-        tail = _tail(os.path.join(d, "stderr.log")) if d else []
+        # The error may be a faulthandler dump's, longer than the tail: read further for it.
+        lines = _tail(os.path.join(d, "stderr.log"), 400, secrets) if d else []
+        tail = lines[-TAIL_LINES:]
         detected = info["time"] if info["time"] is not None else now
         when, error = detected, ""
-        from_file = _error_file(os.path.join(d, "error.json")) if d else None
+        from_file = _error_file(os.path.join(d, "error.json"), secrets) if d else None
         if from_file:
             error, when = from_file
         elif tail and info["signal"] is None:
@@ -2104,7 +2490,7 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
             if mtime is not None and detected - 5 <= mtime <= detected + 1:
                 when = mtime
         if not error:
-            error = error_line(tail) or (f"killed by {info['signal']}" if info["signal"] else "")
+            error = error_line(lines) or (f"killed by {info['signal']}" if info["signal"] else "")
         out.append({
             "node": node, "rank": rank, "local_rank": lr, "host": info["host"] or host,
             "exit_code": info["exit_code"], "signal": info["signal"], "time": when,
@@ -2121,7 +2507,7 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
     if not out:
         # torchrun failed before or without a worker failure (rendezvous, store timeout, a
         # signal that stopped it): the node is what failed.
-        tail = [line for line in _tail(os.path.join(log_dir, "torchrun.err"), 40) if not line.startswith("[rank ")]
+        tail = [line for line in _tail(os.path.join(log_dir, "torchrun.err"), 40, secrets) if not line.startswith("[rank ")]
         code = rc
         sig = _SIGNALS.get(code - 128) if code > 128 else None
         out.append({
@@ -2144,11 +2530,33 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
 LINE_MAX = 1000
 
 
-def record_line(rec: dict) -> str:
-    """``TAG {json}`` in at most LINE_MAX bytes: the oldest tail lines go first, then the error's end."""
-    rec = {**rec, "tail": list(rec.get("tail") or [])}
+def _scrubbed(value, secrets: list[str]):
+    if isinstance(value, str):
+        return scrub(value, secrets)
+    if isinstance(value, list):
+        return [_scrubbed(v, secrets) for v in value]
+    return value
+
+
+def sign(body: str, key: str) -> str:
+    """The line's ``mac``: HMAC-SHA256 of its JSON text without it, under the job's failure key."""
+    return hmac.new(key.encode(), body.encode(), hashlib.sha256).hexdigest()
+
+
+def record_line(rec: dict, key: str | None = None, secrets: list[str] | None = None) -> str:
+    """``TAG {json}`` in at most LINE_MAX bytes: the oldest tail lines go first, then the error's
+    end. Every secret_env value is scrubbed from its text first (``secrets``: this environment's),
+    and the line is signed with ``key`` (this environment's ``HALO_FAILURE_KEY``; none: unsigned,
+    a line no submitter takes as a verdict)."""
+    secrets = secret_values() if secrets is None else secrets
+    key = os.environ.get(KEY_VAR, "") if key is None else key
+    rec = {k: _scrubbed(v, secrets) for k, v in rec.items() if k != "mac"}
+    rec["tail"] = list(rec.get("tail") or [])
     while True:
-        text = f"{TAG} {json.dumps(rec, separators=(',', ':'))}\n"  # ASCII: bytes == characters
+        body = json.dumps(rec, separators=(',', ':'))  # ASCII: bytes == characters
+        if key:
+            body = f'{body[:-1]},"mac":"{sign(body, key)}"}}'
+        text = f"{TAG} {body}\n"
         if len(text) <= LINE_MAX:
             return text
         if rec["tail"]:
@@ -2220,7 +2628,7 @@ import socket
 import sys
 import time
 
-from .failure_collector import record_line  # on the node: a package of the two files (entry_hang.sh.j2)
+from .failure_collector import record_line, scrub, secret_values  # on the node: a package of the two files (entry_hang.sh.j2)
 
 POLL_S = 1.0
 SETTLE_S = 10.0
@@ -2531,12 +2939,13 @@ class Mirror:
 class Monitor:
     def __init__(self, node: int, torchrun: int, progress_dir: str, log_dir: str, nproc: int,
                  timeout_s: float, first_step_s: float, stack_signal: int, host: str | None = None,
-                 mirror: str | None = None):
+                 mirror: str | None = None, key: str = ""):
         self.node, self.torchrun, self.progress_dir, self.log_dir = node, torchrun, progress_dir, log_dir
         self.mirror = Mirror(progress_dir, mirror, node) if mirror else None
         self.nproc, self.timeout_s, self.first_step_s = nproc, timeout_s, first_step_s
         self.stack_signal, self.host = stack_signal, host or socket.gethostname()
         self.ranks: dict[int, dict] = {}  # pid -> {rank, local_rank, seen, out, cwd}
+        self.key = key  # the job's failure key, which signs this node's HUNG lines
 
     # ---- watching -------------------------------------------------------------------------
     def _discover(self) -> None:
@@ -2761,7 +3170,7 @@ class Monitor:
                 "stalled_s": round(detected - st["last"], 1), "stack_read": bool(frames),
                 "error": st["why"] or "", **where, "tail": [f"{os.path.basename(f)}:{n} in {fn}" for f, n, fn in frames[:8]],
             }
-            sys.stderr.write(record_line(rec))
+            sys.stderr.write(record_line(rec, self.key))
             dump.append(f"==== rank {info['rank']} (node {self.node}, host {self.host}, local rank "
                         f"{info['local_rank']}, pid {pid}): "
                         + (f"stack by {st['how']}" if st["threads"] else f"no stack: {st['why']}"))
@@ -2769,6 +3178,8 @@ class Monitor:
                 dump.append("  thread" + (" (main)" if t is frames else "") + ":")
                 dump.extend(f"    File \"{f}\", line {n} in {fn}" for f, n, fn in t)
         sys.stderr.flush()
+        secrets = secret_values()
+        dump = [scrub(line, secrets) for line in dump]
         text = "\n".join(dump) + "\n"
         try:
             with open(os.path.join(os.path.dirname(self.progress_dir), "hang-stacks.txt"), "a") as f:
@@ -2795,13 +3206,22 @@ class Monitor:
         return True
 
 
+def _read_key() -> str:
+    try:
+        return (sys.stdin.readline() if sys.stdin is not None else "").strip()
+    except (OSError, ValueError):
+        return ""
+
+
 def main(argv: list[str]) -> int:
     """``NODE TORCHRUN_PID PROGRESS_DIR LOG_DIR NPROC TIMEOUT_S FIRST_STEP_S SIGNAL [MIRROR_DIR]``
-    (an empty MIRROR_DIR: no mirror)."""
+    (an empty MIRROR_DIR: no mirror); the job's failure key on stdin (its first line), never in
+    the environment, where a rank of the same user could read it (/proc/PID/environ)."""
     node, torchrun, progress_dir, log_dir, nproc, timeout_s, first_step_s, sig = argv[:8]
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))  # torchrun ended: nothing to watch
     m = Monitor(int(node), int(torchrun), progress_dir, log_dir, int(nproc), float(timeout_s),
-                float(first_step_s), int(sig) if sig.isdigit() else 0, mirror=argv[8] if len(argv) > 8 else None)
+                float(first_step_s), int(sig) if sig.isdigit() else 0, mirror=argv[8] if len(argv) > 8 else None,
+                key=_read_key())
     try:
         while m.watch():
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish the report, bounded by its own waits
@@ -2823,7 +3243,7 @@ HALO_MONITOR_EOF
   # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
   PYTHONPATH=$halo_log_dir/.monitor $halo_py -m halo_node.hang_monitor "$halo_rank" "$1" "$HALO_PROGRESS_DIR" "$halo_log_dir" \
     8 300 600 "$HALO_STACK_SIGNAL" \
-    "$${HALO_PROGRESS_MIRROR:-}" < /dev/null &
+    "$${HALO_PROGRESS_MIRROR:-}" <<< "$halo_failure_key" &  # the key on stdin: not in its environment
   halo_monitor=$!
 }
 # After torchrun: a monitor that fired finishes its report (bounded by its own waits); one that

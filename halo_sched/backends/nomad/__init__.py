@@ -97,6 +97,26 @@ LIST_CONNECT_S = 0.5
 LIST_ANSWER_S = 5.0
 
 
+def with_failure_key(payload: dict, key: str | None = None) -> dict:
+    """The job as registered: ``payload`` (the dry run's, which holds no key) with the job's
+    failure key (``Scheduler.submit`` puts it in this process's environment) in the Env of each
+    trainer task; their entry script takes it out of the environment before torchrun starts.
+    The server tasks do not get it."""
+    import copy
+
+    from ...node.contract import NAMES
+
+    key = os.environ.get(NAMES.failure_key, "") if key is None else key
+    if not key:
+        return payload
+    payload = copy.deepcopy(payload)
+    for group in payload["Job"].get("TaskGroups") or []:
+        for task in group.get("Tasks") or []:
+            if task.get("Name") == TASK:
+                task["Env"] = {**(task.get("Env") or {}), NAMES.failure_key: key}
+    return payload
+
+
 class NomadScheduler(Scheduler):
     """Each submission gets a fresh Nomad job ID (``NAME-YYYYmmdd-HHMMSS-xxxxxx``). The id halo-sched
     reports is ``[REGION:][NAMESPACE/]ID`` when the job file names a region or namespace, so that
@@ -208,7 +228,7 @@ class NomadScheduler(Scheduler):
             # Before the job exists: its tasks read the Variable once, when they start.
             client.put_variable(variable_path(dryrun.payload["Job"]["ID"]), secrets, retry_s=self.retry_s,
                                 on_retry=_say)
-        resp = client.submit_job(dryrun.payload, token, retry_s=self.retry_s, on_retry=_say) or {}
+        resp = client.submit_job(with_failure_key(dryrun.payload), token, retry_s=self.retry_s, on_retry=_say) or {}
         if resp.get("found_after_retry"):
             _say(f"the job was registered by an earlier attempt (token {token}); not registering it again")
         warnings = resp.get("Warnings") or ""
@@ -233,7 +253,7 @@ class NomadScheduler(Scheduler):
         ``JOB~vN`` (N: the job's version), its record one of its own."""
         from ... import records
         from ...exactly_once import new_token
-        from ..base import Job
+        from ..base import Job, failure_key_in_env, new_failure_key
         from .client import TOKEN_META
 
         m = _ID_RE.match(previous_id)
@@ -259,8 +279,10 @@ class NomadScheduler(Scheduler):
             client.put_variable(variable_path(name), secrets, retry_s=self.retry_s, on_retry=_say)
             self._secrets_gone.discard(_key(client, name))
             self._secrets_failed.discard(_key(client, name))
-        resp = client.reregister_job(payload, token, int(job.get("JobModifyIndex") or 0), retry_s=self.retry_s,
-                                     on_retry=_say) or {}
+        key = new_failure_key()
+        with failure_key_in_env(key):
+            resp = client.reregister_job(with_failure_key(payload), token, int(job.get("JobModifyIndex") or 0),
+                                         retry_s=self.retry_s, on_retry=_say) or {}
         for w in (resp.get("Warnings") or "").splitlines():
             if w.strip():
                 _say(f"nomad warning: {w.strip()}")
@@ -274,7 +296,8 @@ class NomadScheduler(Scheduler):
                                      "attempt's version; its version is unknown")
             version = back.get("Version")
         job_id = f"{prefix}{name}~v{version}"
-        records.record_submit(self.name, spec, dry.text, job_id, self.record_fields(dry, job_id), spec.job_file, git)
+        records.record_submit(self.name, spec, dry.text, job_id, {**self.record_fields(dry, job_id), "failure_key": key},
+                              spec.job_file, git)
         return Job(self, job_id)
 
     def record_fields(self, dryrun: DryRun, job_id: str) -> dict:

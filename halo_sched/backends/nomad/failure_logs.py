@@ -76,36 +76,39 @@ class FailureLogs:
         nothing died or nothing is known)."""
         if not needs_report(state):
             return None
+        from halo_sched.records import failure_key
+
+        key = failure_key(state.id, "nomad")
         allocs = list(allocs or ())
         views = node_views(allocs, state.nodes_total) + server_views(allocs)
         ended = sorted((v for v in views if v.alloc and _ended(v)), key=lambda v: (v.died_at, v.rank))
         ended = ended[:MAX_ALLOCS]
         if len(ended) > 1:
             with ThreadPoolExecutor(min(_READERS, len(ended))) as pool:
-                found = list(pool.map(lambda v: self._of(client, v), ended))
+                found = list(pool.map(lambda v: self._of(client, v, key), ended))
         else:
-            found = [self._of(client, v) for v in ended]
+            found = [self._of(client, v, key) for v in ended]
         failures = [f for fs in found for f in fs]
         lost = [f for v, fs in zip(ended, found) if v.phase in ("lost", "unknown") for f in fs]
         if not failures:
             return None
         return FailureReport(failures, cause=min(lost, key=lambda f: f.time) if lost else None)
 
-    def _of(self, client, v: NodeView) -> list[RankFailure]:
+    def _of(self, client, v: NodeView, key: str = "") -> list[RankFailure]:
         alloc_id = v.alloc["ID"]
         now = time.monotonic()
         with self._lock:
             hit = self._cache.get(alloc_id)
         if hit is not None and hit[1] > now:
             return hit[0]
-        failures, readable = self._read(client, v)
+        failures, readable = self._read(client, v, key)
         with self._lock:
             if len(self._cache) > 4096:
                 self._cache.clear()
             self._cache[alloc_id] = (failures, float("inf") if readable else now + RETRY_UNREADABLE_S)
         return failures
 
-    def _read(self, client, v: NodeView) -> tuple[list[RankFailure], bool]:
+    def _read(self, client, v: NodeView, key: str = "") -> tuple[list[RankFailure], bool]:
         a = v.alloc
         host = a.get("NodeName") or (a.get("NodeID") or "")[:8]
         when = (v.died_at or int(a.get("ModifyTime") or 0)) / 1e9
@@ -131,7 +134,7 @@ class FailureLogs:
         for kind in ("stderr", "stdout"):  # the collector writes to stderr; stdout only if not there
             text = self._tail(client, a["ID"], TASK, kind)
             readable = readable or text is not None
-            failures = parse_lines(ln for ln in (text or "").splitlines() if TAG in ln)
+            failures = parse_lines((ln for ln in (text or "").splitlines() if TAG in ln), key)
             if failures:
                 # Nomad's name for the node (what a ${node.unique.name} constraint matches).
                 name = a.get("NodeName") or ""

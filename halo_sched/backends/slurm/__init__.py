@@ -187,18 +187,21 @@ class SlurmScheduler(Scheduler):
                 # Which rank failed first: the failure lines the nodes wrote into the output file.
                 # (Imported here, when a job failed: render and submit need none of it, 10 ms.)
                 from ...node.failures import report_from_files
+                from ...records import failure_key
                 from .outputs import output_files
 
-                state.failure = report_from_files(output_files(self.transport, job_id, ask=False))
+                state.failure = report_from_files(output_files(self.transport, job_id, ask=False),
+                                                  failure_key(job_id, self.name))
             elif state.status is JobStatus.NODE_FAIL:
                 # The node SLURM lost is named by its own record (down_nodes.py), not by the
                 # failure lines: a host cut off writes none, its peers' blame nobody.
                 from ...node.failures import FailureReport, report_from_files
+                from ...records import failure_key
                 from .down_nodes import down_nodes
                 from .outputs import output_files
 
                 files = output_files(self.transport, job_id, ask=False)
-                report = report_from_files(files) or FailureReport()
+                report = report_from_files(files, failure_key(job_id, self.name)) or FailureReport()
                 down = down_nodes(self.transport, job_id, state.slurm.nodelist if state.slurm else None, files)
                 if down:
                     report.failures[:0] = down

@@ -376,6 +376,24 @@ def gate_busbw(args, host: str) -> tuple[dict[int, tuple[float, bool]], str]:
     return {int(k): v for k, v in verdict[0].items()}, how
 
 
+def failure_body(record: dict, key: str) -> str:
+    """The gate's failure record as JSON, signed with the job's failure key (``mac``, as
+    node/failure_collector.py signs), under 1,000 bytes with its label, as that module's
+    LINE_MAX: srun cuts a longer line in two (the mac's 72 bytes took a busbw line past it). The
+    error gives way; the tail's check line stays whole (the failure class reads it)."""
+    import hashlib
+    import hmac
+
+    record = dict(record)
+    while True:
+        body = json.dumps(record, separators=(',', ':'))  # ASCII: bytes == characters
+        if key:
+            body = f'{body[:-1]},"mac":"{hmac.new(key.encode(), body.encode(), hashlib.sha256).hexdigest()}"}}'
+        if len(FAILURE_TAG) + len(body) < 980 or len(record["error"]) < 80:
+            return body
+        record["error"] = record["error"][:len(record["error"]) * 3 // 4]
+
+
 def gate(argv: list[str]) -> int:
     """The job's own preflight gate (``preflight: {gate: true}``): the node checks above, run by
     the entry script on each node after setup and before torchrun, no process group. Prints this
@@ -441,7 +459,9 @@ def gate(argv: list[str]) -> int:
     name = os.environ.get("SLURMD_NODENAME", "")
     if name:
         record["node_name"] = name  # SLURM's name for the node: what the ledger and --exclude take
-    print(f"{FAILURE_TAG} {json.dumps(record, separators=(',', ':'))}", file=sys.stderr, flush=True)
+    key = os.environ.pop("HALO_FAILURE_KEY", "")  # the job's key (node/failure_collector.py sign)
+    body = failure_body(record, key)
+    print(f"{FAILURE_TAG} {body}", file=sys.stderr, flush=True)
     return 1
 
 

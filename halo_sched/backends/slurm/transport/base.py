@@ -194,7 +194,11 @@ def job_environment(script: str, options: Sequence[tuple[str, str | None]], envi
     the last --export winning) applied to ``environ``, less the submitter's credentials
     (``CREDENTIAL_NAME_RE``) unless the job names them in secret_env (``secrets``, and the
     ``halo_secret`` lines of the script). SLURM_JWT never."""
-    wanted = set(secrets) | set(secret_names(script))
+    from ....node.contract import NAMES
+
+    # The job's failure key (node/failures.py) goes too: the entry script takes it out of the
+    # environment before any rank starts.
+    wanted = set(secrets) | set(secret_names(script)) | {NAMES.failure_key}
     export = "ALL"
     for name, value in options:
         if name == "export":
