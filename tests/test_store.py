@@ -226,7 +226,7 @@ def test_list_filters_by_name_run_state_and_time():
 
 
 def test_export_writes_what_the_store_holds(tmp_path):
-    records.write({"id": "e1", "backend": "slurm", "submitted": 1.0, "name": "n"})
+    records.write({"id": "e1", "backend": "slurm", "submitted": 1.0, "name": "n", "failure_key": "k-0123456789abcdef"})
     from halo_sched import ledger
 
     ledger.add("h1", "NCCL network error", "e1", "slurm")
@@ -235,6 +235,7 @@ def test_export_writes_what_the_store_holds(tmp_path):
     data = json.loads(r.stdout)
     assert data["schema"] == db.SCHEMA_VERSION and [j["id"] for j in data["jobs"]] == ["e1"]
     assert [e["host"] for e in data["ledger"]] == ["h1"] and data["notifications"] == []
+    assert "k-0123456789abcdef" not in r.stdout  # the key its nodes sign failure lines with stays in the store
     lines = [json.loads(x) for x in cli("export", timeout=60).stdout.splitlines()]
     assert [(x["kind"], x.get("id") or x.get("host")) for x in lines] == [("job", "e1"), ("ledger", "h1")]
 
