@@ -158,6 +158,25 @@ def _gres_tres(value: str | None, flag: str) -> str:
     return ",".join(items)
 
 
+def _node_list(value: str | None, flag: str) -> list[str]:
+    """``node[1-3],node5`` -> ``["node[1-3]", "node5"]``: v0.0.40+ take required/excluded nodes as
+    a list (CSV_STRING_LIST in parsers.c; a comma string draws a warning from the server). The
+    commas inside a host range's brackets are not separators."""
+    items, depth, cur = [], 0, ""
+    for ch in _text(value, flag):
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    items.append(cur)
+    items = [i.strip() for i in items]
+    if depth != 0 or not all(items):
+        raise _Refused(f"{value!r} is not a node list")
+    return items
+
+
 def _signal(value: str | None, flag: str) -> tuple[str, int, str]:
     """--signal -> (flags, SIGNAME or number, seconds); sbatch's default time is 60 s."""
     m = _SIGNAL_RE.match(_text(value, flag))
@@ -275,8 +294,10 @@ def _h_exclusive(job: _Job, value, flag):
         raise _Refused(f"{value!r} is not exclusive, user, mcs or topo")
     if job.typed:
         # JOB_SHARED flags (parsers.c): "none" is sbatch --exclusive; v0.0.42 dropped "exclusive".
-        if kind == "topo" and job.minor < 42:
-            raise _Refused("=topo needs v0.0.42+")
+        # "topo" is a JOB_SHARED flag from v0.0.41 (parsers.c at slurm-24-05-8-1,
+        # slurm-24-11-5-1, slurm-26-05-3-1); v0.0.40 has none.
+        if kind == "topo" and job.minor < 41:
+            raise _Refused("=topo needs v0.0.41+")
         job.set("shared", ["none" if kind == "exclusive" else kind])
     else:
         if kind == "topo":
@@ -422,8 +443,8 @@ _HANDLERS: dict[str, Callable] = {
     "error": _plain("standard_error"),
     "input": _plain("standard_input"),
     "chdir": _plain("current_working_directory"),
-    "nodelist": _plain("nodelist", "required_nodes"),
-    "exclude": _plain("exclude_nodes", "excluded_nodes"),
+    "nodelist": _plain("nodelist", "required_nodes", lambda v, f: _node_list(v, f)),
+    "exclude": _plain("exclude_nodes", "excluded_nodes", lambda v, f: _node_list(v, f)),
     "mem": _plain("memory_per_node", conv=_mebibytes),
     "mem-per-cpu": _plain("memory_per_cpu", conv=_mebibytes),
     "mem-per-gpu": _plain("memory_per_gpu", "memory_per_tres",
@@ -784,8 +805,18 @@ class RestTransport(Transport):
         records, for the check before a submit (slurmrestd answers for its own cluster only)."""
         parts = self._request("GET", f"{self._api()}/partitions").get("partitions") or []
         nodes = self._request("GET", f"{self._api()}/nodes").get("nodes") or []
-        return [rest_partition_record(p) for p in parts if isinstance(p, dict)], \
-               [rest_node_record(n) for n in nodes if isinstance(n, dict)]
+        records = [rest_partition_record(p) for p in parts if isinstance(p, dict)]
+        if records and not any(r["Default"] == "YES" for r in records):
+            # v0.0.40-44 dump no partition flags at all (``add_skip(flags)`` in PARTITION_INFO,
+            # parsers.c at slurm-24-11-5-1 and slurm-26-05-3-1; only v0.0.45 has DEFAULT again),
+            # so nothing in slurmrestd's answers names the default partition. sinfo marks it
+            # with ``*``; it is asked only where this host is a client of the same cluster (the
+            # same partition names), never guessed.
+            default = sinfo_default_partition({r["PartitionName"] for r in records})
+            for r in records:
+                if r["PartitionName"] == default:
+                    r["Default"] = "YES"
+        return records, [rest_node_record(n) for n in nodes if isinstance(n, dict)]
 
     def job_info(self, job_id: str) -> dict:
         _, jobs = self._job(job_id)
@@ -812,7 +843,11 @@ def rest_partition_record(p: dict) -> dict:
     minutes (read as such by parse_slurm_time)."""
     maxi = p.get("maximums") if isinstance(p.get("maximums"), dict) else {}
     nodes = p.get("nodes") if isinstance(p.get("nodes"), dict) else {}
-    mem = maxi.get("memory_per_node") if maxi else p.get("maximum_memory_per_node")
+    # v0.0.40+: MaxMemPerNode is maximums.partition_memory_per_node ({set, infinite, number}),
+    # set only where the limit is per node (MEM_PER_NODE overload of max_mem_per_cpu in
+    # parsers.c, slurm-24-11-5-1 v0.0.40-42, slurm-26-05-3-1 v0.0.42-45); a MaxMemPerCPU shows in
+    # partition_memory_per_cpu instead, and is not a per-node limit.
+    mem = maxi.get("partition_memory_per_node") if maxi else p.get("maximum_memory_per_node")
     flags = [str(f).upper() for f in (p.get("flags") or []) if isinstance(f, str)]
     inner = p.get("partition") if isinstance(p.get("partition"), dict) else {}
     flags += [str(f).upper() for f in (inner.get("state") or []) if isinstance(f, str)]
@@ -825,6 +860,27 @@ def rest_partition_record(p: dict) -> dict:
         "MaxCPUsPerNode": _limit_text(maxi.get("cpus_per_node") if maxi else p.get("maximum_cpus_per_node")),
         "MaxMemPerNode": _limit_text(mem),
     }
+
+
+def sinfo_default_partition(names: set[str], timeout: float = 10.0) -> str | None:
+    """The partition ``sinfo`` marks as the default (``debug*``), where this host's sinfo
+    answers within ``timeout`` and lists exactly ``names`` (the partitions slurmrestd listed: the
+    same cluster); None otherwise."""
+    import shutil
+    import subprocess
+
+    if not names or shutil.which("sinfo") is None:
+        return None
+    try:
+        proc = subprocess.run(["sinfo", "--noheader", "--format=%P"], capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    listed = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+    if proc.returncode != 0 or {n.rstrip("*") for n in listed} != names:
+        return None
+    marked = [n[:-1] for n in listed if n.endswith("*")]
+    return marked[0] if len(marked) == 1 else None
 
 
 def rest_node_record(n: dict) -> dict:
