@@ -91,7 +91,7 @@ BUILD_DEPS=(gcc make pkg-config dpkg-dev libmunge-dev libjwt-dev libhttp-parser-
 release_prefix() { echo "$SLURM_CACHE/slurm-$SLURM_VERSION"; }
 
 # The Debian version of the build in PREFIX, empty if none finished there.
-built_version() { [[ -s $1/.halo-built ]] && sed -n 's/^debian_version=//p' "$1/.halo-built" || true; }
+built_version() { [[ -s $1/.halo-built ]] && sed -n 's/^slurm_version=//p' "$1/.halo-built" || true; }
 
 private_apt() {
     # Prints the APT_CONFIG path of a private apt set-up for deb-src lines of APT_SUITES.
@@ -150,28 +150,41 @@ build_release() {
         return 0
     fi
     install_build_deps
-    aptconf=$(private_apt)
-    log "fetching Debian's source package lists ($APT_SUITES) into $SLURM_CACHE/apt"
-    APT_CONFIG=$aptconf apt-get update -q >/dev/null || die "apt-get update (private deb-src lists) failed"
-    version=$(APT_CONFIG=$aptconf apt-cache showsrc slurm-wlm 2>/dev/null |
-        sed -n 's/^Version: //p' | grep -E "^${SLURM_VERSION//./\\.}\\." | sort -V | tail -n 1 || true)
-    [[ -n $version ]] || die "no slurm-wlm $SLURM_VERSION.x source package in Debian $APT_SUITES (HALO_SLURM_APT_SUITES)"
+    local tree orig patched=yes
     src=$SLURM_CACHE/src-$SLURM_VERSION
     rm -rf "$src" "$prefix"
     install -d "$src"
-    log "apt-get source slurm-wlm=$version"
-    local tree orig patched=yes
-    if ! (cd "$src" && APT_CONFIG=$aptconf apt-get source -q "slurm-wlm=$version" >"$src/apt-source.log" 2>&1); then
-        # Seen on this machine's package mirror (2026-12-02): it serves the upstream tarball of
-        # 24.11.5 (slurm-wlm_24.11.5.orig.tar.gz) but answers 404 for the .dsc and the
-        # .debian.tar.xz, and nothing of sid's 26.05.5. The upstream tarball is the release as
-        # SchedMD shipped it; Debian's patches are packaging fixes. Build that, and say so.
-        orig=$(find "$src" -maxdepth 1 -name "slurm-wlm_${version%%-*}.orig.tar.*" | head -n 1)
-        [[ -n $orig ]] || { tail -n 20 "$src/apt-source.log" >&2; die "apt-get source slurm-wlm=$version failed"; }
-        log "apt-get source could fetch only $(basename "$orig") (the .dsc/.debian.tar.xz are not served): building it without Debian's patches"
+    if [[ -n ${HALO_SLURM_SOURCE:-} ]]; then
+        # A release this machine's Debian mirror does not serve (sid's 26.05.5 was not, on
+        # 2026-12-02): SchedMD's tarball or an unpacked tree of it, named by hand.
+        version="upstream:$HALO_SLURM_SOURCE"
         patched=no
-        install -d "$src/slurm-wlm-${version%%-*}"
-        tar -xf "$orig" -C "$src/slurm-wlm-${version%%-*}" --strip-components=1
+        install -d "$src/slurm-wlm-upstream"
+        if [[ -d $HALO_SLURM_SOURCE ]]; then
+            cp -a "$HALO_SLURM_SOURCE/." "$src/slurm-wlm-upstream/"
+        else
+            tar -xf "$HALO_SLURM_SOURCE" -C "$src/slurm-wlm-upstream" --strip-components=1
+        fi
+    else
+        aptconf=$(private_apt)
+        log "fetching Debian's source package lists ($APT_SUITES) into $SLURM_CACHE/apt"
+        APT_CONFIG=$aptconf apt-get update -q >/dev/null || die "apt-get update (private deb-src lists) failed"
+        version=$(APT_CONFIG=$aptconf apt-cache showsrc slurm-wlm 2>/dev/null |
+            sed -n 's/^Version: //p' | grep -E "^${SLURM_VERSION//./\\.}\\." | sort -V | tail -n 1 || true)
+        [[ -n $version ]] || die "no slurm-wlm $SLURM_VERSION.x source package in Debian $APT_SUITES (HALO_SLURM_APT_SUITES; or name SchedMD's tarball in HALO_SLURM_SOURCE)"
+        log "apt-get source slurm-wlm=$version"
+        if ! (cd "$src" && APT_CONFIG=$aptconf apt-get source -q "slurm-wlm=$version" >"$src/apt-source.log" 2>&1); then
+            # Seen on this machine's package mirror (2026-12-02): it serves the upstream tarball
+            # of 24.11.5 (slurm-wlm_24.11.5.orig.tar.gz) but answers 404 for the .dsc and the
+            # .debian.tar.xz, and nothing of sid's 26.05.5. The upstream tarball is the release as
+            # SchedMD shipped it; Debian's patches are packaging fixes. Build that, and say so.
+            orig=$(find "$src" -maxdepth 1 -name "slurm-wlm_${version%%-*}.orig.tar.*" | head -n 1)
+            [[ -n $orig ]] || { tail -n 20 "$src/apt-source.log" >&2; die "apt-get source slurm-wlm=$version failed (or name SchedMD's tarball in HALO_SLURM_SOURCE)"; }
+            log "apt-get source could fetch only $(basename "$orig") (the .dsc/.debian.tar.xz are not served): building it without Debian's patches"
+            patched=no
+            install -d "$src/slurm-wlm-${version%%-*}"
+            tar -xf "$orig" -C "$src/slurm-wlm-${version%%-*}" --strip-components=1
+        fi
     fi
     tree=$(find "$src" -mindepth 1 -maxdepth 1 -type d -name 'slurm-wlm-*' | head -n 1)
     [[ -n $tree ]] || die "apt-get source left no slurm-wlm-* tree in $src"
@@ -188,7 +201,11 @@ build_release() {
         nice -n 10 make -j"$jobs" install
     ) >"$src/build.log" 2>&1 || { tail -n 40 "$src/build.log" >&2; die "building Slurm $version failed (log $src/build.log)"; }
     [[ -x $prefix/sbin/slurmrestd ]] || die "Slurm $version built without slurmrestd (log $src/build.log)"
+    local built
+    built=$("$prefix/sbin/slurmctld" -V | awk '{print $2}')
+    [[ $built == "$SLURM_VERSION".* ]] || die "the source built Slurm $built, not $SLURM_VERSION (HALO_SLURM_SOURCE?)"
     {
+        echo "slurm_version=$built"
         echo "debian_version=$version"
         echo "debian_patches=$patched"
         echo "built_seconds=$((SECONDS - t0))"

@@ -858,7 +858,10 @@ def rest_partition_record(p: dict) -> dict:
         "TotalNodes": _limit_text(nodes.get("total") if nodes else p.get("total_nodes")),
         "MaxTime": _limit_text(maxi.get("time") if maxi else p.get("max_time_limit")),
         "MaxCPUsPerNode": _limit_text(maxi.get("cpus_per_node") if maxi else p.get("maximum_cpus_per_node")),
-        "MaxMemPerNode": _limit_text(mem),
+        # 0 is no limit: 24.11.5 answers {set: true, number: 0} for a partition without
+        # MaxMemPerNode (tests/fixtures/slurmrestd/24.11/*/partitions.json), where scontrol
+        # prints MaxMemPerNode=UNLIMITED.
+        "MaxMemPerNode": "UNLIMITED" if _num(mem) == 0 else _limit_text(mem),
     }
 
 
