@@ -11,7 +11,12 @@
 # Environment: HALO_CLUSTER_DIR (state dir, default <repo>/.cluster), HALO_CLUSTER_NODES (3),
 # HALO_CLUSTER_PORT (slurmctld port, default 6817; node i listens on PORT+i),
 # HALO_CLUSTER_REST_PORT (slurmrestd on 127.0.0.1, default PORT+100),
-# HALO_CLUSTER_NO_REST=1 (do not start slurmrestd).
+# HALO_CLUSTER_NO_REST=1 (do not start slurmrestd), HALO_SLURM_VERSION (22.05 = Debian 12's
+# packages, the default; 24.11, 26.05, ...: built from Debian's source package, see
+# build_release; each release with its own default state dir and ports),
+# HALO_SLURM_CACHE (/var/cache/halo-sched), HALO_SLURM_SOURCE, HALO_SLURM_REBUILD.
+#
+#   HALO_SLURM_VERSION=24.11 tests/cluster/slurm-cluster.sh build   # fetch and build, once per machine
 #
 # Only loopback is used: every node is NodeHostname=localhost NodeAddr=127.0.0.1.
 set -euo pipefail
