@@ -66,9 +66,11 @@ def test_notes_name_what_is_missing_for_the_release():
     lines = preemption_notes(spec, parse_config(REAL_2205))
     assert "does not preempt jobs" in lines[0] and "PreemptMode=OFF" in lines[0]
     assert "SlurmctldParameters=preempt_send_user_signal" in lines[1]
-    # 24.11 prints (null) for an unset PreemptType (22.05 printed preempt/none): said as printed.
-    lines = preemption_notes(spec, parse_config(REAL_2411))
-    assert "(PreemptType=(null), PreemptMode=OFF)" in lines[0] and "PreemptParameters=send_user_signal" in lines[1]
+    # 24.11 and 26.05 print (null) for an unset PreemptType (22.05 printed preempt/none): said as
+    # printed, not as "?".
+    for real in (REAL_2411, (FIXTURES / "26.05" / "scontrol_config.out").read_text()):
+        lines = preemption_notes(spec, parse_config(real))
+        assert "(PreemptType=(null), PreemptMode=OFF)" in lines[0] and "PreemptParameters=send_user_signal" in lines[1]
     # Nothing to say about a job that asks for no warning.
     assert preemption_notes(halo_sched.loads(MIN), parse_config(SILENT_2311)) == []
 
