@@ -402,12 +402,15 @@ def test_rest_gpu_examples_are_refused_by_this_cluster_and_their_options_land(cl
     from halo_sched.errors import SchedulerError
 
     seen = subprocess.run(["squeue", "-h", "--states=all", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    gres = (r"HTTP 400: Failure during parsing.*GPU|"  # 22.05, v0.0.38 (the reason in its log; the transport adds it)
+            r"HTTP 500: Invalid generic resource \(gres\) specification")  # 24.11 (v0.0.42), 26.05 (v0.0.44)
     for name in ("ddp-gpu", "rl-servers"):
-        # 22.05 (v0.0.38): HTTP 400 "Failure during parsing" (the reason in its log, the transport
-        # adds it); 24.11 (v0.0.42): HTTP 500 "Invalid generic resource (gres) specification".
-        with pytest.raises(SchedulerError, match=r"HTTP 400: Failure during parsing.*GPU|"
-                                                 r"HTTP 500: Invalid generic resource \(gres\) specification"):
+        # As rendered: 24.11+ refuse the partition (gpu: not on this cluster) before the GPUs.
+        with pytest.raises(SchedulerError, match=gres + r"|HTTP 500: Invalid partition name specified"):
             rest.submit(rendered(example(name, tmp_path)))
+        # In this cluster's partition: the GPUs are what is refused, by every release.
+        with pytest.raises(SchedulerError, match=gres):
+            rest.submit(rendered(example(name, tmp_path, slurm={"partition": None, "account": None})))
     after = subprocess.run(["squeue", "-h", "--states=all", "-o", "%i"], capture_output=True, text=True).stdout.split()
     assert set(after) - set(seen) == set(), "a refused job was queued"
 
