@@ -67,6 +67,23 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
+# Which releases serve each version (the openapi/ and data_parser/ trees at each tag; 26.05.3's
+# and 24.11.5's slurmrestd list them in /openapi/v3: tests/fixtures/slurmrestd).
+_SERVED_BY = {"v0.0.38": "22.05-23.11", "v0.0.40": "23.11-25.05", "v0.0.41": "24.05-25.11",
+              "v0.0.42": "24.11-26.05", "v0.0.43": "25.05-26.05", "v0.0.44": "25.11-26.05"}
+
+
+def _serving_advice(api_version: str) -> str:
+    """How a slurmrestd is made to serve ``api_version``: v0.0.38 is its own plugin (22.05-23.11);
+    from 23.11 openapi/slurmctld serves each data_parser plugin the release has (no
+    openapi/v0.0.4x plugin exists, and 24.05+ have no openapi/v0.0.38)."""
+    releases = _SERVED_BY.get(api_version, "no release halo-sched knows")
+    if api_version == "v0.0.38":
+        return f"run slurmrestd with -s openapi/v0.0.38 (Slurm {releases} only)"
+    return (f"run slurmrestd with -s openapi/slurmctld -d data_parser/{api_version} (Slurm {releases} "
+            "have that parser)")
+
+
 def _minor(api_version: str) -> int:
     """``v0.0.42`` -> 42."""
     m = re.fullmatch(r"v0\.0\.(\d+)", api_version or "")
@@ -643,8 +660,9 @@ class RestTransport(Transport):
                 # slurmrestd answers a path of a version it does not load with a plain-text 404.
                 raise MissingDependency(
                     f"slurmrestd at {self._endpoint()} does not offer API {self.api_version} "
-                    f"({API_ENV}); halo-sched speaks {', '.join(API_VERSIONS)}: run slurmrestd with "
-                    f"-s openapi/{self.api_version} (or leave {API_ENV} unset), or use the cli transport"
+                    f"({API_ENV}); halo-sched speaks {', '.join(API_VERSIONS)}: "
+                    f"{_serving_advice(self.api_version)} (or leave {API_ENV} unset: the newest version "
+                    "both sides speak is used), or use the cli transport"
                 )
             raise SchedulerError(f"slurmrestd {method} {path}: HTTP {resp.status}: {raw[:300]!r}")
         errors = [e for e in doc.get("errors") or [] if isinstance(e, dict)]
