@@ -115,3 +115,20 @@ def test_partitions_and_nodes_read_as_scontrol_shows_them(release, version):
     with Slurmrestd(release) as stub:
         code, doc = ask(stub, "GET", f"/slurm/{version}/partitions/")
         assert code == 200 and doc["partitions"] == [part]
+
+
+@pytest.mark.parametrize("version", ["v0.0.40", "v0.0.42"])
+def test_a_real_max_mem_per_node_is_read(version):
+    """24.11.5 after `scontrol update PartitionName=debug MaxMemPerNode=1024`: the limit is in
+    maximums.partition_memory_per_node (the old reader looked for maximums.memory_per_node, which
+    no version has, and checked nothing); slurm.mem 1500M is then refused as the cli transport
+    refuses it."""
+    from halo_sched.backends.slurm.reasons import limit_problems, partition_limits
+
+    part = json.loads((RECORDED / "24.11" / version / "partition_maxmem1024.json").read_text())["partition"]
+    record = rest_partition_record(part)
+    assert record["MaxMemPerNode"] == "1024"
+    nodes = [rest_node_record(n) for n in real("24.11", version, "nodes")["body"]["nodes"]]
+    problems = limit_problems(partition_limits(record, nodes), nodes=1, time_s=None, time_text=None,
+                              cpus_per_task=1, mem_mb=1500, cpus_field="slurm.cpus_per_task", nodes_field="nodes")
+    assert [f for f, _ in problems] == ["slurm.mem"], problems
