@@ -95,7 +95,7 @@ BUILD_DEPS=(gcc make pkg-config dpkg-dev libmunge-dev libjwt-dev libhttp-parser-
 
 release_prefix() { echo "$SLURM_CACHE/slurm-$SLURM_VERSION"; }
 
-# The Debian version of the build in PREFIX, empty if none finished there.
+# The Slurm release (X.Y.Z) built in PREFIX, empty if no build finished there.
 built_version() { [[ -s $1/.halo-built ]] && sed -n 's/^slurm_version=//p' "$1/.halo-built" || true; }
 
 private_apt() {
