@@ -316,17 +316,18 @@ def _sbatch(tmp_path, *args) -> str:
 
 
 def _queued_though_impossible(tmp_path, *args) -> str | None:
-    """A job that can never start (more nodes or CPUs than the partition has): 22.05 queues it
-    (pending with PartitionNodeLimit/PartitionConfig: what watch and wait must end). 24.11 refuses
-    it at submit ("Requested node configuration is not available"), so nothing waits there:
-    that refusal is checked instead, and None returned."""
+    """A job that can never start (more nodes or CPUs than the partition has). 22.05 queues both
+    kinds (pending with PartitionNodeLimit/PartitionConfig: what watch and wait must end); 24.11
+    refuses both at submit and 26.05 the -N5 one ("Requested node configuration is not
+    available"), so nothing waits there: that refusal is checked instead, and None returned."""
     from cluster.cluster import slurm_version
 
-    if slurm_version() == "22.05":
-        return _sbatch(tmp_path, *args)
     out = subprocess.run(["sbatch", "--parsable", "-D", str(tmp_path), "-o", f"{tmp_path}/%j.out", *args],
                          capture_output=True, text=True, timeout=30)
-    assert out.returncode == 1 and "Requested node configuration is not available" in out.stderr, out
+    if out.returncode == 0:
+        return out.stdout.strip().split(";")[0]
+    assert slurm_version() != "22.05" and out.returncode == 1, out
+    assert "Requested node configuration is not available" in out.stderr, out
     return None
 
 

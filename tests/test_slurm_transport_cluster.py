@@ -403,10 +403,10 @@ def test_rest_gpu_examples_are_refused_by_this_cluster_and_their_options_land(cl
 
     seen = subprocess.run(["squeue", "-h", "--states=all", "-o", "%i"], capture_output=True, text=True).stdout.split()
     gres = (r"HTTP 400: Failure during parsing.*GPU|"  # 22.05, v0.0.38 (the reason in its log; the transport adds it)
-            r"HTTP 500: Invalid generic resource \(gres\) specification")  # 24.11 (v0.0.42), 26.05 (v0.0.44)
+            r"HTTP (?:500|422): Invalid generic resource \(gres\) specification")  # 24.11 (v0.0.42): 500, 26.05 (v0.0.44): 422
     for name in ("ddp-gpu", "rl-servers"):
         # As rendered: 24.11+ refuse the partition (gpu: not on this cluster) before the GPUs.
-        with pytest.raises(SchedulerError, match=gres + r"|HTTP 500: Invalid partition name specified"):
+        with pytest.raises(SchedulerError, match=gres + r"|HTTP (?:500|422): Invalid partition name specified"):
             rest.submit(rendered(example(name, tmp_path)))
         # In this cluster's partition: the GPUs are what is refused, by every release.
         with pytest.raises(SchedulerError, match=gres):
