@@ -17,7 +17,7 @@ FAST_TESTS := not slurm and not torch and not long
 HCL_PARSER := tests/hclparse/node_modules/@cdktf/hcl2json/package.json
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test test-fast install hcl-parser cluster-up cluster-down bench bench-failures clean
+.PHONY: demo test test-slurm-matrix test-fast install hcl-parser cluster-up cluster-down bench bench-failures clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -39,8 +39,26 @@ install: $(BIN)/.installed $(HCL_PARSER)
 demo: $(BIN)/.installed
 	$(BIN)/halo-sched submit examples/ddp-cpu.yaml --backend local --wait
 
+# The SLURM suite runs against Debian 12's Slurm 22.05 (with everything else) and again against
+# SLURM_RELEASE, a current release built once per machine from Debian's source package
+# (tests/cluster/slurm-cluster.sh build; cached in /var/cache/halo-sched). Both passes run; the
+# make fails if either did.
+SLURM_RELEASE ?= 24.11
+# `make test-slurm-matrix`: the SLURM suite alone, against each of these in turn.
+SLURM_MATRIX ?= 22.05 24.11 26.05
+
 test: $(BIN)/.installed $(HCL_PARSER)
-	$(BIN)/pytest
+	rc=0; $(BIN)/pytest || rc=$$?; \
+	HALO_SLURM_VERSION=$(SLURM_RELEASE) tests/cluster/slurm-cluster.sh build && \
+	HALO_SLURM_VERSION=$(SLURM_RELEASE) $(BIN)/pytest -m slurm || rc=$$?; \
+	exit $$rc
+
+test-slurm-matrix: $(BIN)/.installed $(HCL_PARSER)
+	rc=0; for v in $(SLURM_MATRIX); do \
+		echo "== the SLURM suite against Slurm $$v"; \
+		HALO_SLURM_VERSION=$$v tests/cluster/slurm-cluster.sh build && \
+		HALO_SLURM_VERSION=$$v $(BIN)/pytest -m slurm || rc=$$?; \
+	done; exit $$rc
 
 test-fast: $(BIN)/.installed $(HCL_PARSER)
 	$(BIN)/pytest -m "$(FAST_TESTS)"

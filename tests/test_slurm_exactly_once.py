@@ -70,7 +70,11 @@ def ctld(action: str, env) -> None:
     assert r.returncode == 0, r.stderr
 
 
-def test_submit_rides_out_a_15s_controller_outage(tmp_path, env_alone):
+def test_submit_rides_out_a_20s_controller_outage(tmp_path, env_alone):
+    """The partition check gives up after 5 s; the first sbatch then tries to reach the controller
+    for 10 s and fails (22.05, 26.05.3 measured), and the retries that follow are said. 20 s,
+    not 15: at 15 s the restarted controller (26.05 starts within a second) raced the first
+    sbatch's last connect and took the job, with no retry to say."""
     env = env_alone
     name = "outage-" + secrets.token_hex(3)
     f = job_file(tmp_path, name)
@@ -79,7 +83,7 @@ def test_submit_rides_out_a_15s_controller_outage(tmp_path, env_alone):
         t0 = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-m", "halo_sched.cli", "submit", str(f), "--backend", "slurm"],
                                 cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(15)
+        time.sleep(20)
         assert proc.poll() is None, "submit gave up during the outage: " + proc.stderr.read()
     finally:
         ctld("start", env)
@@ -94,7 +98,7 @@ def test_submit_rides_out_a_15s_controller_outage(tmp_path, env_alone):
     # one line, and each sbatch retry that follows has its line.
     assert "partition limits unchecked: could not read the partitions: SLURM did not answer within 5 s" in err, err
     assert "retrying" in err, err
-    print(f"outage 15 s: submit returned after {elapsed:.1f} s")
+    print(f"outage 20 s: submit returned after {elapsed:.1f} s")
 
 
 def test_answer_lost_after_the_controller_accepted_makes_one_job(tmp_path, env):

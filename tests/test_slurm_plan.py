@@ -19,6 +19,8 @@ FIXTURES = REPO / "tests" / "fixtures" / "slurm"
 REAL_2205 = (FIXTURES / "22.05" / "scontrol_config.out").read_text()
 SENDS_2311 = (FIXTURES / "23.11" / "scontrol_config_send_user_signal.out").read_text()
 SILENT_2311 = (FIXTURES / "23.11" / "scontrol_config_no_signal.out").read_text()
+# The test cluster built from Debian's slurm-wlm 24.11.5 (tests/cluster, HALO_SLURM_VERSION=24.11).
+REAL_2411 = (FIXTURES / "24.11" / "scontrol_config.out").read_text()
 
 MIN = "name: t\nnodes: 2\nnproc_per_node: 2\ntrainer: {script: train.py}\n"
 SIGNAL = MIN + "slurm: {signal: 'USR2@120'}\n"
@@ -64,6 +66,11 @@ def test_notes_name_what_is_missing_for_the_release():
     lines = preemption_notes(spec, parse_config(REAL_2205))
     assert "does not preempt jobs" in lines[0] and "PreemptMode=OFF" in lines[0]
     assert "SlurmctldParameters=preempt_send_user_signal" in lines[1]
+    # 24.11 and 26.05 print (null) for an unset PreemptType (22.05 printed preempt/none): said as
+    # printed, not as "?".
+    for real in (REAL_2411, (FIXTURES / "26.05" / "scontrol_config.out").read_text()):
+        lines = preemption_notes(spec, parse_config(real))
+        assert "(PreemptType=(null), PreemptMode=OFF)" in lines[0] and "PreemptParameters=send_user_signal" in lines[1]
     # Nothing to say about a job that asks for no warning.
     assert preemption_notes(halo_sched.loads(MIN), parse_config(SILENT_2311)) == []
 

@@ -159,8 +159,10 @@ def test_warning_reaches_the_batch_script_alone_and_cancel_kills(release, versio
         assert stub.jobs[int(b)].signals == [(9, ["FULL_JOB"])]
         assert t.query([b])[b].status is JobStatus.CANCELLED
         t.cancel([b])  # already ended: not an error, as scancel
-        if release not in ("23.11", "24.05"):
-            # 24.11+: each job's outcome in "status" at HTTP 200; an unknown job is an error.
+        if release not in ("23.11", "24.05") and version >= "v0.0.42":
+            # 24.11+ at v0.0.42+: each failed job's outcome in "status" at HTTP 200; an unknown
+            # job is an error. At v0.0.40/41 24.11.5 answers 200 and nothing else, whatever the
+            # id (tests/fixtures/slurmrestd/24.11/v0.0.40/job_unknown_delete.json).
             with pytest.raises(SchedulerError, match="Invalid job id specified"):
                 t.cancel(["999"])
 
@@ -216,3 +218,40 @@ def test_v38_warning_goes_to_the_steps_as_the_carrier_and_self_requeue_is_refuse
         rest_job_properties(render_sbatch(loads(data)), environment={}, api_version="v0.0.38")
     job = rest_job_properties(render_sbatch(loads(data)), environment={}, api_version="v0.0.42")
     assert job["requeue"] is True and job["kill_warning_flags"] == ["BATCH_JOB"]
+
+
+@pytest.mark.parametrize("version,topo", [("v0.0.38", False), ("v0.0.40", False), ("v0.0.41", True),
+                                          ("v0.0.42", True), ("v0.0.44", True)])
+def test_node_lists_are_lists_and_exclusive_topo_from_v41(version, topo):
+    """v0.0.40+ take required/excluded nodes as lists (CSV_STRING, parsers.c slurm-24-11-5-1:
+    a comma string draws a warning on 24.11); a host range's commas stay inside it.
+    --exclusive=topo is a JOB_SHARED flag from v0.0.41 (slurm-24-05-8-1 on), not in v0.0.40."""
+    script = "#!/bin/bash\n#SBATCH --nodelist=node[1,3],node5\n#SBATCH --exclude=node2\n"
+    job = rest_job_properties(script, environment={}, api_version=version)
+    if version == "v0.0.38":
+        assert job["nodelist"] == "node[1,3],node5" and job["exclude_nodes"] == "node2"
+    else:
+        assert job["required_nodes"] == ["node[1,3]", "node5"] and job["excluded_nodes"] == ["node2"]
+    if topo:
+        assert rest_job_properties("#!/bin/bash\n#SBATCH --exclusive=topo\n", environment={},
+                                   api_version=version)["shared"] == ["topo"]
+    else:
+        with pytest.raises(UsageError, match="topo"):
+            rest_job_properties("#!/bin/bash\n#SBATCH --exclusive=topo\n", environment={}, api_version=version)
+
+
+def test_partition_memory_limit_is_partition_memory_per_node():
+    """v0.0.40+: MaxMemPerNode is maximums.partition_memory_per_node; a MaxMemPerCPU is
+    partition_memory_per_cpu (and the raw memory_per_cpu), never a per-node limit. The shapes
+    are 24.11.5's real answers (tests/fixtures/slurmrestd/24.11)."""
+    from halo_sched.backends.slurm.transport.rest import rest_partition_record
+
+    unset = {"set": False, "infinite": False, "number": 0}
+    per_node = {"name": "debug", "maximums": {"memory_per_cpu": 1024, "partition_memory_per_cpu": unset,
+                                              "partition_memory_per_node": {"set": True, "infinite": False,
+                                                                            "number": 1024}}}
+    per_cpu = {"name": "debug", "maximums": {"memory_per_cpu": 512, "partition_memory_per_node": unset,
+                                             "partition_memory_per_cpu": {"set": True, "infinite": False,
+                                                                          "number": 512}}}
+    assert rest_partition_record(per_node)["MaxMemPerNode"] == "1024"
+    assert rest_partition_record(per_cpu)["MaxMemPerNode"] == "UNLIMITED"

@@ -172,6 +172,11 @@ def test_exit_codes():
     assert st.decode_wait_status("768") == (3, 0)
     assert st.decode_wait_status(15) == (0, 15)
     assert st.decode_wait_status("N/A") == (None, None)
+    # squeue -O exit_code from 23.02 on (24.11.5 here): rc:sig, not a wait status.
+    assert st.decode_wait_status("3:0") == (3, 0)
+    assert st.decode_wait_status("0:15") == (0, 15)
+    assert st.decode_wait_status("137:0") == (137, 0)
+    assert st.decode_wait_status("0:0") == (0, 0)
 
 
 def test_split_ids_and_array_ranges():

@@ -213,3 +213,17 @@ def test_rest_refuses_clusters_on_submit():
     for version in ("v0.0.38", "v0.0.42"):
         with pytest.raises(UsageError, match="--clusters=far .a slurmrestd submits to its own cluster only"):
             rest_job_properties("#!/bin/bash\n#SBATCH --clusters=far\ntrue\n", environment={}, api_version=version)
+
+
+@pytest.mark.parametrize("restd", [["v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45"]], indirect=True)
+def test_rest_pinned_v40_on_a_newer_release_names_the_parser_not_a_plugin(restd, monkeypatch):
+    """26.05.3's slurmrestd serves v0.0.42-45 (tests/fixtures/slurmrestd/26.05): a pinned v0.0.40
+    is advised as a data_parser with openapi/slurmctld and the releases that have it; there is no
+    openapi/v0.0.40 plugin to load (25.11+ die at start when asked for openapi/v0.0.38)."""
+    monkeypatch.setenv("HALO_SLURMRESTD_API", "v0.0.40")
+    t = RestTransport(url=restd.url, token="t", retries=1)
+    with pytest.raises(MissingDependency) as e:
+        t.query(["1"])
+    msg = str(e.value)
+    assert "-s openapi/slurmctld -d data_parser/v0.0.40 (Slurm 23.11-25.05" in msg, msg
+    assert "openapi/v0.0.40" not in msg

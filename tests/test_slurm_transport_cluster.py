@@ -395,16 +395,22 @@ def test_rest_runs_the_rendered_cpu_example_to_its_end(cli, slurm_cluster, tmp_p
 
 def test_rest_gpu_examples_are_refused_by_this_cluster_and_their_options_land(cli, rest, workdir, tmp_path):
     """ddp-gpu and rl-servers, rendered as they are, ask for 8 GPUs per node: slurmrestd 22.05
-    checks GRES itself (slurm_opt.c gres_job_state_validate: "Invalid generic resource (gres)
+    (24.11: slurmctld) checks GRES itself (slurm_opt.c gres_job_state_validate: "Invalid generic resource (gres)
     specification" in its log) and this cluster has none, so nothing is queued. The same job
     without GPUs and held shows every other option of ddp-gpu arrived: time limit, exclusive,
     CPUs per task, no requeue, the output file in append mode."""
     from halo_sched.errors import SchedulerError
 
     seen = subprocess.run(["squeue", "-h", "--states=all", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    gres = (r"HTTP 400: Failure during parsing.*GPU|"  # 22.05, v0.0.38 (the reason in its log; the transport adds it)
+            r"HTTP (?:500|422): Invalid generic resource \(gres\) specification")  # 24.11 (v0.0.42): 500, 26.05 (v0.0.44): 422
     for name in ("ddp-gpu", "rl-servers"):
-        with pytest.raises(SchedulerError, match="HTTP 400: Failure during parsing.*GPU"):
+        # As rendered: 24.11+ refuse the partition (gpu: not on this cluster) before the GPUs.
+        with pytest.raises(SchedulerError, match=gres + r"|HTTP (?:500|422): Invalid partition name specified"):
             rest.submit(rendered(example(name, tmp_path)))
+        # In this cluster's partition: the GPUs are what is refused, by every release.
+        with pytest.raises(SchedulerError, match=gres):
+            rest.submit(rendered(example(name, tmp_path, slurm={"partition": None, "account": None})))
     after = subprocess.run(["squeue", "-h", "--states=all", "-o", "%i"], capture_output=True, text=True).stdout.split()
     assert set(after) - set(seen) == set(), "a refused job was queued"
 
@@ -426,19 +432,32 @@ def test_rest_gpu_examples_are_refused_by_this_cluster_and_their_options_land(cl
 def test_rest_requeue_options_reach_slurmctld(cli, rest, workdir):
     """slurmrestd 22.05 takes "requeue": false and ignores it; "no_requeue" (sbatch's
     --no-requeue, v0.0.38 jobs.c) is what the transport sends, and it wins over an earlier
-    "requeue". The cluster's JobRequeue=0 makes 0 the default, hence "requeue" first."""
+    "requeue". The cluster's JobRequeue=0 makes 0 the default, hence "requeue" first. From
+    v0.0.40 (24.11 here) "requeue" is a boolean and false is kept. The version is the one the
+    transport chose from this slurmrestd's /openapi/v3 (22.05: v0.0.38; 24.11: v0.0.42)."""
+    version = rest._version()
+    typed = version != "v0.0.38"
+
     def held(job: dict) -> str:
-        body = {"script": "#!/bin/bash\ntrue\n", "job": {"environment": {"PATH": "/usr/bin:/bin"}, "hold": True,
-                                                        "current_working_directory": str(workdir), **job}}
-        job_id = str(rest._request("POST", "/slurm/v0.0.38/job/submit", body, retry=False)["job_id"])
+        desc = {"environment": ["PATH=/usr/bin:/bin"] if typed else {"PATH": "/usr/bin:/bin"}, "hold": True,
+                "current_working_directory": str(workdir), **job}
+        script = "#!/bin/bash\ntrue\n"
+        body = {"job": {**desc, "script": script}} if typed else {"script": script, "job": desc}
+        job_id = str(rest._request("POST", f"/slurm/{version}/job/submit", body, retry=False)["job_id"])
         cli.submitted.append(job_id)
         requeue = cli.job_info(job_id)["Requeue"]
         rest.cancel([job_id])
         return requeue
 
+    script = "#!/bin/bash\n#SBATCH --requeue\n#SBATCH --no-requeue\n"
+    if typed:
+        assert held({"requeue": True}) == "1"
+        assert held({"requeue": False}) == "0"
+        assert rest_job_properties(script, environment={}, api_version=version)["requeue"] is False
+        return
     assert held({"requeue": "yes"}) == "1"
     assert held({"requeue": "yes", "no_requeue": True}) == "0"
-    job = rest_job_properties("#!/bin/bash\n#SBATCH --requeue\n#SBATCH --no-requeue\n", environment={})
+    job = rest_job_properties(script, environment={})
     assert job["no_requeue"] is True and "requeue" not in job
 
 

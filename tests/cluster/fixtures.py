@@ -30,10 +30,13 @@ try:  # tests/ is on sys.path when pytest imports tests/conftest.py (no tests/__
 except ImportError:  # imported as tests.cluster.fixtures
     from tests.cluster import cluster as _cluster
 
-LOCK_PATH = Path("/tmp/halo-slurm-cluster.lock")
+# One lock per release's cluster (HALO_SLURM_VERSION, tests/cluster/slurm-cluster.sh): 22.05's is
+# the one every worktree has always shared; a built release's cluster has its own state dir and
+# ports, so its tests never wait for, nor disturb, another release's.
+LOCK_PATH = Path(_cluster.lock_path())
 # An exclusive waiter announces itself here (its pid): shared lockers wait for it first, or a
 # run of back-to-back tests elsewhere could hold the shared lock forever.
-WANTED_PATH = Path("/tmp/halo-slurm-cluster.lock.exclusive-wanted")
+WANTED_PATH = Path(str(LOCK_PATH) + ".exclusive-wanted")
 LOCK_TIMEOUT_S = float(os.environ.get("HALO_CLUSTER_LOCK_TIMEOUT_S", "900"))
 
 

@@ -11,16 +11,33 @@
 # Environment: HALO_CLUSTER_DIR (state dir, default <repo>/.cluster), HALO_CLUSTER_NODES (3),
 # HALO_CLUSTER_PORT (slurmctld port, default 6817; node i listens on PORT+i),
 # HALO_CLUSTER_REST_PORT (slurmrestd on 127.0.0.1, default PORT+100),
-# HALO_CLUSTER_NO_REST=1 (do not start slurmrestd).
+# HALO_CLUSTER_NO_REST=1 (do not start slurmrestd), HALO_SLURM_VERSION (22.05 = Debian 12's
+# packages, the default; 24.11, 26.05, ...: built from Debian's source package, see
+# build_release; each release with its own default state dir and ports),
+# HALO_SLURM_CACHE (/var/cache/halo-sched), HALO_SLURM_SOURCE, HALO_SLURM_REBUILD.
+#
+#   HALO_SLURM_VERSION=24.11 tests/cluster/slurm-cluster.sh build   # fetch and build, once per machine
 #
 # Only loopback is used: every node is NodeHostname=localhost NodeAddr=127.0.0.1.
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$SCRIPT_DIR/../.." && pwd)
-STATE=${HALO_CLUSTER_DIR:-$REPO_ROOT/.cluster}
+# Which Slurm: 22.05 is Debian 12's binary packages; any other X.Y is built from Debian's source
+# package (build_release) into SLURM_CACHE. Each release has its own state dir and ports by
+# default, so clusters of two releases run side by side (and tests of one never reach the other).
+SLURM_VERSION=${HALO_SLURM_VERSION:-22.05}
+[[ $SLURM_VERSION =~ ^[0-9]{2}\.[0-9]{2}$ ]] || { echo "slurm-cluster: HALO_SLURM_VERSION=$SLURM_VERSION is not X.Y (22.05, 24.11, 26.05)" >&2; exit 2; }
+SLURM_CACHE=${HALO_SLURM_CACHE:-/var/cache/halo-sched}
+case $SLURM_VERSION in
+    22.05) DEFAULT_PORT=6817 DEFAULT_STATE=$REPO_ROOT/.cluster ;;
+    24.11) DEFAULT_PORT=6827 DEFAULT_STATE=$REPO_ROOT/.cluster-24.11 ;;
+    26.05) DEFAULT_PORT=6837 DEFAULT_STATE=$REPO_ROOT/.cluster-26.05 ;;
+    *) DEFAULT_PORT=6847 DEFAULT_STATE=$REPO_ROOT/.cluster-$SLURM_VERSION ;;
+esac
+STATE=${HALO_CLUSTER_DIR:-$DEFAULT_STATE}
 NODES=${HALO_CLUSTER_NODES:-3}
-CTLD_PORT=${HALO_CLUSTER_PORT:-6817}
+CTLD_PORT=${HALO_CLUSTER_PORT:-$DEFAULT_PORT}
 CLUSTER_NAME=halo
 CONF=$STATE/etc/slurm.conf
 MUNGE_DIR=$STATE/munge
@@ -28,6 +45,15 @@ MUNGE_SOCKET=$MUNGE_DIR/munge.socket
 REST_SOCKET=$STATE/run/slurmrestd.socket
 REST_PORT=${HALO_CLUSTER_REST_PORT:-$((CTLD_PORT + 100))}
 UP_TIMEOUT=${HALO_CLUSTER_UP_TIMEOUT:-60}
+# A built release's commands come first on PATH, for this script and (print_env) for its users.
+if [[ $SLURM_VERSION != 22.05 ]]; then
+    RELEASE_PREFIX=$SLURM_CACHE/slurm-$SLURM_VERSION
+    case ":$PATH:" in
+        *":$RELEASE_PREFIX/bin:"*) ;;
+        *) PATH=$RELEASE_PREFIX/sbin:$RELEASE_PREFIX/bin:$PATH ;;
+    esac
+    export PATH
+fi
 
 log() { printf 'slurm-cluster: %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -52,6 +78,147 @@ install_packages() {
     # The packages' postinst scripts try to enable systemd units; there is no systemd here and
     # we start the daemons ourselves.
     apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# ---------------------------------------------------------------------------------------------
+# Other releases, built from Debian's own source package `slurm-wlm` (trixie: 24.11, sid: 26.05;
+# any X.Y that one of those suites carries), fetched with `apt-get source` through a private apt
+# configuration (its own sources.list with deb-src lines, its own state and cache directories):
+# this machine's /etc/apt and its package lists are not touched. Built once per machine into
+# SLURM_CACHE/slurm-X.Y (outside the clone, so every clone and CI run reuses it) and reused while
+# the version it was built from is X.Y; HALO_SLURM_REBUILD=1 builds it again.
+APT_SUITES=${HALO_SLURM_APT_SUITES:-trixie sid}
+APT_MIRROR=${HALO_SLURM_APT_MIRROR:-http://deb.debian.org/debian}
+# Build dependencies, all in Debian 12: munge (auth), libjwt (auth/jwt), http-parser, json-c and
+# yaml (slurmrestd and the data parsers), and what apt-get source needs to unpack the package.
+BUILD_DEPS=(gcc make pkg-config dpkg-dev libmunge-dev libjwt-dev libhttp-parser-dev libjson-c-dev libyaml-dev munge)
+
+release_prefix() { echo "$SLURM_CACHE/slurm-$SLURM_VERSION"; }
+
+# The Slurm release (X.Y.Z) built in PREFIX, empty if no build finished there.
+built_version() { [[ -s $1/.halo-built ]] && sed -n 's/^slurm_version=//p' "$1/.halo-built" || true; }
+
+private_apt() {
+    # Prints the APT_CONFIG path of a private apt set-up for deb-src lines of APT_SUITES.
+    local dir=$SLURM_CACHE/apt suite
+    install -d "$dir/etc/sources.list.d" "$dir/etc/preferences.d" "$dir/etc/apt.conf.d" \
+        "$dir/state/lists/partial" "$dir/cache/archives/partial"
+    {
+        for suite in $APT_SUITES; do
+            echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $APT_MIRROR $suite main"
+        done
+    } >"$dir/etc/sources.list"
+    cat >"$dir/apt.conf" <<EOF
+Dir::Etc::sourcelist "$dir/etc/sources.list";
+Dir::Etc::sourceparts "$dir/etc/sources.list.d";
+Dir::Etc::preferencesparts "$dir/etc/preferences.d";
+Dir::Etc::parts "$dir/etc/apt.conf.d";
+Dir::State "$dir/state";
+Dir::State::status "/var/lib/dpkg/status";
+Dir::Cache "$dir/cache";
+// The signatures are still checked; sid's Release carries a Valid-Until a week ahead, which a
+// mirror that lags (or this machine's clock) can pass: the source package is what matters here.
+Acquire::Check-Valid-Until "false";
+EOF
+    echo "$dir/apt.conf"
+}
+
+install_build_deps() {
+    local pkg missing=()
+    for pkg in "${BUILD_DEPS[@]}"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+    done
+    ((${#missing[@]} == 0)) && return 0
+    [[ $(id -u) == 0 ]] || die "need root to apt-get install ${missing[*]}"
+    log "installing build dependencies ${missing[*]} with apt-get (this machine's own sources)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q >/dev/null
+    apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# slurmrestd refuses to run as root or SlurmUser: it runs as `slurm`, the user Debian's packages
+# create (22.05); a built release makes it the same way if it is missing.
+ensure_slurm_user() {
+    id -u slurm >/dev/null 2>&1 && return 0
+    useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin slurm
+}
+
+build_release() {
+    local prefix aptconf version src t0 jobs
+    prefix=$(release_prefix)
+    install -d "$SLURM_CACHE"
+    # One build per release at a time, whichever clone asks; the others wait and reuse it.
+    exec {build_lock}>"$SLURM_CACHE/slurm-$SLURM_VERSION.lock"
+    flock "$build_lock"
+    if [[ ${HALO_SLURM_REBUILD:-0} != 1 ]] && [[ $(built_version "$prefix") == "$SLURM_VERSION".* ]]; then
+        exec {build_lock}>&-
+        return 0
+    fi
+    install_build_deps
+    local tree orig patched=yes
+    src=$SLURM_CACHE/src-$SLURM_VERSION
+    rm -rf "$src" "$prefix"
+    install -d "$src"
+    if [[ -n ${HALO_SLURM_SOURCE:-} ]]; then
+        # A release this machine's Debian mirror does not serve (sid's 26.05.5 was not, on
+        # 2026-12-02): SchedMD's tarball or an unpacked tree of it, named by hand.
+        version="upstream:$HALO_SLURM_SOURCE"
+        patched=no
+        install -d "$src/slurm-wlm-upstream"
+        if [[ -d $HALO_SLURM_SOURCE ]]; then
+            cp -a "$HALO_SLURM_SOURCE/." "$src/slurm-wlm-upstream/"
+        else
+            tar -xf "$HALO_SLURM_SOURCE" -C "$src/slurm-wlm-upstream" --strip-components=1
+        fi
+    else
+        aptconf=$(private_apt)
+        log "fetching Debian's source package lists ($APT_SUITES) into $SLURM_CACHE/apt"
+        APT_CONFIG=$aptconf apt-get update -q >/dev/null || die "apt-get update (private deb-src lists) failed"
+        version=$(APT_CONFIG=$aptconf apt-cache showsrc slurm-wlm 2>/dev/null |
+            sed -n 's/^Version: //p' | grep -E "^${SLURM_VERSION//./\\.}\\." | sort -V | tail -n 1 || true)
+        [[ -n $version ]] || die "no slurm-wlm $SLURM_VERSION.x source package in Debian $APT_SUITES (HALO_SLURM_APT_SUITES; or name SchedMD's tarball in HALO_SLURM_SOURCE)"
+        log "apt-get source slurm-wlm=$version"
+        if ! (cd "$src" && APT_CONFIG=$aptconf apt-get source -q "slurm-wlm=$version" >"$src/apt-source.log" 2>&1); then
+            # Seen on this machine's package mirror (2026-12-02): it serves the upstream tarball
+            # of 24.11.5 (slurm-wlm_24.11.5.orig.tar.gz) but answers 404 for the .dsc and the
+            # .debian.tar.xz, and nothing of sid's 26.05.5. The upstream tarball is the release as
+            # SchedMD shipped it; Debian's patches are packaging fixes. Build that, and say so.
+            orig=$(find "$src" -maxdepth 1 -name "slurm-wlm_${version%%-*}.orig.tar.*" | head -n 1)
+            [[ -n $orig ]] || { tail -n 20 "$src/apt-source.log" >&2; die "apt-get source slurm-wlm=$version failed (or name SchedMD's tarball in HALO_SLURM_SOURCE)"; }
+            log "apt-get source could fetch only $(basename "$orig") (the .dsc/.debian.tar.xz are not served): building it without Debian's patches"
+            patched=no
+            install -d "$src/slurm-wlm-${version%%-*}"
+            tar -xf "$orig" -C "$src/slurm-wlm-${version%%-*}" --strip-components=1
+        fi
+    fi
+    tree=$(find "$src" -mindepth 1 -maxdepth 1 -type d -name 'slurm-wlm-*' | head -n 1)
+    [[ -n $tree ]] || die "apt-get source left no slurm-wlm-* tree in $src"
+    jobs=$(nproc)
+    t0=$SECONDS
+    log "building Slurm $version into $prefix (nice; log $src/build.log)"
+    (
+        cd "$tree"
+        nice -n 10 ./configure --prefix="$prefix" --sysconfdir="$prefix/etc" \
+            --enable-multiple-slurmd --with-munge --with-jwt --with-yaml --with-json --with-http-parser \
+            --disable-debug --without-pmix --without-hdf5 --without-rrdtool --without-ucx --without-nvml \
+            --without-rsmi --without-hwloc --without-lua --without-freeipmi --without-ofed
+        nice -n 10 make -j"$jobs"
+        nice -n 10 make -j"$jobs" install
+    ) >"$src/build.log" 2>&1 || { tail -n 40 "$src/build.log" >&2; die "building Slurm $version failed (log $src/build.log)"; }
+    [[ -x $prefix/sbin/slurmrestd ]] || die "Slurm $version built without slurmrestd (log $src/build.log)"
+    local built
+    built=$("$prefix/sbin/slurmctld" -V | awk '{print $2}')
+    [[ $built == "$SLURM_VERSION".* ]] || die "the source built Slurm $built, not $SLURM_VERSION (HALO_SLURM_SOURCE?)"
+    {
+        echo "slurm_version=$built"
+        echo "debian_version=$version"
+        echo "debian_patches=$patched"
+        echo "built_seconds=$((SECONDS - t0))"
+        echo "built_at=$(date -u +%FT%TZ)"
+    } >"$prefix/.halo-built"
+    log "built Slurm $version in $((SECONDS - t0)) s"
+    rm -rf "$src"
+    exec {build_lock}>&-
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -95,7 +262,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 MpiDefault=none
-SwitchType=switch/none
+$([[ $SLURM_VERSION == 22.05 ]] && echo SwitchType=switch/none || echo "# no SwitchType: the switch/none plugin is gone after 22.05 (none is the default)")
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
@@ -177,6 +344,14 @@ start_slurmd() {
 # started from the log directory, never from the caller's (a test run's checkout, deleted
 # after the run: slurmrestd 22.05 calls getcwd on a job submit and died there, "getcwd
 # failed", failing every REST test of the next run).
+# The OpenAPI plugins each release has: 22.05's per-version openapi/v0.0.38 (its v0.0.36/37 are
+# older still); from 23.11 openapi/slurmctld serves every data_parser version the release has
+# (24.11: v0.0.40-42; 26.05: v0.0.42-45), and there is no openapi/v0.0.38 plugin (25.11's
+# slurmrestd dies at start when asked for it). openapi/slurmdbd is left out: no accounting here.
+rest_plugins() {
+    if [[ $SLURM_VERSION == 22.05 ]]; then echo openapi/v0.0.38; else echo openapi/slurmctld; fi
+}
+
 start_one_slurmrestd() {
     local name=$1 listen=$2 auth=$3 jwt=$4 pid
     pid=$(pid_from "$STATE/run/slurmrestd-$name.pid")
@@ -186,7 +361,7 @@ start_one_slurmrestd() {
     local envs=(SLURM_CONF="$CONF")
     [[ $jwt == 1 ]] && envs+=(SLURM_JWT=daemon)
     (cd "$STATE/log" && exec setsid setpriv --reuid=slurm --regid=slurm --init-groups -- \
-        env "${envs[@]}" slurmrestd -a "$auth" -s openapi/v0.0.38 "$listen") \
+        env "${envs[@]}" slurmrestd -a "$auth" -s "$(rest_plugins)" "$listen") \
         >>"$STATE/log/slurmrestd-$name.log" 2>&1 </dev/null &
     echo $! >"$STATE/run/slurmrestd-$name.pid"
 }
@@ -242,7 +417,9 @@ wait_idle() {
 }
 
 print_env() {
+    echo "export HALO_SLURM_VERSION=$SLURM_VERSION"
     echo "export SLURM_CONF=$CONF"
+    [[ $SLURM_VERSION == 22.05 ]] || echo "export PATH=$PATH"
     echo "export HALO_SLURMRESTD_SOCKET=$REST_SOCKET"
     echo "export HALO_SLURMRESTD_URL=http://127.0.0.1:$REST_PORT"
 }
@@ -255,7 +432,12 @@ cmd_up() {
         fd=${fd##*/}
         if ((fd > 2 && fd != 255)); then eval "exec $fd>&-" 2>/dev/null || true; fi
     done
-    install_packages
+    if [[ $SLURM_VERSION == 22.05 ]]; then
+        install_packages
+    else
+        build_release
+        ensure_slurm_user
+    fi
     install -d "$STATE" "$STATE/etc" "$STATE/log" "$STATE/run" "$STATE/spool/ctld"
     local n
     for n in $(node_names); do install -d "$STATE/spool/$n"; done
@@ -403,5 +585,6 @@ case ${1:-} in
     down) cmd_down ;;
     status) cmd_status ;;
     env) print_env ;;
+    build) if [[ $SLURM_VERSION == 22.05 ]]; then install_packages; else build_release; fi ;;
     *) echo "usage: $0 up|down|status|env|ctld-stop|ctld-start" >&2; exit 2 ;;
 esac

@@ -27,8 +27,30 @@ import json
 import re
 import threading
 import time
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
+
+# Answers recorded from real servers (tests/fixtures/slurmrestd/<release>/<version>/, written by
+# its record.py; 24.11.5 built from Debian's source package): the stand-in serves those where a
+# release/version was recorded, and tests/test_slurmrestd_stub_real.py checks the rest of what
+# it says against them.
+RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "slurmrestd"
+
+
+def recorded(release: str, version: str, name: str) -> dict | None:
+    """A real server's answer: this release's, else the newest recorded release's at this version."""
+    for rel in [release] + sorted((p.name for p in RECORDED.iterdir() if p.is_dir()), reverse=True):
+        path = RECORDED / rel / version / f"{name}.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+    return None
+
+
+def recorded_paths(release: str) -> dict | None:
+    path = RECORDED / release / "openapi_v3_paths.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
 
 # Release -> (the tag read, the versions it serves). src/plugins/data_parser/ (and, for v0.0.38,
 # src/slurmrestd/plugins/openapi/v0.0.38) at each tag.
@@ -38,6 +60,9 @@ RELEASES = {
     "24.11": ("slurm-24-11-7-1", ("v0.0.40", "v0.0.41", "v0.0.42")),
     "25.05": ("slurm-25-05-8-1", ("v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43")),
     "25.11": ("slurm-25-11-7-1", ("v0.0.41", "v0.0.42", "v0.0.43", "v0.0.44")),
+    # v0.0.45 is served but not modelled (halo-sched speaks up to v0.0.44); the answers at
+    # v0.0.42-44 are 26.05.3's, recorded (tests/fixtures/slurmrestd/26.05).
+    "26.05": ("slurm-26-05-3-1", ("v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45")),
 }
 MODELLED = ("v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43", "v0.0.44")
 
@@ -459,9 +484,14 @@ class Slurmrestd:
         if url.path == "/openapi/v3":
             # src/slurmrestd/openapi.c: the specification of every loaded plugin; each data_parser
             # version expands the slurmctld plugin's "/slurm/{data_parser}/..." paths.
+            real = recorded_paths(self.release)
+            if real is not None:  # what the real server of this release listed
+                paths = {p: {m.lower(): {} for m in methods} for p, methods in real["paths"].items()}
+                return 200, {"openapi": "3.0.3", "info": real["info"], "paths": paths}, False
             paths = {}
             for v in self.versions:
-                for op in ("job/submit", "jobs/", "job/{job_id}", "jobs/state", "ping/", "diag/"):
+                for op in ("job/submit", "jobs/", "job/{job_id}", "jobs/state/", "ping/", "diag/", "partitions/",
+                           "nodes/"):
                     paths[f"/slurm/{v}/{op}"] = {}
             return 200, {"openapi": "3.0.3", "info": {"title": "Slurm REST API", "version": self.tag},
                          "paths": paths}, False
@@ -492,10 +522,24 @@ class Slurmrestd:
         if jm and method == "GET":
             job = self.jobs.get(int(jm.group(1)))
             if job is None:
-                # _handle_job_get: "Unable to query JobId=%s" with slurm_load_job's error.
-                return fail(500, E_INVALID_JOB_ID, f"Unable to query JobId={jm.group(1)}", "_handle_job_get")
+                # _handle_job_get: "Unable to query JobId=%s" with slurm_load_job's error, at HTTP
+                # 404 (24.11.5, every version: tests/fixtures/slurmrestd/24.11/*/job_unknown_get.json).
+                doc.update(jobs=[], last_backfill=_no_val_dump(0), last_update=_no_val_dump(0))
+                return fail(404, E_INVALID_JOB_ID, f"Unable to query JobId={jm.group(1)}", "_handle_job_get")
             doc.update(jobs=[job.info(version, self.cluster)], last_backfill=_no_val_dump(0),
                        last_update=_no_val_dump(0))
+            return 200, doc, False
+        if rest in ("partitions/", "partitions", "nodes/", "nodes") and method == "GET":
+            # The real server's answer for this cluster's 3 nodes of partition debug (recorded;
+            # no scheduling is modelled here, so there is nothing to change in them).
+            real = recorded(self.release, version, rest.rstrip("/"))
+            if real is None:
+                return 404, "Requested REST method is not defined at URL. Please view /openapi/v3 for API reference.", True
+            key = rest.rstrip("/")
+            doc[key] = real["body"][key]
+            for extra in ("last_update", "last_backfill"):
+                if extra in real["body"]:
+                    doc[extra] = real["body"][extra]
             return 200, doc, False
         if jm and method == "DELETE":
             return self._delete(version, int(jm.group(1)), url.query, doc, fail)
@@ -512,7 +556,7 @@ class Slurmrestd:
                 doc["warnings"].append({"description": f"Ignoring unknown field \"{key}\" of type "
                                                        f"{type(body[key]).__name__} in JOB_SUBMIT_REQ",
                                         "source": "#/"})
-        if "script" in body and minor >= 41 and self.release in ("25.05", "25.11"):
+        if "script" in body and minor >= 41 and self.release in ("25.05", "25.11", "26.05"):
             # JOB_SUBMIT_REQ "script": add_parse_deprec(..., SLURM_24_05_PROTOCOL_VERSION) from
             # v0.0.41 (parsers.c slurm-24-05-8-1): still read; parsing.c warns "Field \"%s\" is
             # deprecated" once the release no longer speaks to 24.05's predecessors
@@ -548,10 +592,11 @@ class Slurmrestd:
         job_id = self.next_id
         self.next_id += 1
         self.jobs[job_id] = Job(job_id, desc, script, user)
-        # OPENAPI_JOB_SUBMIT_RESPONSE: job_id, step_id, job_submit_user_msg; v0.0.40-43 also the
-        # deprecated "result" (JOB_SUBMIT_RESPONSE_MSG), gone in v0.0.44 (slurm-25-11-7-1).
+        # OPENAPI_JOB_SUBMIT_RESPONSE: job_id, step_id, job_submit_user_msg; v0.0.40-41 also the
+        # deprecated "result" (JOB_SUBMIT_RESPONSE_MSG), gone from v0.0.42 (parsers.c at
+        # slurm-24-11-5-1; 24.11.5's answers: tests/fixtures/slurmrestd/24.11/*/job_submit_held.json).
         doc.update(job_id=job_id, step_id="batch", job_submit_user_msg="")
-        if minor <= 43:
+        if minor <= 41:
             doc["result"] = {"job_id": job_id, "step_id": "batch", "error_code": 0, "error": "No error",
                              "job_submit_user_msg": ""}
         return 200, doc, False
@@ -583,9 +628,18 @@ class Slurmrestd:
             elif per_job[0]:
                 return fail(500, per_job, f"unable to send signal to JobId={job_id}", "slurm_kill_job2()")
             return 200, doc, False
-        # 24.11 on: slurm_kill_jobs() succeeds and each job's outcome is in "status"
-        # (KILL_JOBS_RESP_JOB: error {string, code, message}, step_id, job_id, federation).
-        doc["status"] = [{"error": {"string": per_job[1], "code": per_job[0],
-                                    "message": "" if not per_job[0] else per_job[1]},
-                          "step_id": str(job_id), "job_id": _no_val_dump(job_id), "federation": {"sibling": ""}}]
+        minor = int(version.rsplit(".", 1)[1])
+        if minor < 42:
+            # 24.11.5 at v0.0.40/41: HTTP 200, no errors and no "status", whether the job was
+            # signalled, had ended or never existed (tests/fixtures/slurmrestd/24.11/v0.0.4[01]/).
+            return 200, doc, False
+        # v0.0.42 on: each job's outcome is in "status" (KILL_JOBS_RESP_JOB: error {string, code,
+        # message}, step_id, job_id, federation), and only failures are listed: a job signalled
+        # answers "status": [] (24.11.5: tests/fixtures/slurmrestd/24.11/v0.0.42/job_held_delete.json).
+        # An unknown id has no job id ({set: false}) and its own id as step_id.
+        doc["status"] = [] if not per_job[0] else [
+            {"error": {"string": per_job[1], "code": per_job[0], "message": per_job[1]},
+             "step_id": str(job_id), "federation": {"sibling": ""},
+             "job_id": _no_val_dump(job_id) if per_job != E_INVALID_JOB_ID else {"infinite": False, "number": 0,
+                                                                                  "set": False}}]
         return 200, doc, False

@@ -77,7 +77,7 @@ def preemption_notes(spec: JobSpec, config: dict[str, str]) -> list[str]:
     sends = sends_warning_on_preemption(config)
     if not preempts(config):
         lines = [f"slurm.signal {signal}: this cluster does not preempt jobs (PreemptType="
-                 f"{config.get('PreemptType') or '?'}, PreemptMode={config.get('PreemptMode') or '?'}): the warning "
+                 f"{_shown(config, 'PreemptType')}, PreemptMode={_shown(config, 'PreemptMode')}): the warning "
                  "comes before the time limit only (and with `halo-sched cancel --signal`)"]
         if not sends:
             lines.append(f"slurm.signal {signal}: were preemption turned on, it would not send the warning either: "
@@ -88,6 +88,14 @@ def preemption_notes(spec: JobSpec, config: dict[str, str]) -> list[str]:
     return [f"slurm.signal {signal}: this cluster preempts jobs (PreemptMode={config.get('PreemptMode')}) without "
             f"sending the warning: {_missing(config)}; a preempted job's tasks get SIGTERM at once and no rank saves "
             "a checkpoint. Only the time limit (and `halo-sched cancel --signal`) sends it"]
+
+
+def _shown(config: dict[str, str], key: str) -> str:
+    """A setting as scontrol printed it: ``(null)`` where it printed that (24.11 does for an unset
+    PreemptType; 22.05 prints preempt/none), ``?`` only where the key is missing."""
+    if key not in config:
+        return "?"
+    return config[key] or "(null)"
 
 
 def _missing(config: dict[str, str]) -> str:

@@ -129,12 +129,20 @@ def parse_exit_pair(value: str | None) -> tuple[int | None, int | None]:
 
 
 def decode_wait_status(value: str | int | None) -> tuple[int | None, int | None]:
-    """squeue ``-O exit_code`` and slurmrestd ``exit_code`` are a raw wait(2) status:
-    768 is exit 3, 15 is killed by signal 15."""
+    """squeue ``-O exit_code`` and slurmrestd v0.0.38's ``exit_code`` -> (return code, signal).
+
+    Slurm 22.05 prints the raw wait(2) status (``_print_int(job->exit_code)`` in
+    src/squeue/print.c at slurm-22-05-8-1): 768 is exit 3, 15 is killed by signal 15. From 23.02
+    on squeue prints ``rc:sig`` (``xstrfmtcat(out, "%u:%u", exit_status, term_sig)``, same file at
+    slurm-23-02-0-1 and every later tag): ``3:0``, ``0:15``. Both are read; anything else is
+    unknown."""
     if value is None:
         return None, None
+    text = str(value).strip()
+    if ":" in text:
+        return parse_exit_pair(text)
     try:
-        status = int(str(value).strip())
+        status = int(text)
     except ValueError:
         return None, None
     # As scontrol prints it: a killed job has return code 0 and the signal.
@@ -317,7 +325,9 @@ def parse_squeue(text: str) -> list[JobState]:
             continue
         row = dict(zip(SQUEUE_FIELDS, (c.strip() for c in cols)))
         rc, sig = decode_wait_status(row["exit_code"])
-        raw_exit = _int_or_none(row["exit_code"])
+        # Only 22.05's raw status carries slurmd's launch error whole (4021); ``0:53`` is read
+        # through the signal (launch_error).
+        raw_exit = _int_or_none(row["exit_code"]) if ":" not in row["exit_code"] else None
         display = row["JobArrayID"] or row["JobID"]
         out.append(with_times(
             make_state(

@@ -67,6 +67,23 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
+# Which releases serve each version (the openapi/ and data_parser/ trees at each tag; 26.05.3's
+# and 24.11.5's slurmrestd list them in /openapi/v3: tests/fixtures/slurmrestd).
+_SERVED_BY = {"v0.0.38": "22.05-23.11", "v0.0.40": "23.11-25.05", "v0.0.41": "24.05-25.11",
+              "v0.0.42": "24.11-26.05", "v0.0.43": "25.05-26.05", "v0.0.44": "25.11-26.05"}
+
+
+def _serving_advice(api_version: str) -> str:
+    """How a slurmrestd is made to serve ``api_version``: v0.0.38 is its own plugin (22.05-23.11);
+    from 23.11 openapi/slurmctld serves each data_parser plugin the release has (no
+    openapi/v0.0.4x plugin exists, and 24.05+ have no openapi/v0.0.38)."""
+    releases = _SERVED_BY.get(api_version, "no release halo-sched knows")
+    if api_version == "v0.0.38":
+        return f"run slurmrestd with -s openapi/v0.0.38 (Slurm {releases} only)"
+    return (f"run slurmrestd with -s openapi/slurmctld -d data_parser/{api_version} (Slurm {releases} "
+            "have that parser)")
+
+
 def _minor(api_version: str) -> int:
     """``v0.0.42`` -> 42."""
     m = re.fullmatch(r"v0\.0\.(\d+)", api_version or "")
@@ -156,6 +173,25 @@ def _gres_tres(value: str | None, flag: str) -> str:
             raise _Refused(f"{value!r} has an empty item")
         items.append("gres/" + item)
     return ",".join(items)
+
+
+def _node_list(value: str | None, flag: str) -> list[str]:
+    """``node[1-3],node5`` -> ``["node[1-3]", "node5"]``: v0.0.40+ take required/excluded nodes as
+    a list (CSV_STRING_LIST in parsers.c; a comma string draws a warning from the server). The
+    commas inside a host range's brackets are not separators."""
+    items, depth, cur = [], 0, ""
+    for ch in _text(value, flag):
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    items.append(cur)
+    items = [i.strip() for i in items]
+    if depth != 0 or not all(items):
+        raise _Refused(f"{value!r} is not a node list")
+    return items
 
 
 def _signal(value: str | None, flag: str) -> tuple[str, int, str]:
@@ -275,8 +311,10 @@ def _h_exclusive(job: _Job, value, flag):
         raise _Refused(f"{value!r} is not exclusive, user, mcs or topo")
     if job.typed:
         # JOB_SHARED flags (parsers.c): "none" is sbatch --exclusive; v0.0.42 dropped "exclusive".
-        if kind == "topo" and job.minor < 42:
-            raise _Refused("=topo needs v0.0.42+")
+        # "topo" is a JOB_SHARED flag from v0.0.41 (parsers.c at slurm-24-05-8-1,
+        # slurm-24-11-5-1, slurm-26-05-3-1); v0.0.40 has none.
+        if kind == "topo" and job.minor < 41:
+            raise _Refused("=topo needs v0.0.41+")
         job.set("shared", ["none" if kind == "exclusive" else kind])
     else:
         if kind == "topo":
@@ -422,8 +460,8 @@ _HANDLERS: dict[str, Callable] = {
     "error": _plain("standard_error"),
     "input": _plain("standard_input"),
     "chdir": _plain("current_working_directory"),
-    "nodelist": _plain("nodelist", "required_nodes"),
-    "exclude": _plain("exclude_nodes", "excluded_nodes"),
+    "nodelist": _plain("nodelist", "required_nodes", lambda v, f: _node_list(v, f)),
+    "exclude": _plain("exclude_nodes", "excluded_nodes", lambda v, f: _node_list(v, f)),
     "mem": _plain("memory_per_node", conv=_mebibytes),
     "mem-per-cpu": _plain("memory_per_cpu", conv=_mebibytes),
     "mem-per-gpu": _plain("memory_per_gpu", "memory_per_tres",
@@ -622,8 +660,9 @@ class RestTransport(Transport):
                 # slurmrestd answers a path of a version it does not load with a plain-text 404.
                 raise MissingDependency(
                     f"slurmrestd at {self._endpoint()} does not offer API {self.api_version} "
-                    f"({API_ENV}); halo-sched speaks {', '.join(API_VERSIONS)}: run slurmrestd with "
-                    f"-s openapi/{self.api_version} (or leave {API_ENV} unset), or use the cli transport"
+                    f"({API_ENV}); halo-sched speaks {', '.join(API_VERSIONS)}: "
+                    f"{_serving_advice(self.api_version)} (or leave {API_ENV} unset: the newest version "
+                    "both sides speak is used), or use the cli transport"
                 )
             raise SchedulerError(f"slurmrestd {method} {path}: HTTP {resp.status}: {raw[:300]!r}")
         errors = [e for e in doc.get("errors") or [] if isinstance(e, dict)]
@@ -784,8 +823,18 @@ class RestTransport(Transport):
         records, for the check before a submit (slurmrestd answers for its own cluster only)."""
         parts = self._request("GET", f"{self._api()}/partitions").get("partitions") or []
         nodes = self._request("GET", f"{self._api()}/nodes").get("nodes") or []
-        return [rest_partition_record(p) for p in parts if isinstance(p, dict)], \
-               [rest_node_record(n) for n in nodes if isinstance(n, dict)]
+        records = [rest_partition_record(p) for p in parts if isinstance(p, dict)]
+        if records and not any(r["Default"] == "YES" for r in records):
+            # v0.0.40-44 dump no partition flags at all (``add_skip(flags)`` in PARTITION_INFO,
+            # parsers.c at slurm-24-11-5-1 and slurm-26-05-3-1; only v0.0.45 has DEFAULT again),
+            # so nothing in slurmrestd's answers names the default partition. sinfo marks it
+            # with ``*``; it is asked only where this host is a client of the same cluster (the
+            # same partition names), never guessed.
+            default = sinfo_default_partition({r["PartitionName"] for r in records})
+            for r in records:
+                if r["PartitionName"] == default:
+                    r["Default"] = "YES"
+        return records, [rest_node_record(n) for n in nodes if isinstance(n, dict)]
 
     def job_info(self, job_id: str) -> dict:
         _, jobs = self._job(job_id)
@@ -812,7 +861,11 @@ def rest_partition_record(p: dict) -> dict:
     minutes (read as such by parse_slurm_time)."""
     maxi = p.get("maximums") if isinstance(p.get("maximums"), dict) else {}
     nodes = p.get("nodes") if isinstance(p.get("nodes"), dict) else {}
-    mem = maxi.get("memory_per_node") if maxi else p.get("maximum_memory_per_node")
+    # v0.0.40+: MaxMemPerNode is maximums.partition_memory_per_node ({set, infinite, number}),
+    # set only where the limit is per node (MEM_PER_NODE overload of max_mem_per_cpu in
+    # parsers.c, slurm-24-11-5-1 v0.0.40-42, slurm-26-05-3-1 v0.0.42-45); a MaxMemPerCPU shows in
+    # partition_memory_per_cpu instead, and is not a per-node limit.
+    mem = maxi.get("partition_memory_per_node") if maxi else p.get("maximum_memory_per_node")
     flags = [str(f).upper() for f in (p.get("flags") or []) if isinstance(f, str)]
     inner = p.get("partition") if isinstance(p.get("partition"), dict) else {}
     flags += [str(f).upper() for f in (inner.get("state") or []) if isinstance(f, str)]
@@ -823,8 +876,32 @@ def rest_partition_record(p: dict) -> dict:
         "TotalNodes": _limit_text(nodes.get("total") if nodes else p.get("total_nodes")),
         "MaxTime": _limit_text(maxi.get("time") if maxi else p.get("max_time_limit")),
         "MaxCPUsPerNode": _limit_text(maxi.get("cpus_per_node") if maxi else p.get("maximum_cpus_per_node")),
-        "MaxMemPerNode": _limit_text(mem),
+        # 0 is no limit: 24.11.5 answers {set: true, number: 0} for a partition without
+        # MaxMemPerNode (tests/fixtures/slurmrestd/24.11/*/partitions.json), where scontrol
+        # prints MaxMemPerNode=UNLIMITED.
+        "MaxMemPerNode": "UNLIMITED" if _num(mem) == 0 else _limit_text(mem),
     }
+
+
+def sinfo_default_partition(names: set[str], timeout: float = 10.0) -> str | None:
+    """The partition ``sinfo`` marks as the default (``debug*``), where this host's sinfo
+    answers within ``timeout`` and lists exactly ``names`` (the partitions slurmrestd listed: the
+    same cluster); None otherwise."""
+    import shutil
+    import subprocess
+
+    if not names or shutil.which("sinfo") is None:
+        return None
+    try:
+        proc = subprocess.run(["sinfo", "--noheader", "--format=%P"], capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    listed = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+    if proc.returncode != 0 or {n.rstrip("*") for n in listed} != names:
+        return None
+    marked = [n[:-1] for n in listed if n.endswith("*")]
+    return marked[0] if len(marked) == 1 else None
 
 
 def rest_node_record(n: dict) -> dict:
