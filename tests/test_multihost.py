@@ -15,7 +15,7 @@ import pytest
 from cluster.multihost_fixtures import _rig_session, rig, veth_bytes  # noqa: F401  (the fixtures)
 from helpers import REPO, cli, example_job, slurm_env
 
-pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.multihost]
 
 MB = 1 << 20
 
