@@ -15,7 +15,7 @@ from ...errors import HaloError, SchedulerError, UsageError
 from ...launch import submission_id
 from ..base import DryRun, Scheduler
 from .capabilities import Configured, ReadsAllocFiles
-from .render import SECRETS_META, TASK, client_requirements, job_payload, render_hcl, variable_path
+from .render import SECRETS_META, TASK, client_requirements, job_payload, render_hcl, variable_items, variable_path
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...models import JobSpec
@@ -199,14 +199,15 @@ class NomadScheduler(Scheduler):
     def schedule(self, dryrun: DryRun) -> str:
         nm = dryrun.spec.nomad
         client = self._client_for(nm.namespace, nm.region)
-        secrets = dryrun.spec.secret_values()  # a missing one is a SpecError before any request
+        # The secrets and the node runtime; a missing secret is a SpecError before any request.
+        items = variable_items(dryrun.spec, dryrun.payload["Job"]["ID"])
         self._preflight(client, dryrun.spec, dryrun.payload)
         from .client import TOKEN_META
 
         token = dryrun.payload["Job"]["Meta"][TOKEN_META]
-        if secrets:
+        if items:
             # Before the job exists: its tasks read the Variable once, when they start.
-            client.put_variable(variable_path(dryrun.payload["Job"]["ID"]), secrets, retry_s=self.retry_s,
+            client.put_variable(variable_path(dryrun.payload["Job"]["ID"]), items, retry_s=self.retry_s,
                                 on_retry=_say)
         resp = client.submit_job(dryrun.payload, token, retry_s=self.retry_s, on_retry=_say) or {}
         if resp.get("found_after_retry"):
@@ -246,7 +247,7 @@ class NomadScheduler(Scheduler):
         token = payload["Job"]["Meta"][TOKEN_META] = new_token()
         payload["Job"]["Meta"][ATTEMPT_META] = str(spec._attempt.number)
         dry = DryRun(self.name, spec, json.dumps(payload, indent=2, ensure_ascii=False) + "\n", payload, token)
-        secrets = spec.secret_values()
+        items = variable_items(spec, name)
         git = records.git_state_started(spec)
         self._preflight(client, spec, payload)
         job = client.read_job(name)
@@ -254,9 +255,9 @@ class NomadScheduler(Scheduler):
         if had != str(spec._attempt.number - 1):
             raise SchedulerError(f"job {name!r} is already at attempt {int(had) + 1} of its run (version "
                                  f"{job.get('Version')}); not registering attempt {spec._attempt.number + 1}")
-        if secrets:
+        if items:
             # The previous attempt's end deleted it (its tasks had read it): written again.
-            client.put_variable(variable_path(name), secrets, retry_s=self.retry_s, on_retry=_say)
+            client.put_variable(variable_path(name), items, retry_s=self.retry_s, on_retry=_say)
             self._secrets_gone.discard(_key(client, name))
             self._secrets_failed.discard(_key(client, name))
         resp = client.reregister_job(payload, token, int(job.get("JobModifyIndex") or 0), retry_s=self.retry_s,
