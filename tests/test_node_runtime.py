@@ -70,7 +70,8 @@ def test_every_carried_module_imports_from_the_zip_alone(tmp_path):
     """A carried module that imports one left out (or the submitter's side) fails here."""
     z = tmp_path / "rt.zip"
     z.write_bytes(runtime().zip_bytes)
-    mods = [("halo_sched.node." + m[:-3].replace("/", ".")).removesuffix(".__init__") for m in node.CARRIED]
+    mods = [("halo_sched.node." + m[:-3].replace("/", ".")).removesuffix(".__init__") for m in node.CARRIED
+            if m.endswith(".py") and m != "shell.py"]  # shell.py prints entry.sh when run, below
     code = (f"import sys; sys.path[:0] = [{str(z)!r}]\n"
             f"for m in {mods!r}:\n    __import__(m)\n"
             "import halo_sched\nassert halo_sched.__file__.startswith(sys.path[0]), halo_sched.__file__\n"
@@ -78,6 +79,10 @@ def test_every_carried_module_imports_from_the_zip_alone(tmp_path):
     r = subprocess.run([SYSTEM_PY, "-I", "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "halo_sched.node.hang_monitor" in r.stdout
+    shell = subprocess.run([SYSTEM_PY, "-I", "-c", f"import sys, runpy; sys.path[:0] = [{str(z)!r}]; "
+                            "runpy.run_module('halo_sched.node.shell', run_name='__main__')"],
+                           capture_output=True, text=True, timeout=60)
+    assert shell.stdout == (Path(node.__file__).parent / "entry.sh").read_text(), shell.stderr
 
 
 def test_the_sbatch_script_carries_the_zip_on_its_last_lines(tmp_path):
@@ -133,3 +138,13 @@ def test_a_damaged_copy_is_refused_before_anything_runs_from_it(tmp_path):
     r = _run_entry(tmp_path, node_env, base_env(bindir, tmp_path))
     assert r.returncode == 1
     assert "has no halo-sched of version" in r.stderr and "torchrun under" not in r.stderr
+
+
+def test_the_entry_functions_use_only_the_contracts_names():
+    """halo_sched/node/entry.sh is not a template: each HALO_* name in it must be one of NAMES."""
+    from halo_sched.node.contract import NAMES
+
+    text = (Path(node.__file__).parent / "entry.sh").read_text()
+    used = set(re.findall(r"\bHALO_[A-Z_]+\b", text))
+    known = {getattr(NAMES, k) for k in dir(NAMES) if not k.startswith("_") and isinstance(getattr(NAMES, k), str)}
+    assert used and used <= known, used - known

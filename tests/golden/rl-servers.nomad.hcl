@@ -100,8 +100,8 @@ job "rl-grpo" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-b676b3fc"
-        right_delimiter = "halo-b676b3fc]]"
+        left_delimiter  = "[[halo-66b3f837"
+        right_delimiter = "halo-66b3f837]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -150,40 +150,7 @@ halo_warning() {
 }
 trap '' USR2
 trap halo_warning URG
-# Runs in the background from the warning until torchrun ends (torchrun may start ranks again).
-halo_deliver() {
-  (
-    set +e
-    halo_bit=$(($(kill -l USR2) - 1))
-    halo_done=' '
-    while kill -0 "$halo_torchrun" 2> /dev/null; do
-      # torchrun's children: "pid (comm) state ppid ..." in /proc/PID/stat (comm may hold spaces).
-      # (cat, not awk, opens the files: a process that ends meanwhile must not end the scan).
-      # Signal every rank that handles it first, then say so: the ranks of all nodes stop
-      # together at their next step, and a rank still unsignalled by then would stop unwarned.
-      halo_sent=
-      for halo_p in $(cat /proc/[0-9]*/stat 2> /dev/null | awk -v t="$halo_torchrun" '{ p = $1; sub(/^.*\) /, ""); if ($2 == t) print p }'); do
-        [[ $halo_done != *" $halo_p "* ]] || continue
-        halo_mask=
-        while read -r halo_k halo_v; do
-          [ "$halo_k" != SigCgt: ] || { halo_mask=$halo_v; break; }
-        done 2> /dev/null < "/proc/$halo_p/status"
-        [[ $halo_mask =~ ^[0-9a-fA-F]+$ ]] && (((16#$halo_mask >> halo_bit) & 1)) || continue
-        kill -USR2 "$halo_p" 2> /dev/null || continue
-        halo_done+="$halo_p "
-        halo_sent+="$halo_p "
-      done
-      for halo_p in $halo_sent; do
-        halo_who=$(tr '\0' '\n' 2> /dev/null < "/proc/$halo_p/environ" | sed -n 's/^RANK=//p')
-        echo "halo-sched: node $halo_rank: SIGUSR2 to rank $${halo_who:-?} (pid $halo_p), $((SECONDS - halo_warned_at)) s after the warning" >&2
-      done
-      sleep 0.2
-    done
-    [ "$halo_done" != ' ' ] ||
-      echo "halo-sched: node $halo_rank: no rank handled SIGUSR2 before torchrun ended; the warning reached no trainer (install a handler for \$HALO_WARNING_SIGNAL)" >&2
-  ) &
-  halo_deliverer=$!
-}
+# halo_deliver (halo_sched/node/entry.sh) hands SIGUSR2 on, in the background, until torchrun ends.
 # Which run this is: 0 the first time, n after the job was requeued n times.
 export HALO_RESTART_COUNT="$${HALO_RESTART_COUNT:-0}"
 
@@ -219,9 +186,9 @@ HALO_MASTER_PORT=$((10#$HALO_MASTER_PORT))
 [ "$HALO_MASTER_PORT" -ge 1 ] && [ "$HALO_MASTER_PORT" -le 65535 ] || halo_fail "HALO_MASTER_PORT=$HALO_MASTER_PORT is not a port in 1..65535"
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
-# ---- The node runtime (halo_sched/node/, version bcb92ec7064528c6; docs/node-runtime.md) ----
+# ---- The node runtime (halo_sched/node/, version ccd37ca125edab35; docs/node-runtime.md) ----
 # The node's own halo-sched when it is this version, else the zip the job carries (sha256
-# 709ca55280a61474514043321a2902e47261d4b4eb9e44536c6dafc101908808): base64 in $HALO_NODE_RUNTIME or the file $HALO_NODE_RUNTIME_FILE,
+# 712bd0ace5613ac1b678f46711e338654a72ca963f24c182130e23aac74b5cc7): base64 in $HALO_NODE_RUNTIME or the file $HALO_NODE_RUNTIME_FILE,
 # checked and written once into this node's log directory. "$${halo_node[@]}" MODULE ARGS runs
 # `python -m halo_sched.node.MODULE ARGS` from the one or the other.
 halo_log_root=$${HALO_LOG_DIR:-}
@@ -232,8 +199,8 @@ halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
 case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
 # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
 halo_node_zip=
-if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != bcb92ec7064528c6 ]; then
-  halo_node_zip=$halo_log_dir/halo-node-bcb92ec7064528c6.zip
+if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != ccd37ca125edab35 ]; then
+  halo_node_zip=$halo_log_dir/halo-node-ccd37ca125edab35.zip
   $halo_py -c 'import base64, hashlib, os, sys
 out, want, text, path = sys.argv[1:5]
 if not text and path:
@@ -243,11 +210,18 @@ data = base64.b64decode("".join(text.split()) or "")
 if hashlib.sha256(data).hexdigest() != want:
     sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want))
 with open(out, "wb") as f:
-    f.write(data)' "$halo_node_zip" 709ca55280a61474514043321a2902e47261d4b4eb9e44536c6dafc101908808 "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
-    halo_fail "the node's python ($halo_py) has no halo-sched of version bcb92ec7064528c6 and the job carries no intact copy of it (docs/node-runtime.md)"
+    f.write(data)' "$halo_node_zip" 712bd0ace5613ac1b678f46711e338654a72ca963f24c182130e23aac74b5cc7 "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
+    halo_fail "the node's python ($halo_py) has no halo-sched of version ccd37ca125edab35 and the job carries no intact copy of it (docs/node-runtime.md)"
 fi
 unset HALO_NODE_RUNTIME
 halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
+# The entry's functions that hold no value of this job (halo_sched/node/entry.sh), and theirs.
+halo_functions=$("$${halo_node[@]}" shell) && [ -n "$halo_functions" ] ||
+  halo_fail "could not read the node runtime's functions (python -m halo_sched.node.shell under $halo_py)"
+eval "$halo_functions"
+unset halo_functions
+halo_signal=USR2
+halo_nproc=8
 
 # ---- Rollout servers (servers:, halo_sched/servers.py) ----
 # Each role's addresses come from the backend: HALO_SERVER_<NAME>_ADDRS (comma-separated, server
@@ -309,73 +283,9 @@ export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank $${rank}] '
 # same on every node and backend). A subreaper would not do: bash cannot become one, and a helper
 # process that did could itself be killed.
 halo_node_tag=node$halo_rank-$$-$(date +%s%N)-$RANDOM
-# Pids of live processes carrying the tag (a zombie's environ reads empty).
-halo_tagged() {
-  grep -lzxF "HALO_NODE_TAG=$halo_node_tag" /proc/[0-9]*/environ 2> /dev/null | cut -d/ -f3
-}
-# After torchrun exits, however it exits: TERM what it left once, KILL it after a short grace,
-# until nothing is left (a process forked meanwhile is caught on the next round); give up on
-# one that cannot die (uninterruptible sleep) after 10 s more.
-halo_sweep() {
-  local halo_p halo_seen=' ' halo_kill_at=$((SECONDS + 5)) halo_give_up=$((SECONDS + 15))
-  while [ "$SECONDS" -lt "$halo_give_up" ]; do
-    set -- $(halo_tagged)
-    [ $# -gt 0 ] || return 0
-    for halo_p; do
-      if [ "$SECONDS" -ge "$halo_kill_at" ]; then
-        kill -KILL "$halo_p" 2> /dev/null || true
-      elif [[ $halo_seen != *" $halo_p "* ]]; then
-        kill -TERM "$halo_p" 2> /dev/null || true
-        halo_seen+="$halo_p "
-      fi
-    done
-    sleep 0.1
-  done
-  echo "halo-sched: node $halo_rank: processes left by torchrun would not die: $*" >&2
-}
-halo_run() {
-  local halo_pid halo_tee halo_rc halo_py halo_stop
-  halo_trapped=0
-  halo_stopped_at=
-  # torchrun's own stderr also goes to a file: its failure summary has each failed rank's exit code.
-  exec 3> >(trap '' TERM INT HUP; exec tee -a "$halo_log_dir/torchrun.err" >&2)
-  halo_tee=$!
-  HALO_NODE_TAG=$halo_node_tag "$@" 2>&3 &
-  halo_pid=$!
-  halo_torchrun=$halo_pid
-  halo_hang_start "$halo_pid"
-  [ -z "$halo_warned_at" ] || halo_deliver  # warned during setup: hand it on once a rank handles it
-  # SLURM signals every process of the step and the local backend the node's process group, so
-  # torchrun has the signal already; Nomad signals this shell alone (executor_unix.go
-  # shutdownProcess), so pass it on. (SLURM's task sets HALO_SLURM_STEP_ID: it removes SLURM_STEP_*.)
-  trap 'halo_trapped=1; halo_stopped_at=$${EPOCHREALTIME:-$(date +%s)}; [ -n "$${HALO_SLURM_STEP_ID:-}$${HALO_LOCAL_JOB:-}" ] || kill -TERM "$halo_pid" 2> /dev/null || true' TERM INT
-  while :; do
-    halo_trapped=0
-    halo_rc=0
-    wait "$halo_pid" || halo_rc=$?
-    # wait returns early (>128) when the trap ran; torchrun is still stopping: wait again.
-    [ "$halo_trapped" = 1 ] && [ "$halo_rc" -gt 128 ] || break
-  done
-  halo_hang_stop
-  # The warning's deliverer ends within 0.2 s of torchrun (its last words come before the sweep's).
-  [ -z "$halo_deliverer" ] || wait "$halo_deliverer" 2> /dev/null || true
-  # A stop request from here on waits for the sweep, then takes effect (as it did before: the
-  # shell ends by that signal, without the failure report).
-  halo_stop=
-  trap 'halo_stop=TERM' TERM
-  trap 'halo_stop=INT' INT
-  halo_sweep
-  trap - TERM INT
-  [ -z "$halo_stop" ] || kill -s "$halo_stop" $$
-  exec 3>&-
-  wait "$halo_tee" 2> /dev/null || true
-  if [ "$halo_rc" != 0 ]; then
-    "$${halo_node[@]}" failure_collector "$halo_rank" 8 "$halo_log_dir" "$halo_rc" "$halo_stopped_at" < /dev/null ||
-      echo "halo-sched-failure {\"node\":$halo_rank,\"rank\":null,\"host\":\"$(hostname)\",\"exit_code\":$halo_rc,\"time\":$(date +%s),\"error\":\"torchrun exited with $halo_rc\"}" >&2
-  fi
-  [ -n "$${HALO_LOG_DIR:-}" ] || rm -rf "$halo_log_root"
-  return "$halo_rc"
-}
+# halo_run (halo_sched/node/entry.sh) runs torchrun with the tag, the hang monitor beside it and
+# the warning's deliverer; then it sweeps what torchrun left (TERM, KILL after 5 s, up to 15 s)
+# and, when torchrun failed, runs the failure collector.
 
 # ---- Hang detection (hang.timeout_s; halo_sched/node/hang_monitor.py, progress.py) ----
 # Each rank may append "STEP UNIX_TIME" lines to $HALO_PROGRESS_DIR/rank-$RANK after its steps
@@ -526,8 +436,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-b676b3fc"
-        right_delimiter = "halo-b676b3fc]]"
+        left_delimiter  = "[[halo-66b3f837"
+        right_delimiter = "halo-66b3f837]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes.
@@ -576,40 +486,7 @@ halo_warning() {
 }
 trap '' USR2
 trap halo_warning URG
-# Runs in the background from the warning until torchrun ends (torchrun may start ranks again).
-halo_deliver() {
-  (
-    set +e
-    halo_bit=$(($(kill -l USR2) - 1))
-    halo_done=' '
-    while kill -0 "$halo_torchrun" 2> /dev/null; do
-      # torchrun's children: "pid (comm) state ppid ..." in /proc/PID/stat (comm may hold spaces).
-      # (cat, not awk, opens the files: a process that ends meanwhile must not end the scan).
-      # Signal every rank that handles it first, then say so: the ranks of all nodes stop
-      # together at their next step, and a rank still unsignalled by then would stop unwarned.
-      halo_sent=
-      for halo_p in $(cat /proc/[0-9]*/stat 2> /dev/null | awk -v t="$halo_torchrun" '{ p = $1; sub(/^.*\) /, ""); if ($2 == t) print p }'); do
-        [[ $halo_done != *" $halo_p "* ]] || continue
-        halo_mask=
-        while read -r halo_k halo_v; do
-          [ "$halo_k" != SigCgt: ] || { halo_mask=$halo_v; break; }
-        done 2> /dev/null < "/proc/$halo_p/status"
-        [[ $halo_mask =~ ^[0-9a-fA-F]+$ ]] && (((16#$halo_mask >> halo_bit) & 1)) || continue
-        kill -USR2 "$halo_p" 2> /dev/null || continue
-        halo_done+="$halo_p "
-        halo_sent+="$halo_p "
-      done
-      for halo_p in $halo_sent; do
-        halo_who=$(tr '\0' '\n' 2> /dev/null < "/proc/$halo_p/environ" | sed -n 's/^RANK=//p')
-        echo "halo-sched: node $halo_rank: SIGUSR2 to rank $${halo_who:-?} (pid $halo_p), $((SECONDS - halo_warned_at)) s after the warning" >&2
-      done
-      sleep 0.2
-    done
-    [ "$halo_done" != ' ' ] ||
-      echo "halo-sched: node $halo_rank: no rank handled SIGUSR2 before torchrun ended; the warning reached no trainer (install a handler for \$HALO_WARNING_SIGNAL)" >&2
-  ) &
-  halo_deliverer=$!
-}
+# halo_deliver (halo_sched/node/entry.sh) hands SIGUSR2 on, in the background, until torchrun ends.
 # Which run this is: 0 the first time, n after the job was requeued n times.
 export HALO_RESTART_COUNT="$${HALO_RESTART_COUNT:-0}"
 
@@ -645,9 +522,9 @@ HALO_MASTER_PORT=$((10#$HALO_MASTER_PORT))
 [ "$HALO_MASTER_PORT" -ge 1 ] && [ "$HALO_MASTER_PORT" -le 65535 ] || halo_fail "HALO_MASTER_PORT=$HALO_MASTER_PORT is not a port in 1..65535"
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
-# ---- The node runtime (halo_sched/node/, version bcb92ec7064528c6; docs/node-runtime.md) ----
+# ---- The node runtime (halo_sched/node/, version ccd37ca125edab35; docs/node-runtime.md) ----
 # The node's own halo-sched when it is this version, else the zip the job carries (sha256
-# 709ca55280a61474514043321a2902e47261d4b4eb9e44536c6dafc101908808): base64 in $HALO_NODE_RUNTIME or the file $HALO_NODE_RUNTIME_FILE,
+# 712bd0ace5613ac1b678f46711e338654a72ca963f24c182130e23aac74b5cc7): base64 in $HALO_NODE_RUNTIME or the file $HALO_NODE_RUNTIME_FILE,
 # checked and written once into this node's log directory. "$${halo_node[@]}" MODULE ARGS runs
 # `python -m halo_sched.node.MODULE ARGS` from the one or the other.
 halo_log_root=$${HALO_LOG_DIR:-}
@@ -658,8 +535,8 @@ halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
 case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
 # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
 halo_node_zip=
-if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != bcb92ec7064528c6 ]; then
-  halo_node_zip=$halo_log_dir/halo-node-bcb92ec7064528c6.zip
+if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != ccd37ca125edab35 ]; then
+  halo_node_zip=$halo_log_dir/halo-node-ccd37ca125edab35.zip
   $halo_py -c 'import base64, hashlib, os, sys
 out, want, text, path = sys.argv[1:5]
 if not text and path:
@@ -669,11 +546,18 @@ data = base64.b64decode("".join(text.split()) or "")
 if hashlib.sha256(data).hexdigest() != want:
     sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want))
 with open(out, "wb") as f:
-    f.write(data)' "$halo_node_zip" 709ca55280a61474514043321a2902e47261d4b4eb9e44536c6dafc101908808 "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
-    halo_fail "the node's python ($halo_py) has no halo-sched of version bcb92ec7064528c6 and the job carries no intact copy of it (docs/node-runtime.md)"
+    f.write(data)' "$halo_node_zip" 712bd0ace5613ac1b678f46711e338654a72ca963f24c182130e23aac74b5cc7 "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
+    halo_fail "the node's python ($halo_py) has no halo-sched of version ccd37ca125edab35 and the job carries no intact copy of it (docs/node-runtime.md)"
 fi
 unset HALO_NODE_RUNTIME
 halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
+# The entry's functions that hold no value of this job (halo_sched/node/entry.sh), and theirs.
+halo_functions=$("$${halo_node[@]}" shell) && [ -n "$halo_functions" ] ||
+  halo_fail "could not read the node runtime's functions (python -m halo_sched.node.shell under $halo_py)"
+eval "$halo_functions"
+unset halo_functions
+halo_signal=USR2
+halo_nproc=8
 
 # ---- Rollout servers (servers:, halo_sched/servers.py) ----
 # Each role's addresses come from the backend: HALO_SERVER_<NAME>_ADDRS (comma-separated, server
@@ -735,73 +619,9 @@ export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank $${rank}] '
 # same on every node and backend). A subreaper would not do: bash cannot become one, and a helper
 # process that did could itself be killed.
 halo_node_tag=node$halo_rank-$$-$(date +%s%N)-$RANDOM
-# Pids of live processes carrying the tag (a zombie's environ reads empty).
-halo_tagged() {
-  grep -lzxF "HALO_NODE_TAG=$halo_node_tag" /proc/[0-9]*/environ 2> /dev/null | cut -d/ -f3
-}
-# After torchrun exits, however it exits: TERM what it left once, KILL it after a short grace,
-# until nothing is left (a process forked meanwhile is caught on the next round); give up on
-# one that cannot die (uninterruptible sleep) after 10 s more.
-halo_sweep() {
-  local halo_p halo_seen=' ' halo_kill_at=$((SECONDS + 5)) halo_give_up=$((SECONDS + 15))
-  while [ "$SECONDS" -lt "$halo_give_up" ]; do
-    set -- $(halo_tagged)
-    [ $# -gt 0 ] || return 0
-    for halo_p; do
-      if [ "$SECONDS" -ge "$halo_kill_at" ]; then
-        kill -KILL "$halo_p" 2> /dev/null || true
-      elif [[ $halo_seen != *" $halo_p "* ]]; then
-        kill -TERM "$halo_p" 2> /dev/null || true
-        halo_seen+="$halo_p "
-      fi
-    done
-    sleep 0.1
-  done
-  echo "halo-sched: node $halo_rank: processes left by torchrun would not die: $*" >&2
-}
-halo_run() {
-  local halo_pid halo_tee halo_rc halo_py halo_stop
-  halo_trapped=0
-  halo_stopped_at=
-  # torchrun's own stderr also goes to a file: its failure summary has each failed rank's exit code.
-  exec 3> >(trap '' TERM INT HUP; exec tee -a "$halo_log_dir/torchrun.err" >&2)
-  halo_tee=$!
-  HALO_NODE_TAG=$halo_node_tag "$@" 2>&3 &
-  halo_pid=$!
-  halo_torchrun=$halo_pid
-  halo_hang_start "$halo_pid"
-  [ -z "$halo_warned_at" ] || halo_deliver  # warned during setup: hand it on once a rank handles it
-  # SLURM signals every process of the step and the local backend the node's process group, so
-  # torchrun has the signal already; Nomad signals this shell alone (executor_unix.go
-  # shutdownProcess), so pass it on. (SLURM's task sets HALO_SLURM_STEP_ID: it removes SLURM_STEP_*.)
-  trap 'halo_trapped=1; halo_stopped_at=$${EPOCHREALTIME:-$(date +%s)}; [ -n "$${HALO_SLURM_STEP_ID:-}$${HALO_LOCAL_JOB:-}" ] || kill -TERM "$halo_pid" 2> /dev/null || true' TERM INT
-  while :; do
-    halo_trapped=0
-    halo_rc=0
-    wait "$halo_pid" || halo_rc=$?
-    # wait returns early (>128) when the trap ran; torchrun is still stopping: wait again.
-    [ "$halo_trapped" = 1 ] && [ "$halo_rc" -gt 128 ] || break
-  done
-  halo_hang_stop
-  # The warning's deliverer ends within 0.2 s of torchrun (its last words come before the sweep's).
-  [ -z "$halo_deliverer" ] || wait "$halo_deliverer" 2> /dev/null || true
-  # A stop request from here on waits for the sweep, then takes effect (as it did before: the
-  # shell ends by that signal, without the failure report).
-  halo_stop=
-  trap 'halo_stop=TERM' TERM
-  trap 'halo_stop=INT' INT
-  halo_sweep
-  trap - TERM INT
-  [ -z "$halo_stop" ] || kill -s "$halo_stop" $$
-  exec 3>&-
-  wait "$halo_tee" 2> /dev/null || true
-  if [ "$halo_rc" != 0 ]; then
-    "$${halo_node[@]}" failure_collector "$halo_rank" 8 "$halo_log_dir" "$halo_rc" "$halo_stopped_at" < /dev/null ||
-      echo "halo-sched-failure {\"node\":$halo_rank,\"rank\":null,\"host\":\"$(hostname)\",\"exit_code\":$halo_rc,\"time\":$(date +%s),\"error\":\"torchrun exited with $halo_rc\"}" >&2
-  fi
-  [ -n "$${HALO_LOG_DIR:-}" ] || rm -rf "$halo_log_root"
-  return "$halo_rc"
-}
+# halo_run (halo_sched/node/entry.sh) runs torchrun with the tag, the hang monitor beside it and
+# the warning's deliverer; then it sweeps what torchrun left (TERM, KILL after 5 s, up to 15 s)
+# and, when torchrun failed, runs the failure collector.
 
 # ---- Hang detection (hang.timeout_s; halo_sched/node/hang_monitor.py, progress.py) ----
 # Each rank may append "STEP UNIX_TIME" lines to $HALO_PROGRESS_DIR/rank-$RANK after its steps
