@@ -232,6 +232,9 @@ def test_nomad_secret_reaches_every_rank_through_the_variable(tmp_path, monkeypa
         assert all(TOKEN not in r.path + json.dumps(r.query) for r in fake.requests)
     codes, logs = run_sim(registered, tmp_path, {path: var["Items"]})
     assert set(codes.values()) == {0}, logs
+    # The node runtime reached every task from the same Variable, byte for byte (its template).
+    carried = sorted((tmp_path / "nomad").rglob("local/halo-node.b64"))
+    assert len(carried) == 2 and {f.read_text() for f in carried} == {runtime().base64}, carried
     reports = [json.loads(p.read_text()) for p in sorted((tmp_path / "reports").glob("rank*.json"))]
     assert len(reports) == 2
     for rep in reports:
