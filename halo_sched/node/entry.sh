@@ -6,6 +6,20 @@
 # rendered job holds only what is its own. The HALO_* names are halo_sched/node/contract.py's
 # (tests/test_node_runtime.py checks them).
 
+# The warning. The job's warning signal ($halo_signal, slurm.signal's, USR2 by default) is ignored
+# in the entry, in setup and in torchrun, and inherited as ignored by the ranks: torchrun would die
+# from it (or, for a signal it handles, stop its workers after a short grace). The trainer installs
+# its own handler (Python's signal.signal overrides an inherited SIG_IGN) and has until the
+# deadline to checkpoint; a handler in the entry shell would not do (bash resets handled signals
+# to the default in children). The warning reaches the entry as its carrier (URG; SLURM: the
+# batch script passes slurm.signal's warning and `halo-sched cancel --signal` on, to every process
+# of the job's steps), whose default action is to ignore it, so torchrun, the ranks and any server
+# go on as if nothing came; the entry alone acts on it: halo_deliver hands $halo_signal to each
+# rank (a process torchrun started) once that rank handles it (SigCgt in /proc/PID/status), at
+# once or as soon as it installs its handler. A warning that comes while setup, torchrun or a
+# trainer's imports still run is held, not lost: slurmctld looks at time limits every 30 s and
+# sends slurm.signal's warning up to 30 s early, which for a short job can be its first seconds
+# (job_mgr.c send_job_warn_signal).
 # Runs in the background from the warning until torchrun ends (torchrun may start ranks again).
 halo_deliver() {
   (
@@ -40,6 +54,12 @@ halo_deliver() {
   ) &
   halo_deliverer=$!
 }
+# torchrun's workers run in sessions of their own: when torchrun dies (SIGKILL), they are
+# reparented to init, out of reach of its process tree and of SLURM's proctrack/linuxproc, and
+# would outlive the job. Only torchrun gets the tag ($halo_node_tag, made at run time by the
+# entry) in its environment, so it marks exactly what torchrun started, however deep or
+# reparented. A subreaper would not do: bash cannot become one, and a helper process that did
+# could itself be killed.
 # Pids of live processes carrying the tag (a zombie's environ reads empty).
 halo_tagged() {
   grep -lzxF "HALO_NODE_TAG=$halo_node_tag" /proc/[0-9]*/environ 2> /dev/null | cut -d/ -f3

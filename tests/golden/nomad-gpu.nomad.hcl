@@ -101,14 +101,12 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-f231d09c"
-        right_delimiter = "halo-f231d09c]]"
+        left_delimiter  = "[[halo-c68fcecf"
+        right_delimiter = "halo-c68fcecf]]"
         data        = <<EOT
 #!/bin/bash
-# halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
-# The same script runs on every node. The backend sets only HALO_NODE_RANK (and maybe
-# HALO_NODE_RANK_OFFSET) and the master address and port (HALO_MASTER_ADDR and
-# HALO_MASTER_PORT, or HALO_MASTER_ADDR_FILE to poll until rank 0 is known).
+# halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes, the same on every node.
+# Its input: HALO_NODE_RANK (+ HALO_NODE_RANK_OFFSET), HALO_MASTER_ADDR/HALO_MASTER_PORT or HALO_MASTER_ADDR_FILE.
 set -e
 halo_fail() {
   echo "halo-sched: node $halo_rank: $*" >&2
@@ -124,21 +122,10 @@ esac
 halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not octal
 [ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank (HALO_NODE_RANK + offset $halo_offset) is outside 0..1"
 
-# The preemption/time-limit warning (SIGUSR2) is ignored here, in setup and in
-# torchrun, and inherited as ignored by the ranks: torchrun would die from it (or, for a signal it
-# handles, stop its workers after a short grace). The trainer installs its own handler (Python's
-# signal.signal overrides an inherited SIG_IGN) and has until the deadline to checkpoint. A
-# handler in this shell would not do: bash resets handled signals to the default in children.
+# The warning (SIGUSR2) is ignored here, in setup, torchrun and the ranks; the trainer installs its own
+# handler. It arrives as SIGURG (ignored by default): this shell then hands SIGUSR2 to each rank
+# once that rank handles it (halo_deliver; the why: halo_sched/node/entry.sh, docs/slurm.md).
 export HALO_WARNING_SIGNAL=USR2
-
-# The warning reaches this shell as SIGURG (SLURM: the batch script passes slurm.signal's warning
-# and `halo-sched cancel --signal` on as URG, to every process of the job's steps). URG's default
-# action is to ignore it, so torchrun, the ranks and any server go on as if nothing came; this
-# shell alone acts on it: it hands SIGUSR2 to each rank (a process torchrun started)
-# once that rank handles it (SigCgt in /proc/PID/status), at once or as soon as it installs its
-# handler. A warning that comes while setup, torchrun or a trainer's imports still run is held,
-# not lost: slurmctld looks at time limits every 30 s and sends slurm.signal's warning up to 30 s
-# early, which for a short job can be its first seconds (job_mgr.c send_job_warn_signal).
 halo_warned_at=
 halo_torchrun=
 halo_deliverer=
@@ -151,7 +138,6 @@ halo_warning() {
 }
 trap '' USR2
 trap halo_warning URG
-# halo_deliver (halo_sched/node/entry.sh) hands SIGUSR2 on, in the background, until torchrun ends.
 # Which run this is: 0 the first time, n after the job was requeued n times.
 export HALO_RESTART_COUNT="$${HALO_RESTART_COUNT:-0}"
 
@@ -186,11 +172,9 @@ HALO_MASTER_PORT=$((10#$HALO_MASTER_PORT))
 [ "$HALO_MASTER_PORT" -ge 1 ] && [ "$HALO_MASTER_PORT" -le 65535 ] || halo_fail "HALO_MASTER_PORT=$HALO_MASTER_PORT is not a port in 1..65535"
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
-# ---- The node runtime (halo_sched/node/, version ccd37ca125edab35; docs/node-runtime.md) ----
-# The node's own halo-sched when it is this version, else the zip the job carries (sha256
-# 712bd0ace5613ac1b678f46711e338654a72ca963f24c182130e23aac74b5cc7): base64 in $HALO_NODE_RUNTIME or the file $HALO_NODE_RUNTIME_FILE,
-# checked and written once into this node's log directory. "$${halo_node[@]}" MODULE ARGS runs
-# `python -m halo_sched.node.MODULE ARGS` from the one or the other.
+# ---- The node runtime ee1151c4a0de1b52 (halo_sched/node/; docs/node-runtime.md): the node's own halo-sched
+# when it is this version, else the job's zip (HALO_NODE_RUNTIME, or the file HALO_NODE_RUNTIME_FILE),
+# checked by its SHA-256 and written once into this node's log directory.
 halo_log_root=$${HALO_LOG_DIR:-}
 [ -n "$halo_log_root" ] || halo_log_root=$(mktemp -d "$${TMPDIR:-/tmp}/halo-sched.XXXXXX")
 halo_log_dir=$halo_log_root/node-$halo_rank
@@ -199,23 +183,14 @@ halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
 case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
 # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
 halo_node_zip=
-if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != ccd37ca125edab35 ]; then
-  halo_node_zip=$halo_log_dir/halo-node-ccd37ca125edab35.zip
-  $halo_py -c 'import base64, hashlib, os, sys
-out, want, text, path = sys.argv[1:5]
-if not text and path:
-    with open(path) as f:
-        text = f.read()
-data = base64.b64decode("".join(text.split()) or "")
-if hashlib.sha256(data).hexdigest() != want:
-    sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want))
-with open(out, "wb") as f:
-    f.write(data)' "$halo_node_zip" 712bd0ace5613ac1b678f46711e338654a72ca963f24c182130e23aac74b5cc7 "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
-    halo_fail "the node's python ($halo_py) has no halo-sched of version ccd37ca125edab35 and the job carries no intact copy of it (docs/node-runtime.md)"
+if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != ee1151c4a0de1b52 ]; then
+  halo_node_zip=$halo_log_dir/halo-node-ee1151c4a0de1b52.zip
+  $halo_py -c 'import base64, hashlib, sys; out, want, text, path = sys.argv[1:5]; data = base64.b64decode("".join((text or (open(path).read() if path else "")).split())); hashlib.sha256(data).hexdigest() == want or sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want)); open(out, "wb").write(data)' "$halo_node_zip" b2ffe33d8b64b81193cad25486787816a534b6c0829a967e409dda904e053e1b "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
+    halo_fail "the node's python ($halo_py) has no halo-sched of version ee1151c4a0de1b52 and the job carries no intact copy of it (docs/node-runtime.md)"
 fi
 unset HALO_NODE_RUNTIME
 halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
-# The entry's functions that hold no value of this job (halo_sched/node/entry.sh), and theirs.
+# "$${halo_node[@]}" MODULE ARGS: python -m halo_sched.node.MODULE from there; then the entry's job-free functions.
 halo_functions=$("$${halo_node[@]}" shell) && [ -n "$halo_functions" ] ||
   halo_fail "could not read the node runtime's functions (python -m halo_sched.node.shell under $halo_py)"
 eval "$halo_functions"
@@ -225,32 +200,20 @@ halo_nproc=8
 
 
 # ---- Failure report (halo_sched/node/failure_collector.py) ----
-# torchrun --log-dir/--tee: each rank's stdout/stderr also land in a file (on the console every
-# such line reads "[rank R] ..."), beside the rank's TORCHELASTIC_ERROR_FILE. When torchrun exits
-# non-zero, the collector prints one "halo-sched-failure {json}" line per failed rank to this
-# node's output, where every backend finds it. HALO_LOG_DIR (optional) keeps the files
-# ($halo_log_dir, made with the node runtime above).
+# torchrun --log-dir/--tee: each rank's output also lands in a file; when torchrun fails, the
+# collector prints one "halo-sched-failure {json}" line per failed rank, where every backend finds it.
 export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank $${rank}] '
-# torchrun's workers run in sessions of their own: when torchrun dies (SIGKILL), they are
-# reparented to init, out of reach of its process tree and of SLURM's proctrack/linuxproc, and
-# would outlive the job. Only torchrun gets this tag in its environment, so it marks exactly what
-# torchrun started, however deep or reparented; it is made here, at run time (the script is the
-# same on every node and backend). A subreaper would not do: bash cannot become one, and a helper
-# process that did could itself be killed.
+# Only torchrun gets this tag in its environment: it finds what torchrun started, however deep or
+# reparented (its workers run in sessions of their own and would outlive the job; entry.sh).
 halo_node_tag=node$halo_rank-$$-$(date +%s%N)-$RANDOM
 # halo_run (halo_sched/node/entry.sh) runs torchrun with the tag, the hang monitor beside it and
 # the warning's deliverer; then it sweeps what torchrun left (TERM, KILL after 5 s, up to 15 s)
 # and, when torchrun failed, runs the failure collector.
 
 # ---- Hang detection (hang.timeout_s; halo_sched/node/hang_monitor.py, progress.py) ----
-# Each rank may append "STEP UNIX_TIME" lines to $HALO_PROGRESS_DIR/rank-$RANK after its steps
-# (docs/failures.md: "Hangs"). A monitor beside torchrun ends the node when no rank progressed for
-# hang.timeout_s=300s (600s before a rank's first report, judged by its output),
-# after taking every rank's stack: SIGRTMIN+5 where the rank registered faulthandler on it
-# (HALO_STACK_SIGNAL; progress.report() does), else SIGABRT with PYTHONFAULTHANDLER.
-# Where the backend sets HALO_PROGRESS_MIRROR (SLURM: beside the job's output file), the monitor
-# also copies the progress files there every few seconds, for `halo-sched status` and `timeline`.
-# Each stays as the user set it.
+# A monitor beside torchrun ends the node when no rank progressed (lines in $HALO_PROGRESS_DIR/rank-$RANK)
+# for hang.timeout_s=300s (600s before a rank's first report), after taking every rank's
+# stack (docs/failures.md, "Hangs"); it copies the progress files to $HALO_PROGRESS_MIRROR where set.
 export HALO_PROGRESS_DIR=$halo_log_dir/progress
 mkdir -p "$HALO_PROGRESS_DIR"
 export HALO_STACK_SIGNAL=$(kill -l RTMIN+5)
@@ -387,14 +350,12 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-f231d09c"
-        right_delimiter = "halo-f231d09c]]"
+        left_delimiter  = "[[halo-c68fcecf"
+        right_delimiter = "halo-c68fcecf]]"
         data        = <<EOT
 #!/bin/bash
-# halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes.
-# The same script runs on every node. The backend sets only HALO_NODE_RANK (and maybe
-# HALO_NODE_RANK_OFFSET) and the master address and port (HALO_MASTER_ADDR and
-# HALO_MASTER_PORT, or HALO_MASTER_ADDR_FILE to poll until rank 0 is known).
+# halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes, the same on every node.
+# Its input: HALO_NODE_RANK (+ HALO_NODE_RANK_OFFSET), HALO_MASTER_ADDR/HALO_MASTER_PORT or HALO_MASTER_ADDR_FILE.
 set -e
 halo_fail() {
   echo "halo-sched: node $halo_rank: $*" >&2
@@ -410,21 +371,10 @@ esac
 halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not octal
 [ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank (HALO_NODE_RANK + offset $halo_offset) is outside 0..1"
 
-# The preemption/time-limit warning (SIGUSR2) is ignored here, in setup and in
-# torchrun, and inherited as ignored by the ranks: torchrun would die from it (or, for a signal it
-# handles, stop its workers after a short grace). The trainer installs its own handler (Python's
-# signal.signal overrides an inherited SIG_IGN) and has until the deadline to checkpoint. A
-# handler in this shell would not do: bash resets handled signals to the default in children.
+# The warning (SIGUSR2) is ignored here, in setup, torchrun and the ranks; the trainer installs its own
+# handler. It arrives as SIGURG (ignored by default): this shell then hands SIGUSR2 to each rank
+# once that rank handles it (halo_deliver; the why: halo_sched/node/entry.sh, docs/slurm.md).
 export HALO_WARNING_SIGNAL=USR2
-
-# The warning reaches this shell as SIGURG (SLURM: the batch script passes slurm.signal's warning
-# and `halo-sched cancel --signal` on as URG, to every process of the job's steps). URG's default
-# action is to ignore it, so torchrun, the ranks and any server go on as if nothing came; this
-# shell alone acts on it: it hands SIGUSR2 to each rank (a process torchrun started)
-# once that rank handles it (SigCgt in /proc/PID/status), at once or as soon as it installs its
-# handler. A warning that comes while setup, torchrun or a trainer's imports still run is held,
-# not lost: slurmctld looks at time limits every 30 s and sends slurm.signal's warning up to 30 s
-# early, which for a short job can be its first seconds (job_mgr.c send_job_warn_signal).
 halo_warned_at=
 halo_torchrun=
 halo_deliverer=
@@ -437,7 +387,6 @@ halo_warning() {
 }
 trap '' USR2
 trap halo_warning URG
-# halo_deliver (halo_sched/node/entry.sh) hands SIGUSR2 on, in the background, until torchrun ends.
 # Which run this is: 0 the first time, n after the job was requeued n times.
 export HALO_RESTART_COUNT="$${HALO_RESTART_COUNT:-0}"
 
@@ -472,11 +421,9 @@ HALO_MASTER_PORT=$((10#$HALO_MASTER_PORT))
 [ "$HALO_MASTER_PORT" -ge 1 ] && [ "$HALO_MASTER_PORT" -le 65535 ] || halo_fail "HALO_MASTER_PORT=$HALO_MASTER_PORT is not a port in 1..65535"
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
-# ---- The node runtime (halo_sched/node/, version ccd37ca125edab35; docs/node-runtime.md) ----
-# The node's own halo-sched when it is this version, else the zip the job carries (sha256
-# 712bd0ace5613ac1b678f46711e338654a72ca963f24c182130e23aac74b5cc7): base64 in $HALO_NODE_RUNTIME or the file $HALO_NODE_RUNTIME_FILE,
-# checked and written once into this node's log directory. "$${halo_node[@]}" MODULE ARGS runs
-# `python -m halo_sched.node.MODULE ARGS` from the one or the other.
+# ---- The node runtime ee1151c4a0de1b52 (halo_sched/node/; docs/node-runtime.md): the node's own halo-sched
+# when it is this version, else the job's zip (HALO_NODE_RUNTIME, or the file HALO_NODE_RUNTIME_FILE),
+# checked by its SHA-256 and written once into this node's log directory.
 halo_log_root=$${HALO_LOG_DIR:-}
 [ -n "$halo_log_root" ] || halo_log_root=$(mktemp -d "$${TMPDIR:-/tmp}/halo-sched.XXXXXX")
 halo_log_dir=$halo_log_root/node-$halo_rank
@@ -485,23 +432,14 @@ halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
 case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
 # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
 halo_node_zip=
-if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != ccd37ca125edab35 ]; then
-  halo_node_zip=$halo_log_dir/halo-node-ccd37ca125edab35.zip
-  $halo_py -c 'import base64, hashlib, os, sys
-out, want, text, path = sys.argv[1:5]
-if not text and path:
-    with open(path) as f:
-        text = f.read()
-data = base64.b64decode("".join(text.split()) or "")
-if hashlib.sha256(data).hexdigest() != want:
-    sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want))
-with open(out, "wb") as f:
-    f.write(data)' "$halo_node_zip" 712bd0ace5613ac1b678f46711e338654a72ca963f24c182130e23aac74b5cc7 "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
-    halo_fail "the node's python ($halo_py) has no halo-sched of version ccd37ca125edab35 and the job carries no intact copy of it (docs/node-runtime.md)"
+if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != ee1151c4a0de1b52 ]; then
+  halo_node_zip=$halo_log_dir/halo-node-ee1151c4a0de1b52.zip
+  $halo_py -c 'import base64, hashlib, sys; out, want, text, path = sys.argv[1:5]; data = base64.b64decode("".join((text or (open(path).read() if path else "")).split())); hashlib.sha256(data).hexdigest() == want or sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want)); open(out, "wb").write(data)' "$halo_node_zip" b2ffe33d8b64b81193cad25486787816a534b6c0829a967e409dda904e053e1b "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
+    halo_fail "the node's python ($halo_py) has no halo-sched of version ee1151c4a0de1b52 and the job carries no intact copy of it (docs/node-runtime.md)"
 fi
 unset HALO_NODE_RUNTIME
 halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
-# The entry's functions that hold no value of this job (halo_sched/node/entry.sh), and theirs.
+# "$${halo_node[@]}" MODULE ARGS: python -m halo_sched.node.MODULE from there; then the entry's job-free functions.
 halo_functions=$("$${halo_node[@]}" shell) && [ -n "$halo_functions" ] ||
   halo_fail "could not read the node runtime's functions (python -m halo_sched.node.shell under $halo_py)"
 eval "$halo_functions"
@@ -511,32 +449,20 @@ halo_nproc=8
 
 
 # ---- Failure report (halo_sched/node/failure_collector.py) ----
-# torchrun --log-dir/--tee: each rank's stdout/stderr also land in a file (on the console every
-# such line reads "[rank R] ..."), beside the rank's TORCHELASTIC_ERROR_FILE. When torchrun exits
-# non-zero, the collector prints one "halo-sched-failure {json}" line per failed rank to this
-# node's output, where every backend finds it. HALO_LOG_DIR (optional) keeps the files
-# ($halo_log_dir, made with the node runtime above).
+# torchrun --log-dir/--tee: each rank's output also lands in a file; when torchrun fails, the
+# collector prints one "halo-sched-failure {json}" line per failed rank, where every backend finds it.
 export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank $${rank}] '
-# torchrun's workers run in sessions of their own: when torchrun dies (SIGKILL), they are
-# reparented to init, out of reach of its process tree and of SLURM's proctrack/linuxproc, and
-# would outlive the job. Only torchrun gets this tag in its environment, so it marks exactly what
-# torchrun started, however deep or reparented; it is made here, at run time (the script is the
-# same on every node and backend). A subreaper would not do: bash cannot become one, and a helper
-# process that did could itself be killed.
+# Only torchrun gets this tag in its environment: it finds what torchrun started, however deep or
+# reparented (its workers run in sessions of their own and would outlive the job; entry.sh).
 halo_node_tag=node$halo_rank-$$-$(date +%s%N)-$RANDOM
 # halo_run (halo_sched/node/entry.sh) runs torchrun with the tag, the hang monitor beside it and
 # the warning's deliverer; then it sweeps what torchrun left (TERM, KILL after 5 s, up to 15 s)
 # and, when torchrun failed, runs the failure collector.
 
 # ---- Hang detection (hang.timeout_s; halo_sched/node/hang_monitor.py, progress.py) ----
-# Each rank may append "STEP UNIX_TIME" lines to $HALO_PROGRESS_DIR/rank-$RANK after its steps
-# (docs/failures.md: "Hangs"). A monitor beside torchrun ends the node when no rank progressed for
-# hang.timeout_s=300s (600s before a rank's first report, judged by its output),
-# after taking every rank's stack: SIGRTMIN+5 where the rank registered faulthandler on it
-# (HALO_STACK_SIGNAL; progress.report() does), else SIGABRT with PYTHONFAULTHANDLER.
-# Where the backend sets HALO_PROGRESS_MIRROR (SLURM: beside the job's output file), the monitor
-# also copies the progress files there every few seconds, for `halo-sched status` and `timeline`.
-# Each stays as the user set it.
+# A monitor beside torchrun ends the node when no rank progressed (lines in $HALO_PROGRESS_DIR/rank-$RANK)
+# for hang.timeout_s=300s (600s before a rank's first report), after taking every rank's
+# stack (docs/failures.md, "Hangs"); it copies the progress files to $HALO_PROGRESS_MIRROR where set.
 export HALO_PROGRESS_DIR=$halo_log_dir/progress
 mkdir -p "$HALO_PROGRESS_DIR"
 export HALO_STACK_SIGNAL=$(kill -l RTMIN+5)

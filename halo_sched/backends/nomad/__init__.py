@@ -207,8 +207,7 @@ class NomadScheduler(Scheduler):
         token = dryrun.payload["Job"]["Meta"][TOKEN_META]
         if items:
             # Before the job exists: its tasks read the Variable once, when they start.
-            client.put_variable(variable_path(dryrun.payload["Job"]["ID"]), items, retry_s=self.retry_s,
-                                on_retry=_say)
+            self._write_variable(client, dryrun.spec, variable_path(dryrun.payload["Job"]["ID"]), items)
         resp = client.submit_job(dryrun.payload, token, retry_s=self.retry_s, on_retry=_say) or {}
         if resp.get("found_after_retry"):
             _say(f"the job was registered by an earlier attempt (token {token}); not registering it again")
@@ -222,6 +221,23 @@ class NomadScheduler(Scheduler):
         namespace = nm.namespace or (cfg.namespace if cfg is not None else None)
         job_id = dryrun.payload["Job"]["ID"]
         return f"{region + ':' if region else ''}{namespace + '/' if namespace else ''}{job_id}"
+
+    def _write_variable(self, client, spec: JobSpec, path: str, items: dict[str, str]) -> None:
+        """The job's Variable: its secrets, and the node runtime (docs/node-runtime.md). A token that
+        may not write it stops a job with secrets; a job without them goes on without the carried
+        runtime (its nodes then need halo-sched at the job's version), as it did before the runtime
+        travelled there."""
+        from .transport import NomadAPIError
+
+        try:
+            client.put_variable(path, items, retry_s=self.retry_s, on_retry=_say)
+        except NomadAPIError as err:
+            if err.status != 403 or spec.secret_names:
+                raise
+            from ...node_runtime import runtime
+
+            _say(f"warning: NOMAD_TOKEN may not write {path}: the job carries no node runtime, so its nodes need "
+                 f"halo-sched with node runtime {runtime().version} installed (docs/node-runtime.md)")
 
     def submit_attempt(self, spec: JobSpec, previous_id: str):
         """The run's next attempt as a NEW VERSION of the same Nomad job (``nomad job history``
@@ -257,7 +273,7 @@ class NomadScheduler(Scheduler):
                                  f"{job.get('Version')}); not registering attempt {spec._attempt.number + 1}")
         if items:
             # The previous attempt's end deleted it (its tasks had read it): written again.
-            client.put_variable(variable_path(name), items, retry_s=self.retry_s, on_retry=_say)
+            self._write_variable(client, spec, variable_path(name), items)
             self._secrets_gone.discard(_key(client, name))
             self._secrets_failed.discard(_key(client, name))
         resp = client.reregister_job(payload, token, int(job.get("JobModifyIndex") or 0), retry_s=self.retry_s,
