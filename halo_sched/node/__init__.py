@@ -45,7 +45,3 @@ def source_path(module: str) -> Path:
     """The file of ``module`` (``"failure_collector"``, ``"trainers.preflight_bw"``) in this package."""
     return _HERE.joinpath(*module.split(".")).with_suffix(".py")
 
-
-def source(module: str) -> str:
-    """The text of ``module``, without its final newline: what a script carries to the nodes."""
-    return source_path(module).read_text().rstrip("\n")
