@@ -148,3 +148,13 @@ def test_the_entry_functions_use_only_the_contracts_names():
     used = set(re.findall(r"\bHALO_[A-Z_]+\b", text))
     known = {getattr(NAMES, k) for k in dir(NAMES) if not k.startswith("_") and isinstance(getattr(NAMES, k), str)}
     assert used and used <= known, used - known
+
+
+def test_the_carried_copy_fits_where_it_travels():
+    """SLURM hands it to each task as one argument of srun (Linux: at most 128 KiB per argument,
+    MAX_ARG_STRLEN); Nomad keeps it in the job's Variable (at most 64 KiB with the secrets,
+    nomad/structs/variables.go maxVariableSize): room is left for both the entry and the secrets."""
+    from halo_sched.node_runtime import ITEM
+
+    assert len(runtime().base64_lines().encode()) <= 96 * 1024
+    assert len(ITEM) + len(runtime().base64) <= 52 * 1024, "the node runtime leaves under 12 KiB for secrets"
