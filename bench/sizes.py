@@ -7,7 +7,7 @@
 Sizes (lines and bytes of every example's rendered artifact, the carried node runtime apart, and
 the Nomad job at 2, 256 and 1,024 nodes) are a function of the tree: tests/test_docs_figures.py
 fails when the doc's block is not what this script writes now. Render rates (renders/s in
-process, by backend and node count) depend on the machine and its load: written with ``--rates``,
+process, per CPU-second, by backend and node count) depend on the machine: written with ``--rates``,
 with the date, CPU count and load average they were measured under, never checked.
 """
 from __future__ import annotations
@@ -80,17 +80,18 @@ def sizes_block() -> str:
 def rates_block() -> str:
     import halo_sched
 
+    # CPU time of this process, not wall time: on a shared machine other work moves wall time by
+    # a factor of several, the process's own CPU time by a few percent.
     def per_call(fn, seconds: float = 0.3) -> float:
         fn()
-        k, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
+        k, t0 = 0, time.process_time()
+        while time.process_time() - t0 < seconds:
             fn()
             k += 1
-        return (time.perf_counter() - t0) / k
+        return (time.process_time() - t0) / k
 
     lines = [f"Measured {time.strftime('%Y-%m-%d')} on {os.cpu_count()} CPUs, load average "
-             f"{os.getloadavg()[0]:.1f}, Python {sys.version.split()[0]} (renders/s in process; other "
-             "work on the machine moves these by +-30%):", ""]
+             f"{os.getloadavg()[0]:.1f}, Python {sys.version.split()[0]} (renders per CPU-second, in process):", ""]
     for backend, f in {"slurm": "ddp-gpu.yaml", "nomad": "nomad-gpu.yaml", "local": "ddp-cpu.yaml"}.items():
         spec = halo_sched.load(REPO / "examples" / f)
         rates = []
