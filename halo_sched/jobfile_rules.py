@@ -3,10 +3,8 @@
 The models (halo_sched/models.py) declare the fields; every check they run past a field's type
 and bounds is a plain function here (``<section>_<what>``: a field's value in, the value out,
 or a section in and the same section out), and what a section derives (``JobSpec.derived_env``,
-``Slurm.warning``, ...) is a method of its ``<Section>Methods`` mixin. The compiled validator
-(halo_sched/jobfile_validator.py, generated from the models) calls the same functions and builds
-:class:`View` objects with the same mixins, so `render` and `validate` read a job file without
-building pydantic's models (docs/performance.md, "Start-up"). Each check is written once, here.
+``Slurm.warning``, ...) is a method of its ``<Section>Methods`` mixin. Together with the models
+they are the one definition of a valid job file; each check is written once, here.
 
 What a valid value is lives in halo_sched/values.py.
 """
@@ -26,7 +24,7 @@ from .values import (
     parse_slurm_mem, parse_slurm_time, parse_warning, sbatch_option_owner,
 )
 
-# A section here is the model (halo_sched/models.py) or its View: one of either kind, never imported.
+# A section here is a model of halo_sched/models.py (never imported here: the models import this).
 Section = Any
 
 #: The most attempts a run may have: past that, a node fault is not what is failing the run.
@@ -619,56 +617,3 @@ class JobSpecMethods:
 
         env.update(layout_env(self))
         return env
-
-
-class View:
-    """A validated section as the compiled validator builds it (pydantic-core sets ``__dict__``,
-    the fields set and the extras, as it does for a model): read-only, with the section's
-    methods from its mixin. Its private attributes (``_job_file``, ``_attempt``) may be set, as
-    on the models; nothing else."""
-
-    __slots__ = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
-    #: The private attributes of the section and their defaults (the generated classes set them).
-    _PRIVATE: dict[str, Any] = {}
-
-    @classmethod
-    def _default(cls, fields: dict[str, Any]) -> View:
-        """The section a job file leaves out: its defaults, no field set."""
-        view = object.__new__(cls)
-        object.__setattr__(view, "__dict__", fields)
-        object.__setattr__(view, "__pydantic_fields_set__", set())
-        object.__setattr__(view, "__pydantic_extra__", None)
-        object.__setattr__(view, "__pydantic_private__", None)
-        return view
-
-    @property
-    def model_fields_set(self) -> set[str]:
-        return self.__pydantic_fields_set__
-
-    def _private(self) -> dict[str, Any]:
-        try:
-            private = object.__getattribute__(self, "__pydantic_private__")
-        except AttributeError:  # pydantic-core leaves it unset: no post-init runs for a View
-            private = None
-        if private is None:
-            private = {}
-            object.__setattr__(self, "__pydantic_private__", private)
-        return private
-
-    def __getattr__(self, name: str) -> Any:
-        if name in type(self)._PRIVATE:
-            return self._private().get(name, type(self)._PRIVATE[name])
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name not in type(self)._PRIVATE:
-            raise TypeError(f"{type(self).__name__} is read-only: {name} cannot be set")
-        self._private()[name] = value
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self.__dict__ == other.__dict__
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.__dict__.items())})"

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from .node import source as node_source
 from .node.contract import DERIVED_PORTS, INDEX_TAG, NAMES, WARNING_CARRIER, EnvNames
-from .templating import RenderError, check, checked_int, heredoc_tag, render_template
+from .node_runtime import runtime
+from .templating import RenderError, check, checked_int, render_template
 
 if TYPE_CHECKING:  # pragma: no cover
     from .models import JobSpec
@@ -296,16 +296,9 @@ def _gate(spec: JobSpec) -> _Gate:
 
 def render_entry(launch: Launch) -> str:
     """The per-node entry script, byte-identical for every node and every backend."""
-    collector = node_source("failure_collector")
-    monitor = node_source("hang_monitor")
-    health = node_source("server_health") if launch.servers else ""
-    gate = node_source("trainers.preflight_bw") if launch.spec.preflight.gate is True else ""
     return render_template(
         "entry.sh.j2", launch=launch, names=launch.names, warning=launch.warning,
-        trainer=launch.trainer, collector=collector, collector_tag=heredoc_tag(collector, "HALO_COLLECT_EOF"),
-        monitor=monitor, monitor_tag=heredoc_tag(monitor, "HALO_MONITOR_EOF"),
-        health_source=health, health_tag=heredoc_tag(health, "HALO_HEALTH_EOF"),
-        gate_source=gate, gate_tag=heredoc_tag(gate, "HALO_GATE_EOF"), gate=_gate(launch.spec),
+        trainer=launch.trainer, runtime=runtime(), gate=_gate(launch.spec),
     )
 
 

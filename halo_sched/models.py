@@ -2,9 +2,8 @@
 rendezvous, storage, network, slurm, nomad, parallelism, servers): the fields, their types and
 bounds, and which check of halo_sched/jobfile_rules.py each field and section runs.
 
-These models are the job file's one definition: the compiled validator that `render` and
-`validate` use (halo_sched/jobfile_validator.py) is generated from them
-(``python -m halo_sched.jobfile_codegen``; a test fails when it is stale). What a valid value is
+These models, with the plain functions of halo_sched/jobfile_rules.py, are the job file's one
+definition: every command that reads a job file validates it here. What a valid value is
 lives in halo_sched/values.py; reading a job file (YAML, the bounds on it, errors named by field
 and line) in halo_sched/spec.py, which is also where ``load``/``loads`` come from.
 """
@@ -29,7 +28,7 @@ class _Model(BaseModel):
     # strict: YAML already gives native types, and `nodes: true` or `port: "29500"` is a mistake.
     # defer_build: a model's validator is built when it first validates, not at import. Validating a
     # job file builds JobSpec's alone (its sections inlined), not one more per section model as well
-    # (~9 ms of a submit; render and validate build none: halo_sched/jobfile_validator.py).
+    # (~9 ms of a render or a submit).
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False, strict=True, defer_build=True)
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic_core import ValidationError
 
 from .errors import SpecError
-from .jobfile_rules import JobFile, View, cpu_notes
+from .jobfile_rules import JobFile, cpu_notes
 from .values import SBATCH_OPTIONS_REFUSED, SBATCH_OPTIONS_SET_BY, parse_go_duration, parse_size
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -32,8 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # The public names are load, loads, validated, json_schema and JobSpec. Parallelism, Trainer, the
 # SBATCH_OPTIONS_* tables and the parsers are at home in models.py and values.py; they are named
-# here too for code that imports them from halo_sched.spec (the models only when asked for:
-# `render` and `validate` never import them, see _compiled_validator).
+# here too for code that imports them from halo_sched.spec (the models only when asked for).
 __all__ = ["JobSpec", "from_dict", "json_schema", "load", "loads", "problems_from", "validated",
            "Parallelism", "Trainer", "SBATCH_OPTIONS_REFUSED", "SBATCH_OPTIONS_SET_BY", "parse_go_duration",
            "parse_size"]
@@ -45,22 +44,6 @@ def __getattr__(name: str) -> Any:
 
         return getattr(models, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-@functools.lru_cache(maxsize=1)
-def _compiled_validator():
-    """pydantic-core's validator for the job file, built from the compiled schema
-    (halo_sched/jobfile_validator.py, generated from the models): the models' checks, run
-    without importing pydantic's models or building their validators (most of `render`'s
-    start-up time and memory above its imports: docs/performance.md). None with a pydantic-core
-    other than the one it was generated and tested with: the models validate then."""
-    import pydantic_core
-
-    from .jobfile_validator import PYDANTIC_CORE, SCHEMA
-
-    if pydantic_core.__version__ != PYDANTIC_CORE:
-        return None
-    return pydantic_core.SchemaValidator(SCHEMA)
 
 
 def _line_index(text: str) -> dict[tuple, int]:
@@ -167,11 +150,9 @@ def _fmt_loc(loc: tuple) -> str:
     return s
 
 
-def from_dict(data: Any, source: str | None = None, text: str | None = None, *, view: bool = False) -> JobSpec:
-    """``data`` (a job file's YAML, read) validated: a JobSpec, or with ``view`` a read-only
-    :class:`~halo_sched.jobfile_rules.View` of the same fields and methods, built by the compiled
-    validator without pydantic's models (what `render` and `validate` use). Whatever the compiled
-    validator refuses, the models validate again, so every error reads as ``load``'s."""
+def from_dict(data: Any, source: str | None = None, text: str | None = None) -> JobSpec:
+    """``data`` (a job file's YAML, read) validated by the models (halo_sched/models.py, with the
+    checks of halo_sched/jobfile_rules.py): the one definition of a valid job file."""
     if not isinstance(data, dict):
         raise SpecError([("", "the job file must be a mapping of keys (name, nodes, trainer, ...)")], source)
 
@@ -186,20 +167,12 @@ def from_dict(data: Any, source: str | None = None, text: str | None = None, *, 
                 return f"{where} (line {lines[loc[:n]]})"
         return where
 
-    spec = None
-    validator = _compiled_validator() if view else None
-    if validator is not None:
-        try:
-            spec = validator.validate_python(data)
-        except ValidationError:
-            spec = None  # the models name the problems below, as for a JobSpec
-    if spec is None:
-        from .models import JobSpec
+    from .models import JobSpec
 
-        try:
-            spec = JobSpec.model_validate(data)
-        except ValidationError as err:
-            raise SpecError([(located(loc), msg) for loc, msg in problems_from(err)], source) from None
+    try:
+        spec = JobSpec.model_validate(data)
+    except ValidationError as err:
+        raise SpecError([(located(loc), msg) for loc, msg in problems_from(err)], source) from None
     # Layout rules need the whole job (nodes x GPUs), so they run on the validated spec.
     import warnings
 
@@ -359,7 +332,7 @@ def _check_expansion(root, refused) -> None:
         stack.extend((k, False) for k in kids_of(node) if id(k) not in size)
 
 
-def loads(text: str, source: str | None = None, *, view: bool = False) -> JobSpec:
+def loads(text: str, source: str | None = None) -> JobSpec:
     import yaml
 
     if len(text) > MAX_JOB_FILE_BYTES:
@@ -378,7 +351,7 @@ def loads(text: str, source: str | None = None, *, view: bool = False) -> JobSpe
         if not isinstance(err, loader.Refused):
             problem = f"YAML syntax error: {problem}"
         raise SpecError([(where, problem)], source) from None
-    return from_dict(data, source, text, view=view)
+    return from_dict(data, source, text)
 
 
 _FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
@@ -422,10 +395,10 @@ def _read_pipe(fd: int, path: Path) -> bytes:
     return b"".join(chunks)
 
 
-def load(path: str | Path, *, view: bool = False) -> JobSpec:
+def load(path: str | Path) -> JobSpec:
     """Read and validate a job file: a regular file, or a pipe read until its end within
     PIPE_READ_S (a device or directory is refused without reading it, so nothing can make this
-    block), at most MAX_JOB_FILE_BYTES. ``view``: see :func:`from_dict`."""
+    block), at most MAX_JOB_FILE_BYTES."""
     p = Path(path)
     try:
         why = _not_a_file(os.stat(p).st_mode)  # before opening: opening a device can act on it
@@ -453,7 +426,7 @@ def load(path: str | Path, *, view: bool = False) -> JobSpec:
         raise SpecError([("", f"cannot read: {err}")], str(p)) from None
     import hashlib
 
-    spec = loads(text, str(p), view=view)
+    spec = loads(text, str(p))
     spec._job_file = JobFile(str(p.resolve()), hashlib.sha256(raw).hexdigest())
     return spec
 
@@ -472,12 +445,7 @@ def validated(spec: Any) -> JobSpec:
     """``spec`` validated again, as a job file is (``from_dict``: the fields, then the layout
     rules; its notes are not repeated), whatever built it: ``model_copy(update=...)`` and
     ``model_construct`` skip pydantic's validation, and ``JobSpec(...)`` skips the layout rules.
-    Returns a new JobSpec; raises the SpecError a job file with the same content would.
-
-    A :class:`~halo_sched.jobfile_rules.View` (``load(..., view=True)``) is returned as it is: only
-    the compiled validator builds one, after which the layout rules ran, and it cannot be changed."""
-    if isinstance(spec, View):
-        return spec
+    Returns a new JobSpec; raises the SpecError a job file with the same content would."""
     from .models import JobSpec
 
     if not isinstance(spec, JobSpec):

@@ -17,7 +17,7 @@ SHARED = {
     "the warning traps": ("trap halo_warning {{ warning.carrier", "warning_traps", ["entry.sh.j2"]),
     "the failure exit": ("halo_fail() {", "fail_function", ["entry.sh.j2", "server.sh.j2", "slurm/sbatch.sh.j2"]),
     "torchrun's Python": ("1s/^#![[:space:]]*//p", "torchrun_python",
-                          ["entry_servers.sh.j2", "entry_failure_report.sh.j2"]),
+                          ["entry_runtime.sh.j2"]),
 }
 
 

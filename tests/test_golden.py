@@ -34,16 +34,14 @@ CASES = [
 VARIANTS = {"gate": {"preflight": {"gate": True, "min_busbw": "20GB/s"}}}
 
 
-def _rendered(example, backend, opts, view: bool = False) -> str:
-    """The example rendered from a JobSpec, or (``view``) from the compiled validator's View, as
-    `halo-sched render` reads it (tests/test_jobfile_validator.py)."""
+def _rendered(example, backend, opts) -> str:
+    """The example rendered from its JobSpec, as `halo-sched render` reads it."""
     name, _, variant = example.partition("+")
     if variant:
         data = {**yaml.safe_load((REPO / "examples" / name).read_text()), **VARIANTS[variant]}
-        spec = from_dict(data, view=view)
+        spec = from_dict(data)
     else:
-        spec = load(REPO / "examples" / name, view=view)
-    assert (type(spec).__module__ == "halo_sched.jobfile_validator") is view
+        spec = load(REPO / "examples" / name)
     return halo_sched.render(spec, backend, **opts)
 
 
@@ -61,10 +59,9 @@ def test_regenerating_golden_files_fails_the_run():
                 "rerun without HALO_UPDATE_GOLDEN")
 
 
-@pytest.mark.parametrize("view", [False, True], ids=["JobSpec", "View"])
 @pytest.mark.parametrize("example, backend, opts, golden", CASES, ids=[c[3] for c in CASES])
-def test_rendered_example_matches_golden(example, backend, opts, golden, view):
-    text = _rendered(example, backend, opts, view)
+def test_rendered_example_matches_golden(example, backend, opts, golden):
+    text = _rendered(example, backend, opts)
     path = GOLDEN / golden
     assert path.exists(), f"missing golden {path}; run with HALO_UPDATE_GOLDEN=1"
     assert text == path.read_text(), f"{golden} changed; if intended, regenerate with HALO_UPDATE_GOLDEN=1"

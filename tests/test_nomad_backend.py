@@ -84,7 +84,8 @@ def test_leader_and_worker_shape():
     assert leader["Networks"][0] == {"Mode": "host", "DynamicPorts": [{"Label": "rdzv"}]}
     assert leader["Tasks"][0]["Env"] == {"HALO_NODE_RANK": "0", "HALO_MASTER_ADDR": "${NOMAD_IP_rdzv}",
                                          "HALO_MASTER_PORT": "${NOMAD_PORT_rdzv}",
-                                         "HALO_LOG_DIR": "${NOMAD_TASK_DIR}/halo-logs"}
+                                         "HALO_LOG_DIR": "${NOMAD_TASK_DIR}/halo-logs",
+                                         "HALO_NODE_RUNTIME_FILE": "${NOMAD_TASK_DIR}/halo-node.b64"}
     set_port = job_payload(spec.model_copy(update={"rendezvous": spec.rendezvous.model_copy(update={"port": 29500})}),
                            "ddp-nomad-1")["Job"]["TaskGroups"][0]
     assert set_port["Networks"][0] == {"Mode": "host", "ReservedPorts": [{"Label": "rdzv", "Value": 29500}]}
@@ -93,7 +94,8 @@ def test_leader_and_worker_shape():
     assert "Services" not in workers and "ReservedPorts" not in workers["Networks"][0]
     assert t["Env"] == {"HALO_NODE_RANK": "${NOMAD_ALLOC_INDEX}", "HALO_NODE_RANK_OFFSET": "1",
                         "HALO_MASTER_ADDR_FILE": "${NOMAD_TASK_DIR}/halo-master-addr",
-                        "HALO_LOG_DIR": "${NOMAD_TASK_DIR}/halo-logs"}
+                        "HALO_LOG_DIR": "${NOMAD_TASK_DIR}/halo-logs",
+                        "HALO_NODE_RUNTIME_FILE": "${NOMAD_TASK_DIR}/halo-node.b64"}
     master = t["Templates"][1]["EmbeddedTmpl"]
     assert 'nomadService "ddp-nomad-1-rdzv"' in master and "index . 0" in master
     assert "{{ .Address }}\n{{ .Port }}" in master
@@ -283,6 +285,11 @@ def test_dry_run_prints_the_payload_and_sends_nothing(job_file):
         lookup = workers["Tasks"][0]["Templates"][1]
         assert '{{ with nomadService "ddp-nomad-rdzv" }}' in lookup["EmbeddedTmpl"]
         lookup["EmbeddedTmpl"] = lookup["EmbeddedTmpl"].replace('"ddp-nomad-rdzv"', f'"{job_id}-rdzv"')
+        # ... and the job's Variable (the node runtime's template, and the job's Meta naming it).
+        job["Meta"]["halo_sched_secrets"] = f"nomad/jobs/{job_id}"
+        for group in (node0, workers):
+            for t in group["Tasks"][0]["Templates"]:
+                t["EmbeddedTmpl"] = t["EmbeddedTmpl"].replace('"nomad/jobs/ddp-nomad"', f'"nomad/jobs/{job_id}"')
         assert sent == want
         assert fake.requests == []
 

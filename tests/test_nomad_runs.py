@@ -30,6 +30,7 @@ import yaml
 
 from halo_sched.backends.base import JobStatus
 from halo_sched.backends.nomad.state import go_time, job_state, task_times
+from halo_sched.node_runtime import ITEM, runtime
 from helpers import REPO, cli, load_nomad_helper
 
 fake_api = load_nomad_helper("fake_api")
@@ -368,7 +369,7 @@ def test_a_later_attempts_secrets_outlive_the_status_of_the_earlier_one(tmp_path
         assert sched.query([job_id])[job_id].status is JobStatus.FAILED and key not in fake.variables
         spec = halo_sched.load(str(tmp_path / "job.yaml"))
         second = sched.submit_attempt(next_spec(spec, job_id, 1, ("g1",), None), job_id).id
-        assert fake.variables[key]["Items"] == {"HF_TOKEN": "hf-secret-value"}
+        assert fake.variables[key]["Items"] == {"HF_TOKEN": "hf-secret-value", ITEM: runtime().base64}
         for which in (job_id, second):  # the ended first attempt, then the running second
             st = cli("status", which, env=env)
             assert st.returncode == 0 and key in fake.variables, (which, st.stdout, st.stderr)

@@ -190,8 +190,6 @@ def test_cli_never_imports_torch():
 NOT_FOR_RENDER = ("torch", "tenacity", "requests", "unicodedata", "halo_sched.records", "halo_sched.core",
                   "halo_sched.exactly_once", "halo_sched.backends.slurm.transport", "halo_sched.backends.slurm.status",
                   "halo_sched.backends.nomad", "halo_sched.backends.local", "halo_sched.node.failures",
-                  # pydantic's models: the compiled validator reads the job file (tests/test_jobfile_validator.py)
-                  "halo_sched.models", "pydantic.main", "importlib.metadata",
                   # job states: what a scheduler says of a job, not what it is sent
                   "halo_sched.backends.jobstate")
 

@@ -25,6 +25,7 @@ from ..errors import SchedulerError, UsageError, shown
 from ..records import Unreadable, home, read_json, read_small
 from ..launch import Launch, compile_launch, render_entry, submission_id
 from ..node.contract import DERIVED_PORTS, NAMES
+from ..node_runtime import runtime
 from ..servers import local_addr, render_server
 from ..templating import render_template
 from .base import DryRun, JobState, JobStatus, Scheduler, missing_output, tail_lines
@@ -116,6 +117,8 @@ class LocalScheduler(Scheduler):
         d.mkdir()
         (d / "entry.sh").write_text(dryrun.payload)
         (d / "entry.sh").chmod(0o755)
+        # The node runtime, for a torchrun whose python has another halo-sched (or none).
+        (d / "halo-node.b64").write_text(runtime().base64_lines() + "\n")
         for role in launch.servers:
             (d / f"server-{role.name}.sh").write_text(render_server(launch, role))
         for i, srv in enumerate(servers):
@@ -306,7 +309,8 @@ def _supervisor_job(launch: Launch, d: Path, servers: list[dict], gpu_sets: list
     """What the supervisor runs, rendered here so that it imports no spec/template code: each
     node's script and the variables it adds to the inherited environment (never a secret: those
     stay in the environment). The supervisor adds the job tag and PATH itself."""
-    common = {NAMES.master_addr: LOCAL_MASTER, NAMES.master_port: str(master_port)}
+    common = {NAMES.master_addr: LOCAL_MASTER, NAMES.master_port: str(master_port),
+              NAMES.node_runtime_file: str(d / "halo-node.b64")}
     if launch.restart_count:  # a retry of its run: the ranks learn which attempt this is
         common[NAMES.restart_count] = str(launch.restart_count)
     for srv in servers:

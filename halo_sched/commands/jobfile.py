@@ -16,7 +16,7 @@ def cmd_validate(args, scheduler) -> int:
     bad = 0
     for f in args.files:
         try:
-            s = load(f, view=True)
+            s = load(f)
         except SpecError as err:
             say(str(err))
             bad += 1
@@ -28,7 +28,7 @@ def cmd_validate(args, scheduler) -> int:
 def cmd_render(args, scheduler) -> int:
     from ..spec import load
 
-    spec = load(args.file, view=True)
+    spec = load(args.file)
     opts = {}
     if args.format:
         if args.backend != "nomad":

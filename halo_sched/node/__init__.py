@@ -4,8 +4,10 @@ The submitter's side (``halo_sched`` outside this package: the job file, the ren
 backends, the CLI) imports from here; nothing here imports from there, nor anything outside the
 standard library (``tests/test_layers.py`` reads every module's imports and fails otherwise; the
 one exception is the bandwidth test's ``torch``, imported inside its ``main()`` on the nodes).
-Some of these modules travel to the nodes as their own source text, pasted into the scripts the
-renderers write (:func:`source`), where halo-sched itself need not be installed:
+The modules the nodes run (:data:`CARRIED`) reach them as one versioned file: the node's own
+halo-sched when its :func:`runtime_version` is the job's, else one zip of them the job carries
+(halo_sched/node_runtime.py builds it; the entry script runs ``python -m halo_sched.node.MODULE``
+either way, docs/node-runtime.md):
 
 * ``failure_collector`` runs after torchrun exits non-zero and writes one failure line per rank;
   ``failures`` reads those lines back (the submitter's backends and the local supervisor);
@@ -16,16 +18,30 @@ renderers write (:func:`source`), where halo-sched itself need not be installed:
 """
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
+
+#: What the nodes run, as paths in this package: the job carries these, and only these, when a
+#: node's own halo-sched is another version (tests/test_node_runtime.py runs each from the zip).
+CARRIED = ("__init__.py", "contract.py", "entry.sh", "failure_collector.py", "hang_monitor.py", "progress.py",
+           "server_health.py", "shell.py", "trainers/__init__.py", "trainers/preflight_bw.py")
+
+
+def runtime_version() -> str:
+    """The version of the node runtime here: the first 16 hex digits of a SHA-256 over the
+    :data:`CARRIED` files' names and bytes. Equal on the submitter and a node exactly when the
+    nodes would run the same code."""
+    h = hashlib.sha256()
+    for name in CARRIED:
+        data = _HERE.joinpath(name).read_bytes()
+        h.update(f"{name}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()[:16]
 
 
 def source_path(module: str) -> Path:
     """The file of ``module`` (``"failure_collector"``, ``"trainers.preflight_bw"``) in this package."""
     return _HERE.joinpath(*module.split(".")).with_suffix(".py")
 
-
-def source(module: str) -> str:
-    """The text of ``module``, without its final newline: what a script carries to the nodes."""
-    return source_path(module).read_text().rstrip("\n")

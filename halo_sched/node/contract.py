@@ -50,6 +50,11 @@ class EnvNames:
     #: Optional: a directory holding ``halo-secret-NAME`` files (Nomad) instead of the secrets in
     #: the environment (SLURM, local).
     secrets_dir: str = "HALO_SECRETS_DIR"
+    #: The node runtime the job carries (halo_sched/node_runtime.py), base64 of a zip: in the
+    #: variable (SLURM: passed to each task) or in a file (Nomad: rendered from the job's Variable;
+    #: local: the job's directory). Used only when the node's own halo-sched is another version.
+    node_runtime: str = "HALO_NODE_RUNTIME"
+    node_runtime_file: str = "HALO_NODE_RUNTIME_FILE"
     #: Which run of a requeued job this is (0 the first time).
     restart_count: str = "HALO_RESTART_COUNT"
     #: The signal each rank gets as the warning (the trainer installs a handler for it).

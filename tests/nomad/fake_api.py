@@ -1181,6 +1181,11 @@ class FakeNomad:
                     raise _HTTPError(400, "variable missing required Items object")
                 if not self._VAR_PATH_RE.match(path):
                     raise _HTTPError(500, f"invalid path {path!r}")
+                # The items' keys and values together at most 64 KiB (nomad/structs/variables.go
+                # maxVariableSize:53, VariableItems.Size:271-278, Validate:378-379@v2.0.5), a 400
+                # (nomad/variables_endpoint.go canonicalizeAndValidate:223-226@v2.0.5).
+                if sum(len(str(k).encode()) + len(str(v).encode()) for k, v in body["Items"].items()) > 65536:
+                    raise _HTTPError(400, "variables are limited to 64KiB in total size")
                 parts = path.split("/")
                 if parts[0] == "nomad" and (len(parts) == 1 or parts[1] not in ("jobs", "sentinel", "job-templates")):
                     raise _HTTPError(500, 'only paths at "nomad/jobs" or "nomad/job-templates" and below are valid '

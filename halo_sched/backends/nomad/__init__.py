@@ -15,7 +15,7 @@ from ...errors import HaloError, SchedulerError, UsageError
 from ...launch import submission_id
 from ..base import DryRun, Scheduler
 from .capabilities import Configured, ReadsAllocFiles
-from .render import SECRETS_META, TASK, client_requirements, job_payload, render_hcl, variable_path
+from .render import SECRETS_META, TASK, client_requirements, job_payload, render_hcl, variable_items, variable_path
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...models import JobSpec
@@ -219,15 +219,15 @@ class NomadScheduler(Scheduler):
     def schedule(self, dryrun: DryRun) -> str:
         nm = dryrun.spec.nomad
         client = self._client_for(nm.namespace, nm.region)
-        secrets = dryrun.spec.secret_values()  # a missing one is a SpecError before any request
+        # The secrets and the node runtime; a missing secret is a SpecError before any request.
+        items = variable_items(dryrun.spec, dryrun.payload["Job"]["ID"])
         self._preflight(client, dryrun.spec, dryrun.payload)
         from .client import TOKEN_META
 
         token = dryrun.payload["Job"]["Meta"][TOKEN_META]
-        if secrets:
+        if items:
             # Before the job exists: its tasks read the Variable once, when they start.
-            client.put_variable(variable_path(dryrun.payload["Job"]["ID"]), secrets, retry_s=self.retry_s,
-                                on_retry=_say)
+            self._write_variable(client, dryrun.spec, variable_path(dryrun.payload["Job"]["ID"]), items)
         resp = client.submit_job(with_failure_key(dryrun.payload), token, retry_s=self.retry_s, on_retry=_say) or {}
         if resp.get("found_after_retry"):
             _say(f"the job was registered by an earlier attempt (token {token}); not registering it again")
@@ -241,6 +241,23 @@ class NomadScheduler(Scheduler):
         namespace = nm.namespace or (cfg.namespace if cfg is not None else None)
         job_id = dryrun.payload["Job"]["ID"]
         return f"{region + ':' if region else ''}{namespace + '/' if namespace else ''}{job_id}"
+
+    def _write_variable(self, client, spec: JobSpec, path: str, items: dict[str, str]) -> None:
+        """The job's Variable: its secrets, and the node runtime (docs/node-runtime.md). A token that
+        may not write it stops a job with secrets; a job without them goes on without the carried
+        runtime (its nodes then need halo-sched at the job's version), as it did before the runtime
+        travelled there."""
+        from .transport import NomadAPIError
+
+        try:
+            client.put_variable(path, items, retry_s=self.retry_s, on_retry=_say)
+        except NomadAPIError as err:
+            if err.status != 403 or spec.secret_names:
+                raise
+            from ...node_runtime import runtime
+
+            _say(f"warning: NOMAD_TOKEN may not write {path}: the job carries no node runtime, so its nodes need "
+                 f"halo-sched with node runtime {runtime().version} installed (docs/node-runtime.md)")
 
     def submit_attempt(self, spec: JobSpec, previous_id: str):
         """The run's next attempt as a NEW VERSION of the same Nomad job (``nomad job history``
@@ -266,7 +283,7 @@ class NomadScheduler(Scheduler):
         token = payload["Job"]["Meta"][TOKEN_META] = new_token()
         payload["Job"]["Meta"][ATTEMPT_META] = str(spec._attempt.number)
         dry = DryRun(self.name, spec, json.dumps(payload, indent=2, ensure_ascii=False) + "\n", payload, token)
-        secrets = spec.secret_values()
+        items = variable_items(spec, name)
         git = records.git_state_started(spec)
         self._preflight(client, spec, payload)
         job = client.read_job(name)
@@ -274,9 +291,9 @@ class NomadScheduler(Scheduler):
         if had != str(spec._attempt.number - 1):
             raise SchedulerError(f"job {name!r} is already at attempt {int(had) + 1} of its run (version "
                                  f"{job.get('Version')}); not registering attempt {spec._attempt.number + 1}")
-        if secrets:
+        if items:
             # The previous attempt's end deleted it (its tasks had read it): written again.
-            client.put_variable(variable_path(name), secrets, retry_s=self.retry_s, on_retry=_say)
+            self._write_variable(client, spec, variable_path(name), items)
             self._secrets_gone.discard(_key(client, name))
             self._secrets_failed.discard(_key(client, name))
         key = new_failure_key()

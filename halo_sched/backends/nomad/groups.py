@@ -18,7 +18,7 @@ from .names import (
     ENTRY_PATH, LEADER_GROUP, MASTER_FILE, PORT_LABEL, TASK, WORKER_RANK_OFFSET, service_name,
 )
 from .progress import LOG_DIR_IN_TASK
-from .secrets import secret_wiring
+from .secrets import runtime_wiring, secret_wiring
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...models import JobSpec
@@ -100,6 +100,9 @@ def _task(launch: Launch, group: str, entry: str, delims: tuple[str, str]) -> di
     secret_env, secret_templates = secret_wiring(job_id, list(launch.trainer.secret_names))
     env.update(secret_env)
     templates += secret_templates
+    runtime_env, runtime_templates = runtime_wiring(job_id)
+    env.update(runtime_env)
+    templates += runtime_templates
 
     if launch.servers:
         # Each server role's addresses, read from its registrations (halo_sched/backends/nomad/servers.py).

@@ -59,8 +59,15 @@ def service_name(job_id: str) -> str:
     return f"{base}-rdzv"
 
 
+def carries_runtime(job_id: str) -> bool:
+    """Whether the job's Variable can carry the node runtime: its path allows only
+    [a-zA-Z0-9-_~/] (nomad/structs/variables.go validVariablePath@v2.0.5), and a job id may hold '.'.
+    A job that cannot runs where the nodes have halo-sched at the job's version."""
+    return "." not in job_id
+
+
 def variable_path(job_id: str) -> str:
-    """The Nomad Variable holding a job's secrets. A task's workload identity may read
+    """The Nomad Variable holding a job's secrets and the node runtime. A task's workload identity may read
     ``nomad/jobs/<job>`` (and below) of its own namespace without any policy (acl/acl.go
     ``matchingVariablesCapabilitySet``: the implicit read/list for the claim's job)."""
     return f"nomad/jobs/{job_id}"

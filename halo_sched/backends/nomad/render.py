@@ -69,7 +69,7 @@ from .groups import (
 )
 from .names import (
     ENTRY_PATH, LEADER_GROUP, MASTER_FILE, NODES_META, PORT_LABEL, SECRETS_META, TASK, WORKER_GROUP,
-    WORKER_RANK_OFFSET, alloc_index, group_counts, node_rank_of, service_name, variable_path,
+    WORKER_RANK_OFFSET, alloc_index, carries_runtime, group_counts, node_rank_of, service_name, variable_path,
 )
 from .secrets import SECRET_PERMS, secret_owner, secret_template, secret_wiring
 
@@ -83,8 +83,20 @@ __all__ = [
     "WORKER_GROUP", "WORKER_RANK_OFFSET", "alloc_index", "client_needs", "client_requirements", "delimiters",
     "driver_config_literal", "exclude_constraints", "go_duration", "group_counts", "job_payload", "lost_after_ns",
     "master_template", "node_rank_of", "payload", "render_hcl", "secret_owner", "secret_template",
-    "secret_wiring", "service_name", "variable_path",
+    "secret_wiring", "service_name", "variable_items", "variable_path",
 ]
+
+
+def variable_items(spec: JobSpec, job_id: str) -> dict[str, str]:
+    """What the job's Variable holds, written before the job is registered: the secrets'
+    values, and the node runtime (one copy for the whole job, halo_sched/node_runtime.py) where
+    the Variable can carry it. Empty: no Variable."""
+    from ...node_runtime import ITEM, runtime
+
+    items = dict(spec.secret_values())  # a missing one is a SpecError before any request
+    if carries_runtime(job_id):
+        items[ITEM] = runtime().base64
+    return items
 
 
 def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
@@ -140,7 +152,7 @@ def payload(launch: Launch) -> dict:
         "TaskGroups": [trainer_group(launch, name, count, entry, delims)
                        for name, count in group_counts(launch.trainer.nodes).items()],
     }
-    if spec.secret_names:
+    if spec.secret_names or carries_runtime(job_id):  # the job has a Variable (deleted once it ended)
         job["Meta"][SECRETS_META] = variable_path(job_id)
     if launch.servers:
         if nm.driver == "docker" and not all(r.image for r in launch.servers):

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 from ...node.contract import NAMES
 from ...templating import check, checked_int
-from .names import variable_path
+from ...node_runtime import ITEM
+from .names import carries_runtime, variable_path
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...models import JobSpec
@@ -29,6 +30,21 @@ def secret_template(job_id: str, name: str) -> str:
     return (f'{{{{ if nomadVarExists "{path}" }}}}{{{{ with nomadVar "{path}" }}}}'
             f'{{{{ range $k, $v := . }}}}{{{{ if eq $k "{name}" }}}}+{{{{ $v.Value }}}}{{{{ end }}}}{{{{ end }}}}'
             "{{ end }}{{ end }}")
+
+
+def runtime_wiring(job_id: str) -> tuple[dict, list[dict]]:
+    """(env, templates) of a task that reads the node runtime (halo_sched/node_runtime.py) from the
+    job's Variable: one item for the whole job, however many groups read it; the file is empty
+    when the Variable or the item is missing (guarded as :func:`secret_template`), and the entry
+    script then fails unless the node has halo-sched at the job's version."""
+    if not carries_runtime(job_id):
+        return {}, []
+    path = variable_path(check(job_id, "job id", "name"))
+    return {NAMES.node_runtime_file: "${NOMAD_TASK_DIR}/halo-node.b64"}, [{
+        "EmbeddedTmpl": (f'{{{{ if nomadVarExists "{path}" }}}}{{{{ with nomadVar "{path}" }}}}'
+                         f'{{{{ range $k, $v := . }}}}{{{{ if eq $k "{ITEM}" }}}}{{{{ $v.Value }}}}{{{{ end }}}}{{{{ end }}}}'
+                         "{{ end }}{{ end }}"),
+        "DestPath": "local/halo-node.b64", "ChangeMode": "noop"}]
 
 
 def secret_wiring(job_id: str, names: list[str]) -> tuple[dict, list[dict]]:

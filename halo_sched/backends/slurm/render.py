@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from ...errors import SpecError
 from ...launch import Launch, compile_launch, render_entry
 from ...servers import render_server
+from ...node_runtime import runtime
 from ...templating import RenderError, check, checked_int, heredoc_tag, render_template, sh_quote
 from .progress import mirror_shell
 
@@ -189,4 +190,5 @@ def render_batch(launch: Launch) -> str:
         progress_mirror=mirror_shell(launch.output) if spec.hang else None,
         entry=entry,
         tag=heredoc_tag(entry, "HALO_ENTRY_EOF"),
+        runtime=runtime(),
     )

@@ -1,0 +1,59 @@
+"""The node runtime as one versioned file: the modules the nodes run (``halo_sched.node.CARRIED``)
+in one zip, the same bytes at every render of the same tree.
+
+A node runs them from its own halo-sched when that install's ``runtime_version()`` is the job's;
+else from this zip, which the job carries once: base64 after the end of the SLURM batch script,
+in the job's Nomad Variable (one per job, read by a small template in each task), a file of the
+local job's directory. The entry script checks the zip's SHA-256 before it imports anything from
+it (halo_sched/templates/entry_runtime.sh.j2). What a site needs: docs/node-runtime.md.
+"""
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import io
+import zipfile
+from typing import NamedTuple
+
+from . import node
+
+#: The Variable item / file / batch-script section that carries the zip, base64.
+ITEM = "halo_node_runtime"
+#: A fixed date for every member: the zip's bytes depend on the files' contents alone.
+_EPOCH = (1980, 1, 1, 0, 0, 0)
+_LINE = 76  # base64 line length (as `base64` writes it)
+
+
+class NodeRuntime(NamedTuple):
+    version: str  # halo_sched.node.runtime_version()
+    sha256: str  # of the zip's bytes
+    zip_bytes: bytes
+
+    @property
+    def base64(self) -> str:
+        """The zip in base64, one line."""
+        return base64.b64encode(self.zip_bytes).decode("ascii")
+
+    def base64_lines(self) -> str:
+        """The zip in base64, in lines of 76 characters (no final newline)."""
+        text = self.base64
+        return "\n".join(text[i:i + _LINE] for i in range(0, len(text), _LINE))
+
+
+@functools.lru_cache(maxsize=1)
+def runtime() -> NodeRuntime:
+    """The node runtime of this install: ``halo_sched/__init__.py`` (empty, so that importing
+    ``halo_sched.node`` from the zip loads nothing of the submitter's side) and every carried module
+    under ``halo_sched/node/``, deflated, in a fixed order with fixed dates."""
+    here = node.source_path("__init__").parent
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        members = [("halo_sched/__init__.py", b'"""halo-sched\'s node runtime (halo_sched/node/), carried by a job."""\n')]
+        members += [(f"halo_sched/node/{name}", here.joinpath(name).read_bytes()) for name in node.CARRIED]
+        for name, data in members:
+            info = zipfile.ZipInfo(name, _EPOCH)
+            info.external_attr = 0o644 << 16
+            z.writestr(info, data, zipfile.ZIP_DEFLATED, 9)
+    data = buf.getvalue()
+    return NodeRuntime(node.runtime_version(), hashlib.sha256(data).hexdigest(), data)
