@@ -316,3 +316,26 @@ def slurm_jwt(user: str = "root", env: dict | None = None) -> str:
     out = subprocess.run(["scontrol", "token", f"username={user}", "lifespan=600"], capture_output=True, text=True,
                          check=True, env=env).stdout
     return out.strip().split("=", 1)[1]
+
+
+def stored_record(home, job_id: str) -> dict:
+    """A job's record as the history store (``HOME/halo-sched.db``) holds it, read directly (with
+    fields ``export`` leaves out, such as the failure key)."""
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{Path(home) / 'halo-sched.db'}?mode=ro", uri=True)
+    try:
+        row = con.execute("SELECT data FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    finally:
+        con.close()
+    assert row is not None, f"no record of {job_id} in {home}"
+    return json.loads(row[0])
+
+
+def store_text(home) -> str:
+    """Every byte of the history store under ``home`` (the database and its write-ahead log) and
+    of the rendered texts beside it, as text to search for what must not be there (a local job's
+    own output, under ``local/``, is the job's)."""
+    home = Path(home)
+    files = [*home.glob("halo-sched.db*"), *(home / "rendered").glob("*.rendered")]
+    return "".join(p.read_bytes().decode("latin-1") for p in sorted(files) if p.is_file())

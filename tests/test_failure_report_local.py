@@ -8,7 +8,7 @@ import pytest
 
 import halo_sched
 from halo_sched.backends.base import JobStatus
-from helpers import cli, example_job, free_port
+from helpers import cli, example_job, free_port, store_text, stored_record
 
 pytestmark = pytest.mark.torch
 
@@ -106,8 +106,8 @@ def test_a_forged_line_names_no_culprit_and_no_secret_leaves_the_node(tmp_path):
     logs = cli("logs", job_id, env=env).stdout
     assert "key in my environment: True" not in logs and logs.count("key in my environment: False") == 4
     home = os.environ["HALO_SCHED_HOME"]
-    record = next(p for p in os.listdir(os.path.join(home, "jobs")) if p.endswith(".json") and job_id in p)
-    kept = open(os.path.join(home, "jobs", record)).read() + json.dumps(s) + r.stderr
+    assert stored_record(home, job_id)["id"] == job_id
+    kept = store_text(home) + json.dumps(s) + r.stderr
     for frag in (token, token[:16], token[-16:]):
         assert frag not in kept
     d = os.path.join(home, "local", job_id)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, cli, example_job, free_port, slurm_env, write_tool
+from helpers import REPO, cli, example_job, free_port, slurm_env, store_text, write_tool
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
@@ -104,8 +104,7 @@ def test_a_forged_line_names_no_culprit_and_no_secret_leaves_the_node(tmp_path, 
     assert "victim-host" not in cli("nodes", "--json", cwd=tmp_path, env=env).stdout
     logs = cli("logs", job_id, cwd=tmp_path, env=env).stdout
     assert "key in my environment: True" not in logs and logs.count("key in my environment: False") == 4, logs
-    jobs = Path(env["HALO_SCHED_HOME"]) / "jobs"
-    kept = r.stderr + json.dumps(st) + "".join(p.read_text() for p in jobs.glob("*.json"))
+    kept = r.stderr + json.dumps(st) + store_text(env["HALO_SCHED_HOME"])
     assert job_id in kept
     for frag in (token, token[:12], token[-12:]):
         assert frag not in kept

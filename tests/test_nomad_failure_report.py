@@ -18,7 +18,7 @@ from halo_sched.backends.base import JobStatus
 from halo_sched.backends.nomad import NomadScheduler
 from halo_sched.backends.nomad.client import NomadClient, NomadConfig
 from halo_sched.node.failure_collector import sign
-from helpers import REPO, cli, load_nomad_helper, nomad_sim_job, wait_dead
+from helpers import REPO, cli, load_nomad_helper, nomad_sim_job, stored_record, wait_dead
 
 TAG = "halo-sched-failure"  # docs/failures.md's line format: `halo-sched-failure {json}`
 
@@ -155,7 +155,7 @@ def test_cli_status_wait_and_logs_filter(tmp_path):
             alloc = fake.alloc_for(job_id, g)["ID"]
             fake.write_log(alloc, f"[rank {2 * node}] step 1\n[rank {2 * node + 1}] step 1\nnode {node} up\n")
         # The key this submit made (its record): what the job's nodes would sign with.
-        key = json.loads(next((tmp_path / "home" / "jobs").glob("*.json")).read_text())["failure_key"]
+        key = stored_record(tmp_path / "home", job_id)["failure_key"]
         fail(fake, job_id, "workers[0]", line(1, 3, T0, "ValueError: rank three", exit_code=3, key=key))
         st = cli("status", job_id, env=env)
         assert re.search(r"FAILED: ValueError: rank three \[rank 3 \(node 1, host gpu-b, local rank 1\) exit 3 at ",
