@@ -5,7 +5,8 @@ purpose (lr 4.0 diverges) reported with its culprit: the rank, its host, whose f
     python examples/sweep.py                       # the local backend ($HALO_SCHED_BACKEND)
     python examples/sweep.py --backend slurm       # the same on a SLURM cluster
 
-Run it from the repository root (the job file names its trainer relative to it). Exits 0 once
+It runs from any directory (the trainer is named by its absolute path; SLURM's output files land
+in the directory it runs in). Exits 0 once
 every job ended and each result or failure is known; 1 when a job's outcome stayed unknown.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ def sweep(lrs: list[float], backend: str | None = None, timeout: float = 300.0) 
     base = halo_sched.spec_from_yaml(HERE / "sweep.yaml")
     # Submitted together; each is a Run (retry:, records and notify: as `halo-sched submit`).
     runs = {lr: halo_sched.submit(halo_sched.with_changes(base, {"name": f"sweep-lr{lr:g}",
+                                                                 "trainer.script": str(HERE / "sweep_train.py"),
                                                                  "trainer.args": ["--lr", str(lr)]}), backend)
             for lr in lrs}
     out: dict = {"results": {}, "failures": {}, "unknown": {}}

@@ -39,11 +39,14 @@ class Culprit:
     """Who failed first and why, from the failure report the job's nodes wrote (what
     ``status`` prints after ``FAILED:``). Every field is plain data (``to_dict`` is JSON)."""
 
-    #: The global rank that failed first, its node rank and the host it ran on (None/"" where
-    #: the report does not say: a node lost before any rank wrote).
+    #: The global rank that failed first, its node rank and the host it ran on: the scheduler's
+    #: name for it where known (SLURM's NodeName, Nomad's node: what the node ledger records and
+    #: ``--exclude`` takes), else the machine's; ``hostname`` the machine's own (torchrun's).
+    #: None/"" where the report does not say (a node lost before any rank wrote).
     rank: int | None
     node: int | None
     host: str
+    hostname: str
     #: Whose fault (docs/failures.md, "Whose fault"): ``node``, ``job`` or ``unknown``, and why.
     fault: str
     reason: str
@@ -74,8 +77,10 @@ def culprit(state: "JobState") -> Culprit | None:
     first = state.failure.first if state.failure is not None else None
     if cls is None and first is None:
         return None
-    host = getattr(first, "host", "") or (getattr(cls, "host", "") if cls is not None else "")
+    hostname = getattr(first, "host", "") or ""
+    host = getattr(first, "node_name", "") or hostname or (getattr(cls, "host", "") if cls is not None else "")
     return Culprit(rank=getattr(first, "rank", None), node=getattr(first, "node", None), host=_bounded(host),
+                   hostname=_bounded(hostname),
                    fault=str(getattr(cls, "kind", "unknown") or "unknown").lower(),
                    reason=_bounded(getattr(cls, "reason", "")), error=_bounded(getattr(first, "error", "")),
                    exit_code=getattr(first, "exit_code", None) if first is not None else state.exit_code,

@@ -196,7 +196,7 @@ def test_result_returns_a_completed_state_and_raises_for_every_other_end():
     with pytest.raises(halo_sched.JobFailed) as failed:
         Job(sched, "2").result(timeout=30)
     rep = failed.value.report
-    assert (rep.rank, rep.node, rep.host, rep.fault, rep.error) == (3, 1, "h2", "job", "RuntimeError: loss is nan")
+    assert (rep.rank, rep.node, rep.host, rep.hostname, rep.fault, rep.error) == (3, 1, "h2", "h2", "job", "RuntimeError: loss is nan")
     assert json.loads(json.dumps(rep.to_dict()))["rank"] == 3 and failed.value.exit_code == 1
     assert "rank 3" in str(failed.value)
     with pytest.raises(halo_sched.JobCancelled):

@@ -35,8 +35,8 @@ def test_the_pipeline_in_docs_library_runs(monkeypatch, capsys):
 
 
 def test_the_sweep_example_gathers_results_and_names_the_culprit(tmp_path):
-    r = subprocess.run([sys.executable, "examples/sweep.py", "--json", "--timeout", "240"], cwd=REPO,
-                       capture_output=True, text=True, timeout=400)
+    r = subprocess.run([sys.executable, str(REPO / "examples" / "sweep.py"), "--json", "--timeout", "240"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     assert sorted(out["results"]) == ["0.1", "0.3"] and not out["unknown"], out
@@ -45,7 +45,7 @@ def test_the_sweep_example_gathers_results_and_names_the_culprit(tmp_path):
     assert out["failures"]["4.0"]["status"] == "FAILED" and culprit["rank"] == 1 and culprit["fault"] == "job", out
     assert culprit["host"] and culprit["error"].startswith("FloatingPointError: loss diverged"), culprit
     # The CLI sees the same jobs, from their records.
-    st = subprocess.run([sys.executable, "-m", "halo_sched.cli", "status", out["failures"]["4.0"]["id"]], cwd=REPO,
+    st = subprocess.run([sys.executable, "-m", "halo_sched.cli", "status", out["failures"]["4.0"]["id"]], cwd=tmp_path,
                         capture_output=True, text=True, timeout=60)
     assert st.returncode == 0 and "FloatingPointError" in st.stdout, st.stdout + st.stderr
 
