@@ -457,12 +457,15 @@ class Run(Job):
         """The newest attempt's state (:meth:`Job.status`)."""
         return self._newest().status()
 
-    def wait(self, timeout: float | None = None, on_retry=None, *, timeout_per_attempt: float | None = None,
-             on_change=None, outage_s: float | None = None) -> JobState:
+    def wait(self, timeout: float | None = None, poll: float = 1.0, max_poll: float = 30.0,
+             on_change=None, outage_s: float | None = None, on_outage=None, *, on_retry=None,
+             timeout_per_attempt: float | None = None) -> JobState:
         """Until the run ends: its last attempt's final state (or, past ``timeout`` seconds in
         all or ``timeout_per_attempt`` on one attempt, the current attempt's state so far).
         ``on_retry(old_id, state, why, new_id)`` hears of each attempt this call submitted;
-        ``on_change(state)`` of each new state of each attempt."""
+        ``on_change(state)`` of each new state of each attempt; the rest as :meth:`Job.wait`
+        (``poll``/``max_poll`` for an attempt this call did not submit: one it did is waited on
+        as ``submit --wait`` waits)."""
         from .core import note, noting, wait_after_submit
 
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -482,8 +485,9 @@ class Run(Job):
                 st = wait_after_submit(self.scheduler, self.spec, job_id, timeout=left(), on_change=seen,
                                        outage_s=outage_s)
             else:
-                st = self.scheduler.wait(job_id, timeout=left(), on_change=noting(self.scheduler.name, job_id, seen),
-                                         outage_s=outage_s)
+                st = self.scheduler.wait(job_id, timeout=left(), poll=poll, max_poll=max_poll,
+                                         on_change=noting(self.scheduler.name, job_id, seen), outage_s=outage_s,
+                                         on_outage=on_outage)
                 note(self.scheduler.name, job_id, st)
             return st
 
