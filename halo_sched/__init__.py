@@ -150,10 +150,10 @@ def run(job_id: str, backend: str | None = None) -> "Run":
     ``halo-sched watch`` does). The backend as for :func:`job`."""
     from . import backends, records
     from .core import backend_of
-    from .runs import Run, _spec_of
+    from .runs import Run, recorded_spec
 
     name = backend_of(job_id, backend)
     rec = (records.find(job_id, name) or [{}])[0]
     of_run = rec.get("run") if isinstance(rec.get("run"), dict) else {}
     run_id = of_run.get("id") if isinstance(of_run.get("id"), str) and of_run.get("id") else job_id
-    return Run(backends.get(name), run_id, _spec_of(name, job_id), current=job_id)
+    return Run(backends.get(name), run_id, recorded_spec(name, job_id), current=job_id)

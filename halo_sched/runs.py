@@ -496,7 +496,7 @@ class Run(Job):
             if on_retry is not None:
                 on_retry(old, state, why, new)
 
-        spec = self.spec if self.spec is not None else _spec_of(self.scheduler.name, self.id)
+        spec = self.spec if self.spec is not None else recorded_spec(self.scheduler.name, self.id)
         if spec is None or getattr(spec, "retry", None) is None:  # one attempt: no run to follow
             last_id, state = self._newest().id, one(self._newest().id, lambda st: None)
         else:
@@ -537,7 +537,7 @@ class Run(Job):
                     note(self.scheduler.name, job_id, st)
                     return st
 
-                spec = self.spec if self.spec is not None else _spec_of(self.scheduler.name, self.id)
+                spec = self.spec if self.spec is not None else recorded_spec(self.scheduler.name, self.id)
                 if spec is None or getattr(spec, "retry", None) is None:
                     return known(cur, lambda st: None)
                 self.spec = spec
@@ -569,7 +569,7 @@ class Run(Job):
         return totals(self.attempts())
 
 
-def _spec_of(backend: str, job_id: str):
+def recorded_spec(backend: str, job_id: str):
     """The spec a job was submitted with, from its record (None without one): a run found by id
     retries as its job file says, as ``watch`` does."""
     rec = (records.find(job_id, backend) or [{}])[0]
@@ -581,5 +581,5 @@ def _spec_of(backend: str, job_id: str):
     return from_dict(data, source=f"the record of {job_id}")
 
 
-__all__ = ["AttemptRow", "Run", "attempts_of", "describe_rows", "next_spec", "retry_kind", "totals", "wait_run",
+__all__ = ["AttemptRow", "Run", "attempts_of", "describe_rows", "next_spec", "recorded_spec", "retry_kind", "totals", "wait_run",
            "wants_retry"]
