@@ -1,24 +1,63 @@
 """halo-sched: one multi-node torchrun job description, rendered for SLURM, Nomad or local processes.
 
-    spec = halo_sched.load("job.yaml")
-    print(halo_sched.render(spec, "slurm"))
-    job = halo_sched.submit(spec, "local")
-    job.wait()
+    run = halo_sched.submit("job.yaml")            # a Run: retries as `retry:` says, records it
+    state = run.result()                            # raises JobFailed (with the culprit) unless COMPLETED
+
+The library is the CLI's own path: the same submit pipeline, records, retries, notifications and
+exit codes (docs/library.md). Every public name is importable from here; the modules load when
+first used (``import halo_sched`` imports no backend, no pydantic model, never torch).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import os
+from typing import TYPE_CHECKING, Any, Union
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .backends.base import Job
+    from .backends.base import Job, Scheduler
+    from .backends.jobstate import JobState, JobStatus
+    from .logtags import LogLine
     from .models import JobSpec
+    from .outcome import Culprit
+    from .runs import AttemptRow, Run
 
-__all__ = ["load", "loads", "render", "submit", "job", "__version__"]
+#: What :func:`submit` and :func:`render` take: a JobSpec, a job file's path, or its content as a dict.
+SpecLike = Union["JobSpec", str, "os.PathLike[str]", dict]
+
+# Name -> module: imported when first asked for (PEP 562).
+_LAZY = {
+    "Job": "backends.base", "Scheduler": "backends.base", "JobState": "backends.jobstate",
+    "JobStatus": "backends.jobstate", "JobSpec": "models", "Run": "runs", "AttemptRow": "runs",
+    "LogLine": "logtags", "Culprit": "outcome",
+    "HaloError": "errors", "SpecError": "errors", "UsageError": "errors", "UnknownJob": "errors",
+    "SchedulerError": "errors", "OutcomeUnknown": "errors", "MissingDependency": "errors",
+    "JobFailed": "errors", "JobCancelled": "errors", "StillRunning": "errors",
+    "spec_from_dict": ("spec", "from_dict"), "spec_from_yaml": ("spec", "from_yaml"),
+    "with_changes": ("spec", "with_changes"),
+}
+
+__all__ = ["load", "loads", "render", "submit", "job", "run", "default_backend", "spec_of", "SpecLike",
+           "__version__", *_LAZY]
 
 
-def load(path) -> "JobSpec":
+def __getattr__(name: str) -> Any:
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attr = where if isinstance(where, tuple) else (where, name)
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def load(path: "str | os.PathLike[str]") -> "JobSpec":
     """Read and validate a job file; raises SpecError naming every bad field."""
     from .spec import load as _load
 
@@ -26,41 +65,95 @@ def load(path) -> "JobSpec":
 
 
 def loads(text: str) -> "JobSpec":
+    """Validate a job file's YAML text; raises SpecError naming every bad field."""
     from .spec import loads as _loads
 
     return _loads(text)
 
 
-def render(spec: "JobSpec", backend: str | None = None, **opts) -> str:
-    """The exact text ``backend`` (default: :data:`halo_sched.backends.DEFAULT`, local) would submit
-    (sbatch script, HCL or JSON, local plan).
+def spec_of(spec: SpecLike) -> "JobSpec":
+    """A JobSpec from what :func:`submit` takes: a JobSpec (as it is), a path to a job file, or
+    the job file's content as a dict. Raises SpecError naming the field, never pydantic's
+    ValidationError."""
+    from .models import JobSpec
+    from .spec import from_dict, load as _load
 
-    ``spec`` is validated again first, as a job file is: a spec changed with ``model_copy`` or
-    built directly gets the same SpecError."""
+    if isinstance(spec, JobSpec):
+        return spec
+    if isinstance(spec, dict):
+        return from_dict(spec)
+    if isinstance(spec, (str, os.PathLike)):
+        return _load(spec)
+    from .jobfile_rules import View
+
+    if isinstance(spec, View):
+        return spec
+    from .errors import SpecError
+
+    raise SpecError([("", f"expected a JobSpec, a job file's path or a dict, got {type(spec).__name__}")])
+
+
+def default_backend(backend: str | None = None) -> str:
+    """The backend a job without an id goes to: ``backend`` when given, else
+    ``$HALO_SCHED_BACKEND``, else local, as for the CLI's ``--backend``. (For a job id, its job
+    record comes second: :func:`job`.)"""
+    from . import backends
+
+    return backend or backends.default()
+
+
+def render(spec: SpecLike, backend: str | None = None, **opts: Any) -> str:
+    """The exact text ``backend`` (default: :func:`default_backend`) would submit (sbatch
+    script, HCL or JSON, local plan). ``spec`` is validated again first, as a job file is."""
     from . import backends
     from .backends.base import checked_spec
 
-    with checked_spec(spec) as spec:
-        return backends.get(backend or backends.DEFAULT).render(spec, **opts)
+    with checked_spec(spec_of(spec)) as checked:
+        return backends.get(default_backend(backend)).render(checked, **opts)
 
 
-def submit(spec: "JobSpec", backend: str | None = None, retry_s: float | None = None, **opts) -> "Job":
-    """Submit and return a handle with ``.id``, ``.status()``, ``.wait()``, ``.cancel()``, ``.logs()``.
+def submit(spec: SpecLike, backend: str | None = None, retry_s: float | None = None, **opts: Any) -> "Run":
+    """Submit a job (a JobSpec, a job file's path, or its content as a dict) as ``halo-sched
+    submit`` does, and return its :class:`~halo_sched.runs.Run`: ``.id``, ``status()``,
+    ``wait()``, ``result()``, ``done()``, ``wait_async()``, ``cancel()``, ``logs()``,
+    ``attempts()``.
 
     Exactly once: through a scheduler outage the submission is retried for ``retry_s`` seconds
-    (default ``$HALO_SUBMIT_RETRY_S`` or 120) and never creates a second job. ``spec`` is
-    validated again first, as for :func:`render`."""
+    (default ``$HALO_SUBMIT_RETRY_S`` or 120) and never creates a second job. The job's record
+    is kept (``halo-sched status``/``list`` show it); ``wait()``/``result()`` retry as the job's
+    ``retry:`` says and send its ``notify:`` events. ``opts`` go to the backend's render (Nomad:
+    ``format``)."""
     from . import backends
     from .backends.base import checked_spec
+    from .runs import Run
 
-    with checked_spec(spec) as spec:
-        sched = backends.get(backend or backends.DEFAULT)
+    with checked_spec(spec_of(spec)) as checked:
+        sched = backends.get(default_backend(backend))
         sched.retry_s = retry_s
-        return sched.submit(spec, **opts)
+        return Run(sched, sched.submit(checked, **opts).id, checked, submitted=True)
 
 
 def job(job_id: str, backend: str | None = None) -> "Job":
-    """A handle on an already submitted job."""
+    """A handle on one submitted job (one attempt). Its backend: ``backend`` when given, else
+    the one its job record names, else ``$HALO_SCHED_BACKEND``, else local (the CLI's rule,
+    halo_sched.core.backends_of)."""
     from . import backends
+    from .backends.base import Job
+    from .core import backend_of
 
-    return backends.Job(backends.get(backend or backends.DEFAULT), job_id)
+    return Job(backends.get(backend_of(job_id, backend)), job_id)
+
+
+def run(job_id: str, backend: str | None = None) -> "Run":
+    """The run that job ``job_id`` (any attempt of it) belongs to, found again by id: the same
+    handle :func:`submit` returned, retrying as the recorded job file's ``retry:`` says (as
+    ``halo-sched watch`` does). The backend as for :func:`job`."""
+    from . import backends, records
+    from .core import backend_of
+    from .runs import Run, recorded_spec
+
+    name = backend_of(job_id, backend)
+    rec = (records.find(job_id, name) or [{}])[0]
+    of_run = rec.get("run") if isinstance(rec.get("run"), dict) else {}
+    run_id = of_run.get("id") if isinstance(of_run.get("id"), str) and of_run.get("id") else job_id
+    return Run(backends.get(name), run_id, recorded_spec(name, job_id), current=job_id)

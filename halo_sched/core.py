@@ -11,6 +11,10 @@ from typing import Callable, Iterable, NamedTuple, Sequence
 from . import backends, records
 from .backends.base import JobState, JobStatus, Scheduler
 from .errors import HaloError, UsageError, shown
+# Which ids nobody knows, cancelling the known ones, a job's size: in known.py, which the job
+# handles (backends/base.py) use too; named here for the commands.
+from .known import (_MAY_RETURN, cancel_known, check_node_rank, ended_by_record, job_size,  # noqa: F401
+                    unknown, unknown_asked)
 
 #: The longest job id accepted (the longest real one, a Nomad [REGION:][NAMESPACE/]ID, is far shorter).
 MAX_ID_CHARS = 256
@@ -55,101 +59,6 @@ def backends_of(ids: Iterable[str], backend: str | None) -> dict[str, list[str]]
 
 def backend_of(job_id: str, backend: str | None) -> str:
     return next(iter(backends_of([job_id], backend)))
-
-
-# ---- ids nobody knows ---------------------------------------------------------------------------
-
-
-def unknown(backend: str, states: dict[str, JobState], ids: Iterable[str]) -> list[str]:
-    """The ids nobody knows: the scheduler answered UNKNOWN and no record (usable or not) names
-    them. A local job whose state file cannot be read is known (``unreadable``)."""
-    return [i for i in dict.fromkeys(ids) if i in states and states[i].status is JobStatus.UNKNOWN
-            and not states[i].unreadable and not records.exists(i, backend)]
-
-
-def unknown_asked(backend: str, sched: Scheduler, ids: Iterable[str]) -> dict[str, str]:
-    """The ids nobody knows (with the scheduler's word on each), for a command about to act on
-    them. Ids with a record are known without asking; the others cost one query. When the
-    scheduler cannot answer, none is called unknown: the command goes on (it has its own way
-    through an outage)."""
-    ask = [i for i in dict.fromkeys(ids) if not records.exists(i, backend)]
-    if not ask:
-        return {}
-    from .outage import ASK_BOUND_S
-    from .retry import within
-
-    try:
-        with within(ASK_BOUND_S):  # an unreachable scheduler must not hold the command here
-            states = sched.query(ask)
-    except HaloError:
-        return {}
-    return {i: states[i].reason for i in unknown(backend, states, ask)}
-
-
-def cancel_known(groups: dict[str, list[str]], scheduler: Callable[[str], Scheduler],
-                 **opts) -> tuple[list[str], dict[str, str], set[str], dict[str, str]]:
-    """Cancel every id of ``groups`` (backend -> ids) that somebody knows and that has not ended:
-    (the ids cancelled, the unknown ones with the scheduler's word on each, the backends those
-    were asked of, the ids that had already ended with their state in words). A job whose record
-    says it ended is not asked about (nor waited for through an outage); one the scheduler
-    finds ended is left as it is. ``purge`` (Nomad) acts on ended jobs too."""
-    unknown_ids: dict[str, str] = {}
-    where: set[str] = set()
-    done: list[str] = []
-    ended: dict[str, str] = {}
-    for backend, ids in groups.items():
-        if not opts.get("purge"):
-            for job_id in ids:
-                words = ended_by_record(backend, job_id)
-                if words is not None:
-                    ended[job_id] = words
-            ids = [i for i in ids if i not in ended]
-        if not ids:
-            continue
-        sched = scheduler(backend)
-        missing = unknown_asked(backend, sched, ids)
-        unknown_ids.update(missing)
-        where |= {backend} if missing else set()
-        ids = [i for i in ids if i not in missing]
-        if ids:
-            found = sched.cancel(ids, **opts) or {}
-            ended.update(found)
-            done += [i for i in ids if i not in found]
-    return done, unknown_ids, where, ended
-
-
-#: SLURM may requeue a job that ended so (``--requeue``, the default for batch jobs where
-#: JobRequeue=1): its record's word on them is not final.
-_MAY_RETURN = {"slurm": {JobStatus.NODE_FAIL, JobStatus.PREEMPTED}}
-
-
-def ended_by_record(backend: str, job_id: str) -> str | None:
-    """The job's last known state in words when its record says it ended for good, else None."""
-    for rec in records.find(job_id, backend):
-        last = rec.get("last_state") or {}
-        try:
-            status = JobStatus(last.get("status"))
-        except ValueError:
-            return None
-        if status.terminal and status not in _MAY_RETURN.get(backend, set()):
-            return last.get("describe") or status.value
-        return None
-    return None
-
-
-# ---- what a job's record says -------------------------------------------------------------------
-
-
-def job_size(backend: str, sched: Scheduler, job_id: str) -> tuple[int | None, int | None]:
-    """(nodes, processes per node) of a job: its record's, else the scheduler's node count."""
-    rec = (records.find(job_id, backend) or [{}])[0]
-    nodes, per_node = rec.get("nodes"), rec.get("nproc_per_node")
-    if nodes is None:
-        try:
-            nodes = sched.query([job_id])[job_id].nodes_total
-        except HaloError:
-            nodes = None
-    return nodes, per_node
 
 
 def warning_of(job_id: str) -> str | None:
@@ -376,6 +285,6 @@ def wait_after_submit(sched: Scheduler, spec, job_id: str, timeout: float | None
     return state
 
 
-__all__ = ["Fallback", "MAX_ID_CHARS", "Row", "noting", "query_or_last", "backend_of", "backends_of", "cancel_known", "check_id", "ended_by_record", "job_size",
+__all__ = ["Fallback", "MAX_ID_CHARS", "Row", "check_node_rank", "noting", "query_or_last", "backend_of", "backends_of", "cancel_known", "check_id", "ended_by_record", "job_size",
            "keep_state", "known_backend", "note", "query_and_note", "recent", "unknown", "unknown_asked", "wait_after_submit",
            "warning_of"]

@@ -109,3 +109,42 @@ class MissingDependency(HaloError):
     """An optional transport's library is not installed or built for another version."""
 
     exit_code = EXIT_BAD_INPUT
+
+
+# ---- a job's outcome, raised by the library's ``result()`` (halo_sched/outcome.py) --------------
+
+
+class JobFailed(HaloError):
+    """The job ended without completing (FAILED, NODE_FAIL, TIMEOUT, OUT_OF_MEMORY, PREEMPTED):
+    ``state`` is its final :class:`~halo_sched.JobState`, ``report`` who failed first (a
+    :class:`~halo_sched.outcome.Culprit`: rank, node, host, whose fault, the error line), as
+    ``submit --wait`` exits 1 and prints it."""
+
+    exit_code = EXIT_FAILED
+
+    def __init__(self, job_id: str, state, report=None):
+        self.job_id, self.state, self.report = job_id, state, report
+        super().__init__(f"job {job_id} {state.describe()}")
+
+
+class JobCancelled(HaloError):
+    """The job was cancelled (by a user, or by halo-sched itself: a placement timeout, a hang);
+    ``state`` is its final state. Exit 1, as ``submit --wait``'s."""
+
+    exit_code = EXIT_FAILED
+
+    def __init__(self, job_id: str, state):
+        self.job_id, self.state = job_id, state
+        super().__init__(f"job {job_id} {state.describe()}")
+
+
+class StillRunning(HaloError, TimeoutError):
+    """``result(timeout=...)`` ran out before the job ended; the job goes on. Exit 1, as
+    ``submit --wait --timeout``'s. Also a :class:`TimeoutError`."""
+
+    exit_code = EXIT_FAILED
+
+    def __init__(self, job_id: str, state, timeout: float | None):
+        self.job_id, self.state = job_id, state
+        after = f" after {timeout:g} s" if timeout is not None else ""
+        super().__init__(f"job {job_id} still {state.status.value}{after}; it keeps running")

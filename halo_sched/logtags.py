@@ -35,12 +35,33 @@ def tag(line: str) -> str:
     return f"[node {node}{f' rank {rank}' if rank is not None else ''}] {text}"
 
 
-def select(lines: Iterable[str], node: int | None = None, rank: int | None = None) -> Iterator[str]:
-    """The lines of ``node`` and/or ``rank``, each tagged."""
+class LogLine(str):
+    """One output line as data: ``node``, ``rank`` (None where the line does not say) and
+    ``text`` (the line's own words, without the tag or the line end). The string itself is the
+    line exactly as ``halo-sched logs`` prints it, ``[node K rank R] text`` with its newline."""
+
+    node: int | None
+    rank: int | None
+    text: str
+
+    def __new__(cls, line: str) -> "LogLine":
+        node, rank, text = split(line)
+        self = super().__new__(cls, tag(line))
+        self.node, self.rank, self.text = node, rank, text.rstrip("\r\n")
+        return self
+
+    def __repr__(self) -> str:
+        return f"LogLine(node={self.node!r}, rank={self.rank!r}, text={self.text!r})"
+
+
+def parsed(lines: Iterable[str], node: int | None = None, rank: int | None = None) -> Iterator[LogLine]:
+    """The lines of ``node`` and/or ``rank`` (the CLI's ``--node``/``--rank``), as :class:`LogLine`."""
     for line in lines:
-        n, r, _ = split(line)
-        if node is not None and n != node:
-            continue
-        if rank is not None and r != rank:
-            continue
-        yield tag(line)
+        item = LogLine(line)
+        if (node is None or item.node == node) and (rank is None or item.rank == rank):
+            yield item
+
+
+def select(lines: Iterable[str], node: int | None = None, rank: int | None = None) -> Iterator[str]:
+    """The lines of ``node`` and/or ``rank``, each tagged (``halo-sched logs``): :func:`parsed`."""
+    return parsed(lines, node, rank)

@@ -295,7 +295,9 @@ def _notify_retried(backend: str, old: str, state: JobState, why: str, new: str,
 
 @dataclass
 class AttemptRow:
-    """One attempt of a run, as ``status RUN`` shows it."""
+    """One attempt of a run, as ``status RUN`` shows it: ``number`` counts from 1 ("attempt 1"
+    is the first); the record keeps it from 0 (``index``, and ``"attempt"`` in ``to_dict``, the
+    shape of ``status --json``)."""
 
     number: int
     id: str
@@ -309,6 +311,11 @@ class AttemptRow:
     clock: str  # "scheduler" or "observed" (or "" without times)
 
     @property
+    def index(self) -> int:
+        """The attempt's 0-based number, as its record and ``HALO_RESTART_COUNT`` hold it."""
+        return self.number - 1
+
+    @property
     def node_hours(self) -> float:
         return self.nodes * (self.wall_s or 0.0) / 3600
 
@@ -317,7 +324,7 @@ class AttemptRow:
         return self.node_hours * self.gpus_per_node
 
     def to_dict(self) -> dict:
-        return {"attempt": self.number, "id": self.id, "backend": self.backend, "status": self.status,
+        return {"attempt": self.index, "id": self.id, "backend": self.backend, "status": self.status,
                 "cause": self.cause, "excluded": self.hosts_excluded, "nodes": self.nodes,
                 "gpus_per_node": self.gpus_per_node, "wall_s": self.wall_s, "clock": self.clock,
                 "node_hours": round(self.node_hours, 6), "gpu_hours": round(self.gpu_hours, 6)}
@@ -370,7 +377,7 @@ def row_of(rec: dict) -> AttemptRow:
     gpus = number(spec.get("gpus_per_node"))
     wall, clock = _wall(rec)
     run = rec.get("run") if isinstance(rec.get("run"), dict) else {}
-    return AttemptRow(number(run.get("attempt")), rec["id"], rec["backend"], last.get("status") or "UNKNOWN",
+    return AttemptRow(number(run.get("attempt")) + 1, rec["id"], rec["backend"], last.get("status") or "UNKNOWN",
                       cause, [h for h in run.get("excluded") if isinstance(h, str)] if isinstance(run.get("excluded"), list) else [], nodes, gpus, wall, clock)
 
 
@@ -398,7 +405,7 @@ def describe_rows(rows: list[AttemptRow]) -> list[str]:
         wall = f"{a.wall_s:.0f}s" if a.wall_s is not None else "?"
         extra = f"; excluded {','.join(a.hosts_excluded)}" if a.hosts_excluded else ""
         cause = f" ({a.cause})" if a.cause else ""
-        out.append(f"  attempt {a.number + 1}: {a.id} {a.status}{cause}; {a.nodes} nodes x {wall}"
+        out.append(f"  attempt {a.number}: {a.id} {a.status}{cause}; {a.nodes} nodes x {wall}"
                    f"{' (observed)' if a.clock == 'observed' else ''}: {a.node_hours:.4f} node-h, "
                    f"{a.gpu_hours:.4f} GPU-h{extra}")
     t = totals(rows)
@@ -407,47 +414,172 @@ def describe_rows(rows: list[AttemptRow]) -> list[str]:
     return out
 
 
-class Run:
-    """A logical run in the library: ``Run.submit(spec, backend)`` then ``wait()`` (which
-    retries as ``spec.retry`` says); ``attempts()`` and ``totals()`` from the job records."""
+class Run(Job):
+    """A logical run: a job and the attempts ``retry:`` starts after it. What
+    :func:`halo_sched.submit` returns and :func:`halo_sched.run` finds again by id.
 
-    def __init__(self, scheduler: Scheduler, run_id: str, spec=None):
-        self.scheduler, self.id, self.spec = scheduler, run_id, spec
-        self.current = Job(scheduler, run_id)
+    ``id`` is the run's (its first attempt's job id); ``current`` the newest attempt, on which
+    ``status()``, ``done()``, ``cancel()`` and ``logs()`` act. ``wait()`` is ``submit --wait``'s:
+    it waits through a scheduler outage, keeps each state in the job records (the node ledger
+    and ``notify:`` hear of it there), and after a failure ``retry.on`` lists submits the next
+    attempt (or follows the one another process submitted: exactly one per failed attempt) until
+    one ends otherwise. ``result()`` raises for a run that did not complete (Job.result)."""
+
+    def __init__(self, scheduler: Scheduler, run_id: str, spec=None, current: str | None = None,
+                 submitted: bool = False):
+        super().__init__(scheduler, run_id)
+        self.spec = spec
+        self.current = Job(scheduler, current or run_id)
+        # The attempts this process submitted: their wait starts with the backend's placement
+        # guard (Nomad), as ``submit --wait``'s does.
+        self._submitted_here = {self.current.id} if submitted else set()
 
     @classmethod
     def submit(cls, spec, backend: str | None = None) -> "Run":
+        """Submit ``spec`` (a JobSpec) as a new run: :func:`halo_sched.submit` with a spec."""
         from . import backends
         from .backends.base import checked_spec
 
         with checked_spec(spec) as spec:
-            sched = backends.get(backend or backends.DEFAULT)
-            return cls(sched, sched.submit(spec).id, spec)
+            sched = backends.get(backend or backends.default())
+            return cls(sched, sched.submit(spec).id, spec, submitted=True)
 
-    def wait(self, timeout_per_attempt: float | None = None, on_retry=None) -> JobState:
-        from .core import noting
+    def _newest(self) -> Job:
+        """The newest attempt (another process may have submitted it since)."""
+        current = self.current.id
+        while (nxt := successor(self.id, self.scheduler.name, current)) is not None:
+            current = nxt
+        if current != self.current.id:
+            self.current = Job(self.scheduler, current)
+        return self.current
+
+    def status(self) -> JobState:
+        """The newest attempt's state (:meth:`Job.status`)."""
+        return self._newest().status()
+
+    def wait(self, timeout: float | None = None, poll: float = 1.0, max_poll: float = 30.0,
+             on_change=None, outage_s: float | None = None, on_outage=None, *, on_retry=None,
+             timeout_per_attempt: float | None = None) -> JobState:
+        """Until the run ends: its last attempt's final state (or, past ``timeout`` seconds in
+        all or ``timeout_per_attempt`` on one attempt, the current attempt's state so far).
+        ``on_retry(old_id, state, why, new_id)`` hears of each attempt this call submitted;
+        ``on_change(state)`` of each new state of each attempt; the rest as :meth:`Job.wait`
+        (``poll``/``max_poll`` for an attempt this call did not submit: one it did is waited on
+        as ``submit --wait`` waits)."""
+        from .core import note, noting, wait_after_submit
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            bounds = [b for b in (timeout_per_attempt, None if deadline is None else max(0.0, deadline - time.monotonic()))
+                      if b is not None]
+            return min(bounds) if bounds else None
 
         def one(job_id: str, observe) -> JobState:
             def seen(st: JobState) -> None:
                 observe(st)
+                if on_change is not None:
+                    on_change(st)
 
-            st = self.scheduler.wait(job_id, timeout=timeout_per_attempt,
-                                     on_change=noting(self.scheduler.name, job_id, seen))
-            from .core import note
-
-            note(self.scheduler.name, job_id, st)
+            if job_id in self._submitted_here:  # just submitted: the backend's guard first
+                st = wait_after_submit(self.scheduler, self.spec, job_id, timeout=left(), on_change=seen,
+                                       outage_s=outage_s)
+            else:
+                st = self.scheduler.wait(job_id, timeout=left(), poll=poll, max_poll=max_poll,
+                                         on_change=noting(self.scheduler.name, job_id, seen), outage_s=outage_s,
+                                         on_outage=on_outage)
+                note(self.scheduler.name, job_id, st)
             return st
 
-        last_id, state = wait_run(self.scheduler, self.spec, self.current.id, one, on_retry)
+        def retried(old: str, state: JobState, why: str, new: str) -> None:
+            self._submitted_here.add(new)
+            if on_retry is not None:
+                on_retry(old, state, why, new)
+
+        spec = self.spec if self.spec is not None else recorded_spec(self.scheduler.name, self.id)
+        if spec is None or getattr(spec, "retry", None) is None:  # one attempt: no run to follow
+            last_id, state = self._newest().id, one(self._newest().id, lambda st: None)
+        else:
+            self.spec = spec
+            last_id, state = wait_run(self.scheduler, spec, self._newest().id, one, retried)
         self.current = Job(self.scheduler, last_id)
-        return state
+        return self._known(state)
+
+    async def wait_async(self, timeout: float | None = None) -> JobState:
+        """:meth:`wait` for asyncio, holding no thread while an attempt runs: each attempt is
+        awaited on the shared watcher (halo_sched/outcome.py); what follows an attempt's end
+        (keeping its state, a retry's claim and submit) runs once in the loop's executor."""
+        import asyncio
+
+        from .outcome import wait_async
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        loop = asyncio.get_running_loop()
+        while True:
+            current = self._newest().id
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            state = self._known(await wait_async(self.scheduler, current, left))
+            if not state.status.terminal:
+                return state  # timeout: the state so far
+            self._submitted_here.discard(current)  # its end is known: no placement guard now
+
+            def after(ended: JobState = state, cur: str = current) -> JobState:
+                one_shot = {cur: ended}
+
+                def known(job_id: str, observe) -> JobState:
+                    if job_id in one_shot:
+                        st = one_shot.pop(job_id)
+                    else:  # the next attempt, just submitted: its state now, awaited above
+                        st = self.scheduler.query([job_id])[job_id]
+                    observe(st)
+                    from .core import note
+
+                    note(self.scheduler.name, job_id, st)
+                    return st
+
+                spec = self.spec if self.spec is not None else recorded_spec(self.scheduler.name, self.id)
+                if spec is None or getattr(spec, "retry", None) is None:
+                    return known(cur, lambda st: None)
+                self.spec = spec
+                last, st = wait_run(self.scheduler, spec, cur, known)
+                self.current = Job(self.scheduler, last)
+                return st
+
+            final = await loop.run_in_executor(None, after)
+            if final.status.terminal or final.status is JobStatus.UNKNOWN:
+                return self._known(final)
+
+    def cancel(self, wait: bool = True, timeout: float | None = 60.0, **opts) -> JobState | None:
+        """Cancel the run's newest attempt (:meth:`Job.cancel`): a cancelled attempt is not retried."""
+        return self._newest().cancel(wait=wait, timeout=timeout, **opts)
+
+    def logs(self, node: int | None = None, rank: int | None = None, follow: bool = False):
+        """The newest attempt's output (:meth:`Job.logs`)."""
+        return self._newest().logs(node=node, rank=rank, follow=follow)
 
     def attempts(self) -> list[AttemptRow]:
-        return attempts_of(self.id, self.scheduler.name)
+        """Every attempt so far, numbered as the CLI shows them (``number``: 1 for the first);
+        a job without ``retry:`` is a run of one attempt."""
+        rows = attempts_of(self.id, self.scheduler.name)
+        if not rows:
+            rows = [row_of(r) for r in records.find(self.id, self.scheduler.name)[:1]]
+        return rows
 
     def totals(self) -> dict:
         return totals(self.attempts())
 
 
-__all__ = ["AttemptRow", "Run", "attempts_of", "describe_rows", "next_spec", "retry_kind", "totals", "wait_run",
+def recorded_spec(backend: str, job_id: str):
+    """The spec a job was submitted with, from its record (None without one): a run found by id
+    retries as its job file says, as ``watch`` does."""
+    rec = (records.find(job_id, backend) or [{}])[0]
+    data = rec.get("spec")
+    if not isinstance(data, dict):
+        return None
+    from .spec import from_dict
+
+    return from_dict(data, source=f"the record of {job_id}")
+
+
+__all__ = ["AttemptRow", "Run", "attempts_of", "describe_rows", "next_spec", "recorded_spec", "retry_kind", "totals", "wait_run",
            "wants_retry"]

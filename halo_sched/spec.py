@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # The public names are load, loads, validated, json_schema and JobSpec. Parallelism, Trainer, the
 # SBATCH_OPTIONS_* tables and the parsers are at home in models.py and values.py; they are named
 # here too for code that imports them from halo_sched.spec (the models only when asked for).
-__all__ = ["JobSpec", "from_dict", "json_schema", "load", "loads", "problems_from", "validated",
+__all__ = ["JobSpec", "from_dict", "from_yaml", "json_schema", "load", "loads", "problems_from", "validated", "with_changes",
            "Parallelism", "Trainer", "SBATCH_OPTIONS_REFUSED", "SBATCH_OPTIONS_SET_BY", "parse_go_duration",
            "parse_size"]
 
@@ -473,3 +473,65 @@ def validated(spec: Any) -> JobSpec:
     checked._job_file = spec._job_file
     checked._attempt = spec._attempt
     return checked
+
+
+def from_yaml(source: "str | os.PathLike") -> JobSpec:
+    """A JobSpec from YAML: ``source`` is a path (a ``pathlib.Path``, or a string naming a file
+    that exists and holds no line break) read as :func:`load` reads it, else the YAML text itself
+    (:func:`loads`). Raises SpecError naming each bad field."""
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source and len(source) < 4096
+                                           and os.path.isfile(source)):
+        return load(source)
+    if not isinstance(source, str):
+        raise SpecError([("", f"expected YAML text or a path, got {type(source).__name__}")])
+    return loads(source)
+
+
+def _unset_defaults_dropped(spec: Any) -> dict:
+    """The spec's fields as a job file would hold them: a section never set that still holds its
+    default is left out (as :func:`validated` does, so the rules read what a job file says)."""
+    from .models import JobSpec
+
+    data = spec.model_dump(warnings=False)
+    defaults = JobSpec.model_fields
+    for key in [k for k in data if k not in spec.model_fields_set and not defaults[k].is_required()]:
+        if _dumped(defaults[key].get_default(call_default_factory=True)) == data[key]:
+            del data[key]
+    return data
+
+
+def with_changes(spec: Any, changes: dict) -> JobSpec:
+    """A new JobSpec: ``spec`` with each dotted field of ``changes`` set
+    (``{"trainer.args": ["--lr", "0.1"], "slurm.partition": "gpu", "servers.0.port": 8000}``),
+    validated whole as a job file is. A bad path or value is a SpecError naming the field. The
+    result is no longer the job file ``spec`` was loaded from: its record keeps no job file."""
+    from .models import JobSpec
+
+    if not isinstance(spec, (JobSpec, View)):
+        raise SpecError([("", f"expected a JobSpec, got {type(spec).__name__}")])
+    if not isinstance(changes, dict):
+        raise SpecError([("", f"changes must be a mapping of dotted field paths to values, got {type(changes).__name__}")])
+    data = _unset_defaults_dropped(spec) if isinstance(spec, JobSpec) else spec.model_dump(warnings=False)
+    for path, value in changes.items():
+        parts = path.split(".") if isinstance(path, str) else []
+        if not parts or not all(parts):
+            raise SpecError([(str(path)[:80], "a field path is dotted names, like trainer.args or slurm.partition")])
+        node: Any = data
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            here = ".".join(parts[:i + 1])
+            if isinstance(node, list):
+                if not part.isdigit() or int(part) >= len(node):
+                    raise SpecError([(here, f"no item {part} in a list of {len(node)}")])
+                key: Any = int(part)
+            elif isinstance(node, dict):
+                key = part
+                if not last and node.get(key) is None:
+                    node[key] = {}  # a section left unset (or null): set it
+            else:
+                raise SpecError([(here, f"{'.'.join(parts[:i]) or 'the spec'} is a value, not a section")])
+            if last:
+                node[key] = value
+            else:
+                node = node[key]
+    return from_dict(data, source="with_changes")

@@ -129,7 +129,7 @@ def test_a_hand_edited_run_record_never_breaks_status_or_list(tmp_path):
            "run": {"id": "9", "attempt": "first", "excluded": "node2"},
            "last_state": {"status": "FAILED", "started_at": 10, "ended_at": 3610, "failure_class": "node"}}
     row = row_of(rec)
-    assert (row.number, row.nodes, row.gpus_per_node, row.wall_s, row.hosts_excluded) == (0, 0, 0, 3600.0, [])
+    assert (row.number, row.nodes, row.gpus_per_node, row.wall_s, row.hosts_excluded) == (1, 0, 0, 3600.0, [])
     assert totals([row])["gpu_hours"] == 0
 
 

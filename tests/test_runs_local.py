@@ -92,5 +92,5 @@ def test_the_python_run_retries_and_counts_its_attempts(tmp_path, monkeypatch):
     assert state.status is JobStatus.COMPLETED and retried and retried[0][0] == run.id and retried[0][1] == "node"
     assert run.current.id == retried[0][2] != run.id
     rows = run.attempts()
-    assert [(a.number, a.status) for a in rows] == [(0, "FAILED"), (1, "COMPLETED")], rows
+    assert [(a.number, a.status) for a in rows] == [(1, "FAILED"), (2, "COMPLETED")], rows
     assert "NCCL network error" in rows[0].cause and run.totals()["node_hours_lost"] > 0

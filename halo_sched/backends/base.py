@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..logtags import LogLine
     from ..spec import JobSpec
     from .jobstate import JobState
 
@@ -269,23 +270,47 @@ class Plans(Protocol):
 
 
 class Job:
-    """A handle on a submitted job: ``status()``, ``wait()``, ``cancel()``, ``logs()``."""
+    """A handle on one submitted job (one attempt of a run: :class:`halo_sched.runs.Run` is the
+    handle on all of them). The same methods as a run's: ``status()``, ``wait()``, ``result()``,
+    ``done()``, ``wait_async()``, ``cancel()``, ``logs()``. An id that neither a job record nor
+    the scheduler knows raises :class:`~halo_sched.errors.UnknownJob` from each of them (the
+    CLI's exit 2)."""
 
     def __init__(self, scheduler: Scheduler, job_id: str):
         self.scheduler = scheduler
         self.id = job_id
 
     def __repr__(self) -> str:
-        return f"Job({self.scheduler.name!r}, {self.id!r})"
+        return f"{type(self).__name__}({self.scheduler.name!r}, {self.id!r})"
+
+    @property
+    def backend(self) -> str:
+        return self.scheduler.name
+
+    def _known(self, state: JobState) -> JobState:
+        """``state``, unless it says that nobody knows the job (known.unknown: UNKNOWN to the
+        scheduler and no job record): then UnknownJob, as the CLI's status, logs and cancel."""
+        from ..known import unknown
+
+        if unknown(self.scheduler.name, {self.id: state}, [self.id]):
+            from ..errors import UnknownJob
+
+            raise UnknownJob([self.id], self.scheduler.name, state.reason)
+        return state
 
     def status(self) -> JobState:
         """The job's state: one scheduler query answers every handle on this scheduler that asks
-        within ``status_max_age`` seconds; a finished job's state is never asked for again."""
+        within ``status_max_age`` seconds; a finished job's state is never asked for again.
+        Reads only: nothing is written to the records, the ledger or a webhook."""
         if self.scheduler.status_max_age <= 0:  # a backend whose query loads no scheduler
-            return self.scheduler.query([self.id])[self.id]
+            return self._known(self.scheduler.query([self.id])[self.id])
         from .watcher import watcher_for
 
-        return watcher_for(self.scheduler).state(self.id, self.scheduler.status_max_age)
+        return self._known(watcher_for(self.scheduler).state(self.id, self.scheduler.status_max_age))
+
+    def done(self) -> bool:
+        """Whether the job has ended (any end: completed, failed, cancelled, ...)."""
+        return self.status().status.terminal
 
     def wait(
         self,
@@ -296,20 +321,73 @@ class Job:
         outage_s: float | None = None,
         on_outage: Callable[[str], None] | None = None,
     ) -> JobState:
-        """Until the job is terminal (or ``timeout`` seconds pass): :meth:`Scheduler.wait`, which
-        waits through a scheduler outage of up to ``outage_s`` seconds (``$HALO_OUTAGE_S``, else
-        600) and then raises :class:`~halo_sched.errors.OutcomeUnknown`."""
-        return self.scheduler.wait(self.id, timeout=timeout, poll=poll, max_poll=max_poll, on_change=on_change,
-                                   outage_s=outage_s, on_outage=on_outage)
+        """Until the job is terminal (or ``timeout`` seconds pass: then its state so far):
+        :meth:`Scheduler.wait`, which waits through a scheduler outage of up to ``outage_s``
+        seconds (``$HALO_OUTAGE_S``, else 600) and then raises
+        :class:`~halo_sched.errors.OutcomeUnknown`. Returns the final state."""
+        return self._known(self.scheduler.wait(self.id, timeout=timeout, poll=poll, max_poll=max_poll,
+                                               on_change=on_change, outage_s=outage_s, on_outage=on_outage))
 
-    def cancel(self, **opts) -> None:
-        self.scheduler.cancel([self.id], **opts)
+    def result(self, timeout: float | None = None) -> JobState:
+        """Wait, then the final state of a job that COMPLETED; any other end raises
+        (halo_sched/outcome.py): :class:`~halo_sched.errors.JobFailed` with the culprit,
+        :class:`~halo_sched.errors.JobCancelled`, :class:`~halo_sched.errors.OutcomeUnknown`,
+        or :class:`~halo_sched.errors.StillRunning` when ``timeout`` ran out first."""
+        from ..outcome import result_of
+
+        return result_of(self.id, self.wait(timeout), timeout)
+
+    async def wait_async(self, timeout: float | None = None) -> JobState:
+        """:meth:`wait` for asyncio, holding no thread while it waits (halo_sched/outcome.py)."""
+        from ..outcome import wait_async
+
+        return self._known(await wait_async(self.scheduler, self.id, timeout))
+
+    async def result_async(self, timeout: float | None = None) -> JobState:
+        """:meth:`result` for asyncio."""
+        from ..outcome import result_of
+
+        return result_of(self.id, await self.wait_async(timeout), timeout)
+
+    def cancel(self, wait: bool = True, timeout: float | None = 60.0, **opts) -> JobState | None:
+        """Cancel the job; with ``wait``, return once the scheduler says it ended (its final
+        state; :class:`~halo_sched.errors.StillRunning` if it has not within ``timeout``
+        seconds). A job that had already ended is left as it is. ``opts``: the backend's
+        (SLURM ``signal``, Nomad ``purge``)."""
+        from ..known import cancel_known
+        from ..errors import StillRunning, UnknownJob
         from .watcher import watcher_for
 
+        _, unknown, _, _ = cancel_known({self.scheduler.name: [self.id]}, lambda _name: self.scheduler, **opts)
+        if unknown:
+            raise UnknownJob([self.id], self.scheduler.name, unknown[self.id])
         watcher_for(self.scheduler).forget(self.id)  # the next status() asks the scheduler
+        if not wait or opts.get("signal"):  # a warning signal does not end the job
+            return None
+        state = self.wait(timeout)
+        if not state.status.terminal:
+            raise StillRunning(self.id, state, timeout)
+        return state
 
-    def logs(self, follow: bool = False) -> Iterator[str]:
-        return self.scheduler.logs(self.id, follow=follow)
+    def logs(self, node: int | None = None, rank: int | None = None, follow: bool = False) -> Iterator["LogLine"]:
+        """The job's output lines (with ``follow``, until it ends), only node ``node``'s and/or
+        global rank ``rank``'s when given (``halo-sched logs --node/--rank``). Each is a
+        :class:`~halo_sched.logtags.LogLine`: a string exactly as the CLI prints it
+        (``[node K rank R] text``), with ``.node``, ``.rank`` and ``.text``. The id and the
+        node and rank are checked before the first line (UnknownJob, UsageError)."""
+        from ..known import check_node_rank, unknown_asked
+        from ..errors import UnknownJob, UsageError, shown
+        from ..logtags import parsed
+
+        missing = unknown_asked(self.scheduler.name, self.scheduler, [self.id])
+        if missing:
+            raise UnknownJob([self.id], self.scheduler.name, missing[self.id])
+        if node is not None or rank is not None:
+            for name, value in (("node", node), ("rank", rank)):
+                if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                    raise UsageError(f"{name} {shown(value)}: a number from 0")
+            check_node_rank(self.scheduler.name, self.scheduler, self.id, node, rank, flag="")
+        return parsed(self.scheduler.logs(self.id, follow=follow), node, rank)
 
 
 class EndWatch:

@@ -88,6 +88,13 @@ class Watcher:
         self.register(job_id)
         return self._fresh(job_id, lambda: after, scheduled=True, deadline=deadline)
 
+    def cached(self, job_id: str) -> tuple[JobState | None, float, bool]:
+        """(the last state read, when it was read (``time.monotonic``), whether a poll is in
+        flight), without polling or waiting: for a caller that schedules its own polls
+        (halo_sched/outcome.py's asyncio wait)."""
+        with self._cond:
+            return self._states.get(job_id), self._read_at.get(job_id, float("-inf")), self._polling
+
     # -- the poll ------------------------------------------------------------------------------
 
     def _fresh(self, job_id: str, newer_than: Callable[[], float], scheduled: bool = False,

@@ -215,16 +215,9 @@ def cmd_logs(args, scheduler) -> int:
 
 def _check_node_rank(args, backend: str, sched) -> None:
     """``--node``/``--rank`` inside the job (its record's size, else the scheduler's node count)."""
-    from ..core import job_size
+    from ..core import check_node_rank
 
-    nodes, per_node = job_size(backend, sched, args.id)
-    if args.node is not None and nodes and args.node >= nodes:
-        raise UsageError(f"--node {args.node}: job {shown(args.id)} has {nodes} node{'s' if nodes != 1 else ''} "
-                         f"(0..{nodes - 1})")
-    world = nodes * per_node if nodes and per_node else None
-    if args.rank is not None and world and args.rank >= world:
-        raise UsageError(f"--rank {args.rank}: job {shown(args.id)} has {world} rank{'s' if world != 1 else ''} (0..{world - 1})")
-
+    check_node_rank(backend, sched, args.id, args.node, args.rank)
 
 
 def cmd_timeline(args, scheduler) -> int:
