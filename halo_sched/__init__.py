@@ -84,10 +84,6 @@ def spec_of(spec: SpecLike) -> "JobSpec":
         return from_dict(spec)
     if isinstance(spec, (str, os.PathLike)):
         return _load(spec)
-    from .jobfile_rules import View
-
-    if isinstance(spec, View):
-        return spec
     from .errors import SpecError
 
     raise SpecError([("", f"expected a JobSpec, a job file's path or a dict, got {type(spec).__name__}")])

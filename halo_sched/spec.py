@@ -507,11 +507,11 @@ def with_changes(spec: Any, changes: dict) -> JobSpec:
     result is no longer the job file ``spec`` was loaded from: its record keeps no job file."""
     from .models import JobSpec
 
-    if not isinstance(spec, (JobSpec, View)):
+    if not isinstance(spec, JobSpec):
         raise SpecError([("", f"expected a JobSpec, got {type(spec).__name__}")])
     if not isinstance(changes, dict):
         raise SpecError([("", f"changes must be a mapping of dotted field paths to values, got {type(changes).__name__}")])
-    data = _unset_defaults_dropped(spec) if isinstance(spec, JobSpec) else spec.model_dump(warnings=False)
+    data = _unset_defaults_dropped(spec)
     for path, value in changes.items():
         parts = path.split(".") if isinstance(path, str) else []
         if not parts or not all(parts):
