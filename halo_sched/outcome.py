@@ -130,12 +130,20 @@ async def wait_async(scheduler: "Scheduler", job_id: str, timeout: float | None 
     (backends/watcher.py: one query per poll for every handle, whichever thread or coroutine
     asks), awaited with ``asyncio.sleep`` between polls. A poll runs in the loop's default
     executor, one at a time per loop: 200 waiting coroutines hold no thread. Through a
-    scheduler outage as :meth:`Scheduler.wait` (then OutcomeUnknown)."""
+    scheduler outage as :meth:`Scheduler.wait` (then OutcomeUnknown). What the backend's own
+    wait does on a state (``Scheduler.acts_on``: SLURM ends a job that can never start) is done
+    here too; a backend whose wait does more (``waits_in_thread``: Nomad's watchdog) has that
+    wait run in the executor instead, a thread for as long as it waits."""
     from .backends.jobstate import JobStatus
     from .backends.watcher import watcher_for
     from .outage import RETRY_EVERY_S, Outage, is_outage
 
     loop = asyncio.get_running_loop()
+    if getattr(scheduler, "waits_in_thread", False):  # its wait acts (Nomad's watchdog): run it as it is
+        import functools
+
+        return await loop.run_in_executor(None, functools.partial(scheduler.wait, job_id, timeout=timeout,
+                                                                  outage_s=outage_s))
     w = watcher_for(scheduler)
     w.register(job_id)
     outage = Outage(getattr(scheduler, "name", ""), job_id, outage_s)
@@ -161,6 +169,11 @@ async def wait_async(scheduler: "Scheduler", job_id: str, timeout: float | None 
                 got, _, _ = w.cached(job_id)
                 if got is not None:
                     outage.seen(got)
+                    # What the backend's own wait does on this state (SLURM: end a job that can
+                    # never start): a check, and rarely an action (a cancel) done right here.
+                    acted = scheduler.acts_on(job_id, got) if not got.status.terminal else None
+                    if acted is not None:
+                        return acted
                 continue
         if deadline is not None:
             pause = min(pause, max(0.0, deadline - time.monotonic()))

@@ -323,3 +323,82 @@ def test_run_attempts_count_from_one_and_status_json_keeps_the_records_index():
     run = Run(_sched({}), "r1")
     assert [(a.number, a.index, a.id) for a in run.attempts()] == [(1, 0, "r1"), (2, 1, "r2")]
     assert [a.to_dict()["attempt"] for a in attempts_of("r1", "slurm")] == [0, 1]
+
+
+def test_wait_async_waits_through_an_outage_and_gives_up_past_its_budget(monkeypatch):
+    """As Job.wait: a scheduler that cannot be reached for a while is waited through; one that
+    stays away past the outage budget is OutcomeUnknown (exit 3), never a hang."""
+    from halo_sched import outage
+    from halo_sched.errors import SchedulerError
+    from halo_sched.retry import Transient
+
+    monkeypatch.setattr(outage, "RETRY_EVERY_S", 0.2)
+
+    class Flaky(Scripted):
+        def __init__(self, script, down_for: int):
+            super().__init__(script)
+            self.down_for = down_for
+
+        def query(self, ids):
+            if self.down_for != 0:
+                self.down_for -= 1
+                try:
+                    raise Transient("connection refused")
+                except Transient as cause:
+                    raise SchedulerError("slurmctld unreachable") from cause
+            return super().query(ids)
+
+    from halo_sched.backends.base import Job
+
+    done = JobState("9", JobStatus.COMPLETED, raw_state="COMPLETED")
+    state = asyncio.run(Job(Flaky({"9": [_running("9"), done]}, down_for=3), "9").wait_async(timeout=60))
+    assert state.status is JobStatus.COMPLETED
+    from halo_sched import outcome
+
+    began = time.monotonic()
+    with pytest.raises(halo_sched.OutcomeUnknown):
+        asyncio.run(outcome.wait_async(Flaky({"10": [_running("10")]}, down_for=-1), "10", timeout=60, outage_s=1.0))
+    assert time.monotonic() - began < 20
+
+
+def test_wait_async_does_what_the_backends_wait_does():
+    """SLURM's wait ends a job that can never start (PartitionNodeLimit): so does wait_async.
+    Nomad's wait is its watchdog: wait_async runs it rather than polling past it."""
+    from halo_sched.backends.slurm import SlurmScheduler
+    from halo_sched.backends.slurm.transport.base import Transport
+
+    class Stuck(Transport):
+        name = "fake"
+
+        def __init__(self):
+            self.cancelled = []
+
+        def query(self, ids):
+            return {i: JobState(i, JobStatus.CANCELLED if i in self.cancelled else JobStatus.PENDING,
+                                raw_state="PENDING", reason="PartitionNodeLimit") for i in ids}
+
+        def submit(self, script, extra_args=()):  # pragma: no cover - not used
+            raise NotImplementedError
+
+        def cancel(self, ids, signal=None):
+            self.cancelled += list(ids)
+
+        def job_info(self, job_id):
+            return {}
+
+    fake = Stuck()
+    from halo_sched.backends.base import Job
+
+    state = asyncio.run(Job(SlurmScheduler(transport=fake), "31").wait_async(timeout=30))
+    assert state.status is JobStatus.CANCELLED and "can never start" in state.verdict and fake.cancelled == ["31"]
+
+    from halo_sched.backends.nomad import NomadScheduler
+
+    seen = []
+
+    class Watched(NomadScheduler):
+        def wait(self, job_id, timeout=None, **kw):
+            seen.append(job_id)
+            return JobState(job_id, JobStatus.FAILED, raw_state="dead", reason="rank 1 died; the watchdog stopped it")
+
+    assert asyncio.run(Job(Watched(), "train-1").wait_async(timeout=5)).status is JobStatus.FAILED and seen == ["train-1"]

@@ -93,3 +93,18 @@ def test_a_run_found_by_id_retries_as_its_job_file_says(tmp_path, monkeypatch):
     assert run.result(timeout=180).status is JobStatus.COMPLETED and run.current.id != first.id
     assert [(a.number, a.status) for a in run.attempts()] == [(1, "FAILED"), (2, "COMPLETED")]
     assert halo_sched.run(run.current.id).id == first.id  # any attempt's id finds the run
+
+
+def test_run_wait_async_retries_a_node_fault(tmp_path, monkeypatch):
+    """``await run.wait_async()`` is ``run.wait()``: the node fault of the first attempt starts the
+    second (claimed once in the store), which completes."""
+    import asyncio
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(REPO / "tests" / "trainers" / "node_fault_once.py", tmp_path / "node_fault_once.py")
+    job = example_job(tmp_path, free_port(), nproc_per_node=1, retry={"attempts": 2, "on": ["node"]},
+                      trainer={"script": "node_fault_once.py", "args": []})
+    run = halo_sched.submit(job, "local")
+    state = asyncio.run(run.wait_async(timeout=240))
+    assert state.status is JobStatus.COMPLETED and run.current.id != run.id
+    assert [(a.number, a.status) for a in run.attempts()] == [(1, "FAILED"), (2, "COMPLETED")]

@@ -248,6 +248,18 @@ class Scheduler(abc.ABC):
         return wait_shared(self, job_id, timeout=timeout, poll=poll, max_poll=max_poll,
                            on_change=on_change, on_tick=on_tick, outage_s=outage_s, on_outage=on_outage)
 
+    def acts_on(self, job_id: str, state: JobState) -> JobState | None:
+        """What this backend's :meth:`wait` does on a state it sees, for a waiter that polls on
+        its own (the asyncio wait, halo_sched/outcome.py): the job's final state when the backend
+        ended it (SLURM: a job that can never start), else None (the default: nothing). Cheap
+        unless it acts: the asyncio wait calls it on its loop."""
+        return None
+
+    #: The backend's :meth:`wait` acts in ways :meth:`acts_on` cannot (Nomad's watchdog stops a
+    #: job whose rank died, and guards its placement): an asyncio wait then runs that wait in the
+    #: loop's executor, a thread for the wait, so that the guarantees stay the same.
+    waits_in_thread: bool = False
+
     #: How old a state ``Job.status()`` may return (seconds): handles share one poll within it.
     status_max_age: float = 1.0
 

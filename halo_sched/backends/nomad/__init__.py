@@ -123,6 +123,8 @@ class NomadScheduler(Scheduler):
     ``status``/``logs``/``cancel`` reach the right place from the id alone."""
 
     name = "nomad"
+    #: wait() is the watchdog (a dead rank stops the job): an asyncio wait runs it, not the watcher.
+    waits_in_thread = True
 
     def __init__(self, client=None, retry_s: float | None = None):
         self._client = client  # one client for every namespace/region (tests, embedding)

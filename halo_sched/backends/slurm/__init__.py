@@ -249,14 +249,12 @@ class SlurmScheduler(Scheduler):
         """Until the job ends; a job pending for a reason that can never clear (reasons.py:
         PartitionNodeLimit, DependencyNeverSatisfied, ...) is cancelled at once and the wait ends
         CANCELLED with what to change in the job file (``verdict``)."""
-        from ..jobstate import JobStatus
-        from .pending import NeverStarts
-        from .reasons import never_clears  # not on the render path
+        from .pending import NeverStarts  # not on the render path
 
         def tick(state: JobState) -> None:
             if on_tick is not None:
                 on_tick(state)
-            if state.status is JobStatus.PENDING and never_clears(state.reason):
+            if _never_starts(state):
                 raise NeverStarts(state)
 
         try:
@@ -264,6 +262,10 @@ class SlurmScheduler(Scheduler):
                                 on_tick=tick, outage_s=outage_s, on_outage=on_outage)
         except NeverStarts as stop:
             return self.end_impossible(job_id, stop.state)
+
+    def acts_on(self, job_id: str, state: JobState) -> JobState | None:
+        """What :meth:`wait` does on a state, for the asyncio wait: a job that can never start is ended."""
+        return self.end_impossible(job_id, state) if _never_starts(state) else None
 
     def end_impossible(self, job_id: str, state: JobState) -> JobState:
         """Cancel a job that can never start; its state, CANCELLED, saying why and what to change
@@ -331,3 +333,9 @@ class SlurmScheduler(Scheduler):
             ended.close()
 
 
+def _never_starts(state: JobState) -> bool:
+    """Pending for a reason that can never clear (reasons.py: PartitionNodeLimit, ...)."""
+    from ..jobstate import JobStatus
+    from .reasons import never_clears
+
+    return state.status is JobStatus.PENDING and never_clears(state.reason)
