@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from . import store
+from .node.text import MAX_TIME
 from .errors import UsageError
 
 VERSION = 1
@@ -40,7 +41,6 @@ HOST_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62})(?:\.[A-Za-z0-9](?:[A-Z
 MAX_HOST_CHARS = 253
 #: The longest expiry (ten years), and the latest time an entry may start (2**34 s: year 2514).
 MAX_EXPIRY_HOURS = 24 * 365 * 10
-MAX_TIME = float(2 ** 34)
 
 
 def path() -> Path:

@@ -32,6 +32,7 @@ from typing import Callable
 from . import records
 from .backends.base import Job, JobState, JobStatus, Scheduler
 from .errors import HaloError
+from .node.text import epoch_time
 
 #: How long a claim to submit a failed attempt's successor holds without its successor's id
 #: (a submit through an outage is bounded well below it: halo_sched/outage.py).
@@ -330,25 +331,15 @@ class AttemptRow:
                 "node_hours": round(self.node_hours, 6), "gpu_hours": round(self.gpu_hours, 6)}
 
 
-def _when(value) -> float | None:
-    """A time of a record (epoch seconds) within [0, 2**34), else None: Infinity, NaN or 1e300
-    are no clock's, and would make the hours infinite or not a number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        value = float(value)
-    except OverflowError:
-        return None
-    return value if 0 <= value < 2 ** 34 else None
 
 
 def _wall(rec: dict) -> tuple[float | None, str]:
     last = rec.get("last_state") or {}
-    s, e = _when(last.get("started_at")), _when(last.get("ended_at"))
+    s, e = epoch_time(last.get("started_at")), epoch_time(last.get("ended_at"))
     if s is not None and e is not None and e >= s:
         return e - s, "scheduler"
     run = rec.get("run") or {}
-    s, e = _when(run.get("observed_start")), _when(run.get("observed_end"))
+    s, e = epoch_time(run.get("observed_start")), epoch_time(run.get("observed_end"))
     if s is not None and e is not None and e >= s:
         return e - s, "observed"
     return None, ""

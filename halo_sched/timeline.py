@@ -30,6 +30,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# The latest time a report may carry, and the check every time read from a job passes.
+from .node.text import MAX_TIME, epoch_time as _time
+
 #: A progress file up to this size is read whole; a larger one only at the columns' edges.
 WHOLE_BYTES = 1 << 20
 #: A gap between two reports of at most this many step times is still stepping (a step longer
@@ -37,9 +40,6 @@ WHOLE_BYTES = 1 << 20
 BRIDGE = 3.0
 
 # Cell kinds.
-#: The latest time a report may carry (2**34 s: year 2514), as a failure line (node/failures.py).
-MAX_TIME = float(2 ** 34)
-
 NONE, STEP, QUIET, UNSEEN, HUNG, EXIT, STOPPED = " ", "P", "Q", "U", "H", "X", "S"
 
 GLYPHS_UNICODE = {NONE: " ", STEP: "█", QUIET: "·", UNSEEN: "░", HUNG: "H", EXIT: "X", STOPPED: "s"}
@@ -126,15 +126,6 @@ def _parse(line: bytes) -> tuple[int, float] | None:
     return (step, t) if 0 <= t < MAX_TIME else None
 
 
-def _time(value) -> float | None:
-    """A time read from a file or a scheduler (epoch seconds) that every clock can show, or None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        value = float(value)
-    except OverflowError:
-        return None
-    return value if 0 <= value < MAX_TIME else None
 
 
 def _parse_all(data: bytes) -> list[tuple[int, float]]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from .failure_collector import TAG, sign
-from .text import escape_controls, valid_data
+from .text import epoch_time, escape_controls, valid_data
 
 _MARK = TAG + " {"
 # What Python prints before its own words when it cannot start a script ("/usr/bin/python3.11: can't
@@ -120,7 +120,6 @@ class RankFailure:
 #: outside [0, 2**34) s (year 2514) is no time of a job's (``localtime`` overflows on 1e300), a whole
 #: number outside +-2**53 no exit code, rank or step; texts are cut (the collector writes 400
 #: characters of an error, 12 lines of tail).
-MAX_TIME = float(2 ** 34)
 MAX_INT = 2 ** 53
 MAX_TEXT = 2000
 MAX_TAIL = 50
@@ -130,15 +129,7 @@ def _int(v) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and -MAX_INT < v < MAX_INT else None
 
 
-def _time(v) -> float | None:
-    """A time of the job's (epoch seconds), or None: finite and within [0, MAX_TIME)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    try:
-        t = float(v)
-    except OverflowError:  # an int beyond a float's range
-        return None
-    return t if 0 <= t < MAX_TIME else None
+_time = epoch_time  # a time of the job's, or None
 
 
 def _text(v, limit: int = MAX_TEXT) -> str:

@@ -48,3 +48,21 @@ def escape_controls(text: str) -> str:
     """``text`` for a terminal: every control or invisible reordering character as a visible
     escape (``ESC`` -> ``\\x1b``); tab and new line stay."""
     return _CONTROL.sub(_escape, text)
+
+
+#: The latest time a job's record or output may name (2**34 s: the year 2514): 1e300, Infinity or
+#: NaN are no clock's, and overflow every clock that shows them (``localtime``).
+MAX_TIME = float(2 ** 34)
+
+
+def epoch_time(value) -> float | None:
+    """A time read from a job's output, a record or a scheduler (epoch seconds) that every clock
+    can show: a finite number within [0, MAX_TIME), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond a float's range
+        return None
+    return value if 0 <= value < MAX_TIME else None
+
