@@ -69,20 +69,28 @@ def new_failure_key() -> str:
     return secrets.token_hex(32)
 
 
+#: The process's environment is one for all its threads: a pipeline submitting from 8 threads
+#: would hand one job's key to another job's nodes (their lines then verify under neither). One
+#: submit at a time holds it (tests/test_library_concurrency.py).
+_KEY_ENV_LOCK = threading.RLock()
+
+
 @contextlib.contextmanager
 def failure_key_in_env(key: str):
-    """``key`` as this process's ``HALO_FAILURE_KEY`` while the backend submits."""
+    """``key`` as this process's ``HALO_FAILURE_KEY`` while the backend submits (one thread at a
+    time: the environment is the process's)."""
     from ..node.contract import NAMES
 
-    old = os.environ.get(NAMES.failure_key)
-    os.environ[NAMES.failure_key] = key
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(NAMES.failure_key, None)
-        else:
-            os.environ[NAMES.failure_key] = old
+    with _KEY_ENV_LOCK:
+        old = os.environ.get(NAMES.failure_key)
+        os.environ[NAMES.failure_key] = key
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(NAMES.failure_key, None)
+            else:
+                os.environ[NAMES.failure_key] = old
 
 
 def warn_short_secrets(values: dict) -> None:
