@@ -53,6 +53,33 @@ print(json.dumps(out))
 """
 
 
+def fan_out_in_threads(base, jobs: int, workers: int, kind, timeout: float) -> dict[int, list]:
+    """Job k of ``jobs`` (KIND=kind(k)) submitted by worker k % ``workers``, each worker a thread
+    that submits all of its jobs first, then waits on each: {k: [id, final status]}."""
+    ids: dict[int, list] = {}
+    errors: list = []
+
+    def worker(w: int) -> None:
+        try:
+            runs = [(k, halo_sched.submit(halo_sched.with_changes(base, {"name": f"fan-{k}", "env": {"KIND": kind(k)}})))
+                    for k in range(w, jobs, workers)]
+            for k, run in runs:
+                try:
+                    ids[k] = [run.id, run.result(timeout=timeout).status.value]
+                except halo_sched.JobFailed as err:
+                    ids[k] = [run.id, err.state.status.value]
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not errors, errors
+    return ids
+
+
 def _kind(k: int) -> str:
     return "node" if k % 5 == 0 else "job" if k % 7 == 0 else "ok"
 
@@ -98,28 +125,7 @@ def test_fifty_jobs_from_eight_threads_lose_nothing(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     try:
         base = halo_sched.spec_from_yaml(_job_file(tmp_path))
-        ids: dict[int, list] = {}
-        errors: list = []
-
-        def worker(w: int) -> None:
-            try:
-                runs = [(k, halo_sched.submit(halo_sched.with_changes(base, {"name": f"fan-{k}",
-                                                                             "env": {"KIND": _kind(k)}})))
-                        for k in range(w, JOBS, WORKERS)]
-                for k, run in runs:
-                    try:
-                        ids[k] = [run.id, run.result(timeout=240).status.value]
-                    except halo_sched.JobFailed as err:
-                        ids[k] = [run.id, err.state.status.value]
-            except BaseException as err:  # noqa: BLE001 - reported below
-                errors.append(err)
-
-        threads = [threading.Thread(target=worker, args=(w,)) for w in range(WORKERS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=600)
-        assert not errors, errors
+        ids = fan_out_in_threads(base, JOBS, WORKERS, _kind, timeout=240)
         _check_nothing_lost(ids, receiver)
     finally:
         receiver.close()

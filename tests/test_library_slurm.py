@@ -8,14 +8,13 @@ import json
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
 
 import halo_sched
 
 from helpers import REPO, slurm_env
-from test_library_concurrency import TRAINER, WORKER
+from test_library_concurrency import TRAINER, WORKER, fan_out_in_threads
 
 pytestmark = [pytest.mark.slurm]
 
@@ -80,27 +79,7 @@ def test_twelve_jobs_from_four_threads_on_slurm(tmp_path, env, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOOK_URL", "http://127.0.0.1:9/hook")  # queued is what is counted here
     base = halo_sched.spec_from_yaml(_job_file(tmp_path))
-    ids: dict = {}
-    errors: list = []
-
-    def worker(w: int) -> None:
-        try:
-            runs = [(k, halo_sched.submit(halo_sched.with_changes(base, {"name": f"fan-{k}", "env": {"KIND": _kind(k)}})))
-                    for k in range(w, JOBS, WORKERS)]
-            for k, run in runs:
-                try:
-                    ids[k] = [run.id, run.result(timeout=300).status.value]
-                except halo_sched.JobFailed as err:
-                    ids[k] = [run.id, err.state.status.value]
-        except BaseException as err:  # noqa: BLE001 - reported below
-            errors.append(err)
-
-    threads = [threading.Thread(target=worker, args=(w,)) for w in range(WORKERS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=600)
-    assert not errors, errors
+    ids = fan_out_in_threads(base, JOBS, WORKERS, _kind, timeout=300)
     _check(ids)
 
 
