@@ -251,22 +251,26 @@ def test_rendezvous_deadline_starts_after_setup(tmp_path):
     assert "--master_addr=127.0.0.1" in records(out)[1]["argv"] and "--master_port=29511" in records(out)[1]["argv"]
 
 
-def test_local_submit_picks_a_free_port_for_a_job_without_one(monkeypatch):
-    """rendezvous.port unset on the local backend: a port of 28500-29499 that is free now and
-    none of the job's server ports, from a random start."""
+def test_local_submit_picks_a_free_port_for_a_job_without_one(monkeypatch, tmp_path):
+    """rendezvous.port unset on the local backend: a port of 28500-29499 that is free now, none
+    of the job's server ports and none handed to another job not yet listening, from a random
+    start."""
     from halo_sched.backends import local
 
     spec = halo_sched.loads(SPEC.replace("port: 29511, ", ""))
-    monkeypatch.setattr(local, "DERIVED_PORTS", range(28700, 28703))
+    monkeypatch.setattr(local, "DERIVED_PORTS", range(28700, 28704))
     monkeypatch.setattr(local.secrets, "randbelow", lambda n: 0)
     monkeypatch.setattr(local, "_port_in_use", lambda port: port == 28700)  # another job holds it
-    assert local._free_master_port(spec) == 28701
+    assert local._free_master_port(spec, tmp_path / "a") == 28701
+    # Submitted at the same moment, before the first job's torchrun binds 28701: another port.
+    assert local._free_master_port(spec, tmp_path / "a") == 28702
     with_server = halo_sched.loads(SPEC.replace("port: 29511, ", "") + "servers: [{name: s, nodes: 1, command: [x], "
                                    "port: 28701, group_port: 28702}]\n")
-    with pytest.raises(local.SchedulerError, match="no free port in 28700-28702"):
-        local._free_master_port(with_server)
+    assert local._free_master_port(with_server, tmp_path / "a") == 28703
+    with pytest.raises(local.SchedulerError, match="no free port in 28700-28703"):
+        local._free_master_port(with_server, tmp_path / "a")  # in use, the servers', or reserved
     monkeypatch.undo()
-    assert not local._port_in_use(local._free_master_port(spec))
+    assert not local._port_in_use(local._free_master_port(spec, tmp_path / "b"))
 
 
 def test_local_submit_hands_its_port_to_every_node(tmp_path):

@@ -57,17 +57,47 @@ def _port_in_use(port: int) -> bool:
     return False
 
 
-def _free_master_port(spec: JobSpec) -> int:
-    """rendezvous.port unset: a port of DERIVED_PORTS that is free on this machine now and none
-    of the job's server ports, from a random start (two jobs submitted at once rarely try the
-    same one first). torchrun binds it seconds later; a job that lost it in between fails at
-    rendezvous, naming the port."""
+#: How long a port handed to a job stays reserved for it (torchrun binds it seconds later).
+PORT_RESERVE_S = 120.0
+
+
+def _free_master_port(spec: JobSpec, root: Path) -> int:
+    """rendezvous.port unset: a port of DERIVED_PORTS that is free on this machine now, none of
+    the job's server ports, and not handed to another job in the last PORT_RESERVE_S seconds,
+    from a random start. torchrun binds it seconds after submit: until then only the reservation
+    (a file under ``root/.ports/``, made under a lock every submitting process and thread takes)
+    keeps two jobs submitted at once from both taking it (tests/test_library_concurrency.py: 50
+    jobs from 8 threads; without it two rank 0s met EADDRINUSE)."""
+    import fcntl
+
     avoid = set(compile_launch(spec).rendezvous.avoid)
-    start = secrets.randbelow(len(DERIVED_PORTS))
-    for i in range(len(DERIVED_PORTS)):
-        port = DERIVED_PORTS[(start + i) % len(DERIVED_PORTS)]
-        if port not in avoid and not _port_in_use(port):
-            return port
+    reserved = root / ".ports"
+    reserved.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / ".ports.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        now = time.time()
+        held = set()
+        for e in os.scandir(reserved):
+            try:
+                fresh = now - e.stat().st_mtime < PORT_RESERVE_S
+            except OSError:
+                continue
+            if fresh and e.name.isdigit():
+                held.add(int(e.name))
+            else:
+                try:
+                    os.unlink(e.path)
+                except OSError:
+                    pass
+        start = secrets.randbelow(len(DERIVED_PORTS))
+        for i in range(len(DERIVED_PORTS)):
+            port = DERIVED_PORTS[(start + i) % len(DERIVED_PORTS)]
+            if port not in avoid and port not in held and not _port_in_use(port):
+                (reserved / str(port)).touch()
+                return port
+    finally:
+        os.close(fd)
     raise SchedulerError(f"no free port in {DERIVED_PORTS.start}-{DERIVED_PORTS.stop - 1} on {LOCAL_MASTER} for "
                          "rank 0; set rendezvous.port")
 
@@ -104,7 +134,7 @@ class LocalScheduler(Scheduler):
                 "choose another rendezvous.port, or leave it unset for a free one"
             )
         _check_local_ports(spec)
-        master_port = spec.rendezvous.port if spec.rendezvous.port is not None else _free_master_port(spec)
+        master_port = spec.rendezvous.port if spec.rendezvous.port is not None else _free_master_port(spec, self.root)
         launch = compile_launch(spec)
         servers = _server_nodes(launch)
         # Trainer nodes first, then each server "node": disjoint slices of this machine's GPUs.
