@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from . import store
+from .node.text import valid_text
 from .errors import UsageError
 
 FILE_NAME = "halo-sched.db"
@@ -125,9 +126,7 @@ def _problem(err: BaseException, where: Path) -> StoreError:
 
 
 def _open(where: Path) -> sqlite3.Connection:
-    home = where.parent
-    if home.exists() and not home.is_dir():
-        raise StoreError(f"HALO_SCHED_HOME: {home} is not a directory; point HALO_SCHED_HOME at a directory")
+    home = store.check_home()  # a file there: exit 2 naming the variable
     try:
         home.mkdir(parents=True, exist_ok=True)
         con = sqlite3.connect(str(where), timeout=BUSY_S, isolation_level=None, check_same_thread=False)
@@ -191,9 +190,7 @@ def connection() -> sqlite3.Connection:
 def exists() -> bool:
     """Whether there is a store (or files of an earlier release to import) to read: readers on the
     render path do not create one."""
-    home = store.home()
-    if home.exists() and not home.is_dir():
-        raise StoreError(f"HALO_SCHED_HOME: {home} is not a directory; point HALO_SCHED_HOME at a directory")
+    home = store.check_home()  # a file there: exit 2 naming the variable
     return (home / FILE_NAME).exists() or (home / "jobs").is_dir() or (home / "nodes.json").exists()
 
 
@@ -279,20 +276,12 @@ def clean(value):
     if isinstance(value, float):
         return value if value == value and value not in (float("inf"), float("-inf")) else None
     if isinstance(value, str):
-        return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in value) if _has_surrogate(value) else value
+        return valid_text(value)
     if isinstance(value, dict):
         return {clean(k) if isinstance(k, str) else k: clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [clean(v) for v in value]
     return value
-
-
-def _has_surrogate(s: str) -> bool:
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def dumps(value) -> str:
