@@ -86,7 +86,7 @@ def busbw_gbps(text: str) -> float:
     return value
 
 
-NOTIFY_EVENTS = ("failed", "hung", "retried", "completed")
+# The notify events and the retry words are the failure vocabulary's: halo_sched/node/failure_classes.py.
 
 
 def cpu_notes(spec: Section) -> list[tuple[str, str]]:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from . import store
+from .node.failure_classes import Classification
 from .node.text import MAX_TIME
 from .errors import UsageError
 
@@ -262,14 +263,14 @@ def clear(host: str) -> int:
         return con.execute("DELETE FROM ledger WHERE host = ?", (host,)).rowcount
 
 
-def observe(job: str, backend: str, classification) -> Entry | None:
+def observe(job: str, backend: str, classification: Classification) -> Entry | None:
     """A job was seen to fail as a node would: ledger its host (never raises: a record update
     must not fail over the ledger)."""
-    host = getattr(classification, "host", "")
-    if not getattr(classification, "node", False) or not host or backend == "local":
+    host = classification.host
+    if not classification.node or not host or backend == "local":
         return None  # the local backend runs on this one host: nothing to avoid
     try:
-        return add(host, classification.reason, job, backend, by=getattr(classification, "by", ""))
+        return add(host, classification.reason, job, backend, by=classification.by)
     except UsageError as err:  # a bad expiry in the environment: said once, nothing written
         _warn(str(err))
     except OSError as err:

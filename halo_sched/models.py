@@ -15,9 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from . import jobfile_rules as rules
 from .jobfile_rules import (
-    MAX_ATTEMPTS, NOTIFY_EVENTS, Attempt, HangMethods, JobFile, JobSpecMethods, NomadMethods, NotifyMethods,
+    MAX_ATTEMPTS, Attempt, HangMethods, JobFile, JobSpecMethods, NomadMethods, NotifyMethods,
     PreflightMethods, SlurmMethods,
 )
+from .node.failure_classes import NOTIFY_EVENTS, RETRY_NODE, RETRY_ON
 from .values import (
     MAX_TIMEOUT_HOURS, NOMAD_MAX_CPU_MHZ, NOMAD_MAX_MEMORY_MB, SLURM_MAX_CPUS_PER_TASK, checked_env, checked_image,
     checked_secret_names, env_values_are_text,
@@ -261,9 +262,9 @@ class Retry(_Model):
     a listed class, up to ``attempts`` attempts in all (the first included)."""
 
     attempts: int = Field(ge=1, le=MAX_ATTEMPTS, description=f"Attempts in all, the first included (1-{MAX_ATTEMPTS}).")
-    on: list[Literal["node", "hang", "preflight"]] = Field(
-        default_factory=lambda: ["node"], min_length=1,
-        description="Failure classes that start another attempt: node, hang, preflight. Job-class and unknown "
+    on: list[Literal[RETRY_ON]] = Field(  # the failure vocabulary's words (node/failure_classes.py)
+        default_factory=lambda: [RETRY_NODE], min_length=1,
+        description=f"Failure classes that start another attempt: {', '.join(RETRY_ON)}. Job-class and unknown "
                     "failures are never retried.")
 
 
@@ -295,7 +296,7 @@ class Notify(NotifyMethods, _Model):
         description="Name of the variable holding the webhook URL (http or https) in the submitter's environment "
                     "(and in that of any later halo-sched process that should notify: status, watch, list).",
     )
-    on: list[Literal["failed", "hung", "retried", "completed"]] = Field(
+    on: list[Literal[NOTIFY_EVENTS]] = Field(
         default_factory=lambda: list(NOTIFY_EVENTS), min_length=1,
         description="Events that send one JSON POST each: failed, hung, retried, completed.",
     )

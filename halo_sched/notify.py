@@ -45,17 +45,19 @@ SCRUBBED = "***"
 #: Secret values shorter than this are not scrubbed as substrings (a value ``x`` would turn
 #: ``exit`` into ``e***it``); submit warns about them. The nodes' rule (node/failure_collector.py).
 from .node.failure_collector import MIN_SECRET_CHARS as MIN_SCRUB_CHARS  # noqa: E402
+from .node.failure_classes import COMPLETED, FAILED  # noqa: E402
 
 
 def event_of(state) -> str | None:
-    """The event a state is: completed, hung, failed, or None (running, cancelled, preempted)."""
+    """The event a state is: completed, or its failure class's event (failed, hung:
+    node/failure_classes.py), or None (running, cancelled, preempted)."""
     from .backends.jobstate import JobStatus
 
     if state.status is JobStatus.COMPLETED:
-        return "completed"
+        return COMPLETED
     if state.status in (JobStatus.FAILED, JobStatus.NODE_FAIL, JobStatus.TIMEOUT, JobStatus.OUT_OF_MEMORY):
         cls = state.failure_class()
-        return "hung" if cls is not None and cls.by == "hung" else "failed"
+        return cls.failure.event if cls is not None else FAILED
     return None
 
 

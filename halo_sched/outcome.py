@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from .errors import HaloError, JobCancelled, JobFailed, OutcomeUnknown, StillRunning
+from .node.failure_classes import UNKNOWN
 
 if TYPE_CHECKING:  # pragma: no cover
     from .backends.base import Scheduler
@@ -78,11 +79,10 @@ def culprit(state: "JobState") -> Culprit | None:
     if cls is None and first is None:
         return None
     hostname = getattr(first, "host", "") or ""
-    host = getattr(first, "node_name", "") or hostname or (getattr(cls, "host", "") if cls is not None else "")
+    host = getattr(first, "node_name", "") or hostname or (cls.host if cls is not None else "")
     return Culprit(rank=getattr(first, "rank", None), node=getattr(first, "node", None), host=_bounded(host),
-                   hostname=_bounded(hostname),
-                   fault=str(getattr(cls, "kind", "unknown") or "unknown").lower(),
-                   reason=_bounded(getattr(cls, "reason", "")), error=_bounded(getattr(first, "error", "")),
+                   hostname=_bounded(hostname), fault=cls.kind if cls is not None else UNKNOWN,
+                   reason=_bounded(cls.reason if cls is not None else ""), error=_bounded(getattr(first, "error", "")),
                    exit_code=getattr(first, "exit_code", None) if first is not None else state.exit_code,
                    signal=getattr(first, "signal", None))
 

@@ -32,53 +32,33 @@ from typing import Callable
 from . import records
 from .backends.base import Job, JobState, JobStatus, Scheduler
 from .errors import HaloError
+from .node.failure_classes import RETRIED, Classification
 from .node.text import epoch_time
 
 #: How long a claim to submit a failed attempt's successor holds without its successor's id
 #: (a submit through an outage is bounded well below it: halo_sched/outage.py).
 CLAIM_S = 900.0
 
-#: How a failure class (a record's ``last_state.failure_class``, or a Classification) maps onto
-#: the names ``retry.on`` takes.
-
-
-def retry_kind(cls) -> str | None:
-    """``node``, ``preflight`` or ``hang`` for a failure ``retry.on`` can name; None for a job's
-    own fault or an unknown one. Read defensively: a HUNG kind (its own class, or a node class
-    decided ``by`` a hang) is ``hang``."""
-    if cls is None:
-        return None
-    get = cls.get if isinstance(cls, dict) else (lambda k, d="": getattr(cls, k, d))
-    kind = str(get("class", "") or get("kind", "") or "").lower()
-    by = str(get("by", "") or "").lower()
-    if kind in ("hung", "hang") or by in ("hung", "hang"):
-        return "hang"
-    if kind != "node":
-        return None
-    return "preflight" if by == "preflight" else "node"
-
-
 def wants_retry(spec, state: JobState, attempt: int) -> tuple[bool, str]:
-    """Whether attempt ``attempt`` (0-based) ending in ``state`` starts another, and why not/why."""
+    """Whether attempt ``attempt`` (0-based) ending in ``state`` starts another, and why not/why
+    (the failure class's ``retry: on:`` word): node/failure_classes.py says which class each
+    word retries."""
     policy = spec.retry
     if policy is None or state.status is JobStatus.COMPLETED or not state.status.terminal:
         return False, ""
     cls = state.failure_class()
-    kind = retry_kind(cls)
-    if kind is None:
+    if cls is None or cls.failure.retry_on is None:
         return False, f"not retried: {cls.describe() if cls is not None else 'no failure class'}"
-    listed = set(policy.on)
-    if not (kind in listed or (kind in ("preflight", "hang") and "node" in listed and cls is not None
-                               and getattr(cls, "node", False))):
-        return False, f"not retried: {kind} is not in retry.on"
+    if not cls.failure.retried_by(policy.on):
+        return False, f"not retried: {cls.failure.retry_on} is not in retry.on"
     if attempt + 1 >= policy.attempts:
         return False, f"not retried: all {policy.attempts} attempts used"
-    return True, kind
+    return True, cls.failure.retry_on
 
 
 def culprit(state: JobState) -> str:
     cls = state.failure_class()
-    host = getattr(cls, "host", "") if cls is not None else ""
+    host = cls.host if cls is not None else ""
     from .ledger import valid_host
 
     return host if host and valid_host(host) else ""
@@ -288,7 +268,7 @@ def _notify_retried(backend: str, old: str, state: JobState, why: str, new: str,
     from . import notify
 
     for rec in records.find(old, backend)[:1]:
-        notify.send(rec, "retried", f"attempt {attempt + 1} ({new}) after {why}: {state.describe()}", attempt=attempt)
+        notify.send(rec, RETRIED, f"attempt {attempt + 1} ({new}) after {why}: {state.describe()}", attempt=attempt)
 
 
 # ---- a run's attempts and what they cost ------------------------------------------------------
@@ -353,14 +333,8 @@ def number(value) -> int:
 
 def row_of(rec: dict) -> AttemptRow:
     last = rec.get("last_state") if isinstance(rec.get("last_state"), dict) else {}
-    cls = last.get("failure_class") if isinstance(last.get("failure_class"), dict) else {}
-    cause = ""
-    if cls.get("class") == "unknown":
-        cause = "unknown cause"
-    elif cls:
-        bits = [b for b in (cls.get("class") and f"{cls.get('class')} fault", cls.get("host") and f"host {cls['host']}",
-                            cls.get("reason")) if b]
-        cause = ", ".join(bits)
+    cls = Classification.from_dict(last.get("failure_class"))
+    cause = cls.describe() if cls is not None else ""
     spec = rec.get("spec") if isinstance(rec.get("spec"), dict) else {}
     servers = spec.get("servers") if isinstance(spec.get("servers"), list) else []
     nodes = number(rec.get("nodes") or spec.get("nodes")) + sum(number(s.get("nodes")) for s in servers
@@ -572,5 +546,5 @@ def recorded_spec(backend: str, job_id: str):
     return from_dict(data, source=f"the record of {job_id}")
 
 
-__all__ = ["AttemptRow", "Run", "attempts_of", "describe_rows", "next_spec", "recorded_spec", "retry_kind", "totals", "wait_run",
+__all__ = ["AttemptRow", "Run", "attempts_of", "describe_rows", "next_spec", "recorded_spec", "totals", "wait_run",
            "wants_retry"]

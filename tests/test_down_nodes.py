@@ -4,7 +4,7 @@ pieces without one."""
 from __future__ import annotations
 
 from halo_sched.backends.slurm.down_nodes import down_nodes, expand_hostlist
-from halo_sched.node.failure_classes import classify
+from halo_sched.node.failure_classes import classify_failure
 from halo_sched.node.failures import FailureReport
 
 
@@ -35,7 +35,7 @@ def test_the_down_node_is_named_with_its_ranks_and_classified_a_node_fault(tmp_p
     assert [(d.node, d.host, d.ranks) for d in down] == [(1, "h1", (2, 3))]
     assert down[0].error == "SLURM marked node 1 (h1) DOWN+NOT_RESPONDING (Not responding); it held ranks 2, 3"
     report = FailureReport(failures=list(down), cause=down[0])
-    cls = classify(report, "NODE_FAIL")
+    cls = classify_failure(report, "NODE_FAIL")
     assert (cls.kind, cls.host, cls.by) == ("node", "h1", "node-fail"), cls
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from halo_sched.backends.jobstate import JobState, JobStatus
 from halo_sched.node import failure_classes as fc
-from halo_sched.node.failures import FailureReport, RankFailure, classify
+from halo_sched.node.failure_classes import classify_failure
+from halo_sched.node.failures import FailureReport, RankFailure
 
 T0 = 1_800_000_000.0
 
@@ -23,7 +24,7 @@ def rank(error="", tail=(), host="h2", t=T0, rank=3, **kw):
 def test_each_pattern_matches_its_real_message_and_decides(pattern):
     # In the error line, as the collector writes it, and in the output's tail alone.
     for f in (rank(error=pattern.example), rank(error="exit 1", tail=["some line", pattern.example])):
-        c = classify(FailureReport([f]))
+        c = classify_failure(FailureReport([f]))
         assert (c.kind, c.by) == (pattern.kind, pattern.name), (pattern.example, c)
         assert c.host == ("h2" if pattern.kind == fc.NODE else "")
     assert pattern.kind in (fc.NODE, fc.JOB) and pattern.source
@@ -35,38 +36,38 @@ def test_the_nccl_part_of_a_python_exception_decides():
                    "ProcessGroupNCCL.cpp:3780, unhandled system error (run with NCCL_DEBUG=INFO for details), "
                    "NCCL version 2.28.9",
              tail=["Traceback (most recent call last):", "NCCL WARN NET/IB : Got completion from peer"])
-    c = classify(FailureReport([f]))
+    c = classify_failure(FailureReport([f]))
     assert c.node and c.reason == "NCCL network error" and c.host == "h2", c
 
 
 def test_only_the_first_failure_counts_not_its_victims():
     cause = rank(error="ValueError: bad shard 7", host="h1", t=T0, rank=0)
     victim = rank(error="RuntimeError: Connection reset by peer", host="h2", t=T0 + 2)
-    c = classify(FailureReport([victim, cause]))
+    c = classify_failure(FailureReport([victim, cause]))
     assert (c.kind, c.by) == (fc.JOB, "python-exception"), c
 
 
 def test_job_faults_bad_argument_and_oom():
-    assert classify(FailureReport([rank(error="train.py: error: the following arguments are required: --data")])).by \
+    assert classify_failure(FailureReport([rank(error="train.py: error: the following arguments are required: --data")])).by \
         == "bad-argument"
-    assert classify(None, JobStatus.OUT_OF_MEMORY).kind == fc.JOB
-    assert classify(FailureReport([rank(error="")]), "OUT_OF_MEMORY").reason == "out of memory (the process)"
+    assert classify_failure(None, JobStatus.OUT_OF_MEMORY).kind == fc.JOB
+    assert classify_failure(FailureReport([rank(error="")]), "OUT_OF_MEMORY").reason == "out of memory (the process)"
 
 
 def test_unknown_is_its_own_class():
-    c = classify(FailureReport([rank(error="exit 1")]))
+    c = classify_failure(FailureReport([rank(error="exit 1")]))
     assert c.kind == fc.UNKNOWN and not c.node and c.describe() == "unknown cause"
-    assert classify(None, JobStatus.FAILED).kind == fc.UNKNOWN
+    assert classify_failure(None, JobStatus.FAILED).kind == fc.UNKNOWN
 
 
 def test_slurm_node_fail_is_the_nodes_fault():
-    c = classify(FailureReport([rank(error="NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.",
+    c = classify_failure(FailureReport([rank(error="NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.",
                                      host="h3")]), JobStatus.NODE_FAIL)
     assert c.node and c.by == "node-fail" and c.host == "h3"
     # A peer that crashed on a Python exception is a victim, not the failed node: no host blamed.
-    c = classify(FailureReport([rank(error="ValueError: store timeout", host="h1")]), JobStatus.NODE_FAIL)
+    c = classify_failure(FailureReport([rank(error="ValueError: store timeout", host="h1")]), JobStatus.NODE_FAIL)
     assert c.node and c.host == "" and c.describe() == "node fault: node failed (NODE_FAIL)"
-    assert classify(None, "NODE_FAIL").node
+    assert classify_failure(None, "NODE_FAIL").node
 
 
 def test_nomad_lost_allocation_is_the_nodes_fault():
@@ -74,19 +75,19 @@ def test_nomad_lost_allocation_is_the_nodes_fault():
 
     lost = AllocFailure(node=1, rank=None, local_rank=None, host="gpu-b", exit_code=None, signal=None, time=T0,
                         label="node 1 (Nomad node gpu-b)", verb="lost", error="allocation 1234abcd lost: node down")
-    c = classify(FailureReport([lost], cause=lost), JobStatus.NODE_FAIL)
+    c = classify_failure(FailureReport([lost], cause=lost), JobStatus.NODE_FAIL)
     assert c.node and c.host == "gpu-b"
-    c = classify(FailureReport([lost], cause=lost), JobStatus.FAILED)
+    c = classify_failure(FailureReport([lost], cause=lost), JobStatus.FAILED)
     assert c.node and c.by == "node-lost" and c.host == "gpu-b", c
 
 
 def test_hung_with_a_culprit_host_is_that_nodes_fault_read_defensively():
     hung = types.SimpleNamespace(kind="HUNG", host="h1", error="no progress for 600 s", tail=(),
                                  culprit={"rank": 5, "node": 1, "host": "h2"})
-    c = classify(hung)
+    c = classify_failure(hung)
     assert c.node and c.host == "h2" and c.by == "hung", c
     # No culprit named: not blamed on any node.
-    assert classify(types.SimpleNamespace(kind="HUNG", host="h1", error="", tail=())).kind == fc.UNKNOWN
+    assert classify_failure(types.SimpleNamespace(kind="HUNG", host="h1", error="", tail=())).kind == fc.UNKNOWN
 
 
 def test_status_line_leads_with_a_node_fault_and_keeps_a_job_fault_as_it_was():
@@ -111,10 +112,10 @@ def test_the_schedulers_node_name_is_blamed_over_torchruns_fqdn():
            "stopped": False, "node_name": "node2"}
     key = "2c" * 32  # the job's failure key: the collector's lines are signed with it
     f = parse_line(failure_collector.record_line(rec, key), key)
-    assert f.node_name == "node2" and classify(FailureReport([f])).host == "node2"
+    assert f.node_name == "node2" and classify_failure(FailureReport([f])).host == "node2"
     # The same line printed by a rank (unsigned) blames no host.
     forged = parse_line(failure_collector.TAG + " " + json.dumps(rec), key)
-    assert classify(FailureReport([forged])).host == ""
+    assert classify_failure(FailureReport([forged])).host == ""
 
 
 def test_the_collector_writes_slurms_node_name(tmp_path, monkeypatch):
@@ -128,7 +129,7 @@ def test_the_collector_writes_slurms_node_name(tmp_path, monkeypatch):
 
 def test_a_preflight_failure_kind_is_that_nodes_fault():
     gate = types.SimpleNamespace(kind="PREFLIGHT", host="h4", node_name="", error="no interface ib0", tail=())
-    c = classify(gate)
+    c = classify_failure(gate)
     assert c.node and c.host == "h4" and c.by == "preflight", c
 
 
@@ -142,8 +143,21 @@ def test_a_hang_reports_culprit_outside_a_collective_is_its_nodes_fault():
                            where_in="hang.py:43", code="time.sleep(3600)", waiting_in=waiting_in,
                            stack_read=stack_read)
 
-    c = classify(FailureReport([hung(None)]))
+    c = classify_failure(FailureReport([hung(None)]))
     assert c.node and c.host == "node2" and c.by == "hung", c
     # Inside a collective, or its stack unread: no evidence against its node.
-    assert classify(FailureReport([hung("all_reduce")])).kind == fc.UNKNOWN
-    assert classify(FailureReport([hung(None, stack_read=False)])).kind == fc.UNKNOWN
+    assert classify_failure(FailureReport([hung("all_reduce")])).kind == fc.UNKNOWN
+    assert classify_failure(FailureReport([hung(None, stack_read=False)])).kind == fc.UNKNOWN
+
+
+def test_the_job_files_words_are_the_vocabularys():
+    """retry.on and notify.on take exactly the words node/failure_classes.py defines, and every
+    failure class names one of them (its retry word, its event)."""
+    from halo_sched.models import Notify, Retry
+
+    assert Retry.model_json_schema()["properties"]["on"]["items"]["enum"] == list(fc.RETRY_ON)
+    assert Notify.model_json_schema()["properties"]["on"]["items"]["enum"] == list(fc.NOTIFY_EVENTS)
+    assert len({c.name for c in fc.CLASSES}) == len(fc.CLASSES)
+    for c in fc.CLASSES:
+        assert c.fault in fc.FAULTS and c.event in fc.NOTIFY_EVENTS and c.retry_on in (*fc.RETRY_ON, None), c
+    assert {p.failure for p in fc.PATTERNS} <= set(fc.CLASSES)

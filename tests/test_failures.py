@@ -181,7 +181,7 @@ def test_a_missing_script_leads_with_the_one_useful_line():
 
 
 def test_a_forged_line_dated_earlier_is_shown_but_picks_no_first_failure_and_no_ledger_host():
-    from halo_sched.node.failure_classes import classify
+    from halo_sched.node.failure_classes import classify_failure
 
     real = _line(rank=3, time=1000.5, error="ValueError: boom")
     forged = (f"[rank 0]: halo-sched-failure " + json.dumps({
@@ -193,12 +193,12 @@ def test_a_forged_line_dated_earlier_is_shown_but_picks_no_first_failure_and_no_
          "error": "ValueError: boom", "tail": ["x"], "stopped": False}), KEY), "0" * 64)
     rep = failures.report_from_lines([forged, wrong_key, real], KEY)
     assert rep.first.rank == 3 and rep.first.host == "gpu-07"
-    assert classify(rep).host != "victim-host"
+    assert classify_failure(rep).host != "victim-host"
     assert [f.trusted for f in sorted(rep.failures, key=lambda f: f.time)] == [False, False, True]
     assert rep.to_dict()["unverified"] == 2 and rep.others() == 0
     # Only forged lines: shown as text, naming nobody.
     alone = failures.report_from_lines([forged], KEY)
-    assert alone.first is None and classify(alone).host == "" and "unverified" in alone.describe()
+    assert alone.first is None and classify_failure(alone).host == "" and "unverified" in alone.describe()
     # Without the job's key nothing verifies (a job submitted before keys: no verdict from its lines).
     assert failures.report_from_lines([real], "").first is None
 

@@ -117,10 +117,10 @@ def test_stack_parsing_finds_the_main_thread_and_its_collective(tmp_path):
     threads = hang_monitor.parse_stacks(dump)
     main = hang_monitor.main_thread(threads)
     assert main[0][1:] == (57, "main")
-    assert hang_monitor.classify(main) == {"waiting_in": None, "where": "train.py:57", "code": "time.sleep(600)"}
+    assert hang_monitor.classify_stack(main) == {"waiting_in": None, "where": "train.py:57", "code": "time.sleep(600)"}
     waiting = [("/x/site-packages/torch/distributed/distributed_c10d.py", 3252, "all_reduce"),
                ("/x/site-packages/torch/distributed/c10d_logger.py", 83, "wrapper"), (str(src), 44, "main")]
-    assert hang_monitor.classify(waiting)["waiting_in"] == "all_reduce"
+    assert hang_monitor.classify_stack(waiting)["waiting_in"] == "all_reduce"
 
 
 @pytest.fixture
@@ -355,7 +355,7 @@ def test_a_late_node_still_dumps_its_ranks_in_their_collective_when_another_node
 def test_a_rank_that_ended_before_its_dump_is_placed_by_its_traceback():
     # A peer's end breaks the all_reduce a rank waits in before this node's monitor signals it:
     # its traceback says where it was (as hang_monitor reads it; a dump's format is not there).
-    from halo_sched.node.hang_monitor import classify as where, parse_stacks, parse_traceback
+    from halo_sched.node.hang_monitor import classify_stack as where, parse_stacks, parse_traceback
 
     text = """[rank2]: Traceback (most recent call last):
 [rank2]:   File "/tmp/hs/hang.py", line 55, in <module>

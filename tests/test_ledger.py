@@ -130,7 +130,8 @@ def test_a_record_update_that_sees_a_node_fault_ledgers_the_host_once():
     (e,) = ledger.active()
     assert (e.host, e.job, e.backend, e.reason, e.by) == ("h2", "4242", "slurm", "NCCL network error", "nccl-system")
     last = records.find("4242", "slurm")[0]["last_state"]
-    assert last["failure_class"] == {"class": "node", "reason": "NCCL network error", "host": "h2", "by": "nccl-system"}
+    assert last["failure_class"] == {"class": "node", "failure": "node", "reason": "NCCL network error", "host": "h2",
+                                    "by": "nccl-system"}
     assert last["describe"].startswith("FAILED (node fault: host h2, NCCL network error): ")
     # A job's own fault ledgers nothing, and says so in the record.
     _record("4243")

@@ -497,7 +497,7 @@ def test_the_gate_fails_a_nomad_node_as_a_preflight_node_fault_ledgered_and_retr
         assert next(a for a in _allocs(fake, run_id) if a["TaskGroup"] == "workers")["ClientStatus"] == "failed"
         assert _nodes_of(fake, run_id)["workers[0]"] == "n1"
         first = json.loads(cli("status", run_id, "--json", env=env).stdout)
-        assert first["failure_class"] == {"class": "node", "reason": "preflight check failed", "host": "n1",
+        assert first["failure_class"] == {"class": "node", "failure": "preflight", "reason": "preflight check failed", "host": "n1",
                                           "by": "preflight"}, first
         ledger = [json.loads(ln) for ln in cli("nodes", "--json", env=env).stdout.splitlines()]
         assert [(e["host"], e["by"], e["job"]) for e in ledger] == [("n1", "preflight", run_id)], ledger

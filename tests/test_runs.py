@@ -7,8 +7,9 @@ import pytest
 
 import halo_sched.errors  # the module itself: `import halo_sched` loads it lazily
 from halo_sched.backends.jobstate import JobState, JobStatus
+from halo_sched.node import failure_classes as fc
 from halo_sched.node.failure_classes import Classification
-from halo_sched.runs import next_spec, retry_kind, wants_retry
+from halo_sched.runs import next_spec, wants_retry
 from helpers import cli, example_job
 
 
@@ -49,10 +50,12 @@ def _failed(cls: Classification | None, status=JobStatus.FAILED) -> JobState:
     return st
 
 
-NODE = Classification("node", "NCCL network error", "n1", "nccl-ib")
-PREFLIGHT = Classification("node", "preflight check failed", "n1", "preflight")
-JOB = Classification("job", "Python exception", "", "python-exception")
-UNKNOWN = Classification("unknown")
+NODE = Classification(fc.NODE_FAULT, "NCCL network error", "n1", "nccl-ib")
+PREFLIGHT = Classification(fc.PREFLIGHT_FAILED, "preflight check failed", "n1", "preflight")
+JOB = Classification(fc.JOB_FAULT, "Python exception", "", "python-exception")
+UNKNOWN = Classification(fc.UNKNOWN_CAUSE)
+HUNG_ON_NODE = Classification(fc.HUNG_ON_NODE, "no progress", "n1", "hung")
+HUNG_NO_CULPRIT = Classification(fc.HUNG_NO_CULPRIT, "no progress", "", "hung")
 
 
 @pytest.mark.parametrize("on, cls, attempt, retried", [
@@ -63,8 +66,10 @@ UNKNOWN = Classification("unknown")
     (["preflight"], NODE, 0, False),
     (["preflight"], PREFLIGHT, 0, True),
     (["node"], PREFLIGHT, 0, True),  # a preflight failure is a node fault
-    (["hang"], Classification("hung", "no progress", "n1", "hung"), 0, True),
-    (["node"], Classification("hung", "no progress", "n1", "hung"), 0, False),
+    (["hang"], HUNG_ON_NODE, 0, True),
+    (["node"], HUNG_ON_NODE, 0, True),  # a hang with a culprit node is a node fault
+    (["hang"], HUNG_NO_CULPRIT, 0, True),
+    (["node", "preflight"], HUNG_NO_CULPRIT, 0, False),  # no node to blame: only `hang` retries it
 ])
 def test_which_failures_start_another_attempt(tmp_path, on, cls, attempt, retried):
     spec = _spec(tmp_path, attempts=3, on=on)
@@ -77,11 +82,12 @@ def test_no_retry_without_the_field_or_after_success(tmp_path):
     assert not wants_retry(_spec(tmp_path), _failed(None, JobStatus.COMPLETED), 0)[0]
 
 
-def test_retry_kind_reads_a_record_class_defensively():
-    assert retry_kind({"class": "node", "by": "xid"}) == "node"
-    assert retry_kind({"class": "node", "by": "preflight"}) == "preflight"
-    assert retry_kind({"class": "HUNG"}) == "hang"
-    assert retry_kind({"class": "job"}) is None and retry_kind({}) is None and retry_kind(None) is None
+def test_a_records_failure_class_reads_back_as_the_typed_value():
+    for cls in (NODE, PREFLIGHT, JOB, UNKNOWN, HUNG_ON_NODE, HUNG_NO_CULPRIT):
+        assert Classification.from_dict(cls.to_dict()) == cls
+    # A record kept before the class was named: its fault's class; anything else is no class.
+    assert Classification.from_dict({"class": "node", "reason": "x", "host": "h", "by": "xid"}).failure is fc.NODE_FAULT
+    assert Classification.from_dict({"class": ["node"]}) is None and Classification.from_dict("node") is None
 
 
 def test_slurm_start_and_end_times_count_only_once_they_happened():

@@ -15,7 +15,7 @@ import pytest
 import halo_sched.errors  # noqa: F401 - the module itself: `import halo_sched` loads it lazily
 from halo_sched import db, records, runs
 from halo_sched.backends.jobstate import JobState, JobStatus
-from halo_sched.node.failure_classes import Classification
+from halo_sched.node.failure_classes import NODE_FAULT, Classification
 from helpers import cli, example_job
 
 
@@ -78,7 +78,7 @@ def test_twenty_processes_updating_one_record_lose_nothing(tmp_path, monkeypatch
 
 # ---- one next attempt per failed attempt ----------------------------------------------------
 
-NODE = Classification("node", "NCCL network error", "n1", "nccl-ib")
+NODE = Classification(NODE_FAULT, "NCCL network error", "n1", "nccl-ib")
 
 
 class FakeScheduler:

@@ -12,6 +12,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..node.failure_classes import HUNG_ON_NODE, Classification, classify_failure
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..node.failures import FailureReport
 
@@ -155,16 +157,14 @@ class JobState:
         return (self.status, self.nodes_running, self.raw_state, self.restarts, self.reason,
                 self.nomad.nodes_placed if self.nomad is not None else None)
 
-    def failure_class(self):
+    def failure_class(self) -> Classification | None:
         """Whose fault the failure is (halo_sched/node/failure_classes.py), for a job that failed
         (FAILED, NODE_FAIL, OUT_OF_MEMORY, TIMEOUT with a failure report); None otherwise."""
         if self.status not in _CLASSIFIED and self.failure is None:
             return None
         if not self.status.terminal and self.failure is None:
             return None
-        from ..node.failure_classes import classify
-
-        return classify(self.failure, self.status)
+        return classify_failure(self.failure, self.status)
 
     def describe(self) -> str:
         """The state in words, one line: ``FAILED: rank 3 (node 1, ...) exit 1 ...``."""
@@ -172,7 +172,7 @@ class JobState:
             cls = self.failure_class()
             # A node's fault leads the line (the host to avoid); a job's own is the rank's words.
             # NODE_FAIL says it already, and its first failure names the node; so does a HUNG line.
-            node = cls is not None and cls.node and self.status is not JobStatus.NODE_FAIL and cls.by != "hung"
+            node = cls is not None and cls.node and self.status is not JobStatus.NODE_FAIL and cls.failure is not HUNG_ON_NODE
             head = f"{self.status.value} ({cls.describe()})" if node else self.status.value
             text = f"{head}: {self.failure.describe()}"
             return text + (f" (raw={self.raw_state})" if self.raw_state and self.raw_state != self.status.value else "")

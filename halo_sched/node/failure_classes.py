@@ -1,17 +1,20 @@
-"""Whose fault a failure is: the node's, the job's, or unknown. Patterns as data, one place.
+"""The failure vocabulary, defined once: each failure class with its name, whose fault it is, its
+words, the ``retry: on:`` word that retries it and the ``notify: on:`` event it raises; and how a
+failed job's first failure is put into one (:func:`classify_failure`). Every other module
+imports these (the job file's ``retry.on`` and ``notify.on`` words, the node ledger, a run's
+retries, notifications, ``status``); none spells them again.
 
-A **node** failure is one a healthy node would not have had: the node was lost or declared dead by
+A **node** fault is one a healthy node would not have had: the node was lost or declared dead by
 the scheduler (SLURM ``NODE_FAIL``, a Nomad allocation ``lost``/``unknown``), the network or NCCL
 failed under the rank, the GPU reported an ECC/Xid or device error, a preflight check failed on
 that node, or the job hung with that node as the culprit. Running the same job elsewhere may
 succeed; running it there again likely fails the same way, so the host goes into the node ledger
 (halo_sched/ledger.py) and new jobs avoid it.
 
-A **job** failure is the job's own: a Python exception in user code, a bad argument, the process
+A **job** fault is the job's own: a Python exception in user code, a bad argument, the process
 running out of memory. Running it elsewhere fails the same way.
 
-**unknown** is its own class (nothing matched): it is never taken for a node fault, never retried
-by default.
+**unknown** is its own class (nothing matched): it is never taken for a node fault, never retried.
 
 Only the first failure is classified (:attr:`FailureReport.first`): its peers fail moments later
 with "Connection reset by peer" and the like because it died, and are not the cause. Each
@@ -25,10 +28,58 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+# ---- whose fault -------------------------------------------------------------------------------
+
 NODE = "node"
 JOB = "job"
 UNKNOWN = "unknown"
-CLASSES = (NODE, JOB, UNKNOWN)
+FAULTS = (NODE, JOB, UNKNOWN)
+#: What a person reads for each: the head of ``status``'s words for a failure.
+FAULT_WORDS = {NODE: "node fault", JOB: "job fault", UNKNOWN: "unknown cause"}
+
+# ---- the words of the job file -------------------------------------------------------------------
+
+#: ``retry: on:`` words: the failure classes a run may start another attempt after.
+RETRY_NODE, RETRY_HANG, RETRY_PREFLIGHT = "node", "hang", "preflight"
+RETRY_ON = (RETRY_NODE, RETRY_HANG, RETRY_PREFLIGHT)
+#: ``notify: on:`` words: a failed attempt raises one of the first two (its class's ``event``).
+FAILED, HUNG, RETRIED, COMPLETED = "failed", "hung", "retried", "completed"
+NOTIFY_EVENTS = (FAILED, HUNG, RETRIED, COMPLETED)
+
+
+@dataclass(frozen=True)
+class FailureClass:
+    """One failure class: its ``name`` (as records and ``status --json`` keep it), whose fault it
+    is, the ``reason`` a person reads when no pattern gives one, the ``retry: on:`` word that
+    retries it (None: never retried) and the ``notify: on:`` event a failure of it raises."""
+
+    name: str
+    fault: str  # NODE, JOB or UNKNOWN
+    reason: str
+    retry_on: str | None
+    event: str
+
+    @property
+    def words(self) -> str:
+        """``node fault`` / ``job fault`` / ``unknown cause``."""
+        return FAULT_WORDS[self.fault]
+
+    def retried_by(self, on: Iterable[str]) -> bool:
+        """Whether a job file's ``retry.on`` words retry this class: its own word, or ``node``
+        for any node fault (a preflight failure and a hang with a culprit node are node faults)."""
+        on = set(on)
+        return self.retry_on is not None and (self.retry_on in on or (self.fault == NODE and RETRY_NODE in on))
+
+
+NODE_FAULT = FailureClass("node", NODE, "", RETRY_NODE, FAILED)
+PREFLIGHT_FAILED = FailureClass("preflight", NODE, "preflight check failed", RETRY_PREFLIGHT, FAILED)
+HUNG_ON_NODE = FailureClass("hang", NODE, "hung (this node was the culprit)", RETRY_HANG, HUNG)
+#: A hang whose culprit is inside a collective or unread: no evidence against any node.
+HUNG_NO_CULPRIT = FailureClass("hang-no-culprit", UNKNOWN, "hung (no culprit node)", RETRY_HANG, HUNG)
+JOB_FAULT = FailureClass("job", JOB, "", None, FAILED)
+UNKNOWN_CAUSE = FailureClass("unknown", UNKNOWN, "", None, FAILED)
+CLASSES = (NODE_FAULT, PREFLIGHT_FAILED, HUNG_ON_NODE, HUNG_NO_CULPRIT, JOB_FAULT, UNKNOWN_CAUSE)
+_BY_NAME = {c.name: c for c in CLASSES}
 
 
 @dataclass(frozen=True)
@@ -36,11 +87,16 @@ class Pattern:
     """One kind of message: what it says about whose fault a failure is."""
 
     name: str
-    kind: str  # NODE or JOB
+    failure: FailureClass  # the class it decides
     reason: str  # in words, as ``status`` shows it
     regex: str
     example: str  # a real message it matches
     source: str  # where that message is written
+
+    @property
+    def kind(self) -> str:
+        """Whose fault: NODE or JOB."""
+        return self.failure.fault
 
     def search(self, text: str) -> bool:
         return re.search(self.regex, text) is not None
@@ -51,71 +107,71 @@ class Pattern:
 #: exception (``torch.distributed.DistBackendError: NCCL error in: ...``), and it is the NCCL part
 #: that says whose fault it is.
 PATTERNS: tuple[Pattern, ...] = (
-    Pattern("preflight", NODE, "preflight check failed",
+    Pattern("preflight", PREFLIGHT_FAILED, PREFLIGHT_FAILED.reason,
             r'halo-sched-preflight-node \{.*"fatal": ?true',
             'halo-sched-preflight-node {"node": 1, "host": "h2", "checks": [{"check": "interface", "ok": false, '
             '"detail": "no interface ib0", "fix": "set network.interface", "fatal": true}]}',
             "halo_sched/node/trainers/preflight_bw.py (NODE_MARK line, a check with fatal true)"),
-    Pattern("xid", NODE, "GPU Xid error",
+    Pattern("xid", NODE_FAULT, "GPU Xid error",
             r"NVRM: Xid \(",
             "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.",
             "NVIDIA kernel driver (dmesg); Xid catalogue: docs.nvidia.com/deploy/xid-errors"),
-    Pattern("ecc", NODE, "GPU ECC error",
+    Pattern("ecc", NODE_FAULT, "GPU ECC error",
             r"uncorrectable ECC error encountered",
             "RuntimeError: CUDA error: uncorrectable ECC error encountered",
             "CUDA runtime's cudaGetErrorString(cudaErrorECCUncorrectable) after torch's \"CUDA error: \" "
             "(C10_CUDA_CHECK, c10/cuda/CUDAException.cpp c10_cuda_check_implementation)"),
-    Pattern("cuda-launch", NODE, "CUDA device error",
+    Pattern("cuda-launch", NODE_FAULT, "CUDA device error",
             r"CUDA error: unspecified launch failure",
             "RuntimeError: CUDA error: unspecified launch failure",
             "cudaGetErrorString(cudaErrorLaunchFailure) via C10_CUDA_CHECK (c10/cuda/CUDAException.cpp)"),
-    Pattern("cuda-illegal-address", NODE, "CUDA device error",
+    Pattern("cuda-illegal-address", NODE_FAULT, "CUDA device error",
             r"CUDA error: an illegal memory access was encountered",
             "RuntimeError: CUDA error: an illegal memory access was encountered",
             "cudaGetErrorString(cudaErrorIllegalAddress) via C10_CUDA_CHECK (c10/cuda/CUDAException.cpp); an Xid 13/31 on "
             "the node; a kernel bug in user code can cause it too)"),
-    Pattern("nccl-ib", NODE, "NCCL network error",
+    Pattern("nccl-ib", NODE_FAULT, "NCCL network error",
             r"NCCL WARN NET/(?:IB|Socket|OFI)",
             "h2:22890:22900 [0] transport/net_ib.cc:2470 NCCL WARN NET/IB : Got completion from peer "
             "10.77.0.1<35162> with status=12 opcode=129 len=65536",
             "NCCL src/transport/net_ib.cc (WARN lines on a failed work completion)"),
-    Pattern("nccl-system", NODE, "NCCL network error",
+    Pattern("nccl-system", NODE_FAULT, "NCCL network error",
             r"unhandled system error|remote process exited or there was a network error|ncclSystemError|"
             r"ncclRemoteError",
             "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, "
             "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5",
             "NCCL src/init.cc ncclGetErrorString(ncclSystemError / ncclRemoteError), wrapped by torch's "
             "C10D_NCCL_CHECK (torch/csrc/distributed/c10d/NCCLUtils.hpp)"),
-    Pattern("nccl-cuda", NODE, "CUDA device error",
+    Pattern("nccl-cuda", NODE_FAULT, "CUDA device error",
             r"unhandled cuda error",
             "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp"
             ":1970, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.20.5",
             "NCCL src/init.cc ncclGetErrorString(ncclUnhandledCudaError)"),
-    Pattern("peer-reset", NODE, "network error (connection to a peer lost)",
+    Pattern("peer-reset", NODE_FAULT, "network error (connection to a peer lost)",
             r"Connection reset by peer|Connection closed by (?:remote )?peer|No route to host",
             "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
             "[10.0.0.2]:62261",
             "gloo/transport/tcp/pair.cc (Pair::read on EOF: GLOO_ERROR_MSG(\"Connection closed by peer \", "
             "peer_.str())); ECONNRESET's strerror 'Connection reset by peer' from gloo and c10d's TCPStore"),
     # --- the job's own ----------------------------------------------------------------------
-    Pattern("cuda-oom", JOB, "out of memory (GPU, the process)",
+    Pattern("cuda-oom", JOB_FAULT, "out of memory (GPU, the process)",
             r"CUDA out of memory|OutOfMemoryError",
             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
             "of 79.15 GiB of which 1.06 GiB is free.",
             "c10/cuda/CUDACachingAllocator.cpp (TORCH_CHECK_WITH(OutOfMemoryError, ..., 'CUDA out of memory. "
             "Tried to allocate ...'))"),
-    Pattern("host-oom", JOB, "out of memory (the process)",
+    Pattern("host-oom", JOB_FAULT, "out of memory (the process)",
             r"MemoryError|Killed process \d+ .*out of memory|oom-kill|OUT_OF_MEMORY",
             "MemoryError",
             "CPython (PyErr_NoMemory); the kernel's OOM killer ('Killed process 1234 (python) total-vm...'); "
             "SLURM's OUT_OF_MEMORY state"),
-    Pattern("bad-argument", JOB, "bad argument",
+    Pattern("bad-argument", JOB_FAULT, "bad argument",
             r"error: (?:unrecognized arguments|the following arguments are required|argument \S+:)|"
             r"can't open file|No module named",
             "train.py: error: unrecognized arguments: --lr=0.1",
             "CPython Lib/argparse.py (ArgumentParser.error); the interpreter's \"can't open file\"; "
             "ModuleNotFoundError"),
-    Pattern("python-exception", JOB, "Python exception",
+    Pattern("python-exception", JOB_FAULT, "Python exception",
             r"(?m)^(?:\[rank\d+\]:\s*)?(?:[\w.]+\.)?\w*(?:Error|Exception)(?::|$)|Traceback \(most recent call last\)",
             "ValueError: rank 3 fails on purpose",
             "CPython traceback printing (the last line names the exception)"),
@@ -124,29 +180,51 @@ PATTERNS: tuple[Pattern, ...] = (
 
 @dataclass(frozen=True)
 class Classification:
-    """Whose fault a failure is, why (in words), and the host to blame (node class only)."""
+    """A failure put into its class: why (in words), the host to blame (node faults only), and
+    what decided (``by``: a pattern's ``name``, or ``node-lost``, ``node-fail``, ``hung``,
+    ``preflight``, ``out-of-memory``)."""
 
-    kind: str  # NODE, JOB or UNKNOWN
+    failure: FailureClass
     reason: str = ""
     host: str = ""
-    #: The pattern that decided (its ``name``), or how else it was decided (``node-lost``, ``hung``).
     by: str = ""
 
     @property
+    def kind(self) -> str:
+        """Whose fault: NODE, JOB or UNKNOWN."""
+        return self.failure.fault
+
+    @property
     def node(self) -> bool:
-        return self.kind == NODE
+        return self.failure.fault == NODE
 
     def describe(self) -> str:
         """``node fault: host h2, NCCL network error`` / ``job fault: Python exception`` / ``unknown cause``."""
         if self.kind == UNKNOWN:
-            return "unknown cause"
+            return self.failure.words
         bits = [f"host {self.host}"] if self.host else []
         if self.reason:
             bits.append(self.reason)
-        return f"{self.kind} fault" + (f": {', '.join(bits)}" if bits else "")
+        return self.failure.words + (f": {', '.join(bits)}" if bits else "")
 
     def to_dict(self) -> dict:
-        return {"class": self.kind, "reason": self.reason, "host": self.host, "by": self.by}
+        """As a record keeps it (``last_state.failure_class``) and ``status --json`` prints it."""
+        return {"class": self.kind, "failure": self.failure.name, "reason": self.reason, "host": self.host,
+                "by": self.by}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Classification | None":
+        """A record's ``failure_class`` as the typed value (None for anything else). A record
+        kept before ``failure`` was: the class of its fault alone."""
+        if not isinstance(data, dict):
+            return None
+        # The plain classes are named as their faults are (node, job, unknown).
+        failure = next((_BY_NAME[n] for n in (data.get("failure"), data.get("class"))
+                        if isinstance(n, str) and n in _BY_NAME), None)
+        if failure is None:
+            return None
+        text = {k: data.get(k) if isinstance(data.get(k), str) else "" for k in ("reason", "host", "by")}
+        return cls(failure, text["reason"], text["host"], text["by"])
 
 
 def _texts(first: Any) -> list[str]:
@@ -201,7 +279,7 @@ def _is_hung(*objs: Any) -> bool:
     return _kind_is("HUNG", *objs)
 
 
-def classify(report: Any = None, status: Any = None) -> Classification:
+def classify_failure(report: Any = None, status: Any = None) -> Classification:
     """The class of a failed job: ``report`` is its :class:`~halo_sched.node.failures.FailureReport`
     (or one :class:`~halo_sched.node.failures.RankFailure`), ``status`` its JobStatus (or the
     status's name): ``NODE_FAIL`` is a node fault whatever the ranks said, ``OUT_OF_MEMORY`` the
@@ -215,10 +293,10 @@ def classify(report: Any = None, status: Any = None) -> Classification:
     # report makes it the cause, and it names the node.
     verb = getattr(first, "verb", "") if first is not None else ""
     if verb in ("lost", "disconnected"):
-        return Classification(NODE, f"node {verb} (Nomad allocation {'lost' if verb == 'lost' else 'unknown'})",
+        return Classification(NODE_FAULT, f"node {verb} (Nomad allocation {'lost' if verb == 'lost' else 'unknown'})",
                               host, "node-lost")
     if verb == "down":  # a node SLURM itself marked down (backends/slurm/down_nodes.py)
-        return Classification(NODE, "node failed (NODE_FAIL), SLURM marked it down", host, "node-fail")
+        return Classification(NODE_FAULT, "node failed (NODE_FAIL), SLURM marked it down", host, "node-fail")
     if status == "NODE_FAIL":
         # SLURM's NODE_FAIL names no node, and the first failure line is usually a healthy peer
         # that crashed waiting for the dead one: blame a host only where its own output says
@@ -226,12 +304,12 @@ def classify(report: Any = None, status: Any = None) -> Classification:
         p = match(_texts(first), NODE) if first is not None else None
         if p is not None and p.name == "peer-reset":  # what a victim of the dead node says
             p = None
-        return Classification(NODE, "node failed (NODE_FAIL)" + (f", {p.reason}" if p else ""),
+        return Classification(NODE_FAULT, "node failed (NODE_FAIL)" + (f", {p.reason}" if p else ""),
                               host if p else "", "node-fail")
     if first is None:
         if status == "OUT_OF_MEMORY":
-            return Classification(JOB, "out of memory (the process)", "", "out-of-memory")
-        return Classification(UNKNOWN)
+            return Classification(JOB_FAULT, "out of memory (the process)", "", "out-of-memory")
+        return Classification(UNKNOWN_CAUSE)
     if _is_hung(first, report):
         culprit = _culprit_host(first, report)
         if not culprit and getattr(first, "stack_read", False) and getattr(first, "waiting_in", "") is None:
@@ -239,17 +317,19 @@ def classify(report: Any = None, status: Any = None) -> Classification:
             # with its stack read and outside any collective, the evidence points at its node.
             culprit = host
         if culprit:
-            return Classification(NODE, "hung (this node was the culprit)", culprit, "hung")
-        return Classification(UNKNOWN, "hung (no culprit node)", "", "hung")
+            return Classification(HUNG_ON_NODE, HUNG_ON_NODE.reason, culprit, "hung")
+        return Classification(HUNG_NO_CULPRIT, HUNG_NO_CULPRIT.reason, "", "hung")
     if _kind_is("PREFLIGHT", first, report):
         # A preflight gate's failure (its line, or a kind the gate sets): that node's fault.
-        return Classification(NODE, "preflight check failed", host, "preflight")
+        return Classification(PREFLIGHT_FAILED, PREFLIGHT_FAILED.reason, host, "preflight")
     p = match(_texts(first))
     if p is not None:
-        return Classification(p.kind, p.reason, host if p.kind == NODE else "", p.name)
+        return Classification(p.failure, p.reason, host if p.kind == NODE else "", p.name)
     if status == "OUT_OF_MEMORY":
-        return Classification(JOB, "out of memory (the process)", "", "out-of-memory")
-    return Classification(UNKNOWN)
+        return Classification(JOB_FAULT, "out of memory (the process)", "", "out-of-memory")
+    return Classification(UNKNOWN_CAUSE)
 
 
-__all__ = ["CLASSES", "Classification", "JOB", "NODE", "PATTERNS", "Pattern", "UNKNOWN", "classify", "match"]
+__all__ = ["CLASSES", "COMPLETED", "Classification", "FAILED", "FAULTS", "FAULT_WORDS", "FailureClass", "HUNG",
+           "HUNG_NO_CULPRIT", "HUNG_ON_NODE", "JOB", "JOB_FAULT", "NODE", "NODE_FAULT", "NOTIFY_EVENTS", "PATTERNS",
+           "PREFLIGHT_FAILED", "Pattern", "RETRIED", "RETRY_ON", "UNKNOWN", "UNKNOWN_CAUSE", "classify_failure", "match"]

@@ -353,10 +353,3 @@ def report_from_files(paths: Iterable, key: str = "") -> FailureReport | None:
             except OSError:
                 continue
     return report_from_lines(lines(), key)
-
-
-def classify(report, status=None):
-    """Whose fault the failure is: the node's, the job's or unknown (see failure_classes.py)."""
-    from .failure_classes import classify as _classify
-
-    return _classify(report, status)

@@ -208,7 +208,7 @@ def _library(path: str) -> bool:
             or path.startswith("<"))
 
 
-def classify(frames: list[tuple[str, int, str]], cwd: str | None = None) -> dict:
+def classify_stack(frames: list[tuple[str, int, str]], cwd: str | None = None) -> dict:
     """Where a rank is: ``waiting_in`` (a collective, or None), the top user frame and its code."""
     waiting = None
     for path, _, func in frames:
@@ -571,13 +571,13 @@ class Monitor:
         for pid, st in sorted(state.items(), key=lambda kv: self.ranks[kv[0]]["rank"]):
             info = self.ranks[pid]
             frames = main_thread(st["threads"]) if st["threads"] else []
-            where = classify(frames, info["cwd"]) if frames else {"waiting_in": None, "where": "", "code": ""}
+            where = classify_stack(frames, info["cwd"]) if frames else {"waiting_in": None, "where": "", "code": ""}
             if where["waiting_in"] is None:
                 # Another node's monitor ended its ranks first: this rank's collective failed
                 # ("Connection closed by peer") and its dump caught it handling that. The traceback
                 # it printed says which collective it had been waiting in.
                 tb = parse_traceback(self._stderr_text(info))
-                was = classify(tb, info["cwd"]) if tb else None
+                was = classify_stack(tb, info["cwd"]) if tb else None
                 if was is not None and was["waiting_in"] is not None:
                     where = was
             rec = {

@@ -24,7 +24,7 @@ _MAX_RANKS_SHOWN = 16
 @dataclass(frozen=True)
 class DownNode(RankFailure):
     """A node of the job that SLURM marked down: the cause of its NODE_FAIL. ``verb`` is what
-    failure_classes.classify reads (as for Nomad's lost allocations)."""
+    failure_classes.classify_failure reads (as for Nomad's lost allocations)."""
 
     verb: str = "down"
     ranks: tuple[int, ...] = ()
