@@ -294,6 +294,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                                "one JSON object per line, each with its kind")
     p.add_argument("--json", action="store_true", help="one JSON document instead: {schema, jobs, ledger, notifications}")
 
+    command("notify", help="deliver the queued webhook notifications (notify: in the job file) whose variable "
+                           "this environment sets, then exit: for a job nobody waits on (submit --wait and watch "
+                           "deliver their own; status and list only queue); exit 1 if one could not be delivered")
+
     command("schema", help="print the job file's JSON Schema")
     return ap
 
@@ -321,6 +325,7 @@ COMMANDS = {
     "nodes": "manage:cmd_nodes",
     "gc": "manage:cmd_gc",
     "export": "manage:cmd_export",
+    "notify": "manage:cmd_notify",
     "timeline": "show:cmd_timeline",
 }
 

@@ -1,6 +1,13 @@
 """The orchestration the commands share with the library, once: which backend a job id went to,
 which ids nobody knows, waiting after a submit, and keeping each state the scheduler reports in
-the job's record (``status``, ``list``). The CLI (cli.py parses arguments; commands/ holds the commands) calls these and
+the job's record (``status``, ``list``).
+
+Reading is not acting. What a read (``status``, ``list``, ``Job.status()``) learns it records,
+idempotently, in the history store (:func:`keep_seen`): the state, a node fault's host in the
+node ledger, a notification queued in the outbox, each in one transaction. It never submits and
+never delivers a notification. Delivering (:func:`note`) belongs to the actors: the processes
+that wait on a job (``submit --wait``, ``watch``, ``Run.wait``), and ``halo-sched notify`` for a
+job nobody waits on. The CLI (cli.py parses arguments; commands/ holds the commands) calls these and
 prints; the submit sequence itself is :meth:`halo_sched.backends.base.Scheduler.submit`.
 """
 from __future__ import annotations
@@ -77,7 +84,9 @@ def warning_of(job_id: str) -> str | None:
 
 def keep_state(rec: dict, state: JobState) -> None:
     """Keep ``state`` in the job's record ``rec``; a node's fault also goes into the node ledger
-    (halo_sched/ledger.py: once per job and host), so new jobs avoid that host."""
+    (halo_sched/ledger.py: once per job and host), so new jobs avoid that host, and the event of
+    a job whose file asks for ``notify:`` is queued in the outbox (once per job and event). All
+    of it recording: nothing is submitted and nothing is sent from here."""
     try:
         records.update_state(rec, state)
     except (OSError, HaloError) as err:  # the store busy or broken: this command still reports the state
@@ -99,13 +108,27 @@ def keep_state(rec: dict, state: JobState) -> None:
         notify.observe(rec, state)
 
 
-def note(backend: str, job_id: str, state: JobState) -> dict | None:
-    """Keep ``state`` in the job's record (when the scheduler knows it), and a node's fault in
-    the node ledger; return the record."""
+def keep_seen(backend: str, job_id: str, state: JobState) -> dict | None:
+    """What a read does with a state it saw: keep it in the job's record (when the scheduler
+    knows it), a node's fault in the node ledger, its notification in the outbox
+    (:func:`keep_state`); return the record."""
     for rec in records.find(job_id, backend):
         keep_state(rec, state)
         return rec
     return None
+
+
+def note(backend: str, job_id: str, state: JobState) -> dict | None:
+    """What an actor (a process waiting on the job) does with a state it saw: :func:`keep_seen`,
+    then start the delivery of the notifications queued (halo_sched/notify.py: a detached
+    process, never waited for); return the record. Reads use :func:`keep_seen` alone."""
+    rec = keep_seen(backend, job_id, state)
+    spec = (rec or {}).get("spec")
+    if isinstance(spec, dict) and spec.get("notify"):
+        from . import notify
+
+        notify.start_delivery()
+    return rec
 
 
 class Fallback(NamedTuple):
@@ -162,7 +185,7 @@ def query_and_note(backend: str, sched: Scheduler, ids: Sequence[str]) -> dict[s
     job the scheduler forgot carries the record's last known state (``last_known``)."""
     states = sched.query(ids)
     for job_id, st in states.items():
-        rec = note(backend, job_id, st)
+        rec = keep_seen(backend, job_id, st)
         last = (rec or {}).get("last_state")
         if st.status is JobStatus.UNKNOWN and last:
             st.last_known = last
@@ -233,7 +256,8 @@ def recent(backend: str | None, state: str | None, limit: int, scheduler: Callab
 
 def noting(backend: str, job_id: str,
            on_change: Callable[[JobState], None] | None) -> Callable[[JobState], None]:
-    """``on_change`` that first keeps each new state in the job's record (its last known)."""
+    """For an actor's wait: ``on_change`` that first keeps each new state in the job's record
+    (its last known) and delivers what it queued (:func:`note`)."""
 
     def changed(state: JobState) -> None:
         note(backend, job_id, state)
@@ -286,5 +310,5 @@ def wait_after_submit(sched: Scheduler, spec, job_id: str, timeout: float | None
 
 
 __all__ = ["Fallback", "MAX_ID_CHARS", "Row", "check_node_rank", "noting", "query_or_last", "backend_of", "backends_of", "cancel_known", "check_id", "ended_by_record", "job_size",
-           "keep_state", "known_backend", "note", "query_and_note", "recent", "unknown", "unknown_asked", "wait_after_submit",
+           "keep_state", "known_backend", "keep_seen", "note", "query_and_note", "recent", "unknown", "unknown_asked", "wait_after_submit",
            "warning_of"]

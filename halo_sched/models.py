@@ -294,7 +294,7 @@ class Notify(NotifyMethods, _Model):
 
     webhook_env: str = Field(
         description="Name of the variable holding the webhook URL (http or https) in the submitter's environment "
-                    "(and in that of any later halo-sched process that should notify: status, watch, list).",
+                    "(and in that of a later halo-sched process that delivers: watch, or `halo-sched notify`).",
     )
     on: list[Literal[NOTIFY_EVENTS]] = Field(
         default_factory=lambda: list(NOTIFY_EVENTS), min_length=1,

@@ -8,14 +8,18 @@ Two steps, so that no command ever waits on a webhook:
    one transaction, so however many processes observe it, the event is queued exactly once. The
    row holds the payload (scrubbed of every ``secret_env`` value the observer knows, and of the
    URL) and the NAME of the variable holding the URL, never the URL.
-2. **Delivered in the background.** An observer whose environment has that variable starts one
-   detached delivery process (``python -m halo_sched.notify``) when a deliverable row waits and no
-   delivery holds it; it returns at once. The delivery claims a row for :data:`LEASE_S` seconds
+2. **Delivered by an actor, in the background.** Queueing is recording, and any observer does
+   it; delivering is acting, and only an actor does it: a process that waits on the job
+   (``submit --wait``, ``watch``, ``Run.wait()``: :func:`halo_sched.core.note`) or ``halo-sched
+   notify`` (:func:`deliver_pending` in the foreground, for a job nobody waits on). Reads
+   (``status``, ``list``, ``logs``, ``timeline``, ``Job.status()``) never send. A waiting actor
+   whose environment has that variable starts one detached delivery process (``python -m
+   halo_sched.notify``) when a deliverable row waits and no delivery holds it; it returns at once. The delivery claims a row for :data:`LEASE_S` seconds
    (so two never send the same row at once), POSTs it with ONE deadline for the whole delivery
    (name lookup, connect, TLS, send, read: :data:`TRY_S`), at most :data:`TRIES` tries within
    :data:`BUDGET_S` seconds, and records the outcome on the row. A row not delivered stays
-   pending (``status`` says so, with why), and the next observer with the variable tries again,
-   up to :data:`MAX_TRIES` tries in all, after which the row is ``given-up`` (``status`` says
+   pending (``status`` says so, with why, and how it gets delivered), and the next actor with the
+   variable tries again, up to :data:`MAX_TRIES` tries in all, after which the row is ``given-up`` (``status`` says
    that too). Nothing is lost silently.
 
 The URL is a secret: it is read by name (``notify.webhook_env``) from the delivering process's
@@ -70,10 +74,11 @@ def _config(rec: dict) -> dict | None:
 
 
 def observe(rec: dict, state) -> None:
-    """Queue ``state``'s event for the job of ``rec`` if its job file asks for it (core.keep_state)."""
+    """Queue ``state``'s event for the job of ``rec`` if its job file asks for it (core.keep_state):
+    recording only, whoever observed it (a read too); delivering is the actors' (core.note)."""
     event = event_of(state)
     if event is not None:
-        send(rec, event, state.describe(), attempt=(state.restarts or 0) + 1)
+        send(rec, event, state.describe(), attempt=(state.restarts or 0) + 1, start=False)
 
 
 def send(rec: dict, event: str, line: str, attempt: int | None = None, start: bool = True) -> bool:
@@ -142,6 +147,11 @@ def outcomes(job_id: str, backend: str) -> list[tuple[str, str, int, str]]:
                                       "ORDER BY created", (job_id, backend))]
 
 
+#: How a queued notification gets delivered, as ``status`` says it.
+HOW_DELIVERED = ("`halo-sched notify` (or a waiting submit --wait or watch) with its webhook variable set "
+                 "delivers it")
+
+
 def undelivered_lines(job_id: str, backend: str) -> list[str]:
     """One line per notification of the job that a delivery tried and failed (pending or given up)."""
     out = []
@@ -149,9 +159,16 @@ def undelivered_lines(job_id: str, backend: str) -> list[str]:
         if state == "given-up":
             out.append(f"notify: the {event} notification was given up after {tries} tries ({error})")
         elif state == "pending" and tries:
-            out.append(f"notify: the {event} notification is not delivered yet ({tries} tries: {error}); the next "
-                       f"status, watch or list with its webhook variable set tries again")
+            out.append(f"notify: the {event} notification is not delivered yet ({tries} tries: {error}); "
+                       f"{HOW_DELIVERED}")
     return out
+
+
+def queued_lines(job_id: str, backend: str) -> list[str]:
+    """One line per notification of the job queued and not tried yet (a read queued it: only an
+    actor delivers), saying how it gets delivered."""
+    return [f"notify: the {event} notification is queued, not sent; {HOW_DELIVERED}"
+            for event, state, tries, _ in outcomes(job_id, backend) if state == "pending" and not tries]
 
 
 # ---- delivery -----------------------------------------------------------------------------------
@@ -341,7 +358,7 @@ def main() -> int:
     """``python -m halo_sched.notify``: deliver what this environment can, then end."""
     try:
         deliver_pending()
-    except Exception:  # noqa: BLE001 - rows stay pending; a later observer starts another delivery
+    except Exception:  # noqa: BLE001 - rows stay pending; a later actor starts another delivery
         pass
     sys.stdout.flush()
     os._exit(0)  # a try given up may leave its thread blocked (a name lookup): end regardless
@@ -352,4 +369,4 @@ if __name__ == "__main__":
 
 
 __all__ = ["BUDGET_S", "LEASE_S", "MAX_TRIES", "MIN_SCRUB_CHARS", "TRIES", "TRY_S", "deliver_pending", "event_of",
-           "observe", "outcomes", "scrub", "send", "start_delivery", "target", "undelivered_lines"]
+           "observe", "outcomes", "queued_lines", "scrub", "send", "start_delivery", "target", "undelivered_lines"]

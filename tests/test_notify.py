@@ -1,5 +1,5 @@
-"""notify: a webhook receiver on loopback gets exactly one JSON POST per event of a job, from the
-process that saw the state change, and no POST, record, rendered file or log carries the webhook
+"""notify: a webhook receiver on loopback gets exactly one JSON POST per event of a job, from a
+process that waits on it (or `halo-sched notify`; a read only queues it: test_reads_do_not_act.py), and no POST, record, rendered file or log carries the webhook
 URL or a secret_env value. Bad notify fields are exit 2 naming the field."""
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ def test_a_failure_is_one_post_with_its_line_and_the_secret_scrubbed(tmp_path, r
 
 
 @pytest.mark.torch
-def test_an_unreachable_webhook_is_bounded_never_fails_the_command_and_a_later_observer_sends(tmp_path):
+def test_an_unreachable_webhook_is_bounded_never_fails_the_command_and_halo_sched_notify_sends_later(tmp_path):
     bad = Receiver(code=500)
     try:
         env = _env(bad.url)
@@ -164,11 +164,13 @@ def test_an_unreachable_webhook_is_bounded_never_fails_the_command_and_a_later_o
         quiet = {k: v for k, v in env.items() if k != "HOOK_URL"}
         st = cli("status", job_id, env=quiet)
         assert st.returncode == 0 and "notification is not delivered yet (3 tries: HTTP 500)" in st.stderr, st.stderr
+        assert "`halo-sched notify`" in st.stderr, st.stderr  # and how it gets delivered
+        st = cli("status", job_id, env=env)  # a read sends nothing, variable or not
         time.sleep(2)
-        assert len(bad.posts) == 3  # without the variable: nothing sent
+        assert len(bad.posts) == 3
         bad.code = 200
-        st = cli("status", job_id, env=env)
-        assert st.returncode == 0
+        st = cli("notify", env=env)
+        assert st.returncode == 0 and "1 delivered" in st.stderr, st.stderr
         assert [(e, s_) for e, s_, _, _ in _settled(job_id, lambda rows: rows[0][1] != "pending")] == [
             ("completed", "delivered")]
         cli("status", job_id, env=env)

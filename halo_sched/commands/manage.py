@@ -1,5 +1,6 @@
 """The commands that change things: ``cancel`` (or warn, ``--signal``), ``nodes`` (the node
-ledger; ``nodes clear HOST``) and ``gc`` (Nomad: the secrets of ended jobs)."""
+ledger; ``nodes clear HOST``), ``gc`` (Nomad: the secrets of ended jobs), ``notify`` (deliver the
+queued notifications) and ``export``."""
 from __future__ import annotations
 
 import json
@@ -144,3 +145,26 @@ def cmd_export(args, scheduler) -> int:
             print(json.dumps({"kind": kind, **item}, allow_nan=False))
     return 0
 
+
+
+def cmd_notify(args, scheduler) -> int:
+    """Deliver, in the foreground, the queued notifications whose webhook variable this
+    environment sets (each try within its deadline: halo_sched/notify.py): for a job nobody
+    waits on. ``status`` and ``list`` queue a notification and never send it; ``submit --wait``
+    and ``watch`` deliver their own. Exit 1 when one could not be delivered (it stays queued)."""
+    import os
+
+    from .. import db, notify
+
+    delivered = notify.deliver_pending() if db.exists() else 0
+    rows = db.read("SELECT job, backend, event, tries, last_error, webhook_env FROM outbox WHERE state = 'pending' "
+                   "ORDER BY created") if db.exists() else []
+    failed = [r for r in rows if os.environ.get(r[5])]
+    elsewhere = sorted({r[5] for r in rows if not os.environ.get(r[5])})
+    for job, backend, event, tries, error, _ in failed:
+        say(f"halo-sched: {job}@{backend}: notify: the {event} notification is not delivered yet ({tries} tries"
+            f"{': ' + error if error else ''})")
+    say(f"halo-sched: notify: {delivered} delivered" + (f", {len(failed)} not delivered" if failed else "")
+        + (f"; {len(rows) - len(failed)} wait for a variable this environment does not set ({', '.join(elsewhere)})"
+           if elsewhere else ""))
+    return 1 if failed else 0

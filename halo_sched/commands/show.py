@@ -52,10 +52,11 @@ def cmd_status(args, scheduler) -> int:
 
 
 def _print_undelivered(job_id: str, backend: str) -> None:
-    """A notification that a delivery tried and could not deliver is said (never lost silently)."""
-    from ..notify import undelivered_lines
+    """A notification not delivered is said (never lost silently), with how it gets delivered:
+    ``status`` reads, it never sends (halo_sched/notify.py)."""
+    from ..notify import queued_lines, undelivered_lines
 
-    for line in undelivered_lines(job_id, backend):
+    for line in undelivered_lines(job_id, backend) + queued_lines(job_id, backend):
         say(f"halo-sched: {job_id}: {line}")
 
 
