@@ -1,18 +1,25 @@
 """What a job id is known by, for the commands (through halo_sched/core.py) and the job
 handles (halo_sched/backends/base.py ``Job``) alike: which ids nobody knows (an UNKNOWN from the
 scheduler and no job record), cancelling the known ones, and a job's size for ``--node``/``--rank``.
-It imports no backend (the handles' module imports it).
+It imports no backend, not even for a type (the handles' module imports it): what it asks of
+one is :class:`Asked`, which every ``Scheduler`` is.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import Callable, Iterable, Protocol, Sequence
 
 from . import records
 from .backends.jobstate import JobState, JobStatus
 from .errors import HaloError, UsageError, shown
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .backends.base import Scheduler
+
+class Asked(Protocol):
+    """What this module asks of a backend: its states and a cancel (``Scheduler.query`` and
+    ``Scheduler.cancel``, halo_sched/backends/base.py)."""
+
+    def query(self, ids: Sequence[str]) -> dict[str, JobState]: ...
+
+    def cancel(self, ids: Sequence[str], **opts) -> dict[str, str] | None: ...
 
 
 # ---- ids nobody knows ---------------------------------------------------------------------------
@@ -25,7 +32,7 @@ def unknown(backend: str, states: dict[str, JobState], ids: Iterable[str]) -> li
             and not states[i].unreadable and not records.exists(i, backend)]
 
 
-def unknown_asked(backend: str, sched: Scheduler, ids: Iterable[str]) -> dict[str, str]:
+def unknown_asked(backend: str, sched: Asked, ids: Iterable[str]) -> dict[str, str]:
     """The ids nobody knows (with the scheduler's word on each), for a command about to act on
     them. Ids with a record are known without asking; the others cost one query. When the
     scheduler cannot answer, none is called unknown: the command goes on (it has its own way
@@ -44,7 +51,7 @@ def unknown_asked(backend: str, sched: Scheduler, ids: Iterable[str]) -> dict[st
     return {i: states[i].reason for i in unknown(backend, states, ask)}
 
 
-def cancel_known(groups: dict[str, list[str]], scheduler: Callable[[str], Scheduler],
+def cancel_known(groups: dict[str, list[str]], scheduler: Callable[[str], Asked],
                  **opts) -> tuple[list[str], dict[str, str], set[str], dict[str, str]]:
     """Cancel every id of ``groups`` (backend -> ids) that somebody knows and that has not ended:
     (the ids cancelled, the unknown ones with the scheduler's word on each, the backends those
@@ -98,7 +105,7 @@ def ended_by_record(backend: str, job_id: str) -> str | None:
 # ---- what a job's record says -------------------------------------------------------------------
 
 
-def job_size(backend: str, sched: Scheduler, job_id: str) -> tuple[int | None, int | None]:
+def job_size(backend: str, sched: Asked, job_id: str) -> tuple[int | None, int | None]:
     """(nodes, processes per node) of a job: its record's, else the scheduler's node count."""
     rec = (records.find(job_id, backend) or [{}])[0]
     nodes, per_node = rec.get("nodes"), rec.get("nproc_per_node")
@@ -110,7 +117,7 @@ def job_size(backend: str, sched: Scheduler, job_id: str) -> tuple[int | None, i
     return nodes, per_node
 
 
-def check_node_rank(backend: str, sched: Scheduler, job_id: str, node: int | None, rank: int | None,
+def check_node_rank(backend: str, sched: Asked, job_id: str, node: int | None, rank: int | None,
                     flag: str = "--") -> None:
     """``node`` and ``rank`` inside the job (its record's size, else the scheduler's node count),
     for ``logs --node/--rank`` and the library's ``logs(node=, rank=)`` (``flag``: the prefix

@@ -26,11 +26,12 @@ This module knows no scheduler; it renders ``halo_sched/templates/entry.sh.j2``.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Iterable, NamedTuple
 
 from .node.contract import DERIVED_PORTS, INDEX_TAG, NAMES, WARNING_CARRIER, EnvNames
 from .node_runtime import runtime
 from .templating import RenderError, check, checked_int, render_template
+from .values import valid_host
 
 if TYPE_CHECKING:  # pragma: no cover
     from .models import JobSpec
@@ -194,35 +195,28 @@ def _cluster(extra_args) -> str | None:
     return names[-1] if names and "," not in names[-1] else None
 
 
-def _excluded(spec: JobSpec, given) -> tuple[tuple[str, str], ...]:
+def _excluded(spec: JobSpec, ledgered) -> tuple[tuple[str, str], ...]:
     """The hosts to keep off, as (backend, host), each host a checked host name: it lands on an
     ``#SBATCH`` line and in a Nomad constraint."""
-    from . import ledger
-
     attempt = getattr(spec, "_attempt", None)
-    culprits = [("*", h) for h in (attempt.exclude if attempt is not None else ())]
-    if given is not None:
-        pairs = [("*", h) for h in given]
-    elif getattr(spec, "avoid_ledgered_nodes", True):
-        pairs = [(e.backend, e.host) for e in ledger.active()]
-    else:
-        pairs = []
-    pairs += culprits  # a retry keeps off the hosts its run's earlier attempts failed on
+    pairs = [tuple(p) for p in ledgered] if getattr(spec, "avoid_ledgered_nodes", True) else []
+    # a retry keeps off the hosts its run's earlier attempts failed on
+    pairs += [("*", h) for h in (attempt.exclude if attempt is not None else ())]
     if not pairs:
         return ()
     for _, h in pairs:
-        if not ledger.valid_host(h):
+        if not valid_host(h):
             raise RenderError([("exclude_hosts", f"{h!r} is not a host name")])
     return tuple(sorted(set(pairs)))
 
 
-def compile_launch(spec: JobSpec, job_id: str | None = None, exclude_hosts=None) -> Launch:
+def compile_launch(spec: JobSpec, job_id: str | None = None, ledgered: Iterable[tuple[str, str]] = ()) -> Launch:
     """The launch plan of a validated ``spec``. Every number and every word that a renderer
     writes where nothing can quote it is checked here as it is taken (whatever the model holds:
     ``model_copy`` does not validate); the templates' filters check again. ``job_id``: the
     scheduler's id of this submission where the renderer writes one (Nomad), else the name.
-    ``exclude_hosts``: hosts to keep off on every backend; None: the node ledger's, each on its
-    own backend (``avoid_ledgered_nodes``)."""
+    ``ledgered``: the node ledger's hosts as (backend, host) (``ledger.exclusions()``, which the
+    backend reads: compiling reads no store), kept off unless ``avoid_ledgered_nodes`` is false."""
     s = spec
     nodes = checked_int(s.nodes, "nodes")
     nproc = checked_int(s.nproc_per_node, "nproc_per_node")
@@ -265,7 +259,7 @@ def compile_launch(spec: JobSpec, job_id: str | None = None, exclude_hosts=None)
                               timeout_s=timeout_s, derived=DERIVED_PORTS, avoid=tuple(avoid)),
         warning=_warning(s), secret_names=tuple(s.secret_names), output=SLURM_OUTPUT,
         cluster=_cluster(s.slurm.extra_args), interface=s.network.interface,
-        excluded=_excluded(s, exclude_hosts),
+        excluded=_excluded(s, ledgered),
         restart_count=checked_int(s._attempt.number, "retry") if getattr(s, "_attempt", None) is not None else 0,
     )
 
@@ -312,8 +306,3 @@ def submission_id(spec: JobSpec) -> str:
     import time
 
     return f"{check(spec.name, 'job name', 'name')}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-
-
-def entry_script(spec: JobSpec) -> str:
-    """:func:`render_entry` of ``spec``'s plan."""
-    return render_entry(compile_launch(spec))

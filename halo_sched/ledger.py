@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -31,15 +30,12 @@ from . import store
 from .node.failure_classes import Classification
 from .node.text import MAX_TIME
 from .errors import UsageError
+from .values import valid_host
 
 VERSION = 1
 DEFAULT_EXPIRY_HOURS = 24.0
 EXPIRY_ENV = "HALO_SCHED_NODE_EXPIRY_HOURS"
 MAX_BYTES = 4 << 20
-#: A host name as schedulers report it: an RFC 1123 label or dotted name (SLURM NodeName, Nomad
-#: node name). Nothing else can reach ``--exclude=`` or a Nomad constraint.
-HOST_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62}))*")
-MAX_HOST_CHARS = 253
 #: The longest expiry (ten years), and the latest time an entry may start (2**34 s: year 2514).
 MAX_EXPIRY_HOURS = 24 * 365 * 10
 
@@ -54,10 +50,6 @@ def path() -> Path:
 def legacy_path() -> Path:
     """Where earlier releases kept it (imported into the store: :func:`import_file`)."""
     return store.home() / "nodes.json"
-
-
-def valid_host(host: Any) -> bool:
-    return isinstance(host, str) and len(host) <= MAX_HOST_CHARS and HOST_RE.fullmatch(host) is not None
 
 
 def check_host(host: Any, field: str = "HOST") -> str:
@@ -230,9 +222,10 @@ def active(now: float | None = None) -> list[Entry]:
     return sorted((e for e in entries() if e.active(now)), key=lambda e: (e.since, e.host))
 
 
-def active_hosts(now: float | None = None) -> tuple[str, ...]:
-    """The hosts new jobs avoid, sorted, each once."""
-    return tuple(sorted({e.host for e in active(now)}))
+def exclusions(now: float | None = None) -> tuple[tuple[str, str], ...]:
+    """What new jobs keep off, as (backend, host): the active entries, each once, sorted. The
+    backends hand it to the launch plan (``launch.compile_launch(spec, ledgered=...)``)."""
+    return tuple(sorted({(e.backend, e.host) for e in active(now)}))
 
 
 def add(host: str, reason: str, job: str, backend: str, *, by: str = "", now: float | None = None,
@@ -278,6 +271,6 @@ def observe(job: str, backend: str, classification: Classification) -> Entry | N
     return None
 
 
-__all__ = ["DEFAULT_EXPIRY_HOURS", "EXPIRY_ENV", "Entry", "VERSION", "active", "active_hosts", "add", "check_host",
-           "clear", "entries", "expiry_hours", "import_file", "legacy_path", "observe", "path",
+__all__ = ["DEFAULT_EXPIRY_HOURS", "EXPIRY_ENV", "Entry", "VERSION", "active", "add", "check_host",
+           "clear", "entries", "exclusions", "expiry_hours", "import_file", "legacy_path", "observe", "path",
            "valid_host"]

@@ -369,4 +369,4 @@ if __name__ == "__main__":
 
 
 __all__ = ["BUDGET_S", "LEASE_S", "MAX_TRIES", "MIN_SCRUB_CHARS", "TRIES", "TRY_S", "deliver_pending", "event_of",
-           "observe", "outcomes", "queued_lines", "scrub", "send", "start_delivery", "target", "undelivered_lines"]
+           "observe", "outcomes", "queued_lines", "send", "start_delivery", "target", "undelivered_lines"]

@@ -46,11 +46,6 @@ def _stem(job_id: str, backend: str) -> str:
     return f"{quote(job_id, safe='')}@{quote(backend, safe='')}"
 
 
-def path_for(job_id: str, backend: str) -> Path:
-    """The file an earlier release kept this job's record in."""
-    return jobs_dir() / f"{_stem(job_id, backend)}.json"
-
-
 def ref(job_id: str, backend: str) -> str:
     """Where the record is, for a person: the store and the record's key in it."""
     from . import db
@@ -208,12 +203,6 @@ def _select(where: str = "", args: tuple = (), tail: str = "") -> list[tuple]:
     if not db.exists():  # nothing was ever recorded here: a reader creates no store
         return []
     return _store().read(f"SELECT {_COLS} FROM jobs {where} {tail}", args)
-
-
-def load_all(on_bad: Callable[[BadRecord], None] | None = warn_bad) -> list[dict]:
-    """Every usable record, newest first (the whole history: commands use :func:`page`); an
-    unusable one is passed to ``on_bad`` (by default: one short warning line on stderr)."""
-    return [r for row in _select(tail="ORDER BY submitted DESC") if (r := _row(row, on_bad)) is not None]
 
 
 def page(limit: int = 50, backend: str | None = None, status: str | None = None, name: str | None = None,

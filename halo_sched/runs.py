@@ -472,11 +472,11 @@ class Run(Job):
 
     async def wait_async(self, timeout: float | None = None) -> JobState:
         """:meth:`wait` for asyncio, holding no thread while an attempt runs: each attempt is
-        awaited on the shared watcher (halo_sched/outcome.py); what follows an attempt's end
+        awaited on the shared watcher (halo_sched/backends/watcher.py); what follows an attempt's end
         (keeping its state, a retry's claim and submit) runs once in the loop's executor."""
         import asyncio
 
-        from .outcome import wait_async
+        from .backends.watcher import wait_async
 
         deadline = None if timeout is None else time.monotonic() + timeout
         loop = asyncio.get_running_loop()

@@ -23,24 +23,13 @@ with '-' as '_' (names allow only lower-case letters, digits and '-', so two rol
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from .launch import Launch, ServerRole, compile_launch
+from .launch import Launch, ServerRole
 from .templating import render_template
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .models import JobSpec, Server
 
 
 def render_server(launch: Launch, role: ServerRole) -> str:
     """The per-server-node entry of one role, byte-identical for each of its nodes."""
     return render_template("server.sh.j2", launch=launch, role=role, names=launch.names)
-
-
-def server_script(spec: JobSpec, role: Server) -> str:
-    """:func:`render_server` of ``role`` (one of ``spec.servers``) in ``spec``'s plan."""
-    launch = compile_launch(spec)
-    return render_server(launch, launch.servers[spec.servers.index(role)])
 
 
 def local_addr(role_index: int, server_index: int) -> str:

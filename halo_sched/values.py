@@ -305,3 +305,15 @@ NOMAD_MAX_MEMORY_MB = 2**27
 
 
 SERVER_NAME_RE = re.compile(r"\A[a-z]([a-z0-9-]{0,22}[a-z0-9])?\Z")
+
+
+#: A host name as schedulers report it: an RFC 1123 label or dotted name (SLURM NodeName, Nomad
+#: node name). Nothing else can reach ``--exclude=`` or a Nomad constraint.
+HOST_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62}))*")
+MAX_HOST_CHARS = 253
+
+
+def valid_host(host: Any) -> bool:
+    """A host name the node ledger, ``--exclude`` and a Nomad constraint may carry."""
+    return isinstance(host, str) and len(host) <= MAX_HOST_CHARS and HOST_RE.fullmatch(host) is not None
+

@@ -339,3 +339,39 @@ def store_text(home) -> str:
     home = Path(home)
     files = [*home.glob("halo-sched.db*"), *(home / "rendered").glob("*.rendered")]
     return "".join(p.read_bytes().decode("latin-1") for p in sorted(files) if p.is_file())
+
+
+# ---- the library's pieces, put together as the tests need them ------------------------------------
+
+
+def entry_script(spec) -> str:
+    """The per-node entry script of ``spec``'s plan (launch.render_entry)."""
+    from halo_sched.launch import compile_launch, render_entry
+
+    return render_entry(compile_launch(spec))
+
+
+def server_script(spec, role) -> str:
+    """The entry of server role ``role`` (one of ``spec.servers``) in ``spec``'s plan."""
+    from halo_sched.launch import compile_launch
+    from halo_sched.servers import render_server
+
+    launch = compile_launch(spec)
+    return render_server(launch, launch.servers[spec.servers.index(role)])
+
+
+def load_all(on_bad=None) -> list[dict]:
+    """Every usable job record, newest first (``on_bad`` hears of each unusable one)."""
+    from halo_sched import records
+
+    return [r for r in records.page(0, on_bad=on_bad) if not isinstance(r, records.BadRecord)]
+
+
+def legacy_record_path(job_id: str, backend: str) -> Path:
+    """The file an earlier release kept a job's record in (records.import_files reads them)."""
+    from urllib.parse import quote
+
+    from halo_sched import records
+
+    return records.jobs_dir() / f"{quote(job_id, safe='')}@{quote(backend, safe='')}.json"
+

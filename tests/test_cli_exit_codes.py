@@ -20,7 +20,7 @@ import pytest
 from halo_sched import cli, errors, records
 from halo_sched.backends.base import JobState, JobStatus
 from halo_sched.backends.slurm import SlurmScheduler
-from helpers import REPO, example_job, free_port, load_nomad_helper
+from helpers import REPO, example_job, free_port, load_all, load_nomad_helper
 
 ID_COMMANDS = ("status", "watch", "logs", "cancel")
 LONG_ID = "a" * 5000
@@ -219,7 +219,7 @@ def test_dry_run_with_an_unset_secret_is_bad_input(tmp_path, backend):
     r = run("submit", job, "--dry-run", "--backend", backend, env={"APP_TEST_SECRET": "s3cr3t-value"})
     assert r.returncode == 0, r.stderr
     assert "s3cr3t-value" not in r.stdout + r.stderr
-    assert records.load_all() == []  # nothing was submitted
+    assert load_all() == []  # nothing was submitted
 
 
 # ---- a reader that goes away -----------------------------------------------------------------

@@ -13,7 +13,7 @@ import time
 import pytest
 
 import halo_sched
-from halo_sched.launch import entry_script
+from helpers import entry_script
 from helpers import base_env, run_entry
 
 SPEC = """

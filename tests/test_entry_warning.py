@@ -20,7 +20,7 @@ import pytest
 
 import halo_sched
 from halo_sched.errors import SpecError
-from halo_sched.launch import entry_script
+from helpers import entry_script
 from helpers import base_env, cli as cli_run, write_tool
 
 SPEC = """

@@ -15,7 +15,7 @@ import halo_sched.spec  # the module itself: `import halo_sched` loads it lazily
 from halo_sched.errors import SpecError
 from halo_sched.backends.nomad.render import delimiters, job_payload, render_hcl
 from halo_sched.backends.slurm.render import render_sbatch
-from halo_sched.launch import entry_script
+from helpers import entry_script
 from halo_sched.templating import (
     PATTERNS, RenderError, check, checked_int, hcl_escape, hcl_heredoc, heredoc_tag, sh_block, sh_quote,
 )

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from halo_sched.launch import entry_script
+from helpers import entry_script
 from halo_sched.node import hang_monitor, progress
 from halo_sched.node.failure_collector import record_line
 from halo_sched.node.failures import report_from_lines

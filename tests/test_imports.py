@@ -1,9 +1,10 @@
 """The import graph of halo_sched has no cycle.
 
-Every import counts: at module level and inside functions alike (an import inside a function hides
-a cycle from Python's start-up, not from a reader). Imports under ``if TYPE_CHECKING:`` never run
-and are left out, and so is the package ``__init__`` Python runs before a submodule (a package
-importing its own modules is no cycle). A cycle is reported as the chain of modules that closes it.
+Every import counts: at module level, inside functions and under ``if TYPE_CHECKING:`` alike (an
+import inside a function hides a cycle from Python's start-up, and a type-only one from the
+interpreter, not from a reader: base.py -> known.py -> base.py for a type was one). The package
+``__init__`` Python runs before a submodule is left out (a package importing its own modules is
+no cycle). tests/test_layers.py checks the same graph against the layers. A cycle is reported as the chain of modules that closes it.
 """
 from __future__ import annotations
 
@@ -24,23 +25,9 @@ def modules(root: Path = PACKAGE) -> dict[str, Path]:
     return out
 
 
-def _type_checking_only(node: ast.AST) -> bool:
-    test = node.test if isinstance(node, ast.If) else None
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _imports(tree: ast.AST):
-    """Every Import/ImportFrom node, skipping the bodies of ``if TYPE_CHECKING:``."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.If) and _type_checking_only(node):
-            stack.extend(node.orelse)
-            continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        stack.extend(ast.iter_child_nodes(node))
+    """Every Import/ImportFrom node, at any depth (functions, classes, ``if TYPE_CHECKING:``)."""
+    return (node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)))
 
 
 def edges(name: str, path: Path, known: dict[str, Path]) -> set[str]:
@@ -127,12 +114,67 @@ def test_the_graph_sees_function_level_imports(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from . import b\n")
     (pkg / "b.py").write_text("def f():\n    from .a import x\n")
-    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import y\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .d import y\n")
+    (pkg / "d.py").write_text("def f():\n    from . import c\n")
     g = graph(pkg)
-    assert g["pkg.a"] == {"pkg.b"} and g["pkg.b"] == {"pkg.a"} and g["pkg.c"] == set()
-    assert cycles(g) == [["pkg.a", "pkg.b", "pkg.a"]]
+    assert g["pkg.a"] == {"pkg.b"} and g["pkg.b"] == {"pkg.a"} and g["pkg.c"] == {"pkg.d"}
+    # A cycle closed by a type-only import is a cycle too.
+    assert cycles(g) == [["pkg.a", "pkg.b", "pkg.a"], ["pkg.c", "pkg.d", "pkg.c"]]
 
 
 def test_no_import_cycle():
     found = cycles(graph())
     assert not found, "import cycles: " + "; ".join(" -> ".join(c) for c in found)
+
+
+# ---- no unused public function ----------------------------------------------------------------
+
+#: Public methods a pipeline calls that nothing inside halo_sched calls (docs/library.md).
+LIBRARY_SURFACE = {"Job.result_async"}
+
+
+def unused_public(root: Path = PACKAGE) -> list[str]:
+    """Each public function, class or method (``name``, ``Class.name``) whose name occurs in no
+    other place of the package's source, templates or pyproject.toml than its definition and
+    ``__all__``: code only tests call is not the product's. ``cmd_*`` run by name (cli.COMMANDS)."""
+    import re
+    from collections import Counter
+
+    sources = {p: p.read_text() for p in sorted(root.rglob("*.py"))}
+    rest = "".join(p.read_text() for p in sorted(root.rglob("*.j2")) + sorted(root.rglob("*.sh")))
+    pyproject = root.parent / "pyproject.toml"
+    rest += pyproject.read_text() if pyproject.is_file() else ""
+    text = "".join(re.sub(r"__all__\s*=\s*\[[^\]]*\]", "", s) for s in sources.values()) + rest
+    words = Counter(re.findall(r"\w+", text))
+    out = []
+    for path, src in sources.items():
+        tree = ast.parse(src, str(path))
+        for node in tree.body:
+            names = []
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.append(node.name)
+            if isinstance(node, ast.ClassDef):
+                names += [f"{node.name}.{m.name}" for m in node.body
+                          if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            for qual in names:
+                name = qual.rpartition(".")[2]
+                if name.startswith("_") or name.startswith("cmd_") or qual in LIBRARY_SURFACE:
+                    continue
+                if words[name] <= 1:  # its definition alone
+                    out.append(f"{path.relative_to(root.parent).as_posix()}: {qual}")
+    return out
+
+
+def test_no_unused_public_function():
+    assert unused_public() == []
+
+
+def test_the_unused_check_can_fail(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from .a import used\n")
+    (pkg / "a.py").write_text("def used():\n    pass\n\n\ndef only_tests():\n    pass\n\n\ndef _private():\n    pass\n\n\n"
+                              "class C:\n    def spoken(self):\n        pass\n\n    def silent(self):\n        pass\n\n\n"
+                              "__all__ = ['only_tests', 'used']\n")
+    (pkg / "b.py").write_text("def f(c):\n    return c.spoken()\n")
+    assert unused_public(pkg) == ["pkg/a.py: only_tests", "pkg/a.py: C", "pkg/a.py: C.silent", "pkg/b.py: f"]

@@ -16,7 +16,8 @@ import halo_sched
 from halo_sched.backends.local import _supervisor_job
 from halo_sched.backends.nomad.render import job_payload
 from halo_sched.backends.slurm.render import render_sbatch
-from halo_sched.launch import compile_launch, entry_script
+from halo_sched.launch import compile_launch
+from helpers import entry_script
 from helpers import HOSTILE_MORE, base_env, fake_bin, records, run_entry, run_sbatch
 
 SPEC = f"""

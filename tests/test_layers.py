@@ -177,3 +177,75 @@ def test_each_command_is_found_and_start_up_imports_none():
     loaded, found = json.loads(r.stdout)
     assert loaded == []
     assert found and all(found.values()), found
+
+
+# ---- the submitter's side in layers: each imports only its own layer and the ones below ---------
+
+#: Lowest first; a module imports from its own layer and those below it, never from above, at
+#: any depth (a function's import, one under ``if TYPE_CHECKING:``). ``X.*``: every module under
+#: X; an exact name wins over a folder's. ``""`` is the package itself (``halo_sched/__init__.py``,
+#: the library's surface). docs/architecture.md draws the same table.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("node", ("node", "node.*")),
+    ("foundations", ("errors", "values", "logtags", "store", "db", "retry", "outage", "exactly_once",
+                     "templating", "layout", "node_runtime")),
+    ("job file", ("jobfile_rules", "models", "spec")),
+    ("launch plan", ("launch", "servers")),
+    ("history", ("backends.jobstate", "records", "ledger", "notify")),
+    ("backends", ("backends", "backends.*", "known", "outcome")),
+    ("runs and commands' core", ("core", "runs", "timeline", "preflight")),
+    ("surface", ("", "cli", "commands", "commands.*")),
+)
+
+
+def layer_of(module: str, layers=LAYERS) -> int | None:
+    """The index of ``module``'s layer (a dotted name under halo_sched); None when unplaced."""
+    name = module.removeprefix("halo_sched").removeprefix(".")
+    best: tuple[int, int] | None = None  # (specificity, layer)
+    for i, (_, names) in enumerate(layers):
+        for n in names:
+            if n == name:
+                return i
+            if n.endswith(".*") and name.startswith(n[:-1]):
+                if best is None or len(n) > best[0]:
+                    best = (len(n), i)
+    return best[1] if best else None
+
+
+def _upward_imports(root=PKG, layers=LAYERS) -> list[str]:
+    from test_imports import graph
+
+    g = graph(root)
+    out = [f"{m} is in no layer (tests/test_layers.py LAYERS, docs/architecture.md)" for m in sorted(g)
+           if layer_of(m, layers) is None]
+    for m in sorted(g):
+        low = layer_of(m, layers)
+        for target in sorted(g[m]):
+            high = layer_of(target, layers)
+            if low is not None and high is not None and high > low:
+                out.append(f"{m} ({layers[low][0]}) imports {target} ({layers[high][0]})")
+    return out
+
+
+def test_no_module_imports_from_a_higher_layer():
+    assert _upward_imports() == []
+
+
+def test_the_layer_check_sees_every_import_and_every_module(tmp_path):
+    """The check's own test: an import inside a function (launch.py reading the ledger, as it
+    once did), a type-only one, and a module no layer names are each reported."""
+    pkg = tmp_path / "halo_sched"
+    (pkg / "backends").mkdir(parents=True)
+    for rel in ("__init__.py", "backends/__init__.py", "backends/base.py", "errors.py", "ledger.py"):
+        (pkg / rel).write_text("")
+    (pkg / "launch.py").write_text("from .errors import E\ndef f():\n    from . import ledger\n")
+    (pkg / "records.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .backends.base import Scheduler\n")
+    (pkg / "extra.py").write_text("")
+    assert _upward_imports(pkg) == [
+        "halo_sched.extra is in no layer (tests/test_layers.py LAYERS, docs/architecture.md)",
+        "halo_sched.launch (launch plan) imports halo_sched.ledger (history)",
+        "halo_sched.records (history) imports halo_sched.backends.base (backends)",
+    ]
+    assert layer_of("halo_sched.backends.jobstate") == 4 and layer_of("halo_sched.backends.slurm.render") == 5
+    assert layer_of("halo_sched") == 7 and layer_of("halo_sched.node.trainers.preflight_bw") == 0

@@ -23,6 +23,11 @@ NCCL = ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distri
         "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5")
 
 
+def _hosts(now=None) -> tuple[str, ...]:
+    """The hosts new jobs keep off, sorted, each once."""
+    return tuple(sorted({h for _, h in ledger.exclusions(now)}))
+
+
 def _env():
     return {**os.environ, "PYTHONPATH": str(REPO)}
 
@@ -33,7 +38,7 @@ def test_add_is_once_per_job_and_host_and_expires(monkeypatch):
     assert ledger.add("h2", "other words", "101", "slurm", now=2000.0) == e  # seen again: unchanged
     ledger.add("h2", "GPU Xid error", "102", "slurm", now=1500.0, hours=1)
     assert [x.job for x in ledger.active(now=4000.0)] == ["101", "102"]
-    assert ledger.active_hosts(now=4000.0) == ("h2",)
+    assert _hosts(now=4000.0) == ("h2",)
     assert [x.job for x in ledger.active(now=4700.0)] == ["102"]
     assert ledger.active(now=5200.0) == []
     assert len(ledger.entries()) == 2 and ledger.path().name == "halo-sched.db"
@@ -104,7 +109,7 @@ def test_an_earlier_releases_ledger_is_imported_once_without_entries_that_never_
     assert [e.host for e in ledger.entries()] == ["h1"]
     assert "3 entries with since/expires out of range" in capsys.readouterr().err
     assert not ledger.legacy_path().exists() and ledger.legacy_path().with_name("nodes.json.imported").exists()
-    assert ledger.active_hosts(now=2000.0) == ("h1",) and ledger.active_hosts(now=5000.0) == ()
+    assert _hosts(now=2000.0) == ("h1",) and _hosts(now=5000.0) == ()
     r = cli("nodes", "--json", env=_env())
     assert r.returncode == 0 and "Infinity" not in r.stdout and "NaN" not in r.stdout, r.stdout
 
@@ -136,13 +141,13 @@ def test_a_record_update_that_sees_a_node_fault_ledgers_the_host_once():
     # A job's own fault ledgers nothing, and says so in the record.
     _record("4243")
     note("slurm", "4243", _failed(host="h3", error="ValueError: boom"))
-    assert ledger.active_hosts() == ("h2",)
+    assert _hosts() == ("h2",)
     assert records.find("4243", "slurm")[0]["last_state"]["failure_class"]["class"] == "job"
     # The local backend runs on this one host: its node faults are classified, never ledgered.
     _record("local-1", "local")
     note("local", "local-1", _failed(host="thishost"))
     assert records.find("local-1", "local")[0]["last_state"]["failure_class"]["class"] == "node"
-    assert ledger.active_hosts() == ("h2",)
+    assert _hosts() == ("h2",)
 
 
 def test_nodes_command_lists_clears_and_refuses_bad_input():
@@ -178,8 +183,9 @@ def test_slurm_render_excludes_ledgered_hosts_with_a_comment():
     ledger.add("n2", "GPU Xid error", "1", "slurm")
     ledger.add("n1", "NCCL network error", "2", "slurm")
     ledger.add("gpu-x", "node lost (Nomad allocation lost)", "j", "nomad")  # another scheduler's node
-    assert compile_launch(spec).exclude_hosts("slurm") == ("n1", "n2")
-    assert compile_launch(spec).exclude_hosts("nomad") == ("gpu-x",)
+    assert compile_launch(spec, ledgered=ledger.exclusions()).exclude_hosts("slurm") == ("n1", "n2")
+    assert compile_launch(spec, ledgered=ledger.exclusions()).exclude_hosts("nomad") == ("gpu-x",)
+    assert compile_launch(spec).exclude_hosts("slurm") == ()  # compiling reads no store: the backend hands it over
     text = halo_sched.render(spec, "slurm")
     assert "#SBATCH --exclude=n1,n2\n" in text
     assert "# Kept off the hosts of the node ledger (`halo-sched nodes`)" in text

@@ -353,11 +353,11 @@ def test_wait_async_waits_through_an_outage_and_gives_up_past_its_budget(monkeyp
     done = JobState("9", JobStatus.COMPLETED, raw_state="COMPLETED")
     state = asyncio.run(Job(Flaky({"9": [_running("9"), done]}, down_for=3), "9").wait_async(timeout=60))
     assert state.status is JobStatus.COMPLETED
-    from halo_sched import outcome
+    from halo_sched.backends import watcher
 
     began = time.monotonic()
     with pytest.raises(halo_sched.OutcomeUnknown):
-        asyncio.run(outcome.wait_async(Flaky({"10": [_running("10")]}, down_for=-1), "10", timeout=60, outage_s=1.0))
+        asyncio.run(watcher.wait_async(Flaky({"10": [_running("10")]}, down_for=-1), "10", timeout=60, outage_s=1.0))
     assert time.monotonic() - began < 20
 
 

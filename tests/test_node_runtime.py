@@ -20,7 +20,7 @@ import pytest
 import halo_sched
 from halo_sched import node
 from halo_sched.backends.slurm.render import render_sbatch
-from halo_sched.launch import entry_script
+from helpers import entry_script
 from halo_sched.node_runtime import runtime
 from helpers import base_env
 

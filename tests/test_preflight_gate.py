@@ -222,7 +222,7 @@ def test_a_floor_the_nodes_meet_lets_the_job_train_on_slurm(tmp_path, slurm_clus
 
 def test_the_gate_reaches_nomad_inside_the_entry_template(tmp_path):
     from halo_sched.backends.nomad.render import job_payload
-    from halo_sched.launch import entry_script
+    from helpers import entry_script
     from halo_sched.spec import load
 
     spec = load(str(example_job(tmp_path, free_port(), image="pytorch/pytorch:2.3.0", preflight={"gate": True})))

@@ -12,7 +12,7 @@ import pytest
 from halo_sched import cli, records, store
 from halo_sched.backends.base import JobState, JobStatus
 from halo_sched.backends.slurm import SlurmScheduler
-from helpers import REPO, example_job
+from helpers import REPO, example_job, load_all
 
 FAKE_SBATCH = """#!/bin/bash
 cat > /dev/null
@@ -38,7 +38,7 @@ def test_two_concurrent_submits_write_two_whole_records(tmp_path):
     outs = [p.communicate(timeout=60) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     ids = sorted(o[0].strip().splitlines()[-1] for o in outs)
-    recs = sorted(records.load_all(), key=lambda r: r["id"])
+    recs = sorted(load_all(), key=lambda r: r["id"])
     assert [r["id"] for r in recs] == ids and len(set(ids)) == 2
     for r in recs:
         assert r["backend"] == "slurm" and r["name"] == "ddp-cpu"
@@ -57,7 +57,7 @@ def test_an_earlier_releases_files_are_imported_once_and_a_torn_one_costs_only_i
     (d / ".tmp-crash").write_text('{"id": "8", "backe')  # a crash mid-write: not a record
     (d / "9@slurm.json").write_text('{"id": "9"')  # torn by something else
     bad = []
-    assert [r["id"] for r in records.load_all(on_bad=bad.append)] == ["6", "7"]
+    assert [r["id"] for r in load_all(on_bad=bad.append)] == ["6", "7"]
     assert [(b.id, b.reason) for b in bad] == [("9", "truncated JSON (10 bytes)")]
     # Imported once: the files moved aside, the store holds them; importing again changes nothing.
     assert sorted(p.name for p in (d / "imported").iterdir()) == ["6@slurm.json", "9@slurm.json"]
@@ -78,7 +78,7 @@ def test_secrets_never_reach_the_record(tmp_path, monkeypatch):
     r = subprocess.run([sys.executable, "-m", "halo_sched.cli", "submit", str(job), "--backend", "slurm"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    rec = records.load_all()[0]
+    rec = load_all()[0]
     assert rec["spec"]["secret_env"] == ["HF_TOKEN"]
     # (A .diff is the trainer tree's own uncommitted change, which may hold this test's literal.)
     files = [p for p in records.home().rglob("*") if p.is_file() and p.suffix != ".diff"]
@@ -233,7 +233,7 @@ def test_a_huge_record_is_refused_unread(monkeypatch):
     (records.jobs_dir()).mkdir(parents=True)
     (records.jobs_dir() / "big@local.json").write_text(json.dumps({"id": "big", "backend": "local", "pad": "x" * 5000}))
     bad = []
-    assert records.load_all(on_bad=bad.append) == []
+    assert load_all(on_bad=bad.append) == []
     assert [b.reason for b in bad] == ["larger than 1000 bytes"]
 
 

@@ -22,8 +22,8 @@ from halo_sched.backends.nomad.render import job_payload, render_hcl
 from halo_sched.backends.slurm import SlurmScheduler
 from halo_sched.backends.slurm.render import render_sbatch
 from halo_sched.errors import SpecError
-from halo_sched.launch import entry_script
-from halo_sched.servers import server_script
+from helpers import entry_script
+from helpers import server_script
 from halo_sched.spec import JobSpec, Parallelism, Trainer
 from halo_sched.templating import RenderError
 from hclparse import hcl2json, jobspec

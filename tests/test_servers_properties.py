@@ -30,7 +30,7 @@ import halo_sched.spec
 from halo_sched.backends.nomad.render import job_payload, render_hcl
 from halo_sched.backends.slurm.render import render_sbatch
 from halo_sched.errors import SpecError
-from halo_sched.servers import server_script
+from helpers import server_script
 
 # The names docs/job-file.md promises every server (not halo-sched's own constants).
 SERVER_INDEX_VAR, TRAINER_MASTER_VAR = "HALO_SERVER_INDEX", "HALO_TRAINER_MASTER_ADDR"

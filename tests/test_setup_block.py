@@ -13,8 +13,8 @@ import pytest
 
 import halo_sched
 from halo_sched.backends.base import JobStatus
-from halo_sched.launch import entry_script
-from halo_sched.servers import server_script
+from helpers import entry_script
+from helpers import server_script
 from helpers import base_env, example_job, fake_bin, free_port, records, run_entry, run_sbatch
 
 JOB = """

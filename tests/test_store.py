@@ -16,7 +16,7 @@ import halo_sched.errors  # noqa: F401 - the module itself: `import halo_sched` 
 from halo_sched import db, records, runs
 from halo_sched.backends.jobstate import JobState, JobStatus
 from halo_sched.node.failure_classes import NODE_FAULT, Classification
-from helpers import cli, example_job
+from helpers import cli, example_job, load_all
 
 
 def _join(procs, seconds: float = 120) -> None:
@@ -195,7 +195,7 @@ def test_import_is_idempotent_and_keeps_a_later_state():
     assert records.find("5", "slurm")[0]["last_state"]["status"] == "COMPLETED"
     (d / "5@slurm.json").write_text(json.dumps(rec))
     assert records.find("5", "slurm")[0]["last_state"]["status"] == "COMPLETED"
-    assert len(records.load_all()) == 1
+    assert len(load_all()) == 1
 
 
 def test_a_lone_surrogate_in_a_job_s_text_never_reaches_the_store():

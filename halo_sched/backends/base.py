@@ -258,7 +258,7 @@ class Scheduler(abc.ABC):
 
     def acts_on(self, job_id: str, state: JobState) -> JobState | None:
         """What this backend's :meth:`wait` does on a state it sees, for a waiter that polls on
-        its own (the asyncio wait, halo_sched/outcome.py): the job's final state when the backend
+        its own (the asyncio wait, watcher.py): the job's final state when the backend
         ended it (SLURM: a job that can never start), else None (the default: nothing). Cheap
         unless it acts: the asyncio wait calls it on its loop."""
         return None
@@ -358,8 +358,8 @@ class Job:
         return result_of(self.id, self.wait(timeout), timeout)
 
     async def wait_async(self, timeout: float | None = None) -> JobState:
-        """:meth:`wait` for asyncio, holding no thread while it waits (halo_sched/outcome.py)."""
-        from ..outcome import wait_async
+        """:meth:`wait` for asyncio, holding no thread while it waits (backends/watcher.py)."""
+        from .watcher import wait_async
 
         return self._known(await wait_async(self.scheduler, self.id, timeout))
 

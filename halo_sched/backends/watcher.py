@@ -20,6 +20,7 @@ other thread waits for that poll's result instead of starting its own.
 """
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Callable, Hashable, Sequence
@@ -91,7 +92,7 @@ class Watcher:
     def cached(self, job_id: str) -> tuple[JobState | None, float, bool]:
         """(the last state read, when it was read (``time.monotonic``), whether a poll is in
         flight), without polling or waiting: for a caller that schedules its own polls
-        (halo_sched/outcome.py's asyncio wait)."""
+        (the asyncio wait, :func:`wait_async`)."""
         with self._cond:
             return self._states.get(job_id), self._read_at.get(job_id, float("-inf")), self._polling
 
@@ -254,4 +255,75 @@ def wait_loop(next_state: Callable[[float | None], JobState], deadline: float | 
             return state
 
 
-__all__ = ["Watcher", "wait_loop", "wait_shared", "watcher_for"]
+# ---- waiting in asyncio ---------------------------------------------------------------------------
+
+#: Per (event loop, watcher): the poll in flight, which every coroutine of that loop awaits
+#: instead of starting its own (one executor thread per poll, never one per job).
+_POLLS: dict[tuple[int, int], asyncio.Future] = {}
+
+
+async def _poll(loop: asyncio.AbstractEventLoop, watcher, job_id: str) -> None:
+    key = (id(loop), id(watcher))
+    fut = _POLLS.get(key)
+    if fut is None or fut.done():
+        fut = _POLLS[key] = loop.run_in_executor(None, watcher.state, job_id, watcher.min_interval)
+    try:
+        await asyncio.shield(fut)
+    finally:
+        if fut.done() and _POLLS.get(key) is fut:
+            del _POLLS[key]
+
+
+async def wait_async(scheduler, job_id: str, timeout: float | None = None,
+                     outage_s: float | None = None) -> JobState:
+    """``Job.wait`` for asyncio: the job's state from the scheduler's shared watcher
+    (backends/watcher.py: one query per poll for every handle, whichever thread or coroutine
+    asks), awaited with ``asyncio.sleep`` between polls. A poll runs in the loop's default
+    executor, one at a time per loop: 200 waiting coroutines hold no thread. Through a
+    scheduler outage as :meth:`Scheduler.wait` (then OutcomeUnknown). What the backend's own
+    wait does on a state (``Scheduler.acts_on``: SLURM ends a job that can never start) is done
+    here too; a backend whose wait does more (``waits_in_thread``: Nomad's watchdog) has that
+    wait run in the executor instead, a thread for as long as it waits."""
+    loop = asyncio.get_running_loop()
+    if getattr(scheduler, "waits_in_thread", False):  # its wait acts (Nomad's watchdog): run it as it is
+        import functools
+
+        return await loop.run_in_executor(None, functools.partial(scheduler.wait, job_id, timeout=timeout,
+                                                                  outage_s=outage_s))
+    w = watcher_for(scheduler)
+    w.register(job_id)
+    outage = Outage(getattr(scheduler, "name", ""), job_id, outage_s)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        state, read_at, _ = w.cached(job_id)
+        if state is not None and (state.status.terminal or state.status is JobStatus.UNKNOWN):
+            return state
+        now = time.monotonic()
+        if deadline is not None and now >= deadline and state is not None:
+            return state
+        pause = w.interval - (now - read_at)  # until the next poll is due on the shared schedule
+        if state is None or pause <= 0:
+            asked = time.monotonic()
+            try:
+                await _poll(loop, w, job_id)
+            except HaloError as err:
+                if not is_outage(err):
+                    raise
+                outage.failed(err, asked)  # OutcomeUnknown once the budget is spent
+                pause = RETRY_EVERY_S
+            else:
+                got, _, _ = w.cached(job_id)
+                if got is not None:
+                    outage.seen(got)
+                    # What the backend's own wait does on this state (SLURM: end a job that can
+                    # never start): a check, and rarely an action (a cancel) done right here.
+                    acted = scheduler.acts_on(job_id, got) if not got.status.terminal else None
+                    if acted is not None:
+                        return acted
+                continue
+        if deadline is not None:
+            pause = min(pause, max(0.0, deadline - time.monotonic()))
+        await asyncio.sleep(max(0.05, pause))
+
+
+__all__ = ["Watcher", "wait_async", "wait_loop", "wait_shared", "watcher_for"]

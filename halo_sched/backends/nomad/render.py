@@ -101,8 +101,11 @@ def variable_items(spec: JobSpec, job_id: str) -> dict[str, str]:
 
 def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
     """The API payload for ``PUT /v1/jobs`` (and ``/v1/job/<id>/plan``). ``job_id`` defaults to
-    the job's name (what ``render`` shows); ``submit`` and ``plan`` pass a fresh :func:`submission_id`."""
-    return payload(compile_launch(spec, job_id))
+    the job's name (what ``render`` shows); ``submit`` and ``plan`` pass a fresh :func:`submission_id`.
+    The job keeps off the node ledger's hosts."""
+    from ... import ledger
+
+    return payload(compile_launch(spec, job_id, ledgered=ledger.exclusions()))
 
 
 #: The node attribute a ledgered host is matched on: the client's name (``nomad node status``),

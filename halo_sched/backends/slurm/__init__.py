@@ -94,7 +94,9 @@ class SlurmScheduler(Scheduler):
         # --export=ALL on the command line wins over a user's SBATCH_EXPORT=NONE, which would
         # drop them (srun's tasks then inherit the batch step's environment).
         extra = ["--export=ALL"] if dryrun.spec.secret_values() else []
-        launch = compile_launch(dryrun.spec)
+        from ... import ledger
+
+        launch = compile_launch(dryrun.spec, ledgered=ledger.exclusions())
         problems, checked = checks.partition_problems(self.transport, dryrun.spec, launch.cluster,
                                                       bound_s=SUBMIT_CHECK_S)
         if checked.startswith("unchecked: could not read"):
@@ -117,7 +119,7 @@ class SlurmScheduler(Scheduler):
         # since removed. The node ledger never stops a job: submit it without the exclusion.
         _say(f"warning: SLURM does not know a host of the node ledger ({', '.join(ledgered)}); submitting "
              "without the ledger's --exclude (`halo-sched nodes clear HOST` forgets one)")
-        text = render_batch(compile_launch(dryrun.spec, exclude_hosts=()))
+        text = render_batch(compile_launch(dryrun.spec))
         return self._submit(dryrun, text, extra)
 
     def _submit(self, dryrun: DryRun, text: str, extra: list[str]) -> str:

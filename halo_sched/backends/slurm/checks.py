@@ -123,8 +123,10 @@ def plan(transport, spec: JobSpec) -> tuple[bool, str]:
     refuse the job."""
     from .preemption import describe, parse_config, preemption_notes
 
+    from ... import ledger
+
     via = transport_name(transport)
-    launch = compile_launch(spec)
+    launch = compile_launch(spec, ledgered=ledger.exclusions())
     script = render_batch(launch)
     # What submit refuses (exit 2, naming the field), refused here the same way.
     problems, checked = partition_problems(transport, spec, launch.cluster)

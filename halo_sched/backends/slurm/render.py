@@ -139,8 +139,10 @@ MAX_ENTRY_BYTES = 128 * 1024 - 1
 
 
 def render_sbatch(spec: JobSpec) -> str:
-    """:func:`render_batch` of ``spec``'s plan."""
-    return render_batch(compile_launch(spec))
+    """:func:`render_batch` of ``spec``'s plan, kept off the node ledger's hosts."""
+    from ... import ledger
+
+    return render_batch(compile_launch(spec, ledgered=ledger.exclusions()))
 
 
 def _largest_part(spec: JobSpec) -> tuple[str, int]:
