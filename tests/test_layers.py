@@ -193,7 +193,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("launch plan", ("launch", "servers")),
     ("history", ("backends.jobstate", "records", "ledger", "notify")),
     ("backends", ("backends", "backends.*", "known", "outcome")),
-    ("runs and commands' core", ("core", "runs", "timeline", "preflight")),
+    ("runs and the commands' core", ("core", "runs", "timeline", "preflight")),
     ("surface", ("", "cli", "commands", "commands.*")),
 )
 
@@ -249,3 +249,12 @@ def test_the_layer_check_sees_every_import_and_every_module(tmp_path):
     ]
     assert layer_of("halo_sched.backends.jobstate") == 4 and layer_of("halo_sched.backends.slurm.render") == 5
     assert layer_of("halo_sched") == 7 and layer_of("halo_sched.node.trainers.preflight_bw") == 0
+
+
+def test_the_map_draws_the_same_layers():
+    """docs/architecture.md's layer table names the layers of LAYERS, in their order."""
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    start = doc.index("| layer (lowest first) | modules |")
+    rows = [ln.split("|")[1].strip() for ln in doc[start:].splitlines()[2:] if ln.startswith("|")]
+    rows = rows[:next((i for i, r in enumerate(rows) if not r), len(rows))]
+    assert rows[:len(LAYERS)] == [name for name, _ in LAYERS]
