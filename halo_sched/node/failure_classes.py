@@ -246,25 +246,6 @@ def match(texts: Iterable[str], kind: str | None = None) -> Pattern | None:
     return None
 
 
-def _culprit_host(*objs: Any) -> str:
-    """A hang's culprit host, read defensively from whatever the HUNG failure carries
-    (``culprit_host``, or ``culprit`` as a mapping or object with ``host``)."""
-    for obj in objs:
-        if obj is None:
-            continue
-        host = getattr(obj, "culprit_host", None)
-        if isinstance(host, str) and host:
-            return host
-        culprit = getattr(obj, "culprit", None)
-        if isinstance(culprit, dict):
-            host = culprit.get("host")
-        elif culprit is not None:
-            host = getattr(culprit, "host", None)
-        if isinstance(host, str) and host:
-            return host
-    return ""
-
-
 def _kind_is(want: str, *objs: Any) -> bool:
     """Whether a failure (or its report) carries ``kind`` ``want`` (a string or an enum's value)."""
     for obj in objs:
@@ -311,13 +292,10 @@ def classify_failure(report: Any = None, status: Any = None) -> Classification:
             return Classification(JOB_FAULT, "out of memory (the process)", "", "out-of-memory")
         return Classification(UNKNOWN_CAUSE)
     if _is_hung(first, report):
-        culprit = _culprit_host(first, report)
-        if not culprit and getattr(first, "stack_read", False) and getattr(first, "waiting_in", "") is None:
-            # The hang report's first failure is the culprit its rule chose (node/failures.py);
-            # with its stack read and outside any collective, the evidence points at its node.
-            culprit = host
-        if culprit:
-            return Classification(HUNG_ON_NODE, HUNG_ON_NODE.reason, culprit, "hung")
+        # The hang report's first failure is the culprit its rule chose (node/failures.py);
+        # with its stack read and outside any collective, the evidence points at its node.
+        if host and getattr(first, "stack_read", False) and getattr(first, "waiting_in", "") is None:
+            return Classification(HUNG_ON_NODE, HUNG_ON_NODE.reason, host, "hung")
         return Classification(HUNG_NO_CULPRIT, HUNG_NO_CULPRIT.reason, "", "hung")
     if _kind_is("PREFLIGHT", first, report):
         # A preflight gate's failure (its line, or a kind the gate sets): that node's fault.
