@@ -80,6 +80,9 @@ def sbatch_options(launch: Launch) -> list[str]:
         opts.append(f"--signal={flags}:{w.signal}" + (f"@{w.seconds}" if w.seconds is not None else ""))
     if s.exclusive:
         opts.append("--exclusive")
+    if s.spare_nodes:
+        # Hot spares: a failed node leaves the allocation, the job stays (node/spares.py).
+        opts.append("--no-kill")
     if s.requeue is not None:
         opts.append("--requeue" if s.requeue else "--no-requeue")
     opts.extend(check(a, "sbatch option", "slurm.extra_args") for a in s.extra_args
@@ -176,6 +179,7 @@ def render_batch(launch: Launch) -> str:
         trainer=launch.trainer,
         servers=servers,
         spec=spec,
+        spares=spec.slurm.spare_nodes,
         sbatch_options=sbatch_options(launch),
         exclude_option=exclude_option(launch),
         srun_options=srun_options(launch, launch.trainer.gpus, launch.trainer.image),
