@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ...errors import SpecError
 from ...launch import Launch, compile_launch, render_entry
 from ...servers import render_server
-from ...node_runtime import runtime
+from ...node_runtime import batch_runtime, runtime
 from ...templating import RenderError, check, checked_int, heredoc_tag, render_template, sh_quote
 from .progress import mirror_shell
 
@@ -180,6 +180,7 @@ def render_batch(launch: Launch) -> str:
         servers=servers,
         spec=spec,
         spares=spec.slurm.spare_nodes,
+        spares_runtime=batch_runtime() if spec.slurm.spare_nodes else None,
         sbatch_options=sbatch_options(launch),
         exclude_option=exclude_option(launch),
         srun_options=srun_options(launch, launch.trainer.gpus, launch.trainer.image),
