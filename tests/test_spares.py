@@ -90,6 +90,20 @@ def test_the_swap_line_is_read_back_only_when_signed_with_the_job_s_key(tmp_path
     assert describe(spares_state(2, [])) == "2 spares left"
 
 
+def test_a_running_job_s_swaps_come_from_the_small_file_beside_its_output(tmp_path):
+    from halo_sched.backends.slurm.spares import swaps_of
+
+    rec = {"job": "7", "rank": 0, "bad": "n1", "spare": "n3", "reason": "GPU Xid error", "by": "xid", "time": 1.0e9,
+           "restart": 1, "spares_left": 0}
+    out = tmp_path / "job.out"
+    out.write_text(spares.swap_line(rec, KEY) + "\n")
+    # Running: the output (maybe gigabytes) is not read; the side file is.
+    assert swaps_of([out], KEY, ended=False) == []
+    assert [s["bad"] for s in swaps_of([out], KEY, ended=True)] == ["n1"]
+    (tmp_path / "job.out.swaps").write_text(spares.swap_line({**rec, "bad": "n2"}, KEY) + "\n")
+    assert [s["bad"] for s in swaps_of([out], KEY, ended=False)] == ["n2"]
+
+
 def test_a_run_s_gpu_hours_count_its_spares():
     from halo_sched.runs import row_of
 

@@ -48,6 +48,9 @@ HOST_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62})(?:\.[A-Za-z0-9](?:[A-Z
 #: Seconds each scontrol/srun call may take (slurmctld answers in well under a second; a stopped
 #: one makes scontrol wait MessageTimeout, 10 s by default).
 ASK_S = 30.0
+#: The swap lines go into the output file and, beside it, into OUTPUT + SIDE_FILE: a few hundred
+#: bytes ``status`` reads while the job runs instead of the whole output (which may be gigabytes).
+SIDE_FILE = ".swaps"
 #: Failure lines are dated by their node's clock; a line up to this much before the step began
 #: is still the step's (clocks of one cluster agree to well within it).
 CLOCK_SLACK_S = 2.0
@@ -174,9 +177,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     left = a.spares - len(used) - len(swaps)
     now = time.time()
-    for i, bad, spare, reason, by in swaps:
-        print(swap_line({"job": a.job, "rank": i, "bad": bad, "spare": spare, "reason": reason, "by": by,
-                         "time": now, "restart": a.restart, "spares_left": left}, key), file=sys.stderr, flush=True)
+    lines = [swap_line({"job": a.job, "rank": i, "bad": bad, "spare": spare, "reason": reason, "by": by,
+                        "time": now, "restart": a.restart, "spares_left": left}, key) for i, bad, spare, reason, by in swaps]
+    try:
+        if out:
+            with open(out + SIDE_FILE, "a", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for line in lines))
+    except OSError as err:  # status then reads the output file itself, once the job has ended
+        say(f"could not write {out + SIDE_FILE} ({err.strerror or err})")
+    for line, (i, bad, spare, reason, _) in zip(lines, swaps):
+        print(line, file=sys.stderr, flush=True)
         say(f"node rank {i}: {bad} failed ({reason}); {spare} takes its rank, restart {a.restart}, "
             f"{left} spare{'s' if left != 1 else ''} left")
     print(",".join(new), master, ",".join(used + [bad for _, bad, _, _, _ in swaps]))

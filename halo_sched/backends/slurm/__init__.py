@@ -214,7 +214,7 @@ class SlurmScheduler(Scheduler):
                 state.progress = stragglers_line(output_files(self.transport, job_id, ask=False), job_id)
         for job_id, state in states.items():
             if state.status is JobStatus.RUNNING or state.status.terminal:
-                state.spares = _spares(self.transport, job_id)
+                state.spares = _spares(self.transport, job_id, state.status.terminal)
         return states
 
     def _launch_cause(self, job_id: str) -> str:
@@ -336,7 +336,7 @@ class SlurmScheduler(Scheduler):
             ended.close()
 
 
-def _spares(transport, job_id: str) -> dict | None:
+def _spares(transport, job_id: str, ended: bool) -> dict | None:
     """A job with slurm.spare_nodes (its record says): the spares left and the swaps its batch
     script made (spares.py); None for any other job (nothing is read)."""
     from ...records import find
@@ -346,10 +346,10 @@ def _spares(transport, job_id: str) -> dict | None:
         if not isinstance(total, int) or isinstance(total, bool) or total <= 0:
             return None
         from .outputs import output_files
-        from .spares import spares_state, swaps_in
+        from .spares import spares_state, swaps_of
 
         key = rec.get("failure_key") if isinstance(rec.get("failure_key"), str) else ""
-        return spares_state(total, swaps_in(output_files(transport, job_id, ask=False), key))
+        return spares_state(total, swaps_of(output_files(transport, job_id, ask=False), key, ended))
     return None
 
 

@@ -1,5 +1,5 @@
 """Hot spares as the submitter sees them: the ``halo-sched-swap`` lines a job's batch script wrote
-(halo_sched/node/spares.py) into its output file, read back for ``status`` (how many spares are
+(halo_sched/node/spares.py) beside its output file (and into it), read back for ``status`` (how many spares are
 left, which node each replaced) and for the node ledger (each swapped-out host, once per job).
 
 A line counts only when its ``mac`` verifies under the job's failure key: any rank can print a
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from ...node.failures import verified
-from ...node.spares import HOST_RE, TAG
+from ...node.spares import HOST_RE, SIDE_FILE, TAG
 from ...node.text import epoch_time, escape_controls
 
 _MARK = TAG + " {"
@@ -61,6 +61,14 @@ def swaps_in(paths, key: str) -> list[dict]:
     return out
 
 
+def swaps_of(outputs, key: str, ended: bool) -> list[dict]:
+    """The job's swaps: from the small file beside each output (node/spares.py SIDE_FILE) while
+    it runs; once it has ended, from the output files themselves when no such file holds any (the
+    batch host could not write it)."""
+    side = swaps_in([str(p) + SIDE_FILE for p in outputs], key)
+    return side if side or not ended else swaps_in(outputs, key)
+
+
 def spares_state(total: int, swaps: list[dict]) -> dict:
     """``status``'s view: ``{"total", "left", "swaps"}``."""
     return {"total": total, "left": max(0, total - len(swaps)), "swaps": swaps}
@@ -76,4 +84,4 @@ def describe(spares: dict) -> str:
     return head + (f" ({moved})" if moved else "")
 
 
-__all__ = ["describe", "parse_swap", "spares_state", "swaps_in"]
+__all__ = ["describe", "parse_swap", "spares_state", "swaps_in", "swaps_of"]
