@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spares", type=int, required=True, help="slurm.spare_nodes")
     p.add_argument("--restart", type=int, required=True, help="the restart count the next step gets")
     p.add_argument("--interface", default="", help="network.interface (rank 0's address is read there)")
+    p.add_argument("--master", default="", help="rank 0's address in the step that failed (kept while rank 0 stays)")
     a = p.parse_args(argv)
     say = lambda msg: print(f"halo-sched: job {a.job}: {msg}", file=sys.stderr, flush=True)  # noqa: E731
     ranks, used = hosts(a.ranks), hosts(a.used)
@@ -167,7 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     for i, _, spare, _, _ in swaps:
         new[i] = spare
     try:
-        master = interface_addr(new[0], a.interface) if a.interface else node_addr(new[0])
+        if new[0] == ranks[0] and a.master:
+            master = a.master  # rank 0 stays where it was: so does its address
+        else:
+            master = interface_addr(new[0], a.interface) if a.interface else node_addr(new[0])
         addrs = {node_addr(h) for h in new} if master and _loopback(master) else {master}
     except (OSError, subprocess.SubprocessError) as err:
         say(f"no spare swap: cannot read rank 0's address on {new[0]} ({' '.join(str(err).split())[:200]})")
