@@ -1,7 +1,7 @@
 """Speed, side by side with what users would pick instead (issue 13). Ratios are measured in one
 run, each pair alternating (medians); never asserted in tests.
 
-    make bench          # or: python bench/run.py [--quick | --startup | --failures]
+    make bench          # or: python bench/run.py [--quick | --startup | --failures | --spares | --goodput]
 
 ``--startup``: the start-up and peak-memory rows alone, medians of 15 (what changes to the
 render path move).
@@ -14,6 +14,10 @@ bench/failures.py alone, recovery after a node fault with automatic retry vs a p
 resubmitting (the notice time ASSUMED, ``--notice-min``, default 15), and node-hours a preflight
 gate saves against a job that loads and fails at its first collective. Real torchrun on the local
 backend; not in plain ``make bench``: they take minutes, not seconds.
+
+``--spares`` (about 1 minute per rep; 1 rep with ``--quick``, else 3): bench/spares.py on the
+local SLURM test cluster, a node fault swapped for a hot spare in the same job vs a resubmission
+through the queue. ``--goodput``: bench/goodput.py's table (a simulation, under 2 s).
 
 Rows: `render` start-up vs the import floor (`import pydantic, jinja2, yaml`) and vs TorchX's
 dry run (installed by `make bench` into .bench/torchx, never into the project's environment);
@@ -342,6 +346,21 @@ def main() -> int:
         for r in rows:
             print("| " + " | ".join(r) + " |")
         return 0
+    if "--spares" in sys.argv:  # bench/spares.py: a spare swap vs a resubmission, on the test cluster
+        sys.path.insert(0, str(REPO / "bench"))
+        import spares
+
+        started = cluster_up()
+        try:
+            return spares.main(["--reps", "1" if quick else "3"])
+        finally:
+            if started:
+                cluster_down()
+    if "--goodput" in sys.argv:  # bench/goodput.py: the simulation, its default table
+        sys.path.insert(0, str(REPO / "bench"))
+        import goodput
+
+        return goodput.main([])
     if "--failures" in sys.argv:
         sys.path.insert(0, str(REPO / "bench"))
         import failures

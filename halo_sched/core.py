@@ -101,6 +101,10 @@ def keep_state(rec: dict, state: JobState) -> None:
         from . import ledger
 
         ledger.observe(rec.get("id") or "", rec.get("backend") or "", cls)
+    if state.spares and state.spares.get("swaps"):  # hosts a spare replaced (slurm.spare_nodes)
+        from . import ledger
+
+        ledger.observe_swaps(rec.get("id") or "", rec.get("backend") or "", state.spares["swaps"])
     spec = rec.get("spec")
     if isinstance(spec, dict) and spec.get("notify"):  # a webhook to tell (halo_sched/notify.py: once per event)
         from . import notify

@@ -286,6 +286,15 @@ def slurm_extra_conflicts(self: Section) -> Section:
     return self
 
 
+def slurm_spares(self: Section) -> Section:
+    # A spare idles until a node fails: on a shared node another user's job would hold what the
+    # swap needs (and spread this job's GPUs among strangers' work).
+    if self.spare_nodes and not self.exclusive:
+        raise ValueError("spare_nodes: hot spares need exclusive: true (whole nodes held by this job; on shared "
+                         "nodes other users' jobs would take what a swap needs)")
+    return self
+
+
 def nomad_user(v: str | None) -> str | None:
     if v is not None:
         m = re.fullmatch(r"(\d{1,10}):(\d{1,10})", v)
@@ -453,6 +462,9 @@ def job_cross_checks(self: Section) -> Section:
         raise ValueError(f"secret_env: {', '.join(both)} is also set in env (or derived by halo-sched); "
                          "a variable is either a literal in env or a secret taken at submit time")
     check_servers(self, derived)
+    if self.slurm.spare_nodes and self.servers:
+        raise ValueError("slurm.spare_nodes: hot spares are for the trainer's nodes only; a job with servers cannot "
+                         "have them yet")
     check_hang(self)
     clash = sorted(derived & set(self.env))
     if clash:

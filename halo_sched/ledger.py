@@ -271,6 +271,24 @@ def observe(job: str, backend: str, classification: Classification) -> Entry | N
     return None
 
 
+def observe_swaps(job: str, backend: str, swaps) -> list[Entry]:
+    """A job's batch script swapped these hosts for spares (their node's fault: the swap line
+    says why): ledger each, once per job and host (never raises, as :func:`observe`)."""
+    out = []
+    for s in swaps:
+        try:
+            e = add(s["bad"], s.get("reason") or "swapped for a spare", job, backend, by=s.get("by") or "")
+        except UsageError as err:
+            _warn(str(err))
+            break
+        except OSError as err:
+            _warn(f"cannot write it ({err.strerror or err})")
+            break
+        if e is not None:
+            out.append(e)
+    return out
+
+
 __all__ = ["DEFAULT_EXPIRY_HOURS", "EXPIRY_ENV", "Entry", "VERSION", "active", "add", "check_host",
-           "clear", "entries", "exclusions", "expiry_hours", "import_file", "legacy_path", "observe", "path",
+           "clear", "entries", "exclusions", "expiry_hours", "import_file", "legacy_path", "observe", "observe_swaps", "path",
            "valid_host"]

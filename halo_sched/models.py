@@ -123,6 +123,12 @@ class Slurm(SlurmMethods, _Model):
     )
     container_mounts: list[str] = Field(default_factory=list, description="pyxis --container-mounts entries (src:dst[:flags]).")
     extra_args: list[str] = Field(default_factory=list, description="More sbatch options, each '--name' or '--name=value'.")
+    spare_nodes: int = Field(
+        0, ge=0, le=64,
+        description="Hot spares: the allocation holds nodes + spare_nodes nodes (sbatch --no-kill) and the trainer runs on "
+                    "`nodes` of them; after a node's fault a spare takes the bad node's rank in a new step of the same "
+                    "job, without the queue. Needs exclusive: true.",
+    )
 
     _word = field_validator("partition", "account", "qos")(staticmethod(rules.slurm_word))
     _mem = field_validator("mem")(staticmethod(rules.slurm_mem))
@@ -136,6 +142,7 @@ class Slurm(SlurmMethods, _Model):
     _mounts = field_validator("container_mounts")(staticmethod(rules.slurm_mounts))
     _extra = field_validator("extra_args")(staticmethod(rules.slurm_extra))
     _extra_conflicts = model_validator(mode="after")(rules.slurm_extra_conflicts)
+    _spares = model_validator(mode="after")(rules.slurm_spares)
 
 
 class Nomad(NomadMethods, _Model):

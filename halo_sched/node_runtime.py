@@ -42,15 +42,26 @@ class NodeRuntime(NamedTuple):
 
 
 @functools.lru_cache(maxsize=1)
+def batch_runtime() -> NodeRuntime:
+    """``halo_sched.node.BATCH_CARRIED`` in one zip (as :func:`runtime`): what a SLURM batch
+    script with hot spares runs itself (halo_sched/node/spares.py)."""
+    return _zip(node.BATCH_CARRIED)
+
+
+@functools.lru_cache(maxsize=1)
 def runtime() -> NodeRuntime:
     """The node runtime of this install: ``halo_sched/__init__.py`` (empty, so that importing
     ``halo_sched.node`` from the zip loads nothing of the submitter's side) and every carried module
     under ``halo_sched/node/``, deflated, in a fixed order with fixed dates."""
+    return _zip(node.CARRIED)
+
+
+def _zip(names) -> NodeRuntime:
     here = node.source_path("__init__").parent
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         members = [("halo_sched/__init__.py", b'"""halo-sched\'s node runtime (halo_sched/node/), carried by a job."""\n')]
-        members += [(f"halo_sched/node/{name}", here.joinpath(name).read_bytes()) for name in node.CARRIED]
+        members += [(f"halo_sched/node/{name}", here.joinpath(name).read_bytes()) for name in names]
         for name, data in members:
             info = zipfile.ZipInfo(name, _EPOCH)
             info.external_attr = 0o644 << 16

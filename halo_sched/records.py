@@ -297,6 +297,8 @@ def update_state(record: dict, state) -> None:
     cls = state.failure_class()
     if cls is not None:  # whose fault (the node ledger hears of a node's: core.keep_state)
         last["failure_class"] = cls.to_dict()
+    if getattr(state, "spares", None):  # hot spares: how many are left, which node each replaced
+        last["spares"] = state.spares
     from . import db
 
     last = db.clean(last)

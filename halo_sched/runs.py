@@ -16,7 +16,7 @@ watching a run that already went on (or ended) never submits anything for an att
 successor. A claim whose process died before it submitted (same host, process gone) or that
 outlived :data:`CLAIM_S` can be taken over.
 
-Cost: each attempt's node-hours are nodes x wall time, GPU-hours nodes x gpus_per_node x wall
+Cost: each attempt's node-hours are nodes (servers and slurm.spare_nodes included) x wall time, GPU-hours nodes x gpus_per_node x wall
 time; the wall time is the scheduler's own start and end where the backend reports them
 (``JobState.started_at``/``ended_at``: local, the supervisor's times; SLURM, StartTime/EndTime;
 Nomad, the allocations' task StartedAt/FinishedAt), else the times the waiting
@@ -339,6 +339,9 @@ def row_of(rec: dict) -> AttemptRow:
     servers = spec.get("servers") if isinstance(spec.get("servers"), list) else []
     nodes = number(rec.get("nodes") or spec.get("nodes")) + sum(number(s.get("nodes")) for s in servers
                                                                 if isinstance(s, dict))
+    # Hot spares are held the whole time, idle or not: their hours are the run's too.
+    slurm = spec.get("slurm") if isinstance(spec.get("slurm"), dict) else {}
+    nodes += number(slurm.get("spare_nodes"))
     gpus = number(spec.get("gpus_per_node"))
     wall, clock = _wall(rec)
     run = rec.get("run") if isinstance(rec.get("run"), dict) else {}

@@ -134,6 +134,16 @@ def checked_spec(spec):
         _checking.spec = outer
 
 
+def backend_only(backend: str, spec) -> None:
+    """Fields only one backend can honour, refused on the others (SpecError naming the field)."""
+    if spec.slurm.spare_nodes and backend != "slurm":
+        from ..errors import SpecError
+
+        raise SpecError([("slurm.spare_nodes", f"hot spares are SLURM's (sbatch --no-kill, a step on some nodes of "
+                                               f"the allocation); the {backend} backend cannot hold them: drop "
+                                               "slurm.spare_nodes or use --backend slurm")])
+
+
 def validates_spec(method):
     """``method(self, spec, ...)``, run with ``spec`` validated again (:func:`checked_spec`)."""
     if method in _VALIDATING:
@@ -142,6 +152,7 @@ def validates_spec(method):
     @functools.wraps(method)
     def wrapper(self, spec, *args, **kwargs):
         with checked_spec(spec) as spec:
+            backend_only(self.name, spec)
             return method(self, spec, *args, **kwargs)
 
     _VALIDATING.add(wrapper)

@@ -148,6 +148,9 @@ class JobState:
     #: them (halo_sched/runs.py).
     started_at: float | None = None
     ended_at: float | None = None
+    #: SLURM with slurm.spare_nodes: ``{"total", "left", "swaps": [{rank, bad, spare, reason, by,
+    #: time, spares_left}]}``, from the batch script's signed swap lines (backends/slurm/spares.py).
+    spares: dict | None = None
 
     def change_key(self) -> tuple:
         """What counts as a change while waiting (a progress line; the watcher's polls go back to
@@ -155,7 +158,8 @@ class JobState:
         run, and why it waits or ended (``reason``: PENDING for Resources, then for Priority, is
         two states to a person watching)."""
         return (self.status, self.nodes_running, self.raw_state, self.restarts, self.reason,
-                self.nomad.nodes_placed if self.nomad is not None else None)
+                self.nomad.nodes_placed if self.nomad is not None else None,
+                len(self.spares["swaps"]) if self.spares else None)
 
     def failure_class(self) -> Classification | None:
         """Whose fault the failure is (halo_sched/node/failure_classes.py), for a job that failed
@@ -167,7 +171,16 @@ class JobState:
         return classify_failure(self.failure, self.status)
 
     def describe(self) -> str:
-        """The state in words, one line: ``FAILED: rank 3 (node 1, ...) exit 1 ...``."""
+        """The state in words, one line: ``FAILED: rank 3 (node 1, ...) exit 1 ...``; with hot
+        spares, how many are left and which node each replaced."""
+        text = self._describe()
+        if self.spares:
+            from .slurm.spares import describe
+
+            text += f"; {describe(self.spares)}"
+        return text
+
+    def _describe(self) -> str:
         if self.failure is not None and self.failure.first is not None:
             cls = self.failure_class()
             # A node's fault leads the line (the host to avoid); a job's own is the rank's words.

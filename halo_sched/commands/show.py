@@ -85,6 +85,8 @@ def _show_status(args, job_id: str, backend: str, state, fallen) -> None:
             **({"failure": st.failure.to_dict()} if st.failure is not None else {}),
             # Whose fault: node, job or unknown (docs/failures.md, "Whose fault").
             **({"failure_class": cls.to_dict()} if (cls := st.failure_class()) is not None else {}),
+            # SLURM hot spares (slurm.spare_nodes): how many are left, and each swap.
+            **({"spares": st.spares} if st.spares else {}),
             **({"last_known": st.last_known} if st.last_known is not None else {}),
             # A run's first attempt (retry:): each attempt with its hours, and the totals.
             **_run_json(st.id, backend),

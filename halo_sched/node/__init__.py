@@ -13,6 +13,8 @@ either way, docs/node-runtime.md):
   ``failures`` reads those lines back (the submitter's backends and the local supervisor);
 * ``server_health`` waits until every rollout server answers its health path;
 * ``trainers/preflight_bw`` is the bandwidth test ``halo-sched preflight`` runs in place of the trainer;
+* ``spares`` runs in a SLURM batch script with ``slurm.spare_nodes``: after a node's fault it
+  gives the bad node's rank to a spare of the allocation;
 * ``local_supervisor`` (``python -m halo_sched.node.local_supervisor DIR``) runs a local job's
   nodes; ``processes`` holds the Linux process helpers it shares with the local backend.
 """
@@ -27,6 +29,10 @@ _HERE = Path(__file__).resolve().parent
 #: node's own halo-sched is another version (tests/test_node_runtime.py runs each from the zip).
 CARRIED = ("__init__.py", "contract.py", "entry.sh", "failure_collector.py", "hang_monitor.py", "progress.py",
            "server_health.py", "shell.py", "trainers/__init__.py", "trainers/preflight_bw.py")
+#: What a SLURM batch script with ``slurm.spare_nodes`` runs itself (``spares`` and what it reads
+#: failure lines with): a zip of its own in that script only, never handed to the tasks (the
+#: node runtime must fit a Nomad Variable with the secrets: tests/test_node_runtime.py).
+BATCH_CARRIED = ("__init__.py", "failure_classes.py", "failure_collector.py", "failures.py", "spares.py", "text.py")
 
 
 def runtime_version() -> str:

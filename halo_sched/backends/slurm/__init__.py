@@ -214,6 +214,9 @@ class SlurmScheduler(Scheduler):
                 from .progress import stragglers_line
 
                 state.progress = stragglers_line(output_files(self.transport, job_id, ask=False), job_id)
+        for job_id, state in states.items():
+            if state.status is JobStatus.RUNNING or state.status.terminal:
+                state.spares = _spares(self.transport, job_id, state.status.terminal)
         return states
 
     def _launch_cause(self, job_id: str) -> str:
@@ -333,6 +336,23 @@ class SlurmScheduler(Scheduler):
                 yield from read_output(Path(path), follow, ended, lambda: self.query([job_id])[job_id])
         finally:
             ended.close()
+
+
+def _spares(transport, job_id: str, ended: bool) -> dict | None:
+    """A job with slurm.spare_nodes (its record says): the spares left and the swaps its batch
+    script made (spares.py); None for any other job (nothing is read)."""
+    from ...records import find
+
+    for rec in find(job_id, "slurm", on_bad=None):
+        total = ((rec.get("spec") or {}).get("slurm") or {}).get("spare_nodes")
+        if not isinstance(total, int) or isinstance(total, bool) or total <= 0:
+            return None
+        from .outputs import output_files
+        from .spares import spares_state, swaps_of
+
+        key = rec.get("failure_key") if isinstance(rec.get("failure_key"), str) else ""
+        return spares_state(total, swaps_of(output_files(transport, job_id, ask=False), key, ended))
+    return None
 
 
 def _never_starts(state: JobState) -> bool:

@@ -83,12 +83,13 @@ def partition_problems(transport, spec: JobSpec, cluster: str | None,
     limits = partition_limits(part, nodes)
     cpus = cpus_per_task(spec)
     problems = limit_problems(
-        limits, nodes=spec.all_nodes,
+        limits, nodes=spec.all_nodes + spec.slurm.spare_nodes,
         time_s=parse_slurm_time(spec.slurm.time) if spec.slurm.time else None, time_text=spec.slurm.time,
         cpus_per_task=cpus, mem_mb=parse_slurm_mem(spec.slurm.mem) if spec.slurm.mem else None,
         cpus_field="slurm.cpus_per_task" if spec.slurm.cpus_per_task is not None else
         f"slurm.cpus_per_task (unset: {cpus} for nproc_per_node {spec.nproc_per_node})",
-        nodes_field="nodes" if spec.all_nodes == spec.nodes else "nodes (with the servers' nodes)")
+        nodes_field="slurm.spare_nodes (with nodes)" if spec.slurm.spare_nodes else
+        "nodes" if spec.all_nodes == spec.nodes else "nodes (with the servers' nodes)")
     fmt = lambda v, unit="": "unlimited" if v is None else f"{v}{unit}"  # noqa: E731
     checked = (f"partition {limits['name']}: at most {fmt(min([x for x in (limits['max_nodes'], limits['total_nodes']) if x is not None], default=None))} nodes, "
                f"time {limits['max_time'] or 'unlimited'}, {fmt(limits['cpus_per_node'])} CPUs and "

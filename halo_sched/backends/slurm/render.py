@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ...errors import SpecError
 from ...launch import Launch, compile_launch, render_entry
 from ...servers import render_server
-from ...node_runtime import runtime
+from ...node_runtime import batch_runtime, runtime
 from ...templating import RenderError, check, checked_int, heredoc_tag, render_template, sh_quote
 from .progress import mirror_shell
 
@@ -80,6 +80,9 @@ def sbatch_options(launch: Launch) -> list[str]:
         opts.append(f"--signal={flags}:{w.signal}" + (f"@{w.seconds}" if w.seconds is not None else ""))
     if s.exclusive:
         opts.append("--exclusive")
+    if s.spare_nodes:
+        # Hot spares: a failed node leaves the allocation, the job stays (node/spares.py).
+        opts.append("--no-kill")
     if s.requeue is not None:
         opts.append("--requeue" if s.requeue else "--no-requeue")
     opts.extend(check(a, "sbatch option", "slurm.extra_args") for a in s.extra_args
@@ -178,6 +181,8 @@ def render_batch(launch: Launch) -> str:
         trainer=launch.trainer,
         servers=servers,
         spec=spec,
+        spares=spec.slurm.spare_nodes,
+        spares_runtime=batch_runtime() if spec.slurm.spare_nodes else None,
         sbatch_options=sbatch_options(launch),
         exclude_option=exclude_option(launch),
         srun_options=srun_options(launch, launch.trainer.gpus, launch.trainer.image),

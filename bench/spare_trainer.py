@@ -1,0 +1,41 @@
+"""The trainer of bench/spares.py (real torchrun, gloo): every rank joins the process group and
+logs ``COUNT NODE train EPOCH`` after its first all_reduce ("training"). On the first step
+(HALO_RESTART_COUNT 0) node rank 1's first rank logs ``fault EPOCH`` after 2 s and dies as a bad
+node would (an NCCL NET/IB error, tests/trainers/node_fault.py's words); every later step runs a
+few all_reduces and ends 0."""
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+count = os.environ.get("HALO_RESTART_COUNT", "?")
+node = int(os.environ.get("GROUP_RANK", "0"))
+local = int(os.environ.get("LOCAL_RANK", "0"))
+log = os.environ.get("SPARE_BENCH_LOG", "spare_bench.log")
+
+
+def say(what: str) -> None:
+    with open(log, "a") as f:
+        f.write(f"{count} {node} {what} {time.time():.3f}\n")
+
+
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+say("train")
+if count == "0":
+    if node == 1 and local == 0:
+        time.sleep(2)
+        say("fault")
+        host = os.environ.get("SLURMD_NODENAME", "node")
+        print(f"{host}:4242:4250 [0] transport/net_ib.cc:2470 NCCL WARN NET/IB : Got completion from peer "
+              "10.0.0.1<35162> with status=12 opcode=129 len=65536 vendor err 129 (Recv)", file=sys.stderr, flush=True)
+        sys.exit(1)
+    while True:  # the peers wait in a collective until the bad node's end reaches them
+        dist.all_reduce(t)
+        time.sleep(0.1)
+for _ in range(3):
+    dist.all_reduce(t)
+dist.destroy_process_group()

@@ -1,0 +1,87 @@
+"""Hot spares as the submitter sees them: the ``halo-sched-swap`` lines a job's batch script wrote
+(halo_sched/node/spares.py) beside its output file (and into it), read back for ``status`` (how many spares are
+left, which node each replaced) and for the node ledger (each swapped-out host, once per job).
+
+A line counts only when its ``mac`` verifies under the job's failure key: any rank can print a
+line that looks like one, and a forged one must not put a host of its choosing in the ledger.
+"""
+from __future__ import annotations
+
+import json
+
+from ...node.failures import verified
+from ...node.spares import HOST_RE, SIDE_FILE, TAG
+from ...node.text import epoch_time, escape_controls
+
+_MARK = TAG + " {"
+#: At most this many swaps are read (a job has at most 64 spares: models.py).
+MAX_SWAPS = 64
+
+
+def parse_swap(line: str, key: str) -> dict | None:
+    """The swap a line carries when it is whole, well formed and signed with ``key``; else None."""
+    i = line.find(_MARK)
+    if i < 0 or not key:
+        return None
+    raw = line[i + len(TAG) + 1:].strip()
+    if not verified(raw, key):
+        return None
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    bad, spare, rank = data.get("bad"), data.get("spare"), data.get("rank")
+    if not (isinstance(bad, str) and HOST_RE.fullmatch(bad) and isinstance(spare, str) and HOST_RE.fullmatch(spare)
+            and isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 4096):
+        return None
+    left = data.get("spares_left")
+    return {"rank": rank, "bad": bad, "spare": spare,
+            "reason": escape_controls(str(data.get("reason") or ""))[:200], "by": str(data.get("by") or "")[:60],
+            "time": epoch_time(data.get("time")),
+            "spares_left": left if isinstance(left, int) and not isinstance(left, bool) and 0 <= left <= 64 else None}
+
+
+def swaps_in(paths, key: str) -> list[dict]:
+    """Every signed swap in these files, in order (each once)."""
+    out: list[dict] = []
+    for p in paths:
+        try:
+            with open(p, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    if TAG in line:
+                        s = parse_swap(line, key)
+                        if s is not None and s not in out:
+                            out.append(s)
+                            if len(out) >= MAX_SWAPS:
+                                return out
+        except OSError:
+            continue
+    return out
+
+
+def swaps_of(outputs, key: str, ended: bool) -> list[dict]:
+    """The job's swaps: from the small file beside each output (node/spares.py SIDE_FILE) while
+    it runs; once it has ended, from the output files themselves when no such file holds any (the
+    batch host could not write it)."""
+    side = swaps_in([str(p) + SIDE_FILE for p in outputs], key)
+    return side if side or not ended else swaps_in(outputs, key)
+
+
+def spares_state(total: int, swaps: list[dict]) -> dict:
+    """``status``'s view: ``{"total", "left", "swaps"}``."""
+    return {"total": total, "left": max(0, total - len(swaps)), "swaps": swaps}
+
+
+def describe(spares: dict) -> str:
+    """``1 spare left`` / ``0 of 1 spares left (node2 -> node3: NCCL network error)``."""
+    left, total = spares["left"], spares["total"]
+    head = f"{left} spare{'s' if left != 1 else ''} left" if not spares["swaps"] else \
+        f"{left} of {total} spare{'s' if total != 1 else ''} left"
+    moved = ", ".join(f"{s['bad']} -> {s['spare']}" + (f": {s['reason']}" if s["reason"] else "")
+                      for s in spares["swaps"])
+    return head + (f" ({moved})" if moved else "")
+
+
+__all__ = ["describe", "parse_swap", "spares_state", "swaps_in", "swaps_of"]

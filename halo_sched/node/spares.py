@@ -1,0 +1,201 @@
+"""Hot spares (``slurm.spare_nodes``): after a step fails, swap the node at fault for a spare of
+the same allocation. Run by the SLURM batch script (``python -m halo_sched.node.spares``), not
+by a rank; standard library only.
+
+The job holds ``nodes + spare_nodes`` nodes with ``sbatch --no-kill``: slurmctld then keeps the
+allocation when one of its nodes fails (``_foreach_kill_running_job_by_node`` in
+src/slurmctld/job_mgr.c: with ``kill_on_node_fail == 0`` it kills the step's tasks on that node,
+``excise_node_from_job`` takes the node out of the job, and the job runs on). The trainer runs on
+``nodes`` of them, in the order of the rank map (``HOST,HOST,...``: node rank i on the i-th host).
+
+When the step ends non-zero, :func:`decide` reads what the step left:
+
+* a host of the rank map that is no longer in the allocation (SLURM marked it down and excised
+  it): the node stopped answering;
+* else the first failure of the step's signed failure lines (``halo-sched-failure``, written
+  after ``since``), classified by failure_classes.py: a node's fault that names a host of the
+  rank map (GPU Xid/ECC, NCCL/network, a hang whose culprit is that node, preflight).
+
+Each bad host's rank goes to the first free spare (allocation order); the others keep theirs.
+Anything else (the job's own fault, unknown cause, no spare left, the warning) is no swap: the
+batch script ends as it would without spares. A swap prints the new rank map, rank 0's address
+and every host swapped out so far on stdout, and one ``halo-sched-swap {json}`` line per swapped host on stderr (the job's
+output file), signed with the job's failure key like a failure line: the submitter ledgers the
+bad host from it (halo_sched/backends/slurm/spares.py) and counts the spares left.
+
+What it cannot do: a fault of the batch host (the allocation's first node, where this runs) ends
+the batch script with it; slurmctld then ends the job (NODE_FAIL) and the run's ordinary retry
+path takes over.
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+from .failure_classes import classify
+from .failure_collector import KEY_VAR, sign
+from .failures import FailureReport, parse_lines
+
+TAG = "halo-sched-swap"
+#: A host name as SLURM prints it (the ledger's rule, halo_sched/ledger.py HOST_RE).
+HOST_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62}))*")
+#: Seconds each scontrol/srun call may take (slurmctld answers in well under a second; a stopped
+#: one makes scontrol wait MessageTimeout, 10 s by default).
+ASK_S = 30.0
+#: The swap lines go into the output file and, beside it, into OUTPUT + SIDE_FILE: a few hundred
+#: bytes ``status`` reads while the job runs instead of the whole output (which may be gigabytes).
+SIDE_FILE = ".swaps"
+#: Failure lines are dated by their node's clock; a line up to this much before the step began
+#: is still the step's (clocks of one cluster agree to well within it).
+CLOCK_SLACK_S = 2.0
+
+
+def hosts(text: str) -> list[str]:
+    """``HOST,HOST`` (or whitespace-separated) as a list; a word that is no host name is dropped."""
+    return [h for h in re.split(r"[,\s]+", text or "") if h and HOST_RE.fullmatch(h)]
+
+
+def step_failures(lines, key: str, since: float) -> FailureReport | None:
+    """The signed failure lines of the step that began at ``since`` (epoch seconds), as a report."""
+    failures = [f for f in parse_lines(lines, key) if f.trusted and f.time >= since - CLOCK_SLACK_S]
+    return FailureReport(failures) if failures else None
+
+
+def decide(ranks: list[str], allocation: list[str], report: FailureReport | None,
+           used: list[str] = ()) -> tuple[list[tuple[int, str, str, str, str]], str]:
+    """Which ranks move to which spares: ``([(rank, bad, spare, reason, by), ...], why)``; an empty
+    list (and why not, in words) when the failure is not one a spare cures. ``allocation``: the
+    job's hosts now, in SLURM's order; ``used``: hosts already swapped out (never taken again)."""
+    lost = [(i, h) for i, h in enumerate(ranks) if h not in allocation]
+    if lost:
+        bad = [(i, h, "node left the allocation (SLURM marked it down)", "node-fail") for i, h in lost]
+    else:
+        if report is None or report.first is None:
+            return [], "no signed failure line from the step: cause unknown"
+        cls = classify(report)
+        if not cls.node:
+            return [], f"not a node's fault ({cls.describe()})"
+        if cls.host not in ranks:
+            return [], f"a node's fault on {cls.host or 'an unnamed host'}, which runs no rank"
+        bad = [(ranks.index(cls.host), cls.host, cls.reason, cls.by)]
+    free = [h for h in allocation if h not in ranks and h not in used]
+    if len(free) < len(bad):
+        return [], (f"{', '.join(h for _, h, _, _ in bad)} failed ({bad[0][2]}) and "
+                    f"{len(free) or 'no'} spare{'s' if len(free) != 1 else ''} left")
+    return [(i, h, spare, reason, by) for (i, h, reason, by), spare in zip(bad, free)], ""
+
+
+def swap_line(rec: dict, key: str) -> str:
+    """``halo-sched-swap {json}``, signed with ``key`` (as failure_collector.record_line signs)."""
+    body = json.dumps(rec, separators=(",", ":"))
+    if key:
+        body = f'{body[:-1]},"mac":"{sign(body, key)}"}}'
+    return f"{TAG} {body}"
+
+
+# ---- what SLURM says (the batch script's own job) ---------------------------------------------
+
+
+def _ask(argv: list[str]) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=ASK_S, check=True).stdout
+
+
+def job_fields(job_id: str) -> dict[str, str]:
+    """``scontrol -o show job``'s KEY=VALUE words (NodeList, StdOut, ...)."""
+    text = _ask(["scontrol", "-o", "show", "job", job_id])
+    return dict(w.split("=", 1) for w in text.split() if "=" in w)
+
+
+def expand(nodelist: str) -> list[str]:
+    return hosts(_ask(["scontrol", "show", "hostnames", nodelist])) if nodelist and nodelist != "(null)" else []
+
+
+def node_addr(host: str) -> str:
+    m = re.search(r"\bNodeAddr=(\S+)", _ask(["scontrol", "-o", "show", "node", host]))
+    return m.group(1) if m else ""
+
+
+def interface_addr(host: str, iface: str) -> str:
+    """``iface``'s IPv4 address on ``host``, asked of that node (a step of one task)."""
+    out = _ask(["srun", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "ip", "-4", "-o", "addr", "show", "dev", iface])
+    m = re.search(r"\binet (\d+\.\d+\.\d+\.\d+)/", out)
+    return m.group(1) if m else ""
+
+
+def _loopback(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m halo_sched.node.spares", description=__doc__.split("\n\n")[0])
+    p.add_argument("--job", required=True)
+    p.add_argument("--ranks", required=True, help="the step's rank map: HOST,HOST,...")
+    p.add_argument("--since", type=float, required=True, help="when the step began (epoch seconds)")
+    p.add_argument("--used", default="", help="hosts swapped out before: HOST,HOST,...")
+    p.add_argument("--spares", type=int, required=True, help="slurm.spare_nodes")
+    p.add_argument("--restart", type=int, required=True, help="the restart count the next step gets")
+    p.add_argument("--interface", default="", help="network.interface (rank 0's address is read there)")
+    p.add_argument("--master", default="", help="rank 0's address in the step that failed (kept while rank 0 stays)")
+    a = p.parse_args(argv)
+    say = lambda msg: print(f"halo-sched: job {a.job}: {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    ranks, used = hosts(a.ranks), hosts(a.used)
+    key = os.environ.get(KEY_VAR, "")
+    try:
+        fields = job_fields(a.job)
+        allocation = expand(fields.get("NodeList", ""))
+        lines = []
+        out = fields.get("StdOut", "")
+        if out:
+            with open(out, encoding="utf-8", errors="replace") as f:
+                lines = [ln for ln in f if "halo-sched-failure" in ln]
+    except (OSError, subprocess.SubprocessError, ValueError) as err:
+        say(f"no spare swap: cannot read the job's state ({' '.join(str(err).split())[:200]})")
+        return 1
+    swaps, why = decide(ranks, allocation, step_failures(lines, key, a.since), used)
+    if not swaps:
+        say(f"no spare swap: {why}")
+        return 1
+    new = list(ranks)
+    for i, _, spare, _, _ in swaps:
+        new[i] = spare
+    try:
+        if new[0] == ranks[0] and a.master:
+            master = a.master  # rank 0 stays where it was: so does its address
+        else:
+            master = interface_addr(new[0], a.interface) if a.interface else node_addr(new[0])
+        addrs = {node_addr(h) for h in new} if master and _loopback(master) else {master}
+    except (OSError, subprocess.SubprocessError) as err:
+        say(f"no spare swap: cannot read rank 0's address on {new[0]} ({' '.join(str(err).split())[:200]})")
+        return 1
+    if not master or (len(addrs) > 1 and _loopback(master)):
+        say(f"no spare swap: no usable address for rank 0 on {new[0]} ({master or 'none'})")
+        return 1
+    left = a.spares - len(used) - len(swaps)
+    now = time.time()
+    lines = [swap_line({"job": a.job, "rank": i, "bad": bad, "spare": spare, "reason": reason, "by": by,
+                        "time": now, "restart": a.restart, "spares_left": left}, key) for i, bad, spare, reason, by in swaps]
+    try:
+        if out:
+            with open(out + SIDE_FILE, "a", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for line in lines))
+    except OSError as err:  # status then reads the output file itself, once the job has ended
+        say(f"could not write {out + SIDE_FILE} ({err.strerror or err})")
+    for line, (i, bad, spare, reason, _) in zip(lines, swaps):
+        print(line, file=sys.stderr, flush=True)
+        say(f"node rank {i}: {bad} failed ({reason}); {spare} takes its rank, restart {a.restart}, "
+            f"{left} spare{'s' if left != 1 else ''} left")
+    print(",".join(new), master, ",".join(used + [bad for _, bad, _, _, _ in swaps]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
