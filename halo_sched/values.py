@@ -262,11 +262,6 @@ SBATCH_EXACT_PREFIXES = {"--gpus"}
 # Options sbatch refuses together with one a field writes: (option, field of Slurm).
 SBATCH_CONFLICTS = (("--mem-per-cpu", "mem"), ("--mem-per-gpu", "mem"), ("--exclusive", "exclusive"),
                     ("--cpus-per-gpu", "cpus_per_task"))
-# sbatch's one-letter options of those above, to name the long one when a short form is given.
-SBATCH_SHORT_OPTIONS = {"J": "--job-name", "N": "--nodes", "o": "--output", "p": "--partition", "A": "--account",
-                        "q": "--qos", "t": "--time", "C": "--constraint", "c": "--cpus-per-task", "a": "--array",
-                        "n": "--ntasks", "e": "--error", "D": "--chdir", "W": "--wait"}
-
 # Slurm keeps cpus_per_task in 16 bits; 0xfffe and 0xffff mean "unset" and "infinite", and sbatch
 # does not refuse a larger number: it wraps (slurm.h NO_VAL16, INFINITE16).
 SLURM_MAX_CPUS_PER_TASK = 0xFFFD
