@@ -201,7 +201,7 @@ class Option(NamedTuple):
 # one letter (sbatch(1)), the kind of its value. The transports translate these names.
 OPTIONS: dict[str, Option] = {o.long: o for o in (
     Option("job-name", "J", TEXT),
-    Option("nodes", "N", TEXT),  # "2" or "2-4"
+    Option("nodes", "N", COUNT),  # sbatch also takes "2-4"; halo-sched asks for an exact count
     Option("ntasks", "n", COUNT),
     Option("ntasks-per-node", None, COUNT),
     Option("cpus-per-task", "c", COUNT),
