@@ -352,6 +352,23 @@ def rest(slurm_cluster, workdir, monkeypatch):
     return RestTransport(url=slurm_cluster["HALO_SLURMRESTD_URL"], token=slurm_jwt(), user="root")
 
 
+def test_slurm_takes_the_request_not_the_scripts_header(cli, rest, workdir):
+    """A script whose #SBATCH lines say otherwise: sbatch (the options on its command line win
+    over the script's) and slurmrestd (it reads no #SBATCH line) both queue the request's job.
+    sbatch still reads a header line the request has no option for (--hold here); a rendered
+    script's header is the request's own (tests/test_slurm_request.py)."""
+    script = "#!/bin/bash\n#SBATCH --job-name=liar --time=1 --comment=lie\n#SBATCH --hold\ntrue\n"
+    req = request_of(script, ["--job-name=halo-honest", "--time=7", "--comment=honest", f"--chdir={workdir}",
+                              f"--output={workdir}/%j.out", "--begin=now+1hour"])
+    for t in (cli, rest):
+        job_id = t.submit(req)
+        cli.submitted.append(job_id)
+        info = cli.job_info(job_id)
+        t.cancel([job_id])
+        assert (info["JobName"], info["TimeLimit"], info["Comment"]) == ("halo-honest", "00:07:00", "honest"), t
+        assert info["Reason"] == ("JobHeldUser" if t is cli else "BeginTime"), (t, info["Reason"])
+
+
 @pytest.mark.torch
 def test_rest_runs_the_rendered_cpu_example_to_its_end(cli, slurm_cluster, tmp_path):
     """examples/ddp-cpu.yaml (with a secret) through `halo-sched submit --wait` on the rest
