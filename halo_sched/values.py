@@ -223,8 +223,8 @@ def parse_go_duration(value: str) -> int:
 MAX_TIMEOUT_HOURS = 7 * 24
 
 
-# Every option the SLURM backend writes on its own "#SBATCH" lines (halo_sched/templates/slurm/sbatch.sh.j2,
-# and sbatch_options() in backends/slurm/render.py), with the field that sets it or, in
+# Every option the SLURM backend sets itself (sbatch_request() in backends/slurm/render.py: the
+# request every transport sends and the script's "#SBATCH" header show), with the field that sets it or, in
 # parentheses, why it is fixed. slurm.extra_args may not repeat one: sbatch would silently take
 # whichever comes last. tests/test_spec.py holds this list against a rendered script.
 SBATCH_OPTIONS_SET_BY = {

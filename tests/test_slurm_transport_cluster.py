@@ -73,7 +73,7 @@ def timeout_job(cli, workdir):
 
 def test_submit_running_then_completed(cli, workdir):
     job_id = submit(
-        cli, workdir, "srun --ntasks-per-node=1 bash -c 'echo $SLURM_NODEID $(hostname)'\nsleep 3\n", "-N2", "--ntasks-per-node=1"
+        cli, workdir, "srun --ntasks-per-node=1 bash -c 'echo $SLURM_NODEID $(hostname)'\nsleep 3\n", "--nodes=2", "--ntasks-per-node=1"
     )
     running, _ = wait_for(cli, job_id, {JobStatus.RUNNING, JobStatus.COMPLETED}, 60)
     assert running.status is JobStatus.RUNNING, "the job finished before it was ever seen running"
