@@ -55,12 +55,6 @@ class SbatchRequest:
         """Every option as sbatch's arguments, ``--name[=value]``."""
         return [s.text() for s in self.options]
 
-    @property
-    def cluster(self) -> str | None:
-        """The one cluster ``--clusters`` names (sbatch prints ``ID;CLUSTER``), or None."""
-        names = self.get("clusters") or ()
-        return names[0] if len(names) == 1 else None
-
     def with_options(self, *settings: Setting | str) -> "SbatchRequest":
         """This request with ``settings`` (Settings, or ``--name[=value]`` parsed as
         ``slurm.extra_args`` are) added, each replacing the option's earlier value."""
