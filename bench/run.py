@@ -214,6 +214,7 @@ def slurm_wait_latency(durations=(4, 12, 27)) -> None:
         return
     from halo_sched.backends.base import Job
     from halo_sched.backends.slurm import SlurmScheduler
+    from halo_sched.backends.slurm.request import request_of
     from halo_sched.backends.slurm.transport import get_transport
 
     tmp = Path(tempfile.mkdtemp(prefix="halo-bench-wait-"))
@@ -240,8 +241,8 @@ def slurm_wait_latency(durations=(4, 12, 27)) -> None:
     with _cluster_lock():
         jobs = {}
         for d in durations:
-            script = (f"#!/bin/bash\n#SBATCH --job-name=halo-bench-wait-{d}\n#SBATCH --nodes=1\n"
-                      f"#SBATCH --output={tmp}/%j.out\nsleep {d}\ndate +%s.%N > {tmp}/end-{d}\n")
+            script = request_of(f"#!/bin/bash\nsleep {d}\ndate +%s.%N > {tmp}/end-{d}\n",
+                                [f"--job-name=halo-bench-wait-{d}", "--nodes=1", f"--output={tmp}/%j.out"])
             job_id = get_transport("cli").submit(script)
             jobs[job_id.rpartition(":")[2]] = d
         returned: dict[str, float] = {}

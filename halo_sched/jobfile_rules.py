@@ -16,9 +16,10 @@ from typing import Any, NamedTuple
 
 from .errors import SpecError
 from .node.contract import WARNING_CARRIER
+from .sbatch_options import SHORT, parse_setting
 from .values import (
     DEFAULT_WARNING, ENV_NAME_RE, IFACE_RE, MODULE_RE, NAME_RE, SBATCH_ARG_RE, SBATCH_CONFLICTS,
-    SBATCH_EXACT_PREFIXES, SBATCH_OPTIONS_REFUSED, SBATCH_OPTIONS_SET_BY, SBATCH_SHORT_OPTIONS, SERVER_NAME_RE,
+    SBATCH_EXACT_PREFIXES, SBATCH_OPTIONS_REFUSED, SBATCH_OPTIONS_SET_BY, SERVER_NAME_RE,
     SLURM_CONSTRAINT_RE, SLURM_DEFAULT_WARNING_S, SLURM_TIME_RE, SLURM_WARNING_EARLY_S, SLURM_WORD_RE,
     WARNING_SIGNALS, check_arg_size, check_env_size, check_process_size, no_nul, parse_go_duration, parse_size,
     parse_slurm_mem, parse_slurm_time, parse_warning, sbatch_option_owner,
@@ -251,7 +252,7 @@ def slurm_extra(v: list[str]) -> list[str]:
     for a in v:
         if a.startswith("-") and not a.startswith("--"):
             # Short forms are not taken (SBATCH_ARG_RE): name the long one, and its field.
-            long = SBATCH_SHORT_OPTIONS.get(a[1:2])
+            long = "--" + SHORT.get(a[1:2], "")
             if long in SBATCH_OPTIONS_SET_BY or long in SBATCH_OPTIONS_REFUSED:
                 raise ValueError(f"{a!r} is {long}: {sbatch_option_owner(long)}")
             raise ValueError(f"{a!r}: write sbatch options in their long form, --name or --name=value")
@@ -273,6 +274,14 @@ def slurm_extra(v: list[str]) -> list[str]:
             r"[A-Za-z0-9][A-Za-z0-9_.-]*(,[A-Za-z0-9][A-Za-z0-9_.-]*)*", a.partition("=")[2]
         ):
             raise ValueError(f"{a!r}: name the cluster(s) as --clusters=NAME[,NAME...]")
+    # Each one typed as the transports take it (sbatch_options.py): a bad value fails here, at
+    # load time, not at submit; an option given twice would leave one of them unsaid.
+    seen = set()
+    for a in v:
+        option = parse_setting(a).option
+        if option in seen:
+            raise ValueError(f"--{option} is given twice; give it once")
+        seen.add(option)
     return v
 
 

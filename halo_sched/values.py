@@ -223,8 +223,8 @@ def parse_go_duration(value: str) -> int:
 MAX_TIMEOUT_HOURS = 7 * 24
 
 
-# Every option the SLURM backend writes on its own "#SBATCH" lines (halo_sched/templates/slurm/sbatch.sh.j2,
-# and sbatch_options() in backends/slurm/render.py), with the field that sets it or, in
+# Every option the SLURM backend sets itself (sbatch_request() in backends/slurm/render.py: the
+# request every transport sends and the script's "#SBATCH" header show), with the field that sets it or, in
 # parentheses, why it is fixed. slurm.extra_args may not repeat one: sbatch would silently take
 # whichever comes last. tests/test_spec.py holds this list against a rendered script.
 SBATCH_OPTIONS_SET_BY = {
@@ -262,11 +262,6 @@ SBATCH_EXACT_PREFIXES = {"--gpus"}
 # Options sbatch refuses together with one a field writes: (option, field of Slurm).
 SBATCH_CONFLICTS = (("--mem-per-cpu", "mem"), ("--mem-per-gpu", "mem"), ("--exclusive", "exclusive"),
                     ("--cpus-per-gpu", "cpus_per_task"))
-# sbatch's one-letter options of those above, to name the long one when a short form is given.
-SBATCH_SHORT_OPTIONS = {"J": "--job-name", "N": "--nodes", "o": "--output", "p": "--partition", "A": "--account",
-                        "q": "--qos", "t": "--time", "C": "--constraint", "c": "--cpus-per-task", "a": "--array",
-                        "n": "--ntasks", "e": "--error", "D": "--chdir", "W": "--wait"}
-
 # Slurm keeps cpus_per_task in 16 bits; 0xfffe and 0xffff mean "unset" and "infinite", and sbatch
 # does not refuse a larger number: it wraps (slurm.h NO_VAL16, INFINITE16).
 SLURM_MAX_CPUS_PER_TASK = 0xFFFD

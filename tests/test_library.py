@@ -377,7 +377,7 @@ def test_wait_async_does_what_the_backends_wait_does():
             return {i: JobState(i, JobStatus.CANCELLED if i in self.cancelled else JobStatus.PENDING,
                                 raw_state="PENDING", reason="PartitionNodeLimit") for i in ids}
 
-        def submit(self, script, extra_args=()):  # pragma: no cover - not used
+        def submit(self, request):  # pragma: no cover - not used
             raise NotImplementedError
 
         def cancel(self, ids, signal=None):

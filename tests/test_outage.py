@@ -170,7 +170,7 @@ class DownTransport(Transport):
     def query(self, ids):
         raise unreachable()
 
-    def submit(self, script, extra_args=()):  # pragma: no cover - not used
+    def submit(self, request):  # pragma: no cover - not used
         raise NotImplementedError
 
     def cancel(self, ids, signal=None):  # pragma: no cover - not used

@@ -201,7 +201,7 @@ def test_one_validation_per_public_call(monkeypatch):
     monkeypatch.setattr(spec_module, "validated", lambda s: calls.append(1) or real(s))
 
     class Transport:
-        def submit_once(self, text, extra, **kw):
+        def submit_once(self, request, **kw):
             return "42"
 
     spec = halo_sched.loads(SERVERS)

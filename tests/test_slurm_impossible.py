@@ -120,8 +120,8 @@ class Blind:
         self.submitted: list[str] = []
         self.cancelled: list[list[str]] = []
 
-    def submit(self, script, extra_args=()):
-        self.submitted.append(script)
+    def submit(self, request):
+        self.submitted.append(request.script)
         return "700"
 
     def query(self, ids):

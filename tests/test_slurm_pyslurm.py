@@ -29,9 +29,11 @@ from pathlib import Path
 import pytest
 
 from halo_sched.backends.base import JobStatus
-from halo_sched.backends.slurm.render import render_sbatch
+from halo_sched.backends.slurm.render import batch_request
+from halo_sched.backends.slurm.request import SbatchRequest, request_of
 from halo_sched.backends.slurm.transport import PyslurmTransport
 from halo_sched.errors import SchedulerError, UsageError
+from halo_sched.launch import compile_launch
 from halo_sched.spec import load, loads
 
 REPO = Path(__file__).resolve().parent.parent
@@ -123,7 +125,11 @@ def fake(monkeypatch):
     return mod
 
 
-def example(name: str, **extra) -> str:
+def render_sbatch(spec) -> SbatchRequest:
+    return batch_request(compile_launch(spec))
+
+
+def example(name: str, **extra) -> SbatchRequest:
     text = (REPO / "examples" / f"{name}.yaml").read_text()
     return render_sbatch(loads(text + "".join(f"{k}: {v}\n" for k, v in extra.items())) if extra
                          else load(REPO / "examples" / f"{name}.yaml"))
@@ -132,8 +138,9 @@ def example(name: str, **extra) -> str:
 def test_rendered_examples_are_submitted_with_every_option(fake):
     t = PyslurmTransport(cluster_version="22.05.8", environment={"PATH": "/bin"})
     for name in ("ddp-cpu", "ddp-gpu", "rl-servers"):
-        text = example(name)
-        job_id = t.submit(text)
+        req = example(name)
+        text = req.script
+        job_id = t.submit(req)
         sub = fake.submitted[-1]
         assert job_id == str(100 + len(fake.submitted))
         # The script reached pyslurm as a private file, removed after.
@@ -150,7 +157,7 @@ def test_rendered_examples_are_submitted_with_every_option(fake):
 
 def test_the_script_as_text_is_what_pyslurm_refuses(fake):
     """Why the file: given the rendered text, pyslurm looks for a file of that name."""
-    text = example("ddp-gpu")
+    text = example("ddp-gpu").script
     d = fake.JobSubmitDescription(script=text)
     with pytest.raises((OSError, ValueError)):
         d.load_sbatch_options()
@@ -164,14 +171,14 @@ def test_the_script_as_text_is_what_pyslurm_refuses(fake):
 
 
 def test_secret_env_job_gets_the_secret_and_no_other_token(fake, monkeypatch):
-    """schedule() passes --export=ALL for a job with secret_env: accepted. The job gets the
+    """A job with secret_env has --export=ALL (on sbatch's command line): accepted. The job gets the
     secret and the rest of the submitter's environment, not its tokens; SLURM_JWT not even
     through pyslurm's own copy of every SLURM_* variable."""
     monkeypatch.setenv("SLURM_JWT", "jwt-of-the-submitter")
     env = {"PATH": "/bin", "HF_TOKEN": "hf", "NOMAD_TOKEN": "nomad", "SLURM_JWT": "jwt-of-the-submitter",
            "SLURM_CONF": "/etc/slurm.conf"}
     t = PyslurmTransport(cluster_version="22.05.8", environment=env)
-    t.submit(example("ddp-cpu", secret_env="[HF_TOKEN]"), ["--export=ALL"])
+    t.submit(example("ddp-cpu", secret_env="[HF_TOKEN]"))
     got = fake.submitted[-1]["env"]
     assert got["HF_TOKEN"] == "hf" and got["PATH"] == "/bin" and got["SLURM_CONF"] == "/etc/slurm.conf"
     assert "NOMAD_TOKEN" not in got and "SLURM_JWT" not in got
@@ -186,7 +193,7 @@ def test_options_pyslurm_cannot_take_are_refused_naming_the_field(fake):
         t.submit(text)
     assert "--comment" not in str(e.value) and not fake.submitted
     with pytest.raises(UsageError, match="local cluster only"):
-        t.submit("#!/bin/bash\n#SBATCH --clusters=far\ntrue\n")
+        t.submit(request_of("#!/bin/bash\ntrue\n", ["--clusters=far"]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,7 +235,7 @@ def test_real_pyslurm_runs_the_rendered_cpu_example(slurm_cluster, tmp_path, mon
     env = {**os.environ, "HF_TOKEN": "hf-value", "NOMAD_TOKEN": "nomad-value",
            "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
     t = PyslurmTransport(environment=env)
-    job_id = t.submit(text, ["--export=ALL"])
+    job_id = t.submit(text)
     try:
         deadline = time.monotonic() + 150
         while not (state := t.query([job_id])[job_id]).status.terminal:

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from halo_sched.backends.base import JobStatus
-from halo_sched.backends.slurm.render import render_sbatch
+from halo_sched.backends.slurm.render import batch_request
+from halo_sched.backends.slurm.request import SbatchRequest, request_of
 from halo_sched.backends.slurm.transport import RestTransport, rest_job_properties
 from halo_sched.errors import SchedulerError, UsageError
+from halo_sched.launch import compile_launch
 from halo_sched.spec import load, loads
 from slurmrestd_stub import MODELLED, RELEASES, Slurmrestd
 
@@ -27,8 +29,12 @@ SUBMITTER_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/home/u", "SLURM_JWT": "jwt-o
                  "OMP_PROC_BIND": "close"}
 
 
-def rendered(name: str) -> str:
-    return render_sbatch(load(REPO / "examples" / f"{name}.yaml"))
+def rendered(name: str) -> SbatchRequest:
+    return request(load(REPO / "examples" / f"{name}.yaml"))
+
+
+def request(spec) -> SbatchRequest:
+    return batch_request(compile_launch(spec))
 
 
 def transport(stub: Slurmrestd, version: str | None = None, env=None) -> RestTransport:
@@ -54,9 +60,10 @@ def test_picks_the_newest_version_both_sides_speak(release, monkeypatch):
 @pytest.mark.parametrize("example", EXAMPLES)
 @pytest.mark.parametrize("release,version", PAIRS)
 def test_rendered_examples_are_accepted_as_rendered(release, version, example):
-    text = rendered(example)
+    req = rendered(example)
+    text = req.script
     with Slurmrestd(release) as stub:
-        job_id = transport(stub, version).submit(text)
+        job_id = transport(stub, version).submit(req)
         job = stub.jobs[int(job_id)]
         body = posted(stub)
     minor = int(version.rsplit(".", 1)[1])
@@ -86,15 +93,15 @@ def test_submit_body_has_no_field_the_version_ignores(release, version):
     of halo-sched's may be one."""
     from slurmrestd_stub import JOB_FIELDS
 
-    text = rendered("ddp-gpu")
-    job = rest_job_properties(text, ["--mail-type=END,FAIL", "--comment=c", "--constraint=a100",
-                                     "--kill-on-invalid-dep=yes", "--mem=16G", "--cores-per-socket=8"]
-                              if version == "v0.0.40" else ["--mail-type=END,FAIL", "--mem=16G"],
+    req = rendered("ddp-gpu")
+    job = rest_job_properties(req.with_options(*["--mail-type=END,FAIL", "--comment=c", "--constraint=a100",
+                                                 "--kill-on-invalid-dep=yes", "--mem=16G", "--cores-per-socket=8"]
+                                               if version == "v0.0.40" else ["--mail-type=END,FAIL", "--mem=16G"]),
                               environment={}, api_version=version)
     assert set(job) <= JOB_FIELDS[version], set(job) - JOB_FIELDS[version]
     assert job["memory_per_node"] == 16384
     with Slurmrestd(release) as stub:
-        transport(stub, version).submit(text, ["--mail-type=END,FAIL", "--mem=16G"])
+        transport(stub, version).submit(req.with_options("--mail-type=END,FAIL", "--mem=16G"))
         assert stub.jobs[100].desc["mail_type"] == ["END", "FAIL"]
 
 
@@ -172,8 +179,9 @@ def test_job_environment_is_what_the_job_needs(version):
     """sbatch --export=ALL would copy the submitter's tokens into the job (and slurmctld's state):
     only secret_env names go, SLURM_JWT never."""
     data = (REPO / "examples" / "ddp-cpu.yaml").read_text() + "secret_env: [HF_TOKEN]\n"
-    text = render_sbatch(loads(data))
-    job = rest_job_properties(text, ["--export=ALL"], environment=SUBMITTER_ENV, api_version=version)
+    req = request(loads(data))
+    assert req.get("export") == "ALL"  # secret_env: sbatch's --export=ALL, on its command line only
+    job = rest_job_properties(req, environment=SUBMITTER_ENV, api_version=version)
     env = job["environment"]
     env = dict(e.split("=", 1) for e in env) if isinstance(env, list) else env
     assert env == {"PATH": "/usr/bin:/bin", "HOME": "/home/u", "OMP_PROC_BIND": "close", "HF_TOKEN": "hf-token"}
@@ -194,14 +202,14 @@ def test_submit_sends_no_credential_to_slurmrestd_but_its_own_token():
 def test_unmappable_extra_arg_is_refused_naming_the_field_before_sending(version, tmp_path):
     data = (REPO / "examples" / "ddp-cpu.yaml").read_text() + (
         "slurm:\n  extra_args: ['--container-image=nvcr.io/x', '--comment=ok', '--frobnicate']\n")
-    text = render_sbatch(loads(data))
+    req = request(loads(data))
     with Slurmrestd("25.11") as stub:
         t = transport(stub, "v0.0.44" if version != "v0.0.38" else None)
         with pytest.raises(UsageError) as e:
-            rest_job_properties(text, environment={}, api_version=version)
+            rest_job_properties(req, environment={}, api_version=version)
         if version == "v0.0.44":
             with pytest.raises(UsageError):
-                t.submit(text)
+                t.submit(req)
             assert not [r for r in stub.requests if r[0] == "POST"]
     msg = str(e.value)
     assert msg.startswith("slurm.extra_args") and "--container-image=nvcr.io/x" in msg and "--frobnicate" in msg
@@ -215,8 +223,8 @@ def test_v38_warning_goes_to_the_steps_as_the_carrier_and_self_requeue_is_refuse
     assert job["signal"] == "URG@120" and job["no_requeue"] is True and job["time_limit"] == "04:00:00"
     data = (REPO / "examples" / "ddp-cpu.yaml").read_text() + "slurm:\n  signal: USR2@60\n  requeue: true\n"
     with pytest.raises(UsageError, match="slurm.requeue: true"):
-        rest_job_properties(render_sbatch(loads(data)), environment={}, api_version="v0.0.38")
-    job = rest_job_properties(render_sbatch(loads(data)), environment={}, api_version="v0.0.42")
+        rest_job_properties(request(loads(data)), environment={}, api_version="v0.0.38")
+    job = rest_job_properties(request(loads(data)), environment={}, api_version="v0.0.42")
     assert job["requeue"] is True and job["kill_warning_flags"] == ["BATCH_JOB"]
 
 
@@ -226,18 +234,19 @@ def test_node_lists_are_lists_and_exclusive_topo_from_v41(version, topo):
     """v0.0.40+ take required/excluded nodes as lists (CSV_STRING, parsers.c slurm-24-11-5-1:
     a comma string draws a warning on 24.11); a host range's commas stay inside it.
     --exclusive=topo is a JOB_SHARED flag from v0.0.41 (slurm-24-05-8-1 on), not in v0.0.40."""
-    script = "#!/bin/bash\n#SBATCH --nodelist=node[1,3],node5\n#SBATCH --exclude=node2\n"
-    job = rest_job_properties(script, environment={}, api_version=version)
+    req = request_of("#!/bin/bash\n", ["--nodelist=node[1,3],node5", "--exclude=node2"])
+    job = rest_job_properties(req, environment={}, api_version=version)
     if version == "v0.0.38":
         assert job["nodelist"] == "node[1,3],node5" and job["exclude_nodes"] == "node2"
     else:
         assert job["required_nodes"] == ["node[1,3]", "node5"] and job["excluded_nodes"] == ["node2"]
     if topo:
-        assert rest_job_properties("#!/bin/bash\n#SBATCH --exclusive=topo\n", environment={},
+        assert rest_job_properties(request_of("#!/bin/bash\n", ["--exclusive=topo"]), environment={},
                                    api_version=version)["shared"] == ["topo"]
     else:
         with pytest.raises(UsageError, match="topo"):
-            rest_job_properties("#!/bin/bash\n#SBATCH --exclusive=topo\n", environment={}, api_version=version)
+            rest_job_properties(request_of("#!/bin/bash\n", ["--exclusive=topo"]), environment={},
+                                api_version=version)
 
 
 def test_partition_memory_limit_is_partition_memory_per_node():

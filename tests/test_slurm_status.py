@@ -22,8 +22,8 @@ from halo_sched.backends.slurm.transport import (
     get_transport,
     rest_job_properties,
     rest_job_state,
-    sbatch_options,
 )
+from halo_sched.backends.slurm.request import request_of
 from halo_sched.errors import MissingDependency, SchedulerError, UsageError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
@@ -431,28 +431,28 @@ def _runner(replies):
 
 def test_submit_parses_parsable_output_and_passes_script_on_stdin():
     run = _runner([(0, "1234\n", "sbatch: warning: something\n")])
-    assert CliTransport(runner=run).submit("#!/bin/bash\ntrue\n", ["--qos=high"]) == "1234"
+    assert CliTransport(runner=run).submit(request_of("#!/bin/bash\ntrue\n", ["--qos=high"])) == "1234"
     argv, stdin = run.calls[0]
     assert argv == ["sbatch", "--parsable", "--qos=high"] and stdin.startswith("#!/bin/bash")
     # With -M, sbatch prints "ID;CLUSTER" (src/sbatch/sbatch.c): the cluster stays in the id.
     run = _runner([(0, "1234;halo\n", "")])
-    assert CliTransport(runner=run).submit("#!/bin/bash\ntrue\n", ["--clusters=halo"]) == "halo:1234"
+    assert CliTransport(runner=run).submit(request_of("#!/bin/bash\ntrue\n", ["--clusters=halo"])) == "halo:1234"
 
 
 def test_submit_failure_carries_stderr_and_is_not_retried():
     run = _runner([(1, "", "sbatch: error: Batch job submission failed: Invalid partition name specified\n")])
     with pytest.raises(SchedulerError, match="Invalid partition name"):
-        CliTransport(runner=run, retry_wait=0).submit("#!/bin/bash\n")
+        CliTransport(runner=run, retry_wait=0).submit(request_of("#!/bin/bash\n"))
     run = _runner([(1, "", "sbatch: error: Socket timed out on send/recv operation\n")])
     with pytest.raises(SchedulerError, match="timed out"):
-        CliTransport(runner=run, retry_wait=0).submit("#!/bin/bash\n")
+        CliTransport(runner=run, retry_wait=0).submit(request_of("#!/bin/bash\n"))
     assert len(run.calls) == 1
 
     def slow(argv, input=None):
         raise subprocess.TimeoutExpired(argv, 60)
 
     with pytest.raises(SchedulerError, match="may have been queued"):
-        CliTransport(runner=slow).submit("#!/bin/bash\n")
+        CliTransport(runner=slow).submit(request_of("#!/bin/bash\n"))
 
 
 def test_cancel_is_one_call_with_signal():
@@ -485,7 +485,7 @@ def test_missing_binaries_are_a_missing_dependency():
         raise FileNotFoundError(argv[0])
 
     with pytest.raises(MissingDependency, match="sbatch not found"):
-        CliTransport(runner=run).submit("#!/bin/bash\n")
+        CliTransport(runner=run).submit(request_of("#!/bin/bash\n"))
 
 
 def test_get_transport():
@@ -505,33 +505,24 @@ def test_transport_module_does_not_import_torch():
 # slurmrestd request building (the live test is in test_slurm_transport_cluster.py)
 
 
-def test_sbatch_directives_become_rest_properties():
-    script = (
-        "#!/bin/bash\n"
-        "# a comment\n"
-        "#SBATCH --job-name=train --nodes 2\n"
-        "#SBATCH -t 10 --ntasks-per-node=1   # inline comment\n"
-        "#SBATCH --exclusive\n"
-        "#SBATCH -o /tmp/out-%j.log\n"
-        "#SBATCH --export=NONE,KEEP,SET=1\n"
-        "srun hostname\n"
-        "#SBATCH --not-read-after-a-command\n"
-    )
-    job = rest_job_properties(script, ["-p", "debug"], environment={"KEEP": "k", "DROP": "d"}, cwd="/w")
+def test_request_options_become_rest_properties():
+    request = request_of("#!/bin/bash\nsrun hostname\n",
+                         ["--job-name=train", "--nodes=2", "--time=10", "--ntasks-per-node=1", "--exclusive",
+                          "--output=/tmp/out-%j.log", "--export=NONE,KEEP,SET=1", "--partition=debug"])
+    job = rest_job_properties(request, environment={"KEEP": "k", "DROP": "d"}, cwd="/w")
     assert job["name"] == "train" and job["nodes"] == "2" and job["time_limit"] == "10"
     assert job["tasks_per_node"] == "1" and job["exclusive"] == "exclusive"
     assert job["standard_output"] == "/tmp/out-%j.log" and job["partition"] == "debug"
     assert job["environment"] == {"KEEP": "k", "SET": "1"} and job["current_working_directory"] == "/w"
-    assert ("not-read-after-a-command", None) not in sbatch_options(script)
 
 
 def test_rest_refuses_options_it_cannot_express():
     from halo_sched.errors import UsageError
 
     with pytest.raises(UsageError, match="slurm.extra_args.*--container-image"):
-        rest_job_properties("#!/bin/bash\n#SBATCH --container-image nvcr.io/x\n", environment={})
+        rest_job_properties(request_of("#!/bin/bash\n", ["--container-image=nvcr.io/x"]), environment={})
     # slurmrestd 22.05 takes "requeue": false and ignores it; "no_requeue" is sbatch's --no-requeue.
-    assert rest_job_properties("#!/bin/bash\n#SBATCH --no-requeue\n", environment={})["no_requeue"] is True
+    assert rest_job_properties(request_of("#!/bin/bash\n", ["--no-requeue"]), environment={})["no_requeue"] is True
 
 
 def test_rest_needs_an_endpoint(monkeypatch):

@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from halo_sched.backends.slurm.request import request_of
 from halo_sched.backends.base import JobStatus
 from halo_sched.backends.slurm import status as st
 from halo_sched.backends.slurm.transport import API_VERSIONS, CliTransport, RestTransport, split_cluster
@@ -101,7 +102,7 @@ def test_parsers_skip_the_cluster_header():
 
 def test_submit_to_another_cluster_returns_cluster_and_id():
     run = lambda argv, input=None: subprocess.CompletedProcess(argv, 0, "77;far\n", "")  # noqa: E731
-    assert CliTransport(runner=run).submit("#!/bin/bash\n#SBATCH --clusters=far\ntrue\n") == "far:77"
+    assert CliTransport(runner=run).submit(request_of("#!/bin/bash\ntrue\n", ["--clusters=far"])) == "far:77"
 
 
 def test_python_api_takes_cluster_ids(monkeypatch):
@@ -212,7 +213,8 @@ def test_rest_refuses_clusters_on_submit():
 
     for version in ("v0.0.38", "v0.0.42"):
         with pytest.raises(UsageError, match="--clusters=far .a slurmrestd submits to its own cluster only"):
-            rest_job_properties("#!/bin/bash\n#SBATCH --clusters=far\ntrue\n", environment={}, api_version=version)
+            rest_job_properties(request_of("#!/bin/bash\ntrue\n", ["--clusters=far"]), environment={},
+                                api_version=version)
 
 
 @pytest.mark.parametrize("restd", [["v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45"]], indirect=True)

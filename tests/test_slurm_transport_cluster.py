@@ -13,6 +13,7 @@ import time
 import pytest
 
 from halo_sched.backends.base import JobStatus
+from halo_sched.backends.slurm.request import SbatchRequest, request_of
 from halo_sched.backends.slurm.transport import CliTransport, RestTransport, default_runner, rest_job_properties
 from helpers import slurm_jwt
 
@@ -45,7 +46,7 @@ def cli(slurm_cluster, workdir):
 
 
 def submit(t: CliTransport, workdir, body: str, *args: str) -> str:
-    job_id = t.submit("#!/bin/bash\n" + body, ["-D", str(workdir), "-o", f"{workdir}/%j.out", *args])
+    job_id = t.submit(request_of("#!/bin/bash\n" + body, [f"--chdir={workdir}", f"--output={workdir}/%j.out", *args]))
     t.submitted.append(job_id)
     return job_id
 
@@ -66,13 +67,13 @@ def wait_for(t, job_id: str, statuses: set[JobStatus], timeout: float, interval:
 @pytest.fixture(scope="module", autouse=True)
 def timeout_job(cli, workdir):
     """Started first, checked last (test_time_limit_is_timeout)."""
-    job_id = submit(cli, workdir, "sleep 600\n", "--time=1", "-J", "halo-timeout")
+    job_id = submit(cli, workdir, "sleep 600\n", "--time=1", "--job-name=halo-timeout")
     return job_id, time.monotonic()
 
 
 def test_submit_running_then_completed(cli, workdir):
     job_id = submit(
-        cli, workdir, "srun --ntasks-per-node=1 bash -c 'echo $SLURM_NODEID $(hostname)'\nsleep 3\n", "-N2", "--ntasks-per-node=1"
+        cli, workdir, "srun --ntasks-per-node=1 bash -c 'echo $SLURM_NODEID $(hostname)'\nsleep 3\n", "--nodes=2", "--ntasks-per-node=1"
     )
     running, _ = wait_for(cli, job_id, {JobStatus.RUNNING, JobStatus.COMPLETED}, 60)
     assert running.status is JobStatus.RUNNING, "the job finished before it was ever seen running"
@@ -102,7 +103,7 @@ def test_cancel_running_job(cli, workdir):
 
 
 def test_query_many_ids_costs_at_most_3_calls(cli, workdir):
-    ids = [submit(cli, workdir, "true\n", "-J", "halo-tiny") for _ in range(40)]
+    ids = [submit(cli, workdir, "true\n", "--job-name=halo-tiny") for _ in range(40)]
     ids += list(cli.submitted[:3]) + ["999999", "999998"]  # earlier jobs (some finished), unknown ids
     counting = CountingRunner()
     t = CliTransport(runner=counting)  # fresh: this first poll also probes for accounting
@@ -149,18 +150,12 @@ def test_every_daemon_of_the_cluster_runs_in_its_state_directory(slurm_cluster):
 
 
 def test_rest_transport_with_jwt(cli, workdir, slurm_cluster):
-    """slurmrestd 22.05 (v0.0.38) with a JWT acts as the token's user; #SBATCH lines are
-    translated into job properties because slurmrestd ignores them."""
+    """slurmrestd 22.05 (v0.0.38) with a JWT acts as the token's user; the request's options
+    become job properties (slurmrestd reads no #SBATCH line)."""
     rest = RestTransport(url=slurm_cluster["HALO_SLURMRESTD_URL"], token=slurm_jwt(), user="root")
-    script = (
-        "#!/bin/bash\n"
-        "#SBATCH -J halo-rest\n"
-        "#SBATCH -N 2 --ntasks-per-node=1\n"
-        f"#SBATCH -D {workdir}\n"
-        f"#SBATCH -o {workdir}/rest-%j.out\n"
-        "srun bash -c 'echo $SLURM_NODEID'\n"
-        "exit 4\n"
-    )
+    script = request_of("#!/bin/bash\nsrun bash -c 'echo $SLURM_NODEID'\nexit 4\n",
+                        ["--job-name=halo-rest", "--nodes=2", "--ntasks-per-node=1", f"--chdir={workdir}",
+                         f"--output={workdir}/rest-%j.out"])
     job_id = rest.submit(script)
     cli.submitted.append(job_id)
     state, _ = wait_for(rest, job_id, {s for s in JobStatus if s.terminal}, 60)
@@ -171,7 +166,7 @@ def test_rest_transport_with_jwt(cli, workdir, slurm_cluster):
     assert info["StdOut"] == f"{workdir}/rest-{job_id}.out"
     assert sorted(open(info["StdOut"]).read().split()) == ["0", "1"]
 
-    sleeper = rest.submit(f"#!/bin/bash\n#SBATCH -D {workdir}\n#SBATCH -o {workdir}/rest-%j.out\nsleep 300\n")
+    sleeper = rest.submit(request_of("#!/bin/bash\nsleep 300\n", [f"--chdir={workdir}", f"--output={workdir}/rest-%j.out"]))
     cli.submitted.append(sleeper)
     wait_for(rest, sleeper, {JobStatus.RUNNING}, 60)
     rest.cancel([sleeper])
@@ -259,7 +254,7 @@ def test_real_clients_need_slurmdbd_for_clusters(cli, workdir):
     from halo_sched.errors import SchedulerError
 
     with pytest.raises(SchedulerError, match="(?s)sbatch failed .*'halo' can't be reached"):
-        cli.submit("#!/bin/bash\n#SBATCH --clusters=halo\ntrue\n", ["-D", str(workdir)])
+        cli.submit(request_of("#!/bin/bash\ntrue\n", ["--clusters=halo", f"--chdir={workdir}"]))
 
 
 def test_job_on_a_named_cluster_submit_status_wait_cancel(cli, workdir, cluster_shim, tmp_path):
@@ -273,11 +268,12 @@ def test_job_on_a_named_cluster_submit_status_wait_cancel(cli, workdir, cluster_
     from halo_sched.spec import loads
 
     spec = loads("name: far\nnodes: 1\nnproc_per_node: 1\ntrainer: {script: t.py}\nslurm: {extra_args: ['--clusters=halo']}\n")
-    assert "#SBATCH --clusters=halo\n" in render_sbatch(spec)  # the option reaches sbatch as a directive
+    assert "#SBATCH --clusters=halo\n" in render_sbatch(spec)  # the option reaches sbatch (and its header)
 
     t = CliTransport()
-    short = t.submit(f"#!/bin/bash\n#SBATCH --clusters=halo\n#SBATCH -D {workdir} -o {workdir}/%j.out\nsleep 2\nexit 0\n")
-    long_ = t.submit(f"#!/bin/bash\n#SBATCH --clusters=halo\n#SBATCH -D {workdir} -o {workdir}/%j.out\nsleep 300\n")
+    opts = ["--clusters=halo", f"--chdir={workdir}", f"--output={workdir}/%j.out"]
+    short = t.submit(request_of("#!/bin/bash\nsleep 2\nexit 0\n", opts))
+    long_ = t.submit(request_of("#!/bin/bash\nsleep 300\n", opts))
     cli.submitted += [split(short), split(long_)]
     assert short.startswith("halo:") and long_.startswith("halo:")
 
@@ -341,11 +337,12 @@ def example(name: str, tmp_path, **overrides) -> str:
     return str(path)
 
 
-def rendered(path: str) -> str:
-    from halo_sched.backends.slurm.render import render_sbatch
+def rendered(path: str) -> SbatchRequest:
+    from halo_sched.backends.slurm.render import batch_request
+    from halo_sched.launch import compile_launch
     from halo_sched.spec import load
 
-    return render_sbatch(load(path))
+    return batch_request(compile_launch(load(path)))
 
 
 @pytest.fixture
@@ -353,6 +350,23 @@ def rest(slurm_cluster, workdir, monkeypatch):
     """The JWT slurmrestd, submitting from ``workdir`` as root."""
     monkeypatch.chdir(workdir)
     return RestTransport(url=slurm_cluster["HALO_SLURMRESTD_URL"], token=slurm_jwt(), user="root")
+
+
+def test_slurm_takes_the_request_not_the_scripts_header(cli, rest, workdir):
+    """A script whose #SBATCH lines say otherwise: sbatch (the options on its command line win
+    over the script's) and slurmrestd (it reads no #SBATCH line) both queue the request's job.
+    sbatch still reads a header line the request has no option for (--hold here); a rendered
+    script's header is the request's own (tests/test_slurm_request.py)."""
+    script = "#!/bin/bash\n#SBATCH --job-name=liar --time=1 --comment=lie\n#SBATCH --hold\ntrue\n"
+    req = request_of(script, ["--job-name=halo-honest", "--time=7", "--comment=honest", f"--chdir={workdir}",
+                              f"--output={workdir}/%j.out", "--begin=now+1hour"])
+    for t in (cli, rest):
+        job_id = t.submit(req)
+        cli.submitted.append(job_id)
+        info = cli.job_info(job_id)
+        t.cancel([job_id])
+        assert (info["JobName"], info["TimeLimit"], info["Comment"]) == ("halo-honest", "00:07:00", "honest"), t
+        assert info["Reason"] == ("JobHeldUser" if t is cli else "BeginTime"), (t, info["Reason"])
 
 
 @pytest.mark.torch
@@ -417,7 +431,7 @@ def test_rest_gpu_examples_are_refused_by_this_cluster_and_their_options_land(cl
     job = example("ddp-gpu", tmp_path, gpus_per_node=0, nproc_per_node=1, network={"interface": None},
                   slurm={"partition": None, "account": None, "cpus_per_task": 2, "extra_args": ["--hold"]})
     text = rendered(job)
-    assert "--exclusive" in text and "--no-requeue" in text and "--signal=B:USR2@120" in text
+    assert text.has("exclusive") and text.has("no-requeue") and text.get("signal") == ("B", "USR2", 120)
     job_id = rest.submit(text)
     cli.submitted.append(job_id)
     info = cli.job_info(job_id)
@@ -449,7 +463,7 @@ def test_rest_requeue_options_reach_slurmctld(cli, rest, workdir):
         rest.cancel([job_id])
         return requeue
 
-    script = "#!/bin/bash\n#SBATCH --requeue\n#SBATCH --no-requeue\n"
+    script = request_of("#!/bin/bash\n", ["--requeue", "--no-requeue"])
     if typed:
         assert held({"requeue": True}) == "1"
         assert held({"requeue": False}) == "0"

@@ -36,7 +36,7 @@ class CountingTransport(Transport):
                                   raw_state="COMPLETED" if done else "RUNNING")
             return out
 
-    def submit(self, script, extra_args=()):  # pragma: no cover - not used
+    def submit(self, request):  # pragma: no cover - not used
         raise NotImplementedError
 
     def cancel(self, ids, signal=None):

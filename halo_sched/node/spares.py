@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 
-from .failure_classes import classify
+from .failure_classes import classify_failure
 from .failure_collector import KEY_VAR, sign
 from .failures import FailureReport, parse_lines
 
@@ -78,7 +78,7 @@ def decide(ranks: list[str], allocation: list[str], report: FailureReport | None
     else:
         if report is None or report.first is None:
             return [], "no signed failure line from the step: cause unknown"
-        cls = classify(report)
+        cls = classify_failure(report)
         if not cls.node:
             return [], f"not a node's fault ({cls.describe()})"
         if cls.host not in ranks:

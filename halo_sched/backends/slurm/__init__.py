@@ -1,4 +1,5 @@
-"""The SLURM backend: render (``render.py``), talk to SLURM through a transport
+"""The SLURM backend: render (``render.py``: the typed sbatch request of ``request.py`` and its
+script), talk to SLURM through a transport
 (``transport/``: sbatch/squeue/sacct/scontrol/scancel by default; slurmrestd or pyslurm on
 request), parse what it says (``status.py``). This class only joins them with:
 
@@ -19,7 +20,8 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 from ...errors import HaloError, SchedulerError
 from ..base import DryRun, EndWatch, Scheduler
 from ...launch import compile_launch
-from .render import render_batch, render_sbatch
+from .render import batch_request, render_sbatch
+from .request import SbatchRequest
 from .capabilities import CancelsOnce, Lists, SubmitsOnce
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -86,14 +88,17 @@ class SlurmScheduler(Scheduler):
     def render(self, spec: JobSpec, **opts) -> str:
         return render_sbatch(spec)
 
+    def dryrun(self, spec: JobSpec, **opts) -> DryRun:
+        """The dry run's ``payload`` is the typed sbatch request (request.py), ``text`` its script."""
+        from ... import ledger
+
+        request = batch_request(compile_launch(spec, ledgered=ledger.exclusions()))
+        return DryRun(self.name, spec, request.script, payload=request)
+
     def schedule(self, dryrun: DryRun) -> str:
         from . import checks  # checks.py, outputs.py and pending.py: not on the render path
         from .outputs import output_problems
 
-        # secret_env: the values travel in sbatch's environment, by name, never in the script.
-        # --export=ALL on the command line wins over a user's SBATCH_EXPORT=NONE, which would
-        # drop them (srun's tasks then inherit the batch step's environment).
-        extra = ["--export=ALL"] if dryrun.spec.secret_values() else []
         from ... import ledger
 
         launch = compile_launch(dryrun.spec, ledgered=ledger.exclusions())
@@ -108,8 +113,9 @@ class SlurmScheduler(Scheduler):
             raise SpecError(problems, dryrun.spec.job_file.path if dryrun.spec.job_file else None)
         for line in self.preemption_check(dryrun.spec):
             _say(f"warning: {line}")
+        request = dryrun.payload if isinstance(dryrun.payload, SbatchRequest) else batch_request(launch)
         try:
-            return self._submit(dryrun, dryrun.text, extra)
+            return self._submit(dryrun, request)
         except HaloError as err:
             ledgered = launch.exclude_hosts("slurm")
             if not ledgered or "Invalid node name" not in str(err):
@@ -119,13 +125,12 @@ class SlurmScheduler(Scheduler):
         # since removed. The node ledger never stops a job: submit it without the exclusion.
         _say(f"warning: SLURM does not know a host of the node ledger ({', '.join(ledgered)}); submitting "
              "without the ledger's --exclude (`halo-sched nodes clear HOST` forgets one)")
-        text = render_batch(compile_launch(dryrun.spec))
-        return self._submit(dryrun, text, extra)
+        return self._submit(dryrun, batch_request(compile_launch(dryrun.spec)))
 
-    def _submit(self, dryrun: DryRun, text: str, extra: list[str]) -> str:
+    def _submit(self, dryrun: DryRun, request: SbatchRequest) -> str:
         if not isinstance(self.transport, SubmitsOnce):  # slurmrestd, pyslurm: one attempt
-            return self.transport.submit(text, extra)
-        return self.transport.submit_once(text, extra, token=dryrun.token, retry_s=self.retry_s, on_retry=_say)
+            return self.transport.submit(request)
+        return self.transport.submit_once(request, token=dryrun.token, retry_s=self.retry_s, on_retry=_say)
 
     def preemption_check(self, spec: JobSpec) -> list[str]:
         """Why the job's ``slurm.signal`` warning will not come when the cluster preempts it

@@ -3,7 +3,10 @@
 ``isinstance``. A transport given by the caller (a stand-in, an embedding) may have any of them."""
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .request import SbatchRequest
 
 
 @runtime_checkable
@@ -18,8 +21,8 @@ class SubmitsOnce(Protocol):
     """Submits exactly once through an outage: retries for ``retry_s`` seconds, and after an
     ambiguous failure finds the job by its ``token`` instead of submitting it again."""
 
-    def submit_once(self, script: str, extra_args: Sequence[str] = (), token: str = "",
-                    retry_s: float | None = None, on_retry: Callable[[str], None] | None = None) -> str: ...
+    def submit_once(self, request: SbatchRequest, token: str = "", retry_s: float | None = None,
+                    on_retry: Callable[[str], None] | None = None) -> str: ...
 
 
 @runtime_checkable
@@ -39,9 +42,9 @@ class ReadsConfig(Protocol):
 
 @runtime_checkable
 class TestsOnly(Protocol):
-    """Asks ``sbatch --test-only`` whether and when a script would start (None where it cannot)."""
+    """Asks ``sbatch --test-only`` whether and when a request would start (None where it cannot)."""
 
-    def test_only(self, script: str, extra_args: Sequence[str] = ()) -> tuple[bool, str] | None: ...
+    def test_only(self, request: SbatchRequest) -> tuple[bool, str] | None: ...
 
 
 @runtime_checkable

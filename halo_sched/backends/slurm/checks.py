@@ -12,7 +12,7 @@ from ...errors import HaloError, SchedulerError
 from ...launch import compile_launch
 from .capabilities import Lists, Named, ReadsConfig, ReadsPartitions, TestsOnly
 from .outputs import output_problems
-from .render import render_batch
+from .render import batch_request
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...models import JobSpec
@@ -128,7 +128,7 @@ def plan(transport, spec: JobSpec) -> tuple[bool, str]:
 
     via = transport_name(transport)
     launch = compile_launch(spec, ledgered=ledger.exclusions())
-    script = render_batch(launch)
+    request = batch_request(launch)
     # What submit refuses (exit 2, naming the field), refused here the same way.
     problems, checked = partition_problems(transport, spec, launch.cluster)
     out_problems, out_checked = output_problems(launch.output, via)
@@ -140,7 +140,7 @@ def plan(transport, spec: JobSpec) -> tuple[bool, str]:
              f"node{'s' if spec.all_nodes != 1 else ''}:"]
     ok = True
     try:
-        tested = transport.test_only(script) if isinstance(transport, TestsOnly) else None
+        tested = transport.test_only(request) if isinstance(transport, TestsOnly) else None
     except HaloError as err:
         tested = (False, str(err))
     if tested is None:

@@ -12,7 +12,9 @@ from ...launch import Launch, compile_launch, render_entry
 from ...servers import render_server
 from ...node_runtime import batch_runtime, runtime
 from ...templating import RenderError, check, checked_int, heredoc_tag, render_template, sh_quote
+from ...sbatch_options import OPTIONS, Setting, Signal, parse_setting
 from .progress import mirror_shell
+from .request import SbatchRequest
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...models import JobSpec
@@ -61,45 +63,73 @@ def cpus_per_task(spec: JobSpec) -> int | None:
     return spec.nproc_per_node * (DEFAULT_CPUS_PER_RANK_GPU if spec.gpus_per_node else DEFAULT_CPUS_PER_RANK_CPU)
 
 
-def sbatch_options(launch: Launch) -> list[str]:
+# The job file's field behind an #SBATCH line, for an error about it ("slurm" for the rest).
+DIRECTIVE_FIELDS = {"job-name": "name", "nodes": "nodes", "gpus-per-node": "gpus_per_node",
+                    "exclude": "exclude_hosts", "output": "output"}
+
+
+def _typed(option: str, text: str) -> Setting:
+    """A job file field's value as ``option``'s typed value, by the parser ``slurm.extra_args``
+    goes through too (halo_sched/sbatch_options.py)."""
+    return Setting(option, OPTIONS[option].kind.parse(text))
+
+
+def sbatch_request(launch: Launch) -> SbatchRequest:
+    """The sbatch options of ``launch``, typed, in the order the script's header shows them
+    (without its script: :func:`batch_request`)."""
     spec = launch.spec
     s = spec.slurm
-    opts = []
+    trainer = launch.trainer
+    opts = [Setting("job-name", check(launch.name, "job name", "name")),
+            # With server roles: one allocation for every role (the template says which nodes).
+            Setting("nodes", checked_int(launch.all_nodes, "nodes") if launch.servers else
+                    checked_int(trainer.nodes, "nodes")),
+            Setting("ntasks-per-node", 1)]
+    if launch.max_gpus:
+        opts.append(Setting("gpus-per-node", str(checked_int(launch.max_gpus, "gpus_per_node"))))
     for flag, value, kind in (("partition", s.partition, "SLURM word"), ("account", s.account, "SLURM word"),
                               ("qos", s.qos, "SLURM word"), ("time", s.time, "SLURM time"),
                               ("constraint", s.constraint, "SLURM constraint"),
                               ("cpus-per-task", cpus_per_task(spec), None), ("mem", s.mem, "SLURM word")):
         if value is not None:
             field = f"slurm.{flag.replace('-', '_')}"
-            opts.append(f"--{flag}={checked_int(value, field) if kind is None else check(value, kind, field)}")
+            opts.append(Setting(flag, checked_int(value, field)) if kind is None else
+                        _typed(flag, check(value, kind, field)))
     w = launch.warning
     if w.requested:
         # B: the batch shell alone gets the warning and forwards it to the steps itself (it must
         # know it was warned to requeue the job; see the template).
-        flags = "".join(sorted(set(w.flags) | {"B"}))
-        opts.append(f"--signal={flags}:{w.signal}" + (f"@{w.seconds}" if w.seconds is not None else ""))
+        opts.append(Setting("signal", Signal("".join(sorted(set(w.flags) | {"B"})), w.signal, w.seconds)))
     if s.exclusive:
-        opts.append("--exclusive")
+        opts.append(Setting("exclusive"))
     if s.spare_nodes:
         # Hot spares: a failed node leaves the allocation, the job stays (node/spares.py).
-        opts.append("--no-kill")
+        opts.append(Setting("no-kill"))
     if s.requeue is not None:
-        opts.append("--requeue" if s.requeue else "--no-requeue")
-    opts.extend(check(a, "sbatch option", "slurm.extra_args") for a in s.extra_args
-                if not (launch.exclude_hosts("slurm") and a.startswith("--exclude=")))
-    return opts
-
-
-def exclude_option(launch: Launch) -> str | None:
-    """``--exclude=h1,h2``: the node ledger's hosts (the launch plan's ``exclude_hosts``), joined
-    with any ``--exclude=`` of slurm.extra_args (sbatch keeps only the last one given)."""
+        opts.append(Setting("requeue" if s.requeue else "no-requeue"))
     ledgered = launch.exclude_hosts("slurm")
-    if not ledgered:
-        return None
-    own = [h for a in launch.spec.slurm.extra_args if a.startswith("--exclude=")
-           for h in check(a, "sbatch option", "slurm.extra_args").partition("=")[2].split(",") if h]
-    hosts = list(dict.fromkeys(own + list(ledgered)))
-    return "--exclude=" + ",".join(check(h, "SLURM word", "exclude_hosts") for h in hosts)
+    try:
+        extra = [parse_setting(check(a, "sbatch option", "slurm.extra_args")) for a in s.extra_args]
+    except ValueError as e:  # only a spec changed without validation holds such a value
+        raise RenderError([("slurm.extra_args", str(e))]) from None
+    opts += [x for x in extra if not (ledgered and x.option == "exclude")]
+    if ledgered:
+        # The node ledger's hosts, joined with any --exclude of slurm.extra_args (sbatch keeps
+        # only the last one given).
+        own = [h for x in extra if x.option == "exclude" for h in x.value]
+        hosts = list(dict.fromkeys(own + list(ledgered)))
+        opts.append(Setting("exclude", tuple(check(h, "SLURM word", "exclude_hosts") for h in hosts)))
+    opts.append(Setting("output", launch.output))
+    opts.append(Setting("open-mode", "append"))
+    if launch.secret_names:
+        # secret_env: the values travel in sbatch's environment, by name, never in the script.
+        # --export=ALL on the command line wins over a user's SBATCH_EXPORT=NONE, which would
+        # drop them (srun's tasks then inherit the batch step's environment).
+        opts.append(Setting("export", "ALL"))
+    try:
+        return SbatchRequest(options=tuple(opts), secret_names=launch.secret_names)
+    except ValueError as e:  # an option of slurm.extra_args that halo-sched writes itself
+        raise RenderError([("slurm.extra_args", str(e))]) from None
 
 
 def container(launch: Launch, image: str | None) -> dict | None:
@@ -159,6 +189,13 @@ def _largest_part(spec: JobSpec) -> tuple[str, int]:
 
 def render_batch(launch: Launch) -> str:
     """The sbatch script of ``launch``."""
+    return batch_request(launch).script
+
+
+def batch_request(launch: Launch) -> SbatchRequest:
+    """``launch``'s typed sbatch request with its script, whose ``#SBATCH`` header is written from
+    the request's options."""
+    request = sbatch_request(launch)
     spec = launch.spec
     entry = render_entry(launch).rstrip("\n")
     size = len(entry.encode())
@@ -173,7 +210,7 @@ def render_batch(launch: Launch) -> str:
         servers.append({"role": r, "srun_options": srun_options(launch, r.gpus, r.image),
                         "entry": text, "tag": heredoc_tag(text, "HALO_SERVER_EOF")})
     rdzv = launch.rendezvous
-    return render_template(
+    return request.with_script(render_template(
         "slurm/sbatch.sh.j2",
         launch=launch,
         names=launch.names,
@@ -183,8 +220,9 @@ def render_batch(launch: Launch) -> str:
         spec=spec,
         spares=spec.slurm.spare_nodes,
         spares_runtime=batch_runtime() if spec.slurm.spare_nodes else None,
-        sbatch_options=sbatch_options(launch),
-        exclude_option=exclude_option(launch),
+        directives=request.directives(),
+        ledgered=bool(launch.exclude_hosts("slurm")),
+        fields=DIRECTIVE_FIELDS,
         srun_options=srun_options(launch, launch.trainer.gpus, launch.trainer.image),
         # The mounts and working directory are shared by every role that runs in an image.
         container=next(filter(None, (container(launch, image) for image in
@@ -198,4 +236,4 @@ def render_batch(launch: Launch) -> str:
         entry=entry,
         tag=heredoc_tag(entry, "HALO_ENTRY_EOF"),
         runtime=runtime(),
-    )
+    ))

@@ -1,10 +1,11 @@
-"""The only code that talks to SLURM: submit, query, cancel, job_info. One module per transport:
+"""The only code that talks to SLURM: submit (a typed ``SbatchRequest``, ../request.py), query,
+cancel, job_info. One module per transport:
 
 * ``cli.py``: ``CliTransport`` (default), sbatch/squeue/sacct/scontrol/scancel;
 * ``rest.py``: ``RestTransport``, slurmrestd (API versions in ``rest.API_VERSIONS``);
 * ``pyslurm.py``: ``PyslurmTransport``, pyslurm built for the cluster's exact Slurm release;
-* ``base.py``: the ``Transport`` interface and what they share (``CLUSTER:ID`` job ids, reading
-  ``#SBATCH`` lines, retries).
+* ``base.py``: the ``Transport`` interface and what they share (``CLUSTER:ID`` job ids, the
+  job's environment, retries).
 
 No torch here: the CLI imports this package.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from halo_sched.errors import UsageError
 
-from .base import Transport, sbatch_options, split_cluster
+from .base import Transport, split_cluster
 from .cli import CliTransport, default_runner
 from .pyslurm import PyslurmTransport
 from .rest import API_VERSIONS, RestTransport, rest_job_properties, rest_job_state
@@ -36,7 +37,6 @@ __all__ = [
     "PyslurmTransport",
     "get_transport",
     "default_runner",
-    "sbatch_options",
     "split_cluster",
     "rest_job_properties",
     "rest_job_state",

@@ -1,16 +1,18 @@
-"""What every SLURM transport shares: the interface, job ids that name a cluster, reading
-``#SBATCH`` directives, and which failures are worth a retry (the retrying itself:
-:mod:`halo_sched.retry`)."""
+"""What every SLURM transport shares: the interface, job ids that name a cluster, the job's
+environment, and which failures are worth a retry (the retrying itself: :mod:`halo_sched.retry`).
+Each transport submits a typed :class:`~halo_sched.backends.slurm.request.SbatchRequest`."""
 from __future__ import annotations
 
 import abc
 import re
-import shlex
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from halo_sched.backends.base import JobState
 from halo_sched.errors import SchedulerError, UsageError
 from halo_sched.retry import Transient
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..request import SbatchRequest
 
 
 class Transport(abc.ABC):
@@ -19,8 +21,9 @@ class Transport(abc.ABC):
     name = ""
 
     @abc.abstractmethod
-    def submit(self, script: str, extra_args: Sequence[str] = ()) -> str:
-        """Submit a batch script; return the job id (``CLUSTER:ID`` when sbatch ran with --clusters)."""
+    def submit(self, request: SbatchRequest) -> str:
+        """Submit the request (its options and its script); return the job id (``CLUSTER:ID``
+        when it names --clusters)."""
 
     @abc.abstractmethod
     def query(self, ids: Sequence[str]) -> dict[str, JobState]:
@@ -42,7 +45,7 @@ class Transport(abc.ABC):
         transport cannot read the configuration (slurmrestd serves none)."""
         return None
 
-    def test_only(self, script: str, extra_args: Sequence[str] = ()) -> tuple[bool, str] | None:
+    def test_only(self, request: SbatchRequest) -> tuple[bool, str] | None:
         """``sbatch --test-only``: (would SLURM take the job, its answer: when and where it would
         start, or why not), or None where this transport cannot ask."""
         return None
@@ -101,72 +104,6 @@ def chunks(items: Sequence[str], size: int) -> Iterable[list[str]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# #SBATCH directives
-
-# sbatch options that take no value, so that "--exclusive 2" is never read as "--exclusive=2".
-NO_VALUE = frozenset({"exclusive", "requeue", "no-requeue", "hold", "H", "parsable", "wait", "W", "overcommit", "O",
-                      "contiguous", "spread-job", "use-min-nodes", "test-only", "quiet", "Q", "verbose", "v"})
-# Short options that take a value (so "-N 2" and "-N2" both parse).
-_SHORT_WITH_VALUE = set("JNntpoeiDAqCadGcM")
-
-
-def sbatch_options(script: str, extra_args: Sequence[str] = ()) -> list[tuple[str, str | None]]:
-    """``#SBATCH`` lines (until the first command, as sbatch reads them) then ``extra_args``
-    -> [(option name without dashes, value or None)]; later ones win when applied in order."""
-    args: list[str] = []
-    for line in script.splitlines():
-        s = line.strip()
-        if not s:
-            continue
-        if not s.startswith("#"):
-            break  # sbatch stops reading directives at the first command
-        if s.startswith("#SBATCH") and (len(s) == 7 or s[7].isspace()):
-            args += shlex.split(s[7:], comments=True)
-    args += list(extra_args)
-    out: list[tuple[str, str | None]] = []
-    i = 0
-    while i < len(args):
-        a = args[i]
-        nxt = args[i + 1] if i + 1 < len(args) else None
-        takes_next = nxt is not None and not nxt.startswith("-")
-        if a.startswith("--"):
-            name, eq, value = a[2:].partition("=")
-            if eq:
-                out.append((name, value))
-            elif name not in NO_VALUE and takes_next:
-                # "--time 10"; an unknown option's value is consumed too, so that an error
-                # names the option, not its value.
-                out.append((name, nxt))
-                i += 1
-            else:
-                out.append((name, None))
-        elif a.startswith("-") and len(a) >= 2:
-            name, rest = a[1], a[2:]
-            if rest:
-                out.append((name, rest.lstrip("=")))
-            elif name in _SHORT_WITH_VALUE and takes_next:
-                out.append((name, nxt))
-                i += 1
-            else:
-                out.append((name, None))
-        else:
-            raise SchedulerError(f"cannot read sbatch argument {a!r}")
-        i += 1
-    return out
-
-
-# Short sbatch options -> long ones (sbatch(1)): the rest and pyslurm transports read the
-# script's options themselves.
-SHORT_OPTIONS = {
-    "J": "job-name", "N": "nodes", "n": "ntasks", "c": "cpus-per-task", "t": "time", "p": "partition",
-    "o": "output", "e": "error", "i": "input", "D": "chdir", "A": "account", "q": "qos", "C": "constraint",
-    "a": "array", "d": "dependency", "G": "gpus", "H": "hold", "M": "clusters", "w": "nodelist",
-    "x": "exclude", "L": "licenses", "k": "no-kill", "s": "oversubscribe", "b": "begin", "S": "core-spec",
-    "O": "overcommit",
-}
-
-
-# ---------------------------------------------------------------------------------------------
 # The job's environment (the rest and pyslurm transports build it themselves; sbatch does for cli)
 
 # Variables that carry the submitter's own credentials. sbatch's --export=ALL would copy them into
@@ -178,31 +115,18 @@ NEVER_EXPORTED = frozenset({"SLURM_JWT"})
 # NOMAD_TOKEN, HF_TOKEN, AWS_SECRET_ACCESS_KEY/AWS_ACCESS_KEY_ID/AWS_SESSION_TOKEN,
 # AZURE_CLIENT_SECRET, GOOGLE_APPLICATION_CREDENTIALS, WANDB_API_KEY, NOMAD_CLIENT_KEY, ...
 CREDENTIAL_NAME_RE = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|_KEY$", re.IGNORECASE)
-# The rendered entry and server scripts fetch each secret_env name with one such line
-# (halo_sched/templates/secrets.sh.j2).
-_SECRET_LINE_RE = re.compile(r"^halo_secret ([A-Za-z_][A-Za-z0-9_]*)$", re.M)
 
 
-def secret_names(script: str) -> list[str]:
-    """The secret_env names a rendered script takes from its environment."""
-    return list(dict.fromkeys(_SECRET_LINE_RE.findall(script)))
-
-
-def job_environment(script: str, options: Sequence[tuple[str, str | None]], environ: Mapping[str, str],
-                    secrets: Sequence[str] = ()) -> dict[str, str]:
-    """What the job gets: sbatch's ``--export`` (ALL by default; NONE; NAME or NAME=value items,
-    the last --export winning) applied to ``environ``, less the submitter's credentials
-    (``CREDENTIAL_NAME_RE``) unless the job names them in secret_env (``secrets``, and the
-    ``halo_secret`` lines of the script). SLURM_JWT never."""
+def job_environment(request: SbatchRequest, environ: Mapping[str, str]) -> dict[str, str]:
+    """What the job gets: the request's ``--export`` (ALL by default; NONE; NAME or NAME=value
+    items) applied to ``environ``, less the submitter's credentials (``CREDENTIAL_NAME_RE``)
+    unless the job names them in secret_env (the request's ``secret_names``). SLURM_JWT never."""
     from ....node.contract import NAMES
 
     # The job's failure key (node/failures.py) goes too: the entry script takes it out of the
     # environment before any rank starts.
-    wanted = set(secrets) | set(secret_names(script)) | {NAMES.failure_key}
-    export = "ALL"
-    for name, value in options:
-        if name == "export":
-            export = value or "ALL"
+    wanted = set(request.secret_names) | {NAMES.failure_key}
+    export = request.get("export") or "ALL"
     items = [x for x in export.split(",") if x]
     picked = {k: v for k, v in environ.items() if "ALL" in items}
     for item in items:

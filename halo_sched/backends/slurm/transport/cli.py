@@ -4,8 +4,13 @@ Every call goes through an injectable ``runner(argv, input) -> CompletedProcess`
 answer like SLURM. One poll costs one scheduler call for any number of ids (chunked only for
 argv length), at most 3 in the worst case, per cluster.
 
-Other clusters: ``sbatch --parsable`` run with ``--clusters``/``-M`` (a ``#SBATCH`` line, an
-extra arg or ``$SLURM_CLUSTERS``) prints ``ID;CLUSTER`` (src/sbatch/sbatch.c), and this transport
+Submitting: sbatch gets every option of the typed request (request.py) on its command line and
+the script on its standard input; the script's ``#SBATCH`` header is written from the same
+options, and a command-line option wins over it, so what sbatch is asked never depends on the
+script's text (nor on a submitter's ``SBATCH_*`` variables for an option the job sets).
+
+Other clusters: ``sbatch --parsable`` run with ``--clusters``/``-M`` (the request's, or
+``$SLURM_CLUSTERS``) prints ``ID;CLUSTER`` (src/sbatch/sbatch.c), and this transport
 returns ``CLUSTER:ID``. Every later squeue/sacct/scontrol/scancel for that id gets
 ``--clusters=CLUSTER``; without it they would ask the local slurmctld, which does not know the job.
 """
@@ -14,7 +19,7 @@ from __future__ import annotations
 import copy
 import re
 import subprocess
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from halo_sched.backends.jobstate import JobState, SlurmDetail
 from halo_sched.backends.slurm import status as st
@@ -22,7 +27,10 @@ from halo_sched.errors import MissingDependency, SchedulerError
 from halo_sched.exactly_once import TOKEN_PREFIX, run_once
 from halo_sched.retry import SLURM_CALLS, Ambiguous, Transient, time_left
 
-from .base import TRANSIENT, Transport, by_cluster, chunks, gave_up, sbatch_options, split_cluster, unique, with_cluster
+from .base import TRANSIENT, Transport, by_cluster, chunks, gave_up, split_cluster, unique, with_cluster
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..request import SbatchRequest
 
 Runner = Callable[[list, "str | None"], subprocess.CompletedProcess]
 
@@ -128,18 +136,23 @@ class CliTransport(Transport):
 
     # -- submit / cancel ---------------------------------------------------------------------
 
-    def submit(self, script: str, extra_args: Sequence[str] = ()) -> str:
+    @staticmethod
+    def sbatch_argv(request: SbatchRequest, *first: str) -> list[str]:
+        """sbatch's command line for ``request``: ``first``, then every option of the request."""
+        return ["sbatch", *first, *request.arguments()]
+
+    def submit(self, request: SbatchRequest) -> str:
         # Never retried: a timed-out sbatch may have queued the job, and a second one would
         # run the training twice.
-        proc = self._run(["sbatch", "--parsable", *extra_args], input=script, retry=False)
+        proc = self._run(self.sbatch_argv(request, "--parsable"), input=request.script, retry=False)
         if proc.returncode == 124:
             raise SchedulerError(f"{proc.stderr}: the job may have been queued anyway; check squeue before resubmitting")
         if proc.returncode != 0:
             raise self._fail("sbatch", proc)
         return self._parse_id(proc)
 
-    def submit_once(self, script: str, extra_args: Sequence[str] = (), token: str = "",
-                    retry_s: float | None = None, on_retry: Callable[[str], None] | None = None) -> str:
+    def submit_once(self, request: SbatchRequest, token: str = "", retry_s: float | None = None,
+                    on_retry: Callable[[str], None] | None = None) -> str:
         """sbatch, exactly once, riding out a controller outage for ``retry_s`` seconds
         (halo_sched.exactly_once; ``HALO_SUBMIT_RETRY_S``, default 120).
 
@@ -148,15 +161,15 @@ class CliTransport(Transport):
         the request was sent), so every such failure is ambiguous: the token is looked up with
         squeue (``%k`` is the comment) before sbatch runs again. sbatch's other refusals (an
         invalid partition, a bad option) fail at once with SLURM's words."""
-        opts = dict(sbatch_options(script, extra_args))
-        cluster = opts.get("clusters") or opts.get("cluster") or opts.get("M")
-        name = opts.get("job-name") or opts.get("J")
+        cluster = ",".join(request.get("clusters") or ()) or None
+        name = request.get("job-name")
         comment = f"{TOKEN_PREFIX}{token}"
-        argv = ["sbatch", "--parsable", f"--comment={comment}", *extra_args]
+        # The token is the job's comment (a comment the job file gives is replaced).
+        argv = self.sbatch_argv(request.with_options(f"--comment={comment}"), "--parsable")
 
         def send() -> str:
             try:
-                proc = self._call(argv, script)
+                proc = self._call(argv, request.script)
             except Transient as e:  # sbatch timed out: it may have queued the job
                 raise Ambiguous(str(e)) from e
             if proc.returncode != 0:
@@ -367,9 +380,9 @@ class CliTransport(Transport):
             out.append([st.parse_scontrol_record(line) for line in (proc.stdout or "").splitlines() if "=" in line])
         return out[0], out[1]
 
-    def test_only(self, script: str, extra_args: Sequence[str] = ()) -> tuple[bool, str]:
+    def test_only(self, request: SbatchRequest) -> tuple[bool, str]:
         # Submits nothing: sbatch asks slurmctld when and where the job would start.
-        proc = self._run(["sbatch", "--test-only", *extra_args], input=script)
+        proc = self._run(self.sbatch_argv(request, "--test-only"), input=request.script)
         text = " ".join(ln.strip() for ln in ((proc.stderr or "") + (proc.stdout or "")).splitlines() if ln.strip())
         return proc.returncode == 0, text or f"sbatch --test-only exited {proc.returncode}"
 

@@ -13,10 +13,9 @@ long" or is taken as a missing file), so the script goes to a private temporary 
 removed after the submit). Its ``load_sbatch_options()`` is NOT used: in every branch from 22.5.x
 to 25.11.x its table (``sbatch_opts.pyx``) names attributes that do not exist (``--partition``
 -> ``partition``, ``--gpus-per-node`` -> ``gpus_per_node``: AttributeError) and skips the
-options it does not know, silently. The ``#SBATCH`` lines and extra args are read here instead
-(``base.sbatch_options``) and set as ``JobSubmitDescription`` attributes; an option without one
-is refused. It talks to the local cluster only: ``--clusters`` and ``CLUSTER:ID`` ids need the
-cli transport.
+options it does not know, silently. The attributes are set from the typed request's options
+(request.py) instead, nothing read out of the script; an option without one is refused. It
+talks to the local cluster only: ``--clusters`` and ``CLUSTER:ID`` ids need the cli transport.
 """
 from __future__ import annotations
 
@@ -25,154 +24,135 @@ import os
 import re
 import tempfile
 import threading
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
 from halo_sched.backends.base import JobState
 from halo_sched.backends.slurm import status as st
 from halo_sched.errors import MissingDependency, SchedulerError, UsageError
 
-from .base import NEVER_EXPORTED, SHORT_OPTIONS, Transport, job_environment, sbatch_options, split_cluster, unique
+from halo_sched.sbatch_options import Setting, Signal
+
+from .base import NEVER_EXPORTED, Transport, job_environment, split_cluster, unique
 from .cli import CliTransport, Runner
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..request import SbatchRequest
 
 
-def _value(v: str | None) -> str:
-    if v is None or v == "":
-        raise ValueError("needs a value")
-    return v
+
+def _signal(w: Signal) -> str:
+    """``--signal``'s value in the form pyslurm reads (submission.pyx _parse_signal_str_to_dict,
+    then helpers.pyx signal_to_num: ``signal.Signals[name]``, which knows SIGUSR2 but not USR2)."""
+    return (f"{w.flags}:" if w.flags else "") + "SIG" + w.signal + (f"@{w.seconds}" if w.seconds is not None else "")
 
 
-def _no_value(result):
-    def conv(v: str | None):
-        if v is not None:
-            raise ValueError("takes no value")
-        return result
-    return conv
+def _text(s: Setting):
+    return s.value_text()
 
 
-def _int(v: str | None) -> int:
-    try:
-        return int(_value(v))
-    except ValueError:
-        raise ValueError(f"{v!r} is not a whole number") from None
+def _value(s: Setting):
+    return s.value
 
 
-def _yes_no(v: str | None) -> bool:
-    if v is None or v.lower() in ("yes", "1", "true"):
-        return True
-    if v.lower() in ("no", "0", "false"):
-        return False
-    raise ValueError(f"{v!r} is not yes or no")
+def _fixed(result) -> Callable:
+    return lambda s: result
 
 
-def _signal(v: str | None) -> str:
-    """sbatch's ``[B|R:]SIG[@secs]`` in the form pyslurm reads (submission.pyx
-    _parse_signal_str_to_dict, then helpers.pyx signal_to_num: ``signal.Signals[name]``, which
-    knows SIGUSR2 but not USR2)."""
-    m = re.fullmatch(r"(?:([BRbr]+):)?(?:SIG)?([A-Za-z][A-Za-z0-9]*|\d+)(?:@(\d+))?", _value(v))
-    if not m:
-        raise ValueError(f"{v!r} is not [B|R:]SIGNAL[@seconds]")
-    flags, name, secs = m.groups()
-    return (f"{flags.upper()}:" if flags else "") + (name if name.isdigit() else "SIG" + name.upper()) + (
-        f"@{secs}" if secs else "")
-
-
-# sbatch option -> (JobSubmitDescription attribute, value conversion). The attributes are those of
-# submission.pxd (identical names in pyslurm 22.5.x and 25.11.x).
+# sbatch option -> (JobSubmitDescription attribute, the setting's value for it). The attributes
+# are those of submission.pxd (identical names in pyslurm 22.5.x and 25.11.x); pyslurm parses
+# times, sizes and node lists from sbatch's text itself.
 _ATTRS: dict[str, tuple[str, Callable]] = {
-    "job-name": ("name", _value),
-    "nodes": ("nodes", _value),
-    "ntasks": ("ntasks", _int),
-    "ntasks-per-node": ("ntasks_per_node", _int),
-    "cpus-per-task": ("cpus_per_task", _int),
-    "mincpus": ("min_cpus_per_node", _int),
-    "time": ("time_limit", _value),
-    "time-min": ("time_limit_min", _value),
-    "partition": ("partitions", _value),
-    "account": ("account", _value),
-    "qos": ("qos", _value),
-    "reservation": ("reservations", _value),
-    "comment": ("comment", _value),
-    "wckey": ("wckey", _value),
-    "licenses": ("licenses", _value),
-    "dependency": ("dependencies", _value),
-    "array": ("array", _value),
-    "constraint": ("constraints", _value),
-    "cluster-constraint": ("cluster_constraints", _value),
-    "mail-user": ("mail_user", _value),
-    "mail-type": ("mail_types", _value),
-    "network": ("network", _value),
-    "container": ("container", _value),
-    "begin": ("begin_time", _value),
-    "deadline": ("deadline", _value),
-    "output": ("standard_output", _value),
-    "error": ("standard_error", _value),
-    "input": ("standard_in", _value),
-    "chdir": ("working_directory", _value),
-    "open-mode": ("log_files_open_mode", lambda v: _value(v).lower()),
-    "mem": ("memory_per_node", _value),
-    "mem-per-cpu": ("memory_per_cpu", _value),
-    "tmp": ("temporary_disk_per_node", _value),
-    "gpus": ("gpus", _value),
-    "gpus-per-task": ("gpus_per_task", _value),
-    "cpus-per-gpu": ("cpus_per_gpu", _int),
-    "gpu-bind": ("gpu_binding", _value),
-    "signal": ("signal", lambda v: _signal(v)),
-    "exclusive": ("resource_sharing", lambda v: {None: "no", "user": "user", "mcs": "mcs"}[v]),
-    "oversubscribe": ("resource_sharing", _no_value("yes")),
-    "requeue": ("is_requeueable", _no_value(True)),
-    "no-requeue": ("is_requeueable", _no_value(False)),
-    "hold": ("priority", _no_value(0)),
-    "nice": ("nice", lambda v: 100 if v is None else _int(v)),
-    "exclude": ("excluded_nodes", _value),
-    "nodelist": ("required_nodes", _value),
-    "kill-on-invalid-dep": ("kill_on_invalid_dependency", _yes_no),
-    "wait-all-nodes": ("wait_all_nodes", lambda v: _int(v) == 1),
-    "contiguous": ("requires_contiguous_nodes", _no_value(True)),
-    "overcommit": ("overcommit", _no_value(True)),
-    "spread-job": ("spreads_over_nodes", _no_value(True)),
-    "use-min-nodes": ("use_min_nodes", _no_value(True)),
-    "no-kill": ("kill_on_node_fail", _no_value(False)),
-    "threads-per-core": ("threads_per_core", _int),
-    "sockets-per-node": ("sockets_per_node", _int),
-    "cores-per-socket": ("cores_per_socket", _int),
-    "core-spec": ("cores_reserved_for_system", _int),
-    "thread-spec": ("threads_reserved_for_system", _int),
+    "job-name": ("name", _text),
+    "nodes": ("nodes", _text),
+    "ntasks": ("ntasks", _value),
+    "ntasks-per-node": ("ntasks_per_node", _value),
+    "cpus-per-task": ("cpus_per_task", _value),
+    "mincpus": ("min_cpus_per_node", _value),
+    "time": ("time_limit", _text),
+    "time-min": ("time_limit_min", _text),
+    "partition": ("partitions", _text),
+    "account": ("account", _text),
+    "qos": ("qos", _text),
+    "reservation": ("reservations", _text),
+    "comment": ("comment", _text),
+    "wckey": ("wckey", _text),
+    "licenses": ("licenses", _text),
+    "dependency": ("dependencies", _text),
+    "array": ("array", _text),
+    "constraint": ("constraints", _text),
+    "cluster-constraint": ("cluster_constraints", _text),
+    "mail-user": ("mail_user", _text),
+    "mail-type": ("mail_types", _text),
+    "network": ("network", _text),
+    "container": ("container", _text),
+    "begin": ("begin_time", _text),
+    "deadline": ("deadline", _text),
+    "output": ("standard_output", _text),
+    "error": ("standard_error", _text),
+    "input": ("standard_in", _text),
+    "chdir": ("working_directory", _text),
+    "open-mode": ("log_files_open_mode", _value),
+    "mem": ("memory_per_node", _text),
+    "mem-per-cpu": ("memory_per_cpu", _text),
+    "tmp": ("temporary_disk_per_node", _text),
+    "gpus": ("gpus", _text),
+    "gpus-per-task": ("gpus_per_task", _text),
+    "cpus-per-gpu": ("cpus_per_gpu", _value),
+    "gpu-bind": ("gpu_binding", _text),
+    "signal": ("signal", lambda s: _signal(s.value)),
+    "exclusive": ("resource_sharing", lambda s: {None: "no", "user": "user", "mcs": "mcs"}[s.value]),
+    "oversubscribe": ("resource_sharing", _fixed("yes")),
+    "requeue": ("is_requeueable", _fixed(True)),
+    "no-requeue": ("is_requeueable", _fixed(False)),
+    "hold": ("priority", _fixed(0)),
+    "nice": ("nice", lambda s: 100 if s.value is None else s.value),
+    "exclude": ("excluded_nodes", _text),
+    "nodelist": ("required_nodes", _text),
+    "kill-on-invalid-dep": ("kill_on_invalid_dependency", _value),
+    "wait-all-nodes": ("wait_all_nodes", _value),
+    "contiguous": ("requires_contiguous_nodes", _fixed(True)),
+    "overcommit": ("overcommit", _fixed(True)),
+    "spread-job": ("spreads_over_nodes", _fixed(True)),
+    "use-min-nodes": ("use_min_nodes", _fixed(True)),
+    "no-kill": ("kill_on_node_fail", lambda s: s.value is not None),
+    "threads-per-core": ("threads_per_core", _value),
+    "sockets-per-node": ("sockets_per_node", _value),
+    "cores-per-socket": ("cores_per_socket", _value),
+    "core-spec": ("cores_reserved_for_system", _value),
+    "thread-spec": ("threads_reserved_for_system", _value),
 }
 _REFUSED = {
     "clusters": "the pyslurm transport submits to the local cluster only; --clusters needs the cli transport",
-    "cluster": "the pyslurm transport submits to the local cluster only; --clusters needs the cli transport",
     # submission.pyx _set_memory: the memory_per_gpu branch names an undefined variable.
     "mem-per-gpu": "pyslurm cannot set it (its memory_per_gpu raises NameError)",
 }
 
 
-def pyslurm_attributes(options: Sequence[tuple[str, str | None]]) -> dict:
-    """``JobSubmitDescription`` attributes for sbatch options (later ones win, as in sbatch), or
-    a UsageError naming ``slurm.extra_args`` and every option pyslurm cannot take."""
+def pyslurm_attributes(request: SbatchRequest) -> dict:
+    """``JobSubmitDescription`` attributes for the request's options, or a UsageError naming
+    ``slurm.extra_args`` and every option pyslurm cannot take."""
     attrs: dict = {}
     gres: list[str] = []
     refused = []
-    for name, value in options:
-        flag = "--" + name + (f"={value}" if value is not None else "")
-        if name == "export":
+    for s in request.options:
+        if s.option == "export":
             continue  # the environment
-        try:
-            if name in _REFUSED:
-                raise ValueError(_REFUSED[name])
-            if name == "gpus-per-node":  # gres_per_node takes "gpu:8" (cstr.from_gres_dict)
-                gres.append("gpu:" + _value(value))
-            elif name == "gres":
-                gres += [re.sub(r"^gres[:/]", "", g) for g in _value(value).split(",")]
-            elif name in _ATTRS:
-                attr, conv = _ATTRS[name]
-                attrs[attr] = conv(value)
-            else:
-                raise ValueError("")
-        except (ValueError, KeyError) as e:
-            refused.append(f"{flag} ({e})" if str(e) and not isinstance(e, KeyError) else flag)
+        if s.option in _REFUSED:
+            refused.append(f"{s.text()} ({_REFUSED[s.option]})")
+        elif s.option == "gpus-per-node":  # gres_per_node takes "gpu:8" (cstr.from_gres_dict)
+            gres.append("gpu:" + s.value)
+        elif s.option == "gres":
+            gres += list(s.value)
+        elif s.typed and s.option in _ATTRS:
+            attr, conv = _ATTRS[s.option]
+            try:
+                attrs[attr] = conv(s)
+            except KeyError:  # a value it has no word for (--exclusive=topo)
+                refused.append(s.text())
+        else:
+            refused.append(s.text())
     if refused:
-        raise UsageError("slurm.extra_args (or the script's #SBATCH lines): the pyslurm transport cannot take "
+        raise UsageError("slurm.extra_args: the pyslurm transport cannot take "
                          + ", ".join(refused) + "; remove them, or submit with the 'cli' transport (sbatch)")
     if gres:
         attrs["gres_per_node"] = ",".join(gres)
@@ -247,13 +227,12 @@ class PyslurmTransport(Transport):
             )
         self.environment = environment
 
-    def submit(self, script: str, extra_args: Sequence[str] = ()) -> str:
-        options = [(SHORT_OPTIONS.get(n, n), v) for n, v in sbatch_options(script, extra_args)]
-        attrs = pyslurm_attributes(options)
-        env = job_environment(script, options, os.environ if self.environment is None else self.environment)
+    def submit(self, request: SbatchRequest) -> str:
+        attrs = pyslurm_attributes(request)
+        env = job_environment(request, os.environ if self.environment is None else self.environment)
         # Never empty: pyslurm takes an empty environment as "ALL" (submission.pyx _set_defaults).
         env = env or {"PATH": "/usr/bin:/bin"}
-        with private_script(script) as path:
+        with private_script(request.script) as path:
             desc = self.pyslurm.JobSubmitDescription(script=path, environment=env)
             try:
                 for attr, value in attrs.items():

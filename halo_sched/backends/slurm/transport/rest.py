@@ -20,9 +20,10 @@ The two families differ in kind, not just in names:
   is gone in v0.0.42), the script goes in ``job.script`` (the top-level ``script`` is
   deprecated from v0.0.41), and an unknown key is IGNORED with a warning.
 
-Every option the renderer writes (halo_sched/templates/slurm/sbatch.sh.j2, render.py) is translated for
-both; an option with no translation (from ``slurm.extra_args`` or a hand-written script) is
-refused before anything is sent, never dropped.
+Every option of the typed request (request.py, built by render.py from the launch plan, with
+``slurm.extra_args`` typed when the job file is loaded) is translated for both; an option with
+no translation is refused before anything is sent, never dropped. The script goes as the
+program to run: no option is read out of its ``#SBATCH`` lines.
 
 Auth: JWT (``X-SLURM-USER-NAME``/``X-SLURM-USER-TOKEN``) or rest_auth/local (unix socket, no
 token). No torch here: the CLI imports this module.
@@ -32,11 +33,10 @@ from __future__ import annotations
 import getpass
 import http.client
 import json
-import math
 import os
 import re
 import socket
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 from urllib.parse import quote, urlencode, urlsplit
 
 from halo_sched.backends.base import JobState
@@ -45,10 +45,12 @@ from halo_sched.errors import MissingDependency, SchedulerError, UsageError
 from halo_sched.node.contract import WARNING_CARRIER
 from halo_sched.retry import SLURM_CALLS, Transient
 
-from .base import (
-    SHORT_OPTIONS, Transport, by_cluster, gave_up, job_environment, sbatch_options, split_cluster,
-    unique, with_cluster,
-)
+from halo_sched.sbatch_options import Memory, Setting, Signal, Time
+
+from .base import Transport, by_cluster, gave_up, job_environment, split_cluster, unique, with_cluster
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..request import SbatchRequest
 
 # The slurmrestd OpenAPI versions this module's requests and parsers are written for, newest first.
 # v0.0.38 verified against a real slurmrestd 22.05.8 (tests/test_slurm_transport_cluster.py);
@@ -96,10 +98,6 @@ def _minor(api_version: str) -> int:
 # sbatch options -> job properties
 
 _OWN_CLUSTER = "a slurmrestd submits to its own cluster only"
-# sbatch's --time forms (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS).
-_TIME_RE = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2})$")
-# sbatch --signal=[{R|B}:]SIG[@secs] (src/common/proc_args.c get_signal_opts).
-_SIGNAL_RE = re.compile(r"^(?:([BRbr]+):)?(?:SIG)?([A-Za-z][A-Za-z0-9]*|\d+)(?:@(\d+))?$")
 # sbatch --mail-type names -> data_parser JOB_MAIL_FLAGS (v0.0.40+ parsers.c).
 _MAIL = {
     "BEGIN": ["BEGIN"], "END": ["END"], "FAIL": ["FAIL"], "REQUEUE": ["REQUEUE"], "STAGE_OUT": ["STAGE_OUT"],
@@ -113,98 +111,35 @@ class _Refused(Exception):
     """An option this API version cannot carry (the reason in the message)."""
 
 
-def _text(value: str | None, flag: str) -> str:
-    if value is None or value == "":
-        raise _Refused("needs a value")
+# Conversions of a setting's typed value (halo_sched/sbatch_options.py) to a v0.0.40+ field.
+
+
+def _minutes(t: Time) -> int | dict:
+    """A time limit in minutes (rounded up, as sbatch's time_str2mins), or infinite."""
+    return {"set": False, "infinite": True, "number": 0} if t.minutes is None else t.minutes
+
+
+def _mebibytes(m: Memory) -> int:
+    return m.mib
+
+
+def _same(value):
     return value
 
 
-def _count(value: str | None, flag: str) -> int:
-    try:
-        return int(_text(value, flag))
-    except ValueError:
-        raise _Refused(f"{value!r} is not a whole number") from None
-
-
-def _minutes(value: str | None, flag: str) -> int | dict:
-    """A SLURM time -> minutes (rounded up, as sbatch's time_str2mins), or infinite."""
-    text = _text(value, flag)
-    if text.upper() in ("UNLIMITED", "INFINITE", "-1"):
-        return {"set": False, "infinite": True, "number": 0}
-    if not _TIME_RE.match(text):
-        raise _Refused(f"{text!r} is not a SLURM time (minutes, HH:MM:SS, D-HH:MM:SS)")
-    days, _, rest = text.rpartition("-")
-    parts = [int(p) for p in rest.split(":")]
-    if days:
-        h, m, s = (parts + [0, 0])[:3]
-        secs = ((int(days) * 24 + h) * 60 + m) * 60 + s
-    elif len(parts) == 1:
-        secs = parts[0] * 60
-    elif len(parts) == 2:
-        secs = parts[0] * 60 + parts[1]
-    else:
-        secs = (parts[0] * 60 + parts[1]) * 60 + parts[2]
-    return math.ceil(secs / 60)
-
-
-def _mebibytes(value: str | None, flag: str) -> int:
-    """A size as sbatch reads it (src/common/proc_args.c str_to_mbytes: K, M (default), G, T)."""
-    m = re.fullmatch(r"(\d+)([KkMmGgTt]?)", _text(value, flag))
-    if not m:
-        raise _Refused(f"{value!r} is not a size (a number with K, M, G or T)")
-    n, unit = int(m.group(1)), (m.group(2) or "M").upper()
-    return {"K": math.ceil(n / 1024), "M": n, "G": n * 1024, "T": n * 1024 * 1024}[unit]
-
-
-def _gpu_tres(value: str | None, flag: str) -> str:
+def _gpu_tres(text: str) -> str:
     """``8`` or ``a100:8`` -> ``gres/gpu:8`` / ``gres/gpu:a100:8`` (sbatch's tres strings)."""
-    text = _text(value, flag)
-    if not re.fullmatch(r"(?:[A-Za-z0-9_.-]+:)?\d+", text):
-        raise _Refused(f"{text!r} is not [TYPE:]COUNT")
     return f"gres/gpu:{text}"
 
 
-def _gres_tres(value: str | None, flag: str) -> str:
-    """``gpu:a100:2,nic:1`` -> ``gres/gpu:a100:2,gres/nic:1``."""
-    items = []
-    for item in _text(value, flag).split(","):
-        item = re.sub(r"^gres[:/]", "", item)
-        if not item:
-            raise _Refused(f"{value!r} has an empty item")
-        items.append("gres/" + item)
-    return ",".join(items)
-
-
-def _node_list(value: str | None, flag: str) -> list[str]:
-    """``node[1-3],node5`` -> ``["node[1-3]", "node5"]``: v0.0.40+ take required/excluded nodes as
-    a list (CSV_STRING_LIST in parsers.c; a comma string draws a warning from the server). The
-    commas inside a host range's brackets are not separators."""
-    items, depth, cur = [], 0, ""
-    for ch in _text(value, flag):
-        depth += (ch == "[") - (ch == "]")
-        if ch == "," and depth == 0:
-            items.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    items.append(cur)
-    items = [i.strip() for i in items]
-    if depth != 0 or not all(items):
-        raise _Refused(f"{value!r} is not a node list")
-    return items
-
-
-def _signal(value: str | None, flag: str) -> tuple[str, int, str]:
-    """--signal -> (flags, SIGNAME or number, seconds); sbatch's default time is 60 s."""
-    m = _SIGNAL_RE.match(_text(value, flag))
-    if not m:
-        raise _Refused(f"{value!r} is not [B|R:]SIGNAL[@seconds]")
-    flags, name, secs = (m.group(1) or "").upper(), m.group(2), m.group(3)
-    return flags, (name if name.isdigit() else "SIG" + name.upper()), int(secs) if secs is not None else 60
+def _node_list(hosts: tuple[str, ...]) -> list[str]:
+    """v0.0.40+ take required/excluded nodes as a list (CSV_STRING_LIST in parsers.c; a comma
+    string draws a warning from the server); a host range stays one item."""
+    return list(hosts)
 
 
 class _Job:
-    """The ``job`` object for one API version, built one sbatch option at a time."""
+    """The ``job`` object for one API version, built one setting at a time."""
 
     def __init__(self, minor: int):
         self.minor = minor
@@ -221,12 +156,12 @@ class _Job:
     def set(self, key: str, value) -> None:
         self.props[key] = value
 
-    # Each handler: (job, value, flag) -> None, raising _Refused.
-    def apply(self, name: str, value: str | None, flag: str) -> None:
-        handler = _HANDLERS.get(name)
+    def apply(self, s: Setting) -> None:
+        """Raises _Refused for an option this version cannot carry."""
+        handler = _HANDLERS.get(s.option) if s.typed else None
         if handler is None:
             raise _Refused("")
-        handler(self, value, flag)
+        handler(self, s)
 
     def finish(self) -> dict:
         job = dict(self.props)
@@ -265,50 +200,46 @@ class _Job:
                         "to requeue the job (slurm.requeue: true); use slurmrestd v0.0.40+ or the cli transport")
                 job["signal"] = ("R:" if "R" in flags else "") + f"{WARNING_CARRIER}@{secs}"
             else:
-                job["signal"] = ("R:" if "R" in flags else "") + f"{sig[3:] if sig.startswith('SIG') else sig}@{secs}"
+                job["signal"] = ("R:" if "R" in flags else "") + f"{sig[3:]}@{secs}"
         return job
 
 
+# Each handler: (job, setting) -> None, raising _Refused. v0.0.38 takes each value as sbatch's
+# text (``Setting.value_text``: it hands it to sbatch's own option parsers); v0.0.40+ the typed
+# value converted.
+
+
 def _plain(key38: str, key40: str | None = None, conv: Callable | None = None):
-    """A value taken as text by v0.0.38 and as ``conv(value)`` (default: text) from v0.0.40."""
-    def handle(job: _Job, value, flag):
+    """A value taken as text by v0.0.38 and as ``conv(value)`` (default: its text) from v0.0.40."""
+    def handle(job: _Job, s: Setting):
         if job.typed:
-            job.set(key40 or key38, (conv or _text)(value, flag))
+            job.set(key40 or key38, conv(s.value) if conv else s.value_text())
         else:
-            job.set(key38, _text(value, flag))
+            job.set(key38, s.value_text())
     return handle
 
 
-def _flag(key38: str, value38, key40: str | None, value40) -> Callable:
-    """An option without a value."""
-    def handle(job: _Job, value, flag):
-        if value is not None:
-            raise _Refused("takes no value")
-        if job.typed:
-            if key40 is None:
-                raise _Refused("has no field in this API version")
-            job.set(key40, value40)
-        else:
-            if key38 is None:
-                raise _Refused("is disabled in slurmrestd v0.0.38 (jobs.c job_params)")
-            job.set(key38, value38)
+def _flag(key40: str, value40) -> Callable:
+    """An option without a value, which v0.0.38 disables."""
+    def handle(job: _Job, s: Setting):
+        if not job.typed:
+            raise _Refused("is disabled in slurmrestd v0.0.38 (jobs.c job_params)")
+        job.set(key40, value40)
     return handle
 
 
 def _only40(key40: str, conv: Callable, max_minor: int = 99) -> Callable:
-    def handle(job: _Job, value, flag):
+    def handle(job: _Job, s: Setting):
         if not job.typed:
             raise _Refused("is disabled in slurmrestd v0.0.38 (jobs.c job_params)")
         if job.minor > max_minor:
             raise _Refused(f"has no field in v0.0.{job.minor}")
-        job.set(key40, conv(value, flag))
+        job.set(key40, conv(s.value))
     return handle
 
 
-def _h_exclusive(job: _Job, value, flag):
-    kind = (value or "exclusive").lower()
-    if kind not in ("exclusive", "user", "mcs", "topo"):
-        raise _Refused(f"{value!r} is not exclusive, user, mcs or topo")
+def _h_exclusive(job: _Job, s: Setting):
+    kind = s.value or "exclusive"
     if job.typed:
         # JOB_SHARED flags (parsers.c): "none" is sbatch --exclusive; v0.0.42 dropped "exclusive".
         # "topo" is a JOB_SHARED flag from v0.0.41 (parsers.c at slurm-24-05-8-1,
@@ -322,9 +253,7 @@ def _h_exclusive(job: _Job, value, flag):
         job.set("exclusive", kind)
 
 
-def _h_oversubscribe(job: _Job, value, flag):
-    if value is not None:
-        raise _Refused("takes no value")
+def _h_oversubscribe(job: _Job, s: Setting):
     if job.typed:
         job.set("shared", ["oversubscribe"])
     else:
@@ -332,112 +261,99 @@ def _h_oversubscribe(job: _Job, value, flag):
 
 
 def _h_requeue(flag_value: bool):
-    def handle(job: _Job, value, flag):
-        if value is not None:
-            raise _Refused("takes no value")
+    def handle(job: _Job, s: Setting):
         job.requeue = flag_value
     return handle
 
 
-def _h_signal(job: _Job, value, flag):
-    job.warning = _signal(value, flag)
+def _h_signal(job: _Job, s: Setting):
+    w: Signal = s.value
+    # sbatch's default warning time is 60 s (src/common/proc_args.c).
+    job.warning = (w.flags, "SIG" + w.signal, w.seconds if w.seconds is not None else 60)
 
 
-def _h_open_mode(job: _Job, value, flag):
-    mode = _text(value, flag).lower()
-    if mode not in ("append", "truncate"):
-        raise _Refused(f"{value!r} is not append or truncate")
-    job.set("open_mode", [mode.upper()] if job.typed else mode)
+def _h_open_mode(job: _Job, s: Setting):
+    job.set("open_mode", [s.value.upper()] if job.typed else s.value)
 
 
-def _h_gpus_per_node(job: _Job, value, flag):
+def _h_gpus_per_node(job: _Job, s: Setting):
     if job.typed:
-        job.tres_per_node.append(_gpu_tres(value, flag))
+        job.tres_per_node.append(_gpu_tres(s.value))
     else:
-        job.set("gpus_per_node", _text(value, flag))
+        job.set("gpus_per_node", s.value_text())
 
 
-def _h_gres(job: _Job, value, flag):
+def _h_gres(job: _Job, s: Setting):
     if job.typed:
-        job.tres_per_node.append(_gres_tres(value, flag))
+        job.tres_per_node.append(",".join("gres/" + item for item in s.value))
     else:
-        job.set("gres", _text(value, flag))
+        job.set("gres", s.value_text())
 
 
-def _h_mail_type(job: _Job, value, flag):
+def _h_mail_type(job: _Job, s: Setting):
     if not job.typed:
-        job.set("mail_type", _text(value, flag))
+        job.set("mail_type", s.value_text())
         return
     names: list[str] = []
-    for item in _text(value, flag).upper().split(","):
-        if item not in _MAIL:
-            raise _Refused(f"{item!r} is not a mail type")
+    for item in s.value:
         names += _MAIL[item]
     job.set("mail_type", list(dict.fromkeys(names)))
 
 
 def _h_job_flag(key38: str, on: str, off: str | None = None):
     """Options that are bits of ``flags`` from v0.0.40 (JOB_FLAGS in parsers.c)."""
-    def handle(job: _Job, value, flag):
-        yes = value is None or value.lower() in ("yes", "1", "true")
-        if value is not None and not yes and value.lower() not in ("no", "0", "false"):
-            raise _Refused(f"{value!r} is not yes or no")
+    def handle(job: _Job, s: Setting):
+        yes = s.value is None or s.value is True
         if job.typed:
             if not yes and off is None:
-                raise _Refused(f"{value!r}: only 'yes' is supported")
+                raise _Refused("only 'yes' is supported")
             job.flags.append(on if yes else off)
         else:
-            job.set(key38, value if value is not None else True)
+            job.set(key38, s.value_text() if s.value is not None else True)
     return handle
 
 
-def _h_wait_all_nodes(job: _Job, value, flag):
-    v = _text(value, flag)
-    if v not in ("0", "1"):
-        raise _Refused(f"{value!r} is not 0 or 1")
-    job.set("wait_all_nodes", v == "1" if job.typed else v)
+def _h_wait_all_nodes(job: _Job, s: Setting):
+    job.set("wait_all_nodes", s.value if job.typed else s.value_text())
 
 
-def _h_nice(job: _Job, value, flag):
-    v = value if value is not None else "100"  # sbatch's --nice without a value
-    if job.typed:
-        job.set("nice", _count(v, flag))
-    else:
-        job.set("nice", v)
+def _h_nice(job: _Job, s: Setting):
+    nice = 100 if s.value is None else s.value  # sbatch's --nice without a value
+    job.set("nice", nice if job.typed else str(nice))
 
 
-def _h_hold(job: _Job, value, flag):
-    if value is not None:
-        raise _Refused("takes no value")
+def _h_hold(job: _Job, s: Setting):
     job.set("hold", True)
 
 
-def _h_no_kill(job: _Job, value, flag):
-    if value is not None and value.lower() != "off":
-        raise _Refused("only --no-kill (or =off) is supported")
+def _h_no_kill(job: _Job, s: Setting):
     if job.typed:
-        job.set("kill_on_node_fail", value is not None)
+        job.set("kill_on_node_fail", s.value is not None)
     else:
-        job.set("no_kill", value or True)
+        job.set("no_kill", s.value or True)
 
 
 def _h_refuse(reason: str):
-    def handle(job: _Job, value, flag):
+    def handle(job: _Job, s: Setting):
         raise _Refused(reason)
     return handle
 
 
-def _gpu_typed(key38: str, key40: str) -> Callable:
-    return _plain(key38, key40, _gpu_tres)
+def _h_cores_per_socket(job: _Job, s: Setting):
+    # v0.0.41 and later have no cores_per_socket in JOB_DESC_MSG (parsers.c, slurm-24-05-*).
+    if job.typed:
+        _only40("cores_per_socket", _same, 40)(job, s)
+    else:
+        job.set("cores_per_socket", s.value_text())
 
 
 _HANDLERS: dict[str, Callable] = {
     "job-name": _plain("name"),
     "nodes": _plain("nodes"),  # "2" or "2-4": JOB_DESC_MSG_NODES takes the text too
-    "ntasks": _plain("tasks", conv=_count),
-    "ntasks-per-node": _plain("tasks_per_node", conv=_count),
-    "cpus-per-task": _plain("cpus_per_task", conv=_count),
-    "mincpus": _plain("minimum_cpus_per_node", conv=_count),
+    "ntasks": _plain("tasks", conv=_same),
+    "ntasks-per-node": _plain("tasks_per_node", conv=_same),
+    "cpus-per-task": _plain("cpus_per_task", conv=_same),
+    "mincpus": _plain("minimum_cpus_per_node", conv=_same),
     "time": _plain("time_limit", conv=_minutes),
     "time-min": _plain("time_minimum", conv=_minutes),
     "partition": _plain("partition"),
@@ -460,21 +376,20 @@ _HANDLERS: dict[str, Callable] = {
     "error": _plain("standard_error"),
     "input": _plain("standard_input"),
     "chdir": _plain("current_working_directory"),
-    "nodelist": _plain("nodelist", "required_nodes", lambda v, f: _node_list(v, f)),
-    "exclude": _plain("exclude_nodes", "excluded_nodes", lambda v, f: _node_list(v, f)),
+    "nodelist": _plain("nodelist", "required_nodes", _node_list),
+    "exclude": _plain("exclude_nodes", "excluded_nodes", _node_list),
     "mem": _plain("memory_per_node", conv=_mebibytes),
     "mem-per-cpu": _plain("memory_per_cpu", conv=_mebibytes),
-    "mem-per-gpu": _plain("memory_per_gpu", "memory_per_tres",
-                          lambda v, f: f"gres/gpu:{_mebibytes(v, f)}"),
+    "mem-per-gpu": _plain("memory_per_gpu", "memory_per_tres", lambda m: f"gres/gpu:{m.mib}"),
     "tmp": _plain("temporary_disk_per_node", conv=_mebibytes),
-    "threads-per-core": _plain("threads_per_core", conv=_count),
-    "sockets-per-node": _plain("sockets_per_node", conv=_count),
-    "core-spec": _plain("core_specification", conv=_count),
-    "thread-spec": _plain("thread_specification", conv=_count),
-    "gpus": _gpu_typed("gpus", "tres_per_job"),
-    "gpus-per-task": _gpu_typed("gpus_per_task", "tres_per_task"),
-    "cpus-per-gpu": _plain("cpus_per_gpu", "cpus_per_tres", lambda v, f: f"gres/gpu:{_count(v, f)}"),
-    "gpu-bind": _plain("gpu_binding", "tres_bind", lambda v, f: f"gres/gpu:{_text(v, f)}"),
+    "threads-per-core": _plain("threads_per_core", conv=_same),
+    "sockets-per-node": _plain("sockets_per_node", conv=_same),
+    "core-spec": _plain("core_specification", conv=_same),
+    "thread-spec": _plain("thread_specification", conv=_same),
+    "gpus": _plain("gpus", "tres_per_job", _gpu_tres),
+    "gpus-per-task": _plain("gpus_per_task", "tres_per_task", _gpu_tres),
+    "cpus-per-gpu": _plain("cpus_per_gpu", "cpus_per_tres", lambda n: f"gres/gpu:{n}"),
+    "gpu-bind": _plain("gpu_binding", "tres_bind", lambda t: f"gres/gpu:{t}"),
     "gpus-per-node": _h_gpus_per_node,
     "gres": _h_gres,
     "signal": _h_signal,
@@ -492,44 +407,37 @@ _HANDLERS: dict[str, Callable] = {
     "use-min-nodes": _h_job_flag("minimum_nodes", "PREFER_MINIMUM_NODE_COUNT"),
     "wait-all-nodes": _h_wait_all_nodes,
     "no-kill": _h_no_kill,
-    "contiguous": _flag(None, None, "contiguous", True),
-    "overcommit": _flag(None, None, "overcommit", True),
-    "network": _only40("network", _text),
-    # v0.0.41 and later have no cores_per_socket in JOB_DESC_MSG (parsers.c, slurm-24-05-*).
-    "cores-per-socket": lambda job, v, f: (
-        job.set("cores_per_socket", _text(v, f)) if not job.typed else _only40("cores_per_socket", _count, 40)(job, v, f)),
+    "contiguous": _flag("contiguous", True),
+    "overcommit": _flag("overcommit", True),
+    "network": _only40("network", _same),
+    "cores-per-socket": _h_cores_per_socket,
     "clusters": _h_refuse(_OWN_CLUSTER),
-    "cluster": _h_refuse(_OWN_CLUSTER),
 }
 
 
 def rest_job_properties(
-    script: str,
-    extra_args: Sequence[str] = (),
+    request: SbatchRequest,
     environment: Mapping[str, str] | None = None,
     cwd: str | None = None,
     api_version: str = "v0.0.38",
-    secrets: Sequence[str] = (),
 ) -> dict:
-    """The ``job`` object of a submit request for ``api_version``: every ``#SBATCH`` option and
-    extra arg translated (later ones win, as in sbatch), the working directory, and the
-    environment (``base.job_environment``: sbatch's --export less the submitter's credentials).
+    """The ``job`` object of a submit request for ``api_version``, from the typed request: each
+    option translated, the working directory, and the environment (``base.job_environment``:
+    the request's --export less the submitter's credentials). The script's text is not read.
 
     An option this version cannot carry is a UsageError naming ``slurm.extra_args`` and every
     such option, raised before anything is sent."""
     minor = _minor(api_version)
-    options = [(SHORT_OPTIONS.get(n, n), v) for n, v in sbatch_options(script, extra_args)]
     job = _Job(minor)
     job.set("current_working_directory", cwd or os.getcwd())
     refused = []
-    for name, value in options:
-        flag = "--" + name + (f"={value}" if value is not None else "")
-        if name == "export":
+    for s in request.options:
+        if s.option == "export":
             continue  # the environment, below
         try:
-            job.apply(name, value, flag)
+            job.apply(s)
         except _Refused as e:
-            refused.append(f"{flag} ({e})" if str(e) else flag)
+            refused.append(f"{s.text()} ({e})" if str(e) else s.text())
     try:
         props = job.finish()
     except _Refused as e:
@@ -537,11 +445,11 @@ def rest_job_properties(
         props = {}
     if refused:
         raise UsageError(
-            f"slurm.extra_args (or the script's #SBATCH lines): slurmrestd API {api_version} cannot take "
+            f"slurm.extra_args: slurmrestd API {api_version} cannot take "
             + ", ".join(refused)
             + "; remove them, or submit with the 'cli' transport (sbatch, HALO_SLURM_TRANSPORT=cli)"
         )
-    env = job_environment(script, options, os.environ if environment is None else environment, secrets)
+    env = job_environment(request, os.environ if environment is None else environment)
     # slurmrestd requires an environment (v0.0.38 jobs.c "environment must be set").
     env = env or {"PATH": "/usr/bin:/bin"}
     props["environment"] = [f"{k}={v}" for k, v in env.items()] if job.typed else env
@@ -707,14 +615,14 @@ class RestTransport(Transport):
 
     # -- operations --------------------------------------------------------------------------
 
-    def submit(self, script: str, extra_args: Sequence[str] = ()) -> str:
+    def submit(self, request: SbatchRequest) -> str:
         version = self._version()
-        job = rest_job_properties(script, extra_args, self.environment, api_version=version)
+        job = rest_job_properties(request, self.environment, api_version=version)
         if _minor(version) >= 41:
             # v0.0.41+: the top-level "script" is deprecated (JOB_SUBMIT_REQ, parsers.c slurm-24-05-*).
-            body = {"job": {**job, "script": script}}
+            body = {"job": {**job, "script": request.script}}
         else:
-            body = {"script": script, "job": job}
+            body = {"script": request.script, "job": job}
         try:
             doc = self._request("POST", f"{self._api()}/job/submit", body, retry=False)
         except SchedulerError as e:
