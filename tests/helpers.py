@@ -375,3 +375,9 @@ def legacy_record_path(job_id: str, backend: str) -> Path:
 
     return records.jobs_dir() / f"{quote(job_id, safe='')}@{quote(backend, safe='')}.json"
 
+
+def request_of(script: str, args=(), secret_names=()):
+    """A request for a script written by hand: ``args`` (``--name[=value]``) are its options."""
+    from halo_sched.backends.slurm.request import SbatchRequest
+
+    return SbatchRequest(script=script, secret_names=tuple(secret_names)).with_options(*args)

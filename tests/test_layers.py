@@ -188,7 +188,7 @@ def test_each_command_is_found_and_start_up_imports_none():
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("node", ("node", "node.*")),
     ("foundations", ("errors", "values", "logtags", "store", "db", "retry", "outage", "exactly_once",
-                     "templating", "layout", "node_runtime")),
+                     "templating", "layout", "node_runtime", "sbatch_options")),
     ("job file", ("jobfile_rules", "models", "spec")),
     ("launch plan", ("launch", "servers")),
     ("history", ("backends.jobstate", "records", "ledger", "notify")),

@@ -30,7 +30,8 @@ import pytest
 
 from halo_sched.backends.base import JobStatus
 from halo_sched.backends.slurm.render import batch_request
-from halo_sched.backends.slurm.request import SbatchRequest, request_of
+from halo_sched.backends.slurm.request import SbatchRequest
+from helpers import request_of
 from halo_sched.backends.slurm.transport import PyslurmTransport
 from halo_sched.errors import SchedulerError, UsageError
 from halo_sched.launch import compile_launch

@@ -12,7 +12,8 @@ import pytest
 
 import halo_sched
 from halo_sched.backends.slurm.render import batch_request
-from halo_sched.backends.slurm.request import SbatchRequest, request_of
+from halo_sched.backends.slurm.request import SbatchRequest
+from helpers import request_of
 from halo_sched.backends.slurm.transport import CliTransport, PyslurmTransport, RestTransport, rest_job_properties
 from halo_sched.launch import compile_launch
 from halo_sched.sbatch_options import OPTIONS, SHORT, parse_setting

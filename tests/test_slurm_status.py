@@ -23,7 +23,7 @@ from halo_sched.backends.slurm.transport import (
     rest_job_properties,
     rest_job_state,
 )
-from halo_sched.backends.slurm.request import request_of
+from helpers import request_of
 from halo_sched.errors import MissingDependency, SchedulerError, UsageError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from halo_sched.backends.slurm.request import request_of
+from helpers import request_of
 from halo_sched.backends.base import JobStatus
 from halo_sched.backends.slurm import status as st
 from halo_sched.backends.slurm.transport import API_VERSIONS, CliTransport, RestTransport, split_cluster

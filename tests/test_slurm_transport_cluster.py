@@ -13,7 +13,8 @@ import time
 import pytest
 
 from halo_sched.backends.base import JobStatus
-from halo_sched.backends.slurm.request import SbatchRequest, request_of
+from halo_sched.backends.slurm.request import SbatchRequest
+from helpers import request_of
 from halo_sched.backends.slurm.transport import CliTransport, RestTransport, default_runner, rest_job_properties
 from helpers import slurm_jwt
 

@@ -175,9 +175,7 @@ class JobState:
         spares, how many are left and which node each replaced."""
         text = self._describe()
         if self.spares:
-            from .slurm.spares import describe
-
-            text += f"; {describe(self.spares)}"
+            text += f"; {_describe_spares(self.spares)}"
         return text
 
     def _describe(self) -> str:
@@ -219,6 +217,16 @@ def _signal_words(state: JobState) -> str:
     except ValueError:
         name = ""
     return f" (128+{sig}: killed by signal {sig}{name})"
+
+
+def _describe_spares(spares: dict) -> str:
+    """``1 spare left`` / ``0 of 1 spares left (node2 -> node3: NCCL network error)``."""
+    left, total = spares["left"], spares["total"]
+    head = f"{left} spare{'s' if left != 1 else ''} left" if not spares["swaps"] else \
+        f"{left} of {total} spare{'s' if total != 1 else ''} left"
+    moved = ", ".join(f"{s['bad']} -> {s['spare']}" + (f": {s['reason']}" if s["reason"] else "")
+                      for s in spares["swaps"])
+    return head + (f" ({moved})" if moved else "")
 
 
 __all__ = ["JobState", "JobStatus", "NomadDetail", "SlurmDetail"]

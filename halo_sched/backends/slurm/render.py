@@ -82,8 +82,9 @@ def sbatch_request(launch: Launch) -> SbatchRequest:
     trainer = launch.trainer
     opts = [Setting("job-name", check(launch.name, "job name", "name")),
             # With server roles: one allocation for every role (the template says which nodes).
+            # Hot spares (slurm.spare_nodes): the allocation holds them beside the trainer's nodes.
             Setting("nodes", checked_int(launch.all_nodes, "nodes") if launch.servers else
-                    checked_int(trainer.nodes, "nodes")),
+                    checked_int(trainer.nodes, "nodes") + checked_int(s.spare_nodes, "slurm.spare_nodes")),
             Setting("ntasks-per-node", 1)]
     if launch.max_gpus:
         opts.append(Setting("gpus-per-node", str(checked_int(launch.max_gpus, "gpus_per_node"))))

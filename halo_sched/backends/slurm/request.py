@@ -64,8 +64,3 @@ class SbatchRequest:
 
     def with_script(self, script: str) -> "SbatchRequest":
         return replace(self, script=script)
-
-
-def request_of(script: str, args: Iterable[str] = (), secret_names: Iterable[str] = ()) -> SbatchRequest:
-    """A request for a script written by hand: ``args`` (``--name[=value]``) are its options."""
-    return SbatchRequest(script=script, secret_names=tuple(secret_names)).with_options(*args)

@@ -74,14 +74,4 @@ def spares_state(total: int, swaps: list[dict]) -> dict:
     return {"total": total, "left": max(0, total - len(swaps)), "swaps": swaps}
 
 
-def describe(spares: dict) -> str:
-    """``1 spare left`` / ``0 of 1 spares left (node2 -> node3: NCCL network error)``."""
-    left, total = spares["left"], spares["total"]
-    head = f"{left} spare{'s' if left != 1 else ''} left" if not spares["swaps"] else \
-        f"{left} of {total} spare{'s' if total != 1 else ''} left"
-    moved = ", ".join(f"{s['bad']} -> {s['spare']}" + (f": {s['reason']}" if s["reason"] else "")
-                      for s in spares["swaps"])
-    return head + (f" ({moved})" if moved else "")
-
-
-__all__ = ["describe", "parse_swap", "spares_state", "swaps_in", "swaps_of"]
+__all__ = ["parse_swap", "spares_state", "swaps_in", "swaps_of"]
