@@ -117,6 +117,12 @@ class Rig:
     def delay(self, host: str, ms: int) -> None:
         self.sh("delay", host, str(ms))
 
+    def enter(self, host: str) -> list[str]:
+        """The argv prefix that runs a command on ``host`` (its network, hostname and hosts file),
+        as ``multihost.sh exec`` does: nsenter into its anchor's namespaces."""
+        pid = (Path(self.env["HALO_MULTIHOST_DIR"]) / "run" / f"anchor-{host}.pid").read_text().strip()
+        return [shutil.which("nsenter") or "nsenter", "-t", pid, "--net", "--uts", "--mount", "--"]
+
     def exec(self, host: str, *cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
         return run_script("exec", host, *cmd, timeout=timeout)
 
