@@ -311,6 +311,31 @@ def test_a_slow_link_makes_a_rank_on_that_host_the_straggler(tmp_path, rig):
     assert m and m[2] == "1" and int(m[1]) in (2, 3), text
 
 
+def test_preflight_gives_per_link_figures_and_names_the_slow_link(tmp_path, rig):
+    """`halo-sched preflight` on three hosts over data0 with `delay h1 50`: a figure per link
+    (each node's first rank to rank 0, between the hosts' own data0 interfaces); the slow one,
+    h1's, is the slowest pair named with its host, and with --min-mibps the only one below it."""
+    env = slurm_env(rig.env)
+    job = example_job(tmp_path, 29500, nodes=3, nproc_per_node=1, network={"interface": "data0"},
+                      slurm={"extra_args": ["--nodelist=h0,h1,h2"]})
+    rig.delay("h1", 50)
+    t0 = time.monotonic()
+    r = cli("preflight", str(job), "--backend", "slurm", "--size", "4M", "--timeout", "180", "--min-mibps", "30",
+            "--quiet", cwd=tmp_path, env=env, timeout=240)
+    took = time.monotonic() - t0
+    print(r.stdout, r.stderr[-2000:], f"{took:.1f} s", sep="\n")
+    assert "check interface" in r.stdout and "FAIL  node" not in r.stdout, r.stdout
+    pairs = {int(n): float(v.replace(",", "")) for n, v in
+             re.findall(r"^send/recv node (\d) -> node 0\s+([0-9,.]+)", r.stdout, re.M)}
+    assert sorted(pairs) == [1, 2], r.stdout
+    # The delayed link is many times slower than the undelayed one measured beside it.
+    assert pairs[1] * 4 < pairs[2], pairs
+    assert re.search(r"^slowest pair: node 1 \(h1\) -> node 0: ", r.stdout, re.M), r.stdout
+    assert r.returncode == 1 and "verdict: FAIL" in r.stdout, r.stdout
+    assert re.search(r"^  - send/recv node 1 -> node 0: [0-9,.]+ MiB/s is below --min-mibps 30$", r.stdout, re.M), r.stdout
+    assert "send/recv node 2 -> node 0: " not in r.stdout.split("verdict:")[1], r.stdout
+
+
 def test_the_rig_refuses_a_network_this_machine_routes(rig):
     from cluster.multihost_fixtures import run_script
 
