@@ -277,11 +277,16 @@ def test_a_host_cut_during_rendezvous_is_named_within_the_rendezvous_timeout(tmp
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "issue 31 finding: with h1's outgoing data0 packets 50 ms late, the ranks on h0 leave each all_reduce "
-    "50 ms after h1's (they wait for h1's data) and so report the next step 50 ms late: status names rank 1 "
-    "(node 0, h0), 0.05 s behind the median rank, the receiving end of the slow link. The straggler rule "
-    "(halo_sched/node/stragglers.py) sees only when a rank reports, which cannot tell a slow sender from a "
-    "slow rank; telling them apart needs each rank's collective exit time as well (docs/failures.md)"))
+    "issue 31 finding, not the delay's stand-in: with every packet h1 sends on data0 held 50 ms at its peers "
+    "(as netem on h1's data0 would; since 2026-12-02 the queue is at the receivers, so TCP is not throttled "
+    "as it was with the queue on h1's OUTPUT), status says 'node 0: step 24, 0.20 s/step; node 1: step 24, "
+    "0.20 s/step; slowest: rank 1 (node 0), 0.05 s behind the median rank each step (25% of the 0.20 s step), "
+    "over the last 25 steps': h0's ranks wait for h1's late data, leave each all_reduce 50 ms after h1's "
+    "and report the next step that much later. The straggler rule (halo_sched/node/stragglers.py) sees "
+    "only when each rank reports (progress.py: one time per step), and a rank on the receiving end of a slow "
+    "link reports exactly as a rank with 50 ms more compute would; telling them apart needs a second time "
+    "per step, when each rank left the collective, which the progress protocol does not carry "
+    "(docs/failures.md, Stragglers)"))
 def test_a_slow_link_makes_a_rank_on_that_host_the_straggler(tmp_path, rig):
     """delay h1 50: every packet h1 sends on data0 is 50 ms late. The ranks report after their
     compute and before the step's all_reduce; `status` should name a rank on h1 as the slowest
