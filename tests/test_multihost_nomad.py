@@ -15,7 +15,8 @@ import pytest
 from cluster.multihost_fixtures import _rig_session, rig, veth_bytes  # noqa: F401  (the fixtures)
 from helpers import REPO, load_nomad_helper, nomad_sim_job, wait_dead
 
-pytestmark = [pytest.mark.torch, pytest.mark.multihost]
+# slurm too: the rig it runs on is a SLURM cluster (multihost.sh up starts slurmctld and a slurmd per host).
+pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.multihost]
 
 client_sim = load_nomad_helper("client_sim")
 MB = 1 << 20
