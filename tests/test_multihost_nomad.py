@@ -67,3 +67,43 @@ def test_a_nomad_job_trains_across_two_hosts_on_data0(tmp_path, rig, client_inte
     assert all(a == leader.host.ip and i == "data0" for _, _, a, i in probes), probes
     assert t["data0"] > 40 * MB, t
     assert t["mgmt0"] < 4 * MB, t
+
+
+def test_a_host_cut_mid_training_on_nomad_is_named_and_the_job_stopped(tmp_path, rig):
+    """`cut h1` while a 2-node job trains on h0 and h1: h1's client stops heartbeating with its
+    link (client_sim.Heartbeats: the heartbeats cross the host's own mgmt0 to the rig's bridge),
+    the servers mark it down 20 s later (TTL 10 s + grace 10 s, nomad/heartbeat.go; fake_api
+    node_down, 2.0.5 rules: the rank stays `unknown`), and halo-sched's watcher stops the job,
+    naming node rank 1 on Nomad node h1, within hang.timeout_s + 30 s; nothing is left running
+    on h0."""
+    from halo_sched.backends.nomad.watchdog import watch_job
+
+    hosts = [client_sim.SimHost(h, rig.enter(h), network_interface="data0") for h in ("h0", "h1")]
+    fields = {"name": "mh-nomad-cut", "nodes": 2, "network": {"interface": "data0"}, "hang": {"timeout_s": 30},
+              "trainer": {"script": str(REPO / "tests" / "trainers" / "hang.py"),
+                          "args": ["--steps", "300", "--step-time", "0.2"]}}
+    with nomad_sim_job(tmp_path, fields, hosts=hosts) as (fake, sched, cluster, job_id), \
+            client_sim.Heartbeats(hosts, "10.77.0.1", fake.node_down) as beats:
+        allocs = {a.host.name: a for a in cluster.allocations}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(
+                f" of 2 on {h}" in cluster.stdout(a.name) + cluster.stderr(a.name) for h, a in allocs.items()):
+            time.sleep(0.5)
+        allocs = {a.host.name: a for a in cluster.allocations}
+        assert set(allocs) == {"h0", "h1"}, allocs
+        time.sleep(8)  # training: the world formed, steps of 0.2 s
+        assert sched.query([job_id])[job_id].status.name == "RUNNING"
+        rig.cut("h1")
+        cut_at = time.monotonic()
+        result = watch_job(sched._client, job_id, wait_s=0, poll_s=1.0, timeout=120)
+        took = time.monotonic() - cut_at
+        text = result.state.describe() if result.state else ""
+        print(f"stopped={result.stopped} after {took:.1f} s; down: {beats.down}; {result.stop_reason}; {text}")
+        assert beats.down == ["h1"], beats.down
+        assert result.stopped and result.state.status.name == "NODE_FAIL", (result, text)
+        assert took <= 30 + 30, took
+        assert "node rank 1" in result.stop_reason and "h1" in text, (result.stop_reason, text)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not allocs["h0"].terminal:
+            time.sleep(0.5)
+        assert allocs["h0"].terminal and rig.job_pids("h0", "hang.py") == [], "left running on h0"

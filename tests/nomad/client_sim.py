@@ -160,6 +160,7 @@ __all__ = [
     "docker_user",
     "TaskUser",
     "SimHost",
+    "Heartbeats",
     "fingerprint_address",
     "Allocation",
     "TaskRun",
@@ -1829,6 +1830,92 @@ def fingerprint_address(host: SimHost) -> str:
     if not usable:
         raise SimError(f"{host.name}: interface {iface} has no IPv4 address")
     return usable[0]
+
+
+_HEARTBEAT_CODE = """
+import socket, sys, time
+addr, port, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+while True:
+    try:
+        with socket.create_connection((addr, port), timeout=2) as s:
+            s.sendall(name.encode() + b"\\n")
+    except OSError:
+        pass
+    time.sleep(float(sys.argv[4]))
+"""
+
+
+class Heartbeats:
+    """Each SimHost's client heartbeating to the servers over the host's own network, and the
+    servers' timer that marks a silent node down (``on_down(name)``, e.g. a fake API's node_down).
+
+    Nomad: the client heartbeats the servers (client/client.go ``registerAndHeartbeat`` ->
+    ``Node.UpdateStatus``); the server resets a timer of TTL + heartbeat_grace on each heartbeat
+    and, when it fires, invalidates the node (nomad/heartbeat.go v2.0.5 :107-111, :130-138;
+    defaults nomad/config.go :676-678: min_heartbeat_ttl 10 s, heartbeat_grace 10 s). Deviations:
+    the TTL's random stagger (up to another TTL, ``helper.RandomStagger``) is left out and the
+    client heartbeats every ``interval_s`` rather than about once per TTL, so a node that goes
+    silent is down ``ttl_s + grace_s`` after, where Nomad takes 20-30 s after its last heartbeat.
+    The heartbeat process runs in the host (its ``enter``), so a cut host's heartbeats stop with
+    its link; ``listen`` is an address of this machine the hosts reach (the rig's mgmt bridge)."""
+
+    def __init__(self, hosts: Iterable[SimHost], listen: str, on_down: Callable[[str], Any],
+                 ttl_s: float = 10.0, grace_s: float = 10.0, interval_s: float = 1.0) -> None:
+        import sys
+
+        self.on_down, self.limit = on_down, ttl_s + grace_s
+        self.last: dict[str, float] = {}
+        self.down: list[str] = []
+        self._stop = threading.Event()
+        self._srv = socket.create_server((listen, 0))
+        self._srv.settimeout(0.5)
+        port = self._srv.getsockname()[1]
+        self._procs = [subprocess.Popen([*h.enter, sys.executable, "-c", _HEARTBEAT_CODE, listen, str(port), h.name,
+                                         str(interval_s)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True) for h in hosts]
+        self._threads = [threading.Thread(target=f, daemon=True) for f in (self._accept, self._watch)]
+        for t in self._threads:
+            t.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._srv.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(2)
+                try:
+                    name = conn.recv(256).decode(errors="replace").strip()
+                except OSError:
+                    continue
+            self.last[name] = time.monotonic()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.5):
+            now = time.monotonic()
+            for name, seen in list(self.last.items()):
+                if name not in self.down and now - seen > self.limit:
+                    self.down.append(name)
+                    self.on_down(name)
+
+    def close(self) -> None:
+        self._stop.set()
+        for p in self._procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+        for t in self._threads:
+            t.join(timeout=5)
+        self._srv.close()
+
+    def __enter__(self) -> "Heartbeats":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 class SimCluster:
