@@ -73,22 +73,62 @@ def preflight_spec(spec, size: int, iters: int = DEFAULT_ITERS):
 # ---- reading the results back -----------------------------------------------------------------
 
 
-def parse_lines(lines: Iterable[str]) -> tuple[dict | None, dict[int, dict]]:
-    """(rank 0's result, each node's own checks) from the job's log lines. Anything that is not
-    a whole, valid marker line is skipped: logs interleave and may hold a torn line."""
-    result, nodes = None, {}
+#: A record sent in parts (preflight_bw.emit, for srun's 1024-byte pieces): at most this many
+#: parts, and this many records being put together at once (a hostile log costs no more).
+_MAX_PARTS = 256
+_MAX_OPEN = 16
+_PART_RE = re.compile(r"(?:^|[\s:\]])(" + re.escape(RESULT_MARK) + r"(?:-node)?)"
+                      + re.escape(preflight_bw.PART_SUFFIX) + r" (\{.*\})\s*$")
+
+
+def _whole_lines(lines: Iterable[str]) -> Iterable[tuple[str, str]]:
+    """(mark, JSON text) of each marker line, and of each record put back together from its
+    parts once its last part is read."""
+    open_parts: dict[tuple[str, str], dict[int, bytes]] = {}
     for line in lines:
-        m = _LINE_RE.search(line.rstrip("\n"))
+        line = line.rstrip("\n")
+        m = _LINE_RE.search(line)
+        if m:
+            yield m.group(1), m.group(2)
+            continue
+        m = _PART_RE.search(line)
         if not m:
             continue
         try:
+            part = json.loads(m.group(2))
+            ident, k, n = part["id"], part["k"], part["n"]
+            if not (isinstance(ident, str) and _int(k) and _int(n) and 0 <= k < n <= _MAX_PARTS):
+                continue
+            chunk = base64.b64decode(part["b64"], validate=True)
+        except (ValueError, TypeError, KeyError, RecursionError):
+            continue
+        key = (m.group(1), ident[:64])
+        if key not in open_parts and len(open_parts) >= _MAX_OPEN:
+            open_parts.pop(next(iter(open_parts)))
+        got = open_parts.setdefault(key, {})
+        got[k] = chunk[:preflight_bw.PART_BYTES]
+        if len(got) == n and set(got) == set(range(n)):
+            del open_parts[key]
+            try:
+                yield key[0], b"".join(got[i] for i in range(n)).decode()
+            except UnicodeDecodeError:
+                continue
+
+
+def parse_lines(lines: Iterable[str]) -> tuple[dict | None, dict[int, dict]]:
+    """(rank 0's result, each node's own checks) from the job's log lines. Anything that is not
+    a whole, valid marker line (or a whole record of parts) is skipped: logs interleave and may
+    hold a torn line."""
+    result, nodes = None, {}
+    for mark, text in _whole_lines(lines):
+        try:
             # A rank printed it: no NaN/Infinity (1e400 is one too), no lone surrogate.
-            data = valid_data(json.loads(m.group(2), parse_constant=_not_a_number, parse_float=_finite))
+            data = valid_data(json.loads(text, parse_constant=_not_a_number, parse_float=_finite))
         except (ValueError, RecursionError):
             continue
         if not isinstance(data, dict):
             continue
-        if m.group(1) == RESULT_MARK:
+        if mark == RESULT_MARK:
             if _valid_result(data):
                 result = data  # the last one wins (a requeued job prints again)
         elif _int(data.get("node")) and _valid_checks(data.get("checks")):

@@ -230,12 +230,14 @@ SIM_TOKEN = "tok-sim"
 
 
 @contextlib.contextmanager
-def nomad_sim_job(tmp_path: Path, fields: dict, nodes: int = 2):
+def nomad_sim_job(tmp_path: Path, fields: dict, nodes: int = 2, hosts: list | None = None):
     """A job submitted to the fake Nomad API (tests/nomad/fake_api.py, the servers) whose
     allocations run for real in the client simulator (tests/nomad/client_sim.py, the clients) on
     ``nodes`` CPU nodes: the job file's ``fields`` over 2 processes a node, raw_exec, a free
     rendezvous port (60 s timeout) and one thread per rank. Yields (fake, scheduler, cluster,
-    job id); the simulator's exits and logs come back through the API, nothing copied by hand."""
+    job id); the simulator's exits and logs come back through the API, nothing copied by hand.
+    ``hosts`` (client_sim.SimHost, e.g. the multi-host rig's namespaces) are the client nodes
+    instead, by their names: each allocation runs on the host the fake's scheduler chose."""
     from halo_sched.backends.nomad import NomadScheduler
     from halo_sched.backends.nomad.client import NomadClient, NomadConfig
     from halo_sched.models import JobSpec
@@ -245,7 +247,8 @@ def nomad_sim_job(tmp_path: Path, fields: dict, nodes: int = 2):
                                    "rendezvous": {"port": free_port(), "timeout_s": 60},
                                    "nomad": {"driver": "raw_exec"}, **fields})
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
-    with fake_api.FakeNomad([fake_api.FakeNode(f"sim-{i}", gpus=0) for i in range(nodes)], token=SIM_TOKEN) as fake:
+    names = [h.name for h in hosts] if hosts else [f"sim-{i}" for i in range(nodes)]
+    with fake_api.FakeNomad([fake_api.FakeNode(n, gpus=0) for n in names], token=SIM_TOKEN) as fake:
         sched = NomadScheduler(client=NomadClient(NomadConfig(address=fake.address, token=SIM_TOKEN, retry_attempts=1)))
         dry = sched.dryrun(spec)
         # As Scheduler.submit: a failure key, in the trainer tasks' Env as registered and in the record.
@@ -255,7 +258,7 @@ def nomad_sim_job(tmp_path: Path, fields: dict, nodes: int = 2):
 
         key = new_failure_key()
         with client_sim.SimCluster(with_failure_key(dry.payload, key)["Job"], tmp_path / "nomad",
-                                   host_env=env) as cluster:
+                                   host_env=env, hosts=hosts) as cluster:
             fake.attach_sim(cluster)
             with failure_key_in_env(key):
                 job_id = sched.schedule(dry)

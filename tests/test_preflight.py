@@ -89,6 +89,35 @@ def test_parse_lines_reads_any_backend_prefix_and_skips_torn_lines():
     assert nodes == {1: node}
 
 
+def _srun_relayed(text: str, label: str) -> list[str]:
+    """A task's output as srun --label writes it: each line in pieces of at most 1024 bytes
+    (SLURM_IO_MAX_MSG_LEN, slurmstepd io.c _task_build_message), each piece labelled."""
+    out = []
+    for line in text.splitlines():
+        raw = line.encode()
+        out += [f"{label}{raw[i:i + 1024].decode(errors='replace')}\n" for i in range(0, max(len(raw), 1), 1024)]
+    return out
+
+
+def test_a_result_longer_than_srun_relays_whole_is_read_back(capsys):
+    """A 16-node result (found with 3 nodes on the multi-host rig: 1,024+ bytes) goes out in
+    parts that srun relays whole, interleaved with another node's lines; the reader puts it back
+    together. A part missing or forged is no result."""
+    big = {**RESULT, "nodes": 16, "hosts": {str(i): f"host-{i:02d}.example" for i in range(16)},
+           "pairs": [{"src": i, "dst": 0, "bytes": 4194304, "seconds": [0.0123456789012345] * 3, "mib_s": 300.0 + i}
+                     for i in range(1, 16)]}
+    preflight_bw.emit(preflight.RESULT_MARK, big)
+    out = capsys.readouterr().out
+    assert len(json.dumps(big)) > 2048 and all(len(ln.encode()) <= 1024 for ln in out.splitlines()), out
+    lines = _srun_relayed(out, "0: [rank 0] ")
+    lines[1:1] = [_line(preflight.NODE_MARK, {"node": 1, "host": "b", "checks": []}, "1: ")]
+    result, nodes = preflight.parse_lines(lines)
+    assert result == big and nodes[1]["host"] == "b"
+    assert preflight.parse_lines(lines[:2] + lines[3:])[0] is None  # a part lost
+    forged = [ln.replace('"n":', '"n":1,"x":') for ln in lines]
+    assert preflight.parse_lines(forged)[0] is None
+
+
 @pytest.mark.parametrize("bad", [
     {"pairs": [{**RESULT["pairs"][0], "mib_s": "NaN"}]},  # spelled as JSON's NaN below
     {"pairs": [{**RESULT["pairs"][0], "mib_s": "1e400"}]},  # a float beyond range: Infinity

@@ -434,37 +434,59 @@ cmd_heal() {
 }
 
 # delay: this kernel may have no netem qdisc (CONFIG_NET_SCH_NETEM), so the delay is netem's where
-# it exists, and otherwise the rig's own: every IPv4 packet h sends on data0 goes to an NFQUEUE
-# (iptables in h's namespace) and a small program (multihost_delay.py) lets it go MS later, in
-# order. Either way only h's outgoing data0 packets are late, as with netem on data0's root.
+# it exists, and otherwise the rig's own: on every other host, each IPv4 packet that arrives on
+# data0 from h's data0 address goes to an NFQUEUE (iptables INPUT in that host's namespace) and a
+# small program there (multihost_delay.py) lets it go MS later, in order. Either way every packet
+# h sends on data0 reaches its peer MS late, as with netem on h's data0 root.
+# Not on h's own OUTPUT: netem lets go of a delayed packet's socket memory at once
+# (net/sched/sch_netem.c netem_enqueue: skb_orphan_partial when a delay is set), an NFQUEUE on
+# the sender does not, so TCP Small Queues held h's sockets to ~2 packets per delay: 1 MB took
+# 16 s from h1 to h0 with 50 ms there (70 KB/s), 0.33 s held on the receiving side.
+delay_queue() { echo $((70 + $(host_index "$1"))); }  # one queue per delayed host, in each peer
+
+undelay() {
+    local h=$1 g i q pidf pid src
+    i=$(ns "$h")
+    q=$(delay_queue "$h")
+    src=$(data_addr "$h")
+    ip netns exec "$i" tc qdisc del dev data0 root 2>/dev/null || true
+    for g in "${HOSTS[@]}"; do
+        [[ $g == "$h" ]] && continue
+        while ip netns exec "$(ns "$g")" iptables -w -D INPUT -i data0 -s "$src" -j NFQUEUE --queue-num "$q" --queue-bypass 2>/dev/null; do :; done
+        pidf=$STATE/run/delay-$h-at-$g.pid
+        pid=$(pid_from "$pidf")
+        if pid_alive "$pid"; then kill "$pid" 2>/dev/null || true; fi
+        rm -f "$pidf"
+    done
+}
+
 cmd_delay() {
-    local h=$1 ms=$2 i pidf pid
+    local h=$1 ms=$2 g q pidf logf t
     host_index "$h" >/dev/null
     [[ $ms =~ ^[0-9]+$ ]] || die "delay takes whole milliseconds, not '$ms'"
-    i=$(ns "$h")
-    pidf=$STATE/run/delay-$h.pid
-    # Undo any earlier delay first.
-    ip netns exec "$i" tc qdisc del dev data0 root 2>/dev/null || true
-    while ip netns exec "$i" iptables -w -D OUTPUT -o data0 -j NFQUEUE --queue-num 77 --queue-bypass 2>/dev/null; do :; done
-    pid=$(pid_from "$pidf")
-    if pid_alive "$pid"; then kill "$pid" 2>/dev/null || true; fi
-    rm -f "$pidf"
+    undelay "$h"
     if ((ms == 0)); then log "delay $h: none"; return 0; fi
-    if ip netns exec "$i" tc qdisc add dev data0 root netem delay "${ms}ms" 2>/dev/null; then
+    if ip netns exec "$(ns "$h")" tc qdisc add dev data0 root netem delay "${ms}ms" 2>/dev/null; then
         log "delay $h: +$ms ms on data0 (netem)"
         return 0
     fi
     command -v iptables >/dev/null || install_packages
-    on_host "$h" setsid python3 "$SCRIPT_DIR/multihost_delay.py" --queue 77 --delay-ms "$ms" \
-        --pid-file "$pidf" </dev/null >>"$STATE/log/delay-$h.log" 2>&1 &
-    local t
-    for ((t = 0; t < 50; t++)); do
-        grep -q "^bound" "$STATE/log/delay-$h.log" 2>/dev/null && [[ -s $pidf ]] && break
-        sleep 0.1
+    q=$(delay_queue "$h")
+    for g in "${HOSTS[@]}"; do
+        [[ $g == "$h" ]] && continue
+        pidf=$STATE/run/delay-$h-at-$g.pid
+        logf=$STATE/log/delay-$h-at-$g.log
+        : >"$logf"
+        on_host "$g" setsid python3 "$SCRIPT_DIR/multihost_delay.py" --queue "$q" --delay-ms "$ms" \
+            --pid-file "$pidf" </dev/null >>"$logf" 2>&1 9>&- &
+        for ((t = 0; t < 50; t++)); do
+            grep -q "^bound" "$logf" 2>/dev/null && [[ -s $pidf ]] && break
+            sleep 0.1
+        done
+        [[ -s $pidf ]] || { tail -n 5 "$logf" >&2 || true; undelay "$h"; die "the delay program did not start on $g"; }
+        ip netns exec "$(ns "$g")" iptables -w -A INPUT -i data0 -s "$(data_addr "$h")" -j NFQUEUE --queue-num "$q" --queue-bypass
     done
-    [[ -s $pidf ]] || { tail -n 5 "$STATE/log/delay-$h.log" >&2 || true; die "the delay program did not start on $h"; }
-    ip netns exec "$i" iptables -w -A OUTPUT -o data0 -j NFQUEUE --queue-num 77 --queue-bypass
-    log "delay $h: +$ms ms on data0 (NFQUEUE; this kernel has no netem)"
+    log "delay $h: +$ms ms on every packet it sends on data0 (NFQUEUE at its peers; this kernel has no netem)"
 }
 
 cmd_status() {
@@ -479,8 +501,13 @@ cmd_status() {
         if ! ip netns list 2>/dev/null | grep -q "^$i\b"; then echo "$h: no namespace $i"; rc=1; continue; fi
         state=linked
         [[ $(cat "/sys/class/net/$(veth_mgmt "$h")/operstate" 2>/dev/null) == up ]] || state=cut
-        delay=$(tr '\0' ' ' <"/proc/$(pid_from "$STATE/run/delay-$h.pid")/cmdline" 2>/dev/null | sed -n 's/.*--delay-ms \([0-9]*\).*/\1 ms/p' || true)
-        [[ -z $(pid_from "$STATE/run/delay-$h.pid") ]] && delay=$(ip netns exec "$i" tc qdisc show dev data0 2>/dev/null | sed -n 's/.*delay \([0-9.]*ms\).*/\1/p')
+        delay=""
+        for f in "$STATE"/run/delay-"$h"-at-*.pid; do
+            [[ -e $f ]] || continue
+            delay=$(tr '\0' ' ' <"/proc/$(pid_from "$f")/cmdline" 2>/dev/null | sed -n 's/.*--delay-ms \([0-9]*\).*/\1 ms/p' || true)
+            break
+        done
+        [[ -n $delay ]] || delay=$(ip netns exec "$i" tc qdisc show dev data0 2>/dev/null | sed -n 's/.*delay \([0-9.]*ms\).*/\1/p')
         p=$(pid_from "$STATE/run/slurmd-$h.pid")
         pid_alive "$p" || rc=1
         printf '%s: mgmt0 %s data0 %s %s, slurmd %s%s\n' "$h" "$(mgmt_addr "$h")" "$(data_addr "$h")" "$state" \

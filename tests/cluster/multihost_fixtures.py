@@ -117,6 +117,12 @@ class Rig:
     def delay(self, host: str, ms: int) -> None:
         self.sh("delay", host, str(ms))
 
+    def enter(self, host: str) -> list[str]:
+        """The argv prefix that runs a command on ``host`` (its network, hostname and hosts file),
+        as ``multihost.sh exec`` does: nsenter into its anchor's namespaces."""
+        pid = (Path(self.env["HALO_MULTIHOST_DIR"]) / "run" / f"anchor-{host}.pid").read_text().strip()
+        return [shutil.which("nsenter") or "nsenter", "-t", pid, "--net", "--uts", "--mount", "--"]
+
     def exec(self, host: str, *cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
         return run_script("exec", host, *cmd, timeout=timeout)
 
@@ -155,13 +161,21 @@ class Rig:
         return out
 
 
-@pytest.fixture(scope="session")
-def _rig_session():
+def require_namespaces() -> None:
+    """Skip the calling test, in one line saying why, where this machine cannot make the rig's
+    namespaces; with CI=true fail it instead (CI runs the rig's tests, as it runs SLURM's)."""
     why = why_no_namespaces()
     if why:
+        why = " ".join(why.split())  # one line, whatever the tool printed
         if _ci():
-            pytest.fail(f"CI=true: the multi-host rig's tests may not be skipped, but this machine cannot run them: {why}")
+            pytest.fail(f"CI=true: the multi-host rig's tests may not be skipped, but this machine cannot run them: {why}",
+                        pytrace=False)
         pytest.skip(f"multi-host rig skipped: {why}")
+
+
+@pytest.fixture(scope="session")
+def _rig_session():
+    require_namespaces()
     with _Lock():
         started_here = run_script("status").returncode != 0
         p = run_script("up", timeout=600)

@@ -159,6 +159,9 @@ __all__ = [
     "docker_argv",
     "docker_user",
     "TaskUser",
+    "SimHost",
+    "Heartbeats",
+    "fingerprint_address",
     "Allocation",
     "TaskRun",
     "ServiceRegistry",
@@ -1621,6 +1624,8 @@ class Allocation:
     #: The servers' clock (SimCluster._clock) when it turned unknown; lost_after counts from here.
     unknown_at: float = 0.0
     service_ids: list[str] = field(default_factory=list)
+    #: The client node it runs on (SimCluster ``hosts``); None: this machine.
+    host: Any = field(default=None, repr=False)
 
     @property
     def group_name(self) -> str:
@@ -1778,6 +1783,141 @@ _UNSIMULATED_GROUP_KEYS = (
 _RAW_EXEC_CONFIG_KEYS = ("command", "args")
 
 
+@dataclass
+class SimHost:
+    """A client node of its own: a host its tasks run on, entered by ``enter`` (an argv prefix,
+    e.g. ``nsenter -t PID --net --uts --mount --`` for a network namespace of
+    tests/cluster/multihost.sh), with its own network fingerprint. ``network_interface`` is the
+    client's option of that name ("" = the interface of the default route)."""
+
+    name: str
+    enter: list[str]
+    network_interface: str = ""
+    #: The fingerprinted address (:func:`fingerprint_address`): the ports' HostIP, the services'
+    #: address, ``attr.unique.network.ip-address``. Set by SimCluster when empty.
+    ip: str = ""
+    id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    used_ports: set[int] = field(default_factory=set, repr=False)
+
+
+def fingerprint_address(host: SimHost) -> str:
+    """The address the client's network fingerprint gives the node, read on the host itself.
+
+    client/fingerprint/network.go (v2.0.5): ``findInterface`` takes the ``network_interface``
+    option, else the interface of the default route, and fails without either ("no
+    network_interface given and failed to determine interface attached to default route");
+    ``createNetworkResources`` takes that interface's addresses, link-local ones only when
+    nothing else, IPv4 first (``sortNetworkResources``), and the first becomes
+    ``unique.network.ip-address``; ``deriveAddressAliases`` gives the same interface's addresses
+    the host network alias "default", from which the scheduler assigns every port that names no
+    ``host_network`` (nomad/structs/network.go ``AssignPorts``: ``HostIP: addr.Address``)."""
+
+    def run(*argv: str) -> str:
+        p = subprocess.run([*host.enter, *argv], capture_output=True, text=True, timeout=30)
+        if p.returncode != 0:
+            raise SimError(f"{host.name}: {' '.join(argv)}: {p.stderr.strip()[:200]}")
+        return p.stdout
+
+    iface = host.network_interface
+    if not iface:
+        m = re.search(r"\bdev (\S+)", run("ip", "-4", "route", "show", "default"))
+        if not m:
+            raise SimError(f"{host.name}: Error while detecting network interface  during fingerprinting: "
+                           "no network_interface given and failed to determine interface attached to default route")
+        iface = m[1]
+    addrs = re.findall(r"\binet (\d+\.\d+\.\d+\.\d+)/", run("ip", "-4", "-o", "addr", "show", "dev", iface))
+    usable = [a for a in addrs if not a.startswith("169.254.")] or addrs
+    if not usable:
+        raise SimError(f"{host.name}: interface {iface} has no IPv4 address")
+    return usable[0]
+
+
+_HEARTBEAT_CODE = """
+import socket, sys, time
+addr, port, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+while True:
+    try:
+        with socket.create_connection((addr, port), timeout=2) as s:
+            s.sendall(name.encode() + b"\\n")
+    except OSError:
+        pass
+    time.sleep(float(sys.argv[4]))
+"""
+
+
+class Heartbeats:
+    """Each SimHost's client heartbeating to the servers over the host's own network, and the
+    servers' timer that marks a silent node down (``on_down(name)``, e.g. a fake API's node_down).
+
+    Nomad: the client heartbeats the servers (client/client.go ``registerAndHeartbeat`` ->
+    ``Node.UpdateStatus``); the server resets a timer of TTL + heartbeat_grace on each heartbeat
+    and, when it fires, invalidates the node (nomad/heartbeat.go v2.0.5 :107-111, :130-138;
+    defaults nomad/config.go :676-678: min_heartbeat_ttl 10 s, heartbeat_grace 10 s). Deviations:
+    the TTL's random stagger (up to another TTL, ``helper.RandomStagger``) is left out and the
+    client heartbeats every ``interval_s`` rather than about once per TTL, so a node that goes
+    silent is down ``ttl_s + grace_s`` after, where Nomad takes 20-30 s after its last heartbeat.
+    The heartbeat process runs in the host (its ``enter``), so a cut host's heartbeats stop with
+    its link; ``listen`` is an address of this machine the hosts reach (the rig's mgmt bridge)."""
+
+    def __init__(self, hosts: Iterable[SimHost], listen: str, on_down: Callable[[str], Any],
+                 ttl_s: float = 10.0, grace_s: float = 10.0, interval_s: float = 1.0) -> None:
+        import sys
+
+        self.on_down, self.limit = on_down, ttl_s + grace_s
+        self.last: dict[str, float] = {}
+        self.down: list[str] = []
+        self._stop = threading.Event()
+        self._srv = socket.create_server((listen, 0))
+        self._srv.settimeout(0.5)
+        port = self._srv.getsockname()[1]
+        self._procs = [subprocess.Popen([*h.enter, sys.executable, "-c", _HEARTBEAT_CODE, listen, str(port), h.name,
+                                         str(interval_s)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True) for h in hosts]
+        self._threads = [threading.Thread(target=f, daemon=True) for f in (self._accept, self._watch)]
+        for t in self._threads:
+            t.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._srv.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(2)
+                try:
+                    name = conn.recv(256).decode(errors="replace").strip()
+                except OSError:
+                    continue
+            self.last[name] = time.monotonic()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.5):
+            now = time.monotonic()
+            for name, seen in list(self.last.items()):
+                if name not in self.down and now - seen > self.limit:
+                    self.down.append(name)
+                    self.on_down(name)
+
+    def close(self) -> None:
+        self._stop.set()
+        for p in self._procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+        for t in self._threads:
+            t.join(timeout=5)
+        self._srv.close()
+
+    def __enter__(self) -> "Heartbeats":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 class SimCluster:
     """A one-host stand-in for a Nomad cluster running one job.
 
@@ -1801,6 +1941,7 @@ class SimCluster:
         docker_images: dict[str, StandInImage] | None = None,
         nomad_version: str = "2.0.5",
         poll_interval: float = 0.2,
+        hosts: list[SimHost] | None = None,
     ) -> None:
         if "Job" in job and "TaskGroups" not in job:
             raise SimError("pass the job itself (payload['Job']), not the {'Job': ...} payload")
@@ -1866,7 +2007,22 @@ class SimCluster:
             if not (k.startswith("node.") or k.startswith("attr.") or k.startswith("meta.")):
                 raise SimError(f"node attribute {k!r} must start with node., attr. or meta.")
             self.node_attrs[k] = str(v)
+        #: Client nodes of their own (SimHost): each allocation runs on one, with that node's
+        #: name, fingerprinted address and ports; None: every allocation on this machine.
+        self.hosts: dict[str, SimHost] = {}
+        for h in hosts or []:
+            if not h.ip:
+                h.ip = fingerprint_address(h)
+            self.hosts[h.name] = h
         self._validate_job()
+
+    def attrs(self, alloc: Allocation) -> dict[str, str]:
+        """The node attributes of the allocation's node (its own on a SimHost)."""
+        h = alloc.host
+        if h is None:
+            return self.node_attrs
+        return {**self.node_attrs, "node.unique.id": h.id, "node.unique.name": h.name,
+                "attr.unique.hostname": h.name, "attr.unique.network.ip-address": h.ip}
 
     # -- validation ------------------------------------------------------------------------------
 
@@ -1973,8 +2129,11 @@ class SimCluster:
 
     # -- placement -------------------------------------------------------------------------------
 
-    def place(self, group_names: Iterable[str] | None = None) -> list[Allocation]:
+    def place(self, group_names: Iterable[str] | None = None, node: str | None = None) -> list[Allocation]:
         """Create the allocations of the named groups (all groups when None).
+
+        With ``hosts``, each runs on ``node`` (a host's name: the node the servers chose) or, when
+        None, on the host with the fewest live allocations (the first of those).
 
         A group name places every index of 0..Count-1 that no live allocation holds (lowest
         first, as ``AllocNameIndex.Next`` in scheduler/reconciler/allocs.go); ``group[K]`` places
@@ -2006,11 +2165,21 @@ class SimCluster:
                         raise SimError(f"{gname}[{index}] is already placed")
                     wanted.append((g, index))
             for g, index in wanted:
-                created.append(self._new_alloc(g, index))
+                created.append(self._new_alloc(g, index, self._host_for(node)))
             # Only a placement that fully succeeded counts.
             self._placed.update(a.name for a in created)
             self.allocations.extend(created)
         return created
+
+    def _host_for(self, node: str | None) -> SimHost | None:
+        if not self.hosts:
+            return None
+        if node is not None:
+            if node not in self.hosts:
+                raise SimError(f"no client node {node!r} (nodes: {sorted(self.hosts)})")
+            return self.hosts[node]
+        live = [a.host.name for a in self.allocations if a.host is not None and not a.terminal]
+        return min(self.hosts.values(), key=lambda h: live.count(h.name))
 
     # -- lost nodes (the servers' reconciler, by version) -----------------------------------------
 
@@ -2154,22 +2323,26 @@ class SimCluster:
                 tr.state = "dead"
             self._deregister_alloc(alloc)
 
-    def _new_alloc(self, g: dict[str, Any], index: int) -> Allocation:
+    def _new_alloc(self, g: dict[str, Any], index: int, host: SimHost | None = None) -> Allocation:
         alloc_id = str(uuid.uuid4())
         adir = os.path.join(self.workdir, alloc_id)
         ports: dict[str, dict[str, Any]] = {}
+        # Ports are the node's: used ports are counted per address (nomad/structs/network.go
+        # AssignPorts, getUsedPortsFor(addr.Address)), so two nodes may hold the same static port.
+        used = self._used_ports if host is None else host.used_ports
+        ip = self.host_ip if host is None else host.ip
         for net in g.get("Networks") or []:
             for p in net.get("ReservedPorts") or []:
                 value = int(p["Value"])
-                if value in self._used_ports:
+                if value in used:
                     raise UnsupportedJobError(
                         f"static port {value} ({p['Label']}) is reserved twice on the single simulated "
                         "host; Nomad would need another node for this allocation"
                     )
-                self._used_ports.add(value)
-                ports[p["Label"]] = self._port(p, value)
+                used.add(value)
+                ports[p["Label"]] = self._port(p, value, ip)
             for p in net.get("DynamicPorts") or []:
-                ports[p["Label"]] = self._port(p, self._free_port())
+                ports[p["Label"]] = self._port(p, self._free_port() if host is None else self._host_port(host), ip)
         alloc = Allocation(
             id=alloc_id,
             name=f"{self.job_id}.{g['Name']}[{index}]",
@@ -2177,6 +2350,7 @@ class SimCluster:
             group=g,
             dir=adir,
             ports=ports,
+            host=host,
         )
         # The allocation directory as the client lays it out, modes and owners included
         # (client/allocdir, v2.0.5): the alloc dir 0755, the agent's (alloc_dir.go:357); alloc/
@@ -2201,11 +2375,23 @@ class SimCluster:
             alloc.tasks[t["Name"]] = TaskRun(name=t["Name"], alloc=alloc, spec=t)
         return alloc
 
-    def _port(self, p: dict[str, Any], value: int) -> dict[str, Any]:
+    def _port(self, p: dict[str, Any], value: int, ip: str) -> dict[str, Any]:
         to = int(p.get("To") or 0)
         if to == -1:  # "same as the host port"
             to = value
-        return {"Label": p["Label"], "Value": value, "To": to, "HostIP": self.host_ip}
+        return {"Label": p["Label"], "Value": value, "To": to, "HostIP": ip}
+
+    @staticmethod
+    def _host_port(host: SimHost) -> int:
+        # A node of its own: the dynamic range (default 20000-32000) less the ports this node
+        # handed out (getDynamicPortsStochastic in nomad/structs/network.go). Its network
+        # namespace is the test's own, so nothing else holds a port there.
+        for _ in range(200):
+            port = random.randint(20000, 32000)
+            if port not in host.used_ports:
+                host.used_ports.add(port)
+                return port
+        raise SimError(f"{host.name}: no free dynamic port in 20000-32000")
 
     def _free_port(self) -> int:
         # Nomad picks from its dynamic range (default 20000-32000); check it is bindable here.
@@ -2286,14 +2472,14 @@ class SimCluster:
             env["NOMAD_PORT_" + label] = port
             env["NOMAD_ALLOC_PORT_" + label] = port
             env["NOMAD_HOST_PORT_" + label] = value
-        nodes = self.node_attrs
+        nodes = self.attrs(alloc)
         for k, v in self._combined_meta(alloc.group, task).items():
             for key in ("NOMAD_META_" + k.upper(), "NOMAD_META_" + k):
                 env[replace_env(key, nodes, env)] = replace_env(str(v), nodes, env)
         return env
 
     def _task_env(self, alloc: Allocation, task: dict[str, Any], template_env: dict[str, str]) -> dict[str, str]:
-        nodes = self.node_attrs
+        nodes = self.attrs(alloc)
         env = self._base_env(alloc, task)
         if task.get("Driver") == "docker":
             # An image driver gets none of the agent's environment (client/taskenv/env.go
@@ -2388,7 +2574,7 @@ class SimCluster:
     def _client_path(self, raw: str, tr: TaskRun, env: dict[str, str]) -> str:
         """TaskEnv.ClientPath(raw, joinEscape=true) plus the sandbox check."""
         tdir, shared = tr.dir, tr.alloc.shared_dir
-        path = replace_env(raw, env, self.node_attrs)
+        path = replace_env(raw, env, self.attrs(tr.alloc))
 
         def escapes(p: str) -> bool:
             return all(os.path.relpath(p, base).startswith("..") for base in (tdir, shared))
@@ -2401,7 +2587,7 @@ class SimCluster:
         return path
 
     def _prepare_templates(self, tr: TaskRun, base_env: dict[str, str]) -> None:
-        tr.template_env_view = {**base_env, **self.node_attrs}
+        tr.template_env_view = {**base_env, **self.attrs(tr.alloc)}
         tr.templates = []
         for i, t in enumerate(tr.spec.get("Templates") or []):
             perms = int(t.get("Perms") or "0644", 8)
@@ -2516,7 +2702,7 @@ class SimCluster:
     def _plan(self, tr: TaskRun) -> tuple[list[str], dict[str, str]]:
         """Everything the client does between the last template render and exec."""
         env = self._task_env(tr.alloc, tr.spec, self._template_env(tr))
-        variables = hcl_variables(env, self.node_attrs)
+        variables = hcl_variables(env, self.attrs(tr.alloc))
         where = f"{tr.alloc.name}/{tr.name}"
         tr.user = self._task_user(tr.spec, where)
         if tr.user is not None:
@@ -2555,8 +2741,13 @@ class SimCluster:
                 who: dict[str, Any] = {}
                 if tr.user is not None:  # setgroups, setgid, setuid in the child (_task_user)
                     who = {"user": tr.user.uid, "group": tr.user.gid, "extra_groups": tr.user.groups}
+                run = argv
+                if tr.alloc.host is not None:  # on its node: the host's network, hostname, hosts file
+                    if who:
+                        raise TaskStartError(f"{tr.alloc.name}/{tr.name}: a task user on a SimHost is not simulated")
+                    run = [*tr.alloc.host.enter, *argv]
                 proc = subprocess.Popen(
-                    argv,
+                    run,
                     cwd=tr.dir,
                     env=env,
                     stdin=subprocess.DEVNULL,
@@ -2598,7 +2789,7 @@ class SimCluster:
     # -- services --------------------------------------------------------------------------------
 
     def _registration(self, alloc: Allocation, svc: dict[str, Any], env: dict[str, str], owner: str) -> dict[str, Any]:
-        nodes = self.node_attrs
+        nodes = self.attrs(alloc)
         name = replace_env(svc.get("Name") or "", env, nodes)
         label = replace_env(svc.get("PortLabel") or "", env, nodes)
         if label in alloc.ports:
@@ -2609,12 +2800,16 @@ class SimCluster:
             raise SimError(f"{alloc.name}: service {name!r} port label {label!r} is not a port of the group network")
         else:
             port = 0
-        address = replace_env(svc.get("Address") or "", env, nodes) or self.host_ip
+        # client/serviceregistration/address.go GetAddress (v2.0.5), address mode auto/host: the
+        # port label's AllocatedPortMapping HostIP (the node's fingerprinted address, see
+        # fingerprint_address); without a port label the node's own address.
+        host_ip = alloc.ports[label]["HostIP"] if label in alloc.ports else nodes["attr.unique.network.ip-address"]
+        address = replace_env(svc.get("Address") or "", env, nodes) or host_ip
         return {
             "ID": f"_nomad-task-{alloc.id}-{owner}-{name}-{label}",
             "ServiceName": name,
             "Namespace": self.namespace,
-            "NodeID": self.node_attrs["node.unique.id"],
+            "NodeID": nodes["node.unique.id"],
             "Datacenter": self.node_attrs["node.datacenter"],
             "JobID": self.job_id,
             "AllocID": alloc.id,

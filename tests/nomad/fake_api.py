@@ -464,7 +464,8 @@ class FakeNomad:
             return True
         group, _, index = alloc["Name"][len(alloc["JobID"]) + 1:].rpartition("[")
         try:
-            (sim_alloc,) = sim.place([f"{group}[{index}"])
+            # On the node the servers chose, where the simulator has client nodes of its own.
+            (sim_alloc,) = sim.place([f"{group}[{index}"], node=alloc["NodeName"] if getattr(sim, "hosts", None) else None)
             self._sim_allocs[alloc["ID"]] = sim_alloc
             self._sim_of_alloc[alloc["ID"]] = sim
             sim.start()

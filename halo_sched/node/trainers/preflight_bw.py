@@ -262,9 +262,32 @@ def remove_own_copy(local_rank: int) -> None:
             pass
 
 
+#: srun relays at most 1024 bytes of a line in one piece (SLURM_IO_MAX_MSG_LEN, slurmstepd io.c
+#: _task_build_message) and labels each piece, so a longer line reaches the output file cut in two
+#: and neither half parses (a 3-node result over 4 MiB was 1,024+ bytes on the multi-host rig).
+#: A record longer than LINE_MAX goes out as PART lines, each ``MARK-part {"id", "k", "n", "b64"}``
+#: with at most PART_BYTES of the record's JSON (base64: 4/3 of that), reassembled by the reader
+#: (halo_sched/preflight.py parse_lines).
+LINE_MAX = 900
+PART_BYTES = 600
+PART_SUFFIX = "-part"
+
+
 def emit(mark: str, data: dict) -> None:
-    # One line, flushed at once: the backends' log readers see it whole.
-    sys.stdout.write(f"{mark} {json.dumps(data, separators=(',', ':'), sort_keys=True)}\n")
+    # Whole lines, flushed at once: the backends' log readers see each whole.
+    text = json.dumps(data, separators=(',', ':'), sort_keys=True)
+    if len(mark) + 1 + len(text.encode()) <= LINE_MAX:
+        sys.stdout.write(f"{mark} {text}\n")
+    else:
+        import base64
+
+        raw = text.encode()
+        ident = f"{os.getpid():x}.{time.time_ns():x}"
+        parts = [raw[i:i + PART_BYTES] for i in range(0, len(raw), PART_BYTES)]
+        for k, part in enumerate(parts):
+            body = json.dumps({"id": ident, "k": k, "n": len(parts), "b64": base64.b64encode(part).decode()},
+                              separators=(",", ":"), sort_keys=True)
+            sys.stdout.write(f"{mark}{PART_SUFFIX} {body}\n")
     sys.stdout.flush()
 
 

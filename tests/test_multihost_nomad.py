@@ -1,0 +1,109 @@
+"""The Nomad client simulator on the multi-host rig (issue 31, item 3): its client nodes are the
+rig's hosts h0..h3 (network namespaces, tests/cluster/multihost.sh), each allocation's tasks run
+inside its host (nsenter), and each node's address is its own network fingerprint
+(tests/nomad/client_sim.py ``fingerprint_address``, after client/fingerprint/network.go): the
+ports' HostIP, the services' address, so the worker's ``nomadService`` template reads rank 0's
+address on rank 0's host. The servers are the fake Nomad API (tests/nomad/fake_api.py). Real
+torchrun and gloo, 2 nodes x 2 ranks; the interfaces' byte counters say where the traffic went."""
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from cluster.multihost_fixtures import _rig_session, rig, veth_bytes  # noqa: F401  (the fixtures)
+from helpers import REPO, load_nomad_helper, nomad_sim_job, wait_dead
+
+# slurm too: the rig it runs on is a SLURM cluster (multihost.sh up starts slurmctld and a slurmd per host).
+pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.multihost]
+
+client_sim = load_nomad_helper("client_sim")
+MB = 1 << 20
+
+
+def traffic(before, after) -> dict[str, int]:
+    out = {"mgmt0": 0, "data0": 0}
+    for (h, net), v in after.items():
+        out[net] += v["sent"] - before[(h, net)]["sent"]
+    return out
+
+
+@pytest.mark.parametrize("client_interface", ["mgmt0", "data0"])
+def test_a_nomad_job_trains_across_two_hosts_on_data0(tmp_path, rig, client_interface):
+    """The Nomad clients' ``network_interface`` is ``client_interface`` (a site's choice: its
+    management NIC, or the training network). Rank 0's address, as the leader's NOMAD_IP_ and
+    the worker's nomadService template give it, is that interface's address on rank 0's host;
+    with ``network.interface: data0`` gloo binds data0 on every rank, so the collectives' bytes
+    are on data0 either way, and rank 0's address (its TCP store) is on the client's interface."""
+    hosts = [client_sim.SimHost(h, rig.enter(h), network_interface=client_interface) for h in ("h0", "h1")]
+    net = {"mgmt0": "10.77.0.", "data0": "10.78.0."}[client_interface]
+    # Fingerprinted on each host itself (SimCluster does it for a host without an address).
+    assert [client_sim.fingerprint_address(h) for h in hosts] == [f"{net}10", f"{net}11"], hosts
+    fields = {"name": "mh-nomad", "nodes": 2, "network": {"interface": "data0"},
+              "trainer": {"script": str(REPO / "tests" / "trainers" / "net_probe.py"), "args": ["--steps", "10"]}}
+    before = veth_bytes()
+    t0 = time.monotonic()
+    with nomad_sim_job(tmp_path, fields, hosts=hosts) as (fake, sched, cluster, job_id):
+        wait_dead(fake, sched, job_id, 240)
+        took = time.monotonic() - t0
+        after = veth_bytes()
+        status = sched.query([job_id])[job_id].status
+        allocs = {a.name: a for a in cluster.allocations}
+        out = "".join(cluster.stdout(n) + cluster.stderr(n) for n in allocs)
+        worker = next(a for n, a in allocs.items() if ".workers[" in n)
+        leader = next(a for n, a in allocs.items() if ".node-0[" in n)
+        master_file = (worker.tasks[next(iter(worker.tasks))].dir + "/local/halo-master-addr")
+        master = open(master_file).read().split()
+    t = traffic(before, after)
+    print(out[-4000:], f"status {status.name}; leader on {leader.host.name}, worker on {worker.host.name}; "
+          f"master file {master}; bytes sent {t}; {took:.1f} s", sep="\n")
+    assert status.name == "COMPLETED", out[-4000:]
+    assert {leader.host.name, worker.host.name} == {"h0", "h1"}
+    # The registration's address is the leader's host's own (its port's HostIP), read by the worker.
+    assert master[0] == leader.host.ip and master[0].startswith(net), master
+    probes = re.findall(r"net-probe rank (\d) host (h\d) master_addr (\S+) gloo_ifname (\S+)", out)
+    assert len(probes) == 4 and {p[1] for p in probes} == {"h0", "h1"}, probes
+    assert all(a == leader.host.ip and i == "data0" for _, _, a, i in probes), probes
+    assert t["data0"] > 40 * MB, t
+    assert t["mgmt0"] < 4 * MB, t
+
+
+def test_a_host_cut_mid_training_on_nomad_is_named_and_the_job_stopped(tmp_path, rig):
+    """`cut h1` while a 2-node job trains on h0 and h1: h1's client stops heartbeating with its
+    link (client_sim.Heartbeats: the heartbeats cross the host's own mgmt0 to the rig's bridge),
+    the servers mark it down 20 s later (TTL 10 s + grace 10 s, nomad/heartbeat.go; fake_api
+    node_down, 2.0.5 rules: the rank stays `unknown`), and halo-sched's watcher stops the job,
+    naming node rank 1 on Nomad node h1, within hang.timeout_s + 30 s; nothing is left running
+    on h0."""
+    from halo_sched.backends.nomad.watchdog import watch_job
+
+    hosts = [client_sim.SimHost(h, rig.enter(h), network_interface="data0") for h in ("h0", "h1")]
+    fields = {"name": "mh-nomad-cut", "nodes": 2, "network": {"interface": "data0"}, "hang": {"timeout_s": 30},
+              "trainer": {"script": str(REPO / "tests" / "trainers" / "hang.py"),
+                          "args": ["--steps", "300", "--step-time", "0.2"]}}
+    with nomad_sim_job(tmp_path, fields, hosts=hosts) as (fake, sched, cluster, job_id), \
+            client_sim.Heartbeats(hosts, "10.77.0.1", fake.node_down) as beats:
+        allocs = {a.host.name: a for a in cluster.allocations}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(
+                f" of 2 on {h}" in cluster.stdout(a.name) + cluster.stderr(a.name) for h, a in allocs.items()):
+            time.sleep(0.5)
+        allocs = {a.host.name: a for a in cluster.allocations}
+        assert set(allocs) == {"h0", "h1"}, allocs
+        time.sleep(8)  # training: the world formed, steps of 0.2 s
+        assert sched.query([job_id])[job_id].status.name == "RUNNING"
+        rig.cut("h1")
+        cut_at = time.monotonic()
+        result = watch_job(sched._client, job_id, wait_s=0, poll_s=1.0, timeout=120)
+        took = time.monotonic() - cut_at
+        text = result.state.describe() if result.state else ""
+        print(f"stopped={result.stopped} after {took:.1f} s; down: {beats.down}; {result.stop_reason}; {text}")
+        assert beats.down == ["h1"], beats.down
+        assert result.stopped and result.state.status.name == "NODE_FAIL", (result, text)
+        assert took <= 30 + 30, took
+        assert "node rank 1" in result.stop_reason and "h1" in text, (result.stop_reason, text)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not allocs["h0"].terminal:
+            time.sleep(0.5)
+        assert allocs["h0"].terminal and rig.job_pids("h0", "hang.py") == [], "left running on h0"
