@@ -12,7 +12,7 @@ FRAGMENTS = TEMPLATES / "fragments.sh.j2"
 # A line that belongs to each fragment alone, and which templates write it.
 SHARED = {
     "the deadline loop": ("SECONDS - halo_started)) -ge", "poll_until_deadline",
-                          ["entry.sh.j2", "server.sh.j2", "entry_servers.sh.j2"]),
+                          ["server.sh.j2"]),
     "the loopback check": ("127.* | localhost | ::1", "refuse_loopback", ["slurm/sbatch.sh.j2"]),
     "the warning traps": ("trap halo_warning {{ warning.carrier", "warning_traps", ["entry.sh.j2"]),
     "the failure exit": ("halo_fail() {", "fail_function", ["entry.sh.j2", "server.sh.j2", "slurm/sbatch.sh.j2"]),

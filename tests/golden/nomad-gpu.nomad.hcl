@@ -101,21 +101,17 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-cc012f15"
-        right_delimiter = "halo-cc012f15]]"
+        left_delimiter  = "[[halo-87f5107c"
+        right_delimiter = "halo-87f5107c]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes, the same on every node.
 # Its input: HALO_NODE_RANK (+ HALO_NODE_RANK_OFFSET), HALO_MASTER_ADDR/HALO_MASTER_PORT or HALO_MASTER_ADDR_FILE.
 set -e
-# The job's failure key: this node's reporters sign their failure lines with it, and a line a rank
-# prints is no verdict because no rank can read it from its environment (docs/failures.md).
+# The failure key signs this node's failure lines; no rank can read it (docs/failures.md).
 halo_failure_key=$${HALO_FAILURE_KEY:-}
 unset HALO_FAILURE_KEY
-halo_fail() {
-  echo "halo-sched: node $halo_rank: $*" >&2
-  exit 1
-}
+halo_fail() { echo "halo-sched: node $halo_rank: $*" >&2; exit 1; }
 halo_rank=$HALO_NODE_RANK
 # Nomad's worker group passes its allocation index and HALO_NODE_RANK_OFFSET=1 ($${} cannot add).
 halo_offset=$${HALO_NODE_RANK_OFFSET:-0}
@@ -126,9 +122,8 @@ esac
 halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not octal
 [ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank (HALO_NODE_RANK + offset $halo_offset) is outside 0..1"
 
-# The warning (SIGUSR2) is ignored here, in setup, torchrun and the ranks; the trainer installs its own
-# handler. It arrives as SIGURG (ignored by default): this shell then hands SIGUSR2 to each rank
-# once that rank handles it (halo_deliver; the why: halo_sched/node/entry.sh, docs/slurm.md).
+# The warning (SIGUSR2) is ignored here and inherited so; it arrives as SIGURG and this shell
+# hands SIGUSR2 to each rank once it handles it (halo_deliver: halo_sched/node/entry.sh, docs/slurm.md).
 export HALO_WARNING_SIGNAL=USR2
 halo_warned_at=
 halo_torchrun=
@@ -153,32 +148,10 @@ export NCCL_NET=Libfabric
 export OMP_NUM_THREADS=8
 # rendezvous.timeout_s counts from here: a slow setup (pip install, image pull) is not a dead peer.
 halo_started=$SECONDS
-
-# Rank 0's address and port: given, or published later (a file whose first line is the address
-# and second the port once rank 0 is known). The file exists but is blank until then (Nomad's
-# nomadService renders empty; it never blocks).
-if [ -n "$HALO_MASTER_ADDR_FILE" ]; then
-  while :; do
-    halo_published=$(head -n 2 "$HALO_MASTER_ADDR_FILE" 2> /dev/null | tr -d ' \t\r' | tr '\n' ' ')
-    read -r HALO_MASTER_ADDR HALO_MASTER_PORT halo_rest <<< "$halo_published" || true
-    [ -z "$HALO_MASTER_ADDR" ] || [ -z "$HALO_MASTER_PORT" ] || break
-    if [ $((SECONDS - halo_started)) -ge 600 ]; then
-      halo_fail "rank 0 was not published within rendezvous.timeout_s=600s (waited on $HALO_MASTER_ADDR_FILE); is node 0 placed and running?"
-    fi
-    sleep 1
-  done
-fi
-[ -n "$HALO_MASTER_ADDR" ] || halo_fail "no master address: the backend set neither HALO_MASTER_ADDR nor HALO_MASTER_ADDR_FILE"
-case "$${HALO_MASTER_PORT:-}" in
-  '' | *[!0-9]* | ??????*) halo_fail "no master port: the backend gave HALO_MASTER_PORT='$${HALO_MASTER_PORT:-}', not a port in 1..65535" ;;
-esac
-HALO_MASTER_PORT=$((10#$HALO_MASTER_PORT))
-[ "$HALO_MASTER_PORT" -ge 1 ] && [ "$HALO_MASTER_PORT" -le 65535 ] || halo_fail "HALO_MASTER_PORT=$HALO_MASTER_PORT is not a port in 1..65535"
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
-# ---- The node runtime 87044d613561d832 (halo_sched/node/; docs/node-runtime.md): the node's own halo-sched
-# when it is this version, else the job's zip (HALO_NODE_RUNTIME, or the file HALO_NODE_RUNTIME_FILE),
-# checked by its SHA-256 and written once into this node's log directory.
+# The node runtime e9cf161354ba9c3d (docs/node-runtime.md): the node's own halo-sched at this version, else the
+# job's zip (HALO_NODE_RUNTIME or the file HALO_NODE_RUNTIME_FILE), checked by its SHA-256, written into the log directory.
 halo_log_root=$${HALO_LOG_DIR:-}
 [ -n "$halo_log_root" ] || halo_log_root=$(mktemp -d "$${TMPDIR:-/tmp}/halo-sched.XXXXXX")
 halo_log_dir=$halo_log_root/node-$halo_rank
@@ -187,63 +160,25 @@ halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
 case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
 # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
 halo_node_zip=
-if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != 87044d613561d832 ]; then
-  halo_node_zip=$halo_log_dir/halo-node-87044d613561d832.zip
-  $halo_py -c 'import base64, hashlib, sys; out, want, text, path = sys.argv[1:5]; data = base64.b64decode("".join((text or (open(path).read() if path else "")).split())); hashlib.sha256(data).hexdigest() == want or sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want)); open(out, "wb").write(data)' "$halo_node_zip" 3cec0a4d3ef5a1fb0bd36cbca3410069634d820d9abc3a60dd06a97e400c3357 "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
-    halo_fail "the node's python ($halo_py) has no halo-sched of version 87044d613561d832 and the job carries no intact copy of it (docs/node-runtime.md)"
+if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != e9cf161354ba9c3d ]; then
+  halo_node_zip=$halo_log_dir/halo-node-e9cf161354ba9c3d.zip
+  $halo_py -c 'import base64, hashlib, sys; out, want, text, path = sys.argv[1:5]; data = base64.b64decode("".join((text or (open(path).read() if path else "")).split())); hashlib.sha256(data).hexdigest() == want or sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want)); open(out, "wb").write(data)' "$halo_node_zip" 4a3497a60f05a5cdba5653d93847942bc20681cfb137534382b6eda569ffe0e2 "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
+    halo_fail "the node's python ($halo_py) has no halo-sched of version e9cf161354ba9c3d and the job carries no intact copy of it (docs/node-runtime.md)"
 fi
 unset HALO_NODE_RUNTIME
-halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
 # "$${halo_node[@]}" MODULE ARGS: python -m halo_sched.node.MODULE from there; then the entry's job-free functions.
+halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
 halo_functions=$("$${halo_node[@]}" shell) && [ -n "$halo_functions" ] ||
   halo_fail "could not read the node runtime's functions (python -m halo_sched.node.shell under $halo_py)"
 eval "$halo_functions"
 unset halo_functions
-halo_signal=USR2
-halo_nproc=8
+halo_signal=USR2 halo_nproc=8
+# Rank 0's address and port: given, or published (a file); waited for within rendezvous.timeout_s.
+halo_master 600
 
-
-# ---- Failure report (halo_sched/node/failure_collector.py) ----
-# torchrun --log-dir/--tee: each rank's output also lands in a file; when torchrun fails, the
-# collector prints one "halo-sched-failure {json}" line per failed rank, where every backend finds it.
-export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank $${rank}] '
-# Only torchrun gets this tag in its environment: it finds what torchrun started, however deep or
-# reparented (its workers run in sessions of their own and would outlive the job; entry.sh).
-halo_node_tag=node$halo_rank-$$-$(date +%s%N)-$RANDOM
-# halo_run (halo_sched/node/entry.sh) runs torchrun with the tag, the hang monitor beside it and
-# the warning's deliverer; then it sweeps what torchrun left (TERM, KILL after 5 s, up to 15 s)
-# and, when torchrun failed, runs the failure collector.
-
-# ---- Hang detection (hang.timeout_s; halo_sched/node/hang_monitor.py, progress.py) ----
-# A monitor beside torchrun ends the node when no rank progressed (lines in $HALO_PROGRESS_DIR/rank-$RANK)
-# for hang.timeout_s=300s (600s before a rank's first report), after taking every rank's
-# stack (docs/failures.md, "Hangs"); it copies the progress files to $HALO_PROGRESS_MIRROR where set.
-export HALO_PROGRESS_DIR=$halo_log_dir/progress
-mkdir -p "$HALO_PROGRESS_DIR"
-export HALO_STACK_SIGNAL=$(kill -l RTMIN+5)
-export PYTHONFAULTHANDLER=$${PYTHONFAULTHANDLER:-1}
-# NCCL's flight recorder: each rank's last collectives, dumped beside the logs on NCCL's timeout.
-# (torch 2.13 reads these older names too, with a deprecation warning; TORCH_FR_* set wins.)
-if [ -z "$${TORCH_FR_BUFFER_SIZE:-}$${TORCH_FR_DUMP_TEMP_FILE:-}" ]; then
-  export TORCH_NCCL_TRACE_BUFFER_SIZE=$${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}
-  export TORCH_NCCL_DEBUG_INFO_TEMP_FILE=$${TORCH_NCCL_DEBUG_INFO_TEMP_FILE:-$halo_log_dir/nccl_trace_rank_}
-fi
-export TORCH_NCCL_DUMP_ON_TIMEOUT=$${TORCH_NCCL_DUMP_ON_TIMEOUT:-1}
-halo_monitor=
-halo_hang_start() {
-  "$${halo_node[@]}" hang_monitor "$halo_rank" "$1" "$HALO_PROGRESS_DIR" "$halo_log_dir" \
-    8 300 600 "$HALO_STACK_SIGNAL" \
-    "$${HALO_PROGRESS_MIRROR:-}" <<< "$halo_failure_key" &  # the key on stdin: not in its environment
-  halo_monitor=$!
-}
-# After torchrun: a monitor that fired finishes its report (bounded by its own waits); one that
-# did not ends at once.
-halo_hang_stop() {
-  [ -n "$halo_monitor" ] || return 0
-  kill -TERM "$halo_monitor" 2> /dev/null || true
-  wait "$halo_monitor" 2> /dev/null || wait "$halo_monitor" 2> /dev/null || true
-  halo_monitor=
-}
+# Hang guard (docs/failures.md, "Hangs"): no rank progressed for hang.timeout_s, or hang.first_step_s before
+# its first report: take every rank's stack and end the node.
+halo_hang 300 600 nccl
 
 echo "halo-sched: node $halo_rank of 2 on $(hostname): master $HALO_MASTER_ADDR:$HALO_MASTER_PORT" >&2
 halo_run torchrun \
@@ -256,11 +191,7 @@ halo_run torchrun \
   --rdzv_conf=timeout=600 \
   --log-dir="$halo_log_dir" \
   --tee=3 \
-  /workspace/examples/train_ddp.py \
-  --device \
-  cuda \
-  --steps \
-  200
+  /workspace/examples/train_ddp.py --device cuda --steps 200
 EOT
       }
 
@@ -354,21 +285,17 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-cc012f15"
-        right_delimiter = "halo-cc012f15]]"
+        left_delimiter  = "[[halo-87f5107c"
+        right_delimiter = "halo-87f5107c]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes, the same on every node.
 # Its input: HALO_NODE_RANK (+ HALO_NODE_RANK_OFFSET), HALO_MASTER_ADDR/HALO_MASTER_PORT or HALO_MASTER_ADDR_FILE.
 set -e
-# The job's failure key: this node's reporters sign their failure lines with it, and a line a rank
-# prints is no verdict because no rank can read it from its environment (docs/failures.md).
+# The failure key signs this node's failure lines; no rank can read it (docs/failures.md).
 halo_failure_key=$${HALO_FAILURE_KEY:-}
 unset HALO_FAILURE_KEY
-halo_fail() {
-  echo "halo-sched: node $halo_rank: $*" >&2
-  exit 1
-}
+halo_fail() { echo "halo-sched: node $halo_rank: $*" >&2; exit 1; }
 halo_rank=$HALO_NODE_RANK
 # Nomad's worker group passes its allocation index and HALO_NODE_RANK_OFFSET=1 ($${} cannot add).
 halo_offset=$${HALO_NODE_RANK_OFFSET:-0}
@@ -379,9 +306,8 @@ esac
 halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not octal
 [ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank (HALO_NODE_RANK + offset $halo_offset) is outside 0..1"
 
-# The warning (SIGUSR2) is ignored here, in setup, torchrun and the ranks; the trainer installs its own
-# handler. It arrives as SIGURG (ignored by default): this shell then hands SIGUSR2 to each rank
-# once that rank handles it (halo_deliver; the why: halo_sched/node/entry.sh, docs/slurm.md).
+# The warning (SIGUSR2) is ignored here and inherited so; it arrives as SIGURG and this shell
+# hands SIGUSR2 to each rank once it handles it (halo_deliver: halo_sched/node/entry.sh, docs/slurm.md).
 export HALO_WARNING_SIGNAL=USR2
 halo_warned_at=
 halo_torchrun=
@@ -406,32 +332,10 @@ export NCCL_NET=Libfabric
 export OMP_NUM_THREADS=8
 # rendezvous.timeout_s counts from here: a slow setup (pip install, image pull) is not a dead peer.
 halo_started=$SECONDS
-
-# Rank 0's address and port: given, or published later (a file whose first line is the address
-# and second the port once rank 0 is known). The file exists but is blank until then (Nomad's
-# nomadService renders empty; it never blocks).
-if [ -n "$HALO_MASTER_ADDR_FILE" ]; then
-  while :; do
-    halo_published=$(head -n 2 "$HALO_MASTER_ADDR_FILE" 2> /dev/null | tr -d ' \t\r' | tr '\n' ' ')
-    read -r HALO_MASTER_ADDR HALO_MASTER_PORT halo_rest <<< "$halo_published" || true
-    [ -z "$HALO_MASTER_ADDR" ] || [ -z "$HALO_MASTER_PORT" ] || break
-    if [ $((SECONDS - halo_started)) -ge 600 ]; then
-      halo_fail "rank 0 was not published within rendezvous.timeout_s=600s (waited on $HALO_MASTER_ADDR_FILE); is node 0 placed and running?"
-    fi
-    sleep 1
-  done
-fi
-[ -n "$HALO_MASTER_ADDR" ] || halo_fail "no master address: the backend set neither HALO_MASTER_ADDR nor HALO_MASTER_ADDR_FILE"
-case "$${HALO_MASTER_PORT:-}" in
-  '' | *[!0-9]* | ??????*) halo_fail "no master port: the backend gave HALO_MASTER_PORT='$${HALO_MASTER_PORT:-}', not a port in 1..65535" ;;
-esac
-HALO_MASTER_PORT=$((10#$HALO_MASTER_PORT))
-[ "$HALO_MASTER_PORT" -ge 1 ] && [ "$HALO_MASTER_PORT" -le 65535 ] || halo_fail "HALO_MASTER_PORT=$HALO_MASTER_PORT is not a port in 1..65535"
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
-# ---- The node runtime 87044d613561d832 (halo_sched/node/; docs/node-runtime.md): the node's own halo-sched
-# when it is this version, else the job's zip (HALO_NODE_RUNTIME, or the file HALO_NODE_RUNTIME_FILE),
-# checked by its SHA-256 and written once into this node's log directory.
+# The node runtime e9cf161354ba9c3d (docs/node-runtime.md): the node's own halo-sched at this version, else the
+# job's zip (HALO_NODE_RUNTIME or the file HALO_NODE_RUNTIME_FILE), checked by its SHA-256, written into the log directory.
 halo_log_root=$${HALO_LOG_DIR:-}
 [ -n "$halo_log_root" ] || halo_log_root=$(mktemp -d "$${TMPDIR:-/tmp}/halo-sched.XXXXXX")
 halo_log_dir=$halo_log_root/node-$halo_rank
@@ -440,63 +344,25 @@ halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
 case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
 # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
 halo_node_zip=
-if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != 87044d613561d832 ]; then
-  halo_node_zip=$halo_log_dir/halo-node-87044d613561d832.zip
-  $halo_py -c 'import base64, hashlib, sys; out, want, text, path = sys.argv[1:5]; data = base64.b64decode("".join((text or (open(path).read() if path else "")).split())); hashlib.sha256(data).hexdigest() == want or sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want)); open(out, "wb").write(data)' "$halo_node_zip" 3cec0a4d3ef5a1fb0bd36cbca3410069634d820d9abc3a60dd06a97e400c3357 "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
-    halo_fail "the node's python ($halo_py) has no halo-sched of version 87044d613561d832 and the job carries no intact copy of it (docs/node-runtime.md)"
+if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != e9cf161354ba9c3d ]; then
+  halo_node_zip=$halo_log_dir/halo-node-e9cf161354ba9c3d.zip
+  $halo_py -c 'import base64, hashlib, sys; out, want, text, path = sys.argv[1:5]; data = base64.b64decode("".join((text or (open(path).read() if path else "")).split())); hashlib.sha256(data).hexdigest() == want or sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want)); open(out, "wb").write(data)' "$halo_node_zip" 4a3497a60f05a5cdba5653d93847942bc20681cfb137534382b6eda569ffe0e2 "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
+    halo_fail "the node's python ($halo_py) has no halo-sched of version e9cf161354ba9c3d and the job carries no intact copy of it (docs/node-runtime.md)"
 fi
 unset HALO_NODE_RUNTIME
-halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
 # "$${halo_node[@]}" MODULE ARGS: python -m halo_sched.node.MODULE from there; then the entry's job-free functions.
+halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
 halo_functions=$("$${halo_node[@]}" shell) && [ -n "$halo_functions" ] ||
   halo_fail "could not read the node runtime's functions (python -m halo_sched.node.shell under $halo_py)"
 eval "$halo_functions"
 unset halo_functions
-halo_signal=USR2
-halo_nproc=8
+halo_signal=USR2 halo_nproc=8
+# Rank 0's address and port: given, or published (a file); waited for within rendezvous.timeout_s.
+halo_master 600
 
-
-# ---- Failure report (halo_sched/node/failure_collector.py) ----
-# torchrun --log-dir/--tee: each rank's output also lands in a file; when torchrun fails, the
-# collector prints one "halo-sched-failure {json}" line per failed rank, where every backend finds it.
-export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank $${rank}] '
-# Only torchrun gets this tag in its environment: it finds what torchrun started, however deep or
-# reparented (its workers run in sessions of their own and would outlive the job; entry.sh).
-halo_node_tag=node$halo_rank-$$-$(date +%s%N)-$RANDOM
-# halo_run (halo_sched/node/entry.sh) runs torchrun with the tag, the hang monitor beside it and
-# the warning's deliverer; then it sweeps what torchrun left (TERM, KILL after 5 s, up to 15 s)
-# and, when torchrun failed, runs the failure collector.
-
-# ---- Hang detection (hang.timeout_s; halo_sched/node/hang_monitor.py, progress.py) ----
-# A monitor beside torchrun ends the node when no rank progressed (lines in $HALO_PROGRESS_DIR/rank-$RANK)
-# for hang.timeout_s=300s (600s before a rank's first report), after taking every rank's
-# stack (docs/failures.md, "Hangs"); it copies the progress files to $HALO_PROGRESS_MIRROR where set.
-export HALO_PROGRESS_DIR=$halo_log_dir/progress
-mkdir -p "$HALO_PROGRESS_DIR"
-export HALO_STACK_SIGNAL=$(kill -l RTMIN+5)
-export PYTHONFAULTHANDLER=$${PYTHONFAULTHANDLER:-1}
-# NCCL's flight recorder: each rank's last collectives, dumped beside the logs on NCCL's timeout.
-# (torch 2.13 reads these older names too, with a deprecation warning; TORCH_FR_* set wins.)
-if [ -z "$${TORCH_FR_BUFFER_SIZE:-}$${TORCH_FR_DUMP_TEMP_FILE:-}" ]; then
-  export TORCH_NCCL_TRACE_BUFFER_SIZE=$${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}
-  export TORCH_NCCL_DEBUG_INFO_TEMP_FILE=$${TORCH_NCCL_DEBUG_INFO_TEMP_FILE:-$halo_log_dir/nccl_trace_rank_}
-fi
-export TORCH_NCCL_DUMP_ON_TIMEOUT=$${TORCH_NCCL_DUMP_ON_TIMEOUT:-1}
-halo_monitor=
-halo_hang_start() {
-  "$${halo_node[@]}" hang_monitor "$halo_rank" "$1" "$HALO_PROGRESS_DIR" "$halo_log_dir" \
-    8 300 600 "$HALO_STACK_SIGNAL" \
-    "$${HALO_PROGRESS_MIRROR:-}" <<< "$halo_failure_key" &  # the key on stdin: not in its environment
-  halo_monitor=$!
-}
-# After torchrun: a monitor that fired finishes its report (bounded by its own waits); one that
-# did not ends at once.
-halo_hang_stop() {
-  [ -n "$halo_monitor" ] || return 0
-  kill -TERM "$halo_monitor" 2> /dev/null || true
-  wait "$halo_monitor" 2> /dev/null || wait "$halo_monitor" 2> /dev/null || true
-  halo_monitor=
-}
+# Hang guard (docs/failures.md, "Hangs"): no rank progressed for hang.timeout_s, or hang.first_step_s before
+# its first report: take every rank's stack and end the node.
+halo_hang 300 600 nccl
 
 echo "halo-sched: node $halo_rank of 2 on $(hostname): master $HALO_MASTER_ADDR:$HALO_MASTER_PORT" >&2
 halo_run torchrun \
@@ -509,11 +375,7 @@ halo_run torchrun \
   --rdzv_conf=timeout=600 \
   --log-dir="$halo_log_dir" \
   --tee=3 \
-  /workspace/examples/train_ddp.py \
-  --device \
-  cuda \
-  --steps \
-  200
+  /workspace/examples/train_ddp.py --device cuda --steps 200
 EOT
       }
 
