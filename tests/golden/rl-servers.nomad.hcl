@@ -100,8 +100,8 @@ job "rl-grpo" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-f036bc0c"
-        right_delimiter = "halo-f036bc0c]]"
+        left_delimiter  = "[[halo-24e17ebd"
+        right_delimiter = "halo-24e17ebd]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes, the same on every node.
@@ -150,8 +150,8 @@ export NCCL_NET=Libfabric
 halo_started=$SECONDS
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
-# The node runtime e9cf161354ba9c3d (docs/node-runtime.md): the node's own halo-sched at this version, else the
-# job's zip (HALO_NODE_RUNTIME or the file HALO_NODE_RUNTIME_FILE), checked by its SHA-256, written into the log directory.
+# The node runtime 0433f3aeaf4af788 (docs/node-runtime.md): the node's own halo-sched at this version, else the
+# job's copy (HALO_NODE_RUNTIME or the file HALO_NODE_RUNTIME_FILE), checked, written into the log directory.
 halo_log_root=$${HALO_LOG_DIR:-}
 [ -n "$halo_log_root" ] || halo_log_root=$(mktemp -d "$${TMPDIR:-/tmp}/halo-sched.XXXXXX")
 halo_log_dir=$halo_log_root/node-$halo_rank
@@ -160,18 +160,17 @@ halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
 case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
 # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
 halo_node_zip=
-if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != e9cf161354ba9c3d ]; then
-  halo_node_zip=$halo_log_dir/halo-node-e9cf161354ba9c3d.zip
-  $halo_py -c 'import base64, hashlib, sys; out, want, text, path = sys.argv[1:5]; data = base64.b64decode("".join((text or (open(path).read() if path else "")).split())); hashlib.sha256(data).hexdigest() == want or sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want)); open(out, "wb").write(data)' "$halo_node_zip" 4a3497a60f05a5cdba5653d93847942bc20681cfb137534382b6eda569ffe0e2 "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
-    halo_fail "the node's python ($halo_py) has no halo-sched of version e9cf161354ba9c3d and the job carries no intact copy of it (docs/node-runtime.md)"
+if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != 0433f3aeaf4af788 ]; then
+  halo_node_zip=$halo_log_dir/halo-node-0433f3aeaf4af788.zip
+  $halo_py -c 'import base64, hashlib, sys, zlib; out, want, text, path = sys.argv[1:5]; data = zlib.decompressobj().decompress(base64.b64decode("".join((text or (open(path).read() if path else "")).split())), 1 << 24); hashlib.sha256(data).hexdigest() == want or sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want)); open(out, "wb").write(data)' "$halo_node_zip" 5a2dbd226edcdcbbd8f8d979a53b1158f1bd889b006e2638985e87c6d3c84672 "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
+    halo_fail "the node's python ($halo_py) has no halo-sched of version 0433f3aeaf4af788 and the job carries no intact copy of it (docs/node-runtime.md)"
 fi
-unset HALO_NODE_RUNTIME
-# "$${halo_node[@]}" MODULE ARGS: python -m halo_sched.node.MODULE from there; then the entry's job-free functions.
 halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
 halo_functions=$("$${halo_node[@]}" shell) && [ -n "$halo_functions" ] ||
   halo_fail "could not read the node runtime's functions (python -m halo_sched.node.shell under $halo_py)"
 eval "$halo_functions"
 unset halo_functions
+unset HALO_NODE_RUNTIME
 halo_signal=USR2 halo_nproc=8
 # Rank 0's address and port: given, or published (a file); waited for within rendezvous.timeout_s.
 halo_master 1200
@@ -297,8 +296,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-f036bc0c"
-        right_delimiter = "halo-f036bc0c]]"
+        left_delimiter  = "[[halo-24e17ebd"
+        right_delimiter = "halo-24e17ebd]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes, the same on every node.
@@ -347,8 +346,8 @@ export NCCL_NET=Libfabric
 halo_started=$SECONDS
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
-# The node runtime e9cf161354ba9c3d (docs/node-runtime.md): the node's own halo-sched at this version, else the
-# job's zip (HALO_NODE_RUNTIME or the file HALO_NODE_RUNTIME_FILE), checked by its SHA-256, written into the log directory.
+# The node runtime 0433f3aeaf4af788 (docs/node-runtime.md): the node's own halo-sched at this version, else the
+# job's copy (HALO_NODE_RUNTIME or the file HALO_NODE_RUNTIME_FILE), checked, written into the log directory.
 halo_log_root=$${HALO_LOG_DIR:-}
 [ -n "$halo_log_root" ] || halo_log_root=$(mktemp -d "$${TMPDIR:-/tmp}/halo-sched.XXXXXX")
 halo_log_dir=$halo_log_root/node-$halo_rank
@@ -357,18 +356,17 @@ halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
 case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
 # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
 halo_node_zip=
-if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != e9cf161354ba9c3d ]; then
-  halo_node_zip=$halo_log_dir/halo-node-e9cf161354ba9c3d.zip
-  $halo_py -c 'import base64, hashlib, sys; out, want, text, path = sys.argv[1:5]; data = base64.b64decode("".join((text or (open(path).read() if path else "")).split())); hashlib.sha256(data).hexdigest() == want or sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want)); open(out, "wb").write(data)' "$halo_node_zip" 4a3497a60f05a5cdba5653d93847942bc20681cfb137534382b6eda569ffe0e2 "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
-    halo_fail "the node's python ($halo_py) has no halo-sched of version e9cf161354ba9c3d and the job carries no intact copy of it (docs/node-runtime.md)"
+if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != 0433f3aeaf4af788 ]; then
+  halo_node_zip=$halo_log_dir/halo-node-0433f3aeaf4af788.zip
+  $halo_py -c 'import base64, hashlib, sys, zlib; out, want, text, path = sys.argv[1:5]; data = zlib.decompressobj().decompress(base64.b64decode("".join((text or (open(path).read() if path else "")).split())), 1 << 24); hashlib.sha256(data).hexdigest() == want or sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want)); open(out, "wb").write(data)' "$halo_node_zip" 5a2dbd226edcdcbbd8f8d979a53b1158f1bd889b006e2638985e87c6d3c84672 "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
+    halo_fail "the node's python ($halo_py) has no halo-sched of version 0433f3aeaf4af788 and the job carries no intact copy of it (docs/node-runtime.md)"
 fi
-unset HALO_NODE_RUNTIME
-# "$${halo_node[@]}" MODULE ARGS: python -m halo_sched.node.MODULE from there; then the entry's job-free functions.
 halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
 halo_functions=$("$${halo_node[@]}" shell) && [ -n "$halo_functions" ] ||
   halo_fail "could not read the node runtime's functions (python -m halo_sched.node.shell under $halo_py)"
 eval "$halo_functions"
 unset halo_functions
+unset HALO_NODE_RUNTIME
 halo_signal=USR2 halo_nproc=8
 # Rank 0's address and port: given, or published (a file); waited for within rendezvous.timeout_s.
 halo_master 1200
