@@ -1,6 +1,100 @@
 # halo-sched: job ddp-nomad for Nomad: 2 nodes. Group node-0 is node rank 0; group
 # workers (count N-1) runs the others, node rank = 1 + NOMAD_ALLOC_INDEX (the entry script adds).
 # Plan with `nomad job plan FILE`, run with `nomad job run FILE`.
+
+# The node entry, the same in every group: each task's template names it (data = local.entry).
+locals {
+  entry = <<EOT
+#!/bin/bash
+# halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes, the same on every node.
+# Its input: HALO_NODE_RANK (+ HALO_NODE_RANK_OFFSET), HALO_MASTER_ADDR/HALO_MASTER_PORT or HALO_MASTER_ADDR_FILE.
+set -e
+# The failure key signs this node's failure lines; no rank can read it (docs/failures.md).
+halo_failure_key=$${HALO_FAILURE_KEY:-}
+unset HALO_FAILURE_KEY
+halo_fail() { echo "halo-sched: node $halo_rank: $*" >&2; exit 1; }
+halo_rank=$HALO_NODE_RANK
+# Nomad's worker group passes its allocation index and HALO_NODE_RANK_OFFSET=1 ($${} cannot add).
+halo_offset=$${HALO_NODE_RANK_OFFSET:-0}
+# Digits only, and few of them: the sum below can then neither fail nor overflow.
+case "$halo_rank:$halo_offset" in
+  :* | *: | *[!0-9:]* | *:*:* | ????????????*) halo_fail "HALO_NODE_RANK must be a node rank in 0..1, got '$halo_rank' (offset '$halo_offset')" ;;
+esac
+halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not octal
+[ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank (HALO_NODE_RANK + offset $halo_offset) is outside 0..1"
+
+# The warning (SIGUSR2) is ignored here and inherited so; it arrives as SIGURG and this shell
+# hands SIGUSR2 to each rank once it handles it (halo_deliver: halo_sched/node/entry.sh, docs/slurm.md).
+export HALO_WARNING_SIGNAL=USR2
+halo_warned_at=
+halo_torchrun=
+halo_deliverer=
+halo_warning() {
+  halo_trapped=1
+  [ -z "$halo_warned_at" ] || return 0
+  halo_warned_at=$SECONDS
+  echo "halo-sched: node $halo_rank: warning at $(date +%H:%M:%S); SIGUSR2 goes to each rank once it handles it" >&2
+  [ -z "$halo_torchrun" ] || halo_deliver
+}
+trap '' USR2
+trap halo_warning URG
+# Which run this is: 0 the first time, n after the job was requeued n times.
+export HALO_RESTART_COUNT="$${HALO_RESTART_COUNT:-0}"
+
+# Environment for every rank, identical on all nodes (values are literal).
+export DIST_SHARED_FILESYSTEM=0
+export DIST_STORE_TIMEOUT_HOURS=4
+export NCCL_NET_PLUGIN=ofi
+export NCCL_NET=Libfabric
+export OMP_NUM_THREADS=8
+# rendezvous.timeout_s counts from here: a slow setup (pip install, image pull) is not a dead peer.
+halo_started=$SECONDS
+command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
+
+# The node runtime 0433f3aeaf4af788 (docs/node-runtime.md): the node's own halo-sched at this version, else the
+# job's copy (HALO_NODE_RUNTIME or the file HALO_NODE_RUNTIME_FILE), checked, written into the log directory.
+halo_log_root=$${HALO_LOG_DIR:-}
+[ -n "$halo_log_root" ] || halo_log_root=$(mktemp -d "$${TMPDIR:-/tmp}/halo-sched.XXXXXX")
+halo_log_dir=$halo_log_root/node-$halo_rank
+mkdir -p "$halo_log_dir"
+halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
+case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
+# $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
+halo_node_zip=
+if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != 0433f3aeaf4af788 ]; then
+  halo_node_zip=$halo_log_dir/halo-node-0433f3aeaf4af788.zip
+  $halo_py -c 'import base64, hashlib, sys, zlib; out, want, text, path = sys.argv[1:5]; data = zlib.decompressobj().decompress(base64.b64decode("".join((text or (open(path).read() if path else "")).split())), 1 << 24); hashlib.sha256(data).hexdigest() == want or sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want)); open(out, "wb").write(data)' "$halo_node_zip" 5a2dbd226edcdcbbd8f8d979a53b1158f1bd889b006e2638985e87c6d3c84672 "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
+    halo_fail "the node's python ($halo_py) has no halo-sched of version 0433f3aeaf4af788 and the job carries no intact copy of it (docs/node-runtime.md)"
+fi
+halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
+halo_functions=$("$${halo_node[@]}" shell) && [ -n "$halo_functions" ] ||
+  halo_fail "could not read the node runtime's functions (python -m halo_sched.node.shell under $halo_py)"
+eval "$halo_functions"
+unset halo_functions
+unset HALO_NODE_RUNTIME
+halo_signal=USR2 halo_nproc=8
+# Rank 0's address and port: given, or published (a file); waited for within rendezvous.timeout_s.
+halo_master 600
+
+# Hang guard (docs/failures.md, "Hangs"): no rank progressed for hang.timeout_s, or hang.first_step_s before
+# its first report: take every rank's stack and end the node.
+halo_hang 300 600 nccl
+
+echo "halo-sched: node $halo_rank of 2 on $(hostname): master $HALO_MASTER_ADDR:$HALO_MASTER_PORT" >&2
+halo_run torchrun \
+  --nnodes=2 \
+  --nproc_per_node=8 \
+  --node_rank="$halo_rank" \
+  --master_addr="$HALO_MASTER_ADDR" \
+  --master_port="$HALO_MASTER_PORT" \
+  --max_restarts=0 \
+  --rdzv_conf=timeout=600 \
+  --log-dir="$halo_log_dir" \
+  --tee=3 \
+  /workspace/examples/train_ddp.py --device cuda --steps 200
+EOT
+}
+
 job "ddp-nomad" {
   type        = "batch"
   datacenters = ["dc1"]
@@ -72,20 +166,10 @@ job "ddp-nomad" {
         entrypoint = ["/bin/bash"]
         args = ["$${NOMAD_TASK_DIR}/halo-entry.sh"]
         network_mode = "host"
-        ulimit = [
-          {
-            memlock = "-1"
-            stack = "67108864"
-          },
-        ]
+        ulimit = [{ memlock = "-1", stack = "67108864" }]
         shm_size = 68719476736
         volumes = ["/scratch:/scratch"]
-        devices = [
-          {
-            host_path = "/dev/infiniband"
-            container_path = "/dev/infiniband"
-          },
-        ]
+        devices = [{ host_path = "/dev/infiniband", container_path = "/dev/infiniband" }]
       }
 
       env {
@@ -103,95 +187,7 @@ job "ddp-nomad" {
         # Delimiters absent from the script: Go templating leaves it byte-exact.
         left_delimiter  = "[[halo-037a6917"
         right_delimiter = "halo-037a6917]]"
-        data        = <<EOT
-#!/bin/bash
-# halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes, the same on every node.
-# Its input: HALO_NODE_RANK (+ HALO_NODE_RANK_OFFSET), HALO_MASTER_ADDR/HALO_MASTER_PORT or HALO_MASTER_ADDR_FILE.
-set -e
-# The failure key signs this node's failure lines; no rank can read it (docs/failures.md).
-halo_failure_key=$${HALO_FAILURE_KEY:-}
-unset HALO_FAILURE_KEY
-halo_fail() { echo "halo-sched: node $halo_rank: $*" >&2; exit 1; }
-halo_rank=$HALO_NODE_RANK
-# Nomad's worker group passes its allocation index and HALO_NODE_RANK_OFFSET=1 ($${} cannot add).
-halo_offset=$${HALO_NODE_RANK_OFFSET:-0}
-# Digits only, and few of them: the sum below can then neither fail nor overflow.
-case "$halo_rank:$halo_offset" in
-  :* | *: | *[!0-9:]* | *:*:* | ????????????*) halo_fail "HALO_NODE_RANK must be a node rank in 0..1, got '$halo_rank' (offset '$halo_offset')" ;;
-esac
-halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not octal
-[ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank (HALO_NODE_RANK + offset $halo_offset) is outside 0..1"
-
-# The warning (SIGUSR2) is ignored here and inherited so; it arrives as SIGURG and this shell
-# hands SIGUSR2 to each rank once it handles it (halo_deliver: halo_sched/node/entry.sh, docs/slurm.md).
-export HALO_WARNING_SIGNAL=USR2
-halo_warned_at=
-halo_torchrun=
-halo_deliverer=
-halo_warning() {
-  halo_trapped=1
-  [ -z "$halo_warned_at" ] || return 0
-  halo_warned_at=$SECONDS
-  echo "halo-sched: node $halo_rank: warning at $(date +%H:%M:%S); SIGUSR2 goes to each rank once it handles it" >&2
-  [ -z "$halo_torchrun" ] || halo_deliver
-}
-trap '' USR2
-trap halo_warning URG
-# Which run this is: 0 the first time, n after the job was requeued n times.
-export HALO_RESTART_COUNT="$${HALO_RESTART_COUNT:-0}"
-
-# Environment for every rank, identical on all nodes (values are literal).
-export DIST_SHARED_FILESYSTEM=0
-export DIST_STORE_TIMEOUT_HOURS=4
-export NCCL_NET_PLUGIN=ofi
-export NCCL_NET=Libfabric
-export OMP_NUM_THREADS=8
-# rendezvous.timeout_s counts from here: a slow setup (pip install, image pull) is not a dead peer.
-halo_started=$SECONDS
-command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
-
-# The node runtime 0433f3aeaf4af788 (docs/node-runtime.md): the node's own halo-sched at this version, else the
-# job's copy (HALO_NODE_RUNTIME or the file HALO_NODE_RUNTIME_FILE), checked, written into the log directory.
-halo_log_root=$${HALO_LOG_DIR:-}
-[ -n "$halo_log_root" ] || halo_log_root=$(mktemp -d "$${TMPDIR:-/tmp}/halo-sched.XXXXXX")
-halo_log_dir=$halo_log_root/node-$halo_rank
-mkdir -p "$halo_log_dir"
-halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
-case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
-# $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
-halo_node_zip=
-if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != 0433f3aeaf4af788 ]; then
-  halo_node_zip=$halo_log_dir/halo-node-0433f3aeaf4af788.zip
-  $halo_py -c 'import base64, hashlib, sys, zlib; out, want, text, path = sys.argv[1:5]; data = zlib.decompressobj().decompress(base64.b64decode("".join((text or (open(path).read() if path else "")).split())), 1 << 24); hashlib.sha256(data).hexdigest() == want or sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want)); open(out, "wb").write(data)' "$halo_node_zip" 5a2dbd226edcdcbbd8f8d979a53b1158f1bd889b006e2638985e87c6d3c84672 "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
-    halo_fail "the node's python ($halo_py) has no halo-sched of version 0433f3aeaf4af788 and the job carries no intact copy of it (docs/node-runtime.md)"
-fi
-halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
-halo_functions=$("$${halo_node[@]}" shell) && [ -n "$halo_functions" ] ||
-  halo_fail "could not read the node runtime's functions (python -m halo_sched.node.shell under $halo_py)"
-eval "$halo_functions"
-unset halo_functions
-unset HALO_NODE_RUNTIME
-halo_signal=USR2 halo_nproc=8
-# Rank 0's address and port: given, or published (a file); waited for within rendezvous.timeout_s.
-halo_master 600
-
-# Hang guard (docs/failures.md, "Hangs"): no rank progressed for hang.timeout_s, or hang.first_step_s before
-# its first report: take every rank's stack and end the node.
-halo_hang 300 600 nccl
-
-echo "halo-sched: node $halo_rank of 2 on $(hostname): master $HALO_MASTER_ADDR:$HALO_MASTER_PORT" >&2
-halo_run torchrun \
-  --nnodes=2 \
-  --nproc_per_node=8 \
-  --node_rank="$halo_rank" \
-  --master_addr="$HALO_MASTER_ADDR" \
-  --master_port="$HALO_MASTER_PORT" \
-  --max_restarts=0 \
-  --rdzv_conf=timeout=600 \
-  --log-dir="$halo_log_dir" \
-  --tee=3 \
-  /workspace/examples/train_ddp.py --device cuda --steps 200
-EOT
+        data        = local.entry
       }
 
       template {
@@ -212,12 +208,8 @@ EOT
 
   group "workers" {
     count = 1
-    # Nomad 2.0.3+: each allocation is stopped this long after its creation (halo-sched reports
-    # TIMEOUT). A group that never placed has no allocation and no timer: it bounds a hung job,
-    # not a half-placed one. Older `nomad job run` rejects this line.
     max_run_duration = "12h"
 
-    # A fixed-size world never re-forms around a replaced rank: no restarts, no reschedules.
     restart {
       attempts = 0
       mode     = "fail"
@@ -229,10 +221,6 @@ EOT
       interval  = "0s"
       unlimited = false
     }
-    # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
-    # its allocation turns "unknown" and whoever watches the job stops it. Nomad 1.8+.
-    # lost_after (the job's bound plus an hour) keeps Nomad 1.11.2+ from replacing it until then;
-    # replace = false keeps older servers from replacing it at all.
     disconnect {
       lost_after = "13h"
       replace    = false
@@ -255,20 +243,10 @@ EOT
         entrypoint = ["/bin/bash"]
         args = ["$${NOMAD_TASK_DIR}/halo-entry.sh"]
         network_mode = "host"
-        ulimit = [
-          {
-            memlock = "-1"
-            stack = "67108864"
-          },
-        ]
+        ulimit = [{ memlock = "-1", stack = "67108864" }]
         shm_size = 68719476736
         volumes = ["/scratch:/scratch"]
-        devices = [
-          {
-            host_path = "/dev/infiniband"
-            container_path = "/dev/infiniband"
-          },
-        ]
+        devices = [{ host_path = "/dev/infiniband", container_path = "/dev/infiniband" }]
       }
 
       env {
@@ -286,95 +264,7 @@ EOT
         # Delimiters absent from the script: Go templating leaves it byte-exact.
         left_delimiter  = "[[halo-037a6917"
         right_delimiter = "halo-037a6917]]"
-        data        = <<EOT
-#!/bin/bash
-# halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes, the same on every node.
-# Its input: HALO_NODE_RANK (+ HALO_NODE_RANK_OFFSET), HALO_MASTER_ADDR/HALO_MASTER_PORT or HALO_MASTER_ADDR_FILE.
-set -e
-# The failure key signs this node's failure lines; no rank can read it (docs/failures.md).
-halo_failure_key=$${HALO_FAILURE_KEY:-}
-unset HALO_FAILURE_KEY
-halo_fail() { echo "halo-sched: node $halo_rank: $*" >&2; exit 1; }
-halo_rank=$HALO_NODE_RANK
-# Nomad's worker group passes its allocation index and HALO_NODE_RANK_OFFSET=1 ($${} cannot add).
-halo_offset=$${HALO_NODE_RANK_OFFSET:-0}
-# Digits only, and few of them: the sum below can then neither fail nor overflow.
-case "$halo_rank:$halo_offset" in
-  :* | *: | *[!0-9:]* | *:*:* | ????????????*) halo_fail "HALO_NODE_RANK must be a node rank in 0..1, got '$halo_rank' (offset '$halo_offset')" ;;
-esac
-halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not octal
-[ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank (HALO_NODE_RANK + offset $halo_offset) is outside 0..1"
-
-# The warning (SIGUSR2) is ignored here and inherited so; it arrives as SIGURG and this shell
-# hands SIGUSR2 to each rank once it handles it (halo_deliver: halo_sched/node/entry.sh, docs/slurm.md).
-export HALO_WARNING_SIGNAL=USR2
-halo_warned_at=
-halo_torchrun=
-halo_deliverer=
-halo_warning() {
-  halo_trapped=1
-  [ -z "$halo_warned_at" ] || return 0
-  halo_warned_at=$SECONDS
-  echo "halo-sched: node $halo_rank: warning at $(date +%H:%M:%S); SIGUSR2 goes to each rank once it handles it" >&2
-  [ -z "$halo_torchrun" ] || halo_deliver
-}
-trap '' USR2
-trap halo_warning URG
-# Which run this is: 0 the first time, n after the job was requeued n times.
-export HALO_RESTART_COUNT="$${HALO_RESTART_COUNT:-0}"
-
-# Environment for every rank, identical on all nodes (values are literal).
-export DIST_SHARED_FILESYSTEM=0
-export DIST_STORE_TIMEOUT_HOURS=4
-export NCCL_NET_PLUGIN=ofi
-export NCCL_NET=Libfabric
-export OMP_NUM_THREADS=8
-# rendezvous.timeout_s counts from here: a slow setup (pip install, image pull) is not a dead peer.
-halo_started=$SECONDS
-command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
-
-# The node runtime 0433f3aeaf4af788 (docs/node-runtime.md): the node's own halo-sched at this version, else the
-# job's copy (HALO_NODE_RUNTIME or the file HALO_NODE_RUNTIME_FILE), checked, written into the log directory.
-halo_log_root=$${HALO_LOG_DIR:-}
-[ -n "$halo_log_root" ] || halo_log_root=$(mktemp -d "$${TMPDIR:-/tmp}/halo-sched.XXXXXX")
-halo_log_dir=$halo_log_root/node-$halo_rank
-mkdir -p "$halo_log_dir"
-halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
-case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
-# $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
-halo_node_zip=
-if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != 0433f3aeaf4af788 ]; then
-  halo_node_zip=$halo_log_dir/halo-node-0433f3aeaf4af788.zip
-  $halo_py -c 'import base64, hashlib, sys, zlib; out, want, text, path = sys.argv[1:5]; data = zlib.decompressobj().decompress(base64.b64decode("".join((text or (open(path).read() if path else "")).split())), 1 << 24); hashlib.sha256(data).hexdigest() == want or sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want)); open(out, "wb").write(data)' "$halo_node_zip" 5a2dbd226edcdcbbd8f8d979a53b1158f1bd889b006e2638985e87c6d3c84672 "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
-    halo_fail "the node's python ($halo_py) has no halo-sched of version 0433f3aeaf4af788 and the job carries no intact copy of it (docs/node-runtime.md)"
-fi
-halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
-halo_functions=$("$${halo_node[@]}" shell) && [ -n "$halo_functions" ] ||
-  halo_fail "could not read the node runtime's functions (python -m halo_sched.node.shell under $halo_py)"
-eval "$halo_functions"
-unset halo_functions
-unset HALO_NODE_RUNTIME
-halo_signal=USR2 halo_nproc=8
-# Rank 0's address and port: given, or published (a file); waited for within rendezvous.timeout_s.
-halo_master 600
-
-# Hang guard (docs/failures.md, "Hangs"): no rank progressed for hang.timeout_s, or hang.first_step_s before
-# its first report: take every rank's stack and end the node.
-halo_hang 300 600 nccl
-
-echo "halo-sched: node $halo_rank of 2 on $(hostname): master $HALO_MASTER_ADDR:$HALO_MASTER_PORT" >&2
-halo_run torchrun \
-  --nnodes=2 \
-  --nproc_per_node=8 \
-  --node_rank="$halo_rank" \
-  --master_addr="$HALO_MASTER_ADDR" \
-  --master_port="$HALO_MASTER_PORT" \
-  --max_restarts=0 \
-  --rdzv_conf=timeout=600 \
-  --log-dir="$halo_log_dir" \
-  --tee=3 \
-  /workspace/examples/train_ddp.py --device cuda --steps 200
-EOT
+        data        = local.entry
       }
 
       template {
