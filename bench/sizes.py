@@ -25,7 +25,7 @@ DOC = REPO / "docs" / "performance.md"
 SIZES = ("<!-- bench/sizes.py: sizes -->", "<!-- /bench/sizes.py: sizes -->")
 RATES = ("<!-- bench/sizes.py: rates -->", "<!-- /bench/sizes.py: rates -->")
 #: Every example on the backends it is written for (tests/golden/ holds the same renderings).
-EXAMPLES = {"ddp-cpu": ("slurm", "local"), "ddp-gpu": ("slurm",), "nomad-gpu": ("slurm", "nomad", "nomad json"),
+EXAMPLES = {"ddp-cpu": ("slurm", "local"), "sweep": ("slurm",), "ddp-gpu": ("slurm",), "nomad-gpu": ("slurm", "nomad", "nomad json"),
             "rl-servers": ("slurm", "nomad", "nomad json", "local")}
 
 
@@ -67,13 +67,13 @@ def sizes_block() -> str:
         out.append(f"| {name} | {backend} | {head.count(chr(10)):,} | {len(head.encode()):,} | {extra} |")
     spec = halo_sched.load(REPO / "examples" / "nomad-gpu.yaml")
     row = []
-    for n in (2, 256, 1024):
+    for n in (2, 16, 256, 1024):
         s = spec.model_copy(update={"nodes": n})
         api = json.dumps(job_payload(s), indent=2, ensure_ascii=False) + "\n"
         row.append(f"{n:,} nodes: API payload {len(api.encode()):,} B, HCL {len(render_hcl(s).encode()):,} B")
     out += ["", "Nomad job of examples/nomad-gpu.yaml by node count: " + "; ".join(row) + ".",
-            f"The node runtime (halo_sched/node/, version {rt.version}): a {len(rt.zip_bytes):,} B zip, "
-            f"{len(rt.base64):,} B of base64; on Nomad one item of the job's Variable (at most 64 KiB)."]
+            f"The node runtime (halo_sched/node/, version {rt.version}): a {len(rt.zip_bytes):,} B zip (members stored), "
+            f"{len(rt.base64):,} B of base64 (one zlib stream); on Nomad one item of the job's Variable (at most 64 KiB)."]
     return "\n".join(out)
 
 

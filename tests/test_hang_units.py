@@ -66,12 +66,13 @@ def test_hang_is_on_by_default_and_off_with_null():
     on = from_dict({"name": "t", "nodes": 2, "nproc_per_node": 2, "trainer": {"script": "x.py"}})
     assert on.hang.timeout_s == 300 and on.hang.first_step_limit == 600
     script = entry_script(on)
-    assert "\"${halo_node[@]}\" hang_monitor" in script and "export HALO_PROGRESS_DIR=" in script
-    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in script  # gloo: no flight recorder
+    # The monitor and its settings are the node runtime's (halo_hang in halo_sched/node/entry.sh);
+    # the entry calls it with the job's bounds, and "nccl" (the flight recorder) for GPU jobs only.
+    assert "\nhalo_hang 300 600\n" in script  # gloo: no flight recorder
     gpu = from_dict({"name": "t", "nodes": 2, "nproc_per_node": 2, "gpus_per_node": 2, "trainer": {"script": "x.py"}})
-    assert "TORCH_NCCL_TRACE_BUFFER_SIZE=${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}" in entry_script(gpu)  # unless set
+    assert "\nhalo_hang 300 600 nccl\n" in entry_script(gpu)
     off = from_dict({"name": "t", "nodes": 2, "nproc_per_node": 2, "trainer": {"script": "x.py"}, "hang": None})
-    assert "hang_monitor \"$halo_rank\"" not in entry_script(off) and "HALO_PROGRESS_DIR" not in entry_script(off)
+    assert "halo_hang " not in entry_script(off)
 
 
 KEY = "4b" * 32  # the job's failure key: these lines are signed as a node's monitor signs them

@@ -229,7 +229,11 @@ def test_the_sbatch_script_sets_the_mirror_beside_the_output_file_only_with_a_mo
     spec = halo_sched.load(REPO / "examples" / "ddp-cpu.yaml")
     text = halo_sched.render(spec, "slurm")
     assert 'export HALO_PROGRESS_MIRROR="$PWD"/.halo-progress/"$SLURM_JOB_ID"\n' in text
-    assert '"${HALO_PROGRESS_MIRROR:-}" <<< "$halo_failure_key" &' in text  # the job's key on its stdin
+    # The monitor (started by the node runtime's halo_hang_start, which the entry arms with
+    # halo_hang) gets the mirror as an argument and the job's key on its stdin.
+    assert "\nhalo_hang 300 600\n" in text
+    entry_functions = (REPO / "halo_sched" / "node" / "entry.sh").read_text()
+    assert '"${HALO_PROGRESS_MIRROR:-}" <<< "$halo_failure_key" &' in entry_functions
     off = type(spec).model_validate({**spec.model_dump(exclude_unset=True), "hang": None})
     assert "HALO_PROGRESS_MIRROR=" not in halo_sched.render(off, "slurm")
     # A directory in the output path is quoted as a value; one with %-codes gets no mirror.

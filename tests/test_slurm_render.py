@@ -14,7 +14,7 @@ import pytest
 
 import halo_sched
 from halo_sched.backends.slurm.render import render_sbatch
-from helpers import base_env, fake_bin, run_sbatch, write_tool
+from helpers import REPO, base_env, fake_bin, run_sbatch, write_tool
 
 MIN = "name: t\nnodes: 2\nnproc_per_node: 2\ntrainer: {script: train.py}\n"
 
@@ -125,10 +125,13 @@ def test_a_rank_failing_after_the_warning_fails_the_job_without_requeue(tmp_path
 
 def test_signal_goes_to_the_batch_shell():
     text = render_sbatch(halo_sched.loads(MIN + "slurm: {signal: 'SIGHUP@90'}\n"))
-    assert "#SBATCH --signal=B:HUP@90" in text and "trap halo_warn HUP" in text and "trap '' HUP" in text
-    assert "trap halo_warning URG" in text and "scancel --signal=URG" in text
+    # The batch shell's trap and forwarder are the node runtime's (halo_sched/node/batch.sh): the
+    # script calls them with the warning signal and its carrier.
+    assert "#SBATCH --signal=B:HUP@90" in text and "\nhalo_batch_warning HUP URG\n" in text and "trap '' HUP" in text
+    assert "trap halo_warning URG" in text
     # URG is the only signal the batch script sends the steps: a server or torchrun ignores it.
-    assert set(re.findall(r"scancel --signal=(\w+)", text)) == {"URG"}
+    assert set(re.findall(r"\nhalo_batch_warning \w+ (\w+)\n", text)) == {"URG"}
+    assert "scancel --signal=\"$halo_carrier\"" in (REPO / "halo_sched" / "node" / "batch.sh").read_text()
     assert "#SBATCH --signal=B:USR2" in render_sbatch(halo_sched.loads(MIN + "slurm: {signal: 'B:USR2'}\n"))
     assert "--signal" not in render_sbatch(halo_sched.loads(MIN)).split("set -eu")[0]
 

@@ -27,7 +27,7 @@ _HERE = Path(__file__).resolve().parent
 
 #: What the nodes run, as paths in this package: the job carries these, and only these, when a
 #: node's own halo-sched is another version (tests/test_node_runtime.py runs each from the zip).
-CARRIED = ("__init__.py", "contract.py", "entry.sh", "failure_collector.py", "hang_monitor.py", "progress.py",
+CARRIED = ("__init__.py", "batch.sh", "contract.py", "entry.sh", "failure_collector.py", "hang_monitor.py", "progress.py",
            "server_health.py", "shell.py", "trainers/__init__.py", "trainers/preflight_bw.py")
 #: What a SLURM batch script with ``slurm.spare_nodes`` runs itself (``spares`` and what it reads
 #: failure lines with): a zip of its own in that script only, never handed to the tasks (the

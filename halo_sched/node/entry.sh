@@ -1,25 +1,107 @@
-# The node entry's functions that hold nothing of a job: its values come from the entry script
-# (halo_sched/templates/entry.sh.j2) in variables, set before these run: halo_rank, halo_signal
-# (the warning signal the ranks get), halo_nproc, halo_node_tag, halo_log_dir, halo_log_root,
-# halo_node (the node runtime's launcher), halo_torchrun, halo_warned_at. Read by the entry with
-# `python -m halo_sched.node.shell` from the node runtime (docs/node-runtime.md), so that each
-# rendered job holds only what is its own. The HALO_* names are halo_sched/node/contract.py's
-# (tests/test_node_runtime.py checks them).
+# The node entry's job-free functions, called by the entry script (templates/entry.sh.j2) with the
+# job's values as arguments, or read from its variables (halo_rank, halo_signal, halo_nproc,
+# halo_log_dir, halo_log_root, halo_node, halo_started, halo_failure_key). Printed by
+# `python -m halo_sched.node.shell` (docs/node-runtime.md); HALO_* names are contract.py's.
 
-# The warning. The job's warning signal ($halo_signal, slurm.signal's, USR2 by default) is ignored
-# in the entry, in setup and in torchrun, and inherited as ignored by the ranks: torchrun would die
-# from it (or, for a signal it handles, stop its workers after a short grace). The trainer installs
-# its own handler (Python's signal.signal overrides an inherited SIG_IGN) and has until the
-# deadline to checkpoint; a handler in the entry shell would not do (bash resets handled signals
-# to the default in children). The warning reaches the entry as its carrier (URG; SLURM: the
-# batch script passes slurm.signal's warning and `halo-sched cancel --signal` on, to every process
-# of the job's steps), whose default action is to ignore it, so torchrun, the ranks and any server
-# go on as if nothing came; the entry alone acts on it: halo_deliver hands $halo_signal to each
-# rank (a process torchrun started) once that rank handles it (SigCgt in /proc/PID/status), at
-# once or as soon as it installs its handler. A warning that comes while setup, torchrun or a
-# trainer's imports still run is held, not lost: slurmctld looks at time limits every 30 s and
-# sends slurm.signal's warning up to 30 s early, which for a short job can be its first seconds
-# (job_mgr.c send_job_warn_signal).
+# halo_master TIMEOUT_S: rank 0's address and port, given (HALO_MASTER_ADDR/PORT) or published in
+# HALO_MASTER_ADDR_FILE (address, port; blank until then: nomadService renders empty, never blocks).
+halo_master_published() {
+  local halo_published halo_rest
+  halo_published=$(head -n 2 "$HALO_MASTER_ADDR_FILE" 2> /dev/null | tr -d ' \t\r' | tr '\n' ' ')
+  read -r HALO_MASTER_ADDR HALO_MASTER_PORT halo_rest <<< "$halo_published" || true
+  [ -n "$HALO_MASTER_ADDR" ] && [ -n "$HALO_MASTER_PORT" ]
+}
+halo_master() {
+  while [ -n "${HALO_MASTER_ADDR_FILE:-}" ] && ! halo_master_published; do
+    [ $((SECONDS - halo_started)) -lt "$1" ] ||
+      halo_fail "rank 0 was not published within rendezvous.timeout_s=$1s (waited on $HALO_MASTER_ADDR_FILE); is node 0 placed and running?"
+    sleep 1
+  done
+  [ -n "${HALO_MASTER_ADDR:-}" ] || halo_fail "no master address: the backend set neither HALO_MASTER_ADDR nor HALO_MASTER_ADDR_FILE"
+  case "${HALO_MASTER_PORT:-}" in
+    '' | *[!0-9]* | ??????*) halo_fail "no master port: the backend gave HALO_MASTER_PORT='${HALO_MASTER_PORT:-}', not a port in 1..65535" ;;
+  esac
+  HALO_MASTER_PORT=$((10#$HALO_MASTER_PORT))
+  [ "$HALO_MASTER_PORT" -ge 1 ] && [ "$HALO_MASTER_PORT" -le 65535 ] || halo_fail "HALO_MASTER_PORT=$HALO_MASTER_PORT is not a port in 1..65535"
+}
+
+# Rollout servers. halo_server_urls TIMEOUT_S ROLE NODES PORT HEALTH_PATH ADDRS_VAR FILE_VAR URLS_VAR:
+# the role's addresses from ADDRS_VAR ("A0,A1") or FILE_VAR (lines "halo-index-K ADDR", INDEX_TAG),
+# exported as URLS_VAR; halo_servers_healthy TIMEOUT_S: each answers its health path with 200.
+halo_health=()
+halo_server_look() {  # ROLE NODES FILE
+  local halo_k halo_a
+  halo_addrs= halo_missing=
+  for ((halo_k = 0; halo_k < $2; halo_k++)); do
+    halo_a=$(awk -v t="halo-index-$halo_k" '$1 == t && $2 != "" { print $2; exit }' "$3" 2> /dev/null)
+    [ -n "$halo_a" ] || halo_missing="$halo_missing $1[$halo_k]"
+    halo_addrs="$halo_addrs${halo_addrs:+,}$halo_a"
+  done
+  [ -z "$halo_missing" ]
+}
+halo_server_urls() {
+  local halo_file="${!7:-}" halo_addrs halo_missing= halo_n halo_k=0 halo_a halo_urls=
+  halo_addrs=${!6:-}
+  while [ -n "$halo_file" ] && ! halo_server_look "$2" "$3" "$halo_file"; do
+    [ $((SECONDS - halo_started)) -lt "$1" ] ||
+      halo_fail "server(s)$halo_missing not registered within rendezvous.timeout_s=$1s (waited on $halo_file); are they placed and running?"
+    sleep 1
+  done
+  halo_n=$(echo "$halo_addrs" | awk -F, '{ print NF }')
+  [ "$halo_n" = "$3" ] || halo_fail "the backend gave $halo_n address(es) for server role $2 ('$halo_addrs'), expected $3"
+  for halo_a in ${halo_addrs//,/ }; do
+    case "$halo_a" in *:*) halo_a="[$halo_a]" ;; esac
+    halo_urls="$halo_urls${halo_urls:+,}http://$halo_a:$4"
+    halo_health+=("$2[$halo_k]" "http://$halo_a:$4$5")
+    halo_k=$((halo_k + 1))
+  done
+  printf -v "$8" %s "$halo_urls"
+  export "${8?}"
+  echo "halo-sched: node $halo_rank: server $2: $halo_urls" >&2
+}
+halo_servers_healthy() {
+  local halo_left=$(($1 - (SECONDS - halo_started)))
+  [ "$halo_left" -gt 0 ] || halo_left=1
+  "${halo_node[@]}" server_health "$halo_left" "${halo_health[@]}" < /dev/null ||
+    halo_fail "not every rollout server answered its health path within rendezvous.timeout_s=$1s (see above); not starting the trainer"
+  halo_health=()
+}
+
+# halo_hang TIMEOUT_S FIRST_STEP_S [nccl]: the hang monitor beside torchrun (hang_monitor.py;
+# docs/failures.md, "Hangs"); nccl: also NCCL's flight recorder (TORCH_FR_* set wins).
+halo_hang_timeout=
+halo_monitor=
+halo_hang() {
+  halo_hang_timeout=$1 halo_hang_first=$2
+  export HALO_PROGRESS_DIR=$halo_log_dir/progress
+  mkdir -p "$HALO_PROGRESS_DIR"
+  export HALO_STACK_SIGNAL=$(kill -l RTMIN+5)
+  export PYTHONFAULTHANDLER=${PYTHONFAULTHANDLER:-1}
+  [ "${3:-}" = nccl ] || return 0
+  if [ -z "${TORCH_FR_BUFFER_SIZE:-}${TORCH_FR_DUMP_TEMP_FILE:-}" ]; then
+    export TORCH_NCCL_TRACE_BUFFER_SIZE=${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}
+    export TORCH_NCCL_DEBUG_INFO_TEMP_FILE=${TORCH_NCCL_DEBUG_INFO_TEMP_FILE:-$halo_log_dir/nccl_trace_rank_}
+  fi
+  export TORCH_NCCL_DUMP_ON_TIMEOUT=${TORCH_NCCL_DUMP_ON_TIMEOUT:-1}
+}
+halo_hang_start() {  # TORCHRUN_PID
+  [ -n "$halo_hang_timeout" ] || return 0
+  "${halo_node[@]}" hang_monitor "$halo_rank" "$1" "$HALO_PROGRESS_DIR" "$halo_log_dir" \
+    "$halo_nproc" "$halo_hang_timeout" "$halo_hang_first" "$HALO_STACK_SIGNAL" \
+    "${HALO_PROGRESS_MIRROR:-}" <<< "$halo_failure_key" &  # the key on stdin: not in its environment
+  halo_monitor=$!
+}
+# After torchrun: a monitor that fired finishes its report; one that did not ends at once.
+halo_hang_stop() {
+  [ -n "$halo_monitor" ] || return 0
+  kill -TERM "$halo_monitor" 2> /dev/null || true
+  wait "$halo_monitor" 2> /dev/null || wait "$halo_monitor" 2> /dev/null || true
+  halo_monitor=
+}
+
+# The warning: $halo_signal is ignored in the entry, setup, torchrun and (inherited) the ranks; it
+# reaches the entry as its carrier (URG, ignored by default), and halo_deliver hands $halo_signal to
+# each rank once that rank handles it (SigCgt). Why: docs/node-runtime.md, "The warning".
 # Runs in the background from the warning until torchrun ends (torchrun may start ranks again).
 halo_deliver() {
   (
@@ -54,18 +136,13 @@ halo_deliver() {
   ) &
   halo_deliverer=$!
 }
-# torchrun's workers run in sessions of their own: when torchrun dies (SIGKILL), they are
-# reparented to init, out of reach of its process tree and of SLURM's proctrack/linuxproc, and
-# would outlive the job. Only torchrun gets the tag ($halo_node_tag, made at run time by the
-# entry) in its environment, so it marks exactly what torchrun started, however deep or
-# reparented. A subreaper would not do: bash cannot become one, and a helper process that did
-# could itself be killed.
-# Pids of live processes carrying the tag (a zombie's environ reads empty).
+# The sweep: torchrun's workers run in sessions of their own and would outlive a killed torchrun;
+# only torchrun gets $halo_node_tag in its environment, which marks all it started (docs/node-runtime.md).
+# Live processes with the tag (a zombie's environ reads empty).
 halo_tagged() {
   grep -lzxF "HALO_NODE_TAG=$halo_node_tag" /proc/[0-9]*/environ 2> /dev/null | cut -d/ -f3
 }
-# After torchrun exits, however it exits: TERM what it left once, KILL it after a short grace,
-# until nothing is left (a process forked meanwhile is caught on the next round); give up on
+# After torchrun exits: TERM what it left once, KILL after 5 s until nothing is left; give up on
 # one that cannot die (uninterruptible sleep) after 10 s more.
 halo_sweep() {
   local halo_p halo_seen=' ' halo_kill_at=$((SECONDS + 5)) halo_give_up=$((SECONDS + 15))
@@ -84,11 +161,15 @@ halo_sweep() {
   done
   echo "halo-sched: node $halo_rank: processes left by torchrun would not die: $*" >&2
 }
+# halo_run TORCHRUN ARGS: torchrun with the tag, the hang monitor and the deliverer; then the sweep
+# and, when it failed, the failure collector's "halo-sched-failure {json}" lines (docs/failures.md).
 halo_run() {
   local halo_pid halo_tee halo_rc halo_stop
+  export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank ${rank}] '
+  halo_node_tag=node$halo_rank-$$-$(date +%s%N)-$RANDOM
   halo_trapped=0
   halo_stopped_at=
-  # torchrun's own stderr also goes to a file: its failure summary has each failed rank's exit code.
+  # torchrun's stderr also to a file: its failure summary has each failed rank's exit code.
   exec 3> >(trap '' TERM INT HUP; exec tee -a "$halo_log_dir/torchrun.err" >&2)
   halo_tee=$!
   HALO_NODE_TAG=$halo_node_tag "$@" 2>&3 &
@@ -110,8 +191,7 @@ halo_run() {
   halo_hang_stop
   # The warning's deliverer ends within 0.2 s of torchrun (its last words come before the sweep's).
   [ -z "$halo_deliverer" ] || wait "$halo_deliverer" 2> /dev/null || true
-  # A stop request from here on waits for the sweep, then takes effect (as it did before: the
-  # shell ends by that signal, without the failure report).
+  # A stop request from here on waits for the sweep, then ends the shell (no failure report).
   halo_stop=
   trap 'halo_stop=TERM' TERM
   trap 'halo_stop=INT' INT
@@ -121,8 +201,7 @@ halo_run() {
   exec 3>&-
   wait "$halo_tee" 2> /dev/null || true
   if [ "$halo_rc" != 0 ]; then
-    # The job's failure key in the collector's environment alone (the entry took it out of every
-    # other's): the lines it signs are the only ones a reader trusts (docs/failures.md).
+    # The failure key in the collector's environment alone: only the lines it signs are trusted.
     HALO_FAILURE_KEY=$halo_failure_key "${halo_node[@]}" failure_collector "$halo_rank" "$halo_nproc" "$halo_log_dir" "$halo_rc" "$halo_stopped_at" < /dev/null ||
       echo "halo-sched-failure {\"node\":$halo_rank,\"rank\":null,\"host\":\"$(hostname)\",\"exit_code\":$halo_rc,\"time\":$(date +%s),\"error\":\"torchrun exited with $halo_rc\"}" >&2
   fi

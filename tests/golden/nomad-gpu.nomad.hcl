@@ -1,6 +1,100 @@
 # halo-sched: job ddp-nomad for Nomad: 2 nodes. Group node-0 is node rank 0; group
 # workers (count N-1) runs the others, node rank = 1 + NOMAD_ALLOC_INDEX (the entry script adds).
 # Plan with `nomad job plan FILE`, run with `nomad job run FILE`.
+
+# The node entry, the same in every group: each task's template names it (data = local.entry).
+locals {
+  entry = <<EOT
+#!/bin/bash
+# halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes, the same on every node.
+# Its input: HALO_NODE_RANK (+ HALO_NODE_RANK_OFFSET), HALO_MASTER_ADDR/HALO_MASTER_PORT or HALO_MASTER_ADDR_FILE.
+set -e
+# The failure key signs this node's failure lines; no rank can read it (docs/failures.md).
+halo_failure_key=$${HALO_FAILURE_KEY:-}
+unset HALO_FAILURE_KEY
+halo_fail() { echo "halo-sched: node $halo_rank: $*" >&2; exit 1; }
+halo_rank=$HALO_NODE_RANK
+# Nomad's worker group passes its allocation index and HALO_NODE_RANK_OFFSET=1 ($${} cannot add).
+halo_offset=$${HALO_NODE_RANK_OFFSET:-0}
+# Digits only, and few of them: the sum below can then neither fail nor overflow.
+case "$halo_rank:$halo_offset" in
+  :* | *: | *[!0-9:]* | *:*:* | ????????????*) halo_fail "HALO_NODE_RANK must be a node rank in 0..1, got '$halo_rank' (offset '$halo_offset')" ;;
+esac
+halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not octal
+[ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank (HALO_NODE_RANK + offset $halo_offset) is outside 0..1"
+
+# The warning (SIGUSR2) is ignored here and inherited so; it arrives as SIGURG and this shell
+# hands SIGUSR2 to each rank once it handles it (halo_deliver: halo_sched/node/entry.sh, docs/slurm.md).
+export HALO_WARNING_SIGNAL=USR2
+halo_warned_at=
+halo_torchrun=
+halo_deliverer=
+halo_warning() {
+  halo_trapped=1
+  [ -z "$halo_warned_at" ] || return 0
+  halo_warned_at=$SECONDS
+  echo "halo-sched: node $halo_rank: warning at $(date +%H:%M:%S); SIGUSR2 goes to each rank once it handles it" >&2
+  [ -z "$halo_torchrun" ] || halo_deliver
+}
+trap '' USR2
+trap halo_warning URG
+# Which run this is: 0 the first time, n after the job was requeued n times.
+export HALO_RESTART_COUNT="$${HALO_RESTART_COUNT:-0}"
+
+# Environment for every rank, identical on all nodes (values are literal).
+export DIST_SHARED_FILESYSTEM=0
+export DIST_STORE_TIMEOUT_HOURS=4
+export NCCL_NET_PLUGIN=ofi
+export NCCL_NET=Libfabric
+export OMP_NUM_THREADS=8
+# rendezvous.timeout_s counts from here: a slow setup (pip install, image pull) is not a dead peer.
+halo_started=$SECONDS
+command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
+
+# The node runtime 0433f3aeaf4af788 (docs/node-runtime.md): the node's own halo-sched at this version, else the
+# job's copy (HALO_NODE_RUNTIME or the file HALO_NODE_RUNTIME_FILE), checked, written into the log directory.
+halo_log_root=$${HALO_LOG_DIR:-}
+[ -n "$halo_log_root" ] || halo_log_root=$(mktemp -d "$${TMPDIR:-/tmp}/halo-sched.XXXXXX")
+halo_log_dir=$halo_log_root/node-$halo_rank
+mkdir -p "$halo_log_dir"
+halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
+case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
+# $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
+halo_node_zip=
+if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != 0433f3aeaf4af788 ]; then
+  halo_node_zip=$halo_log_dir/halo-node-0433f3aeaf4af788.zip
+  $halo_py -c 'import base64, hashlib, sys, zlib; out, want, text, path = sys.argv[1:5]; data = zlib.decompressobj().decompress(base64.b64decode("".join((text or (open(path).read() if path else "")).split())), 1 << 24); hashlib.sha256(data).hexdigest() == want or sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want)); open(out, "wb").write(data)' "$halo_node_zip" 5a2dbd226edcdcbbd8f8d979a53b1158f1bd889b006e2638985e87c6d3c84672 "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
+    halo_fail "the node's python ($halo_py) has no halo-sched of version 0433f3aeaf4af788 and the job carries no intact copy of it (docs/node-runtime.md)"
+fi
+halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
+halo_functions=$("$${halo_node[@]}" shell) && [ -n "$halo_functions" ] ||
+  halo_fail "could not read the node runtime's functions (python -m halo_sched.node.shell under $halo_py)"
+eval "$halo_functions"
+unset halo_functions
+unset HALO_NODE_RUNTIME
+halo_signal=USR2 halo_nproc=8
+# Rank 0's address and port: given, or published (a file); waited for within rendezvous.timeout_s.
+halo_master 600
+
+# Hang guard (docs/failures.md, "Hangs"): no rank progressed for hang.timeout_s, or hang.first_step_s before
+# its first report: take every rank's stack and end the node.
+halo_hang 300 600 nccl
+
+echo "halo-sched: node $halo_rank of 2 on $(hostname): master $HALO_MASTER_ADDR:$HALO_MASTER_PORT" >&2
+halo_run torchrun \
+  --nnodes=2 \
+  --nproc_per_node=8 \
+  --node_rank="$halo_rank" \
+  --master_addr="$HALO_MASTER_ADDR" \
+  --master_port="$HALO_MASTER_PORT" \
+  --max_restarts=0 \
+  --rdzv_conf=timeout=600 \
+  --log-dir="$halo_log_dir" \
+  --tee=3 \
+  /workspace/examples/train_ddp.py --device cuda --steps 200
+EOT
+}
+
 job "ddp-nomad" {
   type        = "batch"
   datacenters = ["dc1"]
@@ -72,20 +166,10 @@ job "ddp-nomad" {
         entrypoint = ["/bin/bash"]
         args = ["$${NOMAD_TASK_DIR}/halo-entry.sh"]
         network_mode = "host"
-        ulimit = [
-          {
-            memlock = "-1"
-            stack = "67108864"
-          },
-        ]
+        ulimit = [{ memlock = "-1", stack = "67108864" }]
         shm_size = 68719476736
         volumes = ["/scratch:/scratch"]
-        devices = [
-          {
-            host_path = "/dev/infiniband"
-            container_path = "/dev/infiniband"
-          },
-        ]
+        devices = [{ host_path = "/dev/infiniband", container_path = "/dev/infiniband" }]
       }
 
       env {
@@ -101,167 +185,9 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-f0ad5cfa"
-        right_delimiter = "halo-f0ad5cfa]]"
-        data        = <<EOT
-#!/bin/bash
-# halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes, the same on every node.
-# Its input: HALO_NODE_RANK (+ HALO_NODE_RANK_OFFSET), HALO_MASTER_ADDR/HALO_MASTER_PORT or HALO_MASTER_ADDR_FILE.
-set -e
-# The job's failure key: this node's reporters sign their failure lines with it, and a line a rank
-# prints is no verdict because no rank can read it from its environment (docs/failures.md).
-halo_failure_key=$${HALO_FAILURE_KEY:-}
-unset HALO_FAILURE_KEY
-halo_fail() {
-  echo "halo-sched: node $halo_rank: $*" >&2
-  exit 1
-}
-halo_rank=$HALO_NODE_RANK
-# Nomad's worker group passes its allocation index and HALO_NODE_RANK_OFFSET=1 ($${} cannot add).
-halo_offset=$${HALO_NODE_RANK_OFFSET:-0}
-# Digits only, and few of them: the sum below can then neither fail nor overflow.
-case "$halo_rank:$halo_offset" in
-  :* | *: | *[!0-9:]* | *:*:* | ????????????*) halo_fail "HALO_NODE_RANK must be a node rank in 0..1, got '$halo_rank' (offset '$halo_offset')" ;;
-esac
-halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not octal
-[ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank (HALO_NODE_RANK + offset $halo_offset) is outside 0..1"
-
-# The warning (SIGUSR2) is ignored here, in setup, torchrun and the ranks; the trainer installs its own
-# handler. It arrives as SIGURG (ignored by default): this shell then hands SIGUSR2 to each rank
-# once that rank handles it (halo_deliver; the why: halo_sched/node/entry.sh, docs/slurm.md).
-export HALO_WARNING_SIGNAL=USR2
-halo_warned_at=
-halo_torchrun=
-halo_deliverer=
-halo_warning() {
-  halo_trapped=1
-  [ -z "$halo_warned_at" ] || return 0
-  halo_warned_at=$SECONDS
-  echo "halo-sched: node $halo_rank: warning at $(date +%H:%M:%S); SIGUSR2 goes to each rank once it handles it" >&2
-  [ -z "$halo_torchrun" ] || halo_deliver
-}
-trap '' USR2
-trap halo_warning URG
-# Which run this is: 0 the first time, n after the job was requeued n times.
-export HALO_RESTART_COUNT="$${HALO_RESTART_COUNT:-0}"
-
-# Environment for every rank, identical on all nodes (values are literal).
-export DIST_SHARED_FILESYSTEM=0
-export DIST_STORE_TIMEOUT_HOURS=4
-export NCCL_NET_PLUGIN=ofi
-export NCCL_NET=Libfabric
-export OMP_NUM_THREADS=8
-# rendezvous.timeout_s counts from here: a slow setup (pip install, image pull) is not a dead peer.
-halo_started=$SECONDS
-
-# Rank 0's address and port: given, or published later (a file whose first line is the address
-# and second the port once rank 0 is known). The file exists but is blank until then (Nomad's
-# nomadService renders empty; it never blocks).
-if [ -n "$HALO_MASTER_ADDR_FILE" ]; then
-  while :; do
-    halo_published=$(head -n 2 "$HALO_MASTER_ADDR_FILE" 2> /dev/null | tr -d ' \t\r' | tr '\n' ' ')
-    read -r HALO_MASTER_ADDR HALO_MASTER_PORT halo_rest <<< "$halo_published" || true
-    [ -z "$HALO_MASTER_ADDR" ] || [ -z "$HALO_MASTER_PORT" ] || break
-    if [ $((SECONDS - halo_started)) -ge 600 ]; then
-      halo_fail "rank 0 was not published within rendezvous.timeout_s=600s (waited on $HALO_MASTER_ADDR_FILE); is node 0 placed and running?"
-    fi
-    sleep 1
-  done
-fi
-[ -n "$HALO_MASTER_ADDR" ] || halo_fail "no master address: the backend set neither HALO_MASTER_ADDR nor HALO_MASTER_ADDR_FILE"
-case "$${HALO_MASTER_PORT:-}" in
-  '' | *[!0-9]* | ??????*) halo_fail "no master port: the backend gave HALO_MASTER_PORT='$${HALO_MASTER_PORT:-}', not a port in 1..65535" ;;
-esac
-HALO_MASTER_PORT=$((10#$HALO_MASTER_PORT))
-[ "$HALO_MASTER_PORT" -ge 1 ] && [ "$HALO_MASTER_PORT" -le 65535 ] || halo_fail "HALO_MASTER_PORT=$HALO_MASTER_PORT is not a port in 1..65535"
-command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
-
-# ---- The node runtime da42f6d43887832b (halo_sched/node/; docs/node-runtime.md): the node's own halo-sched
-# when it is this version, else the job's zip (HALO_NODE_RUNTIME, or the file HALO_NODE_RUNTIME_FILE),
-# checked by its SHA-256 and written once into this node's log directory.
-halo_log_root=$${HALO_LOG_DIR:-}
-[ -n "$halo_log_root" ] || halo_log_root=$(mktemp -d "$${TMPDIR:-/tmp}/halo-sched.XXXXXX")
-halo_log_dir=$halo_log_root/node-$halo_rank
-mkdir -p "$halo_log_dir"
-halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
-case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
-# $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
-halo_node_zip=
-if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != da42f6d43887832b ]; then
-  halo_node_zip=$halo_log_dir/halo-node-da42f6d43887832b.zip
-  $halo_py -c 'import base64, hashlib, sys; out, want, text, path = sys.argv[1:5]; data = base64.b64decode("".join((text or (open(path).read() if path else "")).split())); hashlib.sha256(data).hexdigest() == want or sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want)); open(out, "wb").write(data)' "$halo_node_zip" 600edced05ae2450ea7ad180940d564572844d2dc9088c830f95e39d4787432c "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
-    halo_fail "the node's python ($halo_py) has no halo-sched of version da42f6d43887832b and the job carries no intact copy of it (docs/node-runtime.md)"
-fi
-unset HALO_NODE_RUNTIME
-halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
-# "$${halo_node[@]}" MODULE ARGS: python -m halo_sched.node.MODULE from there; then the entry's job-free functions.
-halo_functions=$("$${halo_node[@]}" shell) && [ -n "$halo_functions" ] ||
-  halo_fail "could not read the node runtime's functions (python -m halo_sched.node.shell under $halo_py)"
-eval "$halo_functions"
-unset halo_functions
-halo_signal=USR2
-halo_nproc=8
-
-
-# ---- Failure report (halo_sched/node/failure_collector.py) ----
-# torchrun --log-dir/--tee: each rank's output also lands in a file; when torchrun fails, the
-# collector prints one "halo-sched-failure {json}" line per failed rank, where every backend finds it.
-export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank $${rank}] '
-# Only torchrun gets this tag in its environment: it finds what torchrun started, however deep or
-# reparented (its workers run in sessions of their own and would outlive the job; entry.sh).
-halo_node_tag=node$halo_rank-$$-$(date +%s%N)-$RANDOM
-# halo_run (halo_sched/node/entry.sh) runs torchrun with the tag, the hang monitor beside it and
-# the warning's deliverer; then it sweeps what torchrun left (TERM, KILL after 5 s, up to 15 s)
-# and, when torchrun failed, runs the failure collector.
-
-# ---- Hang detection (hang.timeout_s; halo_sched/node/hang_monitor.py, progress.py) ----
-# A monitor beside torchrun ends the node when no rank progressed (lines in $HALO_PROGRESS_DIR/rank-$RANK)
-# for hang.timeout_s=300s (600s before a rank's first report), after taking every rank's
-# stack (docs/failures.md, "Hangs"); it copies the progress files to $HALO_PROGRESS_MIRROR where set.
-export HALO_PROGRESS_DIR=$halo_log_dir/progress
-mkdir -p "$HALO_PROGRESS_DIR"
-export HALO_STACK_SIGNAL=$(kill -l RTMIN+5)
-export PYTHONFAULTHANDLER=$${PYTHONFAULTHANDLER:-1}
-# NCCL's flight recorder: each rank's last collectives, dumped beside the logs on NCCL's timeout.
-# (torch 2.13 reads these older names too, with a deprecation warning; TORCH_FR_* set wins.)
-if [ -z "$${TORCH_FR_BUFFER_SIZE:-}$${TORCH_FR_DUMP_TEMP_FILE:-}" ]; then
-  export TORCH_NCCL_TRACE_BUFFER_SIZE=$${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}
-  export TORCH_NCCL_DEBUG_INFO_TEMP_FILE=$${TORCH_NCCL_DEBUG_INFO_TEMP_FILE:-$halo_log_dir/nccl_trace_rank_}
-fi
-export TORCH_NCCL_DUMP_ON_TIMEOUT=$${TORCH_NCCL_DUMP_ON_TIMEOUT:-1}
-halo_monitor=
-halo_hang_start() {
-  "$${halo_node[@]}" hang_monitor "$halo_rank" "$1" "$HALO_PROGRESS_DIR" "$halo_log_dir" \
-    8 300 600 "$HALO_STACK_SIGNAL" \
-    "$${HALO_PROGRESS_MIRROR:-}" <<< "$halo_failure_key" &  # the key on stdin: not in its environment
-  halo_monitor=$!
-}
-# After torchrun: a monitor that fired finishes its report (bounded by its own waits); one that
-# did not ends at once.
-halo_hang_stop() {
-  [ -n "$halo_monitor" ] || return 0
-  kill -TERM "$halo_monitor" 2> /dev/null || true
-  wait "$halo_monitor" 2> /dev/null || wait "$halo_monitor" 2> /dev/null || true
-  halo_monitor=
-}
-
-echo "halo-sched: node $halo_rank of 2 on $(hostname): master $HALO_MASTER_ADDR:$HALO_MASTER_PORT" >&2
-halo_run torchrun \
-  --nnodes=2 \
-  --nproc_per_node=8 \
-  --node_rank="$halo_rank" \
-  --master_addr="$HALO_MASTER_ADDR" \
-  --master_port="$HALO_MASTER_PORT" \
-  --max_restarts=0 \
-  --rdzv_conf=timeout=600 \
-  --log-dir="$halo_log_dir" \
-  --tee=3 \
-  /workspace/examples/train_ddp.py \
-  --device \
-  cuda \
-  --steps \
-  200
-EOT
+        left_delimiter  = "[[halo-037a6917"
+        right_delimiter = "halo-037a6917]]"
+        data        = local.entry
       }
 
       template {
@@ -282,12 +208,8 @@ EOT
 
   group "workers" {
     count = 1
-    # Nomad 2.0.3+: each allocation is stopped this long after its creation (halo-sched reports
-    # TIMEOUT). A group that never placed has no allocation and no timer: it bounds a hung job,
-    # not a half-placed one. Older `nomad job run` rejects this line.
     max_run_duration = "12h"
 
-    # A fixed-size world never re-forms around a replaced rank: no restarts, no reschedules.
     restart {
       attempts = 0
       mode     = "fail"
@@ -299,10 +221,6 @@ EOT
       interval  = "0s"
       unlimited = false
     }
-    # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
-    # its allocation turns "unknown" and whoever watches the job stops it. Nomad 1.8+.
-    # lost_after (the job's bound plus an hour) keeps Nomad 1.11.2+ from replacing it until then;
-    # replace = false keeps older servers from replacing it at all.
     disconnect {
       lost_after = "13h"
       replace    = false
@@ -325,20 +243,10 @@ EOT
         entrypoint = ["/bin/bash"]
         args = ["$${NOMAD_TASK_DIR}/halo-entry.sh"]
         network_mode = "host"
-        ulimit = [
-          {
-            memlock = "-1"
-            stack = "67108864"
-          },
-        ]
+        ulimit = [{ memlock = "-1", stack = "67108864" }]
         shm_size = 68719476736
         volumes = ["/scratch:/scratch"]
-        devices = [
-          {
-            host_path = "/dev/infiniband"
-            container_path = "/dev/infiniband"
-          },
-        ]
+        devices = [{ host_path = "/dev/infiniband", container_path = "/dev/infiniband" }]
       }
 
       env {
@@ -354,167 +262,9 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-f0ad5cfa"
-        right_delimiter = "halo-f0ad5cfa]]"
-        data        = <<EOT
-#!/bin/bash
-# halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes, the same on every node.
-# Its input: HALO_NODE_RANK (+ HALO_NODE_RANK_OFFSET), HALO_MASTER_ADDR/HALO_MASTER_PORT or HALO_MASTER_ADDR_FILE.
-set -e
-# The job's failure key: this node's reporters sign their failure lines with it, and a line a rank
-# prints is no verdict because no rank can read it from its environment (docs/failures.md).
-halo_failure_key=$${HALO_FAILURE_KEY:-}
-unset HALO_FAILURE_KEY
-halo_fail() {
-  echo "halo-sched: node $halo_rank: $*" >&2
-  exit 1
-}
-halo_rank=$HALO_NODE_RANK
-# Nomad's worker group passes its allocation index and HALO_NODE_RANK_OFFSET=1 ($${} cannot add).
-halo_offset=$${HALO_NODE_RANK_OFFSET:-0}
-# Digits only, and few of them: the sum below can then neither fail nor overflow.
-case "$halo_rank:$halo_offset" in
-  :* | *: | *[!0-9:]* | *:*:* | ????????????*) halo_fail "HALO_NODE_RANK must be a node rank in 0..1, got '$halo_rank' (offset '$halo_offset')" ;;
-esac
-halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not octal
-[ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank (HALO_NODE_RANK + offset $halo_offset) is outside 0..1"
-
-# The warning (SIGUSR2) is ignored here, in setup, torchrun and the ranks; the trainer installs its own
-# handler. It arrives as SIGURG (ignored by default): this shell then hands SIGUSR2 to each rank
-# once that rank handles it (halo_deliver; the why: halo_sched/node/entry.sh, docs/slurm.md).
-export HALO_WARNING_SIGNAL=USR2
-halo_warned_at=
-halo_torchrun=
-halo_deliverer=
-halo_warning() {
-  halo_trapped=1
-  [ -z "$halo_warned_at" ] || return 0
-  halo_warned_at=$SECONDS
-  echo "halo-sched: node $halo_rank: warning at $(date +%H:%M:%S); SIGUSR2 goes to each rank once it handles it" >&2
-  [ -z "$halo_torchrun" ] || halo_deliver
-}
-trap '' USR2
-trap halo_warning URG
-# Which run this is: 0 the first time, n after the job was requeued n times.
-export HALO_RESTART_COUNT="$${HALO_RESTART_COUNT:-0}"
-
-# Environment for every rank, identical on all nodes (values are literal).
-export DIST_SHARED_FILESYSTEM=0
-export DIST_STORE_TIMEOUT_HOURS=4
-export NCCL_NET_PLUGIN=ofi
-export NCCL_NET=Libfabric
-export OMP_NUM_THREADS=8
-# rendezvous.timeout_s counts from here: a slow setup (pip install, image pull) is not a dead peer.
-halo_started=$SECONDS
-
-# Rank 0's address and port: given, or published later (a file whose first line is the address
-# and second the port once rank 0 is known). The file exists but is blank until then (Nomad's
-# nomadService renders empty; it never blocks).
-if [ -n "$HALO_MASTER_ADDR_FILE" ]; then
-  while :; do
-    halo_published=$(head -n 2 "$HALO_MASTER_ADDR_FILE" 2> /dev/null | tr -d ' \t\r' | tr '\n' ' ')
-    read -r HALO_MASTER_ADDR HALO_MASTER_PORT halo_rest <<< "$halo_published" || true
-    [ -z "$HALO_MASTER_ADDR" ] || [ -z "$HALO_MASTER_PORT" ] || break
-    if [ $((SECONDS - halo_started)) -ge 600 ]; then
-      halo_fail "rank 0 was not published within rendezvous.timeout_s=600s (waited on $HALO_MASTER_ADDR_FILE); is node 0 placed and running?"
-    fi
-    sleep 1
-  done
-fi
-[ -n "$HALO_MASTER_ADDR" ] || halo_fail "no master address: the backend set neither HALO_MASTER_ADDR nor HALO_MASTER_ADDR_FILE"
-case "$${HALO_MASTER_PORT:-}" in
-  '' | *[!0-9]* | ??????*) halo_fail "no master port: the backend gave HALO_MASTER_PORT='$${HALO_MASTER_PORT:-}', not a port in 1..65535" ;;
-esac
-HALO_MASTER_PORT=$((10#$HALO_MASTER_PORT))
-[ "$HALO_MASTER_PORT" -ge 1 ] && [ "$HALO_MASTER_PORT" -le 65535 ] || halo_fail "HALO_MASTER_PORT=$HALO_MASTER_PORT is not a port in 1..65535"
-command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
-
-# ---- The node runtime da42f6d43887832b (halo_sched/node/; docs/node-runtime.md): the node's own halo-sched
-# when it is this version, else the job's zip (HALO_NODE_RUNTIME, or the file HALO_NODE_RUNTIME_FILE),
-# checked by its SHA-256 and written once into this node's log directory.
-halo_log_root=$${HALO_LOG_DIR:-}
-[ -n "$halo_log_root" ] || halo_log_root=$(mktemp -d "$${TMPDIR:-/tmp}/halo-sched.XXXXXX")
-halo_log_dir=$halo_log_root/node-$halo_rank
-mkdir -p "$halo_log_dir"
-halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
-case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
-# $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
-halo_node_zip=
-if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != da42f6d43887832b ]; then
-  halo_node_zip=$halo_log_dir/halo-node-da42f6d43887832b.zip
-  $halo_py -c 'import base64, hashlib, sys; out, want, text, path = sys.argv[1:5]; data = base64.b64decode("".join((text or (open(path).read() if path else "")).split())); hashlib.sha256(data).hexdigest() == want or sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want)); open(out, "wb").write(data)' "$halo_node_zip" 600edced05ae2450ea7ad180940d564572844d2dc9088c830f95e39d4787432c "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
-    halo_fail "the node's python ($halo_py) has no halo-sched of version da42f6d43887832b and the job carries no intact copy of it (docs/node-runtime.md)"
-fi
-unset HALO_NODE_RUNTIME
-halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
-# "$${halo_node[@]}" MODULE ARGS: python -m halo_sched.node.MODULE from there; then the entry's job-free functions.
-halo_functions=$("$${halo_node[@]}" shell) && [ -n "$halo_functions" ] ||
-  halo_fail "could not read the node runtime's functions (python -m halo_sched.node.shell under $halo_py)"
-eval "$halo_functions"
-unset halo_functions
-halo_signal=USR2
-halo_nproc=8
-
-
-# ---- Failure report (halo_sched/node/failure_collector.py) ----
-# torchrun --log-dir/--tee: each rank's output also lands in a file; when torchrun fails, the
-# collector prints one "halo-sched-failure {json}" line per failed rank, where every backend finds it.
-export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank $${rank}] '
-# Only torchrun gets this tag in its environment: it finds what torchrun started, however deep or
-# reparented (its workers run in sessions of their own and would outlive the job; entry.sh).
-halo_node_tag=node$halo_rank-$$-$(date +%s%N)-$RANDOM
-# halo_run (halo_sched/node/entry.sh) runs torchrun with the tag, the hang monitor beside it and
-# the warning's deliverer; then it sweeps what torchrun left (TERM, KILL after 5 s, up to 15 s)
-# and, when torchrun failed, runs the failure collector.
-
-# ---- Hang detection (hang.timeout_s; halo_sched/node/hang_monitor.py, progress.py) ----
-# A monitor beside torchrun ends the node when no rank progressed (lines in $HALO_PROGRESS_DIR/rank-$RANK)
-# for hang.timeout_s=300s (600s before a rank's first report), after taking every rank's
-# stack (docs/failures.md, "Hangs"); it copies the progress files to $HALO_PROGRESS_MIRROR where set.
-export HALO_PROGRESS_DIR=$halo_log_dir/progress
-mkdir -p "$HALO_PROGRESS_DIR"
-export HALO_STACK_SIGNAL=$(kill -l RTMIN+5)
-export PYTHONFAULTHANDLER=$${PYTHONFAULTHANDLER:-1}
-# NCCL's flight recorder: each rank's last collectives, dumped beside the logs on NCCL's timeout.
-# (torch 2.13 reads these older names too, with a deprecation warning; TORCH_FR_* set wins.)
-if [ -z "$${TORCH_FR_BUFFER_SIZE:-}$${TORCH_FR_DUMP_TEMP_FILE:-}" ]; then
-  export TORCH_NCCL_TRACE_BUFFER_SIZE=$${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}
-  export TORCH_NCCL_DEBUG_INFO_TEMP_FILE=$${TORCH_NCCL_DEBUG_INFO_TEMP_FILE:-$halo_log_dir/nccl_trace_rank_}
-fi
-export TORCH_NCCL_DUMP_ON_TIMEOUT=$${TORCH_NCCL_DUMP_ON_TIMEOUT:-1}
-halo_monitor=
-halo_hang_start() {
-  "$${halo_node[@]}" hang_monitor "$halo_rank" "$1" "$HALO_PROGRESS_DIR" "$halo_log_dir" \
-    8 300 600 "$HALO_STACK_SIGNAL" \
-    "$${HALO_PROGRESS_MIRROR:-}" <<< "$halo_failure_key" &  # the key on stdin: not in its environment
-  halo_monitor=$!
-}
-# After torchrun: a monitor that fired finishes its report (bounded by its own waits); one that
-# did not ends at once.
-halo_hang_stop() {
-  [ -n "$halo_monitor" ] || return 0
-  kill -TERM "$halo_monitor" 2> /dev/null || true
-  wait "$halo_monitor" 2> /dev/null || wait "$halo_monitor" 2> /dev/null || true
-  halo_monitor=
-}
-
-echo "halo-sched: node $halo_rank of 2 on $(hostname): master $HALO_MASTER_ADDR:$HALO_MASTER_PORT" >&2
-halo_run torchrun \
-  --nnodes=2 \
-  --nproc_per_node=8 \
-  --node_rank="$halo_rank" \
-  --master_addr="$HALO_MASTER_ADDR" \
-  --master_port="$HALO_MASTER_PORT" \
-  --max_restarts=0 \
-  --rdzv_conf=timeout=600 \
-  --log-dir="$halo_log_dir" \
-  --tee=3 \
-  /workspace/examples/train_ddp.py \
-  --device \
-  cuda \
-  --steps \
-  200
-EOT
+        left_delimiter  = "[[halo-037a6917"
+        right_delimiter = "halo-037a6917]]"
+        data        = local.entry
       }
 
       template {

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import re
 import shutil
 import subprocess
 import threading
@@ -92,19 +93,41 @@ def template_literal(source: str) -> str:
     return "".join(out)
 
 
-def decode(value):
-    """hcl2json output -> plain values, strings decoded by :func:`template_literal`."""
+_LOCAL = re.compile(r"\$\{local\.([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def decode(value, local: dict | None = None):
+    """hcl2json output -> plain values, strings decoded by :func:`template_literal`; a string that
+    is exactly one reference to a local (``${local.NAME}``, as hcl2json shows ``data = local.NAME``)
+    is that local's value."""
     if isinstance(value, list):
-        return [decode(v) for v in value]
+        return [decode(v, local) for v in value]
     if isinstance(value, dict):
-        return {k: decode(v) for k, v in value.items()}
+        return {k: decode(v, local) for k, v in value.items()}
     if isinstance(value, str):
+        m = _LOCAL.fullmatch(value)
+        if m and local is not None and m.group(1) in local:
+            return local[m.group(1)]
         return template_literal(value)
     return value
 
 
+def resolve(doc: dict) -> dict:
+    """The document as Nomad reads it: its top-level ``locals`` blocks evaluated (each a literal
+    string here) and each ``local.NAME`` replaced by its value. Nomad's jobspec2 does the same:
+    ``locals`` attributes are evaluated into the ``local`` accessor of the context the job block
+    is decoded with (jobspec2/types.config.go: parseLocalVariables, evaluateLocalVariables,
+    EvalContext's localsAccessor); a name defined twice is an error there."""
+    local: dict = {}
+    for block in doc.get("locals", []):
+        for name, value in block.items():
+            assert name not in local, f"local {name} defined twice"
+            local[name] = decode(value)
+    return decode({k: v for k, v in doc.items() if k != "locals"}, local)
+
+
 def load(text: str) -> dict:
-    return decode(parse(text))
+    return resolve(parse(text))
 
 
 def load_many(texts: list[str]) -> list[dict]:
@@ -112,5 +135,5 @@ def load_many(texts: list[str]) -> list[dict]:
     for r in parse_many(texts):
         if isinstance(r, Exception):
             raise r
-        out.append(decode(r))
+        out.append(resolve(r))
     return out

@@ -214,5 +214,18 @@ def render_hcl(spec: JobSpec, job_id: str | None = None) -> str:
     problems = _not_nfc(spec)
     if problems:
         raise SpecError(problems)
-    return render_template("nomad/job.nomad.hcl.j2", job=job_payload(spec, job_id)["Job"], go_duration=go_duration)
+    job = job_payload(spec, job_id)["Job"]
+    return render_template("nomad/job.nomad.hcl.j2", job=job, go_duration=go_duration, shared=_shared_templates(job))
+
+
+def _shared_templates(job: dict) -> dict[str, str]:
+    """The node entry, which node-0's task and the workers' hold alike, written once in the HCL as
+    a local that their templates name (``data = local.entry``). Nomad evaluates locals when it
+    parses the file (jobspec2/types.config.go), so the job it stores is the API payload, the text
+    in every task. Empty when only one task holds it."""
+    texts = [tpl["EmbeddedTmpl"] for g in job["TaskGroups"] for t in g["Tasks"]
+             for tpl in t.get("Templates", []) if tpl["DestPath"] == ENTRY_PATH]
+    text = texts[0] if texts else ""
+    heredoc = "\n" in text.rstrip("\n") and "\r" not in text  # as the template writes it
+    return {text: "entry"} if len(texts) > 1 and heredoc and texts.count(text) == len(texts) else {}
 
