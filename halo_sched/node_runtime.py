@@ -76,8 +76,3 @@ def _zip(names) -> NodeRuntime:
 @functools.lru_cache(maxsize=4)
 def _packed(zip_bytes: bytes) -> str:
     return base64.b64encode(zlib.compress(zip_bytes, 9)).decode("ascii")
-
-
-def unpack(text: str) -> bytes:
-    """The zip from :attr:`NodeRuntime.base64` (or its lines): what the node's bootstrap does."""
-    return zlib.decompress(base64.b64decode("".join(text.split())))

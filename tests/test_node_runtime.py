@@ -7,7 +7,9 @@ collector and the hang monitor run from the zip.
 """
 from __future__ import annotations
 
+import base64
 import hashlib
+import zlib
 import io
 import re
 import subprocess
@@ -20,7 +22,7 @@ import halo_sched
 from halo_sched import node
 from halo_sched.backends.slurm.render import render_sbatch
 from helpers import entry_script
-from halo_sched.node_runtime import runtime, unpack
+from halo_sched.node_runtime import runtime
 from helpers import base_env
 
 SYSTEM_PY = "/usr/bin/python3"
@@ -92,7 +94,7 @@ def test_the_sbatch_script_carries_the_zip_on_its_last_lines(tmp_path):
     script.write_text(text)
     carried = subprocess.run(["bash", "-c", f'tail -n {m.group(1)} "$0"', str(script)], capture_output=True,
                              text=True, timeout=30, check=True).stdout
-    assert hashlib.sha256(unpack(carried)).hexdigest() == runtime().sha256
+    assert hashlib.sha256(zlib.decompress(base64.b64decode("".join(carried.split())))).hexdigest() == runtime().sha256
     assert text.count(runtime().base64[:76]) == 1
     assert "def main(" not in text  # no node module pasted in
 
