@@ -25,6 +25,8 @@ def cmd_status(args, scheduler) -> int:
         if job_id in gone:
             continue
         try:
+            if job_id not in fallen:
+                _follow(job_id, where[job_id], scheduler)
             _show_status(args, job_id, where[job_id], states.get(job_id), fallen.get(job_id))
             _print_undelivered(job_id, where[job_id])
         except Exception as err:  # noqa: BLE001 - one job that cannot be shown costs itself only
@@ -49,6 +51,18 @@ def cmd_status(args, scheduler) -> int:
         if not all(fb.final for fb in fallen.values()):
             return EXIT_OUTCOME_UNKNOWN
     return 0
+
+
+def _follow(job_id: str, backend: str, scheduler) -> None:
+    """``status RUN`` of a run whose attempts start each other (SLURM): the chain followed from
+    the scheduler and the output directory, what is found recorded (runs.follow_run)."""
+    from .. import records
+    from ..runs import follow_run
+
+    run = (records.find(job_id, backend, on_bad=None) or [{}])[0].get("run")
+    sched = scheduler(backend)
+    if isinstance(run, dict) and run.get("id") == job_id and getattr(sched, "starts_successor", False):
+        follow_run(sched, job_id)
 
 
 def _print_undelivered(job_id: str, backend: str) -> None:

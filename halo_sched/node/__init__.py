@@ -13,6 +13,8 @@ either way, docs/node-runtime.md):
   ``failures`` reads those lines back (the submitter's backends and the local supervisor);
 * ``server_health`` waits until every rollout server answers its health path;
 * ``trainers/preflight_bw`` is the bandwidth test ``halo-sched preflight`` runs in place of the trainer;
+* ``successor`` runs in a SLURM batch script after its trainer step failed: it submits the run's
+  next attempt itself when ``retry:`` says so (docs/recovery.md);
 * ``local_supervisor`` (``python -m halo_sched.node.local_supervisor DIR``) runs a local job's
   nodes; ``processes`` holds the Linux process helpers it shares with the local backend.
 """
@@ -25,8 +27,9 @@ _HERE = Path(__file__).resolve().parent
 
 #: What the nodes run, as paths in this package: the job carries these, and only these, when a
 #: node's own halo-sched is another version (tests/test_node_runtime.py runs each from the zip).
-CARRIED = ("__init__.py", "contract.py", "entry.sh", "failure_collector.py", "hang_monitor.py", "progress.py",
-           "server_health.py", "shell.py", "trainers/__init__.py", "trainers/preflight_bw.py")
+CARRIED = ("__init__.py", "contract.py", "entry.sh", "failure_classes.py", "failure_collector.py", "failures.py",
+           "hang_monitor.py", "progress.py", "server_health.py", "shell.py", "successor.py", "text.py",
+           "trainers/__init__.py", "trainers/preflight_bw.py")
 
 
 def runtime_version() -> str:

@@ -191,4 +191,16 @@ def render_batch(launch: Launch) -> str:
         entry=entry,
         tag=heredoc_tag(entry, "HALO_ENTRY_EOF"),
         runtime=runtime(),
+        successor=successor_args(spec),
     )
+
+
+def successor_args(spec: JobSpec) -> dict | None:
+    """What the batch script hands halo_sched/node/successor.py besides what SLURM tells it: the
+    retry.on words, and for an attempt rendered as one (``spec._attempt``) its run and hosts."""
+    if spec.retry is None:
+        return None
+    attempt = getattr(spec, "_attempt", None)
+    return {"on": ",".join(check(w, "SLURM word", "retry.on") for w in spec.retry.on),
+            "run_id": check(attempt.run_id, "SLURM word", "retry") if attempt is not None else "",
+            "excluded": ",".join(check(h, "SLURM word", "retry") for h in attempt.exclude) if attempt is not None else ""}
