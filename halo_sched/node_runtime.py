@@ -46,11 +46,23 @@ def runtime() -> NodeRuntime:
     """The node runtime of this install: ``halo_sched/__init__.py`` (empty, so that importing
     ``halo_sched.node`` from the zip loads nothing of the submitter's side) and every carried module
     under ``halo_sched/node/``, deflated, in a fixed order with fixed dates."""
+    return _zipped(node.CARRIED)
+
+
+@functools.lru_cache(maxsize=1)
+def successor_runtime() -> NodeRuntime:
+    """What a SLURM batch script with ``retry:`` runs after its trainer step failed
+    (``halo_sched.node.SUCCESSOR``), zipped as the node runtime is; its ``version`` is the node
+    runtime's (the batch shell always runs it from this zip, never from a node's install)."""
+    return _zipped(node.SUCCESSOR)
+
+
+def _zipped(names: tuple[str, ...]) -> NodeRuntime:
     here = node.source_path("__init__").parent
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         members = [("halo_sched/__init__.py", b'"""halo-sched\'s node runtime (halo_sched/node/), carried by a job."""\n')]
-        members += [(f"halo_sched/node/{name}", here.joinpath(name).read_bytes()) for name in node.CARRIED]
+        members += [(f"halo_sched/node/{name}", here.joinpath(name).read_bytes()) for name in names]
         for name, data in members:
             info = zipfile.ZipInfo(name, _EPOCH)
             info.external_attr = 0o644 << 16

@@ -14,7 +14,7 @@ either way, docs/node-runtime.md):
 * ``server_health`` waits until every rollout server answers its health path;
 * ``trainers/preflight_bw`` is the bandwidth test ``halo-sched preflight`` runs in place of the trainer;
 * ``successor`` runs in a SLURM batch script after its trainer step failed: it submits the run's
-  next attempt itself when ``retry:`` says so (docs/recovery.md);
+  next attempt itself when ``retry:`` says so (docs/recovery.md); carried as :data:`SUCCESSOR`;
 * ``local_supervisor`` (``python -m halo_sched.node.local_supervisor DIR``) runs a local job's
   nodes; ``processes`` holds the Linux process helpers it shares with the local backend.
 """
@@ -27,9 +27,13 @@ _HERE = Path(__file__).resolve().parent
 
 #: What the nodes run, as paths in this package: the job carries these, and only these, when a
 #: node's own halo-sched is another version (tests/test_node_runtime.py runs each from the zip).
-CARRIED = ("__init__.py", "contract.py", "entry.sh", "failure_classes.py", "failure_collector.py", "failures.py",
-           "hang_monitor.py", "progress.py", "server_health.py", "shell.py", "successor.py", "text.py",
-           "trainers/__init__.py", "trainers/preflight_bw.py")
+CARRIED = ("__init__.py", "contract.py", "entry.sh", "failure_collector.py", "hang_monitor.py", "progress.py",
+           "server_health.py", "shell.py", "trainers/__init__.py", "trainers/preflight_bw.py")
+
+#: What a SLURM batch script with ``retry:`` runs in its batch shell once its trainer step failed
+#: (``successor`` and what it imports), carried as a second zip in that script alone: the node
+#: runtime above must stay small enough for a Nomad Variable, and no node runs these.
+SUCCESSOR = ("__init__.py", "failure_classes.py", "failure_collector.py", "failures.py", "successor.py", "text.py")
 
 
 def runtime_version() -> str:

@@ -101,8 +101,8 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-cc012f15"
-        right_delimiter = "halo-cc012f15]]"
+        left_delimiter  = "[[halo-87de9287"
+        right_delimiter = "halo-87de9287]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes, the same on every node.
@@ -176,7 +176,7 @@ HALO_MASTER_PORT=$((10#$HALO_MASTER_PORT))
 [ "$HALO_MASTER_PORT" -ge 1 ] && [ "$HALO_MASTER_PORT" -le 65535 ] || halo_fail "HALO_MASTER_PORT=$HALO_MASTER_PORT is not a port in 1..65535"
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
-# ---- The node runtime 87044d613561d832 (halo_sched/node/; docs/node-runtime.md): the node's own halo-sched
+# ---- The node runtime eb6ced3703f288d1 (halo_sched/node/; docs/node-runtime.md): the node's own halo-sched
 # when it is this version, else the job's zip (HALO_NODE_RUNTIME, or the file HALO_NODE_RUNTIME_FILE),
 # checked by its SHA-256 and written once into this node's log directory.
 halo_log_root=$${HALO_LOG_DIR:-}
@@ -187,10 +187,10 @@ halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
 case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
 # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
 halo_node_zip=
-if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != 87044d613561d832 ]; then
-  halo_node_zip=$halo_log_dir/halo-node-87044d613561d832.zip
-  $halo_py -c 'import base64, hashlib, sys; out, want, text, path = sys.argv[1:5]; data = base64.b64decode("".join((text or (open(path).read() if path else "")).split())); hashlib.sha256(data).hexdigest() == want or sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want)); open(out, "wb").write(data)' "$halo_node_zip" 3cec0a4d3ef5a1fb0bd36cbca3410069634d820d9abc3a60dd06a97e400c3357 "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
-    halo_fail "the node's python ($halo_py) has no halo-sched of version 87044d613561d832 and the job carries no intact copy of it (docs/node-runtime.md)"
+if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != eb6ced3703f288d1 ]; then
+  halo_node_zip=$halo_log_dir/halo-node-eb6ced3703f288d1.zip
+  $halo_py -c 'import base64, hashlib, sys; out, want, text, path = sys.argv[1:5]; data = base64.b64decode("".join((text or (open(path).read() if path else "")).split())); hashlib.sha256(data).hexdigest() == want or sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want)); open(out, "wb").write(data)' "$halo_node_zip" 9a0208f0b8269076adb5c79f6d349b81e834bc072f90097e23a01be239df106f "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
+    halo_fail "the node's python ($halo_py) has no halo-sched of version eb6ced3703f288d1 and the job carries no intact copy of it (docs/node-runtime.md)"
 fi
 unset HALO_NODE_RUNTIME
 halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
@@ -354,8 +354,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-cc012f15"
-        right_delimiter = "halo-cc012f15]]"
+        left_delimiter  = "[[halo-87de9287"
+        right_delimiter = "halo-87de9287]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes, the same on every node.
@@ -429,7 +429,7 @@ HALO_MASTER_PORT=$((10#$HALO_MASTER_PORT))
 [ "$HALO_MASTER_PORT" -ge 1 ] && [ "$HALO_MASTER_PORT" -le 65535 ] || halo_fail "HALO_MASTER_PORT=$HALO_MASTER_PORT is not a port in 1..65535"
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
-# ---- The node runtime 87044d613561d832 (halo_sched/node/; docs/node-runtime.md): the node's own halo-sched
+# ---- The node runtime eb6ced3703f288d1 (halo_sched/node/; docs/node-runtime.md): the node's own halo-sched
 # when it is this version, else the job's zip (HALO_NODE_RUNTIME, or the file HALO_NODE_RUNTIME_FILE),
 # checked by its SHA-256 and written once into this node's log directory.
 halo_log_root=$${HALO_LOG_DIR:-}
@@ -440,10 +440,10 @@ halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
 case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
 # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
 halo_node_zip=
-if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != 87044d613561d832 ]; then
-  halo_node_zip=$halo_log_dir/halo-node-87044d613561d832.zip
-  $halo_py -c 'import base64, hashlib, sys; out, want, text, path = sys.argv[1:5]; data = base64.b64decode("".join((text or (open(path).read() if path else "")).split())); hashlib.sha256(data).hexdigest() == want or sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want)); open(out, "wb").write(data)' "$halo_node_zip" 3cec0a4d3ef5a1fb0bd36cbca3410069634d820d9abc3a60dd06a97e400c3357 "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
-    halo_fail "the node's python ($halo_py) has no halo-sched of version 87044d613561d832 and the job carries no intact copy of it (docs/node-runtime.md)"
+if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != eb6ced3703f288d1 ]; then
+  halo_node_zip=$halo_log_dir/halo-node-eb6ced3703f288d1.zip
+  $halo_py -c 'import base64, hashlib, sys; out, want, text, path = sys.argv[1:5]; data = base64.b64decode("".join((text or (open(path).read() if path else "")).split())); hashlib.sha256(data).hexdigest() == want or sys.exit("carried: %d bytes, not the zip of sha256 %s" % (len(data), want)); open(out, "wb").write(data)' "$halo_node_zip" 9a0208f0b8269076adb5c79f6d349b81e834bc072f90097e23a01be239df106f "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
+    halo_fail "the node's python ($halo_py) has no halo-sched of version eb6ced3703f288d1 and the job carries no intact copy of it (docs/node-runtime.md)"
 fi
 unset HALO_NODE_RUNTIME
 halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")

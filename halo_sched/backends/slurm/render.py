@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ...errors import SpecError
 from ...launch import Launch, compile_launch, render_entry
 from ...servers import render_server
-from ...node_runtime import runtime
+from ...node_runtime import runtime, successor_runtime
 from ...templating import RenderError, check, checked_int, heredoc_tag, render_template, sh_quote
 from .progress import mirror_shell
 
@@ -201,6 +201,7 @@ def successor_args(spec: JobSpec) -> dict | None:
     if spec.retry is None:
         return None
     attempt = getattr(spec, "_attempt", None)
-    return {"on": ",".join(check(w, "SLURM word", "retry.on") for w in spec.retry.on),
+    return {"runtime": successor_runtime(),
+            "on": ",".join(check(w, "SLURM word", "retry.on") for w in spec.retry.on),
             "run_id": check(attempt.run_id, "SLURM word", "retry") if attempt is not None else "",
             "excluded": ",".join(check(h, "SLURM word", "retry") for h in attempt.exclude) if attempt is not None else ""}
