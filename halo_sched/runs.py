@@ -284,14 +284,19 @@ def _settle_claim(run_id: str, backend: str, job_id: str, new: str | None) -> No
 
 def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable], JobState],
              on_retry: Callable[[str, JobState, str, str], None] | None = None,
-             on_follow: Callable[[str, str], None] | None = None, poll_s: float = 0.5) -> tuple[str, JobState]:
+             on_follow: Callable[[str, str], None] | None = None, poll_s: float = 0.5,
+             owner: bool = False) -> tuple[str, JobState]:
     """Wait on the run that ``job_id`` (an attempt of it) belongs to, from its newest attempt;
     after a failure ``retry.on`` lists, submit the next attempt (or follow the one another
     process submitted: see the module's doc) and wait on it, until one ends otherwise or the
     attempts run out. ``wait(job_id, observe)`` waits on one attempt, calling ``observe(state)``
     on each new state. ``on_retry(old_id, state, why, new_id)`` hears of each attempt this
-    process submitted, ``on_follow(old_id, new_id)`` of each it found submitted. Returns the last
-    attempt's (id, final state)."""
+    process submitted or saw submitted after the failure it waited on, ``on_follow(old_id, new_id)``
+    of each it found submitted before it came. Returns the last
+    attempt's (id, final state). A scheduler that ``starts_successor`` has its next attempts
+    submitted by someone else (SLURM: the failed attempt; local: the run's keeper, halo_sched/keeper.py,
+    the one that calls this with ``owner``): this waits up to SUCCESSOR_WAIT_S for it and follows
+    it; a local run whose keeper is gone (``owner_gone``) is carried on by this process."""
     first = (records.find(job_id, sched.name) or [{}])[0]
     run_id = (first.get("run") or {}).get("id") or job_id
     current = job_id
@@ -316,14 +321,21 @@ def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable]
         if not again:
             _settle_times(sched, earlier)
             return current, state
-        if getattr(sched, "starts_successor", False):  # the failed attempt submits its own successor
+        if getattr(sched, "starts_successor", False) and not owner:  # submitted by another: followed
             deadline = time.monotonic() + SUCCESSOR_WAIT_S
-            while next_attempt(sched, run_id, current) is None and time.monotonic() < deadline:
+            while next_attempt(sched, run_id, current) is None and time.monotonic() < deadline \
+                    and not sched.owner_gone(run_id):
                 time.sleep(poll_s)
-            if next_attempt(sched, run_id, current) is None:  # it could not (killed with its allocation, ...)
+            if (nxt := next_attempt(sched, run_id, current)) is not None:
+                if on_retry is not None:  # the retry this process saw happen, though another submitted it
+                    on_retry(current, state, why, nxt)
+                _notify_retried(sched.name, current, state, why, nxt, count + 1)  # once per (job, event)
+                earlier.append(current)
+                current, count = nxt, count + 1
+                continue
+            if not sched.owner_gone(run_id):  # SLURM: the attempt could not (killed with its allocation, ...)
                 _settle_times(sched, earlier)
                 return current, state
-            continue  # the loop's head follows it
         mine, new = claim(run_id, sched.name, current)
         while not mine and new is None:  # another process is submitting it: follow what it records
             time.sleep(poll_s)

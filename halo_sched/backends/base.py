@@ -221,6 +221,12 @@ class Scheduler(abc.ABC):
         "submitted_at"}`` (read as a job wrote it: checked), or None."""
         return None
 
+    def owner_gone(self, run_id: str) -> bool:
+        """Whether the process that submits run ``run_id``'s attempts (a scheduler that
+        ``starts_successor``) is known to be gone, so that a waiter carries the run on. Default:
+        never (SLURM: the attempt itself submits; no client ever does)."""
+        return False
+
     def attempt_fields(self, record: dict, job_id: str) -> dict:
         """The record fields of ``job_id``, the next attempt of ``record``'s job (``outputs``)."""
         return {}
