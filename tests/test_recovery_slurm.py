@@ -3,8 +3,8 @@ A 2-node job with ``retry: {attempts: 2, on: [node]}`` is submitted with ``submi
 submitting process is killed (SIGKILL: no handler, nothing left waiting) once the ranks train;
 then node 1 fails as a bad node would (tests/trainers/node_fault_on_cue.py). The failed attempt's
 batch script submits the successor itself (halo_sched/node/successor.py), keeping off the
-culprit; the run ends COMPLETED, and ``status RUN`` from a fresh process follows the chain and
-shows both attempts with their GPU-hours. The fault-to-successor time is printed (bench/recovery.py
+culprit; the run ends COMPLETED: ``list`` from a fresh process follows the chain (records what
+it finds) and ``status RUN`` shows both attempts with their GPU-hours. The fault-to-successor time is printed (bench/recovery.py
 records it against a client's resubmission)."""
 from __future__ import annotations
 
@@ -55,12 +55,14 @@ def test_the_run_completes_after_its_submitter_was_killed_before_the_fault(tmp_p
     run_id = m.group(1)
     (tmp_path / "fault").write_text("")  # no client is alive from here on
 
-    def completed():
-        st = cli("status", run_id, cwd=tmp_path, env=env)
-        return st if " COMPLETED;" in st.stdout else None
+    def completed():  # `list` alone follows the chain: each attempt found is recorded
+        rows = [json.loads(ln) for ln in cli("list", "--json", cwd=tmp_path, env=env).stdout.splitlines()]
+        ours = sorted(((x.get("run") or {}).get("attempt"), x["status"]) for x in rows
+                      if (x.get("run") or {}).get("id") == run_id)
+        return ours if ours == [(0, "FAILED"), (1, "COMPLETED")] else None
 
-    st = _until(completed, 240, step=3)
-    assert st is not None, cli("status", run_id, cwd=tmp_path, env=env).stdout
+    assert _until(completed, 240, step=3), cli("list", cwd=tmp_path, env=env).stdout
+    st = cli("status", run_id, cwd=tmp_path, env=env)
     lines = st.stdout.splitlines()
     a1 = [ln for ln in lines if "\tattempt 1: " in ln]
     a2 = [ln for ln in lines if "\tattempt 2: " in ln]
