@@ -1,6 +1,7 @@
 """A trainer whose node 1 fails as a bad node would (the NCCL NET/IB lines of node_fault_once.py)
 on its run's first attempt only, and only once the file ``fault`` appears in the working
-directory (the test removes whoever submitted the run first); every later attempt ends cleanly.
+directory (the test removes whoever submitted the run first); every later attempt (or a
+resubmission once ``fault_at`` exists: bench/recovery.py) ends cleanly.
 Each rank writes ``COUNT NODE HOST TIME`` to ``attempts.log``; node 1 writes the moment it fails
 to ``fault_at``. No torch needed (torchrun starts it)."""
 import os
@@ -13,7 +14,7 @@ count = os.environ.get("HALO_RESTART_COUNT", "unset")
 host = os.environ.get("SLURMD_NODENAME", "node")
 with open("attempts.log", "a") as f:
     f.write(f"{count} {node} {host} {time.time():.3f}\n")
-if count != "0":
+if count != "0" or os.path.exists("fault_at"):  # a later attempt, or a resubmission after the fault
     time.sleep(2)
     sys.exit(0)
 deadline = time.time() + 120
