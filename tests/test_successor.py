@@ -71,7 +71,7 @@ def test_a_node_fault_submits_one_successor_excluding_the_culprit(cluster):
     # the script's own --exclude (sbatch keeps only the command line's), earlier attempts', the culprit
     assert "--exclude=bad1,bad2,node9,node2 " in argv and argv.endswith(cluster["script"]), argv
     assert env == "run=7 attempt=1 excluded=node9,node2 slurm=", env  # no SLURM_* of this job leaks in
-    marker = successor.read_marker(successor.marker_path(str(cluster["dir"]), "7", 1))
+    marker = successor.read_marker(successor.marker_path(str(cluster["dir"]), "7", 1), KEY)
     assert marker["job"] == "101" and marker["culprit"] == "node2" and marker["excluded"] == ["node9", "node2"]
 
 
@@ -92,13 +92,13 @@ def test_two_runs_at_once_submit_one(cluster):
 def test_a_claim_whose_writer_died_is_taken_over_unless_the_queue_has_the_attempt(cluster):
     cluster["out"].write_text(_line(NCCL))
     path = successor.marker_path(str(cluster["dir"]), "7", 1)
-    Path(path).write_text(json.dumps({"run": "7", "attempt": 1, "job": None}))
+    Path(path).write_text(successor._signed({"run": "7", "attempt": 1, "job": None}, KEY))
     os.utime(path, (1, 1))  # older than STALE_S
     (cluster["bin"] / "queue").write_text("55|halo-run:7.1\n")
     assert _main(cluster) == 0
-    assert _calls(cluster) == [] and successor.read_marker(path)["job"] == "55"
+    assert _calls(cluster) == [] and successor.read_marker(path, KEY)["job"] == "55"
     (cluster["bin"] / "queue").write_text("")
-    Path(path).write_text(json.dumps({"run": "7", "attempt": 1, "job": None}))
+    Path(path).write_text(successor._signed({"run": "7", "attempt": 1, "job": None}, KEY))
     os.utime(path, (1, 1))
     assert _main(cluster) == 0
     assert len(_calls(cluster)) == 1
@@ -116,15 +116,28 @@ def test_nothing_is_submitted_for_what_retry_does_not_name(cluster, capsys, line
     assert _calls(cluster) == [] and why in capsys.readouterr().err
 
 
+def test_a_rank_cannot_forge_the_successor(cluster):
+    """A rank writes a marker naming a job of its choice before the batch shell gets there: it is
+    not signed with the job's key (which no rank can read), so it is replaced, never followed."""
+    cluster["out"].write_text(_line(NCCL))
+    path = successor.marker_path(str(cluster["dir"]), "7", 1)
+    Path(path).write_text(json.dumps({"run": "7", "attempt": 1, "job": "666", "excluded": []}))
+    os.utime(path, (1, 1))
+    assert successor.read_marker(path, KEY) is None
+    assert _main(cluster) == 0
+    assert len(_calls(cluster)) == 1 and successor.read_marker(path, KEY)["job"] == "101"
+
+
 def test_a_marker_is_read_as_hostile_input(tmp_path):
     p = tmp_path / "m.json"
-    p.write_text(json.dumps({"run": "7", "job": "1; rm -rf /", "excluded": ["ok", "bad host", 3, "-x"]}))
-    m = successor.read_marker(str(p))
+    p.write_text(successor._signed({"run": "7", "job": "1; rm -rf /", "excluded": ["ok", "bad host", 3, "-x"]}, KEY))
+    m = successor.read_marker(str(p), KEY)
     assert m["job"] is None and m["excluded"] == ["ok"]
+    assert successor.read_marker(str(p), "another key") is None and successor.read_marker(str(p), "") is None
     p.write_text("[1]")
-    assert successor.read_marker(str(p)) is None
+    assert successor.read_marker(str(p), KEY) is None
     p.write_bytes(b"\xff" * 10)
-    assert successor.read_marker(str(p)) is None
+    assert successor.read_marker(str(p), KEY) is None
 
 
 def test_the_module_runs_from_the_carried_zip(tmp_path):

@@ -18,7 +18,8 @@ successor with sbatch:
 Exactly one successor per failed attempt: a requeued job runs its batch script again, and two
 runs of it must not submit two. The right to submit is a file created with O_EXCL beside the
 output file (:func:`marker_path`), holding ``{"run", "attempt", "from_job", "excluded", "culprit",
-"why", "job"}``; the run that created it submits and writes the new id into it. A marker without
+"why", "job"}`` signed with the job's failure key (no rank can read it, so none can forge a
+successor); the run that created it submits and writes the new id into it. A marker without
 an id whose writer died (older than :data:`STALE_S`) is taken over after asking squeue whether a
 job with the attempt's comment exists. The marker is also how any host that sees the output
 directory follows the run (halo_sched/runs.py ``follow``). Nothing here waits on a client.
@@ -27,6 +28,8 @@ Standard library only (it is carried to nodes with the node runtime: halo_sched/
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -80,14 +83,23 @@ def marker_path(output_dir: str, run_id: str, attempt: int) -> str:
     return os.path.join(output_dir, f".halo-run-{run_id}.attempt-{attempt}.json")
 
 
-def read_marker(path: str) -> dict | None:
-    """A marker's contents (None: absent, or not one: written by a job, so read as evidence)."""
+def _mac(data: dict, key: str) -> str:
+    body = json.dumps({k: v for k, v in data.items() if k != "mac"}, sort_keys=True, separators=(",", ":"))
+    return hmac.new(key.encode(), body.encode(), hashlib.sha256).hexdigest()
+
+
+def read_marker(path: str, key: str) -> dict | None:
+    """A marker's contents, when signed with the job's failure ``key`` (the batch shell holds it;
+    no rank can read it: a rank writing into the output directory cannot forge a successor). None:
+    absent, unsigned, or not one."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.loads(f.read(65536))
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or not isinstance(data.get("run"), str):
+        return None
+    if not key or not isinstance(data.get("mac"), str) or not hmac.compare_digest(data["mac"], _mac(data, key)):
         return None
     job = data.get("job")
     data["job"] = job if isinstance(job, str) and _JOB.fullmatch(job) else None
@@ -96,29 +108,43 @@ def read_marker(path: str) -> dict | None:
     return data
 
 
-def _write(path: str, data: dict) -> None:
+def _signed(data: dict, key: str) -> str:
+    return json.dumps({**data, "mac": _mac(data, key)})
+
+
+def _write(path: str, data: dict, key: str) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f)
+        f.write(_signed(data, key))
     os.replace(tmp, path)
 
 
-def claim(path: str, data: dict) -> dict | None:
-    """Take the right to submit (None), or the marker that holds it already."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        held = read_marker(path) or {}
+def claim(path: str, data: dict, key: str) -> dict | None:
+    """Take the right to submit (None), or the marker that holds it already. A file there that
+    is not a marker signed with ``key`` (a rank's forgery) is removed and the claim made again."""
+    for _ in range(2):
         try:
-            age = time.time() - os.stat(path).st_mtime
-        except OSError:
-            age = 0.0
-        if held.get("job") or age < STALE_S:
-            return held
-        return None  # a writer that died before the id: taken over (squeue is asked first)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f)
-    return None
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            try:
+                age = time.time() - os.stat(path).st_mtime
+            except OSError:
+                age = 0.0
+            held = read_marker(path, key)
+            if held is None and age >= 1.0:  # not ours (a claim being written is younger)
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+                continue
+            held = held or {}
+            if held.get("job") or age < STALE_S:
+                return held
+            return None  # a writer that died before the id: taken over (squeue is asked first)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(_signed(data, key))
+        return None
+    return {}
 
 
 def _ask(argv: list[str]) -> str:
@@ -195,7 +221,7 @@ def main(argv: list[str]) -> int:
     path = marker_path(os.path.dirname(output) or ".", run_id, nxt)
     data = {"run": run_id, "attempt": nxt, "from_job": job_id, "excluded": keep_off, "culprit": culprit,
             "why": cls.describe(), "retry_on": kind, "class": cls.to_dict(), "failed_at": time.time(), "job": None}
-    held = claim(path, data)
+    held = claim(path, data, key)
     if held is not None:
         say(f"job {job_id}: attempt {nxt + 1} of run {run_id} is already "
             + (f"submitted as {held['job']}" if held.get("job") else "being submitted by another run of this script"))
@@ -221,7 +247,7 @@ def main(argv: list[str]) -> int:
         if found is None:
             found = existing(comment)
     data.update(job=found, submitted_at=time.time())
-    _write(path, data)
+    _write(path, data, key)
     say(f"job {job_id}: {data['why']}; attempt {nxt + 1} of run {run_id} submitted as {found}"
         + (f", keeping off {','.join(keep_off)}" if keep_off else "") + f" (starts once job {job_id} ends)")
     return 0
