@@ -10,8 +10,10 @@ Where the retry happens (docs/recovery.md): on SLURM, in the failed attempt itse
 script submits the successor from inside the allocation: halo_sched/node/successor.py;
 ``Scheduler.starts_successor``); no client ever submits an SLURM attempt, and any process that
 reads the run (``watch``, ``status RUN``, :meth:`Run.wait`) follows the chain from the attempt's
-marker beside its output file and records what it finds (:func:`follow`). On Nomad and local,
-in a process that waits on the run (``submit --wait``, ``watch``, :meth:`Run.wait`).
+marker beside its output file and records what it finds (:func:`follow`). Local: in the run's
+keeper (halo_sched/keeper.py, one detached process per run that ``submit`` starts; waiters follow
+it and carry the run on only once it is gone). Nomad: in a process that waits on the run
+(``submit --wait``, ``watch``, :meth:`Run.wait`); without one, a failed attempt stays failed.
 Exactly one next attempt per failed attempt, however many processes wait on the run: the one
 that submits it first claims the failed attempt in the history store (a ``successors`` row,
 inserted in one transaction: halo_sched/db.py); the others wait for the claimant to record the
@@ -292,8 +294,7 @@ def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable]
     attempts run out. ``wait(job_id, observe)`` waits on one attempt, calling ``observe(state)``
     on each new state. ``on_retry(old_id, state, why, new_id)`` hears of each attempt this
     process submitted or saw submitted after the failure it waited on, ``on_follow(old_id, new_id)``
-    of each it found submitted before it came. Returns the last
-    attempt's (id, final state). A scheduler that ``starts_successor`` has its next attempts
+    of each it found submitted before it came. Returns the last attempt's (id, final state). A scheduler that ``starts_successor`` has its next attempts
     submitted by someone else (SLURM: the failed attempt; local: the run's keeper, halo_sched/keeper.py,
     the one that calls this with ``owner``): this waits up to SUCCESSOR_WAIT_S for it and follows
     it; a local run whose keeper is gone (``owner_gone``) is carried on by this process."""
