@@ -11,8 +11,8 @@ NCCL NET/IB error) once its ranks train. Side by side, alternating, medians:
 Each row: from the fault (node 1's own clock, written as it fails) to the successor submitted
 (the attempt: its marker's ``submitted_at``; the client: ``submit`` returned) and to the next
 attempt's ranks running (the first of them to start); and, apart, from the failed trainer step's
-end (the attempt: its hook began; the client: SLURM's EndTime, whole seconds) to the successor
-submitted. The fault's own teardown (torchrun on the failing node, srun ending the step) comes
+end as each side knows it (the attempt: its decision, once it has read and classified the failure
+lines; the client: SLURM's EndTime, whole seconds) to the successor submitted. The fault's own teardown (torchrun on the failing node, srun ending the step) comes
 before either path can act and varies from 1 to 25 s on this machine. The fault comes ``--train-s`` after the
 ranks started (default 60 s: the waiting client's poll has backed off by then, as in any real
 run). Never asserted in tests.
@@ -94,7 +94,7 @@ def one(kind: str, train_s: float) -> tuple[float, float, float]:
         else:
             marker = _until(lambda: next(iter(d.glob(".halo-run-*.attempt-1.json")), None), 120)
             submitted = _until(lambda: json.loads(marker.read_text()).get("submitted_at"), 30)
-            ended = json.loads(marker.read_text())["failed_at"]  # the batch step's hook began: srun had ended
+            ended = json.loads(marker.read_text())["failed_at"]  # the hook's decision: srun had ended
         fault = float(_until(lambda: (d / "fault_at").exists() and (d / "fault_at").read_text(), 30))
         first = len(_lines(d))
         _until(lambda: len(_lines(d)) >= first + 2, 180)
@@ -131,7 +131,7 @@ def main() -> int:
     print(f"\n| from a node fault after {args.train_s:g} s of training (2-node job, median of {args.rounds}) | the failed attempt submits | a waiting "
           "client resubmits | ratio |\n|---|---|---|---|")
     for i, what in enumerate(("successor submitted", "the next attempt's ranks running",
-                              "(the trainer step's end to successor submitted)")):
+                              "(decided / seen ended to successor submitted)")):
         a = statistics.median(x[i] for x in got["attempt"])
         c = statistics.median(x[i] for x in got["client"])
         print(f"| {what} | {a:.2f} s | {c:.2f} s | {c / a:.2f}x |")
