@@ -181,15 +181,13 @@ class Row(NamedTuple):
 
 def recent(backend: str | None, state: str | None, limit: int, scheduler: Callable[[str], Scheduler],
            on_error: Callable[[str, HaloError], None], name: str | None = None, run: str | None = None,
-           since: float | None = None, follow: bool = True) -> list[Row]:
+           since: float | None = None) -> list[Row]:
     """The newest ``limit`` records (0: all) matching ``backend``, ``name``, ``run`` and ``since``
     (read by index: records.page, never the whole history) with their states: one scheduler
     query per backend (:meth:`~halo_sched.backends.base.Scheduler.for_listing`: bounded, no
     retries), each state kept in its record; a job the scheduler forgot (or a backend that cannot
     answer: ``on_error`` hears why) shows its last known state; an unreadable record is a row too
-    (status ``UNREADABLE``). ``state``: only rows in it. A run's attempt that failed and
-    submitted its successor itself (SLURM) has that successor recorded (runs.follow), and the
-    page is read once more to show it."""
+    (status ``UNREADABLE``). ``state``: only rows in it."""
     items = records.page(limit, backend=backend, name=name, run=run, since=since)
     by_backend: dict[str, list[dict]] = {}
     for r in items:
@@ -227,30 +225,7 @@ def recent(backend: str | None, state: str | None, limit: int, scheduler: Callab
                   "its last known one is", file=sys.stderr, flush=True)
         # The scheduler forgot it (or did not answer): what we saw last.
         rows.append(Row(r, last.get("status") or "UNKNOWN", last.get("describe") or "UNKNOWN", False))
-    if follow and _followed(rows, scheduler):
-        return recent(backend, state, limit, scheduler, on_error, name, run, since, follow=False)
     return [row for row in rows if not state or row.status == state]
-
-
-def _followed(rows: list[Row], scheduler: Callable[[str], Scheduler]) -> bool:
-    """Whether an attempt of a run that ended other than COMPLETED, on a scheduler whose failed
-    attempts submit their successor (``starts_successor``), had one the store did not know (now recorded)."""
-    from .runs import follow, successor
-
-    found = False
-    for r, status, _, _ in rows:
-        run = r.get("run") if isinstance(r, dict) else None
-        if not isinstance(run, dict) or not isinstance(run.get("id"), str) or status in ("COMPLETED", "UNREADABLE"):
-            continue
-        try:
-            if not JobStatus(status).terminal:
-                continue
-            sched = scheduler(r["backend"])
-            if getattr(sched, "starts_successor", False) and successor(run["id"], r["backend"], r["id"]) is None:
-                found = follow(sched, run["id"], r["id"]) is not None or found
-        except (ValueError, HaloError, OSError):
-            continue
-    return found
 
 
 # ---- waiting after a submit ---------------------------------------------------------------------

@@ -60,8 +60,10 @@ def _follow(job_id: str, backend: str, scheduler) -> None:
     from ..runs import follow_run
 
     run = (records.find(job_id, backend, on_bad=None) or [{}])[0].get("run")
+    if not (isinstance(run, dict) and run.get("id") == job_id):
+        return
     sched = scheduler(backend)
-    if isinstance(run, dict) and run.get("id") == job_id and getattr(sched, "starts_successor", False):
+    if getattr(sched, "starts_successor", False):
         follow_run(sched, job_id)
 
 
@@ -160,6 +162,9 @@ def cmd_list(args, scheduler) -> int:
 
     rows = recent(args.backend, args.state, args.limit, scheduler, on_error=_list_note, name=args.name, run=args.run,
                   since=args.since)
+    if _followed(rows, scheduler):  # attempts a failed attempt submitted itself, recorded now: read again
+        rows = recent(args.backend, args.state, args.limit, scheduler, on_error=_list_note, name=args.name,
+                      run=args.run, since=args.since)
     for r, status, text, known in rows:
         try:
             _list_row(args, r, status, text, known)
@@ -167,6 +172,28 @@ def cmd_list(args, scheduler) -> int:
             _unshowable(args.json, r.id if isinstance(r, records.BadRecord) else r["id"],
                         r.backend if isinstance(r, records.BadRecord) else r["backend"], err)
     return 0
+
+
+def _followed(rows, scheduler) -> bool:
+    """Whether an attempt of a run that ended other than COMPLETED, on a scheduler whose failed
+    attempts submit their successor (``starts_successor``), had one the store did not know (now recorded)."""
+    from ..backends.base import JobStatus
+    from ..runs import follow, successor
+
+    found = False
+    for r, status, _, _ in rows:
+        run = r.get("run") if isinstance(r, dict) else None
+        if not isinstance(run, dict) or not isinstance(run.get("id"), str) or status in ("COMPLETED", "UNREADABLE"):
+            continue
+        try:
+            if not JobStatus(status).terminal:
+                continue
+            sched = scheduler(r["backend"])
+            if getattr(sched, "starts_successor", False) and successor(run["id"], r["backend"], r["id"]) is None:
+                found = follow(sched, run["id"], r["id"]) is not None or found
+        except (ValueError, HaloError, OSError):
+            continue
+    return found
 
 
 def _list_row(args, r, status: str, text: str, known: bool) -> None:
