@@ -47,7 +47,8 @@ class NodeRuntime(NamedTuple):
 @functools.lru_cache(maxsize=1)
 def batch_runtime() -> NodeRuntime:
     """``halo_sched.node.BATCH_CARRIED`` in one zip (as :func:`runtime`): what a SLURM batch
-    script with hot spares runs itself (halo_sched/node/spares.py)."""
+    script with hot spares or ``retry:`` runs in its own shell (halo_sched/node/spares.py,
+    successor.py), always from this zip, never from a node's install."""
     return _zip(node.BATCH_CARRIED)
 
 

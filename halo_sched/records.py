@@ -88,6 +88,24 @@ def write(record: dict) -> str:
     return ref(record["id"], record["backend"])
 
 
+def adopt(record: dict, run_id: str, from_job: str) -> bool:
+    """Keep a run's attempt that was submitted elsewhere (by the attempt before it, from inside
+    its allocation: halo_sched/runs.py ``follow``) and the successor row that links it to
+    ``from_job``, in one transaction, once: True when this call stored it. Reads may call it (it
+    records, never submits); racing readers on one store keep one record and one row."""
+    with _store().write() as con:
+        if con.execute("SELECT 1 FROM jobs WHERE id = ? AND backend = ?", (record["id"], record["backend"])).fetchone():
+            stored = False
+        else:
+            _put(con, record)
+            stored = True
+        con.execute("INSERT OR IGNORE INTO successors (run_id, backend, from_job, job, claimed_by, claimed_until) "
+                    "VALUES (?, ?, ?, ?, ?, 0)", (run_id, record["backend"], from_job, record["id"], "the attempt"))
+        con.execute("UPDATE successors SET job = ? WHERE run_id = ? AND backend = ? AND from_job = ? AND job IS NULL",
+                    (record["id"], run_id, record["backend"], from_job))
+        return stored
+
+
 def update(job_id: str, backend: str, change: Callable[[dict], bool]) -> dict | None:
     """Read-modify-write of one record in one transaction: ``change(record)`` edits the stored
     record in place and says whether it changed anything; the record as stored after (None: no

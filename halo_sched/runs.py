@@ -6,8 +6,14 @@ record of its own; the record's ``run`` says ``{"id": RUN, "attempt": n, "exclud
 own requeues, ``SLURM_RESTART_COUNT``), the same spec, the run's git state as first recorded, and
 the hosts every earlier attempt failed on excluded (on top of the node ledger's).
 
-Where the retry happens: in a process that waits on the run (``submit --wait``, ``watch``,
-:meth:`Run.wait`). Without one, a failed attempt stays failed (docs/failures.md, "Retry").
+Where the retry happens (docs/recovery.md): on SLURM, in the failed attempt itself (its batch
+script submits the successor from inside the allocation: halo_sched/node/successor.py;
+``Scheduler.starts_successor``); no client ever submits an SLURM attempt, and any process that
+reads the run (``watch``, ``status RUN``, :meth:`Run.wait`) follows the chain from the attempt's
+marker beside its output file and records what it finds (:func:`follow`). Local: in the run's
+keeper (halo_sched/keeper.py, one detached process per run that ``submit`` starts; waiters follow
+it and carry the run on only once it is gone). Nomad: in a process that waits on the run
+(``submit --wait``, ``watch``, :meth:`Run.wait`); without one, a failed attempt stays failed.
 Exactly one next attempt per failed attempt, however many processes wait on the run: the one
 that submits it first claims the failed attempt in the history store (a ``successors`` row,
 inserted in one transaction: halo_sched/db.py); the others wait for the claimant to record the
@@ -168,6 +174,69 @@ def successor(run_id: str, backend: str, job_id: str) -> str | None:
     return None
 
 
+#: How long a reader waits, after a failed SLURM attempt ended, for the successor its batch script
+#: submits (it is written before the script exits, so normally at once; a shared filesystem may lag).
+SUCCESSOR_WAIT_S = 30.0
+
+
+def follow(sched: Scheduler, run_id: str, job_id: str) -> str | None:
+    """The attempt that failed attempt ``job_id`` submitted itself (a scheduler that
+    ``starts_successor``), recorded in the store once found (records.adopt: idempotent, from any
+    number of readers); None when it has none (yet)."""
+    if not getattr(sched, "starts_successor", False):
+        return None
+    rec = (records.find(job_id, sched.name, on_bad=None) or [None])[0]
+    if rec is None:
+        return None
+    found = sched.successor_of(rec)
+    if found is None:
+        return None
+    run = rec.get("run") if isinstance(rec.get("run"), dict) else {}
+    new = {k: v for k, v in rec.items() if k not in ("last_state", "rendered_file")}
+    when = epoch_time(found.get("submitted_at")) or time.time()
+    new.update(id=found["job"], submitted=when, submitted_iso=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(when)),
+               run={"id": run_id, "attempt": number(run.get("attempt")) + 1, "excluded": found["excluded"],
+                    "submitted_by": job_id},
+               **sched.attempt_fields(rec, found["job"]))
+    try:
+        records.adopt(new, run_id, job_id)
+    except (OSError, HaloError):
+        pass  # the store busy or broken: the chain is still followed, and recorded by a later reader
+    return found["job"]
+
+
+def next_attempt(sched: Scheduler, run_id: str, job_id: str) -> str | None:
+    """The attempt after ``job_id``: as the store knows it, else as the failed attempt left it."""
+    return successor(run_id, sched.name, job_id) or follow(sched, run_id, job_id)
+
+
+def follow_run(sched: Scheduler, run_id: str) -> list[str]:
+    """Every attempt of run ``run_id`` (a read: ``status RUN``, ``list``), each one found on the
+    scheduler recorded, and the state of those not known to have ended asked once and kept."""
+    ids = [run_id]
+    while (nxt := next_attempt(sched, run_id, ids[-1])) is not None and nxt not in ids:
+        ids.append(nxt)
+    open_ids = [i for i in ids[1:] if not _ended(sched.name, i)]
+    if open_ids:
+        from .core import note
+
+        try:
+            states = sched.query(open_ids)
+        except HaloError:
+            states = {}
+        for job_id, st in states.items():
+            note(sched.name, job_id, st)
+    return ids
+
+
+def _ended(backend: str, job_id: str) -> bool:
+    last = (records.find(job_id, backend, on_bad=None) or [{}])[0].get("last_state") or {}
+    try:
+        return JobStatus(last.get("status")).terminal
+    except ValueError:
+        return False
+
+
 def claim(run_id: str, backend: str, job_id: str) -> tuple[bool, str | None]:
     """Claim the right to submit ``job_id``'s successor: (True, None) when this process holds it
     now; (False, id) when the successor exists; (False, None) when another live process holds it."""
@@ -205,14 +274,18 @@ def _settle_claim(run_id: str, backend: str, job_id: str, new: str | None) -> No
 
 def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable], JobState],
              on_retry: Callable[[str, JobState, str, str], None] | None = None,
-             on_follow: Callable[[str, str], None] | None = None, poll_s: float = 0.5) -> tuple[str, JobState]:
+             on_follow: Callable[[str, str], None] | None = None, poll_s: float = 0.5,
+             owner: bool = False) -> tuple[str, JobState]:
     """Wait on the run that ``job_id`` (an attempt of it) belongs to, from its newest attempt;
     after a failure ``retry.on`` lists, submit the next attempt (or follow the one another
     process submitted: see the module's doc) and wait on it, until one ends otherwise or the
     attempts run out. ``wait(job_id, observe)`` waits on one attempt, calling ``observe(state)``
     on each new state. ``on_retry(old_id, state, why, new_id)`` hears of each attempt this
-    process submitted, ``on_follow(old_id, new_id)`` of each it found submitted. Returns the last
-    attempt's (id, final state)."""
+    process submitted or saw submitted after the failure it waited on, ``on_follow(old_id, new_id)``
+    of each it found submitted before it came. Returns the last attempt's (id, final state). A scheduler that ``starts_successor`` has its next attempts
+    submitted by someone else (SLURM: the failed attempt; local: the run's keeper, halo_sched/keeper.py,
+    the one that calls this with ``owner``): this waits up to SUCCESSOR_WAIT_S for it and follows
+    it; a local run whose keeper is gone (``owner_gone``) is carried on by this process."""
     first = (records.find(job_id, sched.name) or [{}])[0]
     run_id = (first.get("run") or {}).get("id") or job_id
     current = job_id
@@ -222,7 +295,7 @@ def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable]
     count = number((first.get("run") or {}).get("attempt"))
     exclude: tuple[str, ...] = ()
     while True:
-        while (nxt := successor(run_id, sched.name, current)) is not None:
+        while (nxt := next_attempt(sched, run_id, current)) is not None:
             earlier.append(current)
             if on_follow is not None:
                 on_follow(current, nxt)
@@ -237,6 +310,21 @@ def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable]
         if not again:
             _settle_times(sched, earlier)
             return current, state
+        if getattr(sched, "starts_successor", False) and not owner:  # submitted by another: followed
+            deadline = time.monotonic() + SUCCESSOR_WAIT_S
+            while next_attempt(sched, run_id, current) is None and time.monotonic() < deadline \
+                    and not sched.owner_gone(run_id):
+                time.sleep(poll_s)
+            if (nxt := next_attempt(sched, run_id, current)) is not None:
+                if on_retry is not None:  # the retry this process saw happen, though another submitted it
+                    on_retry(current, state, why, nxt)
+                _notify_retried(sched.name, current, state, why, nxt, count + 1)  # once per (job, event)
+                earlier.append(current)
+                current, count = nxt, count + 1
+                continue
+            if not sched.owner_gone(run_id):  # SLURM: the attempt could not (killed with its allocation, ...)
+                _settle_times(sched, earlier)
+                return current, state
         mine, new = claim(run_id, sched.name, current)
         while not mine and new is None:  # another process is submitting it: follow what it records
             time.sleep(poll_s)
@@ -415,7 +503,7 @@ class Run(Job):
     def _newest(self) -> Job:
         """The newest attempt (another process may have submitted it since)."""
         current = self.current.id
-        while (nxt := successor(self.id, self.scheduler.name, current)) is not None:
+        while (nxt := next_attempt(self.scheduler, self.id, current)) is not None:
             current = nxt
         if current != self.current.id:
             self.current = Job(self.scheduler, current)
@@ -549,5 +637,5 @@ def recorded_spec(backend: str, job_id: str):
     return from_dict(data, source=f"the record of {job_id}")
 
 
-__all__ = ["AttemptRow", "Run", "attempts_of", "describe_rows", "next_spec", "recorded_spec", "totals", "wait_run",
+__all__ = ["AttemptRow", "Run", "attempts_of", "describe_rows", "follow", "follow_run", "next_attempt", "next_spec", "recorded_spec", "totals", "wait_run",
            "wants_retry"]

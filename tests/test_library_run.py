@@ -81,14 +81,14 @@ def test_cancel_waits_for_the_end(tmp_path, monkeypatch):
 
 
 def test_a_run_found_by_id_retries_as_its_job_file_says(tmp_path, monkeypatch):
-    """Submitted and left (no waiter when the first attempt failed): ``halo_sched.run(id)`` later
-    finds the failed attempt, submits the next one as ``watch`` would, and numbers both from 1."""
+    """Submitted and left (no waiter when the first attempt failed): the run's keeper submits the
+    next attempt; ``halo_sched.run(id)`` later follows it and numbers both from 1."""
     monkeypatch.chdir(tmp_path)
     shutil.copy(REPO / "tests" / "trainers" / "node_fault_once.py", tmp_path / "node_fault_once.py")
     job = example_job(tmp_path, free_port(), nproc_per_node=1, retry={"attempts": 2, "on": ["node"]},
                       trainer={"script": "node_fault_once.py", "args": []})
     first = halo_sched.submit(job, "local")
-    assert first.current.wait(timeout=120).status is JobStatus.FAILED  # one attempt, no retry: nobody waits
+    assert first.current.wait(timeout=120).status is JobStatus.FAILED  # one attempt: this wait follows nothing
     run = halo_sched.run(first.id)
     assert run.result(timeout=180).status is JobStatus.COMPLETED and run.current.id != first.id
     assert [(a.number, a.status) for a in run.attempts()] == [(1, "FAILED"), (2, "COMPLETED")]

@@ -1,7 +1,7 @@
 """On the real SLURM cluster: a 2-node job with retry: {attempts: 2, on: [node]} whose node 1
 fails as a bad node would on the first attempt only (a stand-in NCCL NET/IB error: see
-tests/trainers/node_fault_once.py). The waiting ``submit --wait`` submits the second attempt
-with that host excluded; it runs on the other two nodes and completes; the host is in the node
+tests/trainers/node_fault_once.py). The failed attempt's batch script submits the second
+attempt with that host excluded (halo_sched/node/successor.py), and ``submit --wait`` follows it; it runs on the other two nodes and completes; the host is in the node
 ledger; ``status RUN`` shows both attempts with their node-hours and GPU-hours, counted from
 SLURM's own start and end times. A Python exception is not retried."""
 from __future__ import annotations

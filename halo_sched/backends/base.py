@@ -223,6 +223,25 @@ class Scheduler(abc.ABC):
         """What the job's record keeps of where it went (``outputs``, ``scheduler``)."""
         return {}
 
+    #: A failed attempt of a run submits its successor itself, from inside its allocation (SLURM:
+    #: halo_sched/node/successor.py); readers follow it (:meth:`successor_of`), none submits one.
+    starts_successor: bool = False
+
+    def successor_of(self, record: dict) -> dict | None:
+        """The successor the attempt of ``record`` submitted itself: ``{"job", "excluded",
+        "submitted_at"}`` (read as a job wrote it: checked), or None."""
+        return None
+
+    def owner_gone(self, run_id: str) -> bool:
+        """Whether the process that submits run ``run_id``'s attempts (a scheduler that
+        ``starts_successor``) is known to be gone, so that a waiter carries the run on. Default:
+        never (SLURM: the attempt itself submits; no client ever does)."""
+        return False
+
+    def attempt_fields(self, record: dict, job_id: str) -> dict:
+        """The record fields of ``job_id``, the next attempt of ``record``'s job (``outputs``)."""
+        return {}
+
     @abc.abstractmethod
     def query(self, ids: Sequence[str]) -> dict[str, JobState]:
         """States of many jobs, with as few scheduler queries as possible."""

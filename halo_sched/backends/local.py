@@ -166,6 +166,23 @@ class LocalScheduler(Scheduler):
         (d / "supervisor.pid").write_text(f"{proc.pid} {start_time(proc.pid)}")
         return job_id
 
+    #: A run's retries are owned by one detached process per run, started at its submit
+    #: (halo_sched/keeper.py): it outlives the submitting process; waiters follow it.
+    starts_successor = True
+
+    def submit(self, spec: JobSpec, **opts):
+        job = super().submit(spec, **opts)
+        if spec.retry is not None and getattr(spec, "_attempt", None) is None:
+            from ..keeper import start
+
+            start(self.name, job.id)
+        return job
+
+    def owner_gone(self, run_id: str) -> bool:
+        from ..keeper import alive
+
+        return not alive(self.name, run_id)
+
     def record_fields(self, dryrun: DryRun, job_id: str) -> dict:
         d = self.root / job_id
         nodes = dryrun.spec.nodes

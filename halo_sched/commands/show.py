@@ -25,6 +25,8 @@ def cmd_status(args, scheduler) -> int:
         if job_id in gone:
             continue
         try:
+            if job_id not in fallen:
+                _follow(job_id, where[job_id], scheduler)
             _show_status(args, job_id, where[job_id], states.get(job_id), fallen.get(job_id))
             _print_undelivered(job_id, where[job_id])
         except Exception as err:  # noqa: BLE001 - one job that cannot be shown costs itself only
@@ -49,6 +51,20 @@ def cmd_status(args, scheduler) -> int:
         if not all(fb.final for fb in fallen.values()):
             return EXIT_OUTCOME_UNKNOWN
     return 0
+
+
+def _follow(job_id: str, backend: str, scheduler) -> None:
+    """``status RUN`` of a run whose attempts start each other (SLURM): the chain followed from
+    the scheduler and the output directory, what is found recorded (runs.follow_run)."""
+    from .. import records
+    from ..runs import follow_run
+
+    run = (records.find(job_id, backend, on_bad=None) or [{}])[0].get("run")
+    if not (isinstance(run, dict) and run.get("id") == job_id):
+        return
+    sched = scheduler(backend)
+    if getattr(sched, "starts_successor", False):
+        follow_run(sched, job_id)
 
 
 def _print_undelivered(job_id: str, backend: str) -> None:
@@ -149,6 +165,9 @@ def cmd_list(args, scheduler) -> int:
 
     rows = recent(args.backend, args.state, args.limit, scheduler, on_error=_list_note, name=args.name, run=args.run,
                   since=args.since)
+    if _followed(rows, scheduler):  # attempts a failed attempt submitted itself, recorded now: read again
+        rows = recent(args.backend, args.state, args.limit, scheduler, on_error=_list_note, name=args.name,
+                      run=args.run, since=args.since)
     for r, status, text, known in rows:
         try:
             _list_row(args, r, status, text, known)
@@ -156,6 +175,28 @@ def cmd_list(args, scheduler) -> int:
             _unshowable(args.json, r.id if isinstance(r, records.BadRecord) else r["id"],
                         r.backend if isinstance(r, records.BadRecord) else r["backend"], err)
     return 0
+
+
+def _followed(rows, scheduler) -> bool:
+    """Whether an attempt of a run that ended other than COMPLETED, on a scheduler whose failed
+    attempts submit their successor (``starts_successor``), had one the store did not know (now recorded)."""
+    from ..backends.base import JobStatus
+    from ..runs import follow, successor
+
+    found = False
+    for r, status, _, _ in rows:
+        run = r.get("run") if isinstance(r, dict) else None
+        if not isinstance(run, dict) or not isinstance(run.get("id"), str) or status in ("COMPLETED", "UNREADABLE"):
+            continue
+        try:
+            if not JobStatus(status).terminal:
+                continue
+            sched = scheduler(r["backend"])
+            if getattr(sched, "starts_successor", False) and successor(run["id"], r["backend"], r["id"]) is None:
+                found = follow(sched, run["id"], r["id"]) is not None or found
+        except (ValueError, HaloError, OSError):
+            continue
+    return found
 
 
 def _list_row(args, r, status: str, text: str, known: bool) -> None:

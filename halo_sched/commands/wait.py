@@ -108,14 +108,20 @@ def _wait_run(args, spec, sched, job_id: str, watching: bool = False) -> int:
     def retried(old: str, state, why: str, new: str) -> None:
         args.current = new
         submitted_here.add(new)
+        seen_end.add(old)
         say(f"halo-sched: {old} {state.describe()}")
         say(f"halo-sched: retrying ({why} fault) as {new}")
 
+    from .. import records
+
     def followed(old: str, new: str) -> None:
         args.current = new
+        last = ((records.find(old, sched.name, on_bad=None) or [{}])[0].get("last_state") or {}).get("describe")
+        if isinstance(last, str) and old not in seen_end:
+            say(f"halo-sched: {old} {last}")
         say(f"halo-sched: {old} was followed by {new} (the run's next attempt)")
 
-    from .. import records
+    seen_end: set = set()  # attempts whose end this process already said
 
     run_id = ((records.find(job_id, sched.name) or [{}])[0].get("run") or {}).get("id") or job_id
     last_id, state = wait_run(sched, spec, job_id, one, retried, followed)

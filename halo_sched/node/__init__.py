@@ -15,6 +15,8 @@ either way, docs/node-runtime.md):
 * ``trainers/preflight_bw`` is the bandwidth test ``halo-sched preflight`` runs in place of the trainer;
 * ``spares`` runs in a SLURM batch script with ``slurm.spare_nodes``: after a node's fault it
   gives the bad node's rank to a spare of the allocation;
+* ``successor`` runs in a SLURM batch script after its trainer step failed: it submits the run's
+  next attempt itself when ``retry:`` says so (docs/recovery.md); carried, with ``spares``, as :data:`BATCH_CARRIED`;
 * ``local_supervisor`` (``python -m halo_sched.node.local_supervisor DIR``) runs a local job's
   nodes; ``processes`` holds the Linux process helpers it shares with the local backend.
 """
@@ -29,10 +31,13 @@ _HERE = Path(__file__).resolve().parent
 #: node's own halo-sched is another version (tests/test_node_runtime.py runs each from the zip).
 CARRIED = ("__init__.py", "batch.sh", "contract.py", "entry.sh", "failure_collector.py", "hang_monitor.py", "progress.py",
            "server_health.py", "shell.py", "trainers/__init__.py", "trainers/preflight_bw.py")
-#: What a SLURM batch script with ``slurm.spare_nodes`` runs itself (``spares`` and what it reads
-#: failure lines with): a zip of its own in that script only, never handed to the tasks (the
-#: node runtime must fit a Nomad Variable with the secrets: tests/test_node_runtime.py).
-BATCH_CARRIED = ("__init__.py", "failure_classes.py", "failure_collector.py", "failures.py", "spares.py", "text.py")
+#: What a SLURM batch script runs in its own shell after its trainer step failed, with
+#: ``slurm.spare_nodes`` (``spares``: a spare takes the bad node's rank) or ``retry:``
+#: (``successor``: the run's next attempt), and what they read failure lines with: one zip of
+#: its own in those scripts only, never handed to the tasks (the node runtime must fit a Nomad
+#: Variable with the secrets: tests/test_node_runtime.py).
+BATCH_CARRIED = ("__init__.py", "failure_classes.py", "failure_collector.py", "failures.py", "spares.py",
+                 "successor.py", "text.py")
 
 
 def runtime_version() -> str:

@@ -242,6 +242,43 @@ class SlurmScheduler(Scheduler):
         out = expand_output(compile_launch(dryrun.spec).output, dryrun.spec.name, num)
         return {"outputs": [out], "scheduler": {"cluster": cluster or None}}
 
+    starts_successor = True
+
+    def successor_of(self, record: dict) -> dict | None:
+        """The marker the failed attempt's batch script left beside its output file
+        (halo_sched/node/successor.py), when it names a job."""
+        from ...node.successor import marker_path, read_marker
+
+        run = record.get("run") if isinstance(record.get("run"), dict) else {}
+        outputs = record.get("outputs") if isinstance(record.get("outputs"), list) else []
+        attempt = run.get("attempt")
+        if not (outputs and isinstance(outputs[0], str) and isinstance(run.get("id"), str)
+                and isinstance(attempt, int) and not isinstance(attempt, bool) and 0 <= attempt < 1000):
+            return None
+        from ...records import failure_key
+
+        found = read_marker(marker_path(os.path.dirname(outputs[0]), run["id"], attempt + 1),
+                            failure_key(record.get("id") or "", self.name))
+        if found is None or not found.get("job") or found.get("run") != run["id"]:
+            return None
+        return found
+
+    def attempt_fields(self, record: dict, job_id: str) -> dict:
+        """The next attempt writes its output by the same pattern, with its own job id."""
+        from ...launch import compile_launch
+        from ...spec import from_dict
+        from .outputs import expand_output
+
+        try:
+            spec = from_dict(record["spec"], source=f"the record of {record['id']}")
+        except (HaloError, KeyError, TypeError, ValueError):
+            return {"outputs": []}
+        pattern = compile_launch(spec).output
+        if not os.path.isabs(pattern):
+            pattern = os.path.join(str(record.get("submit_dir") or "."), pattern)
+        cluster, _, num = job_id.rpartition(":")
+        return {"outputs": [expand_output(pattern, spec.name, num)]}
+
     def _live(self, job_id: str, state: JobState) -> JobState:
         """sacct records a requeued run's end (PREEMPTED, NODE_FAIL) before the job is pending
         again; slurmctld itself shows such a job as REQUEUED/PENDING at once, so ask it."""

@@ -220,7 +220,8 @@ def batch_request(launch: Launch) -> SbatchRequest:
         servers=servers,
         spec=spec,
         spares=spec.slurm.spare_nodes,
-        spares_runtime=batch_runtime() if spec.slurm.spare_nodes else None,
+        # What the batch shell runs itself after the trainer step failed (spares, the next attempt).
+        batch_runtime=batch_runtime() if spec.slurm.spare_nodes or spec.retry is not None else None,
         directives=request.directives(),
         ledgered=bool(launch.exclude_hosts("slurm")),
         fields=DIRECTIVE_FIELDS,
@@ -237,4 +238,17 @@ def batch_request(launch: Launch) -> SbatchRequest:
         entry=entry,
         tag=heredoc_tag(entry, "HALO_ENTRY_EOF"),
         runtime=runtime(),
-    ))
+        successor=successor_args(spec),
+    )
+
+
+def successor_args(spec: JobSpec) -> dict | None:
+    """What the batch script hands halo_sched/node/successor.py besides what SLURM tells it: the
+    retry.on words, and for an attempt rendered as one (``spec._attempt``) its run and hosts."""
+    if spec.retry is None:
+        return None
+    attempt = getattr(spec, "_attempt", None)
+    return {
+            "on": ",".join(check(w, "SLURM word", "retry.on") for w in spec.retry.on),
+            "run_id": check(attempt.run_id, "SLURM word", "retry") if attempt is not None else "",
+            "excluded": ",".join(check(h, "SLURM word", "retry") for h in attempt.exclude) if attempt is not None else ""}

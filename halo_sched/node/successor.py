@@ -1,0 +1,229 @@
+"""A run's next attempt, started by the attempt that failed, from inside its own allocation (SLURM).
+
+The batch script calls this after its trainer step (srun) has ended non-zero, in the batch
+shell on the allocation's first node (halo_sched/templates/slurm/sbatch.sh.j2, the last step):
+``python -m halo_sched.node.successor RC JOB_ID SCRIPT ATTEMPTS ON RUN_ID ATTEMPT EXCLUDED``. It reads
+the failure lines the nodes wrote into the job's output file (signed with the job's failure key,
+``HALO_FAILURE_KEY`` in the batch shell's environment: failures.py), classifies them
+(failure_classes.py) and, for a failure ``retry.on`` names with attempts left, submits the
+successor with sbatch:
+
+- the same script (the batch step's own copy, ``$0``) as attempt N+1 of the same run, told so by
+  ``HALO_RUN_ID``/``HALO_RUN_ATTEMPT``/``HALO_RUN_EXCLUDED`` in its environment (read and unset by
+  the script first thing);
+- ``--exclude=`` the script's own exclusions, every earlier attempt's culprits and this one's;
+- ``--dependency=afterany:JOB_ID``: it starts only once this job has released its nodes;
+- ``--comment=halo-run:RUN.N``, naming the run and the attempt for anyone who asks the scheduler.
+
+Exactly one successor per failed attempt: a requeued job runs its batch script again, and two
+runs of it must not submit two. The right to submit is a file created with O_EXCL beside the
+output file (:func:`marker_path`), holding ``{"run", "attempt", "from_job", "excluded", "culprit",
+"why", "job"}`` signed with the job's failure key (no rank can read it, so none can forge a
+successor); the run that created it submits and writes the new id into it. A marker without
+an id whose writer died (older than :data:`STALE_S`) is taken over after asking squeue whether a
+job with the attempt's comment exists. The marker is also how any host that sees the output
+directory follows the run (halo_sched/runs.py ``follow``). Nothing here waits on a client.
+
+Standard library only (it is carried to nodes with the node runtime: halo_sched/node/__init__.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+#: The comment each attempt's successor carries (``halo-run:RUN.N``).
+COMMENT = "halo-run:{run}.{attempt}"
+#: A marker with no job id older than this (s) is from a batch script that died mid-way.
+STALE_S = 120.0
+#: Each scheduler command this module runs is cut after this many seconds.
+ASK_S = 30.0
+_HOST = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,253}[A-Za-z0-9_])?")
+_JOB = re.compile(r"(\d+)(?:;\S+)?")
+
+
+def say(text: str) -> None:
+    print(f"halo-sched: {text}", file=sys.stderr, flush=True)
+
+
+def marker_path(output_dir: str, run_id: str, attempt: int) -> str:
+    """Where attempt ``attempt`` of run ``run_id`` is claimed and recorded, beside the output file."""
+    return os.path.join(output_dir, f".halo-run-{run_id}.attempt-{attempt}.json")
+
+
+def _mac(data: dict, key: str) -> str:
+    body = json.dumps({k: v for k, v in data.items() if k != "mac"}, sort_keys=True, separators=(",", ":"))
+    return hmac.new(key.encode(), body.encode(), hashlib.sha256).hexdigest()
+
+
+def read_marker(path: str, key: str) -> dict | None:
+    """A marker's contents, when signed with the job's failure ``key`` (the batch shell holds it;
+    no rank can read it: a rank writing into the output directory cannot forge a successor). None:
+    absent, unsigned, or not one."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.loads(f.read(65536))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("run"), str):
+        return None
+    if not key or not isinstance(data.get("mac"), str) or not hmac.compare_digest(data["mac"], _mac(data, key)):
+        return None
+    job = data.get("job")
+    data["job"] = job if isinstance(job, str) and _JOB.fullmatch(job) else None
+    data["excluded"] = [h for h in data.get("excluded") or [] if isinstance(h, str) and _HOST.fullmatch(h)] \
+        if isinstance(data.get("excluded"), list) else []
+    return data
+
+
+def _signed(data: dict, key: str) -> str:
+    return json.dumps({**data, "mac": _mac(data, key)})
+
+
+def _write(path: str, data: dict, key: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(_signed(data, key))
+    os.replace(tmp, path)
+
+
+def claim(path: str, data: dict, key: str) -> dict | None:
+    """Take the right to submit (None), or the marker that holds it already. A file there that
+    is not a marker signed with ``key`` (a rank's forgery) is removed and the claim made again."""
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            try:
+                age = time.time() - os.stat(path).st_mtime
+            except OSError:
+                age = 0.0
+            held = read_marker(path, key)
+            if held is None and age >= 1.0:  # not ours (a claim being written is younger)
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+                continue
+            held = held or {}
+            if held.get("job") or age < STALE_S:
+                return held
+            return None  # a writer that died before the id: taken over (squeue is asked first)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(_signed(data, key))
+        return None
+    return {}
+
+
+def _ask(argv: list[str]) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=ASK_S, check=True).stdout
+
+
+def existing(comment: str) -> str | None:
+    """A live job carrying ``comment`` (squeue ``%k``), should a marker have lost its id."""
+    try:
+        out = _ask(["squeue", "-h", "-a", "-o", "%i|%k"])
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        job, _, text = line.strip().partition("|")
+        if text.strip() == comment and _JOB.fullmatch(job):
+            return job
+    return None
+
+
+def _job_info(job_id: str) -> dict:
+    out = _ask(["scontrol", "-o", "show", "job", job_id])
+    return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+
+
+def _script_excludes(script: str) -> list[str]:
+    """The hosts the script's own ``#SBATCH --exclude=`` keeps off (a command-line --exclude wins
+    over it, so the successor's must repeat them)."""
+    hosts: list[str] = []
+    try:
+        with open(script, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("#SBATCH --exclude="):
+                    hosts = [h for h in line.split("=", 1)[1].strip().split(",") if _HOST.fullmatch(h)]
+                elif line.strip() and not line.startswith("#"):
+                    break
+    except OSError:
+        pass
+    return hosts
+
+
+def decide(rc: int, attempts: int, on: list[str], attempt: int, output: str, key: str):
+    """(why, classification) when this failure starts attempt ``attempt + 1``; (None, reason) otherwise."""
+    from .failures import report_from_files
+    from .failure_classes import classify_failure
+
+    if rc == 0:
+        return None, "the trainer completed"
+    if attempt + 1 >= attempts:
+        return None, f"not retried: all {attempts} attempts used"
+    report = report_from_files([output], key)
+    cls = classify_failure(report, None)
+    if not cls.failure.retried_by(on):
+        return None, f"not retried: {cls.describe()}"
+    return cls.failure.retry_on, cls
+
+
+def main(argv: list[str]) -> int:
+    rc, job_id, script, attempts, on, run_id, attempt, excluded = argv[:8]
+    rc_i, attempts_i, attempt_i = int(rc), int(attempts), int(attempt)
+    on_words = [w for w in on.split(",") if w]
+    excluded_hosts = [h for h in excluded.split(",") if _HOST.fullmatch(h)]
+    key = os.environ.get("HALO_FAILURE_KEY", "")
+    info = _job_info(job_id)
+    output = info.get("StdOut", "")
+    kind, cls = decide(rc_i, attempts_i, on_words, attempt_i, output, key)
+    if kind is None:
+        say(f"job {job_id}: attempt {attempt_i + 1} of run {run_id} ended (exit {rc_i}); {cls}")
+        return 0
+    culprit = cls.host if cls.host and _HOST.fullmatch(cls.host) else ""
+    nxt = attempt_i + 1
+    keep_off = list(dict.fromkeys(excluded_hosts + ([culprit] if culprit else [])))
+    comment = COMMENT.format(run=run_id, attempt=nxt)
+    path = marker_path(os.path.dirname(output) or ".", run_id, nxt)
+    data = {"run": run_id, "attempt": nxt, "from_job": job_id, "excluded": keep_off, "culprit": culprit,
+            "why": cls.describe(), "retry_on": kind, "class": cls.to_dict(), "failed_at": time.time(), "job": None}
+    held = claim(path, data, key)
+    if held is not None:
+        say(f"job {job_id}: attempt {nxt + 1} of run {run_id} is already "
+            + (f"submitted as {held['job']}" if held.get("job") else "being submitted by another run of this script"))
+        return 0
+    found = existing(comment)
+    if found is None:
+        env = {k: v for k, v in os.environ.items()
+               if not (k.startswith(("SLURM_", "SBATCH_", "HALO_RUN_")) and k != "SLURM_CONF")
+               and k != "HALO_RESTART_COUNT"}
+        env.update(HALO_RUN_ID=run_id, HALO_RUN_ATTEMPT=str(nxt), HALO_RUN_EXCLUDED=",".join(keep_off))
+        hosts = list(dict.fromkeys(_script_excludes(script) + keep_off))
+        argv_sbatch = ["sbatch", "--parsable", "--export=ALL", f"--comment={comment}",
+                       f"--dependency=afterany:{job_id}"] + ([f"--exclude={','.join(hosts)}"] if hosts else []) + [script]
+        try:
+            out = subprocess.run(argv_sbatch, capture_output=True, text=True, timeout=ASK_S, env=env, check=True).stdout
+        except (OSError, subprocess.SubprocessError) as err:
+            os.unlink(path)
+            detail = getattr(err, "stderr", "") or str(err)
+            say(f"job {job_id}: could not submit attempt {nxt + 1} of run {run_id}: {' '.join(detail.split())[:300]}")
+            return 1
+        m = _JOB.fullmatch(out.strip().splitlines()[-1] if out.strip() else "")
+        found = m.group(1) if m else None
+        if found is None:
+            found = existing(comment)
+    data.update(job=found, submitted_at=time.time())
+    _write(path, data, key)
+    say(f"job {job_id}: {data['why']}; attempt {nxt + 1} of run {run_id} submitted as {found}"
+        + (f", keeping off {','.join(keep_off)}" if keep_off else "") + f" (starts once job {job_id} ends)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
