@@ -239,7 +239,7 @@ def batch_request(launch: Launch) -> SbatchRequest:
         tag=heredoc_tag(entry, "HALO_ENTRY_EOF"),
         runtime=runtime(),
         successor=successor_args(spec),
-    )
+    ))
 
 
 def successor_args(spec: JobSpec) -> dict | None:
@@ -248,7 +248,6 @@ def successor_args(spec: JobSpec) -> dict | None:
     if spec.retry is None:
         return None
     attempt = getattr(spec, "_attempt", None)
-    return {
-            "on": ",".join(check(w, "SLURM word", "retry.on") for w in spec.retry.on),
+    return {"on": ",".join(check(w, "SLURM word", "retry.on") for w in spec.retry.on),
             "run_id": check(attempt.run_id, "SLURM word", "retry") if attempt is not None else "",
             "excluded": ",".join(check(h, "SLURM word", "retry") for h in attempt.exclude) if attempt is not None else ""}
