@@ -9,7 +9,7 @@ on the run (``submit --wait``, ``watch``, :meth:`Run.wait`) follows what it subm
 gone (killed, the machine rebooted), a waiter takes its place (``LocalScheduler.owner_gone``).
 
 One per run: it holds an exclusive ``flock`` on ``$HALO_SCHED_HOME/keepers/local-RUN.lock`` for
-its life; a second one started for the same run finds it held and exits at once. What it says
+its life (backends/local.py starts it and asks whether it is alive); a second one started for the same run finds it held and exits at once. What it says
 goes to ``local-RUN.log`` beside the lock.
 
     python -m halo_sched.keeper BACKEND RUN_ID
@@ -18,54 +18,18 @@ from __future__ import annotations
 
 import fcntl
 import os
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 #: How long it waits for the first attempt's record (written by ``submit`` right after it started this).
 RECORD_WAIT_S = 30.0
 
 
-def _dir() -> Path:
-    from .store import home
-
-    d = home() / "keepers"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-def lock_path(backend: str, run_id: str) -> Path:
-    return _dir() / f"{backend}-{run_id}.lock"
-
-
-def start(backend: str, run_id: str) -> None:
-    """Start the run's keeper, detached, in this process's environment (the nodes of later
-    attempts inherit it, ``secret_env`` values included, as the first attempt's did)."""
-    log = open(_dir() / f"{backend}-{run_id}.log", "ab")
-    with log:
-        subprocess.Popen([sys.executable, "-m", "halo_sched.keeper", backend, run_id], stdin=subprocess.DEVNULL,
-                         stdout=log, stderr=log, start_new_session=True, cwd=os.getcwd())
-
-
-def alive(backend: str, run_id: str) -> bool:
-    """Whether a keeper of the run holds its lock now."""
-    try:
-        fd = os.open(lock_path(backend, run_id), os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)  # closing releases a lock taken here
-    return False
-
-
 def main(argv: list[str]) -> int:
+    from .backends.local import keeper_lock
+
     backend, run_id = argv[:2]
-    fd = os.open(lock_path(backend, run_id), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(keeper_lock(backend, run_id), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

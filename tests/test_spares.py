@@ -153,6 +153,6 @@ def test_the_hook_is_rendered_only_with_spares(tmp_path):
     r = cli("render", str(_job(tmp_path, spare_nodes=1, exclusive=True)), "--backend", "slurm", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "#SBATCH --nodes=3\n" in r.stdout and "#SBATCH --no-kill\n" in r.stdout
-    assert '--nodelist="$halo_ranks"' in r.stdout and "# halo-sched spares: " in r.stdout
+    assert '--nodelist="$halo_ranks"' in r.stdout and "# halo-sched batch zip " in r.stdout
     plain = cli("render", str(REPO / "examples" / "ddp-cpu.yaml"), "--backend", "slurm").stdout
-    assert "halo_ranks" not in plain and "--no-kill" not in plain and "halo-sched spares" not in plain
+    assert "halo_ranks" not in plain and "--no-kill" not in plain and "halo-sched batch zip" not in plain

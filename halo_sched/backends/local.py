@@ -10,6 +10,7 @@ The job outlives the submitting command; ``status``/``logs``/``cancel`` read tha
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import secrets
@@ -68,7 +69,6 @@ def _free_master_port(spec: JobSpec, root: Path) -> int:
     (a file under ``root/.ports/``, made under a lock every submitting process and thread takes)
     keeps two jobs submitted at once from both taking it (tests/test_library_concurrency.py: 50
     jobs from 8 threads; without it two rank 0s met EADDRINUSE)."""
-    import fcntl
 
     avoid = set(compile_launch(spec).rendezvous.avoid)
     reserved = root / ".ports"
@@ -100,6 +100,40 @@ def _free_master_port(spec: JobSpec, root: Path) -> int:
         os.close(fd)
     raise SchedulerError(f"no free port in {DERIVED_PORTS.start}-{DERIVED_PORTS.stop - 1} on {LOCAL_MASTER} for "
                          "rank 0; set rendezvous.port")
+
+
+def _keeper_dir() -> Path:
+    d = home() / "keepers"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def keeper_lock(backend: str, run_id: str) -> Path:
+    return _keeper_dir() / f"{backend}-{run_id}.lock"
+
+
+def _start_keeper(backend: str, run_id: str) -> None:
+    """Start the run's keeper (halo_sched/keeper.py), detached, in this process's environment (the nodes of later
+    attempts inherit it, ``secret_env`` values included, as the first attempt's did)."""
+    log = open(_keeper_dir() / f"{backend}-{run_id}.log", "ab")
+    with log:
+        subprocess.Popen([sys.executable, "-m", "halo_sched.keeper", backend, run_id], stdin=subprocess.DEVNULL,
+                         stdout=log, stderr=log, start_new_session=True, cwd=os.getcwd())
+
+
+def _keeper_alive(backend: str, run_id: str) -> bool:
+    """Whether a keeper of the run holds its lock now."""
+    try:
+        fd = os.open(keeper_lock(backend, run_id), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing releases a lock taken here
+    return False
 
 
 class LocalScheduler(Scheduler):
@@ -173,15 +207,11 @@ class LocalScheduler(Scheduler):
     def submit(self, spec: JobSpec, **opts):
         job = super().submit(spec, **opts)
         if spec.retry is not None and getattr(spec, "_attempt", None) is None:
-            from ..keeper import start
-
-            start(self.name, job.id)
+            _start_keeper(self.name, job.id)
         return job
 
     def owner_gone(self, run_id: str) -> bool:
-        from ..keeper import alive
-
-        return not alive(self.name, run_id)
+        return not _keeper_alive(self.name, run_id)
 
     def record_fields(self, dryrun: DryRun, job_id: str) -> dict:
         d = self.root / job_id
