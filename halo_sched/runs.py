@@ -322,7 +322,10 @@ def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable]
                 earlier.append(current)
                 current, count = nxt, count + 1
                 continue
-            if not sched.owner_gone(run_id):  # SLURM: the attempt could not (killed with its allocation, ...)
+            # NODE_FAIL: SLURM ended the allocation and the batch script with it, before it could
+            # submit the next attempt: this waiting process carries the run on (the store's claim
+            # below keeps that to one; docs/recovery.md, "A node lost outright").
+            if not sched.owner_gone(run_id) and state.status is not JobStatus.NODE_FAIL:
                 _settle_times(sched, earlier)
                 return current, state
         mine, new = claim(run_id, sched.name, current)
