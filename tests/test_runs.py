@@ -218,3 +218,38 @@ def test_ctrl_c_during_a_retried_runs_wait_names_the_attempt_that_keeps_running(
     out, err = capsys.readouterr()
     assert rc == 130 and "stopped waiting; j2 keeps running (halo-sched cancel j2" in err, err
     assert out.strip().splitlines()[-1] == "j1"
+
+
+@pytest.mark.parametrize("ended, submitted", [(JobStatus.NODE_FAIL, ["j2"]), (JobStatus.FAILED, [])])
+def test_an_slurm_attempt_lost_with_its_allocation_is_carried_on_by_the_waiting_process(tmp_path, monkeypatch, ended,
+                                                                                         submitted):
+    """SLURM's attempts submit their successors themselves (node/successor.py), but NODE_FAIL kills
+    the batch script with the allocation: after waiting for a marker that cannot come, the waiting
+    actor submits the next attempt, the lost node excluded. Any other failure without a marker
+    (the attempt decided against it) is the run's end: nothing is submitted."""
+    from halo_sched import records, runs
+
+    spec = _spec(tmp_path, attempts=2, on=["node"])
+    monkeypatch.setattr(runs, "SUCCESSOR_WAIT_S", 0.2)
+    monkeypatch.setattr(records, "find", lambda job_id, backend=None, **kw: [{"id": job_id, "backend": "slurm"}])
+    monkeypatch.setattr(runs, "_observe", lambda *a: None)
+    made = []
+
+    class Sched:
+        name = "slurm"
+        starts_successor = True
+
+        def successor_of(self, record):
+            return None
+
+        def owner_gone(self, run_id):
+            return False
+
+        def submit(self, spec):
+            made.append((spec._attempt.number, tuple(spec._attempt.exclude)))
+            return type("J", (), {"id": "j2"})()
+
+    ends = {"j1": _failed(NODE, status=ended), "j2": JobState("j2", JobStatus.COMPLETED)}
+    last, state = runs.wait_run(Sched(), spec, "j1", lambda job_id, observe: ends[job_id], poll_s=0.05)
+    assert [m for m in made] == ([(1, ("n1",))] if submitted else [])
+    assert last == (submitted[-1] if submitted else "j1")
