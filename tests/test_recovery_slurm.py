@@ -66,7 +66,7 @@ def test_the_run_completes_after_its_submitter_was_killed_before_the_fault(tmp_p
     lines = st.stdout.splitlines()
     a1 = [ln for ln in lines if "\tattempt 1: " in ln]
     a2 = [ln for ln in lines if "\tattempt 2: " in ln]
-    m = re.search(r" FAILED \(node fault, host (\S+), NCCL network error\)", a1[0] if a1 else "")
+    m = re.search(r" FAILED \(node fault: host (\S+), NCCL network error\)", a1[0] if a1 else "")
     assert m, lines
     host = m.group(1)
     assert len(a2) == 1 and " COMPLETED;" in a2[0] and f"excluded {host}" in a2[0], lines

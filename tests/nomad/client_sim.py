@@ -2766,16 +2766,20 @@ class SimCluster:
         self._register_task_services(tr)
 
     def _kill(self, tr: TaskRun, grace: float | None) -> None:
-        """Stop a running task: kill_signal to its process group, kill_timeout, then SIGKILL."""
+        """Stop a running task as the executor's Shutdown does (drivers/shared/executor/executor.go
+        and executor_unix.go ``shutdownProcess``, hashicorp/nomad aa026cc): kill_signal to the
+        task's process alone (``proc.Signal``: not its group, so the entry script passes it on),
+        kill_timeout, then SIGKILL to the process and its process group (``killProcessTree``)."""
         proc = tr.proc
         if proc is None:
             return
         sig = _parse_signal(tr.spec.get("KillSignal") or "SIGINT")
         timeout = _ns_to_s(tr.spec.get("KillTimeout"), 5.0) if grace is None else grace
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
+        if timeout > 0:
+            try:
+                proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
