@@ -45,15 +45,17 @@ def cluster(tmp_path, monkeypatch):
     for f in bin_.iterdir():
         f.chmod(0o755)
     script = tmp_path / "slurm_script"
-    script.write_text("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --exclude=bad1,bad2\nset -eu\n#SBATCH --exclude=late\n")
+    # A header that lies: the job's own exclusions come from its typed request (KEPT_OFF), never
+    # from the script's text.
+    script.write_text("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --exclude=liar\nset -eu\n")
     monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
     monkeypatch.setenv("HALO_FAILURE_KEY", KEY)
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     return {"bin": bin_, "out": out, "script": str(script), "dir": tmp_path}
 
 
-def _main(c, rc="1", attempts="3", on="node", run="7", attempt="0", excluded=""):
-    return successor.main([rc, "7", c["script"], attempts, on, run, attempt, excluded])
+def _main(c, rc="1", attempts="3", on="node", run="7", attempt="0", excluded="", kept_off="bad1,bad2"):
+    return successor.main([rc, "7", c["script"], attempts, on, run, attempt, excluded, kept_off])
 
 
 def _calls(c) -> list[str]:
@@ -68,7 +70,7 @@ def test_a_node_fault_submits_one_successor_excluding_the_culprit(cluster):
     assert len(calls) == 1, calls
     argv, _, env = calls[0].partition(" | ")
     assert "--dependency=afterany:7" in argv and "--comment=halo-run:7.1" in argv, argv
-    # the script's own --exclude (sbatch keeps only the command line's), earlier attempts', the culprit
+    # the job's own --exclude (sbatch keeps only the command line's), earlier attempts', the culprit
     assert "--exclude=bad1,bad2,node9,node2 " in argv and argv.endswith(cluster["script"]), argv
     assert env == "run=7 attempt=1 excluded=node9,node2 slurm=", env  # no SLURM_* of this job leaks in
     marker = successor.read_marker(successor.marker_path(str(cluster["dir"]), "7", 1), KEY)

@@ -2,7 +2,7 @@
 
 The batch script calls this after its trainer step (srun) has ended non-zero, in the batch
 shell on the allocation's first node (halo_sched/templates/slurm/sbatch.sh.j2, the last step):
-``python -m halo_sched.node.successor RC JOB_ID SCRIPT ATTEMPTS ON RUN_ID ATTEMPT EXCLUDED``. It reads
+``python -m halo_sched.node.successor RC JOB_ID SCRIPT ATTEMPTS ON RUN_ID ATTEMPT EXCLUDED KEPT_OFF``. It reads
 the failure lines the nodes wrote into the job's output file (signed with the job's failure key,
 ``HALO_FAILURE_KEY`` in the batch shell's environment: failures.py), classifies them
 (failure_classes.py) and, for a failure ``retry.on`` names with attempts left, submits the
@@ -11,7 +11,8 @@ successor with sbatch:
 - the same script (the batch step's own copy, ``$0``) as attempt N+1 of the same run, told so by
   ``HALO_RUN_ID``/``HALO_RUN_ATTEMPT``/``HALO_RUN_EXCLUDED`` in its environment (read and unset by
   the script first thing);
-- ``--exclude=`` the script's own exclusions, every earlier attempt's culprits and this one's;
+- ``--exclude=`` the job's own exclusions (``KEPT_OFF``, from its typed request: never read back
+  out of the script), every earlier attempt's culprits and this one's;
 - ``--dependency=afterany:JOB_ID``: it starts only once this job has released its nodes;
 - ``--comment=halo-run:RUN.N``, naming the run and the attempt for anyone who asks the scheduler.
 
@@ -142,22 +143,6 @@ def _job_info(job_id: str) -> dict:
     return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
 
 
-def _script_excludes(script: str) -> list[str]:
-    """The hosts the script's own ``#SBATCH --exclude=`` keeps off (a command-line --exclude wins
-    over it, so the successor's must repeat them)."""
-    hosts: list[str] = []
-    try:
-        with open(script, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("#SBATCH --exclude="):
-                    hosts = [h for h in line.split("=", 1)[1].strip().split(",") if _HOST.fullmatch(h)]
-                elif line.strip() and not line.startswith("#"):
-                    break
-    except OSError:
-        pass
-    return hosts
-
-
 def decide(rc: int, attempts: int, on: list[str], attempt: int, output: str, key: str):
     """(why, classification) when this failure starts attempt ``attempt + 1``; (None, reason) otherwise."""
     from .failures import report_from_files
@@ -175,7 +160,7 @@ def decide(rc: int, attempts: int, on: list[str], attempt: int, output: str, key
 
 
 def main(argv: list[str]) -> int:
-    rc, job_id, script, attempts, on, run_id, attempt, excluded = argv[:8]
+    rc, job_id, script, attempts, on, run_id, attempt, excluded, kept_off = argv[:9]
     rc_i, attempts_i, attempt_i = int(rc), int(attempts), int(attempt)
     on_words = [w for w in on.split(",") if w]
     excluded_hosts = [h for h in excluded.split(",") if _HOST.fullmatch(h)]
@@ -204,7 +189,8 @@ def main(argv: list[str]) -> int:
                if not (k.startswith(("SLURM_", "SBATCH_", "HALO_RUN_")) and k != "SLURM_CONF")
                and k != "HALO_RESTART_COUNT"}
         env.update(HALO_RUN_ID=run_id, HALO_RUN_ATTEMPT=str(nxt), HALO_RUN_EXCLUDED=",".join(keep_off))
-        hosts = list(dict.fromkeys(_script_excludes(script) + keep_off))
+        own = [h for h in kept_off.split(",") if _HOST.fullmatch(h)]  # the request's --exclude: render.py
+        hosts = list(dict.fromkeys(own + keep_off))
         argv_sbatch = ["sbatch", "--parsable", "--export=ALL", f"--comment={comment}",
                        f"--dependency=afterany:{job_id}"] + ([f"--exclude={','.join(hosts)}"] if hosts else []) + [script]
         try:

@@ -238,16 +238,19 @@ def batch_request(launch: Launch) -> SbatchRequest:
         entry=entry,
         tag=heredoc_tag(entry, "HALO_ENTRY_EOF"),
         runtime=runtime(),
-        successor=successor_args(spec),
+        successor=successor_args(spec, request),
     ))
 
 
-def successor_args(spec: JobSpec) -> dict | None:
+def successor_args(spec: JobSpec, request: SbatchRequest) -> dict | None:
     """What the batch script hands halo_sched/node/successor.py besides what SLURM tells it: the
-    retry.on words, and for an attempt rendered as one (``spec._attempt``) its run and hosts."""
+    retry.on words, the hosts this job's request keeps off (the successor's --exclude must repeat
+    them: sbatch keeps the command line's), and for an attempt rendered as one (``spec._attempt``)
+    its run and hosts."""
     if spec.retry is None:
         return None
     attempt = getattr(spec, "_attempt", None)
     return {"on": ",".join(check(w, "SLURM word", "retry.on") for w in spec.retry.on),
+            "kept_off": ",".join(check(h, "SLURM word", "exclude_hosts") for h in request.get("exclude", ())),
             "run_id": check(attempt.run_id, "SLURM word", "retry") if attempt is not None else "",
             "excluded": ",".join(check(h, "SLURM word", "retry") for h in attempt.exclude) if attempt is not None else ""}
