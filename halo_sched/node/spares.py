@@ -102,28 +102,29 @@ def swap_line(rec: dict, key: str) -> str:
 # ---- what SLURM says (the batch script's own job) ---------------------------------------------
 
 
-def _ask(argv: list[str]) -> str:
+def ask(argv: list[str]) -> str:
+    """A scheduler command's output, cut after ASK_S (the batch shell's own calls: spares, successor)."""
     return subprocess.run(argv, capture_output=True, text=True, timeout=ASK_S, check=True).stdout
 
 
 def job_fields(job_id: str) -> dict[str, str]:
     """``scontrol -o show job``'s KEY=VALUE words (NodeList, StdOut, ...)."""
-    text = _ask(["scontrol", "-o", "show", "job", job_id])
+    text = ask(["scontrol", "-o", "show", "job", job_id])
     return dict(w.split("=", 1) for w in text.split() if "=" in w)
 
 
 def expand(nodelist: str) -> list[str]:
-    return hosts(_ask(["scontrol", "show", "hostnames", nodelist])) if nodelist and nodelist != "(null)" else []
+    return hosts(ask(["scontrol", "show", "hostnames", nodelist])) if nodelist and nodelist != "(null)" else []
 
 
 def node_addr(host: str) -> str:
-    m = re.search(r"\bNodeAddr=(\S+)", _ask(["scontrol", "-o", "show", "node", host]))
+    m = re.search(r"\bNodeAddr=(\S+)", ask(["scontrol", "-o", "show", "node", host]))
     return m.group(1) if m else ""
 
 
 def interface_addr(host: str, iface: str) -> str:
     """``iface``'s IPv4 address on ``host``, asked of that node (a step of one task)."""
-    out = _ask(["srun", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "ip", "-4", "-o", "addr", "show", "dev", iface])
+    out = ask(["srun", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "ip", "-4", "-o", "addr", "show", "dev", iface])
     m = re.search(r"\binet (\d+\.\d+\.\d+\.\d+)/", out)
     return m.group(1) if m else ""
 

@@ -38,12 +38,12 @@ import subprocess
 import sys
 import time
 
+from .spares import ASK_S, ask, job_fields  # the batch shell's scheduler calls, one bound
+
 #: The comment each attempt's successor carries (``halo-run:RUN.N``).
 COMMENT = "halo-run:{run}.{attempt}"
 #: A marker with no job id older than this (s) is from a batch script that died mid-way.
 STALE_S = 120.0
-#: Each scheduler command this module runs is cut after this many seconds.
-ASK_S = 30.0
 _HOST = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,253}[A-Za-z0-9_])?")
 _JOB = re.compile(r"(\d+)(?:;\S+)?")
 
@@ -121,14 +121,10 @@ def claim(path: str, data: dict, key: str) -> dict | None:
     return {}
 
 
-def _ask(argv: list[str]) -> str:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=ASK_S, check=True).stdout
-
-
 def existing(comment: str) -> str | None:
     """A live job carrying ``comment`` (squeue ``%k``), should a marker have lost its id."""
     try:
-        out = _ask(["squeue", "-h", "-a", "-o", "%i|%k"])
+        out = ask(["squeue", "-h", "-a", "-o", "%i|%k"])
     except (OSError, subprocess.SubprocessError):
         return None
     for line in out.splitlines():
@@ -136,11 +132,6 @@ def existing(comment: str) -> str | None:
         if text.strip() == comment and _JOB.fullmatch(job):
             return job
     return None
-
-
-def _job_info(job_id: str) -> dict:
-    out = _ask(["scontrol", "-o", "show", "job", job_id])
-    return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
 
 
 def decide(rc: int, attempts: int, on: list[str], attempt: int, output: str, key: str):
@@ -165,7 +156,7 @@ def main(argv: list[str]) -> int:
     on_words = [w for w in on.split(",") if w]
     excluded_hosts = [h for h in excluded.split(",") if _HOST.fullmatch(h)]
     key = os.environ.get("HALO_FAILURE_KEY", "")
-    info = _job_info(job_id)
+    info = job_fields(job_id)
     output = info.get("StdOut", "")
     kind, cls = decide(rc_i, attempts_i, on_words, attempt_i, output, key)
     if kind is None:
