@@ -22,8 +22,11 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 from urllib.parse import quote, unquote
+
+if TYPE_CHECKING:
+    from .models import JobSpec
 
 VERSION = 1
 
@@ -460,7 +463,7 @@ def git_state_started(spec) -> Callable[[], dict | None]:
     return result
 
 
-def build(backend: str, spec, job_id: str, fields: dict | None = None, job_file=None,
+def build(backend: str, spec: "JobSpec", job_id: str, fields: dict | None = None, job_file=None,
           git_result: Callable[[], dict | None] | None = None) -> dict[str, Any]:
     """The record of a job just submitted (nothing written yet): ``fields`` are the backend's
     (``outputs``, ``scheduler``), ``job_file`` the spec's (path, sha256) when it came from one."""
@@ -484,8 +487,8 @@ def build(backend: str, spec, job_id: str, fields: dict | None = None, job_file=
         "scheduler": {},
     }
     rec.update(fields or {})
-    attempt = getattr(spec, "_attempt", None)
-    if attempt is not None or getattr(spec, "retry", None) is not None:
+    attempt = spec._attempt
+    if attempt is not None or spec.retry is not None:
         # One logical run (halo_sched/runs.py): the first attempt's id names it.
         rec["run"] = {"id": attempt.run_id if attempt is not None else job_id,
                       "attempt": attempt.number if attempt is not None else 0,
@@ -514,7 +517,7 @@ def save_new(record: dict, rendered: str) -> str:
     return write(record)
 
 
-def record_submit(backend: str, spec, rendered: str, job_id: str, fields: dict | None = None, job_file=None,
+def record_submit(backend: str, spec: "JobSpec", rendered: str, job_id: str, fields: dict | None = None, job_file=None,
                   git_result: Callable[[], dict | None] | None = None) -> str | None:
     """Write the record of a job just submitted (``rendered``: the text submitted); a failure to
     write it is a warning, not an error (the job runs either way)."""
