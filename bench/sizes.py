@@ -73,7 +73,8 @@ def sizes_block() -> str:
         row.append(f"{n:,} nodes: API payload {len(api.encode()):,} B, HCL {len(render_hcl(s).encode()):,} B")
     out += ["", "Nomad job of examples/nomad-gpu.yaml by node count: " + "; ".join(row) + ".",
             f"The node runtime (halo_sched/node/, version {rt.version}): a {len(rt.zip_bytes):,} B zip (members stored), "
-            f"{len(rt.base64):,} B of base64 (one zlib stream); on Nomad one item of the job's Variable (at most 64 KiB)."]
+            f"{len(rt.base64):,} B of base64 (one zlib stream); on Nomad one item of the job's Variable (at most 64 KiB), "
+            f"without what only a SLURM batch shell runs: {len(runtime(batch=False).base64):,} B of base64."]
     return "\n".join(out)
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterable, NamedTuple
 
 from .node.contract import DERIVED_PORTS, INDEX_TAG, NAMES, WARNING_CARRIER, EnvNames
-from .node_runtime import runtime
+from .node_runtime import checksums, runtime
 from .templating import RenderError, check, checked_int, render_template
 from .values import valid_host
 
@@ -198,8 +198,8 @@ def _cluster(extra_args) -> str | None:
 def _excluded(spec: JobSpec, ledgered) -> tuple[tuple[str, str], ...]:
     """The hosts to keep off, as (backend, host), each host a checked host name: it lands on an
     ``#SBATCH`` line and in a Nomad constraint."""
-    attempt = getattr(spec, "_attempt", None)
-    pairs = [tuple(p) for p in ledgered] if getattr(spec, "avoid_ledgered_nodes", True) else []
+    attempt = spec._attempt
+    pairs = [tuple(p) for p in ledgered] if spec.avoid_ledgered_nodes else []
     # a retry keeps off the hosts its run's earlier attempts failed on
     pairs += [("*", h) for h in (attempt.exclude if attempt is not None else ())]
     if not pairs:
@@ -260,7 +260,7 @@ def compile_launch(spec: JobSpec, job_id: str | None = None, ledgered: Iterable[
         warning=_warning(s), secret_names=tuple(s.secret_names), output=SLURM_OUTPUT,
         cluster=_cluster(s.slurm.extra_args), interface=s.network.interface,
         excluded=_excluded(s, ledgered),
-        restart_count=checked_int(s._attempt.number, "retry") if getattr(s, "_attempt", None) is not None else 0,
+        restart_count=checked_int(s._attempt.number, "retry") if s._attempt is not None else 0,
     )
 
 
@@ -292,7 +292,7 @@ def render_entry(launch: Launch) -> str:
     """The per-node entry script, byte-identical for every node and every backend."""
     return render_template(
         "entry.sh.j2", launch=launch, names=launch.names, warning=launch.warning,
-        trainer=launch.trainer, runtime=runtime(), gate=_gate(launch.spec),
+        trainer=launch.trainer, runtime=runtime(), sums=checksums(), gate=_gate(launch.spec),
     )
 
 

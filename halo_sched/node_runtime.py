@@ -44,20 +44,20 @@ class NodeRuntime(NamedTuple):
         return "\n".join(text[i:i + _LINE] for i in range(0, len(text), _LINE))
 
 
-@functools.lru_cache(maxsize=1)
-def batch_runtime() -> NodeRuntime:
-    """``halo_sched.node.BATCH_CARRIED`` in one zip (as :func:`runtime`): what a SLURM batch
-    script with hot spares or ``retry:`` runs in its own shell (halo_sched/node/spares.py,
-    successor.py), always from this zip, never from a node's install."""
-    return _zip(node.BATCH_CARRIED)
-
-
-@functools.lru_cache(maxsize=1)
-def runtime() -> NodeRuntime:
+@functools.lru_cache(maxsize=2)
+def runtime(batch: bool = True) -> NodeRuntime:
     """The node runtime of this install: ``halo_sched/__init__.py`` (empty, so that importing
     ``halo_sched.node`` from the zip loads nothing of the submitter's side) and every carried module
-    under ``halo_sched/node/``, stored, in a fixed order with fixed dates."""
-    return _zip(node.CARRIED)
+    under ``halo_sched/node/``, stored, in a fixed order with fixed dates. ``batch=False``: without
+    what only a SLURM batch shell runs (``node.BATCH_ONLY``), the copy a Nomad job's Variable
+    carries; the version is the same (it names the code, not the copy)."""
+    return _zip(node.CARRIED if batch else tuple(n for n in node.CARRIED if n not in node.BATCH_ONLY))
+
+
+def checksums() -> str:
+    """The SHA-256s an entry script accepts for a carried copy: the whole runtime's and the
+    Nomad copy's, so that the entry stays byte-identical on every backend."""
+    return f"{runtime().sha256} {runtime(batch=False).sha256}"
 
 
 def _zip(names) -> NodeRuntime:

@@ -100,7 +100,7 @@ def test_the_sbatch_script_carries_the_zip_on_its_last_lines(tmp_path):
 
 
 @pytest.mark.skipif(not Path(SYSTEM_PY).exists(), reason="no system python3")
-@pytest.mark.parametrize("how", ["variable", "file"])
+@pytest.mark.parametrize("how", ["variable", "file", "nomad's copy"])
 def test_a_node_without_halo_sched_runs_the_carried_zip(tmp_path, how):
     if _system_python_has_halo_sched(tmp_path):
         pytest.skip("the system python3 has a halo-sched")
@@ -113,8 +113,9 @@ def test_a_node_without_halo_sched_runs_the_carried_zip(tmp_path, how):
                 "HALO_LOG_DIR": str(tmp_path / "logs")}
     if how == "variable":  # SLURM: the batch script hands it to each task
         node_env["HALO_NODE_RUNTIME"] = runtime().base64_lines()
-    else:  # Nomad (the Variable's template) and local: a file
-        (tmp_path / "rt.b64").write_text(runtime().base64_lines() + "\n")
+    else:  # Nomad (the Variable's template: its copy without the batch shell's modules) and local: a file
+        carried = runtime(batch=how == "file")
+        (tmp_path / "rt.b64").write_text(carried.base64_lines() + "\n")
         node_env["HALO_NODE_RUNTIME_FILE"] = str(tmp_path / "rt.b64")
     r = _run_entry(tmp_path, node_env, env)
     assert r.returncode == 3, r.stderr[-3000:]
@@ -122,7 +123,8 @@ def test_a_node_without_halo_sched_runs_the_carried_zip(tmp_path, how):
     # The collector ran from the zip: its line for the node, with torchrun's exit code.
     lines = [line for line in r.stderr.splitlines() if line.startswith("halo-sched-failure {")]
     assert lines and '"node": 1' in lines[0].replace('"node":1', '"node": 1') and "Traceback" not in r.stderr, r.stderr
-    assert (tmp_path / "logs" / "node-1" / f"halo-node-{runtime().version}.zip").read_bytes() == runtime().zip_bytes
+    written = (tmp_path / "logs" / "node-1" / f"halo-node-{runtime().version}.zip").read_bytes()
+    assert written == runtime(batch=how != "nomad's copy").zip_bytes
 
 
 def test_a_damaged_copy_is_refused_before_anything_runs_from_it(tmp_path):
@@ -158,4 +160,12 @@ def test_the_carried_copy_fits_where_it_travels():
     from halo_sched.node_runtime import ITEM
 
     assert len(runtime().base64_lines().encode()) <= 96 * 1024
-    assert len(ITEM) + len(runtime().base64) <= 52 * 1024, "the node runtime leaves under 12 KiB for secrets"
+    nomad = runtime(batch=False)
+    assert len(ITEM) + len(nomad.base64) <= 52 * 1024, "the node runtime leaves under 12 KiB for secrets"
+    assert nomad.version == runtime().version and nomad.sha256 != runtime().sha256
+
+
+def test_the_nomad_copy_leaves_out_only_what_a_batch_shell_runs():
+    names = zipfile.ZipFile(io.BytesIO(runtime(batch=False).zip_bytes)).namelist()
+    assert names == ["halo_sched/__init__.py"] + [f"halo_sched/node/{m}" for m in node.CARRIED if m not in node.BATCH_ONLY]
+    assert set(node.BATCH_ONLY) < set(node.CARRIED)

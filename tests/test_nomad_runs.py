@@ -369,7 +369,7 @@ def test_a_later_attempts_secrets_outlive_the_status_of_the_earlier_one(tmp_path
         assert sched.query([job_id])[job_id].status is JobStatus.FAILED and key not in fake.variables
         spec = halo_sched.load(str(tmp_path / "job.yaml"))
         second = sched.submit_attempt(next_spec(spec, job_id, 1, ("g1",), None), job_id).id
-        assert fake.variables[key]["Items"] == {"HF_TOKEN": "hf-secret-value", ITEM: runtime().base64}
+        assert fake.variables[key]["Items"] == {"HF_TOKEN": "hf-secret-value", ITEM: runtime(batch=False).base64}
         for which in (job_id, second):  # the ended first attempt, then the running second
             st = cli("status", which, env=env)
             assert st.returncode == 0 and key in fake.variables, (which, st.stdout, st.stderr)

@@ -223,7 +223,7 @@ def test_nomad_secret_reaches_every_rank_through_the_variable(tmp_path, monkeypa
         handle = sched.submit(spec)
         (ns, path), var = next(iter(fake.variables.items()))
         assert path == variable_path(handle.id) and ns == "default"
-        assert var["Items"] == {"HF_TOKEN": VALUE, "WANDB_API_KEY": "wandb-" + MARK, ITEM: runtime().base64}
+        assert var["Items"] == {"HF_TOKEN": VALUE, "WANDB_API_KEY": "wandb-" + MARK, ITEM: runtime(batch=False).base64}
         registered = fake.job_record(handle.id)
         assert_nowhere({"registered job": json.dumps(registered),
                         "requests but the Variable write": json.dumps(
@@ -234,7 +234,7 @@ def test_nomad_secret_reaches_every_rank_through_the_variable(tmp_path, monkeypa
     assert set(codes.values()) == {0}, logs
     # The node runtime reached every task from the same Variable, byte for byte (its template).
     carried = sorted((tmp_path / "nomad").rglob("local/halo-node.b64"))
-    assert len(carried) == 2 and {f.read_text() for f in carried} == {runtime().base64}, carried
+    assert len(carried) == 2 and {f.read_text() for f in carried} == {runtime(batch=False).base64}, carried
     reports = [json.loads(p.read_text()) for p in sorted((tmp_path / "reports").glob("rank*.json"))]
     assert len(reports) == 2
     for rep in reports:

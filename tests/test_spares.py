@@ -153,6 +153,7 @@ def test_the_hook_is_rendered_only_with_spares(tmp_path):
     r = cli("render", str(_job(tmp_path, spare_nodes=1, exclusive=True)), "--backend", "slurm", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "#SBATCH --nodes=3\n" in r.stdout and "#SBATCH --no-kill\n" in r.stdout
-    assert '--nodelist="$halo_ranks"' in r.stdout and "# halo-sched batch zip " in r.stdout
+    assert '--nodelist="$halo_ranks"' in r.stdout and "\nhalo_batch() {" in r.stdout
+    assert r.stdout.count("# halo-sched node runtime ") == 1  # the batch shell runs spares.py from the one copy
     plain = cli("render", str(REPO / "examples" / "ddp-cpu.yaml"), "--backend", "slurm").stdout
-    assert "halo_ranks" not in plain and "--no-kill" not in plain and "halo-sched batch zip" not in plain
+    assert "halo_ranks" not in plain and "--no-kill" not in plain and "halo_batch() {" not in plain

@@ -143,7 +143,7 @@ def test_a_marker_is_read_as_hostile_input(tmp_path):
 
 
 def test_the_module_runs_from_the_carried_zip(tmp_path):
-    from halo_sched.node_runtime import batch_runtime as runtime
+    from halo_sched.node_runtime import runtime
 
     z = tmp_path / "node.zip"
     z.write_bytes(runtime().zip_bytes)

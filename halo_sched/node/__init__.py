@@ -16,7 +16,7 @@ either way, docs/node-runtime.md):
 * ``spares`` runs in a SLURM batch script with ``slurm.spare_nodes``: after a node's fault it
   gives the bad node's rank to a spare of the allocation;
 * ``successor`` runs in a SLURM batch script after its trainer step failed: it submits the run's
-  next attempt itself when ``retry:`` says so (docs/recovery.md); carried, with ``spares``, as :data:`BATCH_CARRIED`;
+  next attempt itself when ``retry:`` says so (docs/recovery.md); with ``spares``, :data:`BATCH_ONLY`;
 * ``local_supervisor`` (``python -m halo_sched.node.local_supervisor DIR``) runs a local job's
   nodes; ``processes`` holds the Linux process helpers it shares with the local backend.
 """
@@ -29,15 +29,15 @@ _HERE = Path(__file__).resolve().parent
 
 #: What the nodes run, as paths in this package: the job carries these, and only these, when a
 #: node's own halo-sched is another version (tests/test_node_runtime.py runs each from the zip).
-CARRIED = ("__init__.py", "batch.sh", "contract.py", "entry.sh", "failure_collector.py", "hang_monitor.py", "progress.py",
-           "server_health.py", "shell.py", "trainers/__init__.py", "trainers/preflight_bw.py")
-#: What a SLURM batch script runs in its own shell after its trainer step failed, with
+CARRIED = ("__init__.py", "batch.sh", "contract.py", "entry.sh", "failure_classes.py", "failure_collector.py",
+           "failures.py", "hang_monitor.py", "progress.py", "server_health.py", "shell.py", "spares.py",
+           "successor.py", "text.py", "trainers/__init__.py", "trainers/preflight_bw.py")
+#: What only a SLURM batch script runs in its own shell, after its trainer step failed: with
 #: ``slurm.spare_nodes`` (``spares``: a spare takes the bad node's rank) or ``retry:``
-#: (``successor``: the run's next attempt), and what they read failure lines with: one zip of
-#: its own in those scripts only, never handed to the tasks (the node runtime must fit a Nomad
-#: Variable with the secrets: tests/test_node_runtime.py).
-BATCH_CARRIED = ("__init__.py", "failure_classes.py", "failure_collector.py", "failures.py", "spares.py",
-                 "successor.py", "text.py")
+#: (``successor``: the run's next attempt), and what they read failure lines with. A Nomad job's
+#: copy leaves them out: no task runs them, and the copy must fit the job's Variable with its
+#: secrets (tests/test_node_runtime.py).
+BATCH_ONLY = ("failure_classes.py", "failures.py", "spares.py", "successor.py", "text.py")
 
 
 def runtime_version() -> str:

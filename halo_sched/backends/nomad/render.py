@@ -95,7 +95,7 @@ def variable_items(spec: JobSpec, job_id: str) -> dict[str, str]:
 
     items = dict(spec.secret_values())  # a missing one is a SpecError before any request
     if carries_runtime(job_id):
-        items[ITEM] = runtime().base64
+        items[ITEM] = runtime(batch=False).base64
     return items
 
 

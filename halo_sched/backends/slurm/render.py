@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ...errors import SpecError
 from ...launch import Launch, compile_launch, render_entry
 from ...servers import render_server
-from ...node_runtime import batch_runtime, runtime
+from ...node_runtime import runtime
 from ...templating import RenderError, check, checked_int, heredoc_tag, render_template, sh_quote
 from ...sbatch_options import OPTIONS, Setting, Signal, parse_setting
 from .progress import mirror_shell
@@ -221,7 +221,7 @@ def batch_request(launch: Launch) -> SbatchRequest:
         spec=spec,
         spares=spec.slurm.spare_nodes,
         # What the batch shell runs itself after the trainer step failed (spares, the next attempt).
-        batch_runtime=batch_runtime() if spec.slurm.spare_nodes or spec.retry is not None else None,
+        batch_modules=bool(spec.slurm.spare_nodes or spec.retry is not None),
         directives=request.directives(),
         ledgered=bool(launch.exclude_hosts("slurm")),
         fields=DIRECTIVE_FIELDS,
