@@ -47,7 +47,8 @@ if sys.argv[1:2] != ["requeue"] and os.path.basename(sys.argv[0]) == "scontrol":
 '''
 
 
-def _run_warned(tmp_path, spec_text: str, restart_count: str | None, srun_rc: int = 0, sends: int = 1):
+def _run_warned(tmp_path, spec_text: str, restart_count: str | None, srun_rc: int = 0, sends: int = 1,
+                extra_env: dict | None = None):
     """Run the batch script, send it SIGUSR2 as slurmctld would (--signal=B:), return (rc, calls)."""
     spec = halo_sched.loads(spec_text)
     fakes = fake_bin(tmp_path)  # scontrol for the master address
@@ -63,6 +64,7 @@ def _run_warned(tmp_path, spec_text: str, restart_count: str | None, srun_rc: in
                SLURM_JOB_CPUS_PER_NODE="8(x2)")
     if restart_count is not None:
         env["SLURM_RESTART_COUNT"] = restart_count
+    env.update(extra_env or {})
     script = tmp_path / "job.sbatch"
     script.write_text(render_sbatch(spec))
     proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -116,6 +118,15 @@ def test_requeues_stop_at_max_requeues(tmp_path):
     rc, calls, err = _run_warned(tmp_path, MIN + "slurm: {requeue: true, max_requeues: 2}\n", "2")
     assert rc == 0 and [c[0] for c in calls] == ["srun", "scancel"], (calls, err)
     assert "max_requeues=2 reached" in err
+
+
+def test_max_requeues_counts_this_jobs_requeues_not_the_runs_attempts(tmp_path):
+    """The third attempt of a run (its successor's HALO_RUN_ATTEMPT=2), never requeued yet: the
+    trainer's restart count is 2, and the job may still be requeued twice."""
+    rc, calls, err = _run_warned(tmp_path, MIN + "retry: {attempts: 3}\nslurm: {requeue: true, max_requeues: 2}\n", None,
+                                 extra_env={"HALO_RUN_ID": "41", "HALO_RUN_ATTEMPT": "2", "HALO_RUN_EXCLUDED": ""})
+    assert rc == 0 and [c[0] for c in calls] == ["srun", "scancel", "scontrol"], (calls, err)
+    assert "requeue 1 of slurm.max_requeues=2" in err, err
 
 
 def test_a_rank_failing_after_the_warning_fails_the_job_without_requeue(tmp_path):
