@@ -14,10 +14,10 @@ import pytest
 
 import halo_sched.errors
 import halo_sched.spec  # the modules themselves: `import halo_sched` loads them lazily, on first use
-from halo_sched.backends.nomad.render import job_payload, render_hcl, variable_path
+from halo_sched.backends.nomad.render import job_payload, render_hcl
 from halo_sched.launch import submission_id
 from halo_sched.backends.nomad.servers import service_name
-from helpers import REPO, free_port, load_nomad_helper
+from helpers import REPO, free_port, job_variable, load_nomad_helper
 from hclparse import hcl2json, jobspec
 
 client_sim = load_nomad_helper("client_sim")
@@ -78,8 +78,7 @@ def test_sim_trainer_reads_server_registrations_and_servers_end_after_rank_0(tmp
     job = job_payload(spec)["Job"]
     host = _host_env()
     host.pop("ROLLOUT_KEY", None)
-    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=host) as cluster:
-        cluster.set_variable(variable_path(job["ID"]), {"ROLLOUT_KEY": SECRET})
+    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=host, variables=job_variable(job, ROLLOUT_KEY=SECRET)) as cluster:
         # Trainer first: its address files are blank until the server registers; it waits.
         cluster.place(["node-0", "workers"])
         cluster.start()
