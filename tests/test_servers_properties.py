@@ -171,3 +171,15 @@ def test_long_run_server_values(tmp_path_factory, a1, a2, v1, v2):
     # the default selection runs this too. No process per example; the bash runs above stay at
     # the default count.
     check_nomad(tmp_path_factory.mktemp("n"), a1, a2, v1, v2, run=False)
+
+
+def test_a_server_entry_without_the_servers_shell_fails_at_once_naming_where_it_looks(tmp_path):
+    spec = spec_with(["x"], {"V1": "a", "V2": "b"})
+    path = tmp_path / "server.sh"
+    path.write_text(server_script(spec, spec.servers[0]))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HALO_", "SLURM_", "NOMAD_"))}
+    for extra in ({}, {"HALO_SERVER_SHELL_FILE": str(tmp_path / "absent.sh")}):
+        r = subprocess.run(["bash", str(path)], env={**env, SERVER_INDEX_VAR: "0", TRAINER_MASTER_VAR: "127.0.0.1", **extra},
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 1 and r.stderr == ("halo-sched: server s: no server shell (HALO_SERVER_SHELL or "
+                                                  "HALO_SERVER_SHELL_FILE; docs/node-runtime.md)\n"), r.stderr

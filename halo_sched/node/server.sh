@@ -6,6 +6,7 @@ halo_fail() { echo "halo-sched: server ${halo_server_name:-?}[${HALO_SERVER_INDE
 # halo_server_start NAME NODES PORT [GROUP_PORT]: HALO_SERVER_INDEX in 0..NODES-1 (few digits: no
 # arithmetic on it fails), exported in decimal with the role's name and ports.
 halo_server_start() {
+  unset HALO_SERVER_SHELL
   halo_server_name=$1 halo_server_port=$3
   case "${HALO_SERVER_INDEX:-}" in
     '' | *[!0-9]* | ?????????*) halo_fail "HALO_SERVER_INDEX must be a server index in 0..$(($2 - 1)), got '${HALO_SERVER_INDEX:-}'" ;;
