@@ -14,7 +14,7 @@ import pytest
 
 import halo_sched.errors
 import halo_sched.spec  # the modules themselves: `import halo_sched` loads them lazily, on first use
-from halo_sched.backends.nomad.render import job_payload, render_hcl
+from halo_sched.backends.nomad.render import job_payload, render_hcl, variable_path
 from halo_sched.launch import submission_id
 from halo_sched.backends.nomad.servers import service_name
 from helpers import REPO, free_port, job_variable, load_nomad_helper
@@ -229,3 +229,16 @@ def test_a_job_id_that_cannot_have_a_variable_carries_the_servers_shell_in_its_t
         else:  # the Variable's item (rendered by the simulator in the runs above)
             assert f'eq $k "{SERVER_ITEM}"' in tpl["EmbeddedTmpl"] and "halo_server_run" not in tpl["EmbeddedTmpl"]
         assert (SERVER_ITEM in variable_items(spec, job_id)) is not inline
+
+
+def test_submit_writes_the_servers_shell_into_the_jobs_variable_once(tmp_path):
+    """One item for the whole job, beside the node runtime, however many roles and servers."""
+    from halo_sched.node_runtime import ITEM, SERVER_ITEM, runtime, server_shell
+
+    fake_api = load_nomad_helper("fake_api")
+    token = "write-token-0123456789abcdef"
+    with fake_api.FakeNomad([fake_api.FakeNode(n) for n in "abcd"], token=token) as fake:
+        job = _scheduler(fake, token).submit(spec_for(tmp_path, server_nodes=2))
+        ((path, var),) = fake.variables.items()
+    assert path == ("default", variable_path(job.id.rsplit("/", 1)[-1]))
+    assert var["Items"] == {ITEM: runtime().base64, SERVER_ITEM: server_shell()}
