@@ -16,7 +16,8 @@ from ...templating import check, checked_int, checked_text
 from ...values import MAX_TIMEOUT_HOURS
 from . import servers as nomad_servers
 from .names import (
-    ENTRY_PATH, carries_runtime, variable_path, LEADER_GROUP, MASTER_FILE, PORT_LABEL, TASK, WORKER_RANK_OFFSET, service_name,
+    ENTRY_PATH, LEADER_GROUP, MASTER_FILE, PORT_LABEL, TASK, WORKER_RANK_OFFSET, carries_runtime, service_name,
+    variable_path,
 )
 from .progress import LOG_DIR_IN_TASK
 from .secrets import item_template, runtime_wiring, secret_wiring

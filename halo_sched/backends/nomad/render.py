@@ -96,7 +96,7 @@ def variable_items(spec: JobSpec, job_id: str) -> dict[str, str]:
     items = dict(spec.secret_values())  # a missing one is a SpecError before any request
     if carries_runtime(job_id):
         items[ITEM] = runtime().base64
-        if spec.servers:  # the servers' shell: pure bash, read by their tasks as text (secrets.py)
+        if spec.servers:  # the servers' shell: pure bash, read by their tasks as text (groups.py)
             items[SERVER_ITEM] = server_shell()
     return items
 
