@@ -21,6 +21,8 @@ from . import node
 
 #: The Variable item / file / batch-script section that carries the zip, base64.
 ITEM = "halo_node_runtime"
+#: The Nomad Variable item that carries the rollout servers' shell (:func:`server_shell`) as text.
+SERVER_ITEM = "halo_server_shell"
 #: A fixed date for every member: the zip's bytes depend on the files' contents alone.
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 _LINE = 76  # base64 line length (as `base64` writes it)
@@ -77,3 +79,9 @@ def _zip(names) -> NodeRuntime:
 @functools.lru_cache(maxsize=4)
 def _packed(zip_bytes: bytes) -> str:
     return base64.b64encode(zlib.compress(zip_bytes, 9)).decode("ascii")
+
+
+def server_shell() -> str:
+    """The rollout servers' job-free shell (halo_sched/node/server.sh, one of the carried files):
+    pure bash, so it reaches a server node as text, never as a module (docs/node-runtime.md)."""
+    return node.source_path("__init__").parent.joinpath("server.sh").read_text()

@@ -14,8 +14,13 @@ Each role runs one server per node, on nodes of its own. Whatever the scheduler,
 * a server node runs ``halo_sched/templates/server.sh.j2`` with ``HALO_SERVER_INDEX`` and the
   trainer's rank-0 address (``HALO_TRAINER_MASTER_ADDR``, or ``HALO_TRAINER_MASTER_ADDR_FILE`` to
   poll), and its own address ``HALO_SERVER_ADDR`` where the backend knows it. The script is the
-  same for every server of a role; it exports the job's derived fabric/storage env (the same NCCL_*/DIST_* as the
-  ranks), the role's env, runs its setup, then ``exec``s the command verbatim.
+  same for every server of a role and holds the role's values only: it evaluates the servers'
+  job-free shell (``halo_sched/node/server.sh``, pure bash: a server's image need not have
+  python), given as text (``HALO_SERVER_SHELL``: SLURM's batch script reads it from the node
+  runtime) or a file (``HALO_SERVER_SHELL_FILE``: Nomad's template of the job's Variable, the
+  local job's directory), then calls ``halo_server_start`` with the role's name, nodes and ports,
+  exports the job's derived fabric/storage env (the same NCCL_*/DIST_* as the ranks) and the
+  role's env, runs its setup, and ``halo_server_run`` waits for rank 0 and runs the command verbatim.
 
 Addresses always come from where the scheduler reaches the node (SLURM NodeAddr, Nomad service
 registrations, local loopback), never from DNS on a node name. KEY is the role name upper-cased

@@ -384,3 +384,13 @@ def request_of(script: str, args=(), secret_names=()):
     from halo_sched.backends.slurm.request import SbatchRequest
 
     return SbatchRequest(script=script, secret_names=tuple(secret_names)).with_options(*args)
+
+
+def job_variable(job: dict, **items: str) -> dict[str, dict[str, str]]:
+    """``SimCluster(variables=...)`` as submit leaves the job's Variable for a job with servers:
+    the servers' shell (halo_sched/node/server.sh), which their tasks read from it, and ``items``
+    (secrets). The node runtime is left out: the simulator's python has halo-sched."""
+    from halo_sched.backends.nomad.names import variable_path
+    from halo_sched.node_runtime import SERVER_ITEM, server_shell
+
+    return {variable_path(job["ID"]): {SERVER_ITEM: server_shell(), **items}}

@@ -32,6 +32,8 @@ def test_every_module_is_on_the_map():
     doc = (REPO / "docs" / "architecture.md").read_text()
     modules = sorted(str(p.relative_to(REPO / "halo_sched")) for p in (REPO / "halo_sched").rglob("*.py"))
     assert len(modules) > 50
+    # The node runtime's shell files too: carried as the modules are (halo_sched/node/CARRIED).
+    modules += sorted(str(p.relative_to(REPO / "halo_sched")) for p in (REPO / "halo_sched" / "node").glob("*.sh"))
     assert _unnamed(doc, modules) == []
 
 

@@ -143,11 +143,12 @@ def test_a_damaged_copy_is_refused_before_anything_runs_from_it(tmp_path):
     assert "has no halo-sched of version" in r.stderr and "torchrun under" not in r.stderr
 
 
-def test_the_entry_functions_use_only_the_contracts_names():
-    """halo_sched/node/entry.sh is not a template: each HALO_* name in it must be one of NAMES."""
+@pytest.mark.parametrize("name", ["entry.sh", "server.sh"])
+def test_the_entry_functions_use_only_the_contracts_names(name):
+    """halo_sched/node/entry.sh and server.sh are not templates: each HALO_* name in them must be one of NAMES."""
     from halo_sched.node.contract import NAMES
 
-    text = (Path(node.__file__).parent / "entry.sh").read_text()
+    text = (Path(node.__file__).parent / name).read_text()
     used = set(re.findall(r"\bHALO_[A-Z_]+\b", text))
     known = {getattr(NAMES, k) for k in dir(NAMES) if not k.startswith("_") and isinstance(getattr(NAMES, k), str)}
     assert used and used <= known, used - known
@@ -157,12 +158,15 @@ def test_the_carried_copy_fits_where_it_travels():
     """SLURM hands it to each task as one argument of srun (Linux: at most 128 KiB per argument,
     MAX_ARG_STRLEN); Nomad keeps it in the job's Variable (at most 64 KiB with the secrets,
     nomad/structs/variables.go maxVariableSize): room is left for both the entry and the secrets."""
-    from halo_sched.node_runtime import ITEM
+    from halo_sched.node_runtime import ITEM, SERVER_ITEM, server_shell
 
     assert len(runtime().base64_lines().encode()) <= 96 * 1024
     nomad = runtime(batch=False)
     assert len(ITEM) + len(nomad.base64) <= 52 * 1024, "the node runtime leaves under 12 KiB for secrets"
     assert nomad.version == runtime().version and nomad.sha256 != runtime().sha256
+    # A job with servers: their shell too, as text (a second item, halo_sched/node/server.sh).
+    assert len(ITEM) + len(nomad.base64) + len(SERVER_ITEM) + len(server_shell()) <= 56 * 1024, \
+        "with the servers' shell the Variable leaves under 8 KiB for secrets"
 
 
 def test_the_nomad_copy_leaves_out_only_what_a_batch_shell_runs():

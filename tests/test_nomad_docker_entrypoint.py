@@ -11,7 +11,7 @@ import sys
 
 import halo_sched.spec  # the module itself: `import halo_sched` loads it lazily, on first use
 from halo_sched.backends.nomad.render import job_payload
-from helpers import REPO, free_port, load_nomad_helper
+from helpers import REPO, free_port, job_variable, load_nomad_helper
 
 client_sim = load_nomad_helper("client_sim")
 SERVER = str(REPO / "tests" / "servers" / "rollout_server.py")
@@ -59,7 +59,7 @@ def _images(tmp_path):
 def test_docker_trainer_and_server_run_the_script_under_a_swallowing_image_entrypoint(tmp_path):
     job = job_payload(_spec(tmp_path))["Job"]
     assert [g["Name"] for g in job["TaskGroups"]] == ["node-0", "server-gen"]
-    with client_sim.SimCluster(job, tmp_path / "nomad", docker_images=_images(tmp_path)) as cluster:
+    with client_sim.SimCluster(job, tmp_path / "nomad", docker_images=_images(tmp_path), variables=job_variable(job)) as cluster:
         assert any("devices" in u for u in cluster.unsimulated)  # nvidia/gpu: noted, not provided
         cluster.place()
         cluster.start()

@@ -22,6 +22,7 @@ from halo_sched.backends.nomad.render import job_payload, render_hcl
 from halo_sched.backends.slurm import SlurmScheduler
 from halo_sched.backends.slurm.render import render_sbatch
 from halo_sched.errors import SpecError
+from halo_sched.node_runtime import server_shell
 from helpers import entry_script
 from helpers import server_script
 from halo_sched.spec import JobSpec, Parallelism, Trainer
@@ -230,7 +231,8 @@ def _run_entries(spec, tmp_path):
                                              "HALO_MASTER_PORT": "29500"}, env)
     for role in spec.servers:
         run_entry(server_script(spec, role), tmp_path,
-                  {"HALO_SERVER_INDEX": "0", "HALO_TRAINER_MASTER_ADDR": "127.0.0.1"}, env)
+                  {"HALO_SERVER_INDEX": "0", "HALO_TRAINER_MASTER_ADDR": "127.0.0.1",
+                   "HALO_SERVER_SHELL": server_shell()}, env)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

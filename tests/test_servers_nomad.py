@@ -17,7 +17,7 @@ import halo_sched.spec  # the modules themselves: `import halo_sched` loads them
 from halo_sched.backends.nomad.render import job_payload, render_hcl, variable_path
 from halo_sched.launch import submission_id
 from halo_sched.backends.nomad.servers import service_name
-from helpers import REPO, free_port, load_nomad_helper
+from helpers import REPO, free_port, job_variable, load_nomad_helper
 from hclparse import hcl2json, jobspec
 
 client_sim = load_nomad_helper("client_sim")
@@ -78,8 +78,7 @@ def test_sim_trainer_reads_server_registrations_and_servers_end_after_rank_0(tmp
     job = job_payload(spec)["Job"]
     host = _host_env()
     host.pop("ROLLOUT_KEY", None)
-    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=host) as cluster:
-        cluster.set_variable(variable_path(job["ID"]), {"ROLLOUT_KEY": SECRET})
+    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=host, variables=job_variable(job, ROLLOUT_KEY=SECRET)) as cluster:
         # Trainer first: its address files are blank until the server registers; it waits.
         cluster.place(["node-0", "workers"])
         cluster.start()
@@ -184,3 +183,62 @@ def test_a_retry_attempt_never_reads_an_earlier_attempts_server_registration(tmp
     assert text.split() == ["halo-index-0", "10.0.0.2"], text
     # The first attempt's trainer read its own name (the plain one: rendered jobs unchanged).
     assert client_sim.GoTemplate(trainer_template(first)).render(funcs).split() == ["halo-index-0", "10.9.9.9"]
+
+
+def _scheduler(fake, token):
+    from halo_sched.backends.nomad import NomadScheduler
+    from halo_sched.backends.nomad.client import NomadClient
+    from halo_sched.backends.nomad.transport import NomadConfig
+
+    cfg = NomadConfig.from_env(env={}, address=fake.address, token=token, retry_base_s=0.01, retry_max_wait_s=0.05)
+    return NomadScheduler(client=NomadClient(cfg, sleep=lambda s: None), retry_s=5)
+
+
+def test_a_token_that_may_not_write_the_variable_stops_a_job_with_servers(tmp_path):
+    """The servers' shell comes from the job's Variable and a server node has no python to fall
+    back on: without the Variable nothing is submitted (a job without servers or secrets goes on)."""
+    from halo_sched.backends.nomad.transport import NomadAPIError
+
+    fake_api = load_nomad_helper("fake_api")
+    token = "jobs-only-token-0123456789"
+    with fake_api.FakeNomad([fake_api.FakeNode("a"), fake_api.FakeNode("b"), fake_api.FakeNode("c")],
+                            acl_tokens={token: "jobs"}) as fake:
+        with pytest.raises(NomadAPIError) as info:
+            _scheduler(fake, token).submit(spec_for(tmp_path, server_nodes=1))
+        assert info.value.status == 403 and fake._jobs == {}
+        assert "servers' shell" in str(info.value) and "halo_server_shell=" in str(info.value)
+        plain = spec_for(tmp_path, server_nodes=1).model_copy(update={"servers": []})
+        _scheduler(fake, token).submit(plain)
+        assert len(fake._jobs) == 1
+
+
+def test_a_job_id_that_cannot_have_a_variable_carries_the_servers_shell_in_its_template(tmp_path):
+    """A '.' in the id: no Variable (its path cannot hold one), so the server task's template holds
+    the servers' shell itself, rendered byte-exact (delimiters absent from it)."""
+    from halo_sched.backends.nomad.render import variable_items
+    from halo_sched.node_runtime import SERVER_ITEM, server_shell
+
+    spec = spec_for(tmp_path, server_nodes=1)
+    for job_id, inline in (("rl.sim", True), ("rl-sim", False)):
+        job = job_payload(spec, job_id)["Job"]
+        (task,) = [g for g in job["TaskGroups"] if g["Name"] == "server-rollout-a"][0]["Tasks"]
+        (tpl,) = [t for t in task["Templates"] if t["DestPath"] == "local/halo-server-shell.sh"]
+        assert task["Env"]["HALO_SERVER_SHELL_FILE"] == "${NOMAD_TASK_DIR}/halo-server-shell.sh"
+        if inline:
+            assert client_sim.GoTemplate(tpl["EmbeddedTmpl"], tpl["LeftDelim"], tpl["RightDelim"]).render({}) == server_shell()
+        else:  # the Variable's item (rendered by the simulator in the runs above)
+            assert f'eq $k "{SERVER_ITEM}"' in tpl["EmbeddedTmpl"] and "halo_server_run" not in tpl["EmbeddedTmpl"]
+        assert (SERVER_ITEM in variable_items(spec, job_id)) is not inline
+
+
+def test_submit_writes_the_servers_shell_into_the_jobs_variable_once(tmp_path):
+    """One item for the whole job, beside the node runtime, however many roles and servers."""
+    from halo_sched.node_runtime import ITEM, SERVER_ITEM, runtime, server_shell
+
+    fake_api = load_nomad_helper("fake_api")
+    token = "write-token-0123456789abcdef"
+    with fake_api.FakeNomad([fake_api.FakeNode(n) for n in "abcd"], token=token) as fake:
+        job = _scheduler(fake, token).submit(spec_for(tmp_path, server_nodes=2))
+        ((path, var),) = fake.variables.items()
+    assert path == ("default", variable_path(job.id.rsplit("/", 1)[-1]))
+    assert var["Items"] == {ITEM: runtime().base64, SERVER_ITEM: server_shell()}

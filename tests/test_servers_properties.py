@@ -15,6 +15,7 @@ many Nomad decodes and renders, without starting a process for each).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -30,6 +31,8 @@ import halo_sched.spec
 from halo_sched.backends.nomad.render import job_payload, render_hcl
 from halo_sched.backends.slurm.render import render_sbatch
 from halo_sched.errors import SpecError
+from halo_sched.node.shell import assignment
+from halo_sched.node_runtime import server_shell
 from helpers import server_script
 
 # The names docs/job-file.md promises every server (not halo-sched's own constants).
@@ -62,11 +65,27 @@ def spec_with(args: list[str], env: dict[str, str]):
     })
 
 
-def run_server(script: str, tmp) -> dict:
+@functools.lru_cache(maxsize=1)
+def batch_server_shell() -> str:
+    """``$halo_server_shell`` as the SLURM batch script has it: what the node runtime's
+    ``python -m halo_sched.node.shell batch server`` prints, evaluated by bash."""
+    r = subprocess.run(["bash", "-c", 'eval "$("$1" -m halo_sched.node.shell batch server)"; printf %s "$halo_server_shell"',
+                        "t", sys.executable], capture_output=True, timeout=60, check=True)
+    return r.stdout.decode()
+
+
+def run_server(script: str, tmp, shell: str = "file") -> dict:
+    """The server entry under bash, with the servers' shell as a file (Nomad's template, local) or
+    as HALO_SERVER_SHELL (SLURM: the batch script's copy, handed to the step)."""
     path, out = tmp / "server.sh", tmp / "rec.json"
     path.write_bytes(script.encode())
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HALO_", "SLURM_", "NOMAD_"))}
     env.update({SERVER_INDEX_VAR: "0", TRAINER_MASTER_VAR: "127.0.0.1", "REC_OUT": str(out)})
+    if shell == "file":
+        (tmp / "server-shell.sh").write_text(server_shell())
+        env["HALO_SERVER_SHELL_FILE"] = str(tmp / "server-shell.sh")
+    else:
+        env["HALO_SERVER_SHELL"] = shell
     r = subprocess.run(["bash", str(path)], env=env, capture_output=True, timeout=30)
     assert r.returncode == 0, r.stderr.decode(errors="replace")
     return json.loads(out.read_text())
@@ -88,6 +107,7 @@ def check_local_and_slurm(tmp, a1: str, a2: str, v1: str, v2: str) -> None:
     assert m, "no server entry heredoc in the batch script"
     r = subprocess.run(["bash", "-c", m.group(0) + '\nprintf %s "$HALO_SERVER_ENTRY_0"'], capture_output=True, timeout=30)
     assert r.returncode == 0 and r.stdout == script.rstrip("\n").encode()
+    assert_exact(run_server(script, tmp, shell=batch_server_shell()), args, env)
 
 
 def check_nomad(tmp, a1: str, a2: str, v1: str, v2: str, run: bool = True) -> None:
@@ -106,6 +126,19 @@ def check_nomad(tmp, a1: str, a2: str, v1: str, v2: str, run: bool = True) -> No
     assert rendered == server_script(spec, spec.servers[0])
     if run:
         assert_exact(run_server(rendered, tmp), args, env)
+
+
+def test_the_batch_script_reads_the_servers_shell_back_exactly():
+    assert batch_server_shell() == server_shell() and "halo_server_run()" in server_shell()
+
+
+@settings(max_examples=EXAMPLES, **SETTINGS)
+@given(text=TEXT)
+def test_the_runtimes_shell_assignment_reads_back_to_the_same_text(text):
+    """node/shell.py's ``VAR='...'``: bash evaluates it back to exactly the text, whatever it holds."""
+    r = subprocess.run(["bash", "-c", 'eval "$1"; printf %s "$v"', "t", assignment("v", text)],
+                       capture_output=True, timeout=30)
+    assert r.returncode == 0 and r.stdout == text.encode("utf-8", "surrogateescape")
 
 
 @settings(max_examples=EXAMPLES, **SETTINGS)
@@ -138,3 +171,15 @@ def test_long_run_server_values(tmp_path_factory, a1, a2, v1, v2):
     # the default selection runs this too. No process per example; the bash runs above stay at
     # the default count.
     check_nomad(tmp_path_factory.mktemp("n"), a1, a2, v1, v2, run=False)
+
+
+def test_a_server_entry_without_the_servers_shell_fails_at_once_naming_where_it_looks(tmp_path):
+    spec = spec_with(["x"], {"V1": "a", "V2": "b"})
+    path = tmp_path / "server.sh"
+    path.write_text(server_script(spec, spec.servers[0]))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HALO_", "SLURM_", "NOMAD_"))}
+    for extra in ({}, {"HALO_SERVER_SHELL_FILE": str(tmp_path / "absent.sh")}):
+        r = subprocess.run(["bash", str(path)], env={**env, SERVER_INDEX_VAR: "0", TRAINER_MASTER_VAR: "127.0.0.1", **extra},
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 1 and r.stderr == ("halo-sched: server s: no server shell (HALO_SERVER_SHELL or "
+                                                  "HALO_SERVER_SHELL_FILE; docs/node-runtime.md)\n"), r.stderr

@@ -13,6 +13,7 @@ import pytest
 
 import halo_sched
 from halo_sched.backends.base import JobStatus
+from halo_sched.node_runtime import server_shell
 from helpers import entry_script
 from helpers import server_script
 from helpers import base_env, example_job, fake_bin, free_port, records, run_entry, run_sbatch
@@ -127,7 +128,8 @@ servers:
     command: [sh, -c, 'printf %s "${{FOO-unset}}" > "$0"', {str(out)!r}]
     setup: {json.dumps(setup)}
 """)
-    env = {**base_env(fake_bin(tmp_path), tmp_path), "HALO_SERVER_INDEX": "0", "HALO_TRAINER_MASTER_ADDR": "127.0.0.1"}
+    env = {**base_env(fake_bin(tmp_path), tmp_path), "HALO_SERVER_INDEX": "0", "HALO_TRAINER_MASTER_ADDR": "127.0.0.1",
+           "HALO_SERVER_SHELL": server_shell()}
     r = run_entry(server_script(spec, spec.servers[0]), tmp_path, {}, env)
     return r, (out.read_text() if out.exists() else None)
 

@@ -26,7 +26,7 @@ from ..errors import SchedulerError, UsageError, shown
 from ..records import Unreadable, home, read_json, read_small
 from ..launch import Launch, compile_launch, render_entry, submission_id
 from ..node.contract import DERIVED_PORTS, NAMES
-from ..node_runtime import runtime
+from ..node_runtime import runtime, server_shell
 from ..servers import local_addr, render_server
 from ..templating import render_template
 from .base import DryRun, JobState, JobStatus, Scheduler, missing_output, tail_lines
@@ -185,6 +185,8 @@ class LocalScheduler(Scheduler):
         (d / "halo-node.b64").write_text(runtime().base64_lines() + "\n")
         for role in launch.servers:
             (d / f"server-{role.name}.sh").write_text(render_server(launch, role))
+        if launch.servers:  # the servers' shell (halo_sched/node/server.sh), which each server entry reads
+            (d / "halo-server-shell.sh").write_text(server_shell())
         for i, srv in enumerate(servers):
             srv["gpus"] = server_gpus[i] if server_gpus and srv["gpus"] else None
         write_json(d / "job.json", {"name": spec.name, "nodes": spec.nodes, "cwd": os.getcwd(), "gpus": gpu_sets,
@@ -402,7 +404,8 @@ def _supervisor_job(launch: Launch, d: Path, servers: list[dict], gpu_sets: list
         nodes.append({"script": "entry.sh", "env": env})
     server_runs = []
     for srv in servers:
-        env = {NAMES.server_index: str(srv["index"]), NAMES.server_addr: srv["addr"], NAMES.trainer_master: LOCAL_MASTER}
+        env = {NAMES.server_index: str(srv["index"]), NAMES.server_addr: srv["addr"], NAMES.trainer_master: LOCAL_MASTER,
+               NAMES.server_shell_file: str(d / "halo-server-shell.sh")}
         if srv.get("gpus"):
             env["CUDA_VISIBLE_DEVICES"] = srv["gpus"]
         server_runs.append({"label": f"server {srv['role']} {srv['index']}", "script": f"server-{srv['role']}.sh",

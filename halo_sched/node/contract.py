@@ -90,6 +90,10 @@ class EnvNames:
     server_group_port: str = "HALO_SERVER_GROUP_PORT"
     trainer_master: str = "HALO_TRAINER_MASTER_ADDR"
     trainer_master_file: str = "HALO_TRAINER_MASTER_ADDR_FILE"
+    #: The servers' job-free shell (node/server.sh) as text (SLURM: the batch script hands it to
+    #: the step), or a file holding it (Nomad: rendered from the job's Variable; local).
+    server_shell: str = "HALO_SERVER_SHELL"
+    server_shell_file: str = "HALO_SERVER_SHELL_FILE"
 
     # ---- a trainer node's view of each server role: PREFIX + KEY + suffix ----
     role_prefix: str = "HALO_SERVER_"

@@ -52,7 +52,7 @@ export NCCL_NET=Libfabric
 halo_started=$SECONDS
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
-# The node runtime e111eec51675c337 (docs/node-runtime.md): the node's own halo-sched at this version, else the
+# The node runtime 5fa7d6521f945e4e (docs/node-runtime.md): the node's own halo-sched at this version, else the
 # job's copy (HALO_NODE_RUNTIME or the file HALO_NODE_RUNTIME_FILE), checked, written into the log directory.
 halo_log_root=$${HALO_LOG_DIR:-}
 [ -n "$halo_log_root" ] || halo_log_root=$(mktemp -d "$${TMPDIR:-/tmp}/halo-sched.XXXXXX")
@@ -62,10 +62,10 @@ halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
 case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
 # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
 halo_node_zip=
-if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != e111eec51675c337 ]; then
-  halo_node_zip=$halo_log_dir/halo-node-e111eec51675c337.zip
-  $halo_py -c 'import base64, hashlib, sys, zlib; out, want, text, path = sys.argv[1:5]; data = zlib.decompressobj().decompress(base64.b64decode("".join((text or (open(path).read() if path else "")).split())), 1 << 24); hashlib.sha256(data).hexdigest() in want.split() or sys.exit("carried: %d bytes, not a zip of sha256 %s" % (len(data), " or ".join(want.split()))); open(out, "wb").write(data)' "$halo_node_zip" 'cf5afabfb0e875f3f50ffa6e763acc98b6f68f6dcc1afa75f50715e599e6000c 4b7a388534bb14f2ff99fa094b9d21275aee60c16353196a96c8c31b2531c081' "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
-    halo_fail "the node's python ($halo_py) has no halo-sched of version e111eec51675c337 and the job carries no intact copy of it (docs/node-runtime.md)"
+if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != 5fa7d6521f945e4e ]; then
+  halo_node_zip=$halo_log_dir/halo-node-5fa7d6521f945e4e.zip
+  $halo_py -c 'import base64, hashlib, sys, zlib; out, want, text, path = sys.argv[1:5]; data = zlib.decompressobj().decompress(base64.b64decode("".join((text or (open(path).read() if path else "")).split())), 1 << 24); hashlib.sha256(data).hexdigest() in want.split() or sys.exit("carried: %d bytes, not a zip of sha256 %s" % (len(data), " or ".join(want.split()))); open(out, "wb").write(data)' "$halo_node_zip" '2372051c41ab2fea4236457b750be21985e9ab0cd07a5811acb3d6966d5040d1 ae6ba9565dfb1763b4be66aceee8ee59d79e7d19665ef9a140ab852e0f0efe05' "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
+    halo_fail "the node's python ($halo_py) has no halo-sched of version 5fa7d6521f945e4e and the job carries no intact copy of it (docs/node-runtime.md)"
 fi
 halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
 halo_functions=$("$${halo_node[@]}" shell) && [ -n "$halo_functions" ] ||
@@ -192,8 +192,8 @@ job "rl-grpo" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-a4753d32"
-        right_delimiter = "halo-a4753d32]]"
+        left_delimiter  = "[[halo-6607c024"
+        right_delimiter = "halo-6607c024]]"
         data        = local.entry
       }
 
@@ -277,8 +277,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-a4753d32"
-        right_delimiter = "halo-a4753d32]]"
+        left_delimiter  = "[[halo-6607c024"
+        right_delimiter = "halo-6607c024]]"
         data        = local.entry
       }
 
@@ -372,6 +372,7 @@ EOT
         HALO_SERVER_INDEX = "$${NOMAD_ALLOC_INDEX}"
         HALO_SERVER_ADDR = "$${NOMAD_IP_http}"
         HALO_TRAINER_MASTER_ADDR_FILE = "$${NOMAD_TASK_DIR}/halo-master-addr"
+        HALO_SERVER_SHELL_FILE = "$${NOMAD_TASK_DIR}/halo-server-shell.sh"
       }
 
       template {
@@ -379,23 +380,17 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-89f0b359"
-        right_delimiter = "halo-89f0b359]]"
+        left_delimiter  = "[[halo-cbf7671c"
+        right_delimiter = "halo-cbf7671c]]"
         data        = <<EOT
 #!/bin/bash
-# halo-sched server entry for job rl-grpo, role vllm: 1 server node(s), port 8000.
-# The same on every node of the role; input: HALO_SERVER_INDEX, HALO_TRAINER_MASTER_ADDR or HALO_TRAINER_MASTER_ADDR_FILE, HALO_SERVER_ADDR.
+# halo-sched server entry for job rl-grpo, role vllm: 1 server node(s), port 8000; the same on every
+# node of the role. halo_server_*: the node runtime's server shell (halo_sched/node/server.sh, docs/node-runtime.md).
 set -e
 unset HALO_FAILURE_KEY  # the trainer nodes' key to sign failure lines: no server holds it
-halo_fail() { echo "halo-sched: server vllm[$${HALO_SERVER_INDEX:-?}]: $*" >&2; exit 1; }
-case "$${HALO_SERVER_INDEX:-}" in
-  '' | *[!0-9]* | ?????????*) halo_fail "HALO_SERVER_INDEX must be a server index in 0..0, got '$${HALO_SERVER_INDEX:-}'" ;;
-esac
-[ "$((10#$HALO_SERVER_INDEX))" -lt 1 ] || halo_fail "HALO_SERVER_INDEX=$HALO_SERVER_INDEX is outside 0..0"
-export HALO_SERVER_INDEX=$((10#$HALO_SERVER_INDEX))
-export HALO_SERVER_NAME=vllm HALO_SERVER_PORT=8000
-export HALO_SERVER_GROUP_PORT=51216
-
+eval "$${HALO_SERVER_SHELL:-$(cat "$${HALO_SERVER_SHELL_FILE:-/dev/null}" 2> /dev/null)}"
+declare -F halo_server_run > /dev/null || { echo "halo-sched: server vllm: no server shell (HALO_SERVER_SHELL or HALO_SERVER_SHELL_FILE; docs/node-runtime.md)" >&2; exit 1; }
+halo_server_start vllm 1 8000 51216
 # The job's NCCL_*/DIST_* environment (as every trainer rank's), then the role's own (values are literal).
 export DIST_SHARED_FILESYSTEM=1
 export DIST_STORE_TIMEOUT_HOURS=4
@@ -404,53 +399,14 @@ export GLOO_SOCKET_IFNAME=eth0
 export NCCL_NET_PLUGIN=ofi
 export NCCL_NET=Libfabric
 export VLLM_LOGGING_LEVEL=INFO
-halo_started=$SECONDS
-
-# The trainer's rank-0 address (where the weight-sync group is bound): given, or published later.
-if [ -n "$${HALO_TRAINER_MASTER_ADDR_FILE:-}" ]; then
-  while :; do
-    HALO_TRAINER_MASTER_ADDR=$(head -n 1 "$HALO_TRAINER_MASTER_ADDR_FILE" 2> /dev/null | tr -d '[:space:]')
-    [ -z "$HALO_TRAINER_MASTER_ADDR" ] || break
-    if [ $((SECONDS - halo_started)) -ge 1200 ]; then
-      halo_fail "the trainer's rank 0 was not published within rendezvous.timeout_s=1200s (waited on $HALO_TRAINER_MASTER_ADDR_FILE); is node-0 placed and running?"
-    fi
-    sleep 1
-  done
-fi
-[ -n "$${HALO_TRAINER_MASTER_ADDR:-}" ] || halo_fail "no trainer address: the backend set neither HALO_TRAINER_MASTER_ADDR nor HALO_TRAINER_MASTER_ADDR_FILE"
-export HALO_TRAINER_MASTER_ADDR
-echo "halo-sched: server vllm[$HALO_SERVER_INDEX] on $(hostname) ($${HALO_SERVER_ADDR:-?}:8000); trainer rank 0 at $HALO_TRAINER_MASTER_ADDR" >&2
-
-halo_cmd=(vllm serve Qwen/Qwen3-8B --host 0.0.0.0 --port 8000 --tensor-parallel-size 8)
-if [ -z "$${HALO_TRAINER_MASTER_ADDR_FILE:-}" ]; then
-  # SLURM and local: the batch script or supervisor stops the server when the trainer ends.
-  exec "$${halo_cmd[@]}"
-fi
-# Nomad ends no group when the trainer's end: stop the server and exit 0 once rank 0's registration is
-# gone for 3 looks in a row. TERM is passed on: Nomad signals this shell alone.
-"$${halo_cmd[@]}" &
-halo_pid=$!
-trap 'kill -TERM "$halo_pid" 2> /dev/null || true' TERM INT
-halo_gone=0
-while kill -0 "$halo_pid" 2> /dev/null; do
-  if [ -z "$(head -n 1 "$HALO_TRAINER_MASTER_ADDR_FILE" 2> /dev/null | tr -d '[:space:]')" ]; then
-    halo_gone=$((halo_gone + 1))
-  else
-    halo_gone=0
-  fi
-  if [ "$halo_gone" -ge 3 ]; then
-    echo "halo-sched: server vllm[$HALO_SERVER_INDEX]: the trainer's rank 0 is gone; stopping the server" >&2
-    kill -TERM "$halo_pid" 2> /dev/null || true
-    wait "$halo_pid" 2> /dev/null || true
-    exit 0
-  fi
-  sleep 2 &
-  wait $! || true
-done
-halo_rc=0
-wait "$halo_pid" || halo_rc=$?
-exit "$halo_rc"
+halo_server_run 1200 vllm serve Qwen/Qwen3-8B --host 0.0.0.0 --port 8000 --tensor-parallel-size 8
 EOT
+      }
+
+      template {
+        destination = "local/halo-server-shell.sh"
+        change_mode = "noop"
+        data        = "{{ if nomadVarExists \"nomad/jobs/rl-grpo\" }}{{ with nomadVar \"nomad/jobs/rl-grpo\" }}{{ range $k, $v := . }}{{ if eq $k \"halo_server_shell\" }}{{ $v.Value }}{{ end }}{{ end }}{{ end }}{{ end }}"
       }
 
       template {

@@ -246,7 +246,8 @@ class NomadScheduler(Scheduler):
 
     def _write_variable(self, client, spec: JobSpec, path: str, items: dict[str, str]) -> None:
         """The job's Variable: its secrets, and the node runtime (docs/node-runtime.md). A token that
-        may not write it stops a job with secrets; a job without them goes on without the carried
+        may not write it stops a job with secrets or servers (a server node has no python to fall
+        back on: its shell comes from there); a job without them goes on without the carried
         runtime (its nodes then need halo-sched at the job's version), as it did before the runtime
         travelled there."""
         from .transport import NomadAPIError
@@ -254,7 +255,7 @@ class NomadScheduler(Scheduler):
         try:
             client.put_variable(path, items, retry_s=self.retry_s, on_retry=_say)
         except NomadAPIError as err:
-            if err.status != 403 or spec.secret_names:
+            if err.status != 403 or spec.secret_names or spec.servers:
                 raise
             from ...node_runtime import runtime
 

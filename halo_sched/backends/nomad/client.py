@@ -20,6 +20,7 @@ import requests
 from halo_sched.errors import OutcomeUnknown, SchedulerError, UsageError
 from halo_sched.exactly_once import run_once
 from halo_sched.retry import Ambiguous
+from halo_sched.node_runtime import SERVER_ITEM
 
 from .transport import ENFORCE_INDEX_ERR, HTTPStatusError, NomadAPIError, NomadConfig, NomadHTTP
 
@@ -211,9 +212,10 @@ class NomadClient:
                 raise
             ns = f" -namespace={cfg.namespace}" if cfg.namespace else ""
             names = " ".join(f'{k}="${k}"' for k in items)
+            what_goes = "secrets (secret_env)" + (" and its servers' shell" if SERVER_ITEM in items else "")
             raise NomadAPIError(
-                f"Nomad at {cfg.address} refused to {what}: HTTP 403 ({exc.body.strip()[:200]}). The job's secrets "
-                f"(secret_env) go there and nothing was submitted. Use a NOMAD_TOKEN whose policy has "
+                f"Nomad at {cfg.address} refused to {what}: HTTP 403 ({exc.body.strip()[:200]}). The job's {what_goes} "
+                f"go there and nothing was submitted. Use a NOMAD_TOKEN whose policy has "
                 f'variables {{ path "nomad/jobs/*" {{ capabilities = ["write"] }} }}{" in that namespace" if ns else ""}, '
                 f"or have someone allowed to run: nomad var put{ns} {path} {names}",
                 status=403, body=exc.body, address=cfg.address) from exc

@@ -9,16 +9,18 @@ import hashlib
 from typing import TYPE_CHECKING
 
 from ...launch import Launch, ServerRole
+from ...node_runtime import SERVER_ITEM, server_shell
 from ...node.contract import NAMES
 from ...servers import render_server
-from ...templating import checked_int, checked_text
+from ...templating import check, checked_int, checked_text
 from ...values import MAX_TIMEOUT_HOURS
 from . import servers as nomad_servers
 from .names import (
-    ENTRY_PATH, LEADER_GROUP, MASTER_FILE, PORT_LABEL, TASK, WORKER_RANK_OFFSET, service_name,
+    ENTRY_PATH, LEADER_GROUP, MASTER_FILE, PORT_LABEL, TASK, WORKER_RANK_OFFSET, carries_runtime, service_name,
+    variable_path,
 )
 from .progress import LOG_DIR_IN_TASK
-from .secrets import runtime_wiring, secret_wiring
+from .secrets import item_template, runtime_wiring, secret_wiring
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...models import JobSpec
@@ -247,6 +249,27 @@ def trainer_group(launch: Launch, name: str, count: int, entry: str, delims: tup
     return group
 
 
+#: Where a server task's template writes the servers' shell (HALO_SERVER_SHELL_FILE).
+SERVER_SHELL_PATH = "local/halo-server-shell.sh"
+
+
+def server_shell_wiring(job_id: str) -> tuple[dict, list[dict]]:
+    """(env, templates) of a server task: the servers' shell (halo_sched/node/server.sh), once per
+    job, as the item SERVER_ITEM of the job's Variable, which a task's workload identity may read
+    without any policy (``nomad/jobs/<job>``: acl/acl.go ``matchingVariablesCapabilitySet``,
+    v2.0.5); the server entry fails naming it when the file is empty. A job whose id cannot have
+    a Variable (:func:`carries_runtime`) holds the text itself in the template (its delimiters
+    absent from it): a server node has no python to fall back on."""
+    env = {NAMES.server_shell_file: "${NOMAD_TASK_DIR}/" + SERVER_SHELL_PATH.split("/", 1)[1]}
+    if carries_runtime(job_id):
+        path = variable_path(check(job_id, "job id", "name"))
+        return env, [{"EmbeddedTmpl": item_template(path, SERVER_ITEM), "DestPath": SERVER_SHELL_PATH, "ChangeMode": "noop"}]
+    text = server_shell()
+    left, right = delimiters(text)
+    return env, [{"EmbeddedTmpl": text, "DestPath": SERVER_SHELL_PATH, "ChangeMode": "noop",
+                  "LeftDelim": left, "RightDelim": right}]
+
+
 def server_group(launch: Launch, role: ServerRole, policies: dict) -> dict:
     """The task group of one server role (halo_sched/backends/nomad/servers.py): the trainer's
     driver config and resources (same fabric devices, same host network), the trainer's
@@ -256,6 +279,7 @@ def server_group(launch: Launch, role: ServerRole, policies: dict) -> dict:
     left, right = delimiters(entry)
     config, resources = _config_and_resources(spec, role.image, role.gpus, ["${NOMAD_TASK_DIR}/halo-server.sh"])
     secret_env, secret_templates = secret_wiring(job_id, list(role.secret_names))
+    shell_env, shell_templates = server_shell_wiring(job_id)
     task = {
         "Name": nomad_servers.TASK,
         "Driver": spec.nomad.driver,
@@ -264,11 +288,13 @@ def server_group(launch: Launch, role: ServerRole, policies: dict) -> dict:
             NAMES.server_index: "${NOMAD_ALLOC_INDEX}",
             NAMES.server_addr: "${NOMAD_IP_%s}" % nomad_servers.PORT_LABEL,
             NAMES.trainer_master_file: nomad_servers.MASTER_FILE_IN_TASK,
+            **shell_env,
             **secret_env,
         },
         "Templates": [
             {"EmbeddedTmpl": entry, "DestPath": nomad_servers.ENTRY_PATH, "Perms": "0755", "ChangeMode": "noop",
              "LeftDelim": left, "RightDelim": right},
+            *shell_templates,
             # noop: the server script polls it, and stops the server once it is blank again.
             {"EmbeddedTmpl": master_template(rdzv_service_key(launch, job_id)), "DestPath": MASTER_FILE, "ChangeMode": "noop"},
             *secret_templates,

@@ -90,12 +90,14 @@ __all__ = [
 def variable_items(spec: JobSpec, job_id: str) -> dict[str, str]:
     """What the job's Variable holds, written before the job is registered: the secrets'
     values, and the node runtime (one copy for the whole job, halo_sched/node_runtime.py) where
-    the Variable can carry it. Empty: no Variable."""
-    from ...node_runtime import ITEM, runtime
+    the Variable can carry it, with the servers' shell for a job with servers. Empty: no Variable."""
+    from ...node_runtime import ITEM, SERVER_ITEM, runtime, server_shell
 
     items = dict(spec.secret_values())  # a missing one is a SpecError before any request
     if carries_runtime(job_id):
         items[ITEM] = runtime(batch=False).base64
+        if spec.servers:  # the servers' shell: pure bash, read by their tasks as text (groups.py)
+            items[SERVER_ITEM] = server_shell()
     return items
 
 

@@ -32,6 +32,13 @@ def secret_template(job_id: str, name: str) -> str:
             "{{ end }}{{ end }}")
 
 
+def item_template(path: str, item: str) -> str:
+    """The Variable's item ``item`` at ``path``, or empty (guarded as :func:`secret_template`)."""
+    return (f'{{{{ if nomadVarExists "{path}" }}}}{{{{ with nomadVar "{path}" }}}}'
+            f'{{{{ range $k, $v := . }}}}{{{{ if eq $k "{item}" }}}}{{{{ $v.Value }}}}{{{{ end }}}}{{{{ end }}}}'
+            "{{ end }}{{ end }}")
+
+
 def runtime_wiring(job_id: str) -> tuple[dict, list[dict]]:
     """(env, templates) of a task that reads the node runtime (halo_sched/node_runtime.py) from the
     job's Variable: one item for the whole job, however many groups read it; the file is empty
@@ -41,10 +48,7 @@ def runtime_wiring(job_id: str) -> tuple[dict, list[dict]]:
         return {}, []
     path = variable_path(check(job_id, "job id", "name"))
     return {NAMES.node_runtime_file: "${NOMAD_TASK_DIR}/halo-node.b64"}, [{
-        "EmbeddedTmpl": (f'{{{{ if nomadVarExists "{path}" }}}}{{{{ with nomadVar "{path}" }}}}'
-                         f'{{{{ range $k, $v := . }}}}{{{{ if eq $k "{ITEM}" }}}}{{{{ $v.Value }}}}{{{{ end }}}}{{{{ end }}}}'
-                         "{{ end }}{{ end }}"),
-        "DestPath": "local/halo-node.b64", "ChangeMode": "noop"}]
+        "EmbeddedTmpl": item_template(path, ITEM), "DestPath": "local/halo-node.b64", "ChangeMode": "noop"}]
 
 
 def secret_wiring(job_id: str, names: list[str]) -> tuple[dict, list[dict]]:

@@ -25,7 +25,7 @@ ENTRYPOINT (vLLM's starts its server) never swallows it; the group's restart, re
 Ending: Nomad ends nothing across groups. The job's watcher stops the job once the trainer's
 groups are complete or a server allocation died (state.py, watchdog.py); and each server also
 ends itself (exit 0) once rank 0's registration is gone from its own template for three looks
-(halo_sched/templates/server.sh.j2): a batch allocation deregisters its services when it stops
+(halo_server_run in halo_sched/node/server.sh): a batch allocation deregisters its services when it stops
 (``client/allocrunner/group_service_hook.go`` PreKill/Postrun, v2.0.5); on a node that went down
 nothing runs those hooks, and the registration stays until the servers mark the allocation lost
 or collect it (nomad/state/state_store_service_registration.go ``deregisterServicesForTerminalAllocs``).
