@@ -566,6 +566,25 @@ def test_nomad_exec_with_secrets_needs_nomad_user(tmp_path):
     assert {(t["Uid"], t["Gid"]) for t in task["Templates"] if t["DestPath"].startswith("secrets/")} == {(65534, 65534)}
 
 
+def test_nomad_secrets_too_large_for_the_variable_are_refused_before_any_write(tmp_path):
+    """Nomad refuses a Variable over 64 KiB (nomad/structs/variables.go maxVariableSize): halo-sched
+    says so at submit, exit 2 naming secret_env and the sizes, never a value, and writes nothing."""
+    big = MARK + "x" * 20000
+    with FakeNomad([FakeNode("a"), FakeNode("b")], token=TOKEN) as fake:
+        env = {**cli_env(fake, tmp_path / "home"), "HF_TOKEN": big}
+        r = submit_nomad(tmp_path, fake, env)
+        assert r.returncode == 2, r.stderr
+        assert "secret_env" in r.stderr and "Nomad keeps at most 65,536" in r.stderr, r.stderr
+        assert "the secrets 20,0" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert fake.variables == {} and not fake._jobs
+        refused = r.stdout + r.stderr
+        # Within the room, the same job goes.
+        env["HF_TOKEN"] = big[:4000]
+        r = submit_nomad(tmp_path, fake, env)
+        assert r.returncode == 0 and fake.variables, r.stderr
+    assert_nowhere({"refused submit": refused})
+
+
 @pytest.mark.parametrize("bad", ["1000", "me:me", "1000:", "-1:0", "99999999999:0", "1000:1000:1"])
 def test_nomad_user_is_numeric_uid_gid(bad):
     with pytest.raises(SpecError) as info:

@@ -94,11 +94,28 @@ def variable_items(spec: JobSpec, job_id: str) -> dict[str, str]:
     from ...node_runtime import ITEM, SERVER_ITEM, runtime, server_shell
 
     items = dict(spec.secret_values())  # a missing one is a SpecError before any request
+    secrets = _variable_size(items)
     if carries_runtime(job_id):
         items[ITEM] = runtime(batch=False).base64
         if spec.servers:  # the servers' shell: pure bash, read by their tasks as text (groups.py)
             items[SERVER_ITEM] = server_shell()
+    size = _variable_size(items)
+    if size > VARIABLE_MAX:  # sizes only: never a value
+        rest = "the node runtime and the servers' shell" if spec.servers else "the node runtime"
+        raise SpecError([("secret_env", f"the job's Nomad Variable would hold {size:,} bytes: the secrets {secrets:,}, "
+                                        f"{rest} {size - secrets:,}; Nomad keeps at most {VARIABLE_MAX:,} "
+                                        "(maxVariableSize); pass fewer or smaller secrets")])
     return items
+
+
+#: The most a Nomad Variable holds, counted as :func:`_variable_size` counts: nomad/structs/variables.go
+#: ``maxVariableSize`` and ``VariableItems.Size`` (hashicorp/nomad aa026cc), a write over it is refused.
+VARIABLE_MAX = 65536
+
+
+def _variable_size(items: dict[str, str]) -> int:
+    """Bytes of every item's key and value, as Nomad's ``VariableItems.Size`` adds them (Go's len)."""
+    return sum(len(k.encode()) + len(v.encode()) for k, v in items.items())
 
 
 def job_payload(spec: JobSpec, job_id: str | None = None) -> dict:
