@@ -241,4 +241,4 @@ def test_submit_writes_the_servers_shell_into_the_jobs_variable_once(tmp_path):
         job = _scheduler(fake, token).submit(spec_for(tmp_path, server_nodes=2))
         ((path, var),) = fake.variables.items()
     assert path == ("default", variable_path(job.id.rsplit("/", 1)[-1]))
-    assert var["Items"] == {ITEM: runtime().base64, SERVER_ITEM: server_shell()}
+    assert var["Items"] == {ITEM: runtime(batch=False).base64, SERVER_ITEM: server_shell()}
