@@ -29,7 +29,7 @@ _HERE = Path(__file__).resolve().parent
 
 #: What the nodes run, as paths in this package: the job carries these, and only these, when a
 #: node's own halo-sched is another version (tests/test_node_runtime.py runs each from the zip).
-CARRIED = ("__init__.py", "batch.sh", "contract.py", "entry.sh", "failure_collector.py", "hang_monitor.py", "progress.py",
+CARRIED = ("__init__.py", "batch.sh", "contract.py", "entry.sh", "failure_collector.py", "hang_monitor.py", "links.py", "progress.py",
            "server_health.py", "shell.py", "trainers/__init__.py", "trainers/preflight_bw.py")
 #: What a SLURM batch script runs in its own shell after its trainer step failed, with
 #: ``slurm.spare_nodes`` (``spares``: a spare takes the bad node's rank) or ``retry:``

@@ -42,9 +42,11 @@ import os
 import re
 import signal
 import socket
+import struct
 import sys
 import time
 
+from . import links
 from .failure_collector import record_line, scrub, secret_values  # on the node: a package of the two files (entry_hang.sh.j2)
 
 POLL_S = 1.0
@@ -234,7 +236,7 @@ def classify_stack(frames: list[tuple[str, int, str]], cwd: str | None = None) -
 MIRROR_S = 5.0
 #: The most bytes of a long file read per copy (a history grows about 640 bytes in ``MIRROR_S``).
 MIRROR_CHUNK = 65536
-_MIRRORED = re.compile(r"rank-\d+(?:\.history)?")
+_MIRRORED = re.compile(r"rank-\d+(?:\.history|\.left)?|links")
 
 
 class Mirror:
@@ -363,6 +365,7 @@ class Monitor:
         self.stack_signal, self.host = stack_signal, host or socket.gethostname()
         self.ranks: dict[int, dict] = {}  # pid -> {rank, local_rank, seen, out, cwd}
         self.key = key  # the job's failure key, which signs this node's HUNG lines
+        self.next_links = 0.0
 
     # ---- watching -------------------------------------------------------------------------
     def _discover(self) -> None:
@@ -405,6 +408,17 @@ class Monitor:
             return False
         return all(now - last >= limit for last, limit, _ in (self.activity(i) for i in live.values()))
 
+    def sample_links(self, now: float) -> None:
+        """Every ``links.LINKS_S``: the ranks' connections to other hosts, as the kernel sees them
+        (``links.py``), into ``PROGRESS_DIR/links`` for the stragglers' rule. Never ends the watch."""
+        if now < self.next_links or not self.ranks:
+            return
+        self.next_links = now + links.LINKS_S
+        try:
+            links.write(os.path.join(self.progress_dir, "links"), self.host, links.sample(list(self.live())))
+        except (OSError, ValueError, struct.error):
+            pass
+
     def watch(self) -> bool:
         """Poll until the node hangs (True) or torchrun ends (False)."""
         while _alive(self.torchrun):
@@ -412,6 +426,7 @@ class Monitor:
                 self._discover()
             if self.hung(time.time()):
                 return True
+            self.sample_links(time.monotonic())
             if self.mirror is not None:
                 self.mirror.maybe(time.monotonic())
             time.sleep(POLL_S)

@@ -57,6 +57,8 @@ _mask = 0  # a consecutive step with any of these bits set is not written (strid
 _prev = -2  # the last step reported
 _written = (-2, 0.0)  # the last step written, and when
 _looking = False
+_left = None  # the ``.left`` ring (mapped), or its fd where it could not be mapped, once opened
+_left_count = 0
 
 
 def report(step: int) -> None:
@@ -68,6 +70,49 @@ def report(step: int) -> None:
         return
     _prev = step
     _write(step)
+
+
+def left(step: int) -> None:
+    """Say that this rank left ``step``'s collective (call it after the step's all_reduce, with
+    :func:`report` called before it, after the compute). Written for the steps whose report was
+    written (the same stride on every rank), to ``rank-$RANK.left``, a ring as the reports': the
+    time a rank waits in each step's collective tells a rank that computes slowly (it waits least)
+    from a rank that waits on a slow peer (docs/failures.md, "Stragglers")."""
+    global _left, _left_count
+    if step != _written[0] or _fd is None:
+        return
+    if _left is None:
+        try:
+            _left = _open_left()
+        except OSError:  # the directory went away: no more of these, the trainer goes on
+            _left = False
+    if _left is False:
+        return
+    line = b"%13d %17.3f\n" % (step, time.time())
+    if isinstance(_left, int):
+        os.write(_left, line)
+        return
+    at = (_left_count % SLOTS) * WIDTH
+    try:
+        _left[at:at + WIDTH] = line
+    except IndexError:
+        return
+    _left_count += 1
+
+
+def _open_left():
+    path = os.path.join(os.environ["HALO_PROGRESS_DIR"], f"rank-{os.environ.get('RANK', '0')}.left")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    if not _ring:
+        return fd
+    try:
+        import mmap
+
+        os.ftruncate(fd, SLOTS * WIDTH)
+        return mmap.mmap(fd, SLOTS * WIDTH)
+    except (ImportError, OSError, ValueError):
+        os.ftruncate(fd, 0)
+        return fd
 
 
 def _write(step: int) -> None:
