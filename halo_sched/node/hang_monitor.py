@@ -409,8 +409,6 @@ class Monitor:
         return all(now - last >= limit for last, limit, _ in (self.activity(i) for i in live.values()))
 
     def sample_links(self, now: float) -> None:
-        """Every ``links.LINKS_S``: the ranks' connections to other hosts, as the kernel sees them
-        (``links.py``), into ``PROGRESS_DIR/links`` for the stragglers' rule. Never ends the watch."""
         if now < self.next_links or not self.ranks:
             return
         self.next_links = now + links.LINKS_S

@@ -72,10 +72,27 @@ def read_links(log_root: Path) -> dict[int, tuple[str, list[tuple[str, str, int,
     for p in sorted(Path(log_root).glob("node-*/progress/links")):
         m = re.fullmatch(r"node-(\d+)", p.parent.parent.name)
         if m:
-            host, conns = links_file.read(p)
+            host, conns = read_links_file(p)
             if host or conns:
                 out[int(m[1])] = (host, conns)
     return out
+
+
+def read_links_file(path) -> tuple[str, list[tuple[str, str, int, int]]]:
+    """(host, connections) of one node's ``links`` file (``links.write``), bounded: it is a node's."""
+    try:
+        with open(path, errors="replace") as f:
+            lines = f.read(1 << 16).splitlines()
+    except OSError:
+        return "", []
+    host, out = "", []
+    for text in lines[:links_file.MAX_LINKS + 1]:
+        parts = text.split()
+        if len(parts) == 2 and parts[0] == "host":
+            host = links_file.host_name(parts[1])
+        elif len(parts) == 4 and parts[2].isdigit() and parts[3].isdigit():
+            out.append((parts[0][:64], parts[1][:64], int(parts[2]), int(parts[3])))
+    return host, out
 
 
 def line(log_root: Path) -> str:
