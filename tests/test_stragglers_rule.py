@@ -85,11 +85,16 @@ def test_by_report_times_alone_the_rank_behind_a_slow_link_looks_slow():
     assert stragglers.summary(reports, left)["slowest"] is None
 
 
-def test_two_hosts_cannot_tell_which_end_of_a_slow_link_is_slow():
+def test_two_hosts_name_a_slow_link_by_both_ends_and_no_host():
+    """One pair: its round trip is the same from both ends and the delay one-way, so no host; the
+    link is slow against the step alone (50 ms of a 0.2 s step; 5 ms is not)."""
     reports, left = run(late={1: 0.050})
     two = {k: v for k, v in reports.items() if k[0] < 2}
     s = stragglers.summary(two, {k: v for k, v in left.items() if k[0] < 2}, link_files(1, nodes=2))
-    assert s["network"] is None and s["slowest"] is None, s
+    assert s["slowest"] is None and s["network"]["kind"] == "link", s
+    assert ("slow link: node 0 (h0) <-> node 1 (h1), round trip 50.4 ms (two nodes: which end is slow cannot be "
+            "told); every rank waits 0.10 s or more") in stragglers.describe(s)
+    assert stragglers.summary(two, left, link_files(1, rtt_us=5000, nodes=2))["network"] is None
 
 
 def test_one_slow_pair_is_a_link_named_by_both_ends():

@@ -20,9 +20,10 @@ a host whose network is slow. So:
 * **a slow host** (its network): each node's hang monitor writes the round-trip time of its
   ranks' connections to other nodes (``links``). A pair of nodes is slow when its RTT is 4 times
   the fastest pair's or more and exceeds it by ``THRESHOLD`` of a step time (a collective pays a
-  few round trips a step). The node common to two or more slow pairs, all of them, is named; one
-  slow pair alone is a slow link, named by both ends. RTT is the same seen from either end, so
-  this needs three nodes or more: with two, a slow link cannot be put on either host.
+  few round trips a step; with one pair, the step alone). The node common to two or more slow
+  pairs, all of them, is named; one slow pair alone is a slow link, named by both ends. RTT is the
+  same seen from either end, so a host needs three nodes or more: with two, a slow link cannot be
+  put on either host.
 
 Standard library only.
 """
@@ -171,7 +172,7 @@ RTT_RATIO = 4
 
 def _network(links: dict, step_time: float | None) -> dict | None:
     """The slow host (``kind`` "host"), or the slow link between two nodes ("link"), from each
-    node's connections; None when no pair of nodes is slow or fewer than two pairs are measured."""
+    node's connections; None when no pair of nodes is slow."""
     owner = {src: node for node, (_, conns) in links.items() for src, _, _, _ in conns}
     rtts: dict[tuple[int, int], list[int]] = {}
     for node, (_, conns) in links.items():
@@ -180,9 +181,9 @@ def _network(links: dict, step_time: float | None) -> dict | None:
             if peer is not None and peer != node and rtt > 0:
                 rtts.setdefault((min(node, peer), max(node, peer)), []).append(rtt)
     pair = {p: statistics.median(v) / 1e6 for p, v in rtts.items()}
-    if len(pair) < 2:
+    if not pair:
         return None
-    base = min(pair.values())
+    base = min(pair.values()) if len(pair) > 1 else 0.0  # one pair: against the step alone
     floor = THRESHOLD * step_time if step_time else 0.001
     slow = {p: r for p, r in pair.items() if r >= RTT_RATIO * base and r - base >= floor}
     if not slow:
@@ -225,7 +226,8 @@ def describe(s: dict) -> str:
             text += f", {1e3 * net['others']:.2f} ms between the others"
     elif net:
         text += (f"; slow link: {name(net['node'])} <-> {name(net['peer'])}, round trip {1e3 * net['rtt']:.1f} ms"
-                 + (f", {1e3 * net['others']:.2f} ms between the others" if net["others"] is not None else ""))
+                 + (f", {1e3 * net['others']:.2f} ms between the others" if net["others"] is not None
+                    else " (two nodes: which end is slow cannot be told)"))
     if net and s.get("collective") and s["step_time"]:
         text += (f"; every rank waits {s['collective']:.2f} s or more in each step's collective "
                  f"({100 * s['collective'] / s['step_time']:.0f}% of the {s['step_time']:.2f} s step)")
