@@ -2,7 +2,7 @@
 
 Started by the entry script (``entry_hang.sh.j2``) right after torchrun, under the Python torchrun
 runs under; standard library only (halo-sched need not be installed on the node). It polls once a
-second and reads nothing but ``stat`` of a few files while the ranks are healthy.
+second; every 5 s it samples the ranks' links (``links.py``) and copies the progress files where asked.
 
 When is a node hung? Every live rank of the node (torchrun's children that carry ``RANK``) is
 stalled at once:
