@@ -1,12 +1,12 @@
-"""The ranks' TCP links to other hosts, as ``ss -ti`` reads them (sock_diag; linux/inet_diag.h, tcp.h),
-for ``$HALO_PROGRESS_DIR/links``: ``host NAME``, then ``SRC DST RTT_US RETRANS`` a connection."""
+"""The ranks' TCP links to other hosts as ``ss -ti`` reads them (linux/inet_diag.h, tcp.h)
+into ``$HALO_PROGRESS_DIR/links``: ``host NAME``, then ``SRC DST RTT_US RETRANS`` lines."""
 from __future__ import annotations
 
 import os
 import socket
 import struct
 
-LINKS_S = 5.0  # how often the hang monitor samples
+LINKS_S = 5.0
 MAX_LINKS, MAX_BYTES = 256, 8000  # the mirror copies 8 KiB whole
 
 
@@ -41,11 +41,11 @@ def _dump(family: int) -> list:
 
 
 def _ip(family: int, raw: bytes) -> str:
-    return socket.inet_ntop(family, raw).removeprefix("::ffff:")  # an IPv4 peer of an IPv6 socket
+    return socket.inet_ntop(family, raw).removeprefix("::ffff:")  # IPv4-mapped
 
 
 def sample(pids) -> list:
-    """(src, dst, rtt_us, retrans) of the connections of ``pids`` to other hosts."""
+    """(src, dst, median rtt_us, retrans) per address pair of ``pids``' links to other hosts."""
     mine = set()
     for pid in pids:
         try:
@@ -63,13 +63,14 @@ def sample(pids) -> list:
             rows += _dump(family)
         except OSError:
             pass
-    local = {r[0] for r in rows}
-    return [(s, d, rtt, re) for s, d, i, rtt, re in rows
-            if i in mine and d not in local and not d.startswith("127.") and d != "::1"][:MAX_LINKS]
+    local, by = {r[0] for r in rows}, {}
+    for s, d, i, rtt, re in rows:
+        if i in mine and d not in local and not d.startswith("127.") and d != "::1":
+            by.setdefault((s, d), []).append((rtt, re))
+    return [(*k, sorted(v)[len(v) // 2][0], sum(r for _, r in v)) for k, v in by.items()][:MAX_LINKS]
 
 
 def host_name(text: str) -> str:
-    # letters, digits and -._ only: the file is a node's, hostile
     return "".join(c for c in text if c.isascii() and (c.isalnum() or c in "-._"))[:64]
 
 
