@@ -37,12 +37,14 @@ def test_status_names_the_straggler_of_a_running_slurm_job(tmp_path, slurm_clust
         print(text)
         assert "RUNNING" in text, text
         assert "slowest: rank 1 (node 0), " in text and " s behind the median rank each step" in text, text
+        assert ": a slow rank (it computes 0.5" in text, text  # hang.py --report-before: its compute, not a link
         assert int(re.search(r"over the last (\d+) steps", text)[1]) >= 20, text
         assert "node 0: step " in text and "node 1: step " in text and "s/step" in text, text
-        # The copies: the ring and the history of every rank, beside the output file.
+        # The copies: the ring, the history and the times out of the all_reduce of every rank, beside
+        # the output file.
         mirror = tmp_path / ".halo-progress" / job_id
         names = sorted(str(p.relative_to(mirror)) for p in mirror.rglob("rank-*"))
-        assert names == [f"node-{r // 2}/progress/rank-{r}{h}" for r in range(4) for h in ("", ".history")], names
+        assert names == [f"node-{r // 2}/progress/rank-{r}{h}" for r in range(4) for h in ("", ".history", ".left")], names
         # `timeline` draws the steps from them while the job runs.
         t = cli("timeline", job_id, "--backend", "slurm", "--width", "100", cwd=tmp_path,
                 env={**env, "NO_COLOR": "1"}, timeout=120)

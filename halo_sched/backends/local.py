@@ -325,7 +325,7 @@ class LocalScheduler(Scheduler):
         if status is JobStatus.RUNNING:
             from ..node import stragglers
 
-            st.progress = stragglers.describe(stragglers.summary(stragglers.read(d / "ranks")))
+            st.progress = stragglers.line(d / "ranks")
         if not status.terminal:
             sup = self._supervisor(d)
             if sup is None and time.time() - data.get("submitted", 0) < START_GRACE_S:

@@ -30,15 +30,15 @@ _HERE = Path(__file__).resolve().parent
 #: What the nodes run, as paths in this package: the job carries these, and only these, when a
 #: node's own halo-sched is another version (tests/test_node_runtime.py runs each from the zip).
 CARRIED = ("__init__.py", "batch.sh", "contract.py", "entry.sh", "failure_classes.py", "failure_collector.py",
-           "failures.py", "hang_monitor.py", "progress.py", "server.sh", "server_health.py", "shell.py", "spares.py",
-           "successor.py", "text.py", "trainers/__init__.py", "trainers/preflight_bw.py")
-#: What only a SLURM batch script reads from the runtime, in its own shell: the steps it runs
+           "failures.py", "hang_monitor.py", "links.py", "progress.py", "server.sh", "server_health.py", "shell.py",
+           "spares.py", "successor.py", "text.py", "trainers/__init__.py", "trainers/preflight_bw.py")
+#: What only a SLURM batch script reads from the runtime, in its own shell: its functions, the steps it runs
 #: after its trainer step failed, with ``slurm.spare_nodes`` (``spares``: a spare takes the bad
 #: node's rank) or ``retry:`` (``successor``: the run's next attempt), what they read failure
 #: lines with, and the rollout servers' shell it hands to their steps. A Nomad job's copy leaves
 #: them out: no task runs them (a Nomad server reads its shell from an item of its own), and the
 #: copy must fit the job's Variable with its secrets (tests/test_node_runtime.py).
-BATCH_ONLY = ("failure_classes.py", "failures.py", "server.sh", "spares.py", "successor.py", "text.py")
+BATCH_ONLY = ("batch.sh", "failure_classes.py", "failures.py", "server.sh", "spares.py", "successor.py", "text.py")
 
 
 def runtime_version() -> str:

@@ -2,7 +2,7 @@
 
 Started by the entry script (``entry_hang.sh.j2``) right after torchrun, under the Python torchrun
 runs under; standard library only (halo-sched need not be installed on the node). It polls once a
-second and reads nothing but ``stat`` of a few files while the ranks are healthy.
+second; every 5 s it samples the ranks' links (``links.py``) and copies the progress files where asked.
 
 When is a node hung? Every live rank of the node (torchrun's children that carry ``RANK``) is
 stalled at once:
@@ -42,9 +42,11 @@ import os
 import re
 import signal
 import socket
+import struct
 import sys
 import time
 
+from . import links
 from .failure_collector import record_line, scrub, secret_values  # on the node: a package of the two files (entry_hang.sh.j2)
 
 POLL_S = 1.0
@@ -234,7 +236,7 @@ def classify_stack(frames: list[tuple[str, int, str]], cwd: str | None = None) -
 MIRROR_S = 5.0
 #: The most bytes of a long file read per copy (a history grows about 640 bytes in ``MIRROR_S``).
 MIRROR_CHUNK = 65536
-_MIRRORED = re.compile(r"rank-\d+(?:\.history)?")
+_MIRRORED = re.compile(r"rank-\d+(?:\.history|\.left)?|links")
 
 
 class Mirror:
@@ -363,6 +365,7 @@ class Monitor:
         self.stack_signal, self.host = stack_signal, host or socket.gethostname()
         self.ranks: dict[int, dict] = {}  # pid -> {rank, local_rank, seen, out, cwd}
         self.key = key  # the job's failure key, which signs this node's HUNG lines
+        self.next_links = 0.0
 
     # ---- watching -------------------------------------------------------------------------
     def _discover(self) -> None:
@@ -405,6 +408,15 @@ class Monitor:
             return False
         return all(now - last >= limit for last, limit, _ in (self.activity(i) for i in live.values()))
 
+    def sample_links(self, now: float) -> None:
+        if now < self.next_links or not self.ranks:
+            return
+        self.next_links = now + links.LINKS_S
+        try:
+            links.write(os.path.join(self.progress_dir, "links"), self.host, links.sample(list(self.live())))
+        except (OSError, ValueError, struct.error):
+            pass
+
     def watch(self) -> bool:
         """Poll until the node hangs (True) or torchrun ends (False)."""
         while _alive(self.torchrun):
@@ -412,6 +424,7 @@ class Monitor:
                 self._discover()
             if self.hung(time.time()):
                 return True
+            self.sample_links(time.monotonic())
             if self.mirror is not None:
                 self.mirror.maybe(time.monotonic())
             time.sleep(POLL_S)

@@ -13,23 +13,20 @@ rank that reports is judged by its reports only (``hang.timeout_s`` without one 
 its first report, by its output (``hang.first_step_s``). A long evaluation or checkpoint between
 two steps should report the same step again now and then.
 
-:func:`report` below writes the same lines without a system call per step: the file is a ring
-of ``SLOTS`` fixed-width lines (one page) mapped into memory and rewritten in place, so a write
-never touches the file system's metadata (a ``write`` per step costs 1-2 us and updates the
-file's times each step; docs/failures.md, "Hangs"). Of consecutive steps it writes about one per
-``GAP_S`` (every step when steps are slower; a power-of-two stride of steps when faster, the same
-steps on every rank of a synchronous job), and every report that is not the step after the last
-(a step reported again, a jump): between two steps a rank blocks in its collective, and the first
-Python it runs after that runs cold, so formatting and copying a line cost 10-15 us a step on a
-quiet 16-core host where a loop of reports measures 0.5 us (issue 28); a skipped report costs the
-call. A thread looks once a second and makes the next report a written one when the last written
-is a second old, so that a rank that slows down is still seen within a step and a second. It
-keeps the last ``SLOTS`` written reports, enough for the stragglers' window; the longer history
-(``halo-sched timeline``) is ``rank-$RANK.history``, the same lines appended at most every
-``HISTORY_S`` seconds (one ``write`` per interval, about 230 KB an hour). On its first call it also
-registers :mod:`faulthandler` on ``HALO_STACK_SIGNAL``, so that the monitor can read this rank's
-Python stack without ending it (written to ``rank-$RANK.stack`` beside the reports). Copy this
-file beside a trainer to use it where halo-sched is not installed. Standard library only.
+:func:`report` below writes the same lines without a system call per step: a ring of ``SLOTS``
+fixed-width lines (one page) mapped into memory and rewritten in place, never touching the file
+system's metadata (docs/failures.md, "Hangs"). Of consecutive steps it writes about one per
+``GAP_S`` (a power-of-two stride of steps when they are faster: the same steps on every rank),
+and every report that is not the step after the last: the first Python a rank runs after its
+collective runs cold, and a written line costs 10-15 us there (issue 28). A thread makes the next
+report a written one when the last written is ``LOOK_S`` old, so a rank that slows down is seen
+within a step and a second. :func:`left`, called after the step's collective, writes when the
+rank left it to ``rank-$RANK.left``, a ring as the reports' (the stragglers' rule: how long a rank
+waits there tells slow compute from a slow peer). The longer history (``halo-sched timeline``) is
+``rank-$RANK.history``, the same lines appended at most every ``HISTORY_S`` (about 230 KB an
+hour). On its first call it registers :mod:`faulthandler` on ``HALO_STACK_SIGNAL``, so that the
+monitor can read this rank's stack without ending it (``rank-$RANK.stack``). Copy this file beside
+a trainer to use it where halo-sched is not installed. Standard library only.
 """
 from __future__ import annotations
 
@@ -57,6 +54,8 @@ _mask = 0  # a consecutive step with any of these bits set is not written (strid
 _prev = -2  # the last step reported
 _written = (-2, 0.0)  # the last step written, and when
 _looking = False
+_left = None  # the ``.left`` ring, mapped (none where the reports' ring could not be)
+_left_count = 0
 
 
 def report(step: int) -> None:
@@ -68,6 +67,24 @@ def report(step: int) -> None:
         return
     _prev = step
     _write(step)
+
+
+def left(step: int) -> None:
+    """Say that this rank left ``step``'s collective (:func:`report` it before, after the compute)."""
+    global _left, _left_count
+    if step != _written[0] or not _ring:
+        return
+    try:
+        if _left is None:
+            fd = os.open(f"{os.environ['HALO_PROGRESS_DIR']}/rank-{os.environ.get('RANK', '0')}.left",
+                         os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.ftruncate(fd, SLOTS * WIDTH)
+            _left = __import__("mmap").mmap(fd, SLOTS * WIDTH)
+        at = (_left_count % SLOTS) * WIDTH
+        _left[at:at + WIDTH] = b"%13d %17.3f\n" % (step, time.time())
+        _left_count += 1
+    except (OSError, ValueError, KeyError, IndexError):  # never ends the trainer
+        pass
 
 
 def _write(step: int) -> None:

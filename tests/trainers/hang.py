@@ -2,7 +2,9 @@
 it) until ``--stuck-rank`` stops at ``--stuck-step``, asleep forever, while the others wait in the
 next step's all_reduce. ``--slow-rank`` only steps slower (a straggler, never hung);
 ``--first-step-delay`` spends that long, silent, before the first step; ``--no-helper`` writes the
-protocol's one line itself instead of importing halo_sched.node.progress."""
+protocol's one line itself instead of importing halo_sched.node.progress. With ``--report-before``
+a rank reports after its compute, before the all_reduce, and (with the helper) says when it left
+the all_reduce too (``progress.left``)."""
 from __future__ import annotations
 
 import argparse
@@ -30,8 +32,9 @@ def main() -> None:
         def report(step: int) -> None:
             if "HALO_PROGRESS_DIR" in os.environ:
                 open(f"{os.environ['HALO_PROGRESS_DIR']}/rank-{os.environ['RANK']}", "a").write(f"{step} {time.time()}\n")
+        left = None
     else:
-        from halo_sched.node.progress import report
+        from halo_sched.node.progress import left, report
     # Longer than any test: halo-sched's monitor, not gloo, must end the job.
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=900))
     rank = dist.get_rank()
@@ -47,6 +50,8 @@ def main() -> None:
         dist.all_reduce(t)
         if not args.report_before:
             report(step)
+        elif left is not None:
+            left(step)  # and when it left the all_reduce: how long it waited there
     dist.barrier()
     print(f"rank {rank}: done", flush=True)
 

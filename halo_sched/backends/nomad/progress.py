@@ -32,7 +32,7 @@ REQUEST_S = 2.0
 MAX_RANKS = 1024
 
 _NODE = re.compile(r"node-\d{1,6}")
-_RANK = re.compile(r"rank-\d{1,7}")
+_RANK = re.compile(r"rank-\d{1,7}(?:\.left)?|links")  # the ring, the times out of the collective, the links
 _HISTORY = re.compile(r"rank-\d{1,7}\.history")
 
 
@@ -94,7 +94,7 @@ def stragglers_line(client, allocs: list[dict], deadline: float | None = None) -
     with tempfile.TemporaryDirectory(prefix="halo-nomad-progress.") as tmp:
         if not snapshot(client, allocs, Path(tmp), deadline=deadline):
             return ""
-        return stragglers.describe(stragglers.summary(stragglers.read(Path(tmp))))
+        return stragglers.line(Path(tmp))
 
 
 #: Copies kept for a timeline while it is drawn (removed when the process ends).

@@ -47,5 +47,5 @@ def stragglers_line(outputs: list[str], job_id: str) -> str:
     root = mirror_root(outputs, job_id)
     if root is None:
         return ""
-    return stragglers.describe(stragglers.summary(stragglers.read(root)))
+    return stragglers.line(root)
 
