@@ -41,12 +41,12 @@ WINDOW = 50
 THRESHOLD = 0.1
 
 
-def read(log_root: Path) -> dict[tuple[int, int], list[tuple[int, float]]]:
-    """(node, rank) -> its last reports, from ``LOGROOT/node-K/progress/rank-R``."""
+def _read_ranks(log_root: Path, suffix: str) -> dict[tuple[int, int], list[tuple[int, float]]]:
+    """(node, rank) -> the last reports of ``LOGROOT/node-K/progress/rank-R{suffix}``."""
     out = {}
-    for p in sorted(Path(log_root).glob("node-*/progress/rank-*")):
+    for p in sorted(Path(log_root).glob(f"node-*/progress/rank-*{suffix}")):
         m = re.fullmatch(r"node-(\d+)", p.parent.parent.name)
-        r = re.fullmatch(r"rank-(\d+)", p.name)
+        r = re.fullmatch(rf"rank-(\d+){re.escape(suffix)}", p.name)
         if m and r:
             reports = read_reports(str(p), WINDOW + 1)
             if reports:
@@ -54,17 +54,14 @@ def read(log_root: Path) -> dict[tuple[int, int], list[tuple[int, float]]]:
     return out
 
 
+def read(log_root: Path) -> dict[tuple[int, int], list[tuple[int, float]]]:
+    """(node, rank) -> its last reports, from ``LOGROOT/node-K/progress/rank-R``."""
+    return _read_ranks(log_root, "")
+
+
 def read_left(log_root: Path) -> dict[tuple[int, int], dict[int, float]]:
     """(node, rank) -> step -> when the rank left that step's collective (``rank-R.left``)."""
-    out = {}
-    for p in sorted(Path(log_root).glob("node-*/progress/rank-*.left")):
-        m = re.fullmatch(r"node-(\d+)", p.parent.parent.name)
-        r = re.fullmatch(r"rank-(\d+)\.left", p.name)
-        if m and r:
-            reports = read_reports(str(p), WINDOW + 1)
-            if reports:
-                out[(int(m[1]), int(r[1]))] = dict(reports)
-    return out
+    return {key: dict(reports) for key, reports in _read_ranks(log_root, ".left").items()}
 
 
 def read_links(log_root: Path) -> dict[int, tuple[str, list[tuple[str, str, int, int]]]]:
