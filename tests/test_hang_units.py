@@ -128,7 +128,8 @@ def test_stack_parsing_finds_the_main_thread_and_its_collective(tmp_path):
 def fresh_progress(monkeypatch):
     """progress.py as a new process finds it (its file is opened on the first report)."""
     for name, value in (("_fd", None), ("_ring", None), ("_count", 0), ("_history", None), ("_next_history", 0.0),
-                        ("_mask", 0), ("_prev", -2), ("_written", (-2, 0.0)), ("_looking", False)):
+                        ("_mask", 0), ("_prev", -2), ("_written", (-2, 0.0)), ("_looking", False),
+                        ("_left", None), ("_left_count", 0)):
         monkeypatch.setattr(progress, name, value, raising=False)
     yield progress
     for fd in (progress._fd, progress._history):
@@ -170,6 +171,33 @@ def test_a_report_makes_no_system_call_and_keeps_the_last_slots(tmp_path, monkey
     # The stragglers' window fits in the ring.
     from halo_sched.node import stragglers
     assert stragglers.WINDOW + 1 <= progress.SLOTS
+
+
+def test_left_says_when_a_written_step_left_its_collective_and_tries_its_file_once(tmp_path, monkeypatch, fresh_progress):
+    monkeypatch.setenv("HALO_PROGRESS_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.delenv("HALO_STACK_SIGNAL", raising=False)
+    clock = iter(1.8e9 + 0.05 * i for i in range(10_000))
+    monkeypatch.setattr(progress.time, "time", lambda: next(clock))
+    for step in range(3):
+        progress.report(step)
+        progress.left(step)
+    progress.left(7)  # a step never reported (not written): nothing
+    got = hang_monitor.read_reports(str(tmp_path / "rank-2.left"), 10)
+    assert [s for s, _ in got] == [0, 1, 2] and all(t > 1.8e9 for _, t in got)
+    # A .left that cannot be mapped: the rank goes on, and its file is not opened again each step.
+    import mmap
+
+    monkeypatch.setattr(progress, "_left", None)
+    monkeypatch.setattr(mmap, "mmap", lambda *a, **k: (_ for _ in ()).throw(OSError("no mapping here")))
+    fds = len(os.listdir("/proc/self/fd"))
+    opened = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda *a, **k: opened.append(a[0]) or real_open(*a, **k))
+    for step in range(3, 200):
+        progress.report(step)
+        progress.left(step)
+    assert len(opened) == 1 and len(os.listdir("/proc/self/fd")) == fds
 
 
 def test_fast_steps_are_written_about_every_gap_s_the_same_steps_on_every_rank(tmp_path, monkeypatch, fresh_progress):

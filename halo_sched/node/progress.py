@@ -54,7 +54,7 @@ _mask = 0  # a consecutive step with any of these bits set is not written (strid
 _prev = -2  # the last step reported
 _written = (-2, 0.0)  # the last step written, and when
 _looking = False
-_left = None  # the ``.left`` ring, mapped (none where the reports' ring could not be)
+_left = None  # the ``.left`` ring, mapped; False where it could not be
 _left_count = 0
 
 
@@ -76,13 +76,20 @@ def left(step: int) -> None:
         return
     try:
         if _left is None:
+            import mmap
+
+            _left = False  # opened once: a ``.left`` that cannot be mapped is not tried every step
             fd = os.open(f"{os.environ['HALO_PROGRESS_DIR']}/rank-{os.environ.get('RANK', '0')}.left",
                          os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.ftruncate(fd, SLOTS * WIDTH)
-            _left = __import__("mmap").mmap(fd, SLOTS * WIDTH)
-        at = (_left_count % SLOTS) * WIDTH
-        _left[at:at + WIDTH] = b"%13d %17.3f\n" % (step, time.time())
-        _left_count += 1
+            try:
+                os.ftruncate(fd, SLOTS * WIDTH)
+                _left = mmap.mmap(fd, SLOTS * WIDTH)
+            finally:
+                os.close(fd)  # the mapping holds the file
+        if _left:
+            at = (_left_count % SLOTS) * WIDTH
+            _left[at:at + WIDTH] = b"%13d %17.3f\n" % (step, time.time())
+            _left_count += 1
     except (OSError, ValueError, KeyError, IndexError):  # never ends the trainer
         pass
 

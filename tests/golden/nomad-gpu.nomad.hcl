@@ -51,7 +51,7 @@ export OMP_NUM_THREADS=8
 halo_started=$SECONDS
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
-# The node runtime e5f02fd6cf712990 (docs/node-runtime.md): the node's own halo-sched at this version, else the
+# The node runtime 8d3127a3d07bdfa0 (docs/node-runtime.md): the node's own halo-sched at this version, else the
 # job's copy (HALO_NODE_RUNTIME or the file HALO_NODE_RUNTIME_FILE), checked, written into the log directory.
 halo_log_root=$${HALO_LOG_DIR:-}
 [ -n "$halo_log_root" ] || halo_log_root=$(mktemp -d "$${TMPDIR:-/tmp}/halo-sched.XXXXXX")
@@ -61,10 +61,10 @@ halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
 case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
 # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
 halo_node_zip=
-if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != e5f02fd6cf712990 ]; then
-  halo_node_zip=$halo_log_dir/halo-node-e5f02fd6cf712990.zip
-  $halo_py -c 'import base64, hashlib, sys, zlib; out, want, text, path = sys.argv[1:5]; data = zlib.decompressobj().decompress(base64.b64decode("".join((text or (open(path).read() if path else "")).split())), 1 << 24); hashlib.sha256(data).hexdigest() in want.split() or sys.exit("carried: %d bytes, not a zip of sha256 %s" % (len(data), " or ".join(want.split()))); open(out, "wb").write(data)' "$halo_node_zip" 'f3fc0ba52cafd2bbee492166d4bb7c1ce5ce211d0893dd09787c0136a7dfd7a5 6433b162e3ad1fd91015ef12fd22781c7a1f528313d87fde91171648f021b7af' "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
-    halo_fail "the node's python ($halo_py) has no halo-sched of version e5f02fd6cf712990 and the job carries no intact copy of it (docs/node-runtime.md)"
+if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != 8d3127a3d07bdfa0 ]; then
+  halo_node_zip=$halo_log_dir/halo-node-8d3127a3d07bdfa0.zip
+  $halo_py -c 'import base64, hashlib, sys, zlib; out, want, text, path = sys.argv[1:5]; data = zlib.decompressobj().decompress(base64.b64decode("".join((text or (open(path).read() if path else "")).split())), 1 << 24); hashlib.sha256(data).hexdigest() in want.split() or sys.exit("carried: %d bytes, not a zip of sha256 %s" % (len(data), " or ".join(want.split()))); open(out, "wb").write(data)' "$halo_node_zip" '15286177056349bb1e41bfe7b7a110a5cd37ec910c15a8e34e18c885ba989fd4 3315d3cd69d7965942659ac71c9d19d22b4381f46b92ed7f01799b55bc1b3772' "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
+    halo_fail "the node's python ($halo_py) has no halo-sched of version 8d3127a3d07bdfa0 and the job carries no intact copy of it (docs/node-runtime.md)"
 fi
 halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
 halo_functions=$("$${halo_node[@]}" shell) && [ -n "$halo_functions" ] ||
@@ -185,8 +185,8 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-713f6d1d"
-        right_delimiter = "halo-713f6d1d]]"
+        left_delimiter  = "[[halo-13c8e975"
+        right_delimiter = "halo-13c8e975]]"
         data        = local.entry
       }
 
@@ -262,8 +262,8 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-713f6d1d"
-        right_delimiter = "halo-713f6d1d]]"
+        left_delimiter  = "[[halo-13c8e975"
+        right_delimiter = "halo-13c8e975]]"
         data        = local.entry
       }
 
