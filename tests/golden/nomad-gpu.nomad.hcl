@@ -140,9 +140,7 @@ job "ddp-nomad" {
       replace    = false
     }
 
-    meta {
-      halo_node_rank = "0"
-    }
+    meta { halo_node_rank = "0" }
 
     network {
       mode = "host"
@@ -199,9 +197,7 @@ job "ddp-nomad" {
       resources {
         cpu    = 32000
         memory = 491520
-        device "nvidia/gpu" {
-          count = 8
-        }
+        device "nvidia/gpu" { count = 8 }
       }
     }
   }
@@ -226,13 +222,9 @@ job "ddp-nomad" {
       replace    = false
     }
 
-    meta {
-      halo_node_rank_offset = "1"
-    }
+    meta { halo_node_rank_offset = "1" }
 
-    network {
-      mode = "host"
-    }
+    network { mode = "host" }
 
     task "torchrun" {
       driver       = "docker"
@@ -285,9 +277,7 @@ EOT
       resources {
         cpu    = 32000
         memory = 491520
-        device "nvidia/gpu" {
-          count = 8
-        }
+        device "nvidia/gpu" { count = 8 }
       }
     }
   }

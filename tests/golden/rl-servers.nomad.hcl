@@ -144,17 +144,13 @@ job "rl-grpo" {
       replace    = false
     }
 
-    meta {
-      halo_node_rank = "0"
-    }
+    meta { halo_node_rank = "0" }
 
     network {
       mode = "host"
       # A port Nomad picks on the node (rendezvous.port unset): every job its own.
       port "rdzv" {}
-      port "group-vllm" {
-        static = 51216
-      }
+      port "group-vllm" { static = 51216 }
     }
 
     # Rank 0's address for the other nodes, without Consul.
@@ -215,9 +211,7 @@ EOT
       resources {
         cpu    = 16000
         memory = 65536
-        device "nvidia/gpu" {
-          count = 8
-        }
+        device "nvidia/gpu" { count = 8 }
       }
     }
   }
@@ -241,13 +235,9 @@ EOT
       replace    = false
     }
 
-    meta {
-      halo_node_rank_offset = "1"
-    }
+    meta { halo_node_rank_offset = "1" }
 
-    network {
-      mode = "host"
-    }
+    network { mode = "host" }
 
     task "torchrun" {
       driver       = "docker"
@@ -309,9 +299,7 @@ EOT
       resources {
         cpu    = 16000
         memory = 65536
-        device "nvidia/gpu" {
-          count = 8
-        }
+        device "nvidia/gpu" { count = 8 }
       }
     }
   }
@@ -335,15 +323,11 @@ EOT
       replace    = false
     }
 
-    meta {
-      halo_server_role = "vllm"
-    }
+    meta { halo_server_role = "vllm" }
 
     network {
       mode = "host"
-      port "http" {
-        static = 8000
-      }
+      port "http" { static = 8000 }
     }
 
     # This server's address for the trainer, without Consul; the tag says which server it is.
@@ -421,9 +405,7 @@ EOT
       resources {
         cpu    = 16000
         memory = 65536
-        device "nvidia/gpu" {
-          count = 8
-        }
+        device "nvidia/gpu" { count = 8 }
       }
     }
   }
