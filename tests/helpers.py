@@ -11,6 +11,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+#: The line of tests/trainers/hang.py where its stuck rank sleeps: the line a hang report names.
+HANG_LINE = next(i for i, text in enumerate((REPO / "tests" / "trainers" / "hang.py").read_text().splitlines(), 1)
+                 if "time.sleep(3600)  # the hang" in text)
 
 HOSTILE = 'it\'s "q" $(cmd) ${HOME} %{x} {{ x }} \\ ü'
 # Everything the layers between a job file and a rank could interpret: shell quoting and

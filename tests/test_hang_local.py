@@ -10,7 +10,7 @@ import pytest
 
 import halo_sched
 from halo_sched.backends.base import JobStatus
-from helpers import cli, example_job, free_port
+from helpers import HANG_LINE, cli, example_job, free_port
 
 pytestmark = pytest.mark.torch
 
@@ -37,7 +37,7 @@ def test_a_stuck_rank_ends_the_job_as_hung_naming_it(tmp_path, stuck, node, help
     job_id = r.stdout.strip().splitlines()[-1]
     last = r.stderr.strip().splitlines()[-1]
     assert f"FAILED: HUNG after step 4: rank {stuck} (node {node}, host " in last, last
-    assert f"in hang.py:43 (time.sleep(3600))" in last and "3 ranks waiting in all_reduce" in last, last
+    assert f"in hang.py:{HANG_LINE} (time.sleep(3600))" in last and "3 ranks waiting in all_reduce" in last, last
     assert "the only rank not inside a collective" in last, last
 
     st = halo_sched.job(job_id, "local").status()
@@ -55,7 +55,7 @@ def test_a_stuck_rank_ends_the_job_as_hung_naming_it(tmp_path, stuck, node, help
     assert s["failure"]["kind"] == "HUNG" and s["failure"]["first"]["rank"] == stuck
     # Every rank's stack is kept with the job's logs.
     stacks = open(os.path.join(_job_dir(job_id), "ranks", f"node-{node}", "hang-stacks.txt")).read()
-    assert f"==== rank {stuck} (node {node}" in stacks and 'hang.py", line 43 in main' in stacks, stacks
+    assert f"==== rank {stuck} (node {node}" in stacks and f'hang.py", line {HANG_LINE} in main' in stacks, stacks
     how = "SIGRTMIN+5" if helper else "SIGABRT"
     assert how in stacks.split(f"==== rank {stuck} ")[1].splitlines()[0], stacks
 

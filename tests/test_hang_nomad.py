@@ -10,7 +10,7 @@ import pytest
 
 from halo_sched.backends.base import JobStatus
 from halo_sched.node.failure_collector import record_line
-from helpers import REPO, nomad_sim_job, wait_dead
+from helpers import HANG_LINE, REPO, nomad_sim_job, wait_dead
 from test_nomad_failure_report import KEY, TOKEN, FakeNomad, fail, nodes, submit
 
 T0 = 1_800_000_000.0
@@ -54,7 +54,7 @@ def test_sim_a_stuck_rank_ends_the_nomad_job_as_hung(tmp_path):
         assert fake.job_record(job_id)["Status"] == "dead", logs
     assert st.status is JobStatus.FAILED and st.failure is not None and st.failure.kind == "HUNG", (st.describe(), logs)
     assert re.match(r"FAILED: HUNG after step 4: rank 3 \(node 1, host [^,]+, local rank 1\) made no progress for "
-                    r"\d+ s, in hang.py:43 \(time.sleep\(3600\)\) \[the only rank not inside a collective\]; "
+                    rf"\d+ s, in hang.py:{HANG_LINE} \(time.sleep\(3600\)\) \[the only rank not inside a collective\]; "
                     r"3 ranks waiting in all_reduce", st.describe()), (st.describe(), logs)
     took = ended - st.failure.first.last_progress
     print(f"Nomad simulator: job dead {took:.1f} s after the last progress (timeout_s 15)")

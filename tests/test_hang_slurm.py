@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from helpers import REPO, cli, example_job, free_port, slurm_env
+from helpers import HANG_LINE, REPO, cli, example_job, free_port, slurm_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 TIMEOUT_S = 15
@@ -31,7 +31,7 @@ def test_a_stuck_rank_ends_the_slurm_job_as_hung_naming_it(tmp_path, env, stuck,
     job_id = r.stdout.strip().splitlines()[-1]
     last = r.stderr.strip().splitlines()[-1]
     assert f"FAILED: HUNG after step 4: rank {stuck} (node {node}, host " in last, r.stderr[-3000:]
-    assert "in hang.py:43 (time.sleep(3600))" in last and "3 ranks waiting in all_reduce" in last, last
+    assert f"in hang.py:{HANG_LINE} (time.sleep(3600))" in last and "3 ranks waiting in all_reduce" in last, last
     st = json.loads(cli("status", job_id, "--json", cwd=tmp_path, env=env).stdout)
     failure = st["failure"] if "failure" in st else st["last_known"]["failure"]
     assert failure["kind"] == "HUNG" and failure["first"]["rank"] == stuck
@@ -41,4 +41,4 @@ def test_a_stuck_rank_ends_the_slurm_job_as_hung_naming_it(tmp_path, env, stuck,
     assert TIMEOUT_S <= took <= TIMEOUT_S + 30, took
     # The stacks are in the job's output (the node's log directory is a temporary one here).
     logs = cli("logs", job_id, "--node", str(node), cwd=tmp_path, env=env).stdout
-    assert f"==== rank {stuck} (node {node}" in logs and 'hang.py", line 43 in main' in logs, logs[-3000:]
+    assert f"==== rank {stuck} (node {node}" in logs and f'hang.py", line {HANG_LINE} in main' in logs, logs[-3000:]
