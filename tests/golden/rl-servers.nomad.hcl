@@ -124,17 +124,8 @@ job "rl-grpo" {
     count = 1
 
     # A fixed-size world never re-forms around a replaced rank: no restarts, no reschedules.
-    restart {
-      attempts = 0
-      mode     = "fail"
-      interval = "24h"
-      delay    = "15s"
-    }
-    reschedule {
-      attempts  = 0
-      interval  = "0s"
-      unlimited = false
-    }
+    restart { attempts = 0 }
+    reschedule { attempts = 0 }
     # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
     # its allocation turns "unknown" and whoever watches the job stops it. Nomad 1.8+.
     # lost_after (the job's bound plus an hour) keeps Nomad 1.11.2+ from replacing it until then;
@@ -219,17 +210,8 @@ EOT
   group "workers" {
     count = 1
 
-    restart {
-      attempts = 0
-      mode     = "fail"
-      interval = "24h"
-      delay    = "15s"
-    }
-    reschedule {
-      attempts  = 0
-      interval  = "0s"
-      unlimited = false
-    }
+    restart { attempts = 0 }
+    reschedule { attempts = 0 }
     disconnect {
       lost_after = "169h"
       replace    = false
@@ -307,17 +289,8 @@ EOT
   group "server-vllm" {
     count = 1
 
-    restart {
-      attempts = 0
-      mode     = "fail"
-      interval = "24h"
-      delay    = "15s"
-    }
-    reschedule {
-      attempts  = 0
-      interval  = "0s"
-      unlimited = false
-    }
+    restart { attempts = 0 }
+    reschedule { attempts = 0 }
     disconnect {
       lost_after = "169h"
       replace    = false

@@ -212,8 +212,11 @@ def trainer_group(launch: Launch, name: str, count: int, entry: str, delims: tup
         "Name": name,
         "Count": checked_int(count, "nodes"),
         # A fixed-size torchrun world never re-forms around a replaced rank: no restarts, no reschedules.
-        "RestartPolicy": {"Attempts": 0, "Mode": "fail", "Interval": 86_400_000_000_000, "Delay": 15_000_000_000},
-        "ReschedulePolicy": {"Attempts": 0, "Interval": 0, "Unlimited": False},
+        # Attempts alone: Nomad fills the rest from a batch job's defaults (api/tasks.go
+        # TaskGroup.Canonicalize, ReschedulePolicy.Canonicalize @v2.0.5: mode "fail", unlimited
+        # false), which with no attempts change nothing.
+        "RestartPolicy": {"Attempts": 0},
+        "ReschedulePolicy": {"Attempts": 0},
         # ... and no replacement of a rank whose node went down (the reschedule policy does not
         # cover lost allocations): its allocation turns "unknown" and the job's watcher ends it.
         # Both fields are needed: see lost_after_ns.
