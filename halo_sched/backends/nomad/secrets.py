@@ -26,16 +26,14 @@ def secret_template(job_id: str, name: str) -> str:
     template sets ``error_on_missing_key``), and the zero of a ``NomadVarItems`` entry is a
     ``NomadVarItem`` that prints as its empty Value (``dependency/nomad_var_structs.go:67, 135``)."""
     path = variable_path(check(job_id, "job id", "name"))
-    name = check(name, "variable name", "secret_env")
-    return (f'{{{{ if nomadVarExists "{path}" }}}}{{{{ with nomadVar "{path}" }}}}'
-            f'{{{{ range $k, $v := . }}}}{{{{ if eq $k "{name}" }}}}+{{{{ $v.Value }}}}{{{{ end }}}}{{{{ end }}}}'
-            "{{ end }}{{ end }}")
+    return item_template(path, check(name, "variable name", "secret_env"), mark="+")
 
 
-def item_template(path: str, item: str) -> str:
-    """The Variable's item ``item`` at ``path``, or empty (guarded as :func:`secret_template`)."""
+def item_template(path: str, item: str, mark: str = "") -> str:
+    """The Variable's item ``item`` at ``path`` after ``mark``, or empty (guarded as
+    :func:`secret_template` says)."""
     return (f'{{{{ if nomadVarExists "{path}" }}}}{{{{ with nomadVar "{path}" }}}}'
-            f'{{{{ range $k, $v := . }}}}{{{{ if eq $k "{item}" }}}}{{{{ $v.Value }}}}{{{{ end }}}}{{{{ end }}}}'
+            f'{{{{ range $k, $v := . }}}}{{{{ if eq $k "{item}" }}}}{mark}{{{{ $v.Value }}}}{{{{ end }}}}{{{{ end }}}}'
             "{{ end }}{{ end }}")
 
 
