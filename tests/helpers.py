@@ -298,9 +298,10 @@ def live_group_members(pgid: int) -> list[int]:
 
 
 def run_sbatch(script_text: str, tmp: Path, nodes: list[str], addrs: list[str] | None = None,
-               env_names=(), nodelist: str | None = None, extra_env: dict | None = None):
-    """Run a rendered sbatch script as the batch step would, with stand-in srun/scontrol
-    (one task per node, SLURM_NODEID set in each) and a recording torchrun.
+               env_names=(), nodelist: str | None = None, extra_env: dict | None = None, cwd: Path | None = None):
+    """Run a rendered sbatch script as the batch step would (in ``cwd``, the submit directory: the
+    test's own by default), with stand-in srun/scontrol (one task per node, SLURM_NODEID set in
+    each) and a recording torchrun.
     Returns (the completed process, the records of the torchruns that started)."""
     tmp.mkdir(parents=True, exist_ok=True)
     bindir, out = fake_bin(tmp), tmp / "out"
@@ -313,7 +314,7 @@ def run_sbatch(script_text: str, tmp: Path, nodes: list[str], addrs: list[str] |
     env.update(extra_env or {})
     if addrs:
         env["FAKE_SLURM_ADDRS"] = ",".join(addrs)
-    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, timeout=60)
+    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, timeout=60, cwd=cwd)
     return r, records(out)
 
 

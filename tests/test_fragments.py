@@ -11,7 +11,7 @@ TEMPLATES = REPO / "halo_sched" / "templates"
 FRAGMENTS = TEMPLATES / "fragments.sh.j2"
 # A line that belongs to each fragment alone, and which templates write it.
 SHARED = {
-    "the warning traps": ("trap halo_warning {{ warning.carrier", "warning_traps", ["entry.sh.j2"]),
+    "the warning traps": ("trap 'halo_warned_at=${halo_warned_at:-$SECONDS}' {{ warning.carrier", "warning_traps", ["entry.sh.j2"]),
     "the failure exit": ("halo_fail() {", "fail_function", ["entry.sh.j2", "slurm/sbatch.sh.j2"]),
     "torchrun's Python": ("1s/^#![[:space:]]*//p", "torchrun_python",
                           ["entry_runtime.sh.j2"]),

@@ -139,7 +139,8 @@ def test_signal_goes_to_the_batch_shell():
     # The batch shell's trap and forwarder are the node runtime's (halo_sched/node/batch.sh): the
     # script calls them with the warning signal and its carrier.
     assert "#SBATCH --signal=B:HUP@90" in text and "\nhalo_batch_warning HUP URG\n" in text and "trap '' HUP" in text
-    assert "trap halo_warning URG" in text
+    # Each node's entry notes URG until its runtime is loaded, then hands it to halo_warning.
+    assert "trap 'halo_warned_at=${halo_warned_at:-$SECONDS}' URG" in text and "\nhalo_warning_trap HUP URG\n" in text
     # URG is the only signal the batch script sends the steps: a server or torchrun ignores it.
     assert set(re.findall(r"\nhalo_batch_warning \w+ (\w+)\n", text)) == {"URG"}
     assert "scancel --signal=\"$halo_carrier\"" in (REPO / "halo_sched" / "node" / "batch.sh").read_text()
@@ -273,6 +274,18 @@ def test_pyxis_runs_in_the_mounted_submit_directory(tmp_path):
     args = _srun_args(tmp_path / "e", image + "slurm: {container_workdir: /workspace}\n")
     assert not any(a.startswith("--container-mounts") for a in args)
 
+
+
+@pytest.mark.parametrize("odd", ["a,b", "a:b"])
+def test_pyxis_refuses_a_submit_directory_its_mounts_cannot_carry(tmp_path, odd):
+    submit = tmp_path / odd
+    submit.mkdir()
+    image = MIN + "image: nvcr.io/nvidia/pytorch:25.01-py3\n"
+    r, started = run_sbatch(render_sbatch(halo_sched.loads(image)), tmp_path / "run", ["a", "b"], cwd=submit)
+    err = r.stderr.decode()
+    assert r.returncode == 1 and f"the submit directory {submit} contains ',' or ':'" in err, err
+    assert "set slurm.container_workdir" in err, err
+    assert not (tmp_path / "run" / "srun.log").exists() and not started  # refused before any step
 
 # srun for the server-address probe: each task's output labelled "K: " as srun --label writes it;
 # any other step only logs the server addresses it was started with.

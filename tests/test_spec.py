@@ -214,7 +214,7 @@ def test_image_on_slurm_uses_pyxis_unless_disabled():
     s = halo_sched.loads(MIN + "image: nvcr.io/nvidia/pytorch:25.01-py3\nslurm: {container_mounts: ['/data:/data:ro']}\n")
     text = render_sbatch(s)
     assert "--container-image=nvcr.io/nvidia/pytorch:25.01-py3" in text
-    assert "halo_container_mounts=/data:/data:ro" in text  # the flags it becomes: tests/test_slurm_render.py
+    assert "\nhalo_container_pwd /data:/data:ro /data  #" in text  # the flags it becomes: tests/test_slurm_render.py
     s = halo_sched.loads(MIN + "image: nvcr.io/nvidia/pytorch:25.01-py3\nslurm: {container_runtime: none}\n")
     assert "--container-image" not in render_sbatch(s)
 

@@ -110,6 +110,28 @@ halo_master_port() {
   HALO_MASTER_PORT=$((halo_start + halo_k))
 }
 
+# halo_container_pwd [MOUNTS [DST...]]: pyxis's working directory is the submit directory ($PWD),
+# mounted at the same path unless a destination DST of slurm.container_mounts (MOUNTS) covers it;
+# sets halo_container_workdir and halo_container_mounts.
+halo_container_pwd() {
+  local halo_d
+  case "$PWD" in
+    *,* | *:*) halo_fail "the submit directory $PWD contains ',' or ':', which --container-mounts cannot carry; set slurm.container_workdir" ;;
+  esac
+  halo_container_workdir=$PWD halo_container_mounts=${1:-}
+  shift $(($# > 0))
+  for halo_d; do
+    case "$PWD/" in "$halo_d"/*) return 0 ;; esac
+  done
+  halo_container_mounts=$halo_container_mounts${halo_container_mounts:+,}$PWD:$PWD
+}
+
+# halo_server_hosts NODES: the allocation's hosts in the order of `scontrol show hostnames`
+# ($halo_hosts), NODES of them: the trainer's, then each server role's.
+halo_server_hosts() {
+  halo_hosts=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))
+  [ "${#halo_hosts[@]}" -eq "$1" ] || halo_fail "the allocation has ${#halo_hosts[@]} nodes, expected $1 (trainer and servers)"
+}
 # Rollout servers (servers:). halo_server_addrs ROLE OFFSET NODES INTERFACE VAR: the role's nodes
 # (OFFSET.. in the order of `scontrol show hostnames`, $halo_hosts) each at its NodeAddr, or, with
 # network.interface, at its own address there (NodeAddr may be another network than the

@@ -1,5 +1,5 @@
 # The node entry's job-free functions, called by the entry script (templates/entry.sh.j2) with the
-# job's values as arguments, or read from its variables (halo_rank, halo_signal, halo_nproc,
+# job's values as arguments, or read from its variables (halo_rank, halo_warned_at, halo_nproc,
 # halo_log_dir, halo_log_root, halo_node, halo_started, halo_failure_key). Printed by
 # `python -m halo_sched.node.shell` (docs/node-runtime.md); HALO_* names are contract.py's.
 
@@ -102,7 +102,27 @@ halo_hang_stop() {
 # The warning: $halo_signal is ignored in the entry, setup, torchrun and (inherited) the ranks; it
 # reaches the entry as its carrier (URG, ignored by default), and halo_deliver hands $halo_signal to
 # each rank once that rank handles it (SigCgt). Why: docs/node-runtime.md, "The warning".
-# Runs in the background from the warning until torchrun ends (torchrun may start ranks again).
+# Until the runtime is loaded the entry's own trap notes the carrier's time (halo_warned_at); then
+# halo_warning_trap SIGNAL CARRIER hands the carrier to halo_warning, which says the warning once
+# and, once torchrun runs, hands it on (halo_run does for one that came before).
+halo_torchrun=
+halo_deliverer=
+halo_warning_trap() {
+  halo_signal=$1
+  trap halo_warning "$2"
+  [ -z "$halo_warned_at" ] || halo_warning_said " (during setup, $((SECONDS - halo_warned_at)) s ago)"
+}
+halo_warning() {
+  halo_trapped=1
+  [ -z "$halo_warned_at" ] || return 0
+  halo_warned_at=$SECONDS
+  halo_warning_said ""
+  [ -z "$halo_torchrun" ] || halo_deliver
+}
+halo_warning_said() {
+  echo "halo-sched: node $halo_rank: warning at $(date +%H:%M:%S)$1; SIG$halo_signal goes to each rank once it handles it" >&2
+}
+# halo_deliver runs in the background from the warning until torchrun ends (torchrun may start ranks again).
 halo_deliver() {
   (
     set +e

@@ -23,21 +23,12 @@ esac
 halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not octal
 [ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank (HALO_NODE_RANK + offset $halo_offset) is outside 0..1"
 
-# The warning (SIGUSR2) is ignored here and inherited so; it arrives as SIGURG and this shell
-# hands SIGUSR2 to each rank once it handles it (halo_deliver: halo_sched/node/entry.sh, docs/slurm.md).
+# The warning (SIGUSR2) is ignored here and inherited so; it arrives as SIGURG, noted until the node
+# runtime's halo_warning says it and hands SIGUSR2 to each rank once it handles it (docs/slurm.md).
 export HALO_WARNING_SIGNAL=USR2
 halo_warned_at=
-halo_torchrun=
-halo_deliverer=
-halo_warning() {
-  halo_trapped=1
-  [ -z "$halo_warned_at" ] || return 0
-  halo_warned_at=$SECONDS
-  echo "halo-sched: node $halo_rank: warning at $(date +%H:%M:%S); SIGUSR2 goes to each rank once it handles it" >&2
-  [ -z "$halo_torchrun" ] || halo_deliver
-}
 trap '' USR2
-trap halo_warning URG
+trap 'halo_warned_at=$${halo_warned_at:-$SECONDS}' URG
 # Which run this is: 0 the first time, n after the job was requeued n times.
 export HALO_RESTART_COUNT="$${HALO_RESTART_COUNT:-0}"
 
@@ -52,7 +43,7 @@ export NCCL_NET=Libfabric
 halo_started=$SECONDS
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
-# The node runtime 8d3127a3d07bdfa0 (docs/node-runtime.md): the node's own halo-sched at this version, else the
+# The node runtime f61b7a80dd89eab8 (docs/node-runtime.md): the node's own halo-sched at this version, else the
 # job's copy (HALO_NODE_RUNTIME or the file HALO_NODE_RUNTIME_FILE), checked, written into the log directory.
 halo_log_root=$${HALO_LOG_DIR:-}
 [ -n "$halo_log_root" ] || halo_log_root=$(mktemp -d "$${TMPDIR:-/tmp}/halo-sched.XXXXXX")
@@ -62,10 +53,10 @@ halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
 case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
 # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
 halo_node_zip=
-if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != 8d3127a3d07bdfa0 ]; then
-  halo_node_zip=$halo_log_dir/halo-node-8d3127a3d07bdfa0.zip
-  $halo_py -c 'import base64, hashlib, sys, zlib; out, want, text, path = sys.argv[1:5]; data = zlib.decompressobj().decompress(base64.b64decode("".join((text or (open(path).read() if path else "")).split())), 1 << 24); hashlib.sha256(data).hexdigest() in want.split() or sys.exit("carried: %d bytes, not a zip of sha256 %s" % (len(data), " or ".join(want.split()))); open(out, "wb").write(data)' "$halo_node_zip" '15286177056349bb1e41bfe7b7a110a5cd37ec910c15a8e34e18c885ba989fd4 3315d3cd69d7965942659ac71c9d19d22b4381f46b92ed7f01799b55bc1b3772' "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
-    halo_fail "the node's python ($halo_py) has no halo-sched of version 8d3127a3d07bdfa0 and the job carries no intact copy of it (docs/node-runtime.md)"
+if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != f61b7a80dd89eab8 ]; then
+  halo_node_zip=$halo_log_dir/halo-node-f61b7a80dd89eab8.zip
+  $halo_py -c 'import base64, hashlib, sys, zlib; out, want, text, path = sys.argv[1:5]; data = zlib.decompressobj().decompress(base64.b64decode("".join((text or (open(path).read() if path else "")).split())), 1 << 24); hashlib.sha256(data).hexdigest() in want.split() or sys.exit("carried: %d bytes, not a zip of sha256 %s" % (len(data), " or ".join(want.split()))); open(out, "wb").write(data)' "$halo_node_zip" '4c03e7317b25781071ce2ad8d7f1144983014b35550aa13818abd975390507da d26b07d644aa3d13c42b4c377fcf7899042fd78c54d424b2720b2220dc510c0d' "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
+    halo_fail "the node's python ($halo_py) has no halo-sched of version f61b7a80dd89eab8 and the job carries no intact copy of it (docs/node-runtime.md)"
 fi
 halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
 halo_functions=$("$${halo_node[@]}" shell) && [ -n "$halo_functions" ] ||
@@ -73,7 +64,8 @@ halo_functions=$("$${halo_node[@]}" shell) && [ -n "$halo_functions" ] ||
 eval "$halo_functions"
 unset halo_functions
 unset HALO_NODE_RUNTIME
-halo_signal=USR2 halo_nproc=8
+halo_nproc=8
+halo_warning_trap USR2 URG
 # Rank 0's address and port: given, or published (a file); waited for within rendezvous.timeout_s.
 halo_master 1200
 
@@ -179,8 +171,8 @@ job "rl-grpo" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-baba79fb"
-        right_delimiter = "halo-baba79fb]]"
+        left_delimiter  = "[[halo-e1fe8710"
+        right_delimiter = "halo-e1fe8710]]"
         data        = local.entry
       }
 
@@ -249,8 +241,8 @@ EOT
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-baba79fb"
-        right_delimiter = "halo-baba79fb]]"
+        left_delimiter  = "[[halo-e1fe8710"
+        right_delimiter = "halo-e1fe8710]]"
         data        = local.entry
       }
 

@@ -153,8 +153,9 @@ def container(launch: Launch, image: str | None) -> dict | None:
 def srun_options(launch: Launch, gpus: int, image: str | None) -> list[str]:
     """srun options beyond the one-task-per-node shape for nodes of ``gpus`` GPUs running in
     ``image`` (the trainer's or a server role's; shell text, pasted as is: each part is a checked
-    number or quoted; the template sets the $halo_* variables they name)."""
-    opts = []
+    number or quoted; the template sets the $halo_* variables they name), as lines of at most
+    :data:`SRUN_LINE` characters (one option longer than that has a line of its own)."""
+    opts = ['--cpus-per-task="$halo_cpus"']
     if checked_int(gpus, "gpus_per_node"):
         opts.append(f"--gpus-per-node={gpus}")
     c = container(launch, image)
@@ -165,7 +166,17 @@ def srun_options(launch: Launch, gpus: int, image: str | None) -> list[str]:
         if c["mounts"] or not c["workdir"]:
             opts.append('--container-mounts="$halo_container_mounts"')
         opts.append('--container-workdir="$halo_container_workdir"')
-    return opts
+    lines = [opts[0]]
+    for opt in opts[1:]:
+        if len(lines[-1]) + 1 + len(opt) > SRUN_LINE:
+            lines.append(opt)
+        else:
+            lines[-1] += " " + opt
+    return lines
+
+
+#: The longest line of srun options the batch script packs (before its indent and " \").
+SRUN_LINE = 96
 
 
 # srun passes the entry script as one argument; Linux caps one argument at 128 KiB (MAX_ARG_STRLEN).
