@@ -1,27 +1,99 @@
-# halo-sched: job rl-grpo for Nomad: 2 nodes. Group node-0 is node rank 0; group
-# workers (count N-1) runs the others, node rank = 1 + NOMAD_ALLOC_INDEX (the entry script adds).
+# halo-sched: job rl-grpo for Nomad: 2 nodes. Group "trainer" runs them all,
+# node rank = NOMAD_ALLOC_INDEX; rank 0's address comes from its service registration (halo-index-0).
 # Plan with `nomad job plan FILE`, run with `nomad job run FILE`.
 
-# The node entry, the same in every group: each task's template names it (data = local.entry).
-locals {
-  entry = <<EOT
+job "rl-grpo" {
+  type        = "batch"
+  datacenters = ["*"]
+
+  # Nomad has no gang scheduling; node-sized allocations must at least land on different clients.
+  constraint {
+    operator = "distinct_hosts"
+    value    = "true"
+  }
+
+  meta {
+    halo_sched_nodes = "2"
+    halo_sched_world_size = "16"
+    halo_sched_secrets = "nomad/jobs/rl-grpo"
+    halo_sched_servers = "vllm:1"
+  }
+
+  group "trainer" {
+    count = 2
+
+    # A fixed-size world never re-forms around a replaced rank: no restarts, no reschedules.
+    restart { attempts = 0 }
+    reschedule { attempts = 0 }
+    # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
+    # its allocation turns "unknown" and whoever watches the job stops it. Nomad 1.8+.
+    # lost_after (the job's bound plus an hour) keeps Nomad 1.11.2+ from replacing it until then;
+    # replace = false keeps older servers from replacing it at all.
+    disconnect {
+      lost_after = "169h"
+      replace    = false
+    }
+
+    network {
+      mode = "host"
+      # A port Nomad picks on the node (rendezvous.port unset): every job its own.
+      port "rdzv" {}
+      port "group-vllm" { static = 51216 }
+    }
+
+    # Each node's address, without Consul; the tag says which node it is. Every node reads index 0's.
+    service {
+      name     = "rl-grpo-rdzv"
+      provider = "nomad"
+      port     = "rdzv"
+      tags     = ["halo-index-$${NOMAD_ALLOC_INDEX}"]
+    }
+
+    task "torchrun" {
+      driver       = "docker"
+      kill_timeout = "30s"
+
+      config {
+        image = "ghcr.io/example/halo-trainer:2026.11"
+        entrypoint = ["/bin/bash"]
+        args = ["$${NOMAD_TASK_DIR}/halo-entry.sh"]
+        network_mode = "host"
+        ulimit = [{ memlock = "-1", stack = "67108864" }]
+        shm_size = 17179869184
+        devices = [{ host_path = "/dev/infiniband", container_path = "/dev/infiniband" }]
+      }
+
+      env {
+        HALO_NODE_RANK = "$${NOMAD_ALLOC_INDEX}"
+        HALO_MASTER_ADDR_FILE = "$${NOMAD_TASK_DIR}/halo-master-addr"
+        HALO_LOG_DIR = "$${NOMAD_TASK_DIR}/halo-logs"
+        HALO_NODE_RUNTIME_FILE = "$${NOMAD_TASK_DIR}/halo-node.b64"
+        HALO_SERVER_VLLM_ADDRS_FILE = "$${NOMAD_TASK_DIR}/halo-server-vllm-addrs"
+      }
+
+      template {
+        destination = "local/halo-entry.sh"
+        change_mode = "noop"
+        perms       = "0755"
+        # Delimiters absent from the script: Go templating leaves it byte-exact.
+        left_delimiter  = "[[halo-17d47f74"
+        right_delimiter = "halo-17d47f74]]"
+        data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes, the same on every node.
-# Its input: HALO_NODE_RANK (+ HALO_NODE_RANK_OFFSET), HALO_MASTER_ADDR/HALO_MASTER_PORT or HALO_MASTER_ADDR_FILE.
+# Its input: HALO_NODE_RANK, HALO_MASTER_ADDR/HALO_MASTER_PORT or HALO_MASTER_ADDR_FILE.
 set -e
 # The failure key signs this node's failure lines; no rank can read it (docs/failures.md).
 halo_failure_key=$${HALO_FAILURE_KEY:-}
 unset HALO_FAILURE_KEY
 halo_fail() { echo "halo-sched: node $halo_rank: $*" >&2; exit 1; }
 halo_rank=$HALO_NODE_RANK
-# Nomad's worker group passes its allocation index and HALO_NODE_RANK_OFFSET=1 ($${} cannot add).
-halo_offset=$${HALO_NODE_RANK_OFFSET:-0}
-# Digits only, and few of them: the sum below can then neither fail nor overflow.
-case "$halo_rank:$halo_offset" in
-  :* | *: | *[!0-9:]* | *:*:* | ????????????*) halo_fail "HALO_NODE_RANK must be a node rank in 0..1, got '$halo_rank' (offset '$halo_offset')" ;;
+# Digits only, and few of them: the arithmetic below can then neither fail nor overflow.
+case "$halo_rank" in
+  '' | *[!0-9]* | ??????????*) halo_fail "HALO_NODE_RANK must be a node rank in 0..1, got '$halo_rank'" ;;
 esac
-halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not octal
-[ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank (HALO_NODE_RANK + offset $halo_offset) is outside 0..1"
+halo_rank=$((10#$halo_rank))  # 10#: a leading zero is not octal
+[ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank is outside 0..1"
 
 # The warning (SIGUSR2) is ignored here and inherited so; it arrives as SIGURG and this shell
 # hands SIGUSR2 to each rank once it handles it (halo_deliver: halo_sched/node/entry.sh, docs/slurm.md).
@@ -52,7 +124,7 @@ export NCCL_NET=Libfabric
 halo_started=$SECONDS
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
-# The node runtime 8d3127a3d07bdfa0 (docs/node-runtime.md): the node's own halo-sched at this version, else the
+# The node runtime a2c75e630e1acaf4 (docs/node-runtime.md): the node's own halo-sched at this version, else the
 # job's copy (HALO_NODE_RUNTIME or the file HALO_NODE_RUNTIME_FILE), checked, written into the log directory.
 halo_log_root=$${HALO_LOG_DIR:-}
 [ -n "$halo_log_root" ] || halo_log_root=$(mktemp -d "$${TMPDIR:-/tmp}/halo-sched.XXXXXX")
@@ -62,10 +134,10 @@ halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
 case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
 # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
 halo_node_zip=
-if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != 8d3127a3d07bdfa0 ]; then
-  halo_node_zip=$halo_log_dir/halo-node-8d3127a3d07bdfa0.zip
-  $halo_py -c 'import base64, hashlib, sys, zlib; out, want, text, path = sys.argv[1:5]; data = zlib.decompressobj().decompress(base64.b64decode("".join((text or (open(path).read() if path else "")).split())), 1 << 24); hashlib.sha256(data).hexdigest() in want.split() or sys.exit("carried: %d bytes, not a zip of sha256 %s" % (len(data), " or ".join(want.split()))); open(out, "wb").write(data)' "$halo_node_zip" '15286177056349bb1e41bfe7b7a110a5cd37ec910c15a8e34e18c885ba989fd4 3315d3cd69d7965942659ac71c9d19d22b4381f46b92ed7f01799b55bc1b3772' "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
-    halo_fail "the node's python ($halo_py) has no halo-sched of version 8d3127a3d07bdfa0 and the job carries no intact copy of it (docs/node-runtime.md)"
+if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != a2c75e630e1acaf4 ]; then
+  halo_node_zip=$halo_log_dir/halo-node-a2c75e630e1acaf4.zip
+  $halo_py -c 'import base64, hashlib, sys, zlib; out, want, text, path = sys.argv[1:5]; data = zlib.decompressobj().decompress(base64.b64decode("".join((text or (open(path).read() if path else "")).split())), 1 << 24); hashlib.sha256(data).hexdigest() in want.split() or sys.exit("carried: %d bytes, not a zip of sha256 %s" % (len(data), " or ".join(want.split()))); open(out, "wb").write(data)' "$halo_node_zip" 'e55c3b5aaaf0c0695c08ba8a06879aa664c85fdb24e7eee9282d4c2e082fadef e5168ba0e7550c46d7fc36860f3c23e45c9cc786bc70aec3a944251664156b48' "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
+    halo_fail "the node's python ($halo_py) has no halo-sched of version a2c75e630e1acaf4 and the job carries no intact copy of it (docs/node-runtime.md)"
 fi
 halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
 halo_functions=$("$${halo_node[@]}" shell) && [ -n "$halo_functions" ] ||
@@ -101,164 +173,13 @@ halo_run torchrun \
   --tee=3 \
   -m halo.rl.train --config configs/grpo.yaml
 EOT
-}
-
-job "rl-grpo" {
-  type        = "batch"
-  datacenters = ["*"]
-
-  # Nomad has no gang scheduling; node-sized allocations must at least land on different clients.
-  constraint {
-    operator = "distinct_hosts"
-    value    = "true"
-  }
-
-  meta {
-    halo_sched_nodes = "2"
-    halo_sched_world_size = "16"
-    halo_sched_secrets = "nomad/jobs/rl-grpo"
-    halo_sched_servers = "vllm:1"
-  }
-
-  group "node-0" {
-    count = 1
-
-    # A fixed-size world never re-forms around a replaced rank: no restarts, no reschedules.
-    restart { attempts = 0 }
-    reschedule { attempts = 0 }
-    # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
-    # its allocation turns "unknown" and whoever watches the job stops it. Nomad 1.8+.
-    # lost_after (the job's bound plus an hour) keeps Nomad 1.11.2+ from replacing it until then;
-    # replace = false keeps older servers from replacing it at all.
-    disconnect {
-      lost_after = "169h"
-      replace    = false
-    }
-
-    meta { halo_node_rank = "0" }
-
-    network {
-      mode = "host"
-      # A port Nomad picks on the node (rendezvous.port unset): every job its own.
-      port "rdzv" {}
-      port "group-vllm" { static = 51216 }
-    }
-
-    # Rank 0's address for the other nodes, without Consul.
-    service {
-      name     = "rl-grpo-rdzv"
-      provider = "nomad"
-      port     = "rdzv"
-    }
-
-    task "torchrun" {
-      driver       = "docker"
-      kill_timeout = "30s"
-
-      config {
-        image = "ghcr.io/example/halo-trainer:2026.11"
-        entrypoint = ["/bin/bash"]
-        args = ["$${NOMAD_TASK_DIR}/halo-entry.sh"]
-        network_mode = "host"
-        ulimit = [{ memlock = "-1", stack = "67108864" }]
-        shm_size = 17179869184
-        devices = [{ host_path = "/dev/infiniband", container_path = "/dev/infiniband" }]
-      }
-
-      env {
-        HALO_NODE_RANK = "0"
-        HALO_MASTER_ADDR = "$${NOMAD_IP_rdzv}"
-        HALO_MASTER_PORT = "$${NOMAD_PORT_rdzv}"
-        HALO_LOG_DIR = "$${NOMAD_TASK_DIR}/halo-logs"
-        HALO_NODE_RUNTIME_FILE = "$${NOMAD_TASK_DIR}/halo-node.b64"
-        HALO_SERVER_VLLM_ADDRS_FILE = "$${NOMAD_TASK_DIR}/halo-server-vllm-addrs"
-      }
-
-      template {
-        destination = "local/halo-entry.sh"
-        change_mode = "noop"
-        perms       = "0755"
-        # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-baba79fb"
-        right_delimiter = "halo-baba79fb]]"
-        data        = local.entry
-      }
-
-      template {
-        destination = "local/halo-node.b64"
-        change_mode = "noop"
-        data        = "{{ if nomadVarExists \"nomad/jobs/rl-grpo\" }}{{ with nomadVar \"nomad/jobs/rl-grpo\" }}{{ range $k, $v := . }}{{ if eq $k \"halo_node_runtime\" }}{{ $v.Value }}{{ end }}{{ end }}{{ end }}{{ end }}"
-      }
-
-      template {
-        destination = "local/halo-server-vllm-addrs"
-        change_mode = "noop"
-        data        = <<EOT
-{{ range nomadService "rl-grpo-srv-vllm" }}{{ range .Tags }}{{ . }} {{ end }}{{ .Address }}
-{{ end }}
-EOT
-      }
-
-      resources {
-        cpu    = 16000
-        memory = 65536
-        device "nvidia/gpu" { count = 8 }
-      }
-    }
-  }
-
-  group "workers" {
-    count = 1
-
-    restart { attempts = 0 }
-    reschedule { attempts = 0 }
-    disconnect {
-      lost_after = "169h"
-      replace    = false
-    }
-
-    meta { halo_node_rank_offset = "1" }
-
-    network { mode = "host" }
-
-    task "torchrun" {
-      driver       = "docker"
-      kill_timeout = "30s"
-
-      config {
-        image = "ghcr.io/example/halo-trainer:2026.11"
-        entrypoint = ["/bin/bash"]
-        args = ["$${NOMAD_TASK_DIR}/halo-entry.sh"]
-        network_mode = "host"
-        ulimit = [{ memlock = "-1", stack = "67108864" }]
-        shm_size = 17179869184
-        devices = [{ host_path = "/dev/infiniband", container_path = "/dev/infiniband" }]
-      }
-
-      env {
-        HALO_NODE_RANK = "$${NOMAD_ALLOC_INDEX}"
-        HALO_NODE_RANK_OFFSET = "1"
-        HALO_MASTER_ADDR_FILE = "$${NOMAD_TASK_DIR}/halo-master-addr"
-        HALO_LOG_DIR = "$${NOMAD_TASK_DIR}/halo-logs"
-        HALO_NODE_RUNTIME_FILE = "$${NOMAD_TASK_DIR}/halo-node.b64"
-        HALO_SERVER_VLLM_ADDRS_FILE = "$${NOMAD_TASK_DIR}/halo-server-vllm-addrs"
-      }
-
-      template {
-        destination = "local/halo-entry.sh"
-        change_mode = "noop"
-        perms       = "0755"
-        # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-baba79fb"
-        right_delimiter = "halo-baba79fb]]"
-        data        = local.entry
       }
 
       template {
         destination = "local/halo-master-addr"
         change_mode = "noop"
         data        = <<EOT
-{{ with nomadService "rl-grpo-rdzv" }}{{ with index . 0 }}{{ .Address }}
+{{ with nomadService "halo-index-0.rl-grpo-rdzv" }}{{ with index . 0 }}{{ .Address }}
 {{ .Port }}{{ end }}{{ end }}
 EOT
       }
@@ -370,7 +291,7 @@ EOT
         destination = "local/halo-master-addr"
         change_mode = "noop"
         data        = <<EOT
-{{ with nomadService "rl-grpo-rdzv" }}{{ with index . 0 }}{{ .Address }}
+{{ with nomadService "halo-index-0.rl-grpo-rdzv" }}{{ with index . 0 }}{{ .Address }}
 {{ .Port }}{{ end }}{{ end }}
 EOT
       }
