@@ -343,8 +343,8 @@ def submit_nomad(tmp_path, fake, env, *flags) -> subprocess.CompletedProcess:
 
 
 def end_job(fake, job_id: str, code: int) -> None:
-    for group in ("node-0", "workers"):
-        fake.finish(job_id, group, exit_code=code if group == "workers" else 0)
+    for group in ("trainer[0]", "trainer[1]"):
+        fake.finish(job_id, group, exit_code=code if group == "trainer[1]" else 0)
 
 
 @pytest.mark.parametrize("code, status", [(0, "COMPLETED"), (3, "FAILED")])
@@ -445,8 +445,8 @@ def test_nomad_gc_clears_an_unwatched_ended_job_and_keeps_a_running_one(tmp_path
         fake.set_running(running)
         end_job(fake, ended, 0)
         # One that Nomad no longer knows, its Variable left behind (a purge by hand, say).
-        fake.finish(purged, "node-0", 0)
-        fake.finish(purged, "workers", 1)
+        fake.finish(purged, "trainer[0]", 0)
+        fake.finish(purged, "trainer[1]", 1)
         with fake._lock:
             del fake._jobs[("default", purged)]
         assert len(fake.variables) == 3

@@ -79,8 +79,8 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-e74793dd"
-        right_delimiter = "halo-e74793dd]]"
+        left_delimiter  = "[[halo-5fda81be"
+        right_delimiter = "halo-5fda81be]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes, the same on every node.
@@ -96,7 +96,7 @@ case "$halo_rank" in
   '' | *[!0-9]* | ??????????*) halo_fail "HALO_NODE_RANK must be a node rank in 0..1, got '$halo_rank'" ;;
 esac
 halo_rank=$((10#$halo_rank))  # 10#: a leading zero is not octal
-[ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank is outside 0..1"
+[ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank (HALO_NODE_RANK) is outside 0..1"
 
 # The warning (SIGUSR2) is ignored here and inherited so; it arrives as SIGURG and this shell
 # hands SIGUSR2 to each rank once it handles it (halo_deliver: halo_sched/node/entry.sh, docs/slurm.md).
