@@ -734,7 +734,7 @@ class FakeNomad:
                 and (group is None or a["TaskGroup"] == group)]
 
     def _latest_alloc(self, job_id: str, group: str, namespace: str) -> dict:
-        """The newest allocation of a group; ``group`` may also name one index, ``workers[1]``."""
+        """The newest allocation of a group; ``group`` may also name one index, ``trainer[1]``."""
         if "[" in group:
             allocs = [a for a in self._job_allocs(job_id, namespace) if a["Name"] == f"{job_id}.{group}"]
         else:
