@@ -18,7 +18,7 @@ from halo_sched.backends.base import JobStatus
 from halo_sched.backends.nomad import NomadScheduler
 from halo_sched.backends.nomad.client import NomadClient, NomadConfig
 from halo_sched.backends.nomad.watchdog import watch_job
-from helpers import REPO, free_port, load_nomad_helper
+from helpers import REPO, free_port, load_nomad_helper, loopback_hosts
 
 fake_api = load_nomad_helper("fake_api")
 client_sim = load_nomad_helper("client_sim")
@@ -73,7 +73,8 @@ def _setup(fake):
 def test_lost_node_without_a_watcher_is_not_replaced_and_the_job_ends_within_its_bound(tmp_path):
     with FakeNomad([FakeNode(n, gpus=0) for n in ("n0", "n1", "spare")], token=TOKEN, nomad_version="2.0.5") as fake:
         client, sched, dry = _setup(fake)
-        with client_sim.SimCluster(dry.payload["Job"], tmp_path / "nomad", host_env=_env()) as cluster:
+        with client_sim.SimCluster(dry.payload["Job"], tmp_path / "nomad", host_env=_env(),
+                                   hosts=loopback_hosts(3, ["n0", "n1", "spare"])) as cluster:
             job_id, job = _running_world(fake, cluster, sched, dry)
             lost_after_s = 3 * 3600  # max_run_duration 2h + the hour (asserted below)
             victim = fake.alloc_for(job_id, "trainer[1]")
@@ -109,7 +110,8 @@ def test_lost_node_without_a_watcher_is_not_replaced_and_the_job_ends_within_its
 def test_lost_node_with_a_watcher_stops_the_job_within_one_poll(tmp_path):
     with FakeNomad([FakeNode(n, gpus=0) for n in ("n0", "n1", "spare")], token=TOKEN, nomad_version="2.0.5") as fake:
         client, sched, dry = _setup(fake)
-        with client_sim.SimCluster(dry.payload["Job"], tmp_path / "nomad", host_env=_env()) as cluster:
+        with client_sim.SimCluster(dry.payload["Job"], tmp_path / "nomad", host_env=_env(),
+                                   hosts=loopback_hosts(3, ["n0", "n1", "spare"])) as cluster:
             job_id, _ = _running_world(fake, cluster, sched, dry)
             victim = fake.alloc_for(job_id, "trainer[1]")
             fake.node_down(victim["NodeName"])

@@ -14,7 +14,7 @@ import pytest
 import halo_sched
 import halo_sched.spec
 from halo_sched.backends.nomad.render import job_payload
-from helpers import HOSTILE_MORE, REPO, free_port, load_nomad_helper
+from helpers import HOSTILE_MORE, REPO, free_port, load_nomad_helper, loopback_hosts
 
 client_sim = load_nomad_helper("client_sim")
 pytestmark = pytest.mark.torch
@@ -41,7 +41,7 @@ def test_three_node_job_forms_one_world(tmp_path):
     reports = tmp_path / "reports"
     spec = spec_for(3, free_port(), 120, str(reports))
     job = job_payload(spec)["Job"]
-    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=host_env()) as cluster:
+    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=host_env(), hosts=loopback_hosts(3)) as cluster:
         # One group of count 3 (node rank = NOMAD_ALLOC_INDEX), ranks 2 and 1 placed out of order
         # and before rank 0: they register too, but their template asks for index 0's
         # registration only, so it renders empty and they wait for it.
@@ -70,7 +70,7 @@ def test_three_node_job_forms_one_world(tmp_path):
 def test_worker_without_leader_fails_within_rendezvous_timeout(tmp_path):
     spec = spec_for(2, free_port(), 3, str(tmp_path / "r"))
     job = job_payload(spec)["Job"]
-    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=host_env()) as cluster:
+    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=host_env(), hosts=loopback_hosts(3)) as cluster:
         cluster.place(["trainer[1]"])  # half-placed: rank 0 never comes; rank 1's own registration is not index 0's
         t0 = time.monotonic()
         cluster.start()

@@ -24,7 +24,7 @@ from halo_sched.backends.nomad.render import job_payload, render_hcl, variable_p
 from halo_sched.errors import SpecError
 from halo_sched.node_runtime import ITEM, runtime
 from halo_sched.spec import loads
-from helpers import REPO, cli, free_port, load_nomad_helper
+from helpers import REPO, cli, free_port, load_nomad_helper, loopback_hosts
 
 fake_api = load_nomad_helper("fake_api")
 client_sim = load_nomad_helper("client_sim")
@@ -203,7 +203,8 @@ def run_sim(job_dict: dict, tmp_path: Path, variables: dict, timeout=240):
     # The client's own environment must not be where the value comes from.
     host.pop("HF_TOKEN")
     host.pop("WANDB_API_KEY")
-    with client_sim.SimCluster(job_dict, tmp_path / "nomad", host_env=host) as cluster:
+    nodes = sum(int(g.get("Count") or 1) for g in job_dict["TaskGroups"])
+    with client_sim.SimCluster(job_dict, tmp_path / "nomad", host_env=host, hosts=loopback_hosts(nodes)) as cluster:
         for path, items in variables.items():
             cluster.set_variable(path, items)
         cluster.place()

@@ -17,7 +17,7 @@ import halo_sched.spec  # the modules themselves: `import halo_sched` loads them
 from halo_sched.backends.nomad.render import job_payload, render_hcl, variable_path
 from halo_sched.launch import submission_id
 from halo_sched.backends.nomad.servers import service_name
-from helpers import REPO, free_port, job_variable, load_nomad_helper
+from helpers import REPO, free_port, job_variable, load_nomad_helper, loopback_hosts
 from hclparse import hcl2json, jobspec
 
 client_sim = load_nomad_helper("client_sim")
@@ -78,7 +78,8 @@ def test_sim_trainer_reads_server_registrations_and_servers_end_after_rank_0(tmp
     job = job_payload(spec)["Job"]
     host = _host_env()
     host.pop("ROLLOUT_KEY", None)
-    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=host, variables=job_variable(job, ROLLOUT_KEY=SECRET)) as cluster:
+    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=host, variables=job_variable(job, ROLLOUT_KEY=SECRET),
+                               hosts=loopback_hosts(3)) as cluster:
         # Trainer first: its address files are blank until the server registers; it waits.
         cluster.place(["trainer"])
         cluster.start()
@@ -106,7 +107,7 @@ def test_sim_trainer_reads_server_registrations_and_servers_end_after_rank_0(tmp
 def test_sim_unregistered_server_fails_the_trainer_naming_it(tmp_path):
     spec = spec_for(tmp_path, server_nodes=1, timeout_s=4)
     job = job_payload(spec)["Job"]
-    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=_host_env()) as cluster:
+    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=_host_env(), hosts=loopback_hosts(3)) as cluster:
         cluster.place(["trainer"])  # the server group never places
         t0 = time.monotonic()
         cluster.start()

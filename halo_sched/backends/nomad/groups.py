@@ -77,17 +77,13 @@ def _task(launch: Launch, entry: str, delims: tuple[str, str]) -> dict:
     spec, job_id = launch.spec, launch.job_id
     nm = spec.nomad
     left, right = delims
-    templates = [{
-        "EmbeddedTmpl": entry,
-        "DestPath": ENTRY_PATH,
-        "Perms": "0755",
-        "ChangeMode": "noop",
-        "LeftDelim": left,
-        "RightDelim": right,
-    },
-        # Every node, rank 0 too, reads rank 0's address from its registration. noop: the file
-        # is rewritten when rank 0 registers; the entry script polls it.
-        {"EmbeddedTmpl": master_template(rdzv_service_key(launch, job_id)), "DestPath": MASTER_FILE, "ChangeMode": "noop"}]
+    templates = [
+        {"EmbeddedTmpl": entry, "DestPath": ENTRY_PATH, "Perms": "0755", "ChangeMode": "noop",
+         "LeftDelim": left, "RightDelim": right},
+        # Every node, rank 0 too, reads rank 0's address from index 0's registration. noop: the
+        # file is rewritten when rank 0 registers; the entry script polls it.
+        {"EmbeddedTmpl": master_template(rdzv_service_key(launch, job_id)), "DestPath": MASTER_FILE, "ChangeMode": "noop"},
+    ]
     env = {NAMES.node_rank: "${NOMAD_ALLOC_INDEX}", NAMES.master_addr_file: nomad_servers.MASTER_FILE_IN_TASK}
 
     # The entry script keeps its logs and the ranks' progress files inside the task directory,
