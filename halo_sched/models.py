@@ -56,7 +56,7 @@ class Rendezvous(_Model):
     )
     timeout_s: int = Field(
         900, ge=1, le=7 * 86400,
-        description="Bound on waiting for rank 0 and the other nodes (torchrun store timeout; Nomad workers' wait for the leader).",
+        description="Bound on waiting for rank 0 and the other nodes (torchrun store timeout; on Nomad, each node's wait for rank 0's registration).",
     )
 
 

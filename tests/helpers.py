@@ -232,6 +232,15 @@ def load_nomad_helper(name: str):
 SIM_TOKEN = "tok-sim"
 
 
+def loopback_hosts(n: int, names: list[str] | None = None) -> list:
+    """``n`` client nodes of their own on this machine for the client simulator (client_sim.SimHost
+    without a namespace, all at 127.0.0.1): each has its own node name and its own used ports. A
+    halo-sched job's trainer allocations each reserve the rendezvous port, and ``distinct_hosts``
+    puts them on distinct clients; on one simulated host a static port is reserved only once."""
+    client_sim = load_nomad_helper("client_sim")
+    return [client_sim.SimHost(name, enter=[], ip="127.0.0.1") for name in (names or [f"sim-{i}" for i in range(n)])]
+
+
 @contextlib.contextmanager
 def nomad_sim_job(tmp_path: Path, fields: dict, nodes: int = 2, hosts: list | None = None):
     """A job submitted to the fake Nomad API (tests/nomad/fake_api.py, the servers) whose
@@ -239,8 +248,8 @@ def nomad_sim_job(tmp_path: Path, fields: dict, nodes: int = 2, hosts: list | No
     ``nodes`` CPU nodes: the job file's ``fields`` over 2 processes a node, raw_exec, a free
     rendezvous port (60 s timeout) and one thread per rank. Yields (fake, scheduler, cluster,
     job id); the simulator's exits and logs come back through the API, nothing copied by hand.
-    ``hosts`` (client_sim.SimHost, e.g. the multi-host rig's namespaces) are the client nodes
-    instead, by their names: each allocation runs on the host the fake's scheduler chose."""
+    The client nodes are ``hosts`` (client_sim.SimHost, e.g. the multi-host rig's namespaces),
+    else :func:`loopback_hosts`; each allocation runs on the host the fake's scheduler chose."""
     from halo_sched.backends.nomad import NomadScheduler
     from halo_sched.backends.nomad.client import NomadClient, NomadConfig
     from halo_sched.models import JobSpec
@@ -250,7 +259,8 @@ def nomad_sim_job(tmp_path: Path, fields: dict, nodes: int = 2, hosts: list | No
                                    "rendezvous": {"port": free_port(), "timeout_s": 60},
                                    "nomad": {"driver": "raw_exec"}, **fields})
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
-    names = [h.name for h in hosts] if hosts else [f"sim-{i}" for i in range(nodes)]
+    hosts = hosts or loopback_hosts(nodes)
+    names = [h.name for h in hosts]
     with fake_api.FakeNomad([fake_api.FakeNode(n, gpus=0) for n in names], token=SIM_TOKEN) as fake:
         sched = NomadScheduler(client=NomadClient(NomadConfig(address=fake.address, token=SIM_TOKEN, retry_attempts=1)))
         dry = sched.dryrun(spec)

@@ -296,7 +296,7 @@ def test_nomad_register_faults_make_exactly_one_job(fake, fault):
 
 def test_nomad_register_4xx_fails_at_once_with_nomads_words(fake):
     sched = scheduler(fake)
-    fake.fail_next(1, status=400, body="1 error occurred:\n\t* Task group workers has no tasks", path_contains="/v1/jobs")
+    fake.fail_next(1, status=400, body="1 error occurred:\n\t* Task group trainer has no tasks", path_contains="/v1/jobs")
     with pytest.raises(SchedulerError, match="rejected the request.*has no tasks"):
         sched.submit(spec())
     assert len([r for r in fake.requests if r.path == "/v1/jobs"]) == 1

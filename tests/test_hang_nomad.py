@@ -26,7 +26,7 @@ def hung(node, rank, waiting, where="train.py:44", code="dist.all_reduce(t)"):
 def test_a_hung_job_on_nomad_names_the_rank_outside_a_collective(tmp_path):
     with FakeNomad(nodes(), token=TOKEN) as fake:
         sched, job_id = submit(fake, tmp_path)
-        for group, node in (("node-0", 0), ("workers[0]", 1), ("workers[1]", 2)):
+        for group, node in (("trainer[0]", 0), ("trainer[1]", 1), ("trainer[2]", 2)):
             lines = "".join(hung(node, r, None if r == 5 else "all_reduce",
                                  *(("train.py:57", "time.sleep(600)") if r == 5 else ()))
                             for r in (2 * node, 2 * node + 1))

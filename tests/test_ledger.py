@@ -245,7 +245,7 @@ def test_nomad_lost_allocation_ledgers_its_node_and_the_next_job_keeps_off_it(tm
         sched = NomadScheduler(client=NomadClient(NomadConfig(address=fake.address, token="tok", retry_attempts=1)))
         job_id = sched.submit(spec).id
         fake.set_running(job_id)
-        victim = fake.alloc_for(job_id, "workers[1]")["NodeName"]
+        victim = fake.alloc_for(job_id, "trainer[2]")["NodeName"]
         fake.node_down(victim)
         st = core.query_and_note("nomad", sched, [job_id])[job_id]
         assert st.status is JobStatus.NODE_FAIL and f"(Nomad node {victim}) disconnected" in st.describe()

@@ -51,8 +51,8 @@ def test_a_nomad_job_trains_across_two_hosts_on_data0(tmp_path, rig, client_inte
         status = sched.query([job_id])[job_id].status
         allocs = {a.name: a for a in cluster.allocations}
         out = "".join(cluster.stdout(n) + cluster.stderr(n) for n in allocs)
-        worker = next(a for n, a in allocs.items() if ".workers[" in n)
-        leader = next(a for n, a in allocs.items() if ".node-0[" in n)
+        worker = next(a for n, a in allocs.items() if n.endswith(".trainer[1]"))
+        leader = next(a for n, a in allocs.items() if n.endswith(".trainer[0]"))
         master_file = (worker.tasks[next(iter(worker.tasks))].dir + "/local/halo-master-addr")
         master = open(master_file).read().split()
     t = traffic(before, after)

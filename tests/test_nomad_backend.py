@@ -18,7 +18,7 @@ import yaml
 
 import halo_sched
 from halo_sched.backends.nomad.render import (
-    client_requirements, group_counts, job_payload, node_rank_of, render_hcl,
+    client_requirements, job_payload, node_rank_of, render_hcl,
 )
 from halo_sched.errors import SpecError
 from halo_sched.launch import submission_id
@@ -72,32 +72,29 @@ def test_hcl_parser_refuses_what_it_should():
     assert hcl2json.load('x = "$${NOMAD_ALLOC_INDEX} %%{ if }"\n') == {"x": "${NOMAD_ALLOC_INDEX} %{ if }"}
 
 
-def test_leader_and_worker_shape():
+def test_one_trainer_group_shape():
     spec = halo_sched.load(REPO / "examples" / "nomad-gpu.yaml").model_copy(update={"nodes": 4})
     job = job_payload(spec, "ddp-nomad-1")["Job"]
-    assert [(g["Name"], g["Count"]) for g in job["TaskGroups"]] == [("node-0", 1), ("workers", 3)]
+    assert [(g["Name"], g["Count"]) for g in job["TaskGroups"]] == [("trainer", 4)]
     assert job["Meta"]["halo_sched_nodes"] == "4"
-    leader, workers = job["TaskGroups"]
-    assert leader["Services"][0]["Provider"] == "nomad"
-    # rendezvous.port unset: a dynamic port, which node-0 reads from its env and the workers from
-    # the service's registration (address, then port).
-    assert leader["Networks"][0] == {"Mode": "host", "DynamicPorts": [{"Label": "rdzv"}]}
-    assert leader["Tasks"][0]["Env"] == {"HALO_NODE_RANK": "0", "HALO_MASTER_ADDR": "${NOMAD_IP_rdzv}",
-                                         "HALO_MASTER_PORT": "${NOMAD_PORT_rdzv}",
-                                         "HALO_LOG_DIR": "${NOMAD_TASK_DIR}/halo-logs",
-                                         "HALO_NODE_RUNTIME_FILE": "${NOMAD_TASK_DIR}/halo-node.b64"}
+    (trainer,) = job["TaskGroups"]
+    # Every allocation registers the rendezvous service, tagged with its index; every node, rank 0
+    # too, reads index 0's registration (address, then port).
+    assert trainer["Services"] == [{"Name": "ddp-nomad-1-rdzv", "Provider": "nomad", "PortLabel": "rdzv",
+                                    "Tags": ["halo-index-${NOMAD_ALLOC_INDEX}"]}]
+    # rendezvous.port unset: a dynamic port, one per allocation.
+    assert trainer["Networks"][0] == {"Mode": "host", "DynamicPorts": [{"Label": "rdzv"}]}
     set_port = job_payload(spec.model_copy(update={"rendezvous": spec.rendezvous.model_copy(update={"port": 29500})}),
                            "ddp-nomad-1")["Job"]["TaskGroups"][0]
     assert set_port["Networks"][0] == {"Mode": "host", "ReservedPorts": [{"Label": "rdzv", "Value": 29500}]}
-    assert set_port["Tasks"][0]["Env"] == leader["Tasks"][0]["Env"]
-    t = workers["Tasks"][0]
-    assert "Services" not in workers and "ReservedPorts" not in workers["Networks"][0]
-    assert t["Env"] == {"HALO_NODE_RANK": "${NOMAD_ALLOC_INDEX}", "HALO_NODE_RANK_OFFSET": "1",
+    assert set_port["Tasks"][0]["Env"] == trainer["Tasks"][0]["Env"]
+    t = trainer["Tasks"][0]
+    assert t["Env"] == {"HALO_NODE_RANK": "${NOMAD_ALLOC_INDEX}",
                         "HALO_MASTER_ADDR_FILE": "${NOMAD_TASK_DIR}/halo-master-addr",
                         "HALO_LOG_DIR": "${NOMAD_TASK_DIR}/halo-logs",
                         "HALO_NODE_RUNTIME_FILE": "${NOMAD_TASK_DIR}/halo-node.b64"}
     master = t["Templates"][1]["EmbeddedTmpl"]
-    assert 'nomadService "ddp-nomad-1-rdzv"' in master and "index . 0" in master
+    assert 'nomadService "halo-index-0.ddp-nomad-1-rdzv"' in master and "index . 0" in master
     assert "{{ .Address }}\n{{ .Port }}" in master
     for g in job["TaskGroups"]:
         # Lost means failed: no restart, no reschedule, no replacement of a node that went down.
@@ -116,16 +113,15 @@ def test_leader_and_worker_shape():
     unbounded = spec.model_copy(update={"nomad": spec.nomad.model_copy(update={"max_run_duration": None})})
     # No max_run_duration: a week (the longest wait any rank may be given) plus the hour.
     assert {g["Disconnect"]["LostAfter"] for g in job_payload(unbounded)["Job"]["TaskGroups"]} == {169 * 3600 * 10**9}
-    assert job_payload(spec.model_copy(update={"nodes": 1}))["Job"]["TaskGroups"][0]["Name"] == "node-0"
-    assert len(job_payload(spec.model_copy(update={"nodes": 1}))["Job"]["TaskGroups"]) == 1
-    assert group_counts(4) == {"node-0": 1, "workers": 3} and group_counts(1) == {"node-0": 1}
+    one = job_payload(spec.model_copy(update={"nodes": 1}))["Job"]["TaskGroups"]
+    assert [(g["Name"], g["Count"]) for g in one] == [("trainer", 1)]
 
 
 def test_node_rank_of_allocation_names():
-    assert node_rank_of("node-0", "j.node-0[0]") == 0
-    assert node_rank_of("workers", "j.workers[0]") == 1
-    assert node_rank_of("workers", "my.job[2].workers[41]") == 42
-    assert node_rank_of("other", "j.other[0]") is None and node_rank_of("workers", "j.workers") is None
+    assert node_rank_of("trainer", "j.trainer[0]") == 0
+    assert node_rank_of("trainer", "j.trainer[1]") == 1
+    assert node_rank_of("trainer", "my.job[2].trainer[41]") == 41
+    assert node_rank_of("server-vllm", "j.server-vllm[0]") is None and node_rank_of("trainer", "j.trainer") is None
 
 
 def test_job_size_does_not_grow_with_nodes():
@@ -134,12 +130,12 @@ def test_job_size_does_not_grow_with_nodes():
     for n in (2, 256, 1024):
         s = spec.model_copy(update={"nodes": n})
         sizes[n] = (len(json.dumps(job_payload(s, "ddp-nomad-x"))), len(render_hcl(s, "ddp-nomad-x")))
-    # Only the digits of N differ (meta, the entry's range check, the worker count).
+    # Only the digits of N differ (meta, the entry's range check, the group's count).
     for n in (256, 1024):
         assert abs(sizes[n][0] - sizes[2][0]) < 64 and abs(sizes[n][1] - sizes[2][1]) < 64, sizes
     payload = job_payload(spec.model_copy(update={"nodes": 1024}))["Job"]
     entry = payload["TaskGroups"][0]["Tasks"][0]["Templates"][0]["EmbeddedTmpl"]
-    assert json.dumps(payload).count(json.dumps(entry)) == 2  # once per group
+    assert json.dumps(payload).count(json.dumps(entry)) == 1  # once, for every node
 
 
 def test_volumes_cannot_interpolate_on_the_client():
@@ -198,7 +194,7 @@ def nomad_env(fake, **extra):
 
 
 def test_half_placed_job_is_stopped_within_placement_timeout(job_file):
-    # Two GPU clients, but one is fully busy: the worker cannot place (no gang scheduling).
+    # Two GPU clients, but one is fully busy: node rank 1 cannot place (no gang scheduling).
     with FakeNomad([Client("gpu-a"), Client("gpu-b", busy_gpus=8)], token=TOKEN) as fake:
         f = job_file(nodes=2, placement_timeout_s=3)
         t0 = time.monotonic()
@@ -208,7 +204,7 @@ def test_half_placed_job_is_stopped_within_placement_timeout(job_file):
         job_id = r.stdout.strip().splitlines()[-1]
         assert re.fullmatch(r"ddp-nomad-\d{8}-\d{6}-[0-9a-f]{6}", job_id)
         assert "1 of 2" in r.stderr or "1/2" in r.stderr, r.stderr
-        assert "workers" in r.stderr
+        assert "trainer: 1 of 2 unplaced (node rank 1)" in r.stderr
         assert elapsed < 3 + 5  # the timeout plus CLI start-up and a few HTTP calls
         assert fake.job_record(job_id)["Stop"] is True
         # Every request carried the token.
@@ -224,9 +220,9 @@ def test_status_partial_then_plan_explains(job_file):
         st = cli("status", job_id, "--backend", "nomad", "--json", env=nomad_env(fake))
         state = json.loads(st.stdout)
         assert state["status"] == "PARTIAL" and state["nodes_running"] == 1 and state["nodes_total"] == 2
-        assert "workers" in state["reason"]
+        assert "trainer: 1 of 2 unplaced (node rank 1)" in state["reason"]
         p = cli("plan", str(f), "--backend", "nomad", env=nomad_env(fake))
-        assert p.returncode == 1 and "workers" in p.stdout
+        assert p.returncode == 1 and "trainer: CANNOT place 2 of 2" in p.stdout  # the first job holds gpu-a
         c = cli("cancel", job_id, "--backend", "nomad", env=nomad_env(fake))
         assert c.returncode == 0
         st = cli("status", job_id, "--backend", "nomad", "--json", env=nomad_env(fake))
@@ -243,7 +239,7 @@ def test_fully_placed_job_runs_and_completes(job_file):
         nomad_id = job_id.split("/", 1)[1]
         st = cli("status", job_id, "--backend", "nomad", "--json", env=nomad_env(fake))
         assert json.loads(st.stdout)["status"] == "RUNNING"
-        for g in ("node-0", "workers"):
+        for g in ("trainer[0]", "trainer[1]"):
             fake.finish(nomad_id, g, exit_code=0, namespace="training")
         st = cli("status", job_id, "--backend", "nomad", "--json", env=nomad_env(fake))
         assert json.loads(st.stdout)["status"] == "COMPLETED"
@@ -254,7 +250,7 @@ def test_max_run_duration_is_reported_as_timeout(job_file):
     with FakeNomad([Client("gpu-a"), Client("gpu-b")], token=TOKEN) as fake:
         f = job_file(nodes=2)
         job_id = cli("submit", str(f), "--backend", "nomad", env=nomad_env(fake)).stdout.split()[-1]
-        for g in ("node-0", "workers"):
+        for g in ("trainer[0]", "trainer[1]"):
             fake.time_out(job_id, g)
         st = json.loads(cli("status", job_id, "--backend", "nomad", "--json", env=nomad_env(fake)).stdout)
         assert st["status"] == "TIMEOUT"
@@ -272,22 +268,21 @@ def test_dry_run_prints_the_payload_and_sends_nothing(job_file):
         assert re.fullmatch(r"[0-9a-f]{24}", sent["Job"]["Meta"].pop("halo_sched_token"))
         # Expected: the reviewed golden payload of examples/nomad-gpu.yaml with, by hand, what
         # job_file changed (no namespace, 64 GiB of memory, an 8 GiB /dev/shm) and the fresh job
-        # id in the places a job id goes (the rendezvous service and the workers' lookup of it).
+        # id in the places a job id goes (the rendezvous service and the nodes' lookup of it).
         want = json.loads((GOLDEN / "nomad-gpu.nomad.json").read_text())
         job = want["Job"]
         job["ID"] = job_id
         del job["Namespace"]
-        node0, workers = job["TaskGroups"]
-        node0["Services"][0]["Name"] = f"{job_id}-rdzv"
-        for group in (node0, workers):
-            group["Tasks"][0]["Resources"]["MemoryMB"] = 65536
-            group["Tasks"][0]["Config"]["shm_size"] = 8 * 1024**3
-        lookup = workers["Tasks"][0]["Templates"][1]
-        assert '{{ with nomadService "ddp-nomad-rdzv" }}' in lookup["EmbeddedTmpl"]
-        lookup["EmbeddedTmpl"] = lookup["EmbeddedTmpl"].replace('"ddp-nomad-rdzv"', f'"{job_id}-rdzv"')
+        (trainer,) = job["TaskGroups"]
+        trainer["Services"][0]["Name"] = f"{job_id}-rdzv"
+        trainer["Tasks"][0]["Resources"]["MemoryMB"] = 65536
+        trainer["Tasks"][0]["Config"]["shm_size"] = 8 * 1024**3
+        lookup = trainer["Tasks"][0]["Templates"][1]
+        assert '{{ with nomadService "halo-index-0.ddp-nomad-rdzv" }}' in lookup["EmbeddedTmpl"]
+        lookup["EmbeddedTmpl"] = lookup["EmbeddedTmpl"].replace('.ddp-nomad-rdzv"', f'.{job_id}-rdzv"')
         # ... and the job's Variable (the node runtime's template, and the job's Meta naming it).
         job["Meta"]["halo_sched_secrets"] = f"nomad/jobs/{job_id}"
-        for group in (node0, workers):
+        for group in (trainer,):
             for t in group["Tasks"][0]["Templates"]:
                 t["EmbeddedTmpl"] = t["EmbeddedTmpl"].replace('"nomad/jobs/ddp-nomad"', f'"nomad/jobs/{job_id}"')
         assert sent == want
@@ -307,8 +302,8 @@ def test_logs_are_tagged_with_their_node_rank(job_file):
     with FakeNomad([Client("gpu-a"), Client("gpu-b")], token=TOKEN) as fake:
         f = job_file(nodes=2)
         job_id = cli("submit", str(f), "--backend", "nomad", env=nomad_env(fake)).stdout.split()[-1]
-        # node rank 1 is the allocation workers[0]
-        for g, tag in (("node-0", "node-0"), ("workers", "node-1")):
+        # node rank K is the allocation trainer[K]
+        for g, tag in (("trainer[0]", "node-0"), ("trainer[1]", "node-1")):
             alloc = fake.alloc_for(job_id, g)["ID"]
             fake.write_log(alloc, f"hello from {tag}\nsecond line\n")
             fake.write_log(alloc, f"warning on {tag}\n", type="stderr")
@@ -319,8 +314,8 @@ def test_logs_are_tagged_with_their_node_rank(job_file):
     ]
 
 
-def test_two_jobs_node0_share_a_client_each_on_a_port_of_its_own(job_file):
-    """rendezvous.port unset: node-0 asks for a dynamic port, so the node-0 of two jobs can share
+def test_two_jobs_rank0_share_a_client_each_on_a_port_of_its_own(job_file):
+    """rendezvous.port unset: each node asks for a dynamic port, so the rank 0 of two jobs can share
     a client (Nomad picks a port free there). One static port for every job (29500, the old
     default) is a reserved-port collision on that client: the second job cannot place."""
     def run_two(path, fake):
@@ -352,10 +347,10 @@ def test_each_submission_is_a_new_job_with_its_own_rendezvous_service(job_file):
         assert first != second
         services = {fake.job_record(j)["TaskGroups"][0]["Services"][0]["Name"] for j in (first, second)}
         assert len(services) == 2
-        # The workers read their own job's service, never the other's.
+        # The nodes read their own job's service, never the other's.
         for j in (first, second):
-            tmpl = fake.job_record(j)["TaskGroups"][1]["Tasks"][0]["Templates"][1]["EmbeddedTmpl"]
-            assert fake.job_record(j)["TaskGroups"][0]["Services"][0]["Name"] in tmpl
+            tmpl = fake.job_record(j)["TaskGroups"][0]["Tasks"][0]["Templates"][1]["EmbeddedTmpl"]
+            assert f'"halo-index-0.{fake.job_record(j)["TaskGroups"][0]["Services"][0]["Name"]}"' in tmpl
 
 
 def test_status_of_an_unknown_id_does_not_hide_the_others(job_file):
@@ -400,7 +395,7 @@ def test_default_docker_client_refuses_host_volumes_at_task_start(job_file):
         assert r.returncode == 0, r.stderr
         assert "volumes { enabled = true }" in r.stderr
         job_id = r.stdout.split()[-1]
-        alloc = fake.alloc_for(job_id, "node-0")
+        alloc = fake.alloc_for(job_id, "trainer[0]")
         assert alloc["ClientStatus"] == "failed"
         (event,) = [e for e in alloc["TaskStates"]["torchrun"]["Events"] if e["Type"] == "Driver Failure"]
         assert 'volumes are not enabled; cannot mount host path: "/scratch:/scratch"' in event["DriverError"]

@@ -329,7 +329,7 @@ def test_fully_placed_job_is_running(fake):
     assert (state.nodes_running, state.nodes_total) == (2, 2)
     nodes = state.nomad.nodes
     assert [n["node_rank"] for n in nodes] == [0, 1]
-    assert nodes[1]["alloc_name"] == f"{JOB}.workers[0]"
+    assert nodes[1]["alloc_name"] == f"{JOB}.trainer[1]"
     assert {nodes[0]["node"], nodes[1]["node"]} == {"gpu-a", "gpu-b"}  # distinct hosts
 
 
@@ -342,25 +342,25 @@ def test_half_placed_job_is_partial_and_says_why():
         assert state.status is JobStatus.PARTIAL
         assert (state.nodes_running, state.nodes_total) == (1, 2)
         assert state.nomad.blocked_eval is True
-        reason = state.nomad.blocked["workers"]
-        assert reason.startswith("workers: 1 of 1 unplaced (node rank 1): 0/3 nodes eligible")
-        assert "distinct_hosts: 1" in reason  # gpu-a already holds node-0
+        reason = state.nomad.blocked["trainer"]
+        assert reason.startswith("trainer: 1 of 2 unplaced (node rank 1): 0/3 nodes eligible")
+        assert "distinct_hosts: 1" in reason  # gpu-a already holds node rank 0
         assert "missing devices: 1" in reason  # gpu-c has only 4 GPUs
         assert "exhausted 1 (devices: no devices match request: 1)" in reason  # gpu-b's are busy
-        assert state.reason.startswith("blocked: workers")
+        assert state.reason.startswith("blocked: trainer")
         assert "1/2 nodes running" in state.describe()
 
 
-def test_many_workers_partly_placed_count_what_is_missing():
+def test_many_ranks_partly_placed_count_what_is_missing():
     nodes = [FakeNode(f"gpu-{i}") for i in range(5)]
     with FakeNomad(nodes, token=TOKEN) as fake:
         client = client_for(fake)
         register(client, make_job(8))
         state = state_of(client)
         assert state.status is JobStatus.PARTIAL and (state.nodes_running, state.nodes_total) == (5, 8)
-        assert state.nomad.blocked["workers"].startswith("workers: 3 of 7 unplaced (node ranks 5-7)")
+        assert state.nomad.blocked["trainer"].startswith("trainer: 3 of 8 unplaced (node ranks 5-7)")
         assert sorted(n["alloc_name"] for n in state.nomad.nodes if n["alloc_name"]) == sorted(
-            [f"{JOB}.node-0[0]"] + [f"{JOB}.workers[{k}]" for k in range(4)])
+            f"{JOB}.trainer[{k}]" for k in range(5))
 
 
 def test_nothing_placed_is_pending_with_reasons():
@@ -370,7 +370,8 @@ def test_nothing_placed_is_pending_with_reasons():
         state = state_of(client)
         assert state.status is JobStatus.PENDING
         assert state.nodes_running == 0
-        assert set(state.nomad.blocked) == {"node-0", "workers"}
+        assert set(state.nomad.blocked) == {"trainer"}
+        assert "trainer: 2 of 2 unplaced (node ranks 0-1)" in state.reason
         assert "missing devices" in state.reason
         assert state.raw_state == "pending"
 
@@ -386,9 +387,9 @@ def test_wrong_datacenter_is_explained(fake):
 def test_completed_job(fake):
     client = client_for(fake)
     register(client, make_job(2))
-    fake.finish(JOB, "workers", 0)
+    fake.finish(JOB, "trainer[1]", 0)
     assert state_of(client).status is JobStatus.RUNNING  # rank 1 finished first, rank 0 still writing
-    fake.finish(JOB, "node-0", 0)
+    fake.finish(JOB, "trainer[0]", 0)
     state = state_of(client)
     assert state.status is JobStatus.COMPLETED and state.exit_code == 0
     assert state.raw_state == "dead"
@@ -397,12 +398,12 @@ def test_completed_job(fake):
 def test_failed_job_keeps_the_exit_code(fake):
     client = client_for(fake)
     register(client, make_job(2))
-    fake.finish(JOB, "workers", 3)
+    fake.finish(JOB, "trainer[1]", 3)
     state = state_of(client)
     assert state.status is JobStatus.FAILED and state.exit_code == 3
     assert "node rank 1" in state.reason and "Exit Code: 3" in state.reason
     assert "node rank 0 still running" in state.reason  # rank 0 still holds its GPUs
-    fake.finish(JOB, "node-0", 0)
+    fake.finish(JOB, "trainer[0]", 0)
     assert state_of(client).exit_code == 3
 
 
@@ -410,7 +411,7 @@ def test_driver_failure_is_failed_without_exit_code(fake):
     fake.auto_run = False
     client = client_for(fake)
     register(client, make_job(2))
-    fake.fail_driver(JOB, "node-0", "Failed to pull `halo/train:latest`: not found")
+    fake.fail_driver(JOB, "trainer[0]", "Failed to pull `halo/train:latest`: not found")
     state = state_of(client)
     assert state.status is JobStatus.FAILED and state.exit_code is None
     assert "Failed to pull" in state.reason
@@ -431,7 +432,7 @@ def test_stopped_half_placed_job_says_what_never_placed(one_node_fake):
     client.stop(JOB)
     state = state_of(client)
     assert state.status is JobStatus.CANCELLED
-    assert "not fully placed" in state.reason and "workers: 1 of 1 unplaced" in state.reason
+    assert "not fully placed" in state.reason and "trainer: 1 of 2 unplaced (node rank 1)" in state.reason
     assert "0/1 nodes eligible" in state.reason
     evals = one_node_fake.evals_of(JOB)
     assert all(e["Status"] != "blocked" for e in evals)  # the stop cancelled the blocked eval
@@ -440,7 +441,7 @@ def test_stopped_half_placed_job_says_what_never_placed(one_node_fake):
 def test_failure_before_a_stop_stays_failed(fake):
     client = client_for(fake)
     register(client, make_job(2))
-    fake.finish(JOB, "workers", 2)
+    fake.finish(JOB, "trainer[1]", 2)
     client.stop(JOB)
     state = state_of(client)
     assert state.status is JobStatus.FAILED and state.exit_code == 2
@@ -448,26 +449,26 @@ def test_failure_before_a_stop_stays_failed(fake):
 
 
 def test_rank_crashing_because_of_the_stop_is_still_cancelled(fake):
-    # On stop, node-0 is killed; rank 1's torchrun then dies with exit 1 (NCCL error) before its
+    # On stop, node rank 0 is killed; rank 1's torchrun then dies with exit 1 (NCCL error) before its
     # own kill arrives. That is the user's cancel, not a training failure.
-    fake.stop_collateral = {"workers": 1}
+    fake.stop_collateral = {"trainer[1]": 1}
     client = client_for(fake)
     register(client, make_job(2))
     client.stop(JOB)
-    assert fake.alloc_for(JOB, "workers")["ClientStatus"] == "failed"
+    assert fake.alloc_for(JOB, "trainer[1]")["ClientStatus"] == "failed"
     assert state_of(client).status is JobStatus.CANCELLED
 
 
 def test_max_run_duration_is_a_timeout_not_a_success(fake):
     client = client_for(fake)
     register(client, make_job(2, max_run_duration_s=3600))
-    killed = fake.time_out(JOB, "node-0", variant="client")
+    killed = fake.time_out(JOB, "trainer[0]", variant="client")
     # What Nomad does: the killed allocation is "complete", like a successful one.
     assert killed["ClientStatus"] == "complete"
     state = state_of(client)
     assert state.status is JobStatus.TIMEOUT
     assert "node rank 0" in state.reason and "max_run_duration" in state.reason
-    fake.finish(JOB, "workers", 0)  # every allocation is now "complete"
+    fake.finish(JOB, "trainer[1]", 0)  # every allocation is now "complete"
     state = state_of(client)
     assert state.status is JobStatus.TIMEOUT and state.raw_state == "dead"
 
@@ -478,15 +479,15 @@ def test_max_run_duration_text_elsewhere_is_not_a_timeout(fake, variant):
     # Nomad's signal; the words in a desired description or a task event are not.
     client = client_for(fake)
     register(client, make_job(2, max_run_duration_s=3600))
-    fake.time_out(JOB, "node-0", variant=variant)
+    fake.time_out(JOB, "trainer[0]", variant=variant)
     assert state_of(client).status is not JobStatus.TIMEOUT
 
 
 def test_timeout_wins_over_the_crash_it_causes(fake):
     client = client_for(fake)
     register(client, make_job(2, max_run_duration_s=60))
-    fake.time_out(JOB, "node-0")
-    fake.finish(JOB, "workers", 1)
+    fake.time_out(JOB, "trainer[0]")
+    fake.finish(JOB, "trainer[1]", 1)
     state = state_of(client)
     assert state.status is JobStatus.TIMEOUT
     assert state.reason.startswith("node rank 0 died first") and "Exit Code: 1" in state.reason
@@ -504,7 +505,7 @@ def test_purged_job_is_unknown(fake):
 def test_resubmitted_job_uses_the_latest_allocation_of_each_name(fake):
     client = client_for(fake)
     register(client, make_job(2))
-    fake.finish(JOB, "workers", 1)
+    fake.finish(JOB, "trainer[1]", 1)
     assert state_of(client).status is JobStatus.FAILED
     register(client, make_job(2))  # a new version replaces the old allocations under the same names
     allocs = client.allocation_stubs([JOB])
@@ -536,7 +537,7 @@ def test_status_of_many_jobs_costs_three_calls():
         assert len(calls) <= 3, [(r.method, r.path) for r in calls]
         assert not [r for r in calls if r.path.startswith("/v1/job/")]
         assert [states[i].status for i in ids[:19]] == [JobStatus.RUNNING] * 19
-        assert states[ids[19]].status is JobStatus.PARTIAL and "workers: 1 of 1 unplaced" in states[ids[19]].reason
+        assert states[ids[19]].status is JobStatus.PARTIAL and "trainer: 1 of 2 unplaced" in states[ids[19]].reason
         assert states["nope"].status is JobStatus.UNKNOWN
 
 
@@ -549,9 +550,9 @@ def test_status_json_lists_each_node_rank_and_logs_are_tagged_by_rank(fake, caps
     assert cli.main(["status", JOB, "--backend", "nomad", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [(n["node_rank"], n["client_status"]) for n in out["nodes"]] == [(0, "running"), (1, "running")]
-    assert out["nodes"][1]["alloc_id"] == fake.alloc_for(JOB, "workers")["ID"]
-    fake.write_log(fake.alloc_for(JOB, "workers")["ID"], "hello from rank 1\n")
-    fake.write_log(fake.alloc_for(JOB, "node-0")["ID"], "hello from rank 0\n")
+    assert out["nodes"][1]["alloc_id"] == fake.alloc_for(JOB, "trainer[1]")["ID"]
+    fake.write_log(fake.alloc_for(JOB, "trainer[1]")["ID"], "hello from rank 1\n")
+    fake.write_log(fake.alloc_for(JOB, "trainer[0]")["ID"], "hello from rank 0\n")
     assert list(_scheduler_for(fake).logs(JOB)) == ["[node 0] hello from rank 0\n", "[node 1] hello from rank 1\n"]
 
 
@@ -580,23 +581,22 @@ def test_config_repr_never_shows_secrets():
 
 
 def test_plan_summary_for_a_job_that_cannot_place(one_node_fake):
-    one_node_fake.plan_warnings = '1 warning:\n\n* Group "node-0" has no update block; using defaults'
+    one_node_fake.plan_warnings = '1 warning:\n\n* Group "trainer" has no update block; using defaults'
     client = client_for(one_node_fake)
     plan = client.plan(make_job(2), diff=True)
     groups = plan_summary(plan)
-    assert [g.group for g in groups] == ["node-0", "workers"]
-    assert groups[0].can_place and groups[0].place == 1
-    blocked = groups[1]
-    assert not blocked.can_place and blocked.unplaced == 1
+    assert [g.group for g in groups] == ["trainer"]
+    (blocked,) = groups
+    assert not blocked.can_place and blocked.place == 2 and blocked.unplaced == 1
     assert (blocked.nodes_evaluated, blocked.nodes_filtered, blocked.nodes_exhausted) == (1, 1, 0)
     assert blocked.constraint_filtered == {"distinct_hosts": 1}
-    assert blocked.reason == "workers: 0/1 nodes eligible; filtered 1 (distinct_hosts: 1)"
-    assert plan_warnings(plan) == ['Group "node-0" has no update block; using defaults']
+    assert blocked.reason == "trainer: 0/1 nodes eligible; filtered 1 (distinct_hosts: 1)"
+    assert plan_warnings(plan) == ['Group "trainer" has no update block; using defaults']
     assert plan["Diff"]["Type"] == "Added"
 
     text = format_plan(plan, JOB)
     assert "1/2 nodes can be placed now" in text
-    assert "workers: CANNOT place 1 of 1: 0/1 nodes eligible" in text
+    assert "trainer: CANNOT place 1 of 2: 0/1 nodes eligible" in text
     assert "no gang scheduling" in text and "has no update block" in text
     assert one_node_fake.job_record(JOB) is None  # a plan registers nothing
 
@@ -621,7 +621,7 @@ def test_plan_summary_all_placeable_and_metric_text(fake):
 def test_logs_plain_and_stderr(fake):
     client = client_for(fake)
     register(client, make_job(2))
-    alloc = fake.alloc_for(JOB, "node-0")
+    alloc = fake.alloc_for(JOB, "trainer[0]")
     fake.write_log(alloc["ID"], "rank 0 ready\nstep 1 loss=2.3\n")
     fake.write_log(alloc["ID"], "NCCL WARN ✓\n", type="stderr")
     assert "".join(client.logs(alloc["ID"], "torchrun")) == "rank 0 ready\nstep 1 loss=2.3\n"
@@ -637,7 +637,7 @@ def test_logs_plain_and_stderr(fake):
 def test_logs_follow_streams_until_the_task_ends(fake):
     client = client_for(fake)
     register(client, make_job(2))
-    alloc = fake.alloc_for(JOB, "workers")
+    alloc = fake.alloc_for(JOB, "trainer[1]")
     fake.write_log(alloc["ID"], "first\n")
     got_first = threading.Event()
     streamed = []
@@ -648,7 +648,7 @@ def test_logs_follow_streams_until_the_task_ends(fake):
         streamed.append(got_first.wait(5))
         fake.write_log(alloc["ID"], "second\n")
         time.sleep(0.05)
-        fake.finish(JOB, "workers", 0)
+        fake.finish(JOB, "trainer[1]", 0)
 
     writer = threading.Thread(target=task_keeps_running)
     writer.start()
@@ -680,7 +680,7 @@ def test_watch_stops_a_half_placed_job_at_its_placement_timeout(one_node_fake):
     assert result.timed_out and result.stopped and not result.placed
     assert clock.sleeps == [7, 7, 7, 7, 2]  # the last sleep is clipped to the deadline
     assert clock.t == 30 and result.elapsed_s == 30
-    assert result.state.nodes_running == 1 and "workers" in result.blocked
+    assert result.state.nodes_running == 1 and "trainer" in result.blocked
     assert "1/2 nodes running" in result.stop_reason and "distinct_hosts" in result.stop_reason
     assert one_node_fake.job_record(JOB)["Stop"] is True
     assert [s.status for s in seen] == [JobStatus.PARTIAL]  # reported once, then unchanged
@@ -727,7 +727,7 @@ def test_watch_succeeds_when_a_node_joins_later(one_node_fake):
     assert result.placed and not result.stopped
     assert clock.t == 12  # the first poll after the node joined saw it
     assert [s.status for s in seen] == [JobStatus.PARTIAL, JobStatus.RUNNING]
-    assert one_node_fake.alloc_for(JOB, "workers")["NodeName"] == "gpu-late"
+    assert one_node_fake.alloc_for(JOB, "trainer[1]")["NodeName"] == "gpu-late"
     assert one_node_fake.job_record(JOB)["Stop"] is False
 
 
@@ -739,8 +739,8 @@ def test_a_dead_rank_during_placement_stops_the_job(one_node_fake):
     clock = FakeClock()
 
     def rank0_crashes(t):
-        if t >= 6 and one_node_fake.alloc_for(JOB, "node-0")["ClientStatus"] == "running":
-            one_node_fake.finish(JOB, "node-0", 7)
+        if t >= 6 and one_node_fake.alloc_for(JOB, "trainer[0]")["ClientStatus"] == "running":
+            one_node_fake.finish(JOB, "trainer[0]", 7)
 
     clock.hooks.append(rank0_crashes)
     result = watch(client, 60, clock, poll_s=3)
@@ -788,7 +788,7 @@ def test_a_dead_rank_is_stopped_within_one_look_of_blocking_queries():
 
         def rank_dies():
             time.sleep(0.5)
-            fake.finish(JOB, "workers[1]", 3)
+            fake.finish(JOB, "trainer[2]", 3)
             died.append(time.monotonic())
 
         threading.Thread(target=rank_dies, daemon=True).start()
@@ -809,7 +809,7 @@ def test_a_node_going_down_reads_node_fail_and_the_watch_stops_the_job():
     with FakeNomad([FakeNode(f"gpu-{i}") for i in range(3)], token=TOKEN) as fake:
         client = client_for(fake)
         register(client, make_job(3))
-        victim = fake.alloc_for(JOB, "workers[0]")
+        victim = fake.alloc_for(JOB, "trainer[1]")
         fake.node_down(victim["NodeName"])
         state = state_of(client)
         assert state.status is JobStatus.NODE_FAIL
@@ -831,9 +831,9 @@ def test_a_lost_rank_replaced_by_nomad_is_node_fail_not_partial():
         for g in payload["Job"]["TaskGroups"]:
             g.pop("Disconnect", None)
         register(client, payload)
-        victim = fake.alloc_for(JOB, "workers")
+        victim = fake.alloc_for(JOB, "trainer[1]")
         fake.node_down(victim["NodeName"])
-        replacement = fake.alloc_for(JOB, "workers")
+        replacement = fake.alloc_for(JOB, "trainer[1]")
         assert replacement["ID"] != victim["ID"] and replacement["Name"] == victim["Name"]
         state = state_of(client)
         assert state.status is JobStatus.NODE_FAIL and "starting" not in state.reason
@@ -849,7 +849,7 @@ def test_cli_watch_stops_the_job_when_a_rank_dies(fake, capsys, monkeypatch):
 
     def rank1_dies():
         time.sleep(0.3)
-        fake.finish(JOB, "workers", 5)
+        fake.finish(JOB, "trainer[1]", 5)
 
     threading.Thread(target=rank1_dies, daemon=True).start()
     t0 = time.monotonic()
@@ -867,7 +867,7 @@ def test_job_wait_stops_the_survivors_of_a_dead_rank(fake):
 
     client = client_for(fake)
     register(client, make_job(2))
-    fake.finish(JOB, "node-0", 9)
+    fake.finish(JOB, "trainer[0]", 9)
     state = Job(_scheduler_for(fake), JOB).wait(timeout=10)
     assert state.status is JobStatus.FAILED and state.exit_code == 9
     assert "node rank 1 (the survivors) was stopped" in state.reason
@@ -879,8 +879,8 @@ def test_cli_watch_of_a_completed_job_exits_0(fake, capsys, monkeypatch):
 
     client = client_for(fake)
     register(client, make_job(2))
-    fake.finish(JOB, "workers", 0)
-    fake.finish(JOB, "node-0", 0)
+    fake.finish(JOB, "trainer[1]", 0)
+    fake.finish(JOB, "trainer[0]", 0)
     monkeypatch.setattr(cli, "_scheduler", lambda name: _scheduler_for(fake))
     assert cli.main(["watch", JOB, "--backend", "nomad"]) == 0
     assert "COMPLETED" in capsys.readouterr().err
@@ -965,8 +965,8 @@ def test_other_jobs_activity_costs_one_call_per_poll():
 def test_job_completed_before_a_stop_stays_completed(fake):
     client = client_for(fake)
     register(client, make_job(2))
-    fake.finish(JOB, "node-0", 0)
-    fake.finish(JOB, "workers", 0)
+    fake.finish(JOB, "trainer[0]", 0)
+    fake.finish(JOB, "trainer[1]", 0)
     client.stop(JOB)
     state = state_of(client)
     assert state.status is JobStatus.COMPLETED and state.exit_code == 0
@@ -978,14 +978,14 @@ def test_jobs_lists_by_prefix_with_a_summary(fake):
     register(client, make_job(1, job_id="other-b", gpus=1))
     jobs = list_jobs(client, prefix="halo-")
     assert [j["ID"] for j in jobs] == ["halo-a"]
-    assert jobs[0]["JobSummary"]["Summary"]["node-0"]["Running"] == 1
+    assert jobs[0]["JobSummary"]["Summary"]["trainer"]["Running"] == 1
     assert {j["ID"] for j in list_jobs(client)} == {"halo-a", "other-b"}
 
 
 def test_fake_frames_logs_when_plain_is_not_asked(fake):
     client = client_for(fake)
     register(client, make_job(1))
-    alloc = fake.alloc_for(JOB, "node-0")
+    alloc = fake.alloc_for(JOB, "trainer[0]")
     fake.write_log(alloc["ID"], "framed\n")
     resp = requests.get(f"{fake.address}/v1/client/fs/logs/{alloc['ID']}",
                         params={"task": "torchrun", "type": "stdout"}, headers={"X-Nomad-Token": TOKEN}, timeout=5)

@@ -58,7 +58,7 @@ def _images(tmp_path):
 
 def test_docker_trainer_and_server_run_the_script_under_a_swallowing_image_entrypoint(tmp_path):
     job = job_payload(_spec(tmp_path))["Job"]
-    assert [g["Name"] for g in job["TaskGroups"]] == ["node-0", "server-gen"]
+    assert [g["Name"] for g in job["TaskGroups"]] == ["trainer", "server-gen"]
     with client_sim.SimCluster(job, tmp_path / "nomad", docker_images=_images(tmp_path), variables=job_variable(job)) as cluster:
         assert any("devices" in u for u in cluster.unsimulated)  # nvidia/gpu: noted, not provided
         cluster.place()
@@ -68,9 +68,9 @@ def test_docker_trainer_and_server_run_the_script_under_a_swallowing_image_entry
         argv = {a.group_name: a.tasks[next(iter(a.tasks))].argv for a in cluster.allocations}
     for name, text in logs.items():
         assert "image entrypoint" not in text, (name, text)
-    assert argv["node-0"][0] == "/bin/bash" and argv["node-0"][1].endswith("/local/halo-entry.sh")
+    assert argv["trainer"][0] == "/bin/bash" and argv["trainer"][1].endswith("/local/halo-entry.sh")
     assert argv["server-gen"][0] == "/bin/bash" and argv["server-gen"][1].endswith("/local/halo-server.sh")
-    trainer = logs["dk-sim.node-0[0]"]
+    trainer = logs["dk-sim.trainer[0]"]
     assert "stand-in torchrun ran:" in trainer and "/workspace/train.py" in trainer, trainer
     # The server's own command ran (it records each start) and it ended after rank 0 did.
     assert os.listdir(tmp_path / "rec"), logs
@@ -84,7 +84,7 @@ def test_the_nomad_gpu_example_runs_in_the_simulator_with_docker_and_devices(tmp
     spec = halo_sched.load(REPO / "examples" / "nomad-gpu.yaml")
     job = job_payload(spec.model_copy(update={"rendezvous": spec.rendezvous.model_copy(update={"timeout_s": 60})}))["Job"]
     images = _images(tmp_path)
-    # The stand-in torchrun stays up a little: the worker reads node-0's registration first.
+    # The stand-in torchrun stays up a little: node rank 1 reads rank 0's registration first.
     torchrun = tmp_path / "image-bin" / "torchrun"
     torchrun.write_text("#!/bin/sh\necho \"stand-in torchrun ran: $*\"\nsleep 3\n")
     images = {spec.image: images["example/trainer:1"]}

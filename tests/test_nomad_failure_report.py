@@ -71,9 +71,9 @@ def fail(fake, job_id, group, text, code=1):
 def test_status_names_the_first_failure_from_the_task_logs(tmp_path):
     with FakeNomad(nodes(), token=TOKEN) as fake:
         sched, job_id = submit(fake, tmp_path)
-        # Node 2 (workers[1]) fails first; node 0's rank 1 dies a second later waiting for it.
-        fail(fake, job_id, "workers[1]", line(2, 5, T0 + 3.25, "ValueError: bad shard 7", exit_code=3))
-        fail(fake, job_id, "node-0", line(0, 1, T0 + 4.5, "RuntimeError: NCCL timeout"))
+        # Node 2 (trainer[2]) fails first; node 0's rank 1 dies a second later waiting for it.
+        fail(fake, job_id, "trainer[2]", line(2, 5, T0 + 3.25, "ValueError: bad shard 7", exit_code=3))
+        fail(fake, job_id, "trainer[0]", line(0, 1, T0 + 4.5, "RuntimeError: NCCL timeout"))
         st = sched.query([job_id])[job_id]
         assert st.status is JobStatus.FAILED
         want = re.compile(r"FAILED: ValueError: bad shard 7 \[rank 5 \(node 2, host gpu-c, local rank 1\) exit 3 at "
@@ -93,9 +93,9 @@ def test_running_job_is_not_read(tmp_path):
         sched, job_id = submit(fake, tmp_path)
         st = sched.query([job_id])[job_id]
         assert st.status is JobStatus.RUNNING and st.failure is None
-        fake.finish(job_id, "node-0", 0)
-        fake.finish(job_id, "workers[0]", 0)
-        fake.finish(job_id, "workers[1]", 0)
+        fake.finish(job_id, "trainer[0]", 0)
+        fake.finish(job_id, "trainer[1]", 0)
+        fake.finish(job_id, "trainer[2]", 0)
         assert sched.query([job_id])[job_id].status is JobStatus.COMPLETED
         assert fake.requests_to("/v1/client/fs/logs/") == []
 
@@ -103,7 +103,7 @@ def test_running_job_is_not_read(tmp_path):
 def test_logs_refused_fall_back_to_the_exit_code(tmp_path):
     with FakeNomad(nodes(), token=TOKEN) as fake:
         sched, job_id = submit(fake, tmp_path)
-        alloc = fail(fake, job_id, "workers[0]", line(1, 2, T0, "ValueError: x"), code=7)
+        alloc = fail(fake, job_id, "trainer[1]", line(1, 2, T0, "ValueError: x"), code=7)
         fake.fail_next(4, status=403, body="Permission denied", path_contains="/fs/logs/")
         st = sched.query([job_id])[job_id]
         assert st.status is JobStatus.FAILED
@@ -118,17 +118,17 @@ def test_logs_refused_fall_back_to_the_exit_code(tmp_path):
 def test_lost_node_is_named_by_node_rank_and_nomad_node(tmp_path):
     with FakeNomad(nodes(), token=TOKEN) as fake:
         sched, job_id = submit(fake, tmp_path)
-        host = fake.alloc_for(job_id, "workers[1]")["NodeName"]
+        host = fake.alloc_for(job_id, "trainer[2]")["NodeName"]
         fake.node_down(host)
         # Node 0's rank crashes on the lost peer before Nomad notices; its line is earlier.
-        fail(fake, job_id, "node-0", line(0, 0, 1.0, "RuntimeError: connection reset by peer"))
+        fail(fake, job_id, "trainer[0]", line(0, 0, 1.0, "RuntimeError: connection reset by peer"))
         st = sched.query([job_id])[job_id]
         assert st.status is JobStatus.NODE_FAIL
         # disconnect { replace = false } (the example's): the allocation is "unknown", not replaced.
         assert re.match(rf"NODE_FAIL: node 2 \(Nomad node {host}\) disconnected at \d\d:\d\d:\d\d: allocation "
                         r"\w{8} unknown: .*node is disconnected; 1 other rank ended after it", st.describe()), st.describe()
         # The lost allocation's logs were not asked for (its client is unreachable).
-        lost = fake.alloc_for(job_id, "workers[1]")
+        lost = fake.alloc_for(job_id, "trainer[2]")
         assert not [r for r in fake.requests_to("/v1/client/fs/logs/") if lost["ID"] in r.path]
 
 
@@ -136,7 +136,7 @@ def test_fake_logs_origin_end_is_the_tail_in_bytes(tmp_path):
     # client/fs_endpoint.go findClosest: a negative offset counts back from the end, clamped at 0.
     with FakeNomad(nodes(), token=TOKEN) as fake:
         sched, job_id = submit(fake, tmp_path)
-        alloc = fake.alloc_for(job_id, "node-0")["ID"]
+        alloc = fake.alloc_for(job_id, "trainer[0]")["ID"]
         fake.write_log(alloc, "é" * 10 + "tail\n", type="stderr")
         c = NomadClient(NomadConfig(address=fake.address, token=TOKEN))
         assert c.log_tail(alloc, "torchrun", "stderr", 5) == "tail\n"
@@ -151,12 +151,12 @@ def test_cli_status_wait_and_logs_filter(tmp_path):
         r = cli("submit", str(spec_file(tmp_path)), "--backend", "nomad", env=env)
         job_id = r.stdout.split()[-1]
         fake.set_running(job_id)
-        for g, node in (("node-0", 0), ("workers[0]", 1), ("workers[1]", 2)):
+        for g, node in (("trainer[0]", 0), ("trainer[1]", 1), ("trainer[2]", 2)):
             alloc = fake.alloc_for(job_id, g)["ID"]
             fake.write_log(alloc, f"[rank {2 * node}] step 1\n[rank {2 * node + 1}] step 1\nnode {node} up\n")
         # The key this submit made (its record): what the job's nodes would sign with.
         key = stored_record(tmp_path / "home", job_id)["failure_key"]
-        fail(fake, job_id, "workers[0]", line(1, 3, T0, "ValueError: rank three", exit_code=3, key=key))
+        fail(fake, job_id, "trainer[1]", line(1, 3, T0, "ValueError: rank three", exit_code=3, key=key))
         st = cli("status", job_id, env=env)
         assert re.search(r"FAILED: ValueError: rank three \[rank 3 \(node 1, host gpu-b, local rank 1\) exit 3 at ",
                          st.stdout), st.stdout + st.stderr

@@ -18,7 +18,7 @@ from halo_sched.backends.base import JobStatus
 from halo_sched.backends.nomad import NomadScheduler
 from halo_sched.backends.nomad.client import NomadClient, NomadConfig
 from halo_sched.backends.nomad.watchdog import watch_job
-from helpers import REPO, free_port, load_nomad_helper
+from helpers import REPO, free_port, load_nomad_helper, loopback_hosts
 
 fake_api = load_nomad_helper("fake_api")
 client_sim = load_nomad_helper("client_sim")
@@ -58,7 +58,7 @@ def _running_world(fake, cluster, sched, dry):
     fake.attach_sim(cluster)
     job_id = sched.schedule(dry)
     assert job_id == cluster.job_id
-    leader = f"{job_id}.node-0[0]"
+    leader = f"{job_id}.trainer[0]"
     # The world formed: rank 0 trains (a step needs both ranks).
     _until("the world trains", lambda: "step   20" in cluster.stdout(leader), 120)
     return job_id, dry.payload["Job"]
@@ -73,23 +73,24 @@ def _setup(fake):
 def test_lost_node_without_a_watcher_is_not_replaced_and_the_job_ends_within_its_bound(tmp_path):
     with FakeNomad([FakeNode(n, gpus=0) for n in ("n0", "n1", "spare")], token=TOKEN, nomad_version="2.0.5") as fake:
         client, sched, dry = _setup(fake)
-        with client_sim.SimCluster(dry.payload["Job"], tmp_path / "nomad", host_env=_env()) as cluster:
+        with client_sim.SimCluster(dry.payload["Job"], tmp_path / "nomad", host_env=_env(),
+                                   hosts=loopback_hosts(3, ["n0", "n1", "spare"])) as cluster:
             job_id, job = _running_world(fake, cluster, sched, dry)
             lost_after_s = 3 * 3600  # max_run_duration 2h + the hour (asserted below)
-            victim = fake.alloc_for(job_id, "workers")
+            victim = fake.alloc_for(job_id, "trainer[1]")
             fake.node_down(victim["NodeName"])
             # Any halo-sched process that looks says NODE_FAIL at once; nobody stops the job.
             assert sched.query([job_id])[job_id].status is JobStatus.NODE_FAIL
             # The survivor ends on its own (gloo sees its peer gone), well within its timeouts.
             t0 = time.monotonic()
             _until("rank 0 fails on its own", lambda: sched.query([job_id])
-                   and fake.alloc_for(job_id, "node-0")["ClientStatus"] == "failed", 120)
+                   and fake.alloc_for(job_id, "trainer[0]")["ClientStatus"] == "failed", 120)
             print(f"survivor ended {time.monotonic() - t0:.1f} s after the node went down")
             assert fake.job_record(job_id)["Stop"] is False
             # Not replaced: Nomad 2.0.5 keeps it unknown for lost_after (the job's 2 h + 1 h).
             fake.advance(lost_after_s - 60)
-            workers = [a for a in fake.allocs_of(job_id) if a["TaskGroup"] == "workers"]
-            assert [(a["ID"], a["ClientStatus"]) for a in workers] == [(victim["ID"], "unknown")]
+            rank1 = [a for a in fake.allocs_of(job_id) if a["Name"] == f"{job_id}.trainer[1]"]
+            assert [(a["ID"], a["ClientStatus"]) for a in rank1] == [(victim["ID"], "unknown")]
             assert fake.job_record(job_id)["Status"] == "running"  # unknown is not terminal
             # Then it is expired, lost and replaced; the replacement finds no rank 0 and fails
             # within rendezvous.timeout_s: the Nomad job is dead.
@@ -98,7 +99,7 @@ def test_lost_node_without_a_watcher_is_not_replaced_and_the_job_ends_within_its
             _until("the job is dead", lambda: sched.query([job_id]) and fake.job_record(job_id)["Status"] == "dead",
                    RDZV_TIMEOUT_S + 60)
             late = time.monotonic() - t1
-            replacement = fake.alloc_for(job_id, "workers")
+            replacement = fake.alloc_for(job_id, "trainer[1]")
             assert replacement["ID"] != victim["ID"] and replacement["ClientStatus"] == "failed"
             assert f"rendezvous.timeout_s={RDZV_TIMEOUT_S}s" in cluster.stderr(replacement["Name"])
         assert sched.query([job_id])[job_id].status is JobStatus.NODE_FAIL
@@ -109,9 +110,10 @@ def test_lost_node_without_a_watcher_is_not_replaced_and_the_job_ends_within_its
 def test_lost_node_with_a_watcher_stops_the_job_within_one_poll(tmp_path):
     with FakeNomad([FakeNode(n, gpus=0) for n in ("n0", "n1", "spare")], token=TOKEN, nomad_version="2.0.5") as fake:
         client, sched, dry = _setup(fake)
-        with client_sim.SimCluster(dry.payload["Job"], tmp_path / "nomad", host_env=_env()) as cluster:
+        with client_sim.SimCluster(dry.payload["Job"], tmp_path / "nomad", host_env=_env(),
+                                   hosts=loopback_hosts(3, ["n0", "n1", "spare"])) as cluster:
             job_id, _ = _running_world(fake, cluster, sched, dry)
-            victim = fake.alloc_for(job_id, "workers")
+            victim = fake.alloc_for(job_id, "trainer[1]")
             fake.node_down(victim["NodeName"])
             seen = len(fake.requests)
             result = watch_job(client, job_id, wait_s=0, poll_s=1.0)
@@ -124,6 +126,6 @@ def test_lost_node_with_a_watcher_stops_the_job_within_one_poll(tmp_path):
             assert fake.job_record(job_id)["Stop"] is True
             # The survivor was killed by the stop (complete), not left to fail on its own; nothing
             # replaced the lost rank.
-            assert cluster.alloc(f"{job_id}.node-0[0]").terminal
-            assert fake.alloc_for(job_id, "node-0")["ClientStatus"] == "complete"
-            assert [a["ID"] for a in fake.allocs_of(job_id) if a["TaskGroup"] == "workers"] == [victim["ID"]]
+            assert cluster.alloc(f"{job_id}.trainer[0]").terminal
+            assert fake.alloc_for(job_id, "trainer[0]")["ClientStatus"] == "complete"
+            assert [a["ID"] for a in fake.allocs_of(job_id) if a["Name"] == f"{job_id}.trainer[1]"] == [victim["ID"]]

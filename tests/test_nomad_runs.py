@@ -109,9 +109,9 @@ def test_a_node_fault_on_nomad_is_retried_off_that_node_and_the_run_completes(tm
         ended = [ln for ln in r.stderr.splitlines() if f"halo-sched: {run_id}: attempt " in ln]
         assert len(ended) == 2 and not any("(observed)" in ln for ln in ended), r.stderr[-3000:]
         second = r.stderr.split("retrying (node fault) as ", 1)[1].split()[0]
-        # The culprit is the Nomad node that ran node rank 1 (workers[0]) of the first attempt.
+        # The culprit is the Nomad node that ran node rank 1 (trainer[1]) of the first attempt.
         first_nodes, second_nodes = _nodes_of(fake, run_id), _nodes_of(fake, second)
-        assert first_nodes["workers[0]"] == culprit == "n1", first_nodes
+        assert first_nodes["trainer[1]"] == culprit == "n1", first_nodes
         # The second attempt is a new version of the same Nomad job (the watcher's stop of the
         # first made version 1: a stop is a version too, nomad/fsm.go handleJobDeregister
         # v2.0.5), whose constraint keeps off the culprit; the fake placed it on the other two
@@ -122,13 +122,13 @@ def test_a_node_fault_on_nomad_is_retried_off_that_node_and_the_run_completes(tm
         assert fake.job_record(run_id)["Version"] == 2 and len(sims) == 2
         assert {"LTarget": "${node.unique.name}", "RTarget": "n1", "Operand": "!="} in job["Constraints"], job
         assert job["Meta"]["halo_sched_attempt"] == "1" and "halo_sched_attempt" not in first_job["Meta"]
-        # Its node-0 registers a rendezvous service of its own: the old version's node-0, being
+        # Its nodes register a rendezvous service of its own: the old version's rank 0, being
         # stopped, may still have one registered under the job's name.
         services = [{tg["Name"]: s["Name"] for tg in j["TaskGroups"] for s in tg.get("Services") or []}
                     for j in (first_job, job)]
-        assert services[0]["node-0"] != services[1]["node-0"], services
-        reads = [t["EmbeddedTmpl"] for t in job["TaskGroups"][1]["Tasks"][0]["Templates"] if t["EmbeddedTmpl"].startswith("{{ with nomadService")]
-        assert len(reads) == 1 and f'nomadService "{services[1]["node-0"]}"' in reads[0], reads
+        assert services[0]["trainer"] != services[1]["trainer"], services
+        reads = [t["EmbeddedTmpl"] for t in job["TaskGroups"][0]["Tasks"][0]["Templates"] if t["EmbeddedTmpl"].startswith("{{ with nomadService")]
+        assert len(reads) == 1 and f'nomadService "halo-index-0.{services[1]["trainer"]}"' in reads[0], reads
         assert set(second_nodes.values()) == {"n0", "n2"} and len(second_nodes) == 2, second_nodes
         assert all(a["ClientStatus"] == "complete" for a in _allocs(fake, second)), _allocs(fake, second)
         # The first version's allocations stay as they ended (filters.go filterOldTerminalAllocs):
@@ -140,8 +140,8 @@ def test_a_node_fault_on_nomad_is_retried_off_that_node_and_the_run_completes(tm
         assert sorted(r[0] for r in rows) == ["0", "0", "1", "1"], rows
         # Recovery: the first attempt's ranks starting (node 1's fails at once) to the second's.
         recovery = min(float(r[3]) for r in rows if r[0] == "1") - max(float(r[3]) for r in rows if r[0] == "0")
-        assert "HALO_RESTART_COUNT" not in first_job["TaskGroups"][1]["Tasks"][0]["Env"]
-        assert job["TaskGroups"][1]["Tasks"][0]["Env"]["HALO_RESTART_COUNT"] == "1"
+        assert "HALO_RESTART_COUNT" not in first_job["TaskGroups"][0]["Tasks"][0]["Env"]
+        assert job["TaskGroups"][0]["Tasks"][0]["Env"]["HALO_RESTART_COUNT"] == "1"
 
         nodes = cli("nodes", env=env).stdout
         assert "n1" in nodes and f"{run_id}@nomad" in nodes, nodes
@@ -195,7 +195,7 @@ def test_the_fake_places_off_a_node_the_constraint_names(tmp_path):
         job_id = sched.schedule(sched.dryrun(next_spec(spec, "r", 1, ("n0",), None)))
         assert set(_nodes_of(fake, job_id).values()) == {"n1", "n2"}
         job_id = sched.schedule(sched.dryrun(next_spec(spec, "r", 1, ("n0", "n2"), None)))
-        assert set(_nodes_of(fake, job_id).values()) == {"n1"}  # node-0 placed; workers blocked
+        assert set(_nodes_of(fake, job_id).values()) == {"n1"}  # node rank 0 placed; rank 1 blocked
         st = sched.query([job_id])[job_id]
         assert st.status is JobStatus.PARTIAL and "${node.unique.name} != n0: 1" in st.reason, st.reason
 
@@ -216,29 +216,29 @@ def test_nomad_times_are_the_tasks_started_and_finished_at():
     assert go_time("2027-01-15T08:00:00.5Z") == 1_800_000_000.5
     assert go_time("2027-01-15T09:00:00+01:00") == 1_800_000_000.0
     job = {"ID": "j", "Status": "dead", "Stop": False, "Meta": {"halo_sched_nodes": "2"}}
-    done = [_alloc("node-0[0]", "complete", "2027-01-15T08:00:00Z", "2027-01-15T08:30:00Z"),
-            _alloc("workers[0]", "complete", "2027-01-15T08:00:02Z", "2027-01-15T08:30:01Z")]
+    done = [_alloc("trainer[0]", "complete", "2027-01-15T08:00:00Z", "2027-01-15T08:30:00Z"),
+            _alloc("trainer[1]", "complete", "2027-01-15T08:00:02Z", "2027-01-15T08:30:01Z")]
     st = job_state(job, done, [], "j")
     assert st.status is JobStatus.COMPLETED
     assert (st.started_at, st.ended_at) == (1_800_000_000.0, 1_800_000_000.0 + 1801)
     # Still running: a start, no end (FinishedAt is Go's zero time until the task is dead).
-    running = [_alloc("node-0[0]", "running", "2027-01-15T08:00:00Z", fake_api.ZERO_TIME),
-               _alloc("workers[0]", "running", "2027-01-15T08:00:02Z", fake_api.ZERO_TIME)]
+    running = [_alloc("trainer[0]", "running", "2027-01-15T08:00:00Z", fake_api.ZERO_TIME),
+               _alloc("trainer[1]", "running", "2027-01-15T08:00:02Z", fake_api.ZERO_TIME)]
     st = job_state({**job, "Status": "running"}, running, [], "j")
     assert st.status is JobStatus.RUNNING and (st.started_at, st.ended_at) == (1_800_000_000.0, None)
     # Failed while the survivor is still being stopped: no end until every task that ran ended.
-    mixed = [_alloc("node-0[0]", "running", "2027-01-15T08:00:00Z", fake_api.ZERO_TIME),
-             {**_alloc("workers[0]", "failed", "2027-01-15T08:00:02Z", "2027-01-15T08:10:00Z")}]
+    mixed = [_alloc("trainer[0]", "running", "2027-01-15T08:00:00Z", fake_api.ZERO_TIME),
+             {**_alloc("trainer[1]", "failed", "2027-01-15T08:00:02Z", "2027-01-15T08:10:00Z")}]
     st = job_state({**job, "Status": "running"}, mixed, [], "j")
     assert st.status is JobStatus.FAILED and st.ended_at is None
     # A lost node never reports its task's end: the allocation's ModifyTime stands in.
-    lost = [_alloc("node-0[0]", "failed", "2027-01-15T08:00:00Z", "2027-01-15T08:05:00Z"),
-            {**_alloc("workers[0]", "lost", "2027-01-15T08:00:02Z", fake_api.ZERO_TIME),
+    lost = [_alloc("trainer[0]", "failed", "2027-01-15T08:00:00Z", "2027-01-15T08:05:00Z"),
+            {**_alloc("trainer[1]", "lost", "2027-01-15T08:00:02Z", fake_api.ZERO_TIME),
              "ModifyTime": int((1_800_000_000 + 600) * 1e9)}]
     st = job_state(job, lost, [], "j")
     assert st.status is JobStatus.NODE_FAIL and st.ended_at == 1_800_000_000.0 + 600
     # Never started: neither.
-    pending = [_alloc("node-0[0]", "pending", fake_api.ZERO_TIME, fake_api.ZERO_TIME)]
+    pending = [_alloc("trainer[0]", "pending", fake_api.ZERO_TIME, fake_api.ZERO_TIME)]
     assert job_state({**job, "Status": "pending"}, pending, [], "j").started_at is None
 
 
@@ -259,7 +259,7 @@ def test_status_run_counts_gpu_hours_from_nomads_task_times(tmp_path):
         assert r.returncode == 0, r.stderr
         job_id = r.stdout.split()[-1]
         fake.set_running(job_id)
-        for group in ("node-0", "workers"):
+        for group in ("trainer[0]", "trainer[1]"):
             fake.finish(job_id, group, 0)
         t0 = 1_800_000_000 * 10**9
         fake.set_task_times(job_id, started_ns=t0, finished_ns=t0 + 1800 * 10**9)
@@ -306,12 +306,12 @@ def test_status_run_counts_each_versions_gpu_hours_from_its_own_allocations(tmp_
         assert r.returncode == 0, r.stderr
         job_id = r.stdout.split()[-1]
         fake.set_running(job_id)
-        fake.finish(job_id, "workers", 1)
-        fake.finish(job_id, "node-0", 0)
+        fake.finish(job_id, "trainer[1]", 1)
+        fake.finish(job_id, "trainer[0]", 0)
         t0 = 1_800_000_000 * 10**9
         fake.set_task_times(job_id, started_ns=t0, finished_ns=t0 + 600 * 10**9)
         assert cli("status", job_id, env=env).returncode == 0  # the record keeps attempt 1's end
-        culprit = fake.alloc_for(job_id, "workers")["NodeName"]
+        culprit = fake.alloc_for(job_id, "trainer[1]")["NodeName"]
         spec = halo_sched.load(path)
         second = _scheduler(fake).submit_attempt(next_spec(spec, job_id, 1, (culprit,), None), job_id).id
         assert second == f"{job_id}~v1", second  # nothing stopped the job in between: version 1
@@ -321,7 +321,7 @@ def test_status_run_counts_each_versions_gpu_hours_from_its_own_allocations(tmp_
         assert [(a["ClientStatus"], a["DesiredStatus"]) for a in sorted(_allocs(fake, job_id), key=lambda a: a["TaskGroup"])] \
             == [("complete", "run"), ("failed", "run")], _allocs(fake, job_id)
         fake.set_running(job_id)
-        for group in ("node-0", "workers"):
+        for group in ("trainer[0]", "trainer[1]"):
             fake.finish(job_id, group, 0)
         fake.set_task_times(job_id, started_ns=t0 + 900 * 10**9, finished_ns=t0 + 2700 * 10**9, version=1)
         # The attempt's own status (what the waiting process notes as it ends), then the run's.
@@ -362,8 +362,8 @@ def test_a_later_attempts_secrets_outlive_the_status_of_the_earlier_one(tmp_path
         job_id = r.stdout.split()[-1]
         key = ("default", f"nomad/jobs/{job_id}")
         fake.set_running(job_id)
-        fake.finish(job_id, "workers", 1)
-        fake.finish(job_id, "node-0", 0)
+        fake.finish(job_id, "trainer[1]", 1)
+        fake.finish(job_id, "trainer[0]", 0)
         # One process throughout, as ``submit --wait`` is: it saw attempt 1 end (Variable deleted)...
         sched = _scheduler(fake)
         assert sched.query([job_id])[job_id].status is JobStatus.FAILED and key not in fake.variables
@@ -374,7 +374,7 @@ def test_a_later_attempts_secrets_outlive_the_status_of_the_earlier_one(tmp_path
             st = cli("status", which, env=env)
             assert st.returncode == 0 and key in fake.variables, (which, st.stdout, st.stderr)
         fake.set_running(job_id)
-        for group in ("node-0", "workers"):
+        for group in ("trainer[0]", "trainer[1]"):
             fake.finish(job_id, group, 0)
         # ... and deletes it again at the end of the attempt it wrote it for.
         assert sched.query([second])[second].status is JobStatus.COMPLETED and key not in fake.variables
@@ -385,8 +385,8 @@ def _failed_first_attempt(tmp_path, fake, env):
     assert r.returncode == 0, r.stderr
     job_id = r.stdout.split()[-1]
     fake.set_running(job_id)
-    fake.finish(job_id, "workers", 1)
-    fake.finish(job_id, "node-0", 0)
+    fake.finish(job_id, "trainer[1]", 1)
+    fake.finish(job_id, "trainer[0]", 0)
     return job_id
 
 
@@ -491,11 +491,11 @@ def test_the_gate_fails_a_nomad_node_as_a_preflight_node_fault_ledgered_and_retr
                          r"nosuchif0: no interface nosuchif0", r.stderr), r.stderr[-3000:]
         assert "retrying (preflight fault) as " in r.stderr, r.stderr[-3000:]
         # The gate ran in the simulated task (its entry script, before torchrun) and failed it.
-        bad = next(a for a in sims[0].allocations if a.name.endswith(".workers[0]"))
+        bad = next(a for a in sims[0].allocations if a.name.endswith(".trainer[1]"))
         text = sims[0].stderr(bad.name)
         assert "node 1: preflight gate: this node failed its checks" in text and "torchrun not started" in text, text
-        assert next(a for a in _allocs(fake, run_id) if a["TaskGroup"] == "workers")["ClientStatus"] == "failed"
-        assert _nodes_of(fake, run_id)["workers[0]"] == "n1"
+        assert next(a for a in _allocs(fake, run_id) if a["Name"].endswith(".trainer[1]"))["ClientStatus"] == "failed"
+        assert _nodes_of(fake, run_id)["trainer[1]"] == "n1"
         first = json.loads(cli("status", run_id, "--json", env=env).stdout)
         assert first["failure_class"] == {"class": "node", "failure": "preflight", "reason": "preflight check failed", "host": "n1",
                                           "by": "preflight"}, first
@@ -504,7 +504,7 @@ def test_the_gate_fails_a_nomad_node_as_a_preflight_node_fault_ledgered_and_retr
         second = r.stderr.split("retrying (preflight fault) as ", 1)[1].split()[0]
         assert set(_nodes_of(fake, second).values()) == {"n0", "n2"}
         assert second.startswith(f"{run_id}~v")  # a new version of the same job, run by its own simulator
-        later = sims[1].stderr(f"{run_id}.node-0[0]") + sims[1].stderr(f"{run_id}.workers[0]")
+        later = sims[1].stderr(f"{run_id}.trainer[0]") + sims[1].stderr(f"{run_id}.trainer[1]")
         assert later.count("preflight gate passed") == 2, later[-3000:]
 
 
@@ -538,7 +538,7 @@ def test_a_node_lost_on_nomad_is_the_culprit_and_the_next_attempt_keeps_off_it(t
                 time.sleep(0.3)
             assert (marks / "up-0-1").exists(), proc.poll()
             run_id = sims[0].job_id
-            victim = fake.alloc_for(run_id, "workers")["NodeName"]
+            victim = fake.alloc_for(run_id, "trainer[1]")["NodeName"]
             fake.node_down(victim)
             out, err = proc.communicate(timeout=240)
         finally:
@@ -571,15 +571,15 @@ def test_logs_of_each_attempt_are_its_own_versions_output(tmp_path, monkeypatch)
         monkeypatch.setenv("HALO_SCHED_HOME", env["HALO_SCHED_HOME"])
         job_id = _failed_first_attempt(tmp_path, fake, env)
         for a in _allocs(fake, job_id):
-            fake.write_log(a["ID"], f"first attempt, {a['TaskGroup']}\n")
-        culprit = fake.alloc_for(job_id, "workers")["NodeName"]
+            fake.write_log(a["ID"], f"first attempt, {a['Name'].rsplit('.', 1)[1]}\n")
+        culprit = fake.alloc_for(job_id, "trainer[1]")["NodeName"]
         second = _scheduler(fake).submit_attempt(
             next_spec(halo_sched.load(_gpu_job(tmp_path)), job_id, 1, (culprit,), None), job_id).id
         fake.set_running(job_id)
         for a in _allocs(fake, second):
-            fake.write_log(a["ID"], f"second attempt, {a['TaskGroup']}\n")
+            fake.write_log(a["ID"], f"second attempt, {a['Name'].rsplit('.', 1)[1]}\n")
         for which, mine, other in ((job_id, "first", "second"), (second, "second", "first")):
             r = cli("logs", which, env=env)
             assert r.returncode == 0, (which, r.stderr)
-            assert f"[node 0] {mine} attempt, node-0" in r.stdout and f"[node 1] {mine} attempt, workers" in r.stdout, r.stdout
+            assert f"[node 0] {mine} attempt, trainer[0]" in r.stdout and f"[node 1] {mine} attempt, trainer[1]" in r.stdout, r.stdout
             assert f"{other} attempt" not in r.stdout, (which, r.stdout)

@@ -95,7 +95,7 @@ def _run(monkeypatch, d: Path, nomad: dict, image_user: str = ""):
                 sched.query([job_id])
                 time.sleep(0.3)
             status = sched.query([job_id])[job_id].status
-            alloc = cluster.alloc(f"{job_id}.node-0[0]")
+            alloc = cluster.alloc(f"{job_id}.trainer[0]")
             tr = alloc.tasks["torchrun"]
             secret = Path(tr.dir) / "secrets" / "halo-secret-HF_TOKEN"
             st = secret.stat()

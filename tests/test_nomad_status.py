@@ -1,6 +1,5 @@
 """The Nomad state fold, plan text and version checks (pure), on hand-written Nomad answers in
-the constant-size shape: ``node-0`` (rank 0) and ``workers`` (count N-1, ``JOB.workers[K]`` is
-rank K+1)."""
+the constant-size shape: one group ``trainer`` (count N, ``JOB.trainer[K]`` is rank K)."""
 from __future__ import annotations
 
 from hypothesis import given, settings
@@ -18,15 +17,14 @@ JOB = "halo-test"
 
 def stub(n: int, status: str = "running", stop: bool = False) -> dict:
     """A JobListStub as ``GET /v1/jobs?meta=true`` returns it."""
-    groups = ["node-0"] + (["workers"] if n > 1 else [])
     return {"ID": JOB, "Status": status, "Stop": stop, "Version": 0, "Meta": {"halo_sched_nodes": str(n)},
-            "JobSummary": {"Summary": {g: {} for g in groups}}}
+            "JobSummary": {"Summary": {"trainer": {}}}}
 
 
 def alloc(rank: int, status: str, create_index: int, *, desired: str = "run", exit_code: int | None = None,
           time: int | None = None, version: int = 0, **extra) -> dict:
     """An AllocListStub for node rank ``rank``."""
-    group, index = ("node-0", 0) if rank == 0 else ("workers", rank - 1)
+    group, index = "trainer", rank
     events = []
     if exit_code is not None:
         events.append({"Type": "Terminated", "ExitCode": exit_code, "Time": time or create_index * 10,
@@ -46,35 +44,35 @@ def running(n: int) -> list[dict]:
 # ------------------------------------------------------------------------------------ per node rank
 
 
-def test_worker_allocation_names_give_node_ranks():
+def test_allocation_names_give_node_ranks():
     allocs = running(4)
     state = job_state(stub(4), allocs, [], JOB)
     assert state.status is JobStatus.RUNNING and (state.nodes_running, state.nodes_total) == (4, 4)
     nodes = state.nomad.nodes
     assert [n["node_rank"] for n in nodes] == [0, 1, 2, 3]
-    assert nodes[3]["alloc_name"] == f"{JOB}.workers[2]" and nodes[3]["node"] == "host-3"
+    assert nodes[3]["alloc_name"] == f"{JOB}.trainer[3]" and nodes[3]["node"] == "host-3"
     assert nodes[3]["alloc_id"] == allocs[3]["ID"] and nodes[3]["client_status"] == "running"
 
 
-def test_partial_counts_unplaced_workers_and_says_why():
-    # 8 nodes: rank 0 and 4 workers placed; the blocked evaluation explains the 3 others.
+def test_partial_counts_unplaced_ranks_and_says_why():
+    # 8 nodes: ranks 0-4 placed; the blocked evaluation explains the 3 others.
     metric = {"NodesEvaluated": 5, "NodesFiltered": 5, "ConstraintFiltered": {"distinct_hosts": 5},
               "CoalescedFailures": 6}  # stale: the blocked eval keeps its first metrics
-    evals = [{"ID": "e1", "Status": "blocked", "CreateIndex": 5, "FailedTGAllocs": {"workers": metric}}]
+    evals = [{"ID": "e1", "Status": "blocked", "CreateIndex": 5, "FailedTGAllocs": {"trainer": metric}}]
     state = job_state(stub(8), running(5), evals, JOB)
     assert state.status is JobStatus.PARTIAL and (state.nodes_running, state.nodes_total) == (5, 8)
-    assert state.nomad.blocked["workers"].startswith("workers: 3 of 7 unplaced (node ranks 5-7): 0/5 nodes eligible")
-    assert "distinct_hosts: 5" in state.reason and state.reason.startswith("blocked: workers: 3 of 7")
+    assert state.nomad.blocked["trainer"].startswith("trainer: 3 of 8 unplaced (node ranks 5-7): 0/5 nodes eligible")
+    assert "distinct_hosts: 5" in state.reason and state.reason.startswith("blocked: trainer: 3 of 8")
     assert [n["phase"] for n in state.nomad.nodes][5:] == ["unplaced"] * 3
 
 
-def test_nothing_placed_is_pending_naming_both_groups():
+def test_nothing_placed_is_pending_naming_the_group():
     m = {"NodesEvaluated": 1, "NodesExhausted": 1, "DimensionExhausted": {"devices: no devices match request": 1}}
-    evals = [{"Status": "blocked", "FailedTGAllocs": {"node-0": m, "workers": {**m, "CoalescedFailures": 2}}}]
+    evals = [{"Status": "blocked", "FailedTGAllocs": {"trainer": {**m, "CoalescedFailures": 3}}}]
     state = job_state(stub(4, status="pending"), [], evals, JOB)
     assert state.status is JobStatus.PENDING and state.nodes_running == 0
-    assert set(state.nomad.blocked) == {"node-0", "workers"}
-    assert "node-0: 1 of 1 unplaced (node rank 0)" in state.reason and "workers: 3 of 3 unplaced" in state.reason
+    assert set(state.nomad.blocked) == {"trainer"}
+    assert "trainer: 4 of 4 unplaced (node ranks 0-3): 0/1 nodes eligible" in state.reason
 
 
 def test_only_the_latest_allocation_of_a_name_counts():
@@ -226,25 +224,26 @@ def test_ranks_text():
 # ------------------------------------------------------------------------------------ plan and versions
 
 
-def test_plan_text_counts_unplaced_workers():
-    plan = {"Annotations": {"DesiredTGUpdates": {"node-0": {"Place": 1}, "workers": {"Place": 7}}},
-            "FailedTGAllocs": {"workers": {"NodesEvaluated": 4, "NodesExhausted": 4, "CoalescedFailures": 2,
+def test_plan_text_counts_unplaced_ranks():
+    plan = {"Annotations": {"DesiredTGUpdates": {"server-vllm": {"Place": 1}, "trainer": {"Place": 8}}},
+            "FailedTGAllocs": {"trainer": {"NodesEvaluated": 4, "NodesExhausted": 4, "CoalescedFailures": 2,
                                            "DimensionExhausted": {"devices: no devices match request": 4}}}}
     groups = plan_summary(plan)
-    assert [(g.group, g.can_place, g.unplaced) for g in groups] == [("node-0", True, 0), ("workers", False, 3)]
+    # The trainer first, then the server groups.
+    assert [(g.group, g.can_place, g.unplaced) for g in groups] == [("trainer", False, 3), ("server-vllm", True, 0)]
     text = format_plan(plan, "ddp")
-    assert "5/8 nodes can be placed now" in text
-    assert "workers: CANNOT place 3 of 7: 0/4 nodes eligible" in text and "no gang scheduling" in text
+    assert "6/9 nodes can be placed now" in text
+    assert "trainer: CANNOT place 3 of 8: 0/4 nodes eligible" in text and "no gang scheduling" in text
 
 
 def test_version_warnings_name_the_feature_the_server_lacks():
-    job = {"TaskGroups": [{"Name": "node-0", "MaxRunDuration": 10**9, "Disconnect": {"Replace": False}}]}
+    job = {"TaskGroups": [{"Name": "trainer", "MaxRunDuration": 10**9, "Disconnect": {"Replace": False}}]}
     assert parse_version("2.0.3-beta.1+ent") == (2, 0, 3) and parse_version("nope") is None
     assert version_warnings(job, "2.0.3") == []
     old = version_warnings(job, "2.0.2")
     assert len(old) == 1 and "max_run_duration" in old[0] and "2.0.3" in old[0] and "drops it" in old[0]
     older = version_warnings(job, "1.7.7")
     assert len(older) == 2 and any("disconnect" in w and "1.8" in w for w in older)
-    assert version_warnings({"TaskGroups": [{"Name": "node-0"}]}, "1.0.0") == []
+    assert version_warnings({"TaskGroups": [{"Name": "trainer"}]}, "1.0.0") == []
     unknown = version_warnings(job, None)
     assert len(unknown) == 1 and "could not read" in unknown[0]

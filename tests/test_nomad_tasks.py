@@ -14,7 +14,7 @@ import pytest
 import halo_sched
 import halo_sched.spec
 from halo_sched.backends.nomad.render import job_payload
-from helpers import HOSTILE_MORE, REPO, free_port, load_nomad_helper
+from helpers import HOSTILE_MORE, REPO, free_port, load_nomad_helper, loopback_hosts
 
 client_sim = load_nomad_helper("client_sim")
 pytestmark = pytest.mark.torch
@@ -41,25 +41,26 @@ def test_three_node_job_forms_one_world(tmp_path):
     reports = tmp_path / "reports"
     spec = spec_for(3, free_port(), 120, str(reports))
     job = job_payload(spec)["Job"]
-    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=host_env()) as cluster:
-        # One worker group of count 2 (node ranks 1 + NOMAD_ALLOC_INDEX), placed out of order and
-        # before node-0: their nomadService template renders empty and they wait for it.
-        assert [(g["Name"], g["Count"]) for g in job["TaskGroups"]] == [("node-0", 1), ("workers", 2)]
-        cluster.place(["workers[1]"])
+    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=host_env(), hosts=loopback_hosts(3)) as cluster:
+        # One group of count 3 (node rank = NOMAD_ALLOC_INDEX), ranks 2 and 1 placed out of order
+        # and before rank 0: they register too, but their template asks for index 0's
+        # registration only, so it renders empty and they wait for it.
+        assert [(g["Name"], g["Count"]) for g in job["TaskGroups"]] == [("trainer", 3)]
+        cluster.place(["trainer[2]"])
         cluster.start()
-        cluster.place(["workers"])  # fills exactly the missing index, 0
+        cluster.place(["trainer[1]"])
         cluster.start()
         time.sleep(2)
-        assert cluster.services("sim-job-rdzv") == []
-        cluster.place(["node-0"])
+        assert sorted(r["Tags"] for r in cluster.services("sim-job-rdzv")) == [["halo-index-1"], ["halo-index-2"]]
+        cluster.place(["trainer"])  # fills exactly the missing index, 0
         cluster.start()
         codes = cluster.wait(timeout=240)
         logs = {name: cluster.stdout(name) + cluster.stderr(name) for name in codes}
     assert set(codes.values()) == {0}, logs
     ranks = [json.loads((reports / f"rank{i}.json").read_text()) for i in range(3)]
     assert sorted((r["rank"], r["node_rank"]) for r in ranks) == [(0, 0), (1, 1), (2, 2)]
-    # workers[K] is node rank K+1, whatever order the allocations were placed and started in.
-    for name, rank in (("sim-job.workers[0]", 1), ("sim-job.workers[1]", 2)):
+    # trainer[K] is node rank K, whatever order the allocations were placed and started in.
+    for name, rank in (("sim-job.trainer[1]", 1), ("sim-job.trainer[2]", 2)):
         assert f"halo-sched: node {rank} of 3" in logs[name], logs[name]
     assert all(r["world_size"] == 3 and r["ok"] for r in ranks)
     for r in ranks:
@@ -69,8 +70,8 @@ def test_three_node_job_forms_one_world(tmp_path):
 def test_worker_without_leader_fails_within_rendezvous_timeout(tmp_path):
     spec = spec_for(2, free_port(), 3, str(tmp_path / "r"))
     job = job_payload(spec)["Job"]
-    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=host_env()) as cluster:
-        cluster.place(["workers"])  # half-placed: node-0 never comes
+    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=host_env(), hosts=loopback_hosts(3)) as cluster:
+        cluster.place(["trainer[1]"])  # half-placed: rank 0 never comes; rank 1's own registration is not index 0's
         t0 = time.monotonic()
         cluster.start()
         codes = cluster.wait(timeout=30)

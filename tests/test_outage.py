@@ -287,7 +287,7 @@ def test_nomad_watch_waits_through_a_leaderless_window_and_says_so(tmp_path):
             deadline = time.monotonic() + 60
             while len(fake.requests_to("/allocations")) < 9 and time.monotonic() < deadline:
                 time.sleep(0.2)  # the window has passed: Nomad answers again
-            for g in ("node-0", "workers"):
+            for g in ("trainer[0]", "trainer[1]"):
                 fake.finish(job_id, g, exit_code=0)
             out, err = watch.communicate(timeout=90)
         finally:

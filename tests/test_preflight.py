@@ -13,7 +13,7 @@ import pytest
 import halo_sched.spec  # the module itself: `import halo_sched` loads it lazily, on first use
 from halo_sched import preflight
 from halo_sched.node.trainers import preflight_bw
-from helpers import REPO, cli, example_job, free_port
+from helpers import REPO, cli, example_job, free_port, loopback_hosts
 
 
 # ---- the job that runs the test ---------------------------------------------------------------
@@ -315,7 +315,7 @@ def test_nomad_job_carries_and_runs_the_test(tmp_path):
     job = job_payload(preflight.preflight_spec(spec, 1 << 20, iters=1))["Job"]
     env = dict(os.environ)
     env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
-    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=env) as cluster:
+    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=env, hosts=loopback_hosts(2)) as cluster:
         cluster.place()
         cluster.start()
         codes = cluster.wait(timeout=180)

@@ -24,7 +24,7 @@ from halo_sched.backends.nomad.render import job_payload, render_hcl, variable_p
 from halo_sched.errors import SpecError
 from halo_sched.node_runtime import ITEM, runtime
 from halo_sched.spec import loads
-from helpers import REPO, cli, free_port, load_nomad_helper
+from helpers import REPO, cli, free_port, load_nomad_helper, loopback_hosts
 
 fake_api = load_nomad_helper("fake_api")
 client_sim = load_nomad_helper("client_sim")
@@ -203,7 +203,8 @@ def run_sim(job_dict: dict, tmp_path: Path, variables: dict, timeout=240):
     # The client's own environment must not be where the value comes from.
     host.pop("HF_TOKEN")
     host.pop("WANDB_API_KEY")
-    with client_sim.SimCluster(job_dict, tmp_path / "nomad", host_env=host) as cluster:
+    nodes = sum(int(g.get("Count") or 1) for g in job_dict["TaskGroups"])
+    with client_sim.SimCluster(job_dict, tmp_path / "nomad", host_env=host, hosts=loopback_hosts(nodes)) as cluster:
         for path, items in variables.items():
             cluster.set_variable(path, items)
         cluster.place()
@@ -343,8 +344,8 @@ def submit_nomad(tmp_path, fake, env, *flags) -> subprocess.CompletedProcess:
 
 
 def end_job(fake, job_id: str, code: int) -> None:
-    for group in ("node-0", "workers"):
-        fake.finish(job_id, group, exit_code=code if group == "workers" else 0)
+    for group in ("trainer[0]", "trainer[1]"):
+        fake.finish(job_id, group, exit_code=code if group == "trainer[1]" else 0)
 
 
 @pytest.mark.parametrize("code, status", [(0, "COMPLETED"), (3, "FAILED")])
@@ -445,8 +446,8 @@ def test_nomad_gc_clears_an_unwatched_ended_job_and_keeps_a_running_one(tmp_path
         fake.set_running(running)
         end_job(fake, ended, 0)
         # One that Nomad no longer knows, its Variable left behind (a purge by hand, say).
-        fake.finish(purged, "node-0", 0)
-        fake.finish(purged, "workers", 1)
+        fake.finish(purged, "trainer[0]", 0)
+        fake.finish(purged, "trainer[1]", 1)
         with fake._lock:
             del fake._jobs[("default", purged)]
         assert len(fake.variables) == 3

@@ -17,7 +17,7 @@ import halo_sched.spec  # the modules themselves: `import halo_sched` loads them
 from halo_sched.backends.nomad.render import job_payload, render_hcl, variable_path
 from halo_sched.launch import submission_id
 from halo_sched.backends.nomad.servers import service_name
-from helpers import REPO, free_port, job_variable, load_nomad_helper
+from helpers import REPO, free_port, job_variable, load_nomad_helper, loopback_hosts
 from hclparse import hcl2json, jobspec
 
 client_sim = load_nomad_helper("client_sim")
@@ -47,10 +47,10 @@ def test_server_groups_are_constant_size_and_decode_from_hcl(tmp_path):
     spec = spec_for(tmp_path, server_nodes=7)
     job_id = submission_id(spec)
     job = job_payload(spec, job_id)["Job"]
-    assert [(g["Name"], g["Count"]) for g in job["TaskGroups"]] == [("node-0", 1), ("workers", 1), ("server-rollout-a", 7)]
-    (srv,) = job["TaskGroups"][2]["Services"]
+    assert [(g["Name"], g["Count"]) for g in job["TaskGroups"]] == [("trainer", 2), ("server-rollout-a", 7)]
+    (srv,) = job["TaskGroups"][1]["Services"]
     assert srv["Name"] == service_name(job_id, "rollout-a") and srv["Tags"] == ["halo-index-${NOMAD_ALLOC_INDEX}"]
-    # Rank 0 reserves the weight-sync port it binds.
+    # Every trainer allocation reserves the weight-sync port rank 0 binds.
     assert {p["Label"] for p in job["TaskGroups"][0]["Networks"][0]["ReservedPorts"]} == {"rdzv", "group-rollout-a"}
     parsed = jobspec.api_job(hcl2json.load(render_hcl(spec, job_id)))
     assert jobspec.comparable(parsed) == jobspec.comparable(job)
@@ -78,9 +78,10 @@ def test_sim_trainer_reads_server_registrations_and_servers_end_after_rank_0(tmp
     job = job_payload(spec)["Job"]
     host = _host_env()
     host.pop("ROLLOUT_KEY", None)
-    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=host, variables=job_variable(job, ROLLOUT_KEY=SECRET)) as cluster:
+    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=host, variables=job_variable(job, ROLLOUT_KEY=SECRET),
+                               hosts=loopback_hosts(3)) as cluster:
         # Trainer first: its address files are blank until the server registers; it waits.
-        cluster.place(["node-0", "workers"])
+        cluster.place(["trainer"])
         cluster.start()
         time.sleep(2)
         assert cluster.services(service_name("rl-sim", "rollout-a")) == []
@@ -106,8 +107,8 @@ def test_sim_trainer_reads_server_registrations_and_servers_end_after_rank_0(tmp
 def test_sim_unregistered_server_fails_the_trainer_naming_it(tmp_path):
     spec = spec_for(tmp_path, server_nodes=1, timeout_s=4)
     job = job_payload(spec)["Job"]
-    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=_host_env()) as cluster:
-        cluster.place(["node-0", "workers"])  # the server group never places
+    with client_sim.SimCluster(job, tmp_path / "nomad", host_env=_host_env(), hosts=loopback_hosts(3)) as cluster:
+        cluster.place(["trainer"])  # the server group never places
         t0 = time.monotonic()
         cluster.start()
         codes = cluster.wait(timeout=60)
@@ -138,11 +139,11 @@ def test_state_dead_server_is_a_dead_rank_and_completed_trainer_leaves_servers_t
     from halo_sched.backends.nomad.state import job_state
 
     job = {"ID": "j", "Status": "running", "Meta": {"halo_sched_nodes": "2"}}
-    trainer_running = [_alloc("node-0", "j.node-0[0]", "running"), _alloc("workers", "j.workers[0]", "running")]
+    trainer_running = [_alloc("trainer", "j.trainer[0]", "running"), _alloc("trainer", "j.trainer[1]", "running")]
     st = job_state(job, trainer_running + [_alloc("server-vllm", "j.server-vllm[0]", "failed", 3)], [], "j")
     assert st.status is JobStatus.FAILED and "server vllm[0]" in st.reason, st.reason
     assert st.nomad.dead[0]["server"] == "vllm[0]"
-    done = [_alloc("node-0", "j.node-0[0]", "complete"), _alloc("workers", "j.workers[0]", "complete")]
+    done = [_alloc("trainer", "j.trainer[0]", "complete"), _alloc("trainer", "j.trainer[1]", "complete")]
     st = job_state(job, done + [_alloc("server-vllm", "j.server-vllm[0]", "running")], [], "j")
     assert st.status is JobStatus.COMPLETED and st.nomad.servers_running == 1
 

@@ -63,8 +63,8 @@ def test_trainer_completes_while_servers_run_the_job_is_stopped_and_completed():
     with FakeNomad(nodes(3), token=TOKEN) as fake:
         sched, job_id = submit(fake)
         fake.set_running(job_id)
-        fake.finish(job_id, "node-0", 0)
-        fake.finish(job_id, "workers", 0)
+        fake.finish(job_id, "trainer[0]", 0)
+        fake.finish(job_id, "trainer[1]", 0)
         st = sched.wait(job_id, timeout=20)
         assert st.status is JobStatus.COMPLETED, st.describe()
         assert fake.job_record(job_id)["Stop"] is True
@@ -86,8 +86,8 @@ def test_trainer_completes_while_a_server_still_waits_for_a_node_the_job_is_stop
         fake.set_running(job_id)
         assert any(e["Status"] == "blocked" for e in fake.evals_of(job_id))
         assert not [a for a in fake.allocs_of(job_id) if a["TaskGroup"] == "server-vllm"]
-        fake.finish(job_id, "node-0", 0)
-        fake.finish(job_id, "workers", 0)
+        fake.finish(job_id, "trainer[0]", 0)
+        fake.finish(job_id, "trainer[1]", 0)
         st = sched.wait(job_id, timeout=20)
         assert st.status is JobStatus.COMPLETED, st.describe()
         assert fake.job_record(job_id)["Stop"] is True

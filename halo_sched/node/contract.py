@@ -36,9 +36,6 @@ class EnvNames:
     # ---- a trainer node (the entry script's whole per-node input) ----
     #: The node rank, 0-based.
     node_rank: str = "HALO_NODE_RANK"
-    #: Optional, added to the node rank: Nomad's worker group gives its allocation index (0-based)
-    #: and offset 1, since ``${}`` interpolation cannot add. The sum is still range-checked.
-    node_rank_offset: str = "HALO_NODE_RANK_OFFSET"
     #: Rank 0's address and port ...
     master_addr: str = "HALO_MASTER_ADDR"
     master_port: str = "HALO_MASTER_PORT"

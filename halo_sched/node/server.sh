@@ -28,7 +28,7 @@ halo_server_run() {
       HALO_TRAINER_MASTER_ADDR=$(head -n 1 "$HALO_TRAINER_MASTER_ADDR_FILE" 2> /dev/null | tr -d '[:space:]')
       [ -z "$HALO_TRAINER_MASTER_ADDR" ] || break
       if [ $((SECONDS - halo_started)) -ge "$halo_timeout" ]; then
-        halo_fail "the trainer's rank 0 was not published within rendezvous.timeout_s=${halo_timeout}s (waited on $HALO_TRAINER_MASTER_ADDR_FILE); is node-0 placed and running?"
+        halo_fail "the trainer's rank 0 was not published within rendezvous.timeout_s=${halo_timeout}s (waited on $HALO_TRAINER_MASTER_ADDR_FILE); is the trainer's node rank 0 placed and running?"
       fi
       sleep 1
     done

@@ -1,27 +1,102 @@
-# halo-sched: job ddp-nomad for Nomad: 2 nodes. Group node-0 is node rank 0; group
-# workers (count N-1) runs the others, node rank = 1 + NOMAD_ALLOC_INDEX (the entry script adds).
+# halo-sched: job ddp-nomad for Nomad: 2 nodes. Group "trainer" runs them all,
+# node rank = NOMAD_ALLOC_INDEX; rank 0's address comes from its service registration (halo-index-0).
 # Plan with `nomad job plan FILE`, run with `nomad job run FILE`.
 
-# The node entry, the same in every group: each task's template names it (data = local.entry).
-locals {
-  entry = <<EOT
+job "ddp-nomad" {
+  type        = "batch"
+  datacenters = ["dc1"]
+  namespace   = "training"
+
+  # Nomad has no gang scheduling; node-sized allocations must at least land on different clients.
+  constraint {
+    operator = "distinct_hosts"
+    value    = "true"
+  }
+
+  meta {
+    halo_sched_nodes = "2"
+    halo_sched_world_size = "16"
+    halo_sched_secrets = "nomad/jobs/ddp-nomad"
+  }
+
+  group "trainer" {
+    count = 2
+    # Nomad 2.0.3+: each allocation is stopped this long after its creation (halo-sched reports
+    # TIMEOUT). A group that never placed has no allocation and no timer: it bounds a hung job,
+    # not a half-placed one. Older `nomad job run` rejects this line.
+    max_run_duration = "12h"
+
+    # A fixed-size world never re-forms around a replaced rank: no restarts, no reschedules.
+    restart { attempts = 0 }
+    reschedule { attempts = 0 }
+    # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
+    # its allocation turns "unknown" and whoever watches the job stops it. Nomad 1.8+.
+    # lost_after (the job's bound plus an hour) keeps Nomad 1.11.2+ from replacing it until then;
+    # replace = false keeps older servers from replacing it at all.
+    disconnect {
+      lost_after = "13h"
+      replace    = false
+    }
+
+    network {
+      mode = "host"
+      # A port Nomad picks on the node (rendezvous.port unset): every job its own.
+      port "rdzv" {}
+    }
+
+    # Each node's address, without Consul; the tag says which node it is. Every node reads index 0's.
+    service {
+      name     = "ddp-nomad-rdzv"
+      provider = "nomad"
+      port     = "rdzv"
+      tags     = ["halo-index-$${NOMAD_ALLOC_INDEX}"]
+    }
+
+    task "torchrun" {
+      driver       = "docker"
+      kill_timeout = "30s"
+
+      config {
+        image = "ghcr.io/example/trainer:2.13.0-cuda13"
+        entrypoint = ["/bin/bash"]
+        args = ["$${NOMAD_TASK_DIR}/halo-entry.sh"]
+        network_mode = "host"
+        ulimit = [{ memlock = "-1", stack = "67108864" }]
+        shm_size = 68719476736
+        volumes = ["/scratch:/scratch"]
+        devices = [{ host_path = "/dev/infiniband", container_path = "/dev/infiniband" }]
+      }
+
+      env {
+        HALO_NODE_RANK = "$${NOMAD_ALLOC_INDEX}"
+        HALO_MASTER_ADDR_FILE = "$${NOMAD_TASK_DIR}/halo-master-addr"
+        HALO_LOG_DIR = "$${NOMAD_TASK_DIR}/halo-logs"
+        HALO_NODE_RUNTIME_FILE = "$${NOMAD_TASK_DIR}/halo-node.b64"
+      }
+
+      template {
+        destination = "local/halo-entry.sh"
+        change_mode = "noop"
+        perms       = "0755"
+        # Delimiters absent from the script: Go templating leaves it byte-exact.
+        left_delimiter  = "[[halo-2e59b48e"
+        right_delimiter = "halo-2e59b48e]]"
+        data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes, the same on every node.
-# Its input: HALO_NODE_RANK (+ HALO_NODE_RANK_OFFSET), HALO_MASTER_ADDR/HALO_MASTER_PORT or HALO_MASTER_ADDR_FILE.
+# Its input: HALO_NODE_RANK, HALO_MASTER_ADDR/HALO_MASTER_PORT or HALO_MASTER_ADDR_FILE.
 set -e
 # The failure key signs this node's failure lines; no rank can read it (docs/failures.md).
 halo_failure_key=$${HALO_FAILURE_KEY:-}
 unset HALO_FAILURE_KEY
 halo_fail() { echo "halo-sched: node $halo_rank: $*" >&2; exit 1; }
 halo_rank=$HALO_NODE_RANK
-# Nomad's worker group passes its allocation index and HALO_NODE_RANK_OFFSET=1 ($${} cannot add).
-halo_offset=$${HALO_NODE_RANK_OFFSET:-0}
-# Digits only, and few of them: the sum below can then neither fail nor overflow.
-case "$halo_rank:$halo_offset" in
-  :* | *: | *[!0-9:]* | *:*:* | ????????????*) halo_fail "HALO_NODE_RANK must be a node rank in 0..1, got '$halo_rank' (offset '$halo_offset')" ;;
+# Digits only, and few of them: the arithmetic below can then neither fail nor overflow.
+case "$halo_rank" in
+  '' | *[!0-9]* | ??????????*) halo_fail "HALO_NODE_RANK must be a node rank in 0..1, got '$halo_rank'" ;;
 esac
-halo_rank=$((10#$halo_rank + 10#$halo_offset))  # 10#: a leading zero is not octal
-[ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank (HALO_NODE_RANK + offset $halo_offset) is outside 0..1"
+halo_rank=$((10#$halo_rank))  # 10#: a leading zero is not octal
+[ "$halo_rank" -lt 2 ] || halo_fail "node rank $halo_rank (HALO_NODE_RANK) is outside 0..1"
 
 # The warning (SIGUSR2) is ignored here and inherited so; it arrives as SIGURG, noted until the node
 # runtime's halo_warning says it and hands SIGUSR2 to each rank once it handles it (docs/slurm.md).
@@ -42,7 +117,7 @@ export OMP_NUM_THREADS=8
 halo_started=$SECONDS
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
-# The node runtime f61b7a80dd89eab8 (docs/node-runtime.md): the node's own halo-sched at this version, else the
+# The node runtime 123c5abd793b8c2c (docs/node-runtime.md): the node's own halo-sched at this version, else the
 # job's copy (HALO_NODE_RUNTIME or the file HALO_NODE_RUNTIME_FILE), checked, written into the log directory.
 halo_log_root=$${HALO_LOG_DIR:-}
 [ -n "$halo_log_root" ] || halo_log_root=$(mktemp -d "$${TMPDIR:-/tmp}/halo-sched.XXXXXX")
@@ -52,10 +127,10 @@ halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
 case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
 # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
 halo_node_zip=
-if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != f61b7a80dd89eab8 ]; then
-  halo_node_zip=$halo_log_dir/halo-node-f61b7a80dd89eab8.zip
-  $halo_py -c 'import base64, hashlib, sys, zlib; out, want, text, path = sys.argv[1:5]; data = zlib.decompressobj().decompress(base64.b64decode("".join((text or (open(path).read() if path else "")).split())), 1 << 24); hashlib.sha256(data).hexdigest() in want.split() or sys.exit("carried: %d bytes, not a zip of sha256 %s" % (len(data), " or ".join(want.split()))); open(out, "wb").write(data)' "$halo_node_zip" '4c03e7317b25781071ce2ad8d7f1144983014b35550aa13818abd975390507da d26b07d644aa3d13c42b4c377fcf7899042fd78c54d424b2720b2220dc510c0d' "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
-    halo_fail "the node's python ($halo_py) has no halo-sched of version f61b7a80dd89eab8 and the job carries no intact copy of it (docs/node-runtime.md)"
+if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != 123c5abd793b8c2c ]; then
+  halo_node_zip=$halo_log_dir/halo-node-123c5abd793b8c2c.zip
+  $halo_py -c 'import base64, hashlib, sys, zlib; out, want, text, path = sys.argv[1:5]; data = zlib.decompressobj().decompress(base64.b64decode("".join((text or (open(path).read() if path else "")).split())), 1 << 24); hashlib.sha256(data).hexdigest() in want.split() or sys.exit("carried: %d bytes, not a zip of sha256 %s" % (len(data), " or ".join(want.split()))); open(out, "wb").write(data)' "$halo_node_zip" '26c53a34b9bf322ee212496f88ac7dab0e8c3b5bd254d1054de1f7f473f330af b6ca195ddd3ce4ad5e15b0b45005c571bcbc0f2d0f85746645cffa57969cc6df' "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
+    halo_fail "the node's python ($halo_py) has no halo-sched of version 123c5abd793b8c2c and the job carries no intact copy of it (docs/node-runtime.md)"
 fi
 halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
 halo_functions=$("$${halo_node[@]}" shell) && [ -n "$halo_functions" ] ||
@@ -85,159 +160,13 @@ halo_run torchrun \
   --tee=3 \
   /workspace/examples/train_ddp.py --device cuda --steps 200
 EOT
-}
-
-job "ddp-nomad" {
-  type        = "batch"
-  datacenters = ["dc1"]
-  namespace   = "training"
-
-  # Nomad has no gang scheduling; node-sized allocations must at least land on different clients.
-  constraint {
-    operator = "distinct_hosts"
-    value    = "true"
-  }
-
-  meta {
-    halo_sched_nodes = "2"
-    halo_sched_world_size = "16"
-    halo_sched_secrets = "nomad/jobs/ddp-nomad"
-  }
-
-  group "node-0" {
-    count = 1
-    # Nomad 2.0.3+: each allocation is stopped this long after its creation (halo-sched reports
-    # TIMEOUT). A group that never placed has no allocation and no timer: it bounds a hung job,
-    # not a half-placed one. Older `nomad job run` rejects this line.
-    max_run_duration = "12h"
-
-    # A fixed-size world never re-forms around a replaced rank: no restarts, no reschedules.
-    restart { attempts = 0 }
-    reschedule { attempts = 0 }
-    # A rank whose node goes down is not replaced (Nomad would, whatever the reschedule policy):
-    # its allocation turns "unknown" and whoever watches the job stops it. Nomad 1.8+.
-    # lost_after (the job's bound plus an hour) keeps Nomad 1.11.2+ from replacing it until then;
-    # replace = false keeps older servers from replacing it at all.
-    disconnect {
-      lost_after = "13h"
-      replace    = false
-    }
-
-    meta { halo_node_rank = "0" }
-
-    network {
-      mode = "host"
-      # A port Nomad picks on the node (rendezvous.port unset): every job its own.
-      port "rdzv" {}
-    }
-
-    # Rank 0's address for the other nodes, without Consul.
-    service {
-      name     = "ddp-nomad-rdzv"
-      provider = "nomad"
-      port     = "rdzv"
-    }
-
-    task "torchrun" {
-      driver       = "docker"
-      kill_timeout = "30s"
-
-      config {
-        image = "ghcr.io/example/trainer:2.13.0-cuda13"
-        entrypoint = ["/bin/bash"]
-        args = ["$${NOMAD_TASK_DIR}/halo-entry.sh"]
-        network_mode = "host"
-        ulimit = [{ memlock = "-1", stack = "67108864" }]
-        shm_size = 68719476736
-        volumes = ["/scratch:/scratch"]
-        devices = [{ host_path = "/dev/infiniband", container_path = "/dev/infiniband" }]
-      }
-
-      env {
-        HALO_NODE_RANK = "0"
-        HALO_MASTER_ADDR = "$${NOMAD_IP_rdzv}"
-        HALO_MASTER_PORT = "$${NOMAD_PORT_rdzv}"
-        HALO_LOG_DIR = "$${NOMAD_TASK_DIR}/halo-logs"
-        HALO_NODE_RUNTIME_FILE = "$${NOMAD_TASK_DIR}/halo-node.b64"
-      }
-
-      template {
-        destination = "local/halo-entry.sh"
-        change_mode = "noop"
-        perms       = "0755"
-        # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-b9182e12"
-        right_delimiter = "halo-b9182e12]]"
-        data        = local.entry
-      }
-
-      template {
-        destination = "local/halo-node.b64"
-        change_mode = "noop"
-        data        = "{{ if nomadVarExists \"nomad/jobs/ddp-nomad\" }}{{ with nomadVar \"nomad/jobs/ddp-nomad\" }}{{ range $k, $v := . }}{{ if eq $k \"halo_node_runtime\" }}{{ $v.Value }}{{ end }}{{ end }}{{ end }}{{ end }}"
-      }
-
-      resources {
-        cpu    = 32000
-        memory = 491520
-        device "nvidia/gpu" { count = 8 }
-      }
-    }
-  }
-
-  group "workers" {
-    count = 1
-    max_run_duration = "12h"
-
-    restart { attempts = 0 }
-    reschedule { attempts = 0 }
-    disconnect {
-      lost_after = "13h"
-      replace    = false
-    }
-
-    meta { halo_node_rank_offset = "1" }
-
-    network { mode = "host" }
-
-    task "torchrun" {
-      driver       = "docker"
-      kill_timeout = "30s"
-
-      config {
-        image = "ghcr.io/example/trainer:2.13.0-cuda13"
-        entrypoint = ["/bin/bash"]
-        args = ["$${NOMAD_TASK_DIR}/halo-entry.sh"]
-        network_mode = "host"
-        ulimit = [{ memlock = "-1", stack = "67108864" }]
-        shm_size = 68719476736
-        volumes = ["/scratch:/scratch"]
-        devices = [{ host_path = "/dev/infiniband", container_path = "/dev/infiniband" }]
-      }
-
-      env {
-        HALO_NODE_RANK = "$${NOMAD_ALLOC_INDEX}"
-        HALO_NODE_RANK_OFFSET = "1"
-        HALO_MASTER_ADDR_FILE = "$${NOMAD_TASK_DIR}/halo-master-addr"
-        HALO_LOG_DIR = "$${NOMAD_TASK_DIR}/halo-logs"
-        HALO_NODE_RUNTIME_FILE = "$${NOMAD_TASK_DIR}/halo-node.b64"
-      }
-
-      template {
-        destination = "local/halo-entry.sh"
-        change_mode = "noop"
-        perms       = "0755"
-        # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-b9182e12"
-        right_delimiter = "halo-b9182e12]]"
-        data        = local.entry
       }
 
       template {
         destination = "local/halo-master-addr"
         change_mode = "noop"
         data        = <<EOT
-{{ with nomadService "ddp-nomad-rdzv" }}{{ with index . 0 }}{{ .Address }}
+{{ with nomadService "halo-index-0.ddp-nomad-rdzv" }}{{ with index . 0 }}{{ .Address }}
 {{ .Port }}{{ end }}{{ end }}
 EOT
       }

@@ -2165,20 +2165,24 @@ class SimCluster:
                         raise SimError(f"{gname}[{index}] is already placed")
                     wanted.append((g, index))
             for g, index in wanted:
-                created.append(self._new_alloc(g, index, self._host_for(node)))
+                created.append(self._new_alloc(g, index, self._host_for(node, created)))
             # Only a placement that fully succeeded counts.
             self._placed.update(a.name for a in created)
             self.allocations.extend(created)
         return created
 
-    def _host_for(self, node: str | None) -> SimHost | None:
+    def _host_for(self, node: str | None, placing: Iterable[Allocation] = ()) -> SimHost | None:
+        """``node``'s host, else the one with the fewest live allocations, counting those this
+        placement made so far: with ``distinct_hosts`` the scheduler counts the plan's proposed
+        allocations too (scheduler/feasible/feasible.go DistinctHostsIterator, ``ProposedAllocs``,
+        v2.0.5), so one placement never puts two on one node while another is free."""
         if not self.hosts:
             return None
         if node is not None:
             if node not in self.hosts:
                 raise SimError(f"no client node {node!r} (nodes: {sorted(self.hosts)})")
             return self.hosts[node]
-        live = [a.host.name for a in self.allocations if a.host is not None and not a.terminal]
+        live = [a.host.name for a in [*self.allocations, *placing] if a.host is not None and not a.terminal]
         return min(self.hosts.values(), key=lambda h: live.count(h.name))
 
     # -- lost nodes (the servers' reconciler, by version) -----------------------------------------
@@ -2334,7 +2338,12 @@ class SimCluster:
         for net in g.get("Networks") or []:
             for p in net.get("ReservedPorts") or []:
                 value = int(p["Value"])
-                if value in used:
+                # A client-terminal allocation's ports are free again: the scheduler counts only
+                # the node's allocations that are not (scheduler/feasible/context.go
+                # ProposedAllocs, ``ClientTerminalStatus``, v2.0.5); an unknown one still holds its.
+                holders = [a for a in self.allocations if a.host is host and any(q["Value"] == value for q in a.ports.values())]
+                freed = bool(holders) and all(a.client_status in ("complete", "failed", "lost") for a in holders)
+                if value in used and not freed:
                     raise UnsupportedJobError(
                         f"static port {value} ({p['Label']}) is reserved twice on the single simulated "
                         "host; Nomad would need another node for this allocation"

@@ -192,8 +192,9 @@ class FakeNomad:
         self.auto_run = auto_run  # placed allocations start running at once
         self.plan_warnings = ""
         self.register_warnings = ""
-        # group name -> exit code: on stop, such a running group dies on its own (a torchrun rank
-        # crashing because rank 0 was killed) instead of being killed.
+        # group name, or one index of it (``trainer[1]``) -> exit code: on stop, such a running
+        # allocation dies on its own (a torchrun rank crashing because rank 0 was killed) instead
+        # of being killed.
         self.stop_collateral: dict[str, int] = {}
         # The deregister evaluation stays pending (the job still reads "running") until
         # process_evals(); stopped allocations keep ClientStatus running until complete_kills().
@@ -733,7 +734,7 @@ class FakeNomad:
                 and (group is None or a["TaskGroup"] == group)]
 
     def _latest_alloc(self, job_id: str, group: str, namespace: str) -> dict:
-        """The newest allocation of a group; ``group`` may also name one index, ``workers[1]``."""
+        """The newest allocation of a group; ``group`` may also name one index, ``trainer[1]``."""
         if "[" in group:
             allocs = [a for a in self._job_allocs(job_id, namespace) if a["Name"] == f"{job_id}.{group}"]
         else:
@@ -1090,7 +1091,7 @@ class FakeNomad:
 
     def _finish_kill(self, alloc: dict) -> None:
         self._sim_kill(alloc)
-        collateral = self.stop_collateral.get(alloc["TaskGroup"])
+        collateral = self._collateral(alloc)
         for ts in alloc["TaskStates"].values():
             if collateral is not None and ts["State"] == "running":
                 continue
@@ -1112,9 +1113,14 @@ class FakeNomad:
         ev["ModifyIndex"] = self._next_index()
         self._touch_job(ev["JobID"], ev["Namespace"])
 
+    def _collateral(self, alloc: dict) -> int | None:
+        """The exit code ``stop_collateral`` gives this allocation (by its group or its ``group[K]``)."""
+        named = alloc["Name"][len(alloc["JobID"]) + 1:]
+        return self.stop_collateral.get(named, self.stop_collateral.get(alloc["TaskGroup"]))
+
     def _collateral_failures(self, allocs: list[dict]) -> None:
         for alloc in allocs:
-            code = self.stop_collateral.get(alloc["TaskGroup"])
+            code = self._collateral(alloc)
             if code is None or alloc["ClientStatus"] != "running":
                 continue
             for ts in alloc["TaskStates"].values():

@@ -29,19 +29,19 @@ def names(fake, job_id="halo-test", **where) -> list[str]:
     return sorted(a["Name"] for a in fake.allocs_of(job_id) if all(a[k] == v for k, v in where.items()))
 
 
-def test_workers_take_name_indexes_and_a_later_eval_fills_exactly_the_missing_ones():
+def test_allocations_take_name_indexes_and_a_later_eval_fills_exactly_the_missing_ones():
     # scheduler/reconciler/allocs.go AllocNameIndex.Next: free indexes of 0..count-1, lowest first.
     with FakeNomad([FakeNode("a"), FakeNode("b"), FakeNode("c", busy_gpus=8)]) as fake:
         register(fake, sample_job.make_job(4))
-        assert names(fake) == ["halo-test.node-0[0]", "halo-test.workers[0]"]
+        assert names(fake) == ["halo-test.trainer[0]", "halo-test.trainer[1]"]
         (blocked,) = [e for e in fake.evals_of("halo-test") if e["Status"] == "blocked"]
-        fake.set_busy_gpus("c", 0)  # one more node: workers[1] places, workers[2] still waits
-        assert names(fake) == ["halo-test.node-0[0]", "halo-test.workers[0]", "halo-test.workers[1]"]
+        fake.set_busy_gpus("c", 0)  # one more node: trainer[2] places, trainer[3] still waits
+        assert names(fake) == ["halo-test.trainer[0]", "halo-test.trainer[1]", "halo-test.trainer[2]"]
         # nomad/blocked_evals.go via generic_sched.go ReblockEval: the same evaluation, re-blocked.
         still = [e for e in fake.evals_of("halo-test") if e["Status"] == "blocked"]
         assert [e["ID"] for e in still] == [blocked["ID"]] and still[0]["ModifyIndex"] > blocked["ModifyIndex"]
         fake.add_node(FakeNode("d"))
-        assert names(fake)[-1] == "halo-test.workers[2]"
+        assert names(fake)[-1] == "halo-test.trainer[3]"
         assert fake.evals_of("halo-test") and all(e["Status"] == "complete" for e in fake.evals_of("halo-test"))
         assert get(fake, "/v1/job/halo-test")["Status"] == "running"
 
@@ -52,22 +52,22 @@ def test_node_down_without_replace_false_is_lost_and_replaced_under_the_same_nam
         del g["Disconnect"]  # Nomad's default: TaskGroup.Replace() is true
     with FakeNomad([FakeNode("a"), FakeNode("b"), FakeNode("c"), FakeNode("spare")]) as fake:
         register(fake, payload)
-        victim = fake.alloc_for("halo-test", "workers[1]")
+        victim = fake.alloc_for("halo-test", "trainer[2]")
         fake.node_down(victim["NodeName"])
         lost = next(a for a in fake.allocs_of("halo-test") if a["ID"] == victim["ID"])
         assert (lost["ClientStatus"], lost["DesiredStatus"]) == ("lost", "stop")
         assert lost["ClientDescription"] == "alloc is lost since its node is down"
         # reconcile_cluster.go "Add replacements for lost allocs": same Name, despite reschedule attempts 0.
-        assert names(fake, DesiredStatus="run").count("halo-test.workers[1]") == 1
-        assert fake.alloc_for("halo-test", "workers[1]")["NodeName"] == "spare"
+        assert names(fake, DesiredStatus="run").count("halo-test.trainer[2]") == 1
+        assert fake.alloc_for("halo-test", "trainer[2]")["NodeName"] == "spare"
 
 
 def test_node_down_with_replace_false_reads_unknown_and_is_not_replaced():
     with FakeNomad([FakeNode("a"), FakeNode("b"), FakeNode("spare")]) as fake:
         register(fake, sample_job.make_job(2))
-        victim = fake.alloc_for("halo-test", "workers")
+        victim = fake.alloc_for("halo-test", "trainer[1]")
         fake.node_down(victim["NodeName"])
-        after = fake.alloc_for("halo-test", "workers")
+        after = fake.alloc_for("halo-test", "trainer[1]")
         # filters.go: running on a down node with replace = false -> "disconnecting" -> unknown.
         assert after["ID"] == victim["ID"] and after["ClientStatus"] == "unknown"
         assert after["ClientDescription"] == "alloc is unknown since its node is disconnected"
@@ -76,22 +76,25 @@ def test_node_down_with_replace_false_reads_unknown_and_is_not_replaced():
 
 
 def test_docker_plugin_refuses_host_ipc_mode_and_volumes_at_task_start():
-    payload = sample_job.make_job(2, driver="docker")
-    payload["Job"]["TaskGroups"][0]["Tasks"][0]["Config"]["ipc_mode"] = "host"
-    payload["Job"]["TaskGroups"][1]["Tasks"][0]["Config"]["volumes"] = ["/data:/data", "local/x:/x"]
-    with FakeNomad([FakeNode("a"), FakeNode("b")]) as fake:
-        register(fake, payload)
-        for group, why in (("node-0", 'cannot apply "ipc_mode" configuration'),
-                           ("workers", 'volumes are not enabled; cannot mount host path: "/data:/data"')):
-            alloc = fake.alloc_for("halo-test", group)
-            assert alloc["ClientStatus"] == "failed"
-            (ev,) = [e for e in alloc["TaskStates"]["torchrun"]["Events"] if e["Type"] == "Driver Failure"]
-            assert ev["DriverError"].startswith('Failed to create container configuration for image "halo/train:latest"')
-            assert ev["DriverError"].endswith(why)
+    ipc = sample_job.make_job(2, driver="docker")
+    ipc["Job"]["TaskGroups"][0]["Tasks"][0]["Config"]["ipc_mode"] = "host"
+    volumes = sample_job.make_job(2, driver="docker")
+    volumes["Job"]["TaskGroups"][0]["Tasks"][0]["Config"]["volumes"] = ["/data:/data", "local/x:/x"]
+    for payload, why in ((ipc, 'cannot apply "ipc_mode" configuration'),
+                         (volumes, 'volumes are not enabled; cannot mount host path: "/data:/data"')):
+        with FakeNomad([FakeNode("a"), FakeNode("b")]) as fake:
+            register(fake, payload)
+            for name in ("trainer[0]", "trainer[1]"):
+                alloc = fake.alloc_for("halo-test", name)
+                assert alloc["ClientStatus"] == "failed"
+                (ev,) = [e for e in alloc["TaskStates"]["torchrun"]["Events"] if e["Type"] == "Driver Failure"]
+                assert ev["DriverError"].startswith('Failed to create container configuration for image "halo/train:latest"')
+                assert ev["DriverError"].endswith(why)
     allowed = [FakeNode(n, docker_allowed_modes={"ipc": ["host"]}, docker_volumes_enabled=True) for n in "ab"]
-    with FakeNomad(allowed) as fake:
-        register(fake, payload)
-        assert {a["ClientStatus"] for a in fake.allocs_of("halo-test")} == {"running"}
+    for payload in (ipc, volumes):
+        with FakeNomad(allowed) as fake:
+            register(fake, payload)
+            assert {a["ClientStatus"] for a in fake.allocs_of("halo-test")} == {"running"}
 
 
 def test_a_stopped_job_reads_running_until_the_stop_is_applied_then_dead_while_tasks_die():
@@ -148,18 +151,18 @@ def test_rendered_job_on_2_0_5_keeps_a_lost_rank_unknown_until_lost_after_then_r
     lost_after_s = 3 * 3600  # max_run_duration + the hour (asserted at the end)
     with _cluster("2.0.5") as fake:
         register(fake, payload)
-        victim = fake.alloc_for("halo-test", "workers[1]")
+        victim = fake.alloc_for("halo-test", "trainer[2]")
         fake.node_down(victim["NodeName"])
         # heartbeat.go:158-173, 207-224: a running allocation with lost_after -> "disconnected".
         assert next(n for n in fake.nodes if n.name == victim["NodeName"]).status == "disconnected"
         fake.advance(lost_after_s - 60)  # the job's whole life (max_run_duration) and then some
-        now = fake.alloc_for("halo-test", "workers[1]")
+        now = fake.alloc_for("halo-test", "trainer[2]")
         assert now["ID"] == victim["ID"] and now["ClientStatus"] == "unknown"
-        assert names(fake).count("halo-test.workers[1]") == 1
+        assert names(fake).count("halo-test.trainer[2]") == 1
         # filters.go:188-193 + reconcile_cluster.go:438-440, 856-875: expired -> lost -> replaced.
         fake.advance(120)
         assert next(a for a in fake.allocs_of("halo-test") if a["ID"] == victim["ID"])["ClientStatus"] == "lost"
-        replacement = fake.alloc_for("halo-test", "workers[1]")
+        replacement = fake.alloc_for("halo-test", "trainer[2]")
         assert replacement["ID"] != victim["ID"] and replacement["NodeName"] != victim["NodeName"]
         # ... only after every other rank's max_run_duration had ended it: no world to join.
         others = [a for a in fake.allocs_of("halo-test") if a["ID"] not in (victim["ID"], replacement["ID"])]
@@ -174,30 +177,30 @@ def test_replace_false_alone_is_replaced_at_once_on_2_0_5_and_kept_on_1_11_1():
         del g["Disconnect"]["LostAfter"]  # what halo-sched rendered before: replace = false only
     with _cluster("2.0.5") as fake:
         register(fake, payload)
-        victim = fake.alloc_for("halo-test", "workers[1]")
+        victim = fake.alloc_for("halo-test", "trainer[2]")
         fake.node_down(victim["NodeName"])
         assert next(n for n in fake.nodes if n.name == victim["NodeName"]).status == "down"
         # unknown, follow-up evaluation now, Expired() before replace = false: lost and replaced.
         assert next(a for a in fake.allocs_of("halo-test") if a["ID"] == victim["ID"])["ClientStatus"] == "lost"
-        assert fake.alloc_for("halo-test", "workers[1]")["NodeName"] == "spare"
+        assert fake.alloc_for("halo-test", "trainer[2]")["NodeName"] == "spare"
     with _cluster("1.11.1") as fake:
         register(fake, payload)
-        victim = fake.alloc_for("halo-test", "workers[1]")
+        victim = fake.alloc_for("halo-test", "trainer[2]")
         fake.node_down(victim["NodeName"])
         fake.advance(30 * 86400)
-        assert fake.alloc_for("halo-test", "workers[1]")["ID"] == victim["ID"]
-        assert fake.alloc_for("halo-test", "workers[1]")["ClientStatus"] == "unknown"
+        assert fake.alloc_for("halo-test", "trainer[2]")["ID"] == victim["ID"]
+        assert fake.alloc_for("halo-test", "trainer[2]")["ClientStatus"] == "unknown"
 
 
 def test_rendered_job_on_1_11_1_keeps_a_lost_rank_unknown_past_lost_after():
     payload = _rendered(3, None)
     with _cluster("1.11.1") as fake:
         register(fake, payload)
-        victim = fake.alloc_for("halo-test", "workers[0]")
+        victim = fake.alloc_for("halo-test", "trainer[1]")
         fake.node_down(victim["NodeName"])
         fake.advance(200 * 3600)  # past the 169 h lost_after: v1.11.1 reconcile_cluster.go:441-447
-        assert fake.alloc_for("halo-test", "workers[0]")["ID"] == victim["ID"]
-        assert fake.alloc_for("halo-test", "workers[0]")["ClientStatus"] == "unknown"
+        assert fake.alloc_for("halo-test", "trainer[1]")["ID"] == victim["ID"]
+        assert fake.alloc_for("halo-test", "trainer[1]")["ClientStatus"] == "unknown"
         assert len(fake.allocs_of("halo-test")) == 3
 
 
@@ -206,7 +209,7 @@ def test_a_pending_allocation_on_a_lost_node_is_replaced_at_once_with_or_without
     for version in ("2.0.5", "1.11.1"):
         with _cluster(version, auto_run=False) as fake:
             register(fake, _rendered(2))
-            victim = fake.alloc_for("halo-test", "workers")
+            victim = fake.alloc_for("halo-test", "trainer[1]")
             fake.node_down(victim["NodeName"])
             assert next(a for a in fake.allocs_of("halo-test") if a["ID"] == victim["ID"])["ClientStatus"] == "lost"
-            assert fake.alloc_for("halo-test", "workers")["ID"] != victim["ID"]
+            assert fake.alloc_for("halo-test", "trainer[1]")["ID"] != victim["ID"]

@@ -41,7 +41,7 @@ def started(fake, cluster, payload):
     fake.attach_sim(cluster)
     req = urllib.request.Request(f"{fake.address}/v1/jobs", data=json.dumps(payload).encode(), method="PUT")
     urllib.request.urlopen(req, timeout=10).close()
-    alloc = fake.alloc_for("halo-test", "node-0")
+    alloc = fake.alloc_for("halo-test", "trainer[0]")
     deadline = time.monotonic() + 30
     while not os.path.exists(os.path.join(cluster.allocations[0].task_dir("torchrun"), "local", "ready")):
         assert time.monotonic() < deadline, "the task did not start"

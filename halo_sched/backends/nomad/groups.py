@@ -1,4 +1,4 @@
-"""The task groups of a Nomad job, from the launch plan: the trainer's (node-0 and workers, see
+"""The task groups of a Nomad job, from the launch plan: the trainer's (one group, count N, see
 render.py for the shape) and one per server role, each with its task: driver config and
 resources, environment, the entry script and the templates it reads (rank 0's address, the
 secrets, the servers' addresses), and the policies that keep a rank from being restarted,
@@ -10,14 +10,13 @@ from typing import TYPE_CHECKING
 
 from ...launch import Launch, ServerRole
 from ...node_runtime import SERVER_ITEM, server_shell
-from ...node.contract import NAMES
+from ...node.contract import INDEX_TAG, NAMES
 from ...servers import render_server
 from ...templating import check, checked_int, checked_text
 from ...values import MAX_TIMEOUT_HOURS
 from . import servers as nomad_servers
 from .names import (
-    ENTRY_PATH, LEADER_GROUP, MASTER_FILE, PORT_LABEL, TASK, WORKER_RANK_OFFSET, carries_runtime, service_name,
-    variable_path,
+    ENTRY_PATH, MASTER_FILE, PORT_LABEL, TASK, TRAINER_GROUP, carries_runtime, service_name, variable_path,
 )
 from .progress import LOG_DIR_IN_TASK
 from .secrets import item_template, runtime_wiring, secret_wiring
@@ -38,22 +37,30 @@ def delimiters(text: str) -> tuple[str, str]:
 
 
 def rdzv_service_key(launch: Launch, job_id: str) -> str:
-    """What node-0's rendezvous service is named after (servers.attempt_key): the new version's
-    workers never read a registration an earlier attempt's node-0 left."""
+    """What the trainer's rendezvous service is named after (servers.attempt_key): the new
+    version's nodes never read a registration an earlier attempt's rank 0 left."""
     return nomad_servers.attempt_key(job_id, launch.restart_count)
 
 
 def master_template(job_id: str) -> str:
-    """Rank 0's address on the first line and its port on the second, from node-0's service
-    registration; blank until it registers. The registration carries the port the rendezvous
-    label was given, static or dynamic (nomad v2.0.5 ``client/serviceregistration/address.go``
-    GetAddress, host mode: the label's AllocatedPortMapping, HostIP and Value), and the template
-    gives it as ``.Port`` (consul-template v0.42.1, Nomad 2.0.5's, ``dependency/nomad_service.go``).
-    The file is written whole (``renderer/renderer.go`` AtomicWrite: a temporary file renamed into
-    place), so a reader never sees the address without the port. Server tasks read the first line."""
-    # Instance 0 explicitly: during a redeploy two registrations of the service can overlap.
+    """Rank 0's address on the first line and its port on the second, from the service
+    registration of the trainer's allocation index 0; blank until it registers. Every trainer
+    allocation registers the service tagged ``halo-index-${NOMAD_ALLOC_INDEX}``: Nomad
+    interpolates a group service's tags with the allocation's environment before it registers
+    them, whatever the provider (nomad v2.0.5 ``client/allocrunner/group_service_hook.go``
+    preRunLocked -> ``client/taskenv/services.go`` InterpolateService, ``service.Tags =
+    taskEnv.ParseAndReplace``). ``nomadService "TAG.NAME"`` keeps the registrations carrying TAG
+    (consul-template v0.42.1, Nomad 2.0.5's: ``dependency/nomad_service.go``
+    NomadServiceQueryRe = tagRe + serviceNameRe + regionRe, and Fetch's tag filter); the name has
+    no '.' (:func:`service_name`), so the tag is all before the last one. The registration
+    carries the port the rendezvous label was given, static or dynamic (nomad v2.0.5
+    ``client/serviceregistration/address.go`` GetAddress, host mode: the label's
+    AllocatedPortMapping, HostIP and Value), and the template gives it as ``.Port``. The file is
+    written whole (``renderer/renderer.go`` AtomicWrite: a temporary file renamed into place), so
+    a reader never sees the address without the port. Server tasks read the first line."""
+    # Instance 0 explicitly: during a redeploy two registrations of index 0 can overlap.
     return (
-        f'{{{{ with nomadService "{service_name(job_id)}" }}}}'
+        f'{{{{ with nomadService "{INDEX_TAG}0.{service_name(job_id)}" }}}}'
         # The final newline: a heredoc in the HCL would add one (the two forms stay one job).
         "{{ with index . 0 }}{{ .Address }}\n{{ .Port }}{{ end }}{{ end }}\n"
     )
@@ -66,32 +73,18 @@ def driver_config_literal(value: str) -> str:
     return value.replace("${", "$${").replace("%{", "%%{")
 
 
-def _task(launch: Launch, group: str, entry: str, delims: tuple[str, str]) -> dict:
+def _task(launch: Launch, entry: str, delims: tuple[str, str]) -> dict:
     spec, job_id = launch.spec, launch.job_id
     nm = spec.nomad
     left, right = delims
-    templates = [{
-        "EmbeddedTmpl": entry,
-        "DestPath": ENTRY_PATH,
-        "Perms": "0755",
-        "ChangeMode": "noop",
-        "LeftDelim": left,
-        "RightDelim": right,
-    }]
-    if group == LEADER_GROUP:
-        # NOMAD_PORT_<label>: the port's To when set, else its Value, static or dynamic
-        # (client/taskenv/env.go addGroupPort/addPorts, v2.0.5); host mode sets no To.
-        env = {NAMES.node_rank: "0", NAMES.master_addr: "${NOMAD_IP_%s}" % PORT_LABEL,
-               NAMES.master_port: "${NOMAD_PORT_%s}" % PORT_LABEL}
-    else:
-        env = {
-            # The entry script adds the two: Nomad's ${} cannot.
-            NAMES.node_rank: "${NOMAD_ALLOC_INDEX}",
-            NAMES.node_rank_offset: str(WORKER_RANK_OFFSET),
-            NAMES.master_addr_file: nomad_servers.MASTER_FILE_IN_TASK,
-        }
-        # noop: the file is rewritten when rank 0 registers; the entry script polls it.
-        templates.append({"EmbeddedTmpl": master_template(rdzv_service_key(launch, job_id)), "DestPath": MASTER_FILE, "ChangeMode": "noop"})
+    templates = [
+        {"EmbeddedTmpl": entry, "DestPath": ENTRY_PATH, "Perms": "0755", "ChangeMode": "noop",
+         "LeftDelim": left, "RightDelim": right},
+        # Every node, rank 0 too, reads rank 0's address from index 0's registration. noop: the
+        # file is rewritten when rank 0 registers; the entry script polls it.
+        {"EmbeddedTmpl": master_template(rdzv_service_key(launch, job_id)), "DestPath": MASTER_FILE, "ChangeMode": "noop"},
+    ]
+    env = {NAMES.node_rank: "${NOMAD_ALLOC_INDEX}", NAMES.master_addr_file: nomad_servers.MASTER_FILE_IN_TASK}
 
     # The entry script keeps its logs and the ranks' progress files inside the task directory,
     # where the client serves them (fs/ls, fs/cat) to `status` and `timeline` (progress.py); the
@@ -206,11 +199,12 @@ def lost_after_ns(spec: JobSpec) -> int:
     return min(total, 2**63 - 1)
 
 
-def trainer_group(launch: Launch, name: str, count: int, entry: str, delims: tuple[str, str]) -> dict:
+def trainer_group(launch: Launch, entry: str, delims: tuple[str, str]) -> dict:
+    """The trainer's one group: count N, node rank = ``NOMAD_ALLOC_INDEX`` (render.py says why)."""
     spec, job_id = launch.spec, launch.job_id
     group: dict = {
-        "Name": name,
-        "Count": checked_int(count, "nodes"),
+        "Name": TRAINER_GROUP,
+        "Count": checked_int(launch.trainer.nodes, "nodes"),
         # A fixed-size torchrun world never re-forms around a replaced rank: no restarts, no reschedules.
         # Attempts alone: Nomad fills the rest from a batch job's defaults (api/tasks.go
         # TaskGroup.Canonicalize, ReschedulePolicy.Canonicalize @v2.0.5: mode "fail", unlimited
@@ -221,34 +215,33 @@ def trainer_group(launch: Launch, name: str, count: int, entry: str, delims: tup
         # cover lost allocations): its allocation turns "unknown" and the job's watcher ends it.
         # Both fields are needed: see lost_after_ns.
         "Disconnect": {"LostAfter": lost_after_ns(spec), "Replace": False},
-        "Meta": ({"halo_node_rank": "0"} if name == LEADER_GROUP
-                 else {"halo_node_rank_offset": str(WORKER_RANK_OFFSET)}),
-        "Tasks": [_task(launch, name, entry, delims)],
+        "Tasks": [_task(launch, entry, delims)],
     }
     if spec.nomad.max_run_duration_ns is not None:
         group["MaxRunDuration"] = checked_int(spec.nomad.max_run_duration_ns, "nomad.max_run_duration")
-    if name == LEADER_GROUP:
-        rdzv = launch.rendezvous.port
-        # Rank 0 binds the weight-sync group ports too (servers[].group_port): reserved here.
-        # Sorted by label: HCL keeps port blocks by label, so the two forms stay one job.
-        reserved = sorted(
-            ([{"Label": PORT_LABEL, "Value": rdzv}] if rdzv is not None else [])
-            + [{"Label": f"group-{r.name}", "Value": r.group_port} for r in launch.servers if r.group_port is not None],
-            key=lambda p: p["Label"])
-        network: dict = {"Mode": "host"}
-        if rdzv is None:
-            # rendezvous.port unset: Nomad picks the port, one the node has free and none of this
-            # group's reserved ports (nomad/structs/network.go AssignPorts: dynamic ports skip the
-            # node's used ports, the ask's reserved ports and those already offered; v2.0.5),
-            # from the client's dynamic range (20000-32000 by default). Two jobs' node-0 can then
-            # share a client, which a static port forbids.
-            network["DynamicPorts"] = [{"Label": PORT_LABEL}]
-        if reserved:
-            network["ReservedPorts"] = reserved
-        group["Networks"] = [network]
-        group["Services"] = [{"Name": service_name(rdzv_service_key(launch, job_id)), "Provider": "nomad", "PortLabel": PORT_LABEL}]
-    else:
-        group["Networks"] = [{"Mode": "host"}]
+    rdzv = launch.rendezvous.port
+    # Every allocation reserves what rank 0 binds (one group has one network ask; distinct_hosts
+    # puts each on its own client): the rendezvous port and the weight-sync group ports
+    # (servers[].group_port). Sorted by label: HCL keeps port blocks by label, so the two forms
+    # stay one job.
+    reserved = sorted(
+        ([{"Label": PORT_LABEL, "Value": rdzv}] if rdzv is not None else [])
+        + [{"Label": f"group-{r.name}", "Value": r.group_port} for r in launch.servers if r.group_port is not None],
+        key=lambda p: p["Label"])
+    network: dict = {"Mode": "host"}
+    if rdzv is None:
+        # rendezvous.port unset: Nomad picks the port, one the node has free and none of this
+        # group's reserved ports (nomad/structs/network.go AssignPorts: dynamic ports skip the
+        # node's used ports, the ask's reserved ports and those already offered; v2.0.5),
+        # from the client's dynamic range (20000-32000 by default). Two jobs' nodes can then
+        # share a client, which a static port forbids.
+        network["DynamicPorts"] = [{"Label": PORT_LABEL}]
+    if reserved:
+        network["ReservedPorts"] = reserved
+    group["Networks"] = [network]
+    # Tagged with the allocation index (master_template): every node finds index 0's.
+    group["Services"] = [{"Name": service_name(rdzv_service_key(launch, job_id)), "Provider": "nomad",
+                          "PortLabel": PORT_LABEL, "Tags": [launch.index_tag + "${NOMAD_ALLOC_INDEX}"]}]
     return group
 
 

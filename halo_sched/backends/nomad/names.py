@@ -1,5 +1,5 @@
 """The names in a rendered Nomad job that other modules read back: the task and group names, the
-job meta keys, which node rank an allocation runs (its group and name index), the rendezvous
+job meta keys, which node rank an allocation runs (its name index), the rendezvous
 service's name and the secrets Variable's path. render.py explains the job's shape."""
 from __future__ import annotations
 
@@ -16,11 +16,8 @@ NODES_META = "halo_sched_nodes"
 #: Job meta naming the job's secrets Variable (its path; never a value): whoever sees the job
 #: ended deletes that Variable (``NomadScheduler``), and only for jobs that carry this key.
 SECRETS_META = "halo_sched_secrets"
-#: Node rank 0: count 1, the rendezvous port and service.
-LEADER_GROUP = "node-0"
-#: Node ranks 1..N-1: count N-1, node rank = 1 + the allocation's name index.
-WORKER_GROUP = "workers"
-WORKER_RANK_OFFSET = 1
+#: The trainer's one group: count N, node rank = the allocation's name index.
+TRAINER_GROUP = "trainer"
 
 _ALLOC_INDEX_RE = re.compile(r"\[(\d+)\]$")
 
@@ -31,22 +28,10 @@ def alloc_index(alloc_name: str) -> int | None:
     return None if m is None else int(m.group(1))
 
 
-def group_counts(nodes: int) -> dict[str, int]:
-    """The task groups of an N-node job and their counts."""
-    return {LEADER_GROUP: 1, **({WORKER_GROUP: nodes - 1} if nodes > 1 else {})}
-
-
 def node_rank_of(task_group: str, alloc_name: str) -> int | None:
-    """The node rank an allocation runs, from its TaskGroup and Name (``JOBID.workers[K]`` -> K+1);
-    None for a group this module does not render."""
-    index = alloc_index(alloc_name)
-    if index is None:
-        return None
-    if task_group == LEADER_GROUP:
-        return 0
-    if task_group == WORKER_GROUP:
-        return WORKER_RANK_OFFSET + index
-    return None
+    """The node rank an allocation runs, from its TaskGroup and Name (``JOBID.trainer[K]`` -> K);
+    None for another group."""
+    return alloc_index(alloc_name) if task_group == TRAINER_GROUP else None
 
 
 def service_name(job_id: str) -> str:

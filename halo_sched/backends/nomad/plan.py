@@ -1,14 +1,15 @@
 """What halo-sched says before a Nomad job runs (pure): Nomad's plan per task group, the features
 the job needs that the server may lack, and the client settings it needs.
 
-``plan`` (``POST /v1/job/:id/plan``) answers per task group: ``node-0`` (count 1) and ``workers``
-(count N-1). A group that places only partly says how many of its count did not place, and why.
+``plan`` (``POST /v1/job/:id/plan``) answers per task group: ``trainer`` (count N) and one per
+server role. A group that places only partly says how many of its count did not place, and why.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 
+from .names import TRAINER_GROUP
 from .state import describe_alloc_metric
 
 
@@ -32,8 +33,8 @@ class GroupPlacement:
 
 
 def _natural_key(name: str) -> tuple:
-    """``node-0`` first, ``node-2`` before ``node-10``, then ``workers``."""
-    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
+    """``trainer`` first, then the others by name, ``server-a2`` before ``server-a10``."""
+    return (name != TRAINER_GROUP, *(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)))
 
 
 def plan_summary(plan_response: dict) -> list[GroupPlacement]:

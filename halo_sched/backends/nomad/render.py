@@ -1,12 +1,12 @@
 """JobSpec -> Nomad job (pure): the API payload ``{"Job": {...}}`` is the one model; the HCL
 (``halo_sched/templates/nomad/job.nomad.hcl.j2``) is rendered from that same dict.
 
-Shape, for N nodes: group ``node-0`` (count 1: node rank 0; it asks for the rendezvous port and
-registers a Nomad-native service) and, when N > 1, ONE group ``workers`` with count N-1, whose
-allocation ``JOBID.workers[K]`` is node rank K+1. The env says ``HALO_NODE_RANK =
-${NOMAD_ALLOC_INDEX}`` and ``HALO_NODE_RANK_OFFSET = 1``; the shared entry script adds them (HCL
-and Nomad's ``${}`` cannot add) and checks the range. So the job is the same size for 2 nodes or
-1,024: the entry script is embedded twice (once per group), never once per node. One group per
+Shape, for N nodes: ONE group ``trainer`` with count N, whose allocation ``JOBID.trainer[K]`` is
+node rank K: the env says ``HALO_NODE_RANK = ${NOMAD_ALLOC_INDEX}`` and the entry script checks
+the range. Every allocation asks for the rendezvous port and registers a Nomad-native service
+tagged ``halo-index-${NOMAD_ALLOC_INDEX}``; every node, rank 0 too, reads rank 0's address and
+port from index 0's registration (groups.py :func:`master_template`). So the job is the same
+size for 2 nodes or 1,024: the entry script is embedded once, never once per node. One group per
 node made the job O(N) and the server state O(N^2), since every allocation carries the whole job
 (hashicorp/nomad#27442, #6306).
 
@@ -21,7 +21,9 @@ reused for a new allocation. A lost-node replacement keeps the lost allocation's
 (``reconcile_cluster.go``: "Add replacements for lost allocs", ``name: alloc.Name``), and with
 ``disconnect { lost_after = <the job's bound>, replace = false }`` (groups.py, :func:`lost_after_ns`)
 a running allocation on a node that went down is marked ``unknown`` and not replaced while the
-job can run. Two live allocations of one version never share an index. A new version (a retry
+job can run. Two live allocations of one version never share an index, so the one live
+registration tagged ``halo-index-0`` under the attempt's service name (groups.py rdzv_service_key)
+is rank 0's. A new version (a retry
 attempt) is registered once the old version's allocations are terminal or being stopped: a batch
 job's terminal allocations of an older version are set aside before the reconciler computes
 anything (``filters.go`` filterOldTerminalAllocs, v2.0.5), and the name index is built from what
@@ -68,8 +70,8 @@ from .groups import (
     master_template, server_group, trainer_group,
 )
 from .names import (
-    ENTRY_PATH, LEADER_GROUP, MASTER_FILE, NODES_META, PORT_LABEL, SECRETS_META, TASK, WORKER_GROUP,
-    WORKER_RANK_OFFSET, alloc_index, carries_runtime, group_counts, node_rank_of, service_name, variable_path,
+    ENTRY_PATH, MASTER_FILE, NODES_META, PORT_LABEL, SECRETS_META, TASK, TRAINER_GROUP, alloc_index,
+    carries_runtime, node_rank_of, service_name, variable_path,
 )
 from .secrets import SECRET_PERMS, secret_owner, secret_template, secret_wiring
 
@@ -78,10 +80,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # The names other modules and tests import from here, wherever they are defined.
 __all__ = [
-    "ClientNeed", "ENTRY_PATH", "LEADER_GROUP", "LOST_AFTER_MARGIN_NS", "MASTER_FILE", "NODES_META",
-    "NODE_NAME_TARGET", "PORT_LABEL", "SECRETS_META", "SECRET_PERMS", "TASK", "UNBOUNDED_JOB_LOST_AFTER_NS",
-    "WORKER_GROUP", "WORKER_RANK_OFFSET", "alloc_index", "client_needs", "client_requirements", "delimiters",
-    "driver_config_literal", "exclude_constraints", "go_duration", "group_counts", "job_payload", "lost_after_ns",
+    "ClientNeed", "ENTRY_PATH", "LOST_AFTER_MARGIN_NS", "MASTER_FILE", "NODES_META", "NODE_NAME_TARGET",
+    "PORT_LABEL", "SECRETS_META", "SECRET_PERMS", "TASK", "TRAINER_GROUP", "UNBOUNDED_JOB_LOST_AFTER_NS",
+    "alloc_index", "client_needs", "client_requirements", "delimiters",
+    "driver_config_literal", "exclude_constraints", "go_duration", "job_payload", "lost_after_ns",
     "master_template", "node_rank_of", "payload", "render_hcl", "secret_owner", "secret_template",
     "secret_wiring", "service_name", "variable_items", "variable_path",
 ]
@@ -171,8 +173,7 @@ def payload(launch: Launch) -> dict:
         "Constraints": [{"Operand": "distinct_hosts", "RTarget": "true"}] + exclude_constraints(launch),
         "Meta": {NODES_META: str(launch.trainer.nodes),
                  "halo_sched_world_size": str(launch.trainer.nodes * launch.trainer.nproc_per_node)},
-        "TaskGroups": [trainer_group(launch, name, count, entry, delims)
-                       for name, count in group_counts(launch.trainer.nodes).items()],
+        "TaskGroups": [trainer_group(launch, entry, delims)],
     }
     if spec.secret_names or carries_runtime(job_id):  # the job has a Variable (deleted once it ended)
         job["Meta"][SECRETS_META] = variable_path(job_id)
@@ -234,17 +235,5 @@ def render_hcl(spec: JobSpec, job_id: str | None = None) -> str:
     if problems:
         raise SpecError(problems)
     job = job_payload(spec, job_id)["Job"]
-    return render_template("nomad/job.nomad.hcl.j2", job=job, go_duration=go_duration, shared=_shared_templates(job))
-
-
-def _shared_templates(job: dict) -> dict[str, str]:
-    """The node entry, which node-0's task and the workers' hold alike, written once in the HCL as
-    a local that their templates name (``data = local.entry``). Nomad evaluates locals when it
-    parses the file (jobspec2/types.config.go), so the job it stores is the API payload, the text
-    in every task. Empty when only one task holds it."""
-    texts = [tpl["EmbeddedTmpl"] for g in job["TaskGroups"] for t in g["Tasks"]
-             for tpl in t.get("Templates", []) if tpl["DestPath"] == ENTRY_PATH]
-    text = texts[0] if texts else ""
-    heredoc = "\n" in text.rstrip("\n") and "\r" not in text  # as the template writes it
-    return {text: "entry"} if len(texts) > 1 and heredoc and texts.count(text) == len(texts) else {}
+    return render_template("nomad/job.nomad.hcl.j2", job=job, go_duration=go_duration)
 

@@ -1,7 +1,7 @@
 """Server roles (``servers:``) in the Nomad job: their group and service names and the trainer's
 view of them; groups.py builds each role's group from the launch plan with these. One group per
-role, ``server-NAME``, Count = its nodes (constant size, like the trainer's two groups), server
-index = ``NOMAD_ALLOC_INDEX`` (sound for the same reasons as the workers' node rank, see render.py).
+role, ``server-NAME``, Count = its nodes (constant size, like the trainer's group), server
+index = ``NOMAD_ALLOC_INDEX`` (sound for the same reasons as the trainer's node rank, see render.py).
 
 Each server allocation reserves its static ``port`` (host network) and registers a Nomad-native
 service (``provider = "nomad"``) tagged ``halo-index-${NOMAD_ALLOC_INDEX}``; Nomad interpolates
@@ -23,7 +23,7 @@ ENTRYPOINT (vLLM's starts its server) never swallows it; the group's restart, re
 ``disconnect { lost_after, replace = false }`` are the trainer's too (groups.lost_after_ns).
 
 Ending: Nomad ends nothing across groups. The job's watcher stops the job once the trainer's
-groups are complete or a server allocation died (state.py, watchdog.py); and each server also
+group is complete or a server allocation died (state.py, watchdog.py); and each server also
 ends itself (exit 0) once rank 0's registration is gone from its own template for three looks
 (halo_server_run in halo_sched/node/server.sh): a batch allocation deregisters its services when it stops
 (``client/allocrunner/group_service_hook.go`` PreKill/Postrun, v2.0.5); on a node that went down

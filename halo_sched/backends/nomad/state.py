@@ -1,8 +1,7 @@
 """Fold what Nomad says about one halo-sched job into a :class:`JobState` (pure).
 
-The job has group ``node-0`` (count 1, node rank 0) and, when N > 1, group ``workers`` (count
-N-1; the allocation named ``JOBID.workers[K]`` runs node rank K+1). Nomad has no gang
-scheduling, so the job can be half-placed; the state is computed per node rank from that rank's allocations and folded:
+The trainer is one group ``trainer`` (count N; the allocation named ``JOBID.trainer[K]`` runs
+node rank K). Nomad has no gang scheduling, so the job can be half-placed; the state is computed per node rank from that rank's allocations and folded:
 
 * PENDING   no rank runs yet (reason: what is blocked and why, or what is starting)
 * PARTIAL   k of N ranks running (0 < k < N); never final
@@ -31,7 +30,7 @@ from typing import Any, Iterable
 
 from halo_sched.backends.base import JobState, JobStatus, NomadDetail
 
-from .render import LEADER_GROUP, NODES_META, WORKER_GROUP, alloc_index, node_rank_of
+from .render import NODES_META, TRAINER_GROUP, alloc_index, node_rank_of
 
 # nomad/structs: AllocTimeoutReasonMaxRunDuration. Matched exactly: free text such as an image
 # name or a log line may contain "max_run_duration" without anything having timed out.
@@ -217,7 +216,7 @@ def _counts(mapping: dict | None) -> str:
 
 def describe_alloc_metric(group: str, metric: dict) -> str:
     """One line saying why Nomad could not place ``group``, from an AllocMetric, e.g.
-    ``workers: 0/3 nodes eligible; filtered 1 (distinct_hosts: 1); exhausted 2 (devices: no devices
+    ``trainer: 0/3 nodes eligible; filtered 1 (distinct_hosts: 1); exhausted 2 (devices: no devices
     match request: 2)``."""
     m = metric or {}
     evaluated = int(m.get("NodesEvaluated") or 0)
@@ -384,22 +383,15 @@ def server_views(allocs: Iterable[dict]) -> list[NodeView]:
 
 
 def _blocked_reasons(views: list[NodeView], failures: dict[str, dict]) -> dict[str, str]:
-    """Per group with unplaced ranks: how many of its count are unplaced, and Nomad's why."""
-    unplaced: dict[str, list[int]] = {}
-    total: dict[str, int] = {}
-    for v in views:
-        g = v.alloc.get("TaskGroup") if v.alloc else (LEADER_GROUP if v.rank == 0 else WORKER_GROUP)
-        total[g] = total.get(g, 0) + 1
-        if v.phase == "unplaced":
-            unplaced.setdefault(g, []).append(v.rank)
-    out = {}
-    for g, ranks in unplaced.items():
-        head = f"{g}: {len(ranks)} of {total[g]} unplaced (node rank{'s' if len(ranks) > 1 else ''} {ranks_text(ranks)})"
-        if g in failures:
-            why = describe_alloc_metric(g, failures[g]).split(": ", 1)[-1]
-            head += f": {why}"
-        out[g] = head
-    return out
+    """The trainer group's, when it has unplaced ranks: how many of its count, and Nomad's why."""
+    ranks = [v.rank for v in views if v.phase == "unplaced"]
+    if not ranks:
+        return {}
+    g = TRAINER_GROUP
+    head = f"{g}: {len(ranks)} of {len(views)} unplaced (node rank{'s' if len(ranks) > 1 else ''} {ranks_text(ranks)})"
+    if g in failures:
+        head += ": " + describe_alloc_metric(g, failures[g]).split(": ", 1)[-1]
+    return {g: head}
 
 
 def job_state(job: dict | None, allocs: Iterable[dict], evals: Iterable[dict], job_id: str) -> JobState:

@@ -223,7 +223,7 @@ def watch_job(
             return result(state, stopped=True, stop_reason=why)
         if (state.status is JobStatus.COMPLETED and not detail.stop_requested
                 and (detail.servers_running or (detail.servers_expected and state.raw_state != "dead"))):
-            # The trainer's groups completed; the server groups would keep the batch job alive:
+            # The trainer's group completed; the server groups would keep the batch job alive:
             # running servers, or a server still waiting for a node (a blocked evaluation places
             # it later and it holds that node). Nomad marks a job "dead" only once nothing of it
             # can run any more (nomad/state/state_store.go getJobStatus).
