@@ -85,7 +85,7 @@ Behaviour mirrored, and where it was confirmed (hashicorp/nomad and consul-templ
 Not confirmed in source (from Nomad's documentation or inferred; kept where a choice had to
 be made): the restart delay jitter (up to 25 %) and the "delay" mode; ``nomadService``
 instance order (by registration ID, inferred from memdb index order) and the registration ID
-format; the namespace/region parts of the ``nomadService`` query regex; a port ``To`` of -1
+format; the region part of the ``nomadService`` query regex; a port ``To`` of -1
 meaning "same as the host port"; stop() signalling the whole process group (Nomad's executor
 signals the task, then kills what is left after kill_timeout); the group ``MaxRunDuration``
 field (Nomad 2.0.3+) is enforced from the allocation's creation
@@ -1429,9 +1429,11 @@ BUILTIN_FUNCS: dict[str, Callable[..., Any]] = {
     "println": _fn_println,
 }
 
-# consul-template's query syntax for nomadService: [tag.]name[?ns=namespace][@region]
+# consul-template's query syntax for nomadService: [tag.]name[@region], nothing else
+# (v0.42.1, Nomad 2.0.5's: dependency/nomad_service.go NomadServiceQueryRe = tagRe +
+# serviceNameRe + regionRe, dependency/dependency.go; no namespace query).
 _NOMAD_SERVICE_QUERY = re.compile(
-    r"\A(?:(?P<tag>[\w=:.\-]+)\.)?(?P<name>[\w\-]+)(?:\?ns=(?P<ns>[\w\-]+))?(?:@(?P<region>[\w.\-]+))?\Z"
+    r"\A(?:(?P<tag>[\w=:.\-]+)\.)?(?P<name>[\w\-]+)(?:@(?P<region>[\w.\-]+))?\Z"
 )
 
 
@@ -2538,7 +2540,7 @@ class SimCluster:
                 raise TemplateError(f"nomad.service: invalid format: {params[0]!r}")
             if m.group("region") and m.group("region") != self.region:
                 raise UnsupportedJobError("nomadService across regions is not simulated")
-            regs = self.registry.get(m.group("name"), m.group("ns") or namespace)
+            regs = self.registry.get(m.group("name"), namespace)
             if m.group("tag"):
                 regs = [r for r in regs if m.group("tag") in (r.get("Tags") or [])]
             return [_NomadService(r) for r in regs]

@@ -482,6 +482,17 @@ def test_unsupported_or_invalid_template_is_refused(tmp_path: Path, tmpl: str, e
         SimCluster(job(group("g", [t])), tmp_path)
 
 
+def test_a_nomad_service_query_consul_template_cannot_parse_fails_the_render(make_cluster: Callable[..., SimCluster]) -> None:
+    # consul-template v0.42.1 (Nomad 2.0.5's) has no namespace query for nomadService: only
+    # [tag.]name[@region] (dependency/nomad_service.go NomadServiceQueryRe).
+    tmpl = '{{ range nomadService "x?ns=other" }}{{ .Address }}{{ end }}'
+    t = bash_task("t", "true", Templates=[{"EmbeddedTmpl": tmpl, "DestPath": "local/x", "ChangeMode": "noop"}])
+    c = make_cluster(job(group("g", [t])))
+    c.place()
+    with pytest.raises(TemplateError, match="invalid format"):
+        c.start()
+
+
 def test_unsupported_value_printing_raises_at_start(make_cluster: Callable[..., SimCluster]) -> None:
     t = bash_task("t", "true", Templates=[{"EmbeddedTmpl": '{{ nomadService "x" }}', "DestPath": "local/x"}])
     c = make_cluster(job(group("g", [t])))
