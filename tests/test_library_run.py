@@ -52,7 +52,9 @@ def test_the_sweep_example_gathers_results_and_names_the_culprit(tmp_path):
 
 def test_logs_by_node_and_rank_as_the_cli_prints_them(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "hello.py").write_text("import os\nprint('hello from', os.environ['RANK'], flush=True)\n")
+    # One write per line: torchrun's tee reads the rank's log file and prefixes what it finds, so a
+    # line that print() writes in pieces can be read half-written ("hello from[rank 0]  0").
+    (tmp_path / "hello.py").write_text("import os\nos.write(1, f\"hello from {os.environ['RANK']}\\n\".encode())\n")
     job = example_job(tmp_path, free_port(), nodes=2, nproc_per_node=2, trainer={"script": "hello.py"})
     run = halo_sched.submit(job, "local")
     assert run.result(timeout=180).status is JobStatus.COMPLETED
