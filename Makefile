@@ -41,27 +41,26 @@ demo: $(BIN)/.installed
 
 # The SLURM suite runs against Debian 12's Slurm 22.05 (with everything else) and again against
 # SLURM_RELEASE, a current release built once per machine from Debian's source package
-# (tests/cluster/slurm-cluster.sh build; cached in /var/cache/halo-sched). Both passes run; the
-# make fails if either did.
+# (tests/cluster/slurm-cluster.sh build; cached in /var/cache/halo-sched). tests/suite.sh runs the
+# two passes side by side, each on pytest-xdist workers; the make fails if either failed.
 SLURM_RELEASE ?= 24.11
 # `make test-slurm-matrix`: the SLURM suite alone, against each of these in turn.
 SLURM_MATRIX ?= 22.05 24.11 26.05
+# pytest-xdist workers: most of the suite waits (torchrun start-up, slurmd, timeouts), not computes.
+TEST_WORKERS ?= 4
 
 test: $(BIN)/.installed $(HCL_PARSER)
-	rc=0; $(BIN)/pytest || rc=$$?; \
-	HALO_SLURM_VERSION=$(SLURM_RELEASE) tests/cluster/slurm-cluster.sh build && \
-	HALO_SLURM_VERSION=$(SLURM_RELEASE) $(BIN)/pytest -m "slurm and not multihost" || rc=$$?; \
-	exit $$rc
+	SLURM_RELEASE=$(SLURM_RELEASE) HALO_TEST_WORKERS=$(TEST_WORKERS) PYTEST=$(BIN)/pytest tests/suite.sh
 
 test-slurm-matrix: $(BIN)/.installed $(HCL_PARSER)
 	rc=0; for v in $(SLURM_MATRIX); do \
 		echo "== the SLURM suite against Slurm $$v"; \
 		HALO_SLURM_VERSION=$$v tests/cluster/slurm-cluster.sh build && \
-		HALO_SLURM_VERSION=$$v $(BIN)/pytest -m "slurm and not multihost" || rc=$$?; \
+		HALO_SLURM_VERSION=$$v $(BIN)/pytest -n 2 --dist loadgroup -m "slurm and not multihost" || rc=$$?; \
 	done; exit $$rc
 
 test-fast: $(BIN)/.installed $(HCL_PARSER)
-	$(BIN)/pytest -m "$(FAST_TESTS)"
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m "$(FAST_TESTS)"
 
 cluster-up:
 	tests/cluster/slurm-cluster.sh up

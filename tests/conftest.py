@@ -2,6 +2,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import helpers  # noqa: E402
 from cluster.fixtures import (  # noqa: E402,F401  (the real local cluster, and its lock)
     cancel_slurm_jobs_under, cluster_lock, skip_slurm_requested, slurm_cluster, slurm_cluster_exclusive,
+    stop_cluster_started_by,
 )
 
 SKIP_REASON_MARK = "HALO_SKIP_SLURM=1"
@@ -21,6 +23,11 @@ def _ci() -> bool:
 
 
 def pytest_configure(config):
+    # Under pytest-xdist the controller names the run (workers get it as workerinput["testrunuid"]),
+    # so that it can stop, at the end, a SLURM cluster that one of its workers started.
+    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None) \
+            and getattr(config.option, "testrunuid", "unset") is None:
+        config.option.testrunuid = uuid.uuid4().hex
     # Skipping the SLURM tests is for a developer's machine without root; CI must run them.
     if skip_slurm_requested() and _ci():
         raise pytest.UsageError(
@@ -38,7 +45,61 @@ def _slurm_skip_message(config) -> str | None:
             "was tested in this run")
 
 
+def pytest_collection_modifyitems(config, items):
+    # pytest-xdist (`make test` runs `-n N --dist loadgroup`): the multi-host rig's tests cut and slow
+    # its links, one at a time under its lock, so they run on one worker, one after another, rather
+    # than holding several workers in the lock's queue.
+    for item in items:
+        if item.get_closest_marker("multihost"):
+            item.add_marker(pytest.mark.xdist_group("multihost"))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # The xdist controller (no workerinput) stops a cluster one of its workers started.
+    testrun = getattr(session.config.option, "testrunuid", None)
+    if testrun and not hasattr(session.config, "workerinput"):
+        stop_cluster_started_by(testrun)
+
+
+LONG_TEST_S = 60
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    # A test over a minute must say why in its docstring; one that does not is named in the summary.
+    if call.when == "call" and call.duration > LONG_TEST_S:
+        doc = getattr(getattr(item, "function", None), "__doc__", None) or ""
+        if not doc.strip():
+            outcome.get_result().user_properties.append(("long_without_reason", round(call.duration, 1)))
+
+
+def _time_by_file(terminalreporter) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """Each test file's summed setup + call + teardown time, and the tests over LONG_TEST_S whose
+    docstring does not say why; from the reports, so the xdist controller sees every worker's."""
+    totals: dict[str, float] = {}
+    unexplained = []
+    for reports in terminalreporter.stats.values():
+        for r in reports:
+            if getattr(r, "when", None) not in ("setup", "call", "teardown"):
+                continue
+            path = r.nodeid.split("::", 1)[0]
+            totals[path] = totals.get(path, 0.0) + getattr(r, "duration", 0.0)
+            unexplained += [(r.nodeid, v) for k, v in getattr(r, "user_properties", ()) if k == "long_without_reason"]
+    return sorted(totals.items(), key=lambda kv: -kv[1]), unexplained
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not hasattr(config, "workerinput"):
+        by_file, unexplained = _time_by_file(terminalreporter)
+        if by_file:
+            terminalreporter.write_sep("=", f"test time by file ({len(by_file)} files, "
+                                            f"{sum(t for _, t in by_file):.0f} s summed over workers)")
+            for path, t in by_file:
+                terminalreporter.write_line(f"{t:8.1f}s {path}")
+        for nodeid, t in unexplained:
+            terminalreporter.write_line(f"halo-sched: {nodeid} took {t} s, over {LONG_TEST_S} s, and its docstring "
+                                        "does not say why it must be that long", yellow=True, bold=True)
     msg = _slurm_skip_message(config)
     if msg:
         terminalreporter.write_sep("!", msg, red=True, bold=True)

@@ -12,7 +12,6 @@ import subprocess
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().with_name("slurm-cluster.sh")
-REPO_ROOT = SCRIPT.parents[2]
 
 
 class ClusterError(RuntimeError):
@@ -25,9 +24,9 @@ def slurm_version() -> str:
 
 
 def state_dir() -> Path:
-    version = slurm_version()
-    default = REPO_ROOT / (".cluster" if version == "22.05" else f".cluster-{version}")
-    return Path(os.environ.get("HALO_CLUSTER_DIR") or default)
+    # As slurm-cluster.sh: outside the checkout, which may sit where munge and slurm cannot enter.
+    root = Path(os.environ.get("HALO_CLUSTER_STATE_ROOT") or "/var/lib/halo-sched")
+    return Path(os.environ.get("HALO_CLUSTER_DIR") or root / f"cluster-{slurm_version()}")
 
 
 def lock_path() -> str:

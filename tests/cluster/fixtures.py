@@ -5,7 +5,7 @@
 HALO_SKIP_SLURM=1 skips the tests that need it (loudly: the run's summary counts them; refused
 when CI=true); otherwise a cluster that fails to start is an ERROR of those tests, never a silent
 skip. HALO_KEEP_CLUSTER=1 leaves it running after the session (for debugging:
-`tests/cluster/slurm-cluster.sh status`, logs under .cluster/log).
+`tests/cluster/slurm-cluster.sh status`, logs under /var/lib/halo-sched/cluster-22.05/log).
 
 The cluster is shared by every test run on this machine, so it has a lock
 (``/tmp/halo-slurm-cluster.lock``, flock): each test that uses the cluster holds it SHARED for its
@@ -146,22 +146,49 @@ def cancel_slurm_jobs_under(root: Path, env: dict | None = None) -> list[str]:
     return mine
 
 
+def _started_marker(testrun: str) -> Path:
+    return Path(f"{LOCK_PATH}.started-by-{testrun}")
+
+
+def _xdist_testrun(config) -> str | None:
+    """The run's id when this process is one of pytest-xdist's workers, else None."""
+    workerinput = getattr(config, "workerinput", None)
+    return workerinput.get("testrunuid") if workerinput else None
+
+
+def stop_cluster_started_by(testrun: str) -> None:
+    """Called once by the xdist controller at the end of the run: a cluster that one of its workers
+    started is stopped now, when no worker of the run uses it any more."""
+    marker = _started_marker(testrun)
+    if not marker.exists():
+        return
+    marker.unlink()
+    if os.environ.get("HALO_KEEP_CLUSTER") != "1":
+        with cluster_lock(exclusive=True):
+            _cluster.down()
+
+
 @pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory):
+def slurm_cluster(tmp_path_factory, request):
     """Yields the cluster's environment (SLURM_CONF, HALO_SLURMRESTD_SOCKET/URL), which is also
     exported into os.environ for subprocesses."""
     if skip_slurm_requested():
         pytest.skip("HALO_SKIP_SLURM=1: tests that need the local SLURM cluster are skipped")
+    testrun = _xdist_testrun(request.config)
     # Exclusive: never look at (or start) the cluster while another run has its controller
     # stopped: `up` would start a fresh one with -c and wipe that run's jobs.
     with cluster_lock(exclusive=True):
         started_here = not _cluster.is_up()
         env = _cluster.ensure_up()  # raises ClusterError -> the test errors, with the daemons' logs
+        if started_here and testrun:
+            # Under pytest-xdist one worker's session ends while others still use the cluster: the
+            # controller stops it once every worker is done (stop_cluster_started_by).
+            _started_marker(testrun).write_text(str(os.getpid()))
     yield env
     # Jobs of this session's module-scoped directories too (the per-test ones are gone already).
     cancel_slurm_jobs_under(tmp_path_factory.getbasetemp())
     # A cluster someone else left running (HALO_KEEP_CLUSTER=1 earlier) is theirs to stop.
-    if started_here and os.environ.get("HALO_KEEP_CLUSTER") != "1":
+    if started_here and not testrun and os.environ.get("HALO_KEEP_CLUSTER") != "1":
         with cluster_lock(exclusive=True):
             _cluster.down()
 

@@ -8,7 +8,8 @@
 #   tests/cluster/slurm-cluster.sh down     # stop everything this script started, verify
 #   eval "$(tests/cluster/slurm-cluster.sh env)"   # SLURM_CONF etc. for your shell
 #
-# Environment: HALO_CLUSTER_DIR (state dir, default <repo>/.cluster), HALO_CLUSTER_NODES (3),
+# Environment: HALO_CLUSTER_DIR (state dir, default /var/lib/halo-sched/cluster-X.Y: outside the
+# checkout, which may sit in a 0700 home the daemons' users munge and slurm cannot enter), HALO_CLUSTER_NODES (3),
 # HALO_CLUSTER_PORT (slurmctld port, default 6817; node i listens on PORT+i),
 # HALO_CLUSTER_REST_PORT (slurmrestd on 127.0.0.1, default PORT+100),
 # HALO_CLUSTER_NO_REST=1 (do not start slurmrestd), HALO_SLURM_VERSION (22.05 = Debian 12's
@@ -22,18 +23,22 @@
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-REPO_ROOT=$(cd "$SCRIPT_DIR/../.." && pwd)
 # Which Slurm: 22.05 is Debian 12's binary packages; any other X.Y is built from Debian's source
 # package (build_release) into SLURM_CACHE. Each release has its own state dir and ports by
 # default, so clusters of two releases run side by side (and tests of one never reach the other).
 SLURM_VERSION=${HALO_SLURM_VERSION:-22.05}
 [[ $SLURM_VERSION =~ ^[0-9]{2}\.[0-9]{2}$ ]] || { echo "slurm-cluster: HALO_SLURM_VERSION=$SLURM_VERSION is not X.Y (22.05, 24.11, 26.05)" >&2; exit 2; }
 SLURM_CACHE=${HALO_SLURM_CACHE:-/var/cache/halo-sched}
+# The state lives outside the checkout: munged runs as `munge` and slurmrestd as `slurm`, and a
+# clone under a 0700 directory (root's home) is out of their reach. One state dir per release and
+# machine, like the release's ports and lock: every clone on this machine shares that cluster.
+STATE_ROOT=${HALO_CLUSTER_STATE_ROOT:-/var/lib/halo-sched}
+DEFAULT_STATE=$STATE_ROOT/cluster-$SLURM_VERSION
 case $SLURM_VERSION in
-    22.05) DEFAULT_PORT=6817 DEFAULT_STATE=$REPO_ROOT/.cluster ;;
-    24.11) DEFAULT_PORT=6827 DEFAULT_STATE=$REPO_ROOT/.cluster-24.11 ;;
-    26.05) DEFAULT_PORT=6837 DEFAULT_STATE=$REPO_ROOT/.cluster-26.05 ;;
-    *) DEFAULT_PORT=6847 DEFAULT_STATE=$REPO_ROOT/.cluster-$SLURM_VERSION ;;
+    22.05) DEFAULT_PORT=6817 ;;
+    24.11) DEFAULT_PORT=6827 ;;
+    26.05) DEFAULT_PORT=6837 ;;
+    *) DEFAULT_PORT=6847 ;;
 esac
 STATE=${HALO_CLUSTER_DIR:-$DEFAULT_STATE}
 NODES=${HALO_CLUSTER_NODES:-3}
@@ -424,6 +429,33 @@ print_env() {
     echo "export HALO_SLURMRESTD_URL=http://127.0.0.1:$REST_PORT"
 }
 
+# The state dir and its parents: root's, 0755 (munged as `munge` and slurmrestd as `slurm` must
+# reach their files below it), writable by root alone; one owned by anyone else is refused.
+state_dirs() {
+    local d=$STATE owner
+    while [[ $d != / ]]; do
+        if [[ -e $d ]]; then
+            owner=$(stat -c %u "$d")
+            [[ $owner == 0 || $d == "$STATE" || $(stat -c %a "$d") == 1777 ]] ||
+                die "state dir parent $d belongs to uid $owner, not root: choose HALO_CLUSTER_DIR elsewhere"
+        fi
+        d=$(dirname "$d")
+    done
+    install -d -m 0755 "$(dirname "$STATE")"
+    install -d -m 0755 -o root "$STATE"
+    [[ $(stat -c %u "$STATE") == 0 ]] || die "state dir $STATE does not belong to root"
+    install -d "$STATE/etc" "$STATE/log" "$STATE/run" "$STATE/spool/ctld"
+    local n
+    for n in $(node_names); do install -d "$STATE/spool/$n"; done
+    # slurmrestd (user slurm) must read the config and write its log and socket here.
+    chmod 0755 "$STATE" "$STATE/etc" "$STATE/run"
+    chown slurm "$STATE/run" 2>/dev/null || true
+    local blocked
+    if blocked=$(runuser -u munge -- test -x "$STATE" 2>&1 && echo ok) && [[ $blocked == ok ]]; then :; else
+        die "munged (user munge) cannot enter $STATE: a parent directory is private (HALO_CLUSTER_DIR elsewhere)"
+    fi
+}
+
 cmd_up() {
     # The daemons must not inherit the caller's descriptors: under `flock LOCK slurm-cluster.sh up`
     # munged and slurmrestd would hold the cluster lock for as long as they run.
@@ -438,12 +470,7 @@ cmd_up() {
         build_release
         ensure_slurm_user
     fi
-    install -d "$STATE" "$STATE/etc" "$STATE/log" "$STATE/run" "$STATE/spool/ctld"
-    local n
-    for n in $(node_names); do install -d "$STATE/spool/$n"; done
-    # slurmrestd (user slurm) must read the config and write its log and socket here.
-    chmod 0755 "$STATE" "$STATE/etc" "$STATE/run"
-    chown slurm "$STATE/run" 2>/dev/null || true
+    state_dirs
 
     # The JWT signing key: only slurmctld (root here) reads it.
     if [[ ! -s $STATE/etc/jwt_hs256.key ]]; then

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# `make test`: the whole suite, both Slurm releases at once.
+#
+#   pass A: every test (Slurm 22.05, the multi-host rig, real torchrun, the long property runs)
+#   pass B: the SLURM suite again against SLURM_RELEASE (its own cluster, ports, lock and state)
+#
+# Most of the suite's time is waiting (torchrun start-up, slurmd, a rendezvous timeout), so each
+# pass runs under pytest-xdist and the two run side by side: each worker has its own temporary
+# directory and HALO_SCHED_HOME (tests/conftest.py), ports are reserved under a machine-wide flock
+# (tests/helpers.py), each release's cluster is shared by the workers that reach it (its lock,
+# tests/cluster/fixtures.py), and the multi-host rig's tests stay on one worker (xdist_group).
+# Pass B's output follows pass A's, whole. The exit status is non-zero if either pass failed.
+#
+# Environment: HALO_TEST_WORKERS (pass A's workers, 4), HALO_RELEASE_WORKERS (pass B's, 2),
+# SLURM_RELEASE (24.11), PYTEST (.venv/bin/pytest). Extra arguments go to both passes.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTEST=${PYTEST:-.venv/bin/pytest}
+RELEASE=${SLURM_RELEASE:-24.11}
+A_WORKERS=${HALO_TEST_WORKERS:-4}
+B_WORKERS=${HALO_RELEASE_WORKERS:-2}
+t0=$SECONDS
+
+# The release is built once per machine (cached under /var/cache/halo-sched): before the clock
+# of either pass starts, so a first build (about 5 minutes on 2 cores) is said apart.
+HALO_SLURM_VERSION=$RELEASE tests/cluster/slurm-cluster.sh build || exit $?
+echo "halo-sched tests: Slurm $RELEASE ready after $((SECONDS - t0)) s"
+
+logdir=$(mktemp -d /tmp/halo-suite.XXXXXX)
+trap 'rm -rf "$logdir"' EXIT
+tb=$SECONDS
+(
+    HALO_SLURM_VERSION=$RELEASE "$PYTEST" -p no:cacheprovider -n "$B_WORKERS" --dist loadgroup \
+        --basetemp="$logdir/tmp-b" -m "slurm and not multihost" "$@" >"$logdir/b.log" 2>&1
+    echo $? >"$logdir/b.rc"
+    echo $((SECONDS - tb)) >"$logdir/b.seconds"
+) &
+b_pid=$!
+
+ta=$SECONDS
+echo "== pass A: the whole suite on Slurm 22.05 ($A_WORKERS workers; Slurm $RELEASE's pass runs beside it)"
+"$PYTEST" -p no:cacheprovider -n "$A_WORKERS" --dist loadgroup "$@"
+a_rc=$?
+a_s=$((SECONDS - ta))
+wait "$b_pid"
+b_rc=$(cat "$logdir/b.rc" 2>/dev/null || echo 1)
+echo
+echo "== pass B: the SLURM suite on Slurm $RELEASE ($B_WORKERS workers, beside pass A): its output"
+cat "$logdir/b.log"
+echo
+echo "halo-sched tests: pass A (all, Slurm 22.05) exit $a_rc in ${a_s} s; pass B (SLURM, Slurm $RELEASE) exit $b_rc in $(cat "$logdir/b.seconds" 2>/dev/null || echo '?') s; $((SECONDS - t0)) s in all"
+((a_rc == 0 && b_rc == 0))
