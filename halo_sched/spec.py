@@ -256,7 +256,7 @@ def from_dict(data: Any, source: str | None = None, text: str | None = None) -> 
     from .models import JobSpec
 
     # The same content as a job file, whatever its form: what the YAML reader refuses in a text
-    # (a lone surrogate, nesting, size) is refused here before the models read it.
+    # (a lone surrogate, nesting, the count of values) is refused here before the models read it.
     _checked_content(data, source, located)
     try:
         spec = JobSpec.model_validate(data)
