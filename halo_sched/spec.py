@@ -150,6 +150,92 @@ def _fmt_loc(loc: tuple) -> str:
     return s
 
 
+SURROGATE = ("half of a UTF-16 surrogate pair, which is no character and cannot be written to a script "
+             "or passed to a process")
+
+
+def _key_text(key: Any) -> str:
+    """A key as a field path shows it: as it is when it can be printed, else escaped; at most 40
+    characters."""
+    text = key if isinstance(key, str) else repr(key)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = ascii(text)[1:-1]
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _surrogate(text: str) -> str | None:
+    """The U+D800-U+DFFF a text holds, as 'U+D800', or None."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return f"U+{ord(text[err.start]):04X}"
+    return None
+
+
+def content_problem(data: Any) -> tuple[tuple, str] | None:
+    """What the job file's reader refuses in its text (:func:`loads`: the bounds on nesting and on
+    values, keys that are not names, a lone surrogate, a value that contains itself), found in a
+    job's content however it was built (a dict, a changed JobSpec): (the field's path, what is
+    wrong), or None. (The text's size has no equal here: what an alias expands to is not bounded
+    by it either; the models bound each value.) Iterative, each value visited once per place it
+    is used (as YAML's aliases are counted), and bounded: it stops at the first problem, and the
+    values bound ends it."""
+    values = 0
+    on_path: set[int] = set()
+    # (value, its path, its depth) to visit; (None, id, None) to leave a container.
+    todo: list[tuple[Any, Any, Any]] = [(data, (), 1)]
+    while todo:
+        value, path, depth = todo.pop()
+        if depth is None:
+            on_path.discard(path)
+            continue
+        values += 1
+        if values > MAX_YAML_VALUES:
+            return path[:1], f"more than {MAX_YAML_VALUES} values; a job file is far smaller"
+        if depth > MAX_YAML_DEPTH:
+            return path[:1], f"values nested more than {MAX_YAML_DEPTH} levels deep; a job file is far shallower"
+        if isinstance(value, str):
+            bad = _surrogate(value)
+            if bad:
+                return path, f"the text has {bad}, {SURROGATE}"
+            continue
+        if isinstance(value, dict):
+            items = list(value.items())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            items = list(enumerate(value))
+        else:
+            continue  # a number, a boolean, None, or a type the models refuse by name
+        if id(value) in on_path:
+            return path, "a value contains itself"
+        on_path.add(id(value))
+        todo.append((None, id(value), None))
+        for key, item in reversed(items):
+            if isinstance(value, dict):
+                values += 1
+                if not isinstance(key, str):
+                    return path, (f"key {_key_text(key)} is {type(key).__name__}, not a name; every key is a "
+                                  "name (text)")
+                bad = _surrogate(key)
+                if bad:
+                    return path, f"key {_key_text(key)} has {bad}, {SURROGATE}"
+                key = _key_text(key)
+            todo.append((item, path + (key,), depth + 1))
+    return None
+
+
+def _checked_content(data: Any, source: str | None = None, located=None) -> None:
+    """SpecError naming the field when :func:`content_problem` finds one."""
+    problem = content_problem(data)
+    if problem is not None:
+        loc, msg = problem
+        raise SpecError([((located or _fmt_loc)(loc), msg)], source)
+
+
 def from_dict(data: Any, source: str | None = None, text: str | None = None) -> JobSpec:
     """``data`` (a job file's YAML, read) validated by the models (halo_sched/models.py, with the
     checks of halo_sched/jobfile_rules.py): the one definition of a valid job file."""
@@ -169,6 +255,9 @@ def from_dict(data: Any, source: str | None = None, text: str | None = None) -> 
 
     from .models import JobSpec
 
+    # The same content as a job file, whatever its form: what the YAML reader refuses in a text
+    # (a lone surrogate, nesting, the count of values) is refused here before the models read it.
+    _checked_content(data, source, located)
     try:
         spec = JobSpec.model_validate(data)
     except ValidationError as err:
@@ -461,6 +550,7 @@ def validated(spec: Any) -> JobSpec:
         default = defaults[key].get_default(call_default_factory=True)
         if _dumped(default) == data[key]:
             del data[key]
+    _checked_content(data)
     try:
         checked = JobSpec.model_validate(data)
     except ValidationError as err:

@@ -127,8 +127,10 @@ def env_values_are_text(v: Any) -> Any:
     so the value that reaches the processes is exactly the text in the file."""
     if isinstance(v, dict):
         for k, val in v.items():
-            if not isinstance(val, str):
+            if isinstance(val, (bool, int, float)) or val is None:
                 raise ValueError(f"{k}: value must be a string (quote it: {k}: \"{val}\"), got {type(val).__name__}")
+            if not isinstance(val, str):  # a section or a list: its text could be any size
+                raise ValueError(f"{k}: value must be a string, got {type(val).__name__}")
     return v
 
 

@@ -16,6 +16,7 @@ import abc
 import contextlib
 import functools
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -75,22 +76,45 @@ def new_failure_key() -> str:
 _KEY_ENV_LOCK = threading.RLock()
 
 
+def inherited_job_names(environ) -> list[str]:
+    """The variables in ``environ`` that halo-sched itself gives a job's processes, so that in a
+    submitting environment they are another job's: a run's identity and state (``HALO_RUN_*``,
+    the hand-off to a SLURM successor: node/successor.py; ``HALO_RESTART_COUNT``, the attempt),
+    each node's part in its job and the job's failure key (node/contract.py ``EnvNames``), the
+    layout (``HALO_PARALLEL_*``) and the server roles (``HALO_SERVER_*``). A shell that copied
+    them, or a rank that submits a job of its own, has them; the user's own settings
+    (``HALO_SCHED_HOME``, ``HALO_SCHED_BACKEND``, ``HALO_SUBMIT_RETRY_S``, ...) are none of them."""
+    from ..node.contract import EnvNames
+
+    exact = {v for v in vars(EnvNames).values() if isinstance(v, str) and v.startswith("HALO_")}
+    prefixes = ("HALO_RUN_", "HALO_PARALLEL_", EnvNames.role_prefix)
+    return sorted(k for k in environ if k in exact or k.startswith(prefixes))
+
+
 @contextlib.contextmanager
 def failure_key_in_env(key: str):
-    """``key`` as this process's ``HALO_FAILURE_KEY`` while the backend submits (one thread at a
-    time: the environment is the process's)."""
+    """This process's environment as a job is submitted from it (one thread at a time: the
+    environment is the process's): ``key`` as its ``HALO_FAILURE_KEY``, and without
+    :func:`inherited_job_names` (another job's run, attempt and node variables would make the
+    new job that job's attempt: SLURM's batch script takes ``HALO_RUN_*`` as its run, local
+    ranks inherit them), with one warning line naming them. Restored afterwards."""
     from ..node.contract import NAMES
 
     with _KEY_ENV_LOCK:
-        old = os.environ.get(NAMES.failure_key)
+        saved = {k: os.environ[k] for k in inherited_job_names(os.environ)}
+        shown = [k for k in saved if k != NAMES.failure_key]
+        if shown:
+            print(f"halo-sched: warning: {', '.join(shown)} {'is' if len(shown) == 1 else 'are'} set here: another "
+                  "job's run, attempt or node (halo-sched sets them in a job's processes); left out of this job",
+                  file=sys.stderr)
+        for k in saved:
+            del os.environ[k]
         os.environ[NAMES.failure_key] = key
         try:
             yield
         finally:
-            if old is None:
-                os.environ.pop(NAMES.failure_key, None)
-            else:
-                os.environ[NAMES.failure_key] = old
+            os.environ.pop(NAMES.failure_key, None)
+            os.environ.update(saved)
 
 
 def warn_short_secrets(values: dict) -> None:

@@ -14,6 +14,7 @@ import fcntl
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -179,26 +180,31 @@ class LocalScheduler(Scheduler):
         job_id = submission_id(spec)  # the job's directory
         d = self.root / job_id
         d.mkdir()
-        (d / "entry.sh").write_text(dryrun.payload)
-        (d / "entry.sh").chmod(0o755)
-        # The node runtime, for a torchrun whose python has another halo-sched (or none).
-        (d / "halo-node.b64").write_text(runtime().base64_lines() + "\n")
-        for role in launch.servers:
-            (d / f"server-{role.name}.sh").write_text(render_server(launch, role))
-        if launch.servers:  # the servers' shell (halo_sched/node/server.sh), which each server entry reads
-            (d / "halo-server-shell.sh").write_text(server_shell())
-        for i, srv in enumerate(servers):
-            srv["gpus"] = server_gpus[i] if server_gpus and srv["gpus"] else None
-        write_json(d / "job.json", {"name": spec.name, "nodes": spec.nodes, "cwd": os.getcwd(), "gpus": gpu_sets,
-                                     "servers": servers, "master_port": master_port,
-                                     "launch": _supervisor_job(launch, d, servers, gpu_sets, master_port)})
-        write_json(d / "state.json", {"state": "PENDING", "submitted": time.time()})
-        (d / "job.log").touch()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "halo_sched.node.local_supervisor", str(d)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(d / "supervisor.err", "wb"),
-            start_new_session=True, cwd=os.getcwd(),
-        )
+        try:
+            (d / "entry.sh").write_text(dryrun.payload)
+            (d / "entry.sh").chmod(0o755)
+            # The node runtime, for a torchrun whose python has another halo-sched (or none).
+            (d / "halo-node.b64").write_text(runtime().base64_lines() + "\n")
+            for role in launch.servers:
+                (d / f"server-{role.name}.sh").write_text(render_server(launch, role))
+            if launch.servers:  # the servers' shell (halo_sched/node/server.sh), which each server entry reads
+                (d / "halo-server-shell.sh").write_text(server_shell())
+            for i, srv in enumerate(servers):
+                srv["gpus"] = server_gpus[i] if server_gpus and srv["gpus"] else None
+            write_json(d / "job.json", {"name": spec.name, "nodes": spec.nodes, "cwd": os.getcwd(), "gpus": gpu_sets,
+                                         "servers": servers, "master_port": master_port,
+                                         "launch": _supervisor_job(launch, d, servers, gpu_sets, master_port)})
+            write_json(d / "state.json", {"state": "PENDING", "submitted": time.time()})
+            (d / "job.log").touch()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "halo_sched.node.local_supervisor", str(d)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(d / "supervisor.err", "wb"),
+                start_new_session=True, cwd=os.getcwd(),
+            )
+        except BaseException:
+            # Refused before its supervisor started: no job, so no directory a reader takes for one.
+            shutil.rmtree(d, ignore_errors=True)
+            raise
         (d / "supervisor.pid").write_text(f"{proc.pid} {start_time(proc.pid)}")
         return job_id
 

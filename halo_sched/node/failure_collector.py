@@ -26,6 +26,7 @@ line as a verdict (the first failure, the culprit, a ledger entry) only when it 
 from __future__ import annotations
 
 import datetime
+import functools
 import glob
 import hashlib
 import hmac
@@ -48,6 +49,13 @@ SCRUBBED = "***"
 #: A secret value shorter than this is not scrubbed: as a substring it would mangle ordinary text
 #: (a value "x" turned "exit" into "e***it"); submit warns about it.
 MIN_SECRET_CHARS = 6
+#: A run of this many characters of a secret is scrubbed wherever it is found, whole value or not:
+#: what is left of a secret cut at a line's edge (output wrapped inside it, a tail that begins in
+#: it) is shorter than this.
+FRAGMENT_CHARS = 8
+#: A line of a secret, or a run of FRAGMENT_CHARS of it, is scrubbed on its own only when it holds
+#: this many different characters other than blanks (not ``--------``, not indentation).
+MEANINGFUL_DISTINCT = 4
 
 _BLOCK = re.compile(
     r"time\s*:\s*(?P<time>\S+)\s*\n\s*host\s*:\s*(?P<host>\S*)\s*\n\s*rank\s*:\s*(?P<rank>\d+)\s*"
@@ -71,11 +79,57 @@ def secret_values(environ=None) -> list[str]:
     return sorted((v for v in values if len(v) >= MIN_SECRET_CHARS), key=len, reverse=True)
 
 
-def scrub(text: str, secrets: list[str]) -> str:
-    """``text`` with every one of ``secrets`` replaced by ``***``."""
+def _meaningful(text: str) -> bool:
+    """A piece of a secret worth scrubbing on its own: not a run of a few repeated characters
+    (a secret's ``--------`` or indentation would otherwise blank every such run in the logs)."""
+    return len(set(text) - set(" \t\r\n\f\v")) >= MEANINGFUL_DISTINCT
+
+
+@functools.lru_cache(maxsize=16)
+def _pieces(secrets: tuple[str, ...]) -> tuple[tuple[str, ...], frozenset[str]]:
+    """What :func:`scrub` looks for: each value whole and each of its lines of meaningful length
+    on its own, longest first; and every run of FRAGMENT_CHARS characters of them."""
+    pieces = set(secrets)
     for value in secrets:
-        if value in text:
-            text = text.replace(value, SCRUBBED)
+        pieces.update(line.strip() for line in value.splitlines())
+    whole = set(secrets)
+    kept = sorted((p for p in pieces if len(p) >= MIN_SECRET_CHARS and (p in whole or _meaningful(p))),
+                  key=len, reverse=True)
+    grams = frozenset(g for p in kept for i in range(len(p) - FRAGMENT_CHARS + 1)
+                      if _meaningful(g := p[i:i + FRAGMENT_CHARS]))
+    return tuple(kept), grams
+
+
+def _fragments(text: str, grams: frozenset[str]) -> list[tuple[int, int]]:
+    """The spans of ``text`` covered by runs of FRAGMENT_CHARS characters of a secret, merged."""
+    spans: list[tuple[int, int]] = []
+    for i in range(len(text) - FRAGMENT_CHARS + 1):
+        if text[i:i + FRAGMENT_CHARS] in grams:
+            if spans and i <= spans[-1][1]:
+                spans[-1] = (spans[-1][0], i + FRAGMENT_CHARS)
+            else:
+                spans.append((i, i + FRAGMENT_CHARS))
+    return spans
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    """``text`` with every one of ``secrets`` replaced by ``***``; and, so that a secret on several
+    lines stays one when its lines come apart (a tail's lines, one at a time; output wrapped or
+    cut inside it), each of its lines on its own (when of meaningful length, as a whole value
+    must be) and every run of FRAGMENT_CHARS or more of its characters, wherever they are."""
+    if not secrets or not text:
+        return text
+    pieces, grams = _pieces(tuple(secrets))
+    for piece in pieces:
+        if piece in text:
+            text = text.replace(piece, SCRUBBED)
+    # Each pass shortens the text (a run of 8 or more becomes 3 characters): it ends.
+    while grams and (spans := _fragments(text, grams)):
+        out, at = [], 0
+        for start, end in spans:
+            out += [text[at:start], SCRUBBED]
+            at = end
+        text = "".join(out) + text[at:]
     return text
 
 
