@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 VERSION = 1
 
 # The state directory and its files (store.py), named here too for the record's readers.
+from . import store  # noqa: E402
 from .store import MAX_RECORD_BYTES, Unreadable, atomic_write, home, read_json, read_small  # noqa: E402,F401 - re-exported
 
 
@@ -194,10 +195,15 @@ def warn_bad(bad: BadRecord) -> None:
 
 
 def _parse(text: str) -> Any:
+    """A stored record's JSON; None when it cannot be one (not JSON, or nested deeper than any
+    record: store.MAX_NESTING)."""
     try:
-        return json.loads(text)
-    except (ValueError, TypeError):
+        value = json.loads(text)
+    except (ValueError, TypeError, RecursionError):
         return None
+    if store.deep_text(text) and store.too_deep(value):
+        return None
+    return value
 
 
 def _row(row: tuple, on_bad: Callable[[BadRecord], None] | None) -> dict | None:
@@ -207,7 +213,7 @@ def _row(row: tuple, on_bad: Callable[[BadRecord], None] | None) -> dict | None:
     rec = None
     if bad is None:
         rec = _parse(data) if isinstance(data, str) else None
-        bad = "not a JSON object" if rec is None else _problem(rec)
+        bad = "not a JSON object (or nested too deeply)" if rec is None else _problem(rec)
     if bad is None:
         return rec
     if on_bad is not None:
@@ -528,10 +534,10 @@ def record_submit(backend: str, spec: "JobSpec", rendered: str, job_id: str, fie
     except (OSError, ValueError, TypeError) as err:
         print(f"halo-sched: warning: could not write the job record under {home()}: {err}", file=sys.stderr)
         return None
-    except Exception as err:  # the store (db.StoreError): the job runs either way, its id is printed
+    except Exception as err:  # noqa: BLE001 - the store (db.StoreError), or a bug reading it: the job
+        # runs either way, and submit must print its id; what went wrong is said, never hidden
         from .errors import HaloError
 
-        if not isinstance(err, HaloError):
-            raise
-        print(f"halo-sched: warning: the job record was not kept: {err}", file=sys.stderr)
+        why = str(err) if isinstance(err, HaloError) else f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+        print(f"halo-sched: warning: the job record was not kept: {why}", file=sys.stderr)
         return None

@@ -14,6 +14,32 @@ from typing import Any
 
 #: The largest file of the store read whole (a job record, the ledger).
 MAX_RECORD_BYTES = 4 << 20
+#: The deepest nesting of a value the store reads: a job file nests at most 64 levels (spec.py),
+#: its record a few more. Deeper is not a record, and would exhaust Python's recursion on the way
+#: (json.loads, a copy, a comparison): one such file or row costs only itself.
+MAX_NESTING = 100
+
+
+def too_deep(value: Any, limit: int = MAX_NESTING) -> bool:
+    """Whether ``value`` (dicts and lists) nests more than ``limit`` levels (no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            v = v.values()
+        elif not isinstance(v, list):
+            continue
+        if depth > limit:
+            return True
+        stack.extend((x, depth + 1) for x in v if isinstance(x, (dict, list)))
+    return False
+
+
+def deep_text(text: str | bytes, limit: int = MAX_NESTING) -> bool:
+    """A cheap first look: JSON ``text`` with fewer than ``limit`` opening brackets cannot nest deeper."""
+    if isinstance(text, str):
+        return text.count("{") + text.count("[") > limit
+    return text.count(b"{") + text.count(b"[") > limit
 
 
 def home() -> Path:
@@ -129,6 +155,8 @@ def read_json(path: Path, limit: int | None = None) -> Any:
         raise Unreadable(f"not valid JSON ({err})") from None
     except RecursionError:
         raise Unreadable("nested too deeply") from None
+    if deep_text(data) and too_deep(value):
+        raise Unreadable(f"nested more than {MAX_NESTING} levels deep")
     if b"\\ud" in data.lower() or b"\xed" in data:
         # A lone surrogate, escaped ("\ud800") or as raw bytes (json decodes bytes with
         # surrogatepass): U+FFFD, so that no str read here fails a later write or print.

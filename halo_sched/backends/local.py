@@ -209,7 +209,11 @@ class LocalScheduler(Scheduler):
     def submit(self, spec: JobSpec, **opts):
         job = super().submit(spec, **opts)
         if spec.retry is not None and getattr(spec, "_attempt", None) is None:
-            _start_keeper(self.name, job.id)
+            try:
+                _start_keeper(self.name, job.id)
+            except OSError as err:  # the job runs: its id is still printed; a waiter carries the run on
+                print(f"halo-sched: warning: the run's keeper could not be started ({err.strerror or err}); "
+                      f"`halo-sched watch {job.id}` carries the run on", file=sys.stderr)
         return job
 
     def owner_gone(self, run_id: str) -> bool:
