@@ -247,6 +247,7 @@ def page(limit: int = 50, backend: str | None = None, status: str | None = None,
         conds.append("submitted >= ?")
         args.append(since)
     where = ("WHERE " + " AND ".join(conds)) if conds else ""
+    limit = 0 if limit >= 1 << 63 else limit  # more than SQLite counts: every record
     tail = "ORDER BY submitted DESC" + (" LIMIT ?" if limit else "")
     out: list[dict | BadRecord] = []
     bad: list[BadRecord] = []

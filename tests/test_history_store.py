@@ -4,6 +4,7 @@ exit 2 naming them; a store the user cannot write still serves every read; the h
 its owner; `list --limit 0` and `export` stream. Every CLI run is bounded in time and memory."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -117,3 +118,127 @@ def test_submit_prints_the_id_of_the_job_it_started_whatever_recording_does(tmp_
     out, err = capsys.readouterr()
     assert out.splitlines()[-1] == "4242", (out, err)
     assert "the job record was not kept: RecursionError" in err and "internal error" not in err
+
+
+# ---- item 8: edges ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def read_only(path: Path):
+    """``path`` (a file or a directory) that the CLI run by this test cannot write: its write bits
+    off for a user whom permissions stop; for root, whom they do not, the immutable attribute
+    (chattr +i; skipped where the filesystem has none)."""
+    if os.geteuid() != 0:
+        mode = path.stat().st_mode
+        path.chmod(mode & ~0o222)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+        return
+    r = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        pytest.skip(f"cannot make {path} read-only for root here (chattr +i: {r.stderr.strip()})")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True, timeout=30)
+
+
+def test_a_limit_beyond_any_count_is_exit_2_naming_it_and_the_library_reads_all():
+    _rec("a", 1.0)
+    r = run("list", "--limit", "99999999999999999999999999")
+    _clean(r)
+    assert r.returncode == 2 and "--limit" in r.stderr and "at most" in r.stderr, r.stderr
+    r = run("list", "--limit", "9" * 5000)  # more digits than int() takes
+    _clean(r)
+    assert r.returncode == 2 and "--limit" in r.stderr and len(r.stderr) < 1000, r.stderr
+    assert [x["id"] for x in records.page(10 ** 30)] == ["a"]
+
+
+def test_a_home_that_is_a_link_to_nothing_is_exit_2_naming_it(tmp_path):
+    link = tmp_path / "gone-home"
+    link.symlink_to(tmp_path / "nowhere")
+    job = example_job(tmp_path, 29555)
+    for args in (["list"], ["status", "x"], ["nodes", "--json"], ["export"], ["submit", str(job), "--backend", "local"]):
+        r = run(*args, env={"HALO_SCHED_HOME": str(link)})
+        _clean(r)
+        assert r.returncode == 2 and f"HALO_SCHED_HOME: '{link}' is a symbolic link to" in r.stderr, (args, r.stderr)
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_home_the_user_cannot_write_refuses_submit_and_serves_reads(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    job = example_job(tmp_path, 29555)
+    env = {"HALO_SCHED_HOME": str(home)}
+    with read_only(home):
+        for args in (["submit", str(job), "--backend", "local"], ["submit", str(job), "--backend", "slurm"]):
+            r = run(*args, env={**env, **_sbatch_env(tmp_path)})
+            _clean(r)
+            assert r.returncode == 2 and f"HALO_SCHED_HOME: '{home}' cannot be written" in r.stderr, r.stderr
+            assert "4242" not in r.stdout  # nothing was submitted
+        for args in (["list"], ["list", "--json"], ["export"], ["export", "--json"], ["nodes"], ["status", "x"]):
+            r = run(*args, env=env)
+            _clean(r)
+            assert r.returncode in (0, 2) and "cannot be written" not in r.stderr, (args, r.stderr)
+        assert json.loads(run("nodes", "--json", env=env).stdout) == []
+    assert os.listdir(home) == []
+
+
+def _finished_local_job(job_id: str, submitted: float) -> None:
+    """A local job that ended (no process behind it): its directory and its record."""
+    from halo_sched.backends.local import state_root
+
+    d = state_root() / job_id
+    d.mkdir(parents=True)
+    (d / "state.json").write_text('{"state": "COMPLETED", "exit_code": 0}')
+    (d / "job.json").write_text('{"nodes": 1}')
+    (d / "job.log").write_text("[node 0] hello\n")
+    records.write({"id": job_id, "backend": "local", "submitted": submitted, "nodes": 1, "nproc_per_node": 1,
+                   "name": "t", "spec": {"slurm": {}, "notify": {"webhook_env": "HOOK", "on": ["completed"]}},
+                   "last_state": {"status": "RUNNING", "describe": "RUNNING", "at": submitted}})
+
+
+@pytest.mark.parametrize("what", ["file", "directory"])
+def test_a_store_the_user_cannot_write_serves_every_read(what):
+    from halo_sched import db, ledger, store
+
+    home = store.home()
+    _finished_local_job("done-1", 10.0)  # its state is new to the store: a read would record it
+    _rec("old-1", 5.0)
+    ledger.add("h1", "NCCL network error", "old-1", "slurm")
+    db.connection().close()  # as a command leaves it: no -wal or -shm beside it
+    db._local.con = None
+    assert not (home / "halo-sched.db-wal").exists()
+    with read_only(home / "halo-sched.db" if what == "file" else home):
+        for args in (["list"], ["list", "--json"], ["list", "--limit", "0"], ["status", "done-1", "old-1"],
+                     ["status", "--json", "done-1"], ["export"], ["export", "--json"], ["nodes"], ["nodes", "--json"],
+                     ["logs", "done-1"]):
+            r = run(*args, env={"HOOK": "http://127.0.0.1:9/"})
+            _clean(r)
+            assert r.returncode == 0, (args, r.stderr)
+            assert "is read-only here" in r.stderr and "readonly database" not in r.stderr, (args, r.stderr)
+        listed = run("list").stdout
+        assert "done-1\tlocal" in listed and "COMPLETED" in listed and "old-1\tlocal" in listed, listed
+        assert [e["host"] for e in json.loads(run("nodes", "--json").stdout)] == ["h1"]
+        # What must write is refused, naming where, exit 2.
+        r = run("nodes", "clear", "h1")
+        _clean(r)
+        assert r.returncode == 2 and "cannot be written" in r.stderr and "HALO_SCHED_HOME" in r.stderr, r.stderr
+    # Nothing was recorded meanwhile: the state the reads saw is kept by the first that can write.
+    assert records.find("done-1", "local")[0]["last_state"]["status"] == "RUNNING"
+    assert "COMPLETED" in run("list").stdout
+    assert records.find("done-1", "local")[0]["last_state"]["status"] == "COMPLETED"
+
+
+def test_nodes_json_prints_json_on_an_empty_ledger():
+    r = run("nodes", "--json")  # no store at all
+    _clean(r)
+    assert r.returncode == 0 and json.loads(r.stdout) == []
+    _rec("a", 1.0)  # a store, no ledger entry
+    assert json.loads(run("nodes", "--json").stdout) == []
+    from halo_sched import ledger
+
+    ledger.add("h1", "NCCL network error", "a", "slurm")
+    assert [e["host"] for e in json.loads(run("nodes", "--json").stdout)] == ["h1"]

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 from ..errors import SchedulerError, UsageError, shown
 from ..records import Unreadable, home, read_json, read_small
+from ..store import make_home
 from ..launch import Launch, compile_launch, render_entry, submission_id
 from ..node.contract import DERIVED_PORTS, NAMES
 from ..node_runtime import runtime, server_shell
@@ -71,6 +72,7 @@ def _free_master_port(spec: JobSpec, root: Path) -> int:
     jobs from 8 threads; without it two rank 0s met EADDRINUSE)."""
 
     avoid = set(compile_launch(spec).rendezvous.avoid)
+    make_home()
     reserved = root / ".ports"
     reserved.mkdir(parents=True, exist_ok=True)
     fd = os.open(root / ".ports.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -103,6 +105,7 @@ def _free_master_port(spec: JobSpec, root: Path) -> int:
 
 
 def _keeper_dir() -> Path:
+    make_home()
     d = home() / "keepers"
     d.mkdir(parents=True, exist_ok=True)
     return d
@@ -175,6 +178,7 @@ class LocalScheduler(Scheduler):
         gpu_sets = _gpu_sets_for([spec.gpus_per_node] * spec.nodes + [s["gpus"] for s in servers])
         server_gpus = gpu_sets[spec.nodes:] if gpu_sets else None
         gpu_sets = gpu_sets[:spec.nodes] if gpu_sets and spec.gpus_per_node else None
+        make_home()  # private (0700) when new; exit 2 naming HALO_SCHED_HOME when it cannot be written
         self.root.mkdir(parents=True, exist_ok=True)
         job_id = submission_id(spec)  # the job's directory
         d = self.root / job_id

@@ -68,9 +68,8 @@ def cmd_nodes(args, scheduler) -> int:
             raise UsageError(f"nodes: unexpected {shown(args.host)} (did you mean `nodes clear {shown(args.host)}`?)")
         ledger.expiry_hours()  # a bad HALO_SCHED_NODE_EXPIRY_HOURS is said here, exit 2
         rows = ledger.active()
-        if args.json:
-            for e in rows:
-                print(json_line(e.to_dict()))
+        if args.json:  # one JSON array, `[]` for an empty ledger: JSON whatever it holds
+            print(json_line([e.to_dict() for e in rows]))
             return 0
         if not rows:
             say(f"halo-sched: the node ledger is empty (new jobs avoid no host) [{ledger.path()}]")
