@@ -42,9 +42,13 @@ def deep_text(text: str | bytes, limit: int = MAX_NESTING) -> bool:
     return text.count(b"{") + text.count(b"[") > limit
 
 
+#: The variable that names the home.
+HOME_VAR = "HALO_SCHED_HOME"
+
+
 def home() -> Path:
     """halo-sched's state directory: job records (``jobs/``) and the local backend's jobs (``local/``)."""
-    env = os.environ.get("HALO_SCHED_HOME")
+    env = os.environ.get(HOME_VAR)
     if env:
         return Path(env)
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
@@ -188,7 +192,7 @@ def keep_private(where: Path, st: os.stat_result | None = None) -> list[str]:
 def atomic_write(path: Path, data: bytes) -> None:
     if home() in path.parents:
         make_home()  # a home made here is private from the start (0700)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:

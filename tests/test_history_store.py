@@ -242,3 +242,116 @@ def test_nodes_json_prints_json_on_an_empty_ledger():
 
     ledger.add("h1", "NCCL network error", "a", "slurm")
     assert [e["host"] for e in json.loads(run("nodes", "--json").stdout)] == ["h1"]
+
+
+# ---- item 1: the history is private to its owner ------------------------------------------------
+
+
+def _mode(p: Path) -> int:
+    return os.lstat(p).st_mode & 0o7777
+
+
+def test_a_new_home_and_its_store_are_private_from_the_first_submit(tmp_path):
+    from halo_sched import store
+
+    home = store.home()
+    assert not home.exists()
+    r = run("submit", str(example_job(tmp_path, 29555)), "--backend", "slurm", env=_sbatch_env(tmp_path))
+    _clean(r)
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == "4242", r.stderr
+    assert "open to other users" not in r.stderr  # made private, not repaired
+    assert _mode(home) == 0o700 and _mode(home / "halo-sched.db") == 0o600
+    for p in home.rglob("*"):
+        assert _mode(p) & 0o077 == 0, (p, oct(_mode(p)))
+    assert "open to other users" not in run("list").stderr
+
+
+def test_a_home_an_earlier_release_left_open_is_made_private_once_and_said(tmp_path):
+    from halo_sched import store
+
+    home = store.home()
+    _rec("a", 1.0)
+    (home / "rendered").mkdir()
+    (home / "rendered" / "a@local.rendered").write_text("#!/bin/bash\n")
+    (home / "local" / "j1").mkdir(parents=True)
+    (home / "local" / "j1" / "entry.sh").write_text("#!/bin/bash\n")
+    (home / "local" / "j1" / "entry.sh").chmod(0o755)
+    (home / "outside").symlink_to(tmp_path)  # a link is not followed: what it names is not ours to change
+    tmp_path.chmod(0o755)
+    home.chmod(0o755)
+    (home / "halo-sched.db").chmod(0o644)
+    for p in home.rglob("*"):
+        if not p.is_symlink() and p.is_dir():
+            p.chmod(0o755)
+    r = run("list")
+    _clean(r)
+    assert r.returncode == 0 and "a\tlocal" in r.stdout
+    said = [line for line in r.stderr.splitlines() if "was open to other users" in line]
+    assert len(said) == 1 and "HALO_SCHED_HOME" in said[0] and "the directory 0755" in said[0], r.stderr
+    assert _mode(home) == 0o700 and _mode(home / "halo-sched.db") == 0o600
+    assert _mode(home / "local" / "j1" / "entry.sh") == 0o700 and _mode(home / "rendered") == 0o700
+    for p in home.rglob("*"):
+        if not p.is_symlink():
+            assert _mode(p) & 0o077 == 0, (p, oct(_mode(p)))
+    assert _mode(tmp_path) == 0o755  # behind the link: untouched
+    assert "open to other users" not in run("list").stderr  # once: now it is private
+
+
+def test_a_store_file_left_open_in_a_private_home_is_made_private():
+    from halo_sched import store
+
+    home = store.home()
+    _rec("a", 1.0)
+    home.chmod(0o700)
+    (home / "halo-sched.db").chmod(0o664)
+    r = run("status", "a")
+    _clean(r)
+    assert "halo-sched.db 0664" in r.stderr and _mode(home / "halo-sched.db") == 0o600, r.stderr
+
+
+def test_the_ranks_of_a_local_job_are_not_told_where_the_failure_key_is(tmp_path):
+    """The key lives in the store and in the supervisor's environment; a rank's environment names
+    neither the key nor the store, and no file under a path it is told holds the key."""
+    from halo_sched import store
+
+    dump = tmp_path / "rank-env"
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    # A stand-in torchrun (this test needs no torch): it writes the environment a rank would get.
+    write_tool(bindir, "torchrun", f"#!/bin/sh\nenv -0 > {dump}\nexit 0\n")
+    job = example_job(tmp_path, 29555, nodes=1, nproc_per_node=1, setup=[f'export PATH="{bindir}:$PATH"'])
+    r = run("submit", str(job), "--backend", "local", "--wait", "--quiet", timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    job_id = r.stdout.splitlines()[-1]
+    key = records.failure_key(job_id, "local")
+    assert len(key) == 64
+    env = dict(item.split("=", 1) for item in dump.read_text().split("\0") if "=" in item)
+    assert env.get("HALO_LOCAL_JOB") == str(store.home() / "local" / job_id)  # the job's tag, as before
+    assert "HALO_SCHED_HOME" not in env and "HALO_FAILURE_KEY" not in env
+    assert not any(key in v for v in env.values())
+    told = {Path(v) for v in env.values() if v.startswith("/") and Path(v).exists() and str(store.home()) in v}
+    assert told, env
+    for top in told:
+        for p in ([top] if top.is_file() else list(top.rglob("*"))):
+            if p.is_file() and not p.is_symlink():
+                assert key.encode() not in p.read_bytes(), p
+    kept = b"".join(p.read_bytes() for p in store.home().glob("halo-sched.db*"))
+    assert key.encode() in kept  # where it is kept
+
+
+def test_a_shared_or_foreign_home_is_never_changed(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # as /tmp
+    r = run("list", env={"HALO_SCHED_HOME": str(shared)})
+    _clean(r)
+    assert r.returncode == 2 and "HALO_SCHED_HOME" in r.stderr and "shared directory" in r.stderr, r.stderr
+    assert _mode(shared) == 0o1777
+    if os.geteuid() != 0:
+        return  # only root can give a directory to another user
+    foreign = tmp_path / "foreign"
+    foreign.mkdir(mode=0o755)
+    os.chown(foreign, 65534, 65534)
+    r = run("list", env={"HALO_SCHED_HOME": str(foreign)})
+    _clean(r)
+    assert r.returncode == 0 and "belongs to uid 65534" in r.stderr and _mode(foreign) == 0o755, r.stderr
