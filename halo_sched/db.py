@@ -316,6 +316,30 @@ def write() -> Iterator[sqlite3.Connection]:
         raise _problem(err, where) from None
 
 
+@contextmanager
+def reading() -> Iterator[sqlite3.Connection]:
+    """A connection of its own for one long read (every record, streamed): its query reads one
+    snapshot of the store from its first row to its last, whatever this thread's connection
+    writes meanwhile (WAL: the writer never waits for it), and rows come as they are read, so
+    memory stays flat whatever the history holds."""
+    connection()  # opened (migrated, or read-only) as every command opens it
+    where = path()
+    try:
+        if getattr(_local, "readonly", ""):
+            con = _open_ro(where)
+        else:
+            con = sqlite3.connect(str(where), timeout=BUSY_S, isolation_level=None, check_same_thread=False)
+            con.execute(f"PRAGMA busy_timeout = {int(BUSY_S * 1000)}")
+    except sqlite3.Error as err:
+        raise _problem(err, where) from None
+    try:
+        yield con
+    except sqlite3.DatabaseError as err:
+        raise _problem(err, where) from None
+    finally:
+        con.close()
+
+
 def read(sql: str, args: tuple = ()) -> list[tuple]:
     """Rows of one query (a consistent snapshot: readers never wait for writers in WAL mode)."""
     try:
@@ -389,5 +413,5 @@ def dumps(value) -> str:
     return json.dumps(clean(value), sort_keys=True, allow_nan=False, ensure_ascii=False)
 
 
-__all__ = ["BUSY_S", "FILE_NAME", "SCHEMA_VERSION", "ReadOnlyStore", "StoreError", "read_only", "writable", "clean", "connection", "dumps", "exists", "imported",
+__all__ = ["BUSY_S", "FILE_NAME", "SCHEMA_VERSION", "ReadOnlyStore", "StoreError", "read_only", "reading", "writable", "clean", "connection", "dumps", "exists", "imported",
            "path", "read", "write"]

@@ -355,3 +355,93 @@ def test_a_shared_or_foreign_home_is_never_changed(tmp_path):
     r = run("list", env={"HALO_SCHED_HOME": str(foreign)})
     _clean(r)
     assert r.returncode == 0 and "belongs to uid 65534" in r.stderr and _mode(foreign) == 0o755, r.stderr
+
+
+# ---- item 9: a long history streams ------------------------------------------------------------
+
+
+class _Probe:
+    """stdout that notes how many records had been read when the first line came."""
+
+    def __init__(self, reads: list[int]):
+        self.reads, self.at_first, self.text = reads, None, []
+
+    def write(self, s: str) -> int:
+        if self.at_first is None and s.strip():
+            self.at_first = self.reads[0]
+        self.text.append(s)
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _many(n: int) -> None:
+    from halo_sched import db
+
+    with db.write() as con:
+        for i in range(n):
+            records._put(con, {"id": f"m{i:05d}", "backend": "local", "submitted": float(i), "name": "m",
+                               "last_state": {"status": "COMPLETED", "describe": "COMPLETED exit=0"}})
+
+
+@pytest.mark.parametrize("args", [["list", "--limit", "0"], ["list", "--limit", "0", "--json"], ["export"],
+                                  ["export", "--json"]])
+def test_a_long_history_streams_its_first_line_before_the_rest_is_read(monkeypatch, args):
+    """Structural, never a clock: the first line is written after at most one batch of records
+    was read (not after all of them), and every record is still there, newest first."""
+    from halo_sched import cli
+
+    n = 1207  # a first page of 50, then batches of 500 (halo_sched/core.py) and a short last one
+    _many(n)
+    reads = [0]
+    real = records._row
+
+    def counted(row, on_bad):
+        reads[0] += 1
+        return real(row, on_bad)
+
+    monkeypatch.setattr(records, "_row", counted)
+    probe = _Probe(reads)
+    monkeypatch.setattr(sys, "stdout", probe)
+    assert cli.main(args) == 0
+    assert reads[0] == n, reads
+    assert probe.at_first is not None and probe.at_first <= 500, (probe.at_first, n)
+    out = "".join(probe.text)
+    if args == ["export", "--json"]:
+        doc = json.loads(out)
+        ids = [j["id"] for j in doc["jobs"]]
+        assert doc["schema"] == 1 and doc["ledger"] == [] and doc["notifications"] == []
+    elif args[0] == "export" or "--json" in args:
+        ids = [json.loads(line)["id"] for line in out.splitlines()]
+    else:
+        ids = [line.split("\t")[0] for line in out.splitlines()]
+    assert ids == [f"m{i:05d}" for i in reversed(range(n))]
+
+
+def test_an_attempt_found_while_a_long_list_streams_is_listed_once(monkeypatch, capsys):
+    """A run's attempt that a later batch's failed attempt submitted itself (recorded now, after
+    the stream's snapshot) is shown with that batch, once; one found in the first batch is read
+    again with it, as a plain `list` does."""
+    from halo_sched import cli
+    from halo_sched.commands import show
+
+    _many(1207)
+    calls = []
+
+    def followed(rows, scheduler):
+        calls.append(len(rows))
+        if len(calls) in (1, 3):  # the first batch (50), then the third (after 50 + 500 rows)
+            job = f"succ-{len(calls)}"
+            _rec(job, 5000.0 + len(calls))
+            return [("local", job)]
+        return []
+
+    monkeypatch.setattr(show, "_followed", followed)
+    assert cli.main(["list", "--limit", "0"]) == 0
+    ids = [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()]
+    assert ids.count("succ-1") == 1 and ids.count("succ-3") == 1 and len(ids) == 1209, ids[:5]
+    assert ids[0] == "succ-1" and ids.index("succ-3") == 550  # read again at the top; at the head of its batch
