@@ -263,7 +263,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--since", type=_since, default=None, metavar="WHEN",
                    help="only jobs submitted since WHEN: an ISO date/time (2026-12-01, 2026-12-01T08:00) or an age "
                         "(30m, 12h, 7d)")
-    p.add_argument("--json", action="store_true", help="one JSON object per job")
+    p.add_argument("--json", action="store_true", help="one JSON object per line, per job (JSON Lines: none when no job matches)")
 
     p = command("cancel", help="cancel jobs")
     p.add_argument("ids", nargs="+", metavar="ID")
