@@ -3,6 +3,9 @@ store answers by index, so neither should grow with the history.
 
     python bench/run.py --history [--records 50000]
 
+And the whole history streamed (issue 43): ``list --limit 0`` and ``export`` at 50,000 records,
+the time to their first line and their peak RSS (goals: 0.5 s and 100 MB whatever the count).
+
 Two state directories are filled once (under the system's temporary directory, reused while
 their record count matches) with copies of a real record: ``examples/ddp-cpu.yaml`` as
 ``submit`` records it for the local backend (about 15 kB with its resolved spec), each with
@@ -41,7 +44,7 @@ def fill(home: Path, n: int) -> str:
     import shutil
 
     shutil.rmtree(home, ignore_errors=True)
-    home.mkdir(parents=True)
+    home.mkdir(parents=True, mode=0o700)  # private, as halo-sched makes a home
     os.environ["HALO_SCHED_HOME"] = str(home)
     from halo_sched import db, records
 
@@ -53,6 +56,22 @@ def fill(home: Path, n: int) -> str:
             records._put(con, rec)
     marker.touch()
     return middle
+
+
+def first_line(cmd, env) -> tuple[float, float, int]:
+    """(seconds to the first line of stdout, seconds to the end, peak RSS KiB) of one command."""
+    import subprocess
+
+    t = time.perf_counter()
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    p.stdout.readline()
+    first = time.perf_counter() - t
+    while p.stdout.read(1 << 20):
+        pass
+    _, status, usage = os.wait4(p.pid, 0)
+    if os.waitstatus_to_exitcode(status):
+        raise subprocess.CalledProcessError(os.waitstatus_to_exitcode(status), cmd)
+    return first, time.perf_counter() - t, usage.ru_maxrss
 
 
 def measure(run, side_by_side, row, n: int, big: int = 50_000) -> None:
@@ -75,3 +94,12 @@ def measure(run, side_by_side, row, n: int, big: int = 50_000) -> None:
         ts, tb, ms, mb = side_by_side(large, small, n)
         row(f"`{what}` at {big:,} records vs 50", f"{ts:.3f} s, {ms / 1024:.1f} MB", f"{tb:.3f} s, {mb / 1024:.1f} MB",
             f"+{ts - tb:.3f} s, +{(ms - mb) / 1024:.1f} MB", "within +0.15 s and +10 MB")
+    import statistics
+
+    env = {**base, "HALO_SCHED_HOME": str(big_home)}
+    for args in (("list", "--limit", "0"), ("export",)):
+        got = [first_line([py, "-m", "halo_sched.cli", *args], env) for _ in range(max(3, n // 3))]
+        first, whole = statistics.median(g[0] for g in got), statistics.median(g[1] for g in got)
+        rss = statistics.median(g[2] for g in got)
+        row(f"`{' '.join(args)}` at {big:,} records: first line, peak RSS", f"{first:.3f} s, {rss / 1024:.1f} MB",
+            f"all {big:,} lines: {whole:.2f} s", "", "first line <= 0.5 s, <= 100 MB")

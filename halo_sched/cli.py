@@ -70,7 +70,7 @@ def _whole(text: str, least: int, why: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a whole number") from None
     if value < least:
         raise argparse.ArgumentTypeError(why.format(value))
     return value
@@ -106,9 +106,17 @@ def _width(text: str) -> int:
     return value
 
 
+#: ``list --limit``'s largest count (SQLite's LIMIT takes a 64-bit integer; no history is this long).
+MAX_LIMIT = 10 ** 12
+
+
 def _limit(text: str) -> int:
     """``list --limit``: a positive count, or 0 for all (as documented)."""
-    return _whole(text, 0, "{}: give a positive count (or 0 for every record)")
+    value = _whole(text, 0, "{}: give a positive count (or 0 for every record)")
+    if value > MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"{text[:40]}{'...' if len(text) > 40 else ''}: at most {MAX_LIMIT} "
+                                         "(0: every record)")
+    return value
 
 
 def _index(text: str) -> int:
@@ -255,7 +263,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--since", type=_since, default=None, metavar="WHEN",
                    help="only jobs submitted since WHEN: an ISO date/time (2026-12-01, 2026-12-01T08:00) or an age "
                         "(30m, 12h, 7d)")
-    p.add_argument("--json", action="store_true", help="one JSON object per job")
+    p.add_argument("--json", action="store_true", help="one JSON object per line, per job (JSON Lines: none when no job matches)")
 
     p = command("cancel", help="cancel jobs")
     p.add_argument("ids", nargs="+", metavar="ID")
@@ -277,7 +285,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                               "until they expire; `nodes clear HOST` forgets one (exit 2 if the ledger does not know it)")
     p.add_argument("action", nargs="?", choices=("clear",), metavar="clear", help="forget HOST")
     p.add_argument("host", nargs="?", metavar="HOST")
-    p.add_argument("--json", action="store_true", help="one JSON object per entry")
+    p.add_argument("--json", action="store_true", help="the entries as one JSON array ([] when the ledger is empty)")
 
     p = command("timeline", help="each rank's progress, stall, failure or hang over the job's wall time, "
                                  "drawn in the terminal (and as SVG with --svg)")

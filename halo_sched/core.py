@@ -13,7 +13,7 @@ prints; the submit sequence itself is :meth:`halo_sched.backends.base.Scheduler.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Iterable, NamedTuple, Sequence
+from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from . import backends, records
 from .backends.base import JobState, JobStatus, Scheduler
@@ -206,27 +206,62 @@ class Row(NamedTuple):
     live: bool
 
 
+#: Records per scheduler query in a long ``list`` (``--limit 0``): the first batch is a page of
+#: ``list`` (its first rows come as soon as a plain ``list``'s would), the rest this many each;
+#: memory holds one batch whatever the history's length.
+FIRST_BATCH, BATCH = 50, 500
+
+
 def recent(backend: str | None, state: str | None, limit: int, scheduler: Callable[[str], Scheduler],
            on_error: Callable[[str, HaloError], None], name: str | None = None, run: str | None = None,
            since: float | None = None) -> list[Row]:
     """The newest ``limit`` records (0: all) matching ``backend``, ``name``, ``run`` and ``since``
-    (read by index: records.page, never the whole history) with their states: one scheduler
-    query per backend (:meth:`~halo_sched.backends.base.Scheduler.for_listing`: bounded, no
-    retries), each state kept in its record; a job the scheduler forgot (or a backend that cannot
-    answer: ``on_error`` hears why) shows its last known state; an unreadable record is a row too
-    (status ``UNREADABLE``). ``state``: only rows in it."""
-    items = records.page(limit, backend=backend, name=name, run=run, since=since)
+    with their states (every batch of :func:`recent_batches` at once)."""
+    return [row for rows in recent_batches(backend, state, limit, scheduler, on_error, name, run, since) for row in rows]
+
+
+def recent_batches(backend: str | None, state: str | None, limit: int, scheduler: Callable[[str], Scheduler],
+                   on_error: Callable[[str, HaloError], None], name: str | None = None, run: str | None = None,
+                   since: float | None = None, batch: int | None = None) -> Iterator[list[Row]]:
+    """The newest ``limit`` records (0: all) matching ``backend``, ``name``, ``run`` and ``since``
+    (read by index from one snapshot of the store: records.stream), with their states, ``batch``
+    records at a time (default: :data:`FIRST_BATCH`, then :data:`BATCH`): one scheduler query per
+    backend per batch
+    (:meth:`~halo_sched.backends.base.Scheduler.for_listing`: bounded, no retries; a backend that
+    could not answer is not asked again, and ``on_error`` hears why once), each state kept in its
+    record; a job the scheduler forgot (or a backend that cannot answer) shows its last known
+    state; an unreadable record is a row too (status ``UNREADABLE``). ``state``: only rows in it."""
+    size = batch or FIRST_BATCH
+    down: set[str] = set()
+    items: list = []
+    for item in records.stream(limit, backend=backend, name=name, run=run, since=since):
+        items.append(item)
+        if len(items) >= size:
+            yield rows_of(items, state, scheduler, on_error, down)
+            items, size = [], batch or BATCH
+    if items:
+        yield rows_of(items, state, scheduler, on_error, down)
+
+
+def rows_of(items: list, state: str | None, scheduler: Callable[[str], Scheduler],
+            on_error: Callable[[str, HaloError], None], down: set[str] | None = None) -> list[Row]:
+    """The rows of ``list`` for ``items`` (records and unreadable ones): one query per backend not
+    in ``down`` (a backend that cannot answer joins it)."""
+    down = set() if down is None else down
     by_backend: dict[str, list[dict]] = {}
     for r in items:
         if not isinstance(r, records.BadRecord):
             by_backend.setdefault(r["backend"], []).append(r)
     states: dict = {}
     for name_, rs in by_backend.items():
+        if name_ in down:
+            continue
         try:
             # One query for all of them, giving up at once when the scheduler is down.
             sched = scheduler(name_)
             states[name_] = sched.for_listing().query([r["id"] for r in rs])
         except HaloError as err:
+            down.add(name_)
             on_error(name_, err)
     rows = []
     for r in items:
@@ -314,5 +349,5 @@ def wait_after_submit(sched: Scheduler, spec, job_id: str, timeout: float | None
 
 
 __all__ = ["Fallback", "MAX_ID_CHARS", "Row", "check_node_rank", "noting", "query_or_last", "backend_of", "backends_of", "cancel_known", "check_id", "ended_by_record", "job_size",
-           "keep_state", "known_backend", "keep_seen", "note", "query_and_note", "recent", "unknown", "unknown_asked", "wait_after_submit",
+           "keep_state", "known_backend", "keep_seen", "note", "query_and_note", "recent", "recent_batches", "rows_of", "unknown", "unknown_asked", "wait_after_submit",
            "warning_of"]

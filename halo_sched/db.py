@@ -125,10 +125,44 @@ def _problem(err: BaseException, where: Path) -> StoreError:
     return StoreError(f"the history store {where}: {text}")
 
 
-def _open(where: Path) -> sqlite3.Connection:
-    home = store.check_home()  # a file there: exit 2 naming the variable
+class ReadOnlyStore(StoreError):
+    """The store can be read but not written by this user (a read-only file, directory or
+    filesystem): every read works; whatever would record or change something is refused, naming
+    HALO_SCHED_HOME (exit 2), and reads that would only record what they saw skip it."""
+
+
+def _open(where: Path) -> tuple[sqlite3.Connection, str]:
+    """A connection to the store at ``where``, and why it is read-only ('' when it can be written).
+    A store this user cannot write is opened read-only (``mode=ro``; ``immutable=1`` when not even
+    SQLite's shared-memory file can be made beside it): reads work from a store they cannot write."""
+    store.check_home()  # a file there, a link to nothing: exit 2 naming the variable
+    why = ""
+    if os.path.lexists(where):
+        if not os.access(where, os.R_OK):
+            raise StoreError(f"the history store {where} cannot be read by this user (uid {os.geteuid()}); check "
+                             f"{store._var()} and the file's permissions")
+        if not os.access(where, os.W_OK):
+            why = f"{FILE_NAME} is read-only for this user"
+    else:
+        store.make_home()  # made private (0700); cannot be made or written: exit 2 naming the variable
+        try:  # the database file made private (0600) before SQLite makes it 0644 (its -wal, -shm follow it)
+            os.close(os.open(where, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        except FileExistsError:
+            pass
+        except OSError as err:
+            raise _problem(err, where) from None
+    if not why:
+        try:
+            return _open_rw(where), ""
+        except StoreError:
+            if os.access(where.parent, os.W_OK | os.X_OK):
+                raise  # not a question of permissions
+            why = "its directory is read-only for this user"
+    return _open_ro(where), why
+
+
+def _open_rw(where: Path) -> sqlite3.Connection:
     try:
-        home.mkdir(parents=True, exist_ok=True)
         con = sqlite3.connect(str(where), timeout=BUSY_S, isolation_level=None, check_same_thread=False)
     except (OSError, sqlite3.Error) as err:
         raise _problem(err, where) from None
@@ -142,6 +176,36 @@ def _open(where: Path) -> sqlite3.Connection:
         con.close()
         raise _problem(err, where) from None
     return con
+
+
+def _open_ro(where: Path) -> sqlite3.Connection:
+    from urllib.parse import quote
+
+    uri = f"file:{quote(str(where.absolute()))}?mode=ro"
+    last: BaseException | None = None
+    for extra in ("", "&immutable=1"):  # immutable: no -shm could be made (a read-only directory)
+        con = None
+        try:
+            con = sqlite3.connect(uri + extra, uri=True, timeout=BUSY_S, isolation_level=None, check_same_thread=False)
+            con.execute(f"PRAGMA busy_timeout = {int(BUSY_S * 1000)}")
+            version = con.execute("PRAGMA user_version").fetchone()[0]
+            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.Error as err:
+            last = err
+            if con is not None:
+                con.close()
+            continue
+        if version > SCHEMA_VERSION:
+            con.close()
+            raise StoreError(f"the history store {where} was written by a newer halo-sched (schema {version}; this one "
+                             f"reads {SCHEMA_VERSION}); upgrade halo-sched or point HALO_SCHED_HOME elsewhere")
+        if version < SCHEMA_VERSION:
+            con.close()
+            raise ReadOnlyStore(f"the history store {where} is read-only for this user and of an older schema "
+                                f"({version}; this one reads {SCHEMA_VERSION}): it is migrated by the first "
+                                f"command that can write it; check {store._var()} and its permissions")
+        return con
+    raise _problem(last, where)
 
 
 def _migrate(con: sqlite3.Connection, where: Path) -> None:
@@ -182,9 +246,44 @@ def connection() -> sqlite3.Connection:
     key = (os.getpid(), str(where))
     con = getattr(_local, "con", None)
     if con is None or getattr(_local, "key", None) != key:
-        con = _open(where)
-        _local.con, _local.key, _local.stamps = con, key, {}
+        con, why = _open(where)
+        _local.con, _local.key, _local.stamps, _local.readonly = con, key, {}, why
+        if why:
+            _say_read_only(where, why)
     return con
+
+
+_said_read_only: set[str] = set()
+
+
+def _say_read_only(where: Path, why: str) -> None:
+    import sys
+
+    if str(where) in _said_read_only:
+        return
+    _said_read_only.add(str(where))
+    print(f"halo-sched: the history store {where} is read-only here ({why}): reading it; what this command "
+          "sees is not recorded", file=sys.stderr, flush=True)
+
+
+def read_only() -> str:
+    """Why this process's store cannot be written ('' when it can)."""
+    connection()
+    return getattr(_local, "readonly", "")
+
+
+def writable() -> None:
+    """Raise :class:`ReadOnlyStore` (exit 2) when this user cannot write the store."""
+    connection()
+    _refuse_write(path())
+
+
+def _refuse_write(where: Path) -> None:
+    why = getattr(_local, "readonly", "")
+    if why:
+        raise ReadOnlyStore(f"the history store {where} cannot be written ({why}); this command must record or "
+                            f"change something there: check {store._var()} and its permissions, or point "
+                            "HALO_SCHED_HOME at a directory you can write")
 
 
 def exists() -> bool:
@@ -200,6 +299,7 @@ def write() -> Iterator[sqlite3.Connection]:
     first read, so nothing it read can change under it), COMMIT, or ROLLBACK on any error."""
     con = connection()
     where = path()
+    _refuse_write(where)
     try:
         con.execute("BEGIN IMMEDIATE")
     except sqlite3.Error as err:
@@ -214,6 +314,30 @@ def write() -> Iterator[sqlite3.Connection]:
     except sqlite3.Error as err:
         con.execute("ROLLBACK")
         raise _problem(err, where) from None
+
+
+@contextmanager
+def reading() -> Iterator[sqlite3.Connection]:
+    """A connection of its own for one long read (every record, streamed): its query reads one
+    snapshot of the store from its first row to its last, whatever this thread's connection
+    writes meanwhile (WAL: the writer never waits for it), and rows come as they are read, so
+    memory stays flat whatever the history holds."""
+    connection()  # opened (migrated, or read-only) as every command opens it
+    where = path()
+    try:
+        if getattr(_local, "readonly", ""):
+            con = _open_ro(where)
+        else:
+            con = sqlite3.connect(str(where), timeout=BUSY_S, isolation_level=None, check_same_thread=False)
+            con.execute(f"PRAGMA busy_timeout = {int(BUSY_S * 1000)}")
+    except sqlite3.Error as err:
+        raise _problem(err, where) from None
+    try:
+        yield con
+    except sqlite3.DatabaseError as err:
+        raise _problem(err, where) from None
+    finally:
+        con.close()
 
 
 def read(sql: str, args: tuple = ()) -> list[tuple]:
@@ -245,8 +369,8 @@ def imported(name: str, source: Path, do_import: Callable[[sqlite3.Connection], 
     if not stamp:
         return
     con = connection()
-    if _local.stamps.get(name) == stamp:
-        return
+    if _local.stamps.get(name) == stamp or _local.readonly:
+        return  # a read-only store: the files stay where they are, unread (reads see the store alone)
     row = con.execute("SELECT value FROM meta WHERE key = ?", (f"imported:{name}",)).fetchone()
     if row is not None and row[0] == stamp:
         _local.stamps[name] = stamp
@@ -289,5 +413,5 @@ def dumps(value) -> str:
     return json.dumps(clean(value), sort_keys=True, allow_nan=False, ensure_ascii=False)
 
 
-__all__ = ["BUSY_S", "FILE_NAME", "SCHEMA_VERSION", "StoreError", "clean", "connection", "dumps", "exists", "imported",
+__all__ = ["BUSY_S", "FILE_NAME", "SCHEMA_VERSION", "ReadOnlyStore", "StoreError", "read_only", "reading", "writable", "clean", "connection", "dumps", "exists", "imported",
            "path", "read", "write"]

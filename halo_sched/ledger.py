@@ -262,8 +262,12 @@ def observe(job: str, backend: str, classification: Classification) -> Entry | N
     host = classification.host
     if not classification.node or not host or backend == "local":
         return None  # the local backend runs on this one host: nothing to avoid
+    from .db import ReadOnlyStore
+
     try:
         return add(host, classification.reason, job, backend, by=classification.by)
+    except ReadOnlyStore:  # a read of a store this user cannot write (said once when it opened)
+        return None
     except UsageError as err:  # a bad expiry in the environment: said once, nothing written
         _warn(str(err))
     except OSError as err:
@@ -274,10 +278,14 @@ def observe(job: str, backend: str, classification: Classification) -> Entry | N
 def observe_swaps(job: str, backend: str, swaps) -> list[Entry]:
     """A job's batch script swapped these hosts for spares (their node's fault: the swap line
     says why): ledger each, once per job and host (never raises, as :func:`observe`)."""
+    from .db import ReadOnlyStore
+
     out = []
     for s in swaps:
         try:
             e = add(s["bad"], s.get("reason") or "swapped for a spare", job, backend, by=s.get("by") or "")
+        except ReadOnlyStore:  # a read of a store this user cannot write (said once when it opened)
+            break
         except UsageError as err:
             _warn(str(err))
             break

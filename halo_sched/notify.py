@@ -100,6 +100,8 @@ def send(rec: dict, event: str, line: str, attempt: int | None = None, start: bo
         if start:
             start_delivery()
         return queued
+    except db.ReadOnlyStore:  # a read of a store this user cannot write (said once when it opened)
+        return False
     except (OSError, db.StoreError) as err:  # the store cannot be written: say so, never fail the command
         print(f"halo-sched: warning: notify: {rec['id']}: {err}", file=sys.stderr)
         return False
@@ -189,6 +191,10 @@ def start_delivery() -> bool:
     held by one already; never waits for it. True when one was started."""
     try:
         if not _deliverable_envs():
+            return False
+        from . import db
+
+        if db.read_only():  # a store this user cannot write: nothing could be marked delivered
             return False
         import subprocess
 

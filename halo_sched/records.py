@@ -22,7 +22,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple
 from urllib.parse import quote, unquote
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 VERSION = 1
 
 # The state directory and its files (store.py), named here too for the record's readers.
+from . import store  # noqa: E402
 from .store import MAX_RECORD_BYTES, Unreadable, atomic_write, home, read_json, read_small  # noqa: E402,F401 - re-exported
 
 
@@ -194,10 +195,15 @@ def warn_bad(bad: BadRecord) -> None:
 
 
 def _parse(text: str) -> Any:
+    """A stored record's JSON; None when it cannot be one (not JSON, or nested deeper than any
+    record: store.MAX_NESTING)."""
     try:
-        return json.loads(text)
-    except (ValueError, TypeError):
+        value = json.loads(text)
+    except (ValueError, TypeError, RecursionError):
         return None
+    if store.deep_text(text) and store.too_deep(value):
+        return None
+    return value
 
 
 def _row(row: tuple, on_bad: Callable[[BadRecord], None] | None) -> dict | None:
@@ -207,7 +213,7 @@ def _row(row: tuple, on_bad: Callable[[BadRecord], None] | None) -> dict | None:
     rec = None
     if bad is None:
         rec = _parse(data) if isinstance(data, str) else None
-        bad = "not a JSON object" if rec is None else _problem(rec)
+        bad = "not a JSON object (or nested too deeply)" if rec is None else _problem(rec)
     if bad is None:
         return rec
     if on_bad is not None:
@@ -226,12 +232,10 @@ def _select(where: str = "", args: tuple = (), tail: str = "") -> list[tuple]:
     return _store().read(f"SELECT {_COLS} FROM jobs {where} {tail}", args)
 
 
-def page(limit: int = 50, backend: str | None = None, status: str | None = None, name: str | None = None,
-         run: str | None = None, since: float | None = None,
-         on_bad: Callable[[BadRecord], None] | None = warn_bad) -> list[dict | BadRecord]:
-    """One page of ``list``: the newest ``limit`` records (0: all) matching every filter given,
-    newest first, read by index (the rest of the history is never loaded). Unusable records are
-    items too (:class:`BadRecord`), after ``on_bad`` heard of them."""
+def _query(limit: int, backend: str | None, status: str | None, name: str | None, run: str | None,
+           since: float | None) -> tuple[str, tuple]:
+    """The SQL of ``list``'s records: the newest ``limit`` (0: all) matching every filter given,
+    newest first, read by index (the rest of the history is never loaded)."""
     conds, args = [], []
     for column, value in (("backend", backend), ("status", status), ("name", name), ("run_id", run)):
         if value is not None:
@@ -241,8 +245,12 @@ def page(limit: int = 50, backend: str | None = None, status: str | None = None,
         conds.append("submitted >= ?")
         args.append(since)
     where = ("WHERE " + " AND ".join(conds)) if conds else ""
+    limit = 0 if limit >= 1 << 63 else limit  # more than SQLite counts: every record
     tail = "ORDER BY submitted DESC" + (" LIMIT ?" if limit else "")
-    out: list[dict | BadRecord] = []
+    return f"SELECT {_COLS} FROM jobs {where} {tail}", tuple(args) + ((limit,) if limit else ())
+
+
+def _items(rows: Iterable[tuple], on_bad: Callable[[BadRecord], None] | None) -> Iterator[dict | BadRecord]:
     bad: list[BadRecord] = []
 
     def seen(b: BadRecord) -> None:
@@ -250,10 +258,47 @@ def page(limit: int = 50, backend: str | None = None, status: str | None = None,
         if on_bad is not None:
             on_bad(b)
 
-    for row in _select(where, tuple(args) + ((limit,) if limit else ()), tail):
+    for row in rows:
         rec = _row(row, seen)
-        out.append(rec if rec is not None else bad[-1])
-    return out
+        yield rec if rec is not None else bad.pop()
+
+
+def page(limit: int = 50, backend: str | None = None, status: str | None = None, name: str | None = None,
+         run: str | None = None, since: float | None = None,
+         on_bad: Callable[[BadRecord], None] | None = warn_bad) -> list[dict | BadRecord]:
+    """One page of ``list``: the newest ``limit`` records (0: all) matching every filter given,
+    newest first, read by index (the rest of the history is never loaded). Unusable records are
+    items too (:class:`BadRecord`), after ``on_bad`` heard of them. Every record of a long
+    history at once: :func:`stream`."""
+    from . import db
+
+    if not db.exists():  # nothing was ever recorded here: a reader creates no store
+        return []
+    sql, args = _query(limit, backend, status, name, run, since)
+    return list(_items(_store().read(sql, args), on_bad))
+
+
+#: Rows fetched from SQLite at a time by :func:`stream`.
+FETCH = 100
+
+
+def stream(limit: int = 0, backend: str | None = None, status: str | None = None, name: str | None = None,
+           run: str | None = None, since: float | None = None,
+           on_bad: Callable[[BadRecord], None] | None = warn_bad) -> Iterator[dict | BadRecord]:
+    """:func:`page`, one record at a time, from one snapshot of the store read by a connection of
+    its own (db.reading): the first record comes at once and memory stays flat at 50,000 records
+    as at 50 (``list --limit 0``, ``export``: issue 43). What this thread writes meanwhile (a
+    state ``list`` keeps) is not read again."""
+    from . import db
+
+    if not db.exists():
+        return
+    _store()  # an earlier release's files imported first
+    sql, args = _query(limit, backend, status, name, run, since)
+    with db.reading() as con:
+        cur = con.execute(sql, args)
+        while rows := cur.fetchmany(FETCH):
+            yield from _items(rows, on_bad)
 
 
 def find(job_id: str, backend: str | None = None,
@@ -528,10 +573,10 @@ def record_submit(backend: str, spec: "JobSpec", rendered: str, job_id: str, fie
     except (OSError, ValueError, TypeError) as err:
         print(f"halo-sched: warning: could not write the job record under {home()}: {err}", file=sys.stderr)
         return None
-    except Exception as err:  # the store (db.StoreError): the job runs either way, its id is printed
+    except Exception as err:  # noqa: BLE001 - the store (db.StoreError), or a bug reading it: the job
+        # runs either way, and submit must print its id; what went wrong is said, never hidden
         from .errors import HaloError
 
-        if not isinstance(err, HaloError):
-            raise
-        print(f"halo-sched: warning: the job record was not kept: {err}", file=sys.stderr)
+        why = str(err) if isinstance(err, HaloError) else f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+        print(f"halo-sched: warning: the job record was not kept: {why}", file=sys.stderr)
         return None

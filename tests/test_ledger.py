@@ -155,7 +155,7 @@ def test_nodes_command_lists_clears_and_refuses_bad_input():
     r = cli("nodes", env=_env())
     assert r.returncode == 0 and "h2" in r.stdout and "GPU Xid error" in r.stdout and "77@slurm" in r.stdout, r
     r = cli("nodes", "--json", env=_env())
-    row = json.loads(r.stdout)
+    [row] = json.loads(r.stdout)
     assert (row["host"], row["job"], row["backend"]) == ("h2", "77", "slurm") and row["expires"] > row["since"]
     ledger.add("h3", "evil \x1b[31mred\x07", "j\x1b]0;title\x07", "slurm")  # a hand-edited file is data
     r = cli("nodes", env=_env())

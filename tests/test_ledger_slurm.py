@@ -43,7 +43,7 @@ def test_a_node_fault_on_slurm_is_ledgered_and_the_next_job_excludes_that_node(t
     assert f"FAILED (node fault: host {host}, NCCL network error)" in st.stdout, st.stdout + st.stderr
     st = json.loads(cli("status", job_id, "--json", cwd=tmp_path, env=env).stdout)
     assert st["failure_class"] == {"class": "node", "failure": "node", "reason": "NCCL network error", "host": host, "by": "nccl-ib"}
-    ledger = [json.loads(ln) for ln in cli("nodes", "--json", env=env).stdout.splitlines()]
+    ledger = json.loads(cli("nodes", "--json", env=env).stdout)
     assert [(e["host"], e["job"], e["backend"], e["reason"]) for e in ledger] == [
         (host, job_id, "slurm", "NCCL network error")], ledger
     listed = cli("nodes", env=env).stdout

@@ -230,7 +230,7 @@ def test_a_host_cut_mid_training_is_named_ledgered_and_the_retry_completes_witho
             submit.communicate()
     print(out, err[-3000:])
     assert submit.returncode == 0 and "COMPLETED" in out + err, out + err[-3000:]
-    ledger = [json.loads(ln) for ln in cli("nodes", "--json", env=env).stdout.splitlines()]
+    ledger = json.loads(cli("nodes", "--json", env=env).stdout)
     assert [e["host"] for e in ledger] == [victim], ledger
     run = _status(job_id, tmp_path, env)["run"]
     second = run["attempts"][1]

@@ -499,7 +499,7 @@ def test_the_gate_fails_a_nomad_node_as_a_preflight_node_fault_ledgered_and_retr
         first = json.loads(cli("status", run_id, "--json", env=env).stdout)
         assert first["failure_class"] == {"class": "node", "failure": "preflight", "reason": "preflight check failed", "host": "n1",
                                           "by": "preflight"}, first
-        ledger = [json.loads(ln) for ln in cli("nodes", "--json", env=env).stdout.splitlines()]
+        ledger = json.loads(cli("nodes", "--json", env=env).stdout)
         assert [(e["host"], e["by"], e["job"]) for e in ledger] == [("n1", "preflight", run_id)], ledger
         second = r.stderr.split("retrying (preflight fault) as ", 1)[1].split()[0]
         assert set(_nodes_of(fake, second).values()) == {"n0", "n2"}
@@ -552,7 +552,7 @@ def test_a_node_lost_on_nomad_is_the_culprit_and_the_next_attempt_keeps_off_it(t
         assert {"LTarget": "${node.unique.name}", "RTarget": victim, "Operand": "!="} in \
             fake.registered_versions(run_id)[-1]["Constraints"]
         assert victim not in _nodes_of(fake, second).values() and (marks / "up-1-1").exists()
-        ledger = [json.loads(ln) for ln in cli("nodes", "--json", env=env).stdout.splitlines()]
+        ledger = json.loads(cli("nodes", "--json", env=env).stdout)
         assert [(e["host"], e["by"]) for e in ledger] == [(victim, "node-lost")], ledger
         # Kept off as the run's culprit, not only as a ledgered host (the ledger can be off).
         a2 = [ln for ln in cli("status", run_id, env=env).stdout.splitlines() if "\tattempt 2: " in ln]

@@ -177,7 +177,7 @@ def _failed_at_the_gate_on_slurm(tmp_path, env, job):
     names = subprocess.run(["scontrol", "show", "hostnames", nodes], env=env, capture_output=True, text=True,
                            timeout=60).stdout.split()
     assert fc["host"] == names[1], (fc, names)
-    ledger = [json.loads(ln) for ln in cli("nodes", "--json", env=env).stdout.splitlines()]
+    ledger = json.loads(cli("nodes", "--json", env=env).stdout)
     assert [(e["host"], e["job"], e["backend"]) for e in ledger] == [(names[1], job_id, "slurm")], ledger
     # The next job keeps off it.
     rendered = cli("render", str(job), "--backend", "slurm", cwd=tmp_path, env=env)

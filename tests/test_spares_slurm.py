@@ -43,6 +43,6 @@ def test_a_node_fault_is_swapped_for_the_spare_in_the_same_job(tmp_path, slurm_c
     text = cli("status", job_id, cwd=tmp_path, env=env).stdout
     assert f"COMPLETED exit=0; 0 of 1 spare left ({bad} -> {spare}: NCCL network error)" in text, text
 
-    ledger = [json.loads(ln) for ln in cli("nodes", "--json", env=env).stdout.splitlines()]
+    ledger = json.loads(cli("nodes", "--json", env=env).stdout)
     assert [(e["host"], e["job"], e["backend"], e["reason"]) for e in ledger] == [
         (bad, job_id, "slurm", "NCCL network error")], ledger

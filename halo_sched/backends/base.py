@@ -186,6 +186,21 @@ def validates_spec(method):
 _VALIDATING: set = set()
 
 
+def writable_store() -> None:
+    """Refuse (exit 2, naming HALO_SCHED_HOME) a submit whose record could not be kept because
+    this user cannot write the home or the store in it; made private (0700) when it is new. A
+    store that is broken otherwise is said after the submit (records.record_submit)."""
+    from .. import db, store
+
+    store.make_home()
+    try:
+        db.writable()
+    except db.ReadOnlyStore:
+        raise
+    except db.StoreError:
+        pass
+
+
 class Scheduler(abc.ABC):
     """A backend. Subclasses are the only place that knows their scheduler.
 
@@ -228,6 +243,7 @@ class Scheduler(abc.ABC):
         from .. import records
 
         dry = self.dryrun(spec, **opts)
+        writable_store()  # before anything is sent: a home or store this user cannot write is exit 2
         warn_short_secrets(spec.secret_values())
         git = records.git_state_started(spec)
         key = new_failure_key()

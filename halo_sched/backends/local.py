@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 from ..errors import SchedulerError, UsageError, shown
 from ..records import Unreadable, home, read_json, read_small
+from .. import store
+from ..store import make_home
 from ..launch import Launch, compile_launch, render_entry, submission_id
 from ..node.contract import DERIVED_PORTS, NAMES
 from ..node_runtime import runtime, server_shell
@@ -72,6 +74,8 @@ def _free_master_port(spec: JobSpec, root: Path) -> int:
     jobs from 8 threads; without it two rank 0s met EADDRINUSE)."""
 
     avoid = set(compile_launch(spec).rendezvous.avoid)
+    make_home()
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
     reserved = root / ".ports"
     reserved.mkdir(parents=True, exist_ok=True)
     fd = os.open(root / ".ports.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -104,6 +108,7 @@ def _free_master_port(spec: JobSpec, root: Path) -> int:
 
 
 def _keeper_dir() -> Path:
+    make_home()
     d = home() / "keepers"
     d.mkdir(parents=True, exist_ok=True)
     return d
@@ -176,7 +181,8 @@ class LocalScheduler(Scheduler):
         gpu_sets = _gpu_sets_for([spec.gpus_per_node] * spec.nodes + [s["gpus"] for s in servers])
         server_gpus = gpu_sets[spec.nodes:] if gpu_sets else None
         gpu_sets = gpu_sets[:spec.nodes] if gpu_sets and spec.gpus_per_node else None
-        self.root.mkdir(parents=True, exist_ok=True)
+        make_home()  # private (0700) when new; exit 2 naming HALO_SCHED_HOME when it cannot be written
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         job_id = submission_id(spec)  # the job's directory
         d = self.root / job_id
         d.mkdir()
@@ -215,7 +221,11 @@ class LocalScheduler(Scheduler):
     def submit(self, spec: JobSpec, **opts):
         job = super().submit(spec, **opts)
         if spec.retry is not None and getattr(spec, "_attempt", None) is None:
-            _start_keeper(self.name, job.id)
+            try:
+                _start_keeper(self.name, job.id)
+            except OSError as err:  # the job runs: its id is still printed; a waiter carries the run on
+                print(f"halo-sched: warning: the run's keeper could not be started ({err.strerror or err}); "
+                      f"`halo-sched watch {job.id}` carries the run on", file=sys.stderr)
         return job
 
     def owner_gone(self, run_id: str) -> bool:
@@ -416,7 +426,11 @@ def _supervisor_job(launch: Launch, d: Path, servers: list[dict], gpu_sets: list
             env["CUDA_VISIBLE_DEVICES"] = srv["gpus"]
         server_runs.append({"label": f"server {srv['role']} {srv['index']}", "script": f"server-{srv['role']}.sh",
                              "env": env, "unset": [NAMES.master_addr, NAMES.master_port]})
-    return {"env": common, "unset": [NAMES.master_addr_file], "nodes": nodes, "servers": server_runs}
+    # HALO_SCHED_HOME names the history store, where the job's failure key is kept: no rank is
+    # told it (docs/failures.md, "Only halo-sched's own lines are a verdict"). The job's directory
+    # (HALO_LOCAL_JOB, the log directory) holds no key; the supervisor has it in its environment
+    # and the entry script hands it to the failure collector alone.
+    return {"env": common, "unset": [NAMES.master_addr_file, store.HOME_VAR], "nodes": nodes, "servers": server_runs}
 
 
 def _visible_gpus() -> list[str] | None:

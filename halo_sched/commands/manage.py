@@ -68,9 +68,8 @@ def cmd_nodes(args, scheduler) -> int:
             raise UsageError(f"nodes: unexpected {shown(args.host)} (did you mean `nodes clear {shown(args.host)}`?)")
         ledger.expiry_hours()  # a bad HALO_SCHED_NODE_EXPIRY_HOURS is said here, exit 2
         rows = ledger.active()
-        if args.json:
-            for e in rows:
-                print(json_line(e.to_dict()))
+        if args.json:  # one JSON array, `[]` for an empty ledger: JSON whatever it holds
+            print(json_line([e.to_dict() for e in rows]))
             return 0
         if not rows:
             say(f"halo-sched: the node ledger is empty (new jobs avoid no host) [{ledger.path()}]")
@@ -120,31 +119,48 @@ def cmd_gc(args, scheduler) -> int:
 
 def cmd_export(args, scheduler) -> int:
     """Every job record (newest first, an unusable one with why), ledger entry and notification
-    of the history store, as JSON: what it holds stays inspectable and portable."""
-    import json
+    of the history store, as JSON: what it holds stays inspectable and portable. Streamed
+    (records.stream, one snapshot): the first line comes at once and memory stays flat whatever
+    the history's length; ``--json`` writes the same one document piece by piece."""
+    import sys
 
     from .. import db, ledger, records
 
-    jobs = []
-    for r in records.page(0, on_bad=None):
-        if isinstance(r, records.BadRecord):
-            jobs.append({"id": r.id, "backend": r.backend, "unreadable": r.reason})
-        else:  # the job's failure key stays in the store: it is what a node's failure line is checked with
-            jobs.append({k: v for k, v in r.items() if k != "failure_key"})
-    entries = [e.to_dict() for e in ledger.entries()]
-    notes = [{"job": j, "backend": b, "event": e, "state": st, "tries": n, "last_error": why,
-              "payload": json.loads(p)}
-             for j, b, e, st, n, why, p in (db.read("SELECT job, backend, event, state, tries, last_error, payload "
-                                                     "FROM outbox ORDER BY created") if db.exists() else [])]
-    if args.json:
-        print(json.dumps({"schema": db.SCHEMA_VERSION, "jobs": jobs, "ledger": entries, "notifications": notes},
-                         allow_nan=False))
-        return 0
-    for kind, items in (("job", jobs), ("ledger", entries), ("notification", notes)):
-        for item in items:
-            print(json.dumps({"kind": kind, **item}, allow_nan=False))
-    return 0
+    def jobs():
+        for r in records.stream(0, on_bad=None):
+            if isinstance(r, records.BadRecord):
+                yield {"id": r.id, "backend": r.backend, "unreadable": r.reason}
+            else:  # the job's failure key stays in the store: it is what a node's failure line is checked with
+                yield {k: v for k, v in r.items() if k != "failure_key"}
 
+    def notes():
+        if not db.exists():
+            return
+        with db.reading() as con:
+            cur = con.execute("SELECT job, backend, event, state, tries, last_error, payload FROM outbox "
+                              "ORDER BY created")
+            while rows := cur.fetchmany(records.FETCH):
+                for j, b, e, st, n, why, p in rows:
+                    yield {"job": j, "backend": b, "event": e, "state": st, "tries": n, "last_error": why,
+                           "payload": json.loads(p)}
+
+    def dumps(value) -> str:
+        return json.dumps(value, allow_nan=False)
+
+    out = sys.stdout
+    if args.json:  # {"schema": N, "jobs": [...], "ledger": [...], "notifications": [...]}, as json.dumps writes it
+        out.write(f'{{"schema": {db.SCHEMA_VERSION}, "jobs": [')
+        for i, item in enumerate(jobs()):
+            out.write((", " if i else "") + dumps(item))
+        out.write(f'], "ledger": {dumps([e.to_dict() for e in ledger.entries()])}, "notifications": [')
+        for i, item in enumerate(notes()):
+            out.write((", " if i else "") + dumps(item))
+        out.write("]}\n")
+        return 0
+    for kind, items in (("job", jobs()), ("ledger", (e.to_dict() for e in ledger.entries())), ("notification", notes())):
+        for item in items:
+            out.write(dumps({"kind": kind, **item}) + "\n")
+    return 0
 
 
 def cmd_notify(args, scheduler) -> int:

@@ -160,30 +160,65 @@ def _print_run(job_id: str, backend: str) -> None:
 
 
 def cmd_list(args, scheduler) -> int:
-    from .. import records
-    from ..core import recent
+    """The rows a batch at a time (core.recent_batches): the first lines come after one scheduler
+    query, and memory holds one batch, whatever the history's length (issue 43)."""
+    from ..core import recent_batches
 
-    rows = recent(args.backend, args.state, args.limit, scheduler, on_error=_list_note, name=args.name, run=args.run,
-                  since=args.since)
-    if _followed(rows, scheduler):  # attempts a failed attempt submitted itself, recorded now: read again
-        rows = recent(args.backend, args.state, args.limit, scheduler, on_error=_list_note, name=args.name,
-                      run=args.run, since=args.since)
+    def batches():
+        return recent_batches(args.backend, args.state, args.limit, scheduler, on_error=_list_note, name=args.name,
+                              run=args.run, since=args.since)
+
+    it = batches()
+    first = next(it, [])
+    if _followed(first, scheduler):  # attempts a failed attempt submitted itself, recorded now: read again
+        it.close()
+        it = batches()
+        first = next(it, [])
+    _print_rows(args, first)
+    for rows in it:
+        found = _followed(rows, scheduler)
+        if found:  # later than this batch's snapshot: shown with it, newest first
+            rows = sorted(rows + _rows_of_found(args, found, scheduler), key=_submitted, reverse=True)
+        _print_rows(args, rows)
+        if isinstance(sys.stdout, PipeGuard) and sys.stdout.broken:
+            it.close()
+            break  # the reader went away (| head): nothing more to show
+    return 0
+
+
+def _print_rows(args, rows) -> None:
+    from .. import records
+
     for r, status, text, known in rows:
         try:
             _list_row(args, r, status, text, known)
         except Exception as err:  # noqa: BLE001 - one record that cannot be shown costs itself only
             _unshowable(args.json, r.id if isinstance(r, records.BadRecord) else r["id"],
                         r.backend if isinstance(r, records.BadRecord) else r["backend"], err)
-    return 0
 
 
-def _followed(rows, scheduler) -> bool:
-    """Whether an attempt of a run that ended other than COMPLETED, on a scheduler whose failed
-    attempts submit their successor (``starts_successor``), had one the store did not know (now recorded)."""
+def _submitted(row) -> float:
+    r = row.record
+    when = r.mtime if not isinstance(r, dict) else r.get("submitted")
+    return float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else 0.0
+
+
+def _rows_of_found(args, found: list[tuple[str, str]], scheduler) -> list:
+    from .. import records
+    from ..core import rows_of
+
+    recs = [r for backend, job in found for r in records.find(job, backend, on_bad=None)]
+    return rows_of(recs, args.state, scheduler, _list_note) if recs else []
+
+
+def _followed(rows, scheduler) -> list[tuple[str, str]]:
+    """The attempts (backend, id) found now and recorded: for each attempt of a run that ended
+    other than COMPLETED, on a scheduler whose failed attempts submit their successor
+    (``starts_successor``), the successor the store did not know yet."""
     from ..backends.base import JobStatus
     from ..runs import follow, successor
 
-    found = False
+    found = []
     for r, status, _, _ in rows:
         run = r.get("run") if isinstance(r, dict) else None
         if not isinstance(run, dict) or not isinstance(run.get("id"), str) or status in ("COMPLETED", "UNREADABLE"):
@@ -193,7 +228,9 @@ def _followed(rows, scheduler) -> bool:
                 continue
             sched = scheduler(r["backend"])
             if getattr(sched, "starts_successor", False) and successor(run["id"], r["backend"], r["id"]) is None:
-                found = follow(sched, run["id"], r["id"]) is not None or found
+                job = follow(sched, run["id"], r["id"])
+                if job is not None:
+                    found.append((r["backend"], job))
         except (ValueError, HaloError, OSError):
             continue
     return found
