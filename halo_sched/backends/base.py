@@ -93,6 +93,14 @@ def failure_key_in_env(key: str):
                 os.environ[NAMES.failure_key] = old
 
 
+def step(name: str) -> None:
+    """Starting a run's next attempt has passed step ``name``: ``claimed`` (the store's claim
+    held), ``decided`` (the attempt's identity recorded), ``laid-out`` (local: its job directory
+    whole), ``started`` (its supervisor started), ``recorded`` (the claim settled). Nothing
+    happens here: tests/test_one_attempt.py replaces it to SIGKILL the run's actor at each step.
+    Called as ``base.step(...)``, so that the replacement is seen."""
+
+
 def warn_short_secrets(values: dict) -> None:
     """One warning line per secret_env value too short to scrub from failure reports: as a
     substring it would mangle ordinary text (a value "x" turns "exit" into "e***it"), so it is

@@ -1,0 +1,82 @@
+"""One failure, one next attempt, whichever actor dies at whichever step (issue 43 item 4).
+
+A local run's keeper (halo_sched/keeper.py) starts the next attempt in steps: it claims the failed
+attempt in the store (``claimed``), records the new attempt's identity, its job id and failure
+key, before anything runs (``decided``), writes its job directory (``laid-out``), starts its
+supervisor (``started``) and settles the claim (``recorded``). Here the keeper is SIGKILLed at
+each step (``halo_sched.backends.base.step``, replaced in the keeper's process only), left
+unreaped as ``submit --wait`` would leave it, and ``watch RUN`` takes its place: exactly one
+second attempt ran, ``status RUN`` and ``list`` show it, and no job directory is left over.
+Real torchrun (the trainer itself needs no torch)."""
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import REPO, cli, example_job, free_port
+
+pytestmark = pytest.mark.torch
+
+#: The keeper, killed by SIGKILL when starting the next attempt reaches step argv[3].
+KEEPER = """
+import os, signal, sys
+from halo_sched.backends import base
+
+def step(name):
+    if name == sys.argv[3]:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+base.step = step
+from halo_sched import keeper
+sys.exit(keeper.main(sys.argv[1:3]))
+"""
+
+STEPS = ["claimed", "decided", "laid-out", "started", "recorded"]
+
+
+@pytest.mark.parametrize("at", STEPS)
+def test_a_keeper_killed_at_any_step_leaves_exactly_one_next_attempt(tmp_path, monkeypatch, at):
+    import halo_sched
+    from halo_sched.backends import local
+    from halo_sched.node.processes import same_process
+
+    shutil.copy(REPO / "tests" / "trainers" / "node_fault_once.py", tmp_path / "node_fault_once.py")
+    job = example_job(tmp_path, free_port(), nodes=1, nproc_per_node=1, retry={"attempts": 2, "on": ["node"]},
+                      trainer={"script": "node_fault_once.py", "args": []})
+    monkeypatch.setenv("FAULT_NODE", "0")  # the one node fails on the first attempt
+    monkeypatch.chdir(tmp_path)
+    keepers = []
+
+    def start_keeper(backend: str, run_id: str) -> None:
+        with open(tmp_path / "keeper.log", "ab") as log:
+            keepers.append(subprocess.Popen([sys.executable, "-c", KEEPER, backend, run_id, at], stdin=subprocess.DEVNULL,
+                                            stdout=log, stderr=log, start_new_session=True))
+
+    monkeypatch.setattr(local, "_start_keeper", start_keeper)
+    run = halo_sched.submit(halo_sched.load(job), "local")
+    (keeper,) = keepers
+    deadline = time.monotonic() + 120
+    while same_process(keeper.pid, None) and time.monotonic() < deadline:
+        time.sleep(0.2)  # the first attempt fails, the keeper starts the next one and dies on the way
+    assert not same_process(keeper.pid, None), "the keeper is still running"
+
+    # Its place is taken while it is a zombie, not reaped by a parent that lives on (as under
+    # `submit --wait`): the store's claim sees it gone.
+    w = cli("watch", run.id, "--quiet", "--timeout", "120", cwd=tmp_path)
+    assert keeper.wait(timeout=10) == -signal.SIGKILL, (tmp_path / "keeper.log").read_text()[-3000:]
+    assert w.returncode == 0, w.stderr[-3000:]
+    counts = sorted(line.split()[0] for line in (tmp_path / "attempts.log").read_text().splitlines())
+    assert counts == ["0", "1"], counts  # one first attempt, exactly one second
+
+    jobs = sorted(p.name for p in local.state_root().iterdir() if not p.name.startswith("."))
+    st = json.loads(cli("status", run.id, "--json", cwd=tmp_path).stdout)["run"]
+    assert [(a["attempt"], a["status"]) for a in st["attempts"]] == [(0, "FAILED"), (1, "COMPLETED")], st
+    assert sorted(a["id"] for a in st["attempts"]) == jobs, (st, jobs)  # no directory the run does not know
+    listed = [json.loads(ln) for ln in cli("list", "--json", cwd=tmp_path).stdout.splitlines()]
+    assert sorted((x["id"], x["run"]["attempt"]) for x in listed) == sorted((a["id"], a["attempt"]) for a in st["attempts"])
