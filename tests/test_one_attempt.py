@@ -21,8 +21,6 @@ import pytest
 
 from helpers import REPO, cli, example_job, free_port
 
-pytestmark = pytest.mark.torch
-
 #: The keeper, killed by SIGKILL when starting the next attempt reaches step argv[3].
 KEEPER = """
 import os, signal, sys
@@ -40,6 +38,7 @@ sys.exit(keeper.main(sys.argv[1:3]))
 STEPS = ["claimed", "decided", "laid-out", "started", "recorded"]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("at", STEPS)
 def test_a_keeper_killed_at_any_step_leaves_exactly_one_next_attempt(tmp_path, monkeypatch, at):
     import halo_sched
@@ -80,3 +79,67 @@ def test_a_keeper_killed_at_any_step_leaves_exactly_one_next_attempt(tmp_path, m
     assert sorted(a["id"] for a in st["attempts"]) == jobs, (st, jobs)  # no directory the run does not know
     listed = [json.loads(ln) for ln in cli("list", "--json", cwd=tmp_path).stdout.splitlines()]
     assert sorted((x["id"], x["run"]["attempt"]) for x in listed) == sorted((a["id"], a["attempt"]) for a in st["attempts"])
+
+
+# ---- the pieces, without torchrun ---------------------------------------------------------------
+
+
+def test_a_claimant_that_is_a_zombie_is_gone():
+    """A keeper killed under `submit --wait` stays a zombie (its parent waits on the run, not on
+    it): its claim is taken over at once, not after the claim's 15 minutes."""
+    import socket
+
+    from halo_sched import db, runs
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while _state(child.pid) != "Z" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _state(child.pid) == "Z"
+    with db.write() as con:
+        con.execute("INSERT INTO successors VALUES ('j1', 'local', 'j1', NULL, ?, ?)",
+                    (f"{socket.gethostname()}:{child.pid}", time.time() + 900))
+    try:
+        assert runs.claim("j1", "local", "j1") == (True, None)
+    finally:
+        child.wait()
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def _attempt(job_id: str, number: int) -> dict:
+    return {"id": job_id, "backend": "local", "submitted": time.time(), "name": "t",
+            "run": {"id": "r1", "attempt": number, "excluded": []}}
+
+
+def test_an_attempt_is_decided_once():
+    """Two actors deciding attempt 2 of one run keep one record: the second gets the first's."""
+    from halo_sched import records
+
+    first = records.decide(_attempt("a2", 1), "text")
+    again = records.decide(_attempt("b2", 1), "text")
+    assert first["id"] == again["id"] == "a2"
+    assert [r["id"] for r in records.of_run("r1", "local")] == ["a2"]
+    assert records.decide(_attempt("a3", 2), "text")["id"] == "a3"  # the next attempt is another decision
+
+
+def test_an_attempt_decided_but_not_settled_is_not_followed():
+    """While the claim on the failed attempt has no job (the next one decided, perhaps never
+    started), no reader takes the decided record for the successor; once settled, all do."""
+    from halo_sched import db, records, runs
+
+    records.write(_attempt("r1", 0))
+    records.decide(_attempt("a2", 1), "text")
+    # No row at all: a run recorded before successors were, followed by its attempt numbers.
+    assert runs.successor("r1", "local", "r1") == "a2"
+    assert runs.claim("r1", "local", "r1") == (True, None)
+    assert runs.successor("r1", "local", "r1") is None
+    runs._settle_claim("r1", "local", "r1", "a2")
+    assert runs.successor("r1", "local", "r1") == "a2"
+    assert db.read("SELECT job FROM successors") == [("a2",)]
