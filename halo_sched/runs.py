@@ -19,8 +19,13 @@ that submits it first claims the failed attempt in the history store (a ``succes
 inserted in one transaction: halo_sched/db.py); the others wait for the claimant to record the
 new attempt's id and then follow it. A waiter always starts from the run's newest attempt, so
 watching a run that already went on (or ended) never submits anything for an attempt that has a
-successor. A claim whose process died before it submitted (same host, process gone) or that
-outlived :data:`CLAIM_S` can be taken over.
+successor. A claim whose process died before it recorded the new attempt (same host, process
+gone or a zombie) or that outlived :data:`CLAIM_S` can be taken over. What the new claimant then
+finds is the backend's to say: local, the attempt the dead one decided (its record, kept before
+its job was started: ``LocalScheduler.submit_attempt``), started or adopted; Nomad, the version
+registered for the attempt (its Meta), recorded; SLURM's lost-node path has no such record yet
+(docs/recovery.md). A claim's row stays once made: while it has no job, no reader follows an
+attempt's record by its number.
 
 Cost: each attempt's node-hours are nodes (servers and slurm.spare_nodes included) x wall time, GPU-hours nodes x gpus_per_node x wall
 time; the wall time is the scheduler's own start and end where the backend reports them
