@@ -23,8 +23,8 @@ successor. A claim whose process died before it recorded the new attempt (same h
 gone or a zombie) or that outlived :data:`CLAIM_S` can be taken over. What the new claimant then
 finds is the backend's to say: local, the attempt the dead one decided (its record, kept before
 its job was started: ``LocalScheduler.submit_attempt``), started or adopted; Nomad, the version
-registered for the attempt (its Meta), recorded; SLURM's lost-node path has no such record yet
-(docs/recovery.md). A claim's row stays once made: while it has no job, no reader follows an
+registered for the attempt (its Meta), recorded; SLURM's lost-node path, the attempt's record
+once written (after sbatch: the window between stays, docs/recovery.md). A claim's row stays once made: while it has no job, no reader follows an
 attempt's record by its number.
 
 Cost: each attempt's node-hours are nodes (servers and slurm.spare_nodes included) x wall time, GPU-hours nodes x gpus_per_node x wall

@@ -224,7 +224,14 @@ class Scheduler(abc.ABC):
     def submit_attempt(self, spec: JobSpec, previous_id: str) -> "Job":
         """The next attempt of a run (halo_sched/runs.py) after attempt ``previous_id`` failed:
         ``spec`` carries the attempt (number, hosts to keep off). Default: a submission of its
-        own (SLURM, local); Nomad registers a new version of the same job instead."""
+        own (SLURM), unless the attempt's record is kept already (its submitter died before it
+        settled its claim: that job); local decides the attempt before starting it, Nomad
+        registers a new version of the same job instead."""
+        from .. import records
+
+        for rec in records.of_run(spec._attempt.run_id, self.name):
+            if (rec.get("run") or {}).get("attempt") == spec._attempt.number:
+                return Job(self, rec["id"])
         return self.submit(spec)
 
     def record_fields(self, dryrun: DryRun, job_id: str) -> dict:
