@@ -24,8 +24,8 @@ gone or a zombie) or that outlived :data:`CLAIM_S` can be taken over. What the n
 finds is the backend's to say: local, the attempt the dead one decided (its record, kept before
 its job was started: ``LocalScheduler.submit_attempt``), started or adopted; Nomad, the version
 registered for the attempt (its Meta), recorded; SLURM's lost-node path, the attempt's record
-once written (after sbatch: the window between stays, docs/recovery.md). A claim's row stays once made: while it has no job, no reader follows an
-attempt's record by its number.
+once written (after sbatch: the window between stays, docs/recovery.md). A claim's row stays
+once made: while it has no job, no reader follows an attempt's record by its number.
 
 Cost: each attempt's node-hours are nodes (servers and slurm.spare_nodes included) x wall time, GPU-hours nodes x gpus_per_node x wall
 time; the wall time is the scheduler's own start and end where the backend reports them

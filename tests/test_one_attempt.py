@@ -54,8 +54,8 @@ def test_a_keeper_killed_at_any_step_leaves_exactly_one_next_attempt(tmp_path, m
 
     def start_keeper(backend: str, run_id: str) -> None:
         with open(tmp_path / "keeper.log", "ab") as log:
-            keepers.append(subprocess.Popen([sys.executable, "-c", KEEPER, backend, run_id, at], stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=log, start_new_session=True))
+            keepers.append(subprocess.Popen([sys.executable, "-c", KEEPER, backend, run_id, at],
+                                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True))
 
     monkeypatch.setattr(local, "_start_keeper", start_keeper)
     run = halo_sched.submit(halo_sched.load(job), "local")
@@ -78,7 +78,8 @@ def test_a_keeper_killed_at_any_step_leaves_exactly_one_next_attempt(tmp_path, m
     assert [(a["attempt"], a["status"]) for a in st["attempts"]] == [(0, "FAILED"), (1, "COMPLETED")], st
     assert sorted(a["id"] for a in st["attempts"]) == jobs, (st, jobs)  # no directory the run does not know
     listed = [json.loads(ln) for ln in cli("list", "--json", cwd=tmp_path).stdout.splitlines()]
-    assert sorted((x["id"], x["run"]["attempt"]) for x in listed) == sorted((a["id"], a["attempt"]) for a in st["attempts"])
+    assert sorted((x["id"], x["run"]["attempt"]) for x in listed) == sorted((a["id"], a["attempt"])
+                                                                            for a in st["attempts"])
 
 
 # ---- the pieces, without torchrun ---------------------------------------------------------------

@@ -247,11 +247,10 @@ class LocalScheduler(Scheduler):
 
         dry = self.dryrun(spec)
         job_id = submission_id(spec)
-        rec = records.build(self.name, spec, job_id, {**self.record_fields(dry, job_id), "failure_key": new_failure_key()},
-                            spec.job_file)
-        rec = records.decide(rec, dry.text)
+        fields = {**self.record_fields(dry, job_id), "failure_key": new_failure_key()}
+        rec = records.decide(records.build(self.name, spec, job_id, fields, spec.job_file), dry.text)
         base.step("decided")
-        with failure_key_in_env(rec["failure_key"]):
+        with failure_key_in_env(rec.get("failure_key") or ""):
             self._start(dry, rec["id"], decided=True)
         return Job(self, rec["id"])
 

@@ -222,7 +222,7 @@ def main(argv: list[str]) -> int:
     import fcntl
 
     d = Path(argv[0])
-    fd = os.open(d / "supervisor.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(d / "supervisor.lock", os.O_RDWR | os.O_CREAT, 0o600)  # open (locked) until the process ends
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
