@@ -4,9 +4,11 @@
 it outlives the submitting process: ``submit`` without ``--wait``, a closed terminal, a killed
 ``--wait``. It waits on the run's newest attempt and, after a failure ``retry.on`` lists,
 submits the next attempt (halo_sched/runs.py ``wait_run`` with ``owner``: the store's claim
-keeps that to one per failed attempt), until an attempt ends otherwise. Everyone else who waits
-on the run (``submit --wait``, ``watch``, :meth:`Run.wait`) follows what it submits; should it be
-gone (killed, the machine rebooted), a waiter takes its place (``LocalScheduler.owner_gone``).
+keeps that to one per failed attempt, and the attempt's record, kept before it starts, to one
+even when this process dies half-way: backends/local.py ``submit_attempt``), until an attempt
+ends otherwise. Everyone else who waits on the run (``submit --wait``, ``watch``,
+:meth:`Run.wait`) follows what it submits; should it be gone (killed, the machine rebooted), a
+waiter takes its place (``LocalScheduler.owner_gone``) and starts the attempt it decided, if any.
 
 One per run: it holds an exclusive ``flock`` on ``$HALO_SCHED_HOME/keepers/local-RUN.lock`` for
 its life (backends/local.py starts it and asks whether it is alive); a second one started for the same run finds it held and exits at once. What it says

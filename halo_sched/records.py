@@ -550,6 +550,28 @@ def build(backend: str, spec: "JobSpec", job_id: str, fields: dict | None = None
 
 def save_new(record: dict, rendered: str) -> str:
     """Write a new record, with the submitted text (and the dirty tree's diff) beside it."""
+    return write(_with_text(record, rendered))
+
+
+def decide(record: dict, rendered: str) -> dict:
+    """Keep ``record``, a run's next attempt not started yet, unless a record of the same attempt
+    of the run is kept already: one transaction, so that the attempt's identity is decided once,
+    before it starts, and whoever takes a dead actor's place starts that one (runs.py). The
+    record kept: this one, or the earlier decision."""
+    run = record["run"]
+    with _store().write() as con:
+        for (data,) in con.execute("SELECT data FROM jobs WHERE run_id = ? AND backend = ? AND attempt = ? "
+                                   "AND data IS NOT NULL ORDER BY submitted", (run["id"], record["backend"],
+                                                                              run["attempt"])):
+            rec = _parse(data)
+            if rec is not None and _problem(rec) is None:
+                return rec
+        _put(con, _with_text(record, rendered))
+        return record
+
+
+def _with_text(record: dict, rendered: str) -> dict:
+    """``record`` naming the submitted text (and the dirty tree's diff), written beside the store."""
     stem = _stem(record["id"], record["backend"])
     diff = record.pop("_diff", "")
     rendered_path = rendered_dir() / f"{stem}.rendered"
@@ -559,7 +581,7 @@ def save_new(record: dict, rendered: str) -> str:
         diff_path = rendered_dir() / f"{stem}.diff"
         atomic_write(diff_path, diff.encode())
         record["git"]["diff_file"] = str(diff_path)
-    return write(record)
+    return record
 
 
 def record_submit(backend: str, spec: "JobSpec", rendered: str, job_id: str, fields: dict | None = None, job_file=None,

@@ -19,8 +19,13 @@ that submits it first claims the failed attempt in the history store (a ``succes
 inserted in one transaction: halo_sched/db.py); the others wait for the claimant to record the
 new attempt's id and then follow it. A waiter always starts from the run's newest attempt, so
 watching a run that already went on (or ended) never submits anything for an attempt that has a
-successor. A claim whose process died before it submitted (same host, process gone) or that
-outlived :data:`CLAIM_S` can be taken over.
+successor. A claim whose process died before it recorded the new attempt (same host, process
+gone or a zombie) or that outlived :data:`CLAIM_S` can be taken over. What the new claimant then
+finds is the backend's to say: local, the attempt the dead one decided (its record, kept before
+its job was started: ``LocalScheduler.submit_attempt``), started or adopted; Nomad, the version
+registered for the attempt (its Meta), recorded; SLURM's lost-node path, the attempt's record
+once written (after sbatch: the window between stays, docs/recovery.md). A claim's row stays
+once made: while it has no job, no reader follows an attempt's record by its number.
 
 Cost: each attempt's node-hours are nodes (servers and slurm.spare_nodes included) x wall time, GPU-hours nodes x gpus_per_node x wall
 time; the wall time is the scheduler's own start and end where the backend reports them
@@ -36,6 +41,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import records
+from .backends import base
 from .backends.base import Job, JobState, JobStatus, Scheduler
 from .errors import HaloError
 from .node.failure_classes import RETRIED, Classification
@@ -142,16 +148,12 @@ def _gone(claimant: str) -> bool:
     """Whether the process of a claim is known to be gone (on this host only: elsewhere, the lease)."""
     import socket
 
+    from .node.processes import same_process
+
     host, _, pid = claimant.rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False
-    return False
+    return not same_process(int(pid), None)  # a zombie is gone too (its parent may live on: submit --wait)
 
 
 def successor(run_id: str, backend: str, job_id: str) -> str | None:
@@ -160,9 +162,9 @@ def successor(run_id: str, backend: str, job_id: str) -> str | None:
 
     if not db.exists():
         return None
-    rows = db.read("SELECT job FROM successors WHERE run_id = ? AND backend = ? AND from_job = ? AND job IS NOT NULL",
+    rows = db.read("SELECT job FROM successors WHERE run_id = ? AND backend = ? AND from_job = ?",
                    (run_id, backend, job_id))
-    if rows:
+    if rows:  # None while it is being started (its record may be there: decided, perhaps not started)
         return rows[0][0]
     # Runs recorded before successors were: the record of the next attempt number.
     recs = records.of_run(run_id, backend)
@@ -260,13 +262,15 @@ def claim(run_id: str, backend: str, job_id: str) -> tuple[bool, str | None]:
 
 
 def _settle_claim(run_id: str, backend: str, job_id: str, new: str | None) -> None:
-    """Record the successor a claim submitted, or (``new`` None: the submit failed) give the claim up."""
+    """Record the successor a claim submitted, or (``new`` None: the submit failed) give the claim
+    up: the row stays, expired, so that no reader takes an attempt decided but not started for
+    the successor (:func:`successor`) and the next claimant starts that one."""
     from . import db
 
     with db.write() as con:
         if new is None:
-            con.execute("DELETE FROM successors WHERE run_id = ? AND backend = ? AND from_job = ? AND job IS NULL "
-                        "AND claimed_by = ?", (run_id, backend, job_id, _me()))
+            con.execute("UPDATE successors SET claimed_until = 0 WHERE run_id = ? AND backend = ? AND from_job = ? "
+                        "AND job IS NULL AND claimed_by = ?", (run_id, backend, job_id, _me()))
         else:
             con.execute("UPDATE successors SET job = ? WHERE run_id = ? AND backend = ? AND from_job = ?",
                         (new, run_id, backend, job_id))
@@ -334,6 +338,7 @@ def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable]
             mine, new = claim(run_id, sched.name, current)
         if not mine:
             continue  # the successor exists: the loop's head follows it
+        base.step("claimed")
         host = culprit(state)
         nxt_spec = next_spec(spec, run_id, count + 1, exclude + ((host,) if host else ()), first.get("git"))
         # Nomad: a new version of the same job (its id names the version); SLURM, local: a new
@@ -345,6 +350,7 @@ def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable]
             _settle_claim(run_id, sched.name, current, None)
             raise
         _settle_claim(run_id, sched.name, current, new)
+        base.step("recorded")
         if on_retry is not None:
             on_retry(current, state, why, new)
         _notify_retried(sched.name, current, state, why, new, count + 1)

@@ -395,8 +395,8 @@ def test_two_processes_registering_the_next_attempt_register_one_version(tmp_pat
     registers attempt 2: the first registers version 1; the second's register, against M, is
     refused by Nomad (EnforceIndex: "Enforcing job modify index M: job exists with conflicting
     job modify index: N"), and the job read back carries the other's token: it registers
-    nothing and says so. A process that reads the job after the first registered is stopped
-    before any request by the job's attempt in Meta."""
+    nothing and says so. A process that reads the job after the first registered finds the
+    attempt by the job's Meta and follows it (its id), before any request."""
     import halo_sched
     from halo_sched.errors import SchedulerError
     from halo_sched.runs import next_spec
@@ -419,10 +419,33 @@ def test_two_processes_registering_the_next_attempt_register_one_version(tmp_pat
         assert [v["Version"] for v in fake.registered_versions(job_id)] == [0, 1]
         monkeypatch.undo()
         monkeypatch.setenv("HALO_SCHED_HOME", env["HALO_SCHED_HOME"])
-        with pytest.raises(SchedulerError, match="already at attempt 2 of its run"):
-            _scheduler(fake).submit_attempt(next_spec(spec, job_id, 1, ("g1",), None), job_id)
+        assert _scheduler(fake).submit_attempt(next_spec(spec, job_id, 1, ("g1",), None), job_id).id == first
         assert len(fake.requests_to(f"/v1/job/{job_id}", "POST")) == 2
         assert [v["Version"] for v in fake.registered_versions(job_id)] == [0, 1]
+
+
+def test_an_attempt_registered_by_a_process_that_died_before_recording_it_is_adopted(tmp_path, monkeypatch):
+    """The process that registered attempt 2 died before its record was written (its claim in
+    the store is then taken over: runs.py): the next claimant finds the version by the job's
+    Meta, records it with the failure key its tasks carry, and registers nothing."""
+    import halo_sched
+    from halo_sched import db, records
+    from halo_sched.runs import next_spec
+
+    with FakeNomad([FakeNode(n, docker_volumes_enabled=True) for n in ("g0", "g1", "g2")], token=TOKEN) as fake:
+        env = _env(tmp_path, fake)
+        monkeypatch.setenv("HALO_SCHED_HOME", env["HALO_SCHED_HOME"])
+        job_id = _failed_first_attempt(tmp_path, fake, env)
+        spec = halo_sched.load(str(tmp_path / "job.yaml"))
+        first = _scheduler(fake).submit_attempt(next_spec(spec, job_id, 1, ("g1",), None), job_id).id
+        key = records.failure_key(first, "nomad")
+        assert key
+        with db.write() as con:  # as if the process had died before recording it
+            con.execute("DELETE FROM jobs WHERE id = ?", (first,))
+        assert _scheduler(fake).submit_attempt(next_spec(spec, job_id, 1, ("g1",), None), job_id).id == first
+        assert len(fake.requests_to(f"/v1/job/{job_id}", "POST")) == 1
+        (rec,) = records.find(first, "nomad")
+        assert rec["failure_key"] == key and rec["run"] == {"id": job_id, "attempt": 1, "excluded": ["g1"]}, rec
 
 
 def test_the_real_enforce_index_refusal_text():

@@ -117,6 +117,14 @@ def failure_key_in_env(key: str):
             os.environ.update(saved)
 
 
+def step(name: str) -> None:
+    """Starting a run's next attempt has passed step ``name``: ``claimed`` (the store's claim
+    held), ``decided`` (the attempt's identity recorded), ``laid-out`` (local: its job directory
+    whole), ``started`` (its supervisor started), ``recorded`` (the claim settled). Nothing
+    happens here: tests/test_one_attempt.py replaces it to SIGKILL the run's actor at each step.
+    Called as ``base.step(...)``, so that the replacement is seen."""
+
+
 def warn_short_secrets(values: dict) -> None:
     """One warning line per secret_env value too short to scrub from failure reports: as a
     substring it would mangle ordinary text (a value "x" turns "exit" into "e***it"), so it is
@@ -256,7 +264,14 @@ class Scheduler(abc.ABC):
     def submit_attempt(self, spec: JobSpec, previous_id: str) -> "Job":
         """The next attempt of a run (halo_sched/runs.py) after attempt ``previous_id`` failed:
         ``spec`` carries the attempt (number, hosts to keep off). Default: a submission of its
-        own (SLURM, local); Nomad registers a new version of the same job instead."""
+        own (SLURM), unless the attempt's record is kept already (its submitter died before it
+        settled its claim: that job); local decides the attempt before starting it, Nomad
+        registers a new version of the same job instead."""
+        from .. import records
+
+        for rec in records.of_run(spec._attempt.run_id, self.name):
+            if (rec.get("run") or {}).get("attempt") == spec._attempt.number:
+                return Job(self, rec["id"])
         return self.submit(spec)
 
     def record_fields(self, dryrun: DryRun, job_id: str) -> dict:

@@ -32,6 +32,7 @@ from ..node.contract import DERIVED_PORTS, NAMES
 from ..node_runtime import runtime, server_shell
 from ..servers import local_addr, render_server
 from ..templating import render_template
+from . import base
 from .base import DryRun, JobState, JobStatus, Scheduler, missing_output, tail_lines
 from .watcher import wait_loop
 # The supervisor's run-time code and the process helpers shared with it live there, once.
@@ -164,8 +165,21 @@ class LocalScheduler(Scheduler):
         return DryRun(self.name, spec, self.render(spec), payload=render_entry(compile_launch(spec)))
 
     def schedule(self, dryrun: DryRun) -> str:
+        return self._start(dryrun, submission_id(dryrun.spec))
+
+    def _start(self, dryrun: DryRun, job_id: str, decided: bool = False) -> str:
+        """Lay out job ``job_id``'s directory (``state.json`` last: a directory without it is not
+        whole) and start its supervisor. ``decided``: an attempt whose identity a run's actor
+        recorded before starting it (:meth:`submit_attempt`), started again by whoever took a dead
+        actor's place: a directory left whole only needs its supervisor, started again (one
+        already running holds the job's lock and the new one exits: node/local_supervisor.py),
+        and one left part-written is written again."""
         spec: JobSpec = dryrun.spec
         spec.secret_values()  # secret_env: the supervisor and its nodes inherit this environment
+        d = self.root / job_id
+        if decided and os.path.lexists(d / "state.json"):
+            self._supervise(d, adopt=True)
+            return job_id
         if spec.image:
             print(f"halo-sched: local backend ignores image {spec.image!r}; nodes run on this machine", file=sys.stderr)
         if spec.rendezvous.port is not None and _port_in_use(spec.rendezvous.port):
@@ -183,9 +197,7 @@ class LocalScheduler(Scheduler):
         gpu_sets = gpu_sets[:spec.nodes] if gpu_sets and spec.gpus_per_node else None
         make_home()  # private (0700) when new; exit 2 naming HALO_SCHED_HOME when it cannot be written
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        job_id = submission_id(spec)  # the job's directory
-        d = self.root / job_id
-        d.mkdir()
+        d.mkdir(exist_ok=decided)
         try:
             (d / "entry.sh").write_text(dryrun.payload)
             (d / "entry.sh").chmod(0o755)
@@ -200,19 +212,31 @@ class LocalScheduler(Scheduler):
             write_json(d / "job.json", {"name": spec.name, "nodes": spec.nodes, "cwd": os.getcwd(), "gpus": gpu_sets,
                                          "servers": servers, "master_port": master_port,
                                          "launch": _supervisor_job(launch, d, servers, gpu_sets, master_port)})
-            write_json(d / "state.json", {"state": "PENDING", "submitted": time.time()})
             (d / "job.log").touch()
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "halo_sched.node.local_supervisor", str(d)],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(d / "supervisor.err", "wb"),
-                start_new_session=True, cwd=os.getcwd(),
-            )
+            write_json(d / "state.json", {"state": "PENDING", "submitted": time.time()})
         except BaseException:
-            # Refused before its supervisor started: no job, so no directory a reader takes for one.
+            # Refused before its supervisor started: no job, so no directory a reader takes for one
+            # (a decided attempt's record stays: whoever takes over lays the directory out again).
             shutil.rmtree(d, ignore_errors=True)
             raise
-        (d / "supervisor.pid").write_text(f"{proc.pid} {start_time(proc.pid)}")
+        base.step("laid-out")
+        self._supervise(d)
+        base.step("started")
         return job_id
+
+    @staticmethod
+    def _supervise(d: Path, adopt: bool = False) -> None:
+        """Start the job's supervisor (it runs the job only while it is PENDING, one supervisor
+        at a time: node/local_supervisor.py ``main``). ``adopt``: one may run already, so the pid
+        file is left to the supervisor that runs the job (it writes its own)."""
+        with open(d / "supervisor.err", "ab") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "halo_sched.node.local_supervisor", str(d)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                start_new_session=True, cwd=os.getcwd(),
+            )
+        if not adopt:
+            (d / "supervisor.pid").write_text(f"{proc.pid} {start_time(proc.pid)}")
 
     #: A run's retries are owned by one detached process per run, started at its submit
     #: (halo_sched/keeper.py): it outlives the submitting process; waiters follow it.
@@ -227,6 +251,25 @@ class LocalScheduler(Scheduler):
                 print(f"halo-sched: warning: the run's keeper could not be started ({err.strerror or err}); "
                       f"`halo-sched watch {job.id}` carries the run on", file=sys.stderr)
         return job
+
+    def submit_attempt(self, spec: JobSpec, previous_id: str):
+        """The run's next attempt, decided before it is started: its record (id, failure key,
+        attempt number) is kept in the store first, in one transaction that finds the record of
+        an earlier decision of the same attempt instead (records.decide), and then exactly that
+        job is started (:meth:`_start`). An actor killed at any step leaves either nothing
+        decided, or a decided attempt that whoever takes its place starts or adopts: never a
+        second one (tests/test_one_attempt.py)."""
+        from .. import records
+        from .base import Job, failure_key_in_env, new_failure_key
+
+        dry = self.dryrun(spec)
+        job_id = submission_id(spec)
+        fields = {**self.record_fields(dry, job_id), "failure_key": new_failure_key()}
+        rec = records.decide(records.build(self.name, spec, job_id, fields, spec.job_file), dry.text)
+        base.step("decided")
+        with failure_key_in_env(rec.get("failure_key") or ""):
+            self._start(dry, rec["id"], decided=True)
+        return Job(self, rec["id"])
 
     def owner_gone(self, run_id: str) -> bool:
         return not _keeper_alive(self.name, run_id)

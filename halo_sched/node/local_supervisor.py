@@ -212,8 +212,28 @@ class _Supervisor:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m halo_sched.node.local_supervisor JOBDIR``: run the job, record its end."""
-    return _Supervisor(Path(argv[0])).run()
+    """``python -m halo_sched.node.local_supervisor JOBDIR``: run the job, record its end.
+
+    One supervisor per job, and only while the job is PENDING: it holds an exclusive ``flock`` on
+    ``JOBDIR/supervisor.lock`` for its life (not inherited by the nodes), so that a supervisor
+    started again for the same job (a run's actor taking a dead one's place:
+    halo_sched/backends/local.py ``_start``) exits at once while one runs, or once the job ran.
+    It writes its own pid file too: the process that started it may have died before writing it."""
+    import fcntl
+
+    d = Path(argv[0])
+    fd = os.open(d / "supervisor.lock", os.O_RDWR | os.O_CREAT, 0o600)  # open (locked) until the process ends
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return 0  # another supervisor runs the job
+    if json.loads((d / "state.json").read_text()).get("state") != "PENDING":
+        return 0  # it ran already
+    pid = d / "supervisor.pid"
+    tmp = pid.with_name(f".supervisor.pid.{os.getpid()}")
+    tmp.write_text(f"{os.getpid()} {start_time(os.getpid())}")
+    os.replace(tmp, pid)
+    return _Supervisor(d).run()
 
 
 if __name__ == "__main__":

@@ -117,6 +117,18 @@ def with_failure_key(payload: dict, key: str | None = None) -> dict:
     return payload
 
 
+def _failure_key_of(job: dict) -> str:
+    """The failure key a registered job's trainer tasks carry (:func:`with_failure_key`)."""
+    from ...node.contract import NAMES
+
+    for group in job.get("TaskGroups") or []:
+        for task in group.get("Tasks") or []:
+            key = (task.get("Env") or {}).get(NAMES.failure_key) if task.get("Name") == TASK else None
+            if isinstance(key, str) and key:
+                return key
+    return ""
+
+
 class NomadScheduler(Scheduler):
     """Each submission gets a fresh Nomad job ID (``NAME-YYYYmmdd-HHMMSS-xxxxxx``). The id halo-sched
     reports is ``[REGION:][NAMESPACE/]ID`` when the job file names a region or namespace, so that
@@ -269,8 +281,9 @@ class NomadScheduler(Scheduler):
         Meta ``halo_sched_attempt`` = its number and a fresh submission token. Exactly once:
         registered only while the job is still at the previous attempt (its Meta), and against
         the ``JobModifyIndex`` read then (``EnforceIndex``, :meth:`NomadClient.reregister_job`),
-        so that of two processes waiting on the run only one registers it. Its id is
-        ``JOB~vN`` (N: the job's version), its record one of its own."""
+        so that of two processes waiting on the run only one registers it. A job already at
+        this attempt (registered by a process that died before recording it) is recorded and
+        followed instead. Its id is ``JOB~vN`` (N: the job's version), its record one of its own."""
         from ... import records
         from ...exactly_once import new_token
         from ..base import Job, failure_key_in_env, new_failure_key
@@ -288,9 +301,18 @@ class NomadScheduler(Scheduler):
         dry = DryRun(self.name, spec, json.dumps(payload, indent=2, ensure_ascii=False) + "\n", payload, token)
         items = variable_items(spec, name)
         git = records.git_state_started(spec)
-        self._preflight(client, spec, payload)
         job = client.read_job(name)
         had = (job.get("Meta") or {}).get(ATTEMPT_META) or "0"
+        if had == str(spec._attempt.number) and isinstance(job.get("Version"), int):
+            # This very attempt, registered by a process that died before recording it (its
+            # claim in the store was taken over): recorded and followed, never registered again.
+            job_id = f"{prefix}{name}~v{job['Version']}"
+            if not records.find(job_id, self.name, on_bad=None):
+                records.record_submit(self.name, spec, dry.text, job_id, {**self.record_fields(dry, job_id),
+                                                                          "failure_key": _failure_key_of(job)},
+                                      spec.job_file, git)
+            return Job(self, job_id)
+        self._preflight(client, spec, payload)
         if had != str(spec._attempt.number - 1):
             raise SchedulerError(f"job {name!r} is already at attempt {int(had) + 1} of its run (version "
                                  f"{job.get('Version')}); not registering attempt {spec._attempt.number + 1}")
