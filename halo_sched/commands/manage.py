@@ -68,9 +68,10 @@ def cmd_nodes(args, scheduler) -> int:
             raise UsageError(f"nodes: unexpected {shown(args.host)} (did you mean `nodes clear {shown(args.host)}`?)")
         ledger.expiry_hours()  # a bad HALO_SCHED_NODE_EXPIRY_HOURS is said here, exit 2
         rows = ledger.active()
+        avoided = ledger.fenced(rows)
         if args.json:
             for e in rows:
-                print(json_line(e.to_dict()))
+                print(json_line({**e.to_dict(), "avoided": (e.backend, e.host) in avoided}))
             return 0
         if not rows:
             say(f"halo-sched: the node ledger is empty (new jobs avoid no host) [{ledger.path()}]")
@@ -80,8 +81,16 @@ def cmd_nodes(args, scheduler) -> int:
         def safe(text: str) -> str:  # the file is data: nothing in it drives the terminal
             return "".join(c if c.isprintable() else "?" for c in text)[:200]
 
+        def reason(e) -> str:
+            # Only a rank's words blamed the node: avoided once REPEATED jobs failed so there.
+            if not e.said:
+                return safe(e.reason)
+            jobs = len({x.job for x in rows if x.said and (x.backend, x.host) == (e.backend, e.host)})
+            state = "avoided" if (e.backend, e.host) in avoided else f"not avoided before {ledger.REPEATED} jobs"
+            return safe(e.reason) + f" [a rank's report; {jobs} job{'s' if jobs != 1 else ''} so far: {state}]"
+
         table = [("HOST", "REASON", "JOB", "SINCE", "EXPIRES")] + [
-            (e.host, safe(e.reason), safe(f"{e.job}@{e.backend}"), time.strftime(fmt, time.localtime(e.since)),
+            (e.host, reason(e), safe(f"{e.job}@{e.backend}"), time.strftime(fmt, time.localtime(e.since)),
              time.strftime(fmt, time.localtime(e.expires))) for e in rows]
         widths = [max(len(r[i]) for r in table) for i in range(4)]
         for r in table:
