@@ -29,13 +29,16 @@ class Receiver:
         self.seen: list[dict] = []  # each POST's headers
         self.code = code
         self.delay = delay  # seconds before it answers (a slow receiver: it has the POST already)
+        self.lock = threading.Lock()  # a POST's headers and body land together, at the same index
         owner = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 - http.server's name
                 n = int(self.headers.get("Content-Length") or 0)
-                owner.seen.append(dict(self.headers))
-                owner.posts.append((self.path, json.loads(self.rfile.read(n) or b"null")))
+                body = json.loads(self.rfile.read(n) or b"null")
+                with owner.lock:
+                    owner.seen.append(dict(self.headers))
+                    owner.posts.append((self.path, body))
                 if owner.delay:
                     time.sleep(owner.delay)
                 self.send_response(owner.code)
