@@ -3,14 +3,16 @@
     failure_trainer.py EVENTS_DIR LOAD_S
 
 1. ``BENCH_FAULT=node`` and the run's first attempt (``HALO_RESTART_COUNT`` 0): node 1 fails as a
-   bad node does (the NCCL NET/IB lines of tests/trainers/node_fault.py) before its first
-   collective, writing ``fail TIME`` first; every other case goes on.
+   bad node does (the NCCL NET/IB lines of tests/trainers/node_fault.py, then the SIGKILL
+   nothing in the job sends, the node's evidence) before its first collective, writing
+   ``fail TIME`` first; every other case goes on.
 2. The load: ``LOAD_S`` seconds of sleep (a model and data being read) before the process group.
 3. The first collective: ``init_process_group`` and one ``all_reduce``: rank 0 writes
    ``train ATTEMPT TIME`` once it returned (the run trains again). A node whose gloo interface
    is missing (``GLOO_SOCKET_IFNAME`` from setup) fails here, after the load.
 """
 import os
+import signal
 import sys
 import time
 
@@ -31,7 +33,7 @@ if os.environ.get("BENCH_FAULT") == "node" and attempt == "0" and node == 1:
     print(f"[rank{rank}]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
           "NCCLUtils.hpp:317, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5",
           file=sys.stderr, flush=True)
-    sys.exit(1)
+    os.kill(os.getpid(), signal.SIGKILL)  # the node's side (halo_sched/node/failure_classes.py)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

@@ -1,6 +1,6 @@
 """Recovery with no one watching (issue 32), on the local SLURM test cluster with real torchrun:
 a 2-node job whose node 1 fails as a bad node would (tests/trainers/node_fault_on_cue.py, an
-NCCL NET/IB error) once its ranks train. Side by side, alternating, medians:
+NCCL NET/IB error printed, then a SIGKILL nothing in the job sent) once its ranks train. Side by side, alternating, medians:
 
 - ``attempt``: ``retry: {attempts: 2, on: [node]}``, nobody waiting; the failed attempt's batch
   script submits the successor itself (halo_sched/node/successor.py);

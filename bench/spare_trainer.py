@@ -1,9 +1,11 @@
 """The trainer of bench/spares.py (real torchrun, gloo): every rank joins the process group and
 logs ``COUNT NODE train EPOCH`` after its first all_reduce ("training"). On the first step
 (HALO_RESTART_COUNT 0) node rank 1's first rank logs ``fault EPOCH`` after 2 s and dies as a bad
-node would (an NCCL NET/IB error, tests/trainers/node_fault.py's words); every later step runs a
+node would (an NCCL NET/IB error, tests/trainers/node_fault.py's words, then the SIGKILL that is
+the node's evidence); every later step runs a
 few all_reduces and ends 0."""
 import os
+import signal
 import sys
 import time
 
@@ -32,7 +34,7 @@ if count == "0":
         host = os.environ.get("SLURMD_NODENAME", "node")
         print(f"{host}:4242:4250 [0] transport/net_ib.cc:2470 NCCL WARN NET/IB : Got completion from peer "
               "10.0.0.1<35162> with status=12 opcode=129 len=65536 vendor err 129 (Recv)", file=sys.stderr, flush=True)
-        sys.exit(1)
+        os.kill(os.getpid(), signal.SIGKILL)  # the node's side (halo_sched/node/failure_classes.py)
     while True:  # the peers wait in a collective until the bad node's end reaches them
         dist.all_reduce(t)
         time.sleep(0.1)

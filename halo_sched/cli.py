@@ -302,9 +302,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                                "one JSON object per line, each with its kind")
     p.add_argument("--json", action="store_true", help="one JSON document instead: {schema, jobs, ledger, notifications}")
 
-    command("notify", help="deliver the queued webhook notifications (notify: in the job file) whose variable "
-                           "this environment sets, then exit: for a job nobody waits on (submit --wait and watch "
-                           "deliver their own; status and list only queue); exit 1 if one could not be delivered")
+    p = command("notify", help="deliver the queued webhook notifications (notify: in the job file) whose variable "
+                               "this environment sets and whose next try is due, then exit: for a job nobody waits "
+                               "on (submit --wait and watch deliver their own; status and list only queue); exit 1 "
+                               "if one this run tried could not be delivered")
+    p.add_argument("--now", action="store_true",
+                   help="also try the notifications waiting for their next try (the backoff after a failed one)")
 
     command("schema", help="print the job file's JSON Schema")
     return ap

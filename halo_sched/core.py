@@ -97,7 +97,7 @@ def keep_state(rec: dict, state: JobState) -> None:
 
             print(f"halo-sched: warning: the record of {shown(rec.get('id'))} was not updated: {err}", file=sys.stderr)
     cls = state.failure_class()
-    if cls is not None and cls.node:
+    if cls is not None and (cls.node or cls.said):  # a rank's word alone counts only when repeated (ledger.py)
         from . import ledger
 
         ledger.observe(rec.get("id") or "", rec.get("backend") or "", cls)

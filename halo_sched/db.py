@@ -38,7 +38,7 @@ from .errors import UsageError
 FILE_NAME = "halo-sched.db"
 #: How long a command waits for another process's write transaction before saying the store is busy.
 BUSY_S = 30.0
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA_1 = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -94,8 +94,16 @@ CREATE TABLE IF NOT EXISTS outbox (
 CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (state, created);
 """
 
+# A notification's delivery backs off across runs (next_try) and is leased by one named delivery
+# run at a time (claimed_by: host:pid:nonce, so that a lease whose run died on this host is
+# taken over at once): halo_sched/notify.py.
+_SCHEMA_2 = """
+ALTER TABLE outbox ADD COLUMN next_try REAL NOT NULL DEFAULT 0;
+ALTER TABLE outbox ADD COLUMN claimed_by TEXT NOT NULL DEFAULT '';
+"""
+
 #: version -> the script that takes a database of version-1 to it (run inside one transaction).
-MIGRATIONS: dict[int, str] = {1: _SCHEMA_1}
+MIGRATIONS: dict[int, str] = {1: _SCHEMA_1, 2: _SCHEMA_2}
 
 
 class StoreError(UsageError):

@@ -11,6 +11,13 @@ land once and never lose each other's entries). An entry lasts ``HALO_SCHED_NODE
 (default 24, at most ten years) from when it was first written; expired entries are dropped at
 the next write.
 
+What fences a host off (:func:`exclusions`): a node fault known from the node's side (the
+scheduler's word, the node's own evidence, a signal nothing in the job sent: node/failure_classes.py)
+fences it at once; a failure only its rank's words blame on the node (an Xid or NCCL line it
+printed: ``Classification.said``) is kept too, marked ``by`` ``rank-said:PATTERN``, and fences the
+host only once :data:`REPEATED` different jobs failed so there within the expiry: repeated failures
+there, not one printed line.
+
 Earlier releases kept the ledger in ``$HALO_SCHED_HOME/nodes.json``: the store imports it once
 (renamed ``nodes.json.imported`` after). A file that is torn, not JSON, of the wrong shape, or
 written by a newer version is not imported: one warning line per process says why, and it stays
@@ -38,6 +45,11 @@ EXPIRY_ENV = "HALO_SCHED_NODE_EXPIRY_HOURS"
 MAX_BYTES = 4 << 20
 #: The longest expiry (ten years), and the latest time an entry may start (2**34 s: year 2514).
 MAX_EXPIRY_HOURS = 24 * 365 * 10
+#: How many different jobs must have failed on a host, each blamed on the node by its rank's own
+#: words alone, before new jobs avoid that host ("repeated failures there").
+REPEATED = 2
+#: The ``by`` of an entry that only a rank's words support (then the failure pattern's name).
+SAID = "rank-said:"
 
 
 def path() -> Path:
@@ -87,6 +99,11 @@ class Entry(NamedTuple):
 
     def active(self, now: float | None = None) -> bool:
         return self.expires > (time.time() if now is None else now)
+
+    @property
+    def said(self) -> bool:
+        """Only its rank's words blamed the node: it fences the host only with REPEATED jobs."""
+        return self.by.startswith(SAID)
 
     def to_dict(self) -> dict:
         return self._asdict()
@@ -222,10 +239,22 @@ def active(now: float | None = None) -> list[Entry]:
     return sorted((e for e in entries() if e.active(now)), key=lambda e: (e.since, e.host))
 
 
+def fenced(entries_: list[Entry]) -> set[tuple[str, str]]:
+    """The (backend, host) pairs these active entries keep new jobs off: a host with a node-side
+    entry, or one that REPEATED different jobs' ranks blamed."""
+    out = {(e.backend, e.host) for e in entries_ if not e.said}
+    said: dict[tuple[str, str], set[str]] = {}
+    for e in entries_:
+        if e.said:
+            said.setdefault((e.backend, e.host), set()).add(e.job)
+    return out | {k for k, jobs in said.items() if len(jobs) >= REPEATED}
+
+
 def exclusions(now: float | None = None) -> tuple[tuple[str, str], ...]:
-    """What new jobs keep off, as (backend, host): the active entries, each once, sorted. The
-    backends hand it to the launch plan (``launch.compile_launch(spec, ledgered=...)``)."""
-    return tuple(sorted({(e.backend, e.host) for e in active(now)}))
+    """What new jobs keep off, as (backend, host): the hosts the active entries fence (:func:`fenced`),
+    each once, sorted. The backends hand it to the launch plan (``launch.compile_launch(spec,
+    ledgered=...)``)."""
+    return tuple(sorted(fenced(active(now))))
 
 
 def add(host: str, reason: str, job: str, backend: str, *, by: str = "", now: float | None = None,
@@ -258,14 +287,20 @@ def clear(host: str) -> int:
 
 def observe(job: str, backend: str, classification: Classification) -> Entry | None:
     """A job was seen to fail as a node would: ledger its host (never raises: a record update
-    must not fail over the ledger)."""
-    host = classification.host
-    if not classification.node or not host or backend == "local":
+    must not fail over the ledger). A failure only its rank's words blame on the node is ledgered
+    as such (``by`` SAID + pattern): it fences the host only once REPEATED jobs failed so there."""
+    if backend == "local":
         return None  # the local backend runs on this one host: nothing to avoid
+    if classification.node and classification.host:
+        host, by = classification.host, classification.by
+    elif classification.said and classification.suspect:
+        host, by = classification.suspect, SAID + classification.by
+    else:
+        return None
     from .db import ReadOnlyStore
 
     try:
-        return add(host, classification.reason, job, backend, by=classification.by)
+        return add(host, classification.reason, job, backend, by=by)
     except ReadOnlyStore:  # a read of a store this user cannot write (said once when it opened)
         return None
     except UsageError as err:  # a bad expiry in the environment: said once, nothing written
@@ -297,6 +332,6 @@ def observe_swaps(job: str, backend: str, swaps) -> list[Entry]:
     return out
 
 
-__all__ = ["DEFAULT_EXPIRY_HOURS", "EXPIRY_ENV", "Entry", "VERSION", "active", "add", "check_host",
-           "clear", "entries", "exclusions", "expiry_hours", "import_file", "legacy_path", "observe", "observe_swaps", "path",
+__all__ = ["DEFAULT_EXPIRY_HOURS", "EXPIRY_ENV", "Entry", "REPEATED", "SAID", "VERSION", "active", "add", "check_host",
+           "clear", "entries", "exclusions", "expiry_hours", "fenced", "import_file", "legacy_path", "observe", "observe_swaps", "path",
            "valid_host"]

@@ -114,9 +114,14 @@ def test_an_earlier_releases_ledger_is_imported_once_without_entries_that_never_
     assert r.returncode == 0 and "Infinity" not in r.stdout and "NaN" not in r.stdout, r.stdout
 
 
-def _failed(host="h2", error=NCCL, status=JobStatus.FAILED):
-    f = RankFailure(node=1, rank=1, local_rank=0, host=host, exit_code=1, signal=None, time=1.8e9, error=error)
-    return JobState("4242", status, raw_state=status.value, failure=FailureReport([f]))
+#: The node's own evidence on a failure (failure_collector.node_evidence): a GPU NVML calls lost.
+LOST = ("nvidia-smi: Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.",)
+
+
+def _failed(host="h2", error=NCCL, status=JobStatus.FAILED, evidence=LOST, job="4242"):
+    f = RankFailure(node=1, rank=1, local_rank=0, host=host, exit_code=1, signal=None, time=1.8e9, error=error,
+                    evidence=evidence)
+    return JobState(job, status, raw_state=status.value, failure=FailureReport([f]))
 
 
 def _record(job_id="4242", backend="slurm"):
@@ -133,14 +138,15 @@ def test_a_record_update_that_sees_a_node_fault_ledgers_the_host_once():
     note("slurm", "4242", _failed())
     note("slurm", "4242", _failed())
     (e,) = ledger.active()
-    assert (e.host, e.job, e.backend, e.reason, e.by) == ("h2", "4242", "slurm", "NCCL network error", "nccl-system")
+    reason = "GPU lost; the rank reported an NCCL network error"
+    assert (e.host, e.job, e.backend, e.reason, e.by) == ("h2", "4242", "slurm", reason, "gpu-lost")
     last = records.find("4242", "slurm")[0]["last_state"]
-    assert last["failure_class"] == {"class": "node", "failure": "node", "reason": "NCCL network error", "host": "h2",
-                                    "by": "nccl-system"}
-    assert last["describe"].startswith("FAILED (node fault: host h2, NCCL network error): ")
+    assert last["failure_class"] == {"class": "node", "failure": "node", "reason": reason, "host": "h2",
+                                    "by": "gpu-lost"}
+    assert last["describe"].startswith(f"FAILED (node fault: host h2, {reason}): ")
     # A job's own fault ledgers nothing, and says so in the record.
     _record("4243")
-    note("slurm", "4243", _failed(host="h3", error="ValueError: boom"))
+    note("slurm", "4243", _failed(host="h3", error="ValueError: boom", evidence=()))
     assert _hosts() == ("h2",)
     assert records.find("4243", "slurm")[0]["last_state"]["failure_class"]["class"] == "job"
     # The local backend runs on this one host: its node faults are classified, never ledgered.
@@ -199,6 +205,34 @@ def test_slurm_render_excludes_ledgered_hosts_with_a_comment():
     own = spec.model_copy(update={"slurm": spec.slurm.model_copy(update={"extra_args": ["--exclude=n7"]})})
     text = halo_sched.render(own, "slurm")
     assert "#SBATCH --exclude=n7,n1,n2\n" in text and text.count("#SBATCH --exclude=") == 1
+
+
+def test_a_ranks_own_words_fence_a_host_only_when_repeated():
+    """Issue 43: a rank that printed an NCCL line (signed by its node's collector, but its own
+    words: no node-side evidence) fenced its host off for every later job. Now the ledger keeps it
+    as a rank's report, and new jobs avoid the host once REPEATED different jobs failed so there."""
+    from halo_sched.core import note
+
+    assert ledger.REPEATED == 2
+    _record("501")
+    note("slurm", "501", _failed(host="h5", evidence=(), job="501"))
+    note("slurm", "501", _failed(host="h5", evidence=(), job="501"))  # seen again: once per job
+    (e,) = ledger.active()
+    assert (e.host, e.job, e.by, e.said) == ("h5", "501", "rank-said:nccl-system", True), e
+    assert _hosts() == ()  # one job's words: not avoided
+    last = records.find("501", "slurm")[0]["last_state"]["failure_class"]
+    assert (last["class"], last["host"], last["said"], last["suspect"]) == ("unknown", "", True, "h5"), last
+    r = cli("nodes", env=_env())
+    assert "a rank's report; 1 job so far: not avoided before 2 jobs" in r.stdout, r.stdout
+    _record("502")
+    note("slurm", "502", _failed(host="h5", evidence=(), job="502"))
+    assert _hosts() == ("h5",)  # repeated failures there: avoided
+    r = cli("nodes", "--json", env=_env())
+    assert [x["avoided"] for x in json.loads(r.stdout)] == [True, True], r.stdout
+    # The local backend ledgers nothing, whatever the words.
+    _record("local-2", "local")
+    note("local", "local-2", _failed(host="thishost", evidence=(), job="local-2"))
+    assert {x.host for x in ledger.active()} == {"h5"}
 
 
 def test_nomad_render_constrains_node_name_and_the_hcl_says_the_same():

@@ -1,5 +1,6 @@
-"""On the real SLURM cluster: node 1 of a 2-node job fails as a node would (a stand-in NCCL
-NET/IB error printed by its rank); `status` names the node fault and its host, the node ledger
+"""On the real SLURM cluster: node 1 of a 2-node job fails as a node would (its rank prints a
+stand-in NCCL NET/IB error, a label, and dies of a SIGKILL nothing in the job sent, the node's
+evidence: tests/trainers/node_fault.py); `status` names the node fault and its host, the node ledger
 holds SLURM's name for it, and the next job's script keeps off it (`--exclude`), which sbatch
 itself accepts (`--test-only`: it names a node the cluster knows)."""
 from __future__ import annotations
@@ -14,6 +15,8 @@ import pytest
 from helpers import REPO, cli, example_job, free_port, slurm_env
 
 pytestmark = [pytest.mark.slurm]
+#: The node's evidence decides (the signal), the rank's words label (node/failure_classes.py).
+REASON = "killed by SIGKILL (nothing in the job sent it); the rank reported an NCCL network error"
 
 
 @pytest.fixture
@@ -28,7 +31,7 @@ def test_a_node_fault_on_slurm_is_ledgered_and_the_next_job_excludes_that_node(t
     assert r.returncode == 1, r.stderr[-3000:]
     job_id = r.stdout.strip().splitlines()[-1]
     last = r.stderr.strip().splitlines()[-1]
-    m = re.search(r"FAILED \(node fault: host (\S+), NCCL network error\): ", last)
+    m = re.search(r"FAILED \(node fault: host (\S+), " + re.escape(REASON) + r"\): ", last)
     assert m, r.stderr[-3000:]
     host = m.group(1)
     # SLURM's own name for the node that ran node rank 1.
@@ -40,12 +43,12 @@ def test_a_node_fault_on_slurm_is_ledgered_and_the_next_job_excludes_that_node(t
     assert host == names[1], (host, names)
 
     st = cli("status", job_id, cwd=tmp_path, env=env)
-    assert f"FAILED (node fault: host {host}, NCCL network error)" in st.stdout, st.stdout + st.stderr
+    assert f"FAILED (node fault: host {host}, {REASON})" in st.stdout, st.stdout + st.stderr
     st = json.loads(cli("status", job_id, "--json", cwd=tmp_path, env=env).stdout)
-    assert st["failure_class"] == {"class": "node", "failure": "node", "reason": "NCCL network error", "host": host, "by": "nccl-ib"}
+    assert st["failure_class"] == {"class": "node", "failure": "node", "reason": REASON, "host": host, "by": "signal"}
     ledger = json.loads(cli("nodes", "--json", env=env).stdout)
     assert [(e["host"], e["job"], e["backend"], e["reason"]) for e in ledger] == [
-        (host, job_id, "slurm", "NCCL network error")], ledger
+        (host, job_id, "slurm", REASON)], ledger
     listed = cli("nodes", env=env).stdout
     assert host in listed and f"{job_id}@slurm" in listed
 

@@ -24,14 +24,14 @@ pytestmark = pytest.mark.torch
 JOBS = 50
 WORKERS = 8
 
-TRAINER = """import os, sys
+TRAINER = """import os, signal, sys
 kind = os.environ["KIND"]
-if kind == "node":  # a bad node's words (tests/trainers/node_fault.py): a node fault, ledgered
+if kind == "node":  # a bad node (tests/trainers/node_fault.py): its words, then the node's SIGKILL: a node fault
     print("h:1:2 [0] transport/net_ib.cc:2470 NCCL WARN NET/IB : Got completion from peer 10.0.0.1<1> with "
           "status=12 opcode=129 len=65536 vendor err 129 (Recv)", file=sys.stderr, flush=True)
     print("[rank0]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
           "NCCLUtils.hpp:317, unhandled system error, NCCL version 2.21.5", file=sys.stderr, flush=True)
-    sys.exit(1)
+    os.kill(os.getpid(), signal.SIGKILL)
 if kind == "job":
     raise ValueError("bad learning rate: -1")
 print("ok", flush=True)

@@ -4,7 +4,8 @@ and the client simulator as the clients (tests/nomad/client_sim.py, attached to 
 waiting process registers: real entry scripts, torchrun and the trainer).
 
 * A 2-node job with ``retry: {attempts: 2, "on": [node]}`` whose node 1 prints an NCCL NET/IB
-  error on the first attempt only (tests/trainers/node_fault_once.py): ``submit --wait``
+  error and dies of a SIGKILL nothing in the job sent (the node's evidence) on the first attempt
+  only (tests/trainers/node_fault_once.py): ``submit --wait``
   registers the second attempt as a new version of the same Nomad job (``JOB~vN``) with a
   constraint keeping off the culprit's Nomad node; the fake places that version on the other
   two nodes only; the node is in the ledger; the run ends COMPLETED; ``status RUN`` shows both
@@ -36,6 +37,9 @@ from helpers import REPO, cli, load_nomad_helper
 fake_api = load_nomad_helper("fake_api")
 FakeNomad, FakeNode = fake_api.FakeNomad, fake_api.FakeNode
 TOKEN = "tok-runs"
+
+#: The node's evidence decides (the signal), the rank's words label (node/failure_classes.py).
+REASON = "killed by SIGKILL (nothing in the job sent it); the rank reported an NCCL network error"
 
 
 def _env(tmp_path, fake) -> dict:
@@ -101,7 +105,7 @@ def test_a_node_fault_on_nomad_is_retried_off_that_node_and_the_run_completes(tm
         assert r.returncode == 0, (r.stderr[-4000:], {n: s.stderr(n)[-1500:] for s in sims for n in
                                                       (a.name for a in s.allocations)})
         run_id = r.stdout.strip().splitlines()[-1]
-        m = re.search(r"FAILED \(node fault: host (\S+), NCCL network error\)", r.stderr)
+        m = re.search(r"FAILED \(node fault: host (\S+), " + re.escape(REASON) + r"\)", r.stderr)
         assert m and "retrying (node fault) as " in r.stderr, r.stderr[-3000:]
         culprit = m.group(1)
         # The run's lines at the end of the wait: the failed attempt's end is Nomad's too (its
@@ -150,7 +154,7 @@ def test_a_node_fault_on_nomad_is_retried_off_that_node_and_the_run_completes(tm
         lines = st.stdout.splitlines()
         a1 = [ln for ln in lines if "\tattempt 1: " in ln]
         a2 = [ln for ln in lines if "\tattempt 2: " in ln]
-        assert len(a1) == 1 and "host n1, NCCL network error" in a1[0] and " FAILED " in a1[0], lines
+        assert len(a1) == 1 and f"host n1, {REASON}" in a1[0] and " FAILED " in a1[0], lines
         assert len(a2) == 1 and f"{second} COMPLETED;" in a2[0] and "excluded n1" in a2[0], lines
         assert any("\trun: 2 attempts, " in ln for ln in lines), lines
         # Both attempts' wall times are Nomad's (task StartedAt/FinishedAt), not the watcher's.

@@ -36,7 +36,9 @@ def _ended_local_job(tmp_path: Path, job_id: str, status: str, **overrides) -> d
                                               "ended": now - 1, "exit_code": 0 if status == "COMPLETED" else 1,
                                               "nodes_running": 0}))
     body = json.dumps({"node": 0, "rank": 0, "local_rank": 0, "host": "localhost", "exit_code": 1, "signal": None,
-                       "time": now - 2, "error": NCCL, "tail": [], "stopped": False})
+                       "time": now - 2, "error": NCCL, "tail": [], "stopped": False,
+                       # the node's own evidence (failure_collector.node_evidence): a node fault
+                       "evidence": ["kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus."]})
     line = f'halo-sched-failure {body[:-1]},"mac":"{sign(body, KEY)}"}}\n' if status == "FAILED" else ""
     (d / "node-0.log").write_text("[node 0 rank 0] step 1\n" + line)
     (d / "job.log").write_text("[node 0 rank 0] step 1\n" + line)
@@ -84,7 +86,7 @@ def test_reads_with_a_webhook_configured_send_nothing_and_say_how_it_gets_sent(t
 
 
 def test_reads_never_submit_the_next_attempt_of_a_run(tmp_path):
-    """A run's attempt that failed as a node would (a signed NCCL error), with retry: on: [node]
+    """A run's attempt that failed as a node would (a signed line with the node's Xid), with retry: on: [node]
     attempts left: reading it records its state and class but never submits the next attempt."""
     _ended_local_job(tmp_path, "read-run-1", "FAILED", retry={"attempts": 3, "on": ["node"]})
     home = Path(os.environ["HALO_SCHED_HOME"])

@@ -1,7 +1,8 @@
 """On the real SLURM cluster, with real torchrun: a run recovers with no one watching (issue 32).
 A 2-node job with ``retry: {attempts: 2, on: [node]}`` is submitted with ``submit --wait``; the
 submitting process is killed (SIGKILL: no handler, nothing left waiting) once the ranks train;
-then node 1 fails as a bad node would (tests/trainers/node_fault_on_cue.py). The failed attempt's
+then node 1 fails as a bad node would (tests/trainers/node_fault_on_cue.py: its rank prints an NCCL
+error and dies of a SIGKILL nothing in the job sent, the node's evidence). The failed attempt's
 batch script submits the successor itself (halo_sched/node/successor.py), keeping off the
 culprit; the run ends COMPLETED: ``list`` from a fresh process follows the chain (records what
 it finds) and ``status RUN`` shows both attempts with their GPU-hours. The fault-to-successor time is printed (bench/recovery.py
@@ -66,7 +67,8 @@ def test_the_run_completes_after_its_submitter_was_killed_before_the_fault(tmp_p
     lines = st.stdout.splitlines()
     a1 = [ln for ln in lines if "\tattempt 1: " in ln]
     a2 = [ln for ln in lines if "\tattempt 2: " in ln]
-    m = re.search(r" FAILED \(node fault: host (\S+), NCCL network error\)", a1[0] if a1 else "")
+    m = re.search(r" FAILED \(node fault: host (\S+), killed by SIGKILL \(nothing in the job sent it\); the rank "
+                  r"reported an NCCL network error\)", a1[0] if a1 else "")
     assert m, lines
     host = m.group(1)
     assert len(a2) == 1 and " COMPLETED;" in a2[0] and f"excluded {host}" in a2[0], lines

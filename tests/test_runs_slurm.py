@@ -1,5 +1,6 @@
 """On the real SLURM cluster: a 2-node job with retry: {attempts: 2, on: [node]} whose node 1
-fails as a bad node would on the first attempt only (a stand-in NCCL NET/IB error: see
+fails as a bad node would on the first attempt only (its rank prints a stand-in NCCL NET/IB error,
+a label, and dies of a SIGKILL nothing in the job sent, the node's evidence: see
 tests/trainers/node_fault_once.py). The failed attempt's batch script submits the second
 attempt with that host excluded (halo_sched/node/successor.py), and ``submit --wait`` follows it; it runs on the other two nodes and completes; the host is in the node
 ledger; ``status RUN`` shows both attempts with their node-hours and GPU-hours, counted from
@@ -15,6 +16,8 @@ import pytest
 from helpers import REPO, cli, example_job, free_port, slurm_env
 
 pytestmark = [pytest.mark.slurm]
+#: The node's evidence decides (the signal), the rank's words label (node/failure_classes.py).
+REASON = "killed by SIGKILL (nothing in the job sent it); the rank reported an NCCL network error"
 
 
 @pytest.fixture
@@ -34,7 +37,7 @@ def test_a_node_fault_on_slurm_is_retried_on_other_nodes_and_the_run_completes(t
             timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     run_id = r.stdout.strip().splitlines()[-1]
-    m = re.search(r"FAILED \(node fault: host (\S+), NCCL network error\)", r.stderr)
+    m = re.search(r"FAILED \(node fault: host (\S+), " + re.escape(REASON) + r"\)", r.stderr)
     assert m and "retrying (node fault) as " in r.stderr, r.stderr[-3000:]
     host = m.group(1)
     # Which host ran which attempt (each rank wrote its HALO_RESTART_COUNT and SLURM's node name).
@@ -55,7 +58,7 @@ def test_a_node_fault_on_slurm_is_retried_on_other_nodes_and_the_run_completes(t
     lines = st.stdout.splitlines()
     a1 = [ln for ln in lines if "\tattempt 1: " in ln]
     a2 = [ln for ln in lines if "\tattempt 2: " in ln]
-    assert len(a1) == 1 and f"host {host}, NCCL network error" in a1[0] and " FAILED " in a1[0], lines
+    assert len(a1) == 1 and f"host {host}, {REASON}" in a1[0] and " FAILED " in a1[0], lines
     assert len(a2) == 1 and " COMPLETED;" in a2[0] and f"excluded {host}" in a2[0], lines
     assert any("\trun: 2 attempts, " in ln and " GPU-h (0.0000 lost to failures)" in ln for ln in lines), lines
 

@@ -17,6 +17,8 @@ from helpers import REPO, cli
 KEY = "k" * 64
 NCCL = ("h2:1:2 [0] transport/net_ib.cc:2470 NCCL WARN NET/IB : Got completion from peer 10.0.0.1<35162> "
         "with status=12 opcode=129 len=65536")
+#: The node's own evidence (failure_collector.node_evidence): what makes a node's fault, never a rank's words.
+XID = {"evidence": ["kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."]}
 
 
 def _line(node: int, host: str, error: str, at: float, key: str = KEY, **kw) -> str:
@@ -31,9 +33,9 @@ def _report(*lines, since=0.0):
 
 def test_a_node_fault_gives_that_rank_to_the_first_free_spare_and_the_others_keep_theirs():
     now = time.time()
-    report = _report(_line(1, "n2", NCCL, now), _line(0, "n1", "Connection closed by peer", now + 1, stopped=True))
+    report = _report(_line(1, "n2", NCCL, now, **XID), _line(0, "n1", "Connection closed by peer", now + 1, stopped=True))
     swaps, why = spares.decide(["n1", "n2", "n3"], ["n1", "n2", "n3", "n4", "n5"], report)
-    assert swaps == [(1, "n2", "n4", "NCCL network error", "nccl-ib")] and why == ""
+    assert swaps == [(1, "n2", "n4", "GPU Xid error; the rank reported an NCCL network error", "xid")] and why == ""
     # A spare already used (swapped out before) is never taken again; the next one is.
     swaps, _ = spares.decide(["n1", "n2", "n3"], ["n1", "n2", "n3", "n4", "n5"], report, used=["n4"])
     assert swaps[0][2] == "n5"
@@ -42,13 +44,16 @@ def test_a_node_fault_gives_that_rank_to_the_first_free_spare_and_the_others_kee
 def test_the_job_s_own_fault_an_unknown_cause_and_a_forged_line_are_not_swapped():
     now = time.time()
     assert spares.decide(["n1", "n2"], ["n1", "n2", "n3"], _report(_line(1, "n2", "ValueError: bad lr", now)))[0] == []
+    # An NCCL line in the rank's own output, signed but with no node-side evidence: not a node's fault.
+    swaps, why = spares.decide(["n1", "n2"], ["n1", "n2", "n3"], _report(_line(1, "n2", NCCL, now)))
+    assert swaps == [] and "not a node's fault (unknown cause: the rank reported an NCCL network error" in why, why
     assert "cause unknown" in spares.decide(["n1", "n2"], ["n1", "n2", "n3"], None)[1]
     # A rank can print a line that looks like a node fault; unsigned, it decides nothing.
     assert _report(_line(1, "n2", NCCL, now, key="")) is None
     # A line from an earlier step (before this one began) is not this step's.
     assert _report(_line(1, "n2", NCCL, now - 60), since=now) is None
     # A node's fault on a host that runs no rank (a spare's own line) moves nobody.
-    _, why = spares.decide(["n1", "n2"], ["n1", "n2", "n3"], _report(_line(1, "n3", NCCL, now)))
+    _, why = spares.decide(["n1", "n2"], ["n1", "n2", "n3"], _report(_line(1, "n3", NCCL, now, **XID)))
     assert "runs no rank" in why
 
 
@@ -57,7 +62,7 @@ def test_a_node_that_left_the_allocation_is_swapped_and_no_spare_left_ends_as_wi
     swaps, _ = spares.decide(["n1", "n2"], ["n1", "n3"], None)
     assert swaps == [(1, "n2", "n3", "node left the allocation (SLURM marked it down)", "node-fail")]
     now = time.time()
-    swaps, why = spares.decide(["n1", "n3"], ["n1", "n2", "n3"], _report(_line(1, "n3", NCCL, now)), used=["n2"])
+    swaps, why = spares.decide(["n1", "n3"], ["n1", "n2", "n3"], _report(_line(1, "n3", NCCL, now, **XID)), used=["n2"])
     assert swaps == [] and "no spares left" in why
 
 

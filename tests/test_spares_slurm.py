@@ -1,6 +1,7 @@
 """On the real SLURM cluster (3 nodes): a 2-node job with slurm.spare_nodes: 1 holds all three
 (--no-kill); node rank 0 fails as a bad node would on the first step (tests/trainers/
-node_fault_once.py with FAULT_NODE=0: an NCCL NET/IB error); the batch script gives rank 0 to the
+node_fault_once.py with FAULT_NODE=0: an NCCL NET/IB error printed, then a SIGKILL nothing in the job
+sent, the node's evidence); the batch script gives rank 0 to the
 spare and starts the step again in the same job with HALO_RESTART_COUNT 1, without the queue.
 Rank 0 moving is the hard case: its address is read again, and the spare (node3) comes after
 node2 in the step, where SLURM_NODEID would have made it rank 1: the rank map decides. The job ends
@@ -16,6 +17,8 @@ import pytest
 from helpers import REPO, cli, example_job, free_port, slurm_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+#: The node's evidence decides (the signal), the rank's words label (node/failure_classes.py).
+REASON = "killed by SIGKILL (nothing in the job sent it); the rank reported an NCCL network error"
 
 
 def test_a_node_fault_is_swapped_for_the_spare_in_the_same_job(tmp_path, slurm_cluster):
@@ -39,10 +42,10 @@ def test_a_node_fault_is_swapped_for_the_spare_in_the_same_job(tmp_path, slurm_c
     assert st["status"] == "COMPLETED"
     assert st["spares"]["total"] == 1 and st["spares"]["left"] == 0
     assert [(s["rank"], s["bad"], s["spare"], s["reason"]) for s in st["spares"]["swaps"]] == [
-        (0, bad, spare, "NCCL network error")], st["spares"]
+        (0, bad, spare, REASON)], st["spares"]
     text = cli("status", job_id, cwd=tmp_path, env=env).stdout
-    assert f"COMPLETED exit=0; 0 of 1 spare left ({bad} -> {spare}: NCCL network error)" in text, text
+    assert f"COMPLETED exit=0; 0 of 1 spare left ({bad} -> {spare}: {REASON})" in text, text
 
     ledger = json.loads(cli("nodes", "--json", env=env).stdout)
     assert [(e["host"], e["job"], e["backend"], e["reason"]) for e in ledger] == [
-        (bad, job_id, "slurm", "NCCL network error")], ledger
+        (bad, job_id, "slurm", REASON)], ledger

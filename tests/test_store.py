@@ -165,7 +165,7 @@ def test_a_newer_schema_is_refused_and_an_older_one_migrates(tmp_path):
     con.execute(f"PRAGMA user_version = {db.SCHEMA_VERSION + 1}")
     con.close()
     r = cli("status", "123", "--backend", "local", timeout=60)
-    assert r.returncode == 2 and "written by a newer halo-sched (schema 2" in r.stderr, r.stderr
+    assert r.returncode == 2 and f"written by a newer halo-sched (schema {db.SCHEMA_VERSION + 1}" in r.stderr, r.stderr
     (home / "halo-sched.db").unlink()
     con = sqlite3.connect(home / "halo-sched.db")  # version 0: an empty database
     con.close()

@@ -23,10 +23,16 @@ NCCL = ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distri
         "unhandled system error")
 
 
-def _line(error: str, host: str = "node2", tail=()) -> str:
+def _line(error: str, host: str = "node2", tail=(), **kw) -> str:
     body = {"node": 1, "rank": 1, "local_rank": 0, "host": host, "exit_code": 1, "signal": None, "time": 100.0,
-            "error": error, "tail": list(tail) or [error], "stopped": False, "node_name": host}
+            "error": error, "tail": list(tail) or [error], "stopped": False, "node_name": host, **kw}
     return "1: " + record_line(body, KEY, [])
+
+
+def _fault() -> str:
+    """A node's fault as the node's collector signs it: the rank's NCCL error, and the node's own
+    evidence (the kernel's Xid log)."""
+    return _line(NCCL, evidence=["kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus."])
 
 
 @pytest.fixture
@@ -64,7 +70,7 @@ def _calls(c) -> list[str]:
 
 
 def test_a_node_fault_submits_one_successor_excluding_the_culprit(cluster):
-    cluster["out"].write_text(_line(NCCL))
+    cluster["out"].write_text(_fault())
     assert _main(cluster, excluded="node9") == 0
     calls = _calls(cluster)
     assert len(calls) == 1, calls
@@ -78,21 +84,21 @@ def test_a_node_fault_submits_one_successor_excluding_the_culprit(cluster):
 
 
 def test_a_requeued_batch_script_running_again_submits_nothing_more(cluster):
-    cluster["out"].write_text(_line(NCCL))
+    cluster["out"].write_text(_fault())
     assert _main(cluster) == 0
     assert _main(cluster) == 0  # the same batch script, run again under the same job id
     assert len(_calls(cluster)) == 1
 
 
 def test_two_runs_at_once_submit_one(cluster):
-    cluster["out"].write_text(_line(NCCL))
+    cluster["out"].write_text(_fault())
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda _: _main(cluster), range(4)))
     assert len(_calls(cluster)) == 1, _calls(cluster)
 
 
 def test_a_claim_whose_writer_died_is_taken_over_unless_the_queue_has_the_attempt(cluster):
-    cluster["out"].write_text(_line(NCCL))
+    cluster["out"].write_text(_fault())
     path = successor.marker_path(str(cluster["dir"]), "7", 1)
     Path(path).write_text(successor._signed({"run": "7", "attempt": 1, "job": None}, KEY))
     os.utime(path, (1, 1))  # older than STALE_S
@@ -108,8 +114,10 @@ def test_a_claim_whose_writer_died_is_taken_over_unless_the_queue_has_the_attemp
 
 @pytest.mark.parametrize("lines, kw, why", [
     (_line("ValueError: bad learning rate"), {}, "job fault"),
-    (_line(NCCL), {"attempt": "2"}, "all 3 attempts used"),
-    (_line(NCCL), {"on": "hang"}, "not retried"),
+    (_fault(), {"attempt": "2"}, "all 3 attempts used"),
+    (_fault(), {"on": "hang"}, "not retried"),
+    # Issue 43: the rank's own NCCL line, signed by the collector but with no node-side evidence.
+    (_line(NCCL), {}, "not retried: unknown cause: the rank reported an NCCL network error"),
     ("1: halo-sched-failure " + json.dumps({"node": 1, "error": NCCL, "host": "node2"}) + "\n", {}, "not retried"),
 ])
 def test_nothing_is_submitted_for_what_retry_does_not_name(cluster, capsys, lines, kw, why):
@@ -121,7 +129,7 @@ def test_nothing_is_submitted_for_what_retry_does_not_name(cluster, capsys, line
 def test_a_rank_cannot_forge_the_successor(cluster):
     """A rank writes a marker naming a job of its choice before the batch shell gets there: it is
     not signed with the job's key (which no rank can read), so it is replaced, never followed."""
-    cluster["out"].write_text(_line(NCCL))
+    cluster["out"].write_text(_fault())
     path = successor.marker_path(str(cluster["dir"]), "7", 1)
     Path(path).write_text(json.dumps({"run": "7", "attempt": 1, "job": "666", "excluded": []}))
     os.utime(path, (1, 1))

@@ -184,7 +184,9 @@ class JobState:
             # A node's fault leads the line (the host to avoid); a job's own is the rank's words.
             # NODE_FAIL says it already, and its first failure names the node; so does a HUNG line.
             node = cls is not None and cls.node and self.status is not JobStatus.NODE_FAIL and cls.failure is not HUNG_ON_NODE
-            head = f"{self.status.value} ({cls.describe()})" if node else self.status.value
+            # A node pattern in the rank's words alone labels the line, as what it is: unknown cause.
+            said = cls is not None and cls.said
+            head = f"{self.status.value} ({cls.describe()})" if node or said else self.status.value
             text = f"{head}: {self.failure.describe()}"
             return text + (f" (raw={self.raw_state})" if self.raw_state and self.raw_state != self.status.value else "")
         if self.verdict:

@@ -68,8 +68,9 @@ def cmd_nodes(args, scheduler) -> int:
             raise UsageError(f"nodes: unexpected {shown(args.host)} (did you mean `nodes clear {shown(args.host)}`?)")
         ledger.expiry_hours()  # a bad HALO_SCHED_NODE_EXPIRY_HOURS is said here, exit 2
         rows = ledger.active()
+        avoided = ledger.fenced(rows)
         if args.json:  # one JSON array, `[]` for an empty ledger: JSON whatever it holds
-            print(json_line([e.to_dict() for e in rows]))
+            print(json_line([{**e.to_dict(), "avoided": (e.backend, e.host) in avoided} for e in rows]))
             return 0
         if not rows:
             say(f"halo-sched: the node ledger is empty (new jobs avoid no host) [{ledger.path()}]")
@@ -79,8 +80,16 @@ def cmd_nodes(args, scheduler) -> int:
         def safe(text: str) -> str:  # the file is data: nothing in it drives the terminal
             return "".join(c if c.isprintable() else "?" for c in text)[:200]
 
+        def reason(e) -> str:
+            # Only a rank's words blamed the node: avoided once REPEATED jobs failed so there.
+            if not e.said:
+                return safe(e.reason)
+            jobs = len({x.job for x in rows if x.said and (x.backend, x.host) == (e.backend, e.host)})
+            state = "avoided" if (e.backend, e.host) in avoided else f"not avoided before {ledger.REPEATED} jobs"
+            return safe(e.reason) + f" [a rank's report; {jobs} job{'s' if jobs != 1 else ''} so far: {state}]"
+
         table = [("HOST", "REASON", "JOB", "SINCE", "EXPIRES")] + [
-            (e.host, safe(e.reason), safe(f"{e.job}@{e.backend}"), time.strftime(fmt, time.localtime(e.since)),
+            (e.host, reason(e), safe(f"{e.job}@{e.backend}"), time.strftime(fmt, time.localtime(e.since)),
              time.strftime(fmt, time.localtime(e.expires))) for e in rows]
         widths = [max(len(r[i]) for r in table) for i in range(4)]
         for r in table:
@@ -165,22 +174,41 @@ def cmd_export(args, scheduler) -> int:
 
 def cmd_notify(args, scheduler) -> int:
     """Deliver, in the foreground, the queued notifications whose webhook variable this
-    environment sets (each try within its deadline: halo_sched/notify.py): for a job nobody
-    waits on. ``status`` and ``list`` queue a notification and never send it; ``submit --wait``
-    and ``watch`` deliver their own. Exit 1 when one could not be delivered (it stays queued)."""
+    environment sets and whose backoff is over (``--now``: those waiting too; each try within its
+    deadline: halo_sched/notify.py): for a job nobody waits on. ``status`` and ``list`` queue a
+    notification and never send it; ``submit --wait`` and ``watch`` deliver their own. Exit 1 when
+    this run tried one and could not deliver it (it stays queued); a row another live run is
+    delivering, or one waiting for its next try, is said and is no failure of this run."""
     import os
 
     from .. import db, notify
 
-    delivered = notify.deliver_pending() if db.exists() else 0
-    rows = db.read("SELECT job, backend, event, tries, last_error, webhook_env FROM outbox WHERE state = 'pending' "
-                   "ORDER BY created") if db.exists() else []
-    failed = [r for r in rows if os.environ.get(r[5])]
-    elsewhere = sorted({r[5] for r in rows if not os.environ.get(r[5])})
-    for job, backend, event, tries, error, _ in failed:
-        say(f"halo-sched: {job}@{backend}: notify: the {event} notification is not delivered yet ({tries} tries"
-            f"{': ' + error if error else ''})")
-    say(f"halo-sched: notify: {delivered} delivered" + (f", {len(failed)} not delivered" if failed else "")
-        + (f"; {len(rows) - len(failed)} wait for a variable this environment does not set ({', '.join(elsewhere)})"
-           if elsewhere else ""))
-    return 1 if failed else 0
+    done = notify.deliver(due_only=not getattr(args, "now", False)) if db.exists() else notify.Delivery()
+    for job, backend, event, tries, error, state, next_try in done.failed:
+        if state == "given-up":
+            say(f"halo-sched: {job}@{backend}: notify: the {event} notification was given up after {tries} tries"
+                f"{' (' + error + ')' if error else ''}")
+        else:
+            say(f"halo-sched: {job}@{backend}: notify: the {event} notification is not delivered yet ({notify.tries_words(tries)}"
+                f"{': ' + error if error else ''}); {notify.next_try_words(next_try)}")
+    rows = db.read("SELECT job, backend, event, webhook_env, claimed_until, claimed_by, next_try FROM outbox "
+                   "WHERE state = 'pending' ORDER BY created") if db.exists() else []
+    now = time.time()
+    failed = {(j, b, e) for j, b, e, *_ in done.failed}
+    mine = [r for r in rows if os.environ.get(r[3]) and (r[0], r[1], r[2]) not in failed]
+    elsewhere = sorted({r[3] for r in rows if not os.environ.get(r[3])})
+    in_flight = [r for r in mine if notify.held_elsewhere(r[4], r[5], now)]
+    waiting = [r for r in mine if r not in in_flight and r[6] > now]
+    parts = [f"{done.delivered} delivered"] + ([f"{len(done.failed)} not delivered"] if done.failed else [])
+    tail = []
+    if in_flight:
+        tail.append(f"{len(in_flight)} being delivered by another halo-sched process")
+    if waiting:
+        soonest = min(r[6] for r in waiting)
+        tail.append(f"{len(waiting)} waiting for a next try ({notify.next_try_words(soonest, now)}; "
+                    f"`halo-sched notify --now` tries now)")
+    if elsewhere:
+        tail.append(f"{sum(1 for r in rows if not os.environ.get(r[3]))} wait for a variable this environment "
+                    f"does not set ({', '.join(elsewhere)})")
+    say("halo-sched: notify: " + ", ".join(parts) + ("; " + "; ".join(tail) if tail else ""))
+    return 1 if done.failed else 0

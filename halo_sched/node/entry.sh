@@ -181,14 +181,24 @@ halo_sweep() {
   done
   echo "halo-sched: node $halo_rank: processes left by torchrun would not die: $*" >&2
 }
+# The cgroup's OOM kills before torchrun (failure_collector.oom_kills: a SIGKILL after is the job's).
+halo_oom_kills() {
+  local halo_f halo_cg
+  halo_cg=$(sed -n 's/^0:://p' /proc/self/cgroup 2> /dev/null)
+  halo_f=/sys/fs/cgroup$halo_cg/memory.events
+  [ -n "$halo_cg" ] && [ -r "$halo_f" ] ||
+    halo_f=/sys/fs/cgroup/memory$(sed -n 's/^[0-9]*:\([^:]*,\)\{0,1\}memory\(,[^:]*\)\{0,1\}://p' /proc/self/cgroup 2> /dev/null)/memory.oom_control
+  sed -n 's/^oom_kill \([0-9]*\)$/\1/p' "$halo_f" 2> /dev/null | head -n 1 || true
+}
 # halo_run TORCHRUN ARGS: torchrun with the tag, the hang monitor and the deliverer; then the sweep
 # and, when it failed, the failure collector's "halo-sched-failure {json}" lines (docs/failures.md).
 halo_run() {
-  local halo_pid halo_tee halo_rc halo_stop
+  local halo_pid halo_tee halo_rc halo_stop halo_oom_before
   export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank ${rank}] '
   halo_node_tag=node$halo_rank-$$-$(date +%s%N)-$RANDOM
   halo_trapped=0
   halo_stopped_at=
+  halo_oom_before=$(halo_oom_kills)
   # torchrun's stderr also to a file: its failure summary has each failed rank's exit code.
   exec 3> >(trap '' TERM INT HUP; exec tee -a "$halo_log_dir/torchrun.err" >&2)
   halo_tee=$!
@@ -222,7 +232,7 @@ halo_run() {
   wait "$halo_tee" 2> /dev/null || true
   if [ "$halo_rc" != 0 ]; then
     # The failure key in the collector's environment alone: only the lines it signs are trusted.
-    HALO_FAILURE_KEY=$halo_failure_key "${halo_node[@]}" failure_collector "$halo_rank" "$halo_nproc" "$halo_log_dir" "$halo_rc" "$halo_stopped_at" < /dev/null ||
+    HALO_FAILURE_KEY=$halo_failure_key "${halo_node[@]}" failure_collector "$halo_rank" "$halo_nproc" "$halo_log_dir" "$halo_rc" "$halo_stopped_at" "$halo_oom_before" < /dev/null ||
       echo "halo-sched-failure {\"node\":$halo_rank,\"rank\":null,\"host\":\"$(hostname)\",\"exit_code\":$halo_rc,\"time\":$(date +%s),\"error\":\"torchrun exited with $halo_rc\"}" >&2
   fi
   [ -n "${HALO_LOG_DIR:-}" ] || rm -rf "$halo_log_root"

@@ -4,12 +4,17 @@ failed job's first failure is put into one (:func:`classify_failure`). Every oth
 imports these (the job file's ``retry.on`` and ``notify.on`` words, the node ledger, a run's
 retries, notifications, ``status``); none spells them again.
 
-A **node** fault is one a healthy node would not have had: the node was lost or declared dead by
-the scheduler (SLURM ``NODE_FAIL``, a Nomad allocation ``lost``/``unknown``), the network or NCCL
-failed under the rank, the GPU reported an ECC/Xid or device error, a preflight check failed on
-that node, or the job hung with that node as the culprit. Running the same job elsewhere may
-succeed; running it there again likely fails the same way, so the host goes into the node ledger
-(halo_sched/ledger.py) and new jobs avoid it.
+A **node** fault is one a healthy node would not have had, known from the NODE's side: the
+scheduler's word (SLURM ``NODE_FAIL`` or a node it marked down, a Nomad allocation ``lost``), the
+node's own evidence (a failure line's ``evidence``: the kernel's Xid log, nvidia-smi, a failed
+preflight check), a rank ended by a signal nothing in the job sent (:data:`NODE_SIGNALS`, no OOM
+kill in the node's cgroup), or a hang whose culprit the node's monitor found outside any
+collective. The host goes into the node ledger (halo_sched/ledger.py) and new jobs avoid it.
+
+**A rank's words label, never decide.** An Xid or NCCL message in a rank's error or output alone
+makes the class unknown, labelled (:attr:`Classification.said`: "the rank reported an NCCL network
+error"): never retried by ``retry.on: [node]``, no host blamed; the ledger fences its host only
+once :data:`halo_sched.ledger.REPEATED` jobs failed so there. Printing a line retries nothing.
 
 A **job** fault is the job's own: a Python exception in user code, a bad argument, the process
 running out of memory. Running it elsewhere fails the same way.
@@ -102,10 +107,9 @@ class Pattern:
         return re.search(self.regex, text) is not None
 
 
-#: Checked in this order over the first failure's error line and the tail of its output; the
-#: first that matches decides. Node patterns come first: an NCCL error reaches Python as an
-#: exception (``torch.distributed.DistBackendError: NCCL error in: ...``), and it is the NCCL part
-#: that says whose fault it is.
+#: Checked in this order over the node's evidence (any pattern decides), then over the rank's words,
+#: its error line and output's tail (a job pattern decides, a node pattern only labels). Node
+#: patterns come first: an NCCL error reaches Python as an exception (``DistBackendError``).
 PATTERNS: tuple[Pattern, ...] = (
     Pattern("preflight", PREFLIGHT_FAILED, PREFLIGHT_FAILED.reason,
             r'halo-sched-preflight-node \{.*"fatal": ?true',
@@ -130,6 +134,12 @@ PATTERNS: tuple[Pattern, ...] = (
             "RuntimeError: CUDA error: an illegal memory access was encountered",
             "cudaGetErrorString(cudaErrorIllegalAddress) via C10_CUDA_CHECK (c10/cuda/CUDAException.cpp); an Xid 13/31 on "
             "the node; a kernel bug in user code can cause it too)"),
+    Pattern("gpu-lost", NODE_FAULT, "GPU lost",
+            r"GPU is lost|fallen off the bus",
+            "nvidia-smi: Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.  Reboot the system "
+            "to recover this GPU",
+            "nvidia-smi (NVML's NVML_ERROR_GPU_IS_LOST, nvmlErrorString); read on the node by "
+            "halo_sched/node/failure_collector.py gpu_health"),
     Pattern("nccl-ib", NODE_FAULT, "NCCL network error",
             r"NCCL WARN NET/(?:IB|Socket|OFI)",
             "h2:22890:22900 [0] transport/net_ib.cc:2470 NCCL WARN NET/IB : Got completion from peer "
@@ -164,7 +174,7 @@ PATTERNS: tuple[Pattern, ...] = (
             r"MemoryError|Killed process \d+ .*out of memory|oom-kill|OUT_OF_MEMORY",
             "MemoryError",
             "CPython (PyErr_NoMemory); the kernel's OOM killer ('Killed process 1234 (python) total-vm...'); "
-            "SLURM's OUT_OF_MEMORY state"),
+            "SLURM's OUT_OF_MEMORY state; the node's cgroup (failure_collector.node_evidence 'cgroup: oom-kill')"),
     Pattern("bad-argument", JOB_FAULT, "bad argument",
             r"error: (?:unrecognized arguments|the following arguments are required|argument \S+:)|"
             r"can't open file|No module named",
@@ -188,6 +198,10 @@ class Classification:
     reason: str = ""
     host: str = ""
     by: str = ""
+    #: Only the rank's words named a node pattern: unknown class, no host blamed; ``suspect`` is
+    #: its host, which the ledger counts toward repeated failures there.
+    said: bool = False
+    suspect: str = ""
 
     @property
     def kind(self) -> str:
@@ -201,7 +215,7 @@ class Classification:
     def describe(self) -> str:
         """``node fault: host h2, NCCL network error`` / ``job fault: Python exception`` / ``unknown cause``."""
         if self.kind == UNKNOWN:
-            return self.failure.words
+            return self.failure.words + (f": {self.reason}" if self.said and self.reason else "")
         bits = [f"host {self.host}"] if self.host else []
         if self.reason:
             bits.append(self.reason)
@@ -210,7 +224,7 @@ class Classification:
     def to_dict(self) -> dict:
         """As a record keeps it (``last_state.failure_class``) and ``status --json`` prints it."""
         return {"class": self.kind, "failure": self.failure.name, "reason": self.reason, "host": self.host,
-                "by": self.by}
+                "by": self.by, **({"said": True, "suspect": self.suspect} if self.said else {})}
 
     @classmethod
     def from_dict(cls, data: Any) -> "Classification | None":
@@ -223,16 +237,45 @@ class Classification:
                         if isinstance(n, str) and n in _BY_NAME), None)
         if failure is None:
             return None
-        text = {k: data.get(k) if isinstance(data.get(k), str) else "" for k in ("reason", "host", "by")}
-        return cls(failure, text["reason"], text["host"], text["by"])
+        text = {k: data.get(k) if isinstance(data.get(k), str) else "" for k in ("reason", "host", "by", "suspect")}
+        said = data.get("said") is True
+        return cls(failure, text["reason"], text["host"], text["by"], said, text["suspect"] if said else "")
 
 
 def _texts(first: Any) -> list[str]:
+    """The rank's own words: its error line and the tail of its output."""
     out = []
     for value in (getattr(first, "error", ""), *(getattr(first, "tail", ()) or ())):
         if isinstance(value, str) and value:
             out.append(value)
     return out
+
+
+from .failure_collector import NODE_SIGNALS  # noqa: E402  (signals nothing in the job sends)
+
+
+def _evidence(first: Any) -> list[str]:
+    """The node's own lines on a failure (a trusted line's ``evidence``), never a rank's words."""
+    if first is None or getattr(first, "trusted", True) is False:
+        return []
+    return [e for e in (getattr(first, "evidence", ()) or ()) if isinstance(e, str) and e]
+
+
+def _signal(first: Any) -> str:
+    """The signal that ended a trusted, not stopped, failure when it is one of NODE_SIGNALS."""
+    sig = getattr(first, "signal", None)
+    ok = first is not None and getattr(first, "trusted", True) is not False and not getattr(first, "stopped", False)
+    return sig if ok and sig in NODE_SIGNALS else ""
+
+
+def _a(words: str) -> str:
+    return ("an " if words[:1].lower() in "aeiou" or words.startswith(("NCCL", "ECC")) else "a ") + words
+
+
+def said_by_rank(p: Pattern, host: str) -> Classification:
+    """A node pattern in the rank's words alone: a label on an unknown cause, its host a suspect."""
+    return Classification(UNKNOWN_CAUSE, f"the rank reported {_a(p.reason)} (its own output; no node-side evidence)",
+                          "", p.name, said=True, suspect=host)
 
 
 def match(texts: Iterable[str], kind: str | None = None) -> Pattern | None:
@@ -280,9 +323,9 @@ def classify_failure(report: Any = None, status: Any = None) -> Classification:
         return Classification(NODE_FAULT, "node failed (NODE_FAIL), SLURM marked it down", host, "node-fail")
     if status == "NODE_FAIL":
         # SLURM's NODE_FAIL names no node, and the first failure line is usually a healthy peer
-        # that crashed waiting for the dead one: blame a host only where its own output says
-        # so (an Xid, an NCCL/network error on that rank).
-        p = match(_texts(first), NODE) if first is not None else None
+        # that crashed waiting for the dead one: blame a host only where that node's own evidence
+        # says so (an Xid in its kernel log, a lost GPU), never on a rank's words.
+        p = match(_evidence(first), NODE) if first is not None else None
         if p is not None and p.name == "peer-reset":  # what a victim of the dead node says
             p = None
         return Classification(NODE_FAULT, "node failed (NODE_FAIL)" + (f", {p.reason}" if p else ""),
@@ -298,16 +341,38 @@ def classify_failure(report: Any = None, status: Any = None) -> Classification:
             return Classification(HUNG_ON_NODE, HUNG_ON_NODE.reason, host, "hung")
         return Classification(HUNG_NO_CULPRIT, HUNG_NO_CULPRIT.reason, "", "hung")
     if _kind_is("PREFLIGHT", first, report):
-        # A preflight gate's failure (its line, or a kind the gate sets): that node's fault.
+        # A preflight gate's failure (a kind the gate sets): that node's fault.
         return Classification(PREFLIGHT_FAILED, PREFLIGHT_FAILED.reason, host, "preflight")
-    p = match(_texts(first))
+    # The node's side first: its own evidence decides, whatever the pattern (an Xid in its kernel
+    # log, a failed preflight check, an out-of-memory kill in its cgroup).
+    said = match(_texts(first))
+    p = match(_evidence(first))
     if p is not None:
-        return Classification(p.failure, p.reason, host if p.kind == NODE else "", p.name)
+        return Classification(p.failure, _with_label(p.reason, said, p), host if p.kind == NODE else "", p.name)
     if status == "OUT_OF_MEMORY":
         return Classification(JOB_FAULT, "out of memory (the process)", "", "out-of-memory")
+    sig = _signal(first)
+    if sig:
+        return Classification(NODE_FAULT, _with_label(f"killed by {sig} (nothing in the job sent it)", said),
+                              host, "signal")
+    # The rank's words: a job pattern decides (the job's own fault is never retried and blames
+    # no host); a node pattern only labels.
+    if said is not None:
+        if said.kind == NODE:
+            return said_by_rank(said, host)
+        return Classification(said.failure, said.reason, "", said.name)
     return Classification(UNKNOWN_CAUSE)
 
 
+def _with_label(reason: str, said: Pattern | None, decided: Pattern | None = None) -> str:
+    """The node-side reason, and what the rank's own words add to it where they name another
+    node pattern ("killed by SIGKILL ...; the rank reported an NCCL network error")."""
+    if said is None or said.kind != NODE or (decided is not None and said.reason == decided.reason):
+        return reason
+    return f"{reason}; the rank reported {_a(said.reason)}"
+
+
 __all__ = ["CLASSES", "COMPLETED", "Classification", "FAILED", "FAULTS", "FAULT_WORDS", "FailureClass", "HUNG",
-           "HUNG_NO_CULPRIT", "HUNG_ON_NODE", "JOB", "JOB_FAULT", "NODE", "NODE_FAULT", "NOTIFY_EVENTS", "PATTERNS",
-           "PREFLIGHT_FAILED", "Pattern", "RETRIED", "RETRY_ON", "UNKNOWN", "UNKNOWN_CAUSE", "classify_failure", "match"]
+           "HUNG_NO_CULPRIT", "HUNG_ON_NODE", "JOB", "JOB_FAULT", "NODE", "NODE_FAULT", "NODE_SIGNALS", "NOTIFY_EVENTS",
+           "PATTERNS", "PREFLIGHT_FAILED", "Pattern", "RETRIED", "RETRY_ON", "UNKNOWN", "UNKNOWN_CAUSE",
+           "classify_failure", "match", "said_by_rank"]

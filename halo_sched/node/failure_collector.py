@@ -15,6 +15,9 @@ Output: ``halo-sched-failure {json}`` on stderr, one per failed rank, or one for
 torchrun itself failed (rendezvous timeout, killed) and no rank is named. The keys are those of
 :class:`halo_sched.node.failures.RankFailure`.
 
+``error`` and ``tail`` are a rank's words (a label, never a node fault); ``signal`` and ``evidence``
+(:func:`node_evidence`) are the node's side (failure_classes.py).
+
 Two things make a line fit to leave the node (issue 28). Secrets: every ``secret_env`` value (the
 names in ``HALO_SECRET_NAMES``, the values in this node's environment) is replaced by ``***`` in
 all the text a line carries, on the whole text before anything is cut (a cut secret is a fragment
@@ -235,8 +238,104 @@ def _error_file(path: str, secrets: list[str]) -> tuple[str, float] | None:
     return (lines[-1] if lines else ""), when
 
 
+MAX_EVIDENCE, EVIDENCE_CHARS = 4, 300
+#: Signals nothing in the job sends (torchrun stops with SIGTERM, the hang monitor with SIGABRT).
+NODE_SIGNALS = ("SIGKILL", "SIGBUS")
+_KMSG = re.compile(r"^\d+,\d+,(\d+),[^;]*;(.*NVRM: Xid \(.*)$")
+
+
+def kernel_xids(since: float, path: str = "/dev/kmsg", boot: float | None = None) -> list[str]:
+    """The kernel's ``NVRM: Xid`` lines since ``since`` (epoch s), where this user may read the log."""
+    boot = time.time() - time.monotonic() if boot is None else boot
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return []
+    out, buf = [], b""
+    try:
+        for _ in range(20000):  # /dev/kmsg: one record per read
+            try:
+                chunk = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as err:
+                if err.errno == 32:  # EPIPE: records overwritten under us
+                    continue
+                break
+            if not chunk or len(buf) > 1 << 20:
+                break
+            *lines, buf = (buf + chunk).split(b"\n")
+            for m in filter(None, (_KMSG.match(x.decode("utf-8", "replace")) for x in lines)):
+                if boot + int(m[1]) / 1e6 >= since:
+                    out.append(m[2].strip())
+    finally:
+        os.close(fd)
+    return out[-MAX_EVIDENCE:]
+
+
+def gpu_health(environ=None, timeout: float = 10.0) -> list[str]:
+    """What NVML (``nvidia-smi``, where on PATH) says of the job's GPUs: lost, or uncorrectable ECC errors."""
+    import shutil
+    import subprocess
+
+    env = os.environ if environ is None else environ
+    ids = (env.get("CUDA_VISIBLE_DEVICES") or "").strip()
+    exe = shutil.which("nvidia-smi", path=env.get("PATH"))
+    if not exe or ids in ("-1", "NoDevFiles") or ("CUDA_VISIBLE_DEVICES" in env and not ids):
+        return []
+    cmd = [exe, "--query-gpu=pci.bus_id,ecc.errors.uncorrected.volatile.total", "--format=csv,noheader,nounits"]
+    try:
+        r = subprocess.run(cmd + ([f"--id={ids}"] if re.fullmatch(r"[\w,:.-]+", ids) else []), stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, errors="replace", timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    out = []
+    for line in (r.stdout + "\n" + r.stderr).splitlines():
+        bus, _, ecc = line.strip().partition(",")
+        if re.search(r"GPU is lost|fallen off the bus", line):
+            out.append(f"nvidia-smi: {line.strip()}")
+        elif r.returncode == 0 and ecc.strip().isdigit() and int(ecc) > 0:
+            out.append(f"nvidia-smi: GPU {bus}: uncorrectable ECC error encountered ({int(ecc)} since the driver loaded)")
+    return out[:MAX_EVIDENCE]
+
+
+def oom_kills(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """``oom_kill`` of this process's cgroup (v2 memory.events, v1 memory.oom_control), as entry.sh's
+    ``halo_oom_kills`` reads it before torchrun starts; None where unreadable."""
+    try:
+        with open(proc) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    paths = [f"{root}{x[3:]}/memory.events" for x in lines if x.startswith("0::")]
+    paths += [f"{root}/memory{x.split(':', 2)[2]}/memory.oom_control" for x in lines
+              if x.count(":") >= 2 and "memory" in x.split(":")[1].split(",")]
+    for path in paths:
+        try:
+            with open(path) as f:
+                return next(int(x.split()[1]) for x in f if x.startswith("oom_kill "))
+        except (OSError, ValueError, IndexError, StopIteration):
+            continue
+    return None
+
+
+def node_evidence(log_dir: str, killed: bool, oom_before: int | None, environ=None) -> list[str]:
+    """The node's own lines, each naming its source: kernel Xids since torchrun started, nvidia-smi,
+    and (``killed``) the cgroup's OOM kills since ``oom_before``."""
+    try:
+        since = os.stat(log_dir).st_mtime - 60
+    except OSError:
+        since = time.time() - 3600
+    out = [f"kernel: {x}" for x in kernel_xids(since)] + gpu_health(environ)
+    now = oom_kills() if killed and oom_before is not None else None
+    if now is not None and now > oom_before:
+        out.append(f"cgroup: oom-kill: the kernel's out-of-memory killer ended {now - oom_before} process(es) "
+                   f"of this node's cgroup while torchrun ran")
+    return [x[:EVIDENCE_CHARS] for x in out][:MAX_EVIDENCE]
+
+
 def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | None = None,
-            host: str | None = None, now: float | None = None) -> list[dict]:
+            host: str | None = None, now: float | None = None, oom_before: int | None = None) -> list[dict]:
     """Failure records for one node whose torchrun exited with ``rc`` (non-zero)."""
     host = host or socket.gethostname()
     now = time.time() if now is None else now
@@ -301,6 +400,11 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
     if node_name:
         for r in out:
             r["node_name"] = node_name
+    killed = any(r["signal"] in NODE_SIGNALS and not r["stopped"] for r in out)
+    evidence = node_evidence(log_dir, killed, oom_before)
+    if evidence:
+        for r in out:
+            r["evidence"] = evidence
     return out
 
 
@@ -343,6 +447,8 @@ def record_line(rec: dict, key: str | None = None, secrets: list[str] | None = N
             rec["tail"].pop(0)
         elif rec.get("error"):
             rec["error"] = rec["error"][:len(rec["error"]) // 2]
+        elif rec.get("evidence"):  # the node's own lines go last
+            rec["evidence"] = list(rec["evidence"])[:-1]
         else:
             return text  # not reached: the other fields are short
 
@@ -351,7 +457,8 @@ def main(argv: list[str]) -> int:
     node, nproc, log_dir, rc = int(argv[0]), int(argv[1]), argv[2], int(argv[3])
     # EPOCHREALTIME uses the locale's decimal point.
     stopped_at = float(argv[4].replace(",", ".")) if len(argv) > 4 and argv[4] else None
-    for rec in collect(node, nproc, log_dir, rc, stopped_at):
+    oom_before = int(argv[5]) if len(argv) > 5 and argv[5].isdigit() else None
+    for rec in collect(node, nproc, log_dir, rc, stopped_at, oom_before=oom_before):
         sys.stderr.write(record_line(rec))
     sys.stderr.flush()
     return 0

@@ -75,6 +75,11 @@ class RankFailure:
     #: halo-sched's own word: built by its code, or read from a line whose mac verified under the
     #: job's key (parse_line). False: a line any rank could have printed, never a verdict.
     trusted: bool = True
+    #: The node's side (failure_collector.node_evidence, the preflight gate): lines this node's own
+    #: code read of the node (the kernel's Xid log, nvidia-smi, the cgroup's OOM kills, a failed
+    #: preflight check), each naming its source. ``error`` and ``tail`` are the rank's own words:
+    #: they label a failure, they never make it a node's fault (failure_classes.py).
+    evidence: tuple[str, ...] = ()
 
     def where(self) -> str:
         host = f"host {self.host}" if self.host else ""
@@ -102,6 +107,7 @@ class RankFailure:
                 "exit_code": self.exit_code, "signal": self.signal, "time": self.time, "error": self.error,
                 "tail": list(self.tail), "stopped": self.stopped, "trusted": self.trusted,
                 **({"node_name": self.node_name} if self.node_name else {}),
+                **({"evidence": list(self.evidence)} if self.evidence else {}),
                 **({"kind": self.kind, "step": self.step, "last_progress": self.last_progress, "where_in": self.where_in,
                     "code": self.code, "waiting_in": self.waiting_in, "stack_read": self.stack_read}
                    if self.kind == "HUNG" else {})}
@@ -123,6 +129,7 @@ class RankFailure:
 MAX_INT = 2 ** 53
 MAX_TEXT = 2000
 MAX_TAIL = 50
+MAX_EVIDENCE = 8
 
 
 def _int(v) -> int | None:
@@ -166,6 +173,7 @@ def parse_line(line: str, key: str = "") -> RankFailure | None:
     if node is None:
         return None
     tail = data.get("tail") if isinstance(data.get("tail"), list) else []
+    evidence = data.get("evidence") if isinstance(data.get("evidence"), list) else []
     hung = data.get("kind") == "HUNG"
     hang = {} if not hung else {
         "kind": "HUNG", "step": _int(data.get("step")),
@@ -182,6 +190,7 @@ def parse_line(line: str, key: str = "") -> RankFailure | None:
         tail=tuple(_text(t) for t in tail[-MAX_TAIL:]), stopped=bool(data.get("stopped")),
         node_name=data.get("node_name")[:253] if isinstance(data.get("node_name"), str) else "",
         trusted=verified(raw, key),
+        evidence=tuple(_text(e, 400) for e in evidence[:MAX_EVIDENCE] if isinstance(e, str)),
     )
 
 

@@ -1,7 +1,11 @@
-"""A trainer whose node 1 fails as a bad node would: its rank prints what NCCL and the kernel
-driver print on a broken NIC or GPU (stand-ins: this cluster has neither), then exits non-zero.
-Every other rank waits a moment and ends cleanly. No torch needed (torchrun starts it)."""
+"""A trainer whose node 1 fails as a bad node would: its rank prints what NCCL prints on a broken
+NIC (the rank's own words: a label, never by itself a node fault), then dies of SIGKILL, which
+nothing in the job sends: the node's evidence (torchrun sees the signal; halo_sched/node/
+failure_classes.py), standing in for the kernel or a node's health agent killing it (this cluster
+has no broken NIC or GPU). Every other rank waits a moment and ends cleanly. No torch needed
+(torchrun starts it)."""
 import os
+import signal
 import sys
 import time
 
@@ -15,5 +19,5 @@ if node == 1 and int(os.environ.get("LOCAL_RANK", "0")) == 0:
     print(f"[rank{rank}]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
           "NCCLUtils.hpp:317, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5",
           file=sys.stderr, flush=True)
-    sys.exit(1)
+    os.kill(os.getpid(), signal.SIGKILL)  # the node's side: a signal nothing in the job sent
 time.sleep(3)

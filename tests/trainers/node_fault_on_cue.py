@@ -1,10 +1,11 @@
-"""A trainer whose node 1 fails as a bad node would (the NCCL NET/IB lines of node_fault_once.py)
-on its run's first attempt only, and only once the file ``fault`` appears in the working
+"""A trainer whose node 1 fails as a bad node would (the NCCL NET/IB lines of node_fault_once.py,
+then the SIGKILL that is the node's evidence) on its run's first attempt only, and only once the file ``fault`` appears in the working
 directory (the test removes whoever submitted the run first); every later attempt (or a
 resubmission once ``fault_at`` exists: bench/recovery.py) ends cleanly.
 Each rank writes ``COUNT NODE HOST TIME`` to ``attempts.log``; node 1 writes the moment it fails
 to ``fault_at``. No torch needed (torchrun starts it)."""
 import os
+import signal
 import sys
 import time
 
@@ -28,5 +29,5 @@ if node == 1 and int(os.environ.get("LOCAL_RANK", "0")) == 0:
     print(f"[rank{rank}]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
           "NCCLUtils.hpp:317, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5",
           file=sys.stderr, flush=True)
-    sys.exit(1)
+    os.kill(os.getpid(), signal.SIGKILL)  # the node's side: a signal nothing in the job sent
 time.sleep(60)  # the other node trains on until torchrun stops it

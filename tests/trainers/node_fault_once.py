@@ -1,8 +1,10 @@
 """A trainer whose node 1 (``FAULT_NODE``) fails as a bad node would on its run's first attempt only
-(``HALO_RESTART_COUNT`` 0: see tests/trainers/node_fault.py for the lines it prints); every later
-attempt (``HALO_RESTART_COUNT`` 1, 2, ...) ends cleanly on every node. Each rank writes the count
-it saw to ``attempts.log`` in the working directory. No torch needed (torchrun starts it)."""
+(``HALO_RESTART_COUNT`` 0: see tests/trainers/node_fault.py for the lines it prints and the SIGKILL
+that is the node's evidence); every later attempt (``HALO_RESTART_COUNT`` 1, 2, ...) ends cleanly
+on every node. Each rank writes the count it saw to ``attempts.log`` in the working directory.
+No torch needed (torchrun starts it)."""
 import os
+import signal
 import sys
 import time
 
@@ -18,5 +20,5 @@ if count == "0" and node == int(os.environ.get("FAULT_NODE", "1")) and int(os.en
     print(f"[rank{rank}]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
           "NCCLUtils.hpp:317, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5",
           file=sys.stderr, flush=True)
-    sys.exit(1)
+    os.kill(os.getpid(), signal.SIGKILL)  # the node's side: a signal nothing in the job sent
 time.sleep(2)

@@ -403,7 +403,7 @@ def failure_body(record: dict, key: str) -> str:
     """The gate's failure record as JSON, signed with the job's failure key (``mac``, as
     node/failure_collector.py signs), under 1,000 bytes with its label, as that module's
     LINE_MAX: srun cuts a longer line in two (the mac's 72 bytes took a busbw line past it). The
-    error gives way; the tail's check line stays whole (the failure class reads it)."""
+    error gives way; the evidence's check line stays whole (the failure class reads it)."""
     import hashlib
     import hmac
 
@@ -421,8 +421,9 @@ def gate(argv: list[str]) -> int:
     """The job's own preflight gate (``preflight: {gate: true}``): the node checks above, run by
     the entry script on each node after setup and before torchrun, no process group. Prints this
     node's NODE_MARK line; a fatal check also prints one failure line (the failure report's
-    format, the NODE_MARK line in its tail, so the submitter classifies it a node fault and
-    ledgers the node) and returns 1: the attempt fails in seconds, before the training starts."""
+    format, the failed check as its ``evidence``, so the submitter classifies it a node fault and
+    ledgers the node: the node's own word, never a rank's) and returns 1: the attempt fails in
+    seconds, before the training starts."""
     ap = argparse.ArgumentParser(prog="halo-sched gate")
     ap.add_argument("--node", type=int, required=True)
     ap.add_argument("--interface", default="")
@@ -477,8 +478,12 @@ def gate(argv: list[str]) -> int:
     if not fatal:
         return 0
     c = fatal[0]
+    # The node's own evidence (failures.py RankFailure.evidence), short: the class reads it there.
+    brief = {**c, "detail": str(c.get("detail", ""))[:120], "fix": str(c.get("fix", ""))[:60]}
+    evidence = f"{NODE_MARK} {json.dumps({'node': args.node, 'host': host, 'checks': [brief]}, separators=(',', ': '), sort_keys=True)}"
     record = {"node": args.node, "rank": None, "host": host, "exit_code": 1, "time": time.time(),
-              "error": f"preflight gate: {c['check']}: {c['detail']}; fix: {c['fix']}", "tail": [line]}
+              "error": f"preflight gate: {c['check']}: {c['detail']}; fix: {c['fix']}", "tail": [],
+              "evidence": [evidence[:400]]}
     name = os.environ.get("SLURMD_NODENAME", "")
     if name:
         record["node_name"] = name  # SLURM's name for the node: what the ledger and --exclude take
