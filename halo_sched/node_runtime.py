@@ -13,6 +13,7 @@ import base64
 import functools
 import hashlib
 import io
+import tokenize
 import zipfile
 import zlib
 from typing import NamedTuple
@@ -52,8 +53,11 @@ def runtime(batch: bool = True) -> NodeRuntime:
     ``halo_sched.node`` from the zip loads nothing of the submitter's side) and every carried module
     under ``halo_sched/node/``, stored, in a fixed order with fixed dates. ``batch=False``: without
     what only a SLURM batch shell runs (``node.BATCH_ONLY``), the copy a Nomad job's Variable
-    carries; the version is the same (it names the code, not the copy)."""
-    return _zip(node.CARRIED if batch else tuple(n for n in node.CARRIED if n not in node.BATCH_ONLY))
+    carries, its Python without comments (:func:`_without_comments`); the version is the same (it
+    names the code, not the copy)."""
+    if batch:
+        return _zip(node.CARRIED)
+    return _zip(tuple(n for n in node.CARRIED if n not in node.BATCH_ONLY), strip=True)
 
 
 def checksums() -> str:
@@ -62,12 +66,27 @@ def checksums() -> str:
     return f"{runtime().sha256} {runtime(batch=False).sha256}"
 
 
-def _zip(names) -> NodeRuntime:
+def _without_comments(source: bytes) -> bytes:
+    """``source`` with each comment cut from its line, every line kept where it was: the same code
+    (its syntax tree, line numbers included: tests/test_node_runtime.py), in the fewer bytes that a
+    Nomad job's Variable, 64 KiB with the job's secrets, has room for."""
+    lines = source.decode("utf-8").splitlines(keepends=True)
+    for tok in tokenize.generate_tokens(io.StringIO("".join(lines)).readline):
+        if tok.type == tokenize.COMMENT:
+            row, col = tok.start
+            line = lines[row - 1]
+            lines[row - 1] = line[:col].rstrip() + line[len(line.rstrip("\r\n")):]
+    return "".join(lines).encode("utf-8")
+
+
+def _zip(names, strip: bool = False) -> NodeRuntime:
     here = node.source_path("__init__").parent
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         members = [("halo_sched/__init__.py", b'"""halo-sched\'s node runtime (halo_sched/node/), carried by a job."""\n')]
         members += [(f"halo_sched/node/{name}", here.joinpath(name).read_bytes()) for name in names]
+        if strip:
+            members = [(n, _without_comments(d) if n.endswith(".py") else d) for n, d in members]
         for name, data in members:
             info = zipfile.ZipInfo(name, _EPOCH)
             info.external_attr = 0o644 << 16

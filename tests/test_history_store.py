@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from halo_sched import records
+from halo_sched import db, records
 from helpers import REPO, example_job, legacy_record_path, write_tool
 
 MEMORY = 1024 * 1024 * 1024
@@ -414,7 +414,7 @@ def test_a_long_history_streams_its_first_line_before_the_rest_is_read(monkeypat
     if args == ["export", "--json"]:
         doc = json.loads(out)
         ids = [j["id"] for j in doc["jobs"]]
-        assert doc["schema"] == 1 and doc["ledger"] == [] and doc["notifications"] == []
+        assert doc["schema"] == db.SCHEMA_VERSION and doc["ledger"] == [] and doc["notifications"] == []
     elif args[0] == "export" or "--json" in args:
         ids = [json.loads(line)["id"] for line in out.splitlines()]
     else:

@@ -154,6 +154,25 @@ def test_the_entry_functions_use_only_the_contracts_names(name):
     assert used and used <= known, used - known
 
 
+def test_the_nomad_copy_is_the_same_code_without_its_comments():
+    """The Nomad copy's Python has its comments cut (room in the Variable): every module parses to
+    the same tree, line and column numbers included, so a traceback from a Nomad node points at the
+    line of the source it names."""
+    import ast
+
+    here = Path(node.__file__).parent
+    nomad = zipfile.ZipFile(io.BytesIO(runtime(batch=False).zip_bytes))
+    modules = [n for n in nomad.namelist() if n.startswith("halo_sched/node/") and n.endswith(".py")]
+    assert len(modules) >= 8, modules
+    for name in modules:
+        original = (here / name[len("halo_sched/node/"):]).read_text()
+        copy = nomad.read(name).decode()
+        assert not any(ln.lstrip().startswith("#") for ln in copy.splitlines()), name
+        assert copy.count("\n") == original.count("\n"), name
+        assert ast.dump(ast.parse(copy), include_attributes=True) == \
+            ast.dump(ast.parse(original), include_attributes=True), name
+
+
 def test_the_carried_copy_fits_where_it_travels():
     """SLURM hands it to each task as one argument of srun (Linux: at most 128 KiB per argument,
     MAX_ARG_STRLEN); Nomad keeps it in the job's Variable (at most 64 KiB with the secrets,

@@ -76,8 +76,8 @@ job "rl-grpo" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-828067a6"
-        right_delimiter = "halo-828067a6]]"
+        left_delimiter  = "[[halo-292ea77a"
+        right_delimiter = "halo-292ea77a]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job rl-grpo: 2 nodes x 8 processes, the same on every node.
@@ -127,7 +127,7 @@ case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
 halo_node_zip=
 if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != d22d8419c1e0ea97 ]; then
   halo_node_zip=$halo_log_dir/halo-node-d22d8419c1e0ea97.zip
-  $halo_py -c 'import base64, hashlib, sys, zlib; out, want, text, path = sys.argv[1:5]; data = zlib.decompressobj().decompress(base64.b64decode("".join((text or (open(path).read() if path else "")).split())), 1 << 24); hashlib.sha256(data).hexdigest() in want.split() or sys.exit("carried: %d bytes, not a zip of sha256 %s" % (len(data), " or ".join(want.split()))); open(out, "wb").write(data)' "$halo_node_zip" '0cf93217bcb29029e92748f904808fd0458d4ff040a93fb7d72e1b5b1c431232 a79cee46e4fe7ba324c7dd19ef6141c3b1948e3cd4ad58223b499755ea584e50' "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
+  $halo_py -c 'import base64, hashlib, sys, zlib; out, want, text, path = sys.argv[1:5]; data = zlib.decompressobj().decompress(base64.b64decode("".join((text or (open(path).read() if path else "")).split())), 1 << 24); hashlib.sha256(data).hexdigest() in want.split() or sys.exit("carried: %d bytes, not a zip of sha256 %s" % (len(data), " or ".join(want.split()))); open(out, "wb").write(data)' "$halo_node_zip" '0cf93217bcb29029e92748f904808fd0458d4ff040a93fb7d72e1b5b1c431232 8036882fdf366d34ce6500158098a7b419b8311846dc13f3b3a2f651783bb422' "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
     halo_fail "the node's python ($halo_py) has no halo-sched of version d22d8419c1e0ea97 and the job carries no intact copy of it (docs/node-runtime.md)"
 fi
 halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
