@@ -45,13 +45,31 @@ def _slurm_skip_message(config) -> str | None:
             "was tested in this run")
 
 
+def _weight(item) -> int:
+    """Where a test goes in the run: the SLURM cluster's and the rig's chains first (each runs on one
+    worker, one test after another, and is the longest), then real torchrun, then the long property
+    runs, then the rest, which fill the workers' last minutes."""
+    if item.get_closest_marker("slurm"):
+        return 0
+    if item.get_closest_marker("torch"):
+        return 1
+    return 2 if item.get_closest_marker("long") else 3
+
+
 def pytest_collection_modifyitems(config, items):
-    # pytest-xdist (`make test` runs `-n N --dist loadgroup`): the multi-host rig's tests cut and slow
-    # its links, one at a time under its lock, so they run on one worker, one after another, rather
-    # than holding several workers in the lock's queue.
+    # pytest-xdist (`make test`: tests/suite.sh, `--dist loadgroup`). A group runs on one worker, one
+    # test after another: the multi-host rig's tests (they cut and slow its links under its lock),
+    # and one release's SLURM tests (a 3-node cluster: a second test's job would queue behind the
+    # first's and outwait its bounds, and a test that fills the cluster or reads a queued job's
+    # reason sees only its own jobs there).
+    from cluster.cluster import slurm_version
+
     for item in items:
         if item.get_closest_marker("multihost"):
             item.add_marker(pytest.mark.xdist_group("multihost"))
+        elif item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group(f"slurm-{slurm_version()}"))
+    items.sort(key=_weight)
 
 
 def pytest_sessionfinish(session, exitstatus):

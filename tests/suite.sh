@@ -7,18 +7,19 @@
 # Most of the suite's time is waiting (torchrun start-up, slurmd, a rendezvous timeout), so each
 # pass runs under pytest-xdist and the two run side by side: each worker has its own temporary
 # directory and HALO_SCHED_HOME (tests/conftest.py), ports are reserved under a machine-wide flock
-# (tests/helpers.py), each release's cluster is shared by the workers that reach it (its lock,
+# (tests/helpers.py), each release's SLURM tests run on one worker, one after another (its lock,
 # tests/cluster/fixtures.py), and the multi-host rig's tests stay on one worker (xdist_group).
 # Pass B's output follows pass A's, whole. The exit status is non-zero if either pass failed.
 #
-# Environment: HALO_TEST_WORKERS (pass A's workers, 4), HALO_RELEASE_WORKERS (pass B's, 2),
+# Environment: HALO_TEST_WORKERS (pass A's workers, 4), HALO_RELEASE_WORKERS (pass B's, 1: its tests
+# share one 3-node cluster and run one after another, tests/conftest.py),
 # SLURM_RELEASE (24.11), PYTEST (.venv/bin/pytest). Extra arguments go to both passes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTEST=${PYTEST:-.venv/bin/pytest}
 RELEASE=${SLURM_RELEASE:-24.11}
 A_WORKERS=${HALO_TEST_WORKERS:-4}
-B_WORKERS=${HALO_RELEASE_WORKERS:-2}
+B_WORKERS=${HALO_RELEASE_WORKERS:-1}
 t0=$SECONDS
 
 # The release is built once per machine (cached under /var/cache/halo-sched): before the clock
@@ -30,7 +31,9 @@ logdir=$(mktemp -d /tmp/halo-suite.XXXXXX)
 trap 'rm -rf "$logdir"' EXIT
 tb=$SECONDS
 (
-    HALO_SLURM_VERSION=$RELEASE "$PYTEST" -p no:cacheprovider -n "$B_WORKERS" --dist loadgroup \
+    xdist=()
+    ((B_WORKERS > 1)) && xdist=(-n "$B_WORKERS" --dist loadgroup)
+    HALO_SLURM_VERSION=$RELEASE "$PYTEST" -p no:cacheprovider "${xdist[@]}" \
         --basetemp="$logdir/tmp-b" -m "slurm and not multihost" "$@" >"$logdir/b.log" 2>&1
     echo $? >"$logdir/b.rc"
     echo $((SECONDS - tb)) >"$logdir/b.seconds"

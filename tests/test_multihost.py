@@ -66,8 +66,8 @@ def test_interface_data0_carries_rank0_address_and_collectives(tmp_path, rig):
     assert "COMPLETED" in text, text + out
     master = re.search(r"master (\S+):(\d+)", out)
     assert master and master[1].startswith("10.78.0."), out
-    assert re.findall(r"net-probe rank \d+ host (h\d) master_addr (\S+) gloo_ifname (\S+)", out) and all(
-        a == master[1] and i == "data0" for _, a, i in re.findall(r"net-probe rank \d+ host (h\d) master_addr (\S+) gloo_ifname (\S+)", out)), out
+    assert re.findall(r"net-probe rank \d+ host (h\d) master_addr (\S+) gloo_ifname ([^\s\[]+)", out) and all(
+        a == master[1] and i == "data0" for _, a, i in re.findall(r"net-probe rank \d+ host (h\d) master_addr (\S+) gloo_ifname ([^\s\[]+)", out)), out
     t = traffic(before, after)
     print(f"bytes sent: {t}, {took:.1f} s")
     # 10 all_reduces of 4 MiB across two hosts: tens of MiB on data0; SLURM's own messages on mgmt0.

@@ -62,7 +62,7 @@ def test_a_nomad_job_trains_across_two_hosts_on_data0(tmp_path, rig, client_inte
     assert {leader.host.name, worker.host.name} == {"h0", "h1"}
     # The registration's address is the leader's host's own (its port's HostIP), read by the worker.
     assert master[0] == leader.host.ip and master[0].startswith(net), master
-    probes = re.findall(r"net-probe rank (\d) host (h\d) master_addr (\S+) gloo_ifname (\S+)", out)
+    probes = re.findall(r"net-probe rank (\d) host (h\d) master_addr (\S+) gloo_ifname ([^\s\[]+)", out)
     assert len(probes) == 4 and {p[1] for p in probes} == {"h0", "h1"}, probes
     assert all(a == leader.host.ip and i == "data0" for _, _, a, i in probes), probes
     assert t["data0"] > 40 * MB, t

@@ -302,7 +302,13 @@ def _env(tmp_path) -> dict:
             "HALO_SCHED_HOME": str(tmp_path / "halo-home")}
 
 
-def _halo(tmp_path, *args, timeout=60):
+#: "At once": a CLI start and a few calls to slurmctld, with room for a loaded 2-core machine (18.8 s
+#: seen beside the rest of the suite). What these tests guard against waits for a job that never
+#: starts: until _halo's timeout, or the library wait's 60 s.
+PROMPT_S = 30
+
+
+def _halo(tmp_path, *args, timeout=90):
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "halo_sched.cli", *args], cwd=tmp_path, env=_env(tmp_path),
                           capture_output=True, text=True, timeout=timeout)
@@ -349,7 +355,7 @@ def test_cluster_refuses_at_submit_and_plan(slurm_cluster, tmp_path, changes, wo
         proc, took = _halo(tmp_path, cmd, "job.yaml", "--backend", "slurm")
         assert proc.returncode == 2, proc.stderr
         assert words in proc.stderr and "Traceback" not in proc.stderr
-        assert took < 10
+        assert took < PROMPT_S
     assert proc.stdout == ""
 
 
@@ -367,7 +373,7 @@ def test_cluster_watch_ends_a_job_that_can_never_start(slurm_cluster, tmp_path, 
     proc, took = _halo(tmp_path, "watch", job, "--backend", "slurm")
     assert proc.returncode == 1, proc.stderr
     assert f"halo-sched: {job} {words}" in proc.stderr
-    assert took < 10
+    assert took < PROMPT_S
     assert _squeue_state(job) == "CANCELLED"
 
 
@@ -383,7 +389,7 @@ def test_cluster_submit_wait_ends_on_a_dependency_on_a_failed_job(slurm_cluster,
     assert proc.returncode == 1, proc.stderr
     assert (f"CANCELLED: can never start: its dependency can never be met (afterok:{failed}(failed): the job it "
             "waits for ended the wrong way; DependencyNeverSatisfied)") in proc.stderr
-    assert took < 10
+    assert took < PROMPT_S
     assert _squeue_state(job) == "CANCELLED"
 
 
@@ -396,7 +402,7 @@ def test_cluster_job_wait_in_the_library(slurm_cluster, tmp_path):
         return
     start = time.monotonic()
     state = Job(SlurmScheduler(), job).wait(timeout=60)
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < PROMPT_S
     assert state.status is JobStatus.CANCELLED and "PartitionNodeLimit" in state.verdict
 
 

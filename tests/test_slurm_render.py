@@ -14,7 +14,7 @@ import pytest
 
 import halo_sched
 from halo_sched.backends.slurm.render import render_sbatch
-from helpers import REPO, base_env, fake_bin, run_sbatch, write_tool
+from helpers import REPO, base_env, fake_bin, live_group_members, run_sbatch, write_tool
 
 MIN = "name: t\nnodes: 2\nnproc_per_node: 2\ntrainer: {script: train.py}\n"
 
@@ -48,8 +48,9 @@ if sys.argv[1:2] != ["requeue"] and os.path.basename(sys.argv[0]) == "scontrol":
 
 
 def _run_warned(tmp_path, spec_text: str, restart_count: str | None, srun_rc: int = 0, sends: int = 1,
-                extra_env: dict | None = None):
-    """Run the batch script, send it SIGUSR2 as slurmctld would (--signal=B:), return (rc, calls)."""
+                extra_env: dict | None = None, left: list | None = None):
+    """Run the batch script, send it SIGUSR2 as slurmctld would (--signal=B:), return (rc, calls);
+    ``left`` gets the processes of the script's group still alive the moment it exited."""
     spec = halo_sched.loads(spec_text)
     fakes = fake_bin(tmp_path)  # scontrol for the master address
     bindir = tmp_path / "bin2"
@@ -67,12 +68,16 @@ def _run_warned(tmp_path, spec_text: str, restart_count: str | None, srun_rc: in
     env.update(extra_env or {})
     script = tmp_path / "job.sbatch"
     script.write_text(render_sbatch(spec))
-    proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     deadline = time.monotonic() + 20
     while not (log.exists() and '"srun"' in log.read_text()):
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
         time.sleep(0.05)
     proc.send_signal(signal.SIGUSR2)
+    if left is not None:
+        proc.wait(timeout=30)  # a few lines of output: the pipes cannot fill meanwhile
+        left += live_group_members(proc.pid)
     _, err = proc.communicate(timeout=30)
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     return proc.returncode, [c for c in calls if c[0] != "scontrol" or c[1] == "requeue"], err
@@ -91,11 +96,11 @@ def test_warning_is_forwarded_and_a_saved_run_requeues(tmp_path):
 def test_the_warning_is_sent_again_for_a_node_that_was_not_running_yet(tmp_path):
     # The step ends only after the third send (1 s and 2 s after the first): the forward kept
     # trying, and stopped with srun (no send after it).
-    t0 = time.monotonic()
-    rc, calls, err = _run_warned(tmp_path, MIN, None, sends=3)
-    # The batch script and all it started are done at once (an orphaned sleep of the forward
+    left: list[int] = []
+    rc, calls, err = _run_warned(tmp_path, MIN, None, sends=3, left=left)
+    # The batch script and all it started are done when it exits (an orphaned sleep of the forward
     # would hold its output open until the next send's time, 4 s later).
-    assert time.monotonic() - t0 < 3 + 3, f"the batch script's output stayed open {time.monotonic() - t0:.1f}s"
+    assert left == [], f"still running after the batch script exited: {left}"
     assert rc == 0, err
     assert [c[0] for c in calls] == ["srun", "scancel", "scancel", "scancel"], calls
     assert all(c[1:] == ["--signal=URG", "42"] for c in calls[1:])

@@ -23,8 +23,12 @@ def main() -> None:
     args = ap.parse_args()
     from halo_sched.node.progress import report
 
-    print(f"net-probe rank {os.environ['RANK']} host {socket.gethostname()} master_addr {os.environ.get('MASTER_ADDR')} "
-          f"gloo_ifname {os.environ.get('GLOO_SOCKET_IFNAME', '-')}", flush=True)
+    # One write per line: torchrun's tee (tail_log.py tail_logfile) prints what readline() finds,
+    # a line whose newline has not come yet included, and glued the next rank's prefix to one
+    # ("gloo_ifname data0[rank1]: ..." in a run under load).
+    line = (f"net-probe rank {os.environ['RANK']} host {socket.gethostname()} master_addr {os.environ.get('MASTER_ADDR')} "
+            f"gloo_ifname {os.environ.get('GLOO_SOCKET_IFNAME', '-')}\n")
+    os.write(1, line.encode())
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=900))
     t = torch.ones(args.numel)
     for step in range(args.steps):
@@ -32,7 +36,7 @@ def main() -> None:
         report(step)
         dist.all_reduce(t)
     dist.barrier()
-    print(f"net-probe rank {dist.get_rank()}: done", flush=True)
+    os.write(1, f"net-probe rank {dist.get_rank()}: done\n".encode())
 
 
 if __name__ == "__main__":
