@@ -30,7 +30,10 @@ def state_dir() -> Path:
 
 
 def lock_path() -> str:
-    """The cluster's lock (fixtures.cluster_lock): 22.05's as ever, another release's its own."""
+    """The cluster's lock (fixtures.cluster_lock): 22.05's as ever, another release's its own, and
+    a cluster in a state dir of its own (HALO_CLUSTER_DIR, with its own HALO_CLUSTER_PORT) its own."""
+    if os.environ.get("HALO_CLUSTER_DIR"):
+        return os.environ["HALO_CLUSTER_DIR"].rstrip("/") + ".lock"
     version = slurm_version()
     return "/tmp/halo-slurm-cluster.lock" if version == "22.05" else f"/tmp/halo-slurm-cluster-{version}.lock"
 
