@@ -56,27 +56,51 @@ def _weight(item) -> int:
     return 2 if item.get_closest_marker("long") else 3
 
 
-def pytest_collection_modifyitems(config, items):
+def pytest_itemcollected(item):
     # pytest-xdist (`make test`: tests/suite.sh, `--dist loadgroup`). A group runs on one worker, one
     # test after another: the multi-host rig's tests (they cut and slow its links under its lock),
     # and one release's SLURM tests (a 3-node cluster: a second test's job would queue behind the
     # first's and outwait its bounds, and a test that fills the cluster or reads a queued job's
-    # reason sees only its own jobs there).
+    # reason sees only its own jobs there). Marked as each item is collected: xdist reads the marks
+    # in its own pytest_collection_modifyitems.
     from cluster.cluster import slurm_version
 
-    for item in items:
-        if item.get_closest_marker("multihost"):
-            item.add_marker(pytest.mark.xdist_group("multihost"))
-        elif item.get_closest_marker("slurm"):
-            item.add_marker(pytest.mark.xdist_group(f"slurm-{slurm_version()}"))
+    if item.get_closest_marker("multihost"):
+        item.add_marker(pytest.mark.xdist_group("multihost"))
+    elif item.get_closest_marker("slurm"):
+        item.add_marker(pytest.mark.xdist_group(f"slurm-{slurm_version()}"))
+
+
+def pytest_collection_modifyitems(config, items):
     items.sort(key=_weight)
 
 
+def _groups_spread(terminalreporter) -> dict[str, set[str]]:
+    """The groups of pytest_itemcollected (from each report's markers) that ran on several workers."""
+    workers: dict[str, set[str]] = {}
+    for reports in terminalreporter.stats.values():
+        for r in reports:
+            node, keywords = getattr(r, "node", None), getattr(r, "keywords", None) or {}
+            group = "multihost" if "multihost" in keywords else "slurm" if "slurm" in keywords else None
+            if node is not None and group:
+                workers.setdefault(group, set()).add(node.gateway.id)
+    return {g: w for g, w in workers.items() if len(w) > 1}
+
+
 def pytest_sessionfinish(session, exitstatus):
-    # The xdist controller (no workerinput) stops a cluster one of its workers started.
+    if hasattr(session.config, "workerinput"):
+        return
+    # The xdist controller stops a cluster one of its workers started.
     testrun = getattr(session.config.option, "testrunuid", None)
-    if testrun and not hasattr(session.config, "workerinput"):
+    if testrun:
         stop_cluster_started_by(testrun)
+    # A group spread over workers is a run whose SLURM tests queued behind each other's jobs: fail it.
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    spread = _groups_spread(tr) if tr else {}
+    if spread:
+        tr.write_line(f"halo-sched: xdist groups ran on several workers, one each expected: {spread} "
+                      "(pytest 9.2 ignores xdist_group: pyproject.toml)", red=True, bold=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 LONG_TEST_S = 60
