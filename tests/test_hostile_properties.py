@@ -295,6 +295,8 @@ def test_random_field_random_text(secret_in_env):
 
 @pytest.mark.long
 def test_long_run_random_field_random_text(secret_in_env):
+    """The random-field property run at 20x its examples (the `long` tier): each example renders a job on every
+    backend; it is long because that is what the 20x run is for."""
     tally = _random_run(EXAMPLES * 20)
     assert tally.tried >= EXAMPLES * 20 * 0.9, vars(tally)
     assert tally.share("loaded") >= 0.30, vars(tally)

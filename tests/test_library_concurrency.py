@@ -120,6 +120,8 @@ def _check_nothing_lost(ids: dict[int, list], receiver) -> None:
 
 
 def test_fifty_jobs_from_eight_threads_lose_nothing(tmp_path, monkeypatch):
+    """Fifty jobs submitted from eight threads at once: every record kept. Long: fifty real local jobs are the
+    point (the store's lock under that much contention)."""
     receiver = Receiver()
     monkeypatch.setenv("HOOK_URL", receiver.url)
     monkeypatch.chdir(tmp_path)
@@ -132,6 +134,8 @@ def test_fifty_jobs_from_eight_threads_lose_nothing(tmp_path, monkeypatch):
 
 
 def test_fifty_jobs_from_eight_processes_lose_nothing(tmp_path, monkeypatch):
+    """Fifty jobs submitted from eight processes at once: every record kept. Long: fifty real local jobs are the
+    point (the store's lock under that much contention)."""
     receiver = Receiver()
     monkeypatch.chdir(tmp_path)
     try:

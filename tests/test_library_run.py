@@ -27,6 +27,7 @@ def _doc_block() -> str:
 
 
 def test_the_pipeline_in_docs_library_runs(monkeypatch, capsys):
+    """The pipeline quoted in docs/library.md runs as written. Long: it submits and waits for real torchrun jobs."""
     monkeypatch.chdir(REPO)
     monkeypatch.delenv("HALO_SCHED_BACKEND", raising=False)
     exec(compile(_doc_block(), "docs/library.md", "exec"), {})  # noqa: S102 - the documented example
@@ -35,6 +36,8 @@ def test_the_pipeline_in_docs_library_runs(monkeypatch, capsys):
 
 
 def test_the_sweep_example_gathers_results_and_names_the_culprit(tmp_path):
+    """examples/sweep.py on the local backend gathers results and names the culprit. Long: the sweep is three
+    real torchrun jobs (one diverges on purpose), each trained to its end."""
     r = subprocess.run([sys.executable, str(REPO / "examples" / "sweep.py"), "--json", "--timeout", "240"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -65,6 +65,7 @@ def _check(ids: dict) -> None:
 
 
 def test_the_sweep_example_on_slurm(env, tmp_path):
+    """examples/sweep.py on SLURM, as documented. Long: the sweep runs several real torchrun jobs on the cluster."""
     r = subprocess.run([sys.executable, str(REPO / "examples" / "sweep.py"), "--backend", "slurm", "--json",
                         "--timeout", "300"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -170,6 +170,8 @@ def _job_hosts(job_id, env) -> list[str]:
 
 
 def test_a_host_cut_mid_training_is_named_ledgered_and_the_retry_completes_without_it(tmp_path, rig):
+    """`cut h1` mid-training: NODE_FAIL names h1, it is ledgered and the retry completes without it. Long: SLURM
+    marks a silent host down only after SlurmdTimeout (20 s here), and the retry is a second real torchrun job."""
     import json
     import subprocess
 

@@ -61,6 +61,8 @@ def _wait_for(pred, timeout: float, what: str) -> None:
 
 
 def test_a_90s_controller_outage_is_waited_through(tmp_path, slurm_cluster_exclusive):
+    """A 90 s controller outage is waited through and the job is followed to its end. Long: the outage itself is
+    90 s, longer than the watcher's first retries, on purpose."""
     env = {**os.environ, **slurm_cluster_exclusive}
     env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
     env.pop("HALO_OUTAGE_S", None)

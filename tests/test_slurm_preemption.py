@@ -110,6 +110,8 @@ def _submit(job, tmp_path, env) -> str:
 
 
 def test_cancel_signal_is_a_warning_every_rank_saves_and_the_job_completes(tmp_path, env):
+    """`cancel --signal USR2` is a warning: every rank saves and the job completes. Long: a real 2x2 torchrun on
+    SLURM must be training before the warning, then every rank checkpoints and the step ends."""
     job = _job(tmp_path, ["--steps", "100000", "--step-time", "0.2"], slurm={"cpus_per_task": 2})
     job_id = _submit(job, tmp_path, env)
     _wait_for_training(tmp_path, job_id, env)
@@ -138,6 +140,8 @@ def test_cancel_signal_is_a_warning_every_rank_saves_and_the_job_completes(tmp_p
 
 
 def test_requeue_resumes_from_the_checkpoint_and_wait_follows_to_the_end(tmp_path, env):
+    """A warned job checkpoints, requeues and resumes from its step; `submit --wait` follows it to the end. Long: two real
+    2x2 torchrun starts on SLURM, the requeue between them (cred_expire + 1 s), and 60 steps of 0.25 s."""
     # exclusive: the job holds both CPUs of each node, and srun passes them on without
     # slurm.cpus_per_task (from SLURM_JOB_CPUS_PER_NODE).
     job = _job(tmp_path, ["--steps", "60", "--step-time", "0.25"], slurm={"requeue": True, "exclusive": True})
@@ -176,6 +180,8 @@ def test_requeue_resumes_from_the_checkpoint_and_wait_follows_to_the_end(tmp_pat
 
 
 def test_a_warning_through_slurmrestd_reaches_each_rank_once_and_requeues(tmp_path, env):
+    """A warning sent through slurmrestd reaches each rank once and the job requeues and completes. Long: two real
+    2x2 torchrun starts on SLURM with a requeue between them, and 40 steps of 0.25 s."""
     # slurmrestd signals every process of the job (KILL_FULL_JOB); halo-sched sends URG, which the
     # batch script takes as the warning (so it requeues) and every node's entry hands on once.
     from halo_sched.backends.slurm.transport import RestTransport
@@ -202,6 +208,8 @@ def test_a_warning_through_slurmrestd_reaches_each_rank_once_and_requeues(tmp_pa
 
 
 def test_time_limit_warning_through_slurm_signal(tmp_path, env):
+    """SLURM's own time-limit warning (--signal=USR2@60) reaches every rank once and the job completes. Long:
+    slurmctld checks time limits every 30 s, so the warning comes 30-60 s after the start of a 2-minute job."""
     # time=2 minutes, warning 60 s before: slurmctld looks at time limits every 30 s and sends the
     # warning once it is less than 30 s away, so 30-60 s after the start (job_mgr.c
     # send_job_warn_signal), maybe before every rank has installed its handler on this loaded
@@ -219,6 +227,8 @@ def test_time_limit_warning_through_slurm_signal(tmp_path, env):
 
 
 def test_a_warning_before_the_trainers_handle_it_is_held_until_they_do(tmp_path, env):
+    """A warning that comes before the ranks handle it is held until they do. Long: the ranks install their
+    handler 20 s late on purpose, after a real 2x2 torchrun start on SLURM."""
     # The ranks install their handler 20 s late; the warning comes as soon as the job runs, while
     # setup, torchrun or the ranks still start (it used to be ignored there, and the run was lost
     # at the deadline).
@@ -246,6 +256,8 @@ def test_a_warning_before_the_trainers_handle_it_is_held_until_they_do(tmp_path,
 
 
 def test_a_rank_failing_after_the_warning_fails_the_job_and_is_not_requeued(tmp_path, env):
+    """A rank that fails after the warning fails the job, which is not requeued. Long: a real 2x2 torchrun on SLURM
+    trains first, then the failure must go through torchrun and srun's --kill-on-bad-exit to the job's end."""
     job = _job(tmp_path, ["--steps", "100000", "--step-time", "0.2", "--fail-on-warning", "2"],
                slurm={"requeue": True, "cpus_per_task": 2})
     job_id = _submit(job, tmp_path, env)

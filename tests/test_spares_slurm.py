@@ -22,6 +22,8 @@ REASON = "killed by SIGKILL (nothing in the job sent it); the rank reported an N
 
 
 def test_a_node_fault_is_swapped_for_the_spare_in_the_same_job(tmp_path, slurm_cluster):
+    """A node's fault is swapped for the spare in the same job. Long: a real torchrun trains, fails on one node and
+    trains again on the spare, in one allocation."""
     env = slurm_env(slurm_cluster, pythonpath=True)
     shutil.copy(REPO / "tests" / "trainers" / "node_fault_once.py", tmp_path / "node_fault_once.py")
     job = example_job(tmp_path, free_port(), nproc_per_node=1, trainer={"script": "node_fault_once.py", "args": []},

@@ -15,6 +15,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
 
 def test_status_names_the_straggler_of_a_running_slurm_job(tmp_path, slurm_cluster):
+    """`status` names the straggler of a running SLURM job. Long: the slow rank must run long enough for the
+    progress window to tell it from the others."""
     env = slurm_env(slurm_cluster)
     shutil.copy(REPO / "tests" / "trainers" / "hang.py", tmp_path / "hang.py")
     # Rank 1 (node 0) computes 0.6 s a step, the others 0.1 s; each rank reports after its
