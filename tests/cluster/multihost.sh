@@ -253,6 +253,9 @@ start_munge() {
 start_daemons() {
     export SLURM_CONF=$CONF
     start_munge
+    # A clean start (-c); the cluster name another release's slurmctld recorded in the state
+    # ("halomh|ID") would stop it at once (fatal: CLUSTER NAME MISMATCH).
+    pid_alive "$(pid_from "$STATE/run/slurmctld.pid")" || rm -f "$STATE/spool/ctld/clustername"
     pid_alive "$(pid_from "$STATE/run/slurmctld.pid")" ||
         slurmctld -c 9>&- || { tail -n 30 "$STATE/log/slurmctld.log" >&2 || true; die "slurmctld failed to start"; }
     local h

@@ -325,7 +325,9 @@ start_slurmctld() {
     pid=$(pid_from "$STATE/run/slurmctld.pid")
     if pid_alive "$pid"; then return 0; fi
     # -c: start from a clean state. A test cluster must come up with idle nodes, not with nodes
-    # drained or jobs left over from a previous session.
+    # drained or jobs left over from a previous session; and the cluster name another release's
+    # slurmctld recorded here ("halo|ID") would stop it at once (fatal: CLUSTER NAME MISMATCH).
+    rm -f "$STATE/spool/ctld/clustername"
     slurmctld -c || { tail -n 30 "$STATE/log/slurmctld.log" >&2 || true; die "slurmctld failed to start"; }
 }
 
