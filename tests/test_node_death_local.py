@@ -44,7 +44,7 @@ def test_killed_node_ends_the_local_job(tmp_path):
         victim = tag = None
         while victim is None and time.monotonic() < deadline:
             dirs = list((home / "local").glob("*")) if (home / "local").exists() else []
-            if dirs:
+            if dirs and (dirs[0] / "job.log").exists():  # the directory is laid out before its log
                 tag = str(dirs[0])
                 log = (dirs[0] / "job.log").read_text(errors="replace")
                 if "step    1" in log or "step 1" in log or "loss" in log:

@@ -12,7 +12,7 @@ import pytest
 from halo_sched import cli, records, store
 from halo_sched.backends.base import JobState, JobStatus
 from halo_sched.backends.slurm import SlurmScheduler
-from helpers import REPO, example_job, load_all
+from helpers import REPO, example_job, free_port, load_all
 
 FAKE_SBATCH = """#!/bin/bash
 cat > /dev/null
@@ -263,7 +263,7 @@ def test_a_library_submit_records_the_job_file_as_the_cli_does(tmp_path):
 
     import halo_sched
 
-    job = example_job(tmp_path, 29557, nodes=1)
+    job = example_job(tmp_path, free_port(), nodes=1)
     sha = hashlib.sha256(job.read_bytes()).hexdigest()
     handle = halo_sched.submit(halo_sched.load(job), "local")
     r = _run("submit", str(job), "--backend", "local")
