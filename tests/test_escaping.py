@@ -103,6 +103,8 @@ def test_values_reach_torchrun_byte_exact(tmp_path_factory, value, arg, setup):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(value=TEXT, arg=TEXT)
 def test_values_survive_the_sbatch_script(tmp_path_factory, value, arg):
+    """Hostile values reach the nodes byte-exact through the rendered batch script. Can pass a minute on a
+    loaded machine: each of its 25 examples runs the whole script under bash with stand-in SLURM tools."""
     spec = _spec(value, arg, "x")
     text = render_sbatch(spec)
     # sbatch refuses any script with a carriage return; user text brings no control bytes.

@@ -77,6 +77,8 @@ def test_the_sweep_example_on_slurm(env, tmp_path):
 
 
 def test_twelve_jobs_from_four_threads_on_slurm(tmp_path, env, monkeypatch):
+    """Twelve jobs from four threads on the SLURM cluster: every one recorded and followed. Long: twelve
+    real jobs through a 3-node cluster, a few at a time."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOOK_URL", "http://127.0.0.1:9/hook")  # queued is what is counted here
     base = halo_sched.spec_from_yaml(_job_file(tmp_path))
