@@ -60,7 +60,7 @@ def test_a_run_from_a_directory_with_spaces_quotes_and_equals_goes_on_and_cancel
     submits attempt 2 (the one-line `scontrol show job` split on whitespace lost the path: "not
     retried: unknown cause"). A job holding node3 keeps attempt 2 (node2 excluded) pending:
     `cancel RUN` cancels it, naming it (it said "already ended (FAILED); nothing to cancel" and
-    the successor trained later). About 30 s."""
+    the successor trained later). About 12 s."""
     work = tmp_path / "it's \"q\" A=b x"
     work.mkdir()
     job = _job(work, retry={"attempts": 2, "on": ["node"]}, env={"FAULT_NODE": "1"})
@@ -91,7 +91,7 @@ def test_a_second_fault_on_the_spare_itself_is_the_spare_s(tmp_path, env):
     """slurm.spare_nodes: 1 on three nodes: node rank 1 fails on node2 (step 1), node3 takes its
     rank, and fails too (step 2, FAULT_COUNTS 0,1). The batch script names node3 ("node3 failed
     ... no spares left"; it said "a node's fault on node2, which runs no rank"), and the job's
-    culprit, the one the ledger gets beside the swapped-out node2, is node3. About 25 s."""
+    culprit, the one the ledger gets beside the swapped-out node2, is node3. About 16 s."""
     job = _job(tmp_path, slurm={"spare_nodes": 1, "exclusive": True}, env={"FAULT_NODE": "1", "FAULT_COUNTS": "0,1"})
     r = cli("submit", str(job), "--backend", "slurm", "--wait", "--quiet", "--timeout", "120", cwd=tmp_path, env=env)
     assert r.returncode == 1, r.stderr[-3000:]
@@ -115,7 +115,7 @@ def test_a_requeue_inside_the_successor_s_sbatch_still_submits_it(tmp_path, env)
     sbatch first on PATH holds the batch script's call until the requeue): the requeued run
     finds its earlier run's claim without a job, asks squeue (nothing), and submits attempt 2
     (it said "being submitted by another run of this script": the run was lost). Longer than
-    the others, about 50 s: the requeued job may start again only cred_expire + 1 s (11 s here)
+    the others, about 45 s: the requeued job may start again only cred_expire + 1 s (11 s here)
     after the requeue (slurmctld's batch_requeue_fini), and then runs its trainer again."""
     hold = tmp_path / "hold"
     hold.mkdir()
