@@ -2,7 +2,7 @@
 
 The batch script calls this after its trainer step (srun) has ended non-zero, in the batch
 shell on the allocation's first node (halo_sched/templates/slurm/sbatch.sh.j2, the last step):
-``python -m halo_sched.node.successor RC JOB_ID SCRIPT ATTEMPTS ON RUN_ID ATTEMPT EXCLUDED KEPT_OFF``. It reads
+``python -m halo_sched.node.successor RC JOB_ID SCRIPT ATTEMPTS ON RUN_ID ATTEMPT EXCLUDED KEPT_OFF [RANKS SINCE SWAPPED]``. It reads
 the failure lines the nodes wrote into the job's output file (signed with the job's failure key,
 ``HALO_FAILURE_KEY`` in the batch shell's environment: failures.py), classifies them
 (failure_classes.py) and, for a failure ``retry.on`` names with attempts left, submits the
@@ -21,8 +21,10 @@ runs of it must not submit two. The right to submit is a file created with O_EXC
 output file (:func:`marker_path`), holding ``{"run", "attempt", "from_job", "excluded", "culprit",
 "why", "job"}`` signed with the job's failure key (no rank can read it, so none can forge a
 successor); the run that created it submits and writes the new id into it. A marker without
-an id whose writer died (older than :data:`STALE_S`) is taken over after asking squeue whether a
-job with the attempt's comment exists. The marker is also how any host that sees the output
+an id whose writer died (older than :data:`STALE_S`, or made by an earlier run of this same job:
+``scontrol requeue`` killed that batch script, perhaps inside its sbatch) is taken over after
+asking squeue whether a job with the attempt's comment exists. Anything at the marker's path that
+is not a regular file (a FIFO) is never opened for a wait, by the batch shell or a reader. The marker is also how any host that sees the output
 directory follows the run (halo_sched/runs.py ``follow``). Nothing here waits on a client.
 
 Standard library only (it is carried to nodes with the node runtime: halo_sched/node/__init__.py).
