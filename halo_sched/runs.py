@@ -212,6 +212,83 @@ def next_attempt(sched: Scheduler, run_id: str, job_id: str) -> str | None:
     return successor(run_id, sched.name, job_id) or follow(sched, run_id, job_id)
 
 
+def _being_started(run_id: str, backend: str, job_id: str) -> bool:
+    """Whether a live process holds the claim to start ``job_id``'s successor and has not recorded
+    it yet (:func:`claim`): the run's next attempt is on its way."""
+    from . import db
+
+    if not db.exists():
+        return False
+    rows = db.read("SELECT job, claimed_by, claimed_until FROM successors WHERE run_id = ? AND backend = ? "
+                   "AND from_job = ?", (run_id, backend, job_id))
+    return bool(rows) and not rows[0][0] and rows[0][2] >= time.time() and not _gone(rows[0][1])
+
+
+#: How long a cancel waits for an attempt being started (a claim held, its job not recorded yet).
+STARTING_WAIT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Newest:
+    """The newest attempt of the run a job belongs to: what cancelling the run stops."""
+
+    id: str
+    #: The attempt's number from 0 (None: the job is no run's attempt, it has no ``retry:``).
+    attempt: int | None = None
+    run: str | None = None
+
+    def words(self) -> str:
+        """``" (attempt 2 of run 100)"``, or nothing for a job of no run."""
+        return "" if self.attempt is None else f" (attempt {self.attempt + 1} of run {self.run})"
+
+
+def newest_attempt(sched: Scheduler, job_id: str, wait_s: float = STARTING_WAIT_S, poll_s: float = 0.2) -> Newest:
+    """The newest attempt of the run ``job_id`` (any attempt of it) belongs to, pending or running
+    or ended: the chain followed as :func:`next_attempt` knows it (the store, the marker a failed
+    SLURM attempt left); an attempt whose successor is being started by a live process (its claim
+    held, no job recorded) is waited on for up to ``wait_s`` seconds, so that a cancel stops the
+    attempt about to run rather than the one that failed. A job of no run is itself."""
+    rec = (records.find(job_id, sched.name, on_bad=None) or [None])[0]
+    run = rec.get("run") if isinstance(rec, dict) and isinstance(rec.get("run"), dict) else None
+    if run is None:
+        return Newest(job_id)
+    run_id = run.get("id") if isinstance(run.get("id"), str) and run.get("id") else job_id
+    current, count, seen = job_id, number(run.get("attempt")), {job_id}
+    deadline = time.monotonic() + wait_s
+    while True:
+        nxt = next_attempt(sched, run_id, current)
+        if nxt is not None and nxt not in seen:
+            seen.add(nxt)
+            current, count = nxt, count + 1
+            continue
+        if nxt is None and time.monotonic() < deadline and _being_started(run_id, sched.name, current):
+            time.sleep(poll_s)
+            continue
+        return Newest(current, count, run_id)
+
+
+def newest_attempts(groups: dict[str, list[str]], scheduler: Callable[[str], Scheduler],
+                    wait_s: float | None = None) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """``groups`` (backend -> ids) with each attempt of a run replaced by the run's newest attempt
+    (runs.newest_attempt: pending or running; one being started waited for up to ``wait_s``,
+    default runs.STARTING_WAIT_S), each once; and, for those, which attempt of which run each is
+    in words (" (attempt 2 of run 100)"). An id without a record is left as it is."""
+    out: dict[str, list[str]] = {}
+    words: dict[str, str] = {}
+    for backend, ids in groups.items():
+        sched = None
+        for job_id in ids:
+            if records.exists(job_id, backend):
+                sched = sched or scheduler(backend)
+                newest = newest_attempt(sched, job_id, STARTING_WAIT_S if wait_s is None else wait_s)
+                job_id = newest.id
+                if newest.words():
+                    words[job_id] = newest.words()
+            if job_id not in out.setdefault(backend, []):
+                out[backend].append(job_id)
+    return out, words
+
+
 def follow_run(sched: Scheduler, run_id: str) -> list[str]:
     """Every attempt of run ``run_id`` (a read: ``status RUN``, ``list``), each one found on the
     scheduler recorded, and the state of those not known to have ended asked once and kept."""
@@ -615,8 +692,10 @@ class Run(Job):
                 return self._known(final)
 
     def cancel(self, wait: bool = True, timeout: float | None = 60.0, **opts) -> JobState | None:
-        """Cancel the run's newest attempt (:meth:`Job.cancel`): a cancelled attempt is not retried."""
-        return self._newest().cancel(wait=wait, timeout=timeout, **opts)
+        """Cancel the run's newest attempt, pending or running (:func:`newest_attempt`: one being
+        started is waited for; :meth:`Job.cancel`): a cancelled attempt is not retried."""
+        self.current = Job(self.scheduler, newest_attempt(self.scheduler, self.current.id).id)
+        return self.current.cancel(wait=wait, timeout=timeout, **opts)
 
     def logs(self, node: int | None = None, rank: int | None = None, follow: bool = False):
         """The newest attempt's output (:meth:`Job.logs`)."""
@@ -646,5 +725,5 @@ def recorded_spec(backend: str, job_id: str):
     return from_dict(data, source=f"the record of {job_id}")
 
 
-__all__ = ["AttemptRow", "Run", "attempts_of", "describe_rows", "follow", "follow_run", "next_attempt", "next_spec", "recorded_spec", "totals", "wait_run",
-           "wants_retry"]
+__all__ = ["AttemptRow", "Newest", "Run", "attempts_of", "describe_rows", "follow", "follow_run", "newest_attempt", "newest_attempts", "next_attempt",
+           "next_spec", "recorded_spec", "totals", "wait_run", "wants_retry"]

@@ -408,3 +408,32 @@ def job_variable(job: dict, **items: str) -> dict[str, dict[str, str]]:
     from halo_sched.node_runtime import SERVER_ITEM, server_shell
 
     return {variable_path(job["ID"]): {SERVER_ITEM: server_shell(), **items}}
+
+
+def scontrol_show_job(job_id: str, stdout: str, nodelist: str = "node[1-2]", workdir: str | None = None,
+                      name: str = "job", state: str = "RUNNING") -> str:
+    """``scontrol show job JOB`` as Slurm 22.05.8 prints it (its own layout, recorded on the test
+    cluster; src/scontrol/info_job.c keeps it through 25.11): every line after the first indented,
+    WorkDir, Comment and the Std* paths alone on theirs, whatever they hold."""
+    workdir = workdir if workdir is not None else os.path.dirname(stdout)
+    return (f"JobId={job_id} JobName={name}\n"
+            "   UserId=root(0) GroupId=root(0) MCS_label=N/A\n"
+            "   Priority=4294901756 Nice=0 Account=(null) QOS=(null)\n"
+            f"   JobState={state} Reason=None Dependency=(null)\n"
+            "   Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0\n"
+            "   RunTime=00:00:02 TimeLimit=UNLIMITED TimeMin=N/A\n"
+            "   Partition=debug AllocNode:Sid=localhost:25525\n"
+            "   ReqNodeList=(null) ExcNodeList=(null)\n"
+            f"   NodeList={nodelist}\n"
+            f"   BatchHost={nodelist.split('[')[0]}1\n"
+            "   NumNodes=2 NumCPUs=2 NumTasks=2 CPUs/Task=1 ReqB:S:C:T=0:0:*:*\n"
+            "   TRES=cpu=2,node=2,billing=2\n"
+            "   OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null)\n"
+            "   Command=(null)\n"
+            f"   WorkDir={workdir}\n"
+            "   Comment=halo-sched:tok There=x \n"
+            f"   StdErr={stdout}\n"
+            "   StdIn=/dev/null\n"
+            f"   StdOut={stdout}\n"
+            "   Power=\n"
+            "   \n\n")

@@ -4,6 +4,9 @@ cannot work refused with exit 2 naming the field."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -162,3 +165,71 @@ def test_the_hook_is_rendered_only_with_spares(tmp_path):
     assert r.stdout.count("# halo-sched node runtime ") == 1  # the batch shell runs spares.py from the one copy
     plain = cli("render", str(REPO / "examples" / "ddp-cpu.yaml"), "--backend", "slurm").stdout
     assert "halo_ranks" not in plain and "--no-kill" not in plain and "halo_batch() {" not in plain
+
+
+# ---- issue 43 item 10: a fault on the spare itself; a submit directory with spaces ---------------
+
+
+def test_a_second_fault_on_the_spare_is_the_spare_s_not_the_swapped_out_node_s():
+    """Step 1: n2 (node rank 1) failed and n3 took its rank; step 2, started a second later, n3
+    failed too. The step's lines are those its rank map ran: n2's line of step 1, dated within
+    the clock slack of step 2's start, is not step 2's (it was taken for the first failure: "a
+    node's fault on n2, which runs no rank"). With no spare left, n3 is named."""
+    now = time.time()
+    lines = [_line(1, "n2", NCCL, now, **XID), _line(1, "n3", NCCL, now + 3, **XID)]
+    report = spares.step_failures(lines, KEY, since=now + 1, ranks=["n1", "n3"])
+    assert [f.node_name for f in report.failures] == ["n3"]
+    swaps, why = spares.decide(["n1", "n3"], ["n1", "n2", "n3"], report, used=["n2"])
+    assert swaps == [] and why.startswith("n3 failed (GPU Xid error") and "no spares left" in why, why
+    # A line without the scheduler's node name is the host that ran its node rank in this step.
+    bare = spares.step_failures([_line(1, "", NCCL, now + 3, **XID)], KEY, since=now + 1, ranks=["n1", "n3"])
+    assert bare.first.node_name == "n3"
+
+
+def test_the_job_s_failure_is_its_last_step_s_after_swaps():
+    """What the submitter classifies (the job's culprit, the node ledger, the run's next attempt):
+    the failure of the last step, not the host swapped out in an earlier one."""
+    from halo_sched.backends.slurm.spares import last_step
+    from halo_sched.node.failure_classes import classify_failure
+    from halo_sched.node.failures import report_from_lines
+
+    now = time.time()
+    report = report_from_lines([_line(1, "n2", NCCL, now, **XID), _line(0, "n1", "Connection reset by peer", now + 0.2),
+                                _line(1, "n3", NCCL, now + 5, **XID)], KEY)
+    assert classify_failure(report).host == "n2"
+    swaps = [{"rank": 1, "bad": "n2", "spare": "n3", "time": now + 1}]
+    last = last_step(report, swaps)
+    assert [f.node_name for f in last.trusted] == ["n3"] and classify_failure(last).host == "n3"
+    # No line after the last swap (its clock ahead of theirs): all but the swapped-out host's.
+    last = last_step(report, [{**swaps[0], "time": now + 60}])
+    assert [f.node_name for f in last.trusted] == ["n1", "n3"]
+
+
+def test_the_swap_reads_the_output_file_of_a_submit_directory_with_spaces_quotes_and_equals(tmp_path, monkeypatch):
+    """`python -m halo_sched.node.spares` with stand-in scontrol printing SLURM's own layout: the
+    output file of a job submitted from "it's A=b x" is read, and the spare swapped in (it was cut
+    at its first space: "no spare swap: cannot read the job's state")."""
+    from helpers import scontrol_show_job
+
+    out_dir = tmp_path / "it's \"q\" A=b x"
+    out_dir.mkdir()
+    out = out_dir / "halo-job-7.out"
+    now = time.time()
+    out.write_text(_line(1, "n2", NCCL, now + 1, **XID) + "\n")
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "show_job").write_text(scontrol_show_job("7", str(out), nodelist="n[1-3]"))
+    (bin_ / "scontrol").write_text(
+        '#!/bin/sh\ncase "$*" in\n  "show job 7") cat "$(dirname "$0")/show_job" ;;\n'
+        '  "show hostnames n[1-3]") printf "n1\\nn2\\nn3\\n" ;;\n'
+        '  "-o show node "*) echo "NodeName=$4 NodeAddr=10.0.0.${4#n}" ;;\n  *) exit 2 ;;\nesac\n')
+    (bin_ / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+    monkeypatch.setenv("HALO_FAILURE_KEY", KEY)
+    args = ["--job", "7", "--ranks", "n1,n2", "--since", str(now), "--spares", "1", "--restart", "1",
+            "--master", "10.0.0.1"]
+    r = subprocess.run([sys.executable, "-m", "halo_sched.node.spares", *args], capture_output=True, text=True,
+                       timeout=60, env=os.environ)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["n1,n3", "10.0.0.1", "n2"], r.stdout
+    assert "node rank 1: n2 failed" in r.stderr and (out_dir / ("halo-job-7.out" + spares.SIDE_FILE)).exists()

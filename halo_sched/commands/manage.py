@@ -13,8 +13,11 @@ from .jobids import resolve_ids
 
 def cmd_cancel(args, scheduler) -> int:
     from ..core import cancel_known
+    from ..runs import newest_attempts
 
-    groups = resolve_ids(args.ids, args.backend)
+    # An attempt of a run (retry:) stands for the run: its newest attempt, pending or running, is
+    # what is cancelled (or warned), and the line says which it was.
+    groups, runs = newest_attempts(resolve_ids(args.ids, args.backend), scheduler)
     opts: dict = {}
     if args.purge:
         if set(groups) != {"nomad"}:
@@ -25,12 +28,21 @@ def cmd_cancel(args, scheduler) -> int:
             raise UsageError("--signal applies to --backend slurm only")
         opts["signal"] = _warning_signal(args.signal, groups["slurm"])
     done, unknown, where, ended = cancel_known(groups, scheduler, **opts)
+    if not args.signal:  # an attempt that submitted its successor as it was cancelled: that one too
+        later, runs2 = newest_attempts({b: [i for i in ids if i in done] for b, ids in groups.items()}, scheduler, 0.0)
+        more = {b: [i for i in ids if i not in done and i not in ended] for b, ids in later.items()}
+        if any(more.values()):
+            runs.update(runs2)
+            extra, _, _, also_ended = cancel_known({b: ids for b, ids in more.items() if ids}, scheduler, **opts)
+            done += extra
+            ended.update(also_ended)
     what = f"signal {args.signal}" if args.signal else "cancel"
     for job_id in done:
-        say(f"halo-sched: {what} requested for {job_id}")
+        say(f"halo-sched: {what} requested for {job_id}{runs.get(job_id, '')}")
     for job_id, words in ended.items():  # nothing to do: the job is not running (exit 0)
         words = " ".join(words.split())
-        head, tail = f"halo-sched: {job_id} already ended (", f"); nothing to {'signal' if args.signal else 'cancel'}"
+        head, tail = (f"halo-sched: {job_id}{runs.get(job_id, '')} already ended (",
+                      f"); nothing to {'signal' if args.signal else 'cancel'}")
         room = max(40, 160 - len(head + tail))
         say(head + (words if len(words) <= room else words[:room - 3] + "...") + tail)
     if unknown:

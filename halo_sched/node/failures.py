@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from .failure_collector import TAG, sign
-from .text import epoch_time, escape_controls, valid_data
+from .text import epoch_time, escape_controls, open_regular, valid_data
 
 _MARK = TAG + " {"
 # What Python prints before its own words when it cannot start a script ("/usr/bin/python3.11: can't
@@ -355,7 +355,7 @@ def report_from_files(paths: Iterable, key: str = "") -> FailureReport | None:
     def lines():
         for p in paths:
             try:
-                with open(p, encoding="utf-8", errors="replace") as f:
+                with open_regular(p) as f:  # never waits on a FIFO put at the output's path
                     for line in f:
                         if TAG in line:
                             yield line

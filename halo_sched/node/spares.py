@@ -37,10 +37,12 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 from .failure_classes import classify_failure
 from .failure_collector import KEY_VAR, sign
 from .failures import FailureReport, parse_lines
+from .text import open_regular
 
 TAG = "halo-sched-swap"
 #: A host name as SLURM prints it (the ledger's rule, halo_sched/ledger.py HOST_RE).
@@ -61,9 +63,22 @@ def hosts(text: str) -> list[str]:
     return [h for h in re.split(r"[,\s]+", text or "") if h and HOST_RE.fullmatch(h)]
 
 
-def step_failures(lines, key: str, since: float) -> FailureReport | None:
-    """The signed failure lines of the step that began at ``since`` (epoch seconds), as a report."""
-    failures = [f for f in parse_lines(lines, key) if f.trusted and f.time >= since - CLOCK_SLACK_S]
+def step_failures(lines, key: str, since: float, ranks: list[str] | None = None) -> FailureReport | None:
+    """The signed failure lines of the step that began at ``since`` (epoch seconds) on the rank
+    map ``ranks`` (node rank i on ``ranks[i]``), as a report. A line counts only where the host
+    that wrote it ran that node rank in this step: the lines of the step before (dated within
+    CLOCK_SLACK_S of this one's start, as they often are: the swap takes a second) name the host
+    swapped out, which this step never ran; a line without a host name gets the map's."""
+    failures = []
+    for f in parse_lines(lines, key):
+        if not f.trusted or f.time < since - CLOCK_SLACK_S:
+            continue
+        if ranks is not None:
+            if f.node is None or not 0 <= f.node < len(ranks) or (f.node_name and f.node_name != ranks[f.node]):
+                continue
+            if not f.node_name:
+                f = replace(f, node_name=ranks[f.node])
+        failures.append(f)
     return FailureReport(failures) if failures else None
 
 
@@ -103,14 +118,76 @@ def swap_line(rec: dict, key: str) -> str:
 
 
 def ask(argv: list[str]) -> str:
-    """A scheduler command's output, cut after ASK_S (the batch shell's own calls: spares, successor)."""
-    return subprocess.run(argv, capture_output=True, text=True, timeout=ASK_S, check=True).stdout
+    """A scheduler command's output, cut after ASK_S (the batch shell's own calls: spares, successor).
+    Bytes that are no UTF-8 (a path's) come back as they were (surrogateescape): ``open`` takes them."""
+    return subprocess.run(argv, capture_output=True, text=True, errors="surrogateescape", timeout=ASK_S,
+                          check=True).stdout
+
+
+#: What ``scontrol show job`` prints alone on a line of its own (src/scontrol/info_job.c, from
+#: 22.05 to 25.11: each is followed by the layout's line end, "\n   "): the value is the rest of
+#: that line, spaces, quotes and ``=`` included (a submit directory ``/data/my runs/a=b`` is in
+#: WorkDir, StdOut and StdErr). ``JobName`` is the rest of the record's first line.
+WHOLE_LINE = frozenset({"Command", "SubmitLine", "WorkDir", "AdminComment", "SystemComment", "Comment", "Extra",
+                        "StdErr", "StdIn", "StdOut"})
+#: A key as SLURM prints one: CamelCase, its first letter upper case (``NodeList``, ``CPUs/Task``,
+#: ``AllocNode:Sid``, ``MCS_label``, ``JOB_GRES``). A value's own ``a=b`` (``TRES=cpu=1,node=2``)
+#: starts no key.
+_KEY = re.compile(r"(?:^|(?<=\s))([A-Z][A-Za-z0-9_]*(?:[/:][A-Za-z0-9_]+)*)=")
+
+
+def parse_words(text: str, fields: dict[str, str]) -> dict[str, str]:
+    """``Key=value Key=value`` into ``fields``: a value runs up to the next key; a key seen
+    before keeps its first value."""
+    found = list(_KEY.finditer(text))
+    for i, m in enumerate(found):
+        end = found[i + 1].start() if i + 1 < len(found) else len(text)
+        fields.setdefault(m.group(1), text[m.end():end].strip())
+    return fields
+
+
+def _record(rows: list[str]) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    if len(rows) == 1:  # --oneliner: words only (a value with " Key=" in it cannot be told apart)
+        parse_words(rows[0], fields)
+        return fields
+    head, named, name = rows[0].partition("JobName=")
+    parse_words(head, fields)
+    if named:
+        fields["JobName"] = name
+    for row in rows[1:]:
+        key, eq, value = row.partition("=")
+        if eq and key in WHOLE_LINE:
+            fields[key] = value
+        else:
+            parse_words(row, fields)
+    return fields
+
+
+def show_job_records(text: str) -> list[dict[str, str]]:
+    """``scontrol show job``'s records, each as a dict, from either layout: SLURM's own (every
+    line after a record's first indented, the fields of WHOLE_LINE alone on theirs: exact, with
+    spaces, quotes and ``=``), or ``--oneliner``'s (one line per record: a value runs up to the
+    next `` Key=``). A line that is not indented continues the value before it (a path with a
+    new line in it)."""
+    records: list[list[str]] = []
+    for line in text.split("\n"):
+        if line.startswith("JobId="):
+            records.append([line])
+        elif not records or not line.strip():
+            continue
+        elif line[0] in " \t":
+            records[-1].append(line.lstrip(" \t"))
+        else:
+            records[-1][-1] += "\n" + line
+    return [_record(rows) for rows in records]
 
 
 def job_fields(job_id: str) -> dict[str, str]:
-    """``scontrol -o show job``'s KEY=VALUE words (NodeList, StdOut, ...)."""
-    text = ask(["scontrol", "-o", "show", "job", job_id])
-    return dict(w.split("=", 1) for w in text.split() if "=" in w)
+    """``scontrol show job JOB``'s fields (NodeList, StdOut, ...), in SLURM's own layout: a path
+    with spaces, quotes or ``=`` in it is read whole (show_job_records)."""
+    records = show_job_records(ask(["scontrol", "show", "job", job_id]))
+    return next((r for r in records if r.get("JobId") == job_id), records[0] if records else {})
 
 
 def expand(nodelist: str) -> list[str]:
@@ -156,12 +233,12 @@ def main(argv: list[str] | None = None) -> int:
         lines = []
         out = fields.get("StdOut", "")
         if out:
-            with open(out, encoding="utf-8", errors="replace") as f:
+            with open_regular(out) as f:
                 lines = [ln for ln in f if "halo-sched-failure" in ln]
     except (OSError, subprocess.SubprocessError, ValueError) as err:
         say(f"no spare swap: cannot read the job's state ({' '.join(str(err).split())[:200]})")
         return 1
-    swaps, why = decide(ranks, allocation, step_failures(lines, key, a.since), used)
+    swaps, why = decide(ranks, allocation, step_failures(lines, key, a.since, ranks), used)
     if not swaps:
         say(f"no spare swap: {why}")
         return 1
@@ -186,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                         "time": now, "restart": a.restart, "spares_left": left}, key) for i, bad, spare, reason, by in swaps]
     try:
         if out:
-            with open(out + SIDE_FILE, "a", encoding="utf-8") as f:
+            with open_regular(out + SIDE_FILE, append=True) as f:
                 f.write("".join(line + "\n" for line in lines))
     except OSError as err:  # status then reads the output file itself, once the job has ended
         say(f"could not write {out + SIDE_FILE} ({err.strerror or err})")

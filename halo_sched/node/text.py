@@ -14,7 +14,10 @@ that retitle a window or clear the screen of whoever reads a status line.
 """
 from __future__ import annotations
 
+import errno
+import os
 import re
+import stat
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b\u200e\u200f\u2028-\u202e\u2060-\u2064"
@@ -66,3 +69,21 @@ def epoch_time(value) -> float | None:
         return None
     return value if 0 <= value < MAX_TIME else None
 
+
+
+def open_regular(path, append: bool = False):
+    """``path`` opened as UTF-8 text (bad bytes replaced) for reading, or with ``append`` for
+    appending (created 0644 when missing), when it is a regular file; else OSError, at once. A
+    file a job can name or put there is no promise: anyone who can write its directory can put a
+    FIFO at the path, and ``open`` would wait for the other end forever (a device would be read
+    forever), holding the batch script's nodes or a ``status``."""
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT) if append else os.O_RDONLY
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, 0o644)  # a FIFO: no wait
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", os.fsdecode(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "a" if append else "r", encoding="utf-8", errors="replace")
+    except BaseException:
+        os.close(fd)
+        raise

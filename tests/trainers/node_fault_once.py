@@ -1,7 +1,7 @@
 """A trainer whose node 1 (``FAULT_NODE``) fails as a bad node would on its run's first attempt only
-(``HALO_RESTART_COUNT`` 0: see tests/trainers/node_fault.py for the lines it prints and the SIGKILL
-that is the node's evidence); every later attempt (``HALO_RESTART_COUNT`` 1, 2, ...) ends cleanly
-on every node. Each rank writes the count it saw to ``attempts.log`` in the working directory.
+(``HALO_RESTART_COUNT`` 0, or each count ``FAULT_COUNTS`` lists, "0,1": see tests/trainers/node_fault.py
+for the lines it prints and the SIGKILL that is the node's evidence); every later attempt
+(``HALO_RESTART_COUNT`` 1, 2, ...) ends cleanly on every node. Each rank writes the count it saw to ``attempts.log`` in the working directory.
 No torch needed (torchrun starts it)."""
 import os
 import signal
@@ -14,7 +14,8 @@ count = os.environ.get("HALO_RESTART_COUNT", "unset")
 host = os.environ.get("SLURMD_NODENAME", "node")
 with open("attempts.log", "a") as f:
     f.write(f"{count} {node} {host} {time.time():.3f}\n")
-if count == "0" and node == int(os.environ.get("FAULT_NODE", "1")) and int(os.environ.get("LOCAL_RANK", "0")) == 0:
+faulty = os.environ.get("FAULT_COUNTS", "0").split(",")  # the counts it fails on: the first attempt's, by default
+if count in faulty and node == int(os.environ.get("FAULT_NODE", "1")) and int(os.environ.get("LOCAL_RANK", "0")) == 0:
     print(f"{host}:4242:4250 [0] transport/net_ib.cc:2470 NCCL WARN NET/IB : Got completion from peer "
           "10.0.0.1<35162> with status=12 opcode=129 len=65536 vendor err 129 (Recv)", file=sys.stderr, flush=True)
     print(f"[rank{rank}]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"

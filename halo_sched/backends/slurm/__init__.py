@@ -222,6 +222,10 @@ class SlurmScheduler(Scheduler):
         for job_id, state in states.items():
             if state.status is JobStatus.RUNNING or state.status.terminal:
                 state.spares = _spares(self.transport, job_id, state.status.terminal)
+                if state.failure is not None and state.spares and state.spares["swaps"]:
+                    from .spares import last_step  # the failure is the last step's, not a swapped-out host's
+
+                    state.failure = last_step(state.failure, state.spares["swaps"])
         return states
 
     def _launch_cause(self, job_id: str) -> str:

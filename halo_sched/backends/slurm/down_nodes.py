@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from ...node.failures import RankFailure
+from ...node.text import open_regular
 
 #: scontrol's node states (and flags after '+') that mean slurmctld lost the node.
 DOWN_STATES = ("DOWN", "FAIL", "FAILING", "NOT_RESPONDING")
@@ -75,7 +76,7 @@ def _ranks_of(outputs, index: int) -> tuple[int, ...]:
     seen = set()
     for path in outputs:
         try:
-            with open(path, encoding="utf-8", errors="replace") as f:
+            with open_regular(path) as f:
                 for line in f:
                     m = pat.match(line)
                     if m:

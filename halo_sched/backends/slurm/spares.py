@@ -11,7 +11,7 @@ import json
 
 from ...node.failures import verified
 from ...node.spares import HOST_RE, SIDE_FILE, TAG
-from ...node.text import epoch_time, escape_controls
+from ...node.text import epoch_time, escape_controls, open_regular
 
 _MARK = TAG + " {"
 #: At most this many swaps are read (a job has at most 64 spares: models.py).
@@ -48,7 +48,7 @@ def swaps_in(paths, key: str) -> list[dict]:
     out: list[dict] = []
     for p in paths:
         try:
-            with open(p, encoding="utf-8", errors="replace") as f:
+            with open_regular(p) as f:  # a FIFO at the side file's path is no file: never waited on
                 for line in f:
                     if TAG in line:
                         s = parse_swap(line, key)
@@ -69,9 +69,30 @@ def swaps_of(outputs, key: str, ended: bool) -> list[dict]:
     return side if side or not ended else swaps_in(outputs, key)
 
 
+def last_step(report, swaps: list[dict]):
+    """The failures of the job's last step, after ``swaps``: a failure line of a host on the node
+    rank it was swapped out of is an earlier step's (the host runs no rank since), and where the
+    job's signed lines include some dated after the last swap, those alone (the steps before it
+    left their victims' lines too). The job's failure, the culprit the node ledger and the run's
+    next attempt are given, is then the last step's: a fault of the spare itself is the spare's."""
+    from ...node.failures import FailureReport
+
+    gone = {(s["rank"], s["bad"]) for s in swaps}
+    kept = [f for f in report.failures if not (f.trusted and (f.node, f.node_name) in gone)]
+    times = [s["time"] for s in swaps if s.get("time") is not None]
+    if times:
+        later = [f for f in kept if f.trusted and f.time >= max(times)]
+        if later:
+            kept = later + [f for f in kept if not f.trusted]
+    cause = report.cause if report.cause is not None and (report.cause.node, report.cause.node_name) not in gone else None
+    if cause is not None and cause not in kept:  # SLURM's own word on a lost node stays the cause
+        kept.insert(0, cause)
+    return FailureReport(kept, cause)
+
+
 def spares_state(total: int, swaps: list[dict]) -> dict:
     """``status``'s view: ``{"total", "left", "swaps"}``."""
     return {"total": total, "left": max(0, total - len(swaps)), "swaps": swaps}
 
 
-__all__ = ["parse_swap", "spares_state", "swaps_in", "swaps_of"]
+__all__ = ["last_step", "parse_swap", "spares_state", "swaps_in", "swaps_of"]

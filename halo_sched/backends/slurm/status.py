@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from halo_sched.backends.jobstate import JobState, JobStatus, SlurmDetail
 from halo_sched.backends.slurm.reasons import pending_reason
+from halo_sched.node.spares import parse_words, show_job_records
 
 # ---------------------------------------------------------------------------------------------
 # State mapping
@@ -382,35 +383,19 @@ def squeue_invalid_id(stderr: str) -> bool:
 # ---------------------------------------------------------------------------------------------
 # scontrol show job
 
-_KEY_RE = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=")
-
-
 def parse_scontrol_record(text: str) -> dict[str, str]:
-    """``Key=Value Key=Value ...`` (one record, one or many lines) -> dict.
+    """``Key=Value Key=Value ...`` (one ``--oneliner`` record: a partition, a node) -> dict.
 
-    Values may contain spaces (WorkDir=, Command=, Comment=) and ``=`` (TRES=cpu=1,node=1), so
-    a new key starts only at whitespace followed by ``Name=``.
+    Values may contain spaces (Reason=, OS=) and ``=`` (TRES=cpu=1,node=1), so a new key starts
+    only at whitespace followed by a CamelCase ``Name=`` (halo_sched/node/spares.py parse_words).
     """
-    fields: dict[str, str] = {}
-    matches = list(_KEY_RE.finditer(text))
-    for i, m in enumerate(matches):
-        end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
-        fields[m.group(1)] = text[m.end() : end].strip()
-    return fields
+    return parse_words(text, {})
 
 
 def parse_scontrol_jobs(text: str) -> list[dict[str, str]]:
-    """``scontrol [-o] show job [ID]`` -> one dict per job record (both layouts)."""
-    records: list[list[str]] = []
-    for line in text.splitlines():
-        stripped = line.strip()
-        if not stripped:
-            continue
-        if stripped.startswith("JobId="):
-            records.append([stripped])
-        elif records:
-            records[-1].append(stripped)
-    return [parse_scontrol_record(" ".join(r)) for r in records]
+    """``scontrol [-o] show job [ID]`` -> one dict per job record (both layouts: in SLURM's own,
+    a path with spaces, quotes or ``=`` is read whole; halo_sched/node/spares.py show_job_records)."""
+    return show_job_records(text)
 
 
 def scontrol_display_id(fields: Mapping[str, str]) -> str:
