@@ -211,6 +211,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     p = command("validate", help="check job files; exit 2 naming each bad field")
     p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--backend", "-b", default=None,
+                   help="whose nodes run it, for trainer.script (default: $HALO_SCHED_BACKEND, else local): local "
+                        "and SLURM on the host read this machine's files, so the script is checked; an image or "
+                        "Nomad's task cannot be looked into (a warning says so)")
 
     p = command("render", help="print what would be submitted")
     p.add_argument("file", metavar="FILE")

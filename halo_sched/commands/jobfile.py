@@ -11,16 +11,19 @@ from ..errors import UsageError
 
 def cmd_validate(args, scheduler) -> int:
     from ..errors import SpecError
-    from ..spec import load
+    from ..spec import checked_script, load
 
     bad = 0
     for f in args.files:
         try:
             s = load(f)
+            notes = checked_script(s, args.backend).notes  # the script, as the backend's nodes see it
         except SpecError as err:
             say(str(err))
             bad += 1
             continue
+        for line in notes:
+            say(f"halo-sched: warning: {f}: {line}")
         print(f"{f}: ok ({s.name}: {s.nodes} nodes x {s.nproc_per_node} processes = {s.world_size} ranks)")
     return 2 if bad else 0
 
