@@ -524,6 +524,21 @@ def load(path: str | Path) -> JobSpec:
     return spec
 
 
+def yaml_value(text: str) -> Any:
+    """One value written as in a job file (the CLI's ``--set KEY=VALUE``): a YAML scalar
+    (``4``, ``gpu``, ``true``, nothing for null) or a flow list or mapping (``[--lr, "0.1"]``),
+    read by the job file's bounded reader. ValueError says why not."""
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise ValueError(f"nested more than {MAX_YAML_DEPTH} levels deep") from None
+    except yaml.YAMLError as err:
+        problem = " ".join(str(getattr(err, "problem", None) or err).split())
+        raise ValueError(f"not a YAML value ({problem[:120]}); quote text that YAML reads otherwise") from None
+
+
 def from_record(record: dict) -> JobSpec:
     """The spec a job was submitted with, from its record (``record["spec"]``, validated again),
     its relative ``trainer.script`` read from where the job file was (the record's job file and
@@ -636,12 +651,13 @@ def _unset_defaults_dropped(spec: Any) -> dict:
     return data
 
 
-def with_changes(spec: Any, changes: dict) -> JobSpec:
+def with_changes(spec: Any, changes: dict, *, source: str | None = None) -> JobSpec:
     """A new JobSpec: ``spec`` with each dotted field of ``changes`` set
     (``{"trainer.args": ["--lr", "0.1"], "slurm.partition": "gpu", "servers.0.port": 8000}``),
     validated whole as a job file is. A bad path or value is a SpecError naming the field. The
     result is no longer the job file ``spec`` was loaded from: its record keeps no job file; a
-    relative ``trainer.script`` is still read from that job file's directory."""
+    relative ``trainer.script`` is still read from that job file's directory. ``source`` names
+    the result in errors and warnings (the CLI's ``--set``: the job file with its changes)."""
     from .models import JobSpec
 
     if not isinstance(spec, JobSpec):
@@ -652,25 +668,26 @@ def with_changes(spec: Any, changes: dict) -> JobSpec:
     for path, value in changes.items():
         parts = path.split(".") if isinstance(path, str) else []
         if not parts or not all(parts):
-            raise SpecError([(str(path)[:80], "a field path is dotted names, like trainer.args or slurm.partition")])
+            raise SpecError([(str(path)[:80], "a field path is dotted names, like trainer.args or slurm.partition")],
+                            source)
         node: Any = data
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
             here = ".".join(parts[:i + 1])
             if isinstance(node, list):
                 if not part.isdigit() or int(part) >= len(node):
-                    raise SpecError([(here, f"no item {part} in a list of {len(node)}")])
+                    raise SpecError([(here, f"no item {part} in a list of {len(node)}")], source)
                 key: Any = int(part)
             elif isinstance(node, dict):
                 key = part
                 if not last and node.get(key) is None:
                     node[key] = {}  # a section left unset (or null): set it
             else:
-                raise SpecError([(here, f"{'.'.join(parts[:i]) or 'the spec'} is a value, not a section")])
+                raise SpecError([(here, f"{'.'.join(parts[:i]) or 'the spec'} is a value, not a section")], source)
             if last:
                 node[key] = value
             else:
                 node = node[key]
-    changed = from_dict(data, source="with_changes")
+    changed = from_dict(data, source=source or "with_changes")
     changed._script_base = spec._script_base
     return changed

@@ -12,9 +12,12 @@ from .jobids import refuse_unknown, resolve_one
 
 
 def cmd_submit(args, scheduler) -> int:
-    from ..spec import load
+    from ..errors import UsageError
+    from .jobfile import load_job
 
-    spec = load(args.file)
+    if args.json and args.dry_run:
+        raise UsageError("--json and --dry-run: a dry run prints the rendered job, which has no id")
+    spec = load_job(args.file, args.set)
     sched = scheduler(args.backend)
     if args.dry_run:
         # What submit would refuse before sending anything, refused here too (exit 2): a
@@ -32,6 +35,7 @@ def cmd_submit(args, scheduler) -> int:
     job_id = sched.submit(spec).id  # the one submit pipeline (backends/base.py), as the library's
     rc = 0
     args.current = job_id  # a run's attempt being waited on (a retry moves it on)
+    args.final = None  # --wait: the state the wait ended on (of the run's last attempt)
     try:
         say(f"halo-sched: submitted {spec.name} to {args.backend} as {job_id}")
         if args.wait:
@@ -41,8 +45,18 @@ def cmd_submit(args, scheduler) -> int:
         say(f"\nhalo-sched: stopped waiting; {now} keeps running (halo-sched cancel {now} --backend {args.backend})")
         rc = EXIT_INTERRUPTED
     finally:
-        # The job exists whatever happened while waiting: its id is always the last line.
-        print(job_id, flush=True)
+        # The job exists whatever happened while waiting: its id is always the last line (with
+        # --json, in the one JSON object that is).
+        if args.json:
+            from . import json_line
+            from .show import state_json
+
+            out = {"id": job_id, "backend": args.backend, "name": spec.name}
+            if args.wait:  # the final state; null when the wait did not end (interrupted, an error)
+                out["state"] = state_json(args.final) if args.final is not None else None
+            print(json_line(out), flush=True)
+        else:
+            print(job_id, flush=True)
     return rc
 
 
@@ -69,6 +83,7 @@ def _wait_after_submit(args, spec, sched, job_id: str) -> int:
             on_log=live.line if streams else None, on_log_end=lambda err: say(f"halo-sched: log stream ended: {err}"))
     finally:
         live.close()
+    args.final = state
     rc = _report_end(job_id, state, args.timeout)
     _notify_note(job_id, sched.name)
     return rc
@@ -137,6 +152,7 @@ def _wait_run(args, spec, sched, job_id: str, watching: bool = False) -> int:
 
     run_id = ((records.find(job_id, sched.name) or [{}])[0].get("run") or {}).get("id") or job_id
     last_id, state = wait_run(sched, spec, job_id, one, retried, followed)
+    args.final = state
     if watching:
         from ..core import note
 
