@@ -30,16 +30,21 @@ EXAMPLES = {"ddp-cpu": ("slurm", "local"), "sweep": ("slurm",), "ddp-gpu": ("slu
 
 
 def _artifacts():
-    """(example, backend, text) of every example on its backends (as `halo-sched render`)."""
+    """(example, backend, text) of every example on its backends (as `halo-sched render` in the
+    checkout's top: a job file's relative script is given to the nodes from there)."""
+    import contextlib
+
     import halo_sched
 
     for name, backends in EXAMPLES.items():
         spec = halo_sched.load(REPO / "examples" / f"{name}.yaml")
         for b in backends:
-            if b == "nomad json":
-                yield name, "nomad (API JSON)", halo_sched.render(spec, "nomad", format="json")
-            else:
-                yield name, "nomad (HCL)" if b == "nomad" else b, halo_sched.render(spec, b)
+            with contextlib.chdir(REPO):
+                if b == "nomad json":
+                    out = name, "nomad (API JSON)", halo_sched.render(spec, "nomad", format="json")
+                else:
+                    out = name, "nomad (HCL)" if b == "nomad" else b, halo_sched.render(spec, b)
+            yield out
 
 
 def _split(text: str) -> tuple[str, str]:

@@ -1,6 +1,7 @@
 """The ``halo-sched`` command. Its contract is fixed (pipelines depend on it):
 
-- machine-readable results go to stdout (``submit``: the job id alone on the last line);
+- machine-readable results go to stdout (``submit``: the job id alone on the last line, or
+  with ``--json`` one JSON object);
   human text goes to stderr, one short line per event (``--debug`` adds the exceptions behind
   them, and the traceback of an internal error);
 - never a traceback, never a hang on bad input.
@@ -13,9 +14,9 @@ code  meaning
 0     success: the command did what was asked (``submit --wait``/``watch``: the job
       COMPLETED; ``preflight``: it passed; ``status``: every id was known; ``gc``: every
       ended job's secrets are gone; ``cancel``: each job was cancelled, or had already
-      ended, which it says)
+      ended, which it says; ``cancel --wait``: and each one has ended)
 1     a job or the scheduler failed: the job ended other than COMPLETED or still ran at
-      ``--timeout``; the scheduler refused a request or could not be reached, and nothing
+      ``--timeout`` (``cancel --wait``: or its run went on); the scheduler refused a request or could not be reached, and nothing
       was done; ``preflight`` or ``plan`` failed; ``gc``: a Variable could not be deleted;
       an internal error (a bug)
 2     bad input, nothing done: a bad job file or option value, an unknown, over-long or
@@ -151,6 +152,38 @@ def _positive_float(text: str) -> float:
     return value
 
 
+#: ``--set``: the longest field path and value taken (a job file's paths are short; its values bounded too).
+MAX_SET_PATH, MAX_SET_VALUE = 200, 65536
+
+
+def _setting(text: str) -> tuple[str, object]:
+    """``--set KEY.PATH=VALUE``: the dotted field path and its value, read as in a job file (a
+    YAML scalar, or a flow list/mapping: ``trainer.args=[--lr, "0.1"]``); the changes then
+    follow ``halo_sched.with_changes``'s rules (halo_sched/commands/jobfile.py ``load_job``)."""
+    path, eq, value = text.partition("=")
+    path = path.strip()
+    if not eq or not path:
+        raise argparse.ArgumentTypeError(f"{shown(text)}: give KEY.PATH=VALUE, such as slurm.partition=gpu")
+    if len(path) > MAX_SET_PATH:
+        raise argparse.ArgumentTypeError(f"{shown(path)}: a field path of {len(path)} characters (at most {MAX_SET_PATH})")
+    if len(value) > MAX_SET_VALUE:
+        raise argparse.ArgumentTypeError(f"{path}: a value of {len(value)} characters (at most {MAX_SET_VALUE}; "
+                                         "put large values in the job file)")
+    from .spec import yaml_value
+
+    try:
+        return path, yaml_value(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{path}: {err}") from None
+
+
+def _set_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", action="append", type=_setting, default=[], metavar="KEY.PATH=VALUE",
+                   help="change a field of the job file first, as halo_sched.with_changes does (dotted names, "
+                        "a list item by its index: servers.0.port=8000); VALUE is YAML as in the file (4, gpu, "
+                        "'[--lr, \"0.1\"]'); repeatable, the last one of a path wins")
+
+
 def _state_name(text: str) -> str:
     from .backends.base import JobStatus
 
@@ -161,6 +194,11 @@ def _state_name(text: str) -> str:
     return name
 
 
+#: ``cancel --wait``'s bound when --timeout is not given: the library's (``Job.cancel(wait=True)``).
+CANCEL_WAIT_S = 60.0
+#: The shells ``completion`` writes a script for (halo_sched/commands/completion.py).
+SHELLS = ("bash", "zsh", "fish")
+
 # Commands that take job ids: without --backend, each id's job record says where it went.
 _BY_ID = {"status", "watch", "logs", "cancel", "timeline"}
 
@@ -170,6 +208,9 @@ class _Unread:
     arguments are not built."""
 
     def add_argument(self, *args, **kw) -> None:
+        pass
+
+    def set_defaults(self, **kw) -> None:
         pass
 
 
@@ -211,11 +252,20 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     p = command("validate", help="check job files; exit 2 naming each bad field")
     p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--backend", "-b", default=None,
+                   help="whose nodes run it, for trainer.script (default: $HALO_SCHED_BACKEND, else local): local "
+                        "and SLURM on the host read this machine's files, so the script is checked; an image or "
+                        "Nomad's task cannot be looked into (a warning says so)")
+    _set_arg(p)
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object per file on stdout: {file, ok, name, nodes, ...} or {file, ok: false, "
+                        "problems: [{field, line, message}]}; warnings too")
 
     p = command("render", help="print what would be submitted")
     p.add_argument("file", metavar="FILE")
     _backend_arg(p)
     p.add_argument("--format", choices=("hcl", "json"), default=None, help="Nomad only: HCL (default) or the API JSON")
+    _set_arg(p)
 
     p = command("submit", help="submit a job; prints its id on the last line of stdout")
     p.add_argument("file", metavar="FILE")
@@ -227,10 +277,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=_positive_float, default=None, help="with --wait: stop waiting after this many seconds")
     p.add_argument("--quiet", "-q", action="store_true", help="with --wait: no live logs or progress")
     _outage_arg(p)
+    _set_arg(p)
+    p.add_argument("--json", action="store_true",
+                   help="the last line of stdout is one JSON object instead of the id alone: {id, backend, name}, "
+                        "with --wait also the final state (as status --json shows it)")
 
     p = command("plan", help="ask the scheduler whether the job can run, submitting nothing (Nomad: each node group's placement; SLURM: sbatch --test-only and the preemption settings)")
     p.add_argument("file", metavar="FILE")
     _backend_arg(p)
+    _set_arg(p)
 
     p = command("status", help="state of one or more jobs (one scheduler query; when it does not answer within "
                                "10 s, each job's last known state, labelled); exit 2 naming ids nobody knows")
@@ -270,6 +325,16 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     _backend_arg(p, by_id=True)
     p.add_argument("--purge", action="store_true", help="Nomad: also purge the job")
     p.add_argument("--signal", default=None, help="SLURM: warn the job instead of ending it: its warning signal (slurm.signal, USR2 when unset) reaches every rank")
+    p.add_argument("--wait", action="store_true",
+                   help="then wait until each job has ended (a run: and started no next attempt); exit 0 when every "
+                        "one did, 1 when one still ran at --timeout")
+    p.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",
+                   help=f"with --wait: stop waiting after this many seconds (default {CANCEL_WAIT_S:g}, as "
+                        "Job.cancel(wait=True))")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object on stdout: the ids cancelled, those that had already ended, and with --wait "
+                        "each one's final state")
+    p.set_defaults(wait_default=CANCEL_WAIT_S)
 
     p = command("preflight", help="run the NCCL bandwidth test and node checks as the job would run; exit 0 pass, 1 fail")
     p.add_argument("file", metavar="FILE")
@@ -280,6 +345,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the table")
     p.add_argument("--timeout", type=_positive_float, default=None, help="cancel the test job after this many seconds")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
+    _set_arg(p)
 
     p = command("nodes", help="the node ledger: hosts that failed a job as a node would, which new jobs avoid "
                               "until they expire; `nodes clear HOST` forgets one (exit 2 if the ledger does not know it)")
@@ -310,6 +376,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                    help="also try the notifications waiting for their next try (the backoff after a failed one)")
 
     command("schema", help="print the job file's JSON Schema")
+
+    p = command("completion", help="print a shell completion script for halo-sched, made from these commands and "
+                                   "options: source <(halo-sched completion bash)")
+    p.add_argument("shell", choices=SHELLS, metavar="bash|zsh|fish")
+    p.set_defaults(whole_parser=build_parser)  # the script covers every command, not the one parsed
     return ap
 
 
@@ -338,6 +409,7 @@ COMMANDS = {
     "export": "manage:cmd_export",
     "notify": "manage:cmd_notify",
     "timeline": "show:cmd_timeline",
+    "completion": "completion:cmd_completion",
 }
 
 
@@ -426,7 +498,7 @@ def _main(argv: list[str] | None) -> int:
             parser.error(f"argument --backend: unknown backend {args.backend!r} (choose from {', '.join(backends.names())})")
     _show_layout_warnings()
     try:
-        if args.command not in ("validate", "schema"):  # the rest read or keep state
+        if args.command not in ("validate", "schema", "completion"):  # the rest read or keep state
             from .store import check_home
 
             check_home()

@@ -149,6 +149,33 @@ def trainer_script(v: str | None) -> str | None:
     return v
 
 
+def _missing(script: str, path: str, base: "ScriptBase | None") -> str:
+    """Why ``trainer.script`` cannot run: ``path`` (where ``script`` was looked for) is no file."""
+    what = "is a directory, not a file" if os.path.isdir(path) else "no such file"
+    if base is None:
+        return f"{path}: {what}"
+    where = "the current directory (the job file came through a pipe)" if base.piped else "the job file's directory"
+    return f"{path}: {what} (a relative trainer.script is read from {where}, {base.job_dir})"
+
+
+def _for_nodes(path: str) -> str:
+    """An absolute ``path`` as the nodes are given it: they start in the directory halo-sched
+    submits from (local and SLURM alike), so a file below it is given relative to it (as the job
+    file's author would write it), any other by its absolute path."""
+    try:
+        rel = os.path.relpath(path, os.getcwd())
+    except (OSError, ValueError):  # the current directory is gone
+        return path
+    return path if rel == os.pardir or rel.startswith(os.pardir + os.sep) else rel
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def trainer_module(v: str | None) -> str | None:
     if v is not None and not MODULE_RE.fullmatch(v):
         raise ValueError("must be a dotted Python module name such as pkg.train")
@@ -563,7 +590,106 @@ class NotifyMethods:
         return value
 
 
+class ScriptBase(NamedTuple):
+    """Where a relative ``trainer.script`` of a job file is read from (set by :func:`load`, kept
+    by ``validated``, ``with_changes`` and a run's attempts; rebuilt from a job's record): the
+    job file's directory, and the directory halo-sched was run in when it read the file (the
+    place a relative script was read from before, searched second, with a warning)."""
+
+    job_dir: str
+    cwd: str
+    #: The job file as it was named (for errors).
+    source: str | None = None
+    #: Read from a pipe (``validate <(envsubst < job.yaml)``): no directory of its own, so
+    #: ``job_dir`` is the current one.
+    piped: bool = False
+
+    @classmethod
+    def of_record(cls, record: dict) -> "ScriptBase | None":
+        """The base of a job's record (``script_dir``, the directory it was submitted from);
+        a record older than ``script_dir`` read the script from its submit directory. None for
+        a spec that was not read from a job file."""
+        job_dir, cwd = record.get("script_dir"), record.get("submit_dir")
+        if not isinstance(cwd, str) or not os.path.isabs(cwd):
+            return None
+        if isinstance(job_dir, str) and os.path.isabs(job_dir):
+            return cls(job_dir, cwd)
+        return cls(cwd, cwd) if isinstance(record.get("job_file"), str) else None
+
+
+class ScriptCheck(NamedTuple):
+    """``trainer.script`` as a backend gives it to its nodes (:meth:`JobSpecMethods.script_check`)."""
+
+    #: The path the nodes are given (None: the trainer is a module).
+    on_nodes: str | None
+    #: Why submit refuses it (no such file; a directory), None when it is fine or cannot be checked.
+    problem: str | None = None
+    #: Warning lines: why it cannot be checked here, or that it was found by the former rule.
+    notes: tuple[str, ...] = ()
+
+
+def _is_file(path: str) -> bool:
+    try:
+        return os.path.isfile(path)
+    except (OSError, ValueError):
+        return False
+
+
+def script_not_checked(spec: Section, backend: str) -> str | None:
+    """Where ``backend``'s nodes read ``trainer.script`` when this machine cannot look there (an
+    image, Nomad's clients); None when the nodes see this machine's files: the local backend, and
+    SLURM on the host (the cluster's shared filesystem)."""
+    if backend == "local":
+        return None
+    if backend == "slurm":
+        if spec.image and spec.slurm.container_runtime == "pyxis":
+            return f"read inside image {spec.image} (pyxis)"
+        return None
+    if backend == "nomad":
+        return f"read inside image {spec.image}" if spec.image else "read on the Nomad clients' own hosts"
+    return f"read on the {backend} backend's nodes"
+
+
 class JobSpecMethods:
+    def script_check(self, backend: str) -> ScriptCheck:
+        """``trainer.script`` on ``backend``'s nodes, and whether it is there.
+
+        A job file's relative script is read from the job file's directory (``ScriptBase``), and
+        the nodes of a backend that shares this machine's files (local; SLURM on the host) are
+        given that file (:func:`_for_nodes`), so they run the file that was checked. When it is not there but
+        is found from the directory halo-sched was run in (how a relative script was read before),
+        that one is used, with a warning. Where the nodes read it elsewhere (an image, Nomad's
+        task) it is given as written and cannot be checked here: a note says so. A spec built in
+        code has no job file: its script is given as written (relative to the directory the
+        nodes start in) and not checked."""
+        script = self.trainer.script
+        if not isinstance(script, str) or not script:
+            return ScriptCheck(None)
+        base: ScriptBase | None = getattr(self, "_script_base", None)
+        if base is None:
+            return ScriptCheck(script)
+        elsewhere = script_not_checked(self, backend)
+        if elsewhere:
+            return ScriptCheck(script, notes=(f"trainer.script {script}: not checked ({elsewhere})",))
+        if os.path.isabs(script):
+            found = _is_file(script)
+            return ScriptCheck(script, None if found else _missing(script, script, None))
+        here = os.path.normpath(os.path.join(base.job_dir, script))
+        before = os.path.normpath(os.path.join(base.cwd, script))
+        if _is_file(here):
+            notes = ()
+            if before != here and _is_file(before) and not _same_file(here, before):
+                notes = (f"trainer.script {script}: {here} (from the job file's directory) is used; {before}, from "
+                         "the current directory, is another file (relative scripts were read from there before)",)
+            return ScriptCheck(_for_nodes(here), notes=notes)
+        if before != here and _is_file(before):
+            rel = os.path.relpath(before, base.job_dir)
+            return ScriptCheck(_for_nodes(before), notes=(
+                f"trainer.script {script} is not in the job file's directory ({base.job_dir}); {before}, found from "
+                f"the current directory as before, is used: write it relative to the job file ({rel}) or as an "
+                "absolute path",))
+        return ScriptCheck(_for_nodes(here), _missing(script, here, base))
+
     @property
     def all_nodes(self) -> int:
         """Trainer nodes plus every server node."""

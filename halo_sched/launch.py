@@ -165,12 +165,14 @@ def _env(pairs: dict, what: str) -> Env:
     return tuple(pairs.items())
 
 
-def _trainer_argv(spec: JobSpec) -> tuple[str, ...]:
+def _trainer_argv(spec: JobSpec, backend: str | None) -> tuple[str, ...]:
     t = spec.trainer
     if t.module:
         head = ["-m", check(t.module, "Python module", "trainer.module")]
     elif isinstance(t.script, str) and t.script and not t.script.startswith("-"):
-        head = [t.script]  # quoted by the template
+        # Quoted by the template; a job file's relative script, as the backend's nodes see it
+        # (jobfile_rules.JobSpecMethods.script_check: local and SLURM on the host get it absolute).
+        head = [spec.script_check(backend).on_nodes if backend else t.script]
     else:  # torchrun would read it as one of its options
         raise RenderError([("trainer.script", "must be the path of a .py file, not starting with '-'")])
     if not isinstance(t.args, (list, tuple)):
@@ -210,13 +212,16 @@ def _excluded(spec: JobSpec, ledgered) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(set(pairs)))
 
 
-def compile_launch(spec: JobSpec, job_id: str | None = None, ledgered: Iterable[tuple[str, str]] = ()) -> Launch:
+def compile_launch(spec: JobSpec, job_id: str | None = None, ledgered: Iterable[tuple[str, str]] = (),
+                   backend: str | None = None) -> Launch:
     """The launch plan of a validated ``spec``. Every number and every word that a renderer
     writes where nothing can quote it is checked here as it is taken (whatever the model holds:
     ``model_copy`` does not validate); the templates' filters check again. ``job_id``: the
     scheduler's id of this submission where the renderer writes one (Nomad), else the name.
     ``ledgered``: the node ledger's hosts as (backend, host) (``ledger.exclusions()``, which the
-    backend reads: compiling reads no store), kept off unless ``avoid_ledgered_nodes`` is false."""
+    backend reads: compiling reads no store), kept off unless ``avoid_ledgered_nodes`` is false.
+    ``backend``: whose nodes run it, for the path of a job file's relative ``trainer.script``
+    (None: as written)."""
     s = spec
     nodes = checked_int(s.nodes, "nodes")
     nproc = checked_int(s.nproc_per_node, "nproc_per_node")
@@ -234,7 +239,7 @@ def compile_launch(spec: JobSpec, job_id: str | None = None, ledgered: Iterable[
             # Static rendezvous store timeout: bounds how long a node waits for the others.
             f"--rdzv_conf=timeout={timeout_s}",
         ),
-        argv=_trainer_argv(s),
+        argv=_trainer_argv(s, backend),
     )
     roles, offset = [], nodes
     for i, r in enumerate(s.servers):

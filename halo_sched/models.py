@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from . import jobfile_rules as rules
 from .jobfile_rules import (
     MAX_ATTEMPTS, Attempt, HangMethods, JobFile, JobSpecMethods, NomadMethods, NotifyMethods,
-    PreflightMethods, SlurmMethods,
+    PreflightMethods, ScriptBase, SlurmMethods,
 )
 from .node.failure_classes import NOTIFY_EVENTS, RETRY_NODE, RETRY_ON
 from .values import (
@@ -319,6 +319,9 @@ class JobSpec(JobSpecMethods, _Model):
     _job_file: JobFile | None = PrivateAttr(default=None)
     #: Set by halo_sched/runs.py for a retry attempt (kept by :func:`validated`).
     _attempt: Attempt | None = PrivateAttr(default=None)
+    #: Where a relative trainer.script is read from: set by :func:`load` (the job file's
+    #: directory), kept by :func:`validated`, ``with_changes`` and a run's attempts.
+    _script_base: ScriptBase | None = PrivateAttr(default=None)
 
     name: str = Field(description="Job name (letters, digits, _ . -; at most 63).")
     nodes: int = Field(ge=1, le=4096, description="Number of nodes: one torchrun per node.")

@@ -133,7 +133,7 @@ _NUM = (int, float, type(None))
 _DICT = (dict, type(None))
 #: The types each field must have when present (None always allowed); what the commands rely on.
 _FIELDS: dict[str, tuple] = {
-    "name": _STR, "submitted_iso": _STR, "submit_dir": _STR, "job_file": _STR, "job_file_sha256": _STR,
+    "name": _STR, "submitted_iso": _STR, "submit_dir": _STR, "job_file": _STR, "job_file_sha256": _STR, "script_dir": _STR,
     "rendered_file": _STR, "submitted": _NUM, "nodes": (int, type(None)), "nproc_per_node": (int, type(None)),
     "last_state": _DICT, "spec": _DICT, "scheduler": _DICT, "git": _DICT, "outputs": (list, type(None)),
 }
@@ -488,7 +488,8 @@ def git_state(where: Path) -> dict | None:
 
 def _trainer_tree(spec) -> Path:
     cwd = Path.cwd()
-    trainer = cwd / spec.trainer.script if spec.trainer.script else cwd
+    # The script the nodes run (a job file's relative one: from its directory), as a path here.
+    trainer = cwd / spec.script_check("local").on_nodes if spec.trainer.script else cwd
     return trainer if trainer.exists() else cwd
 
 
@@ -524,6 +525,8 @@ def build(backend: str, spec: "JobSpec", job_id: str, fields: dict | None = None
         "submit_dir": str(cwd),
         "job_file": job_file.path if job_file else None,
         "job_file_sha256": job_file.sha256 if job_file else None,
+        # Where a relative trainer.script is read from (the job file's directory): a retry reads it there too.
+        "script_dir": spec._script_base.job_dir if spec._script_base is not None else None,
         "nodes": spec.nodes,
         "nproc_per_node": spec.nproc_per_node,
         # The resolved spec (defaults filled in). secret_env holds names; values are never here.

@@ -134,6 +134,7 @@ def next_spec(spec, run_id: str, number: int, exclude: tuple[str, ...], git: dic
 
     nxt = spec.model_copy()
     nxt._job_file = spec._job_file
+    nxt._script_base = spec._script_base
     nxt._attempt = Attempt(run_id, number, tuple(sorted(set(exclude))), git)
     return nxt
 
@@ -720,9 +721,9 @@ def recorded_spec(backend: str, job_id: str):
     data = rec.get("spec")
     if not isinstance(data, dict):
         return None
-    from .spec import from_dict
+    from .spec import from_record
 
-    return from_dict(data, source=f"the record of {job_id}")
+    return from_record(rec)
 
 
 __all__ = ["AttemptRow", "Newest", "Run", "attempts_of", "describe_rows", "follow", "follow_run", "newest_attempt", "newest_attempts", "next_attempt",

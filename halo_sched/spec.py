@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic_core import ValidationError
 
 from .errors import SpecError
-from .jobfile_rules import JobFile, cpu_notes
+from .jobfile_rules import JobFile, ScriptBase, cpu_notes
 from .values import SBATCH_OPTIONS_REFUSED, SBATCH_OPTIONS_SET_BY, parse_go_duration, parse_size
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # The public names are load, loads, validated, json_schema and JobSpec. Parallelism, Trainer, the
 # SBATCH_OPTIONS_* tables and the parsers are at home in models.py and values.py; they are named
 # here too for code that imports them from halo_sched.spec (the models only when asked for).
-__all__ = ["JobSpec", "from_dict", "from_yaml", "json_schema", "load", "loads", "problems_from", "validated", "with_changes",
+__all__ = ["JobSpec", "checked_script", "from_dict", "from_record", "from_yaml", "json_schema", "load", "loads", "problems_from", "validated", "with_changes",
            "Parallelism", "Trainer", "SBATCH_OPTIONS_REFUSED", "SBATCH_OPTIONS_SET_BY", "parse_go_duration",
            "parse_size"]
 
@@ -501,7 +501,8 @@ def load(path: str | Path) -> JobSpec:
             why = _not_a_file(mode)
             if why:
                 raise SpecError([("", f"{p} {why}")], str(p))
-            if stat.S_ISFIFO(mode):
+            piped = stat.S_ISFIFO(mode)
+            if piped:
                 raw = _read_pipe(f.fileno(), p)
             else:
                 raw = f.read(MAX_JOB_FILE_BYTES + 1)  # never more than the limit, whatever the file's size
@@ -517,7 +518,66 @@ def load(path: str | Path) -> JobSpec:
 
     spec = loads(text, str(p))
     spec._job_file = JobFile(str(p.resolve()), hashlib.sha256(raw).hexdigest())
+    # A relative trainer.script is read from the job file's directory (a pipe's: the current one).
+    cwd = os.getcwd()
+    spec._script_base = ScriptBase(cwd if piped else os.path.dirname(spec._job_file.path), cwd, str(p), piped)
     return spec
+
+
+def yaml_value(text: str) -> Any:
+    """One value written as in a job file (the CLI's ``--set KEY=VALUE``): a YAML scalar
+    (``4``, ``gpu``, ``true``, nothing for null) or a flow list or mapping (``[--lr, "0.1"]``),
+    read by the job file's bounded reader. ValueError says why not."""
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise ValueError(f"nested more than {MAX_YAML_DEPTH} levels deep") from None
+    except yaml.YAMLError as err:
+        problem = " ".join(str(getattr(err, "problem", None) or err).split())
+        raise ValueError(f"not a YAML value ({problem[:120]}); quote text that YAML reads otherwise") from None
+
+
+def from_record(record: dict) -> JobSpec:
+    """The spec a job was submitted with, from its record (``record["spec"]``, validated again),
+    its relative ``trainer.script`` read from where the job file was (the record's job file and
+    submit directory), as at the submit."""
+    spec = from_dict(record.get("spec"), source=f"the record of {record.get('id')}")
+    spec._script_base = ScriptBase.of_record(record)
+    return spec
+
+
+def checked_script(spec: Any, backend: str):
+    """``spec.script_check(backend)`` (halo_sched/jobfile_rules.py: where a relative
+    ``trainer.script`` is read from, and the path the nodes are given); a script that is not
+    there is a SpecError naming ``trainer.script`` (with its line when the job file is unchanged)."""
+    check = spec.script_check(backend)
+    if check.problem:
+        base = spec._script_base
+        line = _line_in_file(spec.job_file, ("trainer", "script"))
+        raise SpecError([(f"trainer.script{f' (line {line})' if line else ''}", check.problem)],
+                        base.source if base else None)
+    return check
+
+
+def _line_in_file(job_file: JobFile | None, loc: tuple) -> int | None:
+    """The line of ``loc`` in the job file read again, when it still holds the bytes read first."""
+    import hashlib
+
+    if job_file is None:
+        return None
+    try:
+        fd = os.open(job_file.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)  # a pipe never blocks
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
+            raw = f.read(MAX_JOB_FILE_BYTES + 1)
+        if hashlib.sha256(raw).hexdigest() != job_file.sha256:
+            return None
+        return _line_index(raw.decode("utf-8")).get(loc)
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def json_schema() -> dict:
@@ -562,6 +622,7 @@ def validated(spec: Any) -> JobSpec:
         raise SpecError(errors)
     checked._job_file = spec._job_file
     checked._attempt = spec._attempt
+    checked._script_base = spec._script_base
     return checked
 
 
@@ -590,11 +651,13 @@ def _unset_defaults_dropped(spec: Any) -> dict:
     return data
 
 
-def with_changes(spec: Any, changes: dict) -> JobSpec:
+def with_changes(spec: Any, changes: dict, *, source: str | None = None) -> JobSpec:
     """A new JobSpec: ``spec`` with each dotted field of ``changes`` set
     (``{"trainer.args": ["--lr", "0.1"], "slurm.partition": "gpu", "servers.0.port": 8000}``),
     validated whole as a job file is. A bad path or value is a SpecError naming the field. The
-    result is no longer the job file ``spec`` was loaded from: its record keeps no job file."""
+    result is no longer the job file ``spec`` was loaded from: its record keeps no job file; a
+    relative ``trainer.script`` is still read from that job file's directory. ``source`` names
+    the result in errors and warnings (the CLI's ``--set``: the job file with its changes)."""
     from .models import JobSpec
 
     if not isinstance(spec, JobSpec):
@@ -605,23 +668,26 @@ def with_changes(spec: Any, changes: dict) -> JobSpec:
     for path, value in changes.items():
         parts = path.split(".") if isinstance(path, str) else []
         if not parts or not all(parts):
-            raise SpecError([(str(path)[:80], "a field path is dotted names, like trainer.args or slurm.partition")])
+            raise SpecError([(str(path)[:80], "a field path is dotted names, like trainer.args or slurm.partition")],
+                            source)
         node: Any = data
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
             here = ".".join(parts[:i + 1])
             if isinstance(node, list):
                 if not part.isdigit() or int(part) >= len(node):
-                    raise SpecError([(here, f"no item {part} in a list of {len(node)}")])
+                    raise SpecError([(here, f"no item {part} in a list of {len(node)}")], source)
                 key: Any = int(part)
             elif isinstance(node, dict):
                 key = part
                 if not last and node.get(key) is None:
                     node[key] = {}  # a section left unset (or null): set it
             else:
-                raise SpecError([(here, f"{'.'.join(parts[:i]) or 'the spec'} is a value, not a section")])
+                raise SpecError([(here, f"{'.'.join(parts[:i]) or 'the spec'} is a value, not a section")], source)
             if last:
                 node[key] = value
             else:
                 node = node[key]
-    return from_dict(data, source="with_changes")
+    changed = from_dict(data, source=source or "with_changes")
+    changed._script_base = spec._script_base
+    return changed

@@ -203,6 +203,8 @@ def example_job(tmp: Path, port: int, **overrides) -> Path:
     import yaml
 
     data = yaml.safe_load((REPO / "examples" / "ddp-cpu.yaml").read_text())
+    # The example's script is relative to the example's directory, and this copy is elsewhere.
+    data["trainer"]["script"] = str(REPO / "examples" / data["trainer"]["script"])
     data["rendezvous"]["port"] = port
     for key, value in overrides.items():
         data[key] = value

@@ -4,15 +4,15 @@ without it: a run that regenerates writes the files and FAILS, so it can never p
 unseen."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 
 import pytest
-import yaml
 
 import halo_sched
-from halo_sched.spec import from_dict, load
+from halo_sched.spec import load, with_changes
 from helpers import REPO
 
 GOLDEN = REPO / "tests" / "golden"
@@ -35,14 +35,14 @@ VARIANTS = {"gate": {"preflight": {"gate": True, "min_busbw": "20GB/s"}}}
 
 
 def _rendered(example, backend, opts) -> str:
-    """The example rendered from its JobSpec, as `halo-sched render` reads it."""
+    """The example rendered from its JobSpec, as `halo-sched render` reads it (from the checkout's
+    top: a job file's relative script is given to the nodes from the submit directory)."""
     name, _, variant = example.partition("+")
-    if variant:
-        data = {**yaml.safe_load((REPO / "examples" / name).read_text()), **VARIANTS[variant]}
-        spec = from_dict(data)
-    else:
+    with contextlib.chdir(REPO):
         spec = load(REPO / "examples" / name)
-    return halo_sched.render(spec, backend, **opts)
+        if variant:
+            spec = with_changes(spec, VARIANTS[variant])
+        return halo_sched.render(spec, backend, **opts)
 
 
 def test_regenerating_golden_files_fails_the_run():

@@ -213,6 +213,7 @@ def test_a_job_file_through_process_substitution_loads(tmp_path):
     import sys
 
     (tmp_path / "job.yaml").write_text(GOOD)
+    (tmp_path / "t.py").write_text("")  # its trainer.script, in the current directory (a pipe's job file has no other)
     r = subprocess.run(["bash", "-c", f'"{sys.executable}" -m halo_sched.cli validate <(cat job.yaml)'],
                        cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -222,6 +222,7 @@ def test_submit_and_cancel_with_a_closed_stdout_act_and_say_so(tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text("name: sleeper\nnodes: 1\nnproc_per_node: 1\ntrainer: {script: t.py}\n"
                    "setup: ['sleep 60']\n")
+    (tmp_path / "t.py").touch()
     r = _closed("submit", str(job), "--backend", "local", "-q")
     err = r.stderr.decode()
     assert r.returncode == 0 and "Traceback" not in err and "Exception ignored" not in err, err
@@ -257,6 +258,7 @@ def test_render_and_dry_run_print_the_job_byte_for_byte(tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text("name: j\nnodes: 2\nnproc_per_node: 1\ntrainer: {script: t.py}\n"
                    'env: {GREETING: "a\\u200bb\\u202ec"}\n', encoding="utf-8")
+    (tmp_path / "t.py").touch()
     want = halo_sched.render(halo_sched.load(job), "slurm")
     assert "a\u200bb\u202ec" in want
     r = run("render", str(job), "--backend", "slurm")

@@ -108,6 +108,7 @@ def test_cli_refuses_with_exit_2_naming_the_field_and_warns_with_exit_0(tmp_path
         assert "parallelism.ep (line 6)" in r.stderr and "Traceback" not in r.stderr
     hsdp = tmp_path / "hsdp.yaml"
     hsdp.write_text(job(1, 8, "{hsdp: true}"))
+    (tmp_path / "t.py").touch()  # its trainer.script
     r = cli("validate", str(hsdp))
     assert r.returncode == 0, r.stderr
     assert r.stderr.startswith("halo-sched: warning: ") and "parallelism.hsdp (line 6)" in r.stderr

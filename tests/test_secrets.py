@@ -115,6 +115,7 @@ def test_server_secrets_render_by_name_on_every_backend_and_are_taken_at_submit(
     p = tmp_path / "job.yaml"
     p.write_text(SERVERS.replace("name: j", "name: srv") % "secret_env: [HF_TOKEN, ROLLOUT_KEY]"
                  + "secret_env: [HF_TOKEN]\nnomad: {driver: raw_exec}\n")
+    (tmp_path / "t.py").touch()  # its trainer.script
     env = secret_env(ROLLOUT_KEY="rk-" + MARK)
     spec = halo_sched.load(p)
     assert spec.secret_names == ["HF_TOKEN", "ROLLOUT_KEY"]

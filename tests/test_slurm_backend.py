@@ -19,7 +19,7 @@ def env(slurm_cluster):
 
 def _job(tmp_path, **overrides):
     path = example_job(tmp_path, free_port(), **overrides)
-    data = path.read_text().replace("examples/train_ddp.py", str(REPO / "examples" / "train_ddp.py"))
+    data = path.read_text().replace("script: examples/train_ddp.py", f"script: {REPO / 'examples' / 'train_ddp.py'}")
     path.write_text(data)
     return path
 

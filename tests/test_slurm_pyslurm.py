@@ -228,7 +228,7 @@ def test_real_pyslurm_runs_the_rendered_cpu_example(slurm_cluster, tmp_path, mon
     # here), and it must still not reach the job.
     monkeypatch.setenv("SLURM_JWT", slurm_jwt())
     reports = tmp_path / "reports"
-    data = (REPO / "examples" / "ddp-cpu.yaml").read_text().replace("examples/train_ddp.py", str(REPO / "examples" / "train_ddp.py"))
+    data = (REPO / "examples" / "ddp-cpu.yaml").read_text().replace("script: train_ddp.py", f"script: {REPO / 'examples' / 'train_ddp.py'}")
     data = data.replace("port: 29500", f"port: {free_port()}").replace(
         'args: ["--steps", "20"]', f'args: ["--steps", "5", "--report-dir", "{reports}", "--echo-env", "HF_TOKEN", '
                                    '"--echo-env", "SLURM_JWT", "--echo-env", "NOMAD_TOKEN"]')

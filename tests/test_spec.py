@@ -145,6 +145,7 @@ def cli(*args, cwd=None):
 def test_cli_validate_exit_codes(tmp_path):
     good = tmp_path / "good.yaml"
     good.write_text(MIN)
+    (tmp_path / "train.py").write_text("")  # its trainer.script, beside it
     bad = tmp_path / "bad.yaml"
     bad.write_text(MIN.replace("nodes: 2", "nodes: zero") + "slurm: {qos: 'a b'}\n")
     broken = tmp_path / "broken.yaml"

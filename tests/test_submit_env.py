@@ -37,6 +37,7 @@ def _spec(tmp_path: Path, **over) -> Path:
             "retry": {"attempts": 3, "on": ["node"]}, **over}
     p = tmp_path / "job.yaml"
     p.write_text(yaml.safe_dump(data))
+    (tmp_path / "train.py").touch()  # its trainer.script, beside it (checked at submit)
     return p
 
 

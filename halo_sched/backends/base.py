@@ -247,9 +247,14 @@ class Scheduler(abc.ABC):
         token), the secrets checked before anything is sent (an unset ``secret_env`` variable is
         a SpecError naming it), the git state of the trainer's tree (read while the scheduler
         answers), ``schedule``, then the job's record (with the job file and its SHA-256 when
-        the spec was loaded from one: ``spec.job_file``)."""
+        the spec was loaded from one: ``spec.job_file``). First of all, a job file's
+        ``trainer.script`` that the nodes would not find is a SpecError naming it
+        (``spec.checked_script``)."""
         from .. import records
+        from ..spec import checked_script
 
+        for line in checked_script(spec, self.name).notes:  # a trainer.script that is not there: exit 2
+            print(f"halo-sched: warning: {line}", file=sys.stderr)
         dry = self.dryrun(spec, **opts)
         writable_store()  # before anything is sent: a home or store this user cannot write is exit 2
         warn_short_secrets(spec.secret_values())

@@ -159,10 +159,10 @@ class LocalScheduler(Scheduler):
     # ---- public API -------------------------------------------------------------------------
 
     def render(self, spec: JobSpec, **opts) -> str:
-        return render_run(compile_launch(spec))
+        return render_run(compile_launch(spec, backend="local"))
 
     def dryrun(self, spec: JobSpec, **opts) -> DryRun:
-        return DryRun(self.name, spec, self.render(spec), payload=render_entry(compile_launch(spec)))
+        return DryRun(self.name, spec, self.render(spec), payload=render_entry(compile_launch(spec, backend="local")))
 
     def schedule(self, dryrun: DryRun) -> str:
         return self._start(dryrun, submission_id(dryrun.spec))
@@ -189,7 +189,7 @@ class LocalScheduler(Scheduler):
             )
         _check_local_ports(spec)
         master_port = spec.rendezvous.port if spec.rendezvous.port is not None else _free_master_port(spec, self.root)
-        launch = compile_launch(spec)
+        launch = compile_launch(spec, backend="local")
         servers = _server_nodes(launch)
         # Trainer nodes first, then each server "node": disjoint slices of this machine's GPUs.
         gpu_sets = _gpu_sets_for([spec.gpus_per_node] * spec.nodes + [s["gpus"] for s in servers])

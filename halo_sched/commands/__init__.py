@@ -15,6 +15,7 @@ tests replace). Errors are raised as ``HaloError``; the CLI prints them and exit
 - ``wait.py``: submit and watch (waiting for a job's end, a run's retries)
 - ``show.py``: status, list and logs (reading jobs)
 - ``manage.py``: cancel, nodes (the node ledger) and gc (Nomad secrets)
+- ``completion.py``: the shell completion scripts, made from the parser
 - ``jobids.py``: which backend each job id went to
 """
 from __future__ import annotations

@@ -3,32 +3,77 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 
-from . import Progress, raw, say
+from . import Progress, json_line, raw, say
 from ..errors import UsageError
 
 
+def load_job(path: str, changes=()):
+    """The job file at ``path`` with ``--set``'s changes ((dotted path, value), in order; the last
+    of a path wins), made as ``halo_sched.with_changes`` makes them: a bad path or value is a
+    SpecError naming it, exit 2. Layout warnings are those of the result."""
+    import warnings
+
+    from ..layout import LayoutWarning
+    from ..spec import load, with_changes
+
+    if not changes:
+        return load(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LayoutWarning)  # said of the changed job, below
+        spec = load(path)
+    return with_changes(spec, dict(changes), source=f"{path} with --set")
+
+
+#: "trainer.script (line 5)": a problem's field and its line in the job file.
+_WHERE = re.compile(r"^(.*?)(?: \(line (\d+)\))?$", re.S)
+
+
+def _problem_json(where: str, message: str) -> dict:
+    m = _WHERE.match(where or "")
+    return {"field": m.group(1), "line": int(m.group(2)) if m.group(2) else None, "message": message}
+
+
 def cmd_validate(args, scheduler) -> int:
+    import warnings
+
     from ..errors import SpecError
-    from ..spec import load
+    from ..layout import LayoutWarning
+    from ..spec import checked_script
 
     bad = 0
     for f in args.files:
-        try:
-            s = load(f)
-        except SpecError as err:
-            say(str(err))
+        s, problem, script_notes = None, None, []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", LayoutWarning)
+            try:
+                s = load_job(f, args.set)
+                script_notes = [f"{f}: {line}" for line in checked_script(s, args.backend).notes]  # as its nodes see it
+            except SpecError as err:
+                problem = err
+        notes = [str(w.message) for w in caught if issubclass(w.category, LayoutWarning)] + script_notes
+        for line in notes:
+            say(f"halo-sched: warning: {line}")
+        if problem is not None:
             bad += 1
+            if args.json:
+                print(json_line({"file": f, "ok": False, "warnings": notes,
+                                 "problems": [_problem_json(where, msg) for where, msg in problem.problems]}))
+            else:
+                say(str(problem))
             continue
-        print(f"{f}: ok ({s.name}: {s.nodes} nodes x {s.nproc_per_node} processes = {s.world_size} ranks)")
+        if args.json:
+            print(json_line({"file": f, "ok": True, "name": s.name, "nodes": s.nodes,
+                             "nproc_per_node": s.nproc_per_node, "world_size": s.world_size, "warnings": notes}))
+        else:
+            print(f"{f}: ok ({s.name}: {s.nodes} nodes x {s.nproc_per_node} processes = {s.world_size} ranks)")
     return 2 if bad else 0
 
 
 def cmd_render(args, scheduler) -> int:
-    from ..spec import load
-
-    spec = load(args.file)
+    spec = load_job(args.file, args.set)
     opts = {}
     if args.format:
         if args.backend != "nomad":
@@ -40,9 +85,7 @@ def cmd_render(args, scheduler) -> int:
 
 
 def cmd_plan(args, scheduler) -> int:
-    from ..spec import load
-
-    spec = load(args.file)
+    spec = load_job(args.file, args.set)
     sched = scheduler(args.backend)
     from ..backends.base import Plans
 
@@ -62,10 +105,9 @@ def cmd_schema(args, scheduler) -> int:
 
 def cmd_preflight(args, scheduler) -> int:
     from .. import preflight
-    from ..spec import load
     from ..values import parse_size
 
-    spec = load(args.file)
+    spec = load_job(args.file, args.set)
     try:
         size = parse_size(args.size)
     except ValueError as err:

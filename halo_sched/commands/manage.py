@@ -15,6 +15,10 @@ def cmd_cancel(args, scheduler) -> int:
     from ..core import cancel_known
     from ..runs import newest_attempts
 
+    if args.timeout is not None and not args.wait:
+        raise UsageError("--timeout applies to cancel --wait")
+    if args.wait and args.signal:
+        raise UsageError("--wait and --signal: a warning does not end the job (wait with `halo-sched watch`)")
     # An attempt of a run (retry:) stands for the run: its newest attempt, pending or running, is
     # what is cancelled (or warned), and the line says which it was.
     groups, runs = newest_attempts(resolve_ids(args.ids, args.backend), scheduler)
@@ -45,11 +49,68 @@ def cmd_cancel(args, scheduler) -> int:
                       f"); nothing to {'signal' if args.signal else 'cancel'}")
         room = max(40, 160 - len(head + tail))
         say(head + (words if len(words) <= room else words[:room - 3] + "...") + tail)
+    rc, finals = 0, {}
+    if args.wait and done:
+        by_backend = {b: [i for i in ids if i in done] for b, ids in groups.items()}
+        rc, finals = _wait_ended(by_backend, scheduler, args.wait_default if args.timeout is None else args.timeout)
+    if args.json:
+        from .show import state_json
+
+        print(json_line({"cancelled": [] if args.signal else done, "signalled": done if args.signal else [],
+                         "already_ended": ended, "unknown": list(unknown),
+                         **({"ended": {i: state_json(st) for i, st in finals.items()}} if args.wait else {})}))
     if unknown:
         raise UnknownJob(list(unknown), next(iter(where)) if len(where) == 1 else None,
                          reason=next(iter(unknown.values())) if len(unknown) == 1 else "",
                          others_done=" (the others were cancelled)" if done else "")
-    return 0
+    return rc
+
+
+def _wait_ended(groups: dict[str, list[str]], scheduler, timeout: float) -> tuple[int, dict]:
+    """``cancel --wait``: until each job cancelled (backend -> ids) has ended, all within
+    ``timeout`` seconds; each end said and kept in its record. An attempt of a run whose next
+    attempt started all the same (decided before the cancel) is no end of the run: said, exit 1.
+    Returns (exit code: 0 every one ended, 1 one still ran or its run went on, 3 one the
+    scheduler no longer knows), the final states."""
+    from ..backends.base import JobStatus
+    from ..backends.watcher import watcher_for
+    from ..core import keep_seen
+    from ..errors import EXIT_OUTCOME_UNKNOWN
+
+    deadline = time.monotonic() + timeout
+    rc, finals = 0, {}
+    for backend, ids in groups.items():
+        sched = scheduler(backend)
+        for job_id in ids:
+            watcher_for(sched).forget(job_id)  # asked afresh: not a state seen before the cancel
+            state = sched.wait(job_id, timeout=max(0.0, deadline - time.monotonic()))
+            keep_seen(backend, job_id, state)
+            finals[job_id] = state
+            if state.status is JobStatus.UNKNOWN:
+                say(f"halo-sched: {job_id}: the scheduler no longer knows this job; its end was not seen ({state.reason})")
+                rc = max(rc, EXIT_OUTCOME_UNKNOWN)
+            elif not state.status.terminal:
+                say(f"halo-sched: {job_id} still {state.status.value} after --timeout {timeout:g}s")
+                rc = max(rc, 1)
+            else:
+                say(f"halo-sched: {job_id} {state.describe()}")
+                went_on = _run_went_on(sched, job_id)
+                if went_on:
+                    say(f"halo-sched: {job_id}: its run went on as {went_on} (the next attempt, decided before the "
+                        f"cancel): halo-sched cancel {went_on}")
+                    rc = max(rc, 1)
+    return rc, finals
+
+
+def _run_went_on(sched, job_id: str) -> str | None:
+    """The next attempt of ``job_id``'s run, when it is an attempt of one and one was started."""
+    from .. import records
+    from ..runs import next_attempt
+
+    run = ((records.find(job_id, sched.name, on_bad=None) or [{}])[0]).get("run")
+    if not isinstance(run, dict) or not isinstance(run.get("id"), str):
+        return None
+    return next_attempt(sched, run["id"], job_id)
 
 
 def _warning_signal(given: str, ids: list[str]) -> str:

@@ -90,29 +90,35 @@ def _show_status(args, job_id: str, backend: str, state, fallen) -> None:
         return
     st = state
     if args.json:
-        print(json_line({
-            "id": st.id, "status": st.status.value, "raw_state": st.raw_state, "exit_code": st.exit_code,
-            "nodes_total": st.nodes_total, "nodes_running": st.nodes_running, "reason": st.reason,
-            # Nomad: per node rank, the allocation that runs it (alloc id, node, client status).
-            **({"nodes": st.nomad.nodes} if st.nomad is not None else {}),
-            # SLURM: how many times the job was requeued (the run is restarts + 1).
-            **({"restarts": st.restarts} if st.restarts is not None else {}),
-            # Which rank failed first, and every failure the nodes reported.
-            **({"failure": st.failure.to_dict()} if st.failure is not None else {}),
-            # Whose fault: node, job or unknown (docs/failures.md, "Whose fault").
-            **({"failure_class": cls.to_dict()} if (cls := st.failure_class()) is not None else {}),
-            # SLURM hot spares (slurm.spare_nodes): how many are left, and each swap.
-            **({"spares": st.spares} if st.spares else {}),
-            **({"last_known": st.last_known} if st.last_known is not None else {}),
-            # A run's first attempt (retry:): each attempt with its hours, and the totals.
-            **_run_json(st.id, backend),
-        }))
+        print(json_line({**state_json(st),
+                         # A run's first attempt (retry:): each attempt with its hours, and the totals.
+                         **_run_json(st.id, backend)}))
     elif st.last_known is not None:
         print(f"{job_id}\t{st.last_known['describe']} (last known: the scheduler no longer knows the job)")
     else:
         print(f"{job_id}\t{st.describe()}")
     if not args.json:
         _print_run(job_id, backend)
+
+
+def state_json(st) -> dict:
+    """A job's state as ``status --json`` (and ``submit --json --wait``, ``cancel --json --wait``)
+    write it."""
+    return {
+        "id": st.id, "status": st.status.value, "raw_state": st.raw_state, "exit_code": st.exit_code,
+        "nodes_total": st.nodes_total, "nodes_running": st.nodes_running, "reason": st.reason,
+        # Nomad: per node rank, the allocation that runs it (alloc id, node, client status).
+        **({"nodes": st.nomad.nodes} if st.nomad is not None else {}),
+        # SLURM: how many times the job was requeued (the run is restarts + 1).
+        **({"restarts": st.restarts} if st.restarts is not None else {}),
+        # Which rank failed first, and every failure the nodes reported.
+        **({"failure": st.failure.to_dict()} if st.failure is not None else {}),
+        # Whose fault: node, job or unknown (docs/failures.md, "Whose fault").
+        **({"failure_class": cls.to_dict()} if (cls := st.failure_class()) is not None else {}),
+        # SLURM hot spares (slurm.spare_nodes): how many are left, and each swap.
+        **({"spares": st.spares} if st.spares else {}),
+        **({"last_known": st.last_known} if st.last_known is not None else {}),
+    }
 
 
 def _unshowable(as_json: bool, job_id: str, backend: str, err: Exception) -> None:

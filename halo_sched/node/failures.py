@@ -345,6 +345,51 @@ def describe_hang(hung: list[RankFailure]) -> str:
     return text + ("; " + ", ".join(parts) if parts else "")
 
 
+#: The line a node's entry script ends on when it gives up before or around torchrun (templates'
+#: ``halo_fail``: "halo-sched: node 1: torchrun not found on PATH (after setup); ..."), whatever
+#: label the line got on the way ("[node 1] ", SLURM's "1: ").
+_ENTRY_FAIL = re.compile(r"^(?:\[node (\d+)\] |(\d+): )?halo-sched: node (\d+): (.+)$")
+#: How much of a node's output is read for it: its end only.
+ENTRY_TAIL_BYTES = 16384
+
+
+def entry_failure(lines: Iterable[str], node: int | None = None) -> str | None:
+    """Why a node's entry script gave up, in its own words, as ``node K: WHY``: the last of
+    ``lines`` that is its ``halo_fail`` line (of node ``node`` when given), escaped and cut. For
+    a node that failed without a failure line (nothing of torchrun's ran to report), so that the
+    job's last line says why ("torchrun not found on PATH") rather than an exit code. A label
+    for the reader, never a verdict: it picks no culprit and reaches no ledger."""
+    found = None
+    for line in lines:
+        m = _ENTRY_FAIL.match(line.rstrip("\r\n"))
+        if not m:
+            continue
+        label, said = m.group(1) or m.group(2), int(m.group(3))
+        if (label is not None and int(label) != said) or (node is not None and said != node):
+            continue
+        found = f"node {said}: {escape_controls(' '.join(m.group(4).split()))[:400]}"
+    return found
+
+
+def entry_failure_in(paths: Iterable, node: int | None = None) -> str | None:
+    """:func:`entry_failure` of the last ``ENTRY_TAIL_BYTES`` of each file (missing ones
+    skipped); the last one found wins."""
+    found = None
+    for p in paths:
+        try:
+            with open(p, "rb") as f:
+                size = f.seek(0, 2)
+                f.seek(max(0, size - ENTRY_TAIL_BYTES))
+                text = f.read().decode("utf-8", errors="replace")
+        except OSError:
+            continue
+        lines = text.splitlines()
+        if size > ENTRY_TAIL_BYTES:
+            lines = lines[1:]  # the first may be cut
+        found = entry_failure(lines, node) or found
+    return found
+
+
 def report_from_lines(lines: Iterable[str], key: str = "") -> FailureReport | None:
     failures = parse_lines(lines, key)
     return FailureReport(failures) if failures else None

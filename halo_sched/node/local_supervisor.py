@@ -204,8 +204,13 @@ class _Supervisor:
                        reason=f"{failed_rank} exited with {exit_code} while the trainer ran (a dead server fails the job)")
         elif failed_rank is not None:
             report = failure_report(self.d)
+            reason = report.describe() if report else None
+            if not reason:  # no failure line: the entry script's own words, if it gave up ("torchrun not found")
+                from .failures import entry_failure_in
+
+                reason = entry_failure_in([self.d / f"node-{failed_rank}.log"], failed_rank)
             self._save(state="FAILED", nodes_running=0, ended=time.time(), exit_code=exit_code,
-                       reason=report.describe() if report else f"node {failed_rank} exited with {exit_code}")
+                       reason=reason or f"node {failed_rank} exited with {exit_code}")
         else:
             self._save(state="COMPLETED", nodes_running=0, ended=time.time(), exit_code=0)
         return 0

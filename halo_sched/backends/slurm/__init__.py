@@ -92,7 +92,7 @@ class SlurmScheduler(Scheduler):
         """The dry run's ``payload`` is the typed sbatch request (request.py), ``text`` its script."""
         from ... import ledger
 
-        request = batch_request(compile_launch(spec, ledgered=ledger.exclusions()))
+        request = batch_request(compile_launch(spec, ledgered=ledger.exclusions(), backend="slurm"))
         return DryRun(self.name, spec, request.script, payload=request)
 
     def schedule(self, dryrun: DryRun) -> str:
@@ -101,7 +101,7 @@ class SlurmScheduler(Scheduler):
 
         from ... import ledger
 
-        launch = compile_launch(dryrun.spec, ledgered=ledger.exclusions())
+        launch = compile_launch(dryrun.spec, ledgered=ledger.exclusions(), backend="slurm")
         problems, checked = checks.partition_problems(self.transport, dryrun.spec, launch.cluster,
                                                       bound_s=SUBMIT_CHECK_S)
         if checked.startswith("unchecked: could not read"):
@@ -125,7 +125,7 @@ class SlurmScheduler(Scheduler):
         # since removed. The node ledger never stops a job: submit it without the exclusion.
         _say(f"warning: SLURM does not know a host of the node ledger ({', '.join(ledgered)}); submitting "
              "without the ledger's --exclude (`halo-sched nodes clear HOST` forgets one)")
-        return self._submit(dryrun, batch_request(compile_launch(dryrun.spec)))
+        return self._submit(dryrun, batch_request(compile_launch(dryrun.spec, backend="slurm")))
 
     def _submit(self, dryrun: DryRun, request: SbatchRequest) -> str:
         if not isinstance(self.transport, SubmitsOnce):  # slurmrestd, pyslurm: one attempt
@@ -193,12 +193,14 @@ class SlurmScheduler(Scheduler):
             if state.status is JobStatus.FAILED:
                 # Which rank failed first: the failure lines the nodes wrote into the output file.
                 # (Imported here, when a job failed: render and submit need none of it, 10 ms.)
-                from ...node.failures import report_from_files
+                from ...node.failures import entry_failure_in, report_from_files
                 from ...records import failure_key
                 from .outputs import output_files
 
-                state.failure = report_from_files(output_files(self.transport, job_id, ask=False),
-                                                  failure_key(job_id, self.name))
+                files = output_files(self.transport, job_id, ask=False)
+                state.failure = report_from_files(files, failure_key(job_id, self.name))
+                if state.failure is None:  # no failure line: a node's entry script that gave up says why
+                    state.reason = entry_failure_in(files) or state.reason
             elif state.status is JobStatus.NODE_FAIL:
                 # The node SLURM lost is named by its own record (down_nodes.py), not by the
                 # failure lines: a host cut off writes none, its peers' blame nobody.

@@ -187,7 +187,7 @@ def render_sbatch(spec: JobSpec) -> str:
     """:func:`render_batch` of ``spec``'s plan, kept off the node ledger's hosts."""
     from ... import ledger
 
-    return render_batch(compile_launch(spec, ledgered=ledger.exclusions()))
+    return render_batch(compile_launch(spec, ledgered=ledger.exclusions(), backend="slurm"))
 
 
 def _largest_part(spec: JobSpec) -> tuple[str, int]:
