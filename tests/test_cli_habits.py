@@ -188,6 +188,10 @@ def test_cancel_wait_says_when_the_run_went_on(monkeypatch, capsys, tmp_path):
     records.record_submit("slurm", spec, "#!/bin/bash\n", "201", {})
     from halo_sched import runs
 
-    monkeypatch.setattr(runs, "next_attempt", lambda sched, run_id, job_id: "202" if job_id == "201" else None)
-    rc, _, err = _cancel(monkeypatch, capsys, Stubborn(ends={"201"}), "201", "--wait", "--timeout", "30")
+    sched = Stubborn(ends={"201"})
+    # Decided as the cancel went out: `cancel RUN` follows the run to its newest attempt before it
+    # cancels, so the next attempt shows only once 201 was cancelled.
+    monkeypatch.setattr(runs, "next_attempt",
+                        lambda s, run_id, job_id: "202" if job_id == "201" and "201" in sched.cancelled else None)
+    rc, _, err = _cancel(monkeypatch, capsys, sched, "201", "--wait", "--timeout", "30")
     assert rc == 1 and "201: its run went on as 202" in err and "halo-sched cancel 202" in err, err
