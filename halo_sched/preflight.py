@@ -63,11 +63,15 @@ def preflight_spec(spec, size: int, iters: int = DEFAULT_ITERS):
         f"printf '%s' '{payload}' | base64 -d > \"$halo_preflight_dir/{SCRIPT_NAME}\"",
         'cd "$halo_preflight_dir"',
     ]
-    return spec.model_copy(update={
+    test = spec.model_copy(update={
         "name": f"{spec.name[:53]}-preflight",
         "trainer": Trainer(script=SCRIPT_NAME, args=args),
         "setup": setup,
     })
+    # Its script is the node's own, written by setup in the directory setup ends in: not the job
+    # file's (given to the nodes as written, not checked here).
+    test._script_base = None
+    return test
 
 
 # ---- reading the results back -----------------------------------------------------------------

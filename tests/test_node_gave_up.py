@@ -42,26 +42,29 @@ def test_without_torchrun_on_the_node_the_last_line_says_so(tmp_path):
 
 def test_the_entry_line_is_read_whatever_its_label_and_only_its_own():
     said = f"halo-sched: node 1: {NOT_FOUND}"
-    for line in (said, f"[node 1] {said}", f"1: {said}"):
-        assert entry_failure(["other output", line, "more"]) == f"node 1: {NOT_FOUND}"
+    assert entry_failure(["other output", said, ""]) == f"node 1: {NOT_FOUND}"  # a node's own output
+    for label in ("[node 1] ", "1: "):  # labelled: each node's last line, whatever the others say after it
+        assert entry_failure([f"{label}other", f"{label}{said}", "0: more", "[node 0] more"]) == f"node 1: {NOT_FOUND}"
+    # Only the line a node's output ends on: a server's URL line, then more output, is no reason.
+    assert entry_failure([said, "Traceback (most recent call last):", "  ..."]) is None
+    assert entry_failure(["halo-sched: node 0: server vllm: http://10.0.0.2:8000", "step 1"]) is None
     # A label that names another node than the line: not the entry's line.
     assert entry_failure([f"0: {said}"]) is None
     assert entry_failure([said], node=0) is None
-    # The last one wins; the text is escaped and bounded (a job's output is hostile).
-    got = entry_failure(["halo-sched: node 0: first", "halo-sched: node 2: \x1b[2Jsecond " + "x" * 5000])
+    # The text is escaped and bounded (a job's output is hostile); the lowest node of several.
+    got = entry_failure(["2: halo-sched: node 2: \x1b[2Jsecond " + "x" * 5000, "1: halo-sched: node 1: first"])
+    assert got == "node 1: first"
+    got = entry_failure(["halo-sched: node 2: \x1b[2Jsecond " + "x" * 5000])
     assert got.startswith("node 2: \\x1b[2Jsecond") and len(got) < 420
 
 
 def test_only_the_end_of_a_long_output_is_read(tmp_path):
     out = tmp_path / "big.out"
     with open(out, "w") as f:
-        f.write("halo-sched: node 0: long ago\n" + "x" * 100 + "\n")
-        f.write(("y" * 99 + "\n") * 2000)
+        f.write("3: the start\n0: halo-sched: node 0: long ago\n")  # node 0's last line, 200 kB before the end
+        f.write(("3: " + "y" * 99 + "\n") * 2000)
         f.write(f"1: halo-sched: node 1: {NOT_FOUND}\n")
     assert entry_failure_in([out, tmp_path / "missing"]) == f"node 1: {NOT_FOUND}"
-    with open(out, "a") as f:
-        f.write(("z" * 99 + "\n") * 2000)
-    assert entry_failure_in([out]) is None  # past the tail that is read
 
 
 class _Transport:

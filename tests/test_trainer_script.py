@@ -170,3 +170,15 @@ def test_the_examples_run_from_the_checkout_and_from_their_own_directory():
     for cwd, path in ((REPO, "examples/ddp-cpu.yaml"), (REPO / "examples", "ddp-cpu.yaml")):
         r = cli("validate", path, cwd=cwd)
         assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_the_preflight_test_runs_its_own_script_not_one_beside_the_job_file(project, monkeypatch):
+    """preflight swaps the trainer for its bandwidth test, which setup writes on the node and cds
+    into: given as written, never looked for beside the job file."""
+    from halo_sched.preflight import SCRIPT_NAME, preflight_spec
+
+    proj, other = project
+    monkeypatch.chdir(other)
+    test = preflight_spec(load(proj / "job.yaml"), 1 << 20)
+    assert checked_script(test, "local") == (SCRIPT_NAME, None, ())
+    assert _argv_script(halo_sched.render(test, "slurm")) == SCRIPT_NAME

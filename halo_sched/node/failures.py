@@ -346,34 +346,42 @@ def describe_hang(hung: list[RankFailure]) -> str:
 
 
 #: The line a node's entry script ends on when it gives up before or around torchrun (templates'
-#: ``halo_fail``: "halo-sched: node 1: torchrun not found on PATH (after setup); ..."), whatever
-#: label the line got on the way ("[node 1] ", SLURM's "1: ").
-_ENTRY_FAIL = re.compile(r"^(?:\[node (\d+)\] |(\d+): )?halo-sched: node (\d+): (.+)$")
+#: ``halo_fail``: "halo-sched: node 1: torchrun not found on PATH (after setup); ..."), and the
+#: label the line may have got on the way ("[node 1] ", SLURM's "1: ").
+_ENTRY_FAIL = re.compile(r"^halo-sched: node (\d+): (.+)$")
+_LABEL = re.compile(r"^(?:\[node (\d+)\] |(\d+): )?(.*)$", re.S)
 #: How much of a node's output is read for it: its end only.
 ENTRY_TAIL_BYTES = 16384
 
 
 def entry_failure(lines: Iterable[str], node: int | None = None) -> str | None:
-    """Why a node's entry script gave up, in its own words, as ``node K: WHY``: the last of
-    ``lines`` that is its ``halo_fail`` line (of node ``node`` when given), escaped and cut. For
-    a node that failed without a failure line (nothing of torchrun's ran to report), so that the
-    job's last line says why ("torchrun not found on PATH") rather than an exit code. A label
-    for the reader, never a verdict: it picks no culprit and reaches no ledger."""
-    found = None
+    """Why a node's entry script gave up, in its own words, as ``node K: WHY``: the ``halo_fail``
+    line a node's output ends on (each label's last line: a node's own output has none, SLURM's
+    is labelled by node), of node ``node`` when given, escaped and cut. For a node that failed
+    without a failure line (nothing of torchrun's ran to report), so that the job's last line says
+    why ("torchrun not found on PATH") rather than an exit code. A label for the reader, never a
+    verdict: it picks no culprit and reaches no ledger."""
+    last: dict[str | None, str] = {}
     for line in lines:
-        m = _ENTRY_FAIL.match(line.rstrip("\r\n"))
+        text = line.rstrip("\r\n")
+        if text.strip():
+            m = _LABEL.match(text)
+            last[m.group(1) or m.group(2)] = m.group(3)
+    found: list[tuple[int, str]] = []
+    for label, text in last.items():
+        m = _ENTRY_FAIL.match(text)
         if not m:
             continue
-        label, said = m.group(1) or m.group(2), int(m.group(3))
+        said = int(m.group(1))
         if (label is not None and int(label) != said) or (node is not None and said != node):
             continue
-        found = f"node {said}: {escape_controls(' '.join(m.group(4).split()))[:400]}"
-    return found
+        found.append((said, f"node {said}: {escape_controls(' '.join(m.group(2).split()))[:400]}"))
+    return min(found)[1] if found else None
 
 
 def entry_failure_in(paths: Iterable, node: int | None = None) -> str | None:
     """:func:`entry_failure` of the last ``ENTRY_TAIL_BYTES`` of each file (missing ones
-    skipped); the last one found wins."""
+    skipped); the last file's that says one wins."""
     found = None
     for p in paths:
         try:
