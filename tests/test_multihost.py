@@ -215,7 +215,9 @@ def test_a_host_cut_mid_training_is_named_ledgered_and_the_retry_completes_witho
             time.sleep(1)
         took = time.monotonic() - cut_at
         print(json.dumps(st, indent=1)[:3000], f"attempt 1 ended {took:.1f} s after the cut", sep="\n")
-        assert took <= 30 + 30, took  # hang.timeout_s + 30 s, or SLURM's own node failure first
+        # hang.timeout_s + 60 s, or SLURM's own node failure first (80 s seen beside the rest of the
+        # suite on 2 cores; a job nobody ends would run its 300 steps on).
+        assert took <= 30 + 60, took
         # The host is named from SLURM's record of the node (down_nodes.py), which can lag the job's
         # NODE_FAIL on a loaded machine (seen once beside the rest of the suite): status asks again.
         named_by = time.monotonic() + 30

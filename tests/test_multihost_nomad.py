@@ -60,8 +60,10 @@ def test_a_nomad_job_trains_across_two_hosts_on_data0(tmp_path, rig, client_inte
           f"master file {master}; bytes sent {t}; {took:.1f} s", sep="\n")
     assert status.name == "COMPLETED", out[-4000:]
     assert {leader.host.name, worker.host.name} == {"h0", "h1"}
-    # The registration's address is the leader's host's own (its port's HostIP), read by the worker.
-    assert master[0] == leader.host.ip and master[0].startswith(net), master
+    # The registration's address is the leader's host's own (its port's HostIP), read by the worker:
+    # every rank's MASTER_ADDR below. The worker's template file is read after the job ended, when
+    # its service may be gone and the file rendered empty again (seen once under load).
+    assert leader.host.ip.startswith(net) and (not master or master[0] == leader.host.ip), master
     probes = re.findall(r"net-probe rank (\d) host (h\d) master_addr (\S+) gloo_ifname ([^\s\[]+)", out)
     assert len(probes) == 4 and {p[1] for p in probes} == {"h0", "h1"}, probes
     assert all(a == leader.host.ip and i == "data0" for _, _, a, i in probes), probes
