@@ -9,7 +9,8 @@
 # directory and HALO_SCHED_HOME (tests/conftest.py), ports are reserved under a machine-wide flock
 # (tests/helpers.py), each release's SLURM tests run on one worker, one after another (its lock,
 # tests/cluster/fixtures.py), and the multi-host rig's tests stay on one worker (xdist_group).
-# Pass B's output follows pass A's, whole. The exit status is non-zero if either pass failed.
+# Pass B's output follows pass A's, whole; then each pass's failed tests, so the end of the output
+# (what CI keeps) names them. The exit status is non-zero if either pass failed.
 #
 # Environment: HALO_TEST_WORKERS (pass A's workers, 4), HALO_RELEASE_WORKERS (pass B's, 1: its tests
 # share one 3-node cluster and run one after another, tests/conftest.py),
@@ -42,14 +43,22 @@ b_pid=$!
 
 ta=$SECONDS
 echo "== pass A: the whole suite on Slurm 22.05 ($A_WORKERS workers; Slurm $RELEASE's pass runs beside it)"
-"$PYTEST" -p no:cacheprovider -n "$A_WORKERS" --dist loadgroup "$@"
-a_rc=$?
+"$PYTEST" -p no:cacheprovider -n "$A_WORKERS" --dist loadgroup "$@" 2>&1 | tee "$logdir/a.log"
+a_rc=${PIPESTATUS[0]}
 a_s=$((SECONDS - ta))
 wait "$b_pid"
 b_rc=$(cat "$logdir/b.rc" 2>/dev/null || echo 1)
 echo
 echo "== pass B: the SLURM suite on Slurm $RELEASE ($B_WORKERS workers, beside pass A): its output"
 cat "$logdir/b.log"
+# CI shows the end of the output: each pass's failures (pytest's short summary, -rfE) come last.
+for pass in a b; do
+    if grep -qE '^(FAILED|ERROR) ' "$logdir/$pass.log"; then
+        echo
+        echo "== pass ${pass^}: what failed"
+        grep -E '^(FAILED|ERROR) ' "$logdir/$pass.log" | cut -c1-400
+    fi
+done
 echo
 echo "halo-sched tests: pass A (all, Slurm 22.05) exit $a_rc in ${a_s} s; pass B (SLURM, Slurm $RELEASE) exit $b_rc in $(cat "$logdir/b.seconds" 2>/dev/null || echo '?') s; $((SECONDS - t0)) s in all"
 ((a_rc == 0 && b_rc == 0))
