@@ -65,7 +65,13 @@ installed = pid = None
 if how is not None:
     if how == "file":
         wait_for(f"install{rank}")
-    signal.signal(sig, receipt(f"rank{rank}.got"))
+    if how == "exit":  # saves at once and ends, as a rank whose checkpoint is quick does
+        def save_and_exit(s, f, record=receipt(f"rank{rank}.got")):
+            record(s, f)
+            os._exit(0)
+        signal.signal(sig, save_and_exit)
+    else:
+        signal.signal(sig, receipt(f"rank{rank}.got"))
     installed = time.time()
     if rank == 0:
         # A worker forked after the handler: it inherits it; the rank, not halo-sched, decides for it.
@@ -157,6 +163,25 @@ def test_each_rank_gets_the_warning_once_when_it_handles_it(tmp_path):
     assert _receipts(tmp_path, "worker.got") == [], "a rank's own worker is the rank's to warn"
     assert "SIGUSR2 to rank 0 (pid" in err and "SIGUSR2 to rank 1 (pid" in err, err
     assert "to rank 2" not in err and "no rank handled" not in err, err
+
+
+def test_the_warning_line_names_a_rank_that_saved_and_ended_at_once(tmp_path):
+    """A rank that ends the moment it has the signal has no /proc environ left to read its rank
+    from: the entry reads it before it signals (seen as "SIGUSR2 to rank ? (pid ...)" under load)."""
+    proc = _start(tmp_path, SPEC, HANDLER_0="exit", HANDLER_1="exit", HANDLER_2="exit")
+
+    def all_ready():
+        for r in range(3):
+            _wait_for(tmp_path / f"rank{r}.ready", proc)
+
+    def all_got_it():
+        for r in range(3):
+            _wait_for(tmp_path / f"rank{r}.got", proc)
+
+    _, err = _warn(tmp_path, proc, all_ready, all_got_it)
+    for r in range(3):
+        assert f"SIGUSR2 to rank {r} (pid" in err, err
+    assert "rank ?" not in err, err
 
 
 def test_a_warning_during_setup_is_held_for_the_ranks(tmp_path):

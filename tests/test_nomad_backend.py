@@ -205,8 +205,13 @@ def test_half_placed_job_is_stopped_within_placement_timeout(job_file):
         assert re.fullmatch(r"ddp-nomad-\d{8}-\d{6}-[0-9a-f]{6}", job_id)
         assert "1 of 2" in r.stderr or "1/2" in r.stderr, r.stderr
         assert "trainer: 1 of 2 unplaced (node rank 1)" in r.stderr
-        assert elapsed < 3 + 5  # the timeout plus CLI start-up and a few HTTP calls
         assert fake.job_record(job_id)["Stop"] is True
+        # Stopped once placement_timeout_s had passed since it was registered, give or take a few
+        # polls on a loaded machine; the CLI's own start-up is not the job's time.
+        (registered,) = [rq.at for rq in fake.requests if rq.method in ("PUT", "POST") and rq.path == "/v1/jobs"]
+        (stopped,) = [rq.at for rq in fake.requests if rq.method == "DELETE" and rq.path == f"/v1/job/{job_id}"]
+        assert 3 <= stopped - registered < 3 + 3, (registered, stopped)
+        assert elapsed < 60, elapsed
         # Every request carried the token.
         assert fake.requests and all(rq.headers.get("x-nomad-token") == TOKEN for rq in fake.requests)
 

@@ -141,13 +141,14 @@ halo_deliver() {
           [ "$halo_k" != SigCgt: ] || { halo_mask=$halo_v; break; }
         done 2> /dev/null < "/proc/$halo_p/status"
         [[ $halo_mask =~ ^[0-9a-fA-F]+$ ]] && (((16#$halo_mask >> halo_bit) & 1)) || continue
+        # Its rank is read before the signal: a rank that saves and exits at once has no environ after.
+        halo_who=$(tr '\0' '\n' 2> /dev/null < "/proc/$halo_p/environ" | sed -n 's/^RANK=\([0-9]*\)$/\1/p')
         kill -s "$halo_signal" "$halo_p" 2> /dev/null || continue
         halo_done+="$halo_p "
-        halo_sent+="$halo_p "
+        halo_sent+="$halo_p:${halo_who:-?} "
       done
       for halo_p in $halo_sent; do
-        halo_who=$(tr '\0' '\n' 2> /dev/null < "/proc/$halo_p/environ" | sed -n 's/^RANK=//p')
-        echo "halo-sched: node $halo_rank: SIG$halo_signal to rank ${halo_who:-?} (pid $halo_p), $((SECONDS - halo_warned_at)) s after the warning" >&2
+        echo "halo-sched: node $halo_rank: SIG$halo_signal to rank ${halo_p#*:} (pid ${halo_p%%:*}), $((SECONDS - halo_warned_at)) s after the warning" >&2
       done
       sleep 0.2
     done

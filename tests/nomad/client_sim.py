@@ -1502,15 +1502,15 @@ def _alloc_mkdir(path: str, perms: int) -> None:
         os.chown(path, nobody.pw_uid, nobody.pw_gid)
 
 
-def _kill_env_marked(entry: str) -> None:
-    """SIGKILL every live process of ours whose environment holds ``entry`` (NAME=value)."""
-    want = entry.encode()
+def _kill_env_marked(*entries: str) -> None:
+    """SIGKILL every live process of ours whose environment holds every one of ``entries`` (NAME=value)."""
+    want = {e.encode() for e in entries}
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
-                if want in f.read().split(b"\0"):
+                if want <= set(f.read().split(b"\0")):
                     os.kill(int(pid), signal.SIGKILL)
         except (OSError, ProcessLookupError):
             continue
@@ -2800,6 +2800,16 @@ class SimCluster:
         except ProcessLookupError:
             pass
         proc.wait()
+        self._destroy_remnants(tr)
+
+    def _destroy_remnants(self, tr: TaskRun) -> None:
+        """What the task left once it is stopped for good: the task runner's wrangler hook
+        (client/allocrunner/taskrunner/wrangler_hook.go Stop -> client/lib/proclib/wrangler.go
+        Wranglers.Destroy -> wrangler_cg2_linux.go Kill: cgroup.kill, hashicorp/nomad aa026cc)
+        kills every process of the task's cgroup, also those that left its process group
+        (torchrun's workers run in sessions of their own). On this one host, the task's processes
+        are those whose environment carries its NOMAD_ALLOC_ID and NOMAD_TASK_NAME."""
+        _kill_env_marked(f"NOMAD_ALLOC_ID={tr.alloc.id}", f"NOMAD_TASK_NAME={tr.name}")
 
     # -- services --------------------------------------------------------------------------------
 
@@ -2938,11 +2948,13 @@ class SimCluster:
         self._deregister_task(tr)
         if self._stopping:
             tr.state = "dead"
+            self._destroy_remnants(tr)
             return
         batch = self.job_type in ("batch", "sysbatch")
         if batch and code == 0:
             tr.state = "dead"
             tr.event("Task completed")
+            self._destroy_remnants(tr)
             return
         pol = self._restart_policy(tr.alloc)
         now = time.monotonic()
@@ -2956,6 +2968,7 @@ class SimCluster:
         else:
             tr.state, tr.failed = "dead", code != 0
             tr.event("Not restarting: " + ("exceeded allowed attempts" if pol["Attempts"] else "policy allows none"))
+            self._destroy_remnants(tr)
             return
         tr.state = "restarting"
         tr.restart_at = now + delay

@@ -93,6 +93,7 @@ class RecordedRequest:
     headers: dict[str, str]  # lower-case names
     body: Any
     status: int | None = None  # None: the connection was dropped without an answer
+    at: float = field(default_factory=time.monotonic)  # when it arrived (time.monotonic)
 
 
 class _HTTPError(Exception):

@@ -558,6 +558,26 @@ def test_stop_leaves_no_processes(tmp_path: Path) -> None:
     assert all(t.state == "dead" for a in c.allocations for t in a.tasks.values())
 
 
+def test_a_stopped_task_leaves_nothing_of_its_own_not_even_in_another_session(
+        make_cluster: Callable[..., SimCluster]) -> None:
+    # Nomad's wrangler hook kills the task's whole cgroup once the task stops for good
+    # (wrangler_hook.go Stop, proclib cgroup.kill): a process that left the task's process group
+    # (setsid, as torchrun's workers do) goes too, whether the task was stopped or ended itself.
+    stays = "setsid sleep 300 & echo $! >> $NOMAD_ALLOC_DIR/pids; trap '' INT; sleep 300"
+    ends = "setsid sleep 300 & echo $! >> $NOMAD_ALLOC_DIR/pids; sleep 0.5; exit 0"
+    c = make_cluster(job(group("stopped", [bash_task("t", stays)]), group("ended", [bash_task("t", ends)])))
+    c.place()
+    c.start()
+    pid_files = {a.name: Path(a.shared_dir) / "pids" for a in c.allocations}
+    wait_for(lambda: all(p.exists() and p.read_text().strip() for p in pid_files.values()))
+    pids = {name: int(p.read_text().split()[0]) for name, p in pid_files.items()}
+    wait_for(lambda: c.alloc("sim.ended[0]").terminal)
+    wait_for(lambda: _gone(pids["sim.ended[0]"]))
+    assert not _gone(pids["sim.stopped[0]"])
+    c.kill_alloc("sim.stopped[0]", grace=0.3)
+    wait_for(lambda: _gone(pids["sim.stopped[0]"]))
+
+
 def test_max_run_duration_stops_each_allocation_but_not_an_unplaced_group(make_cluster: Callable[..., SimCluster]) -> None:
     mrd = {"MaxRunDuration": NS // 2}
     leader = group("node-0", [bash_task("t", "sleep 30", KillTimeout=NS // 5)], **mrd)
