@@ -249,7 +249,7 @@ class Server(_Model):
 
 class Hang(HangMethods, _Model):
     """Hang detection: a monitor beside torchrun on every node ends the job as HUNG when no rank of
-    its node made progress for ``timeout_s`` (README: "Hangs")."""
+    its node made progress for ``timeout_s`` (docs/failures.md, "Hangs")."""
 
     timeout_s: int = Field(
         300, ge=10, le=7 * 86400,

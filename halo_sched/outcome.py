@@ -40,7 +40,9 @@ class Culprit:
 
     #: The global rank that failed first, its node rank and the host it ran on: the scheduler's
     #: name for it where known (SLURM's NodeName, Nomad's node: what the node ledger records and
-    #: ``--exclude`` takes), else the machine's; ``hostname`` the machine's own (torchrun's).
+    #: ``--exclude`` takes), else ``hostname``: the name torchrun's failure summary gives
+    #: (``socket.getfqdn()`` on the node, so ``localhost`` where /etc/hosts lists the machine's
+    #: name on the 127.0.0.1 localhost line), else the node's ``socket.gethostname()``.
     #: None/"" where the report does not say (a node lost before any rank wrote).
     rank: int | None
     node: int | None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -47,6 +48,9 @@ def test_the_sweep_example_gathers_results_and_names_the_culprit(tmp_path):
     culprit = out["failures"]["4.0"]["culprit"]
     assert out["failures"]["4.0"]["status"] == "FAILED" and culprit["rank"] == 1 and culprit["fault"] == "job", out
     assert culprit["host"] and culprit["error"].startswith("FloatingPointError: loss diverged"), culprit
+    # docs/library.md: hostname is torchrun's (socket.getfqdn() on the node: here, this machine),
+    # and on the local backend, with no scheduler's name for the node, host is the same.
+    assert culprit["hostname"] == socket.getfqdn() == culprit["host"], culprit
     # The CLI sees the same jobs, from their records.
     st = subprocess.run([sys.executable, "-m", "halo_sched.cli", "status", out["failures"]["4.0"]["id"]], cwd=tmp_path,
                         capture_output=True, text=True, timeout=60)

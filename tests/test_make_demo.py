@@ -1,8 +1,12 @@
 """`make demo` runs what the README shows. The command comes from the Makefile's own demo recipe
 (with $(BIN) the virtual environment this test runs in), so the test and the target cannot drift
-apart: a changed recipe is what gets run here."""
+apart: a changed recipe is what gets run here. The demo is the tour's `submit --wait`: the rest of
+the README's tour that needs its jobs (status, logs, a submit that is cancelled, list) runs after
+it as bench/tour.py runs it, and each line the README shows is found in what it printed."""
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -54,3 +58,17 @@ def test_make_demo_trains_across_two_nodes():
     job_id = r.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"ddp-cpu-\d{8}-\d{6}-[0-9a-f]{6}", job_id), r.stdout
     assert f"halo-sched: {job_id} COMPLETED exit=0" in r.stderr
+    # The rest of the tour, on this job: bench/tour.py's commands, the README's lines.
+    tour = _tour()
+    submitted = tour.Step(tour.SUBMIT, r.stderr.splitlines() + r.stdout.splitlines(), 0, 0)
+    result = tour.run_tour(tour.tour_env(os.environ["HALO_SCHED_HOME"]), submitted, only=("submit", "ask", "cancel"))
+    assert tour.output_problems(result) == []
+    assert result["cancel"][-1].output[0].endswith("CANCELLED reason=cancelled by user"), result["cancel"][-1].output
+
+
+def _tour():
+    spec = importlib.util.spec_from_file_location("bench_tour", REPO / "bench" / "tour.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod

@@ -44,6 +44,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 LOCAL_MASTER = "127.0.0.1"
 START_GRACE_S = 30.0  # a job this young with no supervisor pid yet is still starting
+#: The raw state of a job whose cancel was asked for and whose processes are still stopping.
+CANCELLING = "CANCELLING"
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 
 
@@ -386,6 +388,11 @@ class LocalScheduler(Scheduler):
 
             st.progress = stragglers.line(d / "ranks")
         if not status.terminal:
+            if (d / CANCEL_MARK).exists():
+                # Asked to stop, still stopping (torchrun and its workers get SIGTERM, then SIGKILL
+                # after a grace): not an end yet, as SLURM's COMPLETING is not, but never shown
+                # as if nothing had been asked.
+                st.raw_state, st.reason = CANCELLING, "cancel requested; its processes are being stopped"
             sup = self._supervisor(d)
             if sup is None and time.time() - data.get("submitted", 0) < START_GRACE_S:
                 return st  # submit has not recorded the supervisor yet
