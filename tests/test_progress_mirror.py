@@ -265,6 +265,8 @@ def test_a_new_step_keeps_the_earlier_steps_copy_beside_its_own(tmp_path):
     the earlier step's copy to ``progress.1`` before writing its own, so the reports before the
     restart stay readable (halo_sched/ettr.py measures the restart from them); the checkpoints a
     rank reported are copied too. Readers of the current step read ``progress/`` only."""
+    from halo_sched import ettr
+
     dst = tmp_path / "m"
     first = tmp_path / "step0"
     first.mkdir()
@@ -283,6 +285,9 @@ def test_a_new_step_keeps_the_earlier_steps_copy_beside_its_own(tmp_path):
     assert (node / "progress.1" / "rank-0.checkpoints").read_bytes() == b"6 1700000006.000 4.5\n"
     assert (node / "progress" / "rank-0").read_bytes().startswith(b"7 1700000037.000\n")
     assert timeline.read_rank(timeline.progress_files(dst)[(0, 0)])[0] == (7, 1700000037.0)
+    segs = ettr._segments([[ettr.source(p) for p in (node / "progress.1" / "rank-0", node / "progress" / "rank-0")]],
+                          [])
+    assert [(s.first, s.last) for s in segs] == [((1.7e9 + 1, 1), (1.7e9 + 10, 10)), ((1.7e9 + 37, 7), (1.7e9 + 41, 11))]
 
 
 def test_the_checkpoint_report_is_one_appended_line(tmp_path, monkeypatch):
@@ -292,5 +297,8 @@ def test_the_checkpoint_report_is_one_appended_line(tmp_path, monkeypatch):
     progress.checkpoint(240, 40.5)
     lines = (tmp_path / "rank-3.checkpoints").read_text().splitlines()
     assert [ln.split()[0::2] for ln in lines] == [["120", "41.250"], ["240", "40.500"]]
+    from halo_sched import ettr
+
+    assert [(s, c) for _, s, c in ettr.read_checkpoints(tmp_path / "rank-3.checkpoints")] == [(120, 41.25), (240, 40.5)]
     monkeypatch.delenv("HALO_PROGRESS_DIR")
     progress.checkpoint(360, 1.0)  # outside halo-sched: nothing, no error
