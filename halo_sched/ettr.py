@@ -646,13 +646,31 @@ def of_run(run_id: str, backend: str | None, now: float | None = None, keep: boo
     kept = recs[0].get("ettr") if isinstance(recs[0].get("ettr"), dict) else None
     ids = [str(r.get("id")) for r in recs]
     if acc is None or not acc.reported:
-        if kept is not None and kept.get("attempts") == ids:
+        if kept is not None and kept.get("attempts") == ids and _well_formed(kept):
             return {k: v for k, v in kept.items() if k not in ("attempts", "at")}
         return acc.to_dict() if acc is not None else None
     out = acc.to_dict()
     if keep and not acc.running and all(a.end is not None for a in map(attempt_of, recs[-1:])):
         _keep(recs[0], {**out, "attempts": ids})
     return out
+
+
+def _number(v, lo: float = 0.0, hi: float = MAX_TIME) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _well_formed(kept: dict) -> bool:
+    """Whether figures kept in a record (a file anyone may have edited) are figures this module
+    wrote: numbers in range where numbers go."""
+    lost = kept.get("lost_s")
+    cp = kept.get("checkpoint")
+    return (isinstance(lost, dict) and set(lost) == set(CAUSES) and all(_number(v) for v in lost.values())
+            and all(_number(kept.get(k)) for k in ("span_s", "held_s", "train_s"))
+            and (kept.get("ettr") is None or _number(kept.get("ettr"), 0.0, 1.0))
+            and isinstance(kept.get("failures"), int) and not isinstance(kept.get("failures"), bool)
+            and (cp is None or isinstance(cp, dict) and _number(cp.get("cost_s"), 0.0, 1e7)
+                 and isinstance(cp.get("reported"), int) and all(_number(cp[k]) for k in
+                                                                 ("interval_s", "mtbf_s", "best_interval_s") if k in cp)))
 
 
 def _keep(first: dict, value: dict) -> None:

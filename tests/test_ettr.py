@@ -264,3 +264,24 @@ def test_without_progress_reports_the_figure_is_unknown_not_zero(tmp_path):
     f = ettr.of_run("r1", "local")
     assert f["ettr"] is None and f["note"] == "no progress reports found"
     assert ettr.describe(f)[0].startswith("effective training time: unknown (no progress reports found")
+
+
+def test_figures_kept_in_a_hand_edited_record_are_used_only_when_well_formed(queued_run):
+    """The run's first record keeps its figures once it ended; a record is a file: what a hand
+    edit left there is never shown as a figure (nor breaks ``status``)."""
+    import shutil
+
+    assert ettr.of_run("r1", "local")["ettr"] == pytest.approx(0.385)  # measured and kept
+    for job in ("r1", "r2"):
+        shutil.rmtree(queued_run / "local" / job / "ranks")
+    kept = records.find("r1", "local")[0]["ettr"]
+    assert ettr.of_run("r1", "local")["lost_s"] == pytest.approx(QUEUED)  # read back from the record
+    for bad in ({"ettr": "high"}, {"lost_s": {"queue": 1e308}}, {"failures": True}, {"checkpoint": {"cost_s": -1}}):
+        def edit(rec, bad=bad):
+            rec["ettr"] = {**kept, **bad}
+            return True
+
+        records.update("r1", "local", edit)
+        f = ettr.of_run("r1", "local")
+        assert f["ettr"] is None and f["note"] == "no progress reports found", (bad, f)
+        assert ettr.describe(f)[0].startswith("effective training time: unknown")
