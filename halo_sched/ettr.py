@@ -11,8 +11,9 @@ What it reads, per attempt (each a job record, halo_sched/runs.py):
   swap, a restart in place, a requeue) left its own copy (``progress.N``: node/hang_monitor.py
   ``Mirror``). Nomad keeps them on the nodes: no figures there;
 * the restarts inside the attempt: each signed ``halo-sched-swap`` line (``last_state.spares``)
-  and each entry of ``last_state.restarts`` (a dict with the epoch ``time`` the restart was
-  decided), a restart in place's;
+  and each entry of ``last_state.in_place_restarts`` (a dict with the epoch ``time`` the restart
+  was decided: a restart in place's, as its signed line says; ``last_state.restarts`` would read
+  as SLURM's requeue count, which ``status --json`` calls ``restarts``);
 * the failures' times: the signed failure lines (the record's last state, and the output files
   when the attempt restarted inside).
 
@@ -63,7 +64,7 @@ WHOLE_BYTES = 1 << 20
 MAX_NODES = 16
 #: At most this many steps (the current one and the copies of earlier ones) per node.
 MAX_STEPS = 65
-#: At most this many restarts inside one attempt are taken from its record.
+#: At most this many restarts inside one attempt are taken from its record (of each kind).
 MAX_EVENTS = 256
 #: A checkpoints file: its last this many bytes are read.
 CHECKPOINT_BYTES = 65536
@@ -424,7 +425,7 @@ def attempt_of(rec: dict) -> Attempt:
                                                                  if isinstance(s, dict))
     slurm = spec.get("slurm") if isinstance(spec.get("slurm"), dict) else {}
     spares_state = last.get("spares") if isinstance(last.get("spares"), dict) else {}
-    restarts = sorted(set(_times(spares_state.get("swaps")) + _times(last.get("restarts"))))
+    restarts = sorted(set(_times(spares_state.get("swaps")) + _times(last.get("in_place_restarts"))))
     a = Attempt(str(rec.get("id")), status, epoch_time(rec.get("submitted")), start, end, restarts=restarts,
                 world=world, spares=_count(slurm.get("spare_nodes")))
     failure = last.get("failure") if isinstance(last.get("failure"), dict) else {}

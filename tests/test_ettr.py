@@ -285,3 +285,23 @@ def test_figures_kept_in_a_hand_edited_record_are_used_only_when_well_formed(que
         f = ettr.of_run("r1", "local")
         assert f["ettr"] is None and f["note"] == "no progress reports found", (bad, f)
         assert ettr.describe(f)[0].startswith("effective training time: unknown")
+
+
+def test_a_restart_in_place_is_read_from_the_record_as_a_restart_gap(swapped_run):
+    """A restart in place (no spare) announced in ``last_state.in_place_restarts`` (its signed
+    line's time, 58) and no failure line before it: the detection runs from the last report
+    (46.5) to the restart's decision (58): 11.5 s, the restart from there to the first step after
+    (75): 17 s. Without the entry the failure's moment is unknown: all 28.5 s are restart."""
+    (swapped_run / "halo-ettr-101.out").write_text("")
+    recs = ettr.run_records("101", "slurm")
+    recs[0]["last_state"]["spares"] = {}
+    recs[0]["last_state"]["failure"] = {}
+    recs[0]["last_state"]["in_place_restarts"] = [{"time": T + 58, "restart": 1}]
+    acc = ettr.of_records(recs)
+    # detection: 11.5 before the restart; the attempt's end (150) with no failure line after the last
+    # report (139.5) is the failure known: 10.5 more -> 22.0
+    assert acc.lost_s["detection"] == pytest.approx(11.5 + 10.5)
+    assert [(round(lo - T, 3), round(hi - T, 3)) for _, lo, hi, c in acc.spans if c == "restart"][:1] == [(58.0, 75.0)]
+    recs[0]["last_state"]["in_place_restarts"] = []
+    acc = ettr.of_records(recs)
+    assert [(round(lo - T, 3), round(hi - T, 3)) for _, lo, hi, c in acc.spans if c == "restart"][:1] == [(46.5, 75.0)]
