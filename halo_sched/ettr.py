@@ -160,8 +160,9 @@ class BigFile:
             start += len(line) + 1
         return None
 
-    def _first(self, f, pred) -> tuple[float, int] | None:
-        """The first report for which ``pred`` holds, ``pred`` false then true along the file."""
+    def _first_at(self, f, pred) -> tuple[int, tuple[float, int] | None]:
+        """(where its line starts, the report) of the first report for which ``pred`` holds,
+        ``pred`` false then true along the file; (the file's size, None) when none does."""
         lo, hi = 0, self.size
         while hi - lo > 4096:
             mid = (lo + hi) // 2
@@ -172,14 +173,23 @@ class BigFile:
                 lo = mid
         f.seek(lo)
         data = f.read(hi - lo + 4096)
+        at = lo
         lines = data.split(b"\n")
-        if lo > 0:
+        if lo > 0:  # the first piece may be the end of a line begun before lo
+            at += len(lines[0]) + 1
             lines = lines[1:]
         for line in lines[:-1]:
             p = _parse(line)
             if p is not None and pred(p):
-                return p
-        return None
+                return at, p
+            at += len(line) + 1
+        if hi >= self.size:
+            return self.size, None
+        got = self._line_at(f, hi)  # the search's window ended on a line the scan did not finish
+        return (got[0], got[1]) if got is not None and pred(got[1]) else (self.size, None)
+
+    def _first(self, f, pred) -> tuple[float, int] | None:
+        return self._first_at(f, pred)[1]
 
     def _ask(self, fn):
         try:
@@ -191,17 +201,20 @@ class BigFile:
     def first_where(self, lo: float, hi: float, min_step: int | None = None) -> tuple[float, int] | None:
         if min_step is None:
             p = self._ask(lambda f: self._first(f, lambda q: q[0] >= lo))
-        else:  # within one step's reports the steps only grow: the first at or past both bounds
-            p = self._ask(lambda f: self._first(f, lambda q: q[0] >= lo and q[1] >= min_step))
-        return p if p is not None and p[0] < hi else None
+        else:  # between two restarts the steps only grow; past ``hi`` (a later restart) anything goes
+            p = self._ask(lambda f: self._first(f, lambda q: q[0] >= hi or (q[0] >= lo and q[1] >= min_step)))
+        return p if p is not None and lo <= p[0] < hi else None
 
     def last_before(self, lo: float, hi: float) -> tuple[float, int] | None:
+        """The last report before ``hi`` (and at or after ``lo``): the whole lines just before the
+        first line at or after ``hi``."""
         def find(f):
-            after = self._first(f, lambda q: q[0] >= hi)
-            # the report before the first at or after hi: read back from there
-            end = self.size if after is None else self._offset_of(f, hi)
-            f.seek(max(0, end - 4096))
-            lines = f.read(end - max(0, end - 4096)).split(b"\n")
+            end, _ = self._first_at(f, lambda q: q[0] >= hi)
+            start = max(0, end - 4096)
+            f.seek(start)
+            lines = f.read(end - start).split(b"\n")
+            if start > 0:
+                lines = lines[1:]  # begun before the window
             for line in reversed(lines):
                 p = _parse(line)
                 if p is not None and lo <= p[0] < hi:
@@ -209,17 +222,6 @@ class BigFile:
             return None
 
         return self._ask(find)
-
-    def _offset_of(self, f, t: float) -> int:
-        lo, hi = 0, self.size
-        while hi - lo > 512:
-            mid = (lo + hi) // 2
-            got = self._line_at(f, mid)
-            if got is None or got[1][0] >= t:
-                hi = mid
-            else:
-                lo = mid
-        return hi
 
     def max_step(self, lo: float, hi: float) -> int | None:
         p = self.last_before(lo, hi)

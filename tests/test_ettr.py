@@ -305,3 +305,21 @@ def test_a_restart_in_place_is_read_from_the_record_as_a_restart_gap(swapped_run
     recs[0]["last_state"]["in_place_restarts"] = []
     acc = ettr.of_records(recs)
     assert [(round(lo - T, 3), round(hi - T, 3)) for _, lo, hi, c in acc.spans if c == "restart"][:1] == [(46.5, 75.0)]
+
+
+def test_one_long_file_across_a_restart_is_searched_within_each_stretch(tmp_path):
+    """A trainer's own appended lines, one file across a restart at 5,000 (steps 0-2,999 at 0..2,999,
+    then 1,500-3,999 from 6,000): binary searches find each stretch's first, last and the first
+    report of step 2,999 again (at 6,000 + 1,499) as a whole read does."""
+    lines = [f"{s} {T + s:.3f}\n" for s in range(3000)] + [f"{s} {T + 6000 + s - 1500:.3f}\n" for s in range(1500, 4000)]
+    path = tmp_path / "rank-0"
+    path.write_text("".join(lines))
+    big = ettr.BigFile(path, path.stat().st_size)
+    whole = ettr.source(path)
+    assert isinstance(whole, ettr.Points)
+    for src in (big, whole):
+        segs = ettr._segments([[src]], [T + 5000])
+        assert [(s.first, s.last, s.max_step) for s in segs] == [
+            ((T, 0), (T + 2999, 2999), 2999), ((T + 6000, 1500), (T + 8499, 3999), 3999)]
+        assert segs[1].reach(2999) == T + 6000 + 1499 and segs[0].reach(2999) == T + 2999
+        assert segs[0].reach(3500) is None
