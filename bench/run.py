@@ -17,7 +17,7 @@ backend; not in plain ``make bench``: they take minutes, not seconds.
 
 ``--spares`` (about 1 minute per rep; 1 rep with ``--quick``, else 3): bench/spares.py on the
 local SLURM test cluster, a node fault swapped for a hot spare in the same job vs a resubmission
-through the queue. ``--goodput``: bench/goodput.py's table (a simulation, under 2 s).
+through the queue. ``--goodput``: bench/goodput.py's tables (a simulation, a few seconds).
 
 Rows: `render` start-up vs the import floor (`import pydantic, jinja2, yaml`) and vs TorchX's
 dry run (installed by `make bench` into .bench/torchx, never into the project's environment);

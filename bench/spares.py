@@ -11,6 +11,8 @@ its first step (bench/spare_trainer.py). Measured: from that fault to every rank
   for nodes comes on top (hours, for a large job).
 
     python bench/spares.py [--reps N]        # medians of N runs each (default 3); about 1 minute per rep
+    python bench/spares.py --write           # the same, and both medians kept in bench/measured.json
+                                             # (swap_s, resubmit_s: bench/goodput.py's inputs)
 """
 from __future__ import annotations
 
@@ -76,6 +78,15 @@ def main(argv: list[str]) -> int:
     print(f"  spare swap in the same job (slurm.spare_nodes: 1): {spare:.1f} s  (goal 30 s, at most 60 s)")
     print(f"  resubmission through an empty queue (retry, submit --wait): {queue:.1f} s  (+ the queue wait on a busy "
           "cluster)")
+    if "--write" in argv:
+        from measured import write
+
+        where = f"the Slurm test cluster, 2 nodes x 2 ranks, real torchrun, gloo (bench/spares.py, {reps} reps)"
+        write("swap_s", spare, f"fault -> every rank training again, a hot spare swapped in the same job "
+              f"(slurm.spare_nodes: 1), median of {reps}", "bench/spares.py", where)
+        write("resubmit_s", queue, f"fault -> every rank training again, the job resubmitted through an empty queue "
+              f"(retry, submit --wait), median of {reps}", "bench/spares.py", where)
+        print("kept in bench/measured.json (bench/goodput.py's inputs)")
     return 0
 
 

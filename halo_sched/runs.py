@@ -531,18 +531,30 @@ def attempts_of(run_id: str, backend: str | None = None) -> list[AttemptRow]:
     return sorted(rows, key=lambda a: a.number)
 
 
-def totals(rows: list[AttemptRow]) -> dict:
-    """GPU-hours and node-hours of a run, in total and lost to failed attempts."""
+def totals(rows: list[AttemptRow], effective: dict | None = None) -> dict:
+    """GPU-hours and node-hours of a run, in total and lost to failed attempts; with
+    ``effective`` (halo_sched/ettr.py ``of_run``), its effective training time too: ``ettr``
+    (0..1, None without progress reports), ``lost_s`` by cause, ``span_s``, ``held_s``,
+    ``train_s``, ``failures`` and, where the trainer reports its checkpoints, ``checkpoint``."""
     lost = [a for a in rows if a.status != "COMPLETED"]
     return {"attempts": len(rows),
             "node_hours": round(sum(a.node_hours for a in rows), 6),
             "gpu_hours": round(sum(a.gpu_hours for a in rows), 6),
             "node_hours_lost": round(sum(a.node_hours for a in lost), 6),
-            "gpu_hours_lost": round(sum(a.gpu_hours for a in lost), 6)}
+            "gpu_hours_lost": round(sum(a.gpu_hours for a in lost), 6),
+            **(effective or {})}
 
 
-def describe_rows(rows: list[AttemptRow]) -> list[str]:
-    """``status RUN``'s lines under the run's own: one per attempt, then the totals."""
+def effective(run_id: str, backend: str | None) -> dict | None:
+    """The run's effective training time, measured from its records and files (halo_sched/ettr.py)."""
+    from . import ettr
+
+    return ettr.of_run(run_id, backend)
+
+
+def describe_rows(rows: list[AttemptRow], effective: dict | None = None) -> list[str]:
+    """``status RUN``'s lines under the run's own: one per attempt, then the totals (and the
+    effective training time, where measured)."""
     out = []
     for a in rows:
         wall = f"{a.wall_s:.0f}s" if a.wall_s is not None else "?"
@@ -554,6 +566,9 @@ def describe_rows(rows: list[AttemptRow]) -> list[str]:
     t = totals(rows)
     out.append(f"  run: {t['attempts']} attempts, {t['node_hours']:.4f} node-h ({t['node_hours_lost']:.4f} lost), "
                f"{t['gpu_hours']:.4f} GPU-h ({t['gpu_hours_lost']:.4f} lost to failures)")
+    from .ettr import describe
+
+    out += [f"  {line}" for line in describe(effective)]
     return out
 
 
@@ -711,7 +726,9 @@ class Run(Job):
         return rows
 
     def totals(self) -> dict:
-        return totals(self.attempts())
+        """:func:`totals` of :meth:`attempts`, with the run's effective training time
+        (``ettr``, ``lost_s`` by cause: halo_sched/ettr.py)."""
+        return totals(self.attempts(), effective(self.id, self.scheduler.name))
 
 
 def recorded_spec(backend: str, job_id: str):
@@ -726,5 +743,5 @@ def recorded_spec(backend: str, job_id: str):
     return from_record(rec)
 
 
-__all__ = ["AttemptRow", "Newest", "Run", "attempts_of", "describe_rows", "follow", "follow_run", "newest_attempt", "newest_attempts", "next_attempt",
+__all__ = ["AttemptRow", "Newest", "Run", "attempts_of", "describe_rows", "effective", "follow", "follow_run", "newest_attempt", "newest_attempts", "next_attempt",
            "next_spec", "recorded_spec", "totals", "wait_run", "wants_retry"]

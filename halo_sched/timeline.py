@@ -19,7 +19,10 @@ Where it comes from:
   record's submit time and the last thing seen.
 
 :func:`layout` turns the parsed records (:class:`Timeline`) into rows of cells, :func:`render_text`
-and :func:`render_svg` draw them; both are pure. :func:`gather` does the reading. No torch.
+and :func:`render_svg` draw them; both are pure. :func:`gather` does the reading. For a run's
+first attempt, the run's attempts come first (:func:`run_layout`, :func:`render_run_text`,
+:func:`run_svg`): one row each over the run's time, the time lost by cause (halo_sched/ettr.py).
+No torch.
 """
 from __future__ import annotations
 
@@ -446,14 +449,20 @@ def xml_text(text: object) -> str:
             .replace('"', "&quot;").replace("'", "&apos;"))
 
 
-def render_svg(lay: Layout) -> str:
-    """The timeline as one self-contained SVG document (no scripts, links or external resources)."""
+def render_svg(lay: Layout, run: RunLayout | None = None) -> str:
+    """The timeline as one self-contained SVG document (no scripts, links or external resources);
+    a run's attempts (``run``) first, with the lost time coloured by cause."""
     cw, rh, lw = max(2, min(12, 900 // lay.columns)), 16, 110
     bar_w = cw * lay.columns
     nw = 9 * max([len(r.note) for r in lay.rows] + [10])
     width = lay.columns * cw + lw + nw + 20
     y = 20
-    body = [f'<text x="10" y="{y}" font-weight="bold">{xml_text(lay.title)}</text>']
+    body: list[str] = []
+    if run is not None:
+        part, y = run_svg(run, y, lw, bar_w)
+        body += part
+        width = max(width, lw + bar_w + 8 + 9 * 60)
+    body.append(f'<text x="10" y="{y}" font-weight="bold">{xml_text(lay.title)}</text>')
     y += 18
     if lay.state:
         body.append(f'<text x="10" y="{y}">{xml_text(lay.state)}</text>')
@@ -514,6 +523,112 @@ def render_svg(lay: Layout) -> str:
             f'viewBox="0 0 {width} {height}" font-family="monospace" font-size="12">\n'
             f'<title>{xml_text(lay.title)}</title>\n'
             f'<rect width="100%" height="100%" fill="#fff"/>\n' + "\n".join(body) + "\n</svg>\n")
+
+
+# ---- a run's attempts (``timeline RUN``): the time by cause -------------------------------------
+
+#: What each span of a run's time is (halo_sched/ettr.py CAUSES, and training).
+RUN_KINDS = ("train", "startup", "detection", "restart", "queue", "rework")
+RUN_GLYPHS_UNICODE = {"train": "█", "startup": "s", "detection": "d", "restart": "r", "queue": "q", "rework": "w",
+                      NONE: " "}
+RUN_GLYPHS_ASCII = {**RUN_GLYPHS_UNICODE, "train": "#"}
+RUN_WORDS = {"train": "training", "startup": "start-up and finish", "detection": "last step to the failure known",
+             "restart": "failure known to the first step after", "queue": "successor pending",
+             "rework": "steps done twice"}
+RUN_COLOURS = {"train": "#2e7d32", "startup": "#90a4ae", "detection": "#ef6c00", "restart": "#c62828",
+               "queue": "#6a1b9a", "rework": "#f9a825"}
+#: At most this many spans are drawn (a run has at most 20 attempts and a bounded number of restarts).
+MAX_SPANS = 4000
+
+
+@dataclass
+class RunLayout:
+    """A run's attempts as rows of cells over its time: each cell the cause of most of its time."""
+
+    run_id: str
+    t0: float
+    t1: float
+    running: bool
+    columns: int
+    ids: list[str]
+    rows: list[list[str]]
+    #: (attempt index, from, to, kind): the spans, drawn exactly in the SVG.
+    spans: list[tuple[int, float, float, str]]
+    figures: dict
+
+    @property
+    def col_s(self) -> float:
+        return (self.t1 - self.t0) / self.columns
+
+
+def run_layout(run_id: str, acc, columns: int) -> RunLayout:
+    """The run's rows (pure): ``acc`` is halo_sched/ettr.py's Accounting."""
+    columns = max(1, columns)
+    t0, t1 = acc.start, max(acc.end, acc.start + 1.0)
+    col_s = (t1 - t0) / columns
+    spans = [s for s in acc.spans if s[3] in RUN_KINDS][:MAX_SPANS]
+    rows = []
+    for i in range(len(acc.attempts)):
+        share = [dict() for _ in range(columns)]
+        for j, lo, hi, kind in spans:
+            if j != i:
+                continue
+            for c in range(_col(lo, t0, col_s, columns), _col(min(hi, t1), t0, col_s, columns) + 1):
+                a, b = max(lo, t0 + c * col_s), min(hi, t0 + (c + 1) * col_s)
+                if b > a:
+                    share[c][kind] = share[c].get(kind, 0.0) + (b - a)
+        # A lost cause in a column wins over training there: seconds lost in an hour stay visible.
+        rows.append([max(sh, key=lambda k: (k != "train", sh[k])) if sh else NONE for sh in share])
+    return RunLayout(run_id, t0, t1, acc.running, columns, list(acc.attempts), rows, spans, acc.to_dict())
+
+
+def render_run_text(lay: RunLayout, unicode: bool = True) -> str:
+    """The run's attempts for a terminal, with the lost time by cause."""
+    from .ettr import describe
+
+    g = RUN_GLYPHS_UNICODE if unicode else RUN_GLYPHS_ASCII
+    out = [f"run {printable(lay.run_id)}: {len(lay.ids)} attempt{'s' if len(lay.ids) != 1 else ''}, from "
+           f"{_clock(lay.t0, True)} to {'now, ' if lay.running else ''}{_clock(lay.t1)} ({_duration(lay.t1 - lay.t0)}); "
+           f"one column = {_duration(lay.col_s)}"]
+    width = max([len(f"attempt {i + 1} ") for i in range(len(lay.ids))] + [10])
+    for i, (job, cells) in enumerate(zip(lay.ids, lay.rows)):
+        out.append(f"attempt {i + 1} ".ljust(width) + "".join(g[c] for c in cells) + "  " + printable(job, 60))
+    kinds = {c for r in lay.rows for c in r}
+    out.append("legend: " + ", ".join(f"{g[k]} {RUN_WORDS[k]}" for k in RUN_KINDS if k in kinds))
+    out += [printable(line, 600) for line in describe(lay.figures)]
+    return "\n".join(out) + "\n"
+
+
+def run_svg(lay: RunLayout, y: int, lw: int, bar_w: int) -> tuple[list[str], int]:
+    """The run's attempts as SVG elements from ``y`` down: each span a rectangle at its exact time
+    (at least a pixel wide), coloured by cause; the figures under them. Every text is escaped."""
+    from .ettr import describe
+
+    span_s = lay.t1 - lay.t0
+    body = [f'<text x="10" y="{y}" font-weight="bold">{xml_text(f"run {lay.run_id}: time by cause")}</text>']
+    y += 8
+    for i, job in enumerate(lay.ids):
+        y += 16
+        body.append(f'<text x="20" y="{y - 4}">{xml_text(f"attempt {i + 1}")}</text>')
+        for j, lo, hi, kind in lay.spans:
+            if j != i:
+                continue
+            x = lw + (lo - lay.t0) / span_s * bar_w
+            w = max(1.0, (hi - lo) / span_s * bar_w)
+            body.append(f'<rect x="{x:.2f}" y="{y - 14}" width="{w:.2f}" height="12" fill="{RUN_COLOURS[kind]}">'
+                        f'<title>{xml_text(f"{RUN_WORDS[kind]}: {_duration(hi - lo)}")}</title></rect>')
+        body.append(f'<text x="{lw + bar_w + 8}" y="{y - 4}">{xml_text(job[:60])}</text>')
+    y += 20
+    x = 10
+    for k in RUN_KINDS:
+        if any(s[3] == k for s in lay.spans):
+            body.append(f'<rect x="{x}" y="{y - 10}" width="10" height="10" fill="{RUN_COLOURS[k]}"/>')
+            body.append(f'<text x="{x + 14}" y="{y}">{xml_text(RUN_WORDS[k])}</text>')
+            x += 24 + 7 * len(RUN_WORDS[k])
+    for line in describe(lay.figures):
+        y += 18
+        body.append(f'<text x="10" y="{y}">{xml_text(line[:600])}</text>')
+    return body, y + 24
 
 
 # ---- gathering (reads the job's files) -----------------------------------------------------------
@@ -618,6 +733,18 @@ def _reports(path: Path, edges: list[float]) -> list[tuple[int, float]]:
     return sorted(got, key=lambda p: (p[1], p[0]))
 
 
+def run_of(job_id: str, backend: str):
+    """The run's accounting (halo_sched/ettr.py) when ``job_id`` is a run's first attempt."""
+    from . import records
+    from .ettr import of_records, run_records
+
+    rec = (records.find(job_id, backend, on_bad=None) or [{}])[0]
+    run = rec.get("run")
+    if not (isinstance(run, dict) and run.get("id") == job_id):
+        return None
+    return of_records(run_records(job_id, backend))
+
+
 def has_anything(tl: Timeline) -> bool:
     return any(tl.progress.values()) or bool(getattr(tl.report, "failures", None))
 
@@ -640,18 +767,25 @@ def main(job_id: str, backend: str, sched, svg: str | None = None, width: int | 
     # $COLUMNS sets the terminal's width too: bounded as --width is (cells are built ranks x width).
     width = width or min(shutil.get_terminal_size((100, 24)).columns, 1000)
     tl, files = gather(job_id, backend, sched)
+    acc = run_of(job_id, backend)
+    if acc is not None:  # a run's first attempt: its attempts, the time by cause
+        run_cols = max(10, width - max(len(f"attempt {len(acc.attempts)} "), 10) - 2 - 62)
+        sys.stdout.write(render_run_text(run_layout(job_id, acc, run_cols), unicode=_unicode_ok(sys.stdout)))
     if not has_anything(tl):
         what = "no progress reports or failures to draw" if tl.end is not None else "no progress reported yet"
         print(f"job {job_id}: {what}" + (f" ({printable(tl.state, 300)})" if tl.state else "")
               + (f"; {tl.note}" if tl.note else ""))
-        return 0
+        if not (svg and acc is not None):
+            return 0
     cols = columns_for(width, layout(tl, 10).rows)
-    load_progress(tl, files, cols)
-    sys.stdout.write(render_text(layout(tl, cols), unicode=_unicode_ok(sys.stdout), width=width))
+    if has_anything(tl):
+        load_progress(tl, files, cols)
+        sys.stdout.write(render_text(layout(tl, cols), unicode=_unicode_ok(sys.stdout), width=width))
     if svg:
         svg_cols = max(cols, 200)
         load_progress(tl, files, svg_cols)
-        text = render_svg(layout(tl, svg_cols))
+        lay = layout(tl, svg_cols)
+        text = render_svg(lay, run_layout(job_id, acc, lay.columns) if acc is not None else None)
         try:
             with open(svg, "w", encoding="utf-8") as f:
                 f.write(text)

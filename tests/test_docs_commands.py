@@ -378,7 +378,7 @@ def pointer_problems(text: str, where: str) -> list[str]:
     problems = []
     for m in POINTER.finditer(text):
         page = REPO / ("README.md" if m.group(1).startswith("README") else m.group(1))
-        name = m.group(2)
+        name = " ".join(m.group(2).split())  # a pointer a docstring wrapped over two lines
         if not page.exists():
             problems.append(f"{where}: {m.group(0)}: no {page.relative_to(REPO)}")
         elif not any(h.startswith(name) for h in _headings_and_leads(page)):

@@ -193,7 +193,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("launch plan", ("launch", "servers")),
     ("history", ("backends.jobstate", "records", "ledger", "notify")),
     ("backends", ("backends", "backends.*", "known", "outcome")),
-    ("runs and the commands' core", ("core", "runs", "keeper", "timeline", "preflight")),
+    ("runs and the commands' core", ("core", "runs", "ettr", "keeper", "timeline", "preflight")),
     ("surface", ("", "cli", "commands", "commands.*")),
 )
 

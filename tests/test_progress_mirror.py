@@ -258,3 +258,47 @@ def test_watch_line_of_a_running_slurm_job_carries_the_stragglers():
     assert sched.progress(st) == "RUNNING on 2 nodes (node 0: step 3; slowest: rank 1 (node 0))"
     st.progress = ""
     assert sched.progress(st) == "RUNNING on 2 nodes"
+
+
+def test_a_new_step_keeps_the_earlier_steps_copy_beside_its_own(tmp_path):
+    """A restart inside the job (a spare swap, a restart in place): the new step's monitor moves
+    the earlier step's copy to ``progress.1`` before writing its own, so the reports before the
+    restart stay readable (halo_sched/ettr.py measures the restart from them); the checkpoints a
+    rank reported are copied too. Readers of the current step read ``progress/`` only."""
+    from halo_sched import ettr
+
+    dst = tmp_path / "m"
+    first = tmp_path / "step0"
+    first.mkdir()
+    (first / "rank-0").write_bytes(b"".join(b"%d %.3f\n" % (s, 1.7e9 + s) for s in range(1, 11)))
+    (first / "rank-0.checkpoints").write_bytes(b"6 1700000006.000 4.5\n")
+    hang_monitor.Mirror(str(first), str(dst), 0).copy()
+    again = tmp_path / "step1"
+    again.mkdir()
+    (again / "rank-0").write_bytes(b"".join(b"%d %.3f\n" % (s, 1.7e9 + 30 + s) for s in range(7, 12)))
+    later = hang_monitor.Mirror(str(again), str(dst), 0)
+    later.copy()
+    later.copy()  # its own copy is never moved aside
+    node = dst / "node-0"
+    assert sorted(p.name for p in node.iterdir()) == ["progress", "progress.1"]
+    assert (node / "progress.1" / "rank-0").read_bytes().startswith(b"1 1700000001.000\n")
+    assert (node / "progress.1" / "rank-0.checkpoints").read_bytes() == b"6 1700000006.000 4.5\n"
+    assert (node / "progress" / "rank-0").read_bytes().startswith(b"7 1700000037.000\n")
+    assert timeline.read_rank(timeline.progress_files(dst)[(0, 0)])[0] == (7, 1700000037.0)
+    segs = ettr._segments([[ettr.source(p) for p in (node / "progress.1" / "rank-0", node / "progress" / "rank-0")]],
+                          [])
+    assert [(s.first, s.last) for s in segs] == [((1.7e9 + 1, 1), (1.7e9 + 10, 10)), ((1.7e9 + 37, 7), (1.7e9 + 41, 11))]
+
+
+def test_the_checkpoint_report_is_one_appended_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HALO_PROGRESS_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "3")
+    progress.checkpoint(120, 41.25)
+    progress.checkpoint(240, 40.5)
+    lines = (tmp_path / "rank-3.checkpoints").read_text().splitlines()
+    assert [ln.split()[0::2] for ln in lines] == [["120", "41.250"], ["240", "40.500"]]
+    from halo_sched import ettr
+
+    assert [(s, c) for _, s, c in ettr.read_checkpoints(tmp_path / "rank-3.checkpoints")] == [(120, 41.25), (240, 40.5)]
+    monkeypatch.delenv("HALO_PROGRESS_DIR")
+    progress.checkpoint(360, 1.0)  # outside halo-sched: nothing, no error

@@ -15,14 +15,17 @@ pytestmark = pytest.mark.torch
 REASON = "killed by SIGKILL (nothing in the job sent it); the rank reported an NCCL network error"
 
 
-def _job(tmp_path, trainer: str, retry: dict):
+def _job(tmp_path, trainer: str, retry: dict, args=()):
     shutil.copy(REPO / "tests" / "trainers" / trainer, tmp_path / trainer)
     return example_job(tmp_path, free_port(), nproc_per_node=1, retry=retry,
-                       trainer={"script": trainer, "args": []})
+                       trainer={"script": trainer, "args": list(args)})
 
 
 def test_a_node_fault_is_retried_and_the_run_completes(tmp_path):
-    job = _job(tmp_path, "node_fault_once.py", {"attempts": 2, "on": ["node"]})
+    """...and ``status RUN`` measures its effective training time from the run itself: the ranks'
+    progress reports (steps 1-4, then node 1 dies; steps 3-8 on the second attempt), the failure
+    line, the scheduler's times; each figure checked against the same arithmetic on the files."""
+    job = _job(tmp_path, "node_fault_once.py", {"attempts": 2, "on": ["node"]}, args=["--progress"])
     r = cli("submit", str(job), "--backend", "local", "--wait", "--quiet", "--timeout", "120", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     run_id = r.stdout.strip().splitlines()[-1]
@@ -51,12 +54,50 @@ def test_a_node_fault_is_retried_and_the_run_completes(tmp_path):
     assert t["node_hours"] > t["node_hours_lost"] > 0 and t["gpu_hours"] == 0  # a CPU job: GPU-hours 0
     js = json.loads(cli("status", run_id, "--json", cwd=tmp_path).stdout)["run"]
     assert [a["status"] for a in js["attempts"]] == ["FAILED", "COMPLETED"] and js["totals"]["attempts"] == 2, js
+    _effective_time_matches_the_files(run_id, rows[1].id, js["totals"])
     later = json.loads(cli("status", rows[1].id, "--json", cwd=tmp_path).stdout)["run"]
     assert later == {"id": run_id, "attempt": 1}, later
     listed = [json.loads(ln) for ln in cli("list", "--json", cwd=tmp_path).stdout.splitlines()]
     assert sorted((x["run"]["id"], x["run"]["attempt"]) for x in listed) == [(run_id, 0), (run_id, 1)], listed
     text = cli("list", cwd=tmp_path).stdout
     assert f"[run {run_id}, attempt 1]" in text and f"[run {run_id}, attempt 2]" in text, text
+
+
+def _effective_time_matches_the_files(first: str, second: str, t: dict) -> None:
+    """The figures of ``status RUN --json`` by hand, from the files and records the run left."""
+    import pytest
+
+    from halo_sched import records
+    from halo_sched.backends.local import state_root
+
+    def reports(job: str) -> list[tuple[float, int]]:
+        out = []
+        for p in (state_root() / job / "ranks").glob("node-*/progress/rank-*"):
+            if p.name.count(".") == 0:
+                out += [(float(b), int(a)) for a, b in (ln.split() for ln in p.read_text().splitlines())]
+        return sorted(out)
+
+    r1, r2 = (records.find(j, "local")[0] for j in (first, second))
+    s1, e1 = r1["last_state"]["started_at"], r1["last_state"]["ended_at"]
+    s2, e2 = r2["last_state"]["started_at"], r2["last_state"]["ended_at"]
+    one, two = reports(first), reports(second)
+    assert [s for _, s in one].count(4) == 2 and min(s for _, s in two) == 3, (one, two)
+    died = min(f["time"] for f in r1["last_state"]["failure"]["failures"] if f["trusted"] and f["time"] > one[0][0])
+    last1 = max(t for t, _ in one)
+    known = max(died, last1)  # a crash is dated by the death, at most the peers' last report later
+    q_from = max(e1, r2["submitted"])
+    again = min(t for t, s in two if s >= 4)  # step 4, the top before the fault, reported again
+    want = {"startup": (one[0][0] - s1) + (e2 - max(t for t, _ in two)),
+            "detection": known - last1,
+            "restart": (q_from - known) + (two[0][0] - s2),
+            "queue": s2 - q_from,
+            "rework": again - two[0][0],
+            "spares_idle": 0.0}
+    assert t["lost_s"] == pytest.approx(want, abs=2e-3), (t, want)
+    assert t["train_s"] == pytest.approx((last1 - one[0][0]) + (max(t for t, _ in two) - again), abs=2e-3)
+    assert t["held_s"] == pytest.approx(e2 - s1, abs=2e-3) and 0 < t["ettr"] < 1 and t["failures"] == 1
+    assert t["checkpoint"]["cost_s"] == 0.5 and t["checkpoint"]["mtbf_s"] == pytest.approx((e1 - s1) + (e2 - s2),
+                                                                                         abs=2e-3)
 
 
 def test_a_printed_xid_or_nccl_line_is_not_retried_as_a_node_fault(tmp_path):

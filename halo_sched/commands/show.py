@@ -140,7 +140,7 @@ def _unshowable(as_json: bool, job_id: str, backend: str, err: Exception) -> Non
 def _run_json(job_id: str, backend: str) -> dict:
     """``status --json RUN``: ``{"run": {"id", "attempts": [...], "totals": {...}}}``; {} otherwise."""
     from .. import records
-    from ..runs import attempts_of, totals
+    from ..runs import attempts_of, effective, totals
 
     run = (records.find(job_id, backend) or [{}])[0].get("run")
     if not isinstance(run, dict):
@@ -148,20 +148,21 @@ def _run_json(job_id: str, backend: str) -> dict:
     if run.get("id") != job_id:  # a later attempt: which run and which attempt it is
         return {"run": {"id": run.get("id"), "attempt": run.get("attempt")}}
     rows = attempts_of(job_id, backend)
-    return {"run": {"id": job_id, "attempt": 0, "attempts": [a.to_dict() for a in rows], "totals": totals(rows)}}
+    return {"run": {"id": job_id, "attempt": 0, "attempts": [a.to_dict() for a in rows],
+                    "totals": totals(rows, effective(job_id, backend))}}
 
 
 def _print_run(job_id: str, backend: str) -> None:
     """``status RUN``: under a run's first attempt, each attempt (its outcome, cause, excluded
     hosts, node-hours and GPU-hours) and the run's totals, from the job records."""
     from .. import records
-    from ..runs import attempts_of, describe_rows
+    from ..runs import attempts_of, describe_rows, effective
 
     rec = (records.find(job_id, backend) or [{}])[0]
     run = rec.get("run")
     if not isinstance(run, dict) or run.get("id") != job_id:
         return
-    for line in describe_rows(attempts_of(job_id, backend)):
+    for line in describe_rows(attempts_of(job_id, backend), effective(job_id, backend)):
         print(f"{job_id}\t{line.strip()}")
 
 

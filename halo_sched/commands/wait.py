@@ -112,7 +112,7 @@ def _wait_run(args, spec, sched, job_id: str, watching: bool = False) -> int:
     next one submitted after a failure ``retry.on`` lists (halo_sched/runs.py); the run's
     attempts and GPU-hours at the end."""
     from ..core import wait_after_submit
-    from ..runs import attempts_of, describe_rows, wait_run
+    from ..runs import attempts_of, describe_rows, effective, wait_run
 
     submitted_here = set() if watching else {job_id}  # the attempts this process submitted
 
@@ -158,7 +158,7 @@ def _wait_run(args, spec, sched, job_id: str, watching: bool = False) -> int:
 
         note(sched.name, last_id, state)
     rc = _report_end(last_id, state, args.timeout)
-    for line in describe_rows(attempts_of(run_id, sched.name)):
+    for line in describe_rows(attempts_of(run_id, sched.name), effective(run_id, sched.name)):
         say(f"halo-sched: {run_id}: {line.strip()}")
     _notify_note(last_id, sched.name)
     return rc

@@ -236,7 +236,11 @@ def classify_stack(frames: list[tuple[str, int, str]], cwd: str | None = None) -
 MIRROR_S = 5.0
 #: The most bytes of a long file read per copy (a history grows about 640 bytes in ``MIRROR_S``).
 MIRROR_CHUNK = 65536
-_MIRRORED = re.compile(r"rank-\d+(?:\.history|\.left)?|links")
+_MIRRORED = re.compile(r"rank-\d+(?:\.history|\.left|\.checkpoints)?|links")
+_RANK_FILE = re.compile(r"rank-\d+")
+#: A node's copies of this many earlier steps of the job are kept (``progress.1``, ...): what
+#: ``status RUN`` measures a restart inside the job from (halo_sched/ettr.py).
+MIRROR_KEPT = 64
 
 
 class Mirror:
@@ -254,7 +258,14 @@ class Mirror:
     appended at each copy, reading ``MIRROR_CHUNK`` bytes at most, so the copy grows a line every
     ``MIRROR_S`` (about 23 KB an hour), not the node's two a second; a trainer's own long
     ``rank-R`` without a history gets such a history too. A copy that cannot be written is said
-    once on stderr and tried again later: the mirror never ends or slows the job."""
+    once on stderr and tried again later: the mirror never ends or slows the job.
+
+    Each step of the job has a monitor of its own: when the job starts its ranks again in the
+    same allocation (a spare swap, a restart in place, a requeue), the new step's first copy moves
+    the earlier step's copy aside, to ``progress.1`` (the next free number, at most
+    :data:`MIRROR_KEPT`), so that the reports before the restart stay readable (``status RUN``'s
+    effective training time: halo_sched/ettr.py); the readers of the current step read
+    ``progress/`` as before."""
 
     def __init__(self, src: str, dst: str, node: int):
         self.src, self.node = src, node
@@ -263,6 +274,7 @@ class Mirror:
         self.sent: dict[str, tuple[int, int, bytes | None]] = {}
         self.next = 0.0
         self.said = False
+        self.moved = False  # whether an earlier step's copy was looked for (once, at the first copy)
 
     def maybe(self, now: float) -> None:
         if now >= self.next:
@@ -276,6 +288,9 @@ class Mirror:
         except OSError:
             return  # no rank has reported yet
         try:
+            if names and not self.moved:
+                self.moved = True
+                self._keep_earlier()
             if names:
                 os.makedirs(self.dst, exist_ok=True)
             for name in names:
@@ -287,6 +302,17 @@ class Mirror:
                                  f"({e.strerror or e}); `halo-sched status` and `timeline` will not show it; "
                                  "the job goes on\n")
                 sys.stderr.flush()
+
+    def _keep_earlier(self) -> None:
+        """An earlier step's copy (another monitor's: this one has written nothing yet) moved to
+        ``progress.N``, N the first free number; left in place when all are taken."""
+        if not os.path.isdir(self.dst):
+            return
+        for n in range(1, MIRROR_KEPT + 1):
+            aside = f"{self.dst}.{n}"
+            if not os.path.lexists(aside):
+                os.rename(self.dst, aside)
+                return
 
     def _one(self, name: str, names: list[str]) -> None:
         try:
@@ -304,7 +330,7 @@ class Mirror:
                 if self.sent.get(name, (None, 0, None))[::2] != (st.st_ino, data):
                     self._replace(name, data)
                 self.sent[name] = (st.st_ino, st.st_size if st.st_size > _WHOLE_BYTES else len(data), data)
-                if st.st_size <= _WHOLE_BYTES or name + ".history" in names:
+                if st.st_size <= _WHOLE_BYTES or name + ".history" in names or not _RANK_FILE.fullmatch(name):
                     return
                 name += ".history"  # a trainer's own lines, one a step: a history of them as well
             self._thin(f, st, name)

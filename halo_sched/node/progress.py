@@ -27,6 +27,12 @@ waits there tells slow compute from a slow peer). The longer history (``halo-sch
 hour). On its first call it registers :mod:`faulthandler` on ``HALO_STACK_SIGNAL``, so that the
 monitor can read this rank's stack without ending it (``rank-$RANK.stack``). Copy this file beside
 a trainer to use it where halo-sched is not installed. Standard library only.
+
+A checkpoint's cost is the protocol's other line: after saving one, a rank (rank 0 is enough)
+appends ``STEP UNIX_TIME SECONDS`` (the step saved, when the save ended, how long it took) to
+``$HALO_PROGRESS_DIR/rank-$RANK.checkpoints``, as :func:`checkpoint` does; ``status RUN`` then says
+the checkpoint interval that would have lost least given the run's own failures (docs/failures.md,
+"Effective training time").
 """
 from __future__ import annotations
 
@@ -67,6 +73,23 @@ def report(step: int) -> None:
         return
     _prev = step
     _write(step)
+
+
+def checkpoint(step: int, seconds: float) -> None:
+    """Say that this rank saved a checkpoint of ``step``, which took ``seconds``: one line appended
+    to ``rank-$RANK.checkpoints`` (a system call per checkpoint); nothing outside halo-sched."""
+    d = os.environ.get("HALO_PROGRESS_DIR")
+    if not d:
+        return
+    try:
+        fd = os.open(f"{d}/rank-{os.environ.get('RANK', '0')}.checkpoints", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                     0o644)
+        try:
+            os.write(fd, b"%d %.3f %.3f\n" % (step, time.time(), seconds))
+        finally:
+            os.close(fd)
+    except (OSError, ValueError, TypeError):  # never ends the trainer
+        pass
 
 
 def left(step: int) -> None:

@@ -2,6 +2,9 @@
 (``HALO_RESTART_COUNT`` 0, or each count ``FAULT_COUNTS`` lists, "0,1": see tests/trainers/node_fault.py
 for the lines it prints and the SIGKILL that is the node's evidence); every later attempt
 (``HALO_RESTART_COUNT`` 1, 2, ...) ends cleanly on every node. Each rank writes the count it saw to ``attempts.log`` in the working directory.
+With ``--progress``, each rank reports steps through the progress protocol first, 0.25 s apart:
+steps 1-4 on the first attempt (rank 0 reports a checkpoint of step 2 that took 0.5 s), steps 3-8
+on a later one (resumed from that checkpoint: steps 3 and 4 are done twice).
 No torch needed (torchrun starts it)."""
 import os
 import signal
@@ -14,6 +17,15 @@ count = os.environ.get("HALO_RESTART_COUNT", "unset")
 host = os.environ.get("SLURMD_NODENAME", "node")
 with open("attempts.log", "a") as f:
     f.write(f"{count} {node} {host} {time.time():.3f}\n")
+progress = os.environ.get("HALO_PROGRESS_DIR") if "--progress" in sys.argv else None
+if progress:
+    for step in range(1, 5) if count == "0" else range(3, 9):
+        time.sleep(0.25)
+        with open(f"{progress}/rank-{rank}", "a") as f:
+            f.write(f"{step} {time.time()}\n")
+        if step == 2 and rank == 0 and count == "0":
+            with open(f"{progress}/rank-{rank}.checkpoints", "a") as f:
+                f.write(f"{step} {time.time()} 0.5\n")
 faulty = os.environ.get("FAULT_COUNTS", "0").split(",")  # the counts it fails on: the first attempt's, by default
 if count in faulty and node == int(os.environ.get("FAULT_NODE", "1")) and int(os.environ.get("LOCAL_RANK", "0")) == 0:
     print(f"{host}:4242:4250 [0] transport/net_ib.cc:2470 NCCL WARN NET/IB : Got completion from peer "
