@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 # (used for the torch install alone; by default only PyPI, and pip's own configuration, is asked).
 TORCH  ?= torch==2.13.0
 TORCH_INDEX ?=
-# The fast tier: markers select it (pyproject.toml); 7 min 31 s measured on a 2-core machine (2026-12-02).
+# The fast tier: markers select it (pyproject.toml); its time on 2 cores is in the README (bench/suite_time.sh).
 FAST_TESTS := not slurm and not torch and not long
 # HashiCorp's HCL parser (WebAssembly, from npm) that the tests read every rendered Nomad job with.
 HCL_PARSER := tests/hclparse/node_modules/@cdktf/hcl2json/package.json
