@@ -25,6 +25,9 @@ def env(slurm_cluster):
 
 
 def test_a_node_fault_on_slurm_is_ledgered_and_the_next_job_excludes_that_node(tmp_path, env):
+    """A node fault on a real SLURM job is ledgered, and the next job's script excludes that node
+    (sbatch --test-only). Long: a real torchrun job whose rank is killed, then status, nodes, render
+    and sbatch against the cluster (over 100 s when the machine is loaded)."""
     shutil.copy(REPO / "tests" / "trainers" / "node_fault.py", tmp_path / "node_fault.py")
     job = example_job(tmp_path, free_port(), nproc_per_node=1, trainer={"script": "node_fault.py", "args": []})
     r = cli("submit", str(job), "--backend", "slurm", "--wait", "--quiet", "--timeout", "240", cwd=tmp_path, env=env)

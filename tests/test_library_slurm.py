@@ -87,6 +87,9 @@ def test_twelve_jobs_from_four_threads_on_slurm(tmp_path, env, monkeypatch):
 
 
 def test_twelve_jobs_from_four_processes_on_slurm(tmp_path, env, monkeypatch):
+    """Twelve jobs from four processes on the SLURM cluster: every one recorded and followed, the
+    history store shared across processes. Long: twelve real jobs through a 3-node cluster, a few
+    at a time."""
     monkeypatch.chdir(tmp_path)
     job = _job_file(tmp_path)
     penv = {**os.environ, "HOOK_URL": "http://127.0.0.1:9/hook"}

@@ -208,16 +208,17 @@ def test_a_host_cut_mid_training_is_named_ledgered_and_the_retry_completes_witho
         rig.cut(victim)
         cut_at = time.monotonic()
         st = {}
-        while time.monotonic() < cut_at + 150:
+        while time.monotonic() < cut_at + 180:
             st = _status(job_id, tmp_path, env)
             if st.get("status") not in (None, "RUNNING", "PENDING", "COMPLETING"):
                 break
             time.sleep(1)
         took = time.monotonic() - cut_at
         print(json.dumps(st, indent=1)[:3000], f"attempt 1 ended {took:.1f} s after the cut", sep="\n")
-        # hang.timeout_s + 60 s, or SLURM's own node failure first (80 s seen beside the rest of the
-        # suite on 2 cores; a job nobody ends would run its 300 steps on).
-        assert took <= 30 + 60, took
+        # hang.timeout_s + 90 s, or SLURM's own node failure first (80 s seen beside the rest of the
+        # suite on 2 cores, 100 s with other test runs beside it too); a job nobody ends waits in its
+        # collective for gloo's timeout (30 min).
+        assert took <= 30 + 90, took
         # The host is named from SLURM's record of the node (down_nodes.py), which can lag the job's
         # NODE_FAIL on a loaded machine (seen once beside the rest of the suite): status asks again.
         named_by = time.monotonic() + 30

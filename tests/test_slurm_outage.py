@@ -104,7 +104,9 @@ def test_a_90s_controller_outage_is_waited_through(tmp_path, slurm_cluster_exclu
             ctld("start", env)
         print(f"status during the outage: {status_s:.1f} s, exit {status.returncode}: {status.stdout.strip()}")
         print(f"watch --timeout 20 during the outage: {timed_s:.1f} s, exit {timed.returncode}")
-        assert running == [True, True, True], "a waiter gave up during the outage"
+        assert running == [True, True, True], ("a waiter gave up during the outage", [
+            (name, p.returncode, (tmp_path / f"{name}.err").read_text()[-2000:])
+            for name, p, up in zip(("submit", "watch", "follow"), (submit, watch, follow), running) if not up])
         assert lines_during > lines_before + 60, "logs --follow stopped streaming during the outage"
         assert short.returncode == 3, short_err.read_text()
         assert "outcome unknown" in short_err.read_text() and "last known RUNNING" in short_err.read_text()
