@@ -260,7 +260,7 @@ def test_slurm_batch_script_gives_rank_0_a_path_beside_the_output_and_status_rea
     rec = {"outputs": [str(tmp_path / "halo-res-7.out")]}
     assert result.parse(sched.read_result("7", rec)) == {"loss": 0.5}
     assert sched.read_result("cluster2:8", rec) is None  # sbatch -M: the nodes' SLURM_JOB_ID is 8
-    with pytest.raises(result.ResultError, match="no output file is known"):
+    with pytest.raises(halo_sched.SchedulerError, match="no output file is known"):
         sched.read_result("9", {"outputs": []})
 
 

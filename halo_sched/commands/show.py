@@ -109,11 +109,12 @@ VALUE_SHOWN = 200
 
 def value_line(st) -> str | None:
     """``status``'s line for rank 0's result: ``value: {"loss": 0.21}`` (its JSON, bounded and
-    ASCII: a job's text never drives the terminal), or why it cannot be had (``value: not
-    carried ...``); None when there is nothing to say (a job that has not ended, or wrote none)."""
+    ASCII: a job's text never drives the terminal), or why it cannot be had (``value: none (not
+    carried: ...)``, what is wrong with the file); None when there is nothing to say (a job that
+    has not ended, wrote none, or whose backend could not be asked now: ``--json`` says why)."""
     from ..outcome import NO_RESULT
 
-    if st.value_note is None or st.value_note == NO_RESULT:
+    if st.value_note is None or st.value_note == NO_RESULT or st.value_note.startswith("not read"):
         return None
     if st.value_note:
         return f"value: none ({st.value_note})"

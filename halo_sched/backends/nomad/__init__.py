@@ -613,7 +613,8 @@ class NomadScheduler(Scheduler):
         from .names import RESULT_PATH
         from .state import latest_allocations
 
-        c, name = self._split(job_id)
+        # One bounded attempt per request, as list's (a reader must not wait out an outage for it).
+        c, name = self.for_listing()._split(job_id)
         if not isinstance(c, ReadsAllocFiles):
             raise ResultError("not carried: this Nomad client cannot read an allocation's files")
         got = c.job_allocations(name)[0]

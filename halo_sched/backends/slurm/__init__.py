@@ -375,8 +375,8 @@ class SlurmScheduler(Scheduler):
             raise ResultError("not carried: the output file's directory holds a %-code (docs/slurm.md)")
         outputs = (record or {}).get("outputs") if isinstance((record or {}).get("outputs"), list) else None
         path = result_path(outputs or output_files(self.transport, job_id, ask=False), job_id)
-        if path is None:
-            raise ResultError("not carried: no output file is known for the job, so neither is its result file")
+        if path is None:  # (a record of an earlier release): asked again by the next reader, nothing kept
+            raise SchedulerError(f"no output file is known for job {job_id}, so neither is its result file")
         return read_bounded(path)
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
