@@ -75,6 +75,11 @@ def test_as_completed_yields_each_as_it_ends_and_exception_returns_what_result_r
     assert info.value.job_id == "never" and "still RUNNING after 6 s" in str(info.value)
     assert isinstance(info.value, TimeoutError) and info.value.exit_code == 1
     assert slow.exception() is None and slow.result().value == {"job": "slow"}
+    import asyncio
+
+    fresh = Scripted({"a": [_state("a", JobStatus.COMPLETED)]})  # its own watcher: no state read before
+    _record("a")
+    assert asyncio.run(Job(fresh, "a").result_async(timeout=30)).value == {"job": "a"}
     err = fast.exception()
     assert isinstance(err, halo_sched.JobFailed) and err.state.status is JobStatus.FAILED
     assert isinstance(never.exception(timeout=1), halo_sched.StillRunning)

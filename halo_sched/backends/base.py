@@ -502,28 +502,28 @@ class Job:
         return records.public(rec)
 
     async def wait_async(self, timeout: float | None = None) -> JobState:
-        """:meth:`wait` for asyncio, holding no thread while it waits (backends/watcher.py); an
-        end's result is read in the loop's executor, one job's at a time."""
-        import asyncio
-
-        from ..outcome import attach_value
+        """:meth:`wait` for asyncio, holding no thread while it waits (backends/watcher.py). The
+        state, without rank 0's result (:meth:`result_async` reads it)."""
         from .watcher import wait_async
 
-        state = self._known(await wait_async(self.scheduler, self.id, timeout))
-        if not state.status.terminal:
-            return state
-        loop = asyncio.get_running_loop()
-        lock = _VALUE_READS.get(loop)
-        if lock is None:
-            lock = _VALUE_READS[loop] = asyncio.Lock()
-        async with lock:  # one read at a time per loop: many ended jobs hold one thread, not one each
-            return await loop.run_in_executor(None, attach_value, self.scheduler, self.id, state)
+        return self._known(await wait_async(self.scheduler, self.id, timeout))
 
     async def result_async(self, timeout: float | None = None) -> JobState:
-        """:meth:`result` for asyncio."""
-        from ..outcome import result_of
+        """:meth:`result` for asyncio: an end's result is read in the loop's executor, one job's
+        at a time per loop (many ended jobs hold one thread, not one each)."""
+        import asyncio
 
-        return result_of(self.id, await self.wait_async(timeout), timeout)
+        from ..outcome import attach_value, result_of
+
+        state = await self.wait_async(timeout)
+        if state.status.terminal:
+            loop = asyncio.get_running_loop()
+            lock = _VALUE_READS.get(loop)
+            if lock is None:
+                lock = _VALUE_READS[loop] = asyncio.Lock()
+            async with lock:
+                state = await loop.run_in_executor(None, attach_value, self.scheduler, self.id, state)
+        return result_of(self.id, state, timeout)
 
     def cancel(self, wait: bool = True, timeout: float | None = 60.0, **opts) -> JobState | None:
         """Cancel the job; with ``wait``, return once the scheduler says it ended (its final
