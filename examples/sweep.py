@@ -1,6 +1,7 @@
 """A hyper-parameter sweep with halo-sched as a library: three jobs submitted together, one per
-learning rate, their results gathered from the rank-0 log line, and the one that fails on
-purpose (lr 4.0 diverges) reported with its culprit: the rank, its host, whose fault, the error.
+learning rate, each one's result taken as a value as it ends (rank 0's ``{"loss": ...}``:
+``run.result().value``), and the one that fails on purpose (lr 4.0 diverges) reported with its
+culprit: the rank, its host, whose fault, the error.
 
     python examples/sweep.py                       # the local backend ($HALO_SCHED_BACKEND)
     python examples/sweep.py --backend slurm       # the same on a SLURM cluster
@@ -29,19 +30,22 @@ def sweep(lrs: list[float], backend: str | None = None, timeout: float = 300.0) 
                                                                  "trainer.args": ["--lr", str(lr)]}), backend)
             for lr in lrs}
     out: dict = {"results": {}, "failures": {}, "unknown": {}}
-    for lr, run in runs.items():
-        try:
-            run.result(timeout=timeout)
-        except halo_sched.JobFailed as err:
-            out["failures"][lr] = {"id": run.id, "culprit": err.report.to_dict() if err.report else None,
-                                   "status": err.state.status.value}
-            continue
-        except halo_sched.HaloError as err:  # cancelled, still running, outcome unknown
-            out["unknown"][lr] = {"id": run.id, "error": str(err), "exit_code": err.exit_code}
-            continue
-        # Logs as data: rank 0's "final loss=..." line.
-        final = [line.text for line in run.logs(rank=0) if line.text.startswith("final loss=")]
-        out["results"][lr] = {"id": run.id, "loss": float(final[-1].split()[1].split("=")[1]) if final else None}
+    lr_of = {run.id: lr for lr, run in runs.items()}
+    try:
+        for run in halo_sched.as_completed(runs.values(), timeout=timeout):  # each as it ends
+            lr, err = lr_of[run.id], run.exception()  # None, or what run.result() would raise
+            if isinstance(err, halo_sched.JobFailed):
+                out["failures"][lr] = {"id": run.id, "culprit": err.report.to_dict() if err.report else None,
+                                       "status": err.state.status.value}
+            elif err is not None:  # cancelled, outcome unknown
+                out["unknown"][lr] = {"id": run.id, "error": str(err), "exit_code": err.exit_code}
+            else:  # rank 0's result, a value: {"loss": ..., "lr": ..., "steps": ...}
+                value = run.result().value
+                out["results"][lr] = {"id": run.id, "loss": value.get("loss") if isinstance(value, dict) else None}
+    except halo_sched.StillRunning as err:  # past the timeout: the rest are still running
+        for lr, run in runs.items():
+            if lr not in out["results"] and lr not in out["failures"] and lr not in out["unknown"]:
+                out["unknown"][lr] = {"id": run.id, "error": str(err), "exit_code": err.exit_code}
     return out
 
 
@@ -49,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default=None, help="local, slurm or nomad (default: $HALO_SCHED_BACKEND, else local)")
     ap.add_argument("--lrs", default="0.1,0.3,4.0", help="learning rates, comma-separated")
-    ap.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each job")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the whole sweep")
     ap.add_argument("--json", action="store_true", help="the outcome as one JSON object on stdout")
     args = ap.parse_args(argv)
     out = sweep([float(x) for x in args.lrs.split(",")], args.backend, args.timeout)

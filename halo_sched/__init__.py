@@ -2,6 +2,7 @@
 
     run = halo_sched.submit("job.yaml")            # a Run: retries as `retry:` says, records it
     state = run.result()                            # raises JobFailed (with the culprit) unless COMPLETED
+    state.value                                     # what rank 0 handed back (halo_sched.node.result)
 
 The library is the CLI's own path: the same submit pipeline, records, retries, notifications and
 exit codes (docs/library.md). Every public name is importable from here; the modules load when
@@ -17,6 +18,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:  # pragma: no cover
     from .backends.base import Job, Scheduler
     from .backends.jobstate import JobState, JobStatus
+    from .core import JobRow
     from .logtags import LogLine
     from .models import JobSpec
     from .outcome import Culprit
@@ -29,15 +31,17 @@ SpecLike = Union["JobSpec", str, "os.PathLike[str]", dict]
 _LAZY = {
     "Job": "backends.base", "Scheduler": "backends.base", "JobState": "backends.jobstate",
     "JobStatus": "backends.jobstate", "JobSpec": "models", "Run": "runs", "AttemptRow": "runs",
-    "LogLine": "logtags", "Culprit": "outcome",
+    "LogLine": "logtags", "Culprit": "outcome", "JobRow": "core",
     "HaloError": "errors", "SpecError": "errors", "UsageError": "errors", "UnknownJob": "errors",
     "SchedulerError": "errors", "OutcomeUnknown": "errors", "MissingDependency": "errors",
     "JobFailed": "errors", "JobCancelled": "errors", "StillRunning": "errors",
     "spec_from_dict": ("spec", "from_dict"), "spec_from_yaml": ("spec", "from_yaml"),
     "with_changes": ("spec", "with_changes"),
+    # What a submitit or TorchX user reaches for: the CLI's list, futures' as_completed.
+    "list": ("runs", "list_jobs"), "as_completed": ("runs", "as_completed"),
 }
 
-__all__ = ["load", "loads", "render", "submit", "job", "run", "default_backend", "spec_of", "SpecLike",
+__all__ = ["load", "loads", "render", "submit", "job", "run", "describe", "default_backend", "spec_of", "SpecLike",
            "__version__", *_LAZY]
 
 
@@ -138,6 +142,14 @@ def job(job_id: str, backend: str | None = None) -> "Job":
     from .core import backend_of
 
     return Job(backends.get(backend_of(job_id, backend)), job_id)
+
+
+def describe(job_id: str, backend: str | None = None) -> dict:
+    """Job ``job_id``'s record as a value (:meth:`Job.describe`: what ``export`` writes of it):
+    its backend and ids, the spec it ran, the job file and git state, its outputs, its run, its
+    last known state and rank 0's result once kept. The backend as for :func:`job`; UnknownJob
+    without a record."""
+    return job(job_id, backend).describe()
 
 
 def run(job_id: str, backend: str | None = None) -> "Run":

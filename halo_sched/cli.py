@@ -82,18 +82,16 @@ def _positive_int(text: str) -> int:
 
 
 def _since(text: str) -> float:
-    """``list --since``: an age (30m, 12h, 7d) or an ISO date/time, as the epoch seconds it means."""
-    import re
+    """``list --since``, ``logs --since``: an age (30m, 12h, 7d) or an ISO date/time, as the epoch
+    seconds it means (values.parse_since, the library's too)."""
     import time
-    from datetime import datetime
 
-    m = re.fullmatch(r"(\d{1,6})([smhd])", text.strip())
-    if m:
-        return time.time() - int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    from .values import parse_since
+
     try:
-        return datetime.fromisoformat(text.strip()).timestamp()
-    except (ValueError, OverflowError, OSError):
-        raise argparse.ArgumentTypeError(f"{text!r} is not an age (30m, 12h, 7d) or an ISO date/time") from None
+        return parse_since(text, time.time())
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 #: ``timeline --width``: wider than any terminal, and a bound on the rows built (ranks x width).
@@ -107,8 +105,8 @@ def _width(text: str) -> int:
     return value
 
 
-#: ``list --limit``'s largest count (SQLite's LIMIT takes a 64-bit integer; no history is this long).
-MAX_LIMIT = 10 ** 12
+#: ``list --limit``'s largest count (values.py: ``halo_sched.list(limit=)`` keeps to it too).
+from .values import MAX_LIMIT  # noqa: E402
 
 
 def _limit(text: str) -> int:
@@ -185,13 +183,13 @@ def _set_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _state_name(text: str) -> str:
-    from .backends.base import JobStatus
+    """``list --state``: backends/jobstate.py ``state_named``, as ``halo_sched.list(state=)``."""
+    from .backends.jobstate import state_named
 
-    name = text.strip().upper()
-    valid = [s.value for s in JobStatus] + ["UNREADABLE"]
-    if name not in valid:
-        raise argparse.ArgumentTypeError(f"{shown(text)} is not a state; use one of {', '.join(valid)}")
-    return name
+    try:
+        return state_named(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 #: ``cancel --wait``'s bound when --timeout is not given: the library's (``Job.cancel(wait=True)``).
@@ -306,6 +304,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--follow", "-f", action="store_true")
     p.add_argument("--node", type=_index, default=None, metavar="K", help="only node K's lines (0 .. nodes-1)")
     p.add_argument("--rank", type=_index, default=None, metavar="R", help="only global rank R's own lines (0 .. world size-1)")
+    p.add_argument("--grep", default=None, metavar="REGEX",
+                   help="only lines whose text (after the [node K rank R] tag) this regular expression finds")
+    p.add_argument("--since", type=_since, default=None, metavar="WHEN",
+                   help="only lines written since WHEN: an age (30s, 10m, 2h) or an ISO date/time (local: the "
+                        "backend that keeps a time per line)")
+    p.add_argument("--stream", choices=("stdout", "stderr"), default=None,
+                   help="only the ranks' and scripts' stdout, or stderr (local and Nomad keep them apart)")
     _outage_arg(p)
 
     p = command("list", help="recent jobs from their records, with their state (one scheduler query per backend)")

@@ -13,6 +13,7 @@ prints; the submit sequence itself is :meth:`halo_sched.backends.base.Scheduler.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from . import backends, records
@@ -112,21 +113,26 @@ def keep_state(rec: dict, state: JobState) -> None:
         notify.observe(rec, state)
 
 
-def keep_seen(backend: str, job_id: str, state: JobState) -> dict | None:
+def keep_seen(backend: str, job_id: str, state: JobState, sched: Scheduler | None = None) -> dict | None:
     """What a read does with a state it saw: keep it in the job's record (when the scheduler
     knows it), a node's fault in the node ledger, its notification in the outbox
-    (:func:`keep_state`); return the record."""
+    (:func:`keep_state`); for an end, rank 0's result on ``state`` and in the record
+    (outcome.attach_value, asked of ``sched``, else of the backend by its name); return the record."""
     for rec in records.find(job_id, backend):
         keep_state(rec, state)
+        if state.status.terminal:
+            from .outcome import attach_value
+
+            attach_value(sched if sched is not None else backends.get(backend), job_id, state, keep=True)
         return rec
     return None
 
 
-def note(backend: str, job_id: str, state: JobState) -> dict | None:
+def note(backend: str, job_id: str, state: JobState, sched: Scheduler | None = None) -> dict | None:
     """What an actor (a process waiting on the job) does with a state it saw: :func:`keep_seen`,
     then start the delivery of the notifications queued (halo_sched/notify.py: a detached
     process, never waited for); return the record. Reads use :func:`keep_seen` alone."""
-    rec = keep_seen(backend, job_id, state)
+    rec = keep_seen(backend, job_id, state, sched)
     spec = (rec or {}).get("spec")
     if isinstance(spec, dict) and spec.get("notify"):
         from . import notify
@@ -189,7 +195,7 @@ def query_and_note(backend: str, sched: Scheduler, ids: Sequence[str]) -> dict[s
     job the scheduler forgot carries the record's last known state (``last_known``)."""
     states = sched.query(ids)
     for job_id, st in states.items():
-        rec = keep_seen(backend, job_id, st)
+        rec = keep_seen(backend, job_id, st, sched)
         last = (rec or {}).get("last_state")
         if st.status is JobStatus.UNKNOWN and last:
             st.last_known = last
@@ -204,6 +210,75 @@ class Row(NamedTuple):
     status: str
     text: str
     live: bool
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One job as ``halo-sched list`` finds it, as a value: what ``halo_sched.list()`` returns and
+    ``list --json`` prints (:meth:`to_dict`). ``status`` is a :class:`JobStatus`'s name (or
+    ``UNREADABLE``: ``error`` says why the record cannot be used); ``describe`` the state in
+    words; ``live`` whether the scheduler said it now (else the record's last known state);
+    ``value`` rank 0's result where its record keeps one (halo_sched/node/result.py)."""
+
+    id: str
+    backend: str
+    name: str | None
+    status: str
+    describe: str
+    live: bool
+    submitted: str | None = None
+    run: dict | None = None
+    submit_dir: str | None = None
+    record: str = ""
+    value: object = None
+    value_note: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def of(cls, row: Row) -> "JobRow":
+        r = row.record
+        if isinstance(r, records.BadRecord):
+            return cls(r.id, r.backend, None, row.status, row.text, False, record=str(r.path), error=r.reason)
+        kept = r.get("result") if isinstance(r.get("result"), dict) else {}
+        note = kept.get("note") if isinstance(kept.get("note"), str) else None
+        return cls(r["id"], r["backend"], r.get("name"), row.status, row.text, row.live, r.get("submitted_iso"),
+                   r["run"] if isinstance(r.get("run"), dict) else None, r.get("submit_dir"),
+                   records.ref(r["id"], r["backend"]), kept.get("value") if note is not None else None, note)
+
+    def to_dict(self) -> dict:
+        """``list --json``'s object: every field but those a row does not have."""
+        if self.error is not None:
+            return {"id": self.id, "backend": self.backend, "status": self.status, "describe": self.describe,
+                    "live": False, "record": self.record, "error": self.error}
+        return {"id": self.id, "backend": self.backend, "name": self.name, "status": self.status,
+                "describe": self.describe, "live": self.live, "submitted": self.submitted,
+                **({"run": self.run} if self.run is not None else {}), "submit_dir": self.submit_dir,
+                "record": self.record, **({"value": self.value, "value_note": self.value_note}
+                                          if self.value_note is not None else {})}
+
+
+def check_listing(backend, state, limit, since) -> tuple[str | None, str | None, int, float | None]:
+    """``halo_sched.list()``'s filters checked as ``list``'s options are (a UsageError naming the
+    filter): a known backend, a state's name (backends/jobstate.py ``state_named``), a count from
+    0 to ``values.MAX_LIMIT``, and ``since`` as epoch seconds (values.parse_since)."""
+    import time
+
+    from .backends.jobstate import state_named
+    from .values import MAX_LIMIT, parse_since
+
+    if backend is not None and (not isinstance(backend, str) or not known_backend(backend)):
+        raise UsageError(f"backend {shown(backend)}: unknown (choose from {', '.join(backends.names())})")
+    try:
+        state = None if state is None else state_named(state)
+    except ValueError as err:
+        raise UsageError(f"state: {err}") from None
+    try:
+        since = None if since is None else parse_since(since, time.time())
+    except ValueError as err:
+        raise UsageError(f"since: {err}") from None
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT:
+        raise UsageError(f"limit {shown(limit)}: give a count from 0 (every record) to {MAX_LIMIT}")
+    return backend, state, limit, since
 
 
 #: Records per scheduler query in a long ``list`` (``--limit 0``): the first batch is a page of
@@ -293,13 +368,13 @@ def rows_of(items: list, state: str | None, scheduler: Callable[[str], Scheduler
 # ---- waiting after a submit ---------------------------------------------------------------------
 
 
-def noting(backend: str, job_id: str,
-           on_change: Callable[[JobState], None] | None) -> Callable[[JobState], None]:
+def noting(backend: str, job_id: str, on_change: Callable[[JobState], None] | None,
+           sched: Scheduler | None = None) -> Callable[[JobState], None]:
     """For an actor's wait: ``on_change`` that first keeps each new state in the job's record
     (its last known) and delivers what it queued (:func:`note`)."""
 
     def changed(state: JobState) -> None:
-        note(backend, job_id, state)
+        note(backend, job_id, state, sched)
         if on_change is not None:
             on_change(state)
 
@@ -333,7 +408,7 @@ def wait_after_submit(sched: Scheduler, spec, job_id: str, timeout: float | None
         follower.start()
     from .outage import is_outage
 
-    on_change = noting(sched.name, job_id, on_change)
+    on_change = noting(sched.name, job_id, on_change, sched)
     try:
         state = sched.guard_placement(spec, job_id, on_change=on_change, outage_s=outage_s)
     except HaloError as err:  # the scheduler went away right after the submit: wait through it
@@ -344,10 +419,10 @@ def wait_after_submit(sched: Scheduler, spec, job_id: str, timeout: float | None
         state = sched.wait(job_id, timeout=timeout, on_change=on_change, on_tick=on_tick, outage_s=outage_s)
     if follower is not None:
         follower.join(timeout=5)
-    note(sched.name, job_id, state)
+    note(sched.name, job_id, state, sched)
     return state
 
 
-__all__ = ["Fallback", "MAX_ID_CHARS", "Row", "check_node_rank", "noting", "query_or_last", "backend_of", "backends_of", "cancel_known", "check_id", "ended_by_record", "job_size",
+__all__ = ["Fallback", "JobRow", "MAX_ID_CHARS", "Row", "check_listing", "check_node_rank", "noting", "query_or_last", "backend_of", "backends_of", "cancel_known", "check_id", "ended_by_record", "job_size",
            "keep_state", "known_backend", "keep_seen", "note", "query_and_note", "recent", "recent_batches", "rows_of", "unknown", "unknown_asked", "wait_after_submit",
            "warning_of"]

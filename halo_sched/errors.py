@@ -144,7 +144,10 @@ class StillRunning(HaloError, TimeoutError):
 
     exit_code = EXIT_FAILED
 
-    def __init__(self, job_id: str, state, timeout: float | None):
+    def __init__(self, job_id: str, state, timeout: float | None, others: int = 0):
         self.job_id, self.state = job_id, state
         after = f" after {timeout:g} s" if timeout is not None else ""
-        super().__init__(f"job {job_id} still {state.status.value}{after}; it keeps running")
+        # halo_sched.as_completed: the first job still running, and how many more are.
+        more = f", as are {others} more" if others else ""
+        super().__init__(f"job {job_id} still {state.status.value}{after}{more}; "
+                         f"{'they keep' if others else 'it keeps'} running")

@@ -50,8 +50,8 @@ def main(argv: list[str]) -> int:
     sched = backends.get(backend)
 
     def one(job_id: str, observe):
-        st = sched.wait(job_id, on_change=noting(backend, job_id, observe))
-        note(backend, job_id, st)
+        st = sched.wait(job_id, on_change=noting(backend, job_id, observe, sched))
+        note(backend, job_id, st, sched)
         return st
 
     def retried(old: str, state, why: str, new: str) -> None:

@@ -87,6 +87,59 @@ def culprit(state: "JobState") -> Culprit | None:
                    signal=getattr(first, "signal", None))
 
 
+#: What ``value_note`` says when rank 0 wrote no result (the common case: most jobs return none).
+NO_RESULT = "rank 0 wrote no result"
+
+
+def attach_value(sched, job_id: str, state: "JobState", keep: bool = False) -> "JobState":
+    """``state`` with ``value`` and ``value_note`` filled in, for a job that ended (``sched``: its
+    backend's Scheduler): rank 0's
+    result (halo_sched/node/result.py) from the job's record when it was kept there for this
+    end, else read now through the backend (``Scheduler.read_result``) and, with ``keep`` (an
+    actor's or a read's keeping: core.keep_seen), kept in the record for later readers (``status``
+    after the files are gone, ``export``). A job still running is returned as it is. The file
+    is hostile: read bounded, parsed as strict JSON only; what is wrong with it is the note. A
+    backend that cannot be asked now leaves the note saying so, and nothing is kept."""
+    if not state.status.terminal or state.value_note is not None:
+        return state
+    import time
+
+    from . import records
+    from .errors import HaloError
+    from .node.result import ResultError, parse
+
+    rec = (records.find(job_id, sched.name, on_bad=None) or [None])[0]
+    kept = rec.get("result") if isinstance(rec, dict) and isinstance(rec.get("result"), dict) else None
+    if kept is not None and kept.get("for") == state.status.value and isinstance(kept.get("note"), str):
+        state.value, state.value_note = kept.get("value"), kept["note"]
+        return state
+    value, note = None, ""
+    try:
+        data = sched.read_result(job_id, rec)
+        if data is None:
+            note = NO_RESULT
+        else:
+            value = parse(data)
+    except ResultError as err:
+        value, note = None, _bounded(err)
+    except HaloError as err:  # not now: asked again by the next reader
+        state.value, state.value_note = None, _bounded(f"not read: {err}")
+        return state
+    except OSError as err:  # the store or a file system: not now either
+        state.value, state.value_note = None, _bounded(f"not read: {err.strerror or err}")
+        return state
+    state.value, state.value_note = value, note
+    from .known import _MAY_RETURN  # a SLURM job may run again after these (requeue): its value is not its last
+
+    if keep and rec is not None and state.status not in _MAY_RETURN.get(sched.name, set()):
+        try:
+            records.keep_result(job_id, sched.name, {"value": value, "note": note, "for": state.status.value,
+                                                      "at": time.time()})
+        except (OSError, HaloError):
+            pass  # the store busy or broken: the value is still returned, and kept by a later reader
+    return state
+
+
 def result_of(job_id: str, state: "JobState", timeout: float | None = None) -> "JobState":
     """``state`` when the job COMPLETED; otherwise the error its end raises (the module's table)."""
     from .backends.jobstate import JobStatus
@@ -105,4 +158,4 @@ def result_of(job_id: str, state: "JobState", timeout: float | None = None) -> "
     raise StillRunning(job_id, state, timeout)
 
 
-__all__ = ["Culprit", "culprit", "result_of"]
+__all__ = ["Culprit", "NO_RESULT", "attach_value", "culprit", "result_of"]

@@ -136,6 +136,7 @@ _FIELDS: dict[str, tuple] = {
     "name": _STR, "submitted_iso": _STR, "submit_dir": _STR, "job_file": _STR, "job_file_sha256": _STR, "script_dir": _STR,
     "rendered_file": _STR, "submitted": _NUM, "nodes": (int, type(None)), "nproc_per_node": (int, type(None)),
     "last_state": _DICT, "spec": _DICT, "scheduler": _DICT, "git": _DICT, "outputs": (list, type(None)),
+    "result": _DICT,
 }
 
 
@@ -387,6 +388,30 @@ def update_state(record: dict, state) -> None:
     stored = update(record["id"], record["backend"], change)
     if stored is not None:
         record["last_state"] = stored.get("last_state")
+
+
+def public(record: dict) -> dict:
+    """A record as it is shown (``export``, ``Job.describe()``): all of it but the job's failure
+    key, which stays in the store (what a node's failure line is checked with)."""
+    return {k: v for k, v in record.items() if k != "failure_key"}
+
+
+def keep_result(job_id: str, backend: str, result: dict) -> dict | None:
+    """Keep rank 0's result as read at the job's end (``{"value", "note", "for", "at"}``:
+    halo_sched/outcome.py ``attach_value``) in the job's record, in one transaction; a result
+    kept already for the same end stays (the first reader's). The record as stored after."""
+    from . import db
+
+    result = db.clean(result)
+
+    def change(rec: dict) -> bool:
+        old = rec.get("result")
+        if isinstance(old, dict) and old.get("for") == result.get("for"):
+            return False
+        rec["result"] = result
+        return True
+
+    return update(job_id, backend, change)
 
 
 def import_files(con) -> int:

@@ -125,7 +125,7 @@ def _settle_times(sched: Scheduler, ids: list[str]) -> None:
     from .core import note
 
     for job_id, st in states.items():
-        note(sched.name, job_id, st)
+        note(sched.name, job_id, st, sched)
 
 
 def next_spec(spec, run_id: str, number: int, exclude: tuple[str, ...], git: dict | None):
@@ -305,7 +305,7 @@ def follow_run(sched: Scheduler, run_id: str) -> list[str]:
         except HaloError:
             states = {}
         for job_id, st in states.items():
-            note(sched.name, job_id, st)
+            note(sched.name, job_id, st, sched)
     return ids
 
 
@@ -644,9 +644,9 @@ class Run(Job):
                                        outage_s=outage_s)
             else:
                 st = self.scheduler.wait(job_id, timeout=left(), poll=poll, max_poll=max_poll,
-                                         on_change=noting(self.scheduler.name, job_id, seen), outage_s=outage_s,
-                                         on_outage=on_outage)
-                note(self.scheduler.name, job_id, st)
+                                         on_change=noting(self.scheduler.name, job_id, seen, self.scheduler),
+                                         outage_s=outage_s, on_outage=on_outage)
+                note(self.scheduler.name, job_id, st, self.scheduler)
             return st
 
         def retried(old: str, state: JobState, why: str, new: str) -> None:
@@ -692,7 +692,7 @@ class Run(Job):
                     observe(st)
                     from .core import note
 
-                    note(self.scheduler.name, job_id, st)
+                    note(self.scheduler.name, job_id, st, self.scheduler)
                     return st
 
                 spec = self.spec if self.spec is not None else recorded_spec(self.scheduler.name, self.id)
@@ -713,9 +713,14 @@ class Run(Job):
         self.current = Job(self.scheduler, newest_attempt(self.scheduler, self.current.id).id)
         return self.current.cancel(wait=wait, timeout=timeout, **opts)
 
-    def logs(self, node: int | None = None, rank: int | None = None, follow: bool = False):
-        """The newest attempt's output (:meth:`Job.logs`)."""
-        return self._newest().logs(node=node, rank=rank, follow=follow)
+    def logs(self, node: int | None = None, rank: int | None = None, follow: bool = False, *,
+             since=None, grep: str | None = None, stream: str | None = None):
+        """The newest attempt's output, filtered as :meth:`Job.logs` filters it."""
+        return self._newest().logs(node=node, rank=rank, follow=follow, since=since, grep=grep, stream=stream)
+
+    def describe(self) -> dict:
+        """The record of the run's newest attempt (:meth:`Job.describe`); ``attempts()`` has them all."""
+        return self._newest().describe()
 
     def attempts(self) -> list[AttemptRow]:
         """Every attempt so far, numbered as the CLI shows them (``number``: 1 for the first);
@@ -731,6 +736,148 @@ class Run(Job):
         return totals(self.attempts(), effective(self.id, self.scheduler.name))
 
 
+def as_completed(handles, timeout: float | None = None):
+    """Each handle (a :class:`Run` or :class:`~halo_sched.backends.base.Job`) as it ends, in the
+    order they end (``concurrent.futures.as_completed``'s, submitit's ``as_completed``): a run
+    ends when its last attempt did (its retries run meanwhile, as :meth:`Run.wait` runs them).
+    Its outcome is then at hand without waiting: ``result()`` returns or raises, ``exception()``
+    says which. Past ``timeout`` seconds (all of them together) with handles left, raises
+    :class:`~halo_sched.errors.StillRunning` (a TimeoutError) for the first of them; they go on.
+    A handle whose wait raised (an unknown id, an outcome unknown) ends here too: its
+    ``exception()`` asks again. Each waits in a thread of its own, every one of a scheduler on
+    its one shared poll (backends/watcher.py)."""
+    import queue
+    import threading
+
+    from .errors import StillRunning
+
+    todo = list({id(h): h for h in handles}.values())
+    deadline = None if timeout is None else time.monotonic() + timeout
+    done: queue.Queue = queue.Queue()
+
+    def wait(h) -> None:
+        state = None
+        try:
+            state = h.wait(timeout)  # ends at the deadline at the latest: the state so far
+        except BaseException:  # noqa: BLE001 - the handle's own result()/exception() tells it
+            pass
+        done.put((h, state))
+
+    for h in todo:
+        threading.Thread(target=wait, args=(h,), name=f"as-completed-{h.id}", daemon=True).start()
+    left = {id(h): h for h in todo}
+    while left:
+        try:  # a second past the deadline: the waits that ran out have said so
+            h, state = done.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()) + 1.0)
+        except queue.Empty:
+            break
+        if state is not None and not state.status.terminal:
+            continue  # its wait ran out: still running
+        del left[id(h)]
+        yield h
+    if left:
+        first = next(iter(left.values()))
+        try:
+            state = first.status()
+        except HaloError:
+            state = JobState(first.id, JobStatus.UNKNOWN)
+        raise StillRunning(first.id, state, timeout, others=len(left) - 1)
+
+
+# ---- the listing: recent jobs, each run's attempts followed ------------------------------------
+
+
+def listing(backend: str | None, state: str | None, limit: int, scheduler: Callable[[str], Scheduler],
+            on_error: Callable[[str, HaloError], None], name: str | None = None, run: str | None = None,
+            since: float | None = None):
+    """``halo-sched list`` and ``halo_sched.list()``: the rows of the newest ``limit`` records (0:
+    all) matching the filters, a batch at a time (core.recent_batches: one scheduler query per
+    backend per batch), each run's attempts followed: an attempt a failed attempt submitted
+    itself (``starts_successor``) and the store did not know yet is recorded and listed with the
+    batch it was found in, newest first. A generator: close it to stop early."""
+    from .core import recent_batches
+
+    def batches():
+        return recent_batches(backend, state, limit, scheduler, on_error, name=name, run=run, since=since)
+
+    it = batches()
+    try:
+        first = next(it, [])
+        if _followed(first, scheduler):  # attempts a failed attempt submitted itself, recorded now: read again
+            it.close()
+            it = batches()
+            first = next(it, [])
+        yield first
+        for rows in it:
+            found = _followed(rows, scheduler)
+            if found:  # later than this batch's snapshot: shown with it, newest first
+                rows = sorted(rows + _rows_of_found(found, state, scheduler, on_error), key=_submitted, reverse=True)
+            yield rows
+    finally:
+        it.close()
+
+
+def _submitted(row) -> float:
+    r = row.record
+    when = r.mtime if not isinstance(r, dict) else r.get("submitted")
+    return float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else 0.0
+
+
+def _rows_of_found(found: list[tuple[str, str]], state: str | None, scheduler, on_error) -> list:
+    from .core import rows_of
+
+    recs = [r for backend, job in found for r in records.find(job, backend, on_bad=None)]
+    return rows_of(recs, state, scheduler, on_error) if recs else []
+
+
+def _followed(rows, scheduler) -> list[tuple[str, str]]:
+    """The attempts (backend, id) found now and recorded: for each attempt of a run that ended
+    other than COMPLETED, on a scheduler whose failed attempts submit their successor
+    (``starts_successor``), the successor the store did not know yet."""
+    found = []
+    for r, status, _, _ in rows:
+        of_run = r.get("run") if isinstance(r, dict) else None
+        if not isinstance(of_run, dict) or not isinstance(of_run.get("id"), str) or status in ("COMPLETED", "UNREADABLE"):
+            continue
+        try:
+            if not JobStatus(status).terminal:
+                continue
+            sched = scheduler(r["backend"])
+            if getattr(sched, "starts_successor", False) and successor(of_run["id"], r["backend"], r["id"]) is None:
+                job = follow(sched, of_run["id"], r["id"])
+                if job is not None:
+                    found.append((r["backend"], job))
+        except (ValueError, HaloError, OSError):
+            continue
+    return found
+
+
+def list_jobs(backend: str | None = None, state: str | None = None, limit: int = 50, name: str | None = None,
+              run: str | None = None, since=None) -> list:
+    """``halo_sched.list()``: the recent jobs as ``halo-sched list`` finds them (:func:`listing`,
+    the same filters with the same checks), newest first, each a :class:`~halo_sched.core.JobRow`
+    (a value: ``to_dict()`` is what ``list --json`` prints). ``state``: a state's name (``"FAILED"``,
+    a ``JobStatus``; ``"UNREADABLE"``: records that cannot be read); ``limit``: the newest N
+    records (0: all); ``since``: an age (``"12h"``), an ISO date/time, a ``datetime``, a
+    ``timedelta`` or epoch seconds. A backend that does not answer leaves its jobs' last known
+    states (``live`` False), and says so on the ``halo_sched`` logger. Bad input: UsageError."""
+    from . import backends
+    from .core import JobRow, check_listing
+
+    backend, state, limit, since = check_listing(backend, state, limit, since)
+    import logging
+
+    def on_error(name_: str, err: HaloError) -> None:
+        logging.getLogger("halo_sched").warning("%s did not answer (%s); its jobs show their last known state",
+                                                name_, " ".join(str(err).split())[:200])
+
+    it = listing(backend, state, limit, backends.get, on_error, name=name, run=run, since=since)
+    try:
+        return [JobRow.of(row) for rows in it for row in rows]
+    finally:
+        it.close()
+
+
 def recorded_spec(backend: str, job_id: str):
     """The spec a job was submitted with, from its record (None without one): a run found by id
     retries as its job file says, as ``watch`` does."""
@@ -743,5 +890,6 @@ def recorded_spec(backend: str, job_id: str):
     return from_record(rec)
 
 
-__all__ = ["AttemptRow", "Newest", "Run", "attempts_of", "describe_rows", "effective", "follow", "follow_run", "newest_attempt", "newest_attempts", "next_attempt",
-           "next_spec", "recorded_spec", "totals", "wait_run", "wants_retry"]
+__all__ = ["AttemptRow", "Newest", "Run", "as_completed", "attempts_of", "describe_rows", "effective", "follow", "follow_run",
+           "list_jobs", "listing", "newest_attempt", "newest_attempts", "next_attempt", "next_spec", "recorded_spec", "totals",
+           "wait_run", "wants_retry"]

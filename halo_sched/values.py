@@ -34,6 +34,46 @@ WARNING_SIGNALS = ("USR2", "HUP", "ALRM", "XCPU")
 DEFAULT_WARNING = ("", "USR2", None)
 
 
+#: ``list --limit``'s and ``halo_sched.list(limit=)``'s largest count (SQLite's LIMIT takes a
+#: 64-bit integer; no history is this long).
+MAX_LIMIT = 10 ** 12
+
+_AGE_RE = re.compile(r"(\d{1,6})([smhd])")
+
+
+def parse_since(text: Any, now: float) -> float:
+    """``since`` (``list --since``, ``logs --since``, the library's ``since=``): an age (``30s``,
+    ``30m``, ``12h``, ``7d``) before ``now``, or an ISO date/time (``2026-12-01``,
+    ``2026-12-01T08:00``: local time unless it names a zone), as the epoch seconds it means; the
+    library's ``datetime``, ``timedelta`` (an age) or epoch seconds too. ValueError saying what
+    it takes."""
+    import math
+    from datetime import datetime, timedelta
+
+    if isinstance(text, timedelta):
+        return now - text.total_seconds()
+    if isinstance(text, datetime):
+        try:
+            return text.timestamp()
+        except (OverflowError, OSError, ValueError):
+            raise ValueError(f"{text!r} is no time a clock can show") from None
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        if not math.isfinite(text):
+            raise ValueError(f"{text!r} is not a time")
+        return float(text)
+    if not isinstance(text, str):
+        raise ValueError(f"a {type(text).__name__}: give an age (30m, 12h, 7d), an ISO date/time, a datetime, "
+                         "a timedelta or epoch seconds")
+    m = _AGE_RE.fullmatch(text.strip())
+    if m:
+        return now - int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except (ValueError, OverflowError, OSError):
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise ValueError(f"{shown!r} is not an age (30m, 12h, 7d) or an ISO date/time") from None
+
+
 def parse_warning(text: Any) -> tuple[str, str, int | None] | None:
     """(flags, signal name, seconds) of a ``slurm.signal`` value ``[B:]SIG[@secs]``, or None when
     it is not one; the one parser of it (the job file's field, a job record's copy, ``cancel

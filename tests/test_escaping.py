@@ -124,7 +124,8 @@ def test_nomad_job_carries_user_text_only_in_the_entry_template(value, arg):
     job = job_payload(spec)["Job"]
     entry = entry_script(spec)
     runtime = {"0", "1", "${NOMAD_IP_rdzv}", "${NOMAD_PORT_rdzv}", "${NOMAD_ALLOC_INDEX}",
-               "${NOMAD_TASK_DIR}/halo-master-addr", "${NOMAD_TASK_DIR}/halo-logs", "${NOMAD_TASK_DIR}/halo-node.b64"}
+               "${NOMAD_TASK_DIR}/halo-master-addr", "${NOMAD_TASK_DIR}/halo-logs", "${NOMAD_TASK_DIR}/halo-node.b64",
+               "${NOMAD_TASK_DIR}/halo-result.json"}
     for g in job["TaskGroups"]:
         t = g["Tasks"][0]
         # Env and args hold only names Nomad defines; no user text is runtime-interpolated.

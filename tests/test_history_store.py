@@ -426,8 +426,7 @@ def test_an_attempt_found_while_a_long_list_streams_is_listed_once(monkeypatch, 
     """A run's attempt that a later batch's failed attempt submitted itself (recorded now, after
     the stream's snapshot) is shown with that batch, once; one found in the first batch is read
     again with it, as a plain `list` does."""
-    from halo_sched import cli
-    from halo_sched.commands import show
+    from halo_sched import cli, runs
 
     _many(1207)
     calls = []
@@ -440,7 +439,7 @@ def test_an_attempt_found_while_a_long_list_streams_is_listed_once(monkeypatch, 
             return [("local", job)]
         return []
 
-    monkeypatch.setattr(show, "_followed", followed)
+    monkeypatch.setattr(runs, "_followed", followed)  # the listing list and halo_sched.list() share
     assert cli.main(["list", "--limit", "0"]) == 0
     ids = [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()]
     assert ids.count("succ-1") == 1 and ids.count("succ-3") == 1 and len(ids) == 1209, ids[:5]

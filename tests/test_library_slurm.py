@@ -71,6 +71,8 @@ def test_the_sweep_example_on_slurm(env, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     assert sorted(out["results"]) == ["0.1", "0.3"], out
+    # Rank 0's value, read back from beside the output file (.halo-result/JOB_ID.json).
+    assert all(isinstance(v["loss"], float) and v["loss"] < 1e-3 for v in out["results"].values()), out
     culprit = out["failures"]["4.0"]["culprit"]
     assert culprit["rank"] == 1 and culprit["fault"] == "job" and culprit["host"].startswith("node"), culprit
     assert "loss diverged" in culprit["error"], culprit

@@ -92,6 +92,7 @@ def test_one_trainer_group_shape():
     assert t["Env"] == {"HALO_NODE_RANK": "${NOMAD_ALLOC_INDEX}",
                         "HALO_MASTER_ADDR_FILE": "${NOMAD_TASK_DIR}/halo-master-addr",
                         "HALO_LOG_DIR": "${NOMAD_TASK_DIR}/halo-logs",
+                        "HALO_RESULT_FILE": "${NOMAD_TASK_DIR}/halo-result.json",
                         "HALO_NODE_RUNTIME_FILE": "${NOMAD_TASK_DIR}/halo-node.b64"}
     master = t["Templates"][1]["EmbeddedTmpl"]
     assert 'nomadService "halo-index-0.ddp-nomad-1-rdzv"' in master and "index . 0" in master

@@ -19,10 +19,12 @@ import os
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..errors import HaloError
     from ..logtags import LogLine
     from ..spec import JobSpec
     from .jobstate import JobState
@@ -320,6 +322,21 @@ class Scheduler(abc.ABC):
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
         """Lines of the job's output, each prefixed with its node where the backend splits them."""
 
+    #: What the backend knows of each line of :meth:`logs` besides its text, so that ``logs``
+    #: can filter on it (halo_sched/logtags.py: ``"time"``, ``"stream"``): its lines are then
+    #: ``logtags.Raw`` strings carrying them. Default: nothing.
+    log_fields: frozenset = frozenset()
+
+    def read_result(self, job_id: str, record: dict | None = None) -> bytes | None:
+        """The bytes rank 0 wrote to ``HALO_RESULT_FILE`` (halo_sched/node/result.py: at most
+        ``MAX_BYTES + 1`` of them read), None when it wrote none; ``record`` is the job's record
+        when there is one. :class:`~halo_sched.node.result.ResultError` for a file that cannot be
+        a result, or where this backend does not carry one (the default: say so); a
+        :class:`~halo_sched.errors.HaloError` when it cannot be read now (asked again later)."""
+        from ..node.result import ResultError
+
+        raise ResultError(f"not carried: the {self.name} backend does not carry a result (HALO_RESULT_FILE)")
+
     def guard_placement(self, spec: JobSpec, job_id: str,
                         on_change: Callable[[JobState], None] | None = None,
                         outage_s: float | None = None) -> JobState:
@@ -379,6 +396,10 @@ class Plans(Protocol):
     def plan(self, spec: JobSpec) -> tuple[bool, str]: ...
 
 
+#: Per event loop: the lock that has ``Job.wait_async`` read one ended job's result at a time.
+_VALUE_READS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 class Job:
     """A handle on one submitted job (one attempt of a run: :class:`halo_sched.runs.Run` is the
     handle on all of them). The same methods as a run's: ``status()``, ``wait()``, ``result()``,
@@ -434,12 +455,18 @@ class Job:
         """Until the job is terminal (or ``timeout`` seconds pass: then its state so far):
         :meth:`Scheduler.wait`, which waits through a scheduler outage of up to ``outage_s``
         seconds (``$HALO_OUTAGE_S``, else 600) and then raises
-        :class:`~halo_sched.errors.OutcomeUnknown`. Returns the final state."""
-        return self._known(self.scheduler.wait(self.id, timeout=timeout, poll=poll, max_poll=max_poll,
-                                               on_change=on_change, outage_s=outage_s, on_outage=on_outage))
+        :class:`~halo_sched.errors.OutcomeUnknown`. Returns the final state, with rank 0's
+        result as ``.value`` (halo_sched/outcome.py ``attach_value``; reads only)."""
+        from ..outcome import attach_value
+
+        return attach_value(self.scheduler, self.id, self._known(self.scheduler.wait(
+            self.id, timeout=timeout, poll=poll, max_poll=max_poll, on_change=on_change, outage_s=outage_s,
+            on_outage=on_outage)))
 
     def result(self, timeout: float | None = None) -> JobState:
-        """Wait, then the final state of a job that COMPLETED; any other end raises
+        """Wait, then the final state of a job that COMPLETED, rank 0's result beside it as
+        ``.value`` (``HALO_RESULT_FILE``: halo_sched/node/result.py; ``.value_note`` says why
+        there is none); any other end raises
         (halo_sched/outcome.py): :class:`~halo_sched.errors.JobFailed` with the culprit,
         :class:`~halo_sched.errors.JobCancelled`, :class:`~halo_sched.errors.OutcomeUnknown`,
         or :class:`~halo_sched.errors.StillRunning` when ``timeout`` ran out first."""
@@ -447,17 +474,56 @@ class Job:
 
         return result_of(self.id, self.wait(timeout), timeout)
 
+    def exception(self, timeout: float | None = None) -> "HaloError | None":
+        """What :meth:`result` would raise, returned instead of raised: None for a job that
+        COMPLETED, else the error (``JobFailed`` with the culprit, ``JobCancelled``,
+        ``StillRunning`` past ``timeout``, ``OutcomeUnknown``, ``UnknownJob``), as submitit's
+        ``job.exception()``. Waits as :meth:`result` does (a run: its retries too)."""
+        from ..errors import HaloError
+
+        try:
+            self.result(timeout)
+        except HaloError as err:
+            return err
+        return None
+
+    def describe(self) -> dict:
+        """The job's record, as a value (``halo-sched export`` writes the same, the failure key
+        left in the store): its backend and scheduler ids, the spec it was submitted with (its
+        ``secret_env`` names only), the job file, its SHA-256 and git state, where its output
+        went, the run it is an attempt of, its last known state and rank 0's result once kept.
+        UnknownJob for a job without a record (one halo-sched did not submit)."""
+        from .. import records
+        from ..errors import UnknownJob
+
+        rec = (records.find(self.id, self.scheduler.name) or [None])[0]
+        if rec is None:
+            raise UnknownJob([self.id], self.scheduler.name, "no job record")
+        return records.public(rec)
+
     async def wait_async(self, timeout: float | None = None) -> JobState:
-        """:meth:`wait` for asyncio, holding no thread while it waits (backends/watcher.py)."""
+        """:meth:`wait` for asyncio, holding no thread while it waits (backends/watcher.py). The
+        state, without rank 0's result (:meth:`result_async` reads it)."""
         from .watcher import wait_async
 
         return self._known(await wait_async(self.scheduler, self.id, timeout))
 
     async def result_async(self, timeout: float | None = None) -> JobState:
-        """:meth:`result` for asyncio."""
-        from ..outcome import result_of
+        """:meth:`result` for asyncio: an end's result is read in the loop's executor, one job's
+        at a time per loop (many ended jobs hold one thread, not one each)."""
+        import asyncio
 
-        return result_of(self.id, await self.wait_async(timeout), timeout)
+        from ..outcome import attach_value, result_of
+
+        state = await self.wait_async(timeout)
+        if state.status.terminal:
+            loop = asyncio.get_running_loop()
+            lock = _VALUE_READS.get(loop)
+            if lock is None:
+                lock = _VALUE_READS[loop] = asyncio.Lock()
+            async with lock:
+                state = await loop.run_in_executor(None, attach_value, self.scheduler, self.id, state)
+        return result_of(self.id, state, timeout)
 
     def cancel(self, wait: bool = True, timeout: float | None = 60.0, **opts) -> JobState | None:
         """Cancel the job; with ``wait``, return once the scheduler says it ended (its final
@@ -479,25 +545,42 @@ class Job:
             raise StillRunning(self.id, state, timeout)
         return state
 
-    def logs(self, node: int | None = None, rank: int | None = None, follow: bool = False) -> Iterator["LogLine"]:
-        """The job's output lines (with ``follow``, until it ends), only node ``node``'s and/or
-        global rank ``rank``'s when given (``halo-sched logs --node/--rank``). Each is a
-        :class:`~halo_sched.logtags.LogLine`: a string exactly as the CLI prints it
-        (``[node K rank R] text``), with ``.node``, ``.rank`` and ``.text``. The id and the
-        node and rank are checked before the first line (UnknownJob, UsageError)."""
+    def logs(self, node: int | None = None, rank: int | None = None, follow: bool = False, *,
+             since=None, grep: str | None = None, stream: str | None = None) -> Iterator["LogLine"]:
+        """The job's output lines (with ``follow``, until it ends), filtered as ``halo-sched logs``
+        filters them (halo_sched/logtags.py ``log_filter``, one filter for both): node ``node``'s
+        and/or global rank ``rank``'s; ``grep``, those whose text the regular expression finds;
+        ``since`` (an age such as ``"30m"``, an ISO date/time, a ``datetime``, a ``timedelta`` or
+        epoch seconds), those written since; ``stream`` (``"stdout"``/``"stderr"``), one stream's.
+        Each is a :class:`~halo_sched.logtags.LogLine`: a string exactly as the CLI prints it
+        (``[node K rank R] text``), with ``.node``, ``.rank``, ``.text``, ``.time`` and
+        ``.stream``. The id and every filter are checked before the first line (UnknownJob;
+        UsageError, also for a filter the backend cannot answer: ``since`` where its output keeps
+        no time per line, ``stream`` where it keeps one stream)."""
         from ..known import check_node_rank, unknown_asked
         from ..errors import UnknownJob, UsageError, shown
-        from ..logtags import parsed
+        from ..logtags import log_filter, parsed
 
         missing = unknown_asked(self.scheduler.name, self.scheduler, [self.id])
         if missing:
             raise UnknownJob([self.id], self.scheduler.name, missing[self.id])
+        if since is not None:
+            import time as clock
+
+            from ..values import parse_since
+
+            try:
+                since = parse_since(since, clock.time())
+            except ValueError as err:
+                raise UsageError(f"since: {err}") from None
+        keep = log_filter(node, rank, grep, since, stream, backend=self.scheduler.name,
+                          fields=self.scheduler.log_fields, flag="")
         if node is not None or rank is not None:
             for name, value in (("node", node), ("rank", rank)):
                 if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                     raise UsageError(f"{name} {shown(value)}: a number from 0")
             check_node_rank(self.scheduler.name, self.scheduler, self.id, node, rank, flag="")
-        return parsed(self.scheduler.logs(self.id, follow=follow), node, rank)
+        return parsed(self.scheduler.logs(self.id, follow=follow), keep=keep)
 
 
 class EndWatch:

@@ -41,6 +41,22 @@ class JobStatus(str, enum.Enum):
         return self.value
 
 
+#: What ``list --state`` and ``halo_sched.list(state=)`` take besides a status: records that cannot be read.
+UNREADABLE = "UNREADABLE"
+
+
+def state_named(text: object) -> str:
+    """A state's name for ``list --state`` and ``halo_sched.list(state=)``: a :class:`JobStatus`
+    or its name in any case, or ``UNREADABLE``; ValueError naming the states otherwise."""
+    name = text.value if isinstance(text, JobStatus) else str(text).strip().upper()
+    valid = [s.value for s in JobStatus] + [UNREADABLE]
+    if name not in valid:
+        from ..errors import shown
+
+        raise ValueError(f"{shown(text)} is not a state; use one of {', '.join(valid)}")
+    return name
+
+
 _TERMINAL = {
     JobStatus.COMPLETED,
     JobStatus.FAILED,
@@ -151,6 +167,13 @@ class JobState:
     #: SLURM with slurm.spare_nodes: ``{"total", "left", "swaps": [{rank, bad, spare, reason, by,
     #: time, spares_left}]}``, from the batch script's signed swap lines (backends/slurm/spares.py).
     spares: dict | None = None
+    #: What rank 0 handed back (``HALO_RESULT_FILE``, halo_sched/node/result.py): a JSON value
+    #: (None when there is none), filled in for an ended job by the reads and waits that return
+    #: it (``Run.result()``, ``wait()``, ``status``); ``value_note`` says why there is none: ""
+    #: when a value was read (rank 0 may have written ``null``), None when nobody looked (the
+    #: job has not ended).
+    value: object = None
+    value_note: str | None = None
 
     def change_key(self) -> tuple:
         """What counts as a change while waiting (a progress line; the watcher's polls go back to
@@ -231,4 +254,4 @@ def _describe_spares(spares: dict) -> str:
     return head + (f" ({moved})" if moved else "")
 
 
-__all__ = ["JobState", "JobStatus", "NomadDetail", "SlurmDetail"]
+__all__ = ["JobState", "JobStatus", "NomadDetail", "SlurmDetail", "UNREADABLE", "state_named"]

@@ -36,13 +36,16 @@ from . import base
 from .base import DryRun, JobState, JobStatus, Scheduler, missing_output, tail_lines
 from .watcher import wait_loop
 # The supervisor's run-time code and the process helpers shared with it live there, once.
-from ..node.local_supervisor import CANCEL_MARK, failure_report
+from ..node.local_supervisor import CANCEL_MARK, HEAD_RE, STREAM_OF, failure_report
+from ..logtags import Raw
 from ..node.processes import same_process, start_time, stop_tagged, tagged, wait_exit, write_json
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..models import JobSpec
 
 LOCAL_MASTER = "127.0.0.1"
+#: In the job's directory: rank 0's result, a small JSON value (``HALO_RESULT_FILE``).
+RESULT_FILE = "result.json"
 START_GRACE_S = 30.0  # a job this young with no supervisor pid yet is still starting
 #: The raw state of a job whose cancel was asked for and whose processes are still stopping.
 CANCELLING = "CANCELLING"
@@ -319,7 +322,19 @@ class LocalScheduler(Scheduler):
         if not (d / "job.log").exists():
             # (submit creates it, before the job starts)
             raise SchedulerError(f"local job {job_id}: {missing_output(d / 'job.log', self._state(job_id))}")
-        yield from tail_lines(d / "job.log", follow, lambda: self._state(job_id).status.terminal, poll=0.05)
+        for line in tail_lines(d / "job.log", follow, lambda: self._state(job_id).status.terminal, poll=0.05):
+            yield _read_head(line)
+
+    #: Each line of job.log says when the supervisor read it and from which stream (_read_head).
+    log_fields = frozenset({"time", "stream"})
+
+    def read_result(self, job_id: str, record: dict | None = None) -> bytes | None:
+        """Rank 0's result file, ``result.json`` in the job's directory (``HALO_RESULT_FILE``)."""
+        from ..node.result import read_bounded
+
+        if len(job_id) > 255 or not _ID_RE.match(job_id) or job_id in (".", ".."):
+            raise UsageError(f"{shown(job_id)} is not a local job id")
+        return read_bounded(self.root / job_id / RESULT_FILE)
 
     def wait(self, job_id: str, timeout: float | None = None, poll: float = 1.0, max_poll: float = 30.0,
              on_change=None, on_tick=None, outage_s: float | None = None, on_outage=None) -> JobState:
@@ -438,6 +453,16 @@ def _read_meta(d: Path) -> tuple[dict | None, str]:
     return meta, ""
 
 
+def _read_head(line: str) -> str:
+    """A line of ``job.log`` without the time and stream the supervisor wrote before it
+    (node/local_supervisor.py ``HEAD_RE``), carrying them (``logtags.Raw``); a line without them
+    (a job directory of an earlier release) as it is."""
+    m = HEAD_RE.match(line)
+    if m is None:
+        return line
+    return Raw(line[m.end():], float(m.group(1)), STREAM_OF.get(m.group(2)))
+
+
 def render_run(launch: Launch) -> str:
     """What ``render --backend local`` shows: how each node and server process is started, and
     the scripts they run."""
@@ -455,7 +480,9 @@ def _supervisor_job(launch: Launch, d: Path, servers: list[dict], gpu_sets: list
     node's script and the variables it adds to the inherited environment (never a secret: those
     stay in the environment). The supervisor adds the job tag and PATH itself."""
     common = {NAMES.master_addr: LOCAL_MASTER, NAMES.master_port: str(master_port),
-              NAMES.node_runtime_file: str(d / "halo-node.b64")}
+              NAMES.node_runtime_file: str(d / "halo-node.b64"),
+              # Rank 0's result (halo_sched/node/result.py), read back by read_result.
+              NAMES.result_file: str(d / RESULT_FILE)}
     if launch.restart_count:  # a retry of its run: the ranks learn which attempt this is
         common[NAMES.restart_count] = str(launch.restart_count)
     for srv in servers:

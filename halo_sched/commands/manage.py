@@ -84,7 +84,7 @@ def _wait_ended(groups: dict[str, list[str]], scheduler, timeout: float) -> tupl
         for job_id in ids:
             watcher_for(sched).forget(job_id)  # asked afresh: not a state seen before the cancel
             state = sched.wait(job_id, timeout=max(0.0, deadline - time.monotonic()))
-            keep_seen(backend, job_id, state)
+            keep_seen(backend, job_id, state, sched)
             finals[job_id] = state
             if state.status is JobStatus.UNKNOWN:
                 say(f"halo-sched: {job_id}: the scheduler no longer knows this job; its end was not seen ({state.reason})")
@@ -212,8 +212,8 @@ def cmd_export(args, scheduler) -> int:
         for r in records.stream(0, on_bad=None):
             if isinstance(r, records.BadRecord):
                 yield {"id": r.id, "backend": r.backend, "unreadable": r.reason}
-            else:  # the job's failure key stays in the store: it is what a node's failure line is checked with
-                yield {k: v for k, v in r.items() if k != "failure_key"}
+            else:  # the job's failure key stays in the store (records.public, Job.describe() too)
+                yield records.public(r)
 
     def notes():
         if not db.exists():

@@ -97,8 +97,29 @@ def _show_status(args, job_id: str, backend: str, state, fallen) -> None:
         print(f"{job_id}\t{st.last_known['describe']} (last known: the scheduler no longer knows the job)")
     else:
         print(f"{job_id}\t{st.describe()}")
+        if (line := value_line(st)) is not None:
+            print(f"{job_id}\t{line}")
     if not args.json:
         _print_run(job_id, backend)
+
+
+#: ``status``'s line of rank 0's result shows at most this many characters of its JSON (``--json``: all of it).
+VALUE_SHOWN = 200
+
+
+def value_line(st) -> str | None:
+    """``status``'s line for rank 0's result: ``value: {"loss": 0.21}`` (its JSON, bounded and
+    ASCII: a job's text never drives the terminal), or why it cannot be had (``value: none (not
+    carried: ...)``, what is wrong with the file); None when there is nothing to say (a job that
+    has not ended, wrote none, or whose backend could not be asked now: ``--json`` says why)."""
+    from ..outcome import NO_RESULT
+
+    if st.value_note is None or st.value_note == NO_RESULT or st.value_note.startswith("not read"):
+        return None
+    if st.value_note:
+        return f"value: none ({st.value_note})"
+    text = json_line(st.value)
+    return f"value: {text if len(text) <= VALUE_SHOWN else text[:VALUE_SHOWN - 3] + '...'}"
 
 
 def state_json(st) -> dict:
@@ -118,6 +139,8 @@ def state_json(st) -> dict:
         # SLURM hot spares (slurm.spare_nodes): how many are left, and each swap.
         **({"spares": st.spares} if st.spares else {}),
         **({"last_known": st.last_known} if st.last_known is not None else {}),
+        # An end: rank 0's result (HALO_RESULT_FILE), or why there is none.
+        **({"value": st.value, "value_note": st.value_note} if st.value_note is not None else {}),
     }
 
 
@@ -167,29 +190,20 @@ def _print_run(job_id: str, backend: str) -> None:
 
 
 def cmd_list(args, scheduler) -> int:
-    """The rows a batch at a time (core.recent_batches): the first lines come after one scheduler
-    query, and memory holds one batch, whatever the history's length (issue 43)."""
-    from ..core import recent_batches
+    """The rows a batch at a time (runs.listing, the library's halo_sched.list() too): the first
+    lines come after one scheduler query, and memory holds one batch, whatever the history's
+    length (issue 43)."""
+    from ..runs import listing
 
-    def batches():
-        return recent_batches(args.backend, args.state, args.limit, scheduler, on_error=_list_note, name=args.name,
-                              run=args.run, since=args.since)
-
-    it = batches()
-    first = next(it, [])
-    if _followed(first, scheduler):  # attempts a failed attempt submitted itself, recorded now: read again
+    it = listing(args.backend, args.state, args.limit, scheduler, on_error=_list_note, name=args.name,
+                 run=args.run, since=args.since)
+    try:
+        for rows in it:
+            _print_rows(args, rows)
+            if isinstance(sys.stdout, PipeGuard) and sys.stdout.broken:
+                break  # the reader went away (| head): nothing more to show
+    finally:
         it.close()
-        it = batches()
-        first = next(it, [])
-    _print_rows(args, first)
-    for rows in it:
-        found = _followed(rows, scheduler)
-        if found:  # later than this batch's snapshot: shown with it, newest first
-            rows = sorted(rows + _rows_of_found(args, found, scheduler), key=_submitted, reverse=True)
-        _print_rows(args, rows)
-        if isinstance(sys.stdout, PipeGuard) and sys.stdout.broken:
-            it.close()
-            break  # the reader went away (| head): nothing more to show
     return 0
 
 
@@ -204,60 +218,15 @@ def _print_rows(args, rows) -> None:
                         r.backend if isinstance(r, records.BadRecord) else r["backend"], err)
 
 
-def _submitted(row) -> float:
-    r = row.record
-    when = r.mtime if not isinstance(r, dict) else r.get("submitted")
-    return float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else 0.0
-
-
-def _rows_of_found(args, found: list[tuple[str, str]], scheduler) -> list:
-    from .. import records
-    from ..core import rows_of
-
-    recs = [r for backend, job in found for r in records.find(job, backend, on_bad=None)]
-    return rows_of(recs, args.state, scheduler, _list_note) if recs else []
-
-
-def _followed(rows, scheduler) -> list[tuple[str, str]]:
-    """The attempts (backend, id) found now and recorded: for each attempt of a run that ended
-    other than COMPLETED, on a scheduler whose failed attempts submit their successor
-    (``starts_successor``), the successor the store did not know yet."""
-    from ..backends.base import JobStatus
-    from ..runs import follow, successor
-
-    found = []
-    for r, status, _, _ in rows:
-        run = r.get("run") if isinstance(r, dict) else None
-        if not isinstance(run, dict) or not isinstance(run.get("id"), str) or status in ("COMPLETED", "UNREADABLE"):
-            continue
-        try:
-            if not JobStatus(status).terminal:
-                continue
-            sched = scheduler(r["backend"])
-            if getattr(sched, "starts_successor", False) and successor(run["id"], r["backend"], r["id"]) is None:
-                job = follow(sched, run["id"], r["id"])
-                if job is not None:
-                    found.append((r["backend"], job))
-        except (ValueError, HaloError, OSError):
-            continue
-    return found
-
-
 def _list_row(args, r, status: str, text: str, known: bool) -> None:
-    """``list``'s line (or JSON object) for one record."""
+    """``list``'s line (or JSON object: core.JobRow, what halo_sched.list() returns) for one record."""
     from .. import records
+    from ..core import JobRow, Row
 
-    if isinstance(r, records.BadRecord):
-        if args.json:
-            print(json_line({"id": r.id, "backend": r.backend, "status": status, "describe": text, "live": False,
-                             "record": str(r.path), "error": r.reason}))
-        else:
-            print(f"{r.id}\t{r.backend}\t\t{text}")
-    elif args.json:
-        print(json_line({"id": r["id"], "backend": r["backend"], "name": r.get("name"), "status": status,
-                         "describe": text, "live": known, "submitted": r.get("submitted_iso"),
-                         **({"run": r["run"]} if isinstance(r.get("run"), dict) else {}),
-                         "submit_dir": r.get("submit_dir"), "record": records.ref(r["id"], r["backend"])}))
+    if args.json:
+        print(json_line(JobRow.of(Row(r, status, text, known)).to_dict()))
+    elif isinstance(r, records.BadRecord):
+        print(f"{r.id}\t{r.backend}\t\t{text}")
     else:
         when = (r.get("submitted_iso") or "")[:19].replace("T", " ")
         run = r.get("run") if isinstance(r.get("run"), dict) else None
@@ -286,14 +255,17 @@ def _list_note(backend: str, err: HaloError) -> None:
 
 
 def cmd_logs(args, scheduler) -> int:
-    from ..logtags import select
+    from ..logtags import log_filter, select
 
     backend = resolve_one(args.id, args.backend)
     sched = scheduler(backend)
     refuse_unknown(backend, sched, args.id)
+    # The library's Job.logs() filters with the same (halo_sched/logtags.py).
+    keep = log_filter(args.node, args.rank, args.grep, args.since, args.stream, backend=backend,
+                      fields=sched.log_fields)
     if args.node is not None or args.rank is not None:
         _check_node_rank(args, backend, sched)
-    for line in select(sched.logs(args.id, follow=args.follow), args.node, args.rank):
+    for line in select(sched.logs(args.id, follow=args.follow), keep=keep):
         sys.stdout.write(line)
         sys.stdout.flush()
         if isinstance(sys.stdout, PipeGuard) and sys.stdout.broken:

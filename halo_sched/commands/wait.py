@@ -127,7 +127,7 @@ def _wait_run(args, spec, sched, job_id: str, watching: bool = False) -> int:
         if attempt_id not in submitted_here:  # submitted earlier or elsewhere: no placement guard
             from ..core import noting
 
-            return sched.wait(attempt_id, timeout=args.timeout, on_change=noting(sched.name, attempt_id, changed),
+            return sched.wait(attempt_id, timeout=args.timeout, on_change=noting(sched.name, attempt_id, changed, sched),
                               on_tick=None if args.quiet else progress.tick)
         return wait_after_submit(sched, spec, attempt_id, timeout=args.timeout, on_change=changed,
                                  on_tick=None if args.quiet else progress.tick)
@@ -156,7 +156,7 @@ def _wait_run(args, spec, sched, job_id: str, watching: bool = False) -> int:
     if watching:
         from ..core import note
 
-        note(sched.name, last_id, state)
+        note(sched.name, last_id, state, sched)
     rc = _report_end(last_id, state, args.timeout)
     for line in describe_rows(attempts_of(run_id, sched.name), effective(run_id, sched.name)):
         say(f"halo-sched: {run_id}: {line.strip()}")
@@ -196,7 +196,7 @@ def cmd_watch(args, scheduler) -> int:
     progress = Progress(sched, args.id)
     try:
         state = sched.wait(args.id, timeout=args.timeout,
-                           on_change=noting(backend, args.id, None if args.quiet else progress.change),
+                           on_change=noting(backend, args.id, None if args.quiet else progress.change, sched),
                            on_tick=None if args.quiet else progress.tick)
     except KeyboardInterrupt:
         say(f"\nhalo-sched: stopped watching; {args.id} keeps running")

@@ -68,6 +68,10 @@ class EnvNames:
     failure_key: str = "HALO_FAILURE_KEY"
     #: The secret_env names of this node (space-separated): the reporters scrub their values.
     secret_names: str = "HALO_SECRET_NAMES"
+    #: Where rank 0 writes the job's result, a small JSON value (node/result.py), at a path the
+    #: submitter can read back: local, the job's directory; SLURM, beside the output file; Nomad,
+    #: node 0's task directory (read through the client's fs API).
+    result_file: str = "HALO_RESULT_FILE"
 
     # ---- hang detection (``hang:``; node/hang_monitor.py, node/progress.py) ----
     #: The directory each rank appends ``STEP UNIX_TIME`` lines to (``rank-$RANK``).

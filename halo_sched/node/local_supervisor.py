@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +26,13 @@ from .processes import (
 )
 
 CANCEL_MARK = "cancel-requested"  # written by cancel; read by the supervisor and by status
+#: Each line of ``job.log`` starts with when the supervisor read it (epoch seconds, to the
+#: millisecond) and which stream it came from (``out``, ``err``; ``halo`` for the supervisor's
+#: own lines), then the node's tag and the line: ``1796551044.083 err [node 0] text``. ``halo-sched
+#: logs`` reads these two off (``--since``, ``--stream``: backends/local.py) and shows the rest.
+#: ``node-K.log`` holds a node's lines as it wrote them, both streams.
+HEAD_RE = re.compile(r"(\d{1,11}\.\d{3}) (out|err|halo) ")
+STREAM_OF = {"out": "stdout", "err": "stderr"}
 
 
 def failure_report(d: Path, key: str | None = None):
@@ -57,18 +65,39 @@ class _Supervisor:
         self.state.update(kw)
         write_json(self.d / "state.json", self.state)
 
-    def _pump(self, rank: int | str, stream) -> None:
+    def _say(self, text: str) -> None:
+        """One line of the supervisor's own into ``job.log`` (under the lock, as every line)."""
+        with self.lock:
+            self.log.write(b"%.3f halo " % time.time() + text.encode())
+
+    def _start_pumps(self, rank: int | str, proc: subprocess.Popen) -> list[threading.Thread]:
+        """Read a node's stdout and stderr (two pipes), each line into ``job.log`` with its time
+        and stream (:data:`HEAD_RE`) and into the node's own file."""
         # A trainer node is "node K"; a server node "server ROLE K" (its own log file too).
-        prefix = (f"[node {rank}] " if isinstance(rank, int) else f"[{rank}] ").encode()
         own_name = f"node-{rank}.log" if isinstance(rank, int) else rank.replace(" ", "-") + ".log"
         # Each node's output also in a file of its own (what a node of a cluster would keep).
-        with open(self.d / own_name, "ab", buffering=0) as own:
+        own = open(self.d / own_name, "ab", buffering=0)
+        left = [2]
+        threads = [threading.Thread(target=self._pump, args=(rank, pipe, kind, own, left), daemon=True)
+                   for pipe, kind in ((proc.stdout, b"out"), (proc.stderr, b"err"))]
+        for t in threads:
+            t.start()
+        return threads
+
+    def _pump(self, rank: int | str, stream, kind: bytes, own, left: list) -> None:
+        prefix = (f"[node {rank}] " if isinstance(rank, int) else f"[{rank}] ").encode()
+        try:
             for line in iter(stream.readline, b""):
                 if not line.endswith(b"\n"):
                     line += b"\n"
-                own.write(line)
                 with self.lock:
-                    self.log.write(prefix + line)
+                    own.write(line)
+                    self.log.write(b"%.3f %s " % (time.time(), kind) + prefix + line)
+        finally:
+            with self.lock:
+                left[0] -= 1
+                if not left[0]:
+                    own.close()
 
     def _terminate_all(self) -> None:
         self.procs = self.procs + [p for _, p in self.servers]
@@ -132,26 +161,22 @@ class _Supervisor:
             p = subprocess.Popen(
                 ["bash", str(self.d / srv["script"])],
                 env=srv_env, cwd=self.meta["cwd"],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 start_new_session=True,
             )
             self.servers.append((srv["label"], p))
-            t = threading.Thread(target=self._pump, args=(srv["label"], p.stdout), daemon=True)
-            t.start()
-            pumps.append(t)
+            pumps += self._start_pumps(srv["label"], p)
         for rank, node in enumerate(plan["nodes"]):
             # Each "node" owns its own GPUs (CUDA_VISIBLE_DEVICES in its env), as on separate hosts.
             node_env = {**env, **node["env"], NAMES.local_job: str(self.d)}
             p = subprocess.Popen(
                 ["bash", str(self.d / node["script"])],
                 env=node_env, cwd=self.meta["cwd"],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 start_new_session=True,
             )
             self.procs.append(p)
-            t = threading.Thread(target=self._pump, args=(rank, p.stdout), daemon=True)
-            t.start()
-            pumps.append(t)
+            pumps += self._start_pumps(rank, p)
         self._save(state="RUNNING", started=time.time(), nodes_running=self.n,
                    pids=[p.pid for p in self.procs], starts=[start_time(p.pid) for p in self.procs])
 
@@ -171,15 +196,12 @@ class _Supervisor:
                 label, code = gone[0]
                 code = code if code >= 0 else 128 - code
                 failed_rank, exit_code = label, code or 1
-                with self.lock:
-                    self.log.write(f"[halo-sched] {label} exited with {code} while the trainer ran; "
-                                   "stopping the job\n".encode())
+                self._say(f"[halo-sched] {label} exited with {code} while the trainer ran; stopping the job\n")
                 self._terminate_all()
                 break
             if bad and failed_rank is None:
                 failed_rank, exit_code = bad[0]
-                with self.lock:
-                    self.log.write(f"[halo-sched] node {failed_rank} exited with {exit_code}; stopping the other nodes\n".encode())
+                self._say(f"[halo-sched] node {failed_rank} exited with {exit_code}; stopping the other nodes\n")
                 self._terminate_all()
                 break
             running = sum(c is None for c in codes)

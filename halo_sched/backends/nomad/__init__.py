@@ -605,6 +605,35 @@ class NomadScheduler(Scheduler):
         self._forget_secrets_if_ended(c, job_id, name, state)
         return state
 
+    def read_result(self, job_id: str, record: dict | None = None) -> bytes | None:
+        """Rank 0's result file in node 0's newest allocation (names.RESULT_PATH), read through
+        the client's fs/cat (the token needs read-fs). None when the task directory is there
+        without it; SchedulerError when the client cannot serve that directory."""
+        from ...node.result import MAX_BYTES, ResultError
+        from .names import RESULT_PATH
+        from .state import latest_allocations
+
+        # One bounded attempt per request, as list's (a reader must not wait out an outage for it).
+        c, name = self.for_listing()._split(job_id)
+        if not isinstance(c, ReadsAllocFiles):
+            raise ResultError("not carried: this Nomad client cannot read an allocation's files")
+        got = c.job_allocations(name)[0]
+        if len({a.get("JobVersion") for a in got}) > 1:  # the job has run more than one version
+            got = _own_allocations(c, c.read_job(name), got)
+        first = latest_allocations(got).get(0)
+        if first is None or not isinstance(first.get("ID"), str):
+            raise ResultError("not read: Nomad keeps no allocation of node 0 (garbage-collected, or it never "
+                              "placed): its result went with it")
+        data = c.fs_cat(first["ID"], RESULT_PATH, MAX_BYTES + 1, 10.0)
+        if data is None and c.fs_list(first["ID"], RESULT_PATH.rpartition("/")[0]) is None:
+            # Not even its directory: the client cannot serve the allocation now (or ever again).
+            raise SchedulerError(f"Nomad's client did not serve node 0's files of job {job_id} (allocation "
+                                 "garbage-collected, a token without read-fs, or the client unreachable)")
+        return data
+
+    #: A task's stdout and stderr are two streams of Nomad's log API (``logs --stream``).
+    log_fields = frozenset({"stream"})
+
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
         """Every node rank's output, each line tagged ``[node K]``. A node whose output Nomad no
         longer keeps (or does not have yet) is named at the end, in one line, after the others'."""
@@ -638,7 +667,7 @@ class NomadScheduler(Scheduler):
                         raise
                     missing.setdefault(_why_no_output(alloc, getattr(err, "body", "")), []).append(rank)
                     break
-                yield from _prefixed(f"[node {rank}] ", stream)
+                yield from _prefixed(f"[node {rank}] ", stream, kind)
         if missing:
             raise SchedulerError("; ".join(f"node{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {why}"
                                            for why, r in missing.items()))
@@ -685,7 +714,7 @@ class NomadScheduler(Scheduler):
 
         def pump(tag: str, alloc_id: str, kind: str) -> None:
             try:
-                for line in _prefixed(tag, chunks(alloc_id, kind)):
+                for line in _prefixed(tag, chunks(alloc_id, kind), kind):
                     q.put(line)
             except SchedulerError as err:  # OutcomeUnknown (the budget spent) included
                 q.put(f"{tag}halo-sched: log stream ended: {err}\n")
@@ -746,13 +775,16 @@ def _with_id(callback: Callable[[JobState], None] | None, job_id: str) -> Callab
     return call
 
 
-def _prefixed(prefix: str, chunks) -> Iterator[str]:
-    """Split a stream of text chunks into whole lines, each with ``prefix``."""
+def _prefixed(prefix: str, chunks, kind: str | None = None) -> Iterator[str]:
+    """Split a stream of text chunks into whole lines, each with ``prefix`` (and, given ``kind``,
+    carrying which stream it came from: ``logs --stream``)."""
+    from ...logtags import Raw
+
     buf = ""
     for chunk in chunks:
         buf += chunk
         *lines, buf = buf.split("\n")
         for line in lines:
-            yield f"{prefix}{line}\n"
+            yield Raw(f"{prefix}{line}\n", stream=kind)
     if buf:
-        yield f"{prefix}{buf}\n"
+        yield Raw(f"{prefix}{buf}\n", stream=kind)

@@ -16,7 +16,7 @@ from ...templating import check, checked_int, checked_text
 from ...values import MAX_TIMEOUT_HOURS
 from . import servers as nomad_servers
 from .names import (
-    ENTRY_PATH, MASTER_FILE, PORT_LABEL, TASK, TRAINER_GROUP, carries_runtime, service_name, variable_path,
+    ENTRY_PATH, MASTER_FILE, PORT_LABEL, RESULT_IN_TASK, TASK, TRAINER_GROUP, carries_runtime, service_name, variable_path,
 )
 from .progress import LOG_DIR_IN_TASK
 from .secrets import item_template, runtime_wiring, secret_wiring
@@ -90,6 +90,8 @@ def _task(launch: Launch, entry: str, delims: tuple[str, str]) -> dict:
     # where the client serves them (fs/ls, fs/cat) to `status` and `timeline` (progress.py); the
     # allocation's directory goes with the allocation. A user's own HALO_LOG_DIR (env) wins.
     env[NAMES.log_dir] = LOG_DIR_IN_TASK
+    # Rank 0's result, where the client serves it to `status` and Run.result() (fs/cat) too.
+    env[NAMES.result_file] = RESULT_IN_TASK
     if launch.restart_count:  # a retry of its run (halo_sched/runs.py): the ranks learn which attempt
         env[NAMES.restart_count] = str(launch.restart_count)
     secret_env, secret_templates = secret_wiring(job_id, list(launch.trainer.secret_names))

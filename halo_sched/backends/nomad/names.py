@@ -18,6 +18,12 @@ NODES_META = "halo_sched_nodes"
 SECRETS_META = "halo_sched_secrets"
 #: The trainer's one group: count N, node rank = the allocation's name index.
 TRAINER_GROUP = "trainer"
+#: Rank 0's result file (``HALO_RESULT_FILE``, halo_sched/node/result.py), in the task directory
+#: of node 0's allocation, as the task sees it and as the client's fs/cat takes it (relative to
+#: the allocation directory): Nomad shares no filesystem with the submitter, but its client serves
+#: an allocation's files until it garbage-collects the allocation.
+RESULT_IN_TASK = "${NOMAD_TASK_DIR}/halo-result.json"
+RESULT_PATH = f"{TASK}/local/halo-result.json"
 
 _ALLOC_INDEX_RE = re.compile(r"\[(\d+)\]$")
 

@@ -364,6 +364,21 @@ class SlurmScheduler(Scheduler):
                 f" ({nodelist})" if nodelist else "") + run + (f" ({state.progress})" if state.progress else "")
         return state.describe()
 
+    def read_result(self, job_id: str, record: dict | None = None) -> bytes | None:
+        """Rank 0's result file beside the job's output file (outputs.result_path: the batch
+        script's ``HALO_RESULT_FILE``), read on this host's view of the shared filesystem."""
+        from ...launch import SLURM_OUTPUT
+        from ...node.result import ResultError, read_bounded
+        from .outputs import output_files, result_path, result_shell
+
+        if result_shell(SLURM_OUTPUT) is None:
+            raise ResultError("not carried: the output file's directory holds a %-code (docs/slurm.md)")
+        outputs = (record or {}).get("outputs") if isinstance((record or {}).get("outputs"), list) else None
+        path = result_path(outputs or output_files(self.transport, job_id, ask=False), job_id)
+        if path is None:  # (a record of an earlier release): asked again by the next reader, nothing kept
+            raise SchedulerError(f"no output file is known for job {job_id}, so neither is its result file")
+        return read_bounded(path)
+
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
         """The job's output file (srun --label prefixes each line with its node rank). All nodes
         write into that one file; ``halo-sched logs --node K`` splits it on read."""

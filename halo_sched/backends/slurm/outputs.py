@@ -15,6 +15,31 @@ from ..base import missing_output, tail_lines
 from .capabilities import ReadsConfig
 
 
+#: Beside the output file: rank 0's result, ``JOB_ID.json`` (halo_sched/node/result.py).
+RESULT_DIR = ".halo-result"
+
+
+def result_shell(output: str) -> str | None:
+    """The batch script's shell text for the directory of rank 0's result file (the job id is
+    added there): beside the output file, as the progress mirror (progress.mirror_shell); None
+    where the output's directory holds a ``%`` code: then no result is carried."""
+    from .progress import mirror_shell
+
+    return mirror_shell(output, RESULT_DIR)
+
+
+def result_path(outputs: list, job_id: str) -> Path | None:
+    """Where the job's rank 0 wrote its result (the batch script's ``HALO_RESULT_FILE``): the
+    recorded output file's directory, ``.halo-result/ID.json``; None without an output file or
+    with an id that is not SLURM's number."""
+    if not outputs or not isinstance(outputs[0], str):
+        return None
+    local = job_id.rpartition(":")[2]  # sbatch -M: CLUSTER:ID; the batch script sees SLURM_JOB_ID=ID
+    if not local or not local.replace("_", "").isdigit():
+        return None
+    return Path(outputs[0]).parent / RESULT_DIR / f"{local}.json"
+
+
 def output_problems(output: str, via: str) -> tuple[list[tuple[str, str]], str]:
     """(field, why) when the job's output file (``output``, the plan's sbatch ``--output``
     pattern; relative to the submit directory, as sbatch resolves it; job files cannot move it)

@@ -14,18 +14,19 @@ from pathlib import Path
 MIRROR_DIR = ".halo-progress"
 
 
-def mirror_shell(output: str) -> str | None:
+def mirror_shell(output: str, under: str = MIRROR_DIR) -> str | None:
     """The batch script's shell text for the mirror's base directory (the job id is added there):
     the directory of ``output`` (sbatch's ``--output`` pattern), relative ones under ``$PWD``, the
     job's working directory, against which sbatch resolves a relative ``--output``. None where the
-    directory holds a ``%`` code (its value is the scheduler's to expand): then no mirror."""
+    directory holds a ``%`` code (its value is the scheduler's to expand): then no mirror.
+    ``under``: the directory beside the output file (the rank 0's result's: outputs.RESULT_DIR)."""
     from ...templating import sh_quote
 
     d = os.path.dirname(output)
     if "%" in d:
         return None
-    base = sh_quote(d, "output") + "/" + MIRROR_DIR if os.path.isabs(d) else (
-        '"$PWD"/' + (sh_quote(d, "output") + "/" if d else "") + MIRROR_DIR)
+    base = sh_quote(d, "output") + "/" + under if os.path.isabs(d) else (
+        '"$PWD"/' + (sh_quote(d, "output") + "/" if d else "") + under)
     return base
 
 

@@ -14,6 +14,7 @@ from ...node_runtime import runtime
 from ...templating import RenderError, check, checked_int, heredoc_tag, render_template, sh_quote
 from ...sbatch_options import OPTIONS, Setting, Signal, parse_setting
 from .progress import mirror_shell
+from .outputs import result_shell
 from .request import SbatchRequest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -246,6 +247,8 @@ def batch_request(launch: Launch) -> SbatchRequest:
         unset_task_vars=unset_task_vars(),
         # The hang monitor's copy of the ranks' progress, beside the output file (progress.py).
         progress_mirror=mirror_shell(launch.output) if spec.hang else None,
+        # Rank 0's result file, beside the output file too (outputs.py).
+        result_dir=result_shell(launch.output),
         entry=entry,
         tag=heredoc_tag(entry, "HALO_ENTRY_EOF"),
         runtime=runtime(),
