@@ -265,14 +265,18 @@ class Hang(HangMethods, _Model):
 
 
 class Retry(_Model):
-    """``retry: {attempts: N, on: [node, hang, preflight]}``: run the job again after a failure of
-    a listed class, up to ``attempts`` attempts in all (the first included)."""
+    """``retry: {attempts: N, on: [node, hang, preflight, job, unknown]}``: run the job again after
+    a failure of a listed class, up to ``attempts`` attempts in all (the first included; on SLURM
+    a restart in place is one, docs/recovery.md)."""
 
-    attempts: int = Field(ge=1, le=MAX_ATTEMPTS, description=f"Attempts in all, the first included (1-{MAX_ATTEMPTS}).")
+    attempts: int = Field(ge=1, le=MAX_ATTEMPTS, description=f"Attempts in all, the first included (1-{MAX_ATTEMPTS}); "
+                                                             "a restart in place counts as one, a spare swap does not.")
     on: list[Literal[RETRY_ON]] = Field(  # the failure vocabulary's words (node/failure_classes.py)
         default_factory=lambda: [RETRY_NODE], min_length=1,
-        description=f"Failure classes that start another attempt: {', '.join(RETRY_ON)}. Job-class and unknown "
-                    "failures are never retried.")
+        description=f"Failure classes that start another attempt: {', '.join(RETRY_ON)}. Default [node]; job (the "
+                    "job's own fault: an exception, a crash) and unknown (cause unknown) are opt-in. On SLURM a failure "
+                    "that is no node's restarts in place, in the same allocation; the same failure at the same "
+                    "step twice (a crash loop) ends the run.")
 
 
 class Preflight(PreflightMethods, _Model):
@@ -353,8 +357,9 @@ class JobSpec(JobSpecMethods, _Model):
     notify: Notify | None = Field(None, description="Webhook notifications of the job's state changes.")
     retry: Retry | None = Field(
         None,
-        description="Automatic retry: {attempts: N, on: [node, hang, preflight]}; a watcher (submit --wait, watch, "
-                    "Run.wait) resubmits. Default: no retry.",
+        description="Automatic retry: {attempts: N, on: [node, hang, preflight, job, unknown]}; on SLURM the "
+                    "allocation restarts in place first, then the failed attempt submits the next; local: the run's "
+                    "keeper; Nomad: a watcher (submit --wait, watch, Run.wait). Default: no retry.",
     )
     parallelism: Parallelism | None = Field(None, description="Parallel layout (tp, ep, ...), checked at validate time.")
     servers: list[Server] = Field(

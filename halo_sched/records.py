@@ -366,6 +366,8 @@ def update_state(record: dict, state) -> None:
         last["failure_class"] = cls.to_dict()
     if getattr(state, "spares", None):  # hot spares: how many are left, which node each replaced
         last["spares"] = state.spares
+    if getattr(state, "in_place", None):  # restarts in place (SLURM), and a crash loop's end
+        last["restarts_in_place"] = state.in_place
     from . import db
 
     last = db.clean(last)

@@ -62,7 +62,7 @@ def wants_retry(spec, state: JobState, attempt: int) -> tuple[bool, str]:
     if cls is None or cls.failure.retry_on is None:
         return False, f"not retried: {cls.describe() if cls is not None else 'no failure class'}"
     if not cls.failure.retried_by(policy.on):
-        return False, f"not retried: {cls.failure.retry_on} is not in retry.on"
+        return False, f"not retried: {cls.describe()} ({cls.failure.retry_on} is not in retry.on)"
     if attempt + 1 >= policy.attempts:
         return False, f"not retried: all {policy.attempts} attempts used"
     return True, cls.failure.retry_on

@@ -29,9 +29,12 @@ CASES = [
     ("rl-servers.yaml", "nomad", {"format": "json"}, "rl-servers.nomad.json"),
     # The preflight gate with a bandwidth floor: the one rendering that min_busbw changes.
     ("ddp-gpu.yaml+gate", "slurm", {}, "ddp-gpu-gate-busbw.sbatch"),
+    # retry: with a job's own fault: the step loop that restarts in place (node/restart.py).
+    ("ddp-cpu.yaml+retry", "slurm", {}, "ddp-cpu-retry.sbatch"),
 ]
 # Cases named "EXAMPLE+VARIANT": the example with these fields set on top.
-VARIANTS = {"gate": {"preflight": {"gate": True, "min_busbw": "20GB/s"}}}
+VARIANTS = {"gate": {"preflight": {"gate": True, "min_busbw": "20GB/s"}},
+            "retry": {"retry": {"attempts": 3, "on": ["node", "job"]}}}
 
 
 def _rendered(example, backend, opts) -> str:

@@ -35,7 +35,9 @@ def test_a_retry_attempt_carries_the_count_on_and_excludes_the_culprit(tmp_path)
     first = halo_sched.render(spec, "slurm")
     # SLURM: the attempt number comes from the failed attempt's sbatch (HALO_RUN_ATTEMPT), else the rendered one.
     assert "halo_attempt=${HALO_RUN_ATTEMPT:-0} " in first and "--exclude" not in first
-    assert 'export HALO_RESTART_COUNT="$((10#$halo_attempt + ${SLURM_RESTART_COUNT:-0}))"' in first
+    # The count goes on from the failed attempt's restarts of every kind (HALO_RUN_RESTARTS), else the attempt number.
+    assert "halo_restarts=${HALO_RUN_RESTARTS:-$halo_attempt}" in first
+    assert 'export HALO_RESTART_COUNT="$((10#$halo_restarts + ${SLURM_RESTART_COUNT:-0}))"' in first
     again = halo_sched.render(next_spec(spec, "42", 2, ("n2", "n1"), None), "slurm")
     assert "halo_run_id=${HALO_RUN_ID:-42} halo_attempt=${HALO_RUN_ATTEMPT:-2} halo_run_excluded=${HALO_RUN_EXCLUDED-n1,n2}" in again
     assert "#SBATCH --exclude=n1,n2\n" in again

@@ -206,7 +206,7 @@ def test_the_job_s_failure_is_its_last_step_s_after_swaps():
 
 
 def test_the_swap_reads_the_output_file_of_a_submit_directory_with_spaces_quotes_and_equals(tmp_path, monkeypatch):
-    """`python -m halo_sched.node.spares` with stand-in scontrol printing SLURM's own layout: the
+    """`python -m halo_sched.node.restart` with stand-in scontrol printing SLURM's own layout: the
     output file of a job submitted from "it's A=b x" is read, and the spare swapped in (it was cut
     at its first space: "no spare swap: cannot read the job's state")."""
     from helpers import scontrol_show_job
@@ -228,8 +228,10 @@ def test_the_swap_reads_the_output_file_of_a_submit_directory_with_spaces_quotes
     monkeypatch.setenv("HALO_FAILURE_KEY", KEY)
     args = ["--job", "7", "--ranks", "n1,n2", "--since", str(now), "--spares", "1", "--restart", "1",
             "--master", "10.0.0.1"]
-    r = subprocess.run([sys.executable, "-m", "halo_sched.node.spares", *args], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "halo_sched.node.restart", *args], capture_output=True, text=True,
                        timeout=60, env=os.environ)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["n1,n3", "10.0.0.1", "n2"], r.stdout
+    action, ranks, master, seen, end, swapped = r.stdout.split()
+    assert (action, ranks, master, swapped) == ("swap", "n1,n3", "10.0.0.1", "n2") and len(seen) == 16, r.stdout
+    assert int(end) == len(_line(1, "n2", NCCL, now + 1, **XID).encode()) + 1  # where the next step's lines begin
     assert "node rank 1: n2 failed" in r.stderr and (out_dir / ("halo-job-7.out" + spares.SIDE_FILE)).exists()

@@ -174,6 +174,10 @@ class JobState:
     #: job has not ended).
     value: object = None
     value_note: str | None = None
+    #: SLURM with retry:: the batch script's restarts in place and crash loop, ``[{action, restart,
+    #: attempt, class, reason, step, time}]`` (``action`` inplace or stop), from its signed restart
+    #: lines (node/restart.py, backends/slurm/spares.py).
+    in_place: list[dict] | None = None
 
     def change_key(self) -> tuple:
         """What counts as a change while waiting (a progress line; the watcher's polls go back to
@@ -182,7 +186,7 @@ class JobState:
         two states to a person watching)."""
         return (self.status, self.nodes_running, self.raw_state, self.restarts, self.reason,
                 self.nomad.nodes_placed if self.nomad is not None else None,
-                len(self.spares["swaps"]) if self.spares else None)
+                len(self.spares["swaps"]) if self.spares else None, len(self.in_place or ()))
 
     def failure_class(self) -> Classification | None:
         """Whose fault the failure is (halo_sched/node/failure_classes.py), for a job that failed
@@ -195,10 +199,12 @@ class JobState:
 
     def describe(self) -> str:
         """The state in words, one line: ``FAILED: rank 3 (node 1, ...) exit 1 ...``; with hot
-        spares, how many are left and which node each replaced."""
+        spares, how many are left and which node each replaced; the restarts in place."""
         text = self._describe()
         if self.spares:
             text += f"; {_describe_spares(self.spares)}"
+        if self.in_place:
+            text += f"; {_describe_restarts(self.in_place)}"
         return text
 
     def _describe(self) -> str:
@@ -252,6 +258,23 @@ def _describe_spares(spares: dict) -> str:
     moved = ", ".join(f"{s['bad']} -> {s['spare']}" + (f": {s['reason']}" if s["reason"] else "")
                       for s in spares["swaps"])
     return head + (f" ({moved})" if moved else "")
+
+
+def _describe_restarts(restarts: list[dict]) -> str:
+    """``2 restarts in place (job fault: Python exception at step 12; ...)``, and a crash loop's end."""
+    def what(r: dict) -> str:
+        return r["reason"] + (f" at step {r['step']}" if r.get("step") is not None else "")
+
+    again = [r for r in restarts if r["action"] == "inplace"]
+    parts = []
+    if again:
+        shown = "; ".join(what(r) for r in again[-3:])
+        parts.append(f"{len(again)} restart{'s' if len(again) != 1 else ''} in place "
+                     f"({'...; ' if len(again) > 3 else ''}{shown})")
+    stop = next((r for r in reversed(restarts) if r["action"] == "stop"), None)
+    if stop is not None:
+        parts.append(f"crash loop: {what(stop)} twice, not restarted")
+    return "; ".join(parts)
 
 
 __all__ = ["JobState", "JobStatus", "NomadDetail", "SlurmDetail", "UNREADABLE", "state_named"]

@@ -138,6 +138,8 @@ def state_json(st) -> dict:
         **({"failure_class": cls.to_dict()} if (cls := st.failure_class()) is not None else {}),
         # SLURM hot spares (slurm.spare_nodes): how many are left, and each swap.
         **({"spares": st.spares} if st.spares else {}),
+        # SLURM with retry: the restarts in place inside the allocation (and a crash loop's end).
+        **({"restarts_in_place": st.in_place} if st.in_place else {}),
         **({"last_known": st.last_known} if st.last_known is not None else {}),
         # An end: rank 0's result (HALO_RESULT_FILE), or why there is none.
         **({"value": st.value, "value_note": st.value_note} if st.value_note is not None else {}),

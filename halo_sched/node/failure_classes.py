@@ -17,9 +17,11 @@ error"): never retried by ``retry.on: [node]``, no host blamed; the ledger fence
 once :data:`halo_sched.ledger.REPEATED` jobs failed so there. Printing a line retries nothing.
 
 A **job** fault is the job's own: a Python exception in user code, a bad argument, the process
-running out of memory. Running it elsewhere fails the same way.
+running out of memory. Running it elsewhere fails the same way; ``retry.on: [job]`` (opt-in)
+starts it again, in place on SLURM (node/restart.py), a crash loop excepted.
 
-**unknown** is its own class (nothing matched): it is never taken for a node fault, never retried.
+**unknown** is its own class (nothing matched): it is never taken for a node fault, and retried
+only where ``retry.on`` lists ``unknown`` (opt-in).
 
 Only the first failure is classified (:attr:`FailureReport.first`): its peers fail moments later
 with "Connection reset by peer" and the like because it died, and are not the cause. Each
@@ -44,9 +46,10 @@ FAULT_WORDS = {NODE: "node fault", JOB: "job fault", UNKNOWN: "unknown cause"}
 
 # ---- the words of the job file -------------------------------------------------------------------
 
-#: ``retry: on:`` words: the failure classes a run may start another attempt after.
-RETRY_NODE, RETRY_HANG, RETRY_PREFLIGHT = "node", "hang", "preflight"
-RETRY_ON = (RETRY_NODE, RETRY_HANG, RETRY_PREFLIGHT)
+#: ``retry: on:`` words: the failure classes a run may start another attempt after (``job`` and
+#: ``unknown`` only where the job file lists them: the default is ``[node]``).
+RETRY_NODE, RETRY_HANG, RETRY_PREFLIGHT, RETRY_JOB, RETRY_UNKNOWN = "node", "hang", "preflight", "job", "unknown"
+RETRY_ON = (RETRY_NODE, RETRY_HANG, RETRY_PREFLIGHT, RETRY_JOB, RETRY_UNKNOWN)
 #: ``notify: on:`` words: a failed attempt raises one of the first two (its class's ``event``).
 FAILED, HUNG, RETRIED, COMPLETED = "failed", "hung", "retried", "completed"
 NOTIFY_EVENTS = (FAILED, HUNG, RETRIED, COMPLETED)
@@ -56,7 +59,7 @@ NOTIFY_EVENTS = (FAILED, HUNG, RETRIED, COMPLETED)
 class FailureClass:
     """One failure class: its ``name`` (as records and ``status --json`` keep it), whose fault it
     is, the ``reason`` a person reads when no pattern gives one, the ``retry: on:`` word that
-    retries it (None: never retried) and the ``notify: on:`` event a failure of it raises."""
+    retries it and the ``notify: on:`` event a failure of it raises."""
 
     name: str
     fault: str  # NODE, JOB or UNKNOWN
@@ -81,8 +84,8 @@ PREFLIGHT_FAILED = FailureClass("preflight", NODE, "preflight check failed", RET
 HUNG_ON_NODE = FailureClass("hang", NODE, "hung (this node was the culprit)", RETRY_HANG, HUNG)
 #: A hang whose culprit is inside a collective or unread: no evidence against any node.
 HUNG_NO_CULPRIT = FailureClass("hang-no-culprit", UNKNOWN, "hung (no culprit node)", RETRY_HANG, HUNG)
-JOB_FAULT = FailureClass("job", JOB, "", None, FAILED)
-UNKNOWN_CAUSE = FailureClass("unknown", UNKNOWN, "", None, FAILED)
+JOB_FAULT = FailureClass("job", JOB, "", RETRY_JOB, FAILED)
+UNKNOWN_CAUSE = FailureClass("unknown", UNKNOWN, "", RETRY_UNKNOWN, FAILED)
 CLASSES = (NODE_FAULT, PREFLIGHT_FAILED, HUNG_ON_NODE, HUNG_NO_CULPRIT, JOB_FAULT, UNKNOWN_CAUSE)
 _BY_NAME = {c.name: c for c in CLASSES}
 
@@ -355,8 +358,8 @@ def classify_failure(report: Any = None, status: Any = None) -> Classification:
     if sig:
         return Classification(NODE_FAULT, _with_label(f"killed by {sig} (nothing in the job sent it)", said),
                               host, "signal")
-    # The rank's words: a job pattern decides (the job's own fault is never retried and blames
-    # no host); a node pattern only labels.
+    # The rank's words: a job pattern decides (the job's own fault blames no host, and is
+    # retried only by retry.on's opt-in `job`); a node pattern only labels.
     if said is not None:
         if said.kind == NODE:
             return said_by_rank(said, host)
@@ -374,5 +377,5 @@ def _with_label(reason: str, said: Pattern | None, decided: Pattern | None = Non
 
 __all__ = ["CLASSES", "COMPLETED", "Classification", "FAILED", "FAULTS", "FAULT_WORDS", "FailureClass", "HUNG",
            "HUNG_NO_CULPRIT", "HUNG_ON_NODE", "JOB", "JOB_FAULT", "NODE", "NODE_FAULT", "NODE_SIGNALS", "NOTIFY_EVENTS",
-           "PATTERNS", "PREFLIGHT_FAILED", "Pattern", "RETRIED", "RETRY_ON", "UNKNOWN", "UNKNOWN_CAUSE",
+           "PATTERNS", "PREFLIGHT_FAILED", "Pattern", "RETRIED", "RETRY_JOB", "RETRY_ON", "RETRY_UNKNOWN", "UNKNOWN", "UNKNOWN_CAUSE",
            "classify_failure", "match", "said_by_rank"]

@@ -16,7 +16,9 @@ torchrun itself failed (rendezvous timeout, killed) and no rank is named. The ke
 :class:`halo_sched.node.failures.RankFailure`.
 
 ``error`` and ``tail`` are a rank's words (a label, never a node fault); ``signal`` and ``evidence``
-(:func:`node_evidence`) are the node's side (failure_classes.py).
+(:func:`node_evidence`) are the node's side (failure_classes.py). ``step`` is the last training
+step the rank reported through the progress protocol (``$HALO_PROGRESS_DIR/rank-R``, progress.py),
+where it reported one: a restart in place tells a crash loop by it (restart.py).
 
 Two things make a line fit to leave the node (issue 28). Secrets: every ``secret_env`` value (the
 names in ``HALO_SECRET_NAMES``, the values in this node's environment) is replaced by ``***`` in
@@ -334,6 +336,18 @@ def node_evidence(log_dir: str, killed: bool, oom_before: int | None, environ=No
     return [x[:EVIDENCE_CHARS] for x in out][:MAX_EVIDENCE]
 
 
+def reported_step(rank: int, progress_dir: str | None = None) -> int | None:
+    """The last step rank ``rank`` reported (progress.py's protocol), or None: no report, or no
+    progress directory (``hang: null``)."""
+    progress_dir = os.environ.get("HALO_PROGRESS_DIR", "") if progress_dir is None else progress_dir
+    if not progress_dir:
+        return None
+    from .hang_monitor import last_report  # not at import: the submitter's side reads this module too
+
+    got = last_report(os.path.join(progress_dir, f"rank-{rank}"))
+    return got[0] if got is not None and -2 ** 53 < got[0] < 2 ** 53 else None
+
+
 def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | None = None,
             host: str | None = None, now: float | None = None, oom_before: int | None = None) -> list[dict]:
     """Failure records for one node whose torchrun exited with ``rc`` (non-zero)."""
@@ -374,6 +388,7 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
             "node": node, "rank": rank, "local_rank": lr, "host": info["host"] or host,
             "exit_code": info["exit_code"], "signal": info["signal"], "time": when,
             "error": error, "tail": tail, "stopped": False,
+            **({} if (step := reported_step(rank)) is None else {"step": step}),
         })
     # When one worker fails, torchrun stops the node's other workers with SIGTERM: those are
     # victims (not SIGKILL: the kernel's OOM killer ends a rank that way). A victim's summary time

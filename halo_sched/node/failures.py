@@ -63,8 +63,8 @@ class RankFailure:
     node_name: str = ""
     #: "EXIT" (the rank ended badly) or "HUNG" (the node's hang monitor found it without progress).
     kind: str = "EXIT"
-    #: HUNG only: the last step it reported (None: never), when it last progressed, where its main
-    #: thread was ("train.py:57" and that line's code), the collective it waited in (None: none),
+    #: The last step it reported (None: never, or no progress protocol; an EXIT line carries it
+    #: where the rank reported one). HUNG only: when it last progressed, where its main thread was ("train.py:57" and that line's code), the collective it waited in (None: none),
     #: and whether its stack could be read at all (``error`` says why not).
     step: int | None = None
     last_progress: float | None = None
@@ -108,6 +108,7 @@ class RankFailure:
                 "tail": list(self.tail), "stopped": self.stopped, "trusted": self.trusted,
                 **({"node_name": self.node_name} if self.node_name else {}),
                 **({"evidence": list(self.evidence)} if self.evidence else {}),
+                **({"step": self.step} if self.step is not None and self.kind != "HUNG" else {}),
                 **({"kind": self.kind, "step": self.step, "last_progress": self.last_progress, "where_in": self.where_in,
                     "code": self.code, "waiting_in": self.waiting_in, "stack_read": self.stack_read}
                    if self.kind == "HUNG" else {})}
@@ -182,7 +183,7 @@ def parse_line(line: str, key: str = "") -> RankFailure | None:
         "waiting_in": data.get("waiting_in")[:200] if isinstance(data.get("waiting_in"), str) else None,
         "stack_read": bool(data.get("stack_read")),
     }
-    return RankFailure(**hang,
+    return RankFailure(**(hang or {"step": _int(data.get("step"))}),
         node=node, rank=_int(data.get("rank")), local_rank=_int(data.get("local_rank")),
         host=_text(data.get("host"), 253), exit_code=_int(data.get("exit_code")),
         signal=data.get("signal")[:40] if isinstance(data.get("signal"), str) else None,

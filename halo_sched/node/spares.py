@@ -8,7 +8,8 @@ src/slurmctld/job_mgr.c: with ``kill_on_node_fail == 0`` it kills the step's tas
 ``excise_node_from_job`` takes the node out of the job, and the job runs on). The trainer runs on
 ``nodes`` of them, in the order of the rank map (``HOST,HOST,...``: node rank i on the i-th host).
 
-When the step ends non-zero, :func:`decide` reads what the step left:
+When the step ends non-zero, the batch script's decision (restart.py, which also restarts the
+ranks in place for a failure that is no node's) asks :func:`decide` which ranks move:
 
 * a host of the rank map that is no longer in the allocation (SLURM marked it down and excised
   it): the node stopped answering;
@@ -17,9 +18,8 @@ When the step ends non-zero, :func:`decide` reads what the step left:
   rank map (GPU Xid/ECC, NCCL/network, a hang whose culprit is that node, preflight).
 
 Each bad host's rank goes to the first free spare (allocation order); the others keep theirs.
-Anything else (the job's own fault, unknown cause, no spare left, the warning) is no swap: the
-batch script ends as it would without spares. A swap prints the new rank map, rank 0's address
-and every host swapped out so far on stdout, and one ``halo-sched-swap {json}`` line per swapped host on stderr (the job's
+Anything else (the job's own fault, unknown cause, no spare left, the warning) is no swap. A swap
+(:func:`swap`) writes one ``halo-sched-swap {json}`` line per swapped host on stderr (the job's
 output file), signed with the job's failure key like a failure line: the submitter ledgers the
 bad host from it (halo_sched/backends/slurm/spares.py) and counts the spares left.
 
@@ -29,10 +29,8 @@ path takes over.
 """
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import json
-import os
 import re
 import subprocess
 import sys
@@ -40,7 +38,7 @@ import time
 from dataclasses import replace
 
 from .failure_classes import classify_failure
-from .failure_collector import KEY_VAR, sign
+from .failure_collector import sign
 from .failures import FailureReport, parse_lines
 from .text import open_regular
 
@@ -213,67 +211,44 @@ def _loopback(addr: str) -> bool:
         return False
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m halo_sched.node.spares", description=__doc__.split("\n\n")[0])
-    p.add_argument("--job", required=True)
-    p.add_argument("--ranks", required=True, help="the step's rank map: HOST,HOST,...")
-    p.add_argument("--since", type=float, required=True, help="when the step began (epoch seconds)")
-    p.add_argument("--used", default="", help="hosts swapped out before: HOST,HOST,...")
-    p.add_argument("--spares", type=int, required=True, help="slurm.spare_nodes")
-    p.add_argument("--restart", type=int, required=True, help="the restart count the next step gets")
-    p.add_argument("--interface", default="", help="network.interface (rank 0's address is read there)")
-    p.add_argument("--master", default="", help="rank 0's address in the step that failed (kept while rank 0 stays)")
-    a = p.parse_args(argv)
-    say = lambda msg: print(f"halo-sched: job {a.job}: {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    ranks, used = hosts(a.ranks), hosts(a.used)
-    key = os.environ.get(KEY_VAR, "")
-    try:
-        fields = job_fields(a.job)
-        allocation = expand(fields.get("NodeList", ""))
-        lines = []
-        out = fields.get("StdOut", "")
-        if out:
-            with open_regular(out) as f:
-                lines = [ln for ln in f if "halo-sched-failure" in ln]
-    except (OSError, subprocess.SubprocessError, ValueError) as err:
-        say(f"no spare swap: cannot read the job's state ({' '.join(str(err).split())[:200]})")
-        return 1
-    swaps, why = decide(ranks, allocation, step_failures(lines, key, a.since, ranks), used)
-    if not swaps:
-        say(f"no spare swap: {why}")
-        return 1
+def swap(job: str, ranks: list[str], swaps: list[tuple[int, str, str, str, str]], used: list[str], spares: int,
+         restart: int, master: str, interface: str, out: str, key: str, say) -> tuple[list[str], str] | None:
+    """Carry out ``swaps`` (:func:`decide`'s): the new rank map and rank 0's address (read again
+    where rank 0 moved), one signed swap line per host on stderr (the job's output) and in the side
+    file beside ``out``; None, said with ``say``, where rank 0's address cannot be read."""
     new = list(ranks)
     for i, _, spare, _, _ in swaps:
         new[i] = spare
     try:
-        if new[0] == ranks[0] and a.master:
-            master = a.master  # rank 0 stays where it was: so does its address
+        if new[0] == ranks[0] and master:
+            pass  # rank 0 stays where it was: so does its address
         else:
-            master = interface_addr(new[0], a.interface) if a.interface else node_addr(new[0])
+            master = interface_addr(new[0], interface) if interface else node_addr(new[0])
         addrs = {node_addr(h) for h in new} if master and _loopback(master) else {master}
     except (OSError, subprocess.SubprocessError) as err:
         say(f"no spare swap: cannot read rank 0's address on {new[0]} ({' '.join(str(err).split())[:200]})")
-        return 1
+        return None
     if not master or (len(addrs) > 1 and _loopback(master)):
         say(f"no spare swap: no usable address for rank 0 on {new[0]} ({master or 'none'})")
-        return 1
-    left = a.spares - len(used) - len(swaps)
+        return None
+    left = spares - len(used) - len(swaps)
     now = time.time()
-    lines = [swap_line({"job": a.job, "rank": i, "bad": bad, "spare": spare, "reason": reason, "by": by,
-                        "time": now, "restart": a.restart, "spares_left": left}, key) for i, bad, spare, reason, by in swaps]
+    lines = [swap_line({"job": job, "rank": i, "bad": bad, "spare": spare, "reason": reason, "by": by,
+                        "time": now, "restart": restart, "spares_left": left}, key) for i, bad, spare, reason, by in swaps]
+    side(out, lines, say)
+    for line, (i, bad, spare, reason, _) in zip(lines, swaps):
+        print(line, file=sys.stderr, flush=True)
+        say(f"node rank {i}: {bad} failed ({reason}); {spare} takes its rank, restart {restart}, "
+            f"{left} spare{'s' if left != 1 else ''} left")
+    return new, master
+
+
+def side(out: str, lines: list[str], say) -> None:
+    """``lines`` appended to the small file beside the output file ``out`` (SIDE_FILE), which
+    ``status`` reads while the job runs."""
     try:
         if out:
             with open_regular(out + SIDE_FILE, append=True) as f:
                 f.write("".join(line + "\n" for line in lines))
     except OSError as err:  # status then reads the output file itself, once the job has ended
         say(f"could not write {out + SIDE_FILE} ({err.strerror or err})")
-    for line, (i, bad, spare, reason, _) in zip(lines, swaps):
-        print(line, file=sys.stderr, flush=True)
-        say(f"node rank {i}: {bad} failed ({reason}); {spare} takes its rank, restart {a.restart}, "
-            f"{left} spare{'s' if left != 1 else ''} left")
-    print(",".join(new), master, ",".join(used + [bad for _, bad, _, _, _ in swaps]))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -178,10 +178,11 @@ def existing(comment: str) -> str | None:
 
 
 def decide(rc: int, attempts: int, on: list[str], attempt: int, output: str, key: str,
-           ranks: list[str] | None = None, since: float | None = None):
+           ranks: list[str] | None = None, since: float | None = None, start: int = 0):
     """(why, classification) when this failure starts attempt ``attempt + 1``; (None, reason)
-    otherwise. With hot spares, ``ranks`` and ``since``: the last step's rank map and start, whose
-    failure lines alone decide (the steps before it failed on hosts swapped out since)."""
+    otherwise. With the batch script's step loop, ``ranks``, ``since`` and ``start``: the last
+    step's rank map, start and first byte in the output file, whose failure lines alone decide
+    (the steps before it were restarted in place, or failed on hosts swapped out since)."""
     from .failures import report_from_files
     from .failure_classes import classify_failure
 
@@ -190,9 +191,10 @@ def decide(rc: int, attempts: int, on: list[str], attempt: int, output: str, key
     if attempt + 1 >= attempts:
         return None, f"not retried: all {attempts} attempts used"
     if ranks:
+        from .restart import failure_lines
+
         try:
-            with open_regular(output) as f:
-                report = step_failures((ln for ln in f if "halo-sched-failure" in ln), key, since or 0.0, ranks)
+            report = step_failures(failure_lines(output, start)[0], key, since or 0.0, ranks)
         except OSError:
             report = None
     else:
@@ -201,6 +203,11 @@ def decide(rc: int, attempts: int, on: list[str], attempt: int, output: str, key
     if not cls.failure.retried_by(on):
         return None, f"not retried: {cls.describe()}"
     return cls.failure.retry_on, cls
+
+
+def _count(text: str | None, default: int) -> int:
+    """A count the batch shell passed (a few digits), else ``default``."""
+    return int(text) if text and text.isdigit() and len(text) < 6 else default
 
 
 def _short(err: BaseException) -> str:
@@ -235,7 +242,13 @@ def main(argv: list[str]) -> int:
         say(f"job {job_id}: attempt {nxt + 1} of run {run_id} not submitted: scontrol show job {job_id} "
             "names no output file (StdOut), where the failure lines are")
         return 1
-    kind, cls = decide(rc_i, attempts_i, on_words, attempt_i, output, key, ranks, since)
+    # The attempts the run used so far, restarts in place included (restart.py; the batch shell's
+    # HALO_RUN_USED), and its restarts of every kind (HALO_RESTART_COUNT): the next attempt goes on
+    # from both. HALO_STEP_FROM: where the last step's lines begin in the output file.
+    used_i, restarts_i = (_count(os.environ.get(v), attempt_i) for v in ("HALO_RUN_USED", "HALO_RESTART_COUNT"))
+    start = os.environ.get("HALO_STEP_FROM", "")
+    kind, cls = decide(rc_i, attempts_i, on_words, used_i, output, key, ranks, since,
+                       int(start) if start.isdigit() and len(start) < 19 else 0)
     if kind is None:
         say(f"job {job_id}: attempt {attempt_i + 1} of run {run_id} ended (exit {rc_i}); {cls}")
         return 0
@@ -266,7 +279,8 @@ def main(argv: list[str]) -> int:
         env = {k: v for k, v in os.environ.items()
                if not (k.startswith(("SLURM_", "SBATCH_", "HALO_RUN_")) and k != "SLURM_CONF")
                and k != "HALO_RESTART_COUNT"}
-        env.update(HALO_RUN_ID=run_id, HALO_RUN_ATTEMPT=str(nxt), HALO_RUN_EXCLUDED=",".join(keep_off))
+        env.update(HALO_RUN_ID=run_id, HALO_RUN_ATTEMPT=str(nxt), HALO_RUN_EXCLUDED=",".join(keep_off),
+                   HALO_RUN_USED=str(used_i + 1), HALO_RUN_RESTARTS=str(restarts_i + 1))
         own = [h for h in kept_off.split(",") if _HOST.fullmatch(h)]  # the request's --exclude: render.py
         hosts = list(dict.fromkeys(own + keep_off))
         argv_sbatch = ["sbatch", "--parsable", "--export=ALL", f"--comment={comment}",

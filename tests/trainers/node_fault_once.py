@@ -5,6 +5,8 @@ for the lines it prints and the SIGKILL that is the node's evidence); every late
 With ``--progress``, each rank reports steps through the progress protocol first, 0.25 s apart:
 steps 1-4 on the first attempt (rank 0 reports a checkpoint of step 2 that took 0.5 s), steps 3-8
 on a later one (resumed from that checkpoint: steps 3 and 4 are done twice).
+``JOB_FAULT_COUNTS`` ("1"): on those counts node ``JOB_FAULT_NODE`` (1) fails by the job's own fault
+instead, a Python exception after reporting step ``JOB_FAULT_STEP`` (5) through the progress protocol.
 No torch needed (torchrun starts it)."""
 import os
 import signal
@@ -26,6 +28,12 @@ if progress:
         if step == 2 and rank == 0 and count == "0":
             with open(f"{progress}/rank-{rank}.checkpoints", "a") as f:
                 f.write(f"{step} {time.time()} 0.5\n")
+if count in os.environ.get("JOB_FAULT_COUNTS", "").split(",") and node == int(os.environ.get("JOB_FAULT_NODE", "1")):
+    step = int(os.environ.get("JOB_FAULT_STEP", "5"))
+    if "HALO_PROGRESS_DIR" in os.environ:
+        with open(os.path.join(os.environ["HALO_PROGRESS_DIR"], f"rank-{rank}"), "a") as f:
+            f.write(f"{step} {time.time()}\n")
+    raise ValueError(f"bad batch at step {step + 1}")
 faulty = os.environ.get("FAULT_COUNTS", "0").split(",")  # the counts it fails on: the first attempt's, by default
 if count in faulty and node == int(os.environ.get("FAULT_NODE", "1")) and int(os.environ.get("LOCAL_RANK", "0")) == 0:
     print(f"{host}:4242:4250 [0] transport/net_ib.cc:2470 NCCL WARN NET/IB : Got completion from peer "

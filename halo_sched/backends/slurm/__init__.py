@@ -223,11 +223,12 @@ class SlurmScheduler(Scheduler):
                 state.progress = stragglers_line(output_files(self.transport, job_id, ask=False), job_id)
         for job_id, state in states.items():
             if state.status is JobStatus.RUNNING or state.status.terminal:
-                state.spares = _spares(self.transport, job_id, state.status.terminal)
-                if state.failure is not None and state.spares and state.spares["swaps"]:
+                state.spares, state.in_place = _in_allocation(self.transport, job_id, state.status.terminal)
+                swaps = state.spares["swaps"] if state.spares else []
+                if state.failure is not None and (swaps or state.in_place):
                     from .spares import last_step  # the failure is the last step's, not a swapped-out host's
 
-                    state.failure = last_step(state.failure, state.spares["swaps"])
+                    state.failure = last_step(state.failure, swaps, state.in_place or [])
         return states
 
     def _launch_cause(self, job_id: str) -> str:
@@ -401,21 +402,27 @@ class SlurmScheduler(Scheduler):
             ended.close()
 
 
-def _spares(transport, job_id: str, ended: bool) -> dict | None:
-    """A job with slurm.spare_nodes (its record says): the spares left and the swaps its batch
-    script made (spares.py); None for any other job (nothing is read)."""
+def _in_allocation(transport, job_id: str, ended: bool) -> tuple[dict | None, list[dict] | None]:
+    """What the batch script did inside the allocation (node/restart.py), for a job its record
+    says has slurm.spare_nodes or retry: (the spares left and the swaps; the restarts in place and
+    a crash loop); (None, None) for any other job (nothing is read)."""
     from ...records import find
 
     for rec in find(job_id, "slurm", on_bad=None):
-        total = ((rec.get("spec") or {}).get("slurm") or {}).get("spare_nodes")
-        if not isinstance(total, int) or isinstance(total, bool) or total <= 0:
-            return None
+        spec = rec.get("spec") if isinstance(rec.get("spec"), dict) else {}
+        total = (spec.get("slurm") or {}).get("spare_nodes") if isinstance(spec.get("slurm"), dict) else None
+        spares = isinstance(total, int) and not isinstance(total, bool) and total > 0
+        retry = isinstance(spec.get("retry"), dict)
+        if not spares and not retry:
+            return None, None
         from .outputs import output_files
-        from .spares import spares_state, swaps_of
+        from .spares import restarts_of, spares_state, swaps_of
 
         key = rec.get("failure_key") if isinstance(rec.get("failure_key"), str) else ""
-        return spares_state(total, swaps_of(output_files(transport, job_id, ask=False), key, ended))
-    return None
+        files = output_files(transport, job_id, ask=False)
+        return (spares_state(total, swaps_of(files, key, ended)) if spares else None,
+                (restarts_of(files, key, ended) or None) if retry else None)
+    return None, None
 
 
 def _never_starts(state: JobState) -> bool:

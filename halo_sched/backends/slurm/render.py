@@ -232,6 +232,9 @@ def batch_request(launch: Launch) -> SbatchRequest:
         servers=servers,
         spec=spec,
         spares=spec.slurm.spare_nodes,
+        # The step loop: restarts inside the allocation (node/restart.py), with spares or retry: (not
+        # with rollout servers: their steps run beside one trainer step).
+        steps=bool(spec.slurm.spare_nodes or (spec.retry is not None and not launch.servers)),
         # What the batch shell runs itself after the trainer step failed (spares, the next attempt).
         batch_modules=bool(spec.slurm.spare_nodes or spec.retry is not None),
         directives=request.directives(),
