@@ -2,8 +2,9 @@
 logs ``COUNT NODE train EPOCH`` after its first all_reduce ("training"). On the first step
 (HALO_RESTART_COUNT 0) node rank 1's first rank logs ``fault EPOCH`` after 2 s and dies as a bad
 node would (an NCCL NET/IB error, tests/trainers/node_fault.py's words, then the SIGKILL that is
-the node's evidence); every later step runs a
-few all_reduces and ends 0."""
+the node's evidence), or with ``SPARE_BENCH_FAULT=job`` by the job's own fault (a Python exception
+after reporting step 1 through the progress protocol); every later step runs a few all_reduces
+and ends 0."""
 import os
 import signal
 import sys
@@ -31,6 +32,11 @@ if count == "0":
     if node == 1 and local == 0:
         time.sleep(2)
         say("fault")
+        if os.environ.get("SPARE_BENCH_FAULT") == "job":
+            if "HALO_PROGRESS_DIR" in os.environ:
+                with open(os.path.join(os.environ["HALO_PROGRESS_DIR"], f"rank-{os.environ['RANK']}"), "a") as f:
+                    f.write(f"1 {time.time()}\n")
+            raise ValueError("bad batch at step 2")  # the job's own fault: restarted in place
         host = os.environ.get("SLURMD_NODENAME", "node")
         print(f"{host}:4242:4250 [0] transport/net_ib.cc:2470 NCCL WARN NET/IB : Got completion from peer "
               "10.0.0.1<35162> with status=12 opcode=129 len=65536 vendor err 129 (Recv)", file=sys.stderr, flush=True)

@@ -1,21 +1,31 @@
-"""Hot spares against a resubmission through the queue, on the local SLURM test cluster (issue 32,
-item 3): a 2-node job (real torchrun, gloo) whose node rank 1 fails as a bad node would 2 s into
-its first step (bench/spare_trainer.py). Measured: from that fault to every rank training again
-(its first all_reduce of the next step), by the ranks' own clocks.
+"""Restarts inside the allocation against a resubmission through the queue, on the local SLURM
+test cluster (issue 32 item 3, issue 39 item 1): a 2-node job (real torchrun, gloo) whose node
+rank 1 fails 2 s into its first step (bench/spare_trainer.py). Measured: from that fault to every
+rank training again (its first all_reduce of the next step), by the ranks' own clocks.
 
-- spare: ``slurm.spare_nodes: 1`` on the 3-node cluster; the batch script swaps the node for
-  the spare in the same job (halo_sched/node/spares.py).
-- queue: no spare, ``retry: {attempts: 2, on: [node]}`` with ``submit --wait``: the waiting
-  client sees the job FAILED and submits the next attempt, which goes through the queue. The
-  queue here is empty, so this is the best case of a resubmission: on a busy cluster the wait
-  for nodes comes on top (hours, for a large job).
+- inplace: the job's own fault (a Python exception), no spare, ``retry: {attempts: 2, on: [job]}``:
+  the batch script starts the ranks again on the same nodes, same job (halo_sched/node/restart.py).
+- spare: a node's fault (an NCCL error, then a SIGKILL nothing in the job sent), ``slurm.spare_nodes: 1``
+  on the 3-node cluster: the batch script swaps the node for the spare in the same job.
+- inplace+spare: the job's own fault in a job that holds a spare too (``retry`` and
+  ``slurm.spare_nodes: 1``): restarted in place, the spare kept.
+- queue (``--queue``): a node's fault, no spare, ``retry: {attempts: 2, on: [node]}``: the failed
+  attempt submits the next, which goes through the queue. The queue here is empty, so this is
+  the best case of a resubmission: on a busy cluster the wait for nodes comes on top (hours, for
+  a large job).
 
-    python bench/spares.py [--reps N]        # medians of N runs each (default 3); about 1 minute per rep
-    python bench/spares.py --write           # the same, and both medians kept in bench/measured.json
-                                             # (swap_s, resubmit_s: bench/goodput.py's inputs)
+    python bench/spares.py [--reps N] [--queue] [--kinds inplace,spare]   # medians of N runs each (default 3)
+    python bench/spares.py --write ...       # the same, and the medians kept in bench/measured.json
+                                             # (inplace_s, swap_s, resubmit_s: bench/goodput.py's inputs)
+
+About a minute per rep and kind. HALO_CLUSTER_DIR/HALO_CLUSTER_PORT pick the cluster, as for
+tests/cluster/slurm-cluster.sh.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
 import shutil
 import statistics
@@ -31,15 +41,19 @@ sys.path.insert(0, str(REPO / "bench"))
 from run import _cluster_env, _cluster_lock, _slurm_answers  # noqa: E402
 
 
-def one(kind: str, tmp: Path, env: dict) -> tuple[float, str]:
-    """(seconds from the fault to every rank training again, the job ids)."""
+def one(kind: str, tmp: Path, env: dict) -> tuple[float, float | None, str]:
+    """(seconds from the fault to every rank training again, from the fault to the batch script's
+    decision (its signed restart or swap line; None for the queue), the job ids)."""
     shutil.copy(REPO / "bench" / "spare_trainer.py", tmp / "spare_trainer.py")
-    job = {"name": f"spare-bench-{kind}", "nodes": 2, "nproc_per_node": 2,
+    job = {"name": f"spare-bench-{kind.replace('+', '-')}", "nodes": 2, "nproc_per_node": 2,
            "trainer": {"script": "spare_trainer.py"}, "env": {"OMP_NUM_THREADS": "1"},
            "rendezvous": {"timeout_s": 120}}
-    if kind == "spare":
+    if "spare" in kind:
         job["slurm"] = {"spare_nodes": 1, "exclusive": True}
-    else:
+    if kind.startswith("inplace"):
+        job["retry"] = {"attempts": 2, "on": ["job"]}
+        job["env"]["SPARE_BENCH_FAULT"] = "job"
+    elif kind == "queue":
         job["retry"] = {"attempts": 2, "on": ["node"]}
     (tmp / "job.yaml").write_text(yaml.safe_dump(job))
     # A home of its own: each run starts with an empty node ledger (3 nodes, one of them ledgered
@@ -54,40 +68,80 @@ def one(kind: str, tmp: Path, env: dict) -> tuple[float, str]:
     again = [float(t) for c, n, w, t in rows if c == "1" and w == "train"]
     if len(again) != 4:
         raise SystemExit(f"{kind}: expected 4 ranks training in the next step, got {rows}")
-    return max(again) - fault, r.stdout.strip().replace("\n", " ")
+    decided = None
+    for out in tmp.glob("*.out"):
+        for line in out.read_text(errors="replace").splitlines():
+            for tag in ("halo-sched-restart {", "halo-sched-swap {"):
+                if tag in line and decided is None:
+                    decided = json.loads(line[line.index(tag) + len(tag) - 1:])["time"] - fault
+    return max(again) - fault, decided, r.stdout.strip().replace("\n", " ")
+
+
+@contextlib.contextmanager
+def _lock():
+    """The cluster's lock, held exclusive while measuring (tests hold it shared): a cluster of its
+    own (HALO_CLUSTER_DIR) has its own lock beside its state (tests/cluster/cluster.py lock_path)."""
+    if not os.environ.get("HALO_CLUSTER_DIR"):
+        with _cluster_lock():
+            yield
+        return
+    with open(os.environ["HALO_CLUSTER_DIR"].rstrip("/") + ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def main(argv: list[str]) -> int:
     reps = int(argv[argv.index("--reps") + 1]) if "--reps" in argv else 3
+    kinds = argv[argv.index("--kinds") + 1].split(",") if "--kinds" in argv else ["inplace", "spare", "inplace+spare"]
+    kinds += ["queue"] if "--queue" in argv and "queue" not in kinds else []
+    if not set(kinds) <= set(WORDS):
+        raise SystemExit(f"--kinds: each of {', '.join(WORDS)}")
     os.environ.update(_cluster_env())
     if not _slurm_answers():
         raise SystemExit("no SLURM cluster answers: tests/cluster/slurm-cluster.sh up (with HALO_CLUSTER_PORT)")
-    times: dict[str, list[float]] = {"spare": [], "queue": []}
-    with _cluster_lock(), tempfile.TemporaryDirectory() as d:
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    decided: dict[str, list[float]] = {k: [] for k in kinds}
+    with _lock(), tempfile.TemporaryDirectory() as d:
         env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
                "PYTHONPATH": str(REPO)}
         for i in range(reps):
-            for kind in ("spare", "queue"):  # alternating
+            for kind in kinds:  # alternating
                 tmp = Path(d) / f"{kind}{i}"
                 tmp.mkdir()
-                s, ids = one(kind, tmp, env)
+                s, d, ids = one(kind, tmp, env)
                 times[kind].append(s)
-                print(f"{kind} rep {i + 1}: {s:.1f} s (job {ids})", flush=True)
-    spare, queue = statistics.median(times["spare"]), statistics.median(times["queue"])
+                decided[kind] += [d] if d is not None else []
+                print(f"{kind} rep {i + 1}: {s:.1f} s" + (f", decided {d:.1f} s after the fault" if d is not None else "")
+                      + f" (job {ids}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)", flush=True)
     print(f"\nfault -> every rank training again, medians of {reps} (2 nodes x 2 ranks, gloo, Slurm test cluster):")
-    print(f"  spare swap in the same job (slurm.spare_nodes: 1): {spare:.1f} s  (goal 30 s, at most 60 s)")
-    print(f"  resubmission through an empty queue (retry, submit --wait): {queue:.1f} s  (+ the queue wait on a busy "
-          "cluster)")
+    for kind in kinds:
+        got = times[kind]
+        at = f"; decided after {statistics.median(decided[kind]):.1f} s" if decided[kind] else ""
+        print(f"  {WORDS[kind]}: {statistics.median(got):.1f} s ({min(got):.1f}-{max(got):.1f}{at})  ({GOALS[kind]})")
     if "--write" in argv:
         from measured import write
 
-        where = f"the Slurm test cluster, 2 nodes x 2 ranks, real torchrun, gloo (bench/spares.py, {reps} reps)"
-        write("swap_s", spare, f"fault -> every rank training again, a hot spare swapped in the same job "
-              f"(slurm.spare_nodes: 1), median of {reps}", "bench/spares.py", where)
-        write("resubmit_s", queue, f"fault -> every rank training again, the job resubmitted through an empty queue "
-              f"(retry, submit --wait), median of {reps}", "bench/spares.py", where)
+        where = (f"the Slurm test cluster, 2 nodes x 2 ranks, real torchrun, gloo (bench/spares.py, {reps} reps; "
+                 f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at the end)")
+        for kind, name, what in KEPT:
+            if times.get(kind):
+                write(name, statistics.median(times[kind]), f"fault -> every rank training again, {what}, median of {reps}",
+                      "bench/spares.py", where)
         print("kept in bench/measured.json (bench/goodput.py's inputs)")
     return 0
+
+
+WORDS = {"inplace": "job fault, restart in place in the same job (retry.on: [job], no spare)",
+         "spare": "node fault, spare swap in the same job (slurm.spare_nodes: 1)",
+         "inplace+spare": "job fault, restart in place in a job holding a spare (retry.on: [job], spare_nodes: 1)",
+         "queue": "node fault, resubmission through an empty queue (retry.on: [node], no spare)"}
+#: What --write keeps in bench/measured.json: (kind, name, what).
+KEPT = [("inplace", "inplace_s", "restarted in place in the same allocation (a new step on the same nodes; the job's "
+                                 "own fault, retry.on: [job])"),
+        ("spare", "swap_s", "a hot spare swapped in the same job (slurm.spare_nodes: 1)"),
+        ("queue", "resubmit_s", "the job resubmitted through an empty queue (retry, the failed attempt submits it)")]
+GOALS = {"inplace": "goal at most 10 s, the job id unchanged", "spare": "goal at most 10 s, the job id unchanged",
+         "inplace+spare": "goal at most 10 s, the job id unchanged", "queue": "+ the queue wait on a busy cluster"}
 
 
 if __name__ == "__main__":

@@ -112,6 +112,23 @@ def test_with_no_step_known_the_same_failure_twice_in_a_row_is_the_loop():
         == restart.IN_PLACE
 
 
+def test_the_step_s_lines_begin_where_the_step_before_was_decided(tmp_path):
+    """A restart in place runs on the same hosts: the line of the step before, dated within the
+    clock's slack of this step's start, would pass the time and host filters; the output file's
+    offset at the decision before keeps it out."""
+    out = tmp_path / "halo-job-7.out"
+    now = time.time()
+    out.write_text("noise\n" + _line(1, "n2", "ValueError: x", now, step=12) + "\n")
+    lines, end = restart.failure_lines(str(out), 0)
+    assert len(lines) == 1 and end == out.stat().st_size
+    with open(out, "a") as f:
+        f.write(_line(1, "n2", "torch.OutOfMemoryError: CUDA out of memory.", now + 1, step=13) + "\n")
+    since = now + 0.5  # within spares.CLOCK_SLACK_S of the first line
+    assert step_failures(restart.failure_lines(str(out), 0)[0], KEY, since, RANKS).first.step == 12
+    assert step_failures(restart.failure_lines(str(out), end)[0], KEY, since, RANKS).first.step == 13
+    assert restart.failure_lines(str(out), 10 ** 9)[0] == restart.failure_lines(str(out), 0)[0]  # a shorter file
+
+
 def test_the_step_travels_in_the_signed_failure_line(tmp_path, monkeypatch):
     from halo_sched.node import failure_collector as fcol
 
@@ -186,9 +203,10 @@ sys.exit(1)
 '''
 
 
-def _run_loop(tmp_path, fail_steps: str, retry: dict) -> tuple[int, str, list[str], list[str]]:
-    """The rendered batch script of a 2-node job with ``retry``, run by bash as the batch step:
-    (exit status, its output file, the counts each node's torchrun saw, the sbatch calls)."""
+def _run_loop(tmp_path, fail_steps: str, retry: dict, before: str = "", **env_extra) -> tuple[int, str, list[str], list[str]]:
+    """The rendered batch script of a 2-node job with ``retry``, run by bash as the batch step
+    (its output file holding ``before``, as a requeued job's does): (exit status, its output file,
+    the counts each node's torchrun saw, the sbatch calls)."""
     tmp_path.mkdir(exist_ok=True)
     spec = halo_sched.load(example_job(tmp_path, 29500, retry=retry))
     script = tmp_path / "job.sbatch"
@@ -196,6 +214,7 @@ def _run_loop(tmp_path, fail_steps: str, retry: dict) -> tuple[int, str, list[st
     bindir = fake_bin(tmp_path)
     write_tool(bindir, "torchrun", FAILING_TORCHRUN)
     out = tmp_path / "halo-job-7.out"
+    out.write_text(before)
     (bindir / "show_job").write_text(scontrol_show_job("7", str(out)))
     os.rename(bindir / "scontrol", bindir / "scontrol.fake")
     (bindir / "scontrol").write_text('#!/bin/sh\nd=$(dirname "$0")\n[ "$*" = "show job 7" ] && exec cat "$d/show_job"\n'
@@ -208,8 +227,8 @@ def _run_loop(tmp_path, fail_steps: str, retry: dict) -> tuple[int, str, list[st
     env.update(PATH=f"{bindir}:{env['PATH']}", PYTHONPATH=str(REPO), FAKE_SLURM_NODES="node1,node2",
                SLURM_JOB_NODELIST="node[1-2]", SLURM_JOB_ID="7", SLURM_JOB_CPUS_PER_NODE="4(x2)",
                HALO_FAILURE_KEY=KEY, FAKE_LOG=str(tmp_path / "counts.log"), FAIL_STEPS=fail_steps,
-               FAKE_TORCHRUN_DIR=str(tmp_path))
-    with open(out, "w") as f:
+               FAKE_TORCHRUN_DIR=str(tmp_path), **env_extra)
+    with open(out, "a") as f:
         rc = subprocess.run(["bash", str(script)], env=env, stdout=f, stderr=subprocess.STDOUT, cwd=tmp_path,
                             timeout=180).returncode
     calls = bindir / "sbatch.calls"
@@ -243,3 +262,23 @@ def test_the_batch_loop_hands_its_budget_and_count_to_the_successor(tmp_path):
     assert rc == 1 and sorted(counts) == ["0 0", "0 1", "1 0", "1 1"], text[-3000:]
     assert "a node's fault, and no spare (slurm.spare_nodes) to take its rank" in text, text[-3000:]
     assert len(calls) == 1 and "--exclude=node2 " in calls[0] and calls[0].endswith(" used=2 restarts=2"), calls
+
+
+def test_a_requeued_batch_script_counts_on_from_this_job_s_restarts_before(tmp_path):
+    """SLURM requeued the job (SLURM_RESTART_COUNT 1) after one restart in place and one swap,
+    its signed lines in the output file it appends to: the count goes on from 1 (the requeue) + 2,
+    and the restart in place used an attempt (2 of 2 now: a job fault is not restarted again).
+    Another job's line and a line no key signed count nothing."""
+    now = time.time()
+    rec = {"job": "7", "class": "job", "fault": "job", "reason": "job fault: Python exception", "step": 3,
+           "time": now, "action": "inplace", "restart": 1, "attempt": 1}
+    swap = {"job": "7", "rank": 1, "bad": "node2", "spare": "node3", "reason": "x", "by": "xid", "time": now,
+            "restart": 2, "spares_left": 0}
+    from halo_sched.node.spares import swap_line
+
+    before = "\n".join([restart.restart_line(rec, KEY), swap_line(swap, KEY), restart.restart_line({**rec, "job": "6"}, KEY),
+                        restart.restart_line({**rec, "step": 4}, "")]) + "\n"
+    rc, text, counts, calls = _run_loop(tmp_path, ",,,12", {"attempts": 2, "on": ["job"]}, before,
+                                        SLURM_RESTART_COUNT="1")
+    assert sorted(counts) == ["3 0", "3 1"], (counts, text[-3000:])
+    assert rc == 1 and "at step 12: all 2 attempts of retry.attempts used" in text, text[-3000:]

@@ -17,6 +17,7 @@ from helpers import cli, example_job
     ({"attempts": 0}, "retry.attempts"),
     ({"attempts": 21}, "retry.attempts"),
     ({"attempts": 2, "on": ["node", "oom"]}, "retry.on"),
+    ({"attempts": 2, "on": ["jobs"]}, "retry.on"),
     ({"attempts": 2, "on": "node"}, "retry.on"),
     ({"attempts": 2, "bogus": 1}, "retry.bogus"),
 ])
@@ -74,6 +75,14 @@ HUNG_NO_CULPRIT = Classification(fc.HUNG_NO_CULPRIT, "no progress", "", "hung")
     (["node"], HUNG_ON_NODE, 0, True),  # a hang with a culprit node is a node fault
     (["hang"], HUNG_NO_CULPRIT, 0, True),
     (["node", "preflight"], HUNG_NO_CULPRIT, 0, False),  # no node to blame: only `hang` retries it
+    # job and unknown, opt-in (issue 39): each retries its own class only.
+    (["job"], JOB, 0, True),
+    (["job"], JOB, 2, False),
+    (["job"], UNKNOWN, 0, False),
+    (["job"], NODE, 0, False),
+    (["unknown"], UNKNOWN, 0, True),
+    (["unknown"], JOB, 0, False),
+    (["unknown"], HUNG_NO_CULPRIT, 0, False),
 ])
 def test_which_failures_start_another_attempt(tmp_path, on, cls, attempt, retried):
     spec = _spec(tmp_path, attempts=3, on=on)
@@ -121,6 +130,8 @@ def test_retry_on_is_written_bare_or_quoted_in_yaml():
     assert spec.retry.on == ["node", "preflight"]
     assert halo_sched.loads(head + "retry: {attempts: 2, on: [node]}\n").retry.on == ["node"]
     assert halo_sched.loads(head + "retry:\n  attempts: 2\n  on: [hang]\n").retry.on == ["hang"]
+    assert halo_sched.loads(head + "retry: {attempts: 2, on: [job, unknown]}\n").retry.on == ["job", "unknown"]
+    assert halo_sched.loads(head + "retry: {attempts: 2}\n").retry.on == ["node"]  # job and unknown: opt-in
 
 
 def test_retry_on_nothing_is_refused():

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from .failure_classes import NODE_FAULT, Classification, classify_failure
 from .failure_collector import KEY_VAR
 from .failures import FailureReport
-from .spares import decide as spare_for, expand, hosts, job_fields, side, step_failures, swap, swap_line
+from .spares import SIDE_FILE, decide as spare_for, expand, hosts, job_fields, side, step_failures, swap, swap_line
 from .text import open_regular
 
 TAG = "halo-sched-restart"
@@ -133,14 +133,50 @@ def restart_line(rec: dict, key: str) -> str:
     return TAG + swap_line(rec, key)[len("halo-sched-swap"):]
 
 
+def earlier(job: str, paths: list[str], key: str) -> tuple[int, int]:
+    """(restarts in place, restarts of every kind: in place and swaps) this job made before a
+    requeue ran its batch script again: its signed restart and swap lines in ``paths`` (the side
+    file, and the output file, which a requeued job appends to), each counted once."""
+    from .failures import verified
+
+    seen: set[str] = set()
+    in_place = swaps = 0
+    for path in paths:
+        try:
+            with open_regular(path) as f:
+                lines = [ln for ln in f if TAG in ln or "halo-sched-swap" in ln]
+        except OSError:
+            continue
+        for line in lines:
+            for tag in (TAG, "halo-sched-swap"):
+                i = line.find(tag + " {")
+                raw = line[i + len(tag) + 1:].strip() if i >= 0 else ""
+                if not raw or raw in seen or not verified(raw, key):
+                    continue
+                seen.add(raw)
+                try:
+                    data = json.loads(raw)
+                except ValueError:
+                    continue
+                if not isinstance(data, dict) or data.get("job") != job:
+                    continue
+                if tag == TAG:
+                    in_place += data.get("action") == IN_PLACE
+                else:
+                    swaps += 1
+    return in_place, in_place + swaps
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m halo_sched.node.restart", description=__doc__.split("\n\n")[0])
     p.add_argument("--job", required=True)
-    p.add_argument("--ranks", required=True, help="the step's rank map: HOST,HOST,...")
-    p.add_argument("--since", type=float, required=True, help="when the step began (epoch seconds)")
+    p.add_argument("--earlier", action="store_true",
+                   help="print this job's restarts before a requeue (in place, of every kind) and stop")
+    p.add_argument("--ranks", default="", help="the step's rank map: HOST,HOST,...")
+    p.add_argument("--since", type=float, default=0.0, help="when the step began (epoch seconds)")
     p.add_argument("--swapped", default="", help="hosts swapped out before: HOST,HOST,...")
     p.add_argument("--spares", type=int, default=0, help="slurm.spare_nodes")
-    p.add_argument("--restart", type=int, required=True, help="the restart count the next step gets")
+    p.add_argument("--restart", type=int, default=0, help="the restart count the next step gets")
     p.add_argument("--interface", default="", help="network.interface (rank 0's address is read there)")
     p.add_argument("--master", default="", help="rank 0's address in the step that failed (kept while rank 0 stays)")
     p.add_argument("--seen", default="", help="this job's earlier failures (signatures): SIG,SIG,...")
@@ -154,6 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     ranks, swapped = hosts(a.ranks), hosts(a.swapped)
     seen = [s for s in a.seen.split(",") if len(s) == 16 and all(c in "0123456789abcdef" for c in s)][-MAX_SEEN:]
     key = os.environ.get(KEY_VAR, "")
+    if a.earlier:
+        try:
+            out = job_fields(a.job).get("StdOut", "")
+        except (OSError, subprocess.SubprocessError, ValueError):
+            out = ""
+        print(*earlier(a.job, [out + SIDE_FILE, out] if out else [], key))
+        return 0
     try:
         fields = job_fields(a.job)
         allocation = expand(fields.get("NodeList", ""))
