@@ -108,10 +108,10 @@ def main(argv: list[str]) -> int:
             for kind in kinds:  # alternating
                 tmp = Path(d) / f"{kind}{i}"
                 tmp.mkdir()
-                s, d, ids = one(kind, tmp, env)
+                s, at, ids = one(kind, tmp, env)
                 times[kind].append(s)
-                decided[kind] += [d] if d is not None else []
-                print(f"{kind} rep {i + 1}: {s:.1f} s" + (f", decided {d:.1f} s after the fault" if d is not None else "")
+                decided[kind] += [at] if at is not None else []
+                print(f"{kind} rep {i + 1}: {s:.1f} s" + (f", decided {at:.1f} s after the fault" if at is not None else "")
                       + f" (job {ids}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)", flush=True)
     print(f"\nfault -> every rank training again, medians of {reps} (2 nodes x 2 ranks, gloo, Slurm test cluster):")
     for kind in kinds:
