@@ -349,7 +349,7 @@ def update_state(record: dict, state) -> None:
     """Keep ``state`` as the record's last known one (only when the scheduler still knows the
     job), in one transaction with the stored record (never over a newer end another process kept),
     and in ``record`` too."""
-    from .backends.jobstate import JobStatus
+    from .backends.jobstate import JobStatus, in_place_fields
 
     if state.status is JobStatus.UNKNOWN:
         return
@@ -366,8 +366,7 @@ def update_state(record: dict, state) -> None:
         last["failure_class"] = cls.to_dict()
     if getattr(state, "spares", None):  # hot spares: how many are left, which node each replaced
         last["spares"] = state.spares
-    if getattr(state, "in_place", None):  # restarts in place (SLURM), and a crash loop's end
-        last["restarts_in_place"] = state.in_place
+    last.update(in_place_fields(getattr(state, "in_place", None)))  # restarts in place (SLURM), a crash loop
     from . import db
 
     last = db.clean(last)

@@ -154,7 +154,13 @@ def test_the_restart_line_is_read_back_only_when_signed_and_status_counts_it(tmp
     got = restarts_of([out], KEY, ended=True)
     assert [(r["action"], r["restart"], r["step"]) for r in got] == [("inplace", 1, 12), ("stop", 1, 12)], got
     assert restarts_of([out], KEY, ended=False) == []  # while it runs, only the small file beside it is read
+    from halo_sched.backends.jobstate import in_place_fields
+    from halo_sched.commands.show import state_json
+
     st = JobState("7", JobStatus.FAILED, in_place=got)
+    # status --json and the record: the restarts (whose times a run's ETTR cuts at) apart from the crash loop.
+    assert in_place_fields(got) == {"in_place_restarts": [got[0]], "crash_loop": got[1]} and in_place_fields(None) == {}
+    assert state_json(st)["in_place_restarts"] == [got[0]] and state_json(st)["crash_loop"] == got[1]
     assert st.describe().endswith("; 1 restart in place (job fault: Python exception at step 12); crash loop: "
                                   "job fault: Python exception at step 12 twice, not restarted"), st.describe()
 

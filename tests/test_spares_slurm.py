@@ -57,8 +57,9 @@ def test_a_node_fault_is_swapped_for_the_spare_and_a_job_fault_restarts_in_place
     assert st["spares"]["total"] == 1 and st["spares"]["left"] == 0
     assert [(s["rank"], s["bad"], s["spare"], s["reason"]) for s in st["spares"]["swaps"]] == [
         (0, bad, spare, REASON)], st["spares"]
-    assert [(r["action"], r["restart"], r["attempt"], r["reason"], r["step"]) for r in st["restarts_in_place"]] == [
-        ("inplace", 2, 1, "job fault: Python exception", 5)], st["restarts_in_place"]
+    assert [(r["action"], r["restart"], r["attempt"], r["reason"], r["step"]) for r in st["in_place_restarts"]] == [
+        ("inplace", 2, 1, "job fault: Python exception", 5)], st["in_place_restarts"]
+    assert "crash_loop" not in st
     text = cli("status", job_id, cwd=tmp_path, env=env).stdout
     assert (f"COMPLETED exit=0; 0 of 1 spare left ({bad} -> {spare}: {REASON}); 1 restart in place (job fault: "
             "Python exception at step 5)") in text, text

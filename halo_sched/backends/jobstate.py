@@ -260,6 +260,15 @@ def _describe_spares(spares: dict) -> str:
     return head + (f" ({moved})" if moved else "")
 
 
+def in_place_fields(restarts: list[dict] | None) -> dict:
+    """``{"in_place_restarts": [...], "crash_loop": {...}}`` of a job's restart lines, each key only
+    where it has something: as a record's ``last_state`` and ``status --json`` carry them
+    (halo_sched/ettr.py reads each restart's ``time``)."""
+    again = [r for r in restarts or () if r.get("action") == "inplace"]
+    stop = [r for r in restarts or () if r.get("action") == "stop"]
+    return {**({"in_place_restarts": again} if again else {}), **({"crash_loop": stop[-1]} if stop else {})}
+
+
 def _describe_restarts(restarts: list[dict]) -> str:
     """``2 restarts in place (job fault: Python exception at step 12; ...)``, and a crash loop's end."""
     def what(r: dict) -> str:
@@ -277,4 +286,4 @@ def _describe_restarts(restarts: list[dict]) -> str:
     return "; ".join(parts)
 
 
-__all__ = ["JobState", "JobStatus", "NomadDetail", "SlurmDetail", "UNREADABLE", "state_named"]
+__all__ = ["JobState", "JobStatus", "NomadDetail", "SlurmDetail", "UNREADABLE", "in_place_fields", "state_named"]

@@ -125,6 +125,8 @@ def value_line(st) -> str | None:
 def state_json(st) -> dict:
     """A job's state as ``status --json`` (and ``submit --json --wait``, ``cancel --json --wait``)
     write it."""
+    from ..backends.jobstate import in_place_fields
+
     return {
         "id": st.id, "status": st.status.value, "raw_state": st.raw_state, "exit_code": st.exit_code,
         "nodes_total": st.nodes_total, "nodes_running": st.nodes_running, "reason": st.reason,
@@ -139,7 +141,8 @@ def state_json(st) -> dict:
         # SLURM hot spares (slurm.spare_nodes): how many are left, and each swap.
         **({"spares": st.spares} if st.spares else {}),
         # SLURM with retry: the restarts in place inside the allocation (and a crash loop's end).
-        **({"restarts_in_place": st.in_place} if st.in_place else {}),
+        # (in_place_restarts: each restart's signed line; crash_loop: the one that ended the run).
+        **in_place_fields(st.in_place),
         **({"last_known": st.last_known} if st.last_known is not None else {}),
         # An end: rank 0's result (HALO_RESULT_FILE), or why there is none.
         **({"value": st.value, "value_note": st.value_note} if st.value_note is not None else {}),

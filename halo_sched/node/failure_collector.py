@@ -342,7 +342,7 @@ def reported_step(rank: int, progress_dir: str | None = None) -> int | None:
     progress_dir = os.environ.get("HALO_PROGRESS_DIR", "") if progress_dir is None else progress_dir
     if not progress_dir:
         return None
-    from .hang_monitor import last_report  # not at import: the submitter's side reads this module too
+    from .progress import last_report
 
     got = last_report(os.path.join(progress_dir, f"rank-{rank}"))
     return got[0] if got is not None and -2 ** 53 < got[0] < 2 ** 53 else None

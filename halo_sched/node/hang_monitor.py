@@ -47,6 +47,7 @@ import sys
 import time
 
 from . import links
+from .progress import _WHOLE_BYTES, last_report, read_reports  # noqa: F401  (the protocol's readers: progress.py)
 from .failure_collector import record_line, scrub, secret_values  # on the node: a package of the two files (entry_hang.sh.j2)
 
 POLL_S = 1.0
@@ -118,45 +119,6 @@ def _mtime(path: str) -> float | None:
         return os.stat(path).st_mtime
     except OSError:
         return None
-
-
-#: A report file this large or smaller is read whole (progress.py's ring is one 4 KiB page);
-#: a larger one holds appended lines, and only its tail is read.
-_WHOLE_BYTES = 8192
-
-
-def read_reports(path: str, n: int = 1) -> list[tuple[int, float]]:
-    """A rank's last ``n`` progress reports, ``(step, unix_time)``, oldest first: every line of
-    its file that reads as a step and a time (progress.py's ring of lines rewritten in place, or
-    lines a trainer appended), ordered by time. A line being rewritten as it is read, or a slot
-    not written yet, reads as nothing."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(0 if size <= _WHOLE_BYTES else size - 64 * (n + 2))
-            lines = f.read().split(b"\n")
-    except OSError:
-        return []
-    if size > _WHOLE_BYTES:
-        lines = lines[1:]  # the first may be cut
-    out = []
-    for line in lines:
-        parts = line.split()
-        if len(parts) < 2:
-            continue
-        try:
-            out.append((int(parts[0]), float(parts[1])))
-        except ValueError:
-            continue
-    out.sort(key=lambda r: (r[1], r[0]))
-    return out[-n:]
-
-
-def last_report(path: str) -> tuple[int, float] | None:
-    """A rank's last progress report, ``(step, unix_time)``; None before its first."""
-    got = read_reports(path)
-    return got[-1] if got else None
 
 
 def parse_stacks(text: str) -> list[list[tuple[str, int, str]]]:

@@ -1,42 +1,17 @@
-"""Restart in place first: what a SLURM batch script does after its trainer step failed, inside
-its own allocation, before anything goes back to the queue. Run by the batch shell (``python -m
-halo_sched.node.restart``, templates/slurm/sbatch.sh.j2) for a job with ``retry:`` or
-``slurm.spare_nodes``; not by a rank. Standard library only.
+"""Restart in place first (docs/recovery.md): after a SLURM job's trainer step failed, the batch
+shell runs this (``python -m halo_sched.node.restart``, templates/slurm/sbatch.sh.j2) for a job
+with ``retry:`` or ``slurm.spare_nodes``. Standard library only. :func:`decide` reads the step's
+first failure and says: SWAP (a node's fault, a spare left: spares.py), IN_PLACE (a failure
+``retry.on`` lists that is no node's, attempts left: a new step on the same nodes; one attempt
+used), STOP (a crash loop: the same failure at the same reported step as one before in this
+job, or with no step known the same failure just before; the run ends, no successor) or END
+(the loop ends: successor.py decides). A restart in place and a crash loop each write a signed
+``halo-sched-restart {json}`` line (output file and side file) that ``status`` counts.
 
-:func:`decide` reads the failed step's first failure (its signed ``halo-sched-failure`` lines,
-spares.step_failures; a host of the rank map gone from the allocation first) and says one of:
-
-* **swap** (:data:`SWAP`): a node's fault on a host of the rank map, a spare left: the spare
-  takes that node rank (spares.py); the job's other nodes keep theirs.
-* **in place** (:data:`IN_PLACE`): a failure that is no node's (the job's own, an unknown cause, a
-  hang with no culprit node) whose class ``retry.on`` lists, with attempts left: a new step on the
-  same nodes, same rank map, same rank 0. One attempt of ``retry.attempts`` is used, as a new
-  attempt through the queue would use one (a swap uses none: the spares bound those).
-* **stop** (:data:`STOP`): a crash loop. The same failure (its class and reason, and the host for a
-  node's) at the same training step (the last step the failing rank reported through the
-  progress protocol, in its failure line) as a failure before it in this job; where the rank
-  reported no step, the same failure as the one just before (no progress known between). The run
-  ends: the batch script submits no next attempt.
-* **end** (:data:`END`): anything else (a node's fault with no spare left, a class ``retry.on``
-  does not list, the attempts used up): the loop ends and the run's usual path takes it from there
-  (successor.py: the next attempt through the queue, or the run's end).
-
-Every restart, in place or a swap, sets ``HALO_RESTART_COUNT`` one higher for the next step. An
-in-place restart and a crash loop each write one ``halo-sched-restart {json}`` line into the job's
-output file and the small file beside it (spares.SIDE_FILE), signed with the job's failure key as
-a swap line is: ``status`` counts the restarts from them (halo_sched/backends/slurm/spares.py).
-
-Which failure lines are the failed step's: those after ``--from``, the byte offset of the job's
-output file where the step before it was decided (its lines and the victims' are all written by
-then: srun ends after relaying its tasks' output), dated after the step's start, and written by
-the host that ran that node rank in this step (spares.step_failures). The offset matters for a
-restart in place: the step before ran on the same hosts and may have failed within a second of
-this one's start.
-
-The batch shell reads one line on stdout: ``swap|inplace RANKS MASTER SEEN FROM [SWAPPED]`` (SEEN:
-the failures of this job so far, as :func:`signature`\\ s, for the next call's ``--seen``; FROM:
-the offset for the next call's ``--from``) or ``stop``; exit status 1 (and nothing on stdout)
-ends the loop.
+The step's lines: those after ``--from``, the output file's offset when the step before was
+decided (srun ends after relaying its tasks' output), dated after the step began, from the host
+that ran each node rank. Stdout: ``swap|inplace RANKS MASTER SEEN FROM [SWAPPED]`` or ``stop``;
+exit 1 ends the loop.
 """
 from __future__ import annotations
 
@@ -44,6 +19,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -57,13 +33,11 @@ from .text import open_regular
 
 TAG = "halo-sched-restart"
 SWAP, IN_PLACE, STOP, END = "swap", "inplace", "stop", "end"
-#: The most failures of one job remembered for the crash-loop test (attempts <= 20, spares <= 64).
-MAX_SEEN = 100
+MAX_SEEN = 100  # failures of one job remembered (attempts <= 20, spares <= 64)
 
 
 def signature(cls: Classification, step: int | None) -> str:
-    """A failure's identity for the crash-loop test: its class, its reason, the host of a node's
-    fault, and the step (None: unknown), as 16 hex digits (a word the batch shell keeps)."""
+    """A failure's identity for the crash-loop test (class, reason, a node's host, step): 16 hex digits."""
     body = json.dumps([cls.failure.name, cls.reason, cls.host, step], separators=(",", ":"))
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
@@ -85,11 +59,9 @@ def at_step(step: int | None) -> str:
 def decide(ranks: list[str], allocation: list[str], report: FailureReport | None, *, swapped: list[str] = (),
            spares: int = 0, on: list[str] | None = None, attempts: int = 0, used: int = 0,
            seen: list[str] = ()) -> Decision:
-    """What follows a failed step on the rank map ``ranks`` (node rank i on ``ranks[i]``):
-    ``allocation`` is the job's hosts now, ``report`` the step's failures, ``swapped`` the hosts
-    swapped out before, ``spares`` slurm.spare_nodes; ``on`` retry.on's words (None: no
-    ``retry:``), ``attempts`` retry.attempts and ``used`` the attempts the run used so far (the
-    first is 0); ``seen`` the signatures of this job's earlier failures, oldest first."""
+    """What follows a failed step on the rank map ``ranks``: ``allocation`` the job's hosts now,
+    ``swapped`` hosts swapped out before, ``on`` retry.on (None: no retry:), ``used`` the run's
+    attempts used (the first is 0), ``seen`` this job's earlier failures' signatures, oldest first."""
     first = report.first if report is not None else None
     step = first.step if first is not None else None
     lost = [h for h in ranks if h not in allocation]
@@ -119,8 +91,7 @@ def decide(ranks: list[str], allocation: list[str], report: FailureReport | None
 
 
 def failure_lines(path: str, start: int = 0) -> tuple[list[str], int]:
-    """The ``halo-sched-failure`` lines of the output file ``path`` from byte ``start`` on (from
-    its top where the file is shorter: it was replaced), and the offset of its end as read."""
+    """The failure lines of ``path`` from byte ``start`` on (its top if shorter), and its end's offset."""
     with open_regular(path) as f:
         raw = f.buffer
         raw.seek(start if 0 <= start <= os.fstat(raw.fileno()).st_size else 0)
@@ -134,57 +105,34 @@ def restart_line(rec: dict, key: str) -> str:
 
 
 def earlier(job: str, paths: list[str], key: str) -> tuple[int, int]:
-    """(restarts in place, restarts of every kind: in place and swaps) this job made before a
-    requeue ran its batch script again: its signed restart and swap lines in ``paths`` (the side
-    file, and the output file, which a requeued job appends to), each counted once."""
+    """(restarts in place, all restarts) this job made before a requeue: its signed restart and
+    swap lines in ``paths`` (side file, output file), each once."""
     from .failures import verified
 
-    seen: set[str] = set()
-    in_place = swaps = 0
+    got: dict[str, str] = {}
     for path in paths:
         try:
             with open_regular(path) as f:
-                lines = [ln for ln in f if TAG in ln or "halo-sched-swap" in ln]
-        except OSError:
+                for m in filter(None, (re.search(r"halo-sched-(restart|swap) (\{.*\})", ln) for ln in f)):
+                    d = json.loads(m[2]) if verified(m[2], key) else None
+                    if isinstance(d, dict) and d.get("job") == job and (m[1] == "swap" or d.get("action") == IN_PLACE):
+                        got[m[2]] = m[1]
+        except (OSError, ValueError):
             continue
-        for line in lines:
-            for tag in (TAG, "halo-sched-swap"):
-                i = line.find(tag + " {")
-                raw = line[i + len(tag) + 1:].strip() if i >= 0 else ""
-                if not raw or raw in seen or not verified(raw, key):
-                    continue
-                seen.add(raw)
-                try:
-                    data = json.loads(raw)
-                except ValueError:
-                    continue
-                if not isinstance(data, dict) or data.get("job") != job:
-                    continue
-                if tag == TAG:
-                    in_place += data.get("action") == IN_PLACE
-                else:
-                    swaps += 1
-    return in_place, in_place + swaps
+    kinds = list(got.values())
+    return kinds.count("restart"), len(kinds)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m halo_sched.node.restart", description=__doc__.split("\n\n")[0])
     p.add_argument("--job", required=True)
-    p.add_argument("--earlier", action="store_true",
-                   help="print this job's restarts before a requeue (in place, of every kind) and stop")
-    p.add_argument("--ranks", default="", help="the step's rank map: HOST,HOST,...")
+    p.add_argument("--earlier", action="store_true", help="print this job's restarts before a requeue")
+    for name in ("ranks", "swapped", "interface", "master", "seen"):  # HOST,HOST / an address / SIG,SIG
+        p.add_argument("--" + name, default="")
+    for name in ("spares", "restart", "from", "attempts", "used"):  # "from": the offset of the step's lines
+        p.add_argument("--" + name, type=int, default=0)
     p.add_argument("--since", type=float, default=0.0, help="when the step began (epoch seconds)")
-    p.add_argument("--swapped", default="", help="hosts swapped out before: HOST,HOST,...")
-    p.add_argument("--spares", type=int, default=0, help="slurm.spare_nodes")
-    p.add_argument("--restart", type=int, default=0, help="the restart count the next step gets")
-    p.add_argument("--interface", default="", help="network.interface (rank 0's address is read there)")
-    p.add_argument("--master", default="", help="rank 0's address in the step that failed (kept while rank 0 stays)")
-    p.add_argument("--seen", default="", help="this job's earlier failures (signatures): SIG,SIG,...")
-    p.add_argument("--from", dest="start", type=int, default=0,
-                   help="the output file's offset where the step before was decided (its lines end there)")
     p.add_argument("--on", default=None, help="retry.on: WORD,WORD (absent: no retry:)")
-    p.add_argument("--attempts", type=int, default=0, help="retry.attempts")
-    p.add_argument("--used", type=int, default=0, help="the attempts of the run used so far (0: the first)")
     a = p.parse_args(argv)
     say = lambda msg: print(f"halo-sched: job {a.job}: {msg}", file=sys.stderr, flush=True)  # noqa: E731
     ranks, swapped = hosts(a.ranks), hosts(a.swapped)
@@ -200,10 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         fields = job_fields(a.job)
         allocation = expand(fields.get("NodeList", ""))
-        lines, end = [], a.start
+        lines, end = [], getattr(a, 'from')
         out = fields.get("StdOut", "")
         if out:
-            lines, end = failure_lines(out, a.start)
+            lines, end = failure_lines(out, getattr(a, 'from'))
     except (OSError, subprocess.SubprocessError, ValueError) as err:
         say(f"not restarting in the allocation: cannot read the job's state ({' '.join(str(err).split())[:200]})")
         return 1
