@@ -15,8 +15,9 @@ rank training again (its first all_reduce of the next step), by the ranks' own c
   a large job).
 
     python bench/spares.py [--reps N] [--queue] [--kinds inplace,spare]   # medians of N runs each (default 3)
-    python bench/spares.py --write ...       # the same, and the medians kept in bench/measured.json
-                                             # (inplace_s, swap_s, resubmit_s: bench/goodput.py's inputs)
+    python bench/spares.py --write[=NAME,..] # the same, and the medians kept in bench/measured.json
+                                             # (inplace_s, swap_s, resubmit_s: bench/goodput.py's inputs;
+                                             # =inplace_s: that one only)
 
 About a minute per rep and kind. HALO_CLUSTER_DIR/HALO_CLUSTER_PORT pick the cluster, as for
 tests/cluster/slurm-cluster.sh.
@@ -118,13 +119,14 @@ def main(argv: list[str]) -> int:
         got = times[kind]
         at = f"; decided after {statistics.median(decided[kind]):.1f} s" if decided[kind] else ""
         print(f"  {WORDS[kind]}: {statistics.median(got):.1f} s ({min(got):.1f}-{max(got):.1f}{at})  ({GOALS[kind]})")
-    if "--write" in argv:
+    keep = next((a.partition("=")[2] or "all" for a in argv if a.split("=")[0] == "--write"), "")
+    if keep:
         from measured import write
 
         where = (f"the Slurm test cluster, 2 nodes x 2 ranks, real torchrun, gloo (bench/spares.py, {reps} reps; "
                  f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at the end)")
         for kind, name, what in KEPT:
-            if times.get(kind):
+            if times.get(kind) and (keep == "all" or name in keep.split(",")):
                 write(name, statistics.median(times[kind]), f"fault -> every rank training again, {what}, median of {reps}",
                       "bench/spares.py", where)
         print("kept in bench/measured.json (bench/goodput.py's inputs)")
