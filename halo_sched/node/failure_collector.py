@@ -16,9 +16,8 @@ torchrun itself failed (rendezvous timeout, killed) and no rank is named. The ke
 :class:`halo_sched.node.failures.RankFailure`.
 
 ``error`` and ``tail`` are a rank's words (a label, never a node fault); ``signal`` and ``evidence``
-(:func:`node_evidence`) are the node's side (failure_classes.py). ``step`` is the last training
-step the rank reported through the progress protocol (``$HALO_PROGRESS_DIR/rank-R``, progress.py),
-where it reported one: a restart in place tells a crash loop by it (restart.py).
+(:func:`node_evidence`) are the node's side (failure_classes.py). ``step``: the rank's last
+reported step (progress.py), where known (restart.py's crash loop).
 
 Two things make a line fit to leave the node (issue 28). Secrets: every ``secret_env`` value (the
 names in ``HALO_SECRET_NAMES``, the values in this node's environment) is replaced by ``***`` in
@@ -337,8 +336,7 @@ def node_evidence(log_dir: str, killed: bool, oom_before: int | None, environ=No
 
 
 def reported_step(rank: int, progress_dir: str | None = None) -> int | None:
-    """The last step rank ``rank`` reported (progress.py's protocol), or None: no report, or no
-    progress directory (``hang: null``)."""
+    """The last step rank ``rank`` reported (progress.py), or None."""
     progress_dir = os.environ.get("HALO_PROGRESS_DIR", "") if progress_dir is None else progress_dir
     if not progress_dir:
         return None

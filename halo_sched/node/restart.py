@@ -44,8 +44,8 @@ def signature(cls: Classification, step: int | None) -> str:
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # SWAP, IN_PLACE, STOP or END
-    why: str  # in words: what failed, and why this action
+    action: str
+    why: str
     cls: Classification
     step: int | None = None
     sig: str = ""

@@ -213,9 +213,8 @@ def _loopback(addr: str) -> bool:
 
 def swap(job: str, ranks: list[str], swaps: list[tuple[int, str, str, str, str]], used: list[str], spares: int,
          restart: int, master: str, interface: str, out: str, key: str, say) -> tuple[list[str], str] | None:
-    """Carry out ``swaps`` (:func:`decide`'s): the new rank map and rank 0's address (read again
-    where rank 0 moved), one signed swap line per host on stderr (the job's output) and in the side
-    file beside ``out``; None, said with ``say``, where rank 0's address cannot be read."""
+    """Carry out ``swaps`` (:func:`decide`'s): the new rank map and rank 0's address, a signed
+    swap line per host (output and side file); None where rank 0's address cannot be read."""
     new = list(ranks)
     for i, _, spare, _, _ in swaps:
         new[i] = spare
@@ -244,8 +243,7 @@ def swap(job: str, ranks: list[str], swaps: list[tuple[int, str, str, str, str]]
 
 
 def side(out: str, lines: list[str], say) -> None:
-    """``lines`` appended to the small file beside the output file ``out`` (SIDE_FILE), which
-    ``status`` reads while the job runs."""
+    """``lines`` appended to the side file of ``out``, which ``status`` reads while the job runs."""
     try:
         if out:
             with open_regular(out + SIDE_FILE, append=True) as f:
