@@ -109,7 +109,9 @@ def test_a_90s_controller_outage_is_waited_through(tmp_path, slurm_cluster_exclu
             for name, p, up in zip(("submit", "watch", "follow"), (submit, watch, follow), running) if not up])
         assert lines_during > lines_before + 60, "logs --follow stopped streaming during the outage"
         assert short.returncode == 3, short_err.read_text()
-        assert "outcome unknown" in short_err.read_text() and "last known RUNNING" in short_err.read_text()
+        # It says the last state it saw; on a loaded machine its first poll may not have answered yet.
+        said = short_err.read_text()
+        assert "outcome unknown" in said and ("last known RUNNING" in said or "no state seen yet" in said), said
         assert status_s < 15 and status.returncode == 3, status.stderr
         assert "last known RUNNING" in status.stdout and "SLURM unreachable" in status.stdout
         assert timed_s < 20 + 5 and timed.returncode == 3, timed.stderr
