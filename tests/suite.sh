@@ -51,12 +51,21 @@ b_rc=$(cat "$logdir/b.rc" 2>/dev/null || echo 1)
 echo
 echo "== pass B: the SLURM suite on Slurm $RELEASE ($B_WORKERS workers, beside pass A): its output"
 cat "$logdir/b.log"
-# CI shows the end of the output: each pass's failures (pytest's short summary, -rfE) come last.
+# CI shows the end of the output: each failed pass's failures come last. pytest's short summary
+# (-ra) names them (colour codes stripped: a CI that forces colour must not hide them); a pass that
+# failed with none named there (a crashed worker, an error outside a test) shows its last lines.
 for pass in a b; do
-    if grep -qE '^(FAILED|ERROR) ' "$logdir/$pass.log"; then
-        echo
-        echo "== pass ${pass^}: what failed"
-        grep -E '^(FAILED|ERROR) ' "$logdir/$pass.log" | cut -c1-400
+    rc=$a_rc
+    [[ $pass == b ]] && rc=$b_rc
+    ((rc == 0)) && continue
+    sed 's/\x1b\[[0-9;]*[A-Za-z]//g' "$logdir/$pass.log" >"$logdir/$pass.plain" 2>/dev/null
+    echo
+    if grep -qE '^(FAILED|ERROR) |INTERNALERROR|crashed' "$logdir/$pass.plain"; then
+        echo "== pass ${pass^} (exit $rc): what failed"
+        grep -E '^(FAILED|ERROR) |INTERNALERROR|crashed' "$logdir/$pass.plain" | cut -c1-400 | head -60
+    else
+        echo "== pass ${pass^} (exit $rc): no test named as failed; the end of its output"
+        tail -n 40 "$logdir/$pass.plain" | cut -c1-400
     fi
 done
 echo
