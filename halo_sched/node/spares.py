@@ -1,5 +1,5 @@
 """Hot spares (``slurm.spare_nodes``): after a step fails, swap the node at fault for a spare of
-the same allocation. Run by the SLURM batch script (``python -m halo_sched.node.spares``), not
+the same allocation. Run by the SLURM batch script (through restart.py), not
 by a rank; standard library only.
 
 The job holds ``nodes + spare_nodes`` nodes with ``sbatch --no-kill``: slurmctld then keeps the
