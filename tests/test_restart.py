@@ -77,6 +77,24 @@ def test_a_node_s_fault_goes_to_a_spare_or_back_to_the_queue_never_in_place():
     assert restart.decide(RANKS, ["n1", "n3"], None, on=["unknown"], attempts=3, spares=1).action == restart.SWAP
 
 
+def test_a_peer_s_victim_dated_first_yields_to_the_crash_it_saw():
+    """A crash is dated by its exit (torchrun's whole second for a SIGKILL; a traceback's process
+    closes its sockets only once torch has torn down, seconds under load), its victim by the
+    "Connection closed by peer" its socket's close raised: the victim can read earlier. Within
+    spares.VICTIM_S the crash is the step's cause, for the restart and the swap alike."""
+    now = time.time()
+    victim = _line(0, "n1", "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1",
+                   now)
+    d = _decide(_report(victim, _line(1, "n2", "ValueError: bad batch", now + 1.5, step=7)))
+    assert (d.action, d.cls.failure, d.step) == (restart.IN_PLACE, JOB_FAULT, 7), d
+    killed = _line(1, "n2", "killed by SIGKILL", now + 0.9, signal="SIGKILL")
+    d = _decide(_report(victim, killed), on=["node"], spares=1)
+    assert d.action == restart.SWAP and d.swaps[0][1] == "n2", d
+    # Later than that, or a victim alone: the victim's words stand (unknown cause, labelled).
+    assert _decide(_report(victim, _line(1, "n2", "ValueError: x", now + 9))).cls.failure is UNKNOWN_CAUSE
+    assert _decide(_report(victim)).cls.failure is UNKNOWN_CAUSE
+
+
 def test_restarts_in_place_use_the_attempts_of_retry_attempts():
     job = _report(_line(1, "n2", "ValueError: bad batch", time.time(), step=12))
     assert _decide(job, attempts=3, used=1).action == restart.IN_PLACE

@@ -1,17 +1,9 @@
-"""Restart in place first (docs/recovery.md): after a SLURM job's trainer step failed, the batch
-shell runs this (``python -m halo_sched.node.restart``, templates/slurm/sbatch.sh.j2) for a job
-with ``retry:`` or ``slurm.spare_nodes``. Standard library only. :func:`decide` reads the step's
-first failure and says: SWAP (a node's fault, a spare left: spares.py), IN_PLACE (a failure
-``retry.on`` lists that is no node's, attempts left: a new step on the same nodes; one attempt
-used), STOP (a crash loop: the same failure at the same reported step as one before in this
-job, or with no step known the same failure just before; the run ends, no successor) or END
-(the loop ends: successor.py decides). A restart in place and a crash loop each write a signed
-``halo-sched-restart {json}`` line (output file and side file) that ``status`` counts.
-
-The step's lines: those after ``--from``, the output file's offset when the step before was
-decided (srun ends after relaying its tasks' output), dated after the step began, from the host
-that ran each node rank. Stdout: ``swap|inplace RANKS MASTER SEEN FROM [SWAPPED]`` or ``stop``;
-exit 1 ends the loop.
+"""Restart in place first (docs/recovery.md): run by a SLURM batch script after its trainer step
+failed. :func:`decide`: SWAP (a node's fault, a spare left), IN_PLACE (a failure retry.on lists
+that is no node's: a new step on the same nodes), STOP (a crash loop: the run ends) or END (the
+loop ends). The step's lines start at ``--from``, the output's offset at the decision before.
+Stdout: ``swap|inplace RANKS MASTER SEEN FROM [SWAPPED]`` or ``stop``; exit 1 ends the loop.
+Standard library only.
 """
 from __future__ import annotations
 
@@ -105,8 +97,7 @@ def restart_line(rec: dict, key: str) -> str:
 
 
 def earlier(job: str, paths: list[str], key: str) -> tuple[int, int]:
-    """(restarts in place, all restarts) this job made before a requeue: its signed restart and
-    swap lines in ``paths`` (side file, output file), each once."""
+    """(restarts in place, all restarts) of this job before a requeue, from its signed lines."""
     from .failures import verified
 
     got: dict[str, str] = {}

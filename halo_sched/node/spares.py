@@ -1,5 +1,5 @@
 """Hot spares (``slurm.spare_nodes``): after a step fails, swap the node at fault for a spare of
-the same allocation. Run by the SLURM batch script (``python -m halo_sched.node.spares``), not
+the same allocation. Run by the SLURM batch script (through restart.py), not
 by a rank; standard library only.
 
 The job holds ``nodes + spare_nodes`` nodes with ``sbatch --no-kill``: slurmctld then keeps the
@@ -37,7 +37,7 @@ import sys
 import time
 from dataclasses import replace
 
-from .failure_classes import classify_failure
+from .failure_classes import classify_failure, match
 from .failure_collector import sign
 from .failures import FailureReport, parse_lines
 from .text import open_regular
@@ -77,7 +77,22 @@ def step_failures(lines, key: str, since: float, ranks: list[str] | None = None)
             if not f.node_name:
                 f = replace(f, node_name=ranks[f.node])
         failures.append(f)
-    return FailureReport(failures) if failures else None
+    return with_cause(FailureReport(failures)) if failures else None
+
+
+#: A rank saying a peer went away is a victim: another failure up to this much later is the cause
+#: (a crash is dated by its exit, late under load; its victim by the socket's close). docs/failures.md
+VICTIM_S = 3.0
+
+
+def with_cause(report: FailureReport) -> FailureReport:
+    first = report.first
+    said = lambda f: getattr(match([f.error, *f.tail]), "name", "")  # noqa: E731
+    if first is None or report.cause is not None or report.kind == "HUNG" or said(first) != "peer-reset":
+        return report
+    later = [f for f in report.trusted if not f.stopped and first.time <= f.time <= first.time + VICTIM_S
+             and said(f) != "peer-reset"]
+    return FailureReport(report.failures, min(later, key=lambda f: f.time)) if later else report
 
 
 def decide(ranks: list[str], allocation: list[str], report: FailureReport | None,

@@ -242,9 +242,8 @@ def main(argv: list[str]) -> int:
         say(f"job {job_id}: attempt {nxt + 1} of run {run_id} not submitted: scontrol show job {job_id} "
             "names no output file (StdOut), where the failure lines are")
         return 1
-    # The attempts the run used so far, restarts in place included (restart.py; the batch shell's
-    # HALO_RUN_USED), and its restarts of every kind (HALO_RESTART_COUNT): the next attempt goes on
-    # from both. HALO_STEP_FROM: where the last step's lines begin in the output file.
+    # The run's attempts used (restarts in place too) and restarts: the next attempt goes on from
+    # both. HALO_STEP_FROM: the last step's lines' offset in the output (restart.py).
     used_i, restarts_i = (_count(os.environ.get(v), attempt_i) for v in ("HALO_RUN_USED", "HALO_RESTART_COUNT"))
     start = os.environ.get("HALO_STEP_FROM", "")
     kind, cls = decide(rc_i, attempts_i, on_words, used_i, output, key, ranks, since,
