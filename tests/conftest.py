@@ -76,14 +76,16 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _groups_spread(terminalreporter) -> dict[str, set[str]]:
-    """The groups of pytest_itemcollected (from each report's markers) that ran on several workers."""
+    """The groups of pytest_itemcollected that ran on several workers, from the group each report
+    carries (pytest_runtest_makereport). Not from a report's keywords: those hold a parametrized
+    test's id too, and ``test_x[slurm]`` runs on any worker."""
     workers: dict[str, set[str]] = {}
     for reports in terminalreporter.stats.values():
         for r in reports:
-            node, keywords = getattr(r, "node", None), getattr(r, "keywords", None) or {}
-            group = "multihost" if "multihost" in keywords else "slurm" if "slurm" in keywords else None
-            if node is not None and group:
-                workers.setdefault(group, set()).add(node.gateway.id)
+            node = getattr(r, "node", None)
+            for k, group in getattr(r, "user_properties", ()) or ():
+                if k == "xdist_group" and node is not None:
+                    workers.setdefault(group, set()).add(node.gateway.id)
     return {g: w for g, w in workers.items() if len(w) > 1}
 
 
@@ -109,6 +111,10 @@ LONG_TEST_S = 60
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
+    if call.when == "call":  # the group it ran in, for the controller's check (_groups_spread)
+        group = item.get_closest_marker("xdist_group")
+        if group is not None and group.args:
+            outcome.get_result().user_properties.append(("xdist_group", str(group.args[0])))
     # A test over a minute must say why in its docstring; one that does not is named in the summary.
     if call.when == "call" and call.duration > LONG_TEST_S:
         doc = getattr(getattr(item, "function", None), "__doc__", None) or ""

@@ -1,0 +1,30 @@
+"""The suite's own check that each xdist group ran on one worker (tests/conftest.py): a run whose
+SLURM tests ran on two workers queued one test's jobs behind another's, and fails. The check must
+see the group a test ran in, not a keyword: a parametrized test's id (``test_x[slurm]``) is one of
+its keywords too, and such a test runs on any worker (a whole-suite run failed with every test
+passed: ``{'slurm': {'gw0', 'gw3'}}``)."""
+from types import SimpleNamespace
+
+import conftest
+
+
+def _report(worker: str, keywords: dict, props: list) -> SimpleNamespace:
+    return SimpleNamespace(node=SimpleNamespace(gateway=SimpleNamespace(id=worker)), keywords=keywords,
+                           user_properties=props, when="call", nodeid="tests/x.py::t", duration=0.0)
+
+
+def _reporter(*reports) -> SimpleNamespace:
+    return SimpleNamespace(stats={"passed": list(reports)})
+
+
+def test_a_parametrized_id_named_slurm_is_not_the_slurm_group():
+    grouped = _report("gw0", {"slurm": True, "xdist_group": True}, [("xdist_group", "slurm-22.05")])
+    by_id = _report("gw3", {"slurm": True, "test_x[slurm]": True}, [])
+    assert conftest._groups_spread(_reporter(grouped, by_id)) == {}
+
+
+def test_a_group_on_two_workers_is_found():
+    a = _report("gw0", {}, [("xdist_group", "slurm-22.05")])
+    b = _report("gw2", {}, [("xdist_group", "slurm-22.05")])
+    rig = _report("gw1", {}, [("xdist_group", "multihost")])
+    assert conftest._groups_spread(_reporter(a, b, rig)) == {"slurm-22.05": {"gw0", "gw2"}}
