@@ -40,6 +40,21 @@ class DownNode(RankFailure):
         return {**super().to_dict(), "ranks": list(self.ranks), "source": "slurm"}
 
 
+@dataclass(frozen=True)
+class LeftNode(DownNode):
+    """A host SLURM took out of a ``--no-kill`` job's allocation (it stopped answering, and the
+    job ran on without it): the cause the attempt's batch script or guardian found and kept in
+    the run's marker (halo_sched/node/successor.py). Its node rank is not known there."""
+
+    verb: str = "left"
+
+    def where(self) -> str:
+        return f"host {self.host}"
+
+    def how(self) -> str:
+        return "left the allocation (SLURM)"
+
+
 def expand_hostlist(text: str) -> list[str]:
     """SLURM's host list syntax as ``scontrol show hostnames`` expands it: ``h[0-1],gpu[01,03-04]``
     -> h0, h1, gpu01, gpu03, gpu04 (zero padding kept)."""
