@@ -2,8 +2,8 @@
 
 A 2-node job with ``retry: {attempts: 2, on: [node]}`` is submitted with ``submit --wait``; the
 submitting process is killed (SIGKILL) once both ranks run; then one of the job's nodes is lost:
-its slurmd and every process of the job on it are killed (SIGSTOP first, then SIGKILL: nothing of
-that node acts again, as with a host whose power went), and the node is marked DOWN, as slurmctld
+its slurmd and every process of the job on it are killed (``lose``: so that none acts on
+another's death, as with a host whose power went), and the node is marked DOWN, as slurmctld
 marks a node that stopped answering after ``SlurmdTimeout`` (60 s on this cluster:
 ``scontrol update State=DOWN`` takes the same path, node_mgr.c ``update_node`` ->
 ``kill_running_job_by_node_name``, without the wait). Nobody runs halo-sched until the run ended:
@@ -74,29 +74,65 @@ def _of_node(pid: int, log: str, job_id: str, host: str) -> bool:
     return f"SLURM_JOB_ID={job_id}".encode() in env and f"SLURMD_NODENAME={host}".encode() in env
 
 
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
 def lose(host: str, job_id: str, env: dict) -> list[int]:
     """Take ``host`` away as a dead machine goes: its slurmd, its slurmstepds and everything they
-    started, and every process of job ``job_id`` on it, stopped then killed; then DOWN in slurmctld."""
+    started, and every process of job ``job_id`` on it, killed so that none of them acts on
+    another's death; then DOWN in slurmctld. The daemons go first; then each process group at
+    once (killpg): srun's shepherd, in the batch script's group, kills its step when srun dies
+    (src/srun/libsrun/srun_job.c _shepherd_spawn), which no process of a dead host does. Never
+    SIGSTOP first: the batch script's group is orphaned (its leader a session's), so the first
+    member to die has the kernel SIGCONT every stopped one (kill_orphaned_pgrp)."""
     state = Path(env["SLURM_CONF"]).parent.parent
     log = str(state / "log" / f"slurmd-{host}.log")
-    victims = {int((state / "run" / f"slurmd-{host}.pid").read_text().split()[0])}
+    daemons = {int((state / "run" / f"slurmd-{host}.pid").read_text().split()[0])}
     procs = _processes()
-    victims |= {p for p in procs if _of_node(p, log, job_id, host)}
+    victims = {p for p in procs if _of_node(p, log, job_id, host)}
+    daemons |= {p for p in victims if "slurmstepd" in _cmdline(p)}
+    victims |= daemons
     grown = True
     while grown:
         more = {p for p, parent in procs.items() if parent in victims} - victims
         victims |= more
         grown = bool(more)
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for pid in victims:
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
+    for pid in daemons:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    groups: dict[int, set[int]] = {}
+    for pid in victims - daemons:
+        g = _pgid(pid)
+        if g is not None:
+            groups.setdefault(g, set()).add(pid)
+    everyone = {p: _pgid(p) for p in _processes()}
+    for g, members in groups.items():
+        whole = all(p in victims for p, pg in everyone.items() if pg == g)
+        try:
+            if whole:
+                os.killpg(g, signal.SIGKILL)
+            else:
+                for pid in members:
+                    os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
     r = subprocess.run(["scontrol", "update", f"NodeName={host}", "State=DOWN", "Reason=lost (test)"], env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return sorted(victims)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def restore(env: dict) -> None:
@@ -204,7 +240,7 @@ def test_cancel_of_the_run_cancels_its_attempts_guardian_first(tmp_path, env_sha
     run_id = r.stdout.strip().splitlines()[-1]
     guard = f"halo-guardian-{run_id}"
     assert list(_states(env, guard).values()) == ["PENDING"], _states(env, guard)
-    assert _until(lambda: (tmp_path / "attempts.log").exists(), 120), "the ranks never started"
+    assert _until(lambda: _states(env, "ddp-cpu").get(run_id) == "RUNNING", 120), _states(env, "ddp-cpu")
     r = cli("cancel", run_id, "--backend", "slurm", "--wait", cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert _until(lambda: list(_states(env, guard).values()) == ["CANCELLED"], 30), _states(env, guard)
