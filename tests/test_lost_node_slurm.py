@@ -188,6 +188,10 @@ def _run_losing(tmp_path, env, batch_host: bool) -> tuple[str, str, float]:
     # attempt 1: the lost host named as the cause (the marker its batch script or guardian signed)
     a1 = [ln for ln in st if "\tattempt 1: " in ln]
     assert len(a1) == 1 and f"(node fault: host {victim}, node left the allocation (SLURM marked it down))" in a1[0], st
+    from halo_sched.backends.slurm import SlurmScheduler
+
+    first = SlurmScheduler().query([run_id])[run_id].describe()  # its first failure: the lost host, its node rank
+    assert f"SLURM took node {0 if batch_host else 1} ({victim}) out of the job" in first, first
     print("\n".join(st))
     assert victim in cli("nodes", env=env).stdout  # the node ledger learned the lost host
     return run_id, victim, took

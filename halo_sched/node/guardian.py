@@ -38,19 +38,21 @@ def down_hosts(hosts: list[str]) -> list[str]:
     return [h for h in hosts if h in out]
 
 
-def judge(fields: dict) -> tuple[list[str] | None, str]:
+def judge(fields: dict) -> tuple[list[str] | None, str, int | None]:
     """What attempt ``fields`` (its ``scontrol show job``) ended of: (the lost hosts, the batch
-    host first; how it was lost) when its guardian must carry the run on, else (None, why not)."""
+    host first; how it was lost; the first one's node rank, where known) when its guardian must
+    carry the run on, else (None, why not, None)."""
     state = (fields.get("JobState") or "").split()[0] if fields.get("JobState") else ""
     batch = fields.get("BatchHost", "")
     nodes = expand(fields.get("NodeList", ""))
-    if batch and _HOST.fullmatch(batch) and nodes and batch not in nodes:
-        return [batch], f"ended {state} after its batch host {batch} left the allocation (SLURM marked it down)"
+    if batch and _HOST.fullmatch(batch) and nodes and batch not in nodes:  # the batch host is node 0
+        return [batch], f"ended {state} after its batch host {batch} left the allocation (SLURM marked it down)", 0
     if state == "NODE_FAIL":
-        hosts = list(dict.fromkeys(([batch] if batch and _HOST.fullmatch(batch) else []) + nodes))
-        return down_hosts(hosts), "ended NODE_FAIL (SLURM ended the job, its batch script with it)"
+        down = down_hosts(nodes + ([batch] if batch and _HOST.fullmatch(batch) and batch not in nodes else []))
+        return down, "ended NODE_FAIL (SLURM ended the job, its batch script with it)", \
+            nodes.index(down[0]) if down and down[0] in nodes else None
     return None, (f"ended {state or 'in a state SLURM did not say'} with its batch host in place: its batch script "
-                  "decided what came next (or the job was cancelled); nothing to do")
+                  "decided what came next (or the job was cancelled); nothing to do"), None
 
 
 def main(argv: list[str]) -> int:
@@ -70,7 +72,7 @@ def main(argv: list[str]) -> int:
     if fields.get("JobId") != job_id:
         say(f"job {job_id}: its guardian (job {me}): slurmctld no longer knows job {job_id}; nothing done")
         return 1
-    hosts, how = judge(fields)
+    hosts, how, node = judge(fields)
     if hosts is None:
         say(f"job {job_id} {how} (its guardian, job {me})")
         return 0
@@ -95,7 +97,7 @@ def main(argv: list[str]) -> int:
         return 0
     keep_off = list(dict.fromkeys([h for h in excluded.split(",") if _HOST.fullmatch(h)] + hosts))
     return carry_on(job_id, script, run_id, attempt_i, cls.failure.retry_on, cls, keep_off, kept_off, output, key,
-                    fields, attempts_i, on, "its guardian")
+                    fields, attempts_i, on, "its guardian", node if hosts else None)
 
 
 if __name__ == "__main__":

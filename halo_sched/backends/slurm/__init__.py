@@ -287,9 +287,10 @@ class SlurmScheduler(Scheduler):
         import time as _time
 
         from ...node.failure_classes import Classification
+        from ...runs import number
         from ...node.successor import LEFT
         from ...records import find
-        from .down_nodes import LeftNode
+        from .down_nodes import LeftNode, held
 
         rec = next(iter(find(job_id, self.name, on_bad=None)), None)
         if rec is None or not isinstance(rec.get("run"), dict):
@@ -298,12 +299,17 @@ class SlurmScheduler(Scheduler):
         cls = Classification.from_dict((found or {}).get("class"))
         if cls is None or cls.reason != LEFT or not cls.host or cls.host != found.get("culprit"):
             return None
-        when = found.get("failed_at")
-        return LeftNode(node=None, rank=None, local_rank=None, host=cls.host, exit_code=None, signal=None,
+        when, node = found.get("failed_at"), found.get("node")
+        node = node if isinstance(node, int) and not isinstance(node, bool) and 0 <= node < 100000 else None
+        ranks, words = held([o for o in rec.get("outputs") or [] if isinstance(o, str)], node) if node is not None \
+            else ((), "")
+        by = found.get("by") if found.get("by") in ("its batch script", "its guardian") else "the attempt"
+        where = f"node {node} ({cls.host})" if node is not None else cls.host
+        return LeftNode(node=node, rank=None, local_rank=None, host=cls.host, exit_code=None, signal=None,
                         time=when if isinstance(when, (int, float)) else _time.time(),
-                        error=f"SLURM took {cls.host} out of the job: it stopped answering and was marked down; "
-                              f"{found.get('by') or 'the attempt'} started attempt {found.get('attempt', 0) + 1} "
-                              f"as {found['job']}", node_name=cls.host)
+                        error=f"SLURM took {where} out of the job: it stopped answering and was marked down"
+                              f"{'; ' + words if words else ''}; {by} started attempt {number(found.get('attempt')) + 1} "
+                              f"as {found['job']}", node_name=cls.host, ranks=ranks)
 
     def _launch_cause(self, job_id: str) -> str:
         """outputs.launch_cause, once per job."""
