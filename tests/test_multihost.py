@@ -170,8 +170,11 @@ def _job_hosts(job_id, env) -> list[str]:
 
 
 def test_a_host_cut_mid_training_is_named_ledgered_and_the_retry_completes_without_it(tmp_path, rig):
-    """`cut h1` mid-training: NODE_FAIL names h1, it is ledgered and the retry completes without it. Long: SLURM
-    marks a silent host down only after SlurmdTimeout (20 s here), and the retry is a second real torchrun job."""
+    """`cut h1` mid-training: SLURM takes h1 out of the job (--no-kill, a run with retry:), the first attempt
+    ends naming h1 as the host that left the allocation (node 1, its ranks), h1 is ledgered, and the retry
+    its batch script submitted completes without it (tests/test_multihost_lost_node.py: the same with no
+    client, and the batch host cut). Long: SLURM marks a silent host down only after SlurmdTimeout (20 s
+    here), and the retry is a second real torchrun job."""
     import json
     import subprocess
 
