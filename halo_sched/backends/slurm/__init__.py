@@ -287,7 +287,6 @@ class SlurmScheduler(Scheduler):
         import time as _time
 
         from ...node.failure_classes import Classification
-        from ...runs import number
         from ...node.successor import LEFT
         from ...records import find
         from .down_nodes import LeftNode, held
@@ -308,7 +307,7 @@ class SlurmScheduler(Scheduler):
         return LeftNode(node=node, rank=None, local_rank=None, host=cls.host, exit_code=None, signal=None,
                         time=when if isinstance(when, (int, float)) else _time.time(),
                         error=f"SLURM took {where} out of the job: it stopped answering and was marked down"
-                              f"{'; ' + words if words else ''}; {by} started attempt {number(found.get('attempt')) + 1} "
+                              f"{'; ' + words if words else ''}; {by} started attempt {_count(found.get('attempt')) + 1} "
                               f"as {found['job']}", node_name=cls.host, ranks=ranks)
 
     def _launch_cause(self, job_id: str) -> str:
@@ -535,6 +534,11 @@ def _in_allocation(transport, job_id: str, ended: bool) -> tuple[dict | None, li
         return (spares_state(total, swaps_of(files, key, ended)) if spares else None,
                 (restarts_of(files, key, ended) or None) if retry else None)
     return None, None
+
+
+def _count(value) -> int:
+    """A marker's attempt number as an int (0 for anything else)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2 ** 31 else 0
 
 
 def _never_starts(state: JobState) -> bool:
