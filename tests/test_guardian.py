@@ -109,7 +109,8 @@ def test_a_lost_batch_host_starts_one_next_attempt_from_the_guardians_own_script
     calls = _calls(slurm)
     assert len(calls) == 2, calls
     argv, _, run = calls[0].partition(" | ")
-    assert "--dependency=afterany:7" in argv and "--comment=halo-run:7.1" in argv, argv
+    # After the attempt, and after the guardian itself (job 9): it holds its CPU no longer than that.
+    assert "--dependency=afterany:7:9" in argv.split() and "--comment=halo-run:7.1" in argv, argv
     assert "--exclude=bad1,node9,node1 " in argv and run == "run=7 attempt=1 excluded=node9,node1", calls[0]
     assert (slurm["bin"] / "script.1").read_bytes() == attempt  # the attempt's script, unchanged
     # The new attempt's guardian: pending on it, its file beside the job's, its script the same again.
@@ -278,3 +279,17 @@ def test_which_jobs_keep_their_allocation_and_watch_their_batch_host(tmp_path, c
     assert ("#SBATCH --no-kill\n" in text) is no_kill
     assert ("\nhalo_watch_batch_host 10  #" in text) is watch
     assert (guard is not None and f"\n{guard}  #" in text) or (guard is None and "\nhalo_guard_end" not in text)
+
+
+def test_a_submit_directory_with_spaces_and_quotes_still_gets_its_guardian(tmp_path, monkeypatch):
+    """The guardian's output file is beside the job's, in a directory sbatch's words cannot hold
+    unquoted; typed as the job's own --output is, it goes as it is (a string of --name=value
+    made the submit an internal error after the job itself was queued)."""
+    from halo_sched.backends.slurm import SlurmScheduler
+
+    work = tmp_path / "it's \"q\" A=b x"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    t = Transport()
+    SlurmScheduler(transport=t).submit(_spec(work, retry={"attempts": 2}))
+    assert len(t.requests) == 2 and f"--output={work}/halo-guardian-700.log" in t.requests[1].arguments()

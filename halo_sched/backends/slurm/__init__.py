@@ -138,27 +138,30 @@ class SlurmScheduler(Scheduler):
         secret_env by name, as the attempt's: the guardian submits the next attempt with it).
         Its id, or None (said: the run then stops at a lost batch host)."""
         from ...node.successor import guardian_script, options
-        from ...sbatch_options import Setting, parse_setting
+        from ...sbatch_options import OPTIONS, Setting
         from .outputs import expand_output
         from .render import successor_args
 
-        cluster, _, num = job_id.rpartition(":")
-        launch = compile_launch(spec, backend="slurm")
-        succ = successor_args(spec, request) or {}
-        args = [str(spec.retry.attempts), succ.get("on", ""), succ.get("run_id") or num, str(launch.restart_count),
-                succ.get("excluded", ""), succ.get("kept_off", "")]
-        out_dir = os.path.dirname(expand_output(launch.output, spec.name, num))
-        settings = [parse_setting(o) for o in options(num, out_dir, request.get("partition") or "",
-                                                      request.get("account") or "", request.get("qos") or "")]
-        if request.get("clusters"):
-            settings.append(Setting("clusters", request.get("clusters")))
-        if request.has("export"):
-            settings.append(Setting("export", request.get("export")))
         try:
+            cluster, _, num = job_id.rpartition(":")
+            launch = compile_launch(spec, backend="slurm")
+            succ = successor_args(spec, request) or {}
+            args = [str(spec.retry.attempts), succ.get("on", ""), succ.get("run_id") or num,
+                    str(launch.restart_count), succ.get("excluded", ""), succ.get("kept_off", "")]
+            out_dir = os.path.dirname(expand_output(launch.output, spec.name, num))
+            # Typed as the job's own options are (render.py): the output's directory may hold spaces.
+            settings = [Setting(name, OPTIONS[name].kind.parse(value)) for name, _, value in
+                        (o[2:].partition("=") for o in options(num, out_dir, request.get("partition") or "",
+                                                                 request.get("account") or "",
+                                                                 request.get("qos") or ""))]
+            if request.get("clusters"):
+                settings.append(Setting("clusters", request.get("clusters")))
+            if request.has("export"):
+                settings.append(Setting("export", request.get("export")))
             guard = SbatchRequest(options=tuple(settings), secret_names=request.secret_names,
                                   script=guardian_script(request.script.encode(), num, args).decode())
             return self.transport.submit(guard)
-        except (HaloError, ValueError) as err:
+        except (HaloError, ValueError, TypeError, KeyError, OSError) as err:  # the job is submitted: never lose it
             _say(f"warning: job {job_id}: its guardian was not submitted ({' '.join(str(err).split())[:300]}): "
                  "should the job lose the host its batch script runs on, the run stops at this attempt "
                  "(docs/recovery.md, \"A node lost outright\")")
