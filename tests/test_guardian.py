@@ -293,3 +293,18 @@ def test_a_submit_directory_with_spaces_and_quotes_still_gets_its_guardian(tmp_p
     t = Transport()
     SlurmScheduler(transport=t).submit(_spec(work, retry={"attempts": 2}))
     assert len(t.requests) == 2 and f"--output={work}/halo-guardian-700.log" in t.requests[1].arguments()
+
+
+@pytest.mark.parametrize("version, key, value", [("v0.0.38", "no_kill", "set"), ("v0.0.39", "no_kill", "set"),
+                                                 ("v0.0.41", "kill_on_node_fail", False)])
+def test_slurmrestd_is_told_no_kill_in_words_it_takes(version, key, value):
+    """22.05's slurmrestd refuses the boolean its own openapi.json documents for no_kill
+    ("Invalid no kill specification": slurm_opt.c arg_set_data_no_kill takes "set"/"off"/"no"):
+    every run with retry: (and hot spares) failed to submit through it (seen on the test cluster)."""
+    from halo_sched.backends.slurm.request import SbatchRequest
+    from halo_sched.backends.slurm.transport import rest_job_properties
+    from halo_sched.sbatch_options import Setting
+
+    job = rest_job_properties(SbatchRequest(options=(Setting("nodes", 2), Setting("no-kill"))), environment={},
+                              cwd="/w", api_version=version)
+    assert job[key] == value, job
