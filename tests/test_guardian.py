@@ -295,7 +295,7 @@ def test_a_submit_directory_with_spaces_and_quotes_still_gets_its_guardian(tmp_p
     assert len(t.requests) == 2 and f"--output={work}/halo-guardian-700.log" in t.requests[1].arguments()
 
 
-@pytest.mark.parametrize("version, key, value", [("v0.0.38", "no_kill", "set"), ("v0.0.39", "no_kill", "set"),
+@pytest.mark.parametrize("version, key, value", [("v0.0.38", "no_kill", "set"),
                                                  ("v0.0.41", "kill_on_node_fail", False)])
 def test_slurmrestd_is_told_no_kill_in_words_it_takes(version, key, value):
     """22.05's slurmrestd refuses the boolean its own openapi.json documents for no_kill
