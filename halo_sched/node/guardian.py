@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 from .spares import ask, expand, job_fields
-from .successor import _HOST, _short, carry_on, lost, say
+from .successor import _HOST, _count, _short, carry_on, lost, say
 
 #: scontrol's node states (and flags after '+') that mean slurmctld lost the node.
 DOWN_STATES = ("DOWN", "FAIL", "FAILING", "NOT_RESPONDING")
@@ -92,12 +92,15 @@ def main(argv: list[str]) -> int:
     if not cls.failure.retried_by(on_words):
         say(f"job {job_id}: attempt {attempt_i + 1} of run {run_id} ended; not retried: {cls.describe()}")
         return 0
-    if attempt_i + 1 >= attempts_i:
+    # The run's attempts used and restarts so far, as the attempt started with them (restarts in
+    # place during it are not known here: its batch shell is gone).
+    used, restarts = (_count(os.environ.get(v), attempt_i) for v in ("HALO_RUN_USED", "HALO_RUN_RESTARTS"))
+    if used + 1 >= attempts_i:
         say(f"job {job_id}: attempt {attempt_i + 1} of run {run_id} ended; not retried: all {attempts_i} attempts used")
         return 0
     keep_off = list(dict.fromkeys([h for h in excluded.split(",") if _HOST.fullmatch(h)] + hosts))
     return carry_on(job_id, script, run_id, attempt_i, cls.failure.retry_on, cls, keep_off, kept_off, output, key,
-                    fields, attempts_i, on, "its guardian", node if hosts else None)
+                    fields, attempts_i, on, "its guardian", node if hosts else None, used, restarts)
 
 
 if __name__ == "__main__":

@@ -413,14 +413,14 @@ def _node_rank(host: str, ranks: list[str] | None, original: list[str]) -> int |
 
 def carry_on(job_id: str, script: str, run_id: str, attempt_i: int, kind: str, cls, keep_off: list[str],
              kept_off: str, output: str, key: str, fields: dict, attempts: int, on: str, by: str,
-             node: int | None = None, used: int | None = None, restarts: int | None = None) -> int:
+             node: int | None = None, used: int | None = None, restarted: int | None = None) -> int:
     """Submit attempt ``attempt_i + 2`` (numbered from 1) of run ``run_id`` after job ``job_id``
     failed as ``cls`` says: claimed beside ``output`` first (exactly one per failed attempt), the
     script ``script`` again with sbatch, keeping off ``keep_off`` and the request's own ``kept_off``,
     then the new attempt's own guardian (guardian.py), and the marker written with both. ``by``
     says who did it (the batch script, or the attempt's guardian); ``node``, the culprit's index in
     the allocation the job started with, where known (its node rank: status names its ranks);
-    ``used``, ``restarts``: the run's attempts used and restarts so far (restarts in place count),
+    ``used``, ``restarted``: the run's attempts used and restarts so far (restarts in place count),
     which the next attempt goes on from (the attempt's number where not known)."""
     nxt = attempt_i + 1
     culprit = cls.host if cls.host and _HOST.fullmatch(cls.host) else ""
@@ -449,9 +449,9 @@ def carry_on(job_id: str, script: str, run_id: str, attempt_i: int, kind: str, c
            if not (k.startswith(("SLURM_", "SBATCH_", "HALO_RUN_")) and k != "SLURM_CONF")
            and k != "HALO_RESTART_COUNT"}
     used = attempt_i if used is None else used
-    restarts = attempt_i if restarts is None else restarts
+    restarted = attempt_i if restarted is None else restarted
     env.update(HALO_RUN_ID=run_id, HALO_RUN_ATTEMPT=str(nxt), HALO_RUN_EXCLUDED=",".join(keep_off),
-               HALO_RUN_USED=str(used + 1), HALO_RUN_RESTARTS=str(restarts + 1))
+               HALO_RUN_USED=str(used + 1), HALO_RUN_RESTARTS=str(restarted + 1))
     found = existing(comment)
     if found is None:
         own = [h for h in kept_off.split(",") if _HOST.fullmatch(h)]  # the request's --exclude: render.py
