@@ -191,8 +191,10 @@ def test_a_host_cut_mid_training_is_named_ledgered_and_the_retry_completes_witho
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (job_id and len(hosts) == 2):
             time.sleep(1)
-            q = subprocess.run(["squeue", "-h", "-o", "%i|%Z|%T"], env=env, capture_output=True, text=True, timeout=30)
-            mine = [ln.split("|") for ln in q.stdout.splitlines() if ln.split("|")[1:2] == [str(tmp_path)]]
+            q = subprocess.run(["squeue", "-h", "-o", "%i|%Z|%T|%j"], env=env, capture_output=True, text=True, timeout=30)
+            # The attempt, not its guardian (halo-guardian-ID: the same directory, pending on it).
+            mine = [ln.split("|") for ln in q.stdout.splitlines() if ln.split("|")[1:2] == [str(tmp_path)]
+                    and not ln.split("|")[3].startswith("halo-guardian-")]
             if mine and mine[0][2] == "RUNNING":
                 job_id = mine[0][0]
                 hosts = _job_hosts(job_id, env)

@@ -100,6 +100,8 @@ def _cut_one(tmp_path, rig, batch_host: bool) -> tuple[str, str, dict, float]:  
 
 
 def test_a_worker_host_cut_with_no_client_is_carried_on_by_the_batch_script(tmp_path, rig):  # noqa: F811
+    """h1 cut, nobody waiting: the batch script's successor step carries the run on. Long (85 s seen):
+    SlurmdTimeout before SLURM takes the host out, then attempt 2 is a second real torchrun job."""
     run_id, victim, marker, took = _cut_one(tmp_path, rig, batch_host=False)
     assert marker["by"] == "its batch script", marker
     # SlurmdTimeout (20-30 s) before SLURM takes the host out, then seconds; attempt 2 trains 30 s more.
@@ -107,6 +109,8 @@ def test_a_worker_host_cut_with_no_client_is_carried_on_by_the_batch_script(tmp_
 
 
 def test_the_batch_host_cut_with_no_client_is_carried_on_by_the_attempts_guardian(tmp_path, rig):  # noqa: F811
+    """The batch host cut, nobody waiting: the watcher step cancels the headless job and the guardian
+    submits attempt 2. Long (107 s seen): SlurmdTimeout, the guardian's start, a second real torchrun job."""
     run_id, victim, marker, took = _cut_one(tmp_path, rig, batch_host=True)
     assert marker["by"] == "its guardian", marker
     said = (tmp_path / f"halo-guardian-{run_id}.log").read_text()
