@@ -51,12 +51,13 @@ class NodeRuntime(NamedTuple):
 def runtime(batch: bool = True) -> NodeRuntime:
     """The node runtime of this install: ``halo_sched/__init__.py`` (empty, so that importing
     ``halo_sched.node`` from the zip loads nothing of the submitter's side) and every carried module
-    under ``halo_sched/node/``, stored, in a fixed order with fixed dates. ``batch=False``: without
-    what only a SLURM batch shell runs (``node.BATCH_ONLY``), the copy a Nomad job's Variable
-    carries, its Python without comments (:func:`_without_comments`); the version is the same (it
-    names the code, not the copy)."""
+    under ``halo_sched/node/``, stored, in a fixed order with fixed dates, its Python without
+    comments (:func:`_without_comments`: the same code in fewer bytes, for the one srun argument
+    a SLURM job hands each node it in). ``batch=False``: without what only a SLURM batch shell
+    runs (``node.BATCH_ONLY``), the copy a Nomad job's Variable carries; the version is the same
+    (it names the code, not the copy)."""
     if batch:
-        return _zip(node.CARRIED)
+        return _zip(node.CARRIED, strip=True)
     return _zip(tuple(n for n in node.CARRIED if n not in node.BATCH_ONLY), strip=True)
 
 

@@ -8,9 +8,11 @@ the hosts every earlier attempt failed on excluded (on top of the node ledger's)
 
 Where the retry happens (docs/recovery.md): on SLURM, in the failed attempt itself (its batch
 script submits the successor from inside the allocation: halo_sched/node/successor.py;
-``Scheduler.starts_successor``); no client ever submits an SLURM attempt, and any process that
-reads the run (``watch``, ``status RUN``, :meth:`Run.wait`) follows the chain from the attempt's
-marker beside its output file and records what it finds (:func:`follow`). Local: in the run's
+``Scheduler.starts_successor``), or, when the attempt lost the host its batch script ran on, in
+the attempt's guardian job (halo_sched/node/guardian.py); no client ever submits an SLURM
+attempt, and any process that reads the run (``watch``, ``status RUN``, :meth:`Run.wait`)
+follows the chain from the attempt's marker beside its output file, waiting while the guardian
+may still act, and records what it finds (:func:`follow`). Local: in the run's
 keeper (halo_sched/keeper.py, one detached process per run that ``submit`` starts; waiters follow
 it and carry the run on only once it is gone). Nomad: in a process that waits on the run
 (``submit --wait``, ``watch``, :meth:`Run.wait`); without one, a failed attempt stays failed.
@@ -23,8 +25,7 @@ successor. A claim whose process died before it recorded the new attempt (same h
 gone or a zombie) or that outlived :data:`CLAIM_S` can be taken over. What the new claimant then
 finds is the backend's to say: local, the attempt the dead one decided (its record, kept before
 its job was started: ``LocalScheduler.submit_attempt``), started or adopted; Nomad, the version
-registered for the attempt (its Meta), recorded; SLURM's lost-node path, the attempt's record
-once written (after sbatch: the window between stays, docs/recovery.md). A claim's row stays
+registered for the attempt (its Meta), recorded. A claim's row stays
 once made: while it has no job, no reader follows an attempt's record by its number.
 
 Cost: each attempt's node-hours are nodes (servers and slurm.spare_nodes included) x wall time, GPU-hours nodes x gpus_per_node x wall
@@ -201,6 +202,9 @@ def follow(sched: Scheduler, run_id: str, job_id: str) -> str | None:
                run={"id": run_id, "attempt": number(run.get("attempt")) + 1, "excluded": found["excluded"],
                     "submitted_by": job_id},
                **sched.attempt_fields(rec, found["job"]))
+    new.pop("guardian", None)
+    if found.get("guardian"):  # the new attempt's own guardian (SLURM: node/guardian.py), for cancel and readers
+        new["guardian"] = found["guardian"]
     try:
         records.adopt(new, run_id, job_id)
     except (OSError, HaloError):
@@ -223,6 +227,39 @@ def _being_started(run_id: str, backend: str, job_id: str) -> bool:
     rows = db.read("SELECT job, claimed_by, claimed_until FROM successors WHERE run_id = ? AND backend = ? "
                    "AND from_job = ?", (run_id, backend, job_id))
     return bool(rows) and not rows[0][0] and rows[0][2] >= time.time() and not _gone(rows[0][1])
+
+
+#: How often a reader asks whether a failed attempt's guardian still pends or runs (s).
+GUARDIAN_POLL_S = 2.0
+
+
+def _await_successor(sched: Scheduler, run_id: str, job_id: str, wait_s: float, poll_s: float) -> str | None:
+    """The successor of failed attempt ``job_id``, waited for ``wait_s`` seconds (its batch script
+    writes it before it exits), and on while the attempt's guardian may still start it
+    (:meth:`Scheduler.guardian_alive`: pending until the attempt's end is known to SLURM, then
+    running for seconds); None when none came. Stops early when the run's keeper is gone (local)."""
+    deadline = time.monotonic() + wait_s
+    asked_at, alive = 0.0, True
+    while (nxt := next_attempt(sched, run_id, job_id)) is None:
+        if sched.owner_gone(run_id):
+            return None
+        now = time.monotonic()
+        if now >= deadline:
+            if now - asked_at >= GUARDIAN_POLL_S:
+                rec = (records.find(job_id, sched.name, on_bad=None) or [{}])[0]
+                alive, asked_at = sched.guardian_alive(rec), now
+            if not alive:
+                return next_attempt(sched, run_id, job_id)
+        time.sleep(poll_s)
+    return nxt
+
+
+def _marker_why(sched: Scheduler, job_id: str) -> str:
+    """The ``retry.on`` word the successor of ``job_id`` was started for, as its marker says."""
+    rec = (records.find(job_id, sched.name, on_bad=None) or [None])[0]
+    found = sched.successor_of(rec) if rec is not None else None
+    word = (found or {}).get("retry_on")
+    return word if isinstance(word, str) else "node"
 
 
 #: How long a cancel waits for an attempt being started (a claim held, its job not recorded yet).
@@ -389,25 +426,24 @@ def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable]
         state = wait(current, lambda st, cur=current: _observe(sched.name, cur, st))
         _observe(sched.name, current, state)
         again, why = wants_retry(spec, state, count)
-        if not again:
+        successors = getattr(sched, "starts_successor", False) and not owner
+        if not again and not (successors and state.status.terminal and state.status is not JobStatus.COMPLETED):
             _settle_times(sched, earlier)
             return current, state
-        if getattr(sched, "starts_successor", False) and not owner:  # submitted by another: followed
-            deadline = time.monotonic() + SUCCESSOR_WAIT_S
-            while next_attempt(sched, run_id, current) is None and time.monotonic() < deadline \
-                    and not sched.owner_gone(run_id):
-                time.sleep(poll_s)
-            if (nxt := next_attempt(sched, run_id, current)) is not None:
+        if successors:  # submitted by another (SLURM: the attempt's batch script or its guardian): followed
+            nxt = _await_successor(sched, run_id, current, SUCCESSOR_WAIT_S if again else 0.0, poll_s)
+            if nxt is not None:
+                why = why or _marker_why(sched, current)
                 if on_retry is not None:  # the retry this process saw happen, though another submitted it
                     on_retry(current, state, why, nxt)
                 _notify_retried(sched.name, current, state, why, nxt, count + 1)  # once per (job, event)
                 earlier.append(current)
                 current, count = nxt, count + 1
                 continue
-            # NODE_FAIL: SLURM ended the allocation and the batch script with it, before it could
-            # submit the next attempt: this waiting process carries the run on (the store's claim
-            # below keeps that to one; docs/recovery.md, "A node lost outright").
-            if not sched.owner_gone(run_id) and state.status is not JobStatus.NODE_FAIL:
+            # Nobody submitted one: the run ends here. No client submits an SLURM attempt (a
+            # lost node is the attempt's guardian's: docs/recovery.md, "A node lost outright");
+            # a local run whose keeper is gone is carried on by this process, below.
+            if not again or not sched.owner_gone(run_id):
                 _settle_times(sched, earlier)
                 return current, state
         mine, new = claim(run_id, sched.name, current)

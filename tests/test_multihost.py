@@ -170,8 +170,11 @@ def _job_hosts(job_id, env) -> list[str]:
 
 
 def test_a_host_cut_mid_training_is_named_ledgered_and_the_retry_completes_without_it(tmp_path, rig):
-    """`cut h1` mid-training: NODE_FAIL names h1, it is ledgered and the retry completes without it. Long: SLURM
-    marks a silent host down only after SlurmdTimeout (20 s here), and the retry is a second real torchrun job."""
+    """`cut h1` mid-training: SLURM takes h1 out of the job (--no-kill, a run with retry:), the first attempt
+    ends naming h1 as the host that left the allocation (node 1, its ranks), h1 is ledgered, and the retry
+    its batch script submitted completes without it (tests/test_multihost_lost_node.py: the same with no
+    client, and the batch host cut). Long: SLURM marks a silent host down only after SlurmdTimeout (20 s
+    here), and the retry is a second real torchrun job."""
     import json
     import subprocess
 
@@ -188,8 +191,10 @@ def test_a_host_cut_mid_training_is_named_ledgered_and_the_retry_completes_witho
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (job_id and len(hosts) == 2):
             time.sleep(1)
-            q = subprocess.run(["squeue", "-h", "-o", "%i|%Z|%T"], env=env, capture_output=True, text=True, timeout=30)
-            mine = [ln.split("|") for ln in q.stdout.splitlines() if ln.split("|")[1:2] == [str(tmp_path)]]
+            q = subprocess.run(["squeue", "-h", "-o", "%i|%Z|%T|%j"], env=env, capture_output=True, text=True, timeout=30)
+            # The attempt, not its guardian (halo-guardian-ID: the same directory, pending on it).
+            mine = [ln.split("|") for ln in q.stdout.splitlines() if ln.split("|")[1:2] == [str(tmp_path)]
+                    and not ln.split("|")[3].startswith("halo-guardian-")]
             if mine and mine[0][2] == "RUNNING":
                 job_id = mine[0][0]
                 hosts = _job_hosts(job_id, env)

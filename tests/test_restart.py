@@ -257,7 +257,8 @@ def _run_loop(tmp_path, fail_steps: str, retry: dict, before: str = "", **env_ex
                             timeout=180).returncode
     calls = bindir / "sbatch.calls"
     return (rc, out.read_text(), (tmp_path / "counts.log").read_text().split("\n")[:-1],
-            calls.read_text().splitlines() if calls.exists() else [])
+            # the successors' sbatch calls (each is followed by its guardian's: docs/recovery.md)
+            [c for c in calls.read_text().splitlines() if "--dependency=afternotok:" not in c] if calls.exists() else [])
 
 
 def test_the_batch_loop_restarts_in_place_then_a_crash_loop_ends_the_run_with_no_successor(tmp_path):

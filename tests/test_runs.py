@@ -233,36 +233,50 @@ def test_ctrl_c_during_a_retried_runs_wait_names_the_attempt_that_keeps_running(
     assert out.strip().splitlines()[-1] == "j1"
 
 
-@pytest.mark.parametrize("ended, submitted", [(JobStatus.NODE_FAIL, ["j2"]), (JobStatus.FAILED, [])])
-def test_an_slurm_attempt_lost_with_its_allocation_is_carried_on_by_the_waiting_process(tmp_path, monkeypatch, ended,
-                                                                                         submitted):
-    """SLURM's attempts submit their successors themselves (node/successor.py), but NODE_FAIL kills
-    the batch script with the allocation: after waiting for a marker that cannot come, the waiting
-    actor submits the next attempt, the lost node excluded. Any other failure without a marker
-    (the attempt decided against it) is the run's end: nothing is submitted."""
+@pytest.mark.parametrize("ended", [JobStatus.NODE_FAIL, JobStatus.CANCELLED, JobStatus.FAILED])
+@pytest.mark.parametrize("guardian_acts", [True, False])
+def test_no_client_submits_an_slurm_attempt_a_reader_follows_what_the_guardian_started(tmp_path, monkeypatch, ended,
+                                                                                       guardian_acts):
+    """No client ever submits an SLURM attempt, whatever the attempt ended of (NODE_FAIL kills the
+    batch script with the allocation; a lost batch host ends CANCELLED by its watcher): the
+    attempt's guardian job does (node/guardian.py). A reader waits while the guardian pends or
+    runs and follows the attempt it started; when the guardian ends without one, the run ended
+    there. Nothing is submitted either way."""
     from halo_sched import records, runs
 
     spec = _spec(tmp_path, attempts=2, on=["node"])
     monkeypatch.setattr(runs, "SUCCESSOR_WAIT_S", 0.2)
+    monkeypatch.setattr(runs, "GUARDIAN_POLL_S", 0.0)
     monkeypatch.setattr(records, "find", lambda job_id, backend=None, **kw: [{"id": job_id, "backend": "slurm"}])
+    monkeypatch.setattr(records, "adopt", lambda *a, **kw: None)
     monkeypatch.setattr(runs, "_observe", lambda *a: None)
-    made = []
+    made, asked = [], []
 
     class Sched:
         name = "slurm"
         starts_successor = True
 
-        def successor_of(self, record):
+        def successor_of(self, record):  # the guardian's marker, once it ran (its third round)
+            if record["id"] == "j1" and guardian_acts and len(asked) >= 3:
+                return {"job": "j2", "excluded": ["n1"], "submitted_at": 1.0, "retry_on": "node"}
             return None
+
+        def guardian_alive(self, record):
+            asked.append(record["id"])
+            return len(asked) < 3
+
+        def attempt_fields(self, record, job_id):
+            return {}
 
         def owner_gone(self, run_id):
             return False
 
         def submit(self, spec):
-            made.append((spec._attempt.number, tuple(spec._attempt.exclude)))
-            return type("J", (), {"id": "j2"})()
+            made.append(spec._attempt.number)
+            return type("J", (), {"id": "jX"})()
 
     ends = {"j1": _failed(NODE, status=ended), "j2": JobState("j2", JobStatus.COMPLETED)}
-    last, state = runs.wait_run(Sched(), spec, "j1", lambda job_id, observe: ends[job_id], poll_s=0.05)
-    assert [m for m in made] == ([(1, ("n1",))] if submitted else [])
-    assert last == (submitted[-1] if submitted else "j1")
+    last, state = runs.wait_run(Sched(), spec, "j1", lambda job_id, observe: ends[job_id], poll_s=0.01)
+    assert made == []
+    assert (last, state.status) == (("j2", JobStatus.COMPLETED) if guardian_acts else ("j1", ended))
+    assert len(asked) >= 3  # waited while the guardian was alive, for any end but COMPLETED

@@ -81,9 +81,12 @@ def test_slurm_cli_sbatch_gets_none_and_the_script_runs_as_the_runs_first_attemp
     bindir = tmp_path / "bin"
     bindir.mkdir()
     call = tmp_path / "call.json"
+    # The attempt's sbatch is kept; its guardian's (--dependency=afternotok, docs/recovery.md) comes next.
     (bindir / "sbatch").write_text(
         f"#!{sys.executable}\nimport json, os, sys\n"
-        f"json.dump({{'env': dict(os.environ), 'script': sys.stdin.read()}}, open({str(call)!r}, 'w'))\nprint('4242')\n")
+        f"guard = any(a.startswith('--dependency=afternotok:') for a in sys.argv)\n"
+        f"json.dump({{'env': dict(os.environ), 'script': sys.stdin.read()}}, "
+        f"open({str(call)!r} + ('.guardian' if guard else ''), 'w'))\nprint('4243' if guard else '4242')\n")
     (bindir / "sbatch").chmod(0o755)
     for tool in ("scontrol", "squeue", "sacct", "sinfo"):  # no real SLURM client is asked anything
         (bindir / tool).write_text(f"#!/bin/sh\necho '{tool}: stand-in: no cluster here' >&2\nexit 1\n")
@@ -94,6 +97,8 @@ def test_slurm_cli_sbatch_gets_none_and_the_script_runs_as_the_runs_first_attemp
     assert r.returncode == 0, r.stderr
     assert len(_warning(r.stderr)) == 1, r.stderr
     sent = json.loads(call.read_text())
+    guard = json.loads((tmp_path / "call.json.guardian").read_text())  # the run's guardian: the same environment
+    assert guard["env"] == sent["env"] and guard["script"].endswith(sent["script"])
     assert not set(LEAKED) & set(sent["env"]), sorted(set(LEAKED) & set(sent["env"]))
     assert len(sent["env"]["HALO_FAILURE_KEY"]) == 64 and all(sent["env"][k] == v for k, v in KEPT.items())
     # The batch script, run with the HALO_* that sbatch exported, starts attempt 1 of its own run.
@@ -119,9 +124,10 @@ def test_slurm_rest_sends_none_in_the_jobs_environment(tmp_path, monkeypatch, ca
     with Slurmrestd("25.11") as stub:
         sched = SlurmScheduler(transport=RestTransport(url=stub.url, token="t", user="alice", retries=1))
         sched.submit(halo_sched.load(_spec(tmp_path)))
-        [body] = [b for m, _, b in stub.requests if m == "POST"]
+        body, guard = [b for m, _, b in stub.requests if m == "POST"]  # the job, then its guardian (retry:)
     sent = body["job"]["environment"]
     sent = dict(x.split("=", 1) for x in sent) if isinstance(sent, list) else sent
+    assert guard["job"]["environment"] == body["job"]["environment"]
     assert not set(LEAKED) & set(sent) and "HALO_FAILURE_KEY" in sent and all(sent[k] == v for k, v in KEPT.items())
     assert len(_warning(capsys.readouterr().err)) == 1
     assert all(os.environ[k] == v for k, v in LEAKED.items())  # this process's own environment, as it was

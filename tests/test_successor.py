@@ -74,9 +74,18 @@ def _main(c, rc="1", attempts="3", on="node", run="7", attempt="0", excluded="",
     return successor.main([rc, "7", c["script"], attempts, on, run, attempt, excluded, kept_off])
 
 
-def _calls(c) -> list[str]:
+def _all_calls(c) -> list[str]:
     p = c["bin"] / "calls"
     return p.read_text().splitlines() if p.exists() else []
+
+
+def _calls(c) -> list[str]:
+    """The sbatch calls that submitted an attempt (each is followed by its guardian's)."""
+    return [x for x in _all_calls(c) if "--dependency=afternotok:" not in x]
+
+
+def _guardians(c) -> list[str]:
+    return [x for x in _all_calls(c) if "--dependency=afternotok:" in x]
 
 
 def test_a_node_fault_submits_one_successor_excluding_the_culprit(cluster):

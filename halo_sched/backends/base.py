@@ -304,6 +304,12 @@ class Scheduler(abc.ABC):
         """The record fields of ``job_id``, the next attempt of ``record``'s job (``outputs``)."""
         return {}
 
+    def guardian_alive(self, record: dict) -> bool:
+        """Whether something outside the attempt of ``record`` may still start its successor
+        (SLURM: the attempt's guardian job, pending or running: halo_sched/node/guardian.py), so
+        that a reader waits for it. Default: nothing does."""
+        return False
+
     @abc.abstractmethod
     def query(self, ids: Sequence[str]) -> dict[str, JobState]:
         """States of many jobs, with as few scheduler queries as possible."""

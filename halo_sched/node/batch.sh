@@ -194,3 +194,51 @@ halo_servers_stop() {
     [ "$halo_rc" != 0 ] || halo_rc=1
   fi
 }
+
+# halo_watch_batch_host SECONDS (--no-kill, more than one node): SLURM takes a lost node out of
+# the job, this host too, and the job would then hold its other nodes with no batch script until
+# its time limit. A step on another node (--overlap --no-kill: it holds nothing) asks slurmctld
+# every SECONDS whether this host is still in the job and cancels it once not; the attempt's
+# guardian carries the run on (node/guardian.py, docs/recovery.md). halo_guard_end GUARDIAN: at the
+# script's end, the watcher stops and (1) the attempt's pending guardian is cancelled.
+halo_watcher=
+halo_watch_batch_host() {
+  local halo_me=${SLURMD_NODENAME:-}
+  [ -n "$halo_me" ] || return 0
+  (
+    halo_c=
+    trap '[ -z "$halo_c" ] || kill -KILL "$halo_c" 2> /dev/null; exit 0' TERM
+    halo_first=1
+    while :; do
+      if [ "$halo_first" = 0 ]; then  # started again: its node was lost, or SLURM did not answer
+        sleep "$1" &
+        halo_c=$!
+        wait "$halo_c" || true
+      fi
+      halo_first=0
+      halo_n=$(squeue -h -j "$SLURM_JOB_ID" -o %N 2> /dev/null) && [ -n "$halo_n" ] || continue
+      halo_h=$(scontrol show hostnames "$halo_n" 2> /dev/null) && [ -n "$halo_h" ] || continue
+      halo_h=$(printf '%s\n' "$halo_h" | grep -vxF "$halo_me" | head -n 1)
+      [ -n "$halo_h" ] || exit 0
+      srun --overlap --no-kill --nodes=1 --ntasks=1 --nodelist="$halo_h" --gres=none --kill-on-bad-exit=0 --quiet \
+        bash -c 'while sleep "$3"; do
+          halo_i=$(scontrol -o show job "$1" 2> /dev/null) || continue
+          case " $halo_i " in *" JobState=RUNNING "*) ;; *) exit 0 ;; esac
+          halo_n=$(printf "%s\n" "$halo_i" | sed -n "s/.* NodeList=\([^ ]*\).*/\1/p")
+          [ -n "$halo_n" ] && [ "$halo_n" != "(null)" ] || continue
+          halo_h=$(scontrol show hostnames "$halo_n" 2> /dev/null) && [ -n "$halo_h" ] || continue
+          printf "%s\n" "$halo_h" | grep -qxF "$2" && continue
+          echo "halo-sched: job $1: its batch host $2 left the allocation (SLURM marked it down; its nodes now $halo_n): cancelling the job, whose guardian carries the run on" >&2
+          scancel "$1"
+          exit 0
+        done' halo-watch "$SLURM_JOB_ID" "$halo_me" "$1" &
+      halo_c=$!
+      wait "$halo_c" || true
+    done
+  ) &
+  halo_watcher=$!
+}
+halo_guard_end() {  # GUARDIAN: 1 with retry: (the attempt has one)
+  [ -z "$halo_watcher" ] || kill -TERM "$halo_watcher" 2> /dev/null || true
+  [ "${1:-0}" != 1 ] || scancel --me --state=PENDING --name="halo-guardian-$SLURM_JOB_ID" 2> /dev/null || true
+}

@@ -324,6 +324,8 @@ def classify_failure(report: Any = None, status: Any = None) -> Classification:
                               host, "node-lost")
     if verb == "down":  # a node SLURM itself marked down (backends/slurm/down_nodes.py)
         return Classification(NODE_FAULT, "node failed (NODE_FAIL), SLURM marked it down", host, "node-fail")
+    if verb == "left":  # a host SLURM took out of a --no-kill job (down_nodes.LeftNode; node/successor.py LEFT)
+        return Classification(NODE_FAULT, "node left the allocation (SLURM marked it down)", host, "node-fail")
     if status == "NODE_FAIL":
         # SLURM's NODE_FAIL names no node, and the first failure line is usually a healthy peer
         # that crashed waiting for the dead one: blame a host only where that node's own evidence

@@ -24,8 +24,9 @@ output file), signed with the job's failure key like a failure line: the submitt
 bad host from it (halo_sched/backends/slurm/spares.py) and counts the spares left.
 
 What it cannot do: a fault of the batch host (the allocation's first node, where this runs) ends
-the batch script with it; slurmctld then ends the job (NODE_FAIL) and the run's ordinary retry
-path takes over.
+the batch script with it; slurmctld takes that node out of the job too, and the batch script's
+watcher step cancels the job (batch.sh ``halo_watch_batch_host``); with ``retry:`` the attempt's
+guardian job carries the run on (guardian.py).
 """
 from __future__ import annotations
 

@@ -115,17 +115,57 @@ class SlurmScheduler(Scheduler):
             _say(f"warning: {line}")
         request = dryrun.payload if isinstance(dryrun.payload, SbatchRequest) else batch_request(launch)
         try:
-            return self._submit(dryrun, request)
+            job_id = self._submit(dryrun, request)
         except HaloError as err:
             ledgered = launch.exclude_hosts("slurm")
             if not ledgered or "Invalid node name" not in str(err):
                 raise
-        # sbatch refused the whole job over a node name it does not know (slurmctld "Invalid node
-        # name specified": nothing was submitted): a ledger entry of another cluster, or a node
-        # since removed. The node ledger never stops a job: submit it without the exclusion.
-        _say(f"warning: SLURM does not know a host of the node ledger ({', '.join(ledgered)}); submitting "
-             "without the ledger's --exclude (`halo-sched nodes clear HOST` forgets one)")
-        return self._submit(dryrun, batch_request(compile_launch(dryrun.spec, backend="slurm")))
+            # sbatch refused the whole job over a node name it does not know (slurmctld "Invalid node
+            # name specified": nothing was submitted): a ledger entry of another cluster, or a node
+            # since removed. The node ledger never stops a job: submit it without the exclusion.
+            _say(f"warning: SLURM does not know a host of the node ledger ({', '.join(ledgered)}); submitting "
+                 "without the ledger's --exclude (`halo-sched nodes clear HOST` forgets one)")
+            request = batch_request(compile_launch(dryrun.spec, backend="slurm"))
+            job_id = self._submit(dryrun, request)
+        if dryrun.spec.retry is not None:
+            self.__dict__.setdefault("_guardians", {})[job_id] = self._submit_guardian(dryrun.spec, request, job_id)
+        return job_id
+
+    def _submit_guardian(self, spec: JobSpec, request: SbatchRequest, job_id: str) -> str | None:
+        """The guardian of attempt ``job_id`` of a run (halo_sched/node/guardian.py): a one-CPU job
+        pending until the attempt ends other than COMPLETED, which carries the run on if the
+        attempt lost its batch host. Submitted in the attempt's environment (its failure key and
+        secret_env by name, as the attempt's: the guardian submits the next attempt with it).
+        Its id, or None (said: the run then stops at a lost batch host)."""
+        from ...node.successor import guardian_script, options
+        from ...sbatch_options import OPTIONS, Setting
+        from .outputs import expand_output
+        from .render import successor_args
+
+        try:
+            cluster, _, num = job_id.rpartition(":")
+            launch = compile_launch(spec, backend="slurm")
+            succ = successor_args(spec, request) or {}
+            args = [str(spec.retry.attempts), succ.get("on", ""), succ.get("run_id") or num,
+                    str(launch.restart_count), succ.get("excluded", ""), succ.get("kept_off", "")]
+            out_dir = os.path.dirname(expand_output(launch.output, spec.name, num))
+            # Typed as the job's own options are (render.py): the output's directory may hold spaces.
+            settings = [Setting(name, OPTIONS[name].kind.parse(value)) for name, _, value in
+                        (o[2:].partition("=") for o in options(num, out_dir, request.get("partition") or "",
+                                                                 request.get("account") or "",
+                                                                 request.get("qos") or ""))]
+            if request.get("clusters"):
+                settings.append(Setting("clusters", request.get("clusters")))
+            if request.has("export"):
+                settings.append(Setting("export", request.get("export")))
+            guard = SbatchRequest(options=tuple(settings), secret_names=request.secret_names,
+                                  script=guardian_script(request.script.encode(), num, args).decode())
+            return self.transport.submit(guard)
+        except (HaloError, ValueError, TypeError, KeyError, OSError) as err:  # the job is submitted: never lose it
+            _say(f"warning: job {job_id}: its guardian was not submitted ({' '.join(str(err).split())[:300]}): "
+                 "should the job lose the host its batch script runs on, the run stops at this attempt "
+                 "(docs/recovery.md, \"A node lost outright\")")
+            return None
 
     def _submit(self, dryrun: DryRun, request: SbatchRequest) -> str:
         if not isinstance(self.transport, SubmitsOnce):  # slurmrestd, pyslurm: one attempt
@@ -222,6 +262,18 @@ class SlurmScheduler(Scheduler):
 
                 state.progress = stragglers_line(output_files(self.transport, job_id, ask=False), job_id)
         for job_id, state in states.items():
+            if state.status in (JobStatus.FAILED, JobStatus.CANCELLED):
+                # A host that left a --no-kill job (its batch script's trainer step failed, or the
+                # batch host itself: its watcher cancelled the job): the run's marker names it.
+                left = self._left_host(job_id)
+                if left is not None:
+                    from ...node.failures import FailureReport
+
+                    report = state.failure or FailureReport()
+                    report.failures[:0] = [left]
+                    report.cause = left
+                    state.failure = report
+        for job_id, state in states.items():
             if state.status is JobStatus.RUNNING or state.status.terminal:
                 state.spares, state.in_place = _in_allocation(self.transport, job_id, state.status.terminal)
                 swaps = state.spares["swaps"] if state.spares else []
@@ -230,6 +282,36 @@ class SlurmScheduler(Scheduler):
 
                     state.failure = last_step(state.failure, swaps, state.in_place or [])
         return states
+
+    def _left_host(self, job_id: str):
+        """The host whose loss ended attempt ``job_id`` of a run, as the marker its batch script
+        or guardian signed says (a host SLURM took out of the allocation: down_nodes.LeftNode),
+        or None."""
+        import time as _time
+
+        from ...node.failure_classes import Classification
+        from ...node.successor import LEFT
+        from ...records import find
+        from .down_nodes import LeftNode, held
+
+        rec = next(iter(find(job_id, self.name, on_bad=None)), None)
+        if rec is None or not isinstance(rec.get("run"), dict):
+            return None
+        found = self.successor_of(rec)
+        cls = Classification.from_dict((found or {}).get("class"))
+        if cls is None or cls.reason != LEFT or not cls.host or cls.host != found.get("culprit"):
+            return None
+        when, node = found.get("failed_at"), found.get("node")
+        node = node if isinstance(node, int) and not isinstance(node, bool) and 0 <= node < 100000 else None
+        ranks, words = held([o for o in rec.get("outputs") or [] if isinstance(o, str)], node) if node is not None \
+            else ((), "")
+        by = found.get("by") if found.get("by") in ("its batch script", "its guardian") else "the attempt"
+        where = f"node {node} ({cls.host})" if node is not None else cls.host
+        return LeftNode(node=node, rank=None, local_rank=None, host=cls.host, exit_code=None, signal=None,
+                        time=when if isinstance(when, (int, float)) else _time.time(),
+                        error=f"SLURM took {where} out of the job: it stopped answering and was marked down"
+                              f"{'; ' + words if words else ''}; {by} started attempt {_count(found.get('attempt')) + 1} "
+                              f"as {found['job']}", node_name=cls.host, ranks=ranks)
 
     def _launch_cause(self, job_id: str) -> str:
         """outputs.launch_cause, once per job."""
@@ -247,7 +329,8 @@ class SlurmScheduler(Scheduler):
 
         cluster, _, num = job_id.rpartition(":")
         out = expand_output(compile_launch(dryrun.spec).output, dryrun.spec.name, num)
-        return {"outputs": [out], "scheduler": {"cluster": cluster or None}}
+        guardian = self.__dict__.get("_guardians", {}).pop(job_id, None)
+        return {"outputs": [out], "scheduler": {"cluster": cluster or None}, **({"guardian": guardian} if guardian else {})}
 
     starts_successor = True
 
@@ -335,6 +418,7 @@ class SlurmScheduler(Scheduler):
         ids = list(ids)
         ended: dict[str, str] = {}
         if not signal:
+            self._cancel_guardians(ids)
             try:
                 states = self.transport.query(ids)
             except HaloError:
@@ -350,6 +434,36 @@ class SlurmScheduler(Scheduler):
         else:
             self.transport.cancel_once(ids, retry_s=self.retry_s, on_retry=_say)
         return ended
+
+    def _cancel_guardians(self, ids: Sequence[str]) -> None:
+        """Cancel the guardians of the attempts ``ids`` (their records name them), first: a
+        guardian left pending would start the next attempt of a run cancelled while its attempt
+        was losing its batch host. One that has ended already is left; one SLURM refuses is said."""
+        from ...records import find
+
+        guards = [g for i in ids for rec in find(i, self.name, on_bad=None)[:1]
+                  if isinstance(g := rec.get("guardian"), str) and g]
+        if not guards:
+            return
+        try:
+            states = self.transport.query(guards)
+            live = [g for g in guards if g in states and not states[g].status.terminal]
+            if live:
+                self.transport.cancel(live)
+        except HaloError as err:
+            _say(f"warning: could not cancel guardian {', '.join(guards)}: {' '.join(str(err).split())[:200]}")
+
+    def guardian_alive(self, record: dict) -> bool:
+        """Whether the guardian of the attempt of ``record`` may still carry its run on: it is
+        pending or running (a reader then waits for it: runs.wait_run)."""
+        guard = record.get("guardian")
+        if not isinstance(guard, str) or not guard:
+            return False
+        try:
+            state = self.transport.query([guard]).get(guard)
+        except HaloError:
+            return True  # not known: asked again on the next round
+        return state is not None and not state.status.terminal and state.status.value != "UNKNOWN"
 
     def progress(self, state: JobState) -> str:
         from ..jobstate import JobStatus
@@ -423,6 +537,11 @@ def _in_allocation(transport, job_id: str, ended: bool) -> tuple[dict | None, li
         return (spares_state(total, swaps_of(files, key, ended)) if spares else None,
                 (restarts_of(files, key, ended) or None) if retry else None)
     return None, None
+
+
+def _count(value) -> int:
+    """A marker's attempt number as an int (0 for anything else)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2 ** 31 else 0
 
 
 def _never_starts(state: JobState) -> bool:

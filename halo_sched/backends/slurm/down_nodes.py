@@ -40,6 +40,21 @@ class DownNode(RankFailure):
         return {**super().to_dict(), "ranks": list(self.ranks), "source": "slurm"}
 
 
+@dataclass(frozen=True)
+class LeftNode(DownNode):
+    """A host SLURM took out of a ``--no-kill`` job's allocation (it stopped answering, and the
+    job ran on without it): the cause the attempt's batch script or guardian found and kept in
+    the run's marker (halo_sched/node/successor.py). Its node rank is not known there."""
+
+    verb: str = "left"
+
+    def where(self) -> str:
+        return f"node {self.node} ({self.host})" if self.node is not None else f"host {self.host}"
+
+    def how(self) -> str:
+        return "left the allocation (SLURM)"
+
+
 def expand_hostlist(text: str) -> list[str]:
     """SLURM's host list syntax as ``scontrol show hostnames`` expands it: ``h[0-1],gpu[01,03-04]``
     -> h0, h1, gpu01, gpu03, gpu04 (zero padding kept)."""
@@ -86,6 +101,13 @@ def _ranks_of(outputs, index: int) -> tuple[int, ...]:
     return tuple(sorted(seen))
 
 
+def held(outputs, index: int) -> tuple[tuple[int, ...], str]:
+    """The ranks node ``index`` held (srun's labels in the output files), and that in words."""
+    ranks = _ranks_of(outputs, index)
+    return ranks, (f"it held ranks {', '.join(map(str, ranks[:_MAX_RANKS_SHOWN]))}"
+                   f"{', ...' if len(ranks) > _MAX_RANKS_SHOWN else ''}" if ranks else "none of its ranks had started")
+
+
 def down_nodes(transport, job_id: str, nodelist: str | None, outputs) -> list[DownNode]:
     """The job's nodes that SLURM reports down or not responding, in node-rank order."""
     if not nodelist:
@@ -112,11 +134,9 @@ def down_nodes(transport, job_id: str, nodelist: str | None, outputs) -> list[Do
         flags = set(re.split(r"[+*]", state.upper()))
         if not flags & set(DOWN_STATES):
             continue
-        ranks = _ranks_of(outputs, index)
-        held = (f"it held ranks {', '.join(map(str, ranks[:_MAX_RANKS_SHOWN]))}{', ...' if len(ranks) > _MAX_RANKS_SHOWN else ''}"
-                if ranks else "none of its ranks had started")
+        ranks, words = held(outputs, index)
         reason = str(rec.get("Reason") or "").split("[")[0].strip()
-        error = f"SLURM marked node {index} ({host}) {state}{f' ({reason})' if reason else ''}; {held}"
+        error = f"SLURM marked node {index} ({host}) {state}{f' ({reason})' if reason else ''}; {words}"
         out.append(DownNode(node=index, rank=None, local_rank=None, host=host, exit_code=None, signal=None,
                             time=time.time(), error=error[:500], node_name=host, ranks=ranks))
     return out

@@ -104,8 +104,11 @@ def sbatch_request(launch: Launch) -> SbatchRequest:
         opts.append(Setting("signal", Signal("".join(sorted(set(w.flags) | {"B"})), w.signal, w.seconds)))
     if s.exclusive:
         opts.append(Setting("exclusive"))
-    if s.spare_nodes:
-        # Hot spares: a failed node leaves the allocation, the job stays (node/spares.py).
+    own_no_kill = any(a.partition("=")[0] in ("--no-kill", "-k") for a in s.extra_args)
+    if (s.spare_nodes or spec.retry is not None) and not own_no_kill:
+        # A failed node leaves the allocation, the job and its batch script stay: hot spares take
+        # its rank (node/spares.py); with retry:, the batch script starts the next attempt
+        # (node/successor.py). A lost batch host: batch.sh halo_watch_batch_host, node/guardian.py.
         opts.append(Setting("no-kill"))
     if s.requeue is not None:
         opts.append(Setting("requeue" if s.requeue else "no-requeue"))
@@ -256,7 +259,19 @@ def batch_request(launch: Launch) -> SbatchRequest:
         tag=heredoc_tag(entry, "HALO_ENTRY_EOF"),
         runtime=runtime(),
         successor=successor_args(spec, request),
+        watch=watch_seconds(request),
     ))
+
+
+#: How often (s) the watcher step of a job with --no-kill asks whether the batch host is still in
+#: the job (batch.sh halo_watch_batch_host): one scontrol call per job per period.
+WATCH_S = 10
+
+
+def watch_seconds(request: SbatchRequest) -> int:
+    """WATCH_S for a job of more than one node submitted with --no-kill (on), else 0 (no watcher:
+    a one-node job whose node is lost ends NODE_FAIL)."""
+    return WATCH_S if request.has("no-kill") and request.get("no-kill") is None and request.get("nodes", 1) > 1 else 0
 
 
 def successor_args(spec: JobSpec, request: SbatchRequest) -> dict | None:

@@ -330,7 +330,9 @@ def _h_no_kill(job: _Job, s: Setting):
     if job.typed:
         job.set("kill_on_node_fail", s.value is not None)
     else:
-        job.set("no_kill", s.value or True)
+        # sbatch's own words: slurm_opt.c arg_set_data_no_kill takes null, "set", "off" or "no", and
+        # refuses the boolean its openapi.json documents ("Invalid no kill specification", 22.05).
+        job.set("no_kill", s.value or "set")
 
 
 def _h_refuse(reason: str):
