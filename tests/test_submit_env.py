@@ -29,7 +29,7 @@ LEAKED = {"HALO_RUN_ID": "999", "HALO_RUN_ATTEMPT": "2", "HALO_RUN_EXCLUDED": "n
           "HALO_PROGRESS_MIRROR": "/elsewhere/mirror", "HALO_SECRET_NAMES": "OTHER_TOKEN"}
 #: The user's own settings: they stay.
 KEPT = {"HALO_SUBMIT_RETRY_S": "3", "HALO_OUTAGE_S": "30"}
-WATCHED = sorted({*LEAKED, *KEPT, "HALO_FAILURE_KEY"})
+WATCHED = sorted({*LEAKED, *KEPT, "HALO_FAILURE_KEY", "HALO_SCHED_HOME"})
 
 
 def _spec(tmp_path: Path, **over) -> Path:
@@ -108,6 +108,8 @@ def test_slurm_cli_sbatch_gets_none_and_the_script_runs_as_the_runs_first_attemp
     assert done.returncode == 0, done.stderr[-3000:]
     got = {k: bytes.fromhex(v).decode() for k, v in recs[0]["env_hex"].items()}
     assert got["HALO_RESTART_COUNT"] == "0" and not {"HALO_RUN_ID", "HALO_RUN_ATTEMPT", "HALO_RUN_EXCLUDED"} & set(got)
+    # The submitter's history home (its failure key in the store) reaches no rank, as on local.
+    assert sent["env"].get("HALO_SCHED_HOME") and "HALO_SCHED_HOME" not in got, sorted(got)
     # What the leak did (the issue): the same script given the leaked run is "attempt 3 of run 999".
     done, recs = run_sbatch(sent["script"], tmp_path / "leaked", ["node1"], env_names=WATCHED,
                             extra_env={**halo, **LEAKED, "SLURM_JOB_ID": "4243"})

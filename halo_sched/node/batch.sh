@@ -2,6 +2,9 @@
 # calls them with the job's values as arguments. Printed by `python -m halo_sched.node.shell batch`
 # on node 0 (docs/node-runtime.md); halo_fail is the batch script's.
 
+# The submitter's history home (sbatch exports it), where its failure key lies: no step is told (docs/failures.md).
+unset HALO_SCHED_HOME
+
 # halo_batch_warning SIGNAL CARRIER: the warning (slurm.signal, `halo-sched cancel --signal`)
 # reaches this shell only; it goes on to every node as CARRIER (ignored by default, so only each
 # node's entry acts on it), again 1, 2, 4, 8, 16 s later, then every 32 s, for nodes not started
