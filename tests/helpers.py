@@ -192,6 +192,19 @@ def slurm_env(cluster: dict, pythonpath: bool = False) -> dict:
     return e
 
 
+def until(pred, timeout: float, step: float = 0.5):
+    """``pred()``'s first true value, asked every ``step`` seconds for up to ``timeout``; else None."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(step)
+    return None
+
+
 def cli(*args, cwd=REPO, env=None, timeout=300) -> subprocess.CompletedProcess:
     """Run the installed CLI as a user would (python -m keeps it on this interpreter)."""
     return subprocess.run([sys.executable, "-m", "halo_sched.cli", *args], cwd=cwd, env=env,

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, cli, example_job, free_port, slurm_env
+from helpers import REPO, cli, example_job, free_port, slurm_env, until
 
 pytestmark = [pytest.mark.slurm]
 
@@ -37,16 +37,6 @@ pytestmark = [pytest.mark.slurm]
 @pytest.fixture
 def env(slurm_cluster_exclusive):
     return slurm_env(slurm_cluster_exclusive, pythonpath=True)
-
-
-def _until(pred, timeout: float, step: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(step)
-    return None
 
 
 def _processes() -> dict[int, int]:
@@ -158,7 +148,7 @@ def _run_losing(tmp_path, env, batch_host: bool) -> tuple[str, str, float]:
                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = tmp_path / "attempts.log"
     try:
-        assert _until(lambda: log.exists() and len(log.read_text().splitlines()) >= 2, 120), "the ranks never started"
+        assert until(lambda: log.exists() and len(log.read_text().splitlines()) >= 2, 120), "the ranks never started"
     finally:
         sub.send_signal(signal.SIGKILL)
         _, err = sub.communicate(timeout=30)
@@ -173,7 +163,7 @@ def _run_losing(tmp_path, env, batch_host: bool) -> tuple[str, str, float]:
     try:
         lose(victim, run_id, env)
         lost_at = time.monotonic()
-        done = _until(lambda: _attempts(run_id, tmp_path, env)[-1:] == [(1, "COMPLETED")], 240, step=2)
+        done = until(lambda: _attempts(run_id, tmp_path, env)[-1:] == [(1, "COMPLETED")], 240, step=2)
         took = time.monotonic() - lost_at
     finally:
         restore(env)
@@ -244,10 +234,10 @@ def test_cancel_of_the_run_cancels_its_attempts_guardian_first(tmp_path, env_sha
     run_id = r.stdout.strip().splitlines()[-1]
     guard = f"halo-guardian-{run_id}"
     assert list(_states(env, guard).values()) == ["PENDING"], _states(env, guard)
-    assert _until(lambda: _states(env, "ddp-cpu").get(run_id) == "RUNNING", 120), _states(env, "ddp-cpu")
+    assert until(lambda: _states(env, "ddp-cpu").get(run_id) == "RUNNING", 120), _states(env, "ddp-cpu")
     r = cli("cancel", run_id, "--backend", "slurm", "--wait", cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert _until(lambda: list(_states(env, guard).values()) == ["CANCELLED"], 30), _states(env, guard)
+    assert until(lambda: list(_states(env, guard).values()) == ["CANCELLED"], 30), _states(env, guard)
     time.sleep(3)  # the scheduler's next pass: a guardian left pending would start now
     assert list(_states(env, guard).values()) == ["CANCELLED"], _states(env, guard)
     assert not (tmp_path / f"{guard}.log").exists()

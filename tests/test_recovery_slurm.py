@@ -15,11 +15,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from helpers import REPO, cli, example_job, free_port, slurm_env
+from helpers import REPO, cli, example_job, free_port, slurm_env, until
 
 pytestmark = [pytest.mark.slurm]
 
@@ -27,16 +26,6 @@ pytestmark = [pytest.mark.slurm]
 @pytest.fixture
 def env(slurm_cluster):
     return slurm_env(slurm_cluster, pythonpath=True)
-
-
-def _until(pred, timeout: float, step: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(step)
-    return None
 
 
 def test_the_run_completes_after_its_submitter_was_killed_before_the_fault(tmp_path, env):
@@ -47,7 +36,7 @@ def test_the_run_completes_after_its_submitter_was_killed_before_the_fault(tmp_p
                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = tmp_path / "attempts.log"
     try:
-        assert _until(lambda: log.exists() and len(log.read_text().splitlines()) >= 2, 120), "the ranks never started"
+        assert until(lambda: log.exists() and len(log.read_text().splitlines()) >= 2, 120), "the ranks never started"
     finally:
         sub.send_signal(signal.SIGKILL)
         out, err = sub.communicate(timeout=30)
@@ -62,7 +51,7 @@ def test_the_run_completes_after_its_submitter_was_killed_before_the_fault(tmp_p
                       if (x.get("run") or {}).get("id") == run_id)
         return ours if ours == [(0, "FAILED"), (1, "COMPLETED")] else None
 
-    assert _until(completed, 240, step=3), cli("list", cwd=tmp_path, env=env).stdout
+    assert until(completed, 240, step=3), cli("list", cwd=tmp_path, env=env).stdout
     st = cli("status", run_id, cwd=tmp_path, env=env)
     lines = st.stdout.splitlines()
     a1 = [ln for ln in lines if "\tattempt 1: " in ln]

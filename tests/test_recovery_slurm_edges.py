@@ -10,11 +10,10 @@ import json
 import os
 import shutil
 import subprocess
-import time
 
 import pytest
 
-from helpers import REPO, cli, example_job, free_port, slurm_env
+from helpers import REPO, cli, example_job, free_port, slurm_env, until
 
 pytestmark = [pytest.mark.slurm]
 
@@ -22,16 +21,6 @@ pytestmark = [pytest.mark.slurm]
 @pytest.fixture
 def env(slurm_cluster):
     return slurm_env(slurm_cluster, pythonpath=True)
-
-
-def _until(pred, timeout: float, step: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(step)
-    return None
 
 
 def _job(where, **extra):
@@ -67,22 +56,22 @@ def test_a_run_from_a_directory_with_spaces_quotes_and_equals_goes_on_and_cancel
     blocker = subprocess.run(["sbatch", "--parsable", "-w", "node3", "--exclusive", "-D", str(tmp_path), "-o",
                               "/dev/null", "--wrap", "sleep 300"], env=env, capture_output=True, text=True, timeout=60)
     assert blocker.returncode == 0, blocker.stderr
-    assert _until(lambda: _slurm_state(env, blocker.stdout.strip()) == "RUNNING", 60), "the blocker never ran"
+    assert until(lambda: _slurm_state(env, blocker.stdout.strip()) == "RUNNING", 60), "the blocker never ran"
 
     r = cli("submit", str(job), "--backend", "slurm", cwd=work, env=env)
     assert r.returncode == 0, r.stderr
     run_id = r.stdout.split()[-1]
-    marker = _until(lambda: _successor(work, run_id), 120)
+    marker = until(lambda: _successor(work, run_id), 120)
     out = next(work.glob(f"halo-*-{run_id}.out"), None)
     assert marker, out.read_text()[-3000:] if out else "no output file"
     succ = marker["job"]
     assert marker["culprit"] == "node2" and marker["excluded"] == ["node2"], marker
-    assert _until(lambda: _slurm_state(env, succ) == "PENDING", 30), _slurm_state(env, succ)
+    assert until(lambda: _slurm_state(env, succ) == "PENDING", 30), _slurm_state(env, succ)
 
     r = cli("cancel", run_id, cwd=work, env=env)
     assert r.returncode == 0, r.stderr
     assert f"halo-sched: cancel requested for {succ} (attempt 2 of run {run_id})" in r.stderr, r.stderr
-    assert _until(lambda: _slurm_state(env, succ) == "CANCELLED", 30), _slurm_state(env, succ)
+    assert until(lambda: _slurm_state(env, succ) == "CANCELLED", 30), _slurm_state(env, succ)
     st = cli("status", run_id, cwd=work, env=env).stdout
     assert f"attempt 2: {succ} CANCELLED" in st, st
 
@@ -132,12 +121,12 @@ def test_a_requeue_inside_the_successor_s_sbatch_still_submits_it(tmp_path, env)
     assert r.returncode == 0, r.stderr
     run_id = r.stdout.split()[-1]
     out = tmp_path / f"halo-ddp-cpu-{run_id}.out"
-    assert _until(lambda: (hold / "inside").exists(), 90), out.read_text()[-3000:] if out.exists() else "no output"
+    assert until(lambda: (hold / "inside").exists(), 90), out.read_text()[-3000:] if out.exists() else "no output"
     (hold / "requeued").write_text("")
     q = subprocess.run(["scontrol", "requeue", run_id], env=env, capture_output=True, text=True, timeout=60)
     assert q.returncode == 0, q.stderr
 
-    marker = _until(lambda: _successor(tmp_path, run_id), 120)
+    marker = until(lambda: _successor(tmp_path, run_id), 120)
     assert marker, out.read_text()[-3000:]
     assert marker["from_job"] == run_id and marker["from_run"] == 1, marker
     comments = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i|%k"], env=env, capture_output=True, text=True,
