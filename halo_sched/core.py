@@ -88,6 +88,10 @@ def keep_state(rec: dict, state: JobState) -> None:
     (halo_sched/ledger.py: once per job and host), so new jobs avoid that host, and the event of
     a job whose file asks for ``notify:`` is queued in the outbox (once per job and event). All
     of it recording: nothing is submitted and nothing is sent from here."""
+    if state.spares and state.spares.get("swaps"):  # what each swap cost, from the ranks' progress
+        from .backends.slurm.spares import with_costs
+
+        state.spares["swaps"] = with_costs(state.spares["swaps"], _progress_firsts(rec))
     try:
         records.update_state(rec, state)
     except (OSError, HaloError) as err:  # the store busy or broken: this command still reports the state
@@ -111,6 +115,18 @@ def keep_state(rec: dict, state: JobState) -> None:
         from . import notify
 
         notify.observe(rec, state)
+
+
+def _progress_firsts(rec: dict):
+    """``(lo, hi) -> [each node rank's first progress report in [lo, hi), or None]`` of the job of
+    ``rec``, from its ranks' progress copies as the effective training time reads them (ettr.py:
+    bounded, read once here)."""
+    from . import ettr
+
+    root = ettr.progress_root(rec)
+    nodes = [[s for p in files if (s := ettr.source(p)) is not None] for files in (ettr._rank_files(root)[0] if root else [])]
+    return lambda lo, hi: [min((p[0] for s in srcs if (p := s.first_where(lo, hi)) is not None), default=None)
+                           for srcs in nodes]
 
 
 def keep_seen(backend: str, job_id: str, state: JobState, sched: Scheduler | None = None) -> dict | None:

@@ -312,11 +312,12 @@ def observe(job: str, backend: str, classification: Classification) -> Entry | N
 
 def observe_swaps(job: str, backend: str, swaps) -> list[Entry]:
     """A job's batch script swapped these hosts for spares (their node's fault: the swap line
-    says why): ledger each, once per job and host (never raises, as :func:`observe`)."""
+    says why): ledger each, once per job and host (never raises, as :func:`observe`). A planned
+    swap (the host left for maintenance: drained, or reserved) is no fault: never ledgered."""
     from .db import ReadOnlyStore
 
     out = []
-    for s in swaps:
+    for s in (s for s in swaps if not s.get("planned")):
         try:
             e = add(s["bad"], s.get("reason") or "swapped for a spare", job, backend, by=s.get("by") or "")
         except ReadOnlyStore:  # a read of a store this user cannot write (said once when it opened)

@@ -165,7 +165,9 @@ class JobState:
     started_at: float | None = None
     ended_at: float | None = None
     #: SLURM with slurm.spare_nodes: ``{"total", "left", "swaps": [{rank, bad, spare, reason, by,
-    #: time, spares_left}]}``, from the batch script's signed swap lines (backends/slurm/spares.py).
+    #: time, spares_left, planned, warned, cost_s}]}``, from the batch script's signed swap lines
+    #: (backends/slurm/spares.py): ``planned`` a host that left for maintenance (``warned``: when the
+    #: trainers were warned), ``cost_s`` the seconds from the warning (or the swap) to training again.
     spares: dict | None = None
     #: What rank 0 handed back (``HALO_RESULT_FILE``, halo_sched/node/result.py): a JSON value
     #: (None when there is none), filled in for an ended job by the reads and waits that return
@@ -255,7 +257,10 @@ def _describe_spares(spares: dict) -> str:
     left, total = spares["left"], spares["total"]
     head = f"{left} spare{'s' if left != 1 else ''} left" if not spares["swaps"] else \
         f"{left} of {total} spare{'s' if total != 1 else ''} left"
-    moved = ", ".join(f"{s['bad']} -> {s['spare']}" + (f": {s['reason']}" if s["reason"] else "")
+    moved = ", ".join(f"{s['bad']} -> {s['spare']}" + (": maintenance" if s.get("planned") else "")
+                      + ((f" ({s['reason']})" if s.get("planned") else f": {s['reason']}") if s["reason"] else "")
+                      + (f", training again {s['cost_s']:g} s after the {'warning' if s.get('planned') else 'swap'}"
+                         if s.get("cost_s") is not None else "")
                       for s in spares["swaps"])
     return head + (f" ({moved})" if moved else "")
 

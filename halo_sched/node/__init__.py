@@ -15,7 +15,8 @@ either way, docs/node-runtime.md):
 * ``trainers/preflight_bw`` is the bandwidth test ``halo-sched preflight`` runs in place of the trainer;
 * ``restart`` runs in a SLURM batch script with ``retry:`` or ``slurm.spare_nodes`` after its
   trainer step failed: inside the allocation, ``spares`` gives a bad node's rank to a spare, or the
-  ranks start again in place, or a crash loop ends the run (docs/recovery.md);
+  ranks start again in place, or a crash loop ends the run (docs/recovery.md); ``maintenance``
+  watches the step's nodes for a drain or a maintenance reservation, and a spare takes over;
 * ``successor`` runs in a SLURM batch script after its trainer step failed for good: it submits
   the run's next attempt itself when ``retry:`` says so (docs/recovery.md); ``guardian`` runs in
   each attempt's guardian job, which does the same when the attempt lost its batch host; with ``restart`` and
@@ -33,7 +34,7 @@ _HERE = Path(__file__).resolve().parent
 #: What the nodes run, as paths in this package: the job carries these, and only these, when a
 #: node's own halo-sched is another version (tests/test_node_runtime.py runs each from the zip).
 CARRIED = ("__init__.py", "batch.sh", "contract.py", "entry.sh", "failure_classes.py", "failure_collector.py",
-           "failures.py", "guardian.py", "hang_monitor.py", "links.py", "progress.py", "restart.py", "server.sh", "server_health.py",
+           "failures.py", "guardian.py", "hang_monitor.py", "links.py", "maintenance.py", "progress.py", "restart.py", "server.sh", "server_health.py",
            "shell.py", "spares.py", "successor.py", "text.py", "trainers/__init__.py", "trainers/preflight_bw.py")
 #: What only a SLURM batch script reads from the runtime, in its own shell: its functions, the steps it runs
 #: after its trainer step failed, with ``slurm.spare_nodes`` or ``retry:`` (``restart``, ``spares``:
@@ -41,7 +42,7 @@ CARRIED = ("__init__.py", "batch.sh", "contract.py", "entry.sh", "failure_classe
 #: lines with, and the rollout servers' shell it hands to their steps. A Nomad job's copy leaves
 #: them out: no task runs them (a Nomad server reads its shell from an item of its own), and the
 #: copy must fit the job's Variable with its secrets (tests/test_node_runtime.py).
-BATCH_ONLY = ("batch.sh", "failure_classes.py", "failures.py", "guardian.py", "restart.py", "server.sh", "spares.py", "successor.py",
+BATCH_ONLY = ("batch.sh", "failure_classes.py", "failures.py", "guardian.py", "maintenance.py", "restart.py", "server.sh", "spares.py", "successor.py",
               "text.py")
 
 

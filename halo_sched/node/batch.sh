@@ -245,3 +245,32 @@ halo_guard_end() {  # GUARDIAN: 1 with retry: (the attempt has one)
   [ -z "$halo_watcher" ] || kill -TERM "$halo_watcher" 2> /dev/null || true
   [ "${1:-0}" != 1 ] || scancel --me --state=PENDING --name="halo-guardian-$SLURM_JOB_ID" 2> /dev/null || true
 }
+
+# halo_maint_watch EVERY RANKS USED (slurm.spare_nodes): beside the step, node/maintenance.py asks
+# slurmctld every EVERY s (HALO_MAINT_POLL_S) whether a node of RANKS is drained or under a MAINT
+# reservation; then the warning goes to every node, as halo_forward does. halo_maint_end, once the
+# step ended: the watcher stops; halo_planned names the file of its lines when it warned.
+halo_maint=
+halo_maint_watch() {
+  rm -f "$halo_batch_dir/maint"
+  (
+    halo_c=
+    trap '[ -z "$halo_c" ] || kill "$halo_c" 2> /dev/null; exit 0' TERM
+    halo_batch maintenance --job "$SLURM_JOB_ID" --ranks "$2" --used "$3" --every "${HALO_MAINT_POLL_S:-$1}" > "$halo_batch_dir/maint.new" &
+    halo_c=$!
+    wait "$halo_c" || exit 0
+    halo_c=
+    mv "$halo_batch_dir/maint.new" "$halo_batch_dir/maint"
+    echo "halo-sched: job $SLURM_JOB_ID: to leave for maintenance: $(paste -sd';' "$halo_batch_dir/maint"); warning the trainers (the spare takes over at their checkpoint)" >&2
+    halo_forward
+  ) &
+  halo_maint=$!
+}
+halo_maint_end() {
+  halo_planned=
+  [ -n "$halo_maint" ] || return 0
+  kill -TERM "$halo_maint" 2> /dev/null || true
+  wait "$halo_maint" 2> /dev/null || true
+  halo_maint=
+  [ ! -s "$halo_batch_dir/maint" ] || halo_planned=$halo_batch_dir/maint
+}

@@ -3,7 +3,8 @@ failed. :func:`decide`: SWAP (a node's fault, a spare left), IN_PLACE (a failure
 that is no node's: a new step on the same nodes), STOP (a crash loop: the run ends) or END (the
 loop ends). The step's lines start at ``--from``, the output's offset at the decision before.
 Stdout: ``swap|inplace RANKS MASTER SEEN FROM [SWAPPED]`` or ``stop``; exit 1 ends the loop.
-Standard library only.
+With ``--planned FILE`` (maintenance.py's lines, after the warning it caused: the step ended 0),
+:func:`planned`: ``planned RANKS MASTER FROM [LEFT]``. Standard library only.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from .failure_classes import NODE_FAULT, Classification, classify_failure
 from .failure_collector import KEY_VAR
 from .failures import FailureReport
-from .spares import SIDE_FILE, decide as spare_for, expand, hosts, job_fields, side, step_failures, swap, swap_line
+from .spares import SIDE_FILE, ask, decide as spare_for, expand, hosts, job_fields, side, step_failures, swap, swap_line
 from .text import open_regular
 
 TAG = "halo-sched-restart"
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m halo_sched.node.restart", description=__doc__.split("\n\n")[0])
     p.add_argument("--job", required=True)
     p.add_argument("--earlier", action="store_true", help="print this job's restarts before a requeue")
-    for name in ("ranks", "swapped", "interface", "master", "seen"):  # HOST,HOST / an address / SIG,SIG
+    for name in ("ranks", "swapped", "left", "interface", "master", "seen", "planned"):  # HOST,HOST / address / SIG,SIG
         p.add_argument("--" + name, default="")
     for name in ("spares", "restart", "from", "attempts", "used"):  # "from": the offset of the step's lines
         p.add_argument("--" + name, type=int, default=0)
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--on", default=None, help="retry.on: WORD,WORD (absent: no retry:)")
     a = p.parse_args(argv)
     say = lambda msg: print(f"halo-sched: job {a.job}: {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    ranks, swapped = hosts(a.ranks), hosts(a.swapped)
+    ranks, swapped, left = hosts(a.ranks), hosts(a.swapped), hosts(a.left)
     seen = [s for s in a.seen.split(",") if len(s) == 16 and all(c in "0123456789abcdef" for c in s)][-MAX_SEEN:]
     key = os.environ.get(KEY_VAR, "")
     if a.earlier:
@@ -146,14 +147,16 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, subprocess.SubprocessError, ValueError) as err:
         say(f"not restarting in the allocation: cannot read the job's state ({' '.join(str(err).split())[:200]})")
         return 1
+    if a.planned:
+        return planned(a.job, a.planned, ranks, allocation, swapped, left, a, out, end, fields.get("BatchHost", ""), key, say)
     on = [w for w in a.on.split(",") if w] if a.on is not None else None
-    d = decide(ranks, allocation, step_failures(lines, key, a.since, ranks), swapped=swapped, spares=a.spares,
+    d = decide(ranks, allocation, step_failures(lines, key, a.since, ranks), swapped=swapped + left, spares=a.spares,
                on=on, attempts=a.attempts, used=a.used, seen=seen)
     seen_next = ",".join((seen + [d.sig])[-MAX_SEEN:])
     rec = {"job": a.job, "class": d.cls.failure.name, "fault": d.cls.kind, "reason": d.cls.describe(), "step": d.step,
            "time": time.time()}
     if d.action == SWAP:
-        done = swap(a.job, ranks, list(d.swaps), swapped, a.spares, a.restart, a.master, a.interface, out, key, say)
+        done = swap(a.job, ranks, list(d.swaps), swapped + left, a.spares, a.restart, a.master, a.interface, out, key, say)
         if done is None:
             return 1
         new, master = done
@@ -179,6 +182,51 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     say(f"not restarting in the allocation: {d.why}")
     return 1
+
+
+def planned(job: str, path: str, ranks: list[str], allocation: list[str], swapped: list[str], left: list[str], a,
+            out: str, end: int, batch: str, key: str, say) -> int:
+    """After the warning maintenance.py caused (its ``HOST SPARE WHY`` lines in ``path``): each
+    host's rank to its spare (a free one if that one is taken), a signed swap line marked planned
+    (never ledgered), and the hosts released from the job (``scontrol update NodeList=``: their
+    maintenance may begin; never the batch host: src/slurmctld/job_mgr.c ``_update_job``). With no
+    spare, the ranks start again where they were. ``left``: the hosts earlier planned swaps took out."""
+    try:
+        with open_regular(path) as f:
+            rows = [ln.split(None, 2) for ln in f.read(65536).splitlines()[:64]]
+        warned = os.stat(path).st_mtime
+    except OSError:
+        rows, warned = [], time.time()
+    used = swapped + left
+    free = [h for h in allocation if h not in ranks and h not in used]
+    swaps = []
+    for host, spare, why in (r for r in rows if len(r) == 3):
+        if host in ranks and host not in (s[1] for s in swaps):
+            spare = spare if spare in free else next(iter(free), "")
+            if spare:
+                free.remove(spare)
+                swaps.append((ranks.index(host), host, spare, why, "maintenance"))
+            else:
+                say(f"{host} is to leave for maintenance ({why}) and no spare is left: it keeps its rank")
+    new, master = ranks, a.master
+    if swaps:
+        done = swap(job, ranks, swaps, used, a.spares, a.restart, a.master, a.interface, out, key, say, warned)
+        if done is not None:
+            new, master = done
+            gone = [h for _, h, _, _, _ in swaps if h != batch]
+            left = left + [h for _, h, _, _, _ in swaps]
+            keep = [h for h in allocation if h not in gone]
+            try:
+                if gone:
+                    ask(["scontrol", "update", f"JobId={job}", f"NodeList={','.join(keep)}"])
+                    say(f"{','.join(gone)} released from the job: its maintenance can begin")
+            except (OSError, subprocess.SubprocessError) as err:
+                say(f"{','.join(gone)} kept in the job, idle (scontrol update NodeList= failed: "
+                    f"{' '.join(str(getattr(err, 'stderr', '') or err).split())[:200]})")
+            if batch in [h for _, h, _, _, _ in swaps]:
+                say(f"{batch} runs the batch script: it stays in the job until the job ends")
+    print("planned", ",".join(new), master, end, ",".join(left))
+    return 0
 
 
 if __name__ == "__main__":

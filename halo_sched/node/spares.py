@@ -21,7 +21,9 @@ Each bad host's rank goes to the first free spare (allocation order); the others
 Anything else (the job's own fault, unknown cause, no spare left, the warning) is no swap. A swap
 (:func:`swap`) writes one ``halo-sched-swap {json}`` line per swapped host on stderr (the job's
 output file), signed with the job's failure key like a failure line: the submitter ledgers the
-bad host from it (halo_sched/backends/slurm/spares.py) and counts the spares left.
+bad host from it (halo_sched/backends/slurm/spares.py) and counts the spares left. A host that
+leaves for maintenance (maintenance.py, restart.py ``planned``) is swapped out the same way after
+its trainers saved at the warning; its line says ``"planned": true``, and it is never ledgered.
 
 What it cannot do: a fault of the batch host (the allocation's first node, where this runs) ends
 the batch script with it; slurmctld takes that node out of the job too, and the batch script's
@@ -228,9 +230,12 @@ def _loopback(addr: str) -> bool:
 
 
 def swap(job: str, ranks: list[str], swaps: list[tuple[int, str, str, str, str]], used: list[str], spares: int,
-         restart: int, master: str, interface: str, out: str, key: str, say) -> tuple[list[str], str] | None:
+         restart: int, master: str, interface: str, out: str, key: str, say,
+         warned: float | None = None) -> tuple[list[str], str] | None:
     """Carry out ``swaps`` (:func:`decide`'s): the new rank map and rank 0's address, a signed
-    swap line per host (output and side file); None where rank 0's address cannot be read."""
+    swap line per host (output and side file); None where rank 0's address cannot be read.
+    ``warned``: a planned swap (maintenance, restart.planned), the warning's time: its lines say
+    ``"planned": true`` (the host is no bad node: never ledgered)."""
     new = list(ranks)
     for i, _, spare, _, _ in swaps:
         new[i] = spare
@@ -248,13 +253,15 @@ def swap(job: str, ranks: list[str], swaps: list[tuple[int, str, str, str, str]]
         return None
     left = spares - len(used) - len(swaps)
     now = time.time()
+    plan = {} if warned is None else {"planned": True, "warned": warned}
     lines = [swap_line({"job": job, "rank": i, "bad": bad, "spare": spare, "reason": reason, "by": by,
-                        "time": now, "restart": restart, "spares_left": left}, key) for i, bad, spare, reason, by in swaps]
+                        "time": now, "restart": restart, "spares_left": left, **plan}, key)
+             for i, bad, spare, reason, by in swaps]
     side(out, lines, say)
     for line, (i, bad, spare, reason, _) in zip(lines, swaps):
         print(line, file=sys.stderr, flush=True)
-        say(f"node rank {i}: {bad} failed ({reason}); {spare} takes its rank, restart {restart}, "
-            f"{left} spare{'s' if left != 1 else ''} left")
+        say(f"node rank {i}: {bad} {'leaves for maintenance' if plan else 'failed'} ({reason}); {spare} takes its "
+            f"rank, restart {restart}, {left} spare{'s' if left != 1 else ''} left")
     return new, master
 
 

@@ -2,7 +2,7 @@
 
 The batch script calls this after its trainer step (srun) has ended non-zero, in the batch
 shell on the allocation's first node (halo_sched/templates/slurm/sbatch.sh.j2, the last step):
-``python -m halo_sched.node.successor RC JOB_ID SCRIPT ATTEMPTS ON RUN_ID ATTEMPT EXCLUDED KEPT_OFF [RANKS SINCE SWAPPED]``. It reads
+``python -m halo_sched.node.successor RC JOB_ID SCRIPT ATTEMPTS ON RUN_ID ATTEMPT EXCLUDED KEPT_OFF [RANKS SINCE SWAPPED [LEFT]]``. It reads
 the failure lines the nodes wrote into the job's output file (signed with the job's failure key,
 ``HALO_FAILURE_KEY`` in the batch shell's environment: failures.py), classifies them
 (failure_classes.py) and, for a failure ``retry.on`` names with attempts left, submits the
@@ -348,12 +348,13 @@ def _count(text: str | None, default: int) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """``RC JOB_ID SCRIPT ATTEMPTS ON RUN_ID ATTEMPT EXCLUDED KEPT_OFF [RANKS SINCE SWAPPED]``; the
-    last three with hot spares: the last step's rank map and start (epoch s), and every host
-    swapped out before it (node faults of this attempt too: the next one keeps off them).
+    """``RC JOB_ID SCRIPT ATTEMPTS ON RUN_ID ATTEMPT EXCLUDED KEPT_OFF [RANKS SINCE SWAPPED [LEFT]]``;
+    the last ones with hot spares: the last step's rank map and start (epoch s), every host
+    swapped out before it (node faults of this attempt too: the next one keeps off them), and the
+    hosts that left for maintenance (released from the job: no culprits, not kept off).
     """
     rc, job_id, script, attempts, on, run_id, attempt, excluded, kept_off = argv[:9]
-    ranks_arg, since_arg, swapped_arg = (list(argv[9:12]) + ["", "", ""])[:3]
+    ranks_arg, since_arg, swapped_arg, left_arg = (list(argv[9:13]) + ["", "", "", ""])[:4]
     rc_i, attempts_i, attempt_i = int(rc), int(attempts), int(attempt)
     on_words = [w for w in on.split(",") if w]
     excluded_hosts = [h for h in excluded.split(",") if _HOST.fullmatch(h)]
@@ -381,7 +382,7 @@ def main(argv: list[str]) -> int:
     if rc_i:  # the hosts the job started on (this shell's SLURM_JOB_NODELIST) that SLURM took out of it since
         try:
             original = expand(os.environ.get("SLURM_JOB_NODELIST", ""))
-            gone = left_allocation(original, expand(fields.get("NodeList", "")), swapped)
+            gone = left_allocation(original, expand(fields.get("NodeList", "")), swapped + host_list(left_arg))
         except (OSError, subprocess.SubprocessError, ValueError):
             gone = []  # not known: the failure lines decide
     # The attempts the run used so far, restarts in place included (restart.py; the batch shell's

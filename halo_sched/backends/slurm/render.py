@@ -260,8 +260,14 @@ def batch_request(launch: Launch) -> SbatchRequest:
         runtime=runtime(),
         successor=successor_args(spec, request),
         watch=watch_seconds(request),
+        maint_s=MAINT_S,
     ))
 
+
+#: How often (s) a job with slurm.spare_nodes asks slurmctld whether a node of its step is to leave
+#: for maintenance (batch.sh halo_maint_watch; HALO_MAINT_POLL_S in the job's environment overrides
+#: it): three scontrol calls per job per period.
+MAINT_S = 30
 
 #: How often (s) the watcher step of a job with --no-kill asks whether the batch host is still in
 #: the job (batch.sh halo_watch_batch_host): one scontrol call per job per period.

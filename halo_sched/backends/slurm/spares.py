@@ -51,10 +51,12 @@ def parse_swap(line: str, key: str) -> dict | None:
             and isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 4096):
         return None
     left = data.get("spares_left")
+    planned = data.get("planned") is True  # maintenance (node/restart.py planned): no fault, never ledgered
     return {"rank": rank, "bad": bad, "spare": spare,
             "reason": escape_controls(str(data.get("reason") or ""))[:200], "by": str(data.get("by") or "")[:60],
             "time": epoch_time(data.get("time")),
-            "spares_left": left if isinstance(left, int) and not isinstance(left, bool) and 0 <= left <= 64 else None}
+            "spares_left": left if isinstance(left, int) and not isinstance(left, bool) and 0 <= left <= 64 else None,
+            "planned": planned, "warned": epoch_time(data.get("warned")) if planned else None}
 
 
 def parse_restart(line: str, key: str) -> dict | None:
@@ -132,10 +134,25 @@ def last_step(report, swaps: list[dict], restarts: list[dict] = ()):
     return FailureReport(kept, cause)
 
 
+def with_costs(swaps: list[dict], firsts) -> list[dict]:
+    """Each swap with ``cost_s``: from its warning (a planned swap's) or its decision (a fault's)
+    to training again, the first progress report of every node rank after the swap (before the
+    next swap). ``firsts(lo, hi)``: each node rank's first report time in [lo, hi) (None where
+    none; core.py reads the hang monitors' copies); no node rank, or one with none: None."""
+    out = []
+    for i, sw in enumerate(swaps):
+        t, start = sw.get("time"), sw.get("warned") or sw.get("time")
+        hi = min([x["time"] for x in swaps[i + 1:] if x.get("time") and t and x["time"] > t], default=float(2 ** 34))
+        got = firsts(t, hi) if t else []
+        back = max(got) if got and None not in got else None
+        out.append({**sw, "cost_s": round(back - start, 2) if back is not None and start else None})
+    return out
+
+
 def spares_state(total: int, swaps: list[dict]) -> dict:
     """``status``'s view: ``{"total", "left", "swaps"}``."""
     return {"total": total, "left": max(0, total - len(swaps)), "swaps": swaps}
 
 
 __all__ = ["last_step", "parse_restart", "parse_swap", "restarts_in", "restarts_of", "spares_state", "swaps_in",
-           "swaps_of"]
+           "swaps_of", "with_costs"]
