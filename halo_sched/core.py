@@ -125,6 +125,10 @@ def _progress_firsts(rec: dict):
 
     root = ettr.progress_root(rec)
     nodes = [[s for p in files if (s := ettr.source(p)) is not None] for files in (ettr._rank_files(root)[0] if root else [])]
+    spec = rec.get("spec") if isinstance(rec.get("spec"), dict) else {}
+    want = min(ettr._count(rec.get("nodes") or spec.get("nodes")), ettr.MAX_NODES)
+    if len(nodes) < want:  # a node rank that never reports: when every one trains again is not known
+        return lambda lo, hi: [None]
     return lambda lo, hi: [min((p[0] for s in srcs if (p := s.first_where(lo, hi)) is not None), default=None)
                            for srcs in nodes]
 

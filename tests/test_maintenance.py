@@ -265,7 +265,7 @@ def test_each_swap_s_cost_runs_from_its_warning_to_every_node_rank_training_agai
     from halo_sched.core import _progress_firsts
 
     # The hang monitors' copies beside the output file (backends/slurm/progress.py), one per node rank.
-    rec = {"id": "7", "backend": "slurm", "outputs": [str(tmp_path / "halo-job-7.out")]}
+    rec = {"id": "7", "backend": "slurm", "nodes": 2, "outputs": [str(tmp_path / "halo-job-7.out")]}
     root = tmp_path / ".halo-progress" / "7"
     for node, times in ((0, [990.0, 1003.5, 1004.5, 1011.0]), (1, [991.0, 1006.0, 1007.0, 1012.5])):
         d = root / f"node-{node}" / "progress"
@@ -277,6 +277,8 @@ def test_each_swap_s_cost_runs_from_its_warning_to_every_node_rank_training_agai
     assert fault["cost_s"] == pytest.approx(2.5)  # a fault's: from its swap (1010) to 1012.5
     no_reports = _progress_firsts({**rec, "outputs": [str(tmp_path / "elsewhere" / "x.out")]})
     assert with_costs([_swap()], no_reports)[0]["cost_s"] is None  # no progress reports: not known
+    # A node rank that never reports (here node rank 2 of 3): when every one trains again is not known.
+    assert with_costs([_swap()], _progress_firsts({**rec, "nodes": 3}))[0]["cost_s"] is None
     text = describe(spares_state(2, [planned, fault]))
     assert text == ("0 of 2 spares left (node2 -> node3: maintenance (drained: maint), training again 11 s after the "
                     "warning, node1 -> node3: GPU Xid error, training again 2.5 s after the swap)"), text
