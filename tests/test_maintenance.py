@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -177,6 +178,9 @@ def test_a_maintenance_reservation_on_the_spare_leaves_no_spare(tmp_path, monkey
         f"show job {job}": _show_job(tmp_path),
         "-o show node node1,node2,node3": str(FIXTURES / "show_node.out"),
         "-o show reservation": str(FIXTURES / "show_reservation.out")})
+    # The recording's clock: a minute before the reservation begins (it is over by now).
+    start = maintenance.when(re.search(r"StartTime=(\S+)", _text("show_reservation.out"))[1])
+    monkeypatch.setattr(maintenance.time, "time", lambda: start - 60)
     assert maintenance.main(["--job", job, "--ranks", "node1,node2", "--every", "0.5"]) == 1
     assert "no spare left" in capsys.readouterr().err
 
