@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from helpers import REPO, cli, example_job, free_port, slurm_env
+from helpers import REPO, cli, example_job, free_port, slurm_env, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
@@ -30,14 +30,10 @@ def env(slurm_cluster_exclusive):
     return e
 
 
-def _until(pred, timeout: float, what: str, step: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = pred()
-        if got:
-            return got
-        assert time.monotonic() < deadline, what()
-        time.sleep(step)
+def _until(pred, timeout: float, what):
+    got = until(pred, timeout)
+    assert got, what()
+    return got
 
 
 def test_a_drained_node_leaves_at_the_next_checkpoint_for_the_spare_and_the_job_completes(tmp_path, env):

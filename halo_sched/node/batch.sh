@@ -246,10 +246,9 @@ halo_guard_end() {  # GUARDIAN: 1 with retry: (the attempt has one)
   [ "${1:-0}" != 1 ] || scancel --me --state=PENDING --name="halo-guardian-$SLURM_JOB_ID" 2> /dev/null || true
 }
 
-# halo_maint_watch EVERY RANKS USED (slurm.spare_nodes): beside the step, node/maintenance.py asks
-# slurmctld every EVERY s (HALO_MAINT_POLL_S) whether a node of RANKS is drained or under a MAINT
-# reservation; then the warning goes to every node, as halo_forward does. halo_maint_end, once the
-# step ended: the watcher stops; halo_planned names the file of its lines when it warned.
+# halo_maint_watch EVERY RANKS USED (spares): node/maintenance.py beside the step (every EVERY s or
+# HALO_MAINT_POLL_S); a node of RANKS to leave: the warning to every node. halo_maint_end, after
+# the step: the watcher stops; halo_planned: the file of its lines when it warned.
 halo_maint=
 halo_maint_watch() {
   rm -f "$halo_batch_dir/maint"

@@ -1,9 +1,7 @@
-"""Planned maintenance on SLURM (docs/recovery.md): beside a batch script's trainer step, while
-the job holds hot spares, asks slurmctld every EVERY s whether a host of the step is to leave:
-drained, or in a MAINT reservation that begins before the job ends. Then it prints one line
-``HOST SPARE WHY`` per such host and exits 0: the batch script warns the trainers and restart.py
-gives each host's rank to its spare. With no spare left it says so and exits 1: the job runs on.
-``python -m halo_sched.node.maintenance --job J --ranks H,H --used H,H --every S``. Standard library only.
+"""Planned maintenance on SLURM (docs/recovery.md): beside a batch script's trainer step, asks
+slurmctld every EVERY s whether a host of the step is drained or in a MAINT reservation that
+begins before the job ends; then prints ``HOST SPARE WHY`` lines (exit 0), or, with no spare
+left, says so (exit 1). Standard library only.
 """
 from __future__ import annotations
 
