@@ -178,6 +178,14 @@ class Nomad(NomadMethods, _Model):
                           "nobody) give nobody's ids on the clients, usually 65534:65534.",
     )
 
+    keeper: bool = Field(
+        True,
+        description="With retry: (or spare_nodes), the job carries its run's keeper: a small group of its own whose "
+                    "task registers the next attempt (or gives a spare the failed rank) through the Task API, with "
+                    "no halo-sched process alive (docs/nomad.md, \"The run's keeper\"; its workload identity needs "
+                    "the ACL policy there). false: a waiting halo-sched process retries, as before.",
+    )
+
     _user = field_validator("user")(staticmethod(rules.nomad_user))
 
 
@@ -359,7 +367,7 @@ class JobSpec(JobSpecMethods, _Model):
         None,
         description="Automatic retry: {attempts: N, on: [node, hang, preflight, job, unknown]}; on SLURM the "
                     "allocation restarts in place first, then the failed attempt submits the next; local: the run's "
-                    "keeper; Nomad: a watcher (submit --wait, watch, Run.wait). Default: no retry.",
+                    "keeper; Nomad: the run's keeper, a task of the job. Default: no retry.",
     )
     parallelism: Parallelism | None = Field(None, description="Parallel layout (tp, ep, ...), checked at validate time.")
     servers: list[Server] = Field(

@@ -22,6 +22,8 @@ from . import node
 
 #: The Variable item / file / batch-script section that carries the zip, base64.
 ITEM = "halo_node_runtime"
+#: The item of the keeper's Nomad Variable that carries its copy (:func:`keeper_runtime`).
+KEEPER_ITEM = "halo_keeper_runtime"
 #: The Nomad Variable item that carries the rollout servers' shell (:func:`server_shell`) as text.
 SERVER_ITEM = "halo_server_shell"
 #: A fixed date for every member: the zip's bytes depend on the files' contents alone.
@@ -57,8 +59,15 @@ def runtime(batch: bool = True) -> NodeRuntime:
     runs (``node.BATCH_ONLY``), the copy a Nomad job's Variable carries; the version is the same
     (it names the code, not the copy)."""
     if batch:
-        return _zip(node.CARRIED, strip=True)
-    return _zip(tuple(n for n in node.CARRIED if n not in node.BATCH_ONLY), strip=True)
+        return _zip(tuple(n for n in node.CARRIED if n not in node.KEEPER_ONLY), strip=True)
+    return _zip(tuple(n for n in node.CARRIED if n not in node.BATCH_ONLY + node.KEEPER_ONLY), strip=True)
+
+
+@functools.lru_cache(maxsize=1)
+def keeper_runtime() -> NodeRuntime:
+    """The copy a Nomad run's keeper runs from (``node.KEEPER``, without comments): carried in a
+    Variable of its own (:data:`KEEPER_ITEM`), the trainer's copy and the job's secrets fill theirs."""
+    return _zip(node.KEEPER, strip=True)
 
 
 def checksums() -> str:

@@ -431,7 +431,8 @@ def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable]
             _settle_times(sched, earlier)
             return current, state
         if successors:  # submitted by another (SLURM: the attempt's batch script or its guardian): followed
-            nxt = _await_successor(sched, run_id, current, SUCCESSOR_WAIT_S if again else 0.0, poll_s)
+            wait_s = getattr(sched, "successor_wait_s", SUCCESSOR_WAIT_S) if again else 0.0
+            nxt = _await_successor(sched, run_id, current, wait_s, poll_s)
             if nxt is not None:
                 why = why or _marker_why(sched, current)
                 if on_retry is not None:  # the retry this process saw happen, though another submitted it
@@ -441,9 +442,10 @@ def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable]
                 current, count = nxt, count + 1
                 continue
             # Nobody submitted one: the run ends here. No client submits an SLURM attempt (a
-            # lost node is the attempt's guardian's: docs/recovery.md, "A node lost outright");
-            # a local run whose keeper is gone is carried on by this process, below.
-            if not again or not sched.owner_gone(run_id):
+            # lost node is the attempt's guardian's: docs/recovery.md, "A node lost outright"),
+            # nor a Nomad attempt of a job that carries its keeper (the keeper registers them, a
+            # waiter follows); a local run whose keeper is gone is carried on by this process, below.
+            if not again or not sched.waiter_submits(run_id, state):
                 _settle_times(sched, earlier)
                 return current, state
         mine, new = claim(run_id, sched.name, current)

@@ -300,6 +300,14 @@ class Scheduler(abc.ABC):
         never (SLURM: the attempt itself submits; no client ever does)."""
         return False
 
+    def waiter_submits(self, run_id: str, state: JobState) -> bool:
+        """Whether a process waiting on run ``run_id`` (a scheduler that ``starts_successor``)
+        carries it on itself after its attempt ended in ``state`` with no successor found: when
+        the run's owner is gone (:meth:`owner_gone`; never on SLURM, whose lost nodes are the
+        attempt's guardian's: docs/recovery.md, "A node lost outright"). Nomad: only for a run
+        without a keeper."""
+        return self.owner_gone(run_id)
+
     def attempt_fields(self, record: dict, job_id: str) -> dict:
         """The record fields of ``job_id``, the next attempt of ``record``'s job (``outputs``)."""
         return {}

@@ -22,7 +22,10 @@ either way, docs/node-runtime.md):
   each attempt's guardian job, which does the same when the attempt lost its batch host; with ``restart`` and
   ``spares``, :data:`BATCH_ONLY`;
 * ``local_supervisor`` (``python -m halo_sched.node.local_supervisor DIR``) runs a local job's
-  nodes; ``processes`` holds the Linux process helpers it shares with the local backend.
+  nodes; ``processes`` holds the Linux process helpers it shares with the local backend;
+* ``nomad_keeper`` is a Nomad run's keeper, the one task of the job's ``keeper`` group: it
+  watches the trainer through the Task API and registers the run's next attempt
+  (:data:`KEEPER`, its own copy).
 """
 from __future__ import annotations
 
@@ -34,8 +37,9 @@ _HERE = Path(__file__).resolve().parent
 #: What the nodes run, as paths in this package: the job carries these, and only these, when a
 #: node's own halo-sched is another version (tests/test_node_runtime.py runs each from the zip).
 CARRIED = ("__init__.py", "batch.sh", "contract.py", "entry.sh", "failure_classes.py", "failure_collector.py",
-           "failures.py", "guardian.py", "hang_monitor.py", "links.py", "maintenance.py", "progress.py", "restart.py", "server.sh", "server_health.py",
-           "shell.py", "spares.py", "successor.py", "text.py", "trainers/__init__.py", "trainers/preflight_bw.py")
+           "failures.py", "guardian.py", "hang_monitor.py", "links.py", "maintenance.py", "progress.py", "restart.py",
+           "server.sh", "server_health.py", "shell.py", "nomad_keeper.py", "spares.py", "successor.py", "text.py",
+           "trainers/__init__.py", "trainers/preflight_bw.py")
 #: What only a SLURM batch script reads from the runtime, in its own shell: its functions, the steps it runs
 #: after its trainer step failed, with ``slurm.spare_nodes`` or ``retry:`` (``restart``, ``spares``:
 #: in the allocation; ``successor``: the run's next attempt), what they read failure
@@ -44,6 +48,12 @@ CARRIED = ("__init__.py", "batch.sh", "contract.py", "entry.sh", "failure_classe
 #: copy must fit the job's Variable with its secrets (tests/test_node_runtime.py).
 BATCH_ONLY = ("batch.sh", "failure_classes.py", "failures.py", "guardian.py", "maintenance.py", "restart.py", "server.sh", "spares.py", "successor.py",
               "text.py")
+#: What only a Nomad run's keeper runs: left out of the SLURM and Nomad trainers' copies.
+KEEPER_ONLY = ("nomad_keeper.py",)
+#: The keeper's own copy (carried in a Variable of its own, which its group may read): the keeper
+#: and what it reads failure lines and classifies them with.
+KEEPER = ("__init__.py", "contract.py", "failure_classes.py", "failure_collector.py", "failures.py",
+          "nomad_keeper.py", "text.py")
 
 
 def runtime_version() -> str:

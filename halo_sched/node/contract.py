@@ -9,6 +9,8 @@ the node-side programs (local supervisor, process helpers) read these too.
 """
 from __future__ import annotations
 
+import hashlib
+
 #: The signal that takes the warning (``slurm.signal``'s, or ``halo-sched cancel --signal``) to
 #: every process of a SLURM job's steps. Its default action is to ignore it, so only each node's
 #: entry script acts on it (handing the job's warning signal to its ranks once they handle it);
@@ -25,6 +27,53 @@ DERIVED_PORTS = range(28500, 29500)
 #: The tag each Nomad server registration carries (``halo-index-${NOMAD_ALLOC_INDEX}``), and the
 #: first word of each line of a server addresses file.
 INDEX_TAG = "halo-index-"
+
+# ---- a Nomad job's names that its keeper (node/nomad_keeper.py) reads and writes too ----------
+
+#: Job.Meta keys: node ranks N; the attempt a version is (absent in the run's first version); the
+#: submission token (exactly once, halo_sched/exactly_once.py); the server roles (``name:nodes,...``);
+#: whether the job carries a keeper group; the hosts every attempt so far kept off (``a,b``).
+NOMAD_NODES_META = "halo_sched_nodes"
+NOMAD_ATTEMPT_META = "halo_sched_attempt"
+NOMAD_TOKEN_META = "halo_sched_token"
+NOMAD_SERVERS_META = "halo_sched_servers"
+NOMAD_KEEPER_META = "halo_sched_keeper"
+NOMAD_EXCLUDED_META = "halo_sched_excluded"
+NOMAD_SPARES_META = "halo_sched_spares"
+#: The task groups: the trainer's (count N, plus ``nomad.spare_nodes``), the keeper's (count 1).
+NOMAD_TRAINER_GROUP = "trainer"
+NOMAD_KEEPER_GROUP = "keeper"
+NOMAD_TRAINER_TASK = "torchrun"
+NOMAD_KEEPER_TASK = "keeper"
+NOMAD_SERVER_GROUP_PREFIX = "server-"
+
+
+def nomad_attempt_key(job_id: str, attempt: int) -> str:
+    """What a Nomad job's service registrations are named after: the job ID; for a retry attempt,
+    a new version of the same job, the ID and the attempt (halo_sched/backends/nomad/servers.py
+    says why: an earlier attempt's registration can outlive its stop)."""
+    return f"{job_id}-attempt{attempt}" if attempt else job_id
+
+
+def nomad_rdzv_service(key: str) -> str:
+    """The trainer's rendezvous service of one attempt (``key``: :func:`nomad_attempt_key`): DNS-like
+    (lower case, digits, '-'), at most 63 characters, distinct for distinct keys (a hash keeps it
+    so when the key is folded)."""
+    base = "".join(c if c.isalnum() else "-" for c in key.lower()).strip("-") or "job"
+    if base != key or len(base) > 58:
+        digest = hashlib.sha256(key.encode()).hexdigest()[:8]
+        base = f"{base[:49].rstrip('-')}-{digest}"
+    return f"{base}-rdzv"
+
+
+def nomad_server_service(key: str, role: str) -> str:
+    """A server role's service of one attempt: DNS-like, at most 63, distinct for distinct pairs."""
+    base = "".join(c if c.isalnum() else "-" for c in key.lower()).strip("-") or "job"
+    name = f"{base}-srv-{role}"
+    if name != f"{key}-srv-{role}" or len(name) > 63:
+        digest = hashlib.sha256(f"{key}\0{role}".encode()).hexdigest()[:8]
+        name = f"{base[:63 - len(role) - 14].rstrip('-')}-{digest}-srv-{role}"
+    return name
 
 
 class EnvNames:
@@ -72,6 +121,14 @@ class EnvNames:
     #: submitter can read back: local, the job's directory; SLURM, beside the output file; Nomad,
     #: node 0's task directory (read through the client's fs API).
     result_file: str = "HALO_RESULT_FILE"
+
+    # ---- a Nomad run's keeper (node/nomad_keeper.py), from the job file's retry: and nomad: ----
+    #: retry.attempts (0: no retry:) and retry.on (comma-separated words).
+    keeper_attempts: str = "HALO_KEEPER_ATTEMPTS"
+    keeper_retry_on: str = "HALO_KEEPER_RETRY_ON"
+    #: The trainer's node ranks N and its hot spares K (nomad.spare_nodes).
+    keeper_nodes: str = "HALO_KEEPER_NODES"
+    keeper_spares: str = "HALO_KEEPER_SPARES"
 
     # ---- hang detection (``hang:``; node/hang_monitor.py, node/progress.py) ----
     #: The directory each rank appends ``STEP UNIX_TIME`` lines to (``rank-$RANK``).

@@ -1977,6 +1977,11 @@ class SimCluster:
         #: Variables, as the client's template runner queries them (a fake API's attach_sim sets
         #: it); otherwise set_variable()'s own store.
         self.variable_source: Callable[[str], dict[str, str] | None] | None = None
+        #: The Task API and workload identities, when the servers are a fake API (its attach_sim sets
+        #: it): ``task_api(alloc_id, task, secrets_dir)`` serves the agent's API on
+        #: ``secrets_dir/api.sock`` and returns the task's signed identity. None: neither.
+        self.task_api: Callable[[str, str, str], str] | None = None
+        self._wi_tokens: dict[tuple[str, str], str] = {}
         self._lock = threading.RLock()
         self._stop_evt = threading.Event()
         self._monitor: threading.Thread | None = None
@@ -2131,7 +2136,8 @@ class SimCluster:
 
     # -- placement -------------------------------------------------------------------------------
 
-    def place(self, group_names: Iterable[str] | None = None, node: str | None = None) -> list[Allocation]:
+    def place(self, group_names: Iterable[str] | None = None, node: str | None = None,
+              alloc_id: str | None = None) -> list[Allocation]:
         """Create the allocations of the named groups (all groups when None).
 
         With ``hosts``, each runs on ``node`` (a host's name: the node the servers chose) or, when
@@ -2140,6 +2146,7 @@ class SimCluster:
         A group name places every index of 0..Count-1 that no live allocation holds (lowest
         first, as ``AllocNameIndex.Next`` in scheduler/reconciler/allocs.go); ``group[K]`` places
         that one index. Leave groups or indexes out to simulate Nomad's lack of gang scheduling.
+        ``alloc_id``: the ID the servers gave the one allocation placed (a fake API's), else a fresh one.
         """
         names = list(self._groups) if group_names is None else list(group_names)
         created = []
@@ -2166,8 +2173,10 @@ class SimCluster:
                             w[0] is g and w[1] == index for w in wanted):
                         raise SimError(f"{gname}[{index}] is already placed")
                     wanted.append((g, index))
+            if alloc_id is not None and len(wanted) != 1:
+                raise SimError("alloc_id names one allocation")
             for g, index in wanted:
-                created.append(self._new_alloc(g, index, self._host_for(node, created)))
+                created.append(self._new_alloc(g, index, self._host_for(node, created), alloc_id))
             # Only a placement that fully succeeded counts.
             self._placed.update(a.name for a in created)
             self.allocations.extend(created)
@@ -2329,8 +2338,9 @@ class SimCluster:
                 tr.state = "dead"
             self._deregister_alloc(alloc)
 
-    def _new_alloc(self, g: dict[str, Any], index: int, host: SimHost | None = None) -> Allocation:
-        alloc_id = str(uuid.uuid4())
+    def _new_alloc(self, g: dict[str, Any], index: int, host: SimHost | None = None,
+                   alloc_id: str | None = None) -> Allocation:
+        alloc_id = alloc_id or str(uuid.uuid4())
         adir = os.path.join(self.workdir, alloc_id)
         ports: dict[str, dict[str, Any]] = {}
         # Ports are the node's: used ports are counted per address (nomad/structs/network.go
@@ -2437,9 +2447,32 @@ class SimCluster:
             meta.update(task.get("Meta") or {})
         return meta
 
+    def _task_prestart(self, tr: TaskRun) -> None:
+        """The task runner's api and identity hooks, once per task (v2.0.5): the Task API socket
+        ``secrets/api.sock`` for every task (client/allocrunner/taskrunner/api_hook.go Prestart),
+        and its signed workload identity (identity_hook.go setDefaultToken): in ``NOMAD_TOKEN``
+        with ``identity { env = true }`` (task_runner_getters.go setNomadToken -> taskenv
+        SetDefaultWorkloadToken, client/taskenv/env.go:640-641), in ``secrets/nomad_token``
+        (owner-only) with ``file = true``. Only when the servers are a fake API (``task_api``)."""
+        key = (tr.alloc.id, tr.name)
+        if self.task_api is None or key in self._wi_tokens:
+            return
+        secrets_dir = os.path.join(tr.dir, "secrets")
+        self._wi_tokens[key] = token = self.task_api(tr.alloc.id, tr.name, secrets_dir)
+        ident = tr.spec.get("Identity") or {}
+        if ident.get("File"):
+            path = os.path.join(secrets_dir, "nomad_token")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(token)
+
     def _base_env(self, alloc: Allocation, task: dict[str, Any] | None) -> dict[str, str]:
         """buildEnv up to (not including) host env, task Env and template env."""
         env: dict[str, str] = {}
+        if task is not None and (task.get("Identity") or {}).get("Env") and (alloc.id, task["Name"]) in self._wi_tokens:
+            # The workload identity comes before the agent's own environment: it wins over a
+            # NOMAD_TOKEN there (env.go buildEnv: the host's never overrides).
+            env["NOMAD_TOKEN"] = self._wi_tokens[(alloc.id, task["Name"])]
         if task is not None:
             tdir = alloc.task_dir(task["Name"])
             env["NOMAD_ALLOC_DIR"] = alloc.shared_dir
@@ -2895,6 +2928,7 @@ class SimCluster:
                     self._register_group_services(alloc)
                 for alloc in new:
                     for tr in alloc.tasks.values():
+                        self._task_prestart(tr)
                         self._prepare_templates(tr, self._task_env(alloc, tr.spec, {}))
                         if self._first_render(tr):
                             argv, env = self._plan(tr)

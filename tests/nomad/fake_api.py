@@ -16,7 +16,11 @@ It behaves like a Nomad server for the calls halo-sched makes, with Nomad's fiel
   node is down (client/fs_endpoint.go, nomad/client_fs_endpoint.go).
 * ``GET /v1/client/fs/ls/<alloc>?path=`` and ``/v1/client/fs/cat/<alloc>?path=``: an allocation's
   files, from the attached simulator's allocation directory (``fs_ls``/``fs_cat``).
-* ``GET|PUT|DELETE /v1/var/<path>``: Nomad Variables (``variables`` holds them).
+* ``GET|PUT|DELETE /v1/var/<path>``: Nomad Variables (``variables`` holds them), ``?cas=`` included.
+* ``GET /v1/allocation/<id>``, ``GET /v1/job/<id>/versions`` (a stop is a version too).
+* The Task API (:meth:`FakeNomad.serve_task_api`): the same API on a task's unix socket, which takes
+  a token always, here a task's workload identity (:meth:`FakeNomad.workload_token`), with the
+  policies attached to it (:meth:`FakeNomad.attach_policy`) when ACLs are on.
 
 Knobs for tests: HTTPS with a given certificate; ACL tokens (403 without a good one; every
 request's headers are recorded); injected HTTP 5xx answers and dropped connections (before the
@@ -94,6 +98,8 @@ class RecordedRequest:
     body: Any
     status: int | None = None  # None: the connection was dropped without an answer
     at: float = field(default_factory=time.monotonic)  # when it arrived (time.monotonic)
+    #: "http", or "task-api" for a request through a task's Task API socket (``token`` its identity's).
+    via: str = "http"
 
 
 class _HTTPError(Exception):
@@ -204,6 +210,13 @@ class FakeNomad:
         self._deferred: list[tuple[dict, list[dict]]] = []
 
         self.requests: list[RecordedRequest] = []
+        #: Workload identities handed to tasks (token -> claims: Namespace, JobID, TaskGroup, Task,
+        #: AllocationID), and the ACL policies attached to them (attach_policy).
+        self.identities: dict[str, dict[str, str]] = {}
+        self.job_acl_policies: list[dict[str, Any]] = []
+        self._task_api_servers: list[Any] = []
+        # (namespace, job ID) -> every version as the servers keep it, stops included (versions endpoint)
+        self._versions: dict[tuple[str, str], list[dict]] = {}
         self._lock = threading.RLock()
         self._index = 10
         self._last_event_ns = 0
@@ -250,6 +263,10 @@ class FakeNomad:
 
     def close(self) -> None:
         self._closing.set()
+        for srv in self._task_api_servers:
+            srv.shutdown()
+            srv.server_close()
+        self._task_api_servers.clear()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -289,6 +306,101 @@ class FakeNomad:
         never heard so)."""
         with self._lock:
             self._drop_after_queue += [(path_contains, method, status)] * n
+
+    # ------------------------------------------------------------------------- workload identities and the Task API
+
+    def workload_token(self, alloc_id: str, task: str) -> str:
+        """The signed workload identity of ``task`` of allocation ``alloc_id`` (the servers sign one
+        per task, nomad/structs/alloc.go ``SignedIdentities``; the client hands it to the task:
+        client/allocrunner/taskrunner/identity_hook.go setDefaultToken, v2.0.5). Its claims
+        (nomad/structs/workload_id.go IdentityClaims) name the namespace, job, group, task and
+        allocation; here the token is opaque and the fake keeps the claims."""
+        with self._lock:
+            alloc = self._allocs[alloc_id]
+            token = "wid." + uuid.uuid4().hex
+            self.identities[token] = {"Namespace": alloc["Namespace"], "JobID": alloc["JobID"],
+                                      "TaskGroup": alloc["TaskGroup"], "Task": task, "AllocationID": alloc_id}
+            return token
+
+    def attach_policy(self, namespace: str, capabilities: tuple[str, ...] = (), *, job: str = "", group: str = "",
+                      task: str = "", variables: dict[str, tuple[str, ...]] | None = None) -> None:
+        """``nomad acl policy apply -namespace NS [-job J [-group G [-task T]]] NAME FILE``: a policy
+        with ``namespace "NS" { capabilities = [...] }`` and ``variables { path "P" { capabilities =
+        [...] } }`` rules, attached to the workload identities it names (command/acl_policy_apply.go:
+        -job needs -namespace, -group needs -job; nomad/auth/auth.go ResolvePoliciesForClaims,
+        v2.0.5: a policy attached to the namespace alone applies to every job's tasks there, one
+        attached to the job to its tasks, to a group or a task to those)."""
+        if group and not job:
+            raise ValueError("-group needs -job")
+        if task and not group:
+            raise ValueError("-task needs -group")
+        with self._lock:
+            self.job_acl_policies.append({"Namespace": namespace, "JobID": job, "Group": group, "Task": task,
+                                          "Capabilities": set(capabilities), "Variables": dict(variables or {})})
+
+    def _identity_allows(self, claims: dict[str, str], method: str, path: str, namespace: str) -> bool:
+        """What a workload identity may do (ACLs on): the capabilities of the policies attached to
+        it (nomad/auth/auth.go ResolvePoliciesForClaims, v2.0.5) in its own namespace, by endpoint
+        as command/agent and nomad/*_endpoint.go check them (a job's reads: read-job; register and
+        stop: submit-job; an allocation's logs: read-logs); its own Variables it may read without
+        any (acl/acl.go matchingVariablesCapabilitySet: nomad/jobs, nomad/jobs/J, nomad/jobs/J/G,
+        nomad/jobs/J/G/T), others as a variables rule allows (acl/acl.go findClosestMatchingGlob:
+        the closest glob)."""
+        attached = [p for p in self.job_acl_policies if p["Namespace"] == claims["Namespace"] and (
+            not p["JobID"] or (p["JobID"] == claims["JobID"] and (
+                not p["Group"] or (p["Group"] == claims["TaskGroup"] and (not p["Task"] or p["Task"] == claims["Task"])))))]
+        caps = set().union(*(p["Capabilities"] for p in attached)) if attached else set()
+        parts = [unquote(x) for x in path.strip("/").split("/")][1:]
+        if parts[:1] == ["var"]:
+            var = "/".join(parts[1:])
+            implicit = {"nomad/jobs", f"nomad/jobs/{claims['JobID']}", f"nomad/jobs/{claims['JobID']}/{claims['TaskGroup']}",
+                        f"nomad/jobs/{claims['JobID']}/{claims['TaskGroup']}/{claims['Task']}"}
+            if method == "GET" and namespace == claims["Namespace"] and var in implicit:
+                return True
+            rules = [(pat, set(c)) for p in attached for pat, c in p["Variables"].items() if fnmatch.fnmatchcase(var, pat)]
+            if not rules or namespace != claims["Namespace"]:
+                return False
+            _, allowed = min(rules, key=lambda r: len(r[0].replace("*", "")) * -1)  # the closest glob
+            need = {"GET": "read", "PUT": "write", "POST": "write", "DELETE": "destroy"}.get(method, "")
+            return need in allowed
+        if namespace != claims["Namespace"]:
+            return False
+        if parts[:3] == ["client", "fs", "logs"]:
+            return "read-logs" in caps
+        if parts[:1] in (["job"], ["allocation"]):
+            return ("read-job" if method == "GET" else "submit-job") in caps
+        return False
+
+    def serve_task_api(self, path: str) -> None:
+        """The Task API on the unix socket ``path`` (client/allocrunner/taskrunner/api_hook.go,
+        v2.0.5: ``${NOMAD_SECRETS_DIR}/api.sock`` of every task, served by the agent): the HTTP API
+        behind command/agent/http.go ``authMiddleware``, which wants a token in every request, ACLs
+        on or off (401 "Unauthorized" without one, 403 "Forbidden" when ACL.WhoAmI does not know
+        it), and then serves it as the API does for that token. A path longer than a unix socket
+        takes is bound through its directory's descriptor."""
+        import socketserver
+
+        fake = self
+
+        class Handler(_TaskAPIHandler):
+            pass
+
+        Handler.fake = fake
+        fd = None
+        bind = path
+        if len(os.fsencode(path)) >= 100:
+            fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+            bind = f"/proc/self/fd/{fd}/{os.path.basename(path)}"
+        try:
+            srv = socketserver.ThreadingUnixStreamServer(bind, Handler)
+        finally:
+            if fd is not None:
+                os.close(fd)
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-task-api",
+                         daemon=True).start()
+        with self._lock:
+            self._task_api_servers.append(srv)
 
     def add_node(self, node: FakeNode) -> None:
         """A client node joins; blocked evaluations are retried (Nomad unblocks on capacity change)."""
@@ -447,6 +559,12 @@ class FakeNomad:
 
         cluster.variable_source = variable
 
+        def task_api(alloc_id: str, task: str, secrets_dir: str) -> str:
+            self.serve_task_api(os.path.join(secrets_dir, "api.sock"))
+            return self.workload_token(alloc_id, task)
+
+        cluster.task_api = task_api
+
     def attach_sims(self, factory: Any) -> None:
         """Run every job registered from now on in a simulator of its own: ``factory(job)`` (the
         registered ``Job`` as sent) returns a client_sim.SimCluster, attached as by
@@ -467,7 +585,8 @@ class FakeNomad:
         group, _, index = alloc["Name"][len(alloc["JobID"]) + 1:].rpartition("[")
         try:
             # On the node the servers chose, where the simulator has client nodes of its own.
-            (sim_alloc,) = sim.place([f"{group}[{index}"], node=alloc["NodeName"] if getattr(sim, "hosts", None) else None)
+            (sim_alloc,) = sim.place([f"{group}[{index}"], node=alloc["NodeName"] if getattr(sim, "hosts", None) else None,
+                                     alloc_id=alloc["ID"])
             self._sim_allocs[alloc["ID"]] = sim_alloc
             self._sim_of_alloc[alloc["ID"]] = sim
             sim.start()
@@ -1144,7 +1263,7 @@ class FakeNomad:
         if method == "GET" and rest == ["nodes"]:
             return 200, self._node_list(query.get("resources", "").lower() in ("true", "1", "t"))
         if rest[:1] == ["var"] and len(rest) > 1:
-            return self._variable(method, "/".join(rest[1:]), namespace, body)
+            return self._variable(method, "/".join(rest[1:]), namespace, body, query.get("cas"))
         if rest == ["vars"] and method == "GET":
             return self._variable_list(namespace, query.get("prefix", ""))
         with self._lock:
@@ -1152,6 +1271,13 @@ class FakeNomad:
                 return 200, self._list_jobs(namespace, query.get("prefix", ""))
             if rest == ["jobs"] and method in ("PUT", "POST"):
                 return 200, self._register(body, namespace, None)
+            if len(rest) == 2 and rest[0] == "allocation" and method == "GET":
+                # command/agent/alloc_endpoint.go allocGet -> nomad/alloc_endpoint.go GetAlloc: the
+                # whole allocation (JobVersion among its fields); 404 "alloc not found".
+                alloc = self._allocs.get(rest[1])
+                if alloc is None or alloc["Namespace"] != namespace:
+                    raise _HTTPError(404, "alloc not found")
+                return 200, copy.deepcopy(alloc)
             if len(rest) == 2 and rest[0] == "job":
                 job_id = rest[1]
                 if method == "GET":
@@ -1166,6 +1292,14 @@ class FakeNomad:
                     return 200, self._plan(body, namespace, job_id)
                 if what == "allocations" and method == "GET":
                     return 200, [copy.deepcopy(a) for a in sorted(self._job_allocs(job_id, namespace), key=lambda a: a["CreateIndex"])]
+                if what == "versions" and method == "GET":
+                    # command/agent/job_endpoint.go jobVersions -> nomad/job_endpoint.go GetJobVersions:
+                    # state_store.go jobVersionByID, highest version first; the servers keep
+                    # JobDefaultTrackedVersions (6, nomad/structs/structs.go) of them.
+                    if (namespace, job_id) not in self._jobs:
+                        raise _HTTPError(404, "job versions not found")
+                    kept = sorted(self._versions.get((namespace, job_id), []), key=lambda j: -j["Version"])[:6]
+                    return 200, {"Versions": copy.deepcopy(kept), "Diffs": None, "Index": self._index}
                 if what == "evaluations" and method == "GET":
                     return 200, [copy.deepcopy(e) for e in sorted(self._evals.values(), key=lambda e: e["CreateIndex"])
                                  if e["JobID"] == job_id and e["Namespace"] == namespace]
@@ -1176,9 +1310,22 @@ class FakeNomad:
     # ValidatePath checks them. Locks and CAS are not modelled; the list endpoint answers metadata.
     _VAR_PATH_RE = re.compile(r"^[a-zA-Z0-9\-_~/]{1,128}$")
 
-    def _variable(self, method: str, path: str, namespace: str, body: Any) -> tuple[int, Any]:
+    def _variable(self, method: str, path: str, namespace: str, body: Any, cas: str | None = None) -> tuple[int, Any]:
         with self._lock:
             key = (namespace, path)
+            if cas is not None and method in ("PUT", "POST", "DELETE"):
+                # Check-and-set: command/agent/variable_endpoint.go parseCAS (a bad number is 400)
+                # and VarOpCAS/VarOpDeleteCAS; nomad/state/state_store_variables.go varSetCASTxn
+                # (v2.0.5): cas=0 writes only when no Variable is there; else only when its
+                # ModifyIndex is the one given; a conflict is 409 with the Variable as it is (a
+                # zero one, Path and Namespace only, when there is none).
+                if not cas.isdigit():
+                    raise _HTTPError(400, f"can not parse cas: {cas!r}")
+                want, old = int(cas), self.variables.get(key)
+                if (want == 0 and old is not None) or (want and (old is None or old["ModifyIndex"] != want)):
+                    conflict = copy.deepcopy(old) if old is not None else {"Namespace": namespace, "Path": path,
+                                                                          "CreateIndex": 0, "ModifyIndex": 0}
+                    return 409, conflict
             if method == "GET":
                 var = self.variables.get(key)
                 if var is None:
@@ -1451,6 +1598,7 @@ class FakeNomad:
                     ev["StatusDescription"] = "evaluation superseded by a newer job version"
         self._jobs[key] = job
         self._registered.setdefault(key, []).append(copy.deepcopy(job))
+        self._versions.setdefault(key, []).append(copy.deepcopy(job))
         if self._sim_factory is not None:
             # A new version runs in a simulator of its own (the tasks as this version has them).
             self.attach_sim(self._sim_factory({**copy.deepcopy(body["Job"]), "Version": job["Version"]}))
@@ -1492,6 +1640,7 @@ class FakeNomad:
                     "Index": 0, "LastContact": 0, "KnownLeader": False}
         idx = self._next_index()
         job.update({"Stop": True, "Version": job["Version"] + 1, "ModifyIndex": idx, "JobModifyIndex": idx})
+        self._versions.setdefault(key, []).append(copy.deepcopy(job))  # a stop is a version of its own
         for ev in self._evals.values():
             if ev["JobID"] == job_id and ev["Namespace"] == namespace and ev["Status"] == "blocked":
                 ev["Status"] = "canceled"
@@ -1761,6 +1910,7 @@ class _Handler(BaseHTTPRequestHandler):
     """Reads a request, applies the fake's failure injection and ACLs, then routes it."""
 
     fake: FakeNomad
+    via = "http"
     protocol_version = "HTTP/1.1"
     # Headers and body leave in one write, without Nagle: otherwise every answer waits out the
     # client's delayed ACK (~40 ms on Linux) and the suite crawls.
@@ -1792,7 +1942,8 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(raw) if raw else None
         except ValueError:
             body = raw.decode("utf-8", "replace")
-        record = RecordedRequest(method, split.path, query, {k.lower(): v for k, v in self.headers.items()}, body)
+        record = RecordedRequest(method, split.path, query, {k.lower(): v for k, v in self.headers.items()}, body,
+                                 via=self.via)
         fake.tick()  # max_run_duration expiries up to now, before answering
         with fake._lock:
             fake.requests.append(record)
@@ -1926,3 +2077,30 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+
+class _TaskAPIHandler(_Handler):
+    """The Task API: command/agent/http.go ``authMiddleware`` (v2.0.5) in front of the HTTP API."""
+
+    via = "task-api"
+    disable_nagle_algorithm = False  # a unix socket: no Nagle to turn off
+
+    def _authorize(self, method: str) -> None:
+        fake = self.fake
+        token = self.headers.get("X-Nomad-Token")
+        auth = self.headers.get("Authorization") or ""
+        if not token and auth.lower().startswith("bearer "):
+            token = auth[7:].strip()
+        if not token:
+            raise _HTTPError(401, "Unauthorized")
+        claims = fake.identities.get(token)
+        if claims is None:
+            if token not in fake.acl_tokens:
+                raise _HTTPError(403, "Forbidden")  # ACL.WhoAmI: permission denied
+            return super()._authorize(method)
+        if not fake.acl_tokens:
+            return  # ACLs off: an identity the servers signed may do anything
+        split = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
+        if not fake._identity_allows(claims, method, split.path, query.get("namespace") or "default"):
+            raise _HTTPError(403, "Permission denied")

@@ -13,9 +13,13 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ...errors import HaloError, SchedulerError, UsageError
 from ...launch import submission_id
+from ...node.contract import NOMAD_ATTEMPT_META, NOMAD_EXCLUDED_META, NOMAD_KEEPER_META
 from ..base import DryRun, Scheduler
 from .capabilities import Configured, ReadsAllocFiles
-from .render import SECRETS_META, TASK, client_requirements, job_payload, render_hcl, variable_items, variable_path
+from .render import (
+    KEEPER_META, KEEPER_TASK, SECRETS_META, TASK, client_requirements, job_payload, keeper_variable_items, keeper_variable_path,
+    render_hcl, variable_items, variable_path,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...models import JobSpec
@@ -25,7 +29,7 @@ _ID_RE = re.compile(r"^(?:([A-Za-z0-9_-]+):)?(?:([A-Za-z0-9_-]+)/)?([A-Za-z0-9][
 
 #: Job.Meta key of a version halo-sched registered as a retry attempt of its run (the attempt's
 #: number); absent from a job's first version (attempt 0).
-ATTEMPT_META = "halo_sched_attempt"
+ATTEMPT_META = NOMAD_ATTEMPT_META
 
 
 def _key(c, name: str) -> tuple[int, str]:
@@ -48,6 +52,19 @@ def _superseded(c, job: dict | None) -> bool:
     if not isinstance(version, int):
         return False
     return version > c.version + (1 if job.get("Stop") else 0)
+
+
+def _run_over(job: dict | None) -> bool:
+    """Whether the run a job holds can register no further attempt: always for a job without a
+    keeper (its waiter re-writes the Variable for each attempt it registers); with one, once the
+    job is dead (the keeper ended with it, and registers a next attempt before it ends)."""
+    return KEEPER_META not in ((job or {}).get("Meta") or {}) or (job or {}).get("Status") == "dead"
+
+
+def _records_find(job_id: str, backend: str) -> list:
+    from ... import records
+
+    return records.find(job_id, backend, on_bad=None)
 
 
 def _own_allocations(c, job: dict | None, allocs: list[dict]) -> list[dict]:
@@ -101,7 +118,7 @@ def with_failure_key(payload: dict, key: str | None = None) -> dict:
     """The job as registered: ``payload`` (the dry run's, which holds no key) with the job's
     failure key (``Scheduler.submit`` puts it in this process's environment) in the Env of each
     trainer task; their entry script takes it out of the environment before torchrun starts.
-    The server tasks do not get it."""
+    The run's keeper gets it too (it verifies the failure lines it acts on); the server tasks do not."""
     import copy
 
     from ...node.contract import NAMES
@@ -112,7 +129,7 @@ def with_failure_key(payload: dict, key: str | None = None) -> dict:
     payload = copy.deepcopy(payload)
     for group in payload["Job"].get("TaskGroups") or []:
         for task in group.get("Tasks") or []:
-            if task.get("Name") == TASK:
+            if task.get("Name") in (TASK, KEEPER_TASK):
                 task["Env"] = {**(task.get("Env") or {}), NAMES.failure_key: key}
     return payload
 
@@ -242,6 +259,7 @@ class NomadScheduler(Scheduler):
         if items:
             # Before the job exists: its tasks read the Variable once, when they start.
             self._write_variable(client, dryrun.spec, variable_path(dryrun.payload["Job"]["ID"]), items)
+        self._write_keeper_variable(client, dryrun.spec, dryrun.payload["Job"]["ID"])
         resp = client.submit_job(with_failure_key(dryrun.payload), token, retry_s=self.retry_s, on_retry=_say) or {}
         if resp.get("found_after_retry"):
             _say(f"the job was registered by an earlier attempt (token {token}); not registering it again")
@@ -273,6 +291,103 @@ class NomadScheduler(Scheduler):
 
             _say(f"warning: NOMAD_TOKEN may not write {path}: the job carries no node runtime, so its nodes need "
                  f"halo-sched with node runtime {runtime().version} installed (docs/node-runtime.md)")
+
+    def _write_keeper_variable(self, client, spec: JobSpec, name: str) -> None:
+        """The keeper's copy of the node runtime, in the Variable its group reads
+        (render.keeper_variable_path). A token that may not write it: the job goes on, and its
+        keeper runs only where the node's own halo-sched is the job's version (said once)."""
+        from .transport import NomadAPIError
+
+        items = keeper_variable_items(spec, name)
+        if not items:
+            return
+        try:
+            client.put_variable(keeper_variable_path(name), items, retry_s=self.retry_s, on_retry=_say)
+        except NomadAPIError as err:
+            if err.status != 403:
+                raise
+            from ...node_runtime import runtime
+
+            _say(f"warning: NOMAD_TOKEN may not write {keeper_variable_path(name)}: the run's keeper carries no "
+                 f"node runtime, so its node needs halo-sched with node runtime {runtime().version} installed")
+
+    # ---- a run's keeper (node/nomad_keeper.py): it registers the next attempts; waiters follow ----
+
+    #: A run's next attempts are registered by the job's own keeper task when the job carries one
+    #: (``nomad.keeper``, the default with ``retry:``): every waiter and reader follows the chain
+    #: from Nomad (:meth:`successor_of`) and records it; none registers. A run without a keeper is
+    #: carried on by a waiting process, as before (:meth:`waiter_submits`).
+    starts_successor = True
+    #: How long a waiter that saw an attempt fail waits for the keeper's next one (its settle, the
+    #: register, an outage ridden out), while the keeper may still act (:meth:`owner_gone`).
+    successor_wait_s = 300.0
+
+    @staticmethod
+    def _keeper_record(record: dict | None) -> bool:
+        """Whether the job of ``record`` carries its run's keeper (as registered: record_fields)."""
+        sched = (record or {}).get("scheduler")
+        return isinstance(sched, dict) and sched.get("keeper") is True
+
+    def _keeper_run(self, run_id: str) -> bool:
+        from ... import records
+
+        return self._keeper_record((records.find(run_id, self.name, on_bad=None) or [None])[0])
+
+    def successor_of(self, record: dict) -> dict | None:
+        """The attempt the run's keeper registered after the attempt of ``record``: the version of
+        the job whose ``Meta.halo_sched_attempt`` is the next number (the lowest such, not a stop:
+        a stop is a version too), as ``{"job": "JOB~vN", "excluded", "submitted_at"}``; None for a
+        job without a keeper, or before it registered one."""
+        if not self._keeper_record(record):
+            return None
+        run = record.get("run") if isinstance(record.get("run"), dict) else {}
+        attempt = run.get("attempt")
+        if not (isinstance(attempt, int) and not isinstance(attempt, bool) and 0 <= attempt < 10**6):
+            return None
+        m = _ID_RE.match(record.get("id") or "")
+        if not m:
+            return None
+        region, namespace, name, _ = m.groups()
+        prefix = f"{region + ':' if region else ''}{namespace + '/' if namespace else ''}"
+        c = self._client_for(namespace, region)
+        try:
+            versions = c.job_versions(name)
+        except HaloError:
+            return None
+        found = [v for v in versions if not v.get("Stop") and isinstance(v.get("Version"), int)
+                 and str((v.get("Meta") or {}).get(ATTEMPT_META) or "0") == str(attempt + 1)]
+        if not found:
+            return None
+        v = min(found, key=lambda v: v["Version"])
+        excluded = [h for h in str((v.get("Meta") or {}).get(NOMAD_EXCLUDED_META) or "").split(",") if h]
+        submitted = v.get("SubmitTime")
+        return {"job": f"{prefix}{name}~v{v['Version']}", "excluded": excluded,
+                "submitted_at": submitted / 1e9 if isinstance(submitted, int) and submitted > 0 else None}
+
+    def attempt_fields(self, record: dict, job_id: str) -> dict:
+        """The record fields of the version the keeper registered: where it is, and the keeper."""
+        m = _ID_RE.match(job_id)
+        region, namespace, name, version = m.groups() if m else (None, None, job_id, None)
+        return {"scheduler": {"region": region, "namespace": namespace, "job": name, "keeper": True,
+                              **({"version": int(version)} if version is not None else {})}}
+
+    def owner_gone(self, run_id: str) -> bool:
+        """A run without a keeper has the waiting process for its owner (gone: it carries the run
+        on). With a keeper: gone once the job is stopped, dead (the keeper ended with it: it
+        registers the next attempt before it ends) or unknown to Nomad."""
+        if not self._keeper_run(run_id):
+            return True
+        try:
+            c, name = self._split(run_id)
+            stubs = [j for j in c.job_stubs([name]) if j.get("ID") == name]
+        except HaloError:
+            return False
+        return not stubs or bool(stubs[0].get("Stop")) or stubs[0].get("Status") == "dead"
+
+    def waiter_submits(self, run_id: str, state: JobState) -> bool:
+        """Never for a run whose job carries its keeper: the keeper and a waiter never both register
+        an attempt (docs/recovery.md). Without one, the waiting process registers it, as before."""
+        return not self._keeper_run(run_id)
 
     def submit_attempt(self, spec: JobSpec, previous_id: str):
         """The run's next attempt as a NEW VERSION of the same Nomad job (``nomad job history``
@@ -345,8 +460,10 @@ class NomadScheduler(Scheduler):
     def record_fields(self, dryrun: DryRun, job_id: str) -> dict:
         m = _ID_RE.match(job_id)
         region, namespace, name, version = m.groups() if m else (None, None, job_id, None)
+        keeper = KEEPER_META in ((dryrun.payload or {}).get("Job", {}).get("Meta") or {})
         return {"scheduler": {"region": region, "namespace": namespace, "job": name,
-                              **({"version": int(version)} if version is not None else {})}}
+                              **({"version": int(version)} if version is not None else {}),
+                              **({"keeper": True} if keeper else {})}}
 
     def plan(self, spec: JobSpec) -> tuple[bool, str]:
         from .plan import format_plan, plan_summary
@@ -417,7 +534,7 @@ class NomadScheduler(Scheduler):
                 out[i] = st
             self._forget_ended_secrets(c, [(i, name) for i, name in items if out[i].status.terminal
                                            and SECRETS_META in ((jobs.get(name) or {}).get("Meta") or {})
-                                           and not _superseded(c, jobs.get(name))])
+                                           and not _superseded(c, jobs.get(name)) and _run_over(jobs.get(name))])
         return out
 
     def _forget_ended_secrets(self, c, ended: list[tuple[str, str]]) -> None:
@@ -449,6 +566,8 @@ class NomadScheduler(Scheduler):
         path = variable_path(name)
         try:
             c.delete_variable(path)
+            if self._keeper_record((_records_find(job_id, self.name) or [None])[0]):
+                c.delete_variable(keeper_variable_path(name))  # the keeper's copy of the runtime
         except HaloError as err:
             self._secrets_failed.add(key)
             status = getattr(err, "status", None)
@@ -471,7 +590,7 @@ class NomadScheduler(Scheduler):
             stubs = c.job_stubs([name])
         except HaloError:
             stubs = None  # unknown: delete anyway (a missing Variable is no error)
-        if stubs is None or any(SECRETS_META in (j.get("Meta") or {}) and not _superseded(c, j)
+        if stubs is None or any(SECRETS_META in (j.get("Meta") or {}) and not _superseded(c, j) and _run_over(j)
                                 for j in stubs if j.get("ID") == name):
             self._forget_secrets(c, job_id, name)
 
@@ -499,6 +618,13 @@ class NomadScheduler(Scheduler):
                 st = states[job_id]
                 path = variable_path(name)
                 gone = st.raw_state == "not found"
+                if self._keeper_record((_records_find(job_id, self.name) or [None])[0]) and not gone \
+                        and st.raw_state != "dead":
+                    # A run whose keeper may still register its next attempt: the next version's
+                    # tasks read the Variable when they start.
+                    if present is None or path in present:
+                        kept.append(job_id)
+                    continue
                 if not (st.status.terminal or gone):
                     if present is None or path in present:
                         kept.append(job_id)
@@ -546,6 +672,8 @@ class NomadScheduler(Scheduler):
                     missing.append(job_id)
                 elif purge:
                     c.delete_variable(variable_path(name))  # the job's secrets go with it
+                    if self._keeper_record((_records_find(job_id, self.name) or [None])[0]):
+                        c.delete_variable(keeper_variable_path(name))
         if missing:
             others = " (the others were stopped)" if len(missing) < len(ids) else ""
             raise SchedulerError(f"no Nomad job {', '.join(map(repr, missing))}{others}")

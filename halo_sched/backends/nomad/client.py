@@ -20,12 +20,13 @@ import requests
 from halo_sched.errors import OutcomeUnknown, SchedulerError, UsageError
 from halo_sched.exactly_once import run_once
 from halo_sched.retry import Ambiguous
+from halo_sched.node.contract import NOMAD_TOKEN_META
 from halo_sched.node_runtime import SERVER_ITEM
 
 from .transport import ENFORCE_INDEX_ERR, HTTPStatusError, NomadAPIError, NomadConfig, NomadHTTP
 
 #: Job.Meta key holding the submission token (halo_sched.exactly_once).
-TOKEN_META = "halo_sched_token"
+TOKEN_META = NOMAD_TOKEN_META
 
 _FILTER_CHARS = 4000  # per request: URLs stay well under what proxies accept (~8 kB)
 
@@ -127,6 +128,15 @@ class NomadClient:
     def read_job(self, job_id: str) -> dict:
         """The whole job (``GET /v1/job/:id``): Version, JobModifyIndex, Meta."""
         return self._call(f"read job {job_id!r}", self._read_job, job_id)
+
+    def job_versions(self, job_id: str) -> list[dict]:
+        """The versions Nomad keeps of a job, newest first (``GET /v1/job/:id/versions``:
+        command/agent/job_endpoint.go ``jobVersions`` -> nomad/job_endpoint.go ``GetJobVersions``,
+        state_store.go ``jobVersionByID`` sorts them highest first; v2.0.5). A stop is a version of
+        its own. Nomad keeps a bounded number of them (``JobTrackedVersions``, 6 by default)."""
+        data = self._call(f"read the versions of job {job_id!r}", self._request, "GET", _job_path(job_id) + "/versions")
+        versions = data.get("Versions") if isinstance(data, dict) else None
+        return [v for v in versions or [] if isinstance(v, dict)]
 
     def reregister_job(self, payload: dict, token: str, job_modify_index: int, retry_s: float | None = None,
                        on_retry: Callable[[str], None] | None = None) -> dict:

@@ -16,7 +16,8 @@ from ...templating import check, checked_int, checked_text
 from ...values import MAX_TIMEOUT_HOURS
 from . import servers as nomad_servers
 from .names import (
-    ENTRY_PATH, MASTER_FILE, PORT_LABEL, RESULT_IN_TASK, TASK, TRAINER_GROUP, carries_runtime, service_name, variable_path,
+    ENTRY_PATH, KEEPER_GROUP, KEEPER_TASK, MASTER_FILE, PORT_LABEL, RESULT_IN_TASK, TASK, TRAINER_GROUP,
+    carries_runtime, keeper_variable_path, service_name, variable_path,
 )
 from .progress import LOG_DIR_IN_TASK
 from .secrets import item_template, runtime_wiring, secret_wiring
@@ -316,3 +317,80 @@ def server_group(launch: Launch, role: ServerRole, policies: dict) -> dict:
         group["MaxRunDuration"] = checked_int(spec.nomad.max_run_duration_ns, "nomad.max_run_duration")
     return group
 
+
+
+#: Where the keeper's task writes its script and its copy of the node runtime.
+KEEPER_PATH = "local/halo-keeper.sh"
+KEEPER_RUNTIME_PATH = "local/halo-keeper.b64"
+#: The keeper's share of a node: it reads the API and a few log tails.
+KEEPER_CPU_MHZ = 200
+KEEPER_MEMORY_MB = 256
+#: Nomad's smallest reschedule delay (nomad/structs/structs.go ReschedulePolicyMinDelay, v2.0.5).
+KEEPER_RESCHEDULE_DELAY_NS = 5 * 10**9
+
+
+def has_keeper(spec: JobSpec) -> bool:
+    """Whether the job carries its run's keeper (node/nomad_keeper.py): with ``retry:``, unless
+    ``nomad.keeper: false``."""
+    return bool(spec.nomad.keeper and spec.retry is not None)
+
+
+def keeper_group(launch: Launch) -> dict:
+    """The run's keeper: one allocation of a group of its own, whose task runs
+    ``python -m halo_sched.node.nomad_keeper`` (docs/recovery.md) with the task's workload identity
+    in its environment (``identity { env = true }``: ``NOMAD_TOKEN``, client/taskenv/env.go and
+    client/allocrunner/taskrunner/task_runner_getters.go setNomadToken, v2.0.5), which the Task API
+    socket (client/allocrunner/taskrunner/api_hook.go) takes as its token.
+
+    Its policies are the trainer's opposite: restarted when it exits badly, rescheduled without
+    limit (``reschedule { unlimited = true }``; Attempts 0 is sent, since a batch group's default 1
+    with unlimited is refused, nomad/structs/structs.go ReschedulePolicy.Validate, v2.0.5), and no
+    ``disconnect`` block: an allocation lost with its node is replaced at once under the same name
+    (``TaskGroup.Replace()`` true; scheduler/reconciler/filters.go, lost on a down node), so the keeper
+    comes back on another client and reads where the run is (it keeps no state of its own). The
+    job-level ``distinct_hosts`` keeps it off the trainer's nodes: losing a trainer's node never
+    loses the keeper. No ports, no services, no GPUs; the trainer's driver and image."""
+    from ...node_runtime import keeper_runtime
+    from ...templating import render_template
+
+    spec, job_id = launch.spec, launch.job_id
+    nm = spec.nomad
+    script = render_template("nomad/keeper.sh.j2", names=launch.names, runtime=keeper_runtime())
+    left, right = delimiters(script)
+    args = ["${NOMAD_TASK_DIR}/" + KEEPER_PATH.split("/", 1)[1]]
+    if nm.driver == "docker":
+        config: dict = {"image": launch.trainer.image, "entrypoint": ["/bin/bash"], "args": args, "network_mode": "host"}
+    else:
+        config = {"command": "/bin/bash", "args": args}
+    retry = spec.retry
+    env = {
+        NAMES.keeper_attempts: str(checked_int(retry.attempts if retry else 0, "retry.attempts")),
+        NAMES.keeper_retry_on: ",".join(check(w, "SLURM word", "retry.on") for w in (retry.on if retry else [])),
+        NAMES.keeper_nodes: str(checked_int(launch.trainer.nodes, "nodes")),
+    }
+    templates = [{"EmbeddedTmpl": script, "DestPath": KEEPER_PATH, "Perms": "0755", "ChangeMode": "noop",
+                  "LeftDelim": left, "RightDelim": right}]
+    if carries_runtime(job_id):
+        from ...node_runtime import KEEPER_ITEM
+
+        env[NAMES.node_runtime_file] = "${NOMAD_TASK_DIR}/" + KEEPER_RUNTIME_PATH.split("/", 1)[1]
+        templates.append({"EmbeddedTmpl": item_template(keeper_variable_path(check(job_id, "job id", "name")), KEEPER_ITEM),
+                          "DestPath": KEEPER_RUNTIME_PATH, "ChangeMode": "noop"})
+    task = {
+        "Name": KEEPER_TASK,
+        "Driver": nm.driver,
+        "Config": config,
+        "Env": env,
+        "Identity": {"Env": True},
+        "Templates": templates,
+        "Resources": {"CPU": KEEPER_CPU_MHZ, "MemoryMB": KEEPER_MEMORY_MB},
+        "KillTimeout": 5_000_000_000,
+    }
+    return {
+        "Name": KEEPER_GROUP,
+        "Count": 1,
+        "RestartPolicy": {"Attempts": 3, "Interval": 600 * 10**9, "Delay": 5 * 10**9, "Mode": "fail"},
+        "ReschedulePolicy": {"Attempts": 0, "Unlimited": True, "Delay": KEEPER_RESCHEDULE_DELAY_NS,
+                             "DelayFunction": "constant"},
+        "Tasks": [task],
+    }

@@ -3,21 +3,26 @@ job meta keys, which node rank an allocation runs (its name index), the rendezvo
 service's name and the secrets Variable's path. render.py explains the job's shape."""
 from __future__ import annotations
 
-import hashlib
 import re
 
+from ...node.contract import (
+    NOMAD_KEEPER_GROUP, NOMAD_KEEPER_TASK, NOMAD_NODES_META, NOMAD_TRAINER_GROUP, NOMAD_TRAINER_TASK, nomad_rdzv_service,
+)
 from . import servers as nomad_servers
 
-TASK = "torchrun"
+TASK = NOMAD_TRAINER_TASK
 PORT_LABEL = "rdzv"
 ENTRY_PATH = "local/halo-entry.sh"
 MASTER_FILE = nomad_servers.MASTER_FILE
-NODES_META = "halo_sched_nodes"
+NODES_META = NOMAD_NODES_META
 #: Job meta naming the job's secrets Variable (its path; never a value): whoever sees the job
 #: ended deletes that Variable (``NomadScheduler``), and only for jobs that carry this key.
 SECRETS_META = "halo_sched_secrets"
 #: The trainer's one group: count N, node rank = the allocation's name index.
-TRAINER_GROUP = "trainer"
+TRAINER_GROUP = NOMAD_TRAINER_GROUP
+#: The run's keeper (node/nomad_keeper.py): one group, one task (groups.py keeper_group).
+KEEPER_GROUP = NOMAD_KEEPER_GROUP
+KEEPER_TASK = NOMAD_KEEPER_TASK
 #: Rank 0's result file (``HALO_RESULT_FILE``, halo_sched/node/result.py), in the task directory
 #: of node 0's allocation, as the task sees it and as the client's fs/cat takes it (relative to
 #: the allocation directory): Nomad shares no filesystem with the submitter, but its client serves
@@ -42,12 +47,9 @@ def node_rank_of(task_group: str, alloc_name: str) -> int | None:
 
 def service_name(job_id: str) -> str:
     """The rendezvous service of one job: DNS-like (lower case, digits, '-'), at most 63
-    characters, and distinct for distinct job ids (a hash keeps it so when the id is folded)."""
-    base = "".join(c if c.isalnum() else "-" for c in job_id.lower()).strip("-") or "job"
-    if base != job_id or len(base) > 58:
-        digest = hashlib.sha256(job_id.encode()).hexdigest()[:8]
-        base = f"{base[:49].rstrip('-')}-{digest}"
-    return f"{base}-rdzv"
+    characters, and distinct for distinct job ids (a hash keeps it so when the id is folded);
+    node/contract.py defines it, as the run's keeper renames it for its next attempt."""
+    return nomad_rdzv_service(job_id)
 
 
 def carries_runtime(job_id: str) -> bool:
@@ -63,3 +65,11 @@ def variable_path(job_id: str) -> str:
     ``matchingVariablesCapabilitySet``: the implicit read/list for the claim's job)."""
     return f"nomad/jobs/{job_id}"
 
+
+
+def keeper_variable_path(job_id: str) -> str:
+    """The Variable holding the keeper's copy of the node runtime: the path of the job's ``keeper``
+    group, which the keeper's workload identity may read without any policy (acl/acl.go
+    ``matchingVariablesCapabilitySet``: ``nomad/jobs/<job>/<group>``, v2.0.5); the job's own
+    Variable (secrets and the trainer's copy) has no room left for it."""
+    return f"nomad/jobs/{job_id}/{KEEPER_GROUP}"

@@ -61,28 +61,33 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...errors import SpecError
+from ...node.contract import NOMAD_KEEPER_META
 from ...launch import Launch, compile_launch, render_entry
 from ...templating import check, checked_int, render_template
 from . import servers as nomad_servers
 from .client_settings import ClientNeed, client_needs
 from .groups import (
-    LOST_AFTER_MARGIN_NS, UNBOUNDED_JOB_LOST_AFTER_NS, delimiters, driver_config_literal, lost_after_ns,
-    master_template, server_group, trainer_group,
+    LOST_AFTER_MARGIN_NS, UNBOUNDED_JOB_LOST_AFTER_NS, delimiters, driver_config_literal, has_keeper, keeper_group,
+    lost_after_ns, master_template, server_group, trainer_group,
 )
 from .names import (
-    ENTRY_PATH, MASTER_FILE, NODES_META, PORT_LABEL, SECRETS_META, TASK, TRAINER_GROUP, alloc_index,
-    carries_runtime, node_rank_of, service_name, variable_path,
+    ENTRY_PATH, KEEPER_GROUP, KEEPER_TASK, MASTER_FILE, NODES_META, PORT_LABEL, SECRETS_META, TASK, TRAINER_GROUP,
+    alloc_index, carries_runtime, keeper_variable_path, node_rank_of, service_name, variable_path,
 )
 from .secrets import SECRET_PERMS, secret_owner, secret_template, secret_wiring
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...models import JobSpec
 
+#: Job meta of a job carrying its run's keeper.
+KEEPER_META = NOMAD_KEEPER_META
+
 # The names other modules and tests import from here, wherever they are defined.
 __all__ = [
-    "ClientNeed", "ENTRY_PATH", "LOST_AFTER_MARGIN_NS", "MASTER_FILE", "NODES_META", "NODE_NAME_TARGET",
+    "ClientNeed", "ENTRY_PATH", "KEEPER_GROUP", "KEEPER_META", "KEEPER_TASK", "LOST_AFTER_MARGIN_NS", "MASTER_FILE", "NODES_META", "NODE_NAME_TARGET",
     "PORT_LABEL", "SECRETS_META", "SECRET_PERMS", "TASK", "TRAINER_GROUP", "UNBOUNDED_JOB_LOST_AFTER_NS",
-    "alloc_index", "client_needs", "client_requirements", "delimiters",
+    "alloc_index", "client_needs", "client_requirements", "delimiters", "has_keeper", "keeper_variable_items",
+    "keeper_variable_path",
     "driver_config_literal", "exclude_constraints", "go_duration", "job_payload", "lost_after_ns",
     "master_template", "node_rank_of", "payload", "render_hcl", "secret_owner", "secret_template",
     "secret_wiring", "service_name", "variable_items", "variable_path",
@@ -108,6 +113,17 @@ def variable_items(spec: JobSpec, job_id: str) -> dict[str, str]:
                                         f"{rest} {size - secrets:,}; Nomad keeps at most {VARIABLE_MAX:,} "
                                         "(maxVariableSize); pass fewer or smaller secrets")])
     return items
+
+
+def keeper_variable_items(spec: JobSpec, job_id: str) -> dict[str, str]:
+    """What the keeper's Variable (:func:`keeper_variable_path`) holds: the keeper's copy of the node
+    runtime (halo_sched/node_runtime.py ``keeper_runtime``). Empty: the job has no keeper, or an
+    id no Variable can carry (its keeper then needs halo-sched at the job's version on its node)."""
+    from ...node_runtime import KEEPER_ITEM, keeper_runtime
+
+    if not has_keeper(spec) or not carries_runtime(job_id):
+        return {}
+    return {KEEPER_ITEM: keeper_runtime().base64}
 
 
 #: The most a Nomad Variable holds, counted as :func:`_variable_size` counts: nomad/structs/variables.go
@@ -177,6 +193,10 @@ def payload(launch: Launch) -> dict:
     }
     if spec.secret_names or carries_runtime(job_id):  # the job has a Variable (deleted once it ended)
         job["Meta"][SECRETS_META] = variable_path(job_id)
+    if has_keeper(spec):
+        # The run's keeper (node/nomad_keeper.py): the waiting processes follow it, none submits.
+        job["Meta"][KEEPER_META] = "1"
+        job["TaskGroups"].append(keeper_group(launch))
     if launch.servers:
         if nm.driver == "docker" and not all(r.image for r in launch.servers):
             raise SpecError([("servers", "the Nomad docker driver needs an image for every server role; set "

@@ -32,12 +32,11 @@ or collect it (nomad/state/state_store_service_registration.go ``deregisterServi
 """
 from __future__ import annotations
 
-import hashlib
-
 from ...launch import Launch
+from ...node.contract import NOMAD_SERVER_GROUP_PREFIX, NOMAD_SERVERS_META, nomad_attempt_key, nomad_server_service
 from ...templating import check
 
-GROUP_PREFIX = "server-"
+GROUP_PREFIX = NOMAD_SERVER_GROUP_PREFIX
 TASK = "server"
 PORT_LABEL = "http"
 ENTRY_PATH = "local/halo-server.sh"
@@ -45,7 +44,7 @@ ENTRY_PATH = "local/halo-server.sh"
 # trainer's renderer takes these from here).
 MASTER_FILE = "local/halo-master-addr"
 MASTER_FILE_IN_TASK = "${NOMAD_TASK_DIR}/halo-master-addr"
-SERVERS_META = "halo_sched_servers"
+SERVERS_META = NOMAD_SERVERS_META
 
 
 def group_name(role: str) -> str:
@@ -58,7 +57,8 @@ def role_of_group(task_group: str) -> str | None:
 
 def attempt_key(job_id: str, attempt: int) -> str:
     """What a job's service registrations are named after: the job ID; for a retry attempt, which
-    is a new version of the same job (NomadScheduler.submit_attempt), the ID and the attempt.
+    is a new version of the same job (NomadScheduler.submit_attempt, or the run's keeper), the ID
+    and the attempt (node/contract.py ``nomad_attempt_key``, which the keeper reads too).
     Nomad deletes a Nomad-native registration only when its allocation is client-terminal
     (complete, failed, lost) or garbage-collected (nomad/state/state_store_service_registration.go
     ``deregisterServicesForTerminalAllocs``, nomad/state/state_store.go ``DeleteEval`` -> allocs,
@@ -68,19 +68,13 @@ def attempt_key(job_id: str, attempt: int) -> str:
     its registration stays under the old name through the retry, and ``nomadService`` lists
     registrations ordered by ID (alloc UUIDs): the next attempt would read the dead node's. Under
     a name of its own, it never reads an earlier attempt's."""
-    return f"{job_id}-attempt{attempt}" if attempt else job_id
+    return nomad_attempt_key(job_id, attempt)
 
 
 def service_name(job_id: str, role: str) -> str:
     """A DNS-like service name (at most 63) per job (an attempt's: attempt_key) and role,
-    distinct for distinct pairs."""
-    check(role, "server name", "servers[].name")
-    base = "".join(c if c.isalnum() else "-" for c in job_id.lower()).strip("-") or "job"
-    name = f"{base}-srv-{role}"
-    if name != f"{job_id}-srv-{role}" or len(name) > 63:
-        digest = hashlib.sha256(f"{job_id}\0{role}".encode()).hexdigest()[:8]
-        name = f"{base[:63 - len(role) - 14].rstrip('-')}-{digest}-srv-{role}"
-    return name
+    distinct for distinct pairs (node/contract.py ``nomad_server_service``)."""
+    return nomad_server_service(job_id, check(role, "server name", "servers[].name"))
 
 
 def addrs_template(job_id: str, role: str) -> str:

@@ -30,7 +30,7 @@ from typing import Any, Iterable
 
 from halo_sched.backends.base import JobState, JobStatus, NomadDetail
 
-from .render import NODES_META, TRAINER_GROUP, alloc_index, node_rank_of
+from .render import KEEPER_GROUP, NODES_META, TRAINER_GROUP, alloc_index, node_rank_of
 
 # nomad/structs: AllocTimeoutReasonMaxRunDuration. Matched exactly: free text such as an image
 # name or a log line may contain "max_run_duration" without anything having timed out.
@@ -434,12 +434,15 @@ def job_state(job: dict | None, allocs: Iterable[dict], evals: Iterable[dict], j
         detail.namespace = job.get("Namespace")
         detail.servers_expected = _servers_expected(job)
 
+    # The run's keeper (its own group) holds no node of the job's: its times are not the job's.
+    timed = [a for a in allocs if a.get("TaskGroup") != KEEPER_GROUP]
+
     def state(status: JobStatus, reason: str = "", exit_code: int | None = None) -> JobState:
         return with_task_times(JobState(
             id=job_id, status=status,
             raw_state=(job or {}).get("Status") or ("not found" if job is None else ""),
             exit_code=exit_code, nodes_total=n, nodes_running=running, reason=reason, nomad=detail,
-        ), allocs)
+        ), timed)
 
     if job is None:
         return state(JobStatus.UNKNOWN, f"Nomad has no job {job_id!r}: never registered in this namespace/region, "

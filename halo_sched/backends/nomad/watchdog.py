@@ -4,7 +4,8 @@ placed within the placement timeout.
 Nomad places allocations independently (no gang scheduling) and ends nothing when one fails: a
 half-placed job holds its placed nodes' GPUs, and the survivors of a dead rank hold theirs until
 NCCL's timeout. Whoever watches the job (``submit --wait``, ``Job.wait()``, ``halo-sched watch``)
-runs :func:`watch_job`, which stops (deregisters, no purge) the job within one look of either.
+runs :func:`watch_job`, which stops (deregisters, no purge) the job within one look of either;
+a job whose run's keeper is alive (``keeper`` group) is the keeper's to stop or carry on.
 
 Each look is a blocking query on the job's allocations (``index``/``wait``): Nomad answers as soon
 as they change, else after ``wait_s``, so a dead rank is seen at once while an idle job costs two
@@ -23,6 +24,7 @@ from halo_sched.errors import OutcomeUnknown, SchedulerError
 from halo_sched.outage import ASK_LIMIT_S, RETRY_EVERY_S, Outage, clock_text, is_outage
 from halo_sched.retry import within
 
+from .render import KEEPER_GROUP
 from .state import job_state, ranks_text
 from .transport import never_resolved
 
@@ -80,6 +82,15 @@ def _detail(state: JobState) -> NomadDetail:
     if state.nomad is None:
         state.nomad = NomadDetail()
     return state.nomad
+
+
+def keeper_alive(allocs: list[dict]) -> bool:
+    """A live allocation of the run's keeper (node/nomad_keeper.py, the job's ``keeper`` group):
+    it decides what a dead rank means (the run's next attempt, which stops the survivors, or the
+    job's stop) and the watcher only watches; a keeper not placed, or ended, leaves it to the
+    watcher as before."""
+    return any(a.get("TaskGroup") == KEEPER_GROUP and a.get("DesiredStatus") == "run"
+               and a.get("ClientStatus") in ("pending", "running") for a in allocs or ())
 
 
 def _survivors(state: JobState) -> list[int]:
@@ -210,7 +221,7 @@ def watch_job(
         detail = _detail(state)
         dead = detail.dead
         survivors = _survivors(state)
-        if dead and survivors and not detail.stop_requested:
+        if dead and survivors and not detail.stop_requested and not keeper_alive(allocs):
             first = dead[0]
             who = f"server {first['server']}" if first.get("server") else f"node rank {first['node_rank']}"
             why = (f"{who} died first ({first['detail']}); halo-sched stopped the job: "
