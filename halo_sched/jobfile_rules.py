@@ -501,6 +501,9 @@ def job_cross_checks(self: Section) -> Section:
     if self.slurm.spare_nodes and self.servers:
         raise ValueError("slurm.spare_nodes: hot spares are for the trainer's nodes only; a job with servers cannot "
                          "have them yet")
+    if self.nomad.spare_nodes and self.servers:
+        raise ValueError("nomad.spare_nodes: hot spares are for the trainer's nodes only; a job with servers cannot "
+                         "have them yet")
     check_hang(self)
     clash = sorted(derived & set(self.env))
     if clash:
@@ -535,6 +538,13 @@ class SlurmMethods:
         if parsed is None:  # only a spec built without validation holds such a value
             raise TypeError(f"slurm.signal {self.signal!r} is not a [B:]SIGNAL[@seconds]")
         return parsed
+
+
+def nomad_spares(self):
+    """``nomad.spare_nodes`` needs the run's keeper: it is what gives a spare the bad node's rank."""
+    if self.spare_nodes and not self.keeper:
+        raise ValueError("spare_nodes: hot spares need keeper: true (the run's keeper gives a spare the bad node's rank)")
+    return self
 
 
 class NomadMethods:

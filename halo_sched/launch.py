@@ -298,6 +298,7 @@ def render_entry(launch: Launch) -> str:
     return render_template(
         "entry.sh.j2", launch=launch, names=launch.names, warning=launch.warning,
         trainer=launch.trainer, runtime=runtime(), sums=checksums(), gate=_gate(launch.spec),
+        spares=launch.spec.nomad.spare_nodes,
     )
 
 

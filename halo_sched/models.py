@@ -186,6 +186,14 @@ class Nomad(NomadMethods, _Model):
                     "the ACL policy there). false: a waiting halo-sched process retries, as before.",
     )
 
+    spare_nodes: int = Field(
+        0, ge=0, le=64,
+        description="Hot spares: the trainer's group holds nodes + spare_nodes allocations, the spares idle; after a "
+                    "node's fault the run's keeper gives the bad node's rank to a spare and every rank starts again in "
+                    "the same allocations, without a new placement (docs/nomad.md, \"Hot spares\"). Needs keeper: "
+                    "true; their idle GPU-hours count in the run's.",
+    )
+
     _user = field_validator("user")(staticmethod(rules.nomad_user))
 
 
@@ -198,6 +206,7 @@ class Nomad(NomadMethods, _Model):
 
 
     _docker_only = model_validator(mode="after")(rules.nomad_docker_only)
+    _spares = model_validator(mode="after")(rules.nomad_spares)
     _shm_fits = model_validator(mode="after")(rules.nomad_shm_fits)
 
 

@@ -28,7 +28,7 @@ its job was started: ``LocalScheduler.submit_attempt``), started or adopted; Nom
 registered for the attempt (its Meta), recorded. A claim's row stays
 once made: while it has no job, no reader follows an attempt's record by its number.
 
-Cost: each attempt's node-hours are nodes (servers and slurm.spare_nodes included) x wall time, GPU-hours nodes x gpus_per_node x wall
+Cost: each attempt's node-hours are nodes (servers, slurm.spare_nodes and nomad.spare_nodes included) x wall time, GPU-hours nodes x gpus_per_node x wall
 time; the wall time is the scheduler's own start and end where the backend reports them
 (``JobState.started_at``/``ended_at``: local, the supervisor's times; SLURM, StartTime/EndTime;
 Nomad, the allocations' task StartedAt/FinishedAt), else the times the waiting
@@ -552,9 +552,11 @@ def row_of(rec: dict) -> AttemptRow:
     servers = spec.get("servers") if isinstance(spec.get("servers"), list) else []
     nodes = number(rec.get("nodes") or spec.get("nodes")) + sum(number(s.get("nodes")) for s in servers
                                                                 if isinstance(s, dict))
-    # Hot spares are held the whole time, idle or not: their hours are the run's too.
+    # Hot spares are held the whole time, idle or not: their hours are the run's too (SLURM's in the
+    # allocation, Nomad's allocations of the trainer's group).
     slurm = spec.get("slurm") if isinstance(spec.get("slurm"), dict) else {}
-    nodes += number(slurm.get("spare_nodes"))
+    nomad = spec.get("nomad") if isinstance(spec.get("nomad"), dict) else {}
+    nodes += number(slurm.get("spare_nodes")) + number(nomad.get("spare_nodes"))
     gpus = number(spec.get("gpus_per_node"))
     wall, clock = _wall(rec)
     run = rec.get("run") if isinstance(rec.get("run"), dict) else {}

@@ -63,7 +63,8 @@ def test_the_zip_is_the_same_bytes_at_every_build_and_holds_only_the_carried_mod
     again = runtime()
     assert again.zip_bytes == rt.zip_bytes and again.sha256 == hashlib.sha256(rt.zip_bytes).hexdigest()
     names = zipfile.ZipFile(io.BytesIO(rt.zip_bytes)).namelist()
-    assert names == ["halo_sched/__init__.py"] + [f"halo_sched/node/{m}" for m in node.CARRIED]
+    assert names == ["halo_sched/__init__.py"] + [f"halo_sched/node/{m}" for m in node.CARRIED
+                                                  if m not in node.KEEPER_ONLY]
     assert rt.version == node.runtime_version() and re.fullmatch(r"[0-9a-f]{16}", rt.version)
 
 
@@ -72,7 +73,8 @@ def test_every_carried_module_imports_from_the_zip_alone(tmp_path):
     z = tmp_path / "rt.zip"
     z.write_bytes(runtime().zip_bytes)
     mods = [("halo_sched.node." + m[:-3].replace("/", ".")).removesuffix(".__init__") for m in node.CARRIED
-            if m.endswith(".py") and m != "shell.py"]  # shell.py prints entry.sh when run, below
+            if m.endswith(".py") and m != "shell.py"  # shell.py prints entry.sh when run, below
+            and m not in node.KEEPER_ONLY]  # in the keeper's own copy: test_the_keepers_copy_...
     code = (f"import sys; sys.path[:0] = [{str(z)!r}]\n"
             f"for m in {mods!r}:\n    __import__(m)\n"
             "import halo_sched\nassert halo_sched.__file__.startswith(sys.path[0]), halo_sched.__file__\n"
@@ -190,5 +192,35 @@ def test_the_carried_copy_fits_where_it_travels():
 
 def test_the_nomad_copy_leaves_out_only_what_a_batch_shell_runs():
     names = zipfile.ZipFile(io.BytesIO(runtime(batch=False).zip_bytes)).namelist()
-    assert names == ["halo_sched/__init__.py"] + [f"halo_sched/node/{m}" for m in node.CARRIED if m not in node.BATCH_ONLY]
-    assert set(node.BATCH_ONLY) < set(node.CARRIED)
+    assert names == ["halo_sched/__init__.py"] + [f"halo_sched/node/{m}" for m in node.CARRIED
+                                                  if m not in node.BATCH_ONLY + node.KEEPER_ONLY]
+    assert set(node.BATCH_ONLY) < set(node.CARRIED) and set(node.KEEPER_ONLY) < set(node.KEEPER) < set(node.CARRIED)
+
+
+def test_the_keepers_copy_holds_what_it_imports_and_fits_its_variable(tmp_path):
+    """A Nomad run's keeper runs from a copy of its own (node.KEEPER, in a Variable of its own: the
+    job's has no room left): every module of it imports from that zip alone, its Python is the
+    source without comments, and it fits a Variable (64 KiB, nomad/structs/variables.go
+    maxVariableSize) with its item's name."""
+    import ast
+
+    from halo_sched.node_runtime import KEEPER_ITEM, keeper_runtime
+
+    rt = keeper_runtime()
+    assert rt.version == runtime().version and len(KEEPER_ITEM) + len(rt.base64) <= 60 * 1024
+    names = zipfile.ZipFile(io.BytesIO(rt.zip_bytes)).namelist()
+    assert names == ["halo_sched/__init__.py"] + [f"halo_sched/node/{m}" for m in node.KEEPER]
+    z = tmp_path / "keeper.zip"
+    z.write_bytes(rt.zip_bytes)
+    mods = [("halo_sched.node." + m[:-3]).removesuffix(".__init__") for m in node.KEEPER]
+    code = (f"import sys; sys.path[:0] = [{str(z)!r}]\n"
+            f"for m in {mods!r}:\n    __import__(m)\n"
+            "import halo_sched\nassert halo_sched.__file__.startswith(sys.path[0]), halo_sched.__file__\n")
+    r = subprocess.run([SYSTEM_PY, "-I", "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    here = Path(node.__file__).parent
+    keeper = zipfile.ZipFile(io.BytesIO(rt.zip_bytes))
+    for name in (n for n in names if n.startswith("halo_sched/node/")):
+        original = (here / name[len("halo_sched/node/"):]).read_text()
+        assert ast.dump(ast.parse(keeper.read(name).decode()), include_attributes=True) == \
+            ast.dump(ast.parse(original), include_attributes=True), name

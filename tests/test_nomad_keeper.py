@@ -301,3 +301,79 @@ def test_a_waiting_client_follows_the_keeper_and_registers_nothing(tmp_path):
                         ("POST", "/v1/jobs")], http
         st = cli("status", job_id, "--backend", "nomad", env=env, cwd=tmp_path)
         assert "\tattempt 2: " in st.stdout and f"{job_id}~v1 COMPLETED" in st.stdout, st.stdout + st.stderr
+
+
+# ---- hot spares (nomad.spare_nodes) -----------------------------------------------------------------
+
+
+def _spares_keeper(fake, job_id: str, **kw) -> Keeper:
+    k = _keeper(fake, job_id, **kw)
+    k.s.spares = 1
+    k.spare_settle_s = 0.5
+    return k
+
+
+def _world(fake, job_id: str) -> dict:
+    var = fake.variables.get(("default", f"nomad/jobs/{job_id}/trainer"))
+    return (var or {}).get("Items") or {}
+
+
+def test_a_spare_takes_a_bad_nodes_rank_in_the_next_world(tmp_path):
+    """``nomad.spare_nodes: 1``: the trainer's group holds 3 allocations, slot 2 idle. Slot 1's node
+    fails as a bad node (its signed line, streamed from its task's stderr while its allocation
+    runs on, waiting): the keeper writes generation 1 of the run's world, check-and-set on the
+    Variable, node rank 1 on slot 2; ``status`` folds the ranks by that world (RUNNING, the swap
+    and no spare left), and the swap's host is in the node ledger. A second node fault, with no
+    spare left, ends the world and the run (no retry:): the job is stopped."""
+    with FakeNomad([FakeNode(n, gpus=0) for n in ("n0", "n1", "n2", "n3")], token=TOKEN) as fake:
+        fake.attach_policy("default", CAPS, variables={"nomad/jobs/*": ("read", "write")})
+        spec = _spec(tmp_path, retry=None, nomad={"driver": "raw_exec", "spare_nodes": 1})
+        job_id = _submit(fake, spec)
+        assert fake.job_record(job_id)["TaskGroups"][0]["Count"] == 3
+        keeper = _spares_keeper(fake, job_id)
+        out = _run(keeper)
+        _wait_for(lambda: len(keeper._streams) == 3, what="a log stream per slot")
+        slot1 = _alloc(fake, job_id, "trainer[1]")
+        rec = {"node": 1, "rank": 1, "local_rank": 0, "host": slot1["NodeName"], "exit_code": -9, "signal": "SIGKILL",
+               "time": time.time(), "error": "", "tail": []}
+        fake.write_log(slot1["ID"], failure_collector.record_line(rec, _key(fake, job_id), secrets=[]) + "\n",
+                       type="stderr")
+        _wait_for(lambda: _world(fake, job_id).get("generation") == "1", what="generation 1")
+        world = _world(fake, job_id)
+        spare = _alloc(fake, job_id, "trainer[2]")["NodeName"]
+        assert (world["ranks"], world["master"], world["state"], world["attempt"]) == ("0:0,2:1", "0", "running", "0")
+        (swap,) = json.loads(world["swaps"])
+        assert (swap["rank"], swap["bad"], swap["spare"], swap["slot"], swap["to"]) == (1, slot1["NodeName"], spare, 1, 2)
+        put = [r for r in fake.requests if r.path.endswith("/trainer") and r.method == "PUT"]
+        assert len(put) == 1 and put[0].query.get("cas") == "0" and put[0].via == "task-api", put
+        # The submitter's view: node rank 1 is slot 2 now; the job runs on, its spare used.
+        sched = NomadScheduler(client=NomadClient(NomadConfig(address=fake.address, token=TOKEN, retry_attempts=1)))
+        st = sched.query([job_id])[job_id]
+        assert st.status.name == "RUNNING" and st.spares["left"] == 0, st.describe()
+        assert [n["alloc_id"] for n in st.nomad.nodes] == [_alloc(fake, job_id, "trainer[0]")["ID"],
+                                                            _alloc(fake, job_id, "trainer[2]")["ID"]]
+        assert f"0 of 1 spare left ({slot1['NodeName']} -> {spare}: killed by SIGKILL" in st.describe(), st.describe()
+        # A second fault, on the spare itself: none left, no retry: the world ends, the job stops.
+        rec = {**rec, "node": 1, "host": spare, "time": time.time() + 1}
+        fake.write_log(_alloc(fake, job_id, "trainer[2]")["ID"],
+                       failure_collector.record_line(rec, _key(fake, job_id), secrets=[]) + "\n", type="stderr")
+        assert _done(out) == 0
+        assert _world(fake, job_id)["state"] == "done" and fake.job_record(job_id)["Stop"]
+        assert any("no spare left to take node rank 1" in ln for ln in keeper.lines), keeper.lines
+
+
+def test_a_spare_takes_rank_0_of_a_lost_node_and_becomes_the_worlds_master(tmp_path):
+    """Rank 0's node goes down (unknown): its rank, and the rendezvous with it, goes to the spare;
+    the world names the spare's slot as rank 0's."""
+    with FakeNomad([FakeNode(n, gpus=0) for n in ("n0", "n1", "n2", "n3")], token=TOKEN) as fake:
+        fake.attach_policy("default", CAPS, variables={"nomad/jobs/*": ("read", "write")})
+        job_id = _submit(fake, _spec(tmp_path, nomad={"driver": "raw_exec", "spare_nodes": 1}))
+        keeper = _spares_keeper(fake, job_id)
+        out = _run(keeper)
+        _wait_for(lambda: len(keeper._streams) == 3, what="a log stream per slot")
+        fake.node_down(_alloc(fake, job_id, "trainer[0]")["NodeName"])
+        _wait_for(lambda: _world(fake, job_id).get("generation") == "1", what="generation 1")
+        assert (_world(fake, job_id)["ranks"], _world(fake, job_id)["master"]) == ("2:0,1:1", "2")
+        # The job cancelled: the keeper sees the stop and ends.
+        NomadScheduler(client=NomadClient(NomadConfig(address=fake.address, token=TOKEN, retry_attempts=1))).cancel([job_id])
+        assert _done(out) == 0 and any("the job was stopped" in ln for ln in keeper.lines), keeper.lines

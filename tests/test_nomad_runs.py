@@ -56,7 +56,7 @@ def _job(tmp_path, trainer: str | None = None, trainer_spec: dict | None = None,
     data = {"name": "nomad-run", "nodes": 2, "nproc_per_node": 1,
             "trainer": {"script": str(REPO / "examples" / "train_ddp.py"), "args": ["--steps", "5"]},
             "env": {"OMP_NUM_THREADS": "1"}, "rendezvous": {"timeout_s": 60},
-            "nomad": {"driver": "raw_exec", "keeper": keeper}, **extra}
+            "nomad": {"driver": "raw_exec", "keeper": keeper, **extra.pop("nomad", {})}, **extra}
     if trainer:
         shutil.copy(REPO / "tests" / "trainers" / trainer, tmp_path / trainer)
         data["trainer"] = {"script": str(tmp_path / trainer), "args": []}
@@ -185,6 +185,58 @@ def test_a_node_fault_on_nomad_is_retried_by_the_keeper_with_no_client_alive(tmp
         assert "n1" in nodes and f"{run_id}@nomad" in nodes, nodes
         print(f"Nomad keeper retry, no client alive: fault to every rank of attempt 2 started {recovery:.1f} s; "
               f"whole run {took:.1f} s")
+
+
+def _starts(tmp_path) -> list[tuple[str, str, str, float]]:
+    """Every ``starts.log`` row of tests/trainers/slot_fault.py: (what, slot, node rank, time)."""
+    return [(r[0], r[1], r[2], float(r[3])) for p in (tmp_path / "nomad").rglob("starts.log")
+            for r in (ln.split() for ln in p.read_text().splitlines()) if len(r) == 4]
+
+
+@pytest.mark.torch
+def test_a_hot_spare_takes_a_bad_nodes_rank_on_nomad_with_no_client_alive(tmp_path):
+    """``nomad.spare_nodes: 1``, 2 nodes: the trainer's group holds 3 allocations (slot 2 idle).
+    With the submitting process gone, slot 1's rank fails as a bad node once the world formed
+    (tests/trainers/slot_fault.py); the keeper (a task of the job, in the simulator) gives node
+    rank 1 to the spare in the next world, and both ranks start again in the same allocations (no
+    placement, no new version); the run completes. ``status`` shows the swap, the spare used, and
+    the spare's idle GPU-hours in the run's. Without the keeper (or without the world loop in the
+    entry script) the run fails: the break-it check."""
+    shutil.copy(REPO / "tests" / "trainers" / "slot_fault.py", tmp_path / "slot_fault.py")
+    with _cluster(tmp_path, names=("n0", "n1", "n2", "n3")) as (fake, env, sims):
+        fake.attach_policy("default", KEEPER_CAPS, variables={"nomad/jobs/*": ("read", "write")})
+        job = _job(tmp_path, keeper=True, trainer_spec={"script": str(tmp_path / "slot_fault.py"), "args": ["--steps", "20"]},
+                   nomad={"driver": "raw_exec", "spare_nodes": 1}, retry={"attempts": 2, "on": ["node"]})
+        r = cli("submit", job, "--backend", "nomad", "--quiet", cwd=tmp_path, env=env, timeout=120)
+        assert r.returncode == 0, r.stderr[-3000:]
+        run_id = r.stdout.strip().splitlines()[-1]
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and fake.job_record(run_id)["Status"] != "dead":
+            fake.tick()  # the clients' updates (nobody else asks the servers anything)
+            time.sleep(0.5)
+        (sim,) = sims  # one version: the spare took the rank inside it
+        said = {a.name: (sim.stdout(a.name) + sim.stderr(a.name))[-2500:] for a in sim.allocations}
+        assert fake.job_record(run_id)["Status"] == "dead", said
+        rows = _starts(tmp_path)
+        fault = next(t for what, slot, _, t in rows if what == "fault")
+        restart = min(t for what, _, _, t in rows if what == "start" and t > fault)  # the next world's first start
+        again = [(slot, node, t) for what, slot, node, t in rows if what == "trained" and t > restart]
+        assert sorted((slot, node) for slot, node, _ in again) == [("0", "0"), ("2", "1")], (rows, said)
+        recovery = max(t for _, _, t in again) - fault
+        world = fake.variables[("default", f"nomad/jobs/{run_id}/trainer")]["Items"]
+        assert (world["generation"], world["ranks"], world["state"]) == ("1", "0:0,2:1", "done"), world
+        keeper = sim.stdout(f"{run_id}.keeper[0]")
+        assert "node rank 1 moves from slot 1 (n" in keeper, keeper
+        st = cli("status", run_id, "--backend", "nomad", cwd=tmp_path, env=env)
+        assert st.returncode == 0 and "COMPLETED" in st.stdout, st.stdout + st.stderr
+        bad = _nodes_of(fake, run_id)["trainer[1]"]
+        assert f"0 of 1 spare left ({bad} -> " in st.stdout, st.stdout
+        # The spare's hours are the run's: 3 nodes x the wall time.
+        js = json.loads(cli("status", run_id, "--backend", "nomad", "--json", cwd=tmp_path, env=env).stdout)
+        assert js["spares"]["left"] == 0 and js["run"]["attempts"][0]["nodes"] == 3, js
+        assert bad in cli("nodes", env=env).stdout  # the swapped node is ledgered
+        assert recovery <= 30, recovery
+        print(f"Nomad hot spare, no client alive: fault to every rank training again {recovery:.1f} s")
 
 
 @pytest.mark.torch

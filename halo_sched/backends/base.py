@@ -176,6 +176,12 @@ def backend_only(backend: str, spec) -> None:
         raise SpecError([("slurm.spare_nodes", f"hot spares are SLURM's (sbatch --no-kill, a step on some nodes of "
                                                f"the allocation); the {backend} backend cannot hold them: drop "
                                                "slurm.spare_nodes or use --backend slurm")])
+    if spec.nomad.spare_nodes and backend != "nomad":
+        from ..errors import SpecError
+
+        raise SpecError([("nomad.spare_nodes", f"hot spares here are Nomad's (allocations of the trainer's group that the "
+                                               f"run's keeper hands a rank); the {backend} backend cannot hold them: drop "
+                                               "nomad.spare_nodes, or use slurm.spare_nodes with --backend slurm")])
 
 
 def validates_spec(method):

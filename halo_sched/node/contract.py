@@ -129,6 +129,11 @@ class EnvNames:
     #: The trainer's node ranks N and its hot spares K (nomad.spare_nodes).
     keeper_nodes: str = "HALO_KEEPER_NODES"
     keeper_spares: str = "HALO_KEEPER_SPARES"
+    #: A trainer node of a Nomad job with hot spares (node/entry.sh halo_world): a file holding the
+    #: run's current world as the keeper wrote it (``KEY VALUE`` lines: attempt, generation, state,
+    #: master, ranks), and one of every slot's registration (``halo-index-K ADDR PORT`` lines).
+    world_file: str = "HALO_WORLD_FILE"
+    slots_file: str = "HALO_SLOTS_FILE"
 
     # ---- hang detection (``hang:``; node/hang_monitor.py, node/progress.py) ----
     #: The directory each rank appends ``STEP UNIX_TIME`` lines to (``rank-$RANK``).

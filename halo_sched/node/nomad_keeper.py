@@ -39,12 +39,14 @@ import copy
 import http.client
 import json
 import os
+import queue
 import re
 import secrets
 import socket
 import sys
+import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 from urllib.parse import quote, urlencode
 
@@ -165,6 +167,35 @@ class TaskAPI:
         except ValueError:
             out = text
         return out, int(index) if index.isdigit() else 0
+
+
+    def stream_lines(self, path: str, query: dict, stop: threading.Event, timeout: float = 600.0):
+        """The lines of a streaming answer (``follow=true`` logs) as they come, until it ends or
+        ``stop`` is set (checked between reads). Raises APIError as :meth:`call`."""
+        q = dict(query)
+        if self.namespace:
+            q.setdefault("namespace", self.namespace)
+        conn = _UnixConnection(self._path(), timeout)
+        try:
+            conn.request("GET", path + "?" + urlencode(q), headers={"X-Nomad-Token": self.token} if self.token else {})
+            resp = conn.getresponse()
+            if not 200 <= resp.status < 300:
+                raise APIError(resp.status, " ".join(resp.read(4096).decode("utf-8", "replace").split())[:300])
+            buf = b""
+            while not stop.is_set():
+                chunk = resp.read1(65536)
+                if not chunk:
+                    break
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    yield line.decode("utf-8", "replace")
+                if len(buf) > 1 << 20:  # a line that long is no failure line: dropped
+                    buf = b""
+        except (OSError, http.client.HTTPException) as err:
+            raise APIError(0, f"the stream broke ({type(err).__name__}: {err})") from err
+        finally:
+            conn.close()
 
 
 # ---- what the keeper reads of the job ----------------------------------------------------------
@@ -299,19 +330,76 @@ class Settings:
                    key=env.get(NAMES.failure_key) or "", spares=number(NAMES.keeper_spares))
 
 
+#: With hot spares: how long after a rank's first failure line the keeper waits for its peers'
+#: (the earliest line decides), and how often it looks at the allocations meanwhile.
+SPARE_SETTLE_S = 3.0
+SPARE_LOOK_S = 1.0
+
+
+@dataclass
+class World:
+    """Which slot of the trainer's group (its allocation index) runs which node rank, as the keeper
+    wrote it into the world Variable (generation 0: slots 0..N-1 as ranks, never written); rank
+    0's slot is ``master``."""
+
+    attempt: int
+    generation: int = 0
+    ranks: dict[int, int] = field(default_factory=dict)
+    state: str = "running"
+    swaps: list[dict] = field(default_factory=list)
+    index: int = 0  # the Variable's ModifyIndex, for the next check-and-set (0: none yet)
+
+    @property
+    def master(self) -> int:
+        return next(slot for slot, rank in self.ranks.items() if rank == 0)
+
+    def items(self) -> dict[str, str]:
+        return {"attempt": str(self.attempt), "generation": str(self.generation), "state": self.state,
+                "master": str(self.master),
+                "ranks": ",".join(f"{slot}:{rank}" for slot, rank in sorted(self.ranks.items(), key=lambda kv: kv[1])),
+                "swaps": json.dumps(self.swaps, separators=(",", ":"))}
+
+    @classmethod
+    def parse(cls, items: dict, attempt: int, nodes: int) -> "World | None":
+        """A world as written (None: another attempt's, or not well formed)."""
+        try:
+            if int(items.get("attempt", "")) != attempt:
+                return None
+            ranks = {}
+            for pair in str(items.get("ranks") or "").split(","):
+                slot, _, rank = pair.partition(":")
+                ranks[int(slot)] = int(rank)
+            swaps = json.loads(items.get("swaps") or "[]")
+            world = cls(attempt, int(items["generation"]), ranks, str(items.get("state") or "running"),
+                        swaps if isinstance(swaps, list) else [])
+        except (ValueError, KeyError, TypeError):
+            return None
+        return world if sorted(world.ranks.values()) == list(range(nodes)) else None
+
+
 class Keeper:
     """One keeper of one version of one job: :meth:`run` until the version ended, was replaced by
-    a newer one, or was stopped. ``api`` is a :class:`TaskAPI` (anything with its ``call``)."""
+    a newer one, or was stopped. ``api`` is a :class:`TaskAPI` (anything with its ``call``, and
+    ``stream_lines`` for hot spares)."""
 
     def __init__(self, api, settings: Settings, say: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 settle_s: float = SETTLE_S, wait_s: float = WAIT_S, act_s: float = ACT_S):
+                 settle_s: float = SETTLE_S, wait_s: float = WAIT_S, act_s: float = ACT_S,
+                 spare_settle_s: float = SPARE_SETTLE_S):
         self.api, self.s = api, settings
         self.say = say or _say
         self.clock, self.sleep = clock, sleep
-        self.settle_s, self.wait_s, self.act_s = settle_s, wait_s, act_s
+        self.settle_s, self.wait_s, self.act_s, self.spare_settle_s = settle_s, wait_s, act_s, spare_settle_s
         self._said: set[str] = set()
         self._job_path = "/v1/job/" + quote(settings.job_id, safe="")
+        self.world = World(0, ranks={i: i for i in range(settings.nodes)})
+        # Hot spares: each slot's failure lines of the current world, as its log stream brings them.
+        self._lines: queue.Queue = queue.Queue()
+        self._streams: dict[str, threading.Thread] = {}
+        self._stop = threading.Event()
+        self._seen: dict[int, list[RankFailure]] = {}
+        self._since = 0.0  # the current world's start, from its first swap on (wall clock: the lines' times are)
+        self._out: set[int] = set()  # slots a spare replaced
 
     # -- calls, each retried while Nomad cannot be asked (an outage, a policy not attached yet) --
 
@@ -372,12 +460,21 @@ class Keeper:
     def run(self) -> int:
         s = self.s
         version = self.own_version()
-        self.say(f"keeping {s.job_id} version {version}: {s.nodes} node ranks, "
+        self.say(f"keeping {s.job_id} version {version}: {s.nodes} node ranks"
+                 + (f", {s.spares} hot spare{'s' if s.spares != 1 else ''}" if s.spares else "") + ", "
                  + (f"retry on {','.join(s.retry_on) or 'nothing'} up to {s.attempts} attempts" if s.attempts
                     else "no retry:"))
+        try:
+            return self._run(version)
+        finally:
+            self._stop.set()
+
+    def _run(self, version: int) -> int:
+        s = self.s
         index, first_dead = 0, None
+        loaded = False
         while True:
-            wait = self.wait_s
+            wait = SPARE_LOOK_S if s.spares else self.wait_s
             if first_dead is not None:
                 wait = max(1.0, min(wait, first_dead + self.settle_s - self.clock()))
             allocs, index = self.allocations(index, wait)
@@ -392,19 +489,190 @@ class Keeper:
                 self.say(f"version {job.get('Version')} was registered since: its own keeper keeps it")
                 return 0
             slots = trainer_slots(allocs, version)
-            phases = {i: phase(a) for i, a in slots.items() if i < s.nodes}
+            if s.spares:
+                if not loaded:
+                    self.load_world(attempt_of(job))
+                    loaded = True
+                self.follow_logs(slots)
+                self.take_lines(slots)
+            phases = {slot: phase(slots[slot]) for slot in self.world.ranks if slot in slots}
             if len(phases) == s.nodes and all(p == "complete" for p in phases.values()):
                 self.say(f"every node rank completed: attempt {attempt_of(job) + 1} of the run is done")
+                if s.spares:
+                    self.end_world("done")
                 return 0
-            dead = [i for i, p in phases.items() if p in DEAD]
-            if not dead:
+            dead = [slot for slot, p in phases.items() if p in DEAD]
+            failing = set(dead) | {slot for slot in self._seen if slot in self.world.ranks}
+            if not failing:
+                first_dead = None
                 continue
             now = self.clock()
             first_dead = now if first_dead is None else first_dead
-            live = [i for i, p in phases.items() if p in ("running", "pending")]
-            if live and now < first_dead + self.settle_s:
+            settle = self.spare_settle_s if s.spares else self.settle_s
+            waiting = [slot for slot, p in phases.items() if slot not in failing and p in ("running", "pending")]
+            if waiting and now < first_dead + settle:
                 continue
+            if s.spares:
+                if self.swap(slots, phases):
+                    first_dead = None
+                    continue
+                # No spare takes it: the world ends (its slots end with their last exit code, as a
+                # job without spares would have), and the attempt is judged as one.
+                self.end_world("done")
+                slots, phases = self.ended(version, slots)
             return self.act(job, version, slots, phases)
+
+    # -- hot spares -------------------------------------------------------------------------
+
+    def _world_path(self) -> str:
+        return "/v1/var/" + quote(f"nomad/jobs/{self.s.job_id}/{NOMAD_TRAINER_GROUP}", safe="/")
+
+    def load_world(self, attempt: int) -> None:
+        """The world a keeper of this attempt wrote before (this one placed again), else
+        generation 0; the Variable's index either way, for the next check-and-set."""
+        self.world = World(attempt, ranks={i: i for i in range(self.s.nodes)})
+        try:
+            var, _ = self._call("read the run's world", "GET", self._world_path())
+        except APIError as err:
+            if err.status != 404:
+                raise
+            return
+        found = World.parse(var.get("Items") or {}, attempt, self.s.nodes)
+        if found is not None:
+            self.world = found
+            self._since = max([float(sw.get("time") or 0) for sw in found.swaps if isinstance(sw, dict)] or [0.0])
+            self._out = {int(sw["slot"]) for sw in found.swaps if isinstance(sw, dict) and str(sw.get("slot", "")).isdigit()}
+            self.say(f"the run's world is at generation {found.generation} (ranks on slots "
+                     f"{','.join(str(sl) for sl, _ in sorted(found.ranks.items(), key=lambda kv: kv[1]))})")
+        self.world.index = int(var.get("ModifyIndex") or 0)
+
+    def write_world(self, world: World) -> bool:
+        """Check-and-set on the world Variable (nomad/state/state_store_variables.go varSetCASTxn,
+        v2.0.5: ``cas`` = the ModifyIndex last read, 0 for none): False when another keeper wrote
+        it since (its world is read back and kept)."""
+        try:
+            var, _ = self._call("write the run's world", "PUT", self._world_path(), {"cas": str(self.world.index)},
+                                body={"Items": world.items()})
+        except APIError as err:
+            if err.status != 409:
+                raise
+            self.say("another keeper wrote the run's world first: reading it back")
+            self.load_world(self.world.attempt)
+            return False
+        world.index = int((var or {}).get("ModifyIndex") or 0)
+        self.world = world
+        return True
+
+    def end_world(self, state: str) -> None:
+        """The world's end: every slot still waiting (a spare, a rank whose torchrun ended) ends too."""
+        ended = World(self.world.attempt, self.world.generation, dict(self.world.ranks), state,
+                      list(self.world.swaps), self.world.index)
+        self.write_world(ended)
+
+    def follow_logs(self, slots: dict[int, dict]) -> None:
+        """One stream per live slot of its task's stderr (``follow=true``, from the last 64 KiB:
+        command/agent/fs_endpoint.go Logs -> client/fs_endpoint.go, v2.0.5): a failure line is
+        seen the moment its node writes it, while the slot's allocation runs on (it waits for the
+        next world)."""
+        for slot, alloc in slots.items():
+            aid = alloc.get("ID") or ""
+            if not aid or aid in self._streams or alloc.get("ClientStatus") not in ("running", "pending"):
+                continue
+            t = threading.Thread(target=self._follow, args=(slot, aid), daemon=True, name=f"keeper-log-{slot}")
+            self._streams[aid] = t
+            t.start()
+
+    def _follow(self, slot: int, alloc_id: str) -> None:
+        query = {"task": NOMAD_TRAINER_TASK, "type": "stderr", "follow": "true", "plain": "true", "origin": "end",
+                 "offset": str(TAIL_BYTES)}
+        while not self._stop.is_set():
+            try:
+                for line in self.api.stream_lines("/v1/client/fs/logs/" + quote(alloc_id, safe=""), query, self._stop):
+                    if TAG in line:
+                        self._lines.put((slot, alloc_id, line))
+                return  # the task ended: its log is whole
+            except APIError as err:
+                if err.status in (400, 404):
+                    return
+                self.once(f"slot {slot}'s output: {err}; following it again")
+                if self._stop.wait(2.0):
+                    return
+                query["offset"] = "0"
+
+    def take_lines(self, slots: dict[int, dict]) -> None:
+        """The failure lines the streams brought since: this world's (dated from its start on; not
+        a rank the world's change stopped), each under the slot that wrote it, named after its node."""
+        while True:
+            try:
+                slot, alloc_id, line = self._lines.get_nowait()
+            except queue.Empty:
+                return
+            for f in parse_lines([line], self.s.key):
+                if not f.trusted or f.stopped or f.time < self._since - 2.0:
+                    continue
+                name = (slots.get(slot) or {}).get("NodeName") or ""
+                self._seen.setdefault(slot, []).append(replace(f, node_name=name) if name else f)
+
+    def swap(self, slots: dict[int, dict], phases: dict[int, str]) -> bool:
+        """A node's fault with a spare left: the next world gives the bad node's rank to the spare
+        (written with check-and-set); every slot of the world starts its torchrun again in it."""
+        failures: list[RankFailure] = []
+        lost = []
+        for slot in sorted(self.world.ranks):
+            a, p = slots.get(slot) or {}, phases.get(slot)
+            if p in ("lost", "unknown"):
+                f = LostRank(node=self.world.ranks[slot], rank=None, local_rank=None, host=a.get("NodeName") or "",
+                             exit_code=None, signal=None, time=int(a.get("ModifyTime") or 0) / 1e9,
+                             node_name=a.get("NodeName") or "", verb="lost" if p == "lost" else "disconnected")
+                failures.append(f)
+                lost.append(f)
+            failures += self._seen.get(slot, [])
+        if not failures:
+            return False
+        report = FailureReport(failures, cause=min(lost, key=lambda f: f.time) if lost else None)
+        cls = classify_failure(report, "NODE_FAIL" if lost else "FAILED")
+        culprit = next((slot for slot in self.world.ranks if cls.host and (slots.get(slot) or {}).get("NodeName") == cls.host),
+                       None)
+        if not cls.node or culprit is None:
+            self.say(f"{cls.describe()}: not a node's fault a spare can take ({report.describe()[:300]})")
+            return False
+        others_up = all(phases.get(slot) == "running" for slot in self.world.ranks if slot != culprit)
+        spares = [slot for slot in sorted(slots) if slot not in self.world.ranks and slot not in self._out
+                  and phase(slots[slot]) == "running"]
+        if not spares or not others_up:
+            self.say(f"{cls.describe()}: no spare left to take node rank {self.world.ranks[culprit]}"
+                     if not spares else f"{cls.describe()}: another rank of the world has ended; no swap")
+            return False
+        spare = spares[0]
+        rank = self.world.ranks[culprit]
+        ranks = {sl: r for sl, r in self.world.ranks.items() if sl != culprit}
+        ranks[spare] = rank
+        swap = {"rank": rank, "bad": cls.host, "spare": slots[spare].get("NodeName") or "", "slot": culprit, "to": spare,
+                "reason": cls.reason or cls.describe(), "by": cls.by, "time": round(time.time(), 3),
+                "generation": self.world.generation + 1}
+        nxt = World(self.world.attempt, self.world.generation + 1, ranks, "running", self.world.swaps + [swap],
+                    self.world.index)
+        if not self.write_world(nxt):
+            return True  # another keeper's world: judged again from it
+        self._out.add(culprit)
+        self._seen.clear()
+        self._since = time.time()
+        self.say(f"{cls.describe()}: node rank {rank} moves from slot {culprit} ({cls.host}) to spare slot {spare} "
+                 f"({swap['spare']}); generation {nxt.generation} of the run's world, {len(self.world.ranks)} ranks "
+                 f"starting again; {len([sl for sl in slots if sl not in ranks and sl not in self._out])} spare(s) left")
+        return True
+
+    def ended(self, version: int, slots: dict[int, dict]) -> tuple[dict[int, dict], dict[int, str]]:
+        """After the world's end: the world's slots once each has ended (its entry exits with its
+        last exit code on the end), at most the settle time."""
+        until = self.clock() + self.settle_s
+        while True:
+            allocs, _ = self.allocations(0, 1.0)
+            slots = trainer_slots(allocs, version)
+            phases = {slot: phase(slots[slot]) for slot in self.world.ranks if slot in slots}
+            if all(p not in ("running", "pending") for p in phases.values()) or self.clock() > until:
+                return slots, phases
+            self.sleep(0.5)
 
     def report(self, slots: dict[int, dict], phases: dict[int, str]) -> tuple[FailureReport | None, str]:
         """The failures of the dead ranks (their failure lines, signed with the job's key; a lost
@@ -417,14 +685,16 @@ class Keeper:
             name = a.get("NodeName") or ""
             when = int(a.get("ModifyTime") or 0) / 1e9
             if p in ("lost", "unknown"):
-                f = LostRank(node=i, rank=None, local_rank=None, host=name, exit_code=None, signal=None, time=when,
+                f = LostRank(node=self.world.ranks.get(i, i), rank=None, local_rank=None, host=name, exit_code=None,
+                             signal=None, time=when,
                              node_name=name, verb="lost" if p == "lost" else "disconnected",
                              error=f"allocation {str(a.get('ID'))[:8]} {p}")
                 failures.append(f)
                 lost.append(f)
             elif p in ("failed", "timeout"):
                 text = self.log_tail(a.get("ID") or "")
-                found = parse_lines((ln for ln in text.splitlines() if TAG in ln), self.s.key)
+                found = [f for f in parse_lines((ln for ln in text.splitlines() if TAG in ln), self.s.key)
+                         if f.time >= self._since - 2.0]  # this world's (with spares: since its last swap)
                 # The allocation's node is the scheduler's name for where the line was written.
                 failures += [replace(f, node_name=name) if name else f for f in found]
         phase_set = set(phases.values())
@@ -536,4 +806,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    # Its log streams' threads may sit in a read for a while yet: the keeper's work is done.
+    os._exit(code)

@@ -104,7 +104,22 @@ def api_job(doc: dict) -> dict:
         _normalize_network_ports(g.get("Networks"))
         for t in g.get("Tasks", []):
             _normalize_network_ports((t.get("Resources") or {}).get("Networks"))
+            _normalize_identity(t)
     return job
+
+
+def _normalize_identity(task: dict) -> None:
+    """jobspec2/parse_job.go normalizeJob (v2.0.5, "move the default identity to Task.Identity"):
+    the first ``identity`` block without a name (or named "default") becomes ``Identity`` and
+    leaves ``Identities``, whose empty remainder is dropped here (the JSON form never has it)."""
+    ids = task.get("Identities")
+    if not ids:
+        return
+    i = next((k for k, w in enumerate(ids) if w.get("Name", "") in ("", "default")), None)
+    if i is not None:
+        task["Identity"] = ids.pop(i)
+    if not ids:
+        del task["Identities"]
 
 
 def comparable(job: dict) -> dict:

@@ -17,7 +17,7 @@ from ...node.contract import NOMAD_ATTEMPT_META, NOMAD_EXCLUDED_META, NOMAD_KEEP
 from ..base import DryRun, Scheduler
 from .capabilities import Configured, ReadsAllocFiles
 from .render import (
-    KEEPER_META, KEEPER_TASK, SECRETS_META, TASK, client_requirements, job_payload, keeper_variable_items, keeper_variable_path,
+    KEEPER_GROUP, KEEPER_META, KEEPER_TASK, SECRETS_META, TASK, client_requirements, job_payload, keeper_variable_items, keeper_variable_path,
     render_hcl, variable_items, variable_path,
 )
 
@@ -514,15 +514,22 @@ class NomadScheduler(Scheduler):
                 allocs.setdefault(a.get("JobID"), []).append(a)
             for n in known:
                 allocs[n] = _own_allocations(c, jobs[n], allocs.get(n, []))
-            states = {n: job_state(jobs.get(n), allocs.get(n, []), [], n) for n in names}
+            from .watchdog import world_of
+
+            worlds = {n: world_of(c, jobs[n]) for n in known}  # hot spares: the run's world (one read each)
+            states = {n: job_state(jobs.get(n), allocs.get(n, []), [], n, worlds.get(n)) for n in names}
             unplaced = [n for n in known if states[n].nomad.nodes_placed < (states[n].nodes_total or 0)]
             evals: dict[str, list] = {}
             for e in c.placement_evaluations(unplaced) if unplaced else ():
                 evals.setdefault(e.get("JobID"), []).append(e)
             for i, name in items:
-                st = job_state(jobs.get(name), allocs.get(name, []), evals.get(name, []), i)
-                # Which rank failed first: the failure lines in the dead allocations' logs.
-                st.failure = self._failures().report(c, st, allocs.get(name, []))
+                st = job_state(jobs.get(name), allocs.get(name, []), evals.get(name, []), i, worlds.get(name))
+                # Which rank failed first: the failure lines in the dead allocations' logs (a job
+                # with hot spares: of the ranks its world holds, not of a slot a spare replaced).
+                from .state import world_view
+
+                st.failure = self._failures().report(c, st, world_view(jobs.get(name), allocs.get(name, []),
+                                                                       worlds.get(name))[0])
                 if st.status is JobStatus.RUNNING and len(ids) <= PROGRESS_JOBS and isinstance(c, ReadsAllocFiles):
                     # The slowest rank, from the running allocations' progress files (progress.py):
                     # one bounded pass for all the jobs of this query; a listing of many jobs
@@ -653,6 +660,12 @@ class NomadScheduler(Scheduler):
         if state is not None and state.failure is None and needs_report(state):
             try:
                 allocs, _ = c.job_allocations(name)
+                if state.spares is not None:  # hot spares: the ranks as the run's world holds them
+                    from .state import world_view
+                    from .watchdog import world_of
+
+                    job = next((j for j in c.job_stubs([name]) if j.get("ID") == name), None)
+                    allocs = world_view(job, allocs, world_of(c, job))[0]
             except SchedulerError:
                 return state
             state.failure = self._failures().report(c, state, allocs)
@@ -769,8 +782,16 @@ class NomadScheduler(Scheduler):
 
         c, name = self._split(job_id)
         got = c.job_allocations(name)[0]
+        job = None
         if len({a.get("JobVersion") for a in got}) > 1:  # the job has run more than one version
-            got = _own_allocations(c, c.read_job(name), got)
+            job = c.read_job(name)
+            got = _own_allocations(c, job, got)
+        if any(a.get("TaskGroup") == KEEPER_GROUP for a in got):  # hot spares: the ranks as the world holds them
+            from .state import world_view
+            from .watchdog import world_of
+
+            job = job or c.read_job(name)
+            got = world_view(job, got, world_of(c, job))[0]
         allocs = latest_allocations(got)
         if not allocs:
             state = self._state_or_none(job_id)

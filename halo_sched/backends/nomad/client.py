@@ -230,6 +230,21 @@ class NomadClient:
                 f"or have someone allowed to run: nomad var put{ns} {path} {names}",
                 status=403, body=exc.body, address=cfg.address) from exc
 
+    def get_variable(self, path: str) -> dict[str, str] | None:
+        """A Variable's items (``GET /v1/var/:path``, command/agent/variable_endpoint.go
+        variableQuery, v2.0.5), None when there is none (404)."""
+        def get() -> dict | None:
+            try:
+                return self._http.json("GET", f"/v1/var/{quote(path, safe='/')}")
+            except HTTPStatusError as exc:
+                if exc.response.status_code == 404:
+                    return None
+                raise
+
+        var = self._call(f"read Nomad Variable {path!r}", get)
+        items = (var or {}).get("Items") if isinstance(var, dict) else None
+        return {str(k): str(v) for k, v in items.items()} if isinstance(items, dict) else None
+
     def delete_variable(self, path: str) -> None:
         """Delete a Nomad Variable; a missing one is no error."""
         def delete() -> None:

@@ -102,6 +102,10 @@ def _task(launch: Launch, entry: str, delims: tuple[str, str]) -> dict:
     env.update(runtime_env)
     templates += runtime_templates
 
+    if spec.nomad.spare_nodes:
+        world_env, world_templates = world_wiring(launch)
+        env.update(world_env)
+        templates += world_templates
     if launch.servers:
         # Each server role's addresses, read from its registrations (halo_sched/backends/nomad/servers.py).
         server_env, server_templates = nomad_servers.trainer_wiring(launch)
@@ -117,6 +121,36 @@ def _task(launch: Launch, entry: str, delims: tuple[str, str]) -> dict:
         "Resources": resources,
         "KillTimeout": 30_000_000_000,
     }
+
+
+#: Where a trainer task of a job with hot spares reads the run's world and every slot's address.
+WORLD_PATH = "local/halo-world"
+SLOTS_PATH = "local/halo-slots"
+
+
+def world_variable_path(job_id: str) -> str:
+    """The Variable the run's keeper writes each world into (node/nomad_keeper.py): the trainer
+    group's path, which its tasks' workload identities read without any policy (acl/acl.go
+    ``matchingVariablesCapabilitySet``: ``nomad/jobs/<job>/<group>``, v2.0.5)."""
+    return f"nomad/jobs/{check(job_id, 'job id', 'name')}/{TRAINER_GROUP}"
+
+
+def world_wiring(launch: Launch) -> tuple[dict, list[dict]]:
+    """(env, templates) of a trainer task with hot spares (``nomad.spare_nodes``; node/entry.sh
+    ``halo_world``): the run's world as ``KEY VALUE`` lines (empty until the keeper wrote one:
+    generation 0, slots 0..N-1 as node ranks, is the job's own; ``nomadVarExists`` guards the
+    read, which never blocks), and every slot's registration of the attempt's rendezvous service as
+    ``halo-index-K ADDR PORT`` lines: rank 0 of a world is the slot the world names. Both noop: the
+    entry script polls them."""
+    path = world_variable_path(launch.job_id)
+    world = (f'{{{{ if nomadVarExists "{path}" }}}}{{{{ with nomadVar "{path}" }}}}'
+             "{{ range $k, $v := . }}{{ $k }} {{ $v.Value }}\n{{ end }}{{ end }}{{ end }}\n")
+    slots = (f'{{{{ range nomadService "{service_name(rdzv_service_key(launch, launch.job_id))}" }}}}'
+             "{{ range .Tags }}{{ . }} {{ end }}{{ .Address }} {{ .Port }}\n{{ end }}\n")
+    env = {NAMES.world_file: "${NOMAD_TASK_DIR}/" + WORLD_PATH.split("/", 1)[1],
+           NAMES.slots_file: "${NOMAD_TASK_DIR}/" + SLOTS_PATH.split("/", 1)[1]}
+    return env, [{"EmbeddedTmpl": world, "DestPath": WORLD_PATH, "ChangeMode": "noop"},
+                 {"EmbeddedTmpl": slots, "DestPath": SLOTS_PATH, "ChangeMode": "noop"}]
 
 
 def _config_and_resources(spec: JobSpec, image: str | None, gpus: int, args: list[str]) -> tuple[dict, dict]:
@@ -207,7 +241,9 @@ def trainer_group(launch: Launch, entry: str, delims: tuple[str, str]) -> dict:
     spec, job_id = launch.spec, launch.job_id
     group: dict = {
         "Name": TRAINER_GROUP,
-        "Count": checked_int(launch.trainer.nodes, "nodes"),
+        # With hot spares, nomad.spare_nodes allocations more: slots N.. idle until the keeper
+        # gives one a rank (node/entry.sh halo_world).
+        "Count": checked_int(launch.trainer.nodes, "nodes") + checked_int(spec.nomad.spare_nodes, "nomad.spare_nodes"),
         # A fixed-size torchrun world never re-forms around a replaced rank: no restarts, no reschedules.
         # Attempts alone: Nomad fills the rest from a batch job's defaults (api/tasks.go
         # TaskGroup.Canonicalize, ReschedulePolicy.Canonicalize @v2.0.5: mode "fail", unlimited
@@ -330,9 +366,9 @@ KEEPER_RESCHEDULE_DELAY_NS = 5 * 10**9
 
 
 def has_keeper(spec: JobSpec) -> bool:
-    """Whether the job carries its run's keeper (node/nomad_keeper.py): with ``retry:``, unless
-    ``nomad.keeper: false``."""
-    return bool(spec.nomad.keeper and spec.retry is not None)
+    """Whether the job carries its run's keeper (node/nomad_keeper.py): with ``retry:`` or
+    ``nomad.spare_nodes``, unless ``nomad.keeper: false``."""
+    return bool(spec.nomad.keeper and (spec.retry is not None or spec.nomad.spare_nodes))
 
 
 def keeper_group(launch: Launch) -> dict:
@@ -367,6 +403,7 @@ def keeper_group(launch: Launch) -> dict:
         NAMES.keeper_attempts: str(checked_int(retry.attempts if retry else 0, "retry.attempts")),
         NAMES.keeper_retry_on: ",".join(check(w, "SLURM word", "retry.on") for w in (retry.on if retry else [])),
         NAMES.keeper_nodes: str(checked_int(launch.trainer.nodes, "nodes")),
+        NAMES.keeper_spares: str(checked_int(nm.spare_nodes, "nomad.spare_nodes")),
     }
     templates = [{"EmbeddedTmpl": script, "DestPath": KEEPER_PATH, "Perms": "0755", "ChangeMode": "noop",
                   "LeftDelim": left, "RightDelim": right}]

@@ -61,7 +61,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...errors import SpecError
-from ...node.contract import NOMAD_KEEPER_META
+from ...node.contract import NOMAD_KEEPER_META, NOMAD_SPARES_META
 from ...launch import Launch, compile_launch, render_entry
 from ...templating import check, checked_int, render_template
 from . import servers as nomad_servers
@@ -79,12 +79,13 @@ from .secrets import SECRET_PERMS, secret_owner, secret_template, secret_wiring
 if TYPE_CHECKING:  # pragma: no cover
     from ...models import JobSpec
 
-#: Job meta of a job carrying its run's keeper.
+#: Job meta of a job carrying its run's keeper, and of one with hot spares (their number).
 KEEPER_META = NOMAD_KEEPER_META
+SPARES_META = NOMAD_SPARES_META
 
 # The names other modules and tests import from here, wherever they are defined.
 __all__ = [
-    "ClientNeed", "ENTRY_PATH", "KEEPER_GROUP", "KEEPER_META", "KEEPER_TASK", "LOST_AFTER_MARGIN_NS", "MASTER_FILE", "NODES_META", "NODE_NAME_TARGET",
+    "ClientNeed", "ENTRY_PATH", "KEEPER_GROUP", "KEEPER_META", "KEEPER_TASK", "LOST_AFTER_MARGIN_NS", "SPARES_META", "MASTER_FILE", "NODES_META", "NODE_NAME_TARGET",
     "PORT_LABEL", "SECRETS_META", "SECRET_PERMS", "TASK", "TRAINER_GROUP", "UNBOUNDED_JOB_LOST_AFTER_NS",
     "alloc_index", "client_needs", "client_requirements", "delimiters", "has_keeper", "keeper_variable_items",
     "keeper_variable_path",
@@ -196,6 +197,8 @@ def payload(launch: Launch) -> dict:
     if has_keeper(spec):
         # The run's keeper (node/nomad_keeper.py): the waiting processes follow it, none submits.
         job["Meta"][KEEPER_META] = "1"
+        if nm.spare_nodes:
+            job["Meta"][SPARES_META] = str(checked_int(nm.spare_nodes, "nomad.spare_nodes"))
         job["TaskGroups"].append(keeper_group(launch))
     if launch.servers:
         if nm.driver == "docker" and not all(r.image for r in launch.servers):

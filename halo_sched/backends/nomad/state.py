@@ -394,9 +394,41 @@ def _blocked_reasons(views: list[NodeView], failures: dict[str, dict]) -> dict[s
     return {g: head}
 
 
-def job_state(job: dict | None, allocs: Iterable[dict], evals: Iterable[dict], job_id: str) -> JobState:
-    """Fold a job (stub or whole), its allocations and its evaluations into one :class:`JobState`."""
-    allocs = list(allocs or [])
+def world_view(job: dict | None, allocs: list[dict], world: dict | None) -> tuple[list[dict], dict | None]:
+    """A job with hot spares (``Meta.halo_sched_spares``; node/nomad_keeper.py): the trainer's
+    allocations as node ranks by the run's world (its Variable's items, ``world``, when it is this
+    attempt's: the slot of each rank, each swap; else generation 0, slots 0..N-1), each renamed
+    ``JOB.trainer[RANK]``; a spare's and a slot a spare replaced are left out. With the spares' own
+    view: ``{"total", "left", "swaps"}`` (None for a job without spares)."""
+    from ...node.contract import NOMAD_ATTEMPT_META, NOMAD_SPARES_META
+    from ...node.nomad_keeper import World
+
+    meta = (job or {}).get("Meta") or {}
+    raw = str(meta.get(NOMAD_SPARES_META) or "")
+    n = nodes_total(job)
+    if not raw.isdigit() or not int(raw) or not n:
+        return allocs, None
+    attempt = str(meta.get(NOMAD_ATTEMPT_META) or "0")
+    known = World.parse(world, int(attempt), n) if isinstance(world, dict) and attempt.isdigit() else None
+    ranks = known.ranks if known is not None else {i: i for i in range(n)}
+    swaps = [{k: sw.get(k) for k in ("rank", "bad", "spare", "reason", "by", "time")}
+             for sw in (known.swaps if known is not None else []) if isinstance(sw, dict)]
+    out = []
+    for a in allocs:
+        slot = alloc_index(a.get("Name") or "") if a.get("TaskGroup") == TRAINER_GROUP else None
+        if slot is None:
+            out.append(a)
+        elif slot in ranks:
+            out.append({**a, "Name": f"{(a.get('Name') or '').rpartition('[')[0]}[{ranks[slot]}]"})
+    total = int(raw)
+    return out, {"total": total, "left": max(0, total - len(swaps)), "swaps": swaps}
+
+
+def job_state(job: dict | None, allocs: Iterable[dict], evals: Iterable[dict], job_id: str,
+              world: dict | None = None) -> JobState:
+    """Fold a job (stub or whole), its allocations and its evaluations into one :class:`JobState`;
+    a job with hot spares by its run's ``world`` (:func:`world_view`)."""
+    allocs, spares = world_view(job, list(allocs or []), world)
     n = nodes_total(job)
     views = node_views(allocs, n)
     if n is None:
@@ -442,6 +474,7 @@ def job_state(job: dict | None, allocs: Iterable[dict], evals: Iterable[dict], j
             id=job_id, status=status,
             raw_state=(job or {}).get("Status") or ("not found" if job is None else ""),
             exit_code=exit_code, nodes_total=n, nodes_running=running, reason=reason, nomad=detail,
+            spares=spares,
         ), timed)
 
     if job is None:

@@ -63,15 +63,35 @@ def _signature(allocs: list[dict]) -> tuple:
                         for a in allocs))
 
 
+def world_of(client, job: dict | None) -> dict | None:
+    """The run's world (node/nomad_keeper.py), for a job with hot spares whose version ``client``
+    reads is the job's newest (an older version's world is gone: generation 0 stands for it);
+    None otherwise, or when it cannot be read (generation 0 then, a look later it can)."""
+    from ...node.contract import NOMAD_SPARES_META
+
+    if not job or not str((job.get("Meta") or {}).get(NOMAD_SPARES_META) or "").strip("0"):
+        return None
+    version = getattr(client, "version", None)
+    if isinstance(version, int) and version != job.get("Version") and not (job.get("Stop") and version + 1 == job.get("Version")):
+        return None
+    from .groups import world_variable_path
+
+    try:
+        return client.get_variable(world_variable_path(job["ID"]))
+    except SchedulerError:
+        return None
+
+
 def read_state(client: _WatchAPI, job_id: str, allocs: list[dict]) -> tuple[JobState, int]:
     """The job's state from its allocations plus its stub, and (only while some rank is unplaced)
-    the evaluations saying why: (state, calls made)."""
+    the evaluations saying why: (state, calls made). A job with hot spares: its run's world too."""
     stubs = [j for j in client.job_stubs([job_id]) if j.get("ID") == job_id]
     job = stubs[0] if stubs else None
-    state = job_state(job, allocs, [], job_id)
-    calls = 1
+    world = world_of(client, job)
+    state = job_state(job, allocs, [], job_id, world)
+    calls = 1 + (world is not None)
     if job is not None and _detail(state).nodes_placed < (state.nodes_total or 0):
-        state = job_state(job, allocs, client.placement_evaluations([job_id]), job_id)
+        state = job_state(job, allocs, client.placement_evaluations([job_id]), job_id, world)
         calls += 1
     _detail(state).stop_requested = bool(job and job.get("Stop"))
     return state, calls
