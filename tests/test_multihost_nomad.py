@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -110,3 +111,110 @@ def test_a_host_cut_mid_training_on_nomad_is_named_and_the_job_stopped(tmp_path,
         while time.monotonic() < deadline and (not allocs["h0"].terminal or rig.job_pids("h0", "hang.py")):
             time.sleep(0.5)
         assert allocs["h0"].terminal and rig.job_pids("h0", "hang.py") == [], "left running on h0"
+
+
+def test_a_runs_keeper_cut_off_comes_back_on_another_host_and_carries_the_run_on(tmp_path, rig):
+    """The run's keeper (node/nomad_keeper.py, the job's ``keeper`` group) on the rig, nobody
+    waiting: node ranks on two hosts, the keeper on a third (distinct_hosts). `cut` the keeper's
+    host: its heartbeats stop, the servers mark it down 20 s later (client_sim.Heartbeats ->
+    fake_api.node_down) and its allocation lost; Nomad places it again (no ``disconnect`` block:
+    replaced at once) on the fourth host, where the keeper starts again with its own Task API
+    socket and workload identity and reads where the run is. The cut host is healed (ready again,
+    fake_api.node_up). Then node 1 fails as a bad node: the keeper now on the other host registers
+    attempt 2 keeping off node 1's host, and the run completes; no process but the keeper
+    registered anything after the submit. Deviation: the cut keeper's process reaches the fake's
+    Task API socket through the file system until the servers mark its node down (a real one
+    would reach only its own agent, cut off too); nothing happens in those 20 s."""
+    import shutil
+
+    from halo_sched import records
+    from halo_sched.backends.base import failure_key_in_env, new_failure_key
+    from halo_sched.backends.nomad import NomadScheduler, with_failure_key
+    from halo_sched.backends.nomad.client import NomadClient, NomadConfig
+    from halo_sched.models import JobSpec
+    from helpers import SIM_TOKEN, free_port
+
+    fake_api = load_nomad_helper("fake_api")
+    shutil.copy(REPO / "tests" / "trainers" / "node_fault_on_cue.py", tmp_path / "node_fault_on_cue.py")
+    names = ("h0", "h1", "h2", "h3")
+    hosts = [client_sim.SimHost(h, rig.enter(h), network_interface="data0") for h in names]
+    spec = JobSpec.model_validate({
+        "name": "mh-keeper", "nodes": 2, "nproc_per_node": 1, "env": {"OMP_NUM_THREADS": "1"},
+        "network": {"interface": "data0"}, "rendezvous": {"port": free_port(), "timeout_s": 60},
+        "nomad": {"driver": "raw_exec"}, "retry": {"attempts": 2, "on": ["node"]},
+        "trainer": {"script": str(tmp_path / "node_fault_on_cue.py")}})
+    import os
+    import sys
+
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    sims: list = []
+    with fake_api.FakeNomad([fake_api.FakeNode(n, gpus=0) for n in names], token=SIM_TOKEN) as fake:
+        fake.attach_policy("default", ("read-job", "submit-job", "read-logs"))
+
+        def make(job: dict):
+            sim = client_sim.SimCluster(job, tmp_path / "nomad" / f"v{job.get('Version', 0)}", host_env=env, hosts=hosts)
+            sims.append(sim)
+            return sim
+
+        fake.attach_sims(make)
+        sched = NomadScheduler(client=NomadClient(NomadConfig(address=fake.address, token=SIM_TOKEN, retry_attempts=1)))
+        dry = sched.dryrun(spec)
+        key = new_failure_key()
+        dry.payload.update(with_failure_key(dry.payload, key))
+        try:
+            with client_sim.Heartbeats(hosts, "10.77.0.1", fake.node_down, on_up=fake.node_up) as beats:
+                with failure_key_in_env(key):
+                    job_id = sched.schedule(dry)
+                records.record_submit("nomad", spec, dry.text, job_id, {**sched.record_fields(dry, job_id), "failure_key": key})
+
+                def keeper_on(host_not: str | None = None, timeout: float = 120) -> dict:
+                    deadline = time.monotonic() + timeout
+                    while time.monotonic() < deadline:
+                        fake.tick()
+                        a = fake.alloc_for(job_id, "keeper[0]")
+                        if a["ClientStatus"] == "running" and a["NodeName"] != host_not \
+                                and "keeping" in sims[0].stdout(f"{job_id}.keeper[0]"):
+                            return a
+                        time.sleep(0.5)
+                    raise AssertionError(f"no keeper running (not on {host_not}) within {timeout} s")
+
+                first = keeper_on()
+                trainers = {fake.alloc_for(job_id, f"trainer[{i}]")["NodeName"] for i in (0, 1)}
+                assert first["NodeName"] not in trainers, (first["NodeName"], trainers)
+                rig.cut(first["NodeName"])
+                cut_at = time.monotonic()
+                second = keeper_on(host_not=first["NodeName"], timeout=120)
+                moved = time.monotonic() - cut_at
+                assert beats.down == [first["NodeName"]] and second["NodeName"] not in trainers, (beats.down, second)
+                rig.heal(first["NodeName"])
+                deadline = time.monotonic() + 60
+                while first["NodeName"] in beats.down and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                assert first["NodeName"] not in beats.down, "the healed host did not heartbeat again"
+                # Node 1 fails as a bad node: its cue file in its task directory.
+                node1 = sims[0].alloc(f"{job_id}.trainer[1]")
+                culprit = node1.host.name
+                (Path(node1.tasks["torchrun"].dir) / "fault").touch()
+                deadline = time.monotonic() + 240
+                while time.monotonic() < deadline:
+                    fake.tick()
+                    job = fake.job_record(job_id)
+                    if job["Version"] >= 1 and job["Status"] == "dead":
+                        break
+                    time.sleep(0.5)
+                said = sims[0].stdout(f"{job_id}.keeper[0]")
+                print(f"keeper on {first['NodeName']}, cut; back on {second['NodeName']} after {moved:.1f} s", said, sep="\n")
+                job = fake.job_record(job_id)
+                assert job["Version"] >= 1 and job["Status"] == "dead", (job["Version"], job["Status"], said)
+                assert "attempt 2 registered as version" in said or "registering attempt 2" in said, said
+                assert {"LTarget": "${node.unique.name}", "RTarget": culprit, "Operand": "!="} in job["Constraints"]
+                writes = [(r.via, r.method, r.path) for r in fake.requests if r.method in ("PUT", "POST", "DELETE")
+                          and "/v1/var/" not in r.path]
+                assert writes == [("http", "POST", "/v1/jobs"), ("task-api", "PUT", f"/v1/job/{job_id}")], writes
+                assert all(a["ClientStatus"] == "complete" for a in fake.allocs_of(job_id)
+                           if a["JobVersion"] == job["Version"] and a["TaskGroup"] == "trainer"), fake.allocs_of(job_id)
+        finally:
+            for h in names:
+                rig.heal(h)
+            for sim in sims:
+                sim.stop()

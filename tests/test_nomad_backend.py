@@ -48,6 +48,13 @@ def _variants():
     # Secrets rendered for the task's own user: the task's user, the templates' uid/gid.
     yield "gpu-secrets-user", gpu.model_copy(update={"secret_env": ["HF_TOKEN"],
                                                       "nomad": gpu.nomad.model_copy(update={"user": "1000:1000"})})
+    # The run's keeper (its group, restart and reschedule blocks, identity { env = true }) and hot
+    # spares (the trainer's count, the world's templates).
+    from halo_sched.models import Retry
+
+    yield "gpu-keeper", gpu.model_copy(update={"retry": Retry(attempts=3, on=["node"])})
+    yield "raw-spares", cpu.model_copy(update={"retry": Retry(attempts=2, on=["node"]),
+                                               "nomad": raw.model_copy(update={"spare_nodes": 2})})
 
 
 @pytest.mark.parametrize("name, spec", list(_variants()), ids=[n for n, _ in _variants()])

@@ -377,3 +377,41 @@ def test_a_spare_takes_rank_0_of_a_lost_node_and_becomes_the_worlds_master(tmp_p
         # The job cancelled: the keeper sees the stop and ends.
         NomadScheduler(client=NomadClient(NomadConfig(address=fake.address, token=TOKEN, retry_attempts=1))).cancel([job_id])
         assert _done(out) == 0 and any("the job was stopped" in ln for ln in keeper.lines), keeper.lines
+
+
+@pytest.mark.parametrize("extra, backend, field, says", [
+    ({"nomad": {"driver": "raw_exec", "spare_nodes": 1, "keeper": False}}, "nomad", "nomad.spare_nodes",
+     "hot spares need keeper: true"),
+    ({"nomad": {"driver": "raw_exec", "spare_nodes": 65}}, "nomad", "nomad.spare_nodes", "less than or equal to 64"),
+    ({"nomad": {"driver": "raw_exec", "spare_nodes": 1}}, "local", "nomad.spare_nodes", "the local backend cannot hold them"),
+])
+def test_a_bad_spares_field_is_refused_naming_it(tmp_path, extra, backend, field, says):
+    data = {"name": "kept", "nodes": 2, "nproc_per_node": 1, "trainer": {"script": str(REPO / "examples" / "train_ddp.py")},
+            **extra}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    r = cli("render", str(path), "--backend", backend, cwd=tmp_path)
+    assert r.returncode == 2 and field in r.stderr and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_waiter_never_registers_an_attempt_of_a_job_that_carries_its_keeper(tmp_path):
+    """The keeper's allocation ended without a next attempt (it failed; no policy, a bug): the
+    job is dead, and ``watch RUN`` reports the failed attempt and registers nothing itself: the
+    keeper and a waiting client never both register (the waiter carries on only a run whose job
+    has no keeper, tests/test_nomad_runs.py)."""
+    with FakeNomad([FakeNode(n, gpus=0) for n in ("n0", "n1", "n2")], token=TOKEN) as fake:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NOMAD_")}
+        env.update(NOMAD_ADDR=fake.address, NOMAD_TOKEN=TOKEN, HALO_SCHED_HOME=str(tmp_path / "home"))
+        _spec(tmp_path)  # writes job.yaml
+        r = cli("submit", str(tmp_path / "job.yaml"), "--backend", "nomad", "--quiet", env=env, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        job_id = r.stdout.strip().splitlines()[-1]
+        _node_fault(fake, job_id, 1)
+        fake.finish(job_id, "trainer[0]", 0)
+        fake.finish(job_id, "keeper[0]", 1)
+        assert fake.job_record(job_id)["Status"] == "dead"
+        w = cli("watch", job_id, "--backend", "nomad", "--timeout", "60", env=env, cwd=tmp_path, timeout=120)
+        assert w.returncode == 1 and "FAILED (node fault" in w.stderr, w.stderr[-2000:]
+        writes = [(r.method, r.path) for r in fake.requests if r.method in ("PUT", "POST", "DELETE")
+                  and "/v1/var/" not in r.path]
+        assert writes == [("POST", "/v1/jobs")] and len(fake.registered_versions(job_id)) == 1, writes

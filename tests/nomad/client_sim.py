@@ -1859,13 +1859,15 @@ class Heartbeats:
     client heartbeats every ``interval_s`` rather than about once per TTL, so a node that goes
     silent is down ``ttl_s + grace_s`` after, where Nomad takes 20-30 s after its last heartbeat.
     The heartbeat process runs in the host (its ``enter``), so a cut host's heartbeats stop with
-    its link; ``listen`` is an address of this machine the hosts reach (the rig's mgmt bridge)."""
+    its link; ``listen`` is an address of this machine the hosts reach (the rig's mgmt bridge).
+    ``on_up(name)``: a node that was down heartbeats again (its link healed)."""
 
     def __init__(self, hosts: Iterable[SimHost], listen: str, on_down: Callable[[str], Any],
-                 ttl_s: float = 10.0, grace_s: float = 10.0, interval_s: float = 1.0) -> None:
+                 ttl_s: float = 10.0, grace_s: float = 10.0, interval_s: float = 1.0,
+                 on_up: Callable[[str], Any] | None = None) -> None:
         import sys
 
-        self.on_down, self.limit = on_down, ttl_s + grace_s
+        self.on_down, self.on_up, self.limit = on_down, on_up, ttl_s + grace_s
         self.last: dict[str, float] = {}
         self.down: list[str] = []
         self._stop = threading.Event()
@@ -1892,6 +1894,11 @@ class Heartbeats:
                 except OSError:
                     continue
             self.last[name] = time.monotonic()
+            if name in self.down:
+                # A down node heartbeating again is ready (nomad/node_endpoint.go UpdateStatus, v2.0.5).
+                self.down.remove(name)
+                if self.on_up is not None:
+                    self.on_up(name)
 
     def _watch(self) -> None:
         while not self._stop.wait(0.5):

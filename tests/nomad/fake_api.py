@@ -537,6 +537,17 @@ class FakeNomad:
                 self._touch_job(job["ID"], job["Namespace"])
             self._run_due_followups()
 
+    def node_up(self, node_name: str) -> None:
+        """A client that was down heartbeats again: nomad/node_endpoint.go ``UpdateStatus`` (v2.0.5)
+        takes it back to ``ready`` (its allocations the servers counted lost stay lost; its client
+        garbage-collects them), and a node's status change unblocks blocked evaluations
+        (nomad/blocked_evals.go, on capacity change), as a node that joins does."""
+        with self._lock:
+            node = next(n for n in self.nodes if n.name == node_name)
+            if node.status != "ready":
+                node.status = "ready"
+                self._unblock()
+
     # ------------------------------------------------------------------------- a client simulator behind the fake
     # (kept together: the fake is the servers, a tests/nomad/client_sim.SimCluster the clients)
 

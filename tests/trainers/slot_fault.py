@@ -1,6 +1,7 @@
-"""A trainer for hot spares on Nomad: the rank on allocation slot ``FAULT_SLOT`` (``NOMAD_ALLOC_INDEX``,
+"""A trainer for recovery on Nomad: the rank on allocation slot ``FAULT_SLOT`` (``NOMAD_ALLOC_INDEX``,
 default 1) fails as a bad node does once the world has formed (the first all_reduce done: an NCCL
-line, then a SIGKILL nothing in the job sent); on any other slot it trains ``--steps`` all_reduces
+line, then a SIGKILL nothing in the job sent), in an attempt ``FAULT_COUNTS`` lists
+(``HALO_RESTART_COUNT``, default "0": the run's first); otherwise it trains ``--steps`` all_reduces
 with gloo. Each rank appends ``start SLOT NODE_RANK TIME`` to ``starts.log`` in its task directory
 when it starts, ``trained SLOT NODE_RANK TIME`` after its first step, and the faulting one ``fault
 SLOT NODE_RANK TIME`` just before it dies."""
@@ -31,7 +32,8 @@ dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 t = torch.ones(4)
 dist.all_reduce(t)
 mark("trained")
-if slot == os.environ.get("FAULT_SLOT", "1") and os.environ.get("LOCAL_RANK", "0") == "0":
+if slot == os.environ.get("FAULT_SLOT", "1") and os.environ.get("LOCAL_RANK", "0") == "0" \
+        and os.environ.get("HALO_RESTART_COUNT", "0") in os.environ.get("FAULT_COUNTS", "0").split(","):
     mark("fault")
     print(f"{os.uname().nodename}:4242:4250 [0] transport/net_ib.cc:2470 NCCL WARN NET/IB : Got completion from peer "
           "10.0.0.1<35162> with status=12 opcode=129 len=65536 vendor err 129 (Recv)", file=sys.stderr, flush=True)
