@@ -445,7 +445,7 @@ def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable]
             # lost node is the attempt's guardian's: docs/recovery.md, "A node lost outright"),
             # nor a Nomad attempt of a job that carries its keeper (the keeper registers them, a
             # waiter follows); a local run whose keeper is gone is carried on by this process, below.
-            if not again or not sched.waiter_submits(run_id, state):
+            if not again or not _waiter_submits(sched, run_id, state):
                 _settle_times(sched, earlier)
                 return current, state
         mine, new = claim(run_id, sched.name, current)
@@ -473,6 +473,14 @@ def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable]
         earlier.append(current)
         exclude = exclude + ((host,) if host else ())
         current, count = new, count + 1
+
+
+def _waiter_submits(sched: Scheduler, run_id: str, state: JobState) -> bool:
+    """``Scheduler.waiter_submits`` (base.py); a scheduler object without it, as before it was."""
+    decide = getattr(sched, "waiter_submits", None)
+    if decide is not None:
+        return decide(run_id, state)
+    return sched.owner_gone(run_id)
 
 
 def _notify_retried(backend: str, old: str, state: JobState, why: str, new: str, attempt: int) -> None:

@@ -63,7 +63,7 @@ WHO = "halo-sched keeper"
 #: After the first rank died, how long to wait for the others to end before judging: the first
 #: failure is the one whose line is earliest, and the culprit's peers die moments after it (a rank
 #: stuck on a host that is gone may never end: then the lost allocation decides).
-SETTLE_S = 10.0
+SETTLE_S = 5.0
 #: A blocking query's wait (nomad/blocking.go: answered at once on a change, else after this).
 WAIT_S = 30.0
 #: How long the keeper keeps trying to register the next attempt or stop the job (a policy not yet
