@@ -134,6 +134,29 @@ def test_collector_reads_torchruns_files(tmp_path):
     assert first_failure(parse_lines(record_line(r, KEY) for r in recs.values())).rank == 3
 
 
+def test_a_rank_killed_by_a_signal_is_timed_by_its_last_words_not_the_second_torchrun_noticed(tmp_path):
+    """Node 1's rank dies of a SIGKILL at 59.944 s (its last line written then); torchrun's summary
+    says the second it noticed, 60 s. Node 0's rank dies of it at 59.952 s (its traceback's precise
+    time). The culprit is node 1's: timed by its last line, not by the later whole second."""
+    killed = SUMMARY.replace("exitcode  : 3 (pid: 11359)", "exitcode  : -9 (pid: 11359)  (SIGKILL)") \
+        .replace("2026-01-02_03:04:05", "2026-01-02_03:05:00")
+    base = time.mktime((2026, 1, 2, 3, 4, 59, 0, 0, -1))
+    lines = []
+    for node, summary, text, at in ((1, killed, "NCCL WARN NET/IB : Got completion from peer\n", base + 0.944),
+                                    (0, SUMMARY.replace("2026-01-02_03:04:05", "2026-01-02_03:05:00"),
+                                     "Traceback (most recent call last):\nRuntimeError: Connection reset by peer\n",
+                                     base + 0.952)):
+        d = tmp_path / f"node{node}"
+        r = d / "none_ab12" / "attempt_0" / "1"
+        r.mkdir(parents=True)
+        (d / "torchrun.err").write_text(summary)
+        (r / "stderr.log").write_text(text)
+        os.utime(r / "stderr.log", (at, at))
+        lines += [record_line(rec, KEY) for rec in collect(node, 2, str(d), 1, host=f"h{node}") if rec["rank"] == 3]
+    first = first_failure(parse_lines(lines, KEY))
+    assert (first.node, first.signal, first.time) == (1, "SIGKILL", base + 0.944), first
+
+
 def test_a_node_whose_ranks_were_all_sigtermed_keeps_them_as_causes(tmp_path):
     # SIGTERM from outside (a cancel, the scheduler) with no rank failing on its own: nobody on
     # this node is torchrun's victim.

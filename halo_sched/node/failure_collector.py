@@ -371,14 +371,18 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
         from_file = _error_file(os.path.join(d, "error.json"), secrets) if d else None
         if from_file:
             error, when = from_file
-        elif tail and info["signal"] is None:
+        elif tail:
             # The traceback was the last thing the rank wrote: its mtime is the time of death, to
-            # the nanosecond, where torchrun's summary has whole seconds (and is later).
+            # the nanosecond, where torchrun's summary has whole seconds (and is later). A rank a
+            # signal killed wrote its last line before it died: within a second or two of the
+            # summary's that line is a closer bound than the second torchrun noticed, which can read
+            # later than a peer's precise death in the same second (the peer died of this one).
             try:
                 mtime = os.stat(os.path.join(d, "stderr.log")).st_mtime
             except OSError:
                 mtime = None
-            if mtime is not None and detected - 5 <= mtime <= detected + 1:
+            window = 5 if info["signal"] is None else 2
+            if mtime is not None and detected - window <= mtime <= detected + 1:
                 when = mtime
         if not error:
             error = error_line(lines) or (f"killed by {info['signal']}" if info["signal"] else "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.request
 
 from helpers import load_nomad_helper
@@ -213,3 +214,53 @@ def test_a_pending_allocation_on_a_lost_node_is_replaced_at_once_with_or_without
             fake.node_down(victim["NodeName"])
             assert next(a for a in fake.allocs_of("halo-test") if a["ID"] == victim["ID"])["ClientStatus"] == "lost"
             assert fake.alloc_for("halo-test", "trainer[1]")["ID"] != victim["ID"]
+
+
+def _send(fake, method: str, path: str, body=None) -> tuple[int, object]:
+    req = urllib.request.Request(f"{fake.address}{path}", method=method,
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            text = r.read()
+            return r.status, json.loads(text) if text else None
+    except urllib.error.HTTPError as err:
+        text = err.read()
+        try:
+            return err.code, json.loads(text)
+        except ValueError:
+            return err.code, text.decode()
+
+
+def test_a_variable_check_and_set_writes_only_over_the_index_it_read():
+    """command/agent/variable_endpoint.go parseCAS and nomad/state/state_store_variables.go
+    varSetCASTxn (v2.0.5): ``cas=0`` creates only; ``cas=N`` writes only over ModifyIndex N; a
+    conflict is 409 with the Variable as it is (a zero one for none); a bad index is 400."""
+    with FakeNomad() as fake:
+        path = "/v1/var/nomad/jobs/j/trainer"
+        status, made = _send(fake, "PUT", path + "?cas=0", {"Items": {"generation": "1"}})
+        assert status == 200 and made["ModifyIndex"] > 0
+        status, conflict = _send(fake, "PUT", path + "?cas=0", {"Items": {"generation": "2"}})
+        assert status == 409 and conflict["ModifyIndex"] == made["ModifyIndex"] and conflict["Items"] == {"generation": "1"}
+        status, _ = _send(fake, "PUT", path + f"?cas={made['ModifyIndex'] + 99}", {"Items": {"generation": "2"}})
+        assert status == 409
+        status, again = _send(fake, "PUT", path + f"?cas={made['ModifyIndex']}", {"Items": {"generation": "2"}})
+        assert status == 200 and again["ModifyIndex"] > made["ModifyIndex"]
+        status, zero = _send(fake, "PUT", "/v1/var/nomad/jobs/j/other?cas=5", {"Items": {"a": "b"}})
+        assert status == 409 and zero["ModifyIndex"] == 0 and "Items" not in zero
+        assert _send(fake, "PUT", path + "?cas=x", {"Items": {"a": "b"}})[0] == 400
+        assert fake.variables[("default", "nomad/jobs/j/trainer")]["Items"] == {"generation": "2"}
+
+
+def test_a_jobs_versions_are_kept_stops_included_newest_first():
+    """command/agent/job_endpoint.go jobVersions -> state_store.go jobVersionByID (v2.0.5): every
+    version the servers keep, highest first; a stop is a version of its own (nomad/fsm.go
+    handleJobDeregister); ``GET /v1/allocation/:id`` is the whole allocation."""
+    with FakeNomad([FakeNode("a"), FakeNode("b")]) as fake:
+        register(fake, sample_job.make_job(2))
+        alloc = fake.allocs_of("halo-test")[0]
+        assert get(fake, f"/v1/allocation/{alloc['ID']}")["JobVersion"] == 0
+        assert _send(fake, "DELETE", "/v1/job/halo-test")[0] == 200
+        versions = get(fake, "/v1/job/halo-test/versions")["Versions"]
+        assert [(v["Version"], v["Stop"]) for v in versions] == [(1, True), (0, False)]
+        assert _send(fake, "GET", "/v1/allocation/nope")[0] == 404
