@@ -59,7 +59,7 @@ def runtime(batch: bool = True) -> NodeRuntime:
     runs (``node.BATCH_ONLY``), the copy a Nomad job's Variable carries; the version is the same
     (it names the code, not the copy)."""
     if batch:
-        return _zip(tuple(n for n in node.CARRIED if n not in node.KEEPER_ONLY), strip=True)
+        return _zip(tuple(n for n in node.CARRIED if n not in node.KEEPER_ONLY + node.NOMAD_ONLY), strip=True)
     return _zip(tuple(n for n in node.CARRIED if n not in node.BATCH_ONLY + node.KEEPER_ONLY), strip=True)
 
 

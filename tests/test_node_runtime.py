@@ -64,7 +64,7 @@ def test_the_zip_is_the_same_bytes_at_every_build_and_holds_only_the_carried_mod
     assert again.zip_bytes == rt.zip_bytes and again.sha256 == hashlib.sha256(rt.zip_bytes).hexdigest()
     names = zipfile.ZipFile(io.BytesIO(rt.zip_bytes)).namelist()
     assert names == ["halo_sched/__init__.py"] + [f"halo_sched/node/{m}" for m in node.CARRIED
-                                                  if m not in node.KEEPER_ONLY]
+                                                  if m not in node.KEEPER_ONLY + node.NOMAD_ONLY]
     assert rt.version == node.runtime_version() and re.fullmatch(r"[0-9a-f]{16}", rt.version)
 
 
@@ -145,7 +145,7 @@ def test_a_damaged_copy_is_refused_before_anything_runs_from_it(tmp_path):
     assert "has no halo-sched of version" in r.stderr and "torchrun under" not in r.stderr
 
 
-@pytest.mark.parametrize("name", ["entry.sh", "server.sh"])
+@pytest.mark.parametrize("name", ["entry.sh", "server.sh", "world.sh"])
 def test_the_entry_functions_use_only_the_contracts_names(name):
     """halo_sched/node/entry.sh and server.sh are not templates: each HALO_* name in them must be one of NAMES."""
     from halo_sched.node.contract import NAMES

@@ -39,7 +39,7 @@ _HERE = Path(__file__).resolve().parent
 CARRIED = ("__init__.py", "batch.sh", "contract.py", "entry.sh", "failure_classes.py", "failure_collector.py",
            "failures.py", "guardian.py", "hang_monitor.py", "links.py", "maintenance.py", "progress.py", "restart.py",
            "server.sh", "server_health.py", "shell.py", "nomad_keeper.py", "spares.py", "successor.py", "text.py",
-           "trainers/__init__.py", "trainers/preflight_bw.py")
+           "trainers/__init__.py", "trainers/preflight_bw.py", "world.sh")
 #: What only a SLURM batch script reads from the runtime, in its own shell: its functions, the steps it runs
 #: after its trainer step failed, with ``slurm.spare_nodes`` or ``retry:`` (``restart``, ``spares``:
 #: in the allocation; ``successor``: the run's next attempt), what they read failure
@@ -50,6 +50,8 @@ BATCH_ONLY = ("batch.sh", "failure_classes.py", "failures.py", "guardian.py", "m
               "text.py")
 #: What only a Nomad run's keeper runs: left out of the SLURM and Nomad trainers' copies.
 KEEPER_ONLY = ("nomad_keeper.py",)
+#: What only a Nomad trainer's entry reads (hot spares: ``shell world``): left out of the SLURM copy.
+NOMAD_ONLY = ("world.sh",)
 #: The keeper's own copy (carried in a Variable of its own, which its group may read): the keeper
 #: and what it reads failure lines and classifies them with.
 KEEPER = ("__init__.py", "contract.py", "failure_classes.py", "failure_collector.py", "failures.py",

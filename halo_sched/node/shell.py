@@ -1,7 +1,8 @@
-"""Prints the node entry's functions (``entry.sh``), or with ``batch`` the SLURM batch script's
-(``batch.sh``), and with ``batch server`` also ``halo_server_shell='...'`` (``server.sh``, which
-the batch script hands to the server steps), from an install or from the zip a job carries:
-``python -m halo_sched.node.shell [batch [server]]``; the script evaluates what it prints."""
+"""Prints the node entry's functions (``entry.sh``; with ``world`` also a Nomad entry's with hot
+spares, ``world.sh``), or with ``batch`` the SLURM batch script's (``batch.sh``), and with
+``batch server`` also ``halo_server_shell='...'`` (``server.sh``, which the batch script hands to
+the server steps), from an install or from the zip a job carries:
+``python -m halo_sched.node.shell [world | batch [server]]``; the script evaluates what it prints."""
 from __future__ import annotations
 
 import pkgutil
@@ -27,3 +28,5 @@ if __name__ == "__main__":
             sys.stdout.write(assignment("halo_server_shell", _text("server.sh")))
     else:
         sys.stdout.write(_text("entry.sh"))
+        if args[:1] == ["world"]:
+            sys.stdout.write(_text("world.sh"))
