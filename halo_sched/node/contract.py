@@ -1,79 +1,26 @@
 """The names the submitter's side and the nodes share, each defined once: every environment
 variable halo-sched sets for a node or a server (the node's whole interface to its backend), the
-signal that carries the warning, and the ports a job derives its master port from.
+warning's carrier signal, the ports a job derives its master port from.
 
-The renderers pass :data:`NAMES` and :data:`WARNING_CARRIER` into every template (through the
-launch plan, ``halo_sched/launch.py``); no template spells one of them itself
-(``tests/test_contract_names.py`` reads every template and fails on one). Standard library only:
-the node-side programs (local supervisor, process helpers) read these too.
+The renderers pass :data:`NAMES` and :data:`WARNING_CARRIER` into every template (through
+``halo_sched/launch.py``); no template spells one itself (``tests/test_contract_names.py``).
 """
 from __future__ import annotations
 
-import hashlib
-
-#: The signal that takes the warning (``slurm.signal``'s, or ``halo-sched cancel --signal``) to
-#: every process of a SLURM job's steps. Its default action is to ignore it, so only each node's
-#: entry script acts on it (handing the job's warning signal to its ranks once they handle it);
-#: slurmrestd cannot signal the batch script alone, so there it carries the warning to the batch
-#: script too. ``slurm.signal`` may not be this one (halo_sched/spec.py).
+#: The signal that takes the warning (``slurm.signal``'s, ``halo-sched cancel --signal``) to every
+#: process of a SLURM job's steps: ignored by default, so only each entry script acts on it (handing
+#: the warning signal to its ranks); to the batch script too via slurmrestd, which cannot signal it
+#: alone. ``slurm.signal`` may not be this one (halo_sched/spec.py).
 WARNING_CARRIER = "URG"
 
-#: Where a job's own master port comes from when ``rendezvous.port`` is unset (SLURM: from the job
-#: id, local: the first free one from a random start): 28500-29499. Below torchrun's customary
-#: 29500 (which hand-written jobs on the same host still take), below SGLang's default 30000, and
-#: below Linux's ephemeral range (32768-60999), from which outgoing connections take their ports.
+#: A job's own master port without ``rendezvous.port`` (SLURM: from the job id, local: the first
+#: free one from a random start): below torchrun's customary 29500, SGLang's default 30000 and
+#: Linux's ephemeral range (32768-60999, outgoing connections' ports).
 DERIVED_PORTS = range(28500, 29500)
 
 #: The tag each Nomad server registration carries (``halo-index-${NOMAD_ALLOC_INDEX}``), and the
 #: first word of each line of a server addresses file.
 INDEX_TAG = "halo-index-"
-
-# ---- a Nomad job's names that its keeper (node/nomad_keeper.py) reads and writes too ----------
-
-#: Job.Meta keys: node ranks N; the attempt a version is (absent in the run's first version); the
-#: submission token (exactly once, halo_sched/exactly_once.py); the server roles (``name:nodes,...``);
-#: whether the job carries a keeper group; the hosts every attempt so far kept off (``a,b``).
-NOMAD_NODES_META = "halo_sched_nodes"
-NOMAD_ATTEMPT_META = "halo_sched_attempt"
-NOMAD_TOKEN_META = "halo_sched_token"
-NOMAD_SERVERS_META = "halo_sched_servers"
-NOMAD_KEEPER_META = "halo_sched_keeper"
-NOMAD_EXCLUDED_META = "halo_sched_excluded"
-NOMAD_SPARES_META = "halo_sched_spares"
-#: The task groups: the trainer's (count N, plus ``nomad.spare_nodes``), the keeper's (count 1).
-NOMAD_TRAINER_GROUP = "trainer"
-NOMAD_KEEPER_GROUP = "keeper"
-NOMAD_TRAINER_TASK = "torchrun"
-NOMAD_KEEPER_TASK = "keeper"
-NOMAD_SERVER_GROUP_PREFIX = "server-"
-
-
-def nomad_attempt_key(job_id: str, attempt: int) -> str:
-    """What a Nomad job's service registrations are named after: the job ID; for a retry attempt,
-    a new version of the same job, the ID and the attempt (halo_sched/backends/nomad/servers.py
-    says why: an earlier attempt's registration can outlive its stop)."""
-    return f"{job_id}-attempt{attempt}" if attempt else job_id
-
-
-def nomad_rdzv_service(key: str) -> str:
-    """The trainer's rendezvous service of one attempt (``key``: :func:`nomad_attempt_key`): DNS-like
-    (lower case, digits, '-'), at most 63 characters, distinct for distinct keys (a hash keeps it
-    so when the key is folded)."""
-    base = "".join(c if c.isalnum() else "-" for c in key.lower()).strip("-") or "job"
-    if base != key or len(base) > 58:
-        digest = hashlib.sha256(key.encode()).hexdigest()[:8]
-        base = f"{base[:49].rstrip('-')}-{digest}"
-    return f"{base}-rdzv"
-
-
-def nomad_server_service(key: str, role: str) -> str:
-    """A server role's service of one attempt: DNS-like, at most 63, distinct for distinct pairs."""
-    base = "".join(c if c.isalnum() else "-" for c in key.lower()).strip("-") or "job"
-    name = f"{base}-srv-{role}"
-    if name != f"{key}-srv-{role}" or len(name) > 63:
-        digest = hashlib.sha256(f"{key}\0{role}".encode()).hexdigest()[:8]
-        name = f"{base[:63 - len(role) - 14].rstrip('-')}-{digest}-srv-{role}"
-    return name
 
 
 class EnvNames:
@@ -96,9 +43,8 @@ class EnvNames:
     #: Optional: a directory holding ``halo-secret-NAME`` files (Nomad) instead of the secrets in
     #: the environment (SLURM, local).
     secrets_dir: str = "HALO_SECRETS_DIR"
-    #: The node runtime the job carries (halo_sched/node_runtime.py), base64 of a zip: in the
-    #: variable (SLURM: passed to each task) or in a file (Nomad: rendered from the job's Variable;
-    #: local: the job's directory). Used only when the node's own halo-sched is another version.
+    #: The node runtime the job carries (halo_sched/node_runtime.py), base64 of a zip, in the
+    #: variable (SLURM) or a file (Nomad, local); used where the node's halo-sched is another version.
     node_runtime: str = "HALO_NODE_RUNTIME"
     node_runtime_file: str = "HALO_NODE_RUNTIME_FILE"
     #: Which run of a requeued job this is (0 the first time).
@@ -111,27 +57,20 @@ class EnvNames:
     local_job: str = "HALO_LOCAL_JOB"
     #: In torchrun's environment only: finds what it started, however reparented.
     node_tag: str = "HALO_NODE_TAG"
-    #: The job's failure key, made at submit: the node-side reporters sign their failure lines
-    #: with it (node/failure_collector.py); the entry and server scripts take it out of the
-    #: environment first thing, so no rank or server inherits it.
+    #: The job's failure key, made at submit, which signs the failure lines; the entry and server
+    #: scripts take it out of the environment first thing, so no rank or server inherits it.
     failure_key: str = "HALO_FAILURE_KEY"
     #: The secret_env names of this node (space-separated): the reporters scrub their values.
     secret_names: str = "HALO_SECRET_NAMES"
-    #: Where rank 0 writes the job's result, a small JSON value (node/result.py), at a path the
-    #: submitter can read back: local, the job's directory; SLURM, beside the output file; Nomad,
-    #: node 0's task directory (read through the client's fs API).
+    #: Where rank 0 writes the job's result, a small JSON value (node/result.py), for the submitter
+    #: to read: local, the job's directory; SLURM, beside the output file; Nomad, node 0's task dir.
     result_file: str = "HALO_RESULT_FILE"
 
-    # ---- a Nomad run's keeper (node/nomad_keeper.py), from the job file's retry: and nomad: ----
-    #: retry.attempts (0: no retry:) and retry.on (comma-separated words).
+    #: A Nomad run's keeper's input (node/nomad_keeper.py); node/world.sh's files (hot spares).
     keeper_attempts: str = "HALO_KEEPER_ATTEMPTS"
     keeper_retry_on: str = "HALO_KEEPER_RETRY_ON"
-    #: The trainer's node ranks N and its hot spares K (nomad.spare_nodes).
     keeper_nodes: str = "HALO_KEEPER_NODES"
     keeper_spares: str = "HALO_KEEPER_SPARES"
-    #: A trainer node of a Nomad job with hot spares (node/entry.sh halo_world): a file holding the
-    #: run's current world as the keeper wrote it (``KEY VALUE`` lines: attempt, generation, state,
-    #: master, ranks), and one of every slot's registration (``halo-index-K ADDR PORT`` lines).
     world_file: str = "HALO_WORLD_FILE"
     slots_file: str = "HALO_SLOTS_FILE"
 

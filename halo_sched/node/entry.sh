@@ -239,4 +239,3 @@ halo_run() {
   [ -n "${HALO_LOG_DIR:-}" ] || rm -rf "$halo_log_root"
   return "$halo_rc"
 }
-

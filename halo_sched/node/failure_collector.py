@@ -373,10 +373,8 @@ def collect(node: int, nproc: int, log_dir: str, rc: int, stopped_at: float | No
             error, when = from_file
         elif tail:
             # The traceback was the last thing the rank wrote: its mtime is the time of death, to
-            # the nanosecond, where torchrun's summary has whole seconds (and is later). A rank a
-            # signal killed wrote its last line before it died: within a second or two of the
-            # summary's that line is a closer bound than the second torchrun noticed, which can read
-            # later than a peer's precise death in the same second (the peer died of this one).
+            # the nanosecond, where torchrun's summary has whole seconds (and is later); a signal's
+            # victim's last line, within 2 s, beats the later second a peer's death may share.
             try:
                 mtime = os.stat(os.path.join(d, "stderr.log")).st_mtime
             except OSError:

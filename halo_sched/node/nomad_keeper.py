@@ -50,13 +50,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 from urllib.parse import quote, urlencode
 
-from .contract import (
-    NAMES, NOMAD_ATTEMPT_META, NOMAD_EXCLUDED_META, NOMAD_SERVERS_META, NOMAD_TOKEN_META, NOMAD_TRAINER_GROUP,
-    NOMAD_TRAINER_TASK, nomad_attempt_key, nomad_rdzv_service, nomad_server_service,
-)
+from .contract import NAMES
 from .failure_classes import classify_failure
 from .failure_collector import TAG
 from .failures import FailureReport, RankFailure, parse_lines
+from .nomad_names import (
+    NOMAD_ATTEMPT_META, NOMAD_EXCLUDED_META, NOMAD_SERVERS_META, NOMAD_TOKEN_META, NOMAD_TRAINER_GROUP,
+    NOMAD_TRAINER_TASK, nomad_attempt_key, nomad_rdzv_service, nomad_server_service,
+)
 
 #: Words a keeper's lines start with (its task's stdout, ``nomad alloc logs``).
 WHO = "halo-sched keeper"

@@ -1,7 +1,7 @@
-"""Prints the node entry's functions (``entry.sh``; with ``world`` also a Nomad entry's with hot
-spares, ``world.sh``), or with ``batch`` the SLURM batch script's (``batch.sh``), and with
-``batch server`` also ``halo_server_shell='...'`` (``server.sh``, which the batch script hands to
-the server steps), from an install or from the zip a job carries:
+"""Prints the node entry's functions (``entry.sh``; ``world.sh`` too with ``world``), or with
+``batch`` the SLURM batch script's (``batch.sh``), and with ``batch server`` also
+``halo_server_shell='...'`` (``server.sh``, which the batch script hands to the server steps), from
+an install or from the zip a job carries:
 ``python -m halo_sched.node.shell [world | batch [server]]``; the script evaluates what it prints."""
 from __future__ import annotations
 

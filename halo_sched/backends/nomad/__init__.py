@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ...errors import HaloError, SchedulerError, UsageError
 from ...launch import submission_id
-from ...node.contract import NOMAD_ATTEMPT_META, NOMAD_EXCLUDED_META, NOMAD_KEEPER_META
+from ...node.nomad_names import NOMAD_ATTEMPT_META, NOMAD_EXCLUDED_META, NOMAD_KEEPER_META
 from ..base import DryRun, Scheduler
 from .capabilities import Configured, ReadsAllocFiles
 from .render import (

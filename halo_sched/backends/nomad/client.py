@@ -20,7 +20,7 @@ import requests
 from halo_sched.errors import OutcomeUnknown, SchedulerError, UsageError
 from halo_sched.exactly_once import run_once
 from halo_sched.retry import Ambiguous
-from halo_sched.node.contract import NOMAD_TOKEN_META
+from halo_sched.node.nomad_names import NOMAD_TOKEN_META
 from halo_sched.node_runtime import SERVER_ITEM
 
 from .transport import ENFORCE_INDEX_ERR, HTTPStatusError, NomadAPIError, NomadConfig, NomadHTTP

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from ...node.contract import (
+from ...node.nomad_names import (
     NOMAD_KEEPER_GROUP, NOMAD_KEEPER_TASK, NOMAD_NODES_META, NOMAD_TRAINER_GROUP, NOMAD_TRAINER_TASK, nomad_rdzv_service,
 )
 from . import servers as nomad_servers
@@ -48,7 +48,7 @@ def node_rank_of(task_group: str, alloc_name: str) -> int | None:
 def service_name(job_id: str) -> str:
     """The rendezvous service of one job: DNS-like (lower case, digits, '-'), at most 63
     characters, and distinct for distinct job ids (a hash keeps it so when the id is folded);
-    node/contract.py defines it, as the run's keeper renames it for its next attempt."""
+    node/nomad_names.py defines it, as the run's keeper renames it for its next attempt."""
     return nomad_rdzv_service(job_id)
 
 

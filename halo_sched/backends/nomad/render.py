@@ -61,7 +61,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...errors import SpecError
-from ...node.contract import NOMAD_KEEPER_META, NOMAD_SPARES_META
+from ...node.nomad_names import NOMAD_KEEPER_META, NOMAD_SPARES_META
 from ...launch import Launch, compile_launch, render_entry
 from ...templating import check, checked_int, render_template
 from . import servers as nomad_servers

@@ -33,7 +33,7 @@ or collect it (nomad/state/state_store_service_registration.go ``deregisterServi
 from __future__ import annotations
 
 from ...launch import Launch
-from ...node.contract import NOMAD_SERVER_GROUP_PREFIX, NOMAD_SERVERS_META, nomad_attempt_key, nomad_server_service
+from ...node.nomad_names import NOMAD_SERVER_GROUP_PREFIX, NOMAD_SERVERS_META, nomad_attempt_key, nomad_server_service
 from ...templating import check
 
 GROUP_PREFIX = NOMAD_SERVER_GROUP_PREFIX
@@ -58,7 +58,7 @@ def role_of_group(task_group: str) -> str | None:
 def attempt_key(job_id: str, attempt: int) -> str:
     """What a job's service registrations are named after: the job ID; for a retry attempt, which
     is a new version of the same job (NomadScheduler.submit_attempt, or the run's keeper), the ID
-    and the attempt (node/contract.py ``nomad_attempt_key``, which the keeper reads too).
+    and the attempt (node/nomad_names.py ``nomad_attempt_key``, which the keeper reads too).
     Nomad deletes a Nomad-native registration only when its allocation is client-terminal
     (complete, failed, lost) or garbage-collected (nomad/state/state_store_service_registration.go
     ``deregisterServicesForTerminalAllocs``, nomad/state/state_store.go ``DeleteEval`` -> allocs,
@@ -73,7 +73,7 @@ def attempt_key(job_id: str, attempt: int) -> str:
 
 def service_name(job_id: str, role: str) -> str:
     """A DNS-like service name (at most 63) per job (an attempt's: attempt_key) and role,
-    distinct for distinct pairs (node/contract.py ``nomad_server_service``)."""
+    distinct for distinct pairs (node/nomad_names.py ``nomad_server_service``)."""
     return nomad_server_service(job_id, check(role, "server name", "servers[].name"))
 
 

@@ -400,7 +400,7 @@ def world_view(job: dict | None, allocs: list[dict], world: dict | None) -> tupl
     attempt's: the slot of each rank, each swap; else generation 0, slots 0..N-1), each renamed
     ``JOB.trainer[RANK]``; a spare's and a slot a spare replaced are left out. With the spares' own
     view: ``{"total", "left", "swaps"}`` (None for a job without spares)."""
-    from ...node.contract import NOMAD_ATTEMPT_META, NOMAD_SPARES_META
+    from ...node.nomad_names import NOMAD_ATTEMPT_META, NOMAD_SPARES_META
     from ...node.nomad_keeper import World
 
     meta = (job or {}).get("Meta") or {}

@@ -67,7 +67,7 @@ def world_of(client, job: dict | None) -> dict | None:
     """The run's world (node/nomad_keeper.py), for a job with hot spares whose version ``client``
     reads is the job's newest (an older version's world is gone: generation 0 stands for it);
     None otherwise, or when it cannot be read (generation 0 then, a look later it can)."""
-    from ...node.contract import NOMAD_SPARES_META
+    from ...node.nomad_names import NOMAD_SPARES_META
 
     if not job or not str((job.get("Meta") or {}).get(NOMAD_SPARES_META) or "").strip("0"):
         return None
