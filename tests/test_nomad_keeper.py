@@ -73,8 +73,8 @@ def _keeper(fake, job_id: str, version: int = 0, **kw) -> Keeper:
     fake.serve_task_api(path)
     alloc = _alloc(fake, job_id, "keeper[0]", version)
     api = TaskAPI(path, fake.workload_token(alloc["ID"], "keeper"), "default")
-    settings = Settings(job_id=job_id, alloc_id=alloc["ID"], nodes=2, attempts=3, retry_on=("node",),
-                        key=_key(fake, job_id))
+    settings = Settings(job_id=job_id, alloc_id=alloc["ID"], nodes=2, attempts=3,
+                        retry_on=kw.pop("retry_on", ("node",)), key=_key(fake, job_id))
     lines: list[str] = []
     k = Keeper(api, settings, say=lines.append, settle_s=kw.pop("settle_s", 0.5), wait_s=2.0, **kw)
     k.lines = lines
@@ -225,13 +225,15 @@ def test_two_keepers_of_one_version_register_one_attempt(tmp_path):
         assert len(said) == 1, [k.lines for k in keepers]
 
 
-def test_a_failure_not_retried_ends_the_run_with_the_jobs_stop(tmp_path):
-    """A Python exception (the job's own fault) is never retried: the keeper stops the job, so that
-    its survivor releases its node, and registers nothing."""
+@pytest.mark.parametrize("on", [("node",), ("node", "job")])
+def test_a_failure_not_retried_ends_the_run_with_the_jobs_stop(tmp_path, on):
+    """A Python exception (the job's own fault) is retried only where retry.on lists job (opt-in,
+    node/failure_classes.py): otherwise the keeper stops the job, so that its survivor releases its
+    node, and registers nothing; with job listed it registers attempt 2, keeping off no host."""
     with FakeNomad([FakeNode(n, gpus=0) for n in ("n0", "n1", "n2")], token=TOKEN) as fake:
         fake.attach_policy("default", CAPS)
-        job_id = _submit(fake, _spec(tmp_path))
-        keeper = _keeper(fake, job_id)
+        job_id = _submit(fake, _spec(tmp_path, retry={"attempts": 3, "on": list(on)}))
+        keeper = _keeper(fake, job_id, retry_on=on)
         out = _run(keeper)
         alloc = _alloc(fake, job_id, "trainer[1]")
         rec = {"node": 1, "rank": 1, "local_rank": 0, "host": "h", "exit_code": 1, "signal": None,
@@ -240,6 +242,11 @@ def test_a_failure_not_retried_ends_the_run_with_the_jobs_stop(tmp_path):
         fake.finish(job_id, "trainer[1]", 1)
         assert _done(out) == 0
         job = fake.job_record(job_id)
+        if "job" in on:
+            assert not job["Stop"] and job["Meta"]["halo_sched_attempt"] == "1", job["Meta"]
+            assert not any(c.get("LTarget") == "${node.unique.name}" for c in job.get("Constraints") or []), job
+            assert any("retrying (job)" in ln for ln in keeper.lines), keeper.lines
+            return
         assert job["Stop"] and len(fake.registered_versions(job_id)) == 1, job
         assert any("job fault" in ln and "stopping the job" in ln for ln in keeper.lines), keeper.lines
 
