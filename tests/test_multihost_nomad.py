@@ -194,7 +194,8 @@ def test_a_runs_keeper_cut_off_comes_back_on_another_host_and_carries_the_run_on
                 # Node 1 fails as a bad node: its cue file in its task directory.
                 node1 = sims[0].alloc(f"{job_id}.trainer[1]")
                 culprit = node1.host.name
-                (Path(node1.tasks["torchrun"].dir) / "fault").touch()
+                cue, cued_at = Path(node1.tasks["torchrun"].dir), time.time()
+                (cue / "fault").touch()
                 deadline = time.monotonic() + 240
                 while time.monotonic() < deadline:
                     fake.tick()
@@ -207,6 +208,9 @@ def test_a_runs_keeper_cut_off_comes_back_on_another_host_and_carries_the_run_on
                 job = fake.job_record(job_id)
                 assert job["Version"] >= 1 and job["Status"] == "dead", (job["Version"], job["Status"], said)
                 assert "attempt 2 registered as version" in said or "registering attempt 2" in said, said
+                # Failed on the cue, in its task dir (not on the trainer's own 120 s deadline, elsewhere).
+                assert (cue / "fault_at").exists() and float((cue / "fault_at").read_text()) >= cued_at, \
+                    "node 1 did not fail on its cue in its task dir"
                 assert {"LTarget": "${node.unique.name}", "RTarget": culprit, "Operand": "!="} in job["Constraints"]
                 writes = [(r.via, r.method, r.path) for r in fake.requests if r.method in ("PUT", "POST", "DELETE")
                           and "/v1/var/" not in r.path]

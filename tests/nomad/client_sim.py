@@ -2796,7 +2796,11 @@ class SimCluster:
                 if tr.alloc.host is not None:  # on its node: the host's network, hostname, hosts file
                     if who:
                         raise TaskStartError(f"{tr.alloc.name}/{tr.name}: a task user on a SimHost is not simulated")
-                    run = [*tr.alloc.host.enter, *argv]
+                    # The task dir as its cwd there too: entering a mount namespace (setns(2),
+                    # nsenter --mount) sets the cwd to that namespace's root, so Popen's cwd alone
+                    # is lost (the rig's tasks ran in "/").
+                    chdir = (shutil.which("env") or "/usr/bin/env", "-C", tr.dir) if tr.alloc.host.enter else ()
+                    run = [*tr.alloc.host.enter, *chdir, *argv]
                 proc = subprocess.Popen(
                     run,
                     cwd=tr.dir,

@@ -169,6 +169,18 @@ def test_layout_and_task_environment(make_cluster: Callable[..., SimCluster]) ->
     assert 20000 <= http <= 32000
 
 
+def test_a_task_on_an_entered_host_runs_in_its_task_dir(make_cluster: Callable[..., SimCluster]) -> None:
+    """A host entered through an argv prefix (the rig's ``nsenter --mount``) runs the task in its
+    task dir too: entering a mount namespace sets the cwd to its root, as this prefix's ``cd /``
+    does (a trainer on the rig read and wrote its cue files in "/")."""
+    host = _sim.SimHost("entered", enter=["/bin/sh", "-c", 'cd / && exec "$@"', "enter"], ip="127.0.0.1")
+    c = make_cluster(job(group("g", [bash_task("t", "pwd")])), hosts=[host])
+    c.place()
+    c.start()
+    assert c.wait(timeout=10) == {"sim.g[0]": 0}
+    assert c.stdout("sim.g[0]").splitlines() == [c.alloc("sim.g[0]").task_dir("t")]
+
+
 def test_args_are_evaluated_as_hcl_templates(make_cluster: Callable[..., SimCluster]) -> None:
     args = [
         "%s\n",
