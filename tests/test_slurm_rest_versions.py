@@ -1,6 +1,7 @@
-"""The rest transport against slurmrestd v0.0.40-v0.0.44 (Slurm 23.11-25.11), which no local
-cluster serves: tests/slurmrestd_stub follows those releases' data_parser and slurmctld plugin
-sources (each shape there names its file and tag). The jobs are the examples/*.yaml rendered by
+"""The rest transport against slurmrestd v0.0.40-v0.0.45 (Slurm 23.11-26.05) as
+tests/slurmrestd_stub has them: it follows those releases' data_parser and slurmctld plugin
+sources (each shape there names its file and tag); the real 24.11 and 26.05 are in
+tests/test_slurm_transport_cluster.py. The jobs are the examples/*.yaml rendered by
 halo-sched's own renderer. v0.0.38 is tested against the real slurmrestd 22.05 in
 tests/test_slurm_transport_cluster.py."""
 from __future__ import annotations
@@ -24,7 +25,8 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = ("ddp-cpu", "ddp-gpu", "rl-servers")
 # Every (release, version) pair the stand-in models.
 PAIRS = [(r, v) for r, (_, vs) in RELEASES.items() for v in vs if v in MODELLED]
-NEWEST = {"23.11": "v0.0.40", "24.05": "v0.0.41", "24.11": "v0.0.42", "25.05": "v0.0.43", "25.11": "v0.0.44"}
+NEWEST = {"23.11": "v0.0.40", "24.05": "v0.0.41", "24.11": "v0.0.42", "25.05": "v0.0.43", "25.11": "v0.0.44",
+          "26.05": "v0.0.45"}
 SUBMITTER_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/home/u", "SLURM_JWT": "jwt-of-the-submitter",
                  "NOMAD_TOKEN": "nomad-token", "AWS_SECRET_ACCESS_KEY": "aws-secret", "HF_TOKEN": "hf-token",
                  "OMP_PROC_BIND": "close"}
@@ -104,6 +106,19 @@ def test_submit_body_has_no_field_the_version_ignores(release, version):
     with Slurmrestd(release) as stub:
         transport(stub, version).submit(req.with_options("--mail-type=END,FAIL", "--mem=16G"))
         assert stub.jobs[100].desc["mail_type"] == ["END", "FAIL"]
+
+
+@pytest.mark.parametrize("release,version", [("24.11", "v0.0.42"), ("25.05", "v0.0.43"), ("26.05", "v0.0.44"),
+                                             ("26.05", "v0.0.45")])
+def test_a_top_level_script_draws_no_warning(release, version):
+    """JOB_SUBMIT_REQ's top-level "script" is deprecated only at v0.0.41/42 of 24.05/24.11, where
+    parsing.c does not warn yet, and a plain field again from 25.05 (parsers.c, slurm-24-11-7-1,
+    slurm-25-05-8-1, slurm-26-05-3-1); the real 26.05.3 took one at v0.0.44 and v0.0.45 without a
+    warning. (The transport puts the script in job.script from v0.0.41.)"""
+    with Slurmrestd(release) as stub:
+        doc = transport(stub, version)._request("POST", f"/slurm/{version}/job/submit", {
+            "script": "#!/bin/bash\ntrue\n", "job": {"environment": ["PATH=/bin"], "current_working_directory": "/"}})
+    assert doc["job_id"] == 100 and doc["warnings"] == [], doc["warnings"]
 
 
 @pytest.mark.parametrize("release,version", [("24.11", "v0.0.42"), ("25.11", "v0.0.44")])
@@ -227,6 +242,26 @@ def test_v38_warning_goes_to_the_steps_as_the_carrier_and_self_requeue_is_refuse
         rest_job_properties(request(loads(data)), environment={}, api_version="v0.0.38")
     job = rest_job_properties(request(loads(data)), environment={}, api_version="v0.0.42")
     assert job["requeue"] is True and job["kill_warning_flags"] == ["BATCH_JOB"]
+
+
+@pytest.mark.parametrize("version,carried", [("v0.0.38", True), ("v0.0.40", True), ("v0.0.41", False),
+                                             ("v0.0.44", False), ("v0.0.45", True)])
+def test_cores_per_socket_where_the_job_description_has_it(version, carried):
+    """JOB_DESC_MSG has cores_per_socket in v0.0.40, none in v0.0.41-44, and has it again in
+    v0.0.45 (parsers.c, slurm-24-05-8-1 .. slurm-26-05-3-1): carried where it is, refused naming
+    the field where it is not (never sent to be ignored)."""
+    req = request_of("#!/bin/bash\n", ["--cores-per-socket=8"])
+    if not carried:
+        with pytest.raises(UsageError, match=r"slurm.extra_args.*--cores-per-socket=8 \(has no field in " + version):
+            rest_job_properties(req, environment={}, api_version=version)
+        return
+    job = rest_job_properties(req, environment={}, api_version=version)
+    assert job["cores_per_socket"] == ("8" if version == "v0.0.38" else 8)
+    if version == "v0.0.45":
+        with Slurmrestd("26.05") as stub:
+            job_id = transport(stub, version).submit(req)
+            assert stub.jobs[int(job_id)].desc["cores_per_socket"] == 8
+            assert stub.jobs[int(job_id)].state == ["PENDING"]  # not cancelled for an ignored field
 
 
 @pytest.mark.parametrize("version,topo", [("v0.0.38", False), ("v0.0.40", False), ("v0.0.41", True),

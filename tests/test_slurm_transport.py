@@ -187,7 +187,7 @@ def test_rest_refuses_a_slurmrestd_without_a_version_it_speaks(restd, monkeypatc
     with pytest.raises(MissingDependency) as e:
         t.query(["1"])
     msg = str(e.value)
-    assert "offers API v0.0.37, v0.0.39" in msg and "v0.0.38" in msg and "v0.0.44" in msg
+    assert "offers API v0.0.37, v0.0.39" in msg and "v0.0.38" in msg and "v0.0.45" in msg
     assert "HALO_SLURMRESTD_API" in msg
     assert restd.requests == ["/openapi/v3"]  # nothing was sent in a format it does not speak
 
@@ -205,7 +205,7 @@ def test_rest_pinned_version_it_does_not_speak_is_refused_before_any_request(mon
     monkeypatch.setenv("HALO_SLURMRESTD_API", "v0.0.39")
     with pytest.raises(UsageError, match=r"v0\.0\.39 \(HALO_SLURMRESTD_API\) is not one halo-sched speaks"):
         RestTransport(url="http://127.0.0.1:9", token="t")
-    assert API_VERSIONS == ("v0.0.44", "v0.0.43", "v0.0.42", "v0.0.41", "v0.0.40", "v0.0.38")
+    assert API_VERSIONS == ("v0.0.45", "v0.0.44", "v0.0.43", "v0.0.42", "v0.0.41", "v0.0.40", "v0.0.38")
 
 
 def test_rest_refuses_clusters_on_submit():

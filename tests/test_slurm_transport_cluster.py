@@ -476,6 +476,45 @@ def test_rest_requeue_options_reach_slurmctld(cli, rest, workdir):
     assert job["no_requeue"] is True and "requeue" not in job
 
 
+def test_rest_version_choice_passes_over_a_version_the_server_lacks(cli, rest, workdir, monkeypatch):
+    """Each release drops its oldest data_parser (26.05 serves v0.0.42-45 and no v0.0.41; the
+    26.11 branch has no v0.0.42): the choice reads what this slurmrestd offers and takes the
+    first spoken one it has. With a preferred list that starts with a version this server lacks,
+    the choice passes over it to the same served version, which submits, answers and cancels; a
+    pinned version it lacks is refused naming the version and the releases that serve it."""
+    from cluster.cluster import slurm_version
+
+    from halo_sched.backends.slurm.transport import rest as rest_module
+    from halo_sched.errors import MissingDependency
+
+    offered = {p.split("/")[2] for p in rest._request("GET", "/openapi/v3").get("paths") or {}
+               if p.startswith("/slurm/v")}
+    chosen = rest._version()
+    expected = {"22.05": "v0.0.38", "24.11": "v0.0.42", "26.05": "v0.0.45"}.get(slurm_version())
+    assert chosen == (expected or chosen) and chosen in offered, (chosen, sorted(offered))
+    lacking = next(v for v in rest_module.API_VERSIONS if v not in offered)
+    monkeypatch.setattr(rest_module, "API_VERSIONS",
+                        (lacking, *(v for v in rest_module.API_VERSIONS if v != lacking)))
+    fresh = RestTransport(url=rest.url, token=rest.token, user="root", api_version="auto")
+    # v0.0.45 carries --cores-per-socket again (JOB_DESC_MSG, parsers.c slurm-26-05-3-1), which
+    # v0.0.41-44 have no field for: slurmctld gets it as sbatch's would.
+    extra = ["--cores-per-socket=1"] if chosen == "v0.0.45" else []
+    job_id = fresh.submit(request_of("#!/bin/bash\ntrue\n", ["--hold", "--job-name=halo-fallthrough",
+                                                                f"--chdir={workdir}", *extra]))
+    cli.submitted.append(job_id)
+    assert fresh.api_version == chosen
+    if extra:
+        assert cli.job_info(job_id)["ReqB:S:C:T"] == "0:0:1:*"
+    assert fresh.query([job_id])[job_id].status is JobStatus.PENDING
+    fresh.cancel([job_id])
+    assert wait_for(cli, job_id, {JobStatus.CANCELLED}, 30)[0].status is JobStatus.CANCELLED
+    pinned = RestTransport(url=rest.url, token=rest.token, user="root", api_version=lacking, retries=1)
+    with pytest.raises(MissingDependency, match=rf"does not offer API {lacking} \(HALO_SLURMRESTD_API\)"):
+        pinned.query([job_id])
+    print(f"Slurm {slurm_version()}: offers {', '.join(sorted(offered))}; chose {chosen}, and {chosen} "
+          f"again with {lacking} (not served) preferred first")
+
+
 @pytest.mark.torch
 def test_rest_v38_time_limit_warning_reaches_every_rank(cli, rest, workdir, tmp_path):
     """slurm.signal through slurmrestd 22.05: it refuses "B:", so the steps get URG at the

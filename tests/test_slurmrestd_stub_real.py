@@ -104,11 +104,13 @@ def test_submit_get_and_delete_of_a_held_job_as_the_real_server(release, version
 
 @pytest.mark.parametrize("release,version", CASES)
 def test_partitions_and_nodes_read_as_scontrol_shows_them(release, version):
-    """24.11's partitions carry no flags (so no default marker) and answer an unset MaxMemPerNode
-    as {set: true, number: 0}: read as UNLIMITED, as scontrol prints it, not as 0 MiB."""
+    """v0.0.40-44's partitions carry no flags (so no default marker; v0.0.45 has them again:
+    26.05.3 answers ["DEFAULT"]) and answer an unset MaxMemPerNode as {set: true, number: 0}: read
+    as UNLIMITED, as scontrol prints it, not as 0 MiB."""
     (part,) = real(release, version, "partitions")["body"]["partitions"]
     record = rest_partition_record(part)
-    assert record == {"PartitionName": "debug", "Default": "NO", "MaxNodes": "UNLIMITED", "TotalNodes": "3",
+    default = "YES" if version >= "v0.0.45" else "NO"
+    assert record == {"PartitionName": "debug", "Default": default, "MaxNodes": "UNLIMITED", "TotalNodes": "3",
                       "MaxTime": "UNLIMITED", "MaxCPUsPerNode": "UNLIMITED", "MaxMemPerNode": "UNLIMITED"}
     nodes = [rest_node_record(n) for n in real(release, version, "nodes")["body"]["nodes"]]
     assert nodes[0] == {"NodeName": "node1", "CPUTot": "2", "RealMemory": "2048", "Partitions": "debug"}
@@ -132,3 +134,20 @@ def test_a_real_max_mem_per_node_is_read(version):
     problems = limit_problems(partition_limits(record, nodes), nodes=1, time_s=None, time_text=None,
                               cpus_per_task=1, mem_mb=1500, cpus_field="slurm.cpus_per_task", nodes_field="nodes")
     assert [f for f, _ in problems] == ["slurm.mem"], problems
+
+
+def test_v45_names_the_default_partition_itself(monkeypatch):
+    """26.05.3 at v0.0.45 dumps PARTITION_FLAGS again (parsers.c slurm-26-05-3-1; recorded:
+    ["DEFAULT"]): the partition check gets the default from slurmrestd, without this host's
+    sinfo. At v0.0.44 (no flags) the default comes only from sinfo."""
+    from halo_sched.backends.slurm.transport import RestTransport, rest
+
+    asked = []
+    monkeypatch.setattr(rest, "sinfo_default_partition", lambda names, **k: asked.append(names))
+    with Slurmrestd("26.05") as stub:
+        for version, default in (("v0.0.45", "YES"), ("v0.0.44", "NO")):
+            records, nodes = RestTransport(url=stub.url, token=stub.token, api_version=version,
+                                           retries=1).partitions()
+            assert [(r["PartitionName"], r["Default"]) for r in records] == [("debug", default)]
+            assert len(nodes) == 3
+    assert asked == [{"debug"}]  # v0.0.44 only

@@ -1,5 +1,5 @@
-"""A stand-in slurmrestd for the OpenAPI versions no local cluster serves (v0.0.40 to v0.0.44,
-Slurm 23.11 to 25.11), on 127.0.0.1 only.
+"""A stand-in slurmrestd for the OpenAPI versions v0.0.40 to v0.0.45 (Slurm 23.11 to 26.05; the
+local clusters serve 24.11's and 26.05's for real), on 127.0.0.1 only.
 
 It is written from SchedMD/slurm's sources at the release tags named in ``RELEASES``, read for
 their request fields and types and their answers' shapes (no code taken):
@@ -60,11 +60,10 @@ RELEASES = {
     "24.11": ("slurm-24-11-7-1", ("v0.0.40", "v0.0.41", "v0.0.42")),
     "25.05": ("slurm-25-05-8-1", ("v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43")),
     "25.11": ("slurm-25-11-7-1", ("v0.0.41", "v0.0.42", "v0.0.43", "v0.0.44")),
-    # v0.0.45 is served but not modelled (halo-sched speaks up to v0.0.44); the answers at
-    # v0.0.42-44 are 26.05.3's, recorded (tests/fixtures/slurmrestd/26.05).
+    # The answers at v0.0.42-45 are 26.05.3's, recorded (tests/fixtures/slurmrestd/26.05).
     "26.05": ("slurm-26-05-3-1", ("v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45")),
 }
-MODELLED = ("v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43", "v0.0.44")
+MODELLED = ("v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45")
 
 # The names of PARSER_ARRAY(JOB_DESC_MSG) (parsers.c; "rlimits/cpu" and the like are the field
 # "rlimits"). v0.0.40 as in slurm-23-11-11-1 and slurm-24-05-8-1 (identical), then the changes.
@@ -92,7 +91,16 @@ _V41 = (_V40 - {"cores_per_socket"}) | {"resv_mpi_ports", "segment_size"}
 _V42 = (_V41 - {"exclusive", "oversubscribe", "resv_mpi_ports"}) | {"oom_kill_step"}
 # slurm-25-11-7-1 v0.0.44: step_id added.
 _V44 = _V42 | {"step_id"}
-JOB_FIELDS = {"v0.0.40": _V40, "v0.0.41": _V41, "v0.0.42": _V42, "v0.0.43": _V42, "v0.0.44": _V44}
+# slurm-26-05-3-1 v0.0.45 (against v0.0.44 at the same tag): cores_per_socket back (UINT16, as in
+# v0.0.40), container_type, memory_update_margin and memory_update_delay added; power_flags (an
+# add_removed entry in v0.0.40-44) gone. Every other name, its parser type and each PARSE_FUNC
+# the transport's fields go through (STRING, UINT16, UINT32_NO_VAL, BOOL16, JOB_DESC_MSG_ENV,
+# JOB_DESC_MSG_NODES, SIGNAL, CSV_STRING, MEM_PER_NODE, ...) are the same as v0.0.44's, and so
+# are JOB_SUBMIT_REQ (script, jobs, job), OPENAPI_JOB_SUBMIT_RESPONSE and KILL_JOBS_RESP_JOB.
+_V45 = (_V44 - {"power_flags"}) | {"cores_per_socket", "container_type", "memory_update_margin",
+                                   "memory_update_delay"}
+JOB_FIELDS = {"v0.0.40": _V40, "v0.0.41": _V41, "v0.0.42": _V42, "v0.0.43": _V42, "v0.0.44": _V44,
+              "v0.0.45": _V45}
 
 # Flag arrays (parsers.c PARSER_FLAG_ARRAY(...), the same in v0.0.40-44 for these names;
 # "topo" in JOB_SHARED from slurm-24-11-7-1).
@@ -107,9 +115,13 @@ FLAGS = {
                        "STAGE_OUT", "ARRAY_TASKS", "INVALID_DEPENDENCY"},
     "JOB_FLAGS": {"KILL_INVALID_DEPENDENCY", "NO_KILL_INVALID_DEPENDENCY", "SPREAD_JOB",
                   "PREFER_MINIMUM_NODE_COUNT", "GRES_BINDING_ENFORCED", "GRES_BINDING_DISABLED"},
+    # v0.0.45 adds JOB_IMPLICIT_MAX_NODES (PARSER_FLAG_ARRAY(JOB_FLAGS), slurm-26-05-3-1).
+    "JOB_FLAGS_45": {"KILL_INVALID_DEPENDENCY", "NO_KILL_INVALID_DEPENDENCY", "SPREAD_JOB",
+                     "PREFER_MINIMUM_NODE_COUNT", "GRES_BINDING_ENFORCED", "GRES_BINDING_DISABLED",
+                     "JOB_IMPLICIT_MAX_NODES"},
 }
 
-# The parser type of the fields modelled here (parsers.c PARSER_ARRAY(JOB_DESC_MSG), v0.0.40-44
+# The parser type of the fields modelled here (parsers.c PARSER_ARRAY(JOB_DESC_MSG), v0.0.40-45
 # alike for these). A field in JOB_FIELDS but not here is accepted as it comes.
 TYPES = {
     **dict.fromkeys(["account", "name", "partition", "qos", "reservation", "comment", "wckey", "licenses",
@@ -271,6 +283,8 @@ def parse_field(version: str, key: str, value, path: str):
         table = kind.split(":", 1)[1]
         if table == "JOB_SHARED" and int(version.rsplit(".", 1)[1]) >= 42:
             table = "JOB_SHARED_42"
+        if table == "JOB_FLAGS" and int(version.rsplit(".", 1)[1]) >= 45:
+            table = "JOB_FLAGS_45"
         return _flags(value, FLAGS[table], path)
     if kind == "JOB_EXCLUSIVE":
         # PARSE_FUNC(JOB_EXCLUSIVE): null, a boolean, or JOB_EXCLUSIVE_FLAGS.
@@ -310,7 +324,7 @@ def parse_field(version: str, key: str, value, path: str):
 
 
 def _meta(release: str, version: str, user: str) -> dict:
-    """OPENAPI_META (parsers.c v0.0.40-44, slurm-23-11-11-1 .. slurm-25-11-7-1): plugin, client,
+    """OPENAPI_META (parsers.c v0.0.40-45, slurm-23-11-11-1 .. slurm-26-05-3-1): plugin, client,
     command, slurm."""
     tag = RELEASES[release][0]
     major, minor, micro = tag.split("-")[1:4]
@@ -369,7 +383,7 @@ class Job:
 
     def info(self, version: str, cluster: str) -> dict:
         """One entry of OPENAPI_JOB_INFO_RESP jobs[] (parsers.c PARSER_ARRAY(JOB_INFO) at
-        slurm-23-11-11-1 .. slurm-25-11-7-1, the fields the transport reads; job_state is the
+        slurm-23-11-11-1 .. slurm-26-05-3-1, the fields the transport reads, alike in v0.0.45; job_state is the
         JOB_STATE flag list, base state first). v0.0.40-42 dump standard_output expanded (JOB_INFO_STDOUT:
         slurm_get_job_stdout); v0.0.43+ dump it as given and add stdout_expanded
         (slurm-25-05-8-1, slurm-25-11-7-1)."""
@@ -556,12 +570,11 @@ class Slurmrestd:
                 doc["warnings"].append({"description": f"Ignoring unknown field \"{key}\" of type "
                                                        f"{type(body[key]).__name__} in JOB_SUBMIT_REQ",
                                         "source": "#/"})
-        if "script" in body and minor >= 41 and self.release in ("25.05", "25.11", "26.05"):
-            # JOB_SUBMIT_REQ "script": add_parse_deprec(..., SLURM_24_05_PROTOCOL_VERSION) from
-            # v0.0.41 (parsers.c slurm-24-05-8-1): still read; parsing.c warns "Field \"%s\" is
-            # deprecated" once the release no longer speaks to 24.05's predecessors
-            # (deprecated <= SLURM_MIN_PROTOCOL_VERSION: 25.05 and later).
-            doc["warnings"].append({"description": "Field \"script\" is deprecated", "source": "#/script"})
+        # A top-level "script" draws no warning at any release modelled: JOB_SUBMIT_REQ has it as
+        # add_parse_deprec(..., SLURM_24_05_PROTOCOL_VERSION) at v0.0.41/42 of slurm-24-05-8-1 and
+        # slurm-24-11-7-1, where parsing.c warns only for deprecated <= SLURM_MIN_PROTOCOL_VERSION
+        # (23.02's there), and as a plain add_parse again from slurm-25-05-8-1 (v0.0.41-43) to
+        # slurm-26-05-3-1 (v0.0.42-45). 26.05.3 took one at v0.0.44 and v0.0.45 with no warning.
         job_in = body.get("job")
         if body.get("jobs") is not None:
             return fail(500, E_REST_FAIL_PARSING, "HetJobs are not modelled by this stand-in", "#/jobs")

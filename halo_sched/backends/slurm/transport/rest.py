@@ -1,10 +1,11 @@
 """The slurmrestd transport: Slurm's REST API over a unix socket or TCP.
 
 It speaks the API versions in ``API_VERSIONS``: v0.0.38 (Slurm 22.05, 23.02, 23.11) and
-v0.0.40 to v0.0.44 (23.11 to 25.11). By default the first request asks slurmrestd which
-versions it offers (``GET /openapi/v3``) and takes the newest one spoken here;
-``HALO_SLURMRESTD_API`` (or ``api_version=``) pins one. A slurmrestd that offers none of them,
-or a pinned version not spoken here, is refused with an error that names both.
+v0.0.40 to v0.0.45 (23.11 to 26.05). By default the first request asks slurmrestd which
+versions it offers (``GET /openapi/v3``) and takes the newest one spoken here, whichever others
+are missing (each release drops its oldest parser: 26.05 serves v0.0.42-45, and v0.0.42 is gone
+from the 26.11 branch); ``HALO_SLURMRESTD_API`` (or ``api_version=``) pins one. A slurmrestd that
+offers none of them, or a pinned version not spoken here, is refused with an error that names both.
 
 The two families differ in kind, not just in names:
 
@@ -12,7 +13,7 @@ The two families differ in kind, not just in names:
   sbatch's own option parsers (``slurm_process_option_data`` in ``src/common/slurm_opt.c``):
   values are text as on sbatch's command line ("04:00:00", "16G"), the environment is an object,
   and an unknown key is refused.
-* v0.0.40+ (``src/plugins/data_parser/v0.0.4x/parsers.c``, slurm-23-11-* to slurm-25-11-*)
+* v0.0.40+ (``src/plugins/data_parser/v0.0.4x/parsers.c``, slurm-23-11-* to slurm-26-05-*)
   parse typed fields: counts and limits are integers or ``{set, infinite, number}`` objects
   (a time limit in minutes, memory in MiB; "04:00:00" is refused), flags are lists of names,
   the environment is a list of ``NAME=value``, GPUs are TRES strings (``gres/gpu:8``), the
@@ -53,9 +54,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..request import SbatchRequest
 
 # The slurmrestd OpenAPI versions this module's requests and parsers are written for, newest first.
-# v0.0.38 verified against a real slurmrestd 22.05.8 (tests/test_slurm_transport_cluster.py);
-# v0.0.40-44 against tests/slurmrestd_stub, which follows the data_parser sources of each release.
-API_VERSIONS = ("v0.0.44", "v0.0.43", "v0.0.42", "v0.0.41", "v0.0.40", "v0.0.38")
+# v0.0.38 verified against a real slurmrestd 22.05.8, v0.0.42 against 24.11.5 and v0.0.45 against
+# 26.05.3 (tests/test_slurm_transport_cluster.py); v0.0.40-45 against tests/slurmrestd_stub, which
+# follows the data_parser sources of each release.
+API_VERSIONS = ("v0.0.45", "v0.0.44", "v0.0.43", "v0.0.42", "v0.0.41", "v0.0.40", "v0.0.38")
 API_ENV = "HALO_SLURMRESTD_API"
 class _UnixHTTPConnection(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float):
@@ -70,9 +72,11 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
 
 
 # Which releases serve each version (the openapi/ and data_parser/ trees at each tag; 26.05.3's
-# and 24.11.5's slurmrestd list them in /openapi/v3: tests/fixtures/slurmrestd).
+# and 24.11.5's slurmrestd list them in /openapi/v3: tests/fixtures/slurmrestd). The 26.11 branch
+# (master at 284c3b95, 2026-08-20) has data_parser v0.0.43-46: v0.0.42 ends with 26.05.
 _SERVED_BY = {"v0.0.38": "22.05-23.11", "v0.0.40": "23.11-25.05", "v0.0.41": "24.05-25.11",
-              "v0.0.42": "24.11-26.05", "v0.0.43": "25.05-26.05", "v0.0.44": "25.11-26.05"}
+              "v0.0.42": "24.11-26.05", "v0.0.43": "25.05-26.05", "v0.0.44": "25.11-26.05",
+              "v0.0.45": "26.05"}
 
 
 def _serving_advice(api_version: str) -> str:
@@ -342,11 +346,14 @@ def _h_refuse(reason: str):
 
 
 def _h_cores_per_socket(job: _Job, s: Setting):
-    # v0.0.41 and later have no cores_per_socket in JOB_DESC_MSG (parsers.c, slurm-24-05-*).
-    if job.typed:
-        _only40("cores_per_socket", _same, 40)(job, s)
-    else:
+    # JOB_DESC_MSG has cores_per_socket (UINT16) in v0.0.40, none in v0.0.41-44 (parsers.c,
+    # slurm-24-05-8-1 .. slurm-26-05-3-1), and has it again in v0.0.45 (slurm-26-05-3-1).
+    if not job.typed:
         job.set("cores_per_socket", s.value_text())
+    elif 41 <= job.minor <= 44:
+        raise _Refused(f"has no field in v0.0.{job.minor}; v0.0.40 and v0.0.45+ carry it")
+    else:
+        job.set("cores_per_socket", s.value)
 
 
 _HANDLERS: dict[str, Callable] = {
@@ -736,8 +743,10 @@ class RestTransport(Transport):
         records = [rest_partition_record(p) for p in parts if isinstance(p, dict)]
         if records and not any(r["Default"] == "YES" for r in records):
             # v0.0.40-44 dump no partition flags at all (``add_skip(flags)`` in PARTITION_INFO,
-            # parsers.c at slurm-24-11-5-1 and slurm-26-05-3-1; only v0.0.45 has DEFAULT again),
-            # so nothing in slurmrestd's answers names the default partition. sinfo marks it
+            # parsers.c at slurm-24-11-5-1 and slurm-26-05-3-1), so nothing in slurmrestd's
+            # answers names the default partition; v0.0.45 dumps PARTITION_FLAGS again, DEFAULT
+            # among them (slurm-26-05-3-1), and never gets here on a cluster with a default
+            # partition (tests/fixtures/slurmrestd/26.05/v0.0.45/partitions.json). sinfo marks it
             # with ``*``; it is asked only where this host is a client of the same cluster (the
             # same partition names), never guessed.
             default = sinfo_default_partition({r["PartitionName"] for r in records})
