@@ -30,6 +30,9 @@ The time is cut into spans, contiguous from the first attempt's start to the las
                  attempt's end to its start;
 ``rework``       the steps done twice: from the first report after a restart until the step
                  numbers reach the highest step reported before it again;
+``maintenance``  a planned swap's gap (a node drained or reserved for maintenance: its signed
+                 swap line says ``planned``): the last step before it to the first step after it,
+                 in place of detection and restart; not a failure (no MTBF counts it);
 ``spares_idle``  the hot spares (``slurm.spare_nodes``) held idle: spares / nodes x each
                  attempt's wall time, in seconds of the whole run (a spare never trains).
 
@@ -57,7 +60,7 @@ from typing import Callable
 from .node.text import MAX_TIME, epoch_time
 
 #: The causes of lost time, in the order they are shown.
-CAUSES = ("startup", "detection", "restart", "queue", "rework", "spares_idle")
+CAUSES = ("startup", "detection", "restart", "queue", "rework", "maintenance", "spares_idle")
 #: A progress file up to this size is read whole.
 WHOLE_BYTES = 1 << 20
 #: At most this many nodes' files are read (the lowest rank of each, nodes 0, 1, ...).
@@ -270,6 +273,8 @@ class Attempt:
     failures: list[float] = field(default_factory=list)
     #: Restarts inside the attempt (a spare swap, a restart in place): when each was decided.
     restarts: list[float] = field(default_factory=list)
+    #: Those of them that were planned swaps (maintenance, node/maintenance.py): no failure.
+    planned: list[float] = field(default_factory=list)
     world: int = 0
     spares: int = 0
     #: (time, step, seconds) of each checkpoint a rank reported.
@@ -433,6 +438,7 @@ def attempt_of(rec: dict) -> Attempt:
     failure = last.get("failure") if isinstance(last.get("failure"), dict) else {}
     fails = [f for f in failure.get("failures") or [] if isinstance(f, dict) and f.get("trusted") is not False]
     a.failures = _times(fails)
+    a.planned = _times([s for s in spares_state.get("swaps") or [] if isinstance(s, dict) and s.get("planned") is True])
     root = progress_root(rec)
     if root is None:
         return a
@@ -545,7 +551,7 @@ def account(attempts: list[Attempt], now: float) -> Accounting | None:
         def at(t: float) -> float:
             return min(max(t, cursor), stop)
 
-        failures += max(len(a.restarts), len(a.segments) - 1)
+        failures += max(0, max(len(a.restarts), len(a.segments) - 1) - len(a.planned))
         for k, seg in enumerate(a.segments):
             first_t = at(seg.first[0])
             add(i, pending, cursor, first_t)
@@ -559,7 +565,11 @@ def account(attempts: list[Attempt], now: float) -> Accounting | None:
             top = seg.max_step if top is None else max(top, seg.max_step)
             cursor = last_t
             if k + 1 < len(a.segments):
-                known = _known(a, seg.first[0], last_t, at(a.segments[k + 1].first[0]), last_t)
+                nxt = at(a.segments[k + 1].first[0])
+                if any(seg.first[0] <= t <= nxt for t in a.planned):  # a planned swap: nothing failed
+                    cursor, pending = last_t, "maintenance"
+                    continue
+                known = _known(a, seg.first[0], last_t, nxt, last_t)
                 add(i, "detection", last_t, known)
                 cursor, pending = known, "restart"
         stepping = bool(a.segments)  # the last thing the attempt did was a step (else: it was starting)
@@ -650,7 +660,8 @@ def of_run(run_id: str, backend: str | None, now: float | None = None, keep: boo
     ids = [str(r.get("id")) for r in recs]
     if acc is None or not acc.reported:
         if kept is not None and kept.get("attempts") == ids and _well_formed(kept):
-            return {k: v for k, v in kept.items() if k not in ("attempts", "at")}
+            out = {k: v for k, v in kept.items() if k not in ("attempts", "at")}
+            return {**out, "lost_s": {**dict.fromkeys(CAUSES, 0.0), **out["lost_s"]}}  # kept before a cause was
         return acc.to_dict() if acc is not None else None
     out = acc.to_dict()
     if keep and not acc.running and all(a.end is not None for a in map(attempt_of, recs[-1:])):
@@ -667,7 +678,8 @@ def _well_formed(kept: dict) -> bool:
     wrote: numbers in range where numbers go."""
     lost = kept.get("lost_s")
     cp = kept.get("checkpoint")
-    return (isinstance(lost, dict) and set(lost) == set(CAUSES) and all(_number(v) for v in lost.values())
+    return (isinstance(lost, dict) and set(CAUSES) - {"maintenance"} <= set(lost) <= set(CAUSES)  # an earlier release's
+            and all(_number(v) for v in lost.values())
             and all(_number(kept.get(k)) for k in ("span_s", "held_s", "train_s"))
             and (kept.get("ettr") is None or _number(kept.get("ettr"), 0.0, 1.0))
             and isinstance(kept.get("failures"), int) and not isinstance(kept.get("failures"), bool)
@@ -714,7 +726,8 @@ def describe(figures: dict | None) -> list[str]:
     lost = figures.get("lost_s") or {}
     out = [f"effective training time {figures['ettr']:.1%}: {seconds(figures['train_s'])} trained of "
            f"{seconds(figures['held_s'])} held; lost: "
-           + ", ".join(f"{k.replace('_', ' ')} {seconds(lost.get(k, 0.0))}" for k in CAUSES)]
+           + ", ".join(f"{k.replace('_', ' ')} {seconds(lost.get(k, 0.0))}" for k in CAUSES
+                       if k != "maintenance" or lost.get(k))]  # said where a planned swap was
     cp = figures.get("checkpoint")
     if cp:
         line = f"checkpoints: {seconds(cp['cost_s'])} each (median of {cp['reported']})"

@@ -528,15 +528,15 @@ def render_svg(lay: Layout, run: RunLayout | None = None) -> str:
 # ---- a run's attempts (``timeline RUN``): the time by cause -------------------------------------
 
 #: What each span of a run's time is (halo_sched/ettr.py CAUSES, and training).
-RUN_KINDS = ("train", "startup", "detection", "restart", "queue", "rework")
+RUN_KINDS = ("train", "startup", "detection", "restart", "queue", "rework", "maintenance")
 RUN_GLYPHS_UNICODE = {"train": "█", "startup": "s", "detection": "d", "restart": "r", "queue": "q", "rework": "w",
-                      NONE: " "}
+                      "maintenance": "m", NONE: " "}
 RUN_GLYPHS_ASCII = {**RUN_GLYPHS_UNICODE, "train": "#"}
 RUN_WORDS = {"train": "training", "startup": "start-up and finish", "detection": "last step to the failure known",
              "restart": "failure known to the first step after", "queue": "successor pending",
-             "rework": "steps done twice"}
+             "rework": "steps done twice", "maintenance": "planned swap: last step to the first after"}
 RUN_COLOURS = {"train": "#2e7d32", "startup": "#90a4ae", "detection": "#ef6c00", "restart": "#c62828",
-               "queue": "#6a1b9a", "rework": "#f9a825"}
+               "queue": "#6a1b9a", "rework": "#f9a825", "maintenance": "#1565c0"}
 #: At most this many spans are drawn (a run has at most 20 attempts and a bounded number of restarts).
 MAX_SPANS = 4000
 
