@@ -27,7 +27,7 @@ set -e
 full=$(($(date +%s) - t0))
 tail -n 5 "$log"
 summary=$(grep '^halo-sched tests: pass A' "$log" | tail -n 1 || true)
-counts=$(grep -E '^=+ .*(passed|failed).* in [0-9.]+s' "$log" | sed -E 's/^=+ (.*) in .*/\1/' | paste -sd ';' - || true)
+counts=$(grep -E '^=+ .*(passed|failed).* in [0-9.]+s' "$log" | sed -E 's/^=+ (.*) in .*/\1/' | paste -sd ';' - | sed 's/;/; /g' || true)
 echo "the whole of .ci/run: ${full} s, exit $rc (${counts}); ${summary}"
 ((rc == 0)) || { echo "suite_time: .ci/run failed (exit $rc); the log: $log" >&2; cp "$log" /tmp/halo-suite-time-failed.log; exit 1; }
 t1=$(date +%s)
