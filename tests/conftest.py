@@ -23,6 +23,16 @@ def _ci() -> bool:
 
 
 def pytest_configure(config):
+    # Nothing the suite does may read or write the user's own history store. Each test gets a home
+    # of its own (the fixture below); what runs outside a test (collection renders jobs, which read
+    # the node ledger) gets the run's own: a store another release left at the default path failed
+    # a whole file's collection ("written by a newer halo-sched").
+    import shutil
+    import tempfile
+
+    home = tempfile.mkdtemp(prefix="halo-suite-home.")
+    os.environ["HALO_SCHED_HOME"] = home
+    config.add_cleanup(lambda: shutil.rmtree(home, ignore_errors=True))
     # Under pytest-xdist the controller names the run (workers get it as workerinput["testrunuid"]),
     # so that it can stop, at the end, a SLURM cluster that one of its workers started.
     if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None) \

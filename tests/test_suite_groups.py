@@ -28,3 +28,14 @@ def test_a_group_on_two_workers_is_found():
     b = _report("gw2", {}, [("xdist_group", "slurm-22.05")])
     rig = _report("gw1", {}, [("xdist_group", "multihost")])
     assert conftest._groups_spread(_reporter(a, b, rig)) == {"slurm-22.05": {"gw0", "gw2"}}
+
+
+#: The history home while this file was collected: the suite's own, never the user's (conftest.py).
+HOME_AT_COLLECTION = __import__("os").environ.get("HALO_SCHED_HOME")
+
+
+def test_collection_never_reads_the_users_history_store():
+    """A test file that renders a job at import reads the node ledger from the history store; at
+    the default path a store another release wrote failed that file's collection. conftest.py points
+    the whole run at a home of its own before anything is collected."""
+    assert HOME_AT_COLLECTION and "halo-suite-home." in HOME_AT_COLLECTION, HOME_AT_COLLECTION
