@@ -25,18 +25,19 @@ which the bench scripts that measured them write):
   (``node_down_s``: its default SlurmdTimeout). The manual path: a person notices after NOTICE_H
   hours, whatever the failure.
 - Recovery (``restart``, the tool's own; then the trainer reloads its checkpoint, RELOAD_MIN, and
-  redoes the work since the last one, checkpoints every CHECKPOINT_MIN of training):
-  a hardware fault with a spare left is swapped in the same allocation (``swap_s``, measured by
+  redoes the work since the last one, checkpoints every CHECKPOINT_MIN of training): a hardware
+  fault with a spare left is swapped in the same allocation (``swap_s``, measured by
   bench/spares.py); the job's own fault restarts in place where the path has it (``inplace_s``,
-  issue 39 item 1: its bound until bench/measured.json holds a measurement); a planned stop moves
-  to a spare at its next checkpoint where the path has it (issue 39 item 3: a swap, no work
-  lost); with Slurm 25.11's expedited requeue (``--requeue=expedite``) a node's fault no spare can
-  take (the spares used up, or the batch host lost) requeues the job at once, the highest priority,
-  on its held nodes (``resubmit_s``: a job start on free nodes, measured by bench/spares.py), its
-  spares with it; a lost batch host without it needs a waiting client (the older paths), the
-  guardian (a one-CPU job that submits the successor: ``guardian_s``, stated, then the queue), or
-  a person. Anything else goes through the queue (QUEUE_MIN, stated: a wait, not measured) and the
-  new allocation has its spares again. A planned stop saves first, so it loses no work.
+  issue 39 item 1, bench/spares.py); a planned stop moves to a spare at its next checkpoint where
+  the path has it (issue 39 item 3: ``planned_s``, from the warning to training again, measured by
+  ``bench/spares.py --planned``; no work lost); with Slurm 25.11's expedited requeue
+  (``--requeue=expedite``) a node's fault no spare can take (the spares used up, or the batch host
+  lost) requeues the job at once, the highest priority, on its held nodes (``resubmit_s``: a job
+  start on free nodes, measured by bench/spares.py), its spares with it; a lost batch host without
+  it needs a waiting client (the older paths), the guardian (a one-CPU job that submits the
+  successor: ``guardian_s``, stated, then the queue), or a person. Anything else goes through the
+  queue (QUEUE_MIN, stated: a wait, not measured) and the new allocation has its spares again. A
+  planned stop saves first, so it loses no work.
 - Cost: the run holds its GPUs and its spares' for the whole 54 days; a spare's GPUs never train.
   Goodput = GPU-hours that trained / GPU-hours held. The tool's own share of the GPU-hours:
   detection + restart + queue + spares idle (rework and reload are the trainer's checkpoints').
@@ -69,7 +70,7 @@ DAY_S = 86_400.0
 
 
 #: The measured inputs (bench/measured.json) and whether each was measured or is a bound.
-MEASURED = {name: measured.value(name) for name in ("swap_s", "resubmit_s", "inplace_s")}
+MEASURED = {name: measured.value(name) for name in ("swap_s", "resubmit_s", "inplace_s", "planned_s")}
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class Params:
     swap_s: float = MEASURED["swap_s"]  # bench/measured.json (bench/spares.py): fault -> training, same job
     inplace_s: float = MEASURED["inplace_s"]  # bench/measured.json: a restart in place (the bound until measured)
     resubmit_s: float = MEASURED["resubmit_s"]  # bench/measured.json (bench/spares.py): a job start on free nodes
+    planned_s: float = MEASURED["planned_s"]  # bench/measured.json (bench/spares.py --planned): warning -> training
     node_lost_share: float = 0.05  # stated: of the hardware faults, the share that loses the host outright
     node_down_s: float = 300.0  # Slurm's default SlurmdTimeout: a lost host is marked down after it
     guardian_s: float = 30.0  # stated: the guardian job starts once its attempt ended, and submits
@@ -244,7 +246,7 @@ def simulate(p: Params, s: Scenario, evs: list[Event]) -> Tally:
         elif e.kind == "planned" and s.planned_swap and left > 0:  # at its checkpoint, onto a spare
             left -= 1
             tally.swaps += 1
-            cost["restart"] = p.swap_s
+            cost["restart"] = p.planned_s
         else:
             cost["queue"] = p.queue_min * 60
             left = spares_held  # a new allocation, its spares with it
@@ -294,7 +296,8 @@ def _inputs(p: Params) -> str:
             f"{p.hang_share:.0%} hanging, {p.node_lost_share:.0%} of the hardware ones losing the host; checkpoint "
             f"every {p.checkpoint_min:g} min, reload {p.reload_min:g} min, queue wait {p.queue_min:g} min, "
             + ", ".join([src("swap_s", "spare swap"), src("inplace_s", "restart in place"),
-                         src("resubmit_s", "expedited requeue (a job start on free nodes)")])
+                         src("resubmit_s", "expedited requeue (a job start on free nodes)"),
+                         src("planned_s", "planned swap (warning -> training)")])
             + f", guardian {p.guardian_s:g} s, a lost host known after {p.node_down_s:g} s, hang detection "
             f"{p.hang_detect_s:g} s vs NCCL's {p.nccl_timeout_s / 60:g} min, a person notices after {p.notice_h:g} h")
 

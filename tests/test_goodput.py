@@ -26,7 +26,7 @@ def _p(g, **kw):
     # 2 nodes of 8 GPUs, one day, one spare; round figures.
     base = dict(gpus=16, days=1, spare_every=128, checkpoint_min=30, reload_min=3, queue_min=20, swap_s=6,
                 crash_detect_s=4, hang_detect_s=30, nccl_timeout_s=600, notice_h=2, inplace_s=9, resubmit_s=11,
-                guardian_s=40, node_down_s=300)
+                guardian_s=40, node_down_s=300, planned_s=7)
     return g.Params(**{**base, **kw})
 
 
@@ -135,12 +135,16 @@ def test_a_planned_stop_moves_onto_a_spare_at_its_checkpoint_while_one_is_left(g
     p = _p(g)
     s = _scenario(g, "+ planned stops onto a spare at a checkpoint")
     t = g.simulate(p, s, [g.Event(2 * 3600.0, "planned"), g.Event(4 * 3600.0, "planned")])
-    # the first: a swap (6 s) and the reload, nothing redone, nothing to detect; the second, no
-    # spare left and no node fault to requeue on: the queue, and the new allocation's spare
+    # the first: a planned swap (planned_s, 7 s: measured from the warning, not the fault swap's
+    # 6 s) and the reload, nothing redone, nothing to detect; the second, no spare left and no
+    # node fault to requeue on: the queue, and the new allocation's spare
     assert t.lost["rework"] == 0 and t.lost["detection"] == 0 and t.swaps == 1
-    assert t.lost["restart"] / 16 == 6 and t.lost["queue"] / 16 == 20 * 60 and t.lost["reload"] / 16 == 2 * 180
+    assert t.lost["restart"] / 16 == 7 and t.lost["queue"] / 16 == 20 * 60 and t.lost["reload"] / 16 == 2 * 180
     # the tool's share: detection + restart + queue + the spare's idle GPUs, of the GPU-hours held
-    assert t.tool == pytest.approx((16 * (6 + 20 * 60) + 8 * DAY) / (24 * DAY))
+    assert t.tool == pytest.approx((16 * (7 + 20 * 60) + 8 * DAY) / (24 * DAY))
+    # a hardware fault on the same path still costs the fault swap's time
+    hw = g.simulate(p, s, [g.Event(2 * 3600.0, "hardware")])
+    assert hw.lost["restart"] / 16 == 6
 
 
 def test_the_lost_batch_host_stream_leaves_the_interruptions_as_they_were(g):
@@ -160,11 +164,12 @@ def test_the_measured_inputs_come_from_bench_measured_json_and_the_unmeasured_on
 
     data = json.loads((REPO / "bench" / "measured.json").read_text())
     p = g.Params()
-    assert (p.swap_s, p.resubmit_s, p.inplace_s) == (data["swap_s"]["value"], data["resubmit_s"]["value"],
-                                                      data["inplace_s"]["value"])
-    assert data["swap_s"]["by"] == "bench/spares.py" and data["swap_s"]["measured"]
+    names = ("swap_s", "resubmit_s", "inplace_s", "planned_s")
+    assert tuple(getattr(p, n) for n in names) == tuple(data[n]["value"] for n in names)
+    assert all(data[n]["by"] == "bench/spares.py" for n in names) and data["swap_s"]["measured"]
     text = g._inputs(p)
-    for name in ("swap_s", "resubmit_s", "inplace_s"):
+    assert f"planned swap (warning -> training) {p.planned_s:g} s (bench/measured.json" in text, text
+    for name in names:
         said = f"{getattr(p, name):g} s (bench/measured.json, by {data[name]['by']}: NOT MEASURED YET" in text
         assert said is (data[name]["measured"] is None), (name, text)
     assert g.main(["--json", "--gpus", "16", "--reps", "2", "--days", "1"]) == 0
