@@ -91,7 +91,7 @@ def _effective_time_matches_the_files(first: str, second: str, t: dict) -> None:
             "detection": known - last1,
             "restart": (q_from - known) + (two[0][0] - s2),
             "queue": s2 - q_from,
-            "rework": again - two[0][0],
+            "rework": again - two[0][0], "maintenance": 0.0,
             "spares_idle": 0.0}
     assert t["lost_s"] == pytest.approx(want, abs=2e-3), (t, want)
     assert t["train_s"] == pytest.approx((last1 - one[0][0]) + (max(t for t, _ in two) - again), abs=2e-3)
