@@ -20,12 +20,16 @@ class CountingTransport(Transport):
 
     name = "fake"
 
-    def __init__(self, ids, runs_for):
+    def __init__(self, ids, runs_for, before_first=None):
         self.left = {i: runs_for(i) for i in ids}
         self.queries: list[list[str]] = []
         self.lock = threading.Lock()
+        self.before_first = before_first  # called once, as the first query begins
 
     def query(self, ids):
+        if self.before_first is not None:
+            hook, self.before_first = self.before_first, None
+            hook()
         with self.lock:
             self.queries.append(list(ids))
             out = {}
@@ -49,17 +53,21 @@ class CountingTransport(Transport):
 def test_200_handles_waited_on_from_200_threads_make_one_query_per_poll():
     ids = [str(1000 + k) for k in range(200)]
     # Jobs end at different polls (1..8 queries in), so the live set shrinks poll by poll.
-    fake = CountingTransport(ids, runs_for=lambda i: 1 + int(i) % 8)
+
+    def all_asked():
+        # The first poll answers once every handle has asked (a loaded machine starts 200 threads
+        # over a second or more, 50 polls at 0.02 s: that is start-up, not sharing). Not sharing,
+        # each handle would poll for itself: 200 queries or more whatever this waits for.
+        live = watcher_for(sched)._live
+        deadline = time.monotonic() + 30
+        while len(live) < len(ids) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    fake = CountingTransport(ids, runs_for=lambda i: 1 + int(i) % 8, before_first=all_asked)
     sched = SlurmScheduler(transport=fake)
     results: dict[str, JobState] = {}
-    # All threads ask at once: on a loaded machine, 200 threads started one by one would each
-    # find a new poll due while the first ones already poll (a property of start-up, not sharing).
-    barrier = threading.Barrier(len(ids))
 
     def wait(i):
-        barrier.wait()
-        # Running jobs are polled at the shortest interval (their first minute): 0.02 s, so
-        # threads that start slowly on a loaded machine do not each find a new poll due.
         results[i] = Job(sched, i).wait(timeout=30, poll=0.02, max_poll=0.04)
 
     threads = [threading.Thread(target=wait, args=(i,)) for i in ids]
@@ -68,9 +76,10 @@ def test_200_handles_waited_on_from_200_threads_make_one_query_per_poll():
     for t in threads:
         t.join(60)
     assert all(results[i].status is JobStatus.COMPLETED for i in ids)
-    # Per-handle polling would make >= 200 queries; sharing makes one per poll, ~8 polls (a few
-    # more as threads join in while the first polls run).
-    assert len(fake.queries) <= 16, [len(q) for q in fake.queries]
+    # Per-handle polling would make >= 200 queries; sharing makes one per poll: the first (asked
+    # by whoever came first), then one for every live job per poll until the last ends (8 in).
+    assert len(fake.queries) <= 1 + 8, [len(q) for q in fake.queries]
+    assert set(fake.queries[0]) | set(fake.queries[1]) == set(ids)
     # A finished job is never asked about again: each query counts a job's `left` down, and
     # the query that brought it to 0 answered COMPLETED; one more would take it below 0.
     assert all(fake.left[i] == 0 for i in ids), {i: n for i, n in fake.left.items() if n}
