@@ -56,7 +56,7 @@ test-slurm-matrix: $(BIN)/.installed $(HCL_PARSER)
 	rc=0; for v in $(SLURM_MATRIX); do \
 		echo "== the SLURM suite against Slurm $$v"; \
 		HALO_SLURM_VERSION=$$v tests/cluster/slurm-cluster.sh build && \
-		HALO_SLURM_VERSION=$$v $(BIN)/pytest -n 2 --dist loadgroup -m "slurm and not multihost" || rc=$$?; \
+		HALO_SLURM_VERSION=$$v HALO_CLUSTER_PER_WORKER=1 $(BIN)/pytest -n 2 --dist loadgroup -m "slurm and not multihost" || rc=$$?; \
 	done; exit $$rc
 
 test-fast: $(BIN)/.installed $(HCL_PARSER)

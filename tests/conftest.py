@@ -10,6 +10,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import helpers  # noqa: E402
+from cluster import cluster as _cluster  # noqa: E402
+
+# First, before the cluster's lock path is computed: in a SLURM pass with a cluster per worker
+# (tests/suite.sh), this worker's own.
+_cluster.use_per_worker_cluster()
+
 from cluster.fixtures import (  # noqa: E402,F401  (the real local cluster, and its lock)
     cancel_slurm_jobs_under, cluster_lock, skip_slurm_requested, slurm_cluster, slurm_cluster_exclusive,
     stop_cluster_started_by,
@@ -73,12 +79,20 @@ def pytest_itemcollected(item):
     # first's and outwait its bounds, and a test that fills the cluster or reads a queued job's
     # reason sees only its own jobs there). Marked as each item is collected: xdist reads the marks
     # in its own pytest_collection_modifyitems.
+    # In a pass with a cluster per worker (HALO_CLUSTER_PER_WORKER=1), a release's SLURM tests
+    # spread over the workers a file at a time (a file's tests share module-scoped jobs); each
+    # worker's tests still run one after another on its own cluster.
     from cluster.cluster import slurm_version
 
+    if "slurm_cluster" in item.fixturenames and not item.get_closest_marker("slurm"):
+        raise pytest.UsageError(f"{item.nodeid} uses the SLURM cluster but is not marked slurm: tests/suite.sh "
+                                "runs the SLURM tests on their clusters by that mark")
     if item.get_closest_marker("multihost"):
         item.add_marker(pytest.mark.xdist_group("multihost"))
     elif item.get_closest_marker("slurm"):
-        item.add_marker(pytest.mark.xdist_group(f"slurm-{slurm_version()}"))
+        per_file = os.environ.get("HALO_CLUSTER_PER_WORKER") == "1"
+        group = f"slurm-{slurm_version()}" + (f":{item.path.name}" if per_file else "")
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_collection_modifyitems(config, items):

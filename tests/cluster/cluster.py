@@ -29,6 +29,45 @@ def state_dir() -> Path:
     return Path(os.environ.get("HALO_CLUSTER_DIR") or root / f"cluster-{slurm_version()}")
 
 
+#: A SLURM pass run with HALO_CLUSTER_PER_WORKER=1 (tests/suite.sh) gives each pytest-xdist worker a
+#: cluster of its own: worker gwN's state dir and slurmctld port (its nodes listen on the next three,
+#: its slurmrestd 100 above), apart from every release's default ports (6817..6947) and the tests'
+#: own (12000..20000, tests/helpers.py).
+PER_WORKER_PORTS = {"22.05": 7000, "24.11": 7200, "26.05": 7400}
+
+
+def per_worker_cluster(worker: str, version: str | None = None) -> tuple[str, int] | None:
+    """(HALO_CLUSTER_DIR, HALO_CLUSTER_PORT) of xdist worker ``worker`` (gw0, gw1, ...) in a pass with
+    a cluster per worker; None for a name that is not a worker's."""
+    version = version or slurm_version()
+    if not (worker.startswith("gw") and worker[2:].isdigit()) or int(worker[2:]) > 9:
+        return None
+    n = int(worker[2:])
+    root = Path(os.environ.get("HALO_CLUSTER_STATE_ROOT") or "/var/lib/halo-sched")
+    return str(root / f"cluster-{version}-{worker}"), PER_WORKER_PORTS.get(version, 7600) + 10 * n
+
+
+def use_per_worker_cluster() -> bool:
+    """In a pass with HALO_CLUSTER_PER_WORKER=1, point this xdist worker at its own cluster (the
+    environment every later step reads: the lock, slurm-cluster.sh). Called before the lock's path
+    is computed (tests/conftest.py, first thing). Whether it did."""
+    if os.environ.get("HALO_CLUSTER_PER_WORKER") != "1" or os.environ.get("HALO_CLUSTER_DIR"):
+        return False
+    mine = per_worker_cluster(os.environ.get("PYTEST_XDIST_WORKER", ""))
+    if mine is None:
+        return False
+    os.environ["HALO_CLUSTER_DIR"], port = mine
+    os.environ["HALO_CLUSTER_PORT"] = str(port)
+    global worker_owns_cluster
+    worker_owns_cluster = True
+    return True
+
+
+#: Whether this process is a worker with a cluster of its own (use_per_worker_cluster): it stops
+#: the cluster itself at the end of its session, no other process using it.
+worker_owns_cluster = False
+
+
 def lock_path() -> str:
     """The cluster's lock (fixtures.cluster_lock): 22.05's as ever, another release's its own, and
     a cluster in a state dir of its own (HALO_CLUSTER_DIR, with its own HALO_CLUSTER_PORT) its own."""

@@ -180,7 +180,7 @@ def slurm_cluster(tmp_path_factory, request):
     with cluster_lock(exclusive=True):
         started_here = not _cluster.is_up()
         env = _cluster.ensure_up()  # raises ClusterError -> the test errors, with the daemons' logs
-        if started_here and testrun:
+        if started_here and testrun and not _cluster.worker_owns_cluster:
             # Under pytest-xdist one worker's session ends while others still use the cluster: the
             # controller stops it once every worker is done (stop_cluster_started_by).
             _started_marker(testrun).write_text(str(os.getpid()))
@@ -188,7 +188,9 @@ def slurm_cluster(tmp_path_factory, request):
     # Jobs of this session's module-scoped directories too (the per-test ones are gone already).
     cancel_slurm_jobs_under(tmp_path_factory.getbasetemp())
     # A cluster someone else left running (HALO_KEEP_CLUSTER=1 earlier) is theirs to stop.
-    if started_here and not testrun and os.environ.get("HALO_KEEP_CLUSTER") != "1":
+    # A worker's own cluster (HALO_CLUSTER_PER_WORKER=1) is stopped by that worker, its only user.
+    mine = not testrun or _cluster.worker_owns_cluster
+    if started_here and mine and os.environ.get("HALO_KEEP_CLUSTER") != "1":
         with cluster_lock(exclusive=True):
             _cluster.down()
 
