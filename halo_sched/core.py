@@ -279,11 +279,11 @@ class JobRow:
 
 def check_listing(backend, state, limit, since) -> tuple[str | None, str | None, int, float | None]:
     """``halo_sched.list()``'s filters checked as ``list``'s options are (a UsageError naming the
-    filter): a known backend, a state's name (backends/jobstate.py ``state_named``), a count from
+    filter): a known backend, a state's name (jobstate.py ``state_named``), a count from
     0 to ``values.MAX_LIMIT``, and ``since`` as epoch seconds (values.parse_since)."""
     import time
 
-    from .backends.jobstate import state_named
+    from .jobstate import state_named
     from .values import MAX_LIMIT, parse_since
 
     if backend is not None and (not isinstance(backend, str) or not known_backend(backend)):

@@ -349,7 +349,7 @@ def update_state(record: dict, state) -> None:
     """Keep ``state`` as the record's last known one (only when the scheduler still knows the
     job), in one transaction with the stored record (never over a newer end another process kept),
     and in ``record`` too."""
-    from .backends.jobstate import JobStatus, in_place_fields
+    from .jobstate import JobStatus, in_place_fields
 
     if state.status is JobStatus.UNKNOWN:
         return

@@ -81,7 +81,7 @@ def _observe(backend: str, job_id: str, state: JobState) -> None:
     """Keep, in the attempt's record, when the waiting process saw it running and ended (the
     fallback clock when the scheduler reports neither): one transaction, so concurrent observers
     and state updates never lose each other's writes."""
-    from .backends.jobstate import JobStatus as S
+    from .jobstate import JobStatus as S
 
     if not (state.status is S.RUNNING or state.status.terminal):
         return

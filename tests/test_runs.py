@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import halo_sched.errors  # the module itself: `import halo_sched` loads it lazily
-from halo_sched.backends.jobstate import JobState, JobStatus
+from halo_sched.jobstate import JobState, JobStatus
 from halo_sched.node import failure_classes as fc
 from halo_sched.node.failure_classes import Classification
 from halo_sched.runs import next_spec, wants_retry

@@ -14,7 +14,7 @@ import pytest
 
 import halo_sched.errors  # noqa: F401 - the module itself: `import halo_sched` loads it lazily
 from halo_sched import db, records, runs
-from halo_sched.backends.jobstate import JobState, JobStatus
+from halo_sched.jobstate import JobState, JobStatus
 from halo_sched.node.failure_classes import NODE_FAULT, Classification
 from helpers import cli, example_job, load_all
 

@@ -27,14 +27,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..errors import HaloError
     from ..logtags import LogLine
     from ..spec import JobSpec
-    from .jobstate import JobState
+    from ..jobstate import JobState
 
 
 def __getattr__(name: str):
     """The job states (jobstate.py) are named here too, and imported when first asked for: a
     scheduler's render path (`halo-sched render`) reads no job state."""
     if name in ("JobState", "JobStatus", "NomadDetail", "SlurmDetail"):
-        from . import jobstate
+        from .. import jobstate
 
         return getattr(jobstate, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -629,7 +629,7 @@ class EndWatch:
         from ..errors import HaloError, OutcomeUnknown
         from ..outage import ASK_LIMIT_S, RETRY_EVERY_S, is_outage
         from ..retry import within
-        from .jobstate import JobStatus
+        from ..jobstate import JobStatus
 
         while not self._stop.is_set():
             asked = time.monotonic()
@@ -671,7 +671,7 @@ class EndWatch:
 def missing_output(path, state: JobState | None) -> str:
     """Why a job's output file is not there, in words true to what its state says: removed after
     the job ended, not created yet while it waits to start, ..."""
-    from .jobstate import JobStatus
+    from ..jobstate import JobStatus
 
     status = state.status if state is not None else JobStatus.UNKNOWN
     if status is JobStatus.COMPLETED:

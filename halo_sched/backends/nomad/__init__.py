@@ -23,7 +23,7 @@ from .render import (
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...models import JobSpec
-    from ..jobstate import JobState  # rendering reads no job state: imported where a state is made
+    from ...jobstate import JobState  # rendering reads no job state: imported where a state is made
 
 _ID_RE = re.compile(r"^(?:([A-Za-z0-9_-]+):)?(?:([A-Za-z0-9_-]+)/)?([A-Za-z0-9][A-Za-z0-9_.-]*)(?:~v(\d{1,9}))?\Z")
 
@@ -500,7 +500,7 @@ class NomadScheduler(Scheduler):
     def query(self, ids: Sequence[str]) -> dict[str, JobState]:
         """At most three calls per namespace/region, whatever the number of jobs: job stubs,
         allocation stubs, and (only when some rank is unplaced) the evaluations saying why."""
-        from ..jobstate import JobStatus
+        from ...jobstate import JobStatus
         from .state import job_state
 
         out = {}

@@ -26,7 +26,7 @@ from .capabilities import CancelsOnce, Lists, SubmitsOnce
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...models import JobSpec
-    from ..jobstate import JobState
+    from ...jobstate import JobState
 
 __all__ = ["LIST_ASK_S", "SUBMIT_CHECK_S", "SlurmScheduler", "output_problems"]
 
@@ -216,7 +216,7 @@ class SlurmScheduler(Scheduler):
             raise SchedulerError(f"SLURM did not answer within {self._list_bound:g} s ({cause})") from err
 
     def _query(self, ids: Sequence[str]) -> dict[str, JobState]:
-        from ..jobstate import JobStatus
+        from ...jobstate import JobStatus
 
         states = self.transport.query(list(ids))
         for job_id, state in states.items():
@@ -372,7 +372,7 @@ class SlurmScheduler(Scheduler):
     def _live(self, job_id: str, state: JobState) -> JobState:
         """sacct records a requeued run's end (PREEMPTED, NODE_FAIL) before the job is pending
         again; slurmctld itself shows such a job as REQUEUED/PENDING at once, so ask it."""
-        from ..jobstate import JobStatus
+        from ...jobstate import JobStatus
         from .status import scontrol_job_state
 
         try:
@@ -466,7 +466,7 @@ class SlurmScheduler(Scheduler):
         return state is not None and not state.status.terminal and state.status.value != "UNKNOWN"
 
     def progress(self, state: JobState) -> str:
-        from ..jobstate import JobStatus
+        from ...jobstate import JobStatus
 
         if state.status is JobStatus.PENDING and not state.verdict:
             from .pending import pending_words
@@ -546,7 +546,7 @@ def _count(value) -> int:
 
 def _never_starts(state: JobState) -> bool:
     """Pending for a reason that can never clear (reasons.py: PartitionNodeLimit, ...)."""
-    from ..jobstate import JobStatus
+    from ...jobstate import JobStatus
     from .reasons import never_clears
 
     return state.status is JobStatus.PENDING and never_clears(state.reason)
