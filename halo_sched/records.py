@@ -103,10 +103,7 @@ def adopt(record: dict, run_id: str, from_job: str) -> bool:
         else:
             _put(con, record)
             stored = True
-        con.execute("INSERT OR IGNORE INTO successors (run_id, backend, from_job, job, claimed_by, claimed_until) "
-                    "VALUES (?, ?, ?, ?, ?, 0)", (run_id, record["backend"], from_job, record["id"], "the attempt"))
-        con.execute("UPDATE successors SET job = ? WHERE run_id = ? AND backend = ? AND from_job = ? AND job IS NULL",
-                    (record["id"], run_id, record["backend"], from_job))
+        _link(con, run_id, record["backend"], from_job, record["id"])
         return stored
 
 
@@ -582,13 +579,19 @@ def save_new(record: dict, rendered: str) -> str:
     return write(_with_text(record, rendered))
 
 
-def decide(record: dict, rendered: str) -> dict:
+def decide(record: dict, rendered: str, from_job: str | None = None) -> dict:
     """Keep ``record``, a run's next attempt not started yet, unless a record of the same attempt
     of the run is kept already: one transaction, so that the attempt's identity is decided once,
-    before it starts, and whoever takes a dead actor's place starts that one (runs.py). The
+    before it starts, and whoever carries a dead actor's work on starts that one (the local
+    keeper: halo_sched/keeper.py). With ``from_job`` (the failed attempt it follows), the same
+    transaction marks ``from_job``'s successor as being started: a ``successors`` row with no job
+    yet, so that no reader takes the attempt for started before :func:`link` names it. The
     record kept: this one, or the earlier decision."""
     run = record["run"]
     with _store().write() as con:
+        if from_job is not None:
+            con.execute("INSERT OR IGNORE INTO successors (run_id, backend, from_job, job, claimed_by, claimed_until) "
+                        "VALUES (?, ?, ?, NULL, '', 0)", (run["id"], record["backend"], from_job))
         for (data,) in con.execute("SELECT data FROM jobs WHERE run_id = ? AND backend = ? AND attempt = ? "
                                    "AND data IS NOT NULL ORDER BY submitted", (run["id"], record["backend"],
                                                                               run["attempt"])):
@@ -597,6 +600,20 @@ def decide(record: dict, rendered: str) -> dict:
                 return rec
         _put(con, _with_text(record, rendered))
         return record
+
+
+def link(run_id: str, backend: str, from_job: str, job: str) -> None:
+    """Name ``job`` as the successor of ``from_job`` in run ``run_id``, once it was started
+    (:func:`decide` marked it being started): from now on every reader follows it."""
+    with _store().write() as con:
+        _link(con, run_id, backend, from_job, job)
+
+
+def _link(con, run_id: str, backend: str, from_job: str, job: str) -> None:
+    con.execute("INSERT OR IGNORE INTO successors (run_id, backend, from_job, job, claimed_by, claimed_until) "
+                "VALUES (?, ?, ?, ?, '', 0)", (run_id, backend, from_job, job))
+    con.execute("UPDATE successors SET job = ? WHERE run_id = ? AND backend = ? AND from_job = ? AND job IS NULL",
+                (job, run_id, backend, from_job))
 
 
 def _with_text(record: dict, rendered: str) -> dict:

@@ -12,21 +12,22 @@ script submits the successor from inside the allocation: halo_sched/node/success
 the attempt's guardian job (halo_sched/node/guardian.py); no client ever submits an SLURM
 attempt, and any process that reads the run (``watch``, ``status RUN``, :meth:`Run.wait`)
 follows the chain from the attempt's marker beside its output file, waiting while the guardian
-may still act, and records what it finds (:func:`follow`). Local: in the run's
-keeper (halo_sched/keeper.py, one detached process per run that ``submit`` starts; waiters follow
-it and carry the run on only once it is gone). Nomad: in a process that waits on the run
+may still act, and records what it finds (:func:`follow`). Local: in the run's keeper
+(halo_sched/keeper.py, one detached process per run that ``submit`` starts, its only actor: it
+decides each next attempt and records it before it starts, so that exactly one follows a failure
+whichever step it dies at); waiters follow it, and one that finds it gone starts a new keeper
+(``Scheduler.start_owner``), never an attempt. Nomad: in a process that waits on the run
 (``submit --wait``, ``watch``, :meth:`Run.wait`); without one, a failed attempt stays failed.
-Exactly one next attempt per failed attempt, however many processes wait on the run: the one
-that submits it first claims the failed attempt in the history store (a ``successors`` row,
-inserted in one transaction: halo_sched/db.py); the others wait for the claimant to record the
-new attempt's id and then follow it. A waiter always starts from the run's newest attempt, so
-watching a run that already went on (or ended) never submits anything for an attempt that has a
-successor. A claim whose process died before it recorded the new attempt (same host, process
-gone or a zombie) or that outlived :data:`CLAIM_S` can be taken over. What the new claimant then
-finds is the backend's to say: local, the attempt the dead one decided (its record, kept before
-its job was started: ``LocalScheduler.submit_attempt``), started or adopted; Nomad, the version
-registered for the attempt (its Meta), recorded. A claim's row stays
-once made: while it has no job, no reader follows an attempt's record by its number.
+Exactly one next version per failed Nomad attempt, however many processes wait on the run: the
+one that registers it first claims the failed attempt in the history store (a ``successors``
+row, inserted in one transaction: halo_sched/db.py); the others wait for the claimant to record
+the new attempt's id and then follow it. A waiter always starts from the run's newest attempt,
+so watching a run that already went on (or ended) never submits anything for an attempt that
+has a successor. A claim whose process died before it recorded the new attempt (same host,
+process gone or a zombie) or that outlived :data:`CLAIM_S` can be taken over; the new claimant
+finds the version registered for the attempt (its Meta) and records it. A ``successors`` row
+without a job (a claim, or a local attempt decided and not started yet) keeps every reader from
+following an attempt's record by its number.
 
 Cost: each attempt's node-hours are nodes (servers, slurm.spare_nodes and nomad.spare_nodes included) x wall time, GPU-hours nodes x gpus_per_node x wall
 time; the wall time is the scheduler's own start and end where the backend reports them
@@ -217,32 +218,49 @@ def next_attempt(sched: Scheduler, run_id: str, job_id: str) -> str | None:
     return successor(run_id, sched.name, job_id) or follow(sched, run_id, job_id)
 
 
-def _being_started(run_id: str, backend: str, job_id: str) -> bool:
-    """Whether a live process holds the claim to start ``job_id``'s successor and has not recorded
-    it yet (:func:`claim`): the run's next attempt is on its way."""
+def _being_started(sched: Scheduler, run_id: str, job_id: str) -> bool:
+    """Whether ``job_id``'s successor is on its way: decided and not started yet by the run's
+    live keeper (local: records.decide marked it), or claimed by a live waiting process that has
+    not recorded it yet (:func:`claim`)."""
     from . import db
 
     if not db.exists():
         return False
     rows = db.read("SELECT job, claimed_by, claimed_until FROM successors WHERE run_id = ? AND backend = ? "
-                   "AND from_job = ?", (run_id, backend, job_id))
-    return bool(rows) and not rows[0][0] and rows[0][2] >= time.time() and not _gone(rows[0][1])
+                   "AND from_job = ?", (run_id, sched.name, job_id))
+    if not rows or rows[0][0]:
+        return False
+    if getattr(sched, "starts_successor", False):
+        return not sched.owner_gone(run_id)
+    return rows[0][2] >= time.time() and not _gone(rows[0][1])
 
 
 #: How often a reader asks whether a failed attempt's guardian still pends or runs (s).
 GUARDIAN_POLL_S = 2.0
 
 
-def _await_successor(sched: Scheduler, run_id: str, job_id: str, wait_s: float, poll_s: float) -> str | None:
+#: How many times a reader starts a local run's keeper again for one failed attempt (each one
+#: killed before it started the next attempt) before it gives the run up.
+OWNER_STARTS = 3
+
+
+def _await_successor(sched: Scheduler, run_id: str, job_id: str, wait_s: float, poll_s: float,
+                     goes_on: bool) -> str | None:
     """The successor of failed attempt ``job_id``, waited for ``wait_s`` seconds (its batch script
-    writes it before it exits), and on while the attempt's guardian may still start it
-    (:meth:`Scheduler.guardian_alive`: pending until the attempt's end is known to SLURM, then
-    running for seconds); None when none came. Stops early when the run's keeper is gone (local)."""
+    writes it before it exits; the local keeper starts it), and on while the attempt's guardian
+    may still start it (:meth:`Scheduler.guardian_alive`: pending until the attempt's end is
+    known to SLURM, then running for seconds); None when none came. A run that ``goes_on`` (its
+    failure is retried) whose actor is gone (local: the keeper, killed) gets a new one
+    (:meth:`Scheduler.start_owner`), which starts the attempt: this process starts none."""
     deadline = time.monotonic() + wait_s
-    asked_at, alive = 0.0, True
+    asked_at, alive, starts = 0.0, True, 0
     while (nxt := next_attempt(sched, run_id, job_id)) is None:
-        if sched.owner_gone(run_id):
-            return None
+        if goes_on and sched.owner_gone(run_id):
+            if starts >= OWNER_STARTS or not sched.start_owner(run_id):
+                return next_attempt(sched, run_id, job_id)
+            starts += 1
+            deadline = time.monotonic() + wait_s
+            continue
         now = time.monotonic()
         if now >= deadline:
             if now - asked_at >= GUARDIAN_POLL_S:
@@ -299,7 +317,7 @@ def newest_attempt(sched: Scheduler, job_id: str, wait_s: float = STARTING_WAIT_
             seen.add(nxt)
             current, count = nxt, count + 1
             continue
-        if nxt is None and time.monotonic() < deadline and _being_started(run_id, sched.name, current):
+        if nxt is None and time.monotonic() < deadline and _being_started(sched, run_id, current):
             time.sleep(poll_s)
             continue
         return Newest(current, count, run_id)
@@ -393,18 +411,17 @@ def _settle_claim(run_id: str, backend: str, job_id: str, new: str | None) -> No
 
 def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable], JobState],
              on_retry: Callable[[str, JobState, str, str], None] | None = None,
-             on_follow: Callable[[str, str], None] | None = None, poll_s: float = 0.5,
-             owner: bool = False) -> tuple[str, JobState]:
-    """Wait on the run that ``job_id`` (an attempt of it) belongs to, from its newest attempt;
-    after a failure ``retry.on`` lists, submit the next attempt (or follow the one another
-    process submitted: see the module's doc) and wait on it, until one ends otherwise or the
-    attempts run out. ``wait(job_id, observe)`` waits on one attempt, calling ``observe(state)``
-    on each new state. ``on_retry(old_id, state, why, new_id)`` hears of each attempt this
-    process submitted or saw submitted after the failure it waited on, ``on_follow(old_id, new_id)``
-    of each it found submitted before it came. Returns the last attempt's (id, final state). A scheduler that ``starts_successor`` has its next attempts
-    submitted by someone else (SLURM: the failed attempt; local: the run's keeper, halo_sched/keeper.py,
-    the one that calls this with ``owner``): this waits up to SUCCESSOR_WAIT_S for it and follows
-    it; a local run whose keeper is gone (``owner_gone``) is carried on by this process."""
+             on_follow: Callable[[str, str], None] | None = None, poll_s: float = 0.5) -> tuple[str, JobState]:
+    """Wait on the run that ``job_id`` (an attempt of it) belongs to, from its newest attempt,
+    and on each next attempt its actor starts after a failure ``retry.on`` lists, until one
+    ends otherwise or the attempts run out. ``wait(job_id, observe)`` waits on one attempt,
+    calling ``observe(state)`` on each new state. ``on_retry(old_id, state, why, new_id)`` hears
+    of each next attempt started after the failure this process waited on, ``on_follow(old_id,
+    new_id)`` of each it found started before it came. Returns the last attempt's (id, final
+    state). On a scheduler that ``starts_successor`` this only reads: the next attempt is the
+    actor's (SLURM: the failed attempt's batch script or its guardian; local: the run's keeper,
+    halo_sched/keeper.py), waited for up to SUCCESSOR_WAIT_S and followed; a local run whose
+    keeper is gone gets a new keeper (``start_owner``), never an attempt from this process."""
     first = (records.find(job_id, sched.name) or [{}])[0]
     run_id = (first.get("run") or {}).get("id") or job_id
     current = job_id
@@ -426,28 +443,25 @@ def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable]
         state = wait(current, lambda st, cur=current: _observe(sched.name, cur, st))
         _observe(sched.name, current, state)
         again, why = wants_retry(spec, state, count)
-        successors = getattr(sched, "starts_successor", False) and not owner
+        successors = getattr(sched, "starts_successor", False)
         if not again and not (successors and state.status.terminal and state.status is not JobStatus.COMPLETED):
             _settle_times(sched, earlier)
             return current, state
-        if successors:  # submitted by another (SLURM: the attempt's batch script or its guardian): followed
+        if successors:  # started by the run's actor (SLURM: the attempt or its guardian; local, Nomad: the keeper): followed
             wait_s = getattr(sched, "successor_wait_s", SUCCESSOR_WAIT_S) if again else 0.0
-            nxt = _await_successor(sched, run_id, current, wait_s, poll_s)
-            if nxt is not None:
-                why = why or _marker_why(sched, current)
-                if on_retry is not None:  # the retry this process saw happen, though another submitted it
-                    on_retry(current, state, why, nxt)
-                _notify_retried(sched.name, current, state, why, nxt, count + 1)  # once per (job, event)
-                earlier.append(current)
-                current, count = nxt, count + 1
-                continue
-            # Nobody submitted one: the run ends here. No client submits an SLURM attempt (a
-            # lost node is the attempt's guardian's: docs/recovery.md, "A node lost outright"),
-            # nor a Nomad attempt of a job that carries its keeper (the keeper registers them, a
-            # waiter follows); a local run whose keeper is gone is carried on by this process, below.
-            if not again or not _waiter_submits(sched, run_id, state):
+            nxt = _await_successor(sched, run_id, current, wait_s, poll_s, again)
+            if nxt is None and (not again or not _waiter_submits(sched, run_id, state)):
                 _settle_times(sched, earlier)
                 return current, state
+        if nxt is not None:
+            why = why or _marker_why(sched, current)
+            if on_retry is not None:  # the retry this process saw happen, though another started it
+                on_retry(current, state, why, nxt)
+            _notify_retried(sched.name, current, state, why, nxt, count + 1)  # once per (job, event)
+            earlier.append(current)
+            current, count = nxt, count + 1
+            continue
+        # Nomad: a waiting process registers the next version (one per failed attempt: the claim).
         mine, new = claim(run_id, sched.name, current)
         while not mine and new is None:  # another process is submitting it: follow what it records
             time.sleep(poll_s)
@@ -457,8 +471,6 @@ def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable]
         base.step("claimed")
         host = culprit(state)
         nxt_spec = next_spec(spec, run_id, count + 1, exclude + ((host,) if host else ()), first.get("git"))
-        # Nomad: a new version of the same job (its id names the version); SLURM, local: a new
-        # job (Scheduler.submit_attempt's default, which is submit).
         resubmit = getattr(sched, "submit_attempt", None)
         try:
             new = (resubmit(nxt_spec, current) if resubmit is not None else sched.submit(nxt_spec)).id

@@ -280,3 +280,54 @@ def test_no_client_submits_an_slurm_attempt_a_reader_follows_what_the_guardian_s
     assert made == []
     assert (last, state.status) == (("j2", JobStatus.COMPLETED) if guardian_acts else ("j1", ended))
     assert len(asked) >= 3  # waited while the guardian was alive, for any end but COMPLETED
+
+
+def test_a_waiter_whose_local_keeper_is_gone_starts_a_keeper_and_submits_nothing(tmp_path, monkeypatch):
+    """A local run's keeper was killed while its attempt ran; the attempt then failed as
+    ``retry.on`` lists. The waiter starts a new keeper (``start_owner``), which starts the next
+    attempt and names it in the store; the waiter follows it and submits nothing itself. A run
+    whose failure is not retried gets no keeper started."""
+    from halo_sched import records, runs
+    from halo_sched.backends.base import Scheduler
+
+    spec = _spec(tmp_path, attempts=2, on=["node"])
+    monkeypatch.setattr(runs, "_observe", lambda *a: None)
+    for run_id in ("j1", "k1"):
+        records.write({"id": run_id, "backend": "local", "submitted": 1.0, "name": "t",
+                       "run": {"id": run_id, "attempt": 0, "excluded": []}})
+
+    class Sched(Scheduler):
+        name = "local"
+        starts_successor = True
+        cancel = logs = render = schedule = query = None
+
+        def __init__(self):
+            self.keepers = 0
+
+        def owner_gone(self, run_id):
+            return self.keepers == 0
+
+        def start_owner(self, run_id):  # the new keeper carries the run on: it starts and names attempt 2
+            self.keepers += 1
+            records.write({"id": "j2", "backend": "local", "submitted": 2.0, "name": "t",
+                           "run": {"id": "j1", "attempt": 1, "excluded": ["n1"]}})
+            records.link("j1", "local", "j1", "j2")
+            return True
+
+        def submit(self, spec, **opts):
+            raise AssertionError("a waiter submitted an attempt")
+
+        def submit_attempt(self, spec, previous_id):
+            raise AssertionError("a waiter submitted an attempt")
+
+    sched = Sched()
+    retried = []
+    ends = {"j1": _failed(NODE), "j2": JobState("j2", JobStatus.COMPLETED)}
+    last, state = runs.wait_run(sched, spec, "j1", lambda job_id, observe: ends[job_id],
+                                on_retry=lambda old, st, why, new: retried.append((old, why, new)), poll_s=0.01)
+    assert (last, state.status, sched.keepers, retried) == ("j2", JobStatus.COMPLETED, 1, [("j1", "node", "j2")])
+
+    job_fault = _spec(tmp_path, attempts=2, on=["job"])  # a node's fault is not retried here
+    idle = Sched()
+    last, state = runs.wait_run(idle, job_fault, "k1", lambda job_id, observe: _failed(NODE), poll_s=0.01)
+    assert (last, state.status, idle.keepers) == ("k1", JobStatus.FAILED, 0)

@@ -301,9 +301,16 @@ class Scheduler(abc.ABC):
         return None
 
     def owner_gone(self, run_id: str) -> bool:
-        """Whether the process that submits run ``run_id``'s attempts (a scheduler that
-        ``starts_successor``) is known to be gone, so that a waiter carries the run on. Default:
-        never (SLURM: the attempt itself submits; no client ever does)."""
+        """Whether the process that starts run ``run_id``'s attempts (a scheduler that
+        ``starts_successor``) is known to be gone. Default: never (SLURM: the attempt itself, or
+        its guardian, submits)."""
+        return False
+
+    def start_owner(self, run_id: str) -> bool:
+        """Start run ``run_id``'s actor again where it is gone and a reader can (local: the run's
+        keeper, detached, as ``submit`` starts it: halo_sched/keeper.py); True when one was
+        started. The reader that calls it starts no attempt itself. Default: nothing to start
+        (SLURM's guardian and a Nomad keeper group are placed again by their scheduler)."""
         return False
 
     def waiter_submits(self, run_id: str, state: JobState) -> bool:
