@@ -36,14 +36,14 @@ RECORD_WAIT_S = 30.0
 def keep(sched, spec, run_id: str, wait: Callable, say: Callable[[str], None]):
     """Carry run ``run_id`` on from its newest attempt as the store knows it (an attempt a
     dead keeper decided and did not start is found again by its number and started, not
-    decided twice): wait on it (``wait(job_id, observe)``, its final state, ``observe`` called
-    on each new state), and after a failure
+    decided twice): wait on it (``wait(job_id)``, its final state, each state kept on the way as
+    an actor keeps it: core.note), and after a failure
     ``retry.on`` lists start the next attempt, keeping off the culprit and every host an
     earlier attempt failed on, until one ends otherwise or the attempts run out. Returns the
     last attempt's (id, final state)."""
     from . import records
     from .backends import base
-    from .runs import _notify_retried, _observe, _settle_times, culprit, next_attempt, next_spec, number, wants_retry
+    from .runs import _notify_retried, _settle_times, culprit, next_attempt, next_spec, number, wants_retry
 
     first = (records.find(run_id, sched.name) or [{}])[0]
     current, earlier = run_id, []
@@ -54,8 +54,7 @@ def keep(sched, spec, run_id: str, wait: Callable, say: Callable[[str], None]):
     count = number(run.get("attempt"))
     exclude = tuple(h for h in run.get("excluded") or () if isinstance(h, str))
     while True:
-        state = wait(current, lambda st, cur=current: _observe(sched.name, cur, st))
-        _observe(sched.name, current, state)
+        state = wait(current)
         again, why = wants_retry(spec, state, count)
         if not again:
             _settle_times(sched, earlier)
@@ -92,8 +91,8 @@ def main(argv: list[str]) -> int:
         return 1
     sched = backends.get(backend)
 
-    def wait(job_id: str, observe):
-        st = sched.wait(job_id, on_change=noting(backend, job_id, observe, sched))
+    def wait(job_id: str):
+        st = sched.wait(job_id, on_change=noting(backend, job_id, None, sched))
         note(backend, job_id, st, sched)
         return st
 

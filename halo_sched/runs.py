@@ -78,56 +78,20 @@ def culprit(state: JobState) -> str:
     return host if host and valid_host(host) else ""
 
 
-def _observe(backend: str, job_id: str, state: JobState) -> None:
-    """Keep, in the attempt's record, when the waiting process saw it running and ended (the
-    fallback clock when the scheduler reports neither): one transaction, so concurrent observers
-    and state updates never lose each other's writes."""
-    from .jobstate import JobStatus as S
-
-    if not (state.status is S.RUNNING or state.status.terminal):
-        return
-    now = time.time()
-
-    def change(rec: dict) -> bool:
-        run = rec.get("run")
-        if not isinstance(run, dict):
-            return False
-        changed = False
-        if state.status is S.RUNNING and "observed_start" not in run:
-            run["observed_start"] = now
-            changed = True
-        if state.status.terminal and "observed_end" not in run:
-            run.setdefault("observed_start", now)
-            run["observed_end"] = now
-            changed = True
-        return changed
-
-    try:
-        records.update(job_id, backend, change)
-    except (OSError, HaloError):
-        pass
-
-
 def _settle_times(sched: Scheduler, ids: list[str]) -> None:
-    """The earlier attempts whose record has the scheduler's start but not its end, asked once
-    more as the run ends (Nomad: the wait on a failed attempt returns once the watcher stopped
-    the survivors, before their tasks' FinishedAt; by the last attempt's end they have one).
-    One query for them all; a scheduler that does not answer leaves the observed times."""
-    missing = []
-    for job_id in ids:
-        last = ((records.find(job_id, sched.name) or [{}])[0].get("last_state") or {})
-        if isinstance(last.get("started_at"), (int, float)) and not isinstance(last.get("ended_at"), (int, float)):
-            missing.append(job_id)
+    """The earlier attempts whose record has the scheduler's start but not its end
+    (records.unended), asked once more as the run ends (Nomad: the wait on a failed attempt
+    returns once the watcher stopped the survivors, before their tasks' FinishedAt; by the last
+    attempt's end they have one), and their states kept (records.keep_states). One query for them
+    all; a scheduler that does not answer leaves the observed times."""
+    missing = records.unended(ids, sched.name)
     if not missing:
         return
     try:
         states = sched.query(missing)
     except HaloError:
         return
-    from .core import note
-
-    for job_id, st in states.items():
-        note(sched.name, job_id, st, sched)
+    records.keep_states(sched.name, states)
 
 
 def next_spec(spec, run_id: str, number: int, exclude: tuple[str, ...], git: dict | None):
@@ -157,26 +121,6 @@ def _gone(claimant: str) -> bool:
     if host != socket.gethostname() or not pid.isdigit():
         return False
     return not same_process(int(pid), None)  # a zombie is gone too (its parent may live on: submit --wait)
-
-
-def successor(run_id: str, backend: str, job_id: str) -> str | None:
-    """The attempt submitted after ``job_id`` failed, when one was."""
-    from . import db
-
-    if not db.exists():
-        return None
-    rows = db.read("SELECT job FROM successors WHERE run_id = ? AND backend = ? AND from_job = ?",
-                   (run_id, backend, job_id))
-    if rows:  # None while it is being started (its record may be there: decided, perhaps not started)
-        return rows[0][0]
-    # Runs recorded before successors were: the record of the next attempt number.
-    recs = records.of_run(run_id, backend)
-    numbers = {r["id"]: number((r.get("run") or {}).get("attempt")) for r in recs}
-    if job_id in numbers:
-        later = [r["id"] for r in recs if numbers[r["id"]] == numbers[job_id] + 1]
-        if len(later) == 1:
-            return later[0]
-    return None
 
 
 #: How long a reader waits, after a failed SLURM attempt ended, for the successor its batch script
@@ -215,7 +159,7 @@ def follow(sched: Scheduler, run_id: str, job_id: str) -> str | None:
 
 def next_attempt(sched: Scheduler, run_id: str, job_id: str) -> str | None:
     """The attempt after ``job_id``: as the store knows it, else as the failed attempt left it."""
-    return successor(run_id, sched.name, job_id) or follow(sched, run_id, job_id)
+    return records.successor(run_id, sched.name, job_id) or follow(sched, run_id, job_id)
 
 
 def _being_started(sched: Scheduler, run_id: str, job_id: str) -> bool:
@@ -409,39 +353,29 @@ def _settle_claim(run_id: str, backend: str, job_id: str, new: str | None) -> No
                         (new, run_id, backend, job_id))
 
 
-def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable], JobState],
+def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str], JobState],
              on_retry: Callable[[str, JobState, str, str], None] | None = None,
              on_follow: Callable[[str, str], None] | None = None, poll_s: float = 0.5) -> tuple[str, JobState]:
     """Wait on the run that ``job_id`` (an attempt of it) belongs to, from its newest attempt,
     and on each next attempt its actor starts after a failure ``retry.on`` lists, until one
-    ends otherwise or the attempts run out. ``wait(job_id, observe)`` waits on one attempt,
-    calling ``observe(state)`` on each new state. ``on_retry(old_id, state, why, new_id)`` hears
+    ends otherwise or the attempts run out. ``wait(job_id)`` waits on one attempt (keeping each
+    state it sees as an actor does: core.note) and returns its last state. ``on_retry(old_id, state, why, new_id)`` hears
     of each next attempt started after the failure this process waited on, ``on_follow(old_id,
     new_id)`` of each it found started before it came. Returns the last attempt's (id, final
     state). On a scheduler that ``starts_successor`` this only reads: the next attempt is the
     actor's (SLURM: the failed attempt's batch script or its guardian; local: the run's keeper,
     halo_sched/keeper.py), waited for up to SUCCESSOR_WAIT_S and followed; a local run whose
     keeper is gone gets a new keeper (``start_owner``), never an attempt from this process."""
-    first = (records.find(job_id, sched.name) or [{}])[0]
-    run_id = (first.get("run") or {}).get("id") or job_id
+    run_id, count = records.position(job_id, sched.name)
     current = job_id
     earlier: list[str] = []
-    # What this process knows of the attempt waited on, should its record say less (a record
-    # that could not be written): the count only grows, the excluded hosts only add up.
-    count = number((first.get("run") or {}).get("attempt"))
-    exclude: tuple[str, ...] = ()
     while True:
         while (nxt := next_attempt(sched, run_id, current)) is not None:
             earlier.append(current)
             if on_follow is not None:
                 on_follow(current, nxt)
             current, count = nxt, count + 1
-        rec = (records.find(current, sched.name) or [{}])[0]
-        run = rec.get("run") if isinstance(rec.get("run"), dict) else {}
-        count = max(count, number(run.get("attempt")))
-        exclude = tuple(dict.fromkeys(exclude + tuple(h for h in run.get("excluded") or () if isinstance(h, str))))
-        state = wait(current, lambda st, cur=current: _observe(sched.name, cur, st))
-        _observe(sched.name, current, state)
+        state = wait(current)
         again, why = wants_retry(spec, state, count)
         successors = getattr(sched, "starts_successor", False)
         if not again and not (successors and state.status.terminal and state.status is not JobStatus.COMPLETED):
@@ -470,7 +404,10 @@ def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable]
             continue  # the successor exists: the loop's head follows it
         base.step("claimed")
         host = culprit(state)
-        nxt_spec = next_spec(spec, run_id, count + 1, exclude + ((host,) if host else ()), first.get("git"))
+        run = (records.find(current, sched.name) or [{}])[0].get("run") or {}
+        exclude = tuple(h for h in run.get("excluded") or () if isinstance(h, str)) + ((host,) if host else ())
+        git = (records.find(run_id, sched.name) or [{}])[0].get("git")
+        nxt_spec = next_spec(spec, run_id, count + 1, tuple(dict.fromkeys(exclude)), git)
         resubmit = getattr(sched, "submit_attempt", None)
         try:
             new = (resubmit(nxt_spec, current) if resubmit is not None else sched.submit(nxt_spec)).id
@@ -483,7 +420,6 @@ def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable]
             on_retry(current, state, why, new)
         _notify_retried(sched.name, current, state, why, new, count + 1)
         earlier.append(current)
-        exclude = exclude + ((host,) if host else ())
         current, count = new, count + 1
 
 
@@ -693,18 +629,13 @@ class Run(Job):
                       if b is not None]
             return min(bounds) if bounds else None
 
-        def one(job_id: str, observe) -> JobState:
-            def seen(st: JobState) -> None:
-                observe(st)
-                if on_change is not None:
-                    on_change(st)
-
+        def one(job_id: str) -> JobState:
             if job_id in self._submitted_here:  # just submitted: the backend's guard first
-                st = wait_after_submit(self.scheduler, self.spec, job_id, timeout=left(), on_change=seen,
+                st = wait_after_submit(self.scheduler, self.spec, job_id, timeout=left(), on_change=on_change,
                                        outage_s=outage_s)
             else:
                 st = self.scheduler.wait(job_id, timeout=left(), poll=poll, max_poll=max_poll,
-                                         on_change=noting(self.scheduler.name, job_id, seen, self.scheduler),
+                                         on_change=noting(self.scheduler.name, job_id, on_change, self.scheduler),
                                          outage_s=outage_s, on_outage=on_outage)
                 note(self.scheduler.name, job_id, st, self.scheduler)
             return st
@@ -716,7 +647,7 @@ class Run(Job):
 
         spec = self.spec if self.spec is not None else recorded_spec(self.scheduler.name, self.id)
         if spec is None or getattr(spec, "retry", None) is None:  # one attempt: no run to follow
-            last_id, state = self._newest().id, one(self._newest().id, lambda st: None)
+            last_id, state = self._newest().id, one(self._newest().id)
         else:
             self.spec = spec
             last_id, state = wait_run(self.scheduler, spec, self._newest().id, one, retried)
@@ -744,12 +675,11 @@ class Run(Job):
             def after(ended: JobState = state, cur: str = current) -> JobState:
                 one_shot = {cur: ended}
 
-                def known(job_id: str, observe) -> JobState:
+                def known(job_id: str) -> JobState:
                     if job_id in one_shot:
                         st = one_shot.pop(job_id)
-                    else:  # the next attempt, just submitted: its state now, awaited above
+                    else:  # the next attempt, just started: its state now, awaited above
                         st = self.scheduler.query([job_id])[job_id]
-                    observe(st)
                     from .core import note
 
                     note(self.scheduler.name, job_id, st, self.scheduler)
@@ -757,7 +687,7 @@ class Run(Job):
 
                 spec = self.spec if self.spec is not None else recorded_spec(self.scheduler.name, self.id)
                 if spec is None or getattr(spec, "retry", None) is None:
-                    return known(cur, lambda st: None)
+                    return known(cur)
                 self.spec = spec
                 last, st = wait_run(self.scheduler, spec, cur, known)
                 self.current = Job(self.scheduler, last)
@@ -903,7 +833,7 @@ def _followed(rows, scheduler) -> list[tuple[str, str]]:
             if not JobStatus(status).terminal:
                 continue
             sched = scheduler(r["backend"])
-            if getattr(sched, "starts_successor", False) and successor(of_run["id"], r["backend"], r["id"]) is None:
+            if getattr(sched, "starts_successor", False) and records.successor(of_run["id"], r["backend"], r["id"]) is None:
                 job = follow(sched, of_run["id"], r["id"])
                 if job is not None:
                     found.append((r["backend"], job))

@@ -119,11 +119,11 @@ def test_an_attempt_decided_but_not_started_is_not_followed():
     records.write(_attempt("r1", 0))
     records.write(_attempt("a2", 1))
     # No row at all: a run recorded before successors were, followed by its attempt numbers.
-    assert runs.successor("r1", "local", "r1") == "a2"
+    assert records.successor("r1", "local", "r1") == "a2"
     records.decide(_attempt("a3", 2), "text", "a2")
-    assert runs.successor("r1", "local", "a2") is None
+    assert records.successor("r1", "local", "a2") is None
     records.link("r1", "local", "a2", "a3")
-    assert runs.successor("r1", "local", "a2") == "a3"
+    assert records.successor("r1", "local", "a2") == "a3"
     assert db.read("SELECT from_job, job FROM successors") == [("a2", "a3")]
 
 
@@ -157,7 +157,7 @@ def test_an_attempt_recorded_by_a_claimant_that_died_before_settling_is_followed
         con.execute("INSERT INTO successors VALUES ('j1', 'slurm', 'j1', NULL, ?, ?)",
                     (f"{socket.gethostname()}:{2 ** 22 + 17}", time.time() + 900))
     ends = {"j1": failed, "j2": JobState("j2", JobStatus.COMPLETED)}
-    last, state = runs.wait_run(Sched(), spec, "j1", lambda job_id, observe: ends[job_id], poll_s=0.05)
+    last, state = runs.wait_run(Sched(), spec, "j1", lambda job_id: ends[job_id], poll_s=0.05)
     assert (last, state.status, submitted) == ("j2", JobStatus.COMPLETED, [])
-    assert runs.successor("j1", "slurm", "j1") == "j2"
+    assert records.successor("j1", "slurm", "j1") == "j2"
 

@@ -178,8 +178,7 @@ def test_a_retry_sends_the_retried_notification_once_per_new_attempt(tmp_path, m
     spec = _spec(tmp_path, attempts=3, on=["node"])
     sent = []
     monkeypatch.setattr(notify, "send", lambda rec, event, line, attempt=None: sent.append((rec["id"], event, line)))
-    monkeypatch.setattr(records, "find", lambda job_id, backend=None: [{"id": job_id, "backend": "slurm"}])
-    monkeypatch.setattr(runs, "_observe", lambda *a: None)
+    monkeypatch.setattr(records, "find", lambda job_id, backend=None, **kw: [{"id": job_id, "backend": "slurm"}])
 
     class Sched:
         name = "slurm"
@@ -189,7 +188,7 @@ def test_a_retry_sends_the_retried_notification_once_per_new_attempt(tmp_path, m
             return type("J", (), {"id": next(self.ids)})()
 
     ends = {"j1": _failed(NODE), "j2": _failed(NODE), "j3": JobState("j3", JobStatus.COMPLETED)}
-    last, state = runs.wait_run(Sched(), spec, "j1", lambda job_id, observe: ends[job_id])
+    last, state = runs.wait_run(Sched(), spec, "j1", lambda job_id: ends[job_id])
     assert (last, state.status) == ("j3", JobStatus.COMPLETED)
     assert [(job, event) for job, event, _ in sent] == [("j1", "retried"), ("j2", "retried")]
     assert sent[0][2].startswith("attempt 2 (j2) after node: ")
@@ -249,7 +248,6 @@ def test_no_client_submits_an_slurm_attempt_a_reader_follows_what_the_guardian_s
     monkeypatch.setattr(runs, "GUARDIAN_POLL_S", 0.0)
     monkeypatch.setattr(records, "find", lambda job_id, backend=None, **kw: [{"id": job_id, "backend": "slurm"}])
     monkeypatch.setattr(records, "adopt", lambda *a, **kw: None)
-    monkeypatch.setattr(runs, "_observe", lambda *a: None)
     made, asked = [], []
 
     class Sched:
@@ -276,7 +274,7 @@ def test_no_client_submits_an_slurm_attempt_a_reader_follows_what_the_guardian_s
             return type("J", (), {"id": "jX"})()
 
     ends = {"j1": _failed(NODE, status=ended), "j2": JobState("j2", JobStatus.COMPLETED)}
-    last, state = runs.wait_run(Sched(), spec, "j1", lambda job_id, observe: ends[job_id], poll_s=0.01)
+    last, state = runs.wait_run(Sched(), spec, "j1", lambda job_id: ends[job_id], poll_s=0.01)
     assert made == []
     assert (last, state.status) == (("j2", JobStatus.COMPLETED) if guardian_acts else ("j1", ended))
     assert len(asked) >= 3  # waited while the guardian was alive, for any end but COMPLETED
@@ -291,7 +289,6 @@ def test_a_waiter_whose_local_keeper_is_gone_starts_a_keeper_and_submits_nothing
     from halo_sched.backends.base import Scheduler
 
     spec = _spec(tmp_path, attempts=2, on=["node"])
-    monkeypatch.setattr(runs, "_observe", lambda *a: None)
     for run_id in ("j1", "k1"):
         records.write({"id": run_id, "backend": "local", "submitted": 1.0, "name": "t",
                        "run": {"id": run_id, "attempt": 0, "excluded": []}})
@@ -323,11 +320,11 @@ def test_a_waiter_whose_local_keeper_is_gone_starts_a_keeper_and_submits_nothing
     sched = Sched()
     retried = []
     ends = {"j1": _failed(NODE), "j2": JobState("j2", JobStatus.COMPLETED)}
-    last, state = runs.wait_run(sched, spec, "j1", lambda job_id, observe: ends[job_id],
+    last, state = runs.wait_run(sched, spec, "j1", lambda job_id: ends[job_id],
                                 on_retry=lambda old, st, why, new: retried.append((old, why, new)), poll_s=0.01)
     assert (last, state.status, sched.keepers, retried) == ("j2", JobStatus.COMPLETED, 1, [("j1", "node", "j2")])
 
     job_fault = _spec(tmp_path, attempts=2, on=["job"])  # a node's fault is not retried here
     idle = Sched()
-    last, state = runs.wait_run(idle, job_fault, "k1", lambda job_id, observe: _failed(NODE), poll_s=0.01)
+    last, state = runs.wait_run(idle, job_fault, "k1", lambda job_id: _failed(NODE), poll_s=0.01)
     assert (last, state.status, idle.keepers) == ("k1", JobStatus.FAILED, 0)

@@ -345,10 +345,9 @@ class SlurmScheduler(Scheduler):
         if not (outputs and isinstance(outputs[0], str) and isinstance(run.get("id"), str)
                 and isinstance(attempt, int) and not isinstance(attempt, bool) and 0 <= attempt < 1000):
             return None
-        from ...records import failure_key
-
+        key = record.get("failure_key")  # the job's key, which signed the marker (made at its submit)
         found = read_marker(marker_path(os.path.dirname(outputs[0]), run["id"], attempt + 1),
-                            failure_key(record.get("id") or "", self.name))
+                            key if isinstance(key, str) else "")
         if found is None or not found.get("job") or found.get("run") != run["id"]:
             return None
         return found
