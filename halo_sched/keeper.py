@@ -64,7 +64,8 @@ def keep(sched, spec, run_id: str, wait: Callable, say: Callable[[str], None]):
         exclude = tuple(dict.fromkeys(exclude + ((host,) if host else ())))
         new = sched.submit_attempt(next_spec(spec, run_id, count + 1, exclude, first.get("git")), current).id
         say(f"{current} {state.describe()}; retrying ({why} fault) as {new}")
-        _notify_retried(sched.name, current, state, why, new, count + 1)
+        for rec in records.find(current, sched.name, on_bad=None)[:1]:
+            _notify_retried(rec, why, new, count + 1)
         earlier.append(current)
         current, count = new, count + 1
 

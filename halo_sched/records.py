@@ -624,8 +624,8 @@ def decide(record: dict, rendered: str, from_job: str | None = None) -> dict:
     run = record["run"]
     with _store().write() as con:
         if from_job is not None:
-            con.execute("INSERT OR IGNORE INTO successors (run_id, backend, from_job, job, claimed_by, claimed_until) "
-                        "VALUES (?, ?, ?, NULL, '', 0)", (run["id"], record["backend"], from_job))
+            con.execute("INSERT OR IGNORE INTO successors (run_id, backend, from_job, job) VALUES (?, ?, ?, NULL)",
+                        (run["id"], record["backend"], from_job))
         for (data,) in con.execute("SELECT data FROM jobs WHERE run_id = ? AND backend = ? AND attempt = ? "
                                    "AND data IS NOT NULL ORDER BY submitted", (run["id"], record["backend"],
                                                                               run["attempt"])):
@@ -639,23 +639,31 @@ def decide(record: dict, rendered: str, from_job: str | None = None) -> dict:
 def successor(run_id: str, backend: str, job_id: str) -> str | None:
     """The attempt of run ``run_id`` started after ``job_id`` failed, as the store knows it (a
     ``successors`` row: :func:`link`, :func:`adopt`); None while it is being started (the row
-    has no job yet: :func:`decide`) or when none was. Runs recorded before successors were:
-    the record of the next attempt number, when there is exactly one."""
+    has no job yet: :func:`decide`) or when none was. A run recorded without rows (an earlier
+    release's files, a record written by hand): the record of the next attempt number, when
+    there is exactly one. One query."""
     from . import db
 
     if not db.exists():
         return None
-    rows = db.read("SELECT job FROM successors WHERE run_id = ? AND backend = ? AND from_job = ?",
-                   (run_id, backend, job_id))
-    if rows:  # None while it is being started (its record may be there: decided, perhaps not started)
-        return rows[0][0]
-    recs = of_run(run_id, backend)
-    numbers = {r["id"]: (r.get("run") or {}).get("attempt") for r in recs}
-    if isinstance(numbers.get(job_id), int):
-        later = [r["id"] for r in recs if numbers[r["id"]] == numbers[job_id] + 1]
-        if len(later) == 1:
-            return later[0]
-    return None
+    rows = db.read("SELECT 1, job FROM successors WHERE run_id = ? AND backend = ? AND from_job = ? "
+                   "UNION ALL SELECT 0, b.id FROM jobs a JOIN jobs b ON b.run_id = a.run_id AND b.backend = a.backend "
+                   "AND b.attempt = a.attempt + 1 WHERE a.id = ? AND a.backend = ? AND a.run_id = ? "
+                   "AND a.data IS NOT NULL AND b.data IS NOT NULL",
+                   (run_id, backend, job_id, job_id, backend, run_id))
+    named = [job for kind, job in rows if kind == 1]
+    if named:  # None while it is being started (its record may be there: decided, perhaps not started)
+        return named[0]
+    later = [job for _, job in rows]
+    return later[0] if len(later) == 1 else None
+
+
+def being_started(run_id: str, backend: str, job_id: str) -> bool:
+    """Whether ``job_id``'s successor was decided and not named yet (:func:`decide`, :func:`link`)."""
+    from . import db
+
+    return db.exists() and bool(db.read("SELECT 1 FROM successors WHERE run_id = ? AND backend = ? AND from_job = ? "
+                                        "AND job IS NULL", (run_id, backend, job_id)))
 
 
 def position(job_id: str, backend: str) -> tuple[str, int]:
@@ -693,8 +701,8 @@ def link(run_id: str, backend: str, from_job: str, job: str) -> None:
 
 
 def _link(con, run_id: str, backend: str, from_job: str, job: str) -> None:
-    con.execute("INSERT OR IGNORE INTO successors (run_id, backend, from_job, job, claimed_by, claimed_until) "
-                "VALUES (?, ?, ?, ?, '', 0)", (run_id, backend, from_job, job))
+    con.execute("INSERT OR IGNORE INTO successors (run_id, backend, from_job, job) VALUES (?, ?, ?, ?)",
+                (run_id, backend, from_job, job))
     con.execute("UPDATE successors SET job = ? WHERE run_id = ? AND backend = ? AND from_job = ? AND job IS NULL",
                 (job, run_id, backend, from_job))
 

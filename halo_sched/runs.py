@@ -6,28 +6,21 @@ record of its own; the record's ``run`` says ``{"id": RUN, "attempt": n, "exclud
 own requeues, ``SLURM_RESTART_COUNT``), the same spec, the run's git state as first recorded, and
 the hosts every earlier attempt failed on excluded (on top of the node ledger's).
 
-Where the retry happens (docs/recovery.md): on SLURM, in the failed attempt itself (its batch
-script submits the successor from inside the allocation: halo_sched/node/successor.py;
-``Scheduler.starts_successor``), or, when the attempt lost the host its batch script ran on, in
-the attempt's guardian job (halo_sched/node/guardian.py); no client ever submits an SLURM
-attempt, and any process that reads the run (``watch``, ``status RUN``, :meth:`Run.wait`)
-follows the chain from the attempt's marker beside its output file, waiting while the guardian
-may still act, and records what it finds (:func:`follow`). Local: in the run's keeper
-(halo_sched/keeper.py, one detached process per run that ``submit`` starts, its only actor: it
-decides each next attempt and records it before it starts, so that exactly one follows a failure
-whichever step it dies at); waiters follow it, and one that finds it gone starts a new keeper
-(``Scheduler.start_owner``), never an attempt. Nomad: in a process that waits on the run
-(``submit --wait``, ``watch``, :meth:`Run.wait`); without one, a failed attempt stays failed.
-Exactly one next version per failed Nomad attempt, however many processes wait on the run: the
-one that registers it first claims the failed attempt in the history store (a ``successors``
-row, inserted in one transaction: halo_sched/db.py); the others wait for the claimant to record
-the new attempt's id and then follow it. A waiter always starts from the run's newest attempt,
-so watching a run that already went on (or ended) never submits anything for an attempt that
-has a successor. A claim whose process died before it recorded the new attempt (same host,
-process gone or a zombie) or that outlived :data:`CLAIM_S` can be taken over; the new claimant
-finds the version registered for the attempt (its Meta) and records it. A ``successors`` row
-without a job (a claim, or a local attempt decided and not started yet) keeps every reader from
-following an attempt's record by its number.
+Who starts the next attempt (docs/recovery.md): each backend's one actor, never a client. On
+SLURM, the failed attempt itself (its batch script submits the successor from inside the
+allocation: halo_sched/node/successor.py), or, when the attempt lost the host its batch script
+ran on, the attempt's guardian job (halo_sched/node/guardian.py); locally, the run's keeper
+(halo_sched/keeper.py, one detached process per run that ``submit`` starts: it decides each next
+attempt and records it before it starts, so that exactly one follows a failure whichever step it
+dies at); on Nomad, the keeper task group inside the job (halo_sched/node/nomad_keeper.py: a new
+version of the job, exactly once by ``EnforceIndex``; a job without a keeper,
+``nomad.keeper: false``, is not retried). Every process that reads a run (``submit --wait``,
+``watch``, ``status RUN``, ``list``, :meth:`Run.wait`) only follows the chain from the store's
+``successors`` rows, else from where the actor left it (:meth:`Scheduler.successor_of`: SLURM's
+marker beside the output file, a Nomad version's Meta), and records what it finds
+(:func:`follow`, records.adopt): it submits nothing. One that waits on a local run whose keeper
+is gone starts a new keeper (``Scheduler.start_owner``), as Nomad places a lost keeper group
+again; the keeper carries the run on from the attempt the dead one decided.
 
 Cost: each attempt's node-hours are nodes (servers, slurm.spare_nodes and nomad.spare_nodes included) x wall time, GPU-hours nodes x gpus_per_node x wall
 time; the wall time is the scheduler's own start and end where the backend reports them
@@ -37,21 +30,15 @@ process saw the attempt running and ended (``clock: observed``).
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from . import records
-from .backends import base
 from .backends.base import Job, JobState, JobStatus, Scheduler
 from .errors import HaloError
 from .node.failure_classes import RETRIED, Classification
 from .node.text import epoch_time
-
-#: How long a claim to submit a failed attempt's successor holds without its successor's id
-#: (a submit through an outage is bounded well below it: halo_sched/outage.py).
-CLAIM_S = 900.0
 
 def wants_retry(spec, state: JobState, attempt: int) -> tuple[bool, str]:
     """Whether attempt ``attempt`` (0-based) ending in ``state`` starts another, and why not/why
@@ -105,33 +92,16 @@ def next_spec(spec, run_id: str, number: int, exclude: tuple[str, ...], git: dic
     return nxt
 
 
-def _me() -> str:
-    import socket
-
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _gone(claimant: str) -> bool:
-    """Whether the process of a claim is known to be gone (on this host only: elsewhere, the lease)."""
-    import socket
-
-    from .node.processes import same_process
-
-    host, _, pid = claimant.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    return not same_process(int(pid), None)  # a zombie is gone too (its parent may live on: submit --wait)
-
-
 #: How long a reader waits, after a failed SLURM attempt ended, for the successor its batch script
 #: submits (it is written before the script exits, so normally at once; a shared filesystem may lag).
 SUCCESSOR_WAIT_S = 30.0
 
 
 def follow(sched: Scheduler, run_id: str, job_id: str) -> str | None:
-    """The attempt that failed attempt ``job_id`` submitted itself (a scheduler that
-    ``starts_successor``), recorded in the store once found (records.adopt: idempotent, from any
-    number of readers); None when it has none (yet)."""
+    """The attempt that failed attempt ``job_id``'s actor started (a scheduler that
+    ``starts_successor``: SLURM's marker, a Nomad keeper's version), recorded in the store once
+    found (records.adopt: idempotent, from any number of readers), and its ``retried`` event
+    queued by the reader that recorded it; None when it has none (yet)."""
     if not getattr(sched, "starts_successor", False):
         return None
     rec = (records.find(job_id, sched.name, on_bad=None) or [None])[0]
@@ -151,7 +121,8 @@ def follow(sched: Scheduler, run_id: str, job_id: str) -> str | None:
     if found.get("guardian"):  # the new attempt's own guardian (SLURM: node/guardian.py), for cancel and readers
         new["guardian"] = found["guardian"]
     try:
-        records.adopt(new, run_id, job_id)
+        if records.adopt(new, run_id, job_id):  # first found here: its `retried` event queued (notify:)
+            _notify_retried(rec, found.get("retry_on") or "node", found["job"], number(run.get("attempt")) + 1)
     except (OSError, HaloError):
         pass  # the store busy or broken: the chain is still followed, and recorded by a later reader
     return found["job"]
@@ -163,20 +134,9 @@ def next_attempt(sched: Scheduler, run_id: str, job_id: str) -> str | None:
 
 
 def _being_started(sched: Scheduler, run_id: str, job_id: str) -> bool:
-    """Whether ``job_id``'s successor is on its way: decided and not started yet by the run's
-    live keeper (local: records.decide marked it), or claimed by a live waiting process that has
-    not recorded it yet (:func:`claim`)."""
-    from . import db
-
-    if not db.exists():
-        return False
-    rows = db.read("SELECT job, claimed_by, claimed_until FROM successors WHERE run_id = ? AND backend = ? "
-                   "AND from_job = ?", (run_id, sched.name, job_id))
-    if not rows or rows[0][0]:
-        return False
-    if getattr(sched, "starts_successor", False):
-        return not sched.owner_gone(run_id)
-    return rows[0][2] >= time.time() and not _gone(rows[0][1])
+    """Whether ``job_id``'s successor is on its way: decided by the run's live actor and not
+    started yet (local: the keeper, records.decide marked it)."""
+    return records.being_started(run_id, sched.name, job_id) and not sched.owner_gone(run_id)
 
 
 #: How often a reader asks whether a failed attempt's guardian still pends or runs (s).
@@ -188,14 +148,18 @@ GUARDIAN_POLL_S = 2.0
 OWNER_STARTS = 3
 
 
-def _await_successor(sched: Scheduler, run_id: str, job_id: str, wait_s: float, poll_s: float,
-                     goes_on: bool) -> str | None:
-    """The successor of failed attempt ``job_id``, waited for ``wait_s`` seconds (its batch script
-    writes it before it exits; the local keeper starts it), and on while the attempt's guardian
-    may still start it (:meth:`Scheduler.guardian_alive`: pending until the attempt's end is
-    known to SLURM, then running for seconds); None when none came. A run that ``goes_on`` (its
-    failure is retried) whose actor is gone (local: the keeper, killed) gets a new one
-    (:meth:`Scheduler.start_owner`), which starts the attempt: this process starts none."""
+def _await_successor(sched: Scheduler, run_id: str, job_id: str, goes_on: bool, poll_s: float) -> str | None:
+    """The successor of failed attempt ``job_id`` as its run's actor starts it, or None when none
+    came. A failure the run retries (``goes_on``) is waited on for the scheduler's
+    ``successor_wait_s`` (:data:`SUCCESSOR_WAIT_S` unless it says otherwise: SLURM's batch script
+    writes it before it exits, the local keeper starts it at once, a Nomad keeper settles and
+    registers), and on while something outside the attempt may still start it
+    (:meth:`Scheduler.guardian_alive`: SLURM's guardian job, pending until the attempt's end is
+    known, then running for seconds); any other end is looked at once (a lost SLURM node the
+    reader cannot see is its guardian's). When the run's actor is gone (local: the keeper,
+    killed; :meth:`Scheduler.owner_gone`), a new one is started (:meth:`Scheduler.start_owner`,
+    at most :data:`OWNER_STARTS` times), which starts the attempt: this process starts none."""
+    wait_s = getattr(sched, "successor_wait_s", SUCCESSOR_WAIT_S) if goes_on else 0.0
     deadline = time.monotonic() + wait_s
     asked_at, alive, starts = 0.0, True, 0
     while (nxt := next_attempt(sched, run_id, job_id)) is None:
@@ -208,23 +172,14 @@ def _await_successor(sched: Scheduler, run_id: str, job_id: str, wait_s: float, 
         now = time.monotonic()
         if now >= deadline:
             if now - asked_at >= GUARDIAN_POLL_S:
-                rec = (records.find(job_id, sched.name, on_bad=None) or [{}])[0]
-                alive, asked_at = sched.guardian_alive(rec), now
+                alive, asked_at = sched.guardian_alive(job_id), now
             if not alive:
                 return next_attempt(sched, run_id, job_id)
         time.sleep(poll_s)
     return nxt
 
 
-def _marker_why(sched: Scheduler, job_id: str) -> str:
-    """The ``retry.on`` word the successor of ``job_id`` was started for, as its marker says."""
-    rec = (records.find(job_id, sched.name, on_bad=None) or [None])[0]
-    found = sched.successor_of(rec) if rec is not None else None
-    word = (found or {}).get("retry_on")
-    return word if isinstance(word, str) else "node"
-
-
-#: How long a cancel waits for an attempt being started (a claim held, its job not recorded yet).
+#: How long a cancel waits for an attempt being started (decided by the run's live actor, not named yet).
 STARTING_WAIT_S = 30.0
 
 
@@ -245,8 +200,8 @@ class Newest:
 def newest_attempt(sched: Scheduler, job_id: str, wait_s: float = STARTING_WAIT_S, poll_s: float = 0.2) -> Newest:
     """The newest attempt of the run ``job_id`` (any attempt of it) belongs to, pending or running
     or ended: the chain followed as :func:`next_attempt` knows it (the store, the marker a failed
-    SLURM attempt left); an attempt whose successor is being started by a live process (its claim
-    held, no job recorded) is waited on for up to ``wait_s`` seconds, so that a cancel stops the
+    SLURM attempt left); an attempt whose successor is being started (decided by the run's live
+    keeper, not named yet) is waited on for up to ``wait_s`` seconds, so that a cancel stops the
     attempt about to run rather than the one that failed. A job of no run is itself."""
     rec = (records.find(job_id, sched.name, on_bad=None) or [None])[0]
     run = rec.get("run") if isinstance(rec, dict) and isinstance(rec.get("run"), dict) else None
@@ -316,56 +271,19 @@ def _ended(backend: str, job_id: str) -> bool:
         return False
 
 
-def claim(run_id: str, backend: str, job_id: str) -> tuple[bool, str | None]:
-    """Claim the right to submit ``job_id``'s successor: (True, None) when this process holds it
-    now; (False, id) when the successor exists; (False, None) when another live process holds it."""
-    from . import db
-
-    now = time.time()
-    with db.write() as con:
-        row = con.execute("SELECT job, claimed_by, claimed_until FROM successors WHERE run_id = ? AND backend = ? "
-                          "AND from_job = ?", (run_id, backend, job_id)).fetchone()
-        if row is None:
-            con.execute("INSERT INTO successors (run_id, backend, from_job, job, claimed_by, claimed_until) "
-                        "VALUES (?, ?, ?, NULL, ?, ?)", (run_id, backend, job_id, _me(), now + CLAIM_S))
-            return True, None
-        if row[0]:
-            return False, row[0]
-        if row[2] < now or _gone(row[1]):
-            con.execute("UPDATE successors SET claimed_by = ?, claimed_until = ? WHERE run_id = ? AND backend = ? "
-                        "AND from_job = ?", (_me(), now + CLAIM_S, run_id, backend, job_id))
-            return True, None
-        return False, None
-
-
-def _settle_claim(run_id: str, backend: str, job_id: str, new: str | None) -> None:
-    """Record the successor a claim submitted, or (``new`` None: the submit failed) give the claim
-    up: the row stays, expired, so that no reader takes an attempt decided but not started for
-    the successor (:func:`successor`) and the next claimant starts that one."""
-    from . import db
-
-    with db.write() as con:
-        if new is None:
-            con.execute("UPDATE successors SET claimed_until = 0 WHERE run_id = ? AND backend = ? AND from_job = ? "
-                        "AND job IS NULL AND claimed_by = ?", (run_id, backend, job_id, _me()))
-        else:
-            con.execute("UPDATE successors SET job = ? WHERE run_id = ? AND backend = ? AND from_job = ?",
-                        (new, run_id, backend, job_id))
-
-
 def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str], JobState],
              on_retry: Callable[[str, JobState, str, str], None] | None = None,
              on_follow: Callable[[str, str], None] | None = None, poll_s: float = 0.5) -> tuple[str, JobState]:
     """Wait on the run that ``job_id`` (an attempt of it) belongs to, from its newest attempt,
-    and on each next attempt its actor starts after a failure ``retry.on`` lists, until one
-    ends otherwise or the attempts run out. ``wait(job_id)`` waits on one attempt (keeping each
-    state it sees as an actor does: core.note) and returns its last state. ``on_retry(old_id, state, why, new_id)`` hears
-    of each next attempt started after the failure this process waited on, ``on_follow(old_id,
-    new_id)`` of each it found started before it came. Returns the last attempt's (id, final
-    state). On a scheduler that ``starts_successor`` this only reads: the next attempt is the
-    actor's (SLURM: the failed attempt's batch script or its guardian; local: the run's keeper,
-    halo_sched/keeper.py), waited for up to SUCCESSOR_WAIT_S and followed; a local run whose
-    keeper is gone gets a new keeper (``start_owner``), never an attempt from this process."""
+    and on each next attempt its actor starts, until one ends and none follows. A read: the
+    next attempt is its actor's (SLURM: the failed attempt's batch script or its guardian; local:
+    the run's keeper, halo_sched/keeper.py; Nomad: the keeper task group of the job), waited for
+    as long as that actor may still start it (:func:`_await_successor`) and followed; this
+    process submits nothing, and records what it finds (:func:`next_attempt`). ``wait(job_id)``
+    waits on one attempt (keeping each state it sees as an actor does: core.note) and returns
+    its last state. ``on_retry(old_id, state, why, new_id)`` hears of each next attempt started
+    after a failure this process waited on, ``on_follow(old_id, new_id)`` of each it found
+    started before it came. Returns the last attempt's (id, final state)."""
     run_id, count = records.position(job_id, sched.name)
     current = job_id
     earlier: list[str] = []
@@ -376,68 +294,37 @@ def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str], JobState
                 on_follow(current, nxt)
             current, count = nxt, count + 1
         state = wait(current)
+        if state.status is JobStatus.COMPLETED or not state.status.terminal:
+            break
         again, why = wants_retry(spec, state, count)
-        successors = getattr(sched, "starts_successor", False)
-        if not again and not (successors and state.status.terminal and state.status is not JobStatus.COMPLETED):
-            _settle_times(sched, earlier)
-            return current, state
-        if successors:  # started by the run's actor (SLURM: the attempt or its guardian; local, Nomad: the keeper): followed
-            wait_s = getattr(sched, "successor_wait_s", SUCCESSOR_WAIT_S) if again else 0.0
-            nxt = _await_successor(sched, run_id, current, wait_s, poll_s, again)
-            if nxt is None and (not again or not _waiter_submits(sched, run_id, state)):
-                _settle_times(sched, earlier)
-                return current, state
-        if nxt is not None:
-            why = why or _marker_why(sched, current)
-            if on_retry is not None:  # the retry this process saw happen, though another started it
-                on_retry(current, state, why, nxt)
-            _notify_retried(sched.name, current, state, why, nxt, count + 1)  # once per (job, event)
-            earlier.append(current)
-            current, count = nxt, count + 1
-            continue
-        # Nomad: a waiting process registers the next version (one per failed attempt: the claim).
-        mine, new = claim(run_id, sched.name, current)
-        while not mine and new is None:  # another process is submitting it: follow what it records
-            time.sleep(poll_s)
-            mine, new = claim(run_id, sched.name, current)
-        if not mine:
-            continue  # the successor exists: the loop's head follows it
-        base.step("claimed")
-        host = culprit(state)
-        run = (records.find(current, sched.name) or [{}])[0].get("run") or {}
-        exclude = tuple(h for h in run.get("excluded") or () if isinstance(h, str)) + ((host,) if host else ())
-        git = (records.find(run_id, sched.name) or [{}])[0].get("git")
-        nxt_spec = next_spec(spec, run_id, count + 1, tuple(dict.fromkeys(exclude)), git)
-        resubmit = getattr(sched, "submit_attempt", None)
-        try:
-            new = (resubmit(nxt_spec, current) if resubmit is not None else sched.submit(nxt_spec)).id
-        except BaseException:
-            _settle_claim(run_id, sched.name, current, None)
-            raise
-        _settle_claim(run_id, sched.name, current, new)
-        base.step("recorded")
-        if on_retry is not None:
-            on_retry(current, state, why, new)
-        _notify_retried(sched.name, current, state, why, new, count + 1)
+        nxt = _await_successor(sched, run_id, current, again, poll_s)
+        if nxt is None:
+            break
+        if on_retry is not None:  # the retry this process saw happen: its actor started it
+            on_retry(current, state, why or _retry_word(state), nxt)
         earlier.append(current)
-        current, count = new, count + 1
+        current, count = nxt, count + 1
+    _settle_times(sched, earlier)
+    return current, state
 
 
-def _waiter_submits(sched: Scheduler, run_id: str, state: JobState) -> bool:
-    """``Scheduler.waiter_submits`` (base.py); a scheduler object without it, as before it was."""
-    decide = getattr(sched, "waiter_submits", None)
-    if decide is not None:
-        return decide(run_id, state)
-    return sched.owner_gone(run_id)
+def _retry_word(state: JobState) -> str:
+    """The ``retry.on`` word of a failure that this process would not retry and the run's actor
+    did (a lost SLURM node it cannot see from here): its failure class's, else ``node``."""
+    cls = state.failure_class()
+    return cls.failure.retry_on if cls is not None and cls.failure.retry_on else "node"
 
 
-def _notify_retried(backend: str, old: str, state: JobState, why: str, new: str, attempt: int) -> None:
-    """The ``retried`` event of ``notify:`` (halo_sched/notify.py), once per failed attempt that
-    started another: sent by the process that resubmitted, the only one that knows it did."""
+def _notify_retried(rec: dict, why: str, new: str, attempt: int) -> None:
+    """The ``retried`` event of ``notify:`` (halo_sched/notify.py) for the failed attempt of
+    ``rec``, followed by attempt ``attempt`` (0-based) ``new``: queued once per job and event by
+    whoever recorded the new attempt first (the local keeper that started it, a reader that found
+    it), delivered by an actor."""
     from . import notify
 
-    for rec in records.find(old, backend)[:1]:
-        notify.send(rec, RETRIED, f"attempt {attempt + 1} ({new}) after {why}: {state.describe()}", attempt=attempt)
+    last = rec.get("last_state") if isinstance(rec.get("last_state"), dict) else {}
+    said = last.get("describe") if isinstance(last.get("describe"), str) else "ended"
+    notify.send(rec, RETRIED, f"attempt {attempt + 1} ({new}) after {why}: {said}", attempt=attempt, start=False)
 
 
 # ---- a run's attempts and what they cost ------------------------------------------------------
@@ -575,9 +462,8 @@ class Run(Job):
     ``id`` is the run's (its first attempt's job id); ``current`` the newest attempt, on which
     ``status()``, ``done()``, ``cancel()`` and ``logs()`` act. ``wait()`` is ``submit --wait``'s:
     it waits through a scheduler outage, keeps each state in the job records (the node ledger
-    and ``notify:`` hear of it there), and after a failure ``retry.on`` lists submits the next
-    attempt (or follows the one another process submitted: exactly one per failed attempt) until
-    one ends otherwise. ``result()`` raises for a run that did not complete (Job.result)."""
+    and ``notify:`` hear of it there), and after a failure follows the next attempt the run's
+    actor starts (it submits none: :func:`wait_run`) until one ends and none follows. ``result()`` raises for a run that did not complete (Job.result)."""
 
     def __init__(self, scheduler: Scheduler, run_id: str, spec=None, current: str | None = None,
                  submitted: bool = False):
@@ -599,7 +485,7 @@ class Run(Job):
             return cls(sched, sched.submit(spec).id, spec, submitted=True)
 
     def _newest(self) -> Job:
-        """The newest attempt (another process may have submitted it since)."""
+        """The newest attempt (the run's actor may have started another since)."""
         current = self.current.id
         while (nxt := next_attempt(self.scheduler, self.id, current)) is not None:
             current = nxt
@@ -616,7 +502,8 @@ class Run(Job):
              timeout_per_attempt: float | None = None) -> JobState:
         """Until the run ends: its last attempt's final state (or, past ``timeout`` seconds in
         all or ``timeout_per_attempt`` on one attempt, the current attempt's state so far).
-        ``on_retry(old_id, state, why, new_id)`` hears of each attempt this call submitted;
+        ``on_retry(old_id, state, why, new_id)`` hears of each next attempt the run's actor
+        started after a failure this call waited on;
         ``on_change(state)`` of each new state of each attempt; the rest as :meth:`Job.wait`
         (``poll``/``max_poll`` for an attempt this call did not submit: one it did is waited on
         as ``submit --wait`` waits)."""
@@ -657,7 +544,7 @@ class Run(Job):
     async def wait_async(self, timeout: float | None = None) -> JobState:
         """:meth:`wait` for asyncio, holding no thread while an attempt runs: each attempt is
         awaited on the shared watcher (halo_sched/backends/watcher.py); what follows an attempt's end
-        (keeping its state, a retry's claim and submit) runs once in the loop's executor."""
+        (keeping its state, following the next attempt) runs once in the loop's executor."""
         import asyncio
 
         from .backends.watcher import wait_async

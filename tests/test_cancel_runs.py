@@ -161,10 +161,10 @@ def test_cancel_of_a_nomad_run_stops_the_version_its_newest_attempt_is(tmp_path,
         assert "FAILED" in cli("status", job_id, env=env).stdout  # the record says it ended
         sched = NomadScheduler(client=NomadClient(NomadConfig(address=fake.address, token=TOKEN, retry_attempts=1)),
                                retry_s=5)
-        assert runs.claim(job_id, "nomad", job_id) == (True, None)
+        # Version 1 registered as the run's keeper would (here by this process) and followed.
         new = sched.submit_attempt(next_spec(halo_sched.load(str(tmp_path / "job.yaml")), job_id, 1, ("g1",), None),
                                    job_id).id
-        runs._settle_claim(job_id, "nomad", job_id, new)
+        records.link(job_id, "nomad", job_id, new)
         fake.set_running(job_id)
         r = cli("cancel", job_id, env=env, timeout=120)
         assert r.returncode == 0, r.stderr

@@ -125,39 +125,3 @@ def test_an_attempt_decided_but_not_started_is_not_followed():
     records.link("r1", "local", "a2", "a3")
     assert records.successor("r1", "local", "a2") == "a3"
     assert db.read("SELECT from_job, job FROM successors") == [("a2", "a3")]
-
-
-def test_an_attempt_recorded_by_a_claimant_that_died_before_settling_is_followed_not_submitted_again(tmp_path):
-    """SLURM's lost-node path (a waiter submits): the claimant died after the new job's record was
-    written and before its claim named the job. The claim is taken over, and the attempt found
-    by its record, not submitted again."""
-    import socket
-
-    import halo_sched
-    from halo_sched import db, records, runs
-    from halo_sched.backends.base import JobState, JobStatus, Scheduler
-    from halo_sched.node.failure_classes import NODE_FAULT, Classification
-
-    spec = halo_sched.load(example_job(tmp_path, 29500, retry={"attempts": 2, "on": ["node"]}))
-    submitted = []
-
-    class Sched(Scheduler):
-        name = "slurm"
-        cancel = logs = render = schedule = query = None
-
-        def submit(self, spec, **opts):
-            submitted.append(spec._attempt.number)
-            raise AssertionError("submitted again")
-
-    failed = JobState("j1", JobStatus.NODE_FAIL)
-    failed.failure_class = lambda: Classification(NODE_FAULT, "node lost", "n1", "slurm")
-    records.write({**_attempt("j1", 0), "backend": "slurm", "run": {"id": "j1", "attempt": 0, "excluded": []}})
-    records.write({**_attempt("j2", 1), "backend": "slurm", "run": {"id": "j1", "attempt": 1, "excluded": ["n1"]}})
-    with db.write() as con:  # the dead claimant's row: no job yet
-        con.execute("INSERT INTO successors VALUES ('j1', 'slurm', 'j1', NULL, ?, ?)",
-                    (f"{socket.gethostname()}:{2 ** 22 + 17}", time.time() + 900))
-    ends = {"j1": failed, "j2": JobState("j2", JobStatus.COMPLETED)}
-    last, state = runs.wait_run(Sched(), spec, "j1", lambda job_id: ends[job_id], poll_s=0.05)
-    assert (last, state.status, submitted) == ("j2", JobStatus.COMPLETED, [])
-    assert records.successor("j1", "slurm", "j1") == "j2"
-

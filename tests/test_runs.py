@@ -170,28 +170,46 @@ def test_counts_and_times_beyond_bounds_in_a_run_record_are_not_hours(nodes, sta
     assert all(math.isfinite(v) for v in (row.node_hours, row.gpu_hours, t["gpu_hours"], t["node_hours"])), (row, t)
 
 
-def test_a_retry_sends_the_retried_notification_once_per_new_attempt(tmp_path, monkeypatch):
-    # The resubmitting process is the only one that knows a retry happened: it sends `retried`
-    # (notify.send dedupes per job and event; here its calls are recorded).
+def test_a_reader_queues_the_retried_notification_once_per_next_attempt(tmp_path, monkeypatch):
+    # Each failed attempt's actor started the next (SLURM: its marker); the reader that first
+    # records the next attempt queues `retried` for the failed one (notify.send dedupes per job
+    # and event; here its calls are recorded).
     from halo_sched import notify, records, runs
+    from halo_sched.backends.base import Scheduler
 
     spec = _spec(tmp_path, attempts=3, on=["node"])
     sent = []
-    monkeypatch.setattr(notify, "send", lambda rec, event, line, attempt=None: sent.append((rec["id"], event, line)))
-    monkeypatch.setattr(records, "find", lambda job_id, backend=None, **kw: [{"id": job_id, "backend": "slurm"}])
+    monkeypatch.setattr(notify, "send", lambda rec, event, line, attempt=None, start=True:
+                        sent.append((rec["id"], event, line)))
+    records.write({"id": "j1", "backend": "slurm", "submitted": 1.0, "run": {"id": "j1", "attempt": 0, "excluded": []},
+                   "last_state": {"status": "FAILED", "describe": "FAILED: node 1 exit 1"}})
+    ended: set = set()
 
-    class Sched:
+    class Sched(Scheduler):
         name = "slurm"
-        ids = iter(["j2", "j3"])
+        starts_successor = True
+        cancel = logs = render = schedule = None
 
-        def submit(self, spec):
-            return type("J", (), {"id": next(self.ids)})()
+        def query(self, ids):
+            return {i: ends[i] for i in ids}
+
+        def successor_of(self, record):  # started as the attempt ended
+            nxt = {"j1": "j2", "j2": "j3"}.get(record["id"])
+            return {"job": nxt, "excluded": ["n1"], "submitted_at": 2.0, "retry_on": "node"} \
+                if nxt and record["id"] in ended else None
 
     ends = {"j1": _failed(NODE), "j2": _failed(NODE), "j3": JobState("j3", JobStatus.COMPLETED)}
-    last, state = runs.wait_run(Sched(), spec, "j1", lambda job_id: ends[job_id])
+
+    def wait(job_id: str) -> JobState:
+        ended.add(job_id)
+        return ends[job_id]
+
+    last, state = runs.wait_run(Sched(), spec, "j1", wait, poll_s=0.01)
     assert (last, state.status) == ("j3", JobStatus.COMPLETED)
     assert [(job, event) for job, event, _ in sent] == [("j1", "retried"), ("j2", "retried")]
-    assert sent[0][2].startswith("attempt 2 (j2) after node: ")
+    assert sent[0][2] == "attempt 2 (j2) after node: FAILED: node 1 exit 1", sent
+    runs.follow_run(Sched(), "j1")  # read again: already recorded, nothing queued twice
+    assert len(sent) == 2
 
 
 def test_ctrl_c_during_a_retried_runs_wait_names_the_attempt_that_keeps_running(tmp_path, monkeypatch, capsys):
@@ -202,10 +220,18 @@ def test_ctrl_c_during_a_retried_runs_wait_names_the_attempt_that_keeps_running(
 
     job = example_job(tmp_path, 29500, retry={"attempts": 3, "on": ["node"]})
 
-    class Fake(Scheduler):
+    class Fake(Scheduler):  # j1's batch script started j2 (its marker), as a failed SLURM attempt does
         name = "slurm"
-        ids = iter(["j1", "j2"])
+        ids = iter(["j1"])
+        starts_successor = True
         cancel = logs = render = schedule = None
+
+        ended: set = set()
+
+        def successor_of(self, record):
+            if record.get("id") == "j1" and "j1" in self.ended:
+                return {"job": "j2", "excluded": ["n1"], "submitted_at": 2.0}
+            return None
 
         def _submit(self, spec):
             job_id = next(self.ids)
@@ -218,6 +244,7 @@ def test_ctrl_c_during_a_retried_runs_wait_names_the_attempt_that_keeps_running(
             return self._submit(spec)
 
         def query(self, ids):
+            self.ended.update(i for i in ids if i == "j1")  # seen ended: its successor follows
             return {i: _failed(NODE) if i == "j1" else JobState(i, JobStatus.RUNNING) for i in ids}
 
         def wait(self, job_id, timeout=None, on_change=None, on_tick=None, outage_s=None, **kw):
@@ -259,8 +286,8 @@ def test_no_client_submits_an_slurm_attempt_a_reader_follows_what_the_guardian_s
                 return {"job": "j2", "excluded": ["n1"], "submitted_at": 1.0, "retry_on": "node"}
             return None
 
-        def guardian_alive(self, record):
-            asked.append(record["id"])
+        def guardian_alive(self, job_id):
+            asked.append(job_id)
             return len(asked) < 3
 
         def attempt_fields(self, record, job_id):

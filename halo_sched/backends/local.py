@@ -287,10 +287,6 @@ class LocalScheduler(Scheduler):
     def owner_gone(self, run_id: str) -> bool:
         return not _keeper_alive(self.name, run_id)
 
-    def waiter_submits(self, run_id: str, state) -> bool:
-        """Never: a waiter that finds the keeper gone starts a new keeper (:meth:`start_owner`)."""
-        return False
-
     def start_owner(self, run_id: str) -> bool:
         """Start the run's keeper again when none holds its lock (it was killed, the machine
         rebooted): detached, as ``submit`` starts it; it carries the run on from where the store

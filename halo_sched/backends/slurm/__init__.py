@@ -452,10 +452,12 @@ class SlurmScheduler(Scheduler):
         except HaloError as err:
             _say(f"warning: could not cancel guardian {', '.join(guards)}: {' '.join(str(err).split())[:200]}")
 
-    def guardian_alive(self, record: dict) -> bool:
-        """Whether the guardian of the attempt of ``record`` may still carry its run on: it is
-        pending or running (a reader then waits for it: runs.wait_run)."""
-        guard = record.get("guardian")
+    def guardian_alive(self, job_id: str) -> bool:
+        """Whether the guardian of attempt ``job_id`` (its record names it) may still carry its run
+        on: it is pending or running (a reader then waits for it: runs.wait_run)."""
+        from ...records import find
+
+        guard = (find(job_id, self.name, on_bad=None) or [{}])[0].get("guardian")
         if not isinstance(guard, str) or not guard:
             return False
         try:
