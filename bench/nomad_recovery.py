@@ -8,16 +8,17 @@ medians of ``--rounds``:
 - ``keeper``: ``retry: {attempts: 2, on: [node]}``; the run's keeper (a task of the job,
   halo_sched/node/nomad_keeper.py) registers attempt 2 as a new version keeping off the culprit;
 - ``spare``: ``nomad.spare_nodes: 1``; the keeper gives node rank 1 to the spare in the next world,
-  in the same allocations;
-- ``client`` (the anchor, before issue 40): ``nomad.keeper: false`` and ``submit --wait``: the
-  waiting process registers attempt 2.
+  in the same allocations.
+
+(The anchor measured before issue 40, a waiting ``submit --wait`` registering attempt 2 of a job
+with ``nomad.keeper: false``, is gone with that path: no waiter registers an attempt now.)
 
 Each row: from the fault (the faulting rank's clock, just before its SIGKILL) to every rank of
 the next world or attempt training again (its first all_reduce done), by the ranks' own clocks.
 The four client nodes are this machine (the simulator's nodes on loopback); the keeper's node is a
 fourth. Never asserted in tests: tests/test_nomad_runs.py bounds one run of each path.
 
-    python bench/nomad_recovery.py [--rounds N] [--modes keeper,spare,client]
+    python bench/nomad_recovery.py [--rounds N] [--modes keeper,spare]
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def _job(d: Path, mode: str) -> Path:
     shutil.copy(TRAINER, d / TRAINER.name)
     data = {"name": f"nr-{mode}", "nodes": 2, "nproc_per_node": 1, "env": {"OMP_NUM_THREADS": "1"},
             "rendezvous": {"timeout_s": 60}, "trainer": {"script": str(d / TRAINER.name), "args": ["--steps", "20"]},
-            "nomad": {"driver": "raw_exec", "keeper": mode != "client"}, "retry": {"attempts": 2, "on": ["node"]}}
+            "nomad": {"driver": "raw_exec"}, "retry": {"attempts": 2, "on": ["node"]}}
     if mode == "spare":
         data["nomad"]["spare_nodes"] = 1
     (d / "job.yaml").write_text(yaml.safe_dump(data))
@@ -85,8 +86,6 @@ def one(mode: str) -> float:
         fake.attach_sims(make)
         stack.callback(lambda: [s.stop() for s in sims])
         argv = [sys.executable, "-m", "halo_sched.cli", "submit", str(_job(d, mode)), "--backend", "nomad", "--quiet"]
-        if mode == "client":
-            argv += ["--wait", "--timeout", "300"]
         proc = subprocess.Popen(argv, cwd=d, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -100,7 +99,7 @@ def one(mode: str) -> float:
             time.sleep(0.3)
         else:
             raise RuntimeError(f"{mode}: no recovery within 300 s: {_rows(d)}")
-        if proc.poll() is None and mode != "client":
+        if proc.poll() is None:
             proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=120)
@@ -113,7 +112,7 @@ def one(mode: str) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--modes", default="keeper,spare,client")
+    ap.add_argument("--modes", default="keeper,spare")
     args = ap.parse_args()
     modes = args.modes.split(",")
     got: dict[str, list[float]] = {m: [] for m in modes}

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import REPO, cluster_down, cluster_up  # noqa: E402
+from testcluster import REPO, cluster_down, cluster_up  # noqa: E402
 
 TRAINER = REPO / "tests" / "trainers" / "node_fault_on_cue.py"
 

@@ -29,9 +29,7 @@ to poll 1,000 job handles.
 """
 from __future__ import annotations
 
-import fcntl
 import os
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -43,6 +41,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+from testcluster import cluster_down, cluster_lock, cluster_up, slurm_answers  # noqa: E402
+
 PY = sys.executable
 BIN = Path(PY).parent
 TORCHX = REPO / ".bench" / "torchx"
@@ -128,44 +129,8 @@ def local_launch(n: int) -> None:
     row("same on two H200s (nccl), `submit --wait`", "-", "not measured here (no GPU on this machine)", "-", "<= 1.15x")
 
 
-CLUSTER = REPO / "tests" / "cluster" / "slurm-cluster.sh"
-
-
-def cluster_up() -> bool:
-    """The local test cluster, brought up (under its lock) when SLURM is installed and no cluster
-    answers; True when this bench started it (then ``cluster_down`` stops it again)."""
-    if not CLUSTER.exists() or not shutil.which("slurmctld"):
-        return False
-    os.environ.update(_cluster_env())
-    ENV.update(_cluster_env())
-    if _slurm_answers():
-        return False
-    print("starting the local SLURM cluster (tests/cluster/slurm-cluster.sh up)", flush=True)
-    with _cluster_lock():
-        if _slurm_answers():  # someone else started it meanwhile
-            return False
-        subprocess.run([str(CLUSTER), "up"], check=True, stdout=subprocess.DEVNULL)
-    return True
-
-
-def cluster_down() -> None:
-    with _cluster_lock():
-        subprocess.run([str(CLUSTER), "down"], stdout=subprocess.DEVNULL)
-
-
-def _cluster_env() -> dict:
-    out = subprocess.run([str(CLUSTER), "env"], capture_output=True, text=True).stdout
-    env = {}
-    for line in out.splitlines():  # export NAME=VALUE (shell-quoted)
-        line = line.removeprefix("export ").strip()
-        if "=" in line:
-            k, v = line.split("=", 1)
-            env[k] = shlex.split(v)[0] if v else ""
-    return env
-
-
 def slurm_submit(n: int) -> None:
-    if not _slurm_answers():
+    if not slurm_answers():
         row("`submit` in process (library)", "-", "raw `sbatch`: skipped, no SLURM cluster answers here "
             "(SLURM not installed)", "-", "<= 1.1x")
         return
@@ -192,7 +157,7 @@ def slurm_submit(n: int) -> None:
     # files land there, not in the repo); every job is cancelled afterwards.
     scratch = tempfile.mkdtemp(prefix="halo-bench-submit-")
     here = os.getcwd()
-    with _cluster_lock():  # the shared test cluster
+    with cluster_lock():  # the shared test cluster
         try:
             os.chdir(scratch)
             t_o, t_r, _, _ = side_by_side(ours, raw, n)
@@ -209,7 +174,7 @@ def slurm_wait_latency(durations=(4, 12, 27)) -> None:
     waited on by its own scheduler object (its own watcher, as separate ``submit --wait`` processes
     are). The scheduler's own delay is the first time a 50 ms ``squeue`` loop sees the job gone or
     finished; the job's end is the time its batch script's last line wrote."""
-    if not _slurm_answers():
+    if not slurm_answers():
         row("SLURM `submit --wait` returns after the job ends", "-", "skipped, no SLURM cluster", "-", "<= 1 s + scheduler")
         return
     from halo_sched.backends.base import Job
@@ -238,7 +203,7 @@ def slurm_wait_latency(durations=(4, 12, 27)) -> None:
         Job(sched, job_id).wait()
         out[job_id] = time.time()
 
-    with _cluster_lock():
+    with cluster_lock():
         jobs = {}
         for d in durations:
             script = request_of(f"#!/bin/bash\nsleep {d}\ndate +%s.%N > {tmp}/end-{d}\n",
@@ -266,21 +231,6 @@ def slurm_wait_latency(durations=(4, 12, 27)) -> None:
     row("SLURM `Job.wait()` returns after the job ends (jobs of " + "/".join(map(str, durations)) + " s)",
         "max " + f"{max(lat_sched):.2f} s", f"the scheduler's own delay (first 50 ms `squeue` that shows it ended): "
         f"max {max(a - b for a, b in zip(lat_end, lat_sched)):.2f} s", f"+{max(lat_sched):.2f} s", "<= 1 s + the scheduler's delay")
-
-
-def _slurm_answers() -> bool:
-    return bool(shutil.which("sbatch")) and subprocess.run(["squeue", "-h"], capture_output=True).returncode == 0
-
-
-class _cluster_lock:
-    """The shared test cluster's lock (tests/cluster/slurm-cluster.sh): held only while measuring."""
-
-    def __enter__(self):
-        self.f = open("/tmp/halo-slurm-cluster.lock", "w")
-        fcntl.flock(self.f, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc):
-        self.f.close()
 
 
 def per_call(fn, seconds: float = 0.3) -> float:
@@ -351,7 +301,7 @@ def main() -> int:
         sys.path.insert(0, str(REPO / "bench"))
         import spares
 
-        started = cluster_up()
+        started = cluster_up(ENV)
         try:
             return spares.main(["--reps", "1" if quick else "3"])
         finally:
@@ -375,7 +325,7 @@ def main() -> int:
         return 0
     startup(n)
     local_launch(2 if quick else 4)
-    started = cluster_up()
+    started = cluster_up(ENV)
     try:
         slurm_submit(n)
         slurm_wait_latency()

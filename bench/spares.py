@@ -49,7 +49,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from run import _cluster_env, _cluster_lock, _slurm_answers  # noqa: E402
+from testcluster import cluster_env, cluster_lock, slurm_answers  # noqa: E402
 
 #: The batch script's signed decision lines (node/restart.py, node/spares.py).
 TAGS = ("halo-sched-restart {", "halo-sched-swap {")
@@ -156,7 +156,7 @@ def _lock():
     """The cluster's lock, held exclusive while measuring (tests hold it shared): a cluster of its
     own (HALO_CLUSTER_DIR) has its own lock beside its state (tests/cluster/cluster.py lock_path)."""
     if not os.environ.get("HALO_CLUSTER_DIR"):
-        with _cluster_lock():
+        with cluster_lock():
             yield
         return
     with open(os.environ["HALO_CLUSTER_DIR"].rstrip("/") + ".lock", "w") as f:
@@ -173,8 +173,8 @@ def main(argv: list[str]) -> int:
         kinds += [kind] if (flag in argv or named) and kind not in kinds else []
     if not set(kinds) <= set(WORDS):
         raise SystemExit(f"--kinds: each of {', '.join(WORDS)}")
-    os.environ.update(_cluster_env())
-    if not _slurm_answers():
+    os.environ.update(cluster_env())
+    if not slurm_answers():
         raise SystemExit("no SLURM cluster answers: tests/cluster/slurm-cluster.sh up (with HALO_CLUSTER_PORT)")
     times: dict[str, list[float]] = {k: [] for k in kinds}
     decided: dict[str, list[float]] = {k: [] for k in kinds}

@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # pragma: no cover
     from .backends.base import Job, Scheduler
-    from .backends.jobstate import JobState, JobStatus
+    from .jobstate import JobState, JobStatus
     from .core import JobRow
     from .logtags import LogLine
     from .models import JobSpec
@@ -29,8 +29,8 @@ SpecLike = Union["JobSpec", str, "os.PathLike[str]", dict]
 
 # Name -> module: imported when first asked for (PEP 562).
 _LAZY = {
-    "Job": "backends.base", "Scheduler": "backends.base", "JobState": "backends.jobstate",
-    "JobStatus": "backends.jobstate", "JobSpec": "models", "Run": "runs", "AttemptRow": "runs",
+    "Job": "backends.base", "Scheduler": "backends.base", "JobState": "jobstate",
+    "JobStatus": "jobstate", "JobSpec": "models", "Run": "runs", "AttemptRow": "runs",
     "LogLine": "logtags", "Culprit": "outcome", "JobRow": "core",
     "HaloError": "errors", "SpecError": "errors", "UsageError": "errors", "UnknownJob": "errors",
     "SchedulerError": "errors", "OutcomeUnknown": "errors", "MissingDependency": "errors",

@@ -183,8 +183,8 @@ def _set_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _state_name(text: str) -> str:
-    """``list --state``: backends/jobstate.py ``state_named``, as ``halo_sched.list(state=)``."""
-    from .backends.jobstate import state_named
+    """``list --state``: jobstate.py ``state_named``, as ``halo_sched.list(state=)``."""
+    from .jobstate import state_named
 
     try:
         return state_named(text)

@@ -83,8 +83,9 @@ def warning_of(job_id: str) -> str | None:
 # ---- states kept in the records -----------------------------------------------------------------
 
 
-def keep_state(rec: dict, state: JobState) -> None:
-    """Keep ``state`` in the job's record ``rec``; a node's fault also goes into the node ledger
+def keep_state(rec: dict, state: JobState, observed: bool = False) -> None:
+    """Keep ``state`` in the job's record ``rec`` (``observed``: as a process waiting on it saw it
+    now, records.update_state); a node's fault also goes into the node ledger
     (halo_sched/ledger.py: once per job and host), so new jobs avoid that host, and the event of
     a job whose file asks for ``notify:`` is queued in the outbox (once per job and event). All
     of it recording: nothing is submitted and nothing is sent from here."""
@@ -93,7 +94,7 @@ def keep_state(rec: dict, state: JobState) -> None:
 
         state.spares["swaps"] = with_costs(state.spares["swaps"], _progress_firsts(rec))
     try:
-        records.update_state(rec, state)
+        records.update_state(rec, state, observed)
     except (OSError, HaloError) as err:  # the store busy or broken: this command still reports the state
         from .errors import debug
 
@@ -133,13 +134,15 @@ def _progress_firsts(rec: dict):
                            for srcs in nodes]
 
 
-def keep_seen(backend: str, job_id: str, state: JobState, sched: Scheduler | None = None) -> dict | None:
+def keep_seen(backend: str, job_id: str, state: JobState, sched: Scheduler | None = None,
+              observed: bool = False) -> dict | None:
     """What a read does with a state it saw: keep it in the job's record (when the scheduler
     knows it), a node's fault in the node ledger, its notification in the outbox
-    (:func:`keep_state`); for an end, rank 0's result on ``state`` and in the record
-    (outcome.attach_value, asked of ``sched``, else of the backend by its name); return the record."""
+    (:func:`keep_state`; ``observed``: seen by a process waiting on it); for an end, rank 0's
+    result on ``state`` and in the record (outcome.attach_value, asked of ``sched``, else of the
+    backend by its name); return the record."""
     for rec in records.find(job_id, backend):
-        keep_state(rec, state)
+        keep_state(rec, state, observed)
         if state.status.terminal:
             from .outcome import attach_value
 
@@ -150,9 +153,11 @@ def keep_seen(backend: str, job_id: str, state: JobState, sched: Scheduler | Non
 
 def note(backend: str, job_id: str, state: JobState, sched: Scheduler | None = None) -> dict | None:
     """What an actor (a process waiting on the job) does with a state it saw: :func:`keep_seen`,
-    then start the delivery of the notifications queued (halo_sched/notify.py: a detached
-    process, never waited for); return the record. Reads use :func:`keep_seen` alone."""
-    rec = keep_seen(backend, job_id, state, sched)
+    as observed now (an attempt of a run keeps when it was seen running and ended: the fallback
+    clock of its hours), then start the delivery of the notifications queued
+    (halo_sched/notify.py: a detached process, never waited for); return the record. Reads use
+    :func:`keep_seen` alone."""
+    rec = keep_seen(backend, job_id, state, sched, observed=True)
     spec = (rec or {}).get("spec")
     if isinstance(spec, dict) and spec.get("notify"):
         from . import notify
@@ -279,11 +284,11 @@ class JobRow:
 
 def check_listing(backend, state, limit, since) -> tuple[str | None, str | None, int, float | None]:
     """``halo_sched.list()``'s filters checked as ``list``'s options are (a UsageError naming the
-    filter): a known backend, a state's name (backends/jobstate.py ``state_named``), a count from
+    filter): a known backend, a state's name (jobstate.py ``state_named``), a count from
     0 to ``values.MAX_LIMIT``, and ``since`` as epoch seconds (values.parse_since)."""
     import time
 
-    from .backends.jobstate import state_named
+    from .jobstate import state_named
     from .values import MAX_LIMIT, parse_since
 
     if backend is not None and (not isinstance(backend, str) or not known_backend(backend)):

@@ -1,6 +1,7 @@
 """The history store: one SQLite database in halo-sched's state directory
-(``$HALO_SCHED_HOME/halo-sched.db``) holding the job records (records.py), a run's successor
-claims (runs.py), the node ledger (ledger.py) and the notification outbox (notify.py).
+(``$HALO_SCHED_HOME/halo-sched.db``) holding the job records (records.py), which attempt of a
+run followed which (records.py: written by the run's actor or by whoever first found the
+attempt), the node ledger (ledger.py) and the notification outbox (notify.py).
 
 Why a database: every command reads or changes shared state, from many processes at once (two
 watchers, a pipeline's eight workers, ``list`` while ``submit --wait`` runs). In WAL mode one
@@ -38,7 +39,7 @@ from .errors import UsageError
 FILE_NAME = "halo-sched.db"
 #: How long a command waits for another process's write transaction before saying the store is busy.
 BUSY_S = 30.0
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA_1 = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -102,8 +103,28 @@ ALTER TABLE outbox ADD COLUMN next_try REAL NOT NULL DEFAULT 0;
 ALTER TABLE outbox ADD COLUMN claimed_by TEXT NOT NULL DEFAULT '';
 """
 
+# A run's next attempt is started by its actor alone (the SLURM batch script or guardian, the
+# local keeper, the Nomad keeper group), never claimed by a waiting client (runs.py): the claim
+# columns go. A row without a job stays where it says a local attempt is being started (the next
+# keeper starts it: records.decide); one an earlier release's waiting client left on another
+# backend, its claimant gone, goes, so that the attempt it may have registered is followed by
+# its number (records.successor).
+_SCHEMA_3 = """
+CREATE TABLE successors_3 (
+    run_id TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    from_job TEXT NOT NULL,  -- the failed attempt
+    job TEXT,                -- its successor, once started (NULL: being started)
+    PRIMARY KEY (run_id, backend, from_job)
+);
+INSERT INTO successors_3 (run_id, backend, from_job, job)
+    SELECT run_id, backend, from_job, job FROM successors WHERE job IS NOT NULL OR backend = 'local';
+DROP TABLE successors;
+ALTER TABLE successors_3 RENAME TO successors;
+"""
+
 #: version -> the script that takes a database of version-1 to it (run inside one transaction).
-MIGRATIONS: dict[int, str] = {1: _SCHEMA_1, 2: _SCHEMA_2}
+MIGRATIONS: dict[int, str] = {1: _SCHEMA_1, 2: _SCHEMA_2, 3: _SCHEMA_3}
 
 
 class StoreError(UsageError):

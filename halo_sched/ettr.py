@@ -418,7 +418,7 @@ def attempt_of(rec: dict) -> Attempt:
     if end is None:
         end = epoch_time(run.get("observed_end"))
     status = last.get("status") if isinstance(last.get("status"), str) else "UNKNOWN"
-    from .backends.jobstate import JobStatus
+    from .jobstate import JobStatus
 
     try:
         terminal = JobStatus(status).terminal

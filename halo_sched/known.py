@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, Protocol, Sequence
 
 from . import records
-from .backends.jobstate import JobState, JobStatus
+from .jobstate import JobState, JobStatus
 from .errors import HaloError, UsageError, shown
 
 

@@ -183,7 +183,8 @@ class Nomad(NomadMethods, _Model):
         description="With retry: (or spare_nodes), the job carries its run's keeper: a small group of its own whose "
                     "task registers the next attempt (or gives a spare the failed rank) through the Task API, with "
                     "no halo-sched process alive (docs/nomad.md, \"The run's keeper\"; its workload identity needs "
-                    "the ACL policy there). false: a waiting halo-sched process retries, as before.",
+                    "the ACL policy there). false: the job carries no keeper, and a failed attempt is not retried on "
+                    "Nomad (no halo-sched process registers one; submit says so).",
     )
 
     spare_nodes: int = Field(

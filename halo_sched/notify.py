@@ -73,7 +73,7 @@ from .node.failure_classes import COMPLETED, FAILED  # noqa: E402
 def event_of(state) -> str | None:
     """The event a state is: completed, or its failure class's event (failed, hung:
     node/failure_classes.py), or None (running, cancelled, preempted)."""
-    from .backends.jobstate import JobStatus
+    from .jobstate import JobStatus
 
     if state.status is JobStatus.COMPLETED:
         return COMPLETED

@@ -26,7 +26,7 @@ from .errors import JobCancelled, JobFailed, OutcomeUnknown, StillRunning
 from .node.failure_classes import UNKNOWN
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .backends.jobstate import JobState
+    from .jobstate import JobState
 
 #: The longest a line of a job's output is carried in a :class:`Culprit` (it reaches logs,
 #: webhooks and pipeline UIs: everything a job produces is bounded).
@@ -142,7 +142,7 @@ def attach_value(sched, job_id: str, state: "JobState", keep: bool = False) -> "
 
 def result_of(job_id: str, state: "JobState", timeout: float | None = None) -> "JobState":
     """``state`` when the job COMPLETED; otherwise the error its end raises (the module's table)."""
-    from .backends.jobstate import JobStatus
+    from .jobstate import JobStatus
 
     if state.status is JobStatus.COMPLETED:
         return state

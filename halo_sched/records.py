@@ -103,10 +103,7 @@ def adopt(record: dict, run_id: str, from_job: str) -> bool:
         else:
             _put(con, record)
             stored = True
-        con.execute("INSERT OR IGNORE INTO successors (run_id, backend, from_job, job, claimed_by, claimed_until) "
-                    "VALUES (?, ?, ?, ?, ?, 0)", (run_id, record["backend"], from_job, record["id"], "the attempt"))
-        con.execute("UPDATE successors SET job = ? WHERE run_id = ? AND backend = ? AND from_job = ? AND job IS NULL",
-                    (record["id"], run_id, record["backend"], from_job))
+        _link(con, run_id, record["backend"], from_job, record["id"])
         return stored
 
 
@@ -345,11 +342,14 @@ def _same(old: Any, new: dict) -> bool:
 _MAY_RETURN = {"NODE_FAIL", "PREEMPTED", "REQUEUED"}
 
 
-def update_state(record: dict, state) -> None:
+def update_state(record: dict, state, observed: bool = False) -> None:
     """Keep ``state`` as the record's last known one (only when the scheduler still knows the
     job), in one transaction with the stored record (never over a newer end another process kept),
-    and in ``record`` too."""
-    from .backends.jobstate import JobStatus, in_place_fields
+    and in ``record`` too. ``observed``: a process waiting on the job saw it now (an actor's
+    note, core.note): an attempt of a run also keeps when it was first seen running and seen
+    ended (``run.observed_start``/``observed_end``), the clock of its hours when the scheduler
+    reports neither (runs.py)."""
+    from .jobstate import JobStatus, in_place_fields
 
     if state.status is JobStatus.UNKNOWN:
         return
@@ -370,25 +370,56 @@ def update_state(record: dict, state) -> None:
     from . import db
 
     last = db.clean(last)
-    if _same(record.get("last_state"), last):
+    seen = _seen(state.status, last["at"]) if observed else None
+    if _same(record.get("last_state"), last) and (seen is None or not seen(dict(record))):
         return  # what the record already says (the common case in list): no write
 
     def change(rec: dict) -> bool:
+        stamped = seen is not None and seen(rec)
         old = rec.get("last_state") if isinstance(rec.get("last_state"), dict) else {}
         if _same(old, last):
-            return False
+            return stamped
         try:
             was_end = JobStatus(old.get("status")).terminal
         except ValueError:
             was_end = False
         if was_end and not state.status.terminal and old.get("status") not in _MAY_RETURN:
-            return False  # an observation older than the end another process already kept
+            return stamped  # an observation older than the end another process already kept
         rec["last_state"] = last
         return True
 
     stored = update(record["id"], record["backend"], change)
     if stored is not None:
         record["last_state"] = stored.get("last_state")
+        if isinstance(stored.get("run"), dict):
+            record["run"] = stored["run"]
+
+
+def _seen(status, now: float) -> Callable[[dict], bool] | None:
+    """What a waiting process's sight of ``status`` at ``now`` adds to a run's attempt: when it was
+    first seen running, and seen ended (its start then too, if never seen running), each kept
+    once; a function that adds them to a record (a copy, when only asking) and says whether it did."""
+    if not (status.value == "RUNNING" or status.terminal):
+        return None
+
+    def stamp(rec: dict) -> bool:
+        run = rec.get("run")
+        if not isinstance(run, dict):
+            return False
+        if status.terminal:
+            if "observed_end" in run:
+                return False
+            rec["run"] = run = dict(run)
+            run.setdefault("observed_start", now)
+            run["observed_end"] = now
+            return True
+        if "observed_start" in run:
+            return False
+        rec["run"] = run = dict(run)
+        run["observed_start"] = now
+        return True
+
+    return stamp
 
 
 def public(record: dict) -> dict:
@@ -582,13 +613,19 @@ def save_new(record: dict, rendered: str) -> str:
     return write(_with_text(record, rendered))
 
 
-def decide(record: dict, rendered: str) -> dict:
+def decide(record: dict, rendered: str, from_job: str | None = None) -> dict:
     """Keep ``record``, a run's next attempt not started yet, unless a record of the same attempt
     of the run is kept already: one transaction, so that the attempt's identity is decided once,
-    before it starts, and whoever takes a dead actor's place starts that one (runs.py). The
+    before it starts, and whoever carries a dead actor's work on starts that one (the local
+    keeper: halo_sched/keeper.py). With ``from_job`` (the failed attempt it follows), the same
+    transaction marks ``from_job``'s successor as being started: a ``successors`` row with no job
+    yet, so that no reader takes the attempt for started before :func:`link` names it. The
     record kept: this one, or the earlier decision."""
     run = record["run"]
     with _store().write() as con:
+        if from_job is not None:
+            con.execute("INSERT OR IGNORE INTO successors (run_id, backend, from_job, job) VALUES (?, ?, ?, NULL)",
+                        (run["id"], record["backend"], from_job))
         for (data,) in con.execute("SELECT data FROM jobs WHERE run_id = ? AND backend = ? AND attempt = ? "
                                    "AND data IS NOT NULL ORDER BY submitted", (run["id"], record["backend"],
                                                                               run["attempt"])):
@@ -597,6 +634,77 @@ def decide(record: dict, rendered: str) -> dict:
                 return rec
         _put(con, _with_text(record, rendered))
         return record
+
+
+def successor(run_id: str, backend: str, job_id: str) -> str | None:
+    """The attempt of run ``run_id`` started after ``job_id`` failed, as the store knows it (a
+    ``successors`` row: :func:`link`, :func:`adopt`); None while it is being started (the row
+    has no job yet: :func:`decide`) or when none was. A run recorded without rows (an earlier
+    release's files, a record written by hand): the record of the next attempt number, when
+    there is exactly one. One query."""
+    from . import db
+
+    if not db.exists():
+        return None
+    rows = db.read("SELECT 1, job FROM successors WHERE run_id = ? AND backend = ? AND from_job = ? "
+                   "UNION ALL SELECT 0, b.id FROM jobs a JOIN jobs b ON b.run_id = a.run_id AND b.backend = a.backend "
+                   "AND b.attempt = a.attempt + 1 WHERE a.id = ? AND a.backend = ? AND a.run_id = ? "
+                   "AND a.data IS NOT NULL AND b.data IS NOT NULL",
+                   (run_id, backend, job_id, job_id, backend, run_id))
+    named = [job for kind, job in rows if kind == 1]
+    if named:  # None while it is being started (its record may be there: decided, perhaps not started)
+        return named[0]
+    later = [job for _, job in rows]
+    return later[0] if len(later) == 1 else None
+
+
+def being_started(run_id: str, backend: str, job_id: str) -> bool:
+    """Whether ``job_id``'s successor was decided and not named yet (:func:`decide`, :func:`link`)."""
+    from . import db
+
+    return db.exists() and bool(db.read("SELECT 1 FROM successors WHERE run_id = ? AND backend = ? AND from_job = ? "
+                                        "AND job IS NULL", (run_id, backend, job_id)))
+
+
+def position(job_id: str, backend: str) -> tuple[str, int]:
+    """The run ``job_id`` is an attempt of and its number from 0, as its record says (the job
+    itself and 0 without one)."""
+    run = (find(job_id, backend) or [{}])[0].get("run")
+    run = run if isinstance(run, dict) else {}
+    attempt = run.get("attempt")
+    number = attempt if isinstance(attempt, int) and not isinstance(attempt, bool) and 0 <= attempt < 2 ** 31 else 0
+    return (run.get("id") if isinstance(run.get("id"), str) and run.get("id") else job_id), number
+
+
+def unended(ids: list[str], backend: str) -> list[str]:
+    """Of ``ids``, the jobs whose last state kept has the scheduler's start but not its end."""
+    out = []
+    for job_id in ids:
+        last = (find(job_id, backend, on_bad=None) or [{}])[0].get("last_state") or {}
+        if isinstance(last.get("started_at"), (int, float)) and not isinstance(last.get("ended_at"), (int, float)):
+            out.append(job_id)
+    return out
+
+
+def keep_states(backend: str, states: dict) -> None:
+    """Keep each job's state (job id -> JobState) in its record (:func:`update_state`)."""
+    for job_id, state in states.items():
+        for rec in find(job_id, backend, on_bad=None)[:1]:
+            update_state(rec, state)
+
+
+def link(run_id: str, backend: str, from_job: str, job: str) -> None:
+    """Name ``job`` as the successor of ``from_job`` in run ``run_id``, once it was started
+    (:func:`decide` marked it being started): from now on every reader follows it."""
+    with _store().write() as con:
+        _link(con, run_id, backend, from_job, job)
+
+
+def _link(con, run_id: str, backend: str, from_job: str, job: str) -> None:
+    con.execute("INSERT OR IGNORE INTO successors (run_id, backend, from_job, job) VALUES (?, ?, ?, ?)",
+                (run_id, backend, from_job, job))
+    con.execute("UPDATE successors SET job = ? WHERE run_id = ? AND backend = ? AND from_job = ? AND job IS NULL",
+                (job, run_id, backend, from_job))
 
 
 def _with_text(record: dict, rendered: str) -> dict:

@@ -6,27 +6,21 @@ record of its own; the record's ``run`` says ``{"id": RUN, "attempt": n, "exclud
 own requeues, ``SLURM_RESTART_COUNT``), the same spec, the run's git state as first recorded, and
 the hosts every earlier attempt failed on excluded (on top of the node ledger's).
 
-Where the retry happens (docs/recovery.md): on SLURM, in the failed attempt itself (its batch
-script submits the successor from inside the allocation: halo_sched/node/successor.py;
-``Scheduler.starts_successor``), or, when the attempt lost the host its batch script ran on, in
-the attempt's guardian job (halo_sched/node/guardian.py); no client ever submits an SLURM
-attempt, and any process that reads the run (``watch``, ``status RUN``, :meth:`Run.wait`)
-follows the chain from the attempt's marker beside its output file, waiting while the guardian
-may still act, and records what it finds (:func:`follow`). Local: in the run's
-keeper (halo_sched/keeper.py, one detached process per run that ``submit`` starts; waiters follow
-it and carry the run on only once it is gone). Nomad: in a process that waits on the run
-(``submit --wait``, ``watch``, :meth:`Run.wait`); without one, a failed attempt stays failed.
-Exactly one next attempt per failed attempt, however many processes wait on the run: the one
-that submits it first claims the failed attempt in the history store (a ``successors`` row,
-inserted in one transaction: halo_sched/db.py); the others wait for the claimant to record the
-new attempt's id and then follow it. A waiter always starts from the run's newest attempt, so
-watching a run that already went on (or ended) never submits anything for an attempt that has a
-successor. A claim whose process died before it recorded the new attempt (same host, process
-gone or a zombie) or that outlived :data:`CLAIM_S` can be taken over. What the new claimant then
-finds is the backend's to say: local, the attempt the dead one decided (its record, kept before
-its job was started: ``LocalScheduler.submit_attempt``), started or adopted; Nomad, the version
-registered for the attempt (its Meta), recorded. A claim's row stays
-once made: while it has no job, no reader follows an attempt's record by its number.
+Who starts the next attempt (docs/recovery.md): each backend's one actor, never a client. On
+SLURM, the failed attempt itself (its batch script submits the successor from inside the
+allocation: halo_sched/node/successor.py), or, when the attempt lost the host its batch script
+ran on, the attempt's guardian job (halo_sched/node/guardian.py); locally, the run's keeper
+(halo_sched/keeper.py, one detached process per run that ``submit`` starts: it decides each next
+attempt and records it before it starts, so that exactly one follows a failure whichever step it
+dies at); on Nomad, the keeper task group inside the job (halo_sched/node/nomad_keeper.py: a new
+version of the job, exactly once by ``EnforceIndex``; a job without a keeper,
+``nomad.keeper: false``, is not retried). Every process that reads a run (``submit --wait``,
+``watch``, ``status RUN``, ``list``, :meth:`Run.wait`) only follows the chain from the store's
+``successors`` rows, else from where the actor left it (:meth:`Scheduler.successor_of`: SLURM's
+marker beside the output file, a Nomad version's Meta), and records what it finds
+(:func:`follow`, records.adopt): it submits nothing. One that waits on a local run whose keeper
+is gone starts a new keeper (``Scheduler.start_owner``), as Nomad places a lost keeper group
+again; the keeper carries the run on from the attempt the dead one decided.
 
 Cost: each attempt's node-hours are nodes (servers, slurm.spare_nodes and nomad.spare_nodes included) x wall time, GPU-hours nodes x gpus_per_node x wall
 time; the wall time is the scheduler's own start and end where the backend reports them
@@ -36,21 +30,15 @@ process saw the attempt running and ended (``clock: observed``).
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from . import records
-from .backends import base
 from .backends.base import Job, JobState, JobStatus, Scheduler
 from .errors import HaloError
 from .node.failure_classes import RETRIED, Classification
 from .node.text import epoch_time
-
-#: How long a claim to submit a failed attempt's successor holds without its successor's id
-#: (a submit through an outage is bounded well below it: halo_sched/outage.py).
-CLAIM_S = 900.0
 
 def wants_retry(spec, state: JobState, attempt: int) -> tuple[bool, str]:
     """Whether attempt ``attempt`` (0-based) ending in ``state`` starts another, and why not/why
@@ -77,56 +65,20 @@ def culprit(state: JobState) -> str:
     return host if host and valid_host(host) else ""
 
 
-def _observe(backend: str, job_id: str, state: JobState) -> None:
-    """Keep, in the attempt's record, when the waiting process saw it running and ended (the
-    fallback clock when the scheduler reports neither): one transaction, so concurrent observers
-    and state updates never lose each other's writes."""
-    from .backends.jobstate import JobStatus as S
-
-    if not (state.status is S.RUNNING or state.status.terminal):
-        return
-    now = time.time()
-
-    def change(rec: dict) -> bool:
-        run = rec.get("run")
-        if not isinstance(run, dict):
-            return False
-        changed = False
-        if state.status is S.RUNNING and "observed_start" not in run:
-            run["observed_start"] = now
-            changed = True
-        if state.status.terminal and "observed_end" not in run:
-            run.setdefault("observed_start", now)
-            run["observed_end"] = now
-            changed = True
-        return changed
-
-    try:
-        records.update(job_id, backend, change)
-    except (OSError, HaloError):
-        pass
-
-
 def _settle_times(sched: Scheduler, ids: list[str]) -> None:
-    """The earlier attempts whose record has the scheduler's start but not its end, asked once
-    more as the run ends (Nomad: the wait on a failed attempt returns once the watcher stopped
-    the survivors, before their tasks' FinishedAt; by the last attempt's end they have one).
-    One query for them all; a scheduler that does not answer leaves the observed times."""
-    missing = []
-    for job_id in ids:
-        last = ((records.find(job_id, sched.name) or [{}])[0].get("last_state") or {})
-        if isinstance(last.get("started_at"), (int, float)) and not isinstance(last.get("ended_at"), (int, float)):
-            missing.append(job_id)
+    """The earlier attempts whose record has the scheduler's start but not its end
+    (records.unended), asked once more as the run ends (Nomad: the wait on a failed attempt
+    returns once the watcher stopped the survivors, before their tasks' FinishedAt; by the last
+    attempt's end they have one), and their states kept (records.keep_states). One query for them
+    all; a scheduler that does not answer leaves the observed times."""
+    missing = records.unended(ids, sched.name)
     if not missing:
         return
     try:
         states = sched.query(missing)
     except HaloError:
         return
-    from .core import note
-
-    for job_id, st in states.items():
-        note(sched.name, job_id, st, sched)
+    records.keep_states(sched.name, states)
 
 
 def next_spec(spec, run_id: str, number: int, exclude: tuple[str, ...], git: dict | None):
@@ -140,53 +92,16 @@ def next_spec(spec, run_id: str, number: int, exclude: tuple[str, ...], git: dic
     return nxt
 
 
-def _me() -> str:
-    import socket
-
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _gone(claimant: str) -> bool:
-    """Whether the process of a claim is known to be gone (on this host only: elsewhere, the lease)."""
-    import socket
-
-    from .node.processes import same_process
-
-    host, _, pid = claimant.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    return not same_process(int(pid), None)  # a zombie is gone too (its parent may live on: submit --wait)
-
-
-def successor(run_id: str, backend: str, job_id: str) -> str | None:
-    """The attempt submitted after ``job_id`` failed, when one was."""
-    from . import db
-
-    if not db.exists():
-        return None
-    rows = db.read("SELECT job FROM successors WHERE run_id = ? AND backend = ? AND from_job = ?",
-                   (run_id, backend, job_id))
-    if rows:  # None while it is being started (its record may be there: decided, perhaps not started)
-        return rows[0][0]
-    # Runs recorded before successors were: the record of the next attempt number.
-    recs = records.of_run(run_id, backend)
-    numbers = {r["id"]: number((r.get("run") or {}).get("attempt")) for r in recs}
-    if job_id in numbers:
-        later = [r["id"] for r in recs if numbers[r["id"]] == numbers[job_id] + 1]
-        if len(later) == 1:
-            return later[0]
-    return None
-
-
 #: How long a reader waits, after a failed SLURM attempt ended, for the successor its batch script
 #: submits (it is written before the script exits, so normally at once; a shared filesystem may lag).
 SUCCESSOR_WAIT_S = 30.0
 
 
 def follow(sched: Scheduler, run_id: str, job_id: str) -> str | None:
-    """The attempt that failed attempt ``job_id`` submitted itself (a scheduler that
-    ``starts_successor``), recorded in the store once found (records.adopt: idempotent, from any
-    number of readers); None when it has none (yet)."""
+    """The attempt that failed attempt ``job_id``'s actor started (a scheduler that
+    ``starts_successor``: SLURM's marker, a Nomad keeper's version), recorded in the store once
+    found (records.adopt: idempotent, from any number of readers), and its ``retried`` event
+    queued by the reader that recorded it; None when it has none (yet)."""
     if not getattr(sched, "starts_successor", False):
         return None
     rec = (records.find(job_id, sched.name, on_bad=None) or [None])[0]
@@ -206,7 +121,8 @@ def follow(sched: Scheduler, run_id: str, job_id: str) -> str | None:
     if found.get("guardian"):  # the new attempt's own guardian (SLURM: node/guardian.py), for cancel and readers
         new["guardian"] = found["guardian"]
     try:
-        records.adopt(new, run_id, job_id)
+        if records.adopt(new, run_id, job_id):  # first found here: its `retried` event queued (notify:)
+            _notify_retried(rec, found.get("retry_on") or "node", found["job"], number(run.get("attempt")) + 1)
     except (OSError, HaloError):
         pass  # the store busy or broken: the chain is still followed, and recorded by a later reader
     return found["job"]
@@ -214,55 +130,56 @@ def follow(sched: Scheduler, run_id: str, job_id: str) -> str | None:
 
 def next_attempt(sched: Scheduler, run_id: str, job_id: str) -> str | None:
     """The attempt after ``job_id``: as the store knows it, else as the failed attempt left it."""
-    return successor(run_id, sched.name, job_id) or follow(sched, run_id, job_id)
+    return records.successor(run_id, sched.name, job_id) or follow(sched, run_id, job_id)
 
 
-def _being_started(run_id: str, backend: str, job_id: str) -> bool:
-    """Whether a live process holds the claim to start ``job_id``'s successor and has not recorded
-    it yet (:func:`claim`): the run's next attempt is on its way."""
-    from . import db
-
-    if not db.exists():
-        return False
-    rows = db.read("SELECT job, claimed_by, claimed_until FROM successors WHERE run_id = ? AND backend = ? "
-                   "AND from_job = ?", (run_id, backend, job_id))
-    return bool(rows) and not rows[0][0] and rows[0][2] >= time.time() and not _gone(rows[0][1])
+def _being_started(sched: Scheduler, run_id: str, job_id: str) -> bool:
+    """Whether ``job_id``'s successor is on its way: decided by the run's live actor and not
+    started yet (local: the keeper, records.decide marked it)."""
+    return records.being_started(run_id, sched.name, job_id) and not sched.owner_gone(run_id)
 
 
 #: How often a reader asks whether a failed attempt's guardian still pends or runs (s).
 GUARDIAN_POLL_S = 2.0
 
 
-def _await_successor(sched: Scheduler, run_id: str, job_id: str, wait_s: float, poll_s: float) -> str | None:
-    """The successor of failed attempt ``job_id``, waited for ``wait_s`` seconds (its batch script
-    writes it before it exits), and on while the attempt's guardian may still start it
-    (:meth:`Scheduler.guardian_alive`: pending until the attempt's end is known to SLURM, then
-    running for seconds); None when none came. Stops early when the run's keeper is gone (local)."""
+#: How many times a reader starts a local run's keeper again for one failed attempt (each one
+#: killed before it started the next attempt) before it gives the run up.
+OWNER_STARTS = 3
+
+
+def _await_successor(sched: Scheduler, run_id: str, job_id: str, goes_on: bool, poll_s: float) -> str | None:
+    """The successor of failed attempt ``job_id`` as its run's actor starts it, or None when none
+    came. A failure the run retries (``goes_on``) is waited on for the scheduler's
+    ``successor_wait_s`` (:data:`SUCCESSOR_WAIT_S` unless it says otherwise: SLURM's batch script
+    writes it before it exits, the local keeper starts it at once, a Nomad keeper settles and
+    registers), and on while something outside the attempt may still start it
+    (:meth:`Scheduler.guardian_alive`: SLURM's guardian job, pending until the attempt's end is
+    known, then running for seconds); any other end is looked at once (a lost SLURM node the
+    reader cannot see is its guardian's). When the run's actor is gone (local: the keeper,
+    killed; :meth:`Scheduler.owner_gone`), a new one is started (:meth:`Scheduler.start_owner`,
+    at most :data:`OWNER_STARTS` times), which starts the attempt: this process starts none."""
+    wait_s = getattr(sched, "successor_wait_s", SUCCESSOR_WAIT_S) if goes_on else 0.0
     deadline = time.monotonic() + wait_s
-    asked_at, alive = 0.0, True
+    asked_at, alive, starts = 0.0, True, 0
     while (nxt := next_attempt(sched, run_id, job_id)) is None:
-        if sched.owner_gone(run_id):
-            return None
+        if goes_on and sched.owner_gone(run_id):
+            if starts >= OWNER_STARTS or not sched.start_owner(run_id):
+                return next_attempt(sched, run_id, job_id)
+            starts += 1
+            deadline = time.monotonic() + wait_s
+            continue
         now = time.monotonic()
         if now >= deadline:
             if now - asked_at >= GUARDIAN_POLL_S:
-                rec = (records.find(job_id, sched.name, on_bad=None) or [{}])[0]
-                alive, asked_at = sched.guardian_alive(rec), now
+                alive, asked_at = sched.guardian_alive(job_id), now
             if not alive:
                 return next_attempt(sched, run_id, job_id)
         time.sleep(poll_s)
     return nxt
 
 
-def _marker_why(sched: Scheduler, job_id: str) -> str:
-    """The ``retry.on`` word the successor of ``job_id`` was started for, as its marker says."""
-    rec = (records.find(job_id, sched.name, on_bad=None) or [None])[0]
-    found = sched.successor_of(rec) if rec is not None else None
-    word = (found or {}).get("retry_on")
-    return word if isinstance(word, str) else "node"
-
-
-#: How long a cancel waits for an attempt being started (a claim held, its job not recorded yet).
+#: How long a cancel waits for an attempt being started (decided by the run's live actor, not named yet).
 STARTING_WAIT_S = 30.0
 
 
@@ -283,8 +200,8 @@ class Newest:
 def newest_attempt(sched: Scheduler, job_id: str, wait_s: float = STARTING_WAIT_S, poll_s: float = 0.2) -> Newest:
     """The newest attempt of the run ``job_id`` (any attempt of it) belongs to, pending or running
     or ended: the chain followed as :func:`next_attempt` knows it (the store, the marker a failed
-    SLURM attempt left); an attempt whose successor is being started by a live process (its claim
-    held, no job recorded) is waited on for up to ``wait_s`` seconds, so that a cancel stops the
+    SLURM attempt left); an attempt whose successor is being started (decided by the run's live
+    keeper, not named yet) is waited on for up to ``wait_s`` seconds, so that a cancel stops the
     attempt about to run rather than the one that failed. A job of no run is itself."""
     rec = (records.find(job_id, sched.name, on_bad=None) or [None])[0]
     run = rec.get("run") if isinstance(rec, dict) and isinstance(rec.get("run"), dict) else None
@@ -299,7 +216,7 @@ def newest_attempt(sched: Scheduler, job_id: str, wait_s: float = STARTING_WAIT_
             seen.add(nxt)
             current, count = nxt, count + 1
             continue
-        if nxt is None and time.monotonic() < deadline and _being_started(run_id, sched.name, current):
+        if nxt is None and time.monotonic() < deadline and _being_started(sched, run_id, current):
             time.sleep(poll_s)
             continue
         return Newest(current, count, run_id)
@@ -354,142 +271,60 @@ def _ended(backend: str, job_id: str) -> bool:
         return False
 
 
-def claim(run_id: str, backend: str, job_id: str) -> tuple[bool, str | None]:
-    """Claim the right to submit ``job_id``'s successor: (True, None) when this process holds it
-    now; (False, id) when the successor exists; (False, None) when another live process holds it."""
-    from . import db
-
-    now = time.time()
-    with db.write() as con:
-        row = con.execute("SELECT job, claimed_by, claimed_until FROM successors WHERE run_id = ? AND backend = ? "
-                          "AND from_job = ?", (run_id, backend, job_id)).fetchone()
-        if row is None:
-            con.execute("INSERT INTO successors (run_id, backend, from_job, job, claimed_by, claimed_until) "
-                        "VALUES (?, ?, ?, NULL, ?, ?)", (run_id, backend, job_id, _me(), now + CLAIM_S))
-            return True, None
-        if row[0]:
-            return False, row[0]
-        if row[2] < now or _gone(row[1]):
-            con.execute("UPDATE successors SET claimed_by = ?, claimed_until = ? WHERE run_id = ? AND backend = ? "
-                        "AND from_job = ?", (_me(), now + CLAIM_S, run_id, backend, job_id))
-            return True, None
-        return False, None
-
-
-def _settle_claim(run_id: str, backend: str, job_id: str, new: str | None) -> None:
-    """Record the successor a claim submitted, or (``new`` None: the submit failed) give the claim
-    up: the row stays, expired, so that no reader takes an attempt decided but not started for
-    the successor (:func:`successor`) and the next claimant starts that one."""
-    from . import db
-
-    with db.write() as con:
-        if new is None:
-            con.execute("UPDATE successors SET claimed_until = 0 WHERE run_id = ? AND backend = ? AND from_job = ? "
-                        "AND job IS NULL AND claimed_by = ?", (run_id, backend, job_id, _me()))
-        else:
-            con.execute("UPDATE successors SET job = ? WHERE run_id = ? AND backend = ? AND from_job = ?",
-                        (new, run_id, backend, job_id))
-
-
-def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str, Callable], JobState],
+def wait_run(sched: Scheduler, spec, job_id: str, wait: Callable[[str], JobState],
              on_retry: Callable[[str, JobState, str, str], None] | None = None,
-             on_follow: Callable[[str, str], None] | None = None, poll_s: float = 0.5,
-             owner: bool = False) -> tuple[str, JobState]:
-    """Wait on the run that ``job_id`` (an attempt of it) belongs to, from its newest attempt;
-    after a failure ``retry.on`` lists, submit the next attempt (or follow the one another
-    process submitted: see the module's doc) and wait on it, until one ends otherwise or the
-    attempts run out. ``wait(job_id, observe)`` waits on one attempt, calling ``observe(state)``
-    on each new state. ``on_retry(old_id, state, why, new_id)`` hears of each attempt this
-    process submitted or saw submitted after the failure it waited on, ``on_follow(old_id, new_id)``
-    of each it found submitted before it came. Returns the last attempt's (id, final state). A scheduler that ``starts_successor`` has its next attempts
-    submitted by someone else (SLURM: the failed attempt; local: the run's keeper, halo_sched/keeper.py,
-    the one that calls this with ``owner``): this waits up to SUCCESSOR_WAIT_S for it and follows
-    it; a local run whose keeper is gone (``owner_gone``) is carried on by this process."""
-    first = (records.find(job_id, sched.name) or [{}])[0]
-    run_id = (first.get("run") or {}).get("id") or job_id
+             on_follow: Callable[[str, str], None] | None = None, poll_s: float = 0.5) -> tuple[str, JobState]:
+    """Wait on the run that ``job_id`` (an attempt of it) belongs to, from its newest attempt,
+    and on each next attempt its actor starts, until one ends and none follows. A read: the
+    next attempt is its actor's (SLURM: the failed attempt's batch script or its guardian; local:
+    the run's keeper, halo_sched/keeper.py; Nomad: the keeper task group of the job), waited for
+    as long as that actor may still start it (:func:`_await_successor`) and followed; this
+    process submits nothing, and records what it finds (:func:`next_attempt`). ``wait(job_id)``
+    waits on one attempt (keeping each state it sees as an actor does: core.note) and returns
+    its last state. ``on_retry(old_id, state, why, new_id)`` hears of each next attempt started
+    after a failure this process waited on, ``on_follow(old_id, new_id)`` of each it found
+    started before it came. Returns the last attempt's (id, final state)."""
+    run_id, count = records.position(job_id, sched.name)
     current = job_id
     earlier: list[str] = []
-    # What this process knows of the attempt waited on, should its record say less (a record
-    # that could not be written): the count only grows, the excluded hosts only add up.
-    count = number((first.get("run") or {}).get("attempt"))
-    exclude: tuple[str, ...] = ()
     while True:
         while (nxt := next_attempt(sched, run_id, current)) is not None:
             earlier.append(current)
             if on_follow is not None:
                 on_follow(current, nxt)
             current, count = nxt, count + 1
-        rec = (records.find(current, sched.name) or [{}])[0]
-        run = rec.get("run") if isinstance(rec.get("run"), dict) else {}
-        count = max(count, number(run.get("attempt")))
-        exclude = tuple(dict.fromkeys(exclude + tuple(h for h in run.get("excluded") or () if isinstance(h, str))))
-        state = wait(current, lambda st, cur=current: _observe(sched.name, cur, st))
-        _observe(sched.name, current, state)
+        state = wait(current)
+        if state.status is JobStatus.COMPLETED or not state.status.terminal:
+            break
         again, why = wants_retry(spec, state, count)
-        successors = getattr(sched, "starts_successor", False) and not owner
-        if not again and not (successors and state.status.terminal and state.status is not JobStatus.COMPLETED):
-            _settle_times(sched, earlier)
-            return current, state
-        if successors:  # submitted by another (SLURM: the attempt's batch script or its guardian): followed
-            wait_s = getattr(sched, "successor_wait_s", SUCCESSOR_WAIT_S) if again else 0.0
-            nxt = _await_successor(sched, run_id, current, wait_s, poll_s)
-            if nxt is not None:
-                why = why or _marker_why(sched, current)
-                if on_retry is not None:  # the retry this process saw happen, though another submitted it
-                    on_retry(current, state, why, nxt)
-                _notify_retried(sched.name, current, state, why, nxt, count + 1)  # once per (job, event)
-                earlier.append(current)
-                current, count = nxt, count + 1
-                continue
-            # Nobody submitted one: the run ends here. No client submits an SLURM attempt (a
-            # lost node is the attempt's guardian's: docs/recovery.md, "A node lost outright"),
-            # nor a Nomad attempt of a job that carries its keeper (the keeper registers them, a
-            # waiter follows); a local run whose keeper is gone is carried on by this process, below.
-            if not again or not _waiter_submits(sched, run_id, state):
-                _settle_times(sched, earlier)
-                return current, state
-        mine, new = claim(run_id, sched.name, current)
-        while not mine and new is None:  # another process is submitting it: follow what it records
-            time.sleep(poll_s)
-            mine, new = claim(run_id, sched.name, current)
-        if not mine:
-            continue  # the successor exists: the loop's head follows it
-        base.step("claimed")
-        host = culprit(state)
-        nxt_spec = next_spec(spec, run_id, count + 1, exclude + ((host,) if host else ()), first.get("git"))
-        # Nomad: a new version of the same job (its id names the version); SLURM, local: a new
-        # job (Scheduler.submit_attempt's default, which is submit).
-        resubmit = getattr(sched, "submit_attempt", None)
-        try:
-            new = (resubmit(nxt_spec, current) if resubmit is not None else sched.submit(nxt_spec)).id
-        except BaseException:
-            _settle_claim(run_id, sched.name, current, None)
-            raise
-        _settle_claim(run_id, sched.name, current, new)
-        base.step("recorded")
-        if on_retry is not None:
-            on_retry(current, state, why, new)
-        _notify_retried(sched.name, current, state, why, new, count + 1)
+        nxt = _await_successor(sched, run_id, current, again, poll_s)
+        if nxt is None:
+            break
+        if on_retry is not None:  # the retry this process saw happen: its actor started it
+            on_retry(current, state, why or _retry_word(state), nxt)
         earlier.append(current)
-        exclude = exclude + ((host,) if host else ())
-        current, count = new, count + 1
+        current, count = nxt, count + 1
+    _settle_times(sched, earlier)
+    return current, state
 
 
-def _waiter_submits(sched: Scheduler, run_id: str, state: JobState) -> bool:
-    """``Scheduler.waiter_submits`` (base.py); a scheduler object without it, as before it was."""
-    decide = getattr(sched, "waiter_submits", None)
-    if decide is not None:
-        return decide(run_id, state)
-    return sched.owner_gone(run_id)
+def _retry_word(state: JobState) -> str:
+    """The ``retry.on`` word of a failure that this process would not retry and the run's actor
+    did (a lost SLURM node it cannot see from here): its failure class's, else ``node``."""
+    cls = state.failure_class()
+    return cls.failure.retry_on if cls is not None and cls.failure.retry_on else "node"
 
 
-def _notify_retried(backend: str, old: str, state: JobState, why: str, new: str, attempt: int) -> None:
-    """The ``retried`` event of ``notify:`` (halo_sched/notify.py), once per failed attempt that
-    started another: sent by the process that resubmitted, the only one that knows it did."""
+def _notify_retried(rec: dict, why: str, new: str, attempt: int) -> None:
+    """The ``retried`` event of ``notify:`` (halo_sched/notify.py) for the failed attempt of
+    ``rec``, followed by attempt ``attempt`` (0-based) ``new``: queued once per job and event by
+    whoever recorded the new attempt first (the local keeper that started it, a reader that found
+    it), delivered by an actor."""
     from . import notify
 
-    for rec in records.find(old, backend)[:1]:
-        notify.send(rec, RETRIED, f"attempt {attempt + 1} ({new}) after {why}: {state.describe()}", attempt=attempt)
+    last = rec.get("last_state") if isinstance(rec.get("last_state"), dict) else {}
+    said = last.get("describe") if isinstance(last.get("describe"), str) else "ended"
+    notify.send(rec, RETRIED, f"attempt {attempt + 1} ({new}) after {why}: {said}", attempt=attempt, start=False)
 
 
 # ---- a run's attempts and what they cost ------------------------------------------------------
@@ -627,9 +462,8 @@ class Run(Job):
     ``id`` is the run's (its first attempt's job id); ``current`` the newest attempt, on which
     ``status()``, ``done()``, ``cancel()`` and ``logs()`` act. ``wait()`` is ``submit --wait``'s:
     it waits through a scheduler outage, keeps each state in the job records (the node ledger
-    and ``notify:`` hear of it there), and after a failure ``retry.on`` lists submits the next
-    attempt (or follows the one another process submitted: exactly one per failed attempt) until
-    one ends otherwise. ``result()`` raises for a run that did not complete (Job.result)."""
+    and ``notify:`` hear of it there), and after a failure follows the next attempt the run's
+    actor starts (it submits none: :func:`wait_run`) until one ends and none follows. ``result()`` raises for a run that did not complete (Job.result)."""
 
     def __init__(self, scheduler: Scheduler, run_id: str, spec=None, current: str | None = None,
                  submitted: bool = False):
@@ -651,7 +485,7 @@ class Run(Job):
             return cls(sched, sched.submit(spec).id, spec, submitted=True)
 
     def _newest(self) -> Job:
-        """The newest attempt (another process may have submitted it since)."""
+        """The newest attempt (the run's actor may have started another since)."""
         current = self.current.id
         while (nxt := next_attempt(self.scheduler, self.id, current)) is not None:
             current = nxt
@@ -668,7 +502,8 @@ class Run(Job):
              timeout_per_attempt: float | None = None) -> JobState:
         """Until the run ends: its last attempt's final state (or, past ``timeout`` seconds in
         all or ``timeout_per_attempt`` on one attempt, the current attempt's state so far).
-        ``on_retry(old_id, state, why, new_id)`` hears of each attempt this call submitted;
+        ``on_retry(old_id, state, why, new_id)`` hears of each next attempt the run's actor
+        started after a failure this call waited on;
         ``on_change(state)`` of each new state of each attempt; the rest as :meth:`Job.wait`
         (``poll``/``max_poll`` for an attempt this call did not submit: one it did is waited on
         as ``submit --wait`` waits)."""
@@ -681,18 +516,13 @@ class Run(Job):
                       if b is not None]
             return min(bounds) if bounds else None
 
-        def one(job_id: str, observe) -> JobState:
-            def seen(st: JobState) -> None:
-                observe(st)
-                if on_change is not None:
-                    on_change(st)
-
+        def one(job_id: str) -> JobState:
             if job_id in self._submitted_here:  # just submitted: the backend's guard first
-                st = wait_after_submit(self.scheduler, self.spec, job_id, timeout=left(), on_change=seen,
+                st = wait_after_submit(self.scheduler, self.spec, job_id, timeout=left(), on_change=on_change,
                                        outage_s=outage_s)
             else:
                 st = self.scheduler.wait(job_id, timeout=left(), poll=poll, max_poll=max_poll,
-                                         on_change=noting(self.scheduler.name, job_id, seen, self.scheduler),
+                                         on_change=noting(self.scheduler.name, job_id, on_change, self.scheduler),
                                          outage_s=outage_s, on_outage=on_outage)
                 note(self.scheduler.name, job_id, st, self.scheduler)
             return st
@@ -704,7 +534,7 @@ class Run(Job):
 
         spec = self.spec if self.spec is not None else recorded_spec(self.scheduler.name, self.id)
         if spec is None or getattr(spec, "retry", None) is None:  # one attempt: no run to follow
-            last_id, state = self._newest().id, one(self._newest().id, lambda st: None)
+            last_id, state = self._newest().id, one(self._newest().id)
         else:
             self.spec = spec
             last_id, state = wait_run(self.scheduler, spec, self._newest().id, one, retried)
@@ -714,7 +544,7 @@ class Run(Job):
     async def wait_async(self, timeout: float | None = None) -> JobState:
         """:meth:`wait` for asyncio, holding no thread while an attempt runs: each attempt is
         awaited on the shared watcher (halo_sched/backends/watcher.py); what follows an attempt's end
-        (keeping its state, a retry's claim and submit) runs once in the loop's executor."""
+        (keeping its state, following the next attempt) runs once in the loop's executor."""
         import asyncio
 
         from .backends.watcher import wait_async
@@ -732,12 +562,11 @@ class Run(Job):
             def after(ended: JobState = state, cur: str = current) -> JobState:
                 one_shot = {cur: ended}
 
-                def known(job_id: str, observe) -> JobState:
+                def known(job_id: str) -> JobState:
                     if job_id in one_shot:
                         st = one_shot.pop(job_id)
-                    else:  # the next attempt, just submitted: its state now, awaited above
+                    else:  # the next attempt, just started: its state now, awaited above
                         st = self.scheduler.query([job_id])[job_id]
-                    observe(st)
                     from .core import note
 
                     note(self.scheduler.name, job_id, st, self.scheduler)
@@ -745,7 +574,7 @@ class Run(Job):
 
                 spec = self.spec if self.spec is not None else recorded_spec(self.scheduler.name, self.id)
                 if spec is None or getattr(spec, "retry", None) is None:
-                    return known(cur, lambda st: None)
+                    return known(cur)
                 self.spec = spec
                 last, st = wait_run(self.scheduler, spec, cur, known)
                 self.current = Job(self.scheduler, last)
@@ -891,7 +720,7 @@ def _followed(rows, scheduler) -> list[tuple[str, str]]:
             if not JobStatus(status).terminal:
                 continue
             sched = scheduler(r["backend"])
-            if getattr(sched, "starts_successor", False) and successor(of_run["id"], r["backend"], r["id"]) is None:
+            if getattr(sched, "starts_successor", False) and records.successor(of_run["id"], r["backend"], r["id"]) is None:
                 job = follow(sched, of_run["id"], r["id"])
                 if job is not None:
                     found.append((r["backend"], job))

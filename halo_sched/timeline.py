@@ -648,7 +648,7 @@ def gather(job_id: str, backend: str, sched, now: float | None = None) -> tuple[
         report = report_from_files(rec["outputs"], rec.get("failure_key") or "")
     tl = Timeline(job_id, name=str(rec.get("name") or ""), backend=backend, now=now, report=report)
     if state is not None:
-        from .backends.jobstate import JobStatus
+        from .jobstate import JobStatus
 
         tl.state = state.describe()
         tl.cancelled = state.status is JobStatus.CANCELLED

@@ -2,14 +2,15 @@
 10): ``cancel RUN`` (or the id of any of its attempts) follows the chain of attempts as ``status
 RUN`` does (halo_sched/runs.py ``newest_attempt``: the store's successors, the marker a failed
 SLURM attempt left beside its output) and cancels the newest, saying which attempt of which run
-it was; one whose successor is being started (a live claim, no job yet) waits for it. A first
+it was; one whose successor is being started (decided by the run's live keeper, not started yet)
+waits for it. A first
 attempt that FAILED is no reason to say "already ended" while its successor waits to run.
 Stand-ins only: local job directories, the fake Nomad API, a SLURM marker file."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import socket
 import sys
 import time
 
@@ -44,8 +45,22 @@ def _local_attempt(job_id: str, run_id: str | None, number: int, state: str) -> 
 
 
 def _settled(run_id: str, backend: str, old: str, new: str) -> None:
-    assert runs.claim(run_id, backend, old) == (True, None)
-    runs._settle_claim(run_id, backend, old, new)
+    records.link(run_id, backend, old, new)
+
+
+@contextlib.contextmanager
+def _keeper_alive(run_id: str):
+    """The run's keeper, as its lock says: held here for the block."""
+    import fcntl
+
+    from halo_sched.backends.local import keeper_lock
+
+    fd = os.open(keeper_lock("local", run_id), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _state_of(job_id: str) -> str:
@@ -75,28 +90,26 @@ def test_a_job_of_no_run_is_cancelled_as_it_is():
 
 
 def test_a_successor_being_started_is_waited_for_and_is_what_is_cancelled(monkeypatch):
-    """The keeper holds the claim on the failed attempt and has not recorded the next one yet:
-    the cancel waits for it (polled, at most runs.STARTING_WAIT_S) instead of calling the run
-    ended; here the claim settles at the first poll."""
+    """The run's keeper decided the next attempt (records.decide marked it being started) and has
+    not started it yet: the cancel waits for it (polled, at most runs.STARTING_WAIT_S) instead of
+    calling the run ended; here the keeper names it at the first poll."""
     from halo_sched.backends import get
 
     records.write(_attempt("r1", "r1", 0, last_state={"status": "FAILED"}))
-    assert runs.claim("r1", "local", "r1") == (True, None)  # held by this (live) process
+    records.decide(_attempt("a2", "r1", 1), "text", "r1")
     polls = []
 
     def poll(_s: float) -> None:
         polls.append(_s)
-        records.write(_attempt("a2", "r1", 1))
-        runs._settle_claim("r1", "local", "r1", "a2")
+        records.link("r1", "local", "r1", "a2")
 
     monkeypatch.setattr(runs.time, "sleep", poll)
-    newest = runs.newest_attempt(get("local"), "r1")
+    with _keeper_alive("r1"):
+        newest = runs.newest_attempt(get("local"), "r1")
     assert (newest.id, newest.attempt, newest.run, len(polls)) == ("a2", 1, "r1", 1)
     assert newest.words() == " (attempt 2 of run r1)"
-    # A claim whose holder is gone is not waited for (its taker starts the attempt later).
-    with db.write() as con:
-        con.execute("INSERT INTO successors VALUES ('r1', 'local', 'a2', NULL, ?, ?)",
-                    (f"{socket.gethostname()}:{2 ** 22 + 17}", time.time() + 900))
+    # An attempt decided by a keeper that is gone is not waited for (the next keeper starts it).
+    records.decide(_attempt("a3", "r1", 2), "text", "a2")
     assert runs.newest_attempt(get("local"), "r1").id == "a2" and len(polls) == 1
 
 
@@ -148,10 +161,10 @@ def test_cancel_of_a_nomad_run_stops_the_version_its_newest_attempt_is(tmp_path,
         assert "FAILED" in cli("status", job_id, env=env).stdout  # the record says it ended
         sched = NomadScheduler(client=NomadClient(NomadConfig(address=fake.address, token=TOKEN, retry_attempts=1)),
                                retry_s=5)
-        assert runs.claim(job_id, "nomad", job_id) == (True, None)
+        # Version 1 registered as the run's keeper would (here by this process) and followed.
         new = sched.submit_attempt(next_spec(halo_sched.load(str(tmp_path / "job.yaml")), job_id, 1, ("g1",), None),
                                    job_id).id
-        runs._settle_claim(job_id, "nomad", job_id, new)
+        records.link(job_id, "nomad", job_id, new)
         fake.set_running(job_id)
         r = cli("cancel", job_id, env=env, timeout=120)
         assert r.returncode == 0, r.stderr

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from halo_sched.backends.jobstate import JobState, JobStatus
+from halo_sched.jobstate import JobState, JobStatus
 from halo_sched.node import failure_classes as fc
 from halo_sched.node.failure_classes import classify_failure
 from halo_sched.node.failures import FailureReport, RankFailure

@@ -131,7 +131,7 @@ def test_the_status_line_of_a_wait_carries_no_escape_sequence(capsys):
     words hold a rank's escapes is shown escaped, while the progress line's own control stays."""
     from halo_sched import cli
     from halo_sched.backends.base import JobStatus
-    from halo_sched.backends.jobstate import JobState
+    from halo_sched.jobstate import JobState
     from halo_sched.commands import Progress, PipeGuard
     from halo_sched.commands.wait import _report_end
 

@@ -191,7 +191,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                      "templating", "layout", "node_runtime", "sbatch_options")),
     ("job file", ("jobfile_rules", "models", "spec")),
     ("launch plan", ("launch", "servers")),
-    ("history", ("backends.jobstate", "records", "ledger", "notify")),
+    ("history", ("jobstate", "records", "ledger", "notify")),
     ("backends", ("backends", "backends.*", "known", "outcome")),
     ("runs and the commands' core", ("core", "runs", "ettr", "keeper", "timeline", "preflight")),
     ("surface", ("", "cli", "commands", "commands.*")),
@@ -247,7 +247,7 @@ def test_the_layer_check_sees_every_import_and_every_module(tmp_path):
         "halo_sched.launch (launch plan) imports halo_sched.ledger (history)",
         "halo_sched.records (history) imports halo_sched.backends.base (backends)",
     ]
-    assert layer_of("halo_sched.backends.jobstate") == 4 and layer_of("halo_sched.backends.slurm.render") == 5
+    assert layer_of("halo_sched.jobstate") == 4 and layer_of("halo_sched.backends.slurm.render") == 5
     assert layer_of("halo_sched") == 7 and layer_of("halo_sched.node.trainers.preflight_bw") == 0
 
 

@@ -13,7 +13,7 @@ import pytest
 
 import halo_sched
 from halo_sched import ledger, records
-from halo_sched.backends.jobstate import JobState, JobStatus
+from halo_sched.jobstate import JobState, JobStatus
 from halo_sched.errors import UsageError
 from halo_sched.launch import compile_launch
 from halo_sched.node.failures import FailureReport, RankFailure

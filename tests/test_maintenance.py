@@ -264,7 +264,7 @@ def test_a_planned_swap_is_never_ledgered_a_fault_s_is(tmp_path, monkeypatch):
 
 
 def test_each_swap_s_cost_runs_from_its_warning_to_every_node_rank_training_again(tmp_path):
-    from halo_sched.backends.jobstate import _describe_spares as describe
+    from halo_sched.jobstate import _describe_spares as describe
     from halo_sched.backends.slurm.spares import spares_state, with_costs
     from halo_sched.core import _progress_firsts
 

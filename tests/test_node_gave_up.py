@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from halo_sched import records
-from halo_sched.backends.jobstate import JobState, JobStatus
+from halo_sched.jobstate import JobState, JobStatus
 from halo_sched.backends.slurm import SlurmScheduler
 from halo_sched.node.failures import entry_failure, entry_failure_in
 from halo_sched.spec import loads

@@ -401,21 +401,25 @@ def test_a_bad_spares_field_is_refused_naming_it(tmp_path, extra, backend, field
     assert r.returncode == 2 and field in r.stderr and says in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
-def test_a_waiter_never_registers_an_attempt_of_a_job_that_carries_its_keeper(tmp_path):
-    """The keeper's allocation ended without a next attempt (it failed; no policy, a bug): the
-    job is dead, and ``watch RUN`` reports the failed attempt and registers nothing itself: the
-    keeper and a waiting client never both register (the waiter carries on only a run whose job
-    has no keeper, tests/test_nomad_runs.py)."""
+@pytest.mark.parametrize("keeper", [True, False])
+def test_a_waiter_never_registers_an_attempt(tmp_path, keeper):
+    """A client only reads (issue 40 item 3). With its keeper: the keeper's allocation ended
+    without a next attempt (it failed; no policy, a bug): the job is dead, and ``watch RUN``
+    reports the failed attempt and registers nothing itself. Without one (``nomad.keeper:
+    false``): ``submit`` says the run is not retried on Nomad, and ``watch RUN`` registers nothing
+    either (an earlier release's waiter registered the next version here)."""
     with FakeNomad([FakeNode(n, gpus=0) for n in ("n0", "n1", "n2")], token=TOKEN) as fake:
         env = {k: v for k, v in os.environ.items() if not k.startswith("NOMAD_")}
         env.update(NOMAD_ADDR=fake.address, NOMAD_TOKEN=TOKEN, HALO_SCHED_HOME=str(tmp_path / "home"))
-        _spec(tmp_path)  # writes job.yaml
+        _spec(tmp_path, nomad={"driver": "raw_exec", "keeper": keeper})  # writes job.yaml
         r = cli("submit", str(tmp_path / "job.yaml"), "--backend", "nomad", "--quiet", env=env, cwd=tmp_path)
         assert r.returncode == 0, r.stderr
+        assert ("a failed attempt is not retried on Nomad" in r.stderr) is not keeper, r.stderr
         job_id = r.stdout.strip().splitlines()[-1]
         _node_fault(fake, job_id, 1)
         fake.finish(job_id, "trainer[0]", 0)
-        fake.finish(job_id, "keeper[0]", 1)
+        if keeper:
+            fake.finish(job_id, "keeper[0]", 1)
         assert fake.job_record(job_id)["Status"] == "dead"
         w = cli("watch", job_id, "--backend", "nomad", "--timeout", "60", env=env, cwd=tmp_path, timeout=120)
         assert w.returncode == 1 and "FAILED (node fault" in w.stderr, w.stderr[-2000:]

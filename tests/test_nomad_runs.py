@@ -52,7 +52,7 @@ def _env(tmp_path, fake) -> dict:
 def _job(tmp_path, trainer: str | None = None, trainer_spec: dict | None = None, keeper: bool = False,
          **extra) -> str:
     """A job file; ``keeper``: the job carries its run's keeper (the default of ``nomad.keeper``);
-    without, a waiting process registers the next attempt (the path these tests cover)."""
+    without, a failed attempt is not retried (no client registers one)."""
     data = {"name": "nomad-run", "nodes": 2, "nproc_per_node": 1,
             "trainer": {"script": str(REPO / "examples" / "train_ddp.py"), "args": ["--steps", "5"]},
             "env": {"OMP_NUM_THREADS": "1"}, "rendezvous": {"timeout_s": 60},
@@ -577,8 +577,11 @@ BAD_NODE_1_ONCE = ('if [ "$halo_rank" = 1 ] && [ "${HALO_RESTART_COUNT:-0}" = 0 
 
 @pytest.mark.torch
 def test_the_gate_fails_a_nomad_node_as_a_preflight_node_fault_ledgered_and_retried(tmp_path):
-    with _cluster(tmp_path) as (fake, env, sims):
-        r = cli("submit", _job(tmp_path, setup=[BAD_NODE_1_ONCE], preflight={"gate": True},
+    """The run's keeper retries it (four nodes: the keeper keeps off the trainers'); ``submit
+    --wait`` follows and says so."""
+    with _cluster(tmp_path, names=("n0", "n1", "n2", "n3")) as (fake, env, sims):
+        fake.attach_policy("default", KEEPER_CAPS)
+        r = cli("submit", _job(tmp_path, setup=[BAD_NODE_1_ONCE], preflight={"gate": True}, keeper=True,
                                retry={"attempts": 2, "on": ["preflight"]}),
                 "--backend", "nomad", "--wait", "--quiet", "--timeout", "180", cwd=tmp_path, env=env, timeout=420)
         assert r.returncode == 0, r.stderr[-4000:]
@@ -598,7 +601,8 @@ def test_the_gate_fails_a_nomad_node_as_a_preflight_node_fault_ledgered_and_retr
         ledger = json.loads(cli("nodes", "--json", env=env).stdout)
         assert [(e["host"], e["by"], e["job"]) for e in ledger] == [("n1", "preflight", run_id)], ledger
         second = r.stderr.split("retrying (preflight fault) as ", 1)[1].split()[0]
-        assert set(_nodes_of(fake, second).values()) == {"n0", "n2"}
+        trainers = {g: n for g, n in _nodes_of(fake, second).items() if g.startswith("trainer")}
+        assert "n1" not in trainers.values() and len(trainers) == 2, trainers
         assert second.startswith(f"{run_id}~v")  # a new version of the same job, run by its own simulator
         later = sims[1].stderr(f"{run_id}.trainer[0]") + sims[1].stderr(f"{run_id}.trainer[1]")
         assert later.count("preflight gate passed") == 2, later[-3000:]
@@ -615,15 +619,17 @@ if os.environ["HALO_RESTART_COUNT"] == "0":
 @pytest.mark.torch
 def test_a_node_lost_on_nomad_is_the_culprit_and_the_next_attempt_keeps_off_it(tmp_path):
     """The simulated node running node rank 1 goes down (fake_api.node_down: Nomad 2.0.5's
-    heartbeat and reconciler, the allocation ``unknown``): the watcher reads NODE_FAIL naming
-    that Nomad node, stops the survivor, and the waiting process retries off it."""
+    heartbeat and reconciler, the allocation ``unknown``): the waiting process reads NODE_FAIL
+    naming that Nomad node, and the run's keeper retries off it (four nodes: the keeper keeps off
+    the trainers'); the waiting process follows and says so."""
     import subprocess
 
     (tmp_path / "long.py").write_text(LONG_ON_FIRST_ATTEMPT)
     marks = tmp_path / "marks"
     marks.mkdir()
-    with _cluster(tmp_path) as (fake, env, sims):
-        job = _job(tmp_path, retry={"attempts": 2, "on": ["node"]},
+    with _cluster(tmp_path, names=("n0", "n1", "n2", "n3")) as (fake, env, sims):
+        fake.attach_policy("default", KEEPER_CAPS)
+        job = _job(tmp_path, retry={"attempts": 2, "on": ["node"]}, keeper=True,
                    trainer_spec={"script": str(tmp_path / "long.py"), "args": [str(marks)]})
         proc = subprocess.Popen([sys.executable, "-m", "halo_sched.cli", "submit", job, "--backend", "nomad", "--wait",
                                  "--quiet", "--timeout", "180"], cwd=tmp_path, env=env, text=True,

@@ -1,13 +1,15 @@
 """One failure, one next attempt, whichever actor dies at whichever step (issue 43 item 4).
 
-A local run's keeper (halo_sched/keeper.py) starts the next attempt in steps: it claims the failed
-attempt in the store (``claimed``), records the new attempt's identity, its job id and failure
-key, before anything runs (``decided``), writes its job directory (``laid-out``), starts its
-supervisor (``started``) and settles the claim (``recorded``). Here the keeper is SIGKILLed at
-each step (``halo_sched.backends.base.step``, replaced in the keeper's process only), left
-unreaped as ``submit --wait`` would leave it, and ``watch RUN`` takes its place: exactly one
-second attempt ran, ``status RUN`` and ``list`` show it, and no job directory is left over.
-Real torchrun (the trainer itself needs no torch)."""
+A local run's keeper (halo_sched/keeper.py), the run's only actor, starts the next attempt in
+steps: it sees the failure (``seen``), records the new attempt's identity, its job id and failure
+key, before anything runs, marking the failed attempt's successor as being started
+(``decided``), writes its job directory (``laid-out``), starts its supervisor (``started``) and
+names it the failed attempt's successor (``recorded``). Here the keeper is SIGKILLed at each step
+(``halo_sched.backends.base.step``, replaced in the keeper's process only), left unreaped as
+``submit --wait`` would leave it, and ``watch RUN`` finds it gone: it starts a new keeper, which
+carries the run on from the decided attempt, and submits nothing itself. Exactly one second
+attempt ran, ``status RUN`` and ``list`` show it, and no job directory is left over. Real
+torchrun (the trainer itself needs no torch)."""
 from __future__ import annotations
 
 import json
@@ -35,7 +37,7 @@ from halo_sched import keeper
 sys.exit(keeper.main(sys.argv[1:3]))
 """
 
-STEPS = ["claimed", "decided", "laid-out", "started", "recorded"]
+STEPS = ["seen", "decided", "laid-out", "started", "recorded"]
 
 
 @pytest.mark.torch
@@ -65,11 +67,19 @@ def test_a_keeper_killed_at_any_step_leaves_exactly_one_next_attempt(tmp_path, m
         time.sleep(0.2)  # the first attempt fails, the keeper starts the next one and dies on the way
     assert not same_process(keeper.pid, None), "the keeper is still running"
 
-    # Its place is taken while it is a zombie, not reaped by a parent that lives on (as under
-    # `submit --wait`): the store's claim sees it gone.
+    # Found gone while it is a zombie, not reaped by a parent that lives on (as under `submit
+    # --wait`): its lock is free. Unless the attempt was named already, the watcher starts a new
+    # keeper (its log beside the lock, where the killed one, started by this test, wrote
+    # nothing), which starts the attempt.
     w = cli("watch", run.id, "--quiet", "--timeout", "120", cwd=tmp_path)
     assert keeper.wait(timeout=10) == -signal.SIGKILL, (tmp_path / "keeper.log").read_text()[-3000:]
     assert w.returncode == 0, w.stderr[-3000:]
+    log = local.keeper_lock("local", run.id).with_suffix(".log")
+    second = log.read_text() if log.exists() else ""
+    if at == "recorded":  # the attempt was named the successor: followed, no keeper needed
+        assert "retrying" not in second, second
+    else:
+        assert "retrying (node fault) as" in second and f"run {run.id} ended with" in second, second
     counts = sorted(line.split()[0] for line in (tmp_path / "attempts.log").read_text().splitlines())
     assert counts == ["0", "1"], counts  # one first attempt, exactly one second
 
@@ -83,35 +93,6 @@ def test_a_keeper_killed_at_any_step_leaves_exactly_one_next_attempt(tmp_path, m
 
 
 # ---- the pieces, without torchrun ---------------------------------------------------------------
-
-
-def test_a_claimant_that_is_a_zombie_is_gone():
-    """A keeper killed under `submit --wait` stays a zombie (its parent waits on the run, not on
-    it): its claim is taken over at once, not after the claim's 15 minutes."""
-    import socket
-
-    from halo_sched import db, runs
-
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    deadline = time.monotonic() + 30
-    while _state(child.pid) != "Z" and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _state(child.pid) == "Z"
-    with db.write() as con:
-        con.execute("INSERT INTO successors VALUES ('j1', 'local', 'j1', NULL, ?, ?)",
-                    (f"{socket.gethostname()}:{child.pid}", time.time() + 900))
-    try:
-        assert runs.claim("j1", "local", "j1") == (True, None)
-    finally:
-        child.wait()
-
-
-def _state(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
 
 
 def _attempt(job_id: str, number: int) -> dict:
@@ -130,53 +111,17 @@ def test_an_attempt_is_decided_once():
     assert records.decide(_attempt("a3", 2), "text")["id"] == "a3"  # the next attempt is another decision
 
 
-def test_an_attempt_decided_but_not_settled_is_not_followed():
-    """While the claim on the failed attempt has no job (the next one decided, perhaps never
-    started), no reader takes the decided record for the successor; once settled, all do."""
+def test_an_attempt_decided_but_not_started_is_not_followed():
+    """While the failed attempt's successor is being started (decided, perhaps never started),
+    no reader takes the decided record for the successor; once the keeper names it, all do."""
     from halo_sched import db, records, runs
 
     records.write(_attempt("r1", 0))
-    records.decide(_attempt("a2", 1), "text")
+    records.write(_attempt("a2", 1))
     # No row at all: a run recorded before successors were, followed by its attempt numbers.
-    assert runs.successor("r1", "local", "r1") == "a2"
-    assert runs.claim("r1", "local", "r1") == (True, None)
-    assert runs.successor("r1", "local", "r1") is None
-    runs._settle_claim("r1", "local", "r1", "a2")
-    assert runs.successor("r1", "local", "r1") == "a2"
-    assert db.read("SELECT job FROM successors") == [("a2",)]
-
-
-def test_an_attempt_recorded_by_a_claimant_that_died_before_settling_is_followed_not_submitted_again(tmp_path):
-    """SLURM's lost-node path (a waiter submits): the claimant died after the new job's record was
-    written and before its claim named the job. The claim is taken over, and the attempt found
-    by its record, not submitted again."""
-    import socket
-
-    import halo_sched
-    from halo_sched import db, records, runs
-    from halo_sched.backends.base import JobState, JobStatus, Scheduler
-    from halo_sched.node.failure_classes import NODE_FAULT, Classification
-
-    spec = halo_sched.load(example_job(tmp_path, 29500, retry={"attempts": 2, "on": ["node"]}))
-    submitted = []
-
-    class Sched(Scheduler):
-        name = "slurm"
-        cancel = logs = render = schedule = query = None
-
-        def submit(self, spec, **opts):
-            submitted.append(spec._attempt.number)
-            raise AssertionError("submitted again")
-
-    failed = JobState("j1", JobStatus.NODE_FAIL)
-    failed.failure_class = lambda: Classification(NODE_FAULT, "node lost", "n1", "slurm")
-    records.write({**_attempt("j1", 0), "backend": "slurm", "run": {"id": "j1", "attempt": 0, "excluded": []}})
-    records.write({**_attempt("j2", 1), "backend": "slurm", "run": {"id": "j1", "attempt": 1, "excluded": ["n1"]}})
-    with db.write() as con:  # the dead claimant's row: no job yet
-        con.execute("INSERT INTO successors VALUES ('j1', 'slurm', 'j1', NULL, ?, ?)",
-                    (f"{socket.gethostname()}:{2 ** 22 + 17}", time.time() + 900))
-    ends = {"j1": failed, "j2": JobState("j2", JobStatus.COMPLETED)}
-    last, state = runs.wait_run(Sched(), spec, "j1", lambda job_id, observe: ends[job_id], poll_s=0.05)
-    assert (last, state.status, submitted) == ("j2", JobStatus.COMPLETED, [])
-    assert runs.successor("j1", "slurm", "j1") == "j2"
-
+    assert records.successor("r1", "local", "r1") == "a2"
+    records.decide(_attempt("a3", 2), "text", "a2")
+    assert records.successor("r1", "local", "a2") is None
+    records.link("r1", "local", "a2", "a3")
+    assert records.successor("r1", "local", "a2") == "a3"
+    assert db.read("SELECT from_job, job FROM successors") == [("a2", "a3")]

@@ -159,7 +159,7 @@ def test_the_step_travels_in_the_signed_failure_line(tmp_path, monkeypatch):
 
 
 def test_the_restart_line_is_read_back_only_when_signed_and_status_counts_it(tmp_path):
-    from halo_sched.backends.jobstate import JobState, JobStatus
+    from halo_sched.jobstate import JobState, JobStatus
     from halo_sched.backends.slurm.spares import restarts_of
 
     now = time.time()
@@ -172,7 +172,7 @@ def test_the_restart_line_is_read_back_only_when_signed_and_status_counts_it(tmp
     got = restarts_of([out], KEY, ended=True)
     assert [(r["action"], r["restart"], r["step"]) for r in got] == [("inplace", 1, 12), ("stop", 1, 12)], got
     assert restarts_of([out], KEY, ended=False) == []  # while it runs, only the small file beside it is read
-    from halo_sched.backends.jobstate import in_place_fields
+    from halo_sched.jobstate import in_place_fields
     from halo_sched.commands.show import state_json
 
     st = JobState("7", JobStatus.FAILED, in_place=got)

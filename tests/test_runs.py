@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import halo_sched.errors  # the module itself: `import halo_sched` loads it lazily
-from halo_sched.backends.jobstate import JobState, JobStatus
+from halo_sched.jobstate import JobState, JobStatus
 from halo_sched.node import failure_classes as fc
 from halo_sched.node.failure_classes import Classification
 from halo_sched.runs import next_spec, wants_retry
@@ -170,29 +170,46 @@ def test_counts_and_times_beyond_bounds_in_a_run_record_are_not_hours(nodes, sta
     assert all(math.isfinite(v) for v in (row.node_hours, row.gpu_hours, t["gpu_hours"], t["node_hours"])), (row, t)
 
 
-def test_a_retry_sends_the_retried_notification_once_per_new_attempt(tmp_path, monkeypatch):
-    # The resubmitting process is the only one that knows a retry happened: it sends `retried`
-    # (notify.send dedupes per job and event; here its calls are recorded).
+def test_a_reader_queues_the_retried_notification_once_per_next_attempt(tmp_path, monkeypatch):
+    # Each failed attempt's actor started the next (SLURM: its marker); the reader that first
+    # records the next attempt queues `retried` for the failed one (notify.send dedupes per job
+    # and event; here its calls are recorded).
     from halo_sched import notify, records, runs
+    from halo_sched.backends.base import Scheduler
 
     spec = _spec(tmp_path, attempts=3, on=["node"])
     sent = []
-    monkeypatch.setattr(notify, "send", lambda rec, event, line, attempt=None: sent.append((rec["id"], event, line)))
-    monkeypatch.setattr(records, "find", lambda job_id, backend=None: [{"id": job_id, "backend": "slurm"}])
-    monkeypatch.setattr(runs, "_observe", lambda *a: None)
+    monkeypatch.setattr(notify, "send", lambda rec, event, line, attempt=None, start=True:
+                        sent.append((rec["id"], event, line)))
+    records.write({"id": "j1", "backend": "slurm", "submitted": 1.0, "run": {"id": "j1", "attempt": 0, "excluded": []},
+                   "last_state": {"status": "FAILED", "describe": "FAILED: node 1 exit 1"}})
+    ended: set = set()
 
-    class Sched:
+    class Sched(Scheduler):
         name = "slurm"
-        ids = iter(["j2", "j3"])
+        starts_successor = True
+        cancel = logs = render = schedule = None
 
-        def submit(self, spec):
-            return type("J", (), {"id": next(self.ids)})()
+        def query(self, ids):
+            return {i: ends[i] for i in ids}
+
+        def successor_of(self, record):  # started as the attempt ended
+            nxt = {"j1": "j2", "j2": "j3"}.get(record["id"])
+            return {"job": nxt, "excluded": ["n1"], "submitted_at": 2.0, "retry_on": "node"} \
+                if nxt and record["id"] in ended else None
 
     ends = {"j1": _failed(NODE), "j2": _failed(NODE), "j3": JobState("j3", JobStatus.COMPLETED)}
-    last, state = runs.wait_run(Sched(), spec, "j1", lambda job_id, observe: ends[job_id])
+
+    def wait(job_id: str) -> JobState:
+        ended.add(job_id)
+        return ends[job_id]
+
+    last, state = runs.wait_run(Sched(), spec, "j1", wait, poll_s=0.01)
     assert (last, state.status) == ("j3", JobStatus.COMPLETED)
     assert [(job, event) for job, event, _ in sent] == [("j1", "retried"), ("j2", "retried")]
-    assert sent[0][2].startswith("attempt 2 (j2) after node: ")
+    assert sent[0][2] == "attempt 2 (j2) after node: FAILED: node 1 exit 1", sent
+    runs.follow_run(Sched(), "j1")  # read again: already recorded, nothing queued twice
+    assert len(sent) == 2
 
 
 def test_ctrl_c_during_a_retried_runs_wait_names_the_attempt_that_keeps_running(tmp_path, monkeypatch, capsys):
@@ -203,10 +220,18 @@ def test_ctrl_c_during_a_retried_runs_wait_names_the_attempt_that_keeps_running(
 
     job = example_job(tmp_path, 29500, retry={"attempts": 3, "on": ["node"]})
 
-    class Fake(Scheduler):
+    class Fake(Scheduler):  # j1's batch script started j2 (its marker), as a failed SLURM attempt does
         name = "slurm"
-        ids = iter(["j1", "j2"])
+        ids = iter(["j1"])
+        starts_successor = True
         cancel = logs = render = schedule = None
+
+        ended: set = set()
+
+        def successor_of(self, record):
+            if record.get("id") == "j1" and "j1" in self.ended:
+                return {"job": "j2", "excluded": ["n1"], "submitted_at": 2.0}
+            return None
 
         def _submit(self, spec):
             job_id = next(self.ids)
@@ -219,6 +244,7 @@ def test_ctrl_c_during_a_retried_runs_wait_names_the_attempt_that_keeps_running(
             return self._submit(spec)
 
         def query(self, ids):
+            self.ended.update(i for i in ids if i == "j1")  # seen ended: its successor follows
             return {i: _failed(NODE) if i == "j1" else JobState(i, JobStatus.RUNNING) for i in ids}
 
         def wait(self, job_id, timeout=None, on_change=None, on_tick=None, outage_s=None, **kw):
@@ -249,7 +275,6 @@ def test_no_client_submits_an_slurm_attempt_a_reader_follows_what_the_guardian_s
     monkeypatch.setattr(runs, "GUARDIAN_POLL_S", 0.0)
     monkeypatch.setattr(records, "find", lambda job_id, backend=None, **kw: [{"id": job_id, "backend": "slurm"}])
     monkeypatch.setattr(records, "adopt", lambda *a, **kw: None)
-    monkeypatch.setattr(runs, "_observe", lambda *a: None)
     made, asked = [], []
 
     class Sched:
@@ -261,8 +286,8 @@ def test_no_client_submits_an_slurm_attempt_a_reader_follows_what_the_guardian_s
                 return {"job": "j2", "excluded": ["n1"], "submitted_at": 1.0, "retry_on": "node"}
             return None
 
-        def guardian_alive(self, record):
-            asked.append(record["id"])
+        def guardian_alive(self, job_id):
+            asked.append(job_id)
             return len(asked) < 3
 
         def attempt_fields(self, record, job_id):
@@ -276,7 +301,57 @@ def test_no_client_submits_an_slurm_attempt_a_reader_follows_what_the_guardian_s
             return type("J", (), {"id": "jX"})()
 
     ends = {"j1": _failed(NODE, status=ended), "j2": JobState("j2", JobStatus.COMPLETED)}
-    last, state = runs.wait_run(Sched(), spec, "j1", lambda job_id, observe: ends[job_id], poll_s=0.01)
+    last, state = runs.wait_run(Sched(), spec, "j1", lambda job_id: ends[job_id], poll_s=0.01)
     assert made == []
     assert (last, state.status) == (("j2", JobStatus.COMPLETED) if guardian_acts else ("j1", ended))
     assert len(asked) >= 3  # waited while the guardian was alive, for any end but COMPLETED
+
+
+def test_a_waiter_whose_local_keeper_is_gone_starts_a_keeper_and_submits_nothing(tmp_path, monkeypatch):
+    """A local run's keeper was killed while its attempt ran; the attempt then failed as
+    ``retry.on`` lists. The waiter starts a new keeper (``start_owner``), which starts the next
+    attempt and names it in the store; the waiter follows it and submits nothing itself. A run
+    whose failure is not retried gets no keeper started."""
+    from halo_sched import records, runs
+    from halo_sched.backends.base import Scheduler
+
+    spec = _spec(tmp_path, attempts=2, on=["node"])
+    for run_id in ("j1", "k1"):
+        records.write({"id": run_id, "backend": "local", "submitted": 1.0, "name": "t",
+                       "run": {"id": run_id, "attempt": 0, "excluded": []}})
+
+    class Sched(Scheduler):
+        name = "local"
+        starts_successor = True
+        cancel = logs = render = schedule = query = None
+
+        def __init__(self):
+            self.keepers = 0
+
+        def owner_gone(self, run_id):
+            return self.keepers == 0
+
+        def start_owner(self, run_id):  # the new keeper carries the run on: it starts and names attempt 2
+            self.keepers += 1
+            records.write({"id": "j2", "backend": "local", "submitted": 2.0, "name": "t",
+                           "run": {"id": "j1", "attempt": 1, "excluded": ["n1"]}})
+            records.link("j1", "local", "j1", "j2")
+            return True
+
+        def submit(self, spec, **opts):
+            raise AssertionError("a waiter submitted an attempt")
+
+        def submit_attempt(self, spec, previous_id):
+            raise AssertionError("a waiter submitted an attempt")
+
+    sched = Sched()
+    retried = []
+    ends = {"j1": _failed(NODE), "j2": JobState("j2", JobStatus.COMPLETED)}
+    last, state = runs.wait_run(sched, spec, "j1", lambda job_id: ends[job_id],
+                                on_retry=lambda old, st, why, new: retried.append((old, why, new)), poll_s=0.01)
+    assert (last, state.status, sched.keepers, retried) == ("j2", JobStatus.COMPLETED, 1, [("j1", "node", "j2")])
+
+    job_fault = _spec(tmp_path, attempts=2, on=["job"])  # a node's fault is not retried here
+    idle = Sched()
+    last, state = runs.wait_run(idle, job_fault, "k1", lambda job_id: _failed(NODE), poll_s=0.01)
+    assert (last, state.status, idle.keepers) == ("k1", JobStatus.FAILED, 0)

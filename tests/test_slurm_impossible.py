@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from halo_sched.backends.jobstate import JobState, JobStatus, SlurmDetail
+from halo_sched.jobstate import JobState, JobStatus, SlurmDetail
 from halo_sched.backends.slurm import SlurmScheduler, output_problems, reasons
 from halo_sched.backends.slurm import status as st
 from halo_sched.backends.slurm.transport.cli import clean_scancel

@@ -80,7 +80,7 @@ def test_a_hang_blames_the_culprit_s_node():
 
 
 def test_the_swap_line_is_read_back_only_when_signed_with_the_job_s_key(tmp_path):
-    from halo_sched.backends.jobstate import _describe_spares as describe
+    from halo_sched.jobstate import _describe_spares as describe
     from halo_sched.backends.slurm.spares import parse_swap, spares_state, swaps_in
 
     rec = {"job": "7", "rank": 1, "bad": "n2", "spare": "n3", "reason": "NCCL network error", "by": "nccl-ib",

@@ -192,7 +192,7 @@ NOT_FOR_RENDER = ("torch", "tenacity", "requests", "unicodedata", "halo_sched.re
                   "halo_sched.exactly_once", "halo_sched.backends.slurm.transport", "halo_sched.backends.slurm.status",
                   "halo_sched.backends.nomad", "halo_sched.backends.local", "halo_sched.node.failures",
                   # job states: what a scheduler says of a job, not what it is sent
-                  "halo_sched.backends.jobstate")
+                  "halo_sched.jobstate")
 
 
 @pytest.mark.parametrize("argv, needs", [

@@ -14,7 +14,7 @@ import pytest
 
 import halo_sched.errors  # noqa: F401 - the module itself: `import halo_sched` loads it lazily
 from halo_sched import db, records, runs
-from halo_sched.backends.jobstate import JobState, JobStatus
+from halo_sched.jobstate import JobState, JobStatus
 from halo_sched.node.failure_classes import NODE_FAULT, Classification
 from helpers import cli, example_job, load_all
 
@@ -55,11 +55,13 @@ def _lister(home: str, stop: str) -> None:
 
 
 def _observer(home: str, rounds: int) -> None:
-    """As a waiting process does (runs._observe): when it saw the attempt run and end."""
+    """As a waiting process does (core.note: records.update_state, observed): each state kept,
+    and when it saw the attempt run and end."""
     os.environ["HALO_SCHED_HOME"] = home
+    stale = records.find("r1", "local")[0]
     for _ in range(rounds):
-        runs._observe("local", "r1", JobState("r1", JobStatus.RUNNING))
-    runs._observe("local", "r1", JobState("r1", JobStatus.FAILED))
+        records.update_state(dict(stale), JobState("r1", JobStatus.RUNNING), observed=True)
+    records.update_state(dict(stale), JobState("r1", JobStatus.FAILED), observed=True)
 
 
 def test_twenty_processes_updating_one_record_lose_nothing(tmp_path, monkeypatch):
@@ -73,31 +75,44 @@ def test_twenty_processes_updating_one_record_lose_nothing(tmp_path, monkeypatch
     _join(listers)
     rec = records.find("r1", "local")[0]
     assert {"observed_start", "observed_end"} <= set(rec["run"]), rec["run"]
-    assert rec["last_state"]["status"] in ("RUNNING", "PENDING")
+    assert rec["last_state"]["status"] == "FAILED"  # the end kept: no stale lister's state over it
 
 
-# ---- one next attempt per failed attempt ----------------------------------------------------
+# ---- one next attempt per failed attempt: readers follow, none submits -----------------------
 
 NODE = Classification(NODE_FAULT, "NCCL network error", "n1", "nccl-ib")
 
 
 class FakeScheduler:
-    """Submits by writing the attempt's record (as Scheduler.submit does) and a line to a file."""
+    """A scheduler whose failed attempt started its successor itself (SLURM's marker: j1 -> j2,
+    n1 kept off); a submit writes a line to a file (none may come)."""
 
     name = "slurm"
+    starts_successor = True
 
     def __init__(self, log: str):
         self.log = log
 
-    def submit(self, spec):
-        a = spec._attempt
-        job_id = f"j{a.number + 1}-{os.getpid()}"
-        records.write({"id": job_id, "backend": "slurm", "submitted": time.time(), "name": "t",
-                       "run": {"id": a.run_id, "attempt": a.number, "excluded": list(a.exclude)}})
+    def successor_of(self, record):
+        if record.get("id") == "j1":
+            return {"job": "j2", "excluded": ["n1"], "submitted_at": 2.0, "retry_on": "node"}
+        return None
+
+    def attempt_fields(self, record, job_id):
+        return {}
+
+    def owner_gone(self, run_id):
+        return False
+
+    def guardian_alive(self, job_id):
+        return False
+
+    def submit(self, spec, **opts):
         with open(self.log, "a") as f:
-            f.write(job_id + "\n")
-        time.sleep(0.5)  # a real submit takes a while: every other watcher arrives meanwhile
-        return type("J", (), {"id": job_id})()
+            f.write("submitted\n")
+        raise AssertionError("a reader submitted")
+
+    submit_attempt = submit
 
 
 def _state(job_id: str) -> JobState:
@@ -111,39 +126,57 @@ def _state(job_id: str) -> JobState:
 def _watcher(home: str, job: str, log: str, out: str) -> None:
     os.environ["HALO_SCHED_HOME"] = home
     spec = halo_sched.load(job)
-    last, state = runs.wait_run(FakeScheduler(log), spec, "j1", lambda job_id, observe: _state(job_id))
+    last, state = runs.wait_run(FakeScheduler(log), spec, "j1", lambda job_id: _state(job_id))
     with open(out, "a") as f:
         f.write(f"{last} {state.status.value}\n")
 
 
-def test_watchers_of_one_failed_attempt_submit_exactly_one_next_and_none_once_it_went_on(tmp_path, monkeypatch):
+def test_readers_of_one_failed_attempt_record_its_one_successor_and_submit_nothing(tmp_path, monkeypatch):
+    """Six processes wait on a run whose first attempt failed and started its successor itself:
+    each follows it to its end, the store keeps one record of it and one row linking it (records.adopt,
+    one transaction), and nothing is submitted; three more readers of the finished run neither."""
     home = str(tmp_path / "shared-home")
     monkeypatch.setenv("HALO_SCHED_HOME", home)
     job = str(example_job(tmp_path, 29500, retry={"attempts": 3, "on": ["node"]}))
     records.write({"id": "j1", "backend": "slurm", "submitted": 1.0, "name": "t",
                    "run": {"id": "j1", "attempt": 0, "excluded": []}})
-    log, out = str(tmp_path / "submits"), str(tmp_path / "ends")
-    _join(_start_all(_watcher, [(home, job, log, out)] * 6))
-    submits = Path(log).read_text().split()
-    assert len(submits) == 1, submits
-    # Every watcher followed the one next attempt to its end.
-    assert Path(out).read_text().split("\n")[:-1] == [f"{submits[0]} COMPLETED"] * 6
-    assert [r["id"] for r in records.of_run("j1", "slurm")] == ["j1", submits[0]]
-    assert records.find(submits[0], "slurm")[0]["run"]["excluded"] == ["n1"]
-    # The run went on and ended: watching it again (its first attempt's id) submits nothing.
-    _join(_start_all(_watcher, [(home, job, log, out)] * 3))
-    assert Path(log).read_text().split() == submits
+    log, out = tmp_path / "submits", tmp_path / "ends"
+    _join(_start_all(_watcher, [(home, job, str(log), str(out))] * 6))
+    assert not log.exists(), log.read_text()
+    assert out.read_text().split("\n")[:-1] == ["j2 COMPLETED"] * 6
+    assert [r["id"] for r in records.of_run("j1", "slurm")] == ["j1", "j2"]
+    assert records.find("j2", "slurm")[0]["run"]["excluded"] == ["n1"]
+    assert db.read("SELECT run_id, backend, from_job, job FROM successors") == [("j1", "slurm", "j1", "j2")]
+    _join(_start_all(_watcher, [(home, job, str(log), str(out))] * 3))
+    assert not log.exists() and out.read_text().split("\n")[:-1] == ["j2 COMPLETED"] * 9
 
 
-def test_a_claim_whose_process_died_before_submitting_is_taken_over(tmp_path, monkeypatch):
-    monkeypatch.setenv("HALO_SCHED_HOME", str(tmp_path / "h"))
-    import socket
-
-    with db.write() as con:  # a claim by a process of this host that is gone
-        con.execute("INSERT INTO successors VALUES ('j1', 'slurm', 'j1', NULL, ?, ?)",
-                    (f"{socket.gethostname()}:{2 ** 22 + 17}", time.time() + 900))
-    assert runs.claim("j1", "slurm", "j1") == (True, None)
-    assert runs.claim("j1", "slurm", "j1") == (False, None)  # now held by this live process
+def test_an_older_stores_successors_are_read_without_its_claims(tmp_path, monkeypatch):
+    """A store of schema 2 (a waiting client's claims: who, until when) migrates to one without
+    them: a named successor stays; a local attempt being started stays being started (the next
+    keeper starts it); a claim another backend's client left without a job goes, so the attempt
+    it may have registered is followed by its number."""
+    home = tmp_path / "old-home"
+    home.mkdir(mode=0o700)
+    monkeypatch.setenv("HALO_SCHED_HOME", str(home))
+    con = sqlite3.connect(home / "halo-sched.db")
+    for v in (1, 2):
+        for stmt in db._statements(db.MIGRATIONS[v]):
+            con.execute(stmt)
+    con.execute("PRAGMA user_version = 2")
+    rows = [("s1", "slurm", "s1", "s2", "the attempt", 0), ("l1", "local", "l1", None, "host:1", 1e12),
+            ("n1", "nomad", "n1", None, "gone-host:2", 1e12)]
+    con.executemany("INSERT INTO successors VALUES (?, ?, ?, ?, ?, ?)", rows)
+    con.commit()
+    con.close()
+    records.write({"id": "n1", "backend": "nomad", "submitted": 1.0, "run": {"id": "n1", "attempt": 0}})
+    records.write({"id": "n1~v1", "backend": "nomad", "submitted": 2.0, "run": {"id": "n1", "attempt": 1}})
+    records.write({"id": "l2", "backend": "local", "submitted": 2.0, "run": {"id": "l1", "attempt": 1}})
+    assert db.read("PRAGMA user_version") == [(db.SCHEMA_VERSION,)]
+    assert [r[1] for r in db.read("PRAGMA table_info(successors)")] == ["run_id", "backend", "from_job", "job"]
+    assert records.successor("s1", "slurm", "s1") == "s2"
+    assert records.successor("l1", "local", "l1") is None and records.being_started("l1", "local", "l1")
+    assert records.successor("n1", "nomad", "n1") == "n1~v1"
 
 
 # ---- earlier releases, a broken store -------------------------------------------------------

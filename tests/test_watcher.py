@@ -231,7 +231,7 @@ def test_wait_timeout_returns_the_last_state():
 def test_every_wait_loop_counts_the_same_changes():
     """A change is JobState.change_key, in the shared watcher's waits as in the local backend's
     and the Nomad watchdog's: more ranks placed (nothing running yet) is progress to report."""
-    from halo_sched.backends.jobstate import NomadDetail
+    from halo_sched.jobstate import NomadDetail
     from halo_sched.backends.local import LocalScheduler
 
     def states():

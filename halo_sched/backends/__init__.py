@@ -24,7 +24,7 @@ __all__ = ["BUILTIN", "DEFAULT", "DryRun", "Job", "JobState", "JobStatus", "Sche
 def __getattr__(name: str):
     """JobState and JobStatus, named here too: imported when first asked for (base.py)."""
     if name in ("JobState", "JobStatus"):
-        from . import jobstate
+        from .. import jobstate
 
         return getattr(jobstate, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,14 +27,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..errors import HaloError
     from ..logtags import LogLine
     from ..spec import JobSpec
-    from .jobstate import JobState
+    from ..jobstate import JobState
 
 
 def __getattr__(name: str):
     """The job states (jobstate.py) are named here too, and imported when first asked for: a
     scheduler's render path (`halo-sched render`) reads no job state."""
     if name in ("JobState", "JobStatus", "NomadDetail", "SlurmDetail"):
-        from . import jobstate
+        from .. import jobstate
 
         return getattr(jobstate, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -274,25 +274,15 @@ class Scheduler(abc.ABC):
                               spec.job_file, git)
         return Job(self, job_id)
 
-    def submit_attempt(self, spec: JobSpec, previous_id: str) -> "Job":
-        """The next attempt of a run (halo_sched/runs.py) after attempt ``previous_id`` failed:
-        ``spec`` carries the attempt (number, hosts to keep off). Default: a submission of its
-        own (SLURM), unless the attempt's record is kept already (its submitter died before it
-        settled its claim: that job); local decides the attempt before starting it, Nomad
-        registers a new version of the same job instead."""
-        from .. import records
-
-        for rec in records.of_run(spec._attempt.run_id, self.name):
-            if (rec.get("run") or {}).get("attempt") == spec._attempt.number:
-                return Job(self, rec["id"])
-        return self.submit(spec)
-
     def record_fields(self, dryrun: DryRun, job_id: str) -> dict:
         """What the job's record keeps of where it went (``outputs``, ``scheduler``)."""
         return {}
 
-    #: A failed attempt of a run submits its successor itself, from inside its allocation (SLURM:
-    #: halo_sched/node/successor.py); readers follow it (:meth:`successor_of`), none submits one.
+    #: A run's next attempts are started by an actor of the scheduler's own, never by a process
+    #: that reads the run (SLURM: the failed attempt's batch script, halo_sched/node/successor.py,
+    #: or its guardian; local: the run's keeper; Nomad: the keeper group of the job): readers
+    #: follow them (:meth:`successor_of`, the store's successors). Without it, a failed attempt
+    #: of a run is its last.
     starts_successor: bool = False
 
     def successor_of(self, record: dict) -> dict | None:
@@ -301,25 +291,25 @@ class Scheduler(abc.ABC):
         return None
 
     def owner_gone(self, run_id: str) -> bool:
-        """Whether the process that submits run ``run_id``'s attempts (a scheduler that
-        ``starts_successor``) is known to be gone, so that a waiter carries the run on. Default:
-        never (SLURM: the attempt itself submits; no client ever does)."""
+        """Whether the actor that starts run ``run_id``'s attempts (a scheduler that
+        ``starts_successor``) is known to be gone, so that none will come unless one is started
+        again (:meth:`start_owner`). Default: never (SLURM: the attempt itself, or its guardian,
+        submits)."""
         return False
 
-    def waiter_submits(self, run_id: str, state: JobState) -> bool:
-        """Whether a process waiting on run ``run_id`` (a scheduler that ``starts_successor``)
-        carries it on itself after its attempt ended in ``state`` with no successor found: when
-        the run's owner is gone (:meth:`owner_gone`; never on SLURM, whose lost nodes are the
-        attempt's guardian's: docs/recovery.md, "A node lost outright"). Nomad: only for a run
-        without a keeper."""
-        return self.owner_gone(run_id)
+    def start_owner(self, run_id: str) -> bool:
+        """Start run ``run_id``'s actor again where it is gone and a reader can (local: the run's
+        keeper, detached, as ``submit`` starts it: halo_sched/keeper.py); True when one was
+        started. The reader that calls it starts no attempt itself. Default: nothing to start
+        (SLURM's guardian and a Nomad keeper group are placed again by their scheduler)."""
+        return False
 
     def attempt_fields(self, record: dict, job_id: str) -> dict:
         """The record fields of ``job_id``, the next attempt of ``record``'s job (``outputs``)."""
         return {}
 
-    def guardian_alive(self, record: dict) -> bool:
-        """Whether something outside the attempt of ``record`` may still start its successor
+    def guardian_alive(self, job_id: str) -> bool:
+        """Whether something outside attempt ``job_id`` may still start its successor
         (SLURM: the attempt's guardian job, pending or running: halo_sched/node/guardian.py), so
         that a reader waits for it. Default: nothing does."""
         return False
@@ -629,7 +619,7 @@ class EndWatch:
         from ..errors import HaloError, OutcomeUnknown
         from ..outage import ASK_LIMIT_S, RETRY_EVERY_S, is_outage
         from ..retry import within
-        from .jobstate import JobStatus
+        from ..jobstate import JobStatus
 
         while not self._stop.is_set():
             asked = time.monotonic()
@@ -671,7 +661,7 @@ class EndWatch:
 def missing_output(path, state: JobState | None) -> str:
     """Why a job's output file is not there, in words true to what its state says: removed after
     the job ended, not created yet while it waits to start, ..."""
-    from .jobstate import JobStatus
+    from ..jobstate import JobStatus
 
     status = state.status if state is not None else JobStatus.UNKNOWN
     if status is JobStatus.COMPLETED:

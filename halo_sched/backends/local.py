@@ -124,13 +124,17 @@ def keeper_lock(backend: str, run_id: str) -> Path:
     return _keeper_dir() / f"{backend}-{run_id}.lock"
 
 
-def _start_keeper(backend: str, run_id: str) -> None:
+def _start_keeper(backend: str, run_id: str) -> subprocess.Popen | None:
     """Start the run's keeper (halo_sched/keeper.py), detached, in this process's environment (the nodes of later
     attempts inherit it, ``secret_env`` values included, as the first attempt's did)."""
     log = open(_keeper_dir() / f"{backend}-{run_id}.log", "ab")
     with log:
-        subprocess.Popen([sys.executable, "-m", "halo_sched.keeper", backend, run_id], stdin=subprocess.DEVNULL,
-                         stdout=log, stderr=log, start_new_session=True, cwd=os.getcwd())
+        return subprocess.Popen([sys.executable, "-m", "halo_sched.keeper", backend, run_id], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=log, start_new_session=True, cwd=os.getcwd())
+
+
+#: How long :meth:`LocalScheduler.start_owner` waits for the keeper it started to hold its lock.
+KEEPER_START_S = 30.0
 
 
 def _keeper_alive(backend: str, run_id: str) -> bool:
@@ -252,32 +256,55 @@ class LocalScheduler(Scheduler):
         if spec.retry is not None and getattr(spec, "_attempt", None) is None:
             try:
                 _start_keeper(self.name, job.id)
-            except OSError as err:  # the job runs: its id is still printed; a waiter carries the run on
+            except OSError as err:  # the job runs: its id is still printed; a waiter starts the keeper
                 print(f"halo-sched: warning: the run's keeper could not be started ({err.strerror or err}); "
-                      f"`halo-sched watch {job.id}` carries the run on", file=sys.stderr)
+                      f"`halo-sched watch {job.id}` starts it", file=sys.stderr)
         return job
 
     def submit_attempt(self, spec: JobSpec, previous_id: str):
         """The run's next attempt, decided before it is started: its record (id, failure key,
         attempt number) is kept in the store first, in one transaction that finds the record of
-        an earlier decision of the same attempt instead (records.decide), and then exactly that
-        job is started (:meth:`_start`). An actor killed at any step leaves either nothing
-        decided, or a decided attempt that whoever takes its place starts or adopts: never a
-        second one (tests/test_one_attempt.py)."""
+        an earlier decision of the same attempt instead and marks ``previous_id``'s successor as
+        being started (records.decide); then exactly that job is started (:meth:`_start`) and
+        named ``previous_id``'s successor (records.link), which every reader then follows. Only
+        the run's keeper calls it (halo_sched/keeper.py, one per run by its lock); a keeper
+        killed at any step leaves either nothing decided, or a decided attempt that the next
+        keeper starts or adopts: never a second one (tests/test_one_attempt.py)."""
         from .. import records
         from .base import Job, failure_key_in_env, new_failure_key
 
         dry = self.dryrun(spec)
         job_id = submission_id(spec)
         fields = {**self.record_fields(dry, job_id), "failure_key": new_failure_key()}
-        rec = records.decide(records.build(self.name, spec, job_id, fields, spec.job_file), dry.text)
+        rec = records.decide(records.build(self.name, spec, job_id, fields, spec.job_file), dry.text, previous_id)
         base.step("decided")
         with failure_key_in_env(rec.get("failure_key") or ""):
             self._start(dry, rec["id"], decided=True)
+        records.link(spec._attempt.run_id, self.name, previous_id, rec["id"])
+        base.step("recorded")
         return Job(self, rec["id"])
 
     def owner_gone(self, run_id: str) -> bool:
         return not _keeper_alive(self.name, run_id)
+
+    def start_owner(self, run_id: str) -> bool:
+        """Start the run's keeper again when none holds its lock (it was killed, the machine
+        rebooted): detached, as ``submit`` starts it; it carries the run on from where the store
+        says it is, the attempt a dead keeper decided included. Waits until the new keeper holds
+        the lock or has ended (at most :data:`KEEPER_START_S`). True when one was started. The
+        caller starts nothing else: the keeper alone decides and starts attempts."""
+        if _keeper_alive(self.name, run_id):
+            return False
+        try:
+            proc = _start_keeper(self.name, run_id)
+        except OSError as err:
+            print(f"halo-sched: warning: the run's keeper could not be started ({err.strerror or err})", file=sys.stderr)
+            return False
+        deadline = time.monotonic() + KEEPER_START_S
+        while (proc is None or proc.poll() is None) and not _keeper_alive(self.name, run_id) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return True
 
     def record_fields(self, dryrun: DryRun, job_id: str) -> dict:
         d = self.root / job_id

@@ -28,7 +28,7 @@ from typing import Callable, Hashable, Sequence
 from ..errors import HaloError, OutcomeUnknown
 from ..outage import ASK_LIMIT_S, RETRY_EVERY_S, Outage, clock_text, is_outage
 from ..retry import within
-from .jobstate import JobState, JobStatus
+from ..jobstate import JobState, JobStatus
 
 _REGISTRY: dict[Hashable, "Watcher"] = {}
 _REGISTRY_LOCK = threading.Lock()

@@ -125,7 +125,7 @@ def value_line(st) -> str | None:
 def state_json(st) -> dict:
     """A job's state as ``status --json`` (and ``submit --json --wait``, ``cancel --json --wait``)
     write it."""
-    from ..backends.jobstate import in_place_fields
+    from ..jobstate import in_place_fields
 
     return {
         "id": st.id, "status": st.status.value, "raw_state": st.raw_state, "exit_code": st.exit_code,

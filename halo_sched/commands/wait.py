@@ -116,11 +116,10 @@ def _wait_run(args, spec, sched, job_id: str, watching: bool = False) -> int:
 
     submitted_here = set() if watching else {job_id}  # the attempts this process submitted
 
-    def one(attempt_id: str, observe) -> "object":
+    def one(attempt_id: str) -> "object":
         progress = Progress(sched, attempt_id)
 
         def changed(st) -> None:
-            observe(st)
             if not args.quiet:
                 progress.change(st)
 

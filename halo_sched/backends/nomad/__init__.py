@@ -17,13 +17,13 @@ from ...node.nomad_names import NOMAD_ATTEMPT_META, NOMAD_EXCLUDED_META, NOMAD_K
 from ..base import DryRun, Scheduler
 from .capabilities import Configured, ReadsAllocFiles
 from .render import (
-    KEEPER_GROUP, KEEPER_META, KEEPER_TASK, SECRETS_META, TASK, client_requirements, job_payload, keeper_variable_items, keeper_variable_path,
-    render_hcl, variable_items, variable_path,
+    KEEPER_GROUP, KEEPER_META, KEEPER_TASK, SECRETS_META, TASK, client_requirements, has_keeper, job_payload,
+    keeper_variable_items, keeper_variable_path, render_hcl, variable_items, variable_path,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...models import JobSpec
-    from ..jobstate import JobState  # rendering reads no job state: imported where a state is made
+    from ...jobstate import JobState  # rendering reads no job state: imported where a state is made
 
 _ID_RE = re.compile(r"^(?:([A-Za-z0-9_-]+):)?(?:([A-Za-z0-9_-]+)/)?([A-Za-z0-9][A-Za-z0-9_.-]*)(?:~v(\d{1,9}))?\Z")
 
@@ -56,8 +56,8 @@ def _superseded(c, job: dict | None) -> bool:
 
 def _run_over(job: dict | None) -> bool:
     """Whether the run a job holds can register no further attempt: always for a job without a
-    keeper (its waiter re-writes the Variable for each attempt it registers); with one, once the
-    job is dead (the keeper ended with it, and registers a next attempt before it ends)."""
+    keeper (nothing registers its next attempt: no reader does); with one, once the job is dead
+    (the keeper ended with it, and registers a next attempt before it ends)."""
     return KEEPER_META not in ((job or {}).get("Meta") or {}) or (job or {}).get("Status") == "dead"
 
 
@@ -260,6 +260,9 @@ class NomadScheduler(Scheduler):
             # Before the job exists: its tasks read the Variable once, when they start.
             self._write_variable(client, dryrun.spec, variable_path(dryrun.payload["Job"]["ID"]), items)
         self._write_keeper_variable(client, dryrun.spec, dryrun.payload["Job"]["ID"])
+        if dryrun.spec.retry is not None and not has_keeper(dryrun.spec):
+            _say("note: nomad.keeper: false: this job carries no keeper, so a failed attempt is not retried on Nomad "
+                 "(no halo-sched process registers one; docs/recovery.md)")
         resp = client.submit_job(with_failure_key(dryrun.payload), token, retry_s=self.retry_s, on_retry=_say) or {}
         if resp.get("found_after_retry"):
             _say(f"the job was registered by an earlier attempt (token {token}); not registering it again")
@@ -313,10 +316,10 @@ class NomadScheduler(Scheduler):
 
     # ---- a run's keeper (node/nomad_keeper.py): it registers the next attempts; waiters follow ----
 
-    #: A run's next attempts are registered by the job's own keeper task when the job carries one
-    #: (``nomad.keeper``, the default with ``retry:``): every waiter and reader follows the chain
-    #: from Nomad (:meth:`successor_of`) and records it; none registers. A run without a keeper is
-    #: carried on by a waiting process, as before (:meth:`waiter_submits`).
+    #: A run's next attempts are registered by the job's own keeper task (``nomad.keeper``, the
+    #: default with ``retry:``): every waiter and reader follows the chain from Nomad
+    #: (:meth:`successor_of`) and records it; none registers. A job without a keeper
+    #: (``nomad.keeper: false``) is not retried: nothing in it acts, and no reader does.
     starts_successor = True
     #: How long a waiter that saw an attempt fail waits for the keeper's next one (its settle, the
     #: register, an outage ridden out), while the keeper may still act (:meth:`owner_gone`).
@@ -372,9 +375,10 @@ class NomadScheduler(Scheduler):
                               **({"version": int(version)} if version is not None else {})}}
 
     def owner_gone(self, run_id: str) -> bool:
-        """A run without a keeper has the waiting process for its owner (gone: it carries the run
-        on). With a keeper: gone once the job is stopped, dead (the keeper ended with it: it
-        registers the next attempt before it ends) or unknown to Nomad."""
+        """A run without a keeper has none (gone: nothing registers its next attempt). With a
+        keeper: gone once the job is stopped, dead (the keeper ended with it: it registers the
+        next attempt before it ends) or unknown to Nomad; a keeper lost with its node is placed
+        again by Nomad, not by a reader."""
         if not self._keeper_run(run_id):
             return True
         try:
@@ -384,19 +388,17 @@ class NomadScheduler(Scheduler):
             return False
         return not stubs or bool(stubs[0].get("Stop")) or stubs[0].get("Status") == "dead"
 
-    def waiter_submits(self, run_id: str, state: JobState) -> bool:
-        """Never for a run whose job carries its keeper: the keeper and a waiter never both register
-        an attempt (docs/recovery.md). Without one, the waiting process registers it, as before."""
-        return not self._keeper_run(run_id)
-
     def submit_attempt(self, spec: JobSpec, previous_id: str):
         """The run's next attempt as a NEW VERSION of the same Nomad job (``nomad job history``
         lists the attempts): the same job ID re-registered with the attempt's spec (its
         ``${node.unique.name} != HOST`` constraints, ``HALO_RESTART_COUNT`` in the tasks' Env),
-        Meta ``halo_sched_attempt`` = its number and a fresh submission token. Exactly once:
+        Meta ``halo_sched_attempt`` = its number and a fresh submission token: what the run's
+        keeper registers from inside the job (node/nomad_keeper.py), from this process. No
+        reader or waiter of halo-sched calls it (they follow the keeper); a tool that carries a
+        keeper-less run on by hand, and the tests standing in for a keeper, do. Exactly once:
         registered only while the job is still at the previous attempt (its Meta), and against
         the ``JobModifyIndex`` read then (``EnforceIndex``, :meth:`NomadClient.reregister_job`),
-        so that of two processes waiting on the run only one registers it. A job already at
+        so that of two processes registering it only one does. A job already at
         this attempt (registered by a process that died before recording it) is recorded and
         followed instead. Its id is ``JOB~vN`` (N: the job's version), its record one of its own."""
         from ... import records
@@ -419,8 +421,8 @@ class NomadScheduler(Scheduler):
         job = client.read_job(name)
         had = (job.get("Meta") or {}).get(ATTEMPT_META) or "0"
         if had == str(spec._attempt.number) and isinstance(job.get("Version"), int):
-            # This very attempt, registered by a process that died before recording it (its
-            # claim in the store was taken over): recorded and followed, never registered again.
+            # This very attempt, registered by a process that died before recording it:
+            # recorded and followed, never registered again.
             job_id = f"{prefix}{name}~v{job['Version']}"
             if not records.find(job_id, self.name, on_bad=None):
                 records.record_submit(self.name, spec, dry.text, job_id, {**self.record_fields(dry, job_id),
@@ -500,7 +502,7 @@ class NomadScheduler(Scheduler):
     def query(self, ids: Sequence[str]) -> dict[str, JobState]:
         """At most three calls per namespace/region, whatever the number of jobs: job stubs,
         allocation stubs, and (only when some rank is unplaced) the evaluations saying why."""
-        from ..jobstate import JobStatus
+        from ...jobstate import JobStatus
         from .state import job_state
 
         out = {}

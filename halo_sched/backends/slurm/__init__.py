@@ -26,7 +26,7 @@ from .capabilities import CancelsOnce, Lists, SubmitsOnce
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...models import JobSpec
-    from ..jobstate import JobState
+    from ...jobstate import JobState
 
 __all__ = ["LIST_ASK_S", "SUBMIT_CHECK_S", "SlurmScheduler", "output_problems"]
 
@@ -216,7 +216,7 @@ class SlurmScheduler(Scheduler):
             raise SchedulerError(f"SLURM did not answer within {self._list_bound:g} s ({cause})") from err
 
     def _query(self, ids: Sequence[str]) -> dict[str, JobState]:
-        from ..jobstate import JobStatus
+        from ...jobstate import JobStatus
 
         states = self.transport.query(list(ids))
         for job_id, state in states.items():
@@ -345,10 +345,9 @@ class SlurmScheduler(Scheduler):
         if not (outputs and isinstance(outputs[0], str) and isinstance(run.get("id"), str)
                 and isinstance(attempt, int) and not isinstance(attempt, bool) and 0 <= attempt < 1000):
             return None
-        from ...records import failure_key
-
+        key = record.get("failure_key")  # the job's key, which signed the marker (made at its submit)
         found = read_marker(marker_path(os.path.dirname(outputs[0]), run["id"], attempt + 1),
-                            failure_key(record.get("id") or "", self.name))
+                            key if isinstance(key, str) else "")
         if found is None or not found.get("job") or found.get("run") != run["id"]:
             return None
         return found
@@ -372,7 +371,7 @@ class SlurmScheduler(Scheduler):
     def _live(self, job_id: str, state: JobState) -> JobState:
         """sacct records a requeued run's end (PREEMPTED, NODE_FAIL) before the job is pending
         again; slurmctld itself shows such a job as REQUEUED/PENDING at once, so ask it."""
-        from ..jobstate import JobStatus
+        from ...jobstate import JobStatus
         from .status import scontrol_job_state
 
         try:
@@ -453,10 +452,12 @@ class SlurmScheduler(Scheduler):
         except HaloError as err:
             _say(f"warning: could not cancel guardian {', '.join(guards)}: {' '.join(str(err).split())[:200]}")
 
-    def guardian_alive(self, record: dict) -> bool:
-        """Whether the guardian of the attempt of ``record`` may still carry its run on: it is
-        pending or running (a reader then waits for it: runs.wait_run)."""
-        guard = record.get("guardian")
+    def guardian_alive(self, job_id: str) -> bool:
+        """Whether the guardian of attempt ``job_id`` (its record names it) may still carry its run
+        on: it is pending or running (a reader then waits for it: runs.wait_run)."""
+        from ...records import find
+
+        guard = (find(job_id, self.name, on_bad=None) or [{}])[0].get("guardian")
         if not isinstance(guard, str) or not guard:
             return False
         try:
@@ -466,7 +467,7 @@ class SlurmScheduler(Scheduler):
         return state is not None and not state.status.terminal and state.status.value != "UNKNOWN"
 
     def progress(self, state: JobState) -> str:
-        from ..jobstate import JobStatus
+        from ...jobstate import JobStatus
 
         if state.status is JobStatus.PENDING and not state.verdict:
             from .pending import pending_words
@@ -546,7 +547,7 @@ def _count(value) -> int:
 
 def _never_starts(state: JobState) -> bool:
     """Pending for a reason that can never clear (reasons.py: PartitionNodeLimit, ...)."""
-    from ..jobstate import JobStatus
+    from ...jobstate import JobStatus
     from .reasons import never_clears
 
     return state.status is JobStatus.PENDING and never_clears(state.reason)

@@ -18,7 +18,7 @@ from typing import Iterable, Mapping, Sequence
 
 from dataclasses import replace
 
-from halo_sched.backends.jobstate import JobState, JobStatus, SlurmDetail
+from halo_sched.jobstate import JobState, JobStatus, SlurmDetail
 from halo_sched.backends.slurm.reasons import pending_reason
 from halo_sched.node.spares import parse_words, show_job_records
 

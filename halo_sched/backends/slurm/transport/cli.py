@@ -21,7 +21,7 @@ import re
 import subprocess
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from halo_sched.backends.jobstate import JobState, SlurmDetail
+from halo_sched.jobstate import JobState, SlurmDetail
 from halo_sched.backends.slurm import status as st
 from halo_sched.errors import MissingDependency, SchedulerError
 from halo_sched.exactly_once import TOKEN_PREFIX, run_once
