@@ -61,4 +61,4 @@ def test_sim_a_stuck_rank_ends_the_nomad_job_as_hung(tmp_path):
                     r"3 ranks waiting in all_reduce", st.describe()), (st.describe(), logs)
     took = ended - st.failure.first.last_progress
     print(f"Nomad simulator: job dead {took:.1f} s after the last progress (timeout_s 15)")
-    assert took <= 15 + 45, took  # 48 s seen beside the rest of the suite on 2 cores; unwatched: 30 minutes
+    assert took <= 15 + 75, took  # 48 s seen beside the rest of the suite on 2 cores (the SLURM twin: 62 s); unwatched: 30 minutes

@@ -37,13 +37,13 @@ def test_a_stuck_rank_ends_the_slurm_job_as_hung_naming_it(tmp_path, env, stuck,
     st = json.loads(cli("status", job_id, "--json", cwd=tmp_path, env=env).stdout)
     failure = st["failure"] if "failure" in st else st["last_known"]["failure"]
     assert failure["kind"] == "HUNG" and failure["first"]["rank"] == stuck
-    # --wait returned within timeout_s + 45 s of the stuck rank's last progress: the monitor's poll,
+    # --wait returned within timeout_s + 75 s of the stuck rank's last progress: the monitor's poll,
     # the stacks, the kill, the step's end and --wait's poll, on a 2-core machine that runs the rest
-    # of the suite beside it (50-52 s seen there, 35-40 s alone). Without the monitor the job would
-    # hold its nodes until gloo's 30-minute timeout.
+    # of the suite beside it (61-62 s seen there on both releases, 34 s alone). Without the monitor
+    # the job would hold its nodes until gloo's 30-minute timeout.
     took = ended - failure["first"]["last_progress"]
     print(f"SLURM: --wait returned {took:.1f} s after the last progress (timeout_s {TIMEOUT_S})")
-    assert TIMEOUT_S <= took <= TIMEOUT_S + 45, took
+    assert TIMEOUT_S <= took <= TIMEOUT_S + 75, took
     # The stacks are in the job's output (the node's log directory is a temporary one here).
     logs = cli("logs", job_id, "--node", str(node), cwd=tmp_path, env=env).stdout
     assert f"==== rank {stuck} (node {node}" in logs and f'hang.py", line {HANG_LINE} in main' in logs, logs[-3000:]
