@@ -174,13 +174,14 @@ def test_a_host_cut_mid_training_is_named_ledgered_and_the_retry_completes_witho
     ends naming h1 as the host that left the allocation (node 1, its ranks), h1 is ledgered, and the retry
     its batch script submitted completes without it (tests/test_multihost_lost_node.py: the same with no
     client, and the batch host cut). Long: SLURM marks a silent host down only after SlurmdTimeout (20 s
-    here), and the retry is a second real torchrun job."""
+    here), and the retry is a second real torchrun job. It trains 300 steps (60 s): beside the whole
+    suite a 98 s start-up once left a 30 s run finished before the test had seen it train."""
     import json
     import subprocess
 
     env = slurm_env(rig.env)
     shutil.copy(REPO / "tests" / "trainers" / "hang.py", tmp_path / "hang.py")
-    job = example_job(tmp_path, 29500, trainer={"script": "hang.py", "args": ["--steps", "150", "--step-time", "0.2"]},
+    job = example_job(tmp_path, 29500, trainer={"script": "hang.py", "args": ["--steps", "300", "--step-time", "0.2"]},
                       rendezvous={"port": 29500, "timeout_s": 60}, hang={"timeout_s": 30},
                       retry={"attempts": 2, "on": ["node", "hang"]})
     submit = subprocess.Popen([*cli_argv(), "submit", str(job), "--backend", "slurm", "--wait", "--quiet",

@@ -289,7 +289,13 @@ def test_job_on_a_named_cluster_submit_status_wait_cancel(cli, workdir, cluster_
     run = lambda *a: subprocess.run([sys.executable, "-m", "halo_sched.cli", *a, "--backend", "slurm"],  # noqa: E731
                                     capture_output=True, text=True, env=env, timeout=120)
     wait_for(t, long_, {JobStatus.RUNNING}, 60)
-    status = run("status", long_, short)
+    # status asks for at most 10 s (outage.ASK_BOUND_S) through this bash shim; beside the whole
+    # suite on 2 cores one run had its squeue cut at 0.5 s. What is checked here is where the calls
+    # go, not how fast: a call cut by that bound is asked again (at most twice).
+    for _ in range(3):
+        status = run("status", long_, short)
+        if status.returncode == 0 or "timed out" not in status.stderr:
+            break
     lines = status.stdout.splitlines()
     assert status.returncode == 0 and lines[0].startswith(f"{long_}\tRUNNING") and lines[1] == f"{short}\tCOMPLETED exit=0", status
     assert run("cancel", long_).returncode == 0

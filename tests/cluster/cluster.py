@@ -34,6 +34,11 @@ def state_dir() -> Path:
 #: its slurmrestd 100 above), apart from every release's default ports (6817..6947) and the tests'
 #: own (12000..20000, tests/helpers.py).
 PER_WORKER_PORTS = {"22.05": 7000, "24.11": 7200, "26.05": 7400}
+#: ... and its job ids from a band of its own: a job's rendezvous port is derived from its id modulo
+#: 1000 (halo_sched/node/contract.py DERIVED_PORTS), and every cluster's nodes are this one host.
+#: The 22.05 pass beside the current release's, two workers each: four bands of 250 (a worker's
+#: pass submits about 125 jobs).
+JOB_ID_BAND = 250
 
 
 def per_worker_cluster(worker: str, version: str | None = None) -> tuple[str, int] | None:
@@ -47,6 +52,14 @@ def per_worker_cluster(worker: str, version: str | None = None) -> tuple[str, in
     return str(root / f"cluster-{version}-{worker}"), PER_WORKER_PORTS.get(version, 7600) + 10 * n
 
 
+def first_job_id(worker: str, version: str | None = None) -> int:
+    """The first job id of worker ``worker``'s own cluster: 22.05's workers, then any other
+    release's (the one that runs beside it), JOB_ID_BAND ids each, modulo 1000."""
+    version = version or slurm_version()
+    band = (0 if version == "22.05" else 2) + int(worker[2:])
+    return 1 + (band % (1000 // JOB_ID_BAND)) * JOB_ID_BAND
+
+
 def use_per_worker_cluster() -> bool:
     """In a pass with HALO_CLUSTER_PER_WORKER=1, point this xdist worker at its own cluster (the
     environment every later step reads: the lock, slurm-cluster.sh). Called before the lock's path
@@ -58,6 +71,7 @@ def use_per_worker_cluster() -> bool:
         return False
     os.environ["HALO_CLUSTER_DIR"], port = mine
     os.environ["HALO_CLUSTER_PORT"] = str(port)
+    os.environ["HALO_CLUSTER_FIRST_JOB_ID"] = str(first_job_id(os.environ["PYTEST_XDIST_WORKER"]))
     global worker_owns_cluster
     worker_owns_cluster = True
     return True

@@ -221,6 +221,9 @@ SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
 ReturnToService=2
 MinJobAge=300
+# Job ids apart from the suite's own clusters' (1..1000, tests/cluster/cluster.py): tests that find a job's
+# processes by SLURM_JOB_ID in /proc run beside the rig on this one host.
+FirstJobId=100001
 OverTimeLimit=0
 KillWait=2
 InactiveLimit=0
