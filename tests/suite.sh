@@ -26,6 +26,9 @@ PYTEST=${PYTEST:-.venv/bin/pytest}
 RELEASE=${SLURM_RELEASE:-24.11}
 A_WORKERS=${HALO_TEST_WORKERS:-4}
 R_WORKERS=${HALO_RELEASE_WORKERS:-2}
+# Each worker's cluster numbers its jobs in a band of its own (tests/cluster/cluster.py
+# first_job_id): four bands, two SLURM passes.
+((R_WORKERS >= 1 && R_WORKERS <= 2)) || { echo "tests/suite.sh: HALO_RELEASE_WORKERS must be 1 or 2" >&2; exit 2; }
 t0=$SECONDS
 
 # The release is built once per machine (cached under /var/cache/halo-sched): before the clock
