@@ -181,12 +181,13 @@ def test_requeue_resumes_from_the_checkpoint_and_wait_follows_to_the_end(tmp_pat
 
 def test_a_warning_through_slurmrestd_reaches_each_rank_once_and_requeues(tmp_path, env):
     """A warning sent through slurmrestd reaches each rank once and the job requeues and completes. Long: two real
-    2x2 torchrun starts on SLURM with a requeue between them, and 40 steps of 0.25 s."""
+    2x2 torchrun starts on SLURM with a requeue between them, and 120 steps of 0.25 s: 40 (10 s) were once
+    over, beside the whole suite, before the warning reached them."""
     # slurmrestd signals every process of the job (KILL_FULL_JOB); halo-sched sends URG, which the
     # batch script takes as the warning (so it requeues) and every node's entry hands on once.
     from halo_sched.backends.slurm.transport import RestTransport
 
-    job = _job(tmp_path, ["--steps", "40", "--step-time", "0.25"], slurm={"requeue": True, "cpus_per_task": 2})
+    job = _job(tmp_path, ["--steps", "120", "--step-time", "0.25"], slurm={"requeue": True, "cpus_per_task": 2})
     job_id = _submit(job, tmp_path, env)
     _wait_for_training(tmp_path, job_id, env)
     rest = RestTransport(url=env["HALO_SLURMRESTD_URL"], token=slurm_jwt(env=env), user="root")
@@ -203,7 +204,7 @@ def test_a_warning_through_slurmrestd_reaches_each_rank_once_and_requeues(tmp_pa
     _assert_each_rank_got_it_once(tmp_path, out)
     assert not any(_receipts(tmp_path, restart=1).values()), "run 2 was never warned"
     assert all(f"SIGUSR2 to rank {r} (pid" in out for r in range(4)), out
-    assert all(x["restart_count"] == 1 and x["last_step"] == 39 for x in second), second
+    assert all(x["restart_count"] == 1 and x["last_step"] == 119 for x in second), second
     assert "requeueing for run 2" in out
 
 
