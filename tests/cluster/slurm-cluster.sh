@@ -10,7 +10,7 @@
 #
 # Environment: HALO_CLUSTER_DIR (state dir, default /var/lib/halo-sched/cluster-X.Y: outside the
 # checkout, which may sit in a 0700 home the daemons' users munge and slurm cannot enter), HALO_CLUSTER_NODES (3),
-# HALO_CLUSTER_PORT (slurmctld port, default 6817; node i listens on PORT+i), HALO_CLUSTER_FIRST_JOB_ID (1),
+# HALO_CLUSTER_PORT (slurmctld port, default 6817; node i listens on PORT+i), HALO_CLUSTER_FIRST_JOB_ID (1; 501 for a release other than 22.05),
 # HALO_CLUSTER_REST_PORT (slurmrestd on 127.0.0.1, default PORT+100),
 # HALO_CLUSTER_NO_REST=1 (do not start slurmrestd), HALO_SLURM_VERSION (22.05 = Debian 12's
 # packages, the default; 24.11, 26.05, ...: built from Debian's source package, see
@@ -275,9 +275,10 @@ SlurmdParameters=config_overrides
 ReturnToService=2
 # Finished jobs must stay visible to squeue/scontrol for a while (there is no sacct here).
 MinJobAge=300
-# The first job id (HALO_CLUSTER_FIRST_JOB_ID, 1): clusters that run side by side on this one host
-# keep apart the rendezvous ports that halo-sched derives from the job id (DERIVED_PORTS).
-FirstJobId=${HALO_CLUSTER_FIRST_JOB_ID:-1}
+# The first job id (HALO_CLUSTER_FIRST_JOB_ID; 1 for 22.05, 501 for another release): clusters that
+# run side by side on this one host keep apart the rendezvous ports halo-sched derives from the job
+# id (DERIVED_PORTS) and the job ids tests look for in /proc.
+FirstJobId=${HALO_CLUSTER_FIRST_JOB_ID:-$([[ $SLURM_VERSION == 22.05 ]] && echo 1 || echo 501)}
 # Time limits are enforced to the minute, and killed jobs go quickly. KillWait (30 s by default)
 # is also how long a node's tasks outlive another's failure under --kill-on-bad-exit: 2 s is
 # harsher than most sites, on purpose (a hung job's monitors must finish within it).
