@@ -40,9 +40,8 @@ echo "halo-sched tests: Slurm $RELEASE ready after $((SECONDS - t0)) s"
 
 logdir=$(mktemp -d /tmp/halo-suite.XXXXXX)
 trap 'rm -rf "$logdir"' EXIT
-ta0=$SECONDS
 
-# A SLURM pass (S or B) in the background: its release, each worker on a cluster of its own.
+# A SLURM pass (S or B) in the background: its release, each xdist worker on a cluster of its own.
 slurm_pass() {
     local pass=$1 version=$2 t=$SECONDS xdist=()
     ((R_WORKERS > 1)) && xdist=(-n "$R_WORKERS" --dist loadgroup)
@@ -65,12 +64,8 @@ if ((R_WORKERS > 1)); then
     a_select=(-m "not slurm or multihost")
     echo "== pass A: the suite but the SLURM cluster's tests ($A_WORKERS workers; the SLURM suite on 22.05 and on $RELEASE runs beside it, $R_WORKERS clusters each)"
 else
-    (
-        HALO_SLURM_VERSION=$RELEASE "$PYTEST" -p no:cacheprovider --basetemp="$logdir/tmp-b" \
-            -m "slurm and not multihost" "$@" >"$logdir/b.log" 2>&1
-        echo $? >"$logdir/b.rc"
-        echo $((SECONDS - ta0)) >"$logdir/b.seconds"
-    ) &
+    # One worker: no xdist worker id, so the release's shared cluster (tests/cluster/cluster.py).
+    slurm_pass b "$RELEASE" "$@"
     b_pid=$!
     s_pid=
     echo 0 >"$logdir/s.rc"
