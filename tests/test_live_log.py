@@ -99,6 +99,8 @@ def test_submit_wait_folds_and_logs_keeps_every_line(tmp_path):
     logs = subprocess.run([sys.executable, "-m", "halo_sched.cli", "logs", job_id], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60, env=os.environ).stdout
     failures = [json.loads(x.split("halo-sched-failure ", 1)[1]) for x in logs.splitlines() if "halo-sched-failure {" in x]
-    # (the node that failed first stops the other, whose ranks may not all have reported)
-    assert failures and all(f["error"].startswith("ValueError: bad lr on rank") for f in failures)
+    # The node that failed first stops the other: under load a rank there may be stopped (torchrun's
+    # SIGTERM) before it raised, and is then reported by the signal; every other says why it failed.
+    raised = [f for f in failures if f["error"].startswith("ValueError: bad lr on rank")]
+    assert raised and all(f in raised or f["error"] in ("killed by SIGTERM", "killed by SIGKILL") for f in failures), failures
     assert logs.count("Traceback (most recent call last)") > r.stderr.count("Traceback (most recent call last)")
