@@ -295,7 +295,8 @@ def test_a_host_cut_during_rendezvous_is_named_within_the_rendezvous_timeout(tmp
 
 
 def test_a_slow_link_makes_a_rank_on_that_host_the_straggler(tmp_path, rig):
-    """delay h1 50: every packet h1 sends on data0 is 50 ms late. Three hosts (h0, h1, h2), 2 ranks
+    """delay h1 50 once the job trains (a link turning slow mid-run, as it does in production): every
+    packet h1 sends on data0 is 50 ms late from then on. Three hosts (h0, h1, h2), 2 ranks
     each, reporting after their compute and when they leave the step's all_reduce: `status` names
     h1, the host common to the slow links, and its ranks, as a slow host's network, and names no
     slow rank. Not two hosts: the delay is one-way (h1's sends), and between two hosts nothing
@@ -311,8 +312,18 @@ def test_a_slow_link_makes_a_rank_on_that_host_the_straggler(tmp_path, rig):
     r = cli("submit", str(job), "--backend", "slurm", "--quiet", cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     job_id = r.stdout.strip().splitlines()[-1]
-    rig.delay("h1", 50)
+    # The delay comes once every node trains: set while gloo connects the ranks, beside the whole suite it
+    # once ended the job there (a peer closed the connection), before any step was timed.
     deadline, text = time.monotonic() + 150, ""
+    while time.monotonic() < deadline:
+        text = cli("status", job_id, "--backend", "slurm", cwd=tmp_path, env=env).stdout
+        steps = [int(s) for s in re.findall(r"node \d: step (\d+)", text)]
+        if len(steps) == 3 and min(steps) >= 5 or "RUNNING" not in text and "PENDING" not in text:
+            break
+        time.sleep(2)
+    assert "RUNNING" in text and len(steps) == 3 and min(steps) >= 5, text
+    rig.delay("h1", 50)
+    deadline = time.monotonic() + 150
     while time.monotonic() < deadline:
         text = cli("status", job_id, "--backend", "slurm", cwd=tmp_path, env=env).stdout
         if "slowest: node" in text and "every rank waits" in text:

@@ -209,16 +209,18 @@ def test_a_warning_through_slurmrestd_reaches_each_rank_once_and_requeues(tmp_pa
 
 
 def test_time_limit_warning_through_slurm_signal(tmp_path, env):
-    """SLURM's own time-limit warning (--signal=USR2@60) reaches every rank once and the job completes. Long:
-    slurmctld checks time limits every 30 s, so the warning comes 30-60 s after the start of a 2-minute job."""
-    # time=2 minutes, warning 60 s before: slurmctld looks at time limits every 30 s and sends the
-    # warning once it is less than 30 s away, so 30-60 s after the start (job_mgr.c
-    # send_job_warn_signal), maybe before every rank has installed its handler on this loaded
-    # machine: the entry holds it until each has. The trainer would run for hours otherwise.
+    """SLURM's own time-limit warning (--signal=USR2@120) reaches every rank once and the job completes. Long:
+    slurmctld checks time limits every 30 s, so the warning comes 30-60 s after the start of a 3-minute job."""
+    # time=3 minutes, warning 120 s before: slurmctld looks at time limits every 30 s (PERIODIC_TIMEOUT)
+    # and sends the warning once the end is at most warn_time + 30 s away (job_mgr.c
+    # send_job_warn_signal), so 30-60 s after the start, maybe before every rank has installed its
+    # handler on this loaded machine: the entry holds it until each has. That leaves the ranks 120 s
+    # to save and stop (60 s, with a 2-minute job, was once too little beside the whole suite: TIMEOUT).
+    # The trainer would run for hours otherwise.
     job = _job(tmp_path, ["--steps", "100000", "--step-time", "0.2"],
-               slurm={"time": "2", "signal": "USR2@60", "cpus_per_task": 2})
+               slurm={"time": "3", "signal": "USR2@120", "cpus_per_task": 2})
     job_id = _submit(job, tmp_path, env)
-    st = _wait_for_end(job_id, env, timeout=210)
+    st = _wait_for_end(job_id, env, timeout=270)
     out = _output(tmp_path, job_id)
     assert st["status"] == "COMPLETED" and st["exit_code"] == 0, (st, out)
     ranks = _reports(tmp_path)

@@ -153,11 +153,30 @@ def test_the_kernel_dump_finds_a_real_connection():
                             text=True, timeout=10).stdout if shutil.which("ss") else ""
         m = re.search(r"\brtt:([0-9.]+)/", ss)
         assert not m or abs(float(m[1]) * 1000 - rows[inode][3]) < 1000, (ss, rows[inode])
+        assert rows[inode][5] < links.ACTIVE_MS, rows[inode]  # it just sent: ms since its last data
         assert links.sample([os.getpid()]) == []  # within the host: no link
     finally:
         cli.close()
         acc.close()
         srv.close()
+
+
+def test_a_link_turned_slow_mid_run_shows_through_its_live_connections(monkeypatch):
+    """Three connections between two hosts: two idle since the start (their round trip, the start's),
+    one carrying the steps (the link's now, 50 ms). The sample is the live one's; over all three,
+    the median was the start's 0.3 ms, and a host slowed mid-run was never named (the rig)."""
+    socks = [socket.socket() for _ in range(3)]
+    try:
+        inodes = [os.fstat(s.fileno()).st_ino for s in socks]
+        rows = [("10.9.0.1", "10.9.0.2", inodes[0], 50000, 1, 200), ("10.9.0.1", "10.9.0.2", inodes[1], 200, 0, 90000),
+                ("10.9.0.1", "10.9.0.2", inodes[2], 300, 0, 90000)]
+        monkeypatch.setattr(links, "_dump", lambda family: rows if family == socket.AF_INET else [])
+        assert links.sample([os.getpid()]) == [("10.9.0.1", "10.9.0.2", 50000, 1)]
+        rows[0] = rows[0][:5] + (90000,)  # all idle: the median of all, as before
+        assert links.sample([os.getpid()]) == [("10.9.0.1", "10.9.0.2", 300, 1)]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def test_left_is_written_for_the_written_reports_and_read_back(tmp_path, monkeypatch):

@@ -29,10 +29,11 @@ def _dump(family: int) -> list:
                     alen, atype = struct.unpack_from("=HH", m, a)
                     if alen < 4:
                         break
-                    if atype == 2 and alen >= 112:  # INET_DIAG_INFO: tcp_info's rtt (at 68), total_retrans (100)
+                    if atype == 2 and alen >= 112:
+                        # INET_DIAG_INFO: tcp_info's rtt (at 68), total_retrans (100), last_data_sent (44, ms ago)
                         out.append((_ip(family, m[8:8 + n]), _ip(family, m[24:24 + n]),
                                     *struct.unpack_from("=I", m, 68), *struct.unpack_from("=I", m, a + 72),
-                                    *struct.unpack_from("=I", m, a + 104)))
+                                    *struct.unpack_from("=I", m, a + 104), *struct.unpack_from("=I", m, a + 48)))
                         break
                     a += (alen + 3) & ~3
                 off += (length + 3) & ~3
@@ -44,8 +45,19 @@ def _ip(family: int, raw: bytes) -> str:
     return socket.inet_ntop(family, raw).removeprefix("::ffff:")  # IPv4-mapped
 
 
+#: A connection that sent data this recently (ms) is live: its round trip is the link's now.
+ACTIVE_MS = int(2 * LINKS_S * 1000)
+
+
 def sample(pids) -> list:
-    """(src, dst, median rtt_us, retrans) per address pair of ``pids``' links to other hosts."""
+    """(src, dst, median rtt_us, retrans) per address pair of ``pids``' links to other hosts.
+
+    The kernel measures a connection's round trip only as its data is acknowledged: an idle one
+    keeps the figure of its last traffic. A job opens many connections between two hosts (its
+    rendezvous, each pair of ranks) and uses few every step (a ring all_reduce uses a rank's two
+    neighbours), so where a pair of addresses has connections that sent data in the last
+    ``ACTIVE_MS``, only those count: a link that turns slow mid-run shows within a sample, where the
+    median over every connection kept the start's figure (measured on the multi-host rig)."""
     mine = set()
     for pid in pids:
         try:
@@ -64,10 +76,14 @@ def sample(pids) -> list:
         except OSError:
             pass
     local, by = {r[0] for r in rows}, {}
-    for s, d, i, rtt, re in rows:
+    for s, d, i, rtt, re, idle_ms in rows:
         if i in mine and d not in local and not d.startswith("127.") and d != "::1":
-            by.setdefault((s, d), []).append((rtt, re))
-    return [(*k, sorted(v)[len(v) // 2][0], sum(r for _, r in v)) for k, v in by.items()][:MAX_LINKS]
+            by.setdefault((s, d), []).append((rtt, re, idle_ms))
+    out = []
+    for k, v in by.items():
+        live = sorted(rtt for rtt, _, idle_ms in v if idle_ms < ACTIVE_MS) or sorted(rtt for rtt, _, _ in v)
+        out.append((*k, live[len(live) // 2], sum(r for _, r, _ in v)))
+    return out[:MAX_LINKS]
 
 
 def host_name(text: str) -> str:
