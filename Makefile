@@ -44,7 +44,8 @@ demo: $(BIN)/.installed
 # (tests/cluster/slurm-cluster.sh build; cached in /var/cache/halo-sched). tests/suite.sh runs the
 # two passes side by side, each on pytest-xdist workers; the make fails if either failed.
 SLURM_RELEASE ?= 24.11
-# `make test-slurm-matrix`: the SLURM suite alone, against each of these in turn.
+# `make test-slurm-matrix`: the SLURM suite alone, then the multi-host rig's tests (its daemons the
+# same release's), against each of these in turn.
 SLURM_MATRIX ?= 22.05 24.11 26.05
 # pytest-xdist workers: most of the suite waits (torchrun start-up, slurmd, timeouts), not computes.
 TEST_WORKERS ?= 4
@@ -57,6 +58,8 @@ test-slurm-matrix: $(BIN)/.installed $(HCL_PARSER)
 		echo "== the SLURM suite against Slurm $$v"; \
 		HALO_SLURM_VERSION=$$v tests/cluster/slurm-cluster.sh build && \
 		HALO_SLURM_VERSION=$$v HALO_CLUSTER_PER_WORKER=1 $(BIN)/pytest -n 2 --dist loadgroup -m "slurm and not multihost" || rc=$$?; \
+		echo "== the multi-host rig's tests against Slurm $$v"; \
+		HALO_SLURM_VERSION=$$v $(BIN)/pytest -m multihost || rc=$$?; \
 	done; exit $$rc
 
 test-fast: $(BIN)/.installed $(HCL_PARSER)

@@ -20,7 +20,7 @@ The port is ``rendezvous.port`` when the job file sets it, on every backend. Uns
 its own, so that two jobs whose node 0 share a host never both take torchrun's customary 29500
 (EADDRINUSE, or worse a node joining the other job's store: pytorch#126510): SLURM derives it from
 the job id inside ``DERIVED_PORTS``, Nomad assigns a dynamic port, the local backend picks a free
-one in ``DERIVED_PORTS`` at submit. The entry script itself is the same text either way.
+one in ``LOCAL_PORTS`` (a range of its own) at submit. The entry script itself is the same text either way.
 
 This module knows no scheduler; it renders ``halo_sched/templates/entry.sh.j2``.
 """
@@ -85,8 +85,8 @@ class ServerRole(NamedTuple):
 
 class Rendezvous(NamedTuple):
     """Rank 0's port: ``port`` when the job file sets it; else each backend derives the job's own
-    (SLURM from its id within ``derived``, skipping ``avoid``; local a free one of ``derived``;
-    Nomad a dynamic port)."""
+    (SLURM from its id within ``derived``, skipping ``avoid``; local a free one of its own range,
+    ``LOCAL_PORTS``, skipping ``avoid``; Nomad a dynamic port)."""
 
     port: int | None
     timeout_s: int

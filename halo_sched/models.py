@@ -52,7 +52,7 @@ class Rendezvous(_Model):
     port: int | None = Field(
         None, ge=1024, le=65535,
         description="Master port on node 0; must be reachable node to node. Unset: each job its own (SLURM: "
-                    "28500 + SLURM_JOB_ID % 1000; Nomad: a dynamic port; local: a free port at submit).",
+                    "28500 + SLURM_JOB_ID % 1000; Nomad: a dynamic port; local: a free port of 27500-28499 at submit).",
     )
     timeout_s: int = Field(
         900, ge=1, le=7 * 86400,

@@ -246,13 +246,13 @@ def test_rendezvous_deadline_starts_after_setup(tmp_path):
 
 
 def test_local_submit_picks_a_free_port_for_a_job_without_one(monkeypatch, tmp_path):
-    """rendezvous.port unset on the local backend: a port of 28500-29499 that is free now, none
+    """rendezvous.port unset on the local backend: a port of 27500-28499 that is free now, none
     of the job's server ports and none handed to another job not yet listening, from a random
     start."""
     from halo_sched.backends import local
 
     spec = halo_sched.loads(SPEC.replace("port: 29511, ", ""))
-    monkeypatch.setattr(local, "DERIVED_PORTS", range(28700, 28704))
+    monkeypatch.setattr(local, "LOCAL_PORTS", range(28700, 28704))
     monkeypatch.setattr(local.secrets, "randbelow", lambda n: 0)
     monkeypatch.setattr(local, "_port_in_use", lambda port: port == 28700)  # another job holds it
     assert local._free_master_port(spec, tmp_path / "a") == 28701
@@ -270,14 +270,15 @@ def test_local_submit_picks_a_free_port_for_a_job_without_one(monkeypatch, tmp_p
 def test_local_submit_hands_its_port_to_every_node(tmp_path):
     """The port submit picked is in the job's record and in every node's environment."""
     from halo_sched.backends.local import LocalScheduler
-    from halo_sched.node.contract import DERIVED_PORTS
+    from halo_sched.node.contract import DERIVED_PORTS, LOCAL_PORTS
 
     spec = halo_sched.loads(SPEC.replace("port: 29511, ", "").replace("export FROM_SETUP=yes", "sleep 300"))
     sched = LocalScheduler(tmp_path / "state")
     job_id = sched.schedule(sched.dryrun(spec))
     try:
         meta = json.loads((tmp_path / "state" / job_id / "job.json").read_text())
-        assert meta["master_port"] in DERIVED_PORTS
+        # Its own range: never the port a SLURM job on this machine derives from its id.
+        assert meta["master_port"] in LOCAL_PORTS and meta["master_port"] not in DERIVED_PORTS
         assert meta["launch"]["env"]["HALO_MASTER_PORT"] == str(meta["master_port"])
     finally:
         sched.cancel([job_id])

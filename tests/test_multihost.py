@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cluster.multihost_fixtures import _rig_session, rig, veth_bytes  # noqa: F401  (the fixtures)
-from helpers import REPO, cli, example_job, slurm_env
+from helpers import REPO, cli, example_job, slurm_env, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.multihost]
 
@@ -250,7 +250,9 @@ def test_a_host_cut_mid_training_is_named_ledgered_and_the_retry_completes_witho
     assert submit.returncode == 0 and "COMPLETED" in out + err, out + err[-3000:]
     ledger = json.loads(cli("nodes", "--json", env=env).stdout)
     assert [e["host"] for e in ledger] == [victim], ledger
-    run = _status(job_id, tmp_path, env)["run"]
+    # status answers {} when it could not answer in time (a loaded machine): asked again.
+    run = until(lambda: _status(job_id, tmp_path, env).get("run"), 60, step=2)
+    assert run, _status(job_id, tmp_path, env)
     second = run["attempts"][1]
     assert second["status"] == "COMPLETED" and victim in second["excluded"], run
 

@@ -525,21 +525,23 @@ def test_rest_version_choice_passes_over_a_version_the_server_lacks(cli, rest, w
 def test_rest_v38_time_limit_warning_reaches_every_rank(cli, rest, workdir, tmp_path):
     """slurm.signal through slurmrestd 22.05: it refuses "B:", so the steps get URG at the
     warning time (job_mgr.c send_job_warn_signal without KILL_JOB_BATCH: steps only), which each
-    node's entry takes as the warning and hands to its ranks as USR2. time=2, USR2@60: the warning
-    comes 30-60 s after the start; the ranks save and exit 0, and the job completes."""
+    node's entry takes as the warning and hands to its ranks as USR2. time=3, USR2@120: the warning
+    comes 30-60 s after the start (the end at most warn time + 30 s away), leaving the ranks 120 s to
+    save and exit 0 (60 s, with time=2 and USR2@60, was too little beside the whole suite: TIMEOUT),
+    and the job completes."""
     import json
     import os
     import sys
 
     reports = tmp_path / "reports"
-    job = example("ddp-cpu", tmp_path, slurm={"time": "2", "signal": "USR2@60", "cpus_per_task": 2}, trainer={
+    job = example("ddp-cpu", tmp_path, slurm={"time": "3", "signal": "USR2@120", "cpus_per_task": 2}, trainer={
         "args": ["--steps", "100000", "--step-time", "0.2", "--report-dir", str(reports),
                  "--checkpoint-dir", str(tmp_path / "ckpt")]})
     rest.environment = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
     job_id = rest.submit(rendered(job))
     cli.submitted.append(job_id)
-    assert cli.job_info(job_id)["TimeLimit"] == "00:02:00"
-    state, _ = wait_for(rest, job_id, {s for s in JobStatus if s.terminal}, 210, interval=2)
+    assert cli.job_info(job_id)["TimeLimit"] == "00:03:00"
+    state, _ = wait_for(rest, job_id, {s for s in JobStatus if s.terminal}, 270, interval=2)
     out = open(f"{workdir}/halo-ddp-cpu-{job_id}.out").read()
     assert state.status is JobStatus.COMPLETED and state.exit_code == 0, (state, out[-3000:])
     ranks = [json.loads((reports / f"rank{i}.json").read_text()) for i in range(4)]

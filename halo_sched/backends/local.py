@@ -28,7 +28,7 @@ from ..records import Unreadable, home, read_json, read_small
 from .. import store
 from ..store import make_home
 from ..launch import Launch, compile_launch, render_entry, submission_id
-from ..node.contract import DERIVED_PORTS, NAMES
+from ..node.contract import LOCAL_PORTS, NAMES
 from ..node_runtime import runtime, server_shell
 from ..servers import local_addr, render_server
 from ..templating import render_template
@@ -72,7 +72,7 @@ PORT_RESERVE_S = 120.0
 
 
 def _free_master_port(spec: JobSpec, root: Path) -> int:
-    """rendezvous.port unset: a port of DERIVED_PORTS that is free on this machine now, none of
+    """rendezvous.port unset: a port of LOCAL_PORTS that is free on this machine now, none of
     the job's server ports, and not handed to another job in the last PORT_RESERVE_S seconds,
     from a random start. torchrun binds it seconds after submit: until then only the reservation
     (a file under ``root/.ports/``, made under a lock every submitting process and thread takes)
@@ -101,15 +101,15 @@ def _free_master_port(spec: JobSpec, root: Path) -> int:
                     os.unlink(e.path)
                 except OSError:
                     pass
-        start = secrets.randbelow(len(DERIVED_PORTS))
-        for i in range(len(DERIVED_PORTS)):
-            port = DERIVED_PORTS[(start + i) % len(DERIVED_PORTS)]
+        start = secrets.randbelow(len(LOCAL_PORTS))
+        for i in range(len(LOCAL_PORTS)):
+            port = LOCAL_PORTS[(start + i) % len(LOCAL_PORTS)]
             if port not in avoid and port not in held and not _port_in_use(port):
                 (reserved / str(port)).touch()
                 return port
     finally:
         os.close(fd)
-    raise SchedulerError(f"no free port in {DERIVED_PORTS.start}-{DERIVED_PORTS.stop - 1} on {LOCAL_MASTER} for "
+    raise SchedulerError(f"no free port in {LOCAL_PORTS.start}-{LOCAL_PORTS.stop - 1} on {LOCAL_MASTER} for "
                          "rank 0; set rendezvous.port")
 
 
@@ -494,7 +494,7 @@ def render_run(launch: Launch) -> str:
     """What ``render --backend local`` shows: how each node and server process is started, and
     the scripts they run."""
     port = "PORT" if launch.rendezvous.port is None else str(launch.rendezvous.port)
-    derived = launch.rendezvous.derived
+    derived = LOCAL_PORTS
     return render_template("local/run.txt.j2", launch=launch, names=launch.names, entry=render_entry(launch),
                            master=LOCAL_MASTER, port=port, servers=_server_nodes(launch),
                            derived=f"{derived.start}-{derived.stop - 1}",

@@ -17,6 +17,11 @@ WARNING_CARRIER = "URG"
 #: free one from a random start): below torchrun's customary 29500, SGLang's default 30000 and
 #: Linux's ephemeral range (32768-60999, outgoing connections' ports).
 DERIVED_PORTS = range(28500, 29500)
+#: The local backend's: a range of its own, so that a local job never takes the port a SLURM job on
+#: the same machine (a workstation with its own slurmd, a test host) derives from its id: in one
+#: range, a local job that picked a free port at submit could hold the one a SLURM job started later
+#: needed (EADDRINUSE, measured in the suite: a sweep job of the 24.11 cluster, 2026-12-06).
+LOCAL_PORTS = range(27500, 28500)
 
 #: The tag each Nomad server registration carries (``halo-index-${NOMAD_ALLOC_INDEX}``), and the
 #: first word of each line of a server addresses file.

@@ -24,7 +24,10 @@
 # Environment: HALO_MULTIHOST_DIR (state dir, default /tmp/halo-multihost: the namespaces and
 # bridges are the machine's, so the state is too), HALO_MULTIHOST_PORT (slurmctld, default 6877;
 # every slurmd listens on PORT+1 in its own namespace), HALO_MULTIHOST_MGMT_NET and
-# HALO_MULTIHOST_DATA_NET (two /24s, default 10.77.0.0/24 and 10.78.0.0/24).
+# HALO_MULTIHOST_DATA_NET (two /24s, default 10.77.0.0/24 and 10.78.0.0/24), HALO_SLURM_VERSION
+# (22.05 = Debian 12's packages, the default; another X.Y is the release tests/cluster/slurm-cluster.sh
+# builds once per machine, under /var/cache/halo-sched: the rig runs its daemons and commands).
+# The rig is one per machine: an `up` for another release than the running one's takes it down first.
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -42,6 +45,18 @@ CONF=$STATE/etc/slurm.conf
 MUNGE_DIR=$STATE/munge
 MUNGE_SOCKET=$MUNGE_DIR/munge.socket
 UP_TIMEOUT=${HALO_MULTIHOST_UP_TIMEOUT:-60}
+SLURM_VERSION=${HALO_SLURM_VERSION:-22.05}
+[[ $SLURM_VERSION =~ ^[0-9]{2}\.[0-9]{2}$ ]] || { echo "multihost: HALO_SLURM_VERSION=$SLURM_VERSION is not X.Y (22.05, 24.11, 26.05)" >&2; exit 2; }
+# A built release's daemons and commands come first on PATH (for print_env's users too), as in
+# slurm-cluster.sh, which builds it.
+if [[ $SLURM_VERSION != 22.05 ]]; then
+    RELEASE_PREFIX=${HALO_SLURM_CACHE:-/var/cache/halo-sched}/slurm-$SLURM_VERSION
+    case ":$PATH:" in
+        *":$RELEASE_PREFIX/bin:"*) ;;
+        *) PATH=$RELEASE_PREFIX/sbin:$RELEASE_PREFIX/bin:$PATH ;;
+    esac
+    export PATH
+fi
 
 log() { printf 'multihost: %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -105,7 +120,11 @@ check_networks() {
 # ---------------------------------------------------------------------------------------------
 install_packages() {
     local pkg missing=()
-    for pkg in slurm-wlm munge iptables; do
+    # Another release: built (or found built) by slurm-cluster.sh; munge and iptables from Debian.
+    if [[ $SLURM_VERSION != 22.05 ]]; then
+        HALO_SLURM_VERSION=$SLURM_VERSION "$SCRIPT_DIR/slurm-cluster.sh" build 9>&- >&2 || die "Slurm $SLURM_VERSION is not built"
+    fi
+    for pkg in $([[ $SLURM_VERSION == 22.05 ]] && echo slurm-wlm) munge iptables; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
     done
     ((${#missing[@]} == 0)) && return 0
@@ -214,7 +233,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 MpiDefault=none
-SwitchType=switch/none
+$([[ $SLURM_VERSION == 22.05 ]] && echo SwitchType=switch/none || echo "# no SwitchType: the switch/none plugin is gone after 22.05 (none is the default)")
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
@@ -292,6 +311,8 @@ print_env() {
     echo "export HALO_MULTIHOST_HOSTS='${HOSTS[*]}'"
     echo "export HALO_MULTIHOST_MGMT_NET=$MGMT_NET"
     echo "export HALO_MULTIHOST_DATA_NET=$DATA_NET"
+    echo "export HALO_SLURM_VERSION=$SLURM_VERSION"
+    [[ $SLURM_VERSION == 22.05 ]] || echo "export PATH=$PATH"
 }
 
 # Held for up and down (and by the tests around their use of the rig, who then set
@@ -305,6 +326,8 @@ take_lock() {
 
 healthy() {
     [[ -f $CONF ]] || return 1
+    # The release its daemons run (written at up): another's are taken down and this one's started.
+    [[ $(cat "$STATE/release" 2>/dev/null) == "$SLURM_VERSION" ]] || return 1
     pid_alive "$(pid_from "$MUNGE_DIR/munged.pid")" || return 1
     pid_alive "$(pid_from "$STATE/run/slurmctld.pid")" || return 1
     local h
@@ -338,6 +361,7 @@ cmd_up() {
     local h
     for h in "${HOSTS[@]}"; do install -d "$STATE/spool/$h"; done
     write_conf "$CONF"
+    echo "$SLURM_VERSION" >"$STATE/release"
     write_hosts
     export SLURM_CONF=$CONF
     make_networks

@@ -80,8 +80,8 @@ job "ddp-nomad" {
         change_mode = "noop"
         perms       = "0755"
         # Delimiters absent from the script: Go templating leaves it byte-exact.
-        left_delimiter  = "[[halo-6de163c0"
-        right_delimiter = "halo-6de163c0]]"
+        left_delimiter  = "[[halo-200724c5"
+        right_delimiter = "halo-200724c5]]"
         data        = <<EOT
 #!/bin/bash
 # halo-sched node entry for job ddp-nomad: 2 nodes x 8 processes, the same on every node.
@@ -118,7 +118,7 @@ export OMP_NUM_THREADS=8
 halo_started=$SECONDS
 command -v torchrun > /dev/null || halo_fail "torchrun not found on PATH (after setup); install torch on the node or activate its environment in setup"
 
-# The node runtime 865d341299630dcd (docs/node-runtime.md): the node's own halo-sched at this version, else the
+# The node runtime 0c4c106788766426 (docs/node-runtime.md): the node's own halo-sched at this version, else the
 # job's copy (HALO_NODE_RUNTIME or the file HALO_NODE_RUNTIME_FILE), checked, written into the log directory.
 halo_log_root=$${HALO_LOG_DIR:-}
 [ -n "$halo_log_root" ] || halo_log_root=$(mktemp -d "$${TMPDIR:-/tmp}/halo-sched.XXXXXX")
@@ -128,10 +128,10 @@ halo_py=$(sed -n '1s/^#![[:space:]]*//p' "$(command -v torchrun)")
 case "$halo_py" in *python*) ;; *) halo_py=python3 ;; esac
 # $halo_py unquoted: a shebang such as "/usr/bin/env python3" is two words.
 halo_node_zip=
-if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != 865d341299630dcd ]; then
-  halo_node_zip=$halo_log_dir/halo-node-865d341299630dcd.zip
-  $halo_py -c 'import base64, hashlib, sys, zlib; out, want, text, path = sys.argv[1:5]; data = zlib.decompressobj().decompress(base64.b64decode("".join((text or (open(path).read() if path else "")).split())), 1 << 24); hashlib.sha256(data).hexdigest() in want.split() or sys.exit("carried: %d bytes, not a zip of sha256 %s" % (len(data), " or ".join(want.split()))); open(out, "wb").write(data)' "$halo_node_zip" '61024a2c25efb67f4ca8d21343223189afdc2cea988120a6902da717e8c712c8 24591003ca8bc9ed80777489ae388caf2660c555308f412bd49d98cf5054c23a' "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
-    halo_fail "the node's python ($halo_py) has no halo-sched of version 865d341299630dcd and the job carries no intact copy of it (docs/node-runtime.md)"
+if [ "$($halo_py -c 'import halo_sched.node as n; print(n.runtime_version())' 2> /dev/null)" != 0c4c106788766426 ]; then
+  halo_node_zip=$halo_log_dir/halo-node-0c4c106788766426.zip
+  $halo_py -c 'import base64, hashlib, sys, zlib; out, want, text, path = sys.argv[1:5]; data = zlib.decompressobj().decompress(base64.b64decode("".join((text or (open(path).read() if path else "")).split())), 1 << 24); hashlib.sha256(data).hexdigest() in want.split() or sys.exit("carried: %d bytes, not a zip of sha256 %s" % (len(data), " or ".join(want.split()))); open(out, "wb").write(data)' "$halo_node_zip" '8ddc3c31fcc6b1300326b22282a8b882a76d18e6587073f65e93f30daf1048c5 b95bcf29e89048da21c4fc3fc85bba84cabba24629526c44fc2c4450de2a09e3' "$${HALO_NODE_RUNTIME:-}" "$${HALO_NODE_RUNTIME_FILE:-}" ||
+    halo_fail "the node's python ($halo_py) has no halo-sched of version 0c4c106788766426 and the job carries no intact copy of it (docs/node-runtime.md)"
 fi
 halo_node=($halo_py -c 'import runpy, sys; z, m = sys.argv.pop(1), sys.argv.pop(1); sys.path[:0] = [z] if z else []; runpy.run_module("halo_sched.node." + m, run_name="__main__", alter_sys=True)' "$halo_node_zip")
 halo_functions=$("$${halo_node[@]}" shell) && [ -n "$halo_functions" ] ||
