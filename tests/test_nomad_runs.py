@@ -235,7 +235,11 @@ def test_a_hot_spare_takes_a_bad_nodes_rank_on_nomad_with_no_client_alive(tmp_pa
         js = json.loads(cli("status", run_id, "--backend", "nomad", "--json", cwd=tmp_path, env=env).stdout)
         assert js["spares"]["left"] == 0 and js["run"]["attempts"][0]["nodes"] == 3, js
         assert bad in cli("nodes", env=env).stdout  # the swapped node is ledgered
-        assert recovery <= 30, recovery
+        # Fault to every rank training again: about 15 s on a quiet machine, 52 s once beside the whole
+        # suite (8 tests at once on 2 cores). The bound is below the rendezvous timeout (60 s) plus
+        # a torchrun start: a swap that waited for a timeout to pass fails it; the same allocations
+        # and world generation 1 (above) say no placement happened.
+        assert recovery <= 75, recovery
         print(f"Nomad hot spare, no client alive: fault to every rank training again {recovery:.1f} s")
 
 

@@ -201,7 +201,8 @@ def test_a_killed_torchrun_ends_the_job_in_bounded_time(tmp_path, env):
     proc = subprocess.Popen([sys.executable, "-m", "halo_sched.cli", "submit", str(f), "--backend", "slurm", "--wait",
                              "--quiet"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
+        # Until every rank trains: 120 s was once too little beside the whole suite (8 tests at once).
+        deadline = time.monotonic() + 240
         job_id = None
         victim = None
         while time.monotonic() < deadline and victim is None:

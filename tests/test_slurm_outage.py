@@ -112,7 +112,9 @@ def test_a_90s_controller_outage_is_waited_through(tmp_path, slurm_cluster_exclu
         # It says the last state it saw; on a loaded machine its first poll may not have answered yet.
         said = short_err.read_text()
         assert "outcome unknown" in said and ("last known RUNNING" in said or "no state seen yet" in said), said
-        assert status_s < 15 and status.returncode == 3, status.stderr
+        # Within status's 10 s deadline for SLURM plus the CLI's own time (16.5 s once beside the whole
+        # suite); squeue alone would keep trying for SlurmctldTimeout (60 s).
+        assert status_s < 30 and status.returncode == 3, status.stderr
         assert "last known RUNNING" in status.stdout and "SLURM unreachable" in status.stdout
         assert timed_s < 20 + 5 and timed.returncode == 3, timed.stderr
         for p in (submit, watch, follow):
