@@ -276,8 +276,10 @@ start_daemons() {
     export SLURM_CONF=$CONF
     start_munge
     # A clean start (-c); the cluster name another release's slurmctld recorded in the state
-    # ("halomh|ID") would stop it at once (fatal: CLUSTER NAME MISMATCH).
-    pid_alive "$(pid_from "$STATE/run/slurmctld.pid")" || rm -f "$STATE/spool/ctld/clustername"
+    # ("halomh|ID") would stop it at once (fatal: CLUSTER NAME MISMATCH); and -c still numbers on
+    # from the last job id in job_state (read_config.c: load_last_job_id), out of FirstJobId's band.
+    pid_alive "$(pid_from "$STATE/run/slurmctld.pid")" ||
+        rm -f "$STATE/spool/ctld/clustername" "$STATE/spool/ctld/job_state" "$STATE/spool/ctld/job_state.old"
     pid_alive "$(pid_from "$STATE/run/slurmctld.pid")" ||
         slurmctld -c 9>&- || { tail -n 30 "$STATE/log/slurmctld.log" >&2 || true; die "slurmctld failed to start"; }
     local h

@@ -331,7 +331,10 @@ start_slurmctld() {
     # -c: start from a clean state. A test cluster must come up with idle nodes, not with nodes
     # drained or jobs left over from a previous session; and the cluster name another release's
     # slurmctld recorded here ("halo|ID") would stop it at once (fatal: CLUSTER NAME MISMATCH).
-    rm -f "$STATE/spool/ctld/clustername"
+    # -c still reads the last job id from job_state (read_config.c: load_last_job_id), so each start
+    # numbered on from the last and walked out of its FirstJobId band into another cluster's, one
+    # run after another (the derived ports and the job ids tests look for in /proc met): it goes too.
+    rm -f "$STATE/spool/ctld/clustername" "$STATE/spool/ctld/job_state" "$STATE/spool/ctld/job_state.old"
     slurmctld -c || { tail -n 30 "$STATE/log/slurmctld.log" >&2 || true; die "slurmctld failed to start"; }
 }
 
