@@ -70,30 +70,6 @@ def ctld(action: str, env) -> None:
     assert r.returncode == 0, r.stderr
 
 
-def test_a_controller_started_clean_numbers_its_jobs_from_first_job_id_again(tmp_path, env_alone):
-    """slurm-cluster.sh up starts a stopped controller clean (-c), and it numbers its jobs from its
-    FirstJobId again: -c alone read the last id from job_state and went on from there, so a
-    cluster's ids walked, run after run, out of its band into another cluster's (the ports derived
-    from the ids and the ids tests look for in /proc met: three runs' failures, 2026-12-06)."""
-    cfg = subprocess.run(["scontrol", "show", "config"], env=env_alone, capture_output=True, text=True, timeout=60)
-    first = int(re.search(r"^FirstJobId\s*=\s*(\d+)", cfg.stdout, re.M)[1])
-
-    def sbatch() -> int:
-        r = subprocess.run(["sbatch", "--parsable", "--wrap", "true", "--output", "/dev/null", f"--chdir={tmp_path}"],
-                           env=env_alone, capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stderr
-        return int(r.stdout.strip().split(";")[0])
-
-    before = sbatch()
-    ctld("stop", env_alone)
-    try:
-        up = subprocess.run([str(CLUSTER), "up"], env=env_alone, capture_output=True, text=True, timeout=300)
-        assert up.returncode == 0, up.stderr[-3000:]
-    finally:
-        ctld("start", env_alone)  # (nothing to do when up started it)
-    assert sbatch() == first, (before, first)
-
-
 def test_submit_rides_out_a_20s_controller_outage(tmp_path, env_alone):
     """The partition check gives up after 5 s; the first sbatch then tries to reach the controller
     for 10 s and fails (22.05, 26.05.3 measured), and the retries that follow are said. 20 s,
