@@ -523,7 +523,11 @@ cmd_delay() {
 
 cmd_status() {
     export SLURM_CONF=$CONF
-    local rc=0 h i p state delay
+    local rc=0 h i p state delay release
+    # Another release's daemons than the one asked for (HALO_SLURM_VERSION) are not this rig: up replaces them.
+    release=$(cat "$STATE/release" 2>/dev/null || echo none)
+    echo "release $release"
+    [[ $release == "$SLURM_VERSION" ]] || { echo "(not the release asked for: $SLURM_VERSION)"; rc=1; }
     for f in "$MUNGE_DIR/munged.pid" "$STATE/run/slurmctld.pid"; do
         p=$(pid_from "$f")
         if pid_alive "$p"; then echo "running $(basename "$f" .pid) pid $p"; else echo "dead    $(basename "$f" .pid)"; rc=1; fi
