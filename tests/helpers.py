@@ -221,9 +221,26 @@ def example_job(tmp: Path, port: int, **overrides) -> Path:
     data["rendezvous"]["port"] = port
     for key, value in overrides.items():
         data[key] = value
+    patient_first_step(data)
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(data, allow_unicode=True))
     return path
+
+
+# A rank counts as hung before its first progress report after hang.first_step_s (2 x timeout_s by
+# default). The suite's short timeouts (15-30 s) made that 30-60 s, and beside the rest of the suite on
+# 2 cores a rank's `import torch` alone once took over 62 s (CI, 2026-12-06: the rig's retry ended HUNG in
+# hang.py's import). Tests that set a short hang timeout for a hang after training began get 300 s for
+# the first step; a test of the first step's bound names first_step_s itself.
+SUITE_FIRST_STEP_S = 300
+
+
+def patient_first_step(fields: dict) -> dict:
+    """Give a job's ``hang`` (when the test set one) ``first_step_s: 300`` unless it names its own."""
+    hang = fields.get("hang")
+    if isinstance(hang, dict) and "first_step_s" not in hang:
+        fields["hang"] = {**hang, "first_step_s": SUITE_FIRST_STEP_S}
+    return fields
 
 
 def load_nomad_helper(name: str):
@@ -272,7 +289,7 @@ def nomad_sim_job(tmp_path: Path, fields: dict, nodes: int = 2, hosts: list | No
     fake_api, client_sim = load_nomad_helper("fake_api"), load_nomad_helper("client_sim")
     spec = JobSpec.model_validate({"nproc_per_node": 2, "env": {"OMP_NUM_THREADS": "1"},
                                    "rendezvous": {"port": free_port(), "timeout_s": 60},
-                                   "nomad": {"driver": "raw_exec"}, **fields})
+                                   "nomad": {"driver": "raw_exec"}, **patient_first_step(dict(fields))})
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
     hosts = hosts or loopback_hosts(nodes)
     names = [h.name for h in hosts]
