@@ -29,7 +29,9 @@ tail -n 5 "$log"
 summary=$(grep '^halo-sched tests: pass A' "$log" | tail -n 1 || true)
 counts=$(grep -E '^=+ .*(passed|failed).* in [0-9.]+s' "$log" | sed -E 's/^=+ (.*) in .*/\1/' | paste -sd ';' - | sed 's/;/; /g' || true)
 echo "the whole of .ci/run: ${full} s, exit $rc (${counts}); ${summary}"
-((rc == 0)) || { echo "suite_time: .ci/run failed (exit $rc); the log: $log" >&2; cp "$log" /tmp/halo-suite-time-failed.log; exit 1; }
+# The log outlives the clone (its per-test durations and per-file totals): kept beside the last run's.
+cp "$log" /tmp/halo-suite-time.log
+((rc == 0)) || { echo "suite_time: .ci/run failed (exit $rc); its log: /tmp/halo-suite-time.log" >&2; exit 1; }
 t1=$(date +%s)
 make test-fast >"$private/fast.log" 2>&1 || { tail -n 30 "$private/fast.log" >&2; exit 1; }
 fast=$(($(date +%s) - t1))
