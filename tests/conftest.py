@@ -99,33 +99,6 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=_weight)
 
 
-# tests/suite.sh sets HALO_FILLER_NICE. The run's length is its longest chains: each release's SLURM
-# tests and the rig's, one test after another on one worker, each mostly waiting on its job. Every other
-# test fills the workers' time and can run at any point. Measured (2026-12-06, a clean clone): both cores
-# busy for the first 17 minutes, where every chain test took two to three times its time alone, then
-# 30-54% idle for the last 13, while the chains alone went on. A filler therefore runs at this niceness:
-# the chains' jobs (started by slurmd, at 0) get the CPU first, and the fillers use what the chains wait
-# out. Linux niceness is per thread: set on the worker's main thread for the test, inherited by what the
-# test starts, and set back after it (lowering it again needs root; without root nothing is changed).
-FILLER_NICE = int(os.environ.get("HALO_FILLER_NICE") or 0)
-
-
-def _filler(item) -> bool:
-    return not (item.get_closest_marker("slurm") or item.get_closest_marker("multihost"))
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    niced = FILLER_NICE > 0 and os.geteuid() == 0 and _filler(item)
-    if niced:
-        os.setpriority(os.PRIO_PROCESS, 0, FILLER_NICE)
-    try:
-        yield
-    finally:
-        if niced:
-            os.setpriority(os.PRIO_PROCESS, 0, 0)
-
-
 def _groups_spread(terminalreporter) -> dict[str, set[str]]:
     """The groups of pytest_itemcollected that ran on several workers, from the group each report
     carries (pytest_runtest_makereport). Not from a report's keywords: those hold a parametrized

@@ -21,7 +21,6 @@
 # of the output (what CI keeps) names them. The exit status is non-zero if any pass failed.
 #
 # Environment: HALO_TEST_WORKERS (pass A's workers, 4), HALO_RELEASE_WORKERS (1 or 2, above),
-# HALO_FILLER_NICE (10: the niceness of pass A's tests outside the chains; 0 leaves them at 0),
 # SLURM_RELEASE (24.11), PYTEST (.venv/bin/pytest). Extra arguments go to every pass.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -79,10 +78,7 @@ else
 fi
 
 ta=$SECONDS
-# Pass A's tests that are in no chain (the SLURM cluster's, the rig's) run at niceness 10: the chains
-# are the run's length, the rest fills their waits (tests/conftest.py, FILLER_NICE).
-HALO_FILLER_NICE=${HALO_FILLER_NICE:-10} \
-    "$PYTEST" -p no:cacheprovider -n "$A_WORKERS" --dist loadgroup "${a_select[@]}" "$@" 2>&1 | tee "$logdir/a.log"
+"$PYTEST" -p no:cacheprovider -n "$A_WORKERS" --dist loadgroup "${a_select[@]}" "$@" 2>&1 | tee "$logdir/a.log"
 a_rc=${PIPESTATUS[0]}
 a_s=$((SECONDS - ta))
 wait $s_pid "$b_pid"

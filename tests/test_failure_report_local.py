@@ -24,7 +24,7 @@ TRAINER = "tests/trainers/first_failure.py"
 ])
 def test_first_failure_is_rank_3_on_node_1(tmp_path, how, record, others):
     job = example_job(tmp_path, free_port(), trainer={"script": TRAINER, "args": ["--how", how, "--others", others,
-                                                                                   "--timeout", "6"]})
+                                                                                   "--timeout", "30"]})
     env = {**os.environ, "TRAINER_RECORD": "1" if record else "0"}
     r = cli("submit", str(job), "--backend", "local", "--wait", "--quiet", env=env)
     assert r.returncode == 1, r.stderr[-3000:]

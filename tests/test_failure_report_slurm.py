@@ -51,7 +51,7 @@ def _forget(env, job_id, tmp_path) -> dict:
 def test_rank_3_fails_first_and_the_record_outlives_the_scheduler(tmp_path, env):
     shutil.copy(REPO / "tests" / "trainers" / "first_failure.py", tmp_path / "first_failure.py")
     job = example_job(tmp_path, free_port(),
-                      trainer={"script": "first_failure.py", "args": ["--how", "raise", "--timeout", "6"]})
+                      trainer={"script": "first_failure.py", "args": ["--how", "raise", "--timeout", "30"]})
     r = cli("submit", str(job), "--backend", "slurm", "--wait", "--quiet", cwd=tmp_path, env=env)
     assert r.returncode == 1, r.stderr
     job_id = r.stdout.strip().splitlines()[-1]

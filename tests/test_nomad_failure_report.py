@@ -178,7 +178,7 @@ def test_sim_three_nodes_rank_on_node_2_fails_first(tmp_path):
     for the Nomad client's, served through the fake API: status names rank 5 on node 2."""
     fields = {"name": "sim-fail", "nodes": 3,
               "trainer": {"script": str(REPO / "tests" / "trainers" / "first_failure.py"),
-                          "args": ["--fail-rank", "5", "--how", "raise", "--timeout", "8"]}}
+                          "args": ["--fail-rank", "5", "--how", "raise", "--timeout", "30"]}}
     with nomad_sim_job(tmp_path, fields, nodes=3) as (fake, sched, cluster, job_id):
         wait_dead(fake, sched, job_id, 180)
         logs = {a.name: (cluster.stdout(a.name), cluster.stderr(a.name)) for a in cluster.allocations}
