@@ -356,8 +356,11 @@ cmd_up() {
         print_env
         return 0
     fi
-    # Whatever a crashed or half-made rig left is removed first.
+    # Whatever a crashed or half-made rig left is removed first, its daemons' state too: up always starts
+    # clean (-c), and another release's state stops slurmctld at once (26.05 after 22.05: "fatal: Can not
+    # recover assoc_usage state, incompatible version"; slurmd: "protocol_version 0 not supported").
     down_all quiet
+    rm -rf "$STATE/spool"
     install_packages
     install -d "$STATE" "$STATE/etc" "$STATE/log" "$STATE/run" "$STATE/spool/ctld"
     local h
