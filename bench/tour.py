@@ -42,7 +42,9 @@ BLOCKS: dict[str, list[tuple[str, int | None]]] = {
                ("halo-sched render examples/nomad-gpu.yaml --backend nomad | head -3", None)],
     "submit": [("halo-sched submit examples/ddp-cpu.yaml --backend local --wait", 6)],
     "ask": [("halo-sched status {job}", None),
-            ("halo-sched logs {job} --rank 0 | head -2", None)],
+            # --grep: only the trainer's loss lines (beside a busy machine, torch's warnings on rank 0's
+            # stderr came between them, and the README's two lines were not the first two printed).
+            ("halo-sched logs {job} --rank 0 --grep loss | head -2", None)],
     "cancel": [("halo-sched submit examples/ddp-cpu.yaml -q", None),
                ("halo-sched cancel {cancelled} --wait", None),
                ("halo-sched list", None)],
@@ -240,7 +242,8 @@ def output_problems(result: dict[str, list[Step]], readme: str | None = None) ->
                 if line == "..." or LIVE_STATE.match(line):
                     continue  # the waiter's live state lines: which ones a poll catches is timing
                 if normal(line) not in printed:
-                    problems.append(f"{name}: `{command}`: README shows {line!r}, not printed now")
+                    problems.append(f"{name}: `{command}`: README shows {line!r}, not printed now; printed: "
+                                    f"{[ln[:200] for ln in step.output[:6]]!r}")
     if "submit" in result:
         printed = {normal(line) for line in result["submit"][0].output}
         for line in _fenced(readme_block("demo", readme) or ""):

@@ -190,7 +190,7 @@ def test_the_check_sees_a_command_or_a_line_the_tour_does_not_have(env):
     result = tour.run_tour(env, only=("validate",))
     assert tour.output_problems(result, changed) == \
         ["validate: `halo-sched validate examples/ddp-cpu.yaml`: README shows 'examples/ddp-cpu.yaml: ok (ddp-cpu: 3 nodes)', "
-         "not printed now"]
+         "not printed now; printed: ['examples/ddp-cpu.yaml: ok (ddp-cpu: 2 nodes x 2 processes = 4 ranks)']"]
 
 
 # ---- the tour's commands that take a job id, on stand-in jobs ------------------------------------
