@@ -19,7 +19,8 @@ from test_library_concurrency import TRAINER, WORKER, fan_out_in_threads
 pytestmark = [pytest.mark.slurm]
 
 # Four writers at once, two jobs each (on the cluster's three nodes: a few at a time), node and job faults
-# and completions among them; twelve jobs a test (both releases) cost the SLURM chain two minutes more.
+# and completions among them. It was twelve: four more real jobs a test through each release's chain, which
+# runs one test at a time and is the suite's longest path (tests/suite.sh).
 JOBS = 8
 WORKERS = 4
 
