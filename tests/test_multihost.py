@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cluster.multihost_fixtures import _rig_session, rig, veth_bytes  # noqa: F401  (the fixtures)
+from cluster.multihost_fixtures import node_steps, status_once_training
 from helpers import REPO, cli, example_job, slurm_env, until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.multihost]
@@ -160,24 +161,6 @@ def _status(job_id, tmp_path, env) -> dict:
         return {}
 
 
-def _steps(text: str) -> list[int]:
-    """Each node's step in ``status``'s text (the nodes' progress copies, as status reads them)."""
-    return [int(s) for s in re.findall(r"node \d: step (\d+)", text)]
-
-
-def _status_once_training(job_id, tmp_path, env, nodes: int, min_step: int, timeout: float) -> str:
-    """``status``'s text once each of the job's ``nodes`` nodes is past ``min_step``, or once the job
-    is neither RUNNING nor PENDING, or at ``timeout``."""
-    deadline, text = time.monotonic() + timeout, ""
-    while time.monotonic() < deadline:
-        text = cli("status", job_id, "--backend", "slurm", cwd=tmp_path, env=env).stdout
-        steps = _steps(text)
-        if len(steps) == nodes and min(steps) >= min_step or "RUNNING" not in text and "PENDING" not in text:
-            break
-        time.sleep(2)
-    return text
-
-
 def _job_hosts(job_id, env) -> list[str]:
     import subprocess
 
@@ -219,8 +202,8 @@ def test_a_host_cut_mid_training_is_named_ledgered_and_the_retry_completes_witho
                 hosts = _job_hosts(job_id, env)
         assert job_id and len(hosts) == 2, (job_id, hosts)
         # Training: both nodes past step 10.
-        text = _status_once_training(job_id, tmp_path, env, 2, 10, 120)
-        assert "RUNNING" in text and len(_steps(text)) == 2, text
+        text = status_once_training(job_id, tmp_path, env, 2, 10, 120)
+        assert "RUNNING" in text and len(node_steps(text)) == 2, text
         victim = hosts[1]
         rig.cut(victim)
         cut_at = time.monotonic()
@@ -327,8 +310,8 @@ def test_a_slow_link_makes_a_rank_on_that_host_the_straggler(tmp_path, rig):
     job_id = r.stdout.strip().splitlines()[-1]
     # The delay comes once every node trains: set while gloo connects the ranks, beside the whole suite it
     # once ended the job there (a peer closed the connection), before any step was timed.
-    text = _status_once_training(job_id, tmp_path, env, 3, 5, 150)
-    steps = _steps(text)
+    text = status_once_training(job_id, tmp_path, env, 3, 5, 150)
+    steps = node_steps(text)
     assert "RUNNING" in text and len(steps) == 3 and min(steps) >= 5, text
     rig.delay("h1", 50)
     slow_host = re.compile(r"slowest: node (\d) \((h\d); ranks ([\d, ]+)\), a slow host's network: round trip ([0-9.]+) ms "

@@ -26,6 +26,7 @@ import time
 import pytest
 
 from cluster.multihost_fixtures import _rig_session, rig  # noqa: F401  (the fixtures)
+from cluster.multihost_fixtures import node_steps, status_once_training
 from helpers import REPO, cli, example_job, slurm_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.multihost]
@@ -57,15 +58,9 @@ def _cut_one(tmp_path, rig, batch_host: bool) -> tuple[str, str, dict, float]:  
     r = cli("submit", str(job), "--backend", "slurm", "--quiet", cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     run_id = r.stdout.strip().splitlines()[-1]
-    # Training: both nodes past step 10 (the nodes' progress copies, as status reads them).
-    deadline, text, steps = time.monotonic() + 180, "", []
-    while time.monotonic() < deadline:
-        text = cli("status", run_id, "--backend", "slurm", cwd=tmp_path, env=env, timeout=60).stdout
-        steps = [int(s) for s in re.findall(r"node \d: step (\d+)", text)]
-        if len(steps) == 2 and min(steps) >= 10:
-            break
-        time.sleep(2)
-    assert "RUNNING" in text and len(steps) == 2, text
+    # Training: both nodes past step 10.
+    text = status_once_training(run_id, tmp_path, env, 2, 10, 180)
+    assert "RUNNING" in text and len(node_steps(text)) == 2, text
     info = subprocess.run(["scontrol", "show", "job", run_id], env=env, capture_output=True, text=True,
                           timeout=30).stdout
     batch = re.search(r"BatchHost=(\S+)", info)[1]

@@ -275,11 +275,7 @@ start_munge() {
 start_daemons() {
     export SLURM_CONF=$CONF
     start_munge
-    # A clean start (-c); the cluster name another release's slurmctld recorded in the state
-    # ("halomh|ID") would stop it at once (fatal: CLUSTER NAME MISMATCH); and -c still numbers on
-    # from the last job id in job_state (read_config.c: load_last_job_id), out of FirstJobId's band.
-    pid_alive "$(pid_from "$STATE/run/slurmctld.pid")" ||
-        rm -f "$STATE/spool/ctld/clustername" "$STATE/spool/ctld/job_state" "$STATE/spool/ctld/job_state.old"
+    # A clean start (-c), on the empty spool up left (cmd_up says why).
     pid_alive "$(pid_from "$STATE/run/slurmctld.pid")" ||
         slurmctld -c 9>&- || { tail -n 30 "$STATE/log/slurmctld.log" >&2 || true; die "slurmctld failed to start"; }
     local h
@@ -356,9 +352,12 @@ cmd_up() {
         print_env
         return 0
     fi
-    # Whatever a crashed or half-made rig left is removed first, its daemons' state too: up always starts
-    # clean (-c), and another release's state stops slurmctld at once (26.05 after 22.05: "fatal: Can not
-    # recover assoc_usage state, incompatible version"; slurmd: "protocol_version 0 not supported").
+    # Whatever a crashed or half-made rig left is removed first, its daemons' state too. up always starts
+    # clean (-c), and what a spool keeps would get in the way: another release's state stops slurmctld at
+    # once (26.05 after 22.05: "fatal: Can not recover assoc_usage state, incompatible version"; the
+    # cluster name it recorded, "halomh|ID": CLUSTER NAME MISMATCH; slurmd: "protocol_version 0 not
+    # supported"), and -c still numbers on from the last job id in job_state (read_config.c:
+    # load_last_job_id), out of FirstJobId's band.
     down_all quiet
     rm -rf "$STATE/spool"
     install_packages

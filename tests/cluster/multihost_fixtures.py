@@ -161,6 +161,26 @@ class Rig:
         return out
 
 
+def node_steps(text: str) -> list[int]:
+    """Each node's step in ``status``'s text (the nodes' progress copies, as status reads them)."""
+    return [int(s) for s in re.findall(r"node \d: step (\d+)", text)]
+
+
+def status_once_training(job_id, cwd, env, nodes: int, min_step: int, timeout: float) -> str:
+    """``status``'s text for a SLURM job on the rig once each of its ``nodes`` nodes is past
+    ``min_step``, or once the job is neither RUNNING nor PENDING, or at ``timeout``."""
+    from helpers import cli
+
+    deadline, text = time.monotonic() + timeout, ""
+    while time.monotonic() < deadline:
+        text = cli("status", job_id, "--backend", "slurm", cwd=cwd, env=env, timeout=60).stdout
+        steps = node_steps(text)
+        if len(steps) == nodes and min(steps) >= min_step or "RUNNING" not in text and "PENDING" not in text:
+            break
+        time.sleep(2)
+    return text
+
+
 def require_namespaces() -> None:
     """Skip the calling test, in one line saying why, where this machine cannot make the rig's
     namespaces; with CI=true fail it instead (CI runs the rig's tests, as it runs SLURM's)."""
