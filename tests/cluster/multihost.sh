@@ -60,6 +60,8 @@ fi
 
 log() { printf 'multihost: %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+# shellcheck source=tests/cluster/debian-packages.sh
+source "$SCRIPT_DIR/debian-packages.sh"
 
 pid_alive() { [[ -n "${1:-}" ]] && kill -0 "$1" 2>/dev/null; }
 pid_from() { [[ -s "$1" ]] && tr -dc '0-9' <"$1" || true; }
@@ -119,20 +121,11 @@ check_networks() {
 
 # ---------------------------------------------------------------------------------------------
 install_packages() {
-    local pkg missing=()
     # Another release: built (or found built) by slurm-cluster.sh; munge and iptables from Debian.
     if [[ $SLURM_VERSION != 22.05 ]]; then
         HALO_SLURM_VERSION=$SLURM_VERSION "$SCRIPT_DIR/slurm-cluster.sh" build 9>&- >&2 || die "Slurm $SLURM_VERSION is not built"
     fi
-    for pkg in $([[ $SLURM_VERSION == 22.05 ]] && echo slurm-wlm) munge iptables; do
-        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-    done
-    ((${#missing[@]} == 0)) && return 0
-    [[ $(id -u) == 0 ]] || die "need root to apt-get install ${missing[*]}"
-    log "installing ${missing[*]} with apt-get"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q >/dev/null
-    apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+    install_debian_packages "" $([[ $SLURM_VERSION == 22.05 ]] && echo slurm-wlm) munge iptables
 }
 
 make_networks() {

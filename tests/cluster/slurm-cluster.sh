@@ -62,6 +62,8 @@ fi
 
 log() { printf 'slurm-cluster: %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+# shellcheck source=tests/cluster/debian-packages.sh
+source "$SCRIPT_DIR/debian-packages.sh"
 
 node_names() { local i; for ((i = 1; i <= NODES; i++)); do echo "node$i"; done; }
 
@@ -71,18 +73,9 @@ pid_from() { [[ -s "$1" ]] && tr -dc '0-9' <"$1" || true; }
 # ---------------------------------------------------------------------------------------------
 install_packages() {
     # slurm-wlm-jwt-plugin: slurmctld refuses to start without it once AuthAltTypes=auth/jwt.
-    local pkg missing=()
-    for pkg in slurm-wlm munge slurmrestd slurm-wlm-jwt-plugin; do
-        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-    done
-    ((${#missing[@]} == 0)) && return 0
-    [[ $(id -u) == 0 ]] || die "need root to apt-get install ${missing[*]}"
-    log "installing ${missing[*]} with apt-get"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q >/dev/null
     # The packages' postinst scripts try to enable systemd units; there is no systemd here and
     # we start the daemons ourselves.
-    apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+    install_debian_packages "" slurm-wlm munge slurmrestd slurm-wlm-jwt-plugin
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -129,16 +122,7 @@ EOF
 }
 
 install_build_deps() {
-    local pkg missing=()
-    for pkg in "${BUILD_DEPS[@]}"; do
-        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-    done
-    ((${#missing[@]} == 0)) && return 0
-    [[ $(id -u) == 0 ]] || die "need root to apt-get install ${missing[*]}"
-    log "installing build dependencies ${missing[*]} with apt-get (this machine's own sources)"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q >/dev/null
-    apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+    install_debian_packages "build dependencies" "${BUILD_DEPS[@]}"
 }
 
 # slurmrestd refuses to run as root or SlurmUser: it runs as `slurm`, the user Debian's packages
