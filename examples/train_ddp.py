@@ -46,6 +46,9 @@ def main() -> int:
     ap.add_argument("--fail-on-warning", type=int, default=None, help="this rank exits 3 when warned (tests)")
     ap.add_argument("--handler-after", type=float, default=0.0,
                     help="install the warning handler this many seconds late (tests: a warning held until then)")
+    ap.add_argument("--hold-at", type=int, default=None,
+                    help="in the first run, wait at this step until warned, at most 300 s (tests: the warning comes "
+                         "while training, however slowly the machine reaches it)")
     ap.add_argument("--warning-dir", default=None,
                     help="the handler appends a line to DIR/rank<R>[-restart<n>].warned each time this rank gets the "
                          "warning (tests: proof of receipt by every rank, from the rank itself)")
@@ -113,6 +116,10 @@ def main() -> int:
         # acts on that shared decision, never on its own signal: a rank whose signal is still on
         # its way (another node's) must save with the others, or the collectives below pair up
         # wrongly and every rank waits forever.
+        if step == args.hold_at and restart == 0:
+            held_until = time.monotonic() + 300
+            while not warned and time.monotonic() < held_until:
+                time.sleep(0.05)
         stop.fill_(1.0 if warned else 0.0)
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         if stop.item():

@@ -4,7 +4,9 @@ their exit codes say; with requeue, the job runs again under the same id and res
 
 The trainer is examples/train_ddp.py (gloo, 2 nodes x 2 ranks) with --step-time, so that it is
 still training when the warning comes. The warning is only sent once rank 0 has logged its first
-step: every rank has then installed its handler (a rank still starting ignores the warning).
+step: every rank has then installed its handler (a rank still starting ignores the warning). A job
+of a few steps holds its first run at step HOLD until warned (--hold-at): beside the whole suite the
+warning once came after a 60-step first run had ended (15 s of steps), and nothing was saved.
 
 Receipt is proven by each rank itself: its signal handler appends one line per signal to
 ``warned/rank<R>.warned`` (--warning-dir). A rank's ``stopped`` flag proves nothing of the kind
@@ -27,6 +29,8 @@ from helpers import REPO, cli, example_job, free_port, slurm_env, slurm_jwt
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
 TRAINER = str(REPO / "examples" / "train_ddp.py")
+#: The step a requeued job's first run waits at until warned, and its steps in all.
+HOLD, STEPS = 10, 30
 
 
 _submitted: list[str] = []
@@ -141,10 +145,11 @@ def test_cancel_signal_is_a_warning_every_rank_saves_and_the_job_completes(tmp_p
 
 def test_requeue_resumes_from_the_checkpoint_and_wait_follows_to_the_end(tmp_path, env):
     """A warned job checkpoints, requeues and resumes from its step; `submit --wait` follows it to the end. Long: two real
-    2x2 torchrun starts on SLURM, the requeue between them (cred_expire + 1 s), and 60 steps of 0.25 s."""
+    2x2 torchrun starts on SLURM, the requeue between them (cred_expire + 1 s), and 30 steps of 0.25 s."""
     # exclusive: the job holds both CPUs of each node, and srun passes them on without
     # slurm.cpus_per_task (from SLURM_JOB_CPUS_PER_NODE).
-    job = _job(tmp_path, ["--steps", "60", "--step-time", "0.25"], slurm={"requeue": True, "exclusive": True})
+    job = _job(tmp_path, ["--steps", str(STEPS), "--step-time", "0.25", "--hold-at", str(HOLD)],
+               slurm={"requeue": True, "exclusive": True})
     waiter = subprocess.Popen([sys.executable, "-m", "halo_sched.cli", "submit", str(job), "--backend", "slurm", "--wait"],
                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -167,11 +172,13 @@ def test_requeue_resumes_from_the_checkpoint_and_wait_follows_to_the_end(tmp_pat
     assert stdout.strip().splitlines()[-1] == job_id  # the same job id throughout
     assert "run 2" in stderr and "COMPLETED" in stderr, stderr
     first, second = _reports(tmp_path), _reports(tmp_path, "-restart1")
-    assert all(x["restart_count"] == 0 and x["saved_step"] is not None for x in first)
+    assert all(x["restart_count"] == 0 and x["saved_step"] is not None for x in first), (first, out)
     _assert_each_rank_got_it_once(tmp_path, out)
     assert not any(_receipts(tmp_path, restart=1).values()), "run 2 was never warned"
     saved = first[0]["saved_step"]
-    assert all(x["restart_count"] == 1 and x["resumed_from"] == saved and x["last_step"] == 59 for x in second), second
+    assert saved < HOLD, first
+    assert all(x["restart_count"] == 1 and x["resumed_from"] == saved and x["last_step"] == STEPS - 1
+               for x in second), second
     # Both runs in one output file (--open-mode=append).
     assert "requeueing for run 2" in out and f"run 2: resumed from the checkpoint of step {saved}" in out
     assert all(len(x["cpu_affinity"]) == 2 for x in first + second), [x["cpu_affinity"] for x in first]
@@ -181,13 +188,13 @@ def test_requeue_resumes_from_the_checkpoint_and_wait_follows_to_the_end(tmp_pat
 
 def test_a_warning_through_slurmrestd_reaches_each_rank_once_and_requeues(tmp_path, env):
     """A warning sent through slurmrestd reaches each rank once and the job requeues and completes. Long: two real
-    2x2 torchrun starts on SLURM with a requeue between them, and 120 steps of 0.25 s: 40 (10 s) were once
-    over, beside the whole suite, before the warning reached them."""
+    2x2 torchrun starts on SLURM with a requeue between them, and 30 steps of 0.25 s."""
     # slurmrestd signals every process of the job (KILL_FULL_JOB); halo-sched sends URG, which the
     # batch script takes as the warning (so it requeues) and every node's entry hands on once.
     from halo_sched.backends.slurm.transport import RestTransport
 
-    job = _job(tmp_path, ["--steps", "120", "--step-time", "0.25"], slurm={"requeue": True, "cpus_per_task": 2})
+    job = _job(tmp_path, ["--steps", str(STEPS), "--step-time", "0.25", "--hold-at", str(HOLD)],
+               slurm={"requeue": True, "cpus_per_task": 2})
     job_id = _submit(job, tmp_path, env)
     _wait_for_training(tmp_path, job_id, env)
     rest = RestTransport(url=env["HALO_SLURMRESTD_URL"], token=slurm_jwt(env=env), user="root")
@@ -204,7 +211,7 @@ def test_a_warning_through_slurmrestd_reaches_each_rank_once_and_requeues(tmp_pa
     _assert_each_rank_got_it_once(tmp_path, out)
     assert not any(_receipts(tmp_path, restart=1).values()), "run 2 was never warned"
     assert all(f"SIGUSR2 to rank {r} (pid" in out for r in range(4)), out
-    assert all(x["restart_count"] == 1 and x["last_step"] == 119 for x in second), second
+    assert all(x["restart_count"] == 1 and x["last_step"] == STEPS - 1 for x in second), second
     assert "requeueing for run 2" in out
 
 
