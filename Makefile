@@ -46,17 +46,23 @@ demo: $(BIN)/.installed
 
 # The SLURM suite runs against Debian 12's Slurm 22.05 (with everything else) and again against
 # SLURM_RELEASE, a current release built once per machine from Debian's source package
-# (tests/cluster/slurm-cluster.sh build; cached in /var/cache/halo-sched). tests/suite.sh runs the
-# two passes side by side, each on pytest-xdist workers; the make fails if either failed.
+# (tests/cluster/slurm-cluster.sh build; cached in /var/cache/halo-sched). tests/suite.sh runs three
+# passes side by side, each on pytest-xdist workers: A (all but the SLURM cluster's tests, the
+# multi-host rig's included) on SUITE_WORKERS, and the SLURM suite on 22.05 and on SLURM_RELEASE,
+# each on RELEASE_WORKERS workers with a cluster each; the make fails if any failed.
 SLURM_RELEASE ?= 24.11
 # `make test-slurm-matrix`: the SLURM suite alone, then the multi-host rig's tests (its daemons the
 # same release's), against each of these in turn.
 SLURM_MATRIX ?= 22.05 24.11 26.05
 # pytest-xdist workers: most of the suite waits (torchrun start-up, slurmd, timeouts), not computes.
+# test-fast's; make test's pass A and each release's (seven tests at once: tests/suite.sh says why).
 TEST_WORKERS ?= 4
+SUITE_WORKERS ?= 3
+RELEASE_WORKERS ?= 2
 
 test: $(BIN)/.installed $(HCL_PARSER)
-	SLURM_RELEASE=$(SLURM_RELEASE) HALO_TEST_WORKERS=$(TEST_WORKERS) PYTEST=$(BIN)/pytest tests/suite.sh
+	SLURM_RELEASE=$(SLURM_RELEASE) HALO_TEST_WORKERS=$(SUITE_WORKERS) HALO_RELEASE_WORKERS=$(RELEASE_WORKERS) \
+		PYTEST=$(BIN)/pytest tests/suite.sh
 
 test-slurm-matrix: $(BIN)/.installed $(HCL_PARSER)
 	rc=0; for v in $(SLURM_MATRIX); do \

@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
 # `make test`: the whole suite, both Slurm releases at once.
 #
-#   pass A: every test (Slurm 22.05, the multi-host rig, real torchrun, the long property runs)
-#   pass B: the SLURM suite again against SLURM_RELEASE (its own cluster, ports, lock and state)
+#   pass A: all but the SLURM cluster's tests (the multi-host rig, real torchrun, the long property runs)
+#   pass S: the SLURM suite against Slurm 22.05
+#   pass B: the SLURM suite again against SLURM_RELEASE
 #
 # Most of the suite's time is waiting (torchrun start-up, slurmd, a rendezvous timeout), so each
-# pass runs under pytest-xdist and the two run side by side: each worker has its own temporary
+# pass runs under pytest-xdist and the three run side by side: each worker has its own temporary
 # directory and HALO_SCHED_HOME (tests/conftest.py), ports are reserved under a machine-wide flock
-# (tests/helpers.py), each release's SLURM tests run on one worker, one after another (its lock,
-# tests/cluster/fixtures.py), and the multi-host rig's tests stay on one worker (xdist_group).
+# (tests/helpers.py), and the multi-host rig's tests stay on one worker (xdist_group). Passes S and B
+# run on two workers each, each worker on a 3-node cluster of its own (HALO_CLUSTER_PER_WORKER=1,
+# tests/cluster/cluster.py: its state dir, ports and job-id band), a test file at a time.
 #
-# HALO_RELEASE_WORKERS=2 splits those chains: pass A runs all but the SLURM cluster's tests, and
-# passes S (22.05) and B (SLURM_RELEASE) run the SLURM suite on two workers each, each worker on a
-# 3-node cluster of its own (HALO_CLUSTER_PER_WORKER=1, tests/cluster/cluster.py: its state dir,
-# ports and job-id band), a test file at a time. Measured from clean clones: 1357-1502 s against
-# 1637-1774 s one day, 1789 s and more on a day the machine ran 20% slower; with eight tests at once
-# instead of five every run had tests over a timing bound (2026-12-06), so it is not the default.
+# Why seven tests at once (3 + 2 + 2), each figure the whole of .ci/run from a clean clone on 2 cores
+# (bench/suite_time.sh): one cluster per release, its SLURM tests one after another
+# (HALO_RELEASE_WORKERS=1, pass A's 4 workers holding 22.05's chain): 1767-1988 s, the last 10-15
+# minutes on a half-idle machine while the two chains ran alone. Two clusters per release beside 4
+# workers (eight at once): 1324-1468 s, but every run had a test over a timing bound. Beside 3
+# workers: 1361 s (2026-12-07: A 1304 s, S 1201 s, B 1165 s), A's three workers busy to its end
+# (3878 s of tests, the rig's chain 979 s of it).
 #
 # Passes B (and S) print their output after A's, whole; then each pass's failed tests, so the end
 # of the output (what CI keeps) names them. The exit status is non-zero if any pass failed.
 #
-# Environment: HALO_TEST_WORKERS (pass A's workers, 4), HALO_RELEASE_WORKERS (1 or 2, above),
+# Environment: HALO_TEST_WORKERS (pass A's workers, 3), HALO_RELEASE_WORKERS (2, or 1: each
+# release's SLURM tests on one shared cluster, one after another: 22.05's in pass A, no pass S),
 # SLURM_RELEASE (24.11), PYTEST (.venv/bin/pytest). Extra arguments go to every pass.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,8 +33,8 @@ cd "$(dirname "$0")/.."
 unset PYTHONDONTWRITEBYTECODE
 PYTEST=${PYTEST:-.venv/bin/pytest}
 RELEASE=${SLURM_RELEASE:-24.11}
-A_WORKERS=${HALO_TEST_WORKERS:-4}
-R_WORKERS=${HALO_RELEASE_WORKERS:-1}
+A_WORKERS=${HALO_TEST_WORKERS:-3}
+R_WORKERS=${HALO_RELEASE_WORKERS:-2}
 # Each worker's cluster numbers its jobs in a band of its own (tests/cluster/cluster.py
 # first_job_id): four bands, two SLURM passes.
 ((R_WORKERS >= 1 && R_WORKERS <= 2)) || { echo "tests/suite.sh: HALO_RELEASE_WORKERS must be 1 or 2" >&2; exit 2; }
@@ -56,8 +60,8 @@ slurm_pass() {
         echo $((SECONDS - t)) >"$logdir/$pass.seconds"
     ) &
 }
-# One worker each (the default): Slurm 22.05's SLURM tests run in pass A on one worker, on the
-# release's shared cluster, and pass B on SLURM_RELEASE's; no pass S. Two: a cluster per worker.
+# Two workers each (the default): a cluster per worker. One: Slurm 22.05's SLURM tests run in pass A
+# on one worker, on the release's shared cluster, and pass B on SLURM_RELEASE's; no pass S.
 passes="b"
 if ((R_WORKERS > 1)); then
     passes="s b"
