@@ -22,7 +22,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # rewrote every test module (9 s of CPU per worker, 2.6 s cached; the CLI's start 15-20% more).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: demo test test-slurm-matrix test-fast install hcl-parser cluster-up cluster-down bench bench-failures clean
+.PHONY: demo test test-slurm-matrix test-fast install hcl-parser completion-shells cluster-up cluster-down bench bench-failures clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,12 @@ $(HCL_PARSER): tests/hclparse/package.json tests/hclparse/package-lock.json
 	touch $@
 
 hcl-parser: $(HCL_PARSER)
+
+# zsh and fish, which tests/test_completion.py runs the generated completion scripts in: from
+# Debian's packages when missing (with CI=true those tests fail rather than skip without them).
+completion-shells:
+	@missing=; for sh in zsh fish; do command -v $$sh > /dev/null || missing="$$missing $$sh"; done; \
+	[ -z "$$missing" ] || { $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends $$missing; }
 
 install: $(BIN)/.installed $(HCL_PARSER)
 
@@ -60,7 +66,7 @@ TEST_WORKERS ?= 4
 SUITE_WORKERS ?= 3
 RELEASE_WORKERS ?= 2
 
-test: $(BIN)/.installed $(HCL_PARSER)
+test: $(BIN)/.installed $(HCL_PARSER) completion-shells
 	SLURM_RELEASE=$(SLURM_RELEASE) HALO_TEST_WORKERS=$(SUITE_WORKERS) HALO_RELEASE_WORKERS=$(RELEASE_WORKERS) \
 		PYTEST=$(BIN)/pytest tests/suite.sh
 
@@ -73,7 +79,7 @@ test-slurm-matrix: $(BIN)/.installed $(HCL_PARSER)
 		HALO_SLURM_VERSION=$$v $(BIN)/pytest -m multihost || rc=$$?; \
 	done; exit $$rc
 
-test-fast: $(BIN)/.installed $(HCL_PARSER)
+test-fast: $(BIN)/.installed $(HCL_PARSER) completion-shells
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m "$(FAST_TESTS)"
 
 cluster-up:
