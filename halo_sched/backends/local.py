@@ -494,10 +494,9 @@ def render_run(launch: Launch) -> str:
     """What ``render --backend local`` shows: how each node and server process is started, and
     the scripts they run."""
     port = "PORT" if launch.rendezvous.port is None else str(launch.rendezvous.port)
-    derived = LOCAL_PORTS
     return render_template("local/run.txt.j2", launch=launch, names=launch.names, entry=render_entry(launch),
                            master=LOCAL_MASTER, port=port, servers=_server_nodes(launch),
-                           derived=f"{derived.start}-{derived.stop - 1}",
+                           port_range=f"{LOCAL_PORTS.start}-{LOCAL_PORTS.stop - 1}",
                            scripts=[(r.name, render_server(launch, r)) for r in launch.servers])
 
 
