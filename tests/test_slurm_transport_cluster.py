@@ -546,5 +546,11 @@ def test_rest_v38_time_limit_warning_reaches_every_rank(cli, rest, workdir, tmp_
     assert state.status is JobStatus.COMPLETED and state.exit_code == 0, (state, out[-3000:])
     ranks = [json.loads((reports / f"rank{i}.json").read_text()) for i in range(4)]
     assert all(x["stopped"] and x["saved_step"] == ranks[0]["saved_step"] for x in ranks), ranks
-    assert all(f"SIGUSR2 to rank {r} (pid" in out for r in range(4)), out[-3000:]
+    # Each node's entry names the ranks it hands the warning to. A rank that had already stopped with
+    # the others (one node's warning came first, and the all_reduce stops every rank) may have exited
+    # before its own node's entry read its rank ("SIGUSR2 to rank ? (pid N)"): beside the whole suite
+    # node 1's entry handed it on 1 s after node 0's, its ranks gone (24.11, 2026-12-07).
+    assert any(x["warnings"] for x in ranks), ranks
+    assert all(f"SIGUSR2 to rank {x['rank']} (pid" in out or (x["stopped"] and not x["warnings"]) for x in ranks), \
+        (ranks, out[-3000:])
     print(f"v0.0.38 warning: job {job_id} COMPLETED after the ranks saved at step {ranks[0]['saved_step']}")
