@@ -64,7 +64,21 @@ die() { log "ERROR: $*"; exit 1; }
 source "$SCRIPT_DIR/debian-packages.sh"
 
 pid_alive() { [[ -n "${1:-}" ]] && kill -0 "$1" 2>/dev/null; }
-pid_from() { [[ -s "$1" ]] && tr -dc '0-9' <"$1" || true; }
+# Whether process $1 is this rig's: its command line or environment names this state dir or its
+# slurm.conf (every daemon, step and helper it starts does).
+is_ours() {
+    { tr '\0' '\n' <"/proc/$1/cmdline" && tr '\0' '\n' <"/proc/$1/environ"; } 2>/dev/null |
+        grep -qF -e "$STATE/" -e "SLURM_CONF=$CONF"
+}
+# The pid in pid file $1 while that process is still this rig's, else nothing. A daemon that died
+# (killed by a test, or crashed) leaves its pid file, and on a busy machine its pid is soon another
+# process's: the suite's processes and threads take all of pid_max (32768) in a minute or two. down
+# once sent SIGTERM by such a file to a SLURM job's torchrun of another cluster (2026-12-07).
+pid_from() {
+    local p
+    [[ -s "$1" ]] && p=$(tr -dc '0-9' <"$1") && [[ -n $p ]] && is_ours "$p" && echo "$p"
+    return 0
+}
 
 net_prefix() { # 10.77.0.0/24 -> 10.77.0
     [[ $1 =~ ^([0-9]+\.[0-9]+\.[0-9]+)\.0/24$ ]] || die "$2 must be a /24 written A.B.C.0/24, not '$1'"
@@ -383,10 +397,7 @@ our_pids() {
         p=${d#/proc/}
         comm=$(cat "$d/comm" 2>/dev/null) || continue
         case $comm in munged | slurmctld | slurmscriptd | slurmd | slurmstepd) ;; *) continue ;; esac
-        if { tr '\0' '\n' <"$d/cmdline" && tr '\0' '\n' <"$d/environ"; } 2>/dev/null |
-            grep -qF -e "$STATE/" -e "SLURM_CONF=$CONF"; then
-            echo "$p"
-        fi
+        if is_ours "$p"; then echo "$p"; fi
     done
 }
 
