@@ -62,25 +62,9 @@ log() { printf 'multihost: %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 # shellcheck source=tests/cluster/debian-packages.sh
 source "$SCRIPT_DIR/debian-packages.sh"
+# shellcheck source=tests/cluster/own-pids.sh
+source "$SCRIPT_DIR/own-pids.sh"
 
-pid_alive() { [[ -n "${1:-}" ]] && kill -0 "$1" 2>/dev/null; }
-# Whether process $1 is this rig's: its command line or environment names this state dir or its
-# slurm.conf (every daemon, step and helper it starts does).
-# (grep reads it all: with -q it would stop at the first match, tr would die of SIGPIPE, and
-# pipefail would make the answer no.)
-is_ours() {
-    { tr '\0' '\n' <"/proc/$1/cmdline" && tr '\0' '\n' <"/proc/$1/environ"; } 2>/dev/null |
-        grep -F -e "$STATE/" -e "SLURM_CONF=$CONF" >/dev/null
-}
-# The pid in pid file $1 while that process is still this rig's, else nothing. A daemon that died
-# (killed by a test, or crashed) leaves its pid file, and on a busy machine its pid is soon another
-# process's: the suite's processes and threads take all of pid_max (32768) in a minute or two. down
-# so most likely sent the SIGTERM that a SLURM job's torchrun of another cluster got (2026-12-07).
-pid_from() {
-    local p
-    [[ -s "$1" ]] && p=$(tr -dc '0-9' <"$1") && [[ -n $p ]] && is_ours "$p" && echo "$p"
-    return 0
-}
 
 net_prefix() { # 10.77.0.0/24 -> 10.77.0
     [[ $1 =~ ^([0-9]+\.[0-9]+\.[0-9]+)\.0/24$ ]] || die "$2 must be a /24 written A.B.C.0/24, not '$1'"
