@@ -474,6 +474,15 @@ def test_transient_errors_are_retried_for_queries():
         CliTransport(runner=run, accounting=False, retries=2, retry_wait=0).query(["5"])
 
 
+def test_a_connection_the_controller_drops_while_it_stops_is_retried():
+    # What squeue printed when slurmctld stopped during its call (24.11, the 90 s outage test beside
+    # the whole suite, 2026-12-07): the controller going away, not an answer. It once ended
+    # `watch --outage-budget 20` with exit 1 instead of waiting.
+    run = _runner([(1, "", "slurm_load_jobs error: Connection reset by peer\n"), (0, "", ""), (0, "", "")])
+    result = CliTransport(runner=run, accounting=False, retry_wait=0).query(["5"])
+    assert len(run.calls) == 3 and result["5"].status is JobStatus.UNKNOWN
+
+
 def test_real_errors_are_not_swallowed():
     run = _runner([(1, "", "squeue: error: Invalid user: nobody\n")])
     with pytest.raises(SchedulerError, match="Invalid user"):

@@ -147,10 +147,12 @@ def job_environment(request: SbatchRequest, environ: Mapping[str, str]) -> dict[
 
 # Messages slurmctld clients print when the controller is busy or restarting: worth a retry for
 # idempotent calls (a Transient, retried by halo_sched.retry.SLURM_CALLS). Anything else is a
-# real answer.
+# real answer. A connection reset is slurmctld stopping during the call (squeue 24.11 printed
+# "slurm_load_jobs error: Connection reset by peer" in a controller outage).
 TRANSIENT = re.compile(
     r"socket timed out|unable to contact slurm controller|resource temporarily unavailable|"
-    r"connection refused|transport endpoint is not connected|slurm backup controller in standby",
+    r"connection refused|connection reset by peer|transport endpoint is not connected|"
+    r"slurm backup controller in standby",
     re.IGNORECASE,
 )
 
