@@ -24,10 +24,6 @@ from cluster.fixtures import (  # noqa: E402,F401  (the real local cluster, and 
 SKIP_REASON_MARK = "HALO_SKIP_SLURM=1"
 
 
-def _ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
-
-
 def pytest_configure(config):
     # Nothing the suite does may read or write the user's own history store. Each test gets a home
     # of its own (the fixture below); what runs outside a test (collection renders jobs, which read
@@ -45,7 +41,7 @@ def pytest_configure(config):
             and getattr(config.option, "testrunuid", "unset") is None:
         config.option.testrunuid = uuid.uuid4().hex
     # Skipping the SLURM tests is for a developer's machine without root; CI must run them.
-    if skip_slurm_requested() and _ci():
+    if skip_slurm_requested() and helpers.in_ci():
         raise pytest.UsageError(
             "HALO_SKIP_SLURM=1 is refused when CI=true: CI runs the SLURM tests (tests/cluster/slurm-cluster.sh "
             "starts the local cluster). Unset HALO_SKIP_SLURM, or run `make test-fast` for the tier without them.")

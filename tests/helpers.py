@@ -77,6 +77,12 @@ else:
 '''
 
 
+def in_ci() -> bool:
+    """Whether this run is CI's (CI=true, as .ci/run sets it): what a developer's machine may skip,
+    CI must run, so a missing prerequisite there fails the test instead."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
 def write_tool(bindir: Path, name: str, body: str) -> Path:
     p = bindir / name
     p.write_text(body.format(python=sys.executable))

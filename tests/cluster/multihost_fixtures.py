@@ -25,13 +25,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers import in_ci
+
 SCRIPT = Path(__file__).resolve().with_name("multihost.sh")
 LOCK_PATH = Path(os.environ.get("HALO_MULTIHOST_LOCK", "/tmp/halo-multihost.lock"))
 HOSTS = ("h0", "h1", "h2", "h3")
-
-
-def _ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
 def why_no_namespaces() -> str | None:
@@ -187,7 +185,7 @@ def require_namespaces() -> None:
     why = why_no_namespaces()
     if why:
         why = " ".join(why.split())  # one line, whatever the tool printed
-        if _ci():
+        if in_ci():
             pytest.fail(f"CI=true: the multi-host rig's tests may not be skipped, but this machine cannot run them: {why}",
                         pytrace=False)
         pytest.skip(f"multi-host rig skipped: {why}")
