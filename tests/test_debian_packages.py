@@ -10,11 +10,10 @@ installs; dpkg-query reports it.
 from __future__ import annotations
 
 import os
-import stat
 import subprocess
 from pathlib import Path
 
-from helpers import REPO
+from helpers import REPO, write_tool
 
 SCRIPT = REPO / "tests" / "cluster" / "debian-packages.sh"
 
@@ -22,7 +21,7 @@ FAKE_APT_GET = r'''#!/usr/bin/env bash
 # apt-get: dpkg's frontend lock taken at once or exit 100; install marks each package installed.
 state=$FAKE_DPKG_STATE
 exec 7>>"$state/lock-frontend"
-flock -n 7 || { echo "E: Could not get lock $state/lock-frontend" >&2; exit 100; }
+if ! flock -n 7; then echo "E: Could not get lock $state/lock-frontend" >&2; exit 100; fi
 echo "$*" >>"$state/calls"
 [[ " $* " == *" install "* ]] || exit 0
 sleep 1
@@ -32,17 +31,11 @@ done
 '''
 
 FAKE_DPKG_QUERY = r'''#!/usr/bin/env bash
-# dpkg-query -W -f='${Status}' PKG
-pkg=${!#}
+# dpkg-query -W -f=STATUS-FORMAT PKG: the package is the last argument
+for pkg; do :; done
 [[ -e $FAKE_DPKG_STATE/installed-$pkg ]] && printf 'install ok installed' && exit 0
 exit 1
 '''
-
-
-def _tool(bindir: Path, name: str, body: str) -> None:
-    p = bindir / name
-    p.write_text(body)
-    p.chmod(p.stat().st_mode | stat.S_IEXEC)
 
 
 def _installer(tmp_path: Path, who: str) -> subprocess.Popen:
@@ -57,8 +50,8 @@ def _installer(tmp_path: Path, who: str) -> subprocess.Popen:
 def test_two_installers_at_once_both_succeed_and_install_once(tmp_path):
     (tmp_path / "bin").mkdir()
     (tmp_path / "dpkg").mkdir()
-    _tool(tmp_path / "bin", "apt-get", FAKE_APT_GET)
-    _tool(tmp_path / "bin", "dpkg-query", FAKE_DPKG_QUERY)
+    write_tool(tmp_path / "bin", "apt-get", FAKE_APT_GET)
+    write_tool(tmp_path / "bin", "dpkg-query", FAKE_DPKG_QUERY)
     procs = [_installer(tmp_path, who) for who in ("cluster", "rig")]
     outs = [p.communicate(timeout=60)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
@@ -71,8 +64,8 @@ def test_two_installers_at_once_both_succeed_and_install_once(tmp_path):
 def test_nothing_missing_runs_no_apt_get(tmp_path):
     (tmp_path / "bin").mkdir()
     (tmp_path / "dpkg").mkdir()
-    _tool(tmp_path / "bin", "apt-get", FAKE_APT_GET)
-    _tool(tmp_path / "bin", "dpkg-query", FAKE_DPKG_QUERY)
+    write_tool(tmp_path / "bin", "apt-get", FAKE_APT_GET)
+    write_tool(tmp_path / "bin", "dpkg-query", FAKE_DPKG_QUERY)
     for pkg in ("munge", "iptables"):
         (tmp_path / "dpkg" / f"installed-{pkg}").touch()
     p = _installer(tmp_path, "cluster")

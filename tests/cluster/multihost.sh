@@ -65,7 +65,6 @@ source "$SCRIPT_DIR/debian-packages.sh"
 # shellcheck source=tests/cluster/own-pids.sh
 source "$SCRIPT_DIR/own-pids.sh"
 
-
 net_prefix() { # 10.77.0.0/24 -> 10.77.0
     [[ $1 =~ ^([0-9]+\.[0-9]+\.[0-9]+)\.0/24$ ]] || die "$2 must be a /24 written A.B.C.0/24, not '$1'"
     echo "${BASH_REMATCH[1]}"

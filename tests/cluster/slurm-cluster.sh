@@ -69,7 +69,6 @@ source "$SCRIPT_DIR/own-pids.sh"
 
 node_names() { local i; for ((i = 1; i <= NODES; i++)); do echo "node$i"; done; }
 
-
 # ---------------------------------------------------------------------------------------------
 install_packages() {
     # slurm-wlm-jwt-plugin: slurmctld refuses to start without it once AuthAltTypes=auth/jwt.
