@@ -19,6 +19,7 @@ import fcntl
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -124,27 +125,73 @@ class Rig:
     def exec(self, host: str, *cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
         return run_script("exec", host, *cmd, timeout=timeout)
 
-    def reset(self, timeout: float = 90) -> None:
-        """Every host linked, undelayed, and idle in SLURM again (a cut host was marked DOWN; its
-        slurmd registers again once healed, ReturnToService=2)."""
+    def reset(self, timeout: float = 180) -> None:
+        """Every host linked, undelayed, without a step of an ended job, and idle in SLURM again (a
+        cut host was marked DOWN; healed, it is resumed, ReturnToService=2).
+
+        A cut host keeps its job's slurmstepd after the job ended, retrying the step's completion
+        message (its tasks gone, seen: it sleeps, no child left). Told to end, it does not, and
+        UnkillableStepTimeout (60 s) later slurmd drains the host ("Kill task failed"). Once that came
+        1 s after a reset had seen every host idle, and the next test's job waited on the drained host
+        past its own bound. So the reset ends such a step itself where nothing of the job is left under
+        it (SIGKILL to that slurmstepd: it holds nothing but its retry). Where processes are left under
+        it, its slurmd is made to register at once (SIGHUP: it reconfigures and registers), so that
+        SLURM ends them, which waiting for slurmctld's own registration request took 64-78 s here.
+        The reset is done only once no such step is left and every host is idle."""
         for h in HOSTS:
             run_script("heal", h)
             run_script("delay", h, "0")
         env = {**os.environ, **self.env}
         deadline = time.monotonic() + timeout
-        out = ""
+        out, left, hup_at = "", [], {}
         while time.monotonic() < deadline:
+            left = self.ended_jobs_steps(env)
+            for host, _, pid, children in left:
+                if not children:
+                    _kill(pid, signal.SIGKILL)
+                elif time.monotonic() - hup_at.get(host, -60.0) >= 10:
+                    self.reregister(host)
+                    hup_at[host] = time.monotonic()
             out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env=env, capture_output=True, text=True,
                                  timeout=30).stdout
             bad = [ln.split()[0] for ln in out.splitlines() if len(ln.split()) == 2
                    and not re.fullmatch(r"idle|allocated|mixed|completing", ln.split()[1])]
-            if not bad and len(out.split()) == 2 * len(HOSTS):
-                return
             for n in bad:
                 subprocess.run(["scontrol", "update", f"NodeName={n}", "State=RESUME"], env=env,
                                capture_output=True, timeout=30)
+            if not bad and not left and len(out.split()) == 2 * len(HOSTS):
+                return
             time.sleep(1)
-        raise AssertionError(f"the rig's hosts are not idle again after {timeout:.0f} s: {out}")
+        steps = ", ".join(f"{h}: {step} ({n} processes under it)" for h, step, _, n in left)
+        raise AssertionError(f"the rig's hosts are not idle again after {timeout:.0f} s: {out}"
+                             f"{'; steps of ended jobs left: ' + steps if steps else ''}")
+
+    def reregister(self, host: str) -> None:
+        """``host``'s slurmd registers with slurmctld now (SIGHUP: it reconfigures, then registers)."""
+        try:
+            pid = int((Path(self.env["HALO_MULTIHOST_DIR"]) / "run" / f"slurmd-{host}.pid").read_text())
+            if f"slurmd\0-N\0{host}\0".encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                _kill(pid, signal.SIGHUP)
+        except (OSError, ValueError):
+            pass  # no slurmd there: the reset's wait says what is left
+
+    def ended_jobs_steps(self, env: dict[str, str]) -> list[tuple[str, str, int, int]]:
+        """(host, "JOB.STEP", its slurmstepd's pid, how many processes it has under it) for each step
+        on a host whose job SLURM does not list as running (or every one, where squeue does not answer)."""
+        q = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i"], env=env, capture_output=True, text=True,
+                           timeout=30)
+        running = set(q.stdout.split()) if q.returncode == 0 else set()
+        out = []
+        for h in HOSTS:
+            for pid in self.job_pids(h, "slurmstepd"):
+                try:
+                    m = re.match(rb"slurmstepd: \[(\d+)\.([^\]]+)\]", Path(f"/proc/{pid}/cmdline").read_bytes())
+                    children = sum(len(t.read_text().split()) for t in Path(f"/proc/{pid}/task").glob("*/children"))
+                except OSError:
+                    continue
+                if m and m[1].decode() not in running:
+                    out.append((h, f"{m[1].decode()}.{m[2].decode(errors='replace')}", pid, children))
+        return out
 
     def job_pids(self, host: str, marker: str) -> list[int]:
         """Live processes in ``host``'s network namespace whose command line holds ``marker``."""
@@ -157,6 +204,13 @@ class Rig:
             except OSError:
                 pass
         return out
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def node_steps(text: str) -> list[int]:
@@ -219,7 +273,7 @@ def rig(_rig_session, tmp_path):
         try:
             yield r
         finally:
-            r.reset()
+            # The test's jobs cancelled first, so that the reset waits for their steps to end.
             env = {**os.environ, **r.env}
             try:
                 q = subprocess.run(["squeue", "--noheader", "--format=%i|%Z"], env=env, capture_output=True,
@@ -230,3 +284,4 @@ def rig(_rig_session, tmp_path):
                     subprocess.run(["scancel", *mine], env=env, capture_output=True, timeout=30)
             except (OSError, subprocess.TimeoutExpired):
                 pass
+            r.reset()
