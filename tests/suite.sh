@@ -17,8 +17,8 @@
 # (HALO_RELEASE_WORKERS=1, pass A's 4 workers holding 22.05's chain): 1767-1988 s, the last 10-15
 # minutes on a half-idle machine while the two chains ran alone. Two clusters per release beside 4
 # workers (eight at once): 1324-1468 s, but every run had a test over a timing bound. Beside 3
-# workers: 1275-1372 s in five runs (2026-12-07; the first: A 1304 s, S 1201 s, B 1165 s), A's three
-# workers busy to its end (3878 s of tests, the rig's chain 979 s of it).
+# workers: 1275-1404 s in seven runs, and 1557 s in CI's (2026-12-07; the first: A 1304 s, S 1201 s,
+# B 1165 s), A's three workers busy to its end (3878 s of tests, the rig's chain 979 s of it).
 #
 # Passes B (and S) print their output after A's, whole; then each pass's failed tests, so the end
 # of the output (what CI keeps) names them. The exit status is non-zero if any pass failed.
