@@ -64,6 +64,8 @@ die() { log "ERROR: $*"; exit 1; }
 source "$SCRIPT_DIR/debian-packages.sh"
 # shellcheck source=tests/cluster/own-pids.sh
 source "$SCRIPT_DIR/own-pids.sh"
+# shellcheck source=tests/cluster/slurm-conf.sh
+source "$SCRIPT_DIR/slurm-conf.sh"
 
 net_prefix() { # 10.77.0.0/24 -> 10.77.0
     [[ $1 =~ ^([0-9]+\.[0-9]+\.[0-9]+)\.0/24$ ]] || die "$2 must be a /24 written A.B.C.0/24, not '$1'"
@@ -205,42 +207,11 @@ ClusterName=halomh
 SlurmctldHost=localhost($MGMT.1)
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket=$MUNGE_SOCKET,cred_expire=10
-StateSaveLocation=$STATE/spool/ctld
-SlurmdSpoolDir=$STATE/spool/%n
-SlurmctldPidFile=$STATE/run/slurmctld.pid
-SlurmdPidFile=$STATE/run/slurmd-%n.pid
-SlurmctldLogFile=$STATE/log/slurmctld.log
-SlurmdLogFile=$STATE/log/slurmd-%n.log
-SlurmctldDebug=info
-SlurmdDebug=info
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/affinity
-JobRequeue=0
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-MpiDefault=none
-$([[ $SLURM_VERSION == 22.05 ]] && echo SwitchType=switch/none || echo "# no SwitchType: the switch/none plugin is gone after 22.05 (none is the default)")
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SlurmdParameters=config_overrides
-ReturnToService=2
-MinJobAge=300
+$(common_slurm_conf)
 # Job ids apart from the suite's own clusters' (1..1000, tests/cluster/cluster.py): tests that find a job's
 # processes by SLURM_JOB_ID in /proc run beside the rig on this one host.
 FirstJobId=100001
-OverTimeLimit=0
-KillWait=2
-InactiveLimit=0
-Waittime=0
 # A cut host is DOWN 20-30 s after it stops answering (slurmctld pings every SlurmdTimeout/3).
-SlurmctldTimeout=60
 SlurmdTimeout=20
 MessageTimeout=5
 EOF

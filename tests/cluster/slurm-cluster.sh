@@ -66,6 +66,8 @@ die() { log "ERROR: $*"; exit 1; }
 source "$SCRIPT_DIR/debian-packages.sh"
 # shellcheck source=tests/cluster/own-pids.sh
 source "$SCRIPT_DIR/own-pids.sh"
+# shellcheck source=tests/cluster/slurm-conf.sh
+source "$SCRIPT_DIR/slurm-conf.sh"
 
 node_names() { local i; for ((i = 1; i <= NODES; i++)); do echo "node$i"; done; }
 
@@ -221,55 +223,14 @@ write_conf() {
 ClusterName=$CLUSTER_NAME
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort=$CTLD_PORT
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-# Our own munged socket, so a system munged (other key) cannot interfere. cred_expire: a
-# requeued job may start again cred_expire+1 s after the requeue (slurmctld's
-# batch_requeue_fini); the default 120 would make every requeue test wait two minutes.
-AuthInfo=socket=$MUNGE_SOCKET,cred_expire=10
+$(common_slurm_conf)
 # JWT as the alternative auth, for slurmrestd: a token names the user a request acts as.
 AuthAltTypes=auth/jwt
 AuthAltParameters=jwt_key=$STATE/etc/jwt_hs256.key
-StateSaveLocation=$STATE/spool/ctld
-SlurmdSpoolDir=$STATE/spool/%n
-SlurmctldPidFile=$STATE/run/slurmctld.pid
-SlurmdPidFile=$STATE/run/slurmd-%n.pid
-SlurmctldLogFile=$STATE/log/slurmctld.log
-SlurmdLogFile=$STATE/log/slurmd-%n.log
-SlurmctldDebug=info
-SlurmdDebug=info
-ProctrackType=proctrack/linuxproc
-# CPU binding as on production clusters: each task is bound to the CPUs srun gives it, so a
-# missing srun --cpus-per-task shows up here as a rank squeezed onto one CPU.
-TaskPlugin=task/affinity
-# Batch jobs requeue only when they ask (sbatch --requeue): proves halo-sched asks itself.
-JobRequeue=0
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-MpiDefault=none
-$([[ $SLURM_VERSION == 22.05 ]] && echo SwitchType=switch/none || echo "# no SwitchType: the switch/none plugin is gone after 22.05 (none is the default)")
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SlurmdParameters=config_overrides
-ReturnToService=2
-# Finished jobs must stay visible to squeue/scontrol for a while (there is no sacct here).
-MinJobAge=300
 # The first job id (HALO_CLUSTER_FIRST_JOB_ID; 1 for 22.05, 501 for another release): clusters that
 # run side by side on this one host keep apart the rendezvous ports halo-sched derives from the job
 # id (DERIVED_PORTS) and the job ids tests look for in /proc.
 FirstJobId=${HALO_CLUSTER_FIRST_JOB_ID:-$([[ $SLURM_VERSION == 22.05 ]] && echo 1 || echo 501)}
-# Time limits are enforced to the minute, and killed jobs go quickly. KillWait (30 s by default)
-# is also how long a node's tasks outlive another's failure under --kill-on-bad-exit: 2 s is
-# harsher than most sites, on purpose (a hung job's monitors must finish within it).
-OverTimeLimit=0
-KillWait=2
-InactiveLimit=0
-Waittime=0
-SlurmctldTimeout=60
 SlurmdTimeout=60
 MessageTimeout=10
 EOF
