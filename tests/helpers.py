@@ -217,6 +217,25 @@ def cli(*args, cwd=REPO, env=None, timeout=300) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
+def submit_with_no_client_left(job: Path, cwd: Path, env: dict, started: Path) -> str:
+    """``submit JOB --backend slurm --wait``, killed (SIGKILL: no handler, nothing left waiting) once
+    ``started`` holds two lines (each rank writes one when it starts); the run id it printed."""
+    import re
+    import signal
+
+    sub = subprocess.Popen([sys.executable, "-m", "halo_sched.cli", "submit", str(job), "--backend", "slurm", "--wait"],
+                           cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert until(lambda: started.exists() and len(started.read_text().splitlines()) >= 2, 120), \
+            "the ranks never started"
+    finally:
+        sub.send_signal(signal.SIGKILL)
+        _, err = sub.communicate(timeout=30)
+    m = re.search(r"submitted ddp-cpu to slurm as (\d+)\n", err)
+    assert m, err[-3000:]
+    return m.group(1)
+
+
 def example_job(tmp: Path, port: int, **overrides) -> Path:
     """examples/ddp-cpu.yaml with a free rendezvous port and test overrides, written to tmp."""
     import yaml

@@ -23,13 +23,12 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers import REPO, cli, example_job, free_port, slurm_env, until
+from helpers import REPO, cli, example_job, free_port, slurm_env, submit_with_no_client_left, until
 
 pytestmark = [pytest.mark.slurm]
 
@@ -144,17 +143,8 @@ def _run_losing(tmp_path, env, batch_host: bool) -> tuple[str, str, float]:
     shutil.copy(REPO / "tests" / "trainers" / "until_lost.py", tmp_path / "until_lost.py")
     job = example_job(tmp_path, free_port(), nproc_per_node=1, retry={"attempts": 2, "on": ["node"]},
                       trainer={"script": "until_lost.py", "args": []})
-    sub = subprocess.Popen([sys.executable, "-m", "halo_sched.cli", "submit", str(job), "--backend", "slurm", "--wait"],
-                           cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = tmp_path / "attempts.log"
-    try:
-        assert until(lambda: log.exists() and len(log.read_text().splitlines()) >= 2, 120), "the ranks never started"
-    finally:
-        sub.send_signal(signal.SIGKILL)
-        _, err = sub.communicate(timeout=30)
-    m = re.search(r"submitted ddp-cpu to slurm as (\d+)\n", err)
-    assert m, err[-3000:]
-    run_id = m.group(1)
+    run_id = submit_with_no_client_left(job, tmp_path, env, log)
     info = subprocess.run(["scontrol", "show", "job", run_id], env=env, capture_output=True, text=True, timeout=60).stdout
     batch = re.search(r"BatchHost=(\S+)", info)[1]
     hosts = {h for c, _, h, _ in (ln.split() for ln in log.read_text().splitlines()) if c == "0"}

@@ -12,13 +12,10 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import signal
-import subprocess
-import sys
 
 import pytest
 
-from helpers import REPO, cli, example_job, free_port, slurm_env, until
+from helpers import REPO, cli, example_job, free_port, slurm_env, submit_with_no_client_left, until
 
 pytestmark = [pytest.mark.slurm]
 
@@ -32,17 +29,8 @@ def test_the_run_completes_after_its_submitter_was_killed_before_the_fault(tmp_p
     shutil.copy(REPO / "tests" / "trainers" / "node_fault_on_cue.py", tmp_path / "node_fault_on_cue.py")
     job = example_job(tmp_path, free_port(), nproc_per_node=1, retry={"attempts": 2, "on": ["node"]},
                       trainer={"script": "node_fault_on_cue.py", "args": []})
-    sub = subprocess.Popen([sys.executable, "-m", "halo_sched.cli", "submit", str(job), "--backend", "slurm", "--wait"],
-                           cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = tmp_path / "attempts.log"
-    try:
-        assert until(lambda: log.exists() and len(log.read_text().splitlines()) >= 2, 120), "the ranks never started"
-    finally:
-        sub.send_signal(signal.SIGKILL)
-        out, err = sub.communicate(timeout=30)
-    m = re.search(r"submitted ddp-cpu to slurm as (\d+)\n", err)
-    assert m, err[-3000:]
-    run_id = m.group(1)
+    run_id = submit_with_no_client_left(job, tmp_path, env, log)
     (tmp_path / "fault").write_text("")  # no client is alive from here on
 
     def completed():  # `list` alone follows the chain: each attempt found is recorded
