@@ -146,7 +146,7 @@ class Rig:
         out, left, hup_at = "", [], {}
         while time.monotonic() < deadline:
             left = self.ended_jobs_steps(env)
-            for host, _, pid, children in left:
+            for host, _, pid, children in left or ():
                 if not children:
                     _kill(pid, signal.SIGKILL)
                 elif time.monotonic() - hup_at.get(host, -60.0) >= 10:
@@ -159,12 +159,13 @@ class Rig:
             for n in bad:
                 subprocess.run(["scontrol", "update", f"NodeName={n}", "State=RESUME"], env=env,
                                capture_output=True, timeout=30)
-            if not bad and not left and len(out.split()) == 2 * len(HOSTS):
+            if not bad and left == [] and len(out.split()) == 2 * len(HOSTS):
                 return
             time.sleep(1)
-        steps = ", ".join(f"{h}: {step} ({n} processes under it)" for h, step, _, n in left)
+        steps = ("squeue did not answer: which steps belong to ended jobs is not known" if left is None else
+                 ", ".join(f"{h}: {step} ({n} processes under it)" for h, step, _, n in left))
         raise AssertionError(f"the rig's hosts are not idle again after {timeout:.0f} s: {out}"
-                             f"{'; steps of ended jobs left: ' + steps if steps else ''}")
+                             f"{'; ' + steps if steps else ''}")
 
     def reregister(self, host: str) -> None:
         """``host``'s slurmd registers with slurmctld now (SIGHUP: it reconfigures, then registers)."""
@@ -175,12 +176,18 @@ class Rig:
         except (OSError, ValueError):
             pass  # no slurmd there: the reset's wait says what is left
 
-    def ended_jobs_steps(self, env: dict[str, str]) -> list[tuple[str, str, int, int]]:
+    def ended_jobs_steps(self, env: dict[str, str]) -> list[tuple[str, str, int, int]] | None:
         """(host, "JOB.STEP", its slurmstepd's pid, how many processes it has under it) for each step
-        on a host whose job SLURM does not list as running (or every one, where squeue does not answer)."""
-        q = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i"], env=env, capture_output=True, text=True,
-                           timeout=30)
-        running = set(q.stdout.split()) if q.returncode == 0 else set()
+        on a host whose job SLURM does not list as running; None where squeue does not answer (then no
+        step is known to be stale, and the reset must not end any)."""
+        try:
+            q = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i"], env=env, capture_output=True, text=True,
+                               timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if q.returncode != 0:
+            return None
+        running = set(q.stdout.split())
         out = []
         for h in HOSTS:
             for pid in self.job_pids(h, "slurmstepd"):
